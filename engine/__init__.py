@@ -1,0 +1,25 @@
+"""RNN cell engine: define a recurrent cell from primitive ops, validate it, compile it, run it.
+
+    import engine
+    net = engine.Network(engine.preset("lstm").cell, input_size=64, hidden_size=256, num_layers=3)
+    params = engine.init_params(net, seed=0)
+    result = engine.run(net, params, x)          # x: (T, B, 64); result.outputs: (T, B, 256)
+"""
+from .api import run
+from .backends.common import RunResult
+from .dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
+from .errors import BackendError, CellGraphError, CompileError, EngineError, Problem
+from .gallery import Preset, TorchLayout, presets
+from .gallery import get as preset
+from .ir import CellGraph, Node, StateSpec
+from .latex import to_latex
+from .network import Network
+from .params import Params, init_params
+from .serialize import from_dict, from_json, load, save, to_dict, to_json
+
+__all__ = [
+    "run", "RunResult", "W", "b", "cell", "const", "hard_sigmoid", "identity", "relu", "sigmoid", "tanh", "v",
+    "BackendError", "CellGraphError", "CompileError", "EngineError", "Problem", "Preset", "TorchLayout",
+    "presets", "preset", "CellGraph", "Node", "StateSpec", "to_latex", "Network", "Params", "init_params",
+    "from_dict", "from_json", "load", "save", "to_dict", "to_json",
+]

@@ -1,0 +1,55 @@
+"""Backends share one call signature: run(network, params, x, initial_states=None, dtype=...) -> RunResult.
+
+- reference: NumPy on the CPU, the definition of every op.
+- naive: CuPy, one kernel per IR op (the baseline that shows what the passes buy).
+- fused: cuBLAS GEMMs + generated fused kernels, hoisted input GEMM, layer wavefront on streams.
+"""
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+
+from ..errors import BackendError
+
+BACKENDS = ("reference", "naive", "fused")
+GPU_BACKENDS = ("naive", "fused")
+
+
+@lru_cache(maxsize=1)
+def gpu_status() -> tuple[bool, str]:
+    """(available, reason): whether CuPy sees a usable CUDA device, and why not."""
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a broken CUDA install
+        return False, f"CuPy is not importable ({type(e).__name__}: {e})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return False, f"CuPy sees no CUDA device ({type(e).__name__}: {e})"
+    if n < 1:
+        return False, "CuPy sees no CUDA device"
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    return True, f"GPU {name} via CuPy {cupy.__version__}"
+
+
+def select(name: str = "auto") -> tuple[str, str]:
+    """Resolve 'auto' to a backend name, with the reason (the caller shows it)."""
+    if name == "auto":
+        ok, why = gpu_status()
+        return ("fused", f"using backend 'fused' on {why}") if ok else (
+            "reference", f"using backend 'reference' (NumPy on the CPU): {why}")
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend '{name}'; choose one of: auto, {', '.join(BACKENDS)}")
+    if name in GPU_BACKENDS:
+        ok, why = gpu_status()
+        if not ok:
+            raise BackendError(f"backend '{name}' needs a GPU: {why}. hint: use backend='reference' on the CPU")
+    return name, f"using backend '{name}'"
+
+
+def get(name: str):
+    """The backend module, which has run(network, params, x, initial_states=None, dtype=...)."""
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend '{name}'; choose one of: {', '.join(BACKENDS)}")
+    return importlib.import_module(f"engine.backends.{name}")

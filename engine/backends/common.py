@@ -1,0 +1,46 @@
+"""What every backend shares: the result type and the checks of its arguments."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import BackendError
+from ..network import Network
+
+
+@dataclass
+class RunResult:
+    outputs: Any                       # (T, B, H): the last layer's output state at every step
+    final_states: dict[str, Any]       # state name -> (L, B, H)
+    backend: str = "reference"
+    info: dict | None = None
+
+
+def check_inputs(network: Network, x, initial_states, xp) -> Any:
+    """Validate x (T, B, I) and initial states (L, B, H) before any work; errors name the argument."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise BackendError(f"argument 'x' must be an array of shape (T, B, {network.input_size}), "
+                           f"got {type(x).__name__}")
+    if len(shape) != 3:
+        raise BackendError(f"argument 'x' must have 3 dimensions (T, B, I), got shape {tuple(shape)}")
+    T, B, I = shape
+    if I != network.input_size:
+        raise BackendError(f"argument 'x' has input size {I}, the network expects {network.input_size}",)
+    if T < 1 or B < 1:
+        raise BackendError(f"argument 'x' has shape {tuple(shape)}: T and B must be at least 1")
+    kind = getattr(x, "dtype", None)
+    if kind is None or kind.kind != "f":
+        raise BackendError(f"argument 'x' must be a floating-point array, got dtype {kind}")
+    if initial_states is not None:
+        if not isinstance(initial_states, dict):
+            raise BackendError("argument 'initial_states' must be a dict {state name: (L, B, H) array}")
+        for name, value in initial_states.items():
+            if name not in network.cell.state_names:
+                raise BackendError(f"initial_states: '{name}' is not a state of cell '{network.cell.name}' "
+                                   f"(states: {', '.join(network.cell.state_names)})")
+            want = (network.num_layers, B, network.hidden_size)
+            if tuple(getattr(value, "shape", ())) != want:
+                raise BackendError(f"initial_states['{name}'] has shape {tuple(getattr(value, 'shape', ()))}, "
+                                   f"expected {want}")
+    return x

@@ -1,0 +1,68 @@
+"""The NumPy reference executor: the living definition of what every op and every network means.
+
+It interprets the cell graph node by node, one time step and one layer at a time, in float64 or
+float32. Every fast backend is tested against it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import BackendError
+from ..network import Network
+from ..ops import apply_elementwise
+from ..params import Params, check_params
+from .common import RunResult, check_inputs
+
+
+def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dict[str, np.ndarray],
+         dtype) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One cell step. x_t: (B, I); states: name -> (B, H). Returns (next states, all node values)."""
+    env: dict[str, np.ndarray] = {}
+    for name in cell.topo_order:
+        node = cell[name]
+        if node.op == "input":
+            env[name] = x_t
+        elif node.op == "state":
+            env[name] = states[name]
+        elif node.is_param:
+            env[name] = layer_params[name].astype(dtype, copy=False)
+        elif node.op == "const":
+            env[name] = dtype(node.attr("value"))
+        elif node.op == "matmul":
+            weight, operand = (env[a] for a in node.args)
+            env[name] = operand @ weight.T                    # (B, cols) @ (cols, rows) -> (B, rows)
+        else:
+            env[name] = apply_elementwise(node.op, [env[a] for a in node.args], node.attr_dict).astype(
+                dtype, copy=False)
+    next_states = {s.name: np.broadcast_to(env[s.next], states[s.name].shape).astype(dtype) for s in cell.states}
+    return next_states, env
+
+
+def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | None = None,
+        dtype=np.float64) -> RunResult:
+    """x: (T, B, I). initial_states: name -> (L, B, H), zeros where not given."""
+    dtype = np.dtype(dtype).type
+    if dtype not in (np.float64, np.float32):
+        raise BackendError(f"reference backend supports float64 and float32, not {np.dtype(dtype).name}")
+    check_params(network, params)
+    x = check_inputs(network, x, initial_states, xp=np)
+    T, B, _ = x.shape
+    cell = network.cell
+    states = []
+    for layer in range(network.num_layers):
+        s = {}
+        for name in cell.state_names:
+            if initial_states is not None and name in initial_states:
+                s[name] = np.asarray(initial_states[name], dtype=dtype)[layer].copy()
+            else:
+                s[name] = np.zeros((B, network.hidden_size), dtype=dtype)
+        states.append(s)
+    layer_in = x.astype(dtype)
+    for layer in range(network.num_layers):
+        out = np.empty((T, B, network.hidden_size), dtype=dtype)
+        for t in range(T):
+            states[layer], _ = step(cell, params[layer], layer_in[t], states[layer], dtype)
+            out[t] = states[layer][cell.output]
+        layer_in = out
+    final = {name: np.stack([states[l][name] for l in range(network.num_layers)]) for name in cell.state_names}
+    return RunResult(outputs=layer_in, final_states=final)

@@ -1,0 +1,371 @@
+"""The frozen cell graph: one layer of one recurrent cell, for one time step.
+
+Values are vectors per batch row whose size is a symbolic dimension, "I" (input size) or "H"
+(hidden size). Leaves are the input x_t, the recurrent states (their value at step t-1), and
+parameters; ops compute the step. Each state names the node holding its next value. Which weight
+feeds which gate is explicit in the graph: there is no implicit gate order anywhere.
+
+A CellGraph validates itself when built; an invalid one cannot exist. networkx is the analysis view
+(`CellGraph.nx`), derived from the frozen nodes and never edited.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Iterable
+
+import networkx as nx
+
+from .errors import CellGraphError, Problem
+from .ops import LEAF_KINDS, OPS, PARAM_KINDS
+
+DIMS = ("I", "H")
+SCALAR = "1"  # the dim of a const: broadcasts against any vector
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node. `op` is an op name from engine.ops or a leaf kind (input, state, weight, ...)."""
+
+    name: str
+    op: str
+    args: tuple[str, ...] = ()
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def attr_dict(self) -> dict[str, Any]:
+        return dict(self.attrs)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.op in LEAF_KINDS
+
+    @property
+    def is_param(self) -> bool:
+        return self.op in PARAM_KINDS
+
+
+def make_node(name: str, op: str, args: Iterable[str] = (), **attrs: Any) -> Node:
+    return Node(name, op, tuple(args), tuple(sorted(attrs.items())))
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A recurrent state: its value at t-1 is the leaf node `name`; its value at t is node `next`."""
+
+    name: str
+    next: str
+
+
+@dataclass(frozen=True)
+class Warning_:
+    message: str
+    node: str | None = None
+
+    def __str__(self) -> str:
+        return (f"node '{self.node}': " if self.node else "") + self.message
+
+
+@dataclass(frozen=True)
+class CellGraph:
+    name: str
+    nodes: tuple[Node, ...]
+    states: tuple[StateSpec, ...]
+    output: str = "h"          # the state whose next value is the layer's output h_t
+    doc: str = ""
+
+    def __post_init__(self):
+        problems, warnings = diagnose(self)
+        if problems:
+            raise CellGraphError(problems)
+        object.__setattr__(self, "_warnings", tuple(warnings))
+
+    # ---- lookups -------------------------------------------------------------------------
+    @cached_property
+    def by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def __getitem__(self, name: str) -> Node:
+        return self.by_name[name]
+
+    @property
+    def warnings(self) -> tuple[Warning_, ...]:
+        return self._warnings
+
+    @property
+    def input(self) -> Node:
+        return next(n for n in self.nodes if n.op == "input")
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.states)
+
+    def next_of(self, state: str) -> str:
+        return next(s.next for s in self.states if s.name == state)
+
+    @property
+    def params(self) -> tuple[Node, ...]:
+        """Trainable parameters, in definition order (the order of initialization)."""
+        return tuple(n for n in self.nodes if n.is_param)
+
+    @cached_property
+    def dims(self) -> dict[str, str]:
+        return _infer_dims(self.by_name, self.topo_order)[0]
+
+    def param_shape(self, name: str, input_size: int, hidden_size: int) -> tuple[int, ...]:
+        node = self[name]
+        size = {"I": input_size, "H": hidden_size}
+        if node.op == "weight":
+            return (size[node.attr("rows")], size[node.attr("cols")])
+        return (size[node.attr("dim", "H")],)
+
+    # ---- analysis view -------------------------------------------------------------------
+    @cached_property
+    def nx(self) -> nx.DiGraph:
+        return to_networkx(self.nodes)
+
+    @cached_property
+    def topo_order(self) -> tuple[str, ...]:
+        return tuple(nx.lexicographical_topological_sort(self.nx, key=self._definition_index().get))
+
+    def _definition_index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    def consumers(self, name: str) -> list[str]:
+        return list(self.nx.successors(name))
+
+    @cached_property
+    def live_nodes(self) -> frozenset[str]:
+        """Nodes that some state's next value depends on."""
+        live: set[str] = set()
+        for s in self.states:
+            live |= nx.ancestors(self.nx, s.next) | {s.next}
+        return frozenset(live)
+
+    # ---- identity ------------------------------------------------------------------------
+    @cached_property
+    def structural_hash(self) -> str:
+        """Hash of the structure (not the name or doc): equal graphs compile to equal code."""
+        from .serialize import to_dict
+        body = to_dict(self)
+        body.pop("name", None)
+        body.pop("doc", None)
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+    def replace(self, **changes) -> "CellGraph":
+        fields = dict(name=self.name, nodes=self.nodes, states=self.states, output=self.output, doc=self.doc)
+        fields.update(changes)
+        return CellGraph(**fields)
+
+
+def to_networkx(nodes: Iterable[Node]) -> nx.DiGraph:
+    g = nx.DiGraph()
+    for n in nodes:
+        g.add_node(n.name, op=n.op)
+    for n in nodes:
+        spec = OPS.get(n.op)
+        for i, a in enumerate(n.args):
+            port = spec.ports[i] if spec and i < len(spec.ports) else str(i)
+            if a in g:
+                g.add_edge(a, n.name, port=port)
+    return g
+
+
+# ---- validation ----------------------------------------------------------------------------
+
+def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
+    """Every problem (errors) and every warning of a graph, without raising."""
+    problems: list[Problem] = []
+    warnings: list[Warning_] = []
+    nodes = graph.nodes
+    if not isinstance(graph.name, str) or not graph.name:
+        problems.append(Problem("the cell needs a non-empty name", field="name",
+                                hint="give the cell a name such as 'my_lstm'"))
+
+    seen: dict[str, Node] = {}
+    for n in nodes:
+        if not isinstance(n.name, str) or not n.name.isidentifier():
+            problems.append(Problem(f"name {n.name!r} is not a valid identifier", node=str(n.name), field="name",
+                                    hint="use letters, digits and '_', not starting with a digit"))
+        if n.name in seen:
+            problems.append(Problem("duplicate name: two nodes are called this", node=n.name, field="name",
+                                    hint="rename one of them"))
+        seen[n.name] = n
+    by_name = seen
+
+    for n in nodes:
+        problems += _check_node(n, by_name)
+
+    inputs = [n for n in nodes if n.op == "input"]
+    if len(inputs) != 1:
+        problems.append(Problem(f"a cell has exactly one input node, found {len(inputs)}", field="nodes",
+                                hint="add one node with op 'input' (x_t)" if not inputs else
+                                "keep one input node"))
+
+    state_nodes = {n.name for n in nodes if n.op == "state"}
+    spec_names: set[str] = set()
+    for s in graph.states:
+        if s.name in spec_names:
+            problems.append(Problem("state listed twice", node=s.name, field="states"))
+        spec_names.add(s.name)
+        if s.name not in state_nodes:
+            problems.append(Problem("next value given for an unknown state", node=s.name, field="states",
+                                    hint=f"add a node '{s.name}' with op 'state', or fix the name"))
+        if s.next not in by_name:
+            problems.append(Problem(f"next value '{s.next}' is not a node", node=s.name, field="states.next",
+                                    hint="point the state at the node that computes its new value"))
+        elif by_name[s.next].is_param or by_name[s.next].op in ("input", "const"):
+            problems.append(Problem(f"next value '{s.next}' is a {by_name[s.next].op}, not a computed value",
+                                    node=s.name, field="states.next"))
+    for name in sorted(state_nodes - spec_names):
+        problems.append(Problem("state has no next value", node=name, field="states",
+                                hint=f"add {{'name': '{name}', 'next': <node>}} to states"))
+    if not graph.states:
+        problems.append(Problem("a recurrent cell needs at least one state", field="states",
+                                hint="add a state node 'h' and give it a next value"))
+    if graph.output not in spec_names:
+        problems.append(Problem(f"output '{graph.output}' is not a state of the cell", field="output",
+                                hint="name the state that is the layer's output (usually 'h')"))
+    if problems:
+        return problems, warnings
+
+    g = to_networkx(nodes)
+    try:
+        cycle = nx.find_cycle(g)
+        path = " -> ".join([e[0] for e in cycle] + [cycle[-1][1]])
+        problems.append(Problem(f"instantaneous loop within one step: {path}", node=cycle[0][0],
+                                hint="a value can only feed back through a state (its value at t-1); "
+                                     "add a state or break the loop"))
+        return problems, warnings
+    except nx.NetworkXNoCycle:
+        pass
+
+    order = list(nx.topological_sort(g))
+    dims, dim_problems = _infer_dims(by_name, order)
+    problems += dim_problems
+    for s in graph.states:
+        d = dims.get(s.next)
+        if d is not None and d not in ("H", SCALAR) and not problems:
+            problems.append(Problem(f"next value '{s.next}' has size {d}, the state has size H",
+                                    node=s.name, field="states.next"))
+        elif d == SCALAR and not problems:
+            problems.append(Problem(f"next value '{s.next}' is a scalar; the state needs a vector of size H",
+                                    node=s.name, field="states.next"))
+    if problems:
+        return problems, warnings
+
+    live: set[str] = set()
+    for s in graph.states:
+        live |= nx.ancestors(g, s.next) | {s.next}
+    for n in nodes:
+        if n.name not in live:
+            what = {"input": "the input is not used", "state": "state value is never read"}.get(
+                n.op, "parameter is not used" if n.is_param else "value is computed but never used")
+            warnings.append(Warning_(what + " by any next state", node=n.name))
+    return problems, warnings
+
+
+def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
+    out: list[Problem] = []
+    if n.op in LEAF_KINDS:
+        if n.args:
+            out.append(Problem(f"a {n.op} node takes no arguments, got {len(n.args)}", node=n.name, field="args"))
+        if n.op == "weight":
+            for key in ("rows", "cols"):
+                if n.attr(key) not in DIMS:
+                    out.append(Problem(f"weight {key} must be one of {DIMS}, got {n.attr(key)!r}", node=n.name,
+                                       field=f"attrs.{key}", hint="rows is usually 'H'; cols is the size of the "
+                                       "value it multiplies"))
+        if n.op in ("bias", "vector") and n.attr("dim", "H") not in DIMS:
+            out.append(Problem(f"dim must be one of {DIMS}, got {n.attr('dim')!r}", node=n.name, field="attrs.dim"))
+        if n.op == "const":
+            v = n.attr("value")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v in (float("inf"), float("-inf")):
+                out.append(Problem(f"const needs a finite number 'value', got {v!r}", node=n.name,
+                                   field="attrs.value"))
+        return out
+    spec = OPS.get(n.op)
+    if spec is None:
+        out.append(Problem(f"unknown op '{n.op}'", node=n.name, field="op",
+                           hint="known ops: " + ", ".join(sorted(OPS)) + "; leaves: " + ", ".join(LEAF_KINDS)))
+        return out
+    if len(n.args) != spec.arity:
+        out.append(Problem(f"op '{n.op}' takes {spec.arity} argument(s) ({', '.join(spec.ports)}), "
+                           f"got {len(n.args)}", node=n.name, field="args"))
+        return out
+    for port, a in zip(spec.ports, n.args):
+        if a not in by_name:
+            out.append(Problem(f"argument '{port}' refers to unknown node '{a}'", node=n.name, field=f"args.{port}",
+                               hint="connect the port to an existing node"))
+    for key in spec.attrs:
+        v = n.attr(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            out.append(Problem(f"op '{n.op}' needs a number attribute '{key}', got {v!r}", node=n.name,
+                               field=f"attrs.{key}"))
+    if out:
+        return out
+    if n.op == "matmul":
+        w, operand = (by_name[a] for a in n.args)
+        if w.op != "weight":
+            out.append(Problem(f"the 'weight' port of a matmul must be a weight parameter, got '{w.name}' "
+                               f"({w.op})", node=n.name, field="args.weight",
+                               hint="connect a weight node to the 'weight' port and the vector to 'operand'"))
+        if operand.op == "weight":
+            out.append(Problem(f"the 'operand' port must be a vector value, got weight '{operand.name}'",
+                               node=n.name, field="args.operand"))
+    else:
+        for port, a in zip(spec.ports, n.args):
+            if by_name[a].op == "weight":
+                out.append(Problem(f"weight '{a}' can only be used through matmul, not '{n.op}'", node=n.name,
+                                   field=f"args.{port}", hint="use matmul(weight, value), or a 'vector' "
+                                   "parameter for an elementwise product"))
+    return out
+
+
+def _infer_dims(by_name: dict[str, Node], order: Iterable[str]) -> tuple[dict[str, str], list[Problem]]:
+    dims: dict[str, str] = {}
+    problems: list[Problem] = []
+    weight_users: dict[str, tuple[str, str]] = {}
+    for name in order:
+        n = by_name[name]
+        if n.op == "input":
+            dims[name] = "I"
+        elif n.op == "state":
+            dims[name] = "H"
+        elif n.op == "weight":
+            dims[name] = n.attr("rows")
+        elif n.op in ("bias", "vector"):
+            dims[name] = n.attr("dim", "H")
+        elif n.op == "const":
+            dims[name] = SCALAR
+        elif n.op == "matmul":
+            w, operand = (by_name[a] for a in n.args)
+            od = dims[operand.name]
+            if od == SCALAR:
+                problems.append(Problem(f"matmul operand '{operand.name}' is a scalar", node=name,
+                                        field="args.operand"))
+            elif od != w.attr("cols"):
+                prior = weight_users.get(w.name)
+                why = (f"; it is also applied to '{prior[0]}' of size {prior[1]}" if prior else "")
+                problems.append(Problem(
+                    f"weight '{w.name}' has {w.attr('cols')} columns but operand '{operand.name}' has size {od}{why}",
+                    node=name, field="args.operand",
+                    hint=f"set the weight's cols to {od}, or use a separate weight per operand"))
+            weight_users.setdefault(w.name, (operand.name, od))
+            dims[name] = w.attr("rows")
+        else:
+            arg_dims = {dims[a] for a in n.args} - {SCALAR}
+            if len(arg_dims) > 1:
+                detail = ", ".join(f"'{a}' is {dims[a]}" for a in n.args)
+                problems.append(Problem(f"shape mismatch in '{n.op}': {detail}", node=name, field="args",
+                                        hint="elementwise ops need operands of the same size (I or H)"))
+            dims[name] = arg_dims.pop() if arg_dims else SCALAR
+    return dims, problems

@@ -1,0 +1,123 @@
+"""JSON form of a cell graph, with a versioned schema. Round-trips exactly.
+
+    {"schema": "rnn-cell-graph", "version": 1, "name": ..., "doc": ..., "output": "h",
+     "nodes": [{"name": "W_ii", "op": "weight", "attrs": {"rows": "H", "cols": "I"}},
+               {"name": "i_pre", "op": "add", "args": ["a_node", "b_node"]}, ...],
+     "states": [{"name": "h", "next": "h_next"}, ...]}
+
+`args` lists the op's ports in the order engine.ops gives (matmul: weight, operand).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import CellGraphError, Problem
+from .ir import CellGraph, Node, StateSpec
+
+SCHEMA = "rnn-cell-graph"
+VERSION = 1
+
+
+def to_dict(graph: CellGraph) -> dict[str, Any]:
+    nodes = []
+    for n in graph.nodes:
+        entry: dict[str, Any] = {"name": n.name, "op": n.op}
+        if n.args:
+            entry["args"] = list(n.args)
+        if n.attrs:
+            entry["attrs"] = dict(n.attrs)
+        nodes.append(entry)
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "name": graph.name,
+        "doc": graph.doc,
+        "output": graph.output,
+        "nodes": nodes,
+        "states": [{"name": s.name, "next": s.next} for s in graph.states],
+    }
+
+
+def to_json(graph: CellGraph, indent: int | None = 2) -> str:
+    return json.dumps(to_dict(graph), indent=indent)
+
+
+def _err(msg: str, field: str, hint: str | None = None, node: str | None = None) -> CellGraphError:
+    return CellGraphError(Problem(msg, field=field, hint=hint, node=node))
+
+
+def from_dict(data: Any) -> CellGraph:
+    if not isinstance(data, dict):
+        raise _err(f"a cell graph is a JSON object, got {type(data).__name__}", "(root)")
+    if data.get("schema") != SCHEMA:
+        raise _err(f"'schema' must be '{SCHEMA}', got {data.get('schema')!r}", "schema",
+                   hint="is this a cell-graph file? export one with `python -m engine show --json`")
+    version = data.get("version")
+    if version != VERSION:
+        raise _err(f"unsupported version {version!r}; this engine reads version {VERSION}", "version",
+                   hint="re-export the design with this version of the engine")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise _err("'name' must be a non-empty string", "name")
+    doc = data.get("doc", "")
+    if not isinstance(doc, str):
+        raise _err("'doc' must be a string", "doc")
+    raw_nodes = data.get("nodes")
+    if not isinstance(raw_nodes, list):
+        raise _err("'nodes' must be a list of node objects", "nodes")
+    nodes = []
+    for i, raw in enumerate(raw_nodes):
+        where = f"nodes[{i}]"
+        if not isinstance(raw, dict):
+            raise _err(f"each node is an object, got {type(raw).__name__}", where)
+        unknown = set(raw) - {"name", "op", "args", "attrs"}
+        if unknown:
+            raise _err(f"unknown key(s) {sorted(unknown)}", where, node=raw.get("name"),
+                       hint="a node has only name, op, args and attrs")
+        nname, op = raw.get("name"), raw.get("op")
+        if not isinstance(nname, str):
+            raise _err("'name' must be a string", f"{where}.name")
+        if not isinstance(op, str):
+            raise _err("'op' must be a string", f"{where}.op", node=nname)
+        args = raw.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise _err("'args' must be a list of node names", f"{where}.args", node=nname)
+        attrs = raw.get("attrs", {})
+        if not isinstance(attrs, dict):
+            raise _err("'attrs' must be an object", f"{where}.attrs", node=nname)
+        nodes.append(Node(nname, op, tuple(args), tuple(sorted(attrs.items()))))
+    raw_states = data.get("states")
+    if not isinstance(raw_states, list):
+        raise _err("'states' must be a list of {name, next} objects", "states")
+    states = []
+    for i, raw in enumerate(raw_states):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not isinstance(raw.get("next"), str):
+            raise _err("each state is an object with string 'name' and 'next'", f"states[{i}]")
+        states.append(StateSpec(raw["name"], raw["next"]))
+    output = data.get("output", "h")
+    if not isinstance(output, str):
+        raise _err("'output' must be a state name", "output")
+    return CellGraph(name=name, nodes=tuple(nodes), states=tuple(states), output=output, doc=doc)
+
+
+def from_json(text: str) -> CellGraph:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _err(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", "(file)",
+                   hint="check the file is a cell-graph JSON export") from None
+    return from_dict(data)
+
+
+def load(path: str | Path) -> CellGraph:
+    return from_json(Path(path).read_text())
+
+
+def save(graph: CellGraph, path: str | Path) -> None:
+    """Atomic write: a crash mid-save never leaves a truncated design."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(to_json(graph))
+    tmp.replace(path)

@@ -1,0 +1,1 @@
+"""The preset gallery: one DSL file per known cell variant (see engine.gallery)."""

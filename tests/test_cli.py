@@ -1,0 +1,99 @@
+"""The CLI: every command works on good input and fails with a clear message and non-zero exit on bad input."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import engine
+from engine.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_presets_lists_every_preset(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    for name in engine.presets():
+        assert name in out
+
+
+def test_presets_json(capsys):
+    assert main(["presets", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {p["name"] for p in listed} == set(engine.presets())
+    assert all(p["latex"] and p["citation"] for p in listed)
+
+
+def test_show_prints_equations_states_params(capsys):
+    assert main(["show", "lstm", "-I", "10", "-H", "20"]) == 0
+    out = capsys.readouterr().out
+    assert r"\sigma" in out and "c <- c_next" in out
+    assert "W_ii" in out and "(20, 10)" in out and "validation: OK" in out
+
+
+def test_show_json_round_trips(capsys, tmp_path):
+    assert main(["show", "gru", "--json"]) == 0
+    path = tmp_path / "gru.json"
+    path.write_text(capsys.readouterr().out)
+    assert engine.load(path) == engine.preset("gru").cell
+    assert main(["show", str(path)]) == 0
+
+
+def test_run_saves_outputs_matching_the_api(tmp_path):
+    out = tmp_path / "o.npz"
+    assert main(["run", "lstm", "-I", "6", "-H", "5", "-L", "2", "-T", "4", "-B", "3", "--seed", "3",
+                 "-o", str(out)]) == 0
+    saved = np.load(out)
+    net = engine.Network(engine.preset("lstm").cell, 6, 5, 2)
+    x = np.random.default_rng(4).standard_normal((4, 3, 6))
+    ref = engine.run(net, engine.init_params(net, seed=3), x, backend="reference", dtype=np.float64)
+    np.testing.assert_allclose(saved["outputs"], ref.outputs, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(saved["final_c"], ref.final_states["c"], rtol=0, atol=1e-12)
+
+
+def test_run_with_given_input_and_params(tmp_path):
+    net = engine.Network(engine.preset("gru").cell, 3, 4, 1)
+    params = engine.init_params(net, seed=9)
+    params.save(tmp_path / "p.npz")
+    x = np.random.default_rng(0).standard_normal((5, 2, 3))
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", "gru", "-H", "4", "--input", str(tmp_path / "x.npy"), "--params", str(tmp_path / "p.npz"),
+                 "-o", str(tmp_path / "o.npz")]) == 0
+    ref = engine.run(net, params, x, backend="reference", dtype=np.float64)
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["outputs"], ref.outputs, atol=1e-12)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["show", "no_such_cell"], "no_such_cell"),
+    (["show", "missing.json"], "missing.json"),
+    (["run", "lstm", "--steps", "0"], "--steps"),
+    (["run", "lstm", "--hidden-size", "0"], "hidden_size"),
+    (["run", "lstm", "--backend", "warp"], "warp"),
+    (["run", "lstm", "--input", "nope.npy"], "--input"),
+])
+def test_bad_arguments_exit_nonzero_with_a_named_message(argv, needle, capsys):
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and needle in err
+    assert "Traceback" not in err
+
+
+def test_bad_cell_json_names_the_field(tmp_path, capsys):
+    data = engine.to_dict(engine.preset("lstm").cell)
+    data["version"] = 99
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    assert main(["show", str(path)]) == 1
+    assert "version" in capsys.readouterr().err
+
+
+def test_module_entry_point_runs_as_a_subprocess():
+    done = subprocess.run([sys.executable, "-m", "engine", "presets"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "lstm" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "engine", "frobnicate"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "invalid choice" in done.stderr

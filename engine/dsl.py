@@ -273,14 +273,25 @@ def _choose_names(builder: _Builder, local_vars: dict, result: dict, params: lis
             claim(val.name, f"{state}_next")
     # The rest are named after their role: matmuls by weight and operand, others by their consumer.
     final = lambda n: names.get(n, n)  # noqa: E731
+    by_temp = {n.name: n for n in builder.nodes}
+    unnamed = lambda n: n.startswith("%") and n not in names  # noqa: E731
     for n in builder.nodes:
         if n.op == "matmul" and n.name not in names:
-            claim(n.name, f"{final(n.args[0])}_{final(n.args[1])}")
+            weight, operand = n.args
+            if unnamed(operand):
+                # W @ (r * h): name the operand after its own arguments ("r_h_mul") when they are named,
+                # else name the product after the weight and let the operand follow its consumer.
+                args = by_temp[operand].args
+                if all(not unnamed(a) for a in args):
+                    claim(operand, "_".join(final(a) for a in args) + f"_{by_temp[operand].op}")
+                else:
+                    claim(n.name, f"{final(weight)}_prod")
+                    continue
+            claim(n.name, f"{final(weight)}_{final(operand)}")
     consumers: dict[str, str] = {}
     for n in builder.nodes:
         for a in n.args:
             consumers.setdefault(a, n.name)
-    by_temp = {n.name: n for n in builder.nodes}
     root: dict[str, str] = {}
     for n in reversed(builder.nodes):
         if n.name.startswith("%") and n.name not in names:

@@ -6,7 +6,9 @@ PyTorch has the cell), as data: the gate order is written here once, never assum
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import pkgutil
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -42,6 +44,7 @@ class Preset:
     torch: TorchLayout | None = None
     test_sizes: dict = field(default_factory=lambda: {"input_size": 5, "hidden_size": 7, "batch": 3, "steps": 6})
     notes: str = ""
+    doc: str = ""                       # the equations in plain text and the paper (the module docstring)
 
     @property
     def name(self) -> str:
@@ -53,7 +56,7 @@ class Preset:
 
     @property
     def equations_doc(self) -> str:
-        return self.cell.doc
+        return self.doc or self.cell.doc
 
 
 @lru_cache(maxsize=1)
@@ -66,6 +69,12 @@ def _load_all() -> dict[str, Preset]:
         module = importlib.import_module(f"presets.{info.name}")
         preset = getattr(module, "PRESET", None)
         if isinstance(preset, Preset):
+            if preset.name in found:
+                raise CellGraphError(f"presets/{info.name}.py defines cell '{preset.name}', which another "
+                                     "preset already uses", field="preset",
+                                     hint="name the cell after its file: presets/<name>.py defines @cell def <name>")
+            if not preset.doc and module.__doc__:
+                preset = dataclasses.replace(preset, doc=inspect.cleandoc(module.__doc__))
             found[preset.name] = preset
     return found
 

@@ -23,6 +23,7 @@ from .ops import LEAF_KINDS, OPS, PARAM_KINDS
 
 DIMS = ("I", "H")
 SCALAR = "1"  # the dim of a const: broadcasts against any vector
+UNKNOWN = "?"  # the dim of a value downstream of a reported mismatch (not reported again)
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,8 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
     spec_names: set[str] = set()
     for s in graph.states:
         if s.name in spec_names:
-            problems.append(Problem("state listed twice", node=s.name, field="states"))
+            problems.append(Problem("state listed twice", node=s.name, field="states",
+                                    hint="give each state exactly one {name, next} entry"))
         spec_names.add(s.name)
         if s.name not in state_nodes:
             problems.append(Problem("next value given for an unknown state", node=s.name, field="states",
@@ -224,7 +226,8 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
                                     hint="point the state at the node that computes its new value"))
         elif by_name[s.next].is_param or by_name[s.next].op in ("input", "const"):
             problems.append(Problem(f"next value '{s.next}' is a {by_name[s.next].op}, not a computed value",
-                                    node=s.name, field="states.next"))
+                                    node=s.name, field="states.next",
+                                    hint="point the state at an op node, e.g. identity(...) of the value"))
     for name in sorted(state_nodes - spec_names):
         problems.append(Problem("state has no next value", node=name, field="states",
                                 hint=f"add {{'name': '{name}', 'next': <node>}} to states"))
@@ -255,10 +258,12 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
         d = dims.get(s.next)
         if d is not None and d not in ("H", SCALAR) and not problems:
             problems.append(Problem(f"next value '{s.next}' has size {d}, the state has size H",
-                                    node=s.name, field="states.next"))
+                                    node=s.name, field="states.next",
+                                    hint="project it to size H with a weight whose rows are 'H'"))
         elif d == SCALAR and not problems:
             problems.append(Problem(f"next value '{s.next}' is a scalar; the state needs a vector of size H",
-                                    node=s.name, field="states.next"))
+                                    node=s.name, field="states.next",
+                                    hint="combine the constant with a vector value (a state, bias or gate)"))
     if problems:
         return problems, warnings
 
@@ -273,11 +278,24 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
     return problems, warnings
 
 
+# The attributes each leaf kind reads; an op reads the ones its OpDef lists.
+LEAF_ATTRS = {"input": (), "state": (), "weight": ("rows", "cols"), "bias": ("dim",), "vector": ("dim",),
+              "const": ("value",)}
+
+
 def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
     out: list[Problem] = []
+    known = LEAF_ATTRS.get(n.op, OPS[n.op].attrs if n.op in OPS else None)
+    if known is not None:
+        for key, _ in n.attrs:
+            if key not in known:
+                out.append(Problem(f"unknown attribute '{key}' for op '{n.op}'", node=n.name, field=f"attrs.{key}",
+                                   hint=f"'{n.op}' takes " + (f"the attribute(s) {', '.join(known)}" if known
+                                                              else "no attributes")))
     if n.op in LEAF_KINDS:
         if n.args:
-            out.append(Problem(f"a {n.op} node takes no arguments, got {len(n.args)}", node=n.name, field="args"))
+            out.append(Problem(f"a {n.op} node takes no arguments, got {len(n.args)}", node=n.name, field="args",
+                               hint=f"remove 'args', or use an op instead of '{n.op}'"))
         if n.op == "weight":
             for key in ("rows", "cols"):
                 if n.attr(key) not in DIMS:
@@ -285,12 +303,13 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
                                        field=f"attrs.{key}", hint="rows is usually 'H'; cols is the size of the "
                                        "value it multiplies"))
         if n.op in ("bias", "vector") and n.attr("dim", "H") not in DIMS:
-            out.append(Problem(f"dim must be one of {DIMS}, got {n.attr('dim')!r}", node=n.name, field="attrs.dim"))
+            out.append(Problem(f"dim must be one of {DIMS}, got {n.attr('dim')!r}", node=n.name, field="attrs.dim",
+                               hint="'H' for hidden-size vectors (almost always), 'I' for input-size ones"))
         if n.op == "const":
             v = n.attr("value")
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v in (float("inf"), float("-inf")):
                 out.append(Problem(f"const needs a finite number 'value', got {v!r}", node=n.name,
-                                   field="attrs.value"))
+                                   field="attrs.value", hint="e.g. \"attrs\": {\"value\": 1.0}"))
         return out
     spec = OPS.get(n.op)
     if spec is None:
@@ -299,7 +318,8 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
         return out
     if len(n.args) != spec.arity:
         out.append(Problem(f"op '{n.op}' takes {spec.arity} argument(s) ({', '.join(spec.ports)}), "
-                           f"got {len(n.args)}", node=n.name, field="args"))
+                           f"got {len(n.args)}", node=n.name, field="args",
+                           hint=f"give exactly {spec.arity} node name(s) in 'args', in port order"))
         return out
     for port, a in zip(spec.ports, n.args):
         if a not in by_name:
@@ -307,9 +327,9 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
                                hint="connect the port to an existing node"))
     for key in spec.attrs:
         v = n.attr(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            out.append(Problem(f"op '{n.op}' needs a number attribute '{key}', got {v!r}", node=n.name,
-                               field=f"attrs.{key}"))
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v in (float("inf"), float("-inf")):
+            out.append(Problem(f"op '{n.op}' needs a finite number attribute '{key}', got {v!r}", node=n.name,
+                               field=f"attrs.{key}", hint=f"e.g. \"attrs\": {{\"{key}\": 0.5}}"))
     if out:
         return out
     if n.op == "matmul":
@@ -320,7 +340,8 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
                                hint="connect a weight node to the 'weight' port and the vector to 'operand'"))
         if operand.op == "weight":
             out.append(Problem(f"the 'operand' port must be a vector value, got weight '{operand.name}'",
-                               node=n.name, field="args.operand"))
+                               node=n.name, field="args.operand",
+                               hint="a product of two weights is not a cell op; multiply the vector by each in turn"))
     else:
         for port, a in zip(spec.ports, n.args):
             if by_name[a].op == "weight":
@@ -349,9 +370,12 @@ def _infer_dims(by_name: dict[str, Node], order: Iterable[str]) -> tuple[dict[st
         elif n.op == "matmul":
             w, operand = (by_name[a] for a in n.args)
             od = dims[operand.name]
-            if od == SCALAR:
+            if od == UNKNOWN:
+                pass
+            elif od == SCALAR:
                 problems.append(Problem(f"matmul operand '{operand.name}' is a scalar", node=name,
-                                        field="args.operand"))
+                                        field="args.operand",
+                                        hint="a weight multiplies a vector of size I or H, not a constant"))
             elif od != w.attr("cols"):
                 prior = weight_users.get(w.name)
                 why = (f"; it is also applied to '{prior[0]}' of size {prior[1]}" if prior else "")
@@ -363,9 +387,13 @@ def _infer_dims(by_name: dict[str, Node], order: Iterable[str]) -> tuple[dict[st
             dims[name] = w.attr("rows")
         else:
             arg_dims = {dims[a] for a in n.args} - {SCALAR}
-            if len(arg_dims) > 1:
+            if UNKNOWN in arg_dims:
+                dims[name] = UNKNOWN
+            elif len(arg_dims) > 1:
                 detail = ", ".join(f"'{a}' is {dims[a]}" for a in n.args)
                 problems.append(Problem(f"shape mismatch in '{n.op}': {detail}", node=name, field="args",
                                         hint="elementwise ops need operands of the same size (I or H)"))
-            dims[name] = arg_dims.pop() if arg_dims else SCALAR
+                dims[name] = UNKNOWN
+            else:
+                dims[name] = arg_dims.pop() if arg_dims else SCALAR
     return dims, problems

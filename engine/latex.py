@@ -13,14 +13,20 @@ from .ops import OPS
 _PRECEDENCE = {"add": 1, "sub": 1, "neg": 2, "one_minus": 1, "mul": 2, "scale": 2, "matmul": 3}
 
 
-def symbol(name: str) -> str:
-    """x -> x_t, h -> h_{t-1} is done by the caller; here W_hi -> W_{hi}, b_ii -> b_{ii}."""
+def symbol(name: str, time: str | None = None) -> str:
+    """W_hi -> W_{hi}; with time "t-1": h -> h_{t-1}, h_slow -> h_{slow,t-1} (one subscript, never two)."""
     head, _, tail = name.partition("_")
     head = {"sigma": r"\sigma"}.get(head, head)
-    if not tail:
+    if tail == "tilde":                     # h_tilde -> \tilde{h}, the usual candidate notation
+        head, tail = rf"\tilde{{{head}}}", ""
+    parts = [tail.replace("_", r"\_")] if tail else []
+    if time is not None:
+        parts.append(time)
+    if not parts:
         return head
-    tail = tail.replace("_", r"\_")
-    return f"{head}_{{{tail}}}"
+    if parts == ["t"]:
+        return f"{head}_t"
+    return f"{head}_{{{','.join(parts)}}}"
 
 
 def _is_inlined(graph: CellGraph, name: str) -> bool:
@@ -41,14 +47,14 @@ def equations(graph: CellGraph) -> list[str]:
     def ref(name: str) -> str:
         node = graph[name]
         if node.op == "input":
-            return f"{symbol(name)}_t" if "_" not in name else symbol(name)
+            return symbol(name) if name.endswith("_t") else symbol(name, "t")
         if node.op == "state":
-            return f"{symbol(name)}_{{t-1}}"
+            return symbol(name, "t-1")
         if node.op == "const":
             value = node.attr("value")
             return f"{value:g}"
         if name in state_next:
-            return f"{symbol(state_next[name])}_t"
+            return symbol(state_next[name], "t")
         if _is_inlined(graph, name):
             return expr(name)
         return symbol(name)
@@ -79,7 +85,7 @@ def equations(graph: CellGraph) -> list[str]:
         node = graph[name]
         if node.is_leaf or (_is_inlined(graph, name) and name not in state_next):
             continue
-        lhs = f"{symbol(state_next[name])}_t" if name in state_next else symbol(name)
+        lhs = symbol(state_next[name], "t") if name in state_next else symbol(name)
         lines.append(f"{lhs} &= {expr(name)}")
         _ = state_names
     return lines

@@ -35,13 +35,24 @@ class Params:
 
     @staticmethod
     def load(path: str | Path, network: Network | None = None) -> "Params":
-        with np.load(path) as data:
+        try:
+            data = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise BackendError(f"cannot read parameter file {str(path)!r}: {e}. "
+                               "hint: pass a .npz written by Params.save") from None
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise BackendError(f"parameter file {str(path)!r} is a single array, not an .npz archive. "
+                               "hint: pass a .npz written by Params.save")
+        with data:
             layers: dict[int, dict[str, np.ndarray]] = {}
             for key in data.files:
                 head, _, name = key.partition(".")
-                if not head.startswith("layer") or not name:
-                    raise BackendError(f"parameter file {path}: key '{key}' is not 'layer<l>.<name>'")
+                if not head.startswith("layer") or not head[5:].isdigit() or not name:
+                    raise BackendError(f"parameter file {path}: key '{key}' is not 'layer<l>.<name>'. "
+                                       "hint: keys look like 'layer0.W_ii'")
                 layers.setdefault(int(head[5:]), {})[name] = data[key]
+        if sorted(layers) != list(range(len(layers))):
+            raise BackendError(f"parameter file {path}: layers {sorted(layers)} are not numbered 0..{len(layers) - 1}")
         params = Params([layers[i] for i in sorted(layers)])
         if network is not None:
             check_params(network, params)

@@ -18,6 +18,7 @@ from .ir import CellGraph, Node, StateSpec
 
 SCHEMA = "rnn-cell-graph"
 VERSION = 1
+TOP_KEYS = ("schema", "version", "name", "doc", "output", "nodes", "states")
 
 
 def to_dict(graph: CellGraph) -> dict[str, Any]:
@@ -50,55 +51,71 @@ def _err(msg: str, field: str, hint: str | None = None, node: str | None = None)
 
 def from_dict(data: Any) -> CellGraph:
     if not isinstance(data, dict):
-        raise _err(f"a cell graph is a JSON object, got {type(data).__name__}", "(root)")
+        raise _err(f"a cell graph is a JSON object, got {type(data).__name__}", "(root)",
+                   hint='the file should start with {"schema": "rnn-cell-graph", ...}')
     if data.get("schema") != SCHEMA:
         raise _err(f"'schema' must be '{SCHEMA}', got {data.get('schema')!r}", "schema",
                    hint="is this a cell-graph file? export one with `python -m engine show --json`")
     version = data.get("version")
-    if version != VERSION:
+    if type(version) is not int or version != VERSION:   # True == 1 and 1.0 == 1 in Python; neither is a version
         raise _err(f"unsupported version {version!r}; this engine reads version {VERSION}", "version",
                    hint="re-export the design with this version of the engine")
+    unknown = sorted(str(k) for k in set(data) - set(TOP_KEYS))
+    if unknown:
+        raise _err(f"unknown key(s) {unknown} in the cell graph", unknown[0],
+                   hint="a cell graph has only: " + ", ".join(TOP_KEYS))
     name = data.get("name")
     if not isinstance(name, str) or not name:
-        raise _err("'name' must be a non-empty string", "name")
+        raise _err("'name' must be a non-empty string", "name", hint="e.g. \"name\": \"my_lstm\"")
     doc = data.get("doc", "")
     if not isinstance(doc, str):
-        raise _err("'doc' must be a string", "doc")
+        raise _err("'doc' must be a string", "doc", hint="the cell's description, or leave it out")
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list):
-        raise _err("'nodes' must be a list of node objects", "nodes")
+        raise _err("'nodes' must be a list of node objects", "nodes",
+                   hint='e.g. "nodes": [{"name": "x", "op": "input"}, ...]')
     nodes = []
     for i, raw in enumerate(raw_nodes):
         where = f"nodes[{i}]"
         if not isinstance(raw, dict):
-            raise _err(f"each node is an object, got {type(raw).__name__}", where)
-        unknown = set(raw) - {"name", "op", "args", "attrs"}
+            raise _err(f"each node is an object, got {type(raw).__name__}", where,
+                       hint='e.g. {"name": "i", "op": "sigmoid", "args": ["i_pre"]}')
+        unknown = sorted(str(k) for k in set(raw) - {"name", "op", "args", "attrs"})
         if unknown:
-            raise _err(f"unknown key(s) {sorted(unknown)}", where, node=raw.get("name"),
+            raise _err(f"unknown key(s) {unknown}", where, node=raw.get("name"),
                        hint="a node has only name, op, args and attrs")
         nname, op = raw.get("name"), raw.get("op")
         if not isinstance(nname, str):
-            raise _err("'name' must be a string", f"{where}.name")
+            raise _err("'name' must be a string", f"{where}.name", hint="every node needs a unique name")
         if not isinstance(op, str):
-            raise _err("'op' must be a string", f"{where}.op", node=nname)
+            raise _err("'op' must be a string", f"{where}.op", node=nname,
+                       hint="an op from engine.ops (add, mul, sigmoid, ...) or a leaf kind (input, weight, ...)")
         args = raw.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise _err("'args' must be a list of node names", f"{where}.args", node=nname)
+            raise _err("'args' must be a list of node names", f"{where}.args", node=nname,
+                       hint='e.g. "args": ["W_ii", "x"]')
         attrs = raw.get("attrs", {})
         if not isinstance(attrs, dict):
-            raise _err("'attrs' must be an object", f"{where}.attrs", node=nname)
+            raise _err("'attrs' must be an object", f"{where}.attrs", node=nname,
+                       hint='e.g. "attrs": {"rows": "H", "cols": "I"}')
         nodes.append(Node(nname, op, tuple(args), tuple(sorted(attrs.items()))))
     raw_states = data.get("states")
     if not isinstance(raw_states, list):
-        raise _err("'states' must be a list of {name, next} objects", "states")
+        raise _err("'states' must be a list of {name, next} objects", "states",
+                   hint='e.g. "states": [{"name": "h", "next": "h_next"}]')
     states = []
     for i, raw in enumerate(raw_states):
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not isinstance(raw.get("next"), str):
-            raise _err("each state is an object with string 'name' and 'next'", f"states[{i}]")
+            raise _err("each state is an object with string 'name' and 'next'", f"states[{i}]",
+                       hint='e.g. {"name": "h", "next": "h_next"}')
+        unknown = sorted(str(k) for k in set(raw) - {"name", "next"})
+        if unknown:
+            raise _err(f"unknown key(s) {unknown}", f"states[{i}]", node=raw["name"],
+                       hint="a state has only name and next")
         states.append(StateSpec(raw["name"], raw["next"]))
     output = data.get("output", "h")
     if not isinstance(output, str):
-        raise _err("'output' must be a state name", "output")
+        raise _err("'output' must be a state name", "output", hint='usually "h"')
     return CellGraph(name=name, nodes=tuple(nodes), states=tuple(states), output=output, doc=doc)
 
 
@@ -112,7 +129,12 @@ def from_json(text: str) -> CellGraph:
 
 
 def load(path: str | Path) -> CellGraph:
-    return from_json(Path(path).read_text())
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise _err(f"cannot read {str(path)!r}: {type(e).__name__}: {e}", "(file)",
+                   hint="check the path, and that the file is a UTF-8 cell-graph JSON export") from None
+    return from_json(text)
 
 
 def save(graph: CellGraph, path: str | Path) -> None:

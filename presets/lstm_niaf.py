@@ -1,0 +1,36 @@
+r"""Greff et al.'s variant NIAF (No Input Activation Function): the block input is not squashed.
+
+    z_t = W_z x_t + R_z h_{t-1} + b_z
+    i_t = sigmoid(W_i x_t + R_i h_{t-1} + p_i * c_{t-1} + b_i)
+    f_t = sigmoid(W_f x_t + R_f h_{t-1} + p_f * c_{t-1} + b_f)
+    c_t = z_t * i_t + c_{t-1} * f_t
+    o_t = sigmoid(W_o x_t + R_o h_{t-1} + p_o * c_t + b_o)
+    h_t = tanh(c_t) * o_t
+
+The paper's g(.) is the identity, so z_t is linear in x_t and h_{t-1}; everything else is the
+vanilla LSTM.
+"""
+from engine.dsl import W, b, cell, sigmoid, tanh, v
+from engine.gallery import Preset
+
+
+@cell
+def lstm_niaf(x, h, c):
+    z = W("W_z") @ x + W("R_z") @ h + b("b_z")
+    i = sigmoid(W("W_i") @ x + W("R_i") @ h + v("p_i") * c + b("b_i"))
+    f = sigmoid(W("W_f") @ x + W("R_f") @ h + v("p_f") * c + b("b_f"))
+    c_next = z * i + c * f
+    o = sigmoid(W("W_o") @ x + W("R_o") @ h + v("p_o") * c_next + b("b_o"))
+    h_next = tanh(c_next) * o
+    return {"h": h_next, "c": c_next}
+
+
+PRESET = Preset(
+    cell=lstm_niaf,
+    family="LSTM",
+    title="LSTM variant NIAF: no input activation function",
+    citation="K. Greff, R. K. Srivastava, J. Koutnik, B. R. Steunebrink, J. Schmidhuber. LSTM: A Search Space "
+             "Odyssey. IEEE Transactions on Neural Networks and Learning Systems 28(10):2222-2232, 2017 "
+             "(online 2016). Variant NIAF (no input activation function).",
+    cudnn=None,
+)

@@ -1,0 +1,71 @@
+"""Shared helpers for the CPU test suite.
+
+Presets carry their own test inputs (Preset.test_sizes); `make_case` turns a preset into a network,
+seeded parameters, a fresh random input and random initial states, so that every test runs the same
+way on every preset. Helpers are handed out as fixtures (not imported from this file), so that
+several conftest.py files can coexist under tests/.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import engine
+
+
+@dataclass
+class Case:
+    preset: engine.Preset
+    network: engine.Network
+    params: engine.Params
+    x: np.ndarray                                   # (T, B, I)
+    initial_states: dict[str, np.ndarray] | None     # name -> (L, B, H)
+
+
+def _make_case(preset: engine.Preset, num_layers: int = 2, seed: int = 0, initial_states: bool = True,
+              steps: int | None = None) -> Case:
+    sizes = preset.test_sizes
+    network = engine.Network(preset.cell, input_size=sizes["input_size"], hidden_size=sizes["hidden_size"],
+                             num_layers=num_layers)
+    params = engine.init_params(network, seed=seed)
+    rng = np.random.default_rng(1000 + seed)
+    T, B = steps or sizes["steps"], sizes["batch"]
+    x = rng.standard_normal((T, B, sizes["input_size"]))
+    states = None
+    if initial_states:
+        states = {name: rng.uniform(-0.8, 0.8, (num_layers, B, sizes["hidden_size"]))
+                  for name in preset.cell.state_names}
+    return Case(preset, network, params, x, states)
+
+
+def _run_reference(case: Case, dtype=np.float64, **changes) -> engine.RunResult:
+    fields = dict(params=case.params, x=case.x, initial_states=case.initial_states)
+    fields.update(changes)
+    return engine.run(case.network, fields["params"], fields["x"], fields["initial_states"], backend="reference",
+                      dtype=dtype)
+
+
+def _preset_dict(name: str = "lstm") -> dict:
+    """A fresh, freely editable JSON dict of a valid preset (to build bad graphs from)."""
+    return copy.deepcopy(engine.to_dict(engine.preset(name).cell))
+
+
+@pytest.fixture
+def make_case():
+    """make_case(preset, num_layers=2, seed=0, initial_states=True, steps=None) -> Case."""
+    return _make_case
+
+
+@pytest.fixture
+def run_reference():
+    """run_reference(case, dtype=np.float64, **overrides) -> RunResult on the NumPy reference."""
+    return _run_reference
+
+
+@pytest.fixture
+def preset_dict():
+    """preset_dict(name='lstm') -> a fresh JSON dict of a valid preset, to edit into a bad one."""
+    return _preset_dict

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU suite, in one script for the GPU machine (H100/H200, CUDA 13, CuPy 14, torch with cuDNN,
+# no network). Run from anywhere; it works in the repository root. Files for the caller go to $OUT
+# (at most 5): versions.txt, gpu_tests.log, bench.log, bench-<date>-<device>.json, bench_table.md.
+#
+#   1. versions of the driver, nvcc, CuPy, torch and cuDNN;
+#   2. python3 -m pytest tests/gpu -q -rs            (at most 200 s);
+#   3. the benchmark: every anchor config x lstm, gru, peephole_lstm, gru_cho, quick mode, results
+#      JSON to benchmarks/results/ and $OUT         (stops starting measurements at 220 s, killed at 260 s;
+#      the JSON is rewritten after every cell, so a cut-short run still leaves its results);
+#   4. the markdown table, last.
+# Budget: about 8 minutes on an H100. A failing stage does not stop the next one.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+export CUPY_TF32=0          # CuPy's float32 matmuls stay IEEE fp32 (the naive backend and the sgemm floor)
+PY=${PYTHON:-python3}
+OUT=${OUT:-benchmarks/results/suite}
+mkdir -p "$OUT" benchmarks/results
+start=$(date +%s)
+section() { echo; echo "=== $* (at $(( $(date +%s) - start )) s)"; }
+
+section versions
+{
+  nvidia-smi || echo "nvidia-smi: not available"
+  nvcc --version || echo "nvcc: not available"
+  "$PY" -c "import sys, numpy; print('python', sys.version.split()[0], '| numpy', numpy.__version__)"
+  "$PY" -c "
+import cupy
+rt = cupy.cuda.runtime
+print('cupy', cupy.__version__, '| CUDA runtime', rt.runtimeGetVersion(), '| driver API', rt.driverGetVersion(),
+      '| device', rt.getDeviceProperties(0)['name'].decode())"
+  "$PY" -c "
+import torch
+print('torch', torch.__version__, '| CUDA', torch.version.cuda, '| cuDNN', torch.backends.cudnn.version(),
+      '| GPU', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)"
+  "$PY" -c "import triton; print('triton', triton.__version__)" || echo "triton: not installed"
+} 2>&1 | tee "$OUT/versions.txt"
+
+section "GPU tests"
+timeout 200 "$PY" -m pytest tests/gpu -q -rs 2>&1 | tee "$OUT/gpu_tests.log"
+tests_rc=${PIPESTATUS[0]}
+
+section benchmark
+timeout 260 "$PY" -m engine bench --quick --warmup 2 --compile-budget 45 --time-budget 220 \
+  --preset lstm --preset gru --preset peephole_lstm --preset gru_cho \
+  --config blogB --config mid --config lat --config large --config blogA \
+  --out benchmarks/results --copy-to "$OUT" 2>&1 | tee "$OUT/bench.log"
+bench_rc=${PIPESTATUS[0]}
+
+section "table"
+"$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/bench_table.md"
+import sys
+from engine.bench import list_results, load_results, markdown_table
+found = list_results(sys.argv[1])
+print(markdown_table(load_results(found[0]["path"])) if found else "no benchmark results were written")
+PYEOF
+echo
+echo "gpu tests exit code: $tests_rc (124: timed out); bench exit code: $bench_rc (124: timed out); total $(( $(date +%s) - start )) s"

@@ -1,0 +1,21 @@
+"""The benchmark and divergence harness: every implementation of a cell timed side by side on the GPU.
+
+    from engine.bench import run_bench, load_results, list_results, markdown_table
+    results = run_bench(["lstm", "gru"], ["mid", "512,512,2,100,1"], quick=True, progress=callback)
+
+Implementations: the engine's GPU backends (naive, fused), cuDNN through torch.nn in fp32 (TF32
+off), TF32, fp16 and bf16, and the cell graph in torch ops (eager, and the faster of torch.compile
+and TorchScript). Each is checked against a float64 reference before it is timed; per-step error
+curves are kept for the app. `python -m engine bench` is the CLI.
+"""
+from .configs import ANCHORS, BenchConfig, load_config_file, parse_config, parse_configs
+from .divergence import TOLERANCE, error_summary, step_curves
+from .flops import floors, layer_step_flops, network_flops
+from .results import (RESULTS_DIR, SCHEMA, SCHEMA_VERSION, list_results, load_results, markdown_table,
+                      save_results, text_summary)
+from .runner import run_bench
+
+__all__ = ["ANCHORS", "BenchConfig", "load_config_file", "parse_config", "parse_configs", "TOLERANCE",
+           "error_summary", "step_curves", "floors", "layer_step_flops", "network_flops", "RESULTS_DIR", "SCHEMA",
+           "SCHEMA_VERSION", "list_results", "load_results", "markdown_table", "save_results", "text_summary",
+           "run_bench"]

@@ -1,0 +1,414 @@
+"""The implementations a benchmark times side by side, each behind one small interface.
+
+    unavailable_reason(case) -> str | None   checked first; a reason is reported, never raised
+    context()                                the TF32 flags it runs under, set and restored
+    setup(case)                              parameters onto the device (counted in its peak memory)
+    forward(k, poison=False)                 one run on input buffer k; returns the output (T, B, H)
+    output(value, xp)                        that output as an xp float64 array
+    teardown()                               drop everything it allocated
+
+Families: "engine" (the engine's GPU backends, through backend.prepare(...).run(x) when the backend
+has prepare, else backend.run), "cudnn" (torch.nn.LSTM/GRU/RNN), "torch" (the cell graph in torch
+ops: eager, torch.compile, TorchScript). torch is imported only here and only when used.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import backends
+from ..gallery import Preset
+from ..ir import CellGraph
+from ..network import Network
+from ..params import Params
+from .configs import BenchConfig
+
+
+class Unavailable(Exception):
+    """An implementation cannot run here; the message says why."""
+
+
+@dataclass
+class Case:
+    """One cell at one configuration, with what every implementation shares."""
+
+    name: str                   # the preset's (or custom cell's) name
+    cell: CellGraph
+    preset: Preset | None       # None for a custom cell
+    config: BenchConfig
+    network: Network
+    params: Params              # float64 NumPy, seeded
+    inputs: list                # device arrays (T, B, I) float32, random normal, one per buffer
+    xp: object                  # cupy (or numpy in CPU tests)
+    device: str = "cuda"        # "cuda", or "cpu" in CPU tests of the harness
+    _torch_inputs: list | None = field(default=None, repr=False)
+
+    def torch_inputs(self) -> list:
+        """The same input buffers as torch tensors, sharing memory (DLPack) on the GPU."""
+        if self._torch_inputs is None:
+            import torch
+            if self.device == "cpu":
+                self._torch_inputs = [torch.from_numpy(np.asarray(x)) for x in self.inputs]
+            else:
+                self.xp.cuda.Device().synchronize()
+                self._torch_inputs = [_torch_view(torch, x) for x in self.inputs]
+        return self._torch_inputs
+
+
+def _torch_view(torch, array):
+    """A CuPy array as a torch tensor on the same memory: DLPack, else the CUDA array interface."""
+    try:
+        return torch.from_dlpack(array)
+    except Exception:
+        return torch.as_tensor(array, device="cuda")
+
+
+def to_xp64(value, xp):
+    """An output of any implementation (NumPy, CuPy or torch) as a float64 array of module xp."""
+    if hasattr(value, "detach"):                         # a torch tensor
+        import torch
+        tensor = value.detach().to(torch.float64).contiguous()
+        if tensor.is_cuda:
+            torch.cuda.synchronize()
+            if xp.__name__ == "numpy":
+                return tensor.cpu().numpy()
+            try:
+                view = xp.from_dlpack(tensor)
+            except Exception:
+                view = xp.asarray(tensor)           # the CUDA array interface
+            return xp.array(view, copy=True)
+        return xp.asarray(tensor.numpy())
+    if xp.__name__ == "numpy" and hasattr(value, "get"):  # a CuPy array into NumPy
+        value = value.get()
+    return xp.asarray(value, dtype=xp.float64)
+
+
+def short_reason(error: BaseException, limit: int = 300) -> str:
+    text = f"{type(error).__name__}: {error}".strip().splitlines()
+    line = text[0] if text else type(error).__name__
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def torch_or_reason():
+    """(torch, None) or (None, why it cannot be used)."""
+    try:
+        import torch
+    except Exception as e:
+        return None, f"PyTorch is not importable ({short_reason(e)}); hint: pip install torch"
+    return torch, None
+
+
+def torch_device_reason(torch, case: Case) -> str | None:
+    if case.device == "cuda" and not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda})"
+    return None
+
+
+@contextmanager
+def tf32_flags(enabled: bool):
+    """Set torch's two TF32 switches (cuBLAS matmul and cuDNN) and restore them afterwards."""
+    torch, _ = torch_or_reason()
+    if torch is None:
+        yield
+        return
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def torch_tf32_state() -> dict:
+    torch, _ = torch_or_reason()
+    if torch is None:
+        return {}
+    return {"torch.backends.cuda.matmul.allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "torch.backends.cudnn.allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+
+
+class Implementation:
+    name = ""
+    family = ""
+    precision = "fp32"
+    tf32 = False
+    timer = "cupy"              # which clock and memory probe: "cupy", "torch" or "wall" (CPU tests)
+    group: str | None = None    # candidates of one group are reported as one row: the fastest
+    failure_status = "failed"   # the status of an exception in setup or the first run
+
+    def __init__(self):
+        self.detail: dict = {}
+
+    def unavailable_reason(self, case: Case) -> str | None:
+        return None
+
+    @contextmanager
+    def context(self):
+        yield
+
+    def flags(self) -> dict:
+        return {}
+
+    def setup(self, case: Case) -> None:
+        raise NotImplementedError
+
+    def forward(self, k: int, poison: bool = False):
+        raise NotImplementedError
+
+    def output(self, value, xp):
+        return to_xp64(value, xp)
+
+    def after_first_call(self, seconds: float) -> None:
+        """Raise Unavailable if the first call (which compiles, for some) took too long."""
+
+    def teardown(self) -> None:
+        pass
+
+
+# ---- the engine's backends -----------------------------------------------------------------------
+
+class EngineBackend(Implementation):
+    family = "engine"
+
+    def __init__(self, backend: str, timer: str = "cupy"):
+        super().__init__()
+        self.name = self.backend = backend
+        self.timer = timer
+
+    def unavailable_reason(self, case: Case) -> str | None:
+        if self.backend not in backends.BACKENDS:
+            return f"backend '{self.backend}' is not registered in engine.backends.BACKENDS"
+        try:
+            self.module = backends.get(self.backend)
+        except Exception as e:
+            return f"backend '{self.backend}' does not import ({short_reason(e)})"
+        return None
+
+    def flags(self) -> dict:
+        import os
+        return {"CUPY_TF32": os.environ.get("CUPY_TF32", "0")}
+
+    def setup(self, case: Case) -> None:
+        self.inputs = case.inputs
+        prepare = getattr(self.module, "prepare", None)
+        if prepare is not None:
+            self.program = prepare(case.network, case.params, dtype=np.float32)
+            run = self.program.run
+            self.takes_poison = "poison" in inspect.signature(run).parameters
+            self.detail["interface"] = "prepare(network, params).run(x): parameters uploaded once"
+            self._run = run
+        else:
+            network, params, module = case.network, case.params, self.module
+            self.takes_poison = "poison" in inspect.signature(module.run).parameters
+            self.detail["interface"] = ("run(network, params, x): the backend has no prepare(), so every "
+                                        "timed run includes its set-up (parameter upload, planning)")
+            self._run = lambda x, **poison: module.run(network, params, x, dtype=np.float32, **poison)
+        self.detail["poisoned"] = self.takes_poison
+
+    def forward(self, k: int, poison: bool = False):
+        if poison and self.takes_poison:
+            return self._run(self.inputs[k], poison=True).outputs
+        return self._run(self.inputs[k]).outputs
+
+    def teardown(self) -> None:
+        self.program = self._run = self.inputs = None
+
+
+# ---- cuDNN through torch.nn ---------------------------------------------------------------------------
+
+CUDNN_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+
+class Cudnn(Implementation):
+    family = "cudnn"
+    timer = "torch"
+
+    def __init__(self, precision: str, timer: str = "torch"):
+        super().__init__()
+        if precision not in CUDNN_PRECISIONS:
+            raise ValueError(precision)
+        self.precision, self.name, self.timer = precision, f"cudnn-{precision}", timer
+        self.tf32 = precision == "tf32"
+
+    def unavailable_reason(self, case: Case) -> str | None:
+        torch, reason = torch_or_reason()
+        if reason:
+            return reason
+        if case.preset is None or not case.preset.cudnn or case.preset.torch is None:
+            return f"cell '{case.name}' has no cuDNN equivalent (only lstm, gru and the Elman RNNs have one)"
+        reason = torch_device_reason(torch, case)
+        if reason:
+            return reason
+        if case.device == "cuda" and not torch.backends.cudnn.is_available():
+            return f"torch {torch.__version__} was built without cuDNN"
+        if self.precision == "bf16" and case.device == "cuda" and not torch.cuda.is_bf16_supported():
+            return "this GPU does not support bfloat16"
+        return None
+
+    @contextmanager
+    def context(self):
+        with tf32_flags(self.tf32):
+            yield
+
+    def flags(self) -> dict:
+        return torch_tf32_state()
+
+    def setup(self, case: Case) -> None:
+        import torch
+        from ..torch_layout import to_torch_state_dict
+        layout, network = case.preset.torch, case.network
+        kwargs = dict(input_size=network.input_size, hidden_size=network.hidden_size,
+                      num_layers=network.num_layers, bias=True, batch_first=False)
+        if layout.module == "RNN":
+            kwargs["nonlinearity"] = layout.nonlinearity
+        module = getattr(torch.nn, layout.module)(**kwargs)
+        state = to_torch_state_dict(network, case.params, layout)
+        module.load_state_dict({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in state.items()},
+                               strict=True)
+        dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
+                 "bf16": torch.bfloat16}[self.precision]
+        module = module.to(device=case.device, dtype=dtype).eval()
+        module.requires_grad_(False)
+        if hasattr(module, "flatten_parameters"):
+            module.flatten_parameters()
+        self.module = module
+        inputs = case.torch_inputs()
+        self.inputs = inputs if dtype == torch.float32 else [x.to(dtype) for x in inputs]
+        self.detail.update({"module": f"torch.nn.{layout.module}", "dtype": str(dtype).replace("torch.", ""),
+                            "cudnn_mode": case.preset.cudnn})
+
+    def forward(self, k: int, poison: bool = False):
+        import torch
+        with torch.no_grad():
+            out, _ = self.module(self.inputs[k])
+        return out
+
+    def teardown(self) -> None:
+        self.module = self.inputs = None
+
+
+# ---- the cell graph in torch ops --------------------------------------------------------------------
+
+class CompileBudget:
+    """Seconds the whole run may spend compiling (torch.compile, TorchScript)."""
+
+    def __init__(self, seconds: float):
+        self.total = float(seconds)
+        self.spent = 0.0
+
+    @property
+    def left(self) -> float:
+        return self.total - self.spent
+
+
+TORCH_MODES = {"eager": "torch-eager", "compile": "torch.compile", "script": "torchscript"}
+
+
+class TorchCell(Implementation):
+    family = "torch"
+    timer = "torch"
+
+    def __init__(self, mode: str, budget: CompileBudget | None = None, timer: str = "torch",
+                 compile_options: dict | None = None):
+        super().__init__()
+        self.mode, self.name, self.timer = mode, TORCH_MODES[mode], timer
+        self.budget = budget
+        self.compile_options = compile_options or {}
+        if mode != "eager":
+            self.group = "torch-compile"
+            self.failure_status = "unavailable"
+
+    def unavailable_reason(self, case: Case) -> str | None:
+        torch, reason = torch_or_reason()
+        if reason:
+            return reason
+        reason = torch_device_reason(torch, case)
+        if reason:
+            return reason
+        if self.mode == "compile":
+            if not hasattr(torch, "compile"):
+                return f"torch {torch.__version__} has no torch.compile"
+            backend = self.compile_options.get("backend", "inductor")
+            if case.device == "cuda" and backend == "inductor" and importlib.util.find_spec("triton") is None:
+                return "triton is not installed (torch.compile's inductor backend needs it on the GPU)"
+        if self.mode == "script" and not hasattr(getattr(torch, "jit", None), "script"):
+            return f"torch {torch.__version__} has no torch.jit.script"
+        if self.budget is not None and self.mode != "eager" and self.budget.left <= 0:
+            return f"the run's compile budget ({self.budget.total:g} s) is spent"
+        return None
+
+    @contextmanager
+    def context(self):
+        with tf32_flags(False):
+            yield
+
+    def flags(self) -> dict:
+        return torch_tf32_state()
+
+    def setup(self, case: Case) -> None:
+        import torch
+        from .torch_cell import layer_function, run_network, torch_params
+        if self.mode == "compile":
+            torch._dynamo.reset()           # a fresh cache: no recompile limits or memory from earlier cells
+        self.layer_fn = layer_function(case.cell, self.mode, self.compile_options)
+        self.network = case.network
+        self.params = torch_params(case.network, case.params, case.device, torch.float32)
+        self.inputs = case.torch_inputs()
+        self.run_network = run_network
+        if self.mode == "compile":
+            self.detail["options"] = {"mode": "default", **self.compile_options}
+
+    def forward(self, k: int, poison: bool = False):
+        import torch
+        with torch.no_grad():
+            out, _ = self.run_network(self.layer_fn, self.network, self.params, self.inputs[k])
+        return out
+
+    def after_first_call(self, seconds: float) -> None:
+        if self.mode == "eager" or self.budget is None:
+            return
+        left = self.budget.left
+        self.budget.spent += seconds
+        self.detail["compile_s"] = seconds
+        if seconds > left:
+            raise Unavailable(f"compiling took {seconds:.1f} s, more than the {max(left, 0):.1f} s left of the "
+                              f"run's compile budget ({self.budget.total:g} s)")
+
+    def teardown(self) -> None:
+        self.layer_fn = self.params = self.inputs = None
+        if self.mode == "compile":
+            import torch
+            torch._dynamo.reset()
+
+
+def default_implementations(compile_budget_s: float) -> list[Implementation]:
+    """In measuring order: cuDNN fp32 first (the others' divergence is also taken against it).
+    torch.compile and TorchScript each get the compile budget (TorchScript's is rarely touched)."""
+    gpu_backends = getattr(backends, "GPU_BACKENDS", tuple(b for b in backends.BACKENDS if b != "reference"))
+    return [Cudnn("fp32"), *[EngineBackend(name) for name in gpu_backends],
+            Cudnn("tf32"), Cudnn("fp16"), Cudnn("bf16"),
+            TorchCell("eager"), TorchCell("compile", CompileBudget(compile_budget_s)),
+            TorchCell("script", CompileBudget(compile_budget_s))]
+
+
+def implementation_choices() -> list[str]:
+    """Names accepted by run_bench(implementations=...)."""
+    names = [i.name for i in default_implementations(0.0)]
+    return names + ["torch-compile"]
+
+
+def select(implementations: list[Implementation], names: list[str] | None) -> list[Implementation]:
+    if not names:
+        return implementations
+    from ..errors import BackendError
+    known = implementation_choices()
+    for name in names:
+        if name not in known:
+            raise BackendError(f"unknown implementation '{name}'. hint: choose from {', '.join(known)}")
+    return [i for i in implementations if i.name in names or (i.group is not None and i.group in names)]
+

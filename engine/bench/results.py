@@ -1,0 +1,189 @@
+"""Benchmark results: a versioned JSON document, its loader, its listing and its markdown table.
+
+Schema (version 1), every time in ms, every size in bytes:
+
+    {"schema": "rnn-engine/bench-results", "version": 1, "created": ISO date, "status": "complete"|"partial",
+     "environment": {device, compute_capability, driver, cuda_runtime, cupy, torch, torch_cuda, cudnn, ...},
+     "device_measurements": {"sgemm_fp32_tflops", "sgemm_size", "launch_us", ...},
+     "settings": {"reps", "warmup", "buffers", "seed", "compile_budget_s", "quick", ...},
+     "cells": [{"preset", "config": {name, input_size, hidden_size, num_layers, steps, batch},
+                "status": "ok"|"skipped"|"failed", "reason", "flops": {per_step, total, ...},
+                "wavefront_steps", "floors": {compute_ms, latency_ms, floor_ms}, "reference": {...},
+                "implementations": [{"name", "family", "precision", "status": "ok"|"unavailable"|"failed"|"skipped",
+                                     "reason", "tf32", "tf32_flags", "median_ms", "min_ms", "max_ms", "reps",
+                                     "tflops", "vs_floor", "peak_bytes", "first_call_s",
+                                     "error": {max_abs, mean_abs, rel, ...}, "error_vs_cudnn_fp32",
+                                     "speedup": {"vs_cudnn_fp32", "vs_naive"},
+                                     "divergence": {"vs_reference": {"max": [T], "mean": [T]},
+                                                    "vs_cudnn_fp32": {...}},
+                                     "detail": {...}}]}]}
+
+The app reads it through load_results / list_results and draws it; it never recomputes it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import BackendError
+
+SCHEMA = "rnn-engine/bench-results"
+SCHEMA_VERSION = 1
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def new_results(environment: dict, device_measurements: dict, settings: dict) -> dict:
+    return {"schema": SCHEMA, "version": SCHEMA_VERSION, "created": datetime.now(timezone.utc).isoformat(),
+            "status": "partial", "environment": environment, "device_measurements": device_measurements,
+            "settings": settings, "cells": []}
+
+
+def results_filename(results: dict) -> str:
+    stamp = results.get("created", "")[:19].replace(":", "").replace("-", "").replace("T", "-")
+    device = re.sub(r"[^A-Za-z0-9]+", "-", str(results.get("environment", {}).get("device", "device"))).strip("-")
+    return f"bench-{stamp or 'undated'}-{device or 'device'}.json"
+
+
+def save_results(results: dict, path: str | Path) -> Path:
+    """Write atomically (a reader never sees half a file); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, separators=(",", ":"), allow_nan=False))
+    os.replace(tmp, path)
+    return path
+
+
+def load_results(path: str | Path) -> dict:
+    """A results document, checked for its schema name and version."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BackendError(f"results file {path} does not exist. hint: see list_results()") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BackendError(f"results file {path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise BackendError(f"results file {path} is not a benchmark result (schema "
+                           f"{data.get('schema') if isinstance(data, dict) else None!r}, expected {SCHEMA!r})")
+    if data.get("version") != SCHEMA_VERSION:
+        raise BackendError(f"results file {path} has schema version {data.get('version')!r}; this engine reads "
+                           f"version {SCHEMA_VERSION}. hint: re-run the benchmark")
+    if not isinstance(data.get("cells"), list):
+        raise BackendError(f"results file {path}: field 'cells' must be a list")
+    return data
+
+
+def list_results(directory: str | Path | None = None) -> list[dict]:
+    """Every readable results file in `directory` (default benchmarks/results/), newest first:
+    [{"path", "created", "device", "status", "presets", "configs"}]. Unreadable files are skipped."""
+    directory = Path(directory) if directory is not None else RESULTS_DIR
+    found = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            data = load_results(path)
+        except BackendError:
+            continue
+        cells = data["cells"]
+        found.append({"path": str(path), "created": data.get("created", ""),
+                      "device": data.get("environment", {}).get("device"), "status": data.get("status"),
+                      "presets": sorted({c.get("preset") for c in cells}),
+                      "configs": sorted({c.get("config", {}).get("name") for c in cells})})
+    return sorted(found, key=lambda r: r["created"], reverse=True)
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+def _ms(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+def implementation_names(results: dict) -> list[str]:
+    """Implementation names in the order they first appear."""
+    names: dict[str, None] = {}
+    for cell in results.get("cells", []):
+        for entry in cell.get("implementations", []):
+            names.setdefault(entry["name"], None)
+    return list(names)
+
+
+def markdown_table(results: dict) -> str:
+    """One row per (cell, configuration); per implementation the median ms, and in parentheses the
+    speedup over cuDNN fp32 (TF32 off) where that ran. n/a: unavailable; fail: wrong output."""
+    names = implementation_names(results)
+    header = ["cell", "config", "I,H,L,T,B", "floor ms (compute / latency)", *names]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for cell in results.get("cells", []):
+        config = cell.get("config", {})
+        shape = ",".join(str(config.get(k)) for k in ("input_size", "hidden_size", "num_layers", "steps", "batch"))
+        floors = cell.get("floors") or {}
+        row = [str(cell.get("preset")), str(config.get("name")), shape,
+               f"{_ms(floors.get('compute_ms'))} / {_ms(floors.get('latency_ms'))}"]
+        by_name = {e["name"]: e for e in cell.get("implementations", [])}
+        for name in names:
+            entry = by_name.get(name)
+            if cell.get("status") != "ok" and entry is None:
+                row.append(cell.get("status", "-"))
+            elif entry is None:
+                row.append("-")
+            elif entry["status"] == "ok":
+                speedup = (entry.get("speedup") or {}).get("vs_cudnn_fp32")
+                row.append(_ms(entry["median_ms"]) + (f" ({speedup:.2f}x)" if speedup else ""))
+            else:
+                row.append({"unavailable": "n/a", "failed": "fail", "skipped": "skip"}.get(entry["status"], "-"))
+        lines.append("| " + " | ".join(row) + " |")
+    device = results.get("environment", {}).get("device", "?")
+    lines.append("")
+    lines.append(f"Median ms over {results.get('settings', {}).get('reps', '?')} repetitions on {device}; "
+                 "(Nx) = speedup over cuDNN fp32 with TF32 off.")
+    return "\n".join(lines)
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def text_summary(results: dict) -> str:
+    """Per cell: the napkin math (FLOPs and both floors), then one line per implementation with its
+    time beside the floor, speedups, error and peak memory; reasons for anything that did not run."""
+    measured = results.get("device_measurements", {})
+    lines = []
+    for cell in results.get("cells", []):
+        config = cell.get("config", {})
+        shape = " ".join(f"{k}={config.get(key)}" for k, key in (("I", "input_size"), ("H", "hidden_size"),
+                                                                  ("L", "num_layers"), ("T", "steps"), ("B", "batch")))
+        lines.append(f"{cell.get('preset')} / {config.get('name')} ({shape})")
+        if cell.get("status") != "ok":
+            lines.append(f"  {cell.get('status')}: {cell.get('reason')}")
+            lines.append("")
+            continue
+        floors = cell.get("floors", {})
+        lines.append(f"  {cell['flops']['total'] / 1e9:.3g} GFLOP; floors: compute {_fmt(floors.get('compute_ms'), '.3g')} ms "
+                     f"(fp32 GEMM {_fmt(measured.get('sgemm_fp32_tflops'), '.1f')} TFLOP/s), latency "
+                     f"{_fmt(floors.get('latency_ms'), '.3g')} ms ({cell.get('wavefront_steps')} wavefront steps x "
+                     f"{_fmt(measured.get('launch_us'), '.2f')} us)")
+        for warning in cell.get("warnings", []):
+            lines.append(f"  warning: {warning}")
+        lines.append(f"  {'implementation':<15} {'median ms':>10} {'min-max ms':>17} {'x floor':>8} {'TFLOP/s':>8} "
+                     f"{'vs cuDNN':>8} {'vs naive':>8} {'rel err':>9} {'peak MiB':>9}  tf32")
+        for e in cell.get("implementations", []):
+            if e["status"] != "ok":
+                lines.append(f"  {e['name']:<15} {e['status']}: {e.get('reason')}")
+                continue
+            speedup = e.get("speedup") or {}
+            peak = e.get("peak_bytes")
+            lines.append(
+                f"  {e['name']:<15} {e['median_ms']:>10.3f} {e['min_ms']:>8.3f}-{e['max_ms']:<8.3f} "
+                f"{_fmt(e.get('vs_floor'), '.1f'):>8} {_fmt(e.get('tflops'), '.2f'):>8} "
+                f"{_fmt(speedup.get('vs_cudnn_fp32'), '.2f'):>8} {_fmt(speedup.get('vs_naive'), '.2f'):>8} "
+                f"{_fmt((e.get('error') or {}).get('rel'), '.2e'):>9} "
+                f"{_fmt(None if peak is None else peak / 2**20, '.1f'):>9}  {'on' if e.get('tf32') else 'off'}")
+        lines.append("")
+    lines.append("x floor: median over the larger floor; vs cuDNN (fp32, TF32 off) and vs naive: times faster; "
+                 "rel err: max |out - ref| / max |ref| against the float64 reference.")
+    return "\n".join(lines)

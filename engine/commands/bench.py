@@ -1,0 +1,84 @@
+"""`python -m engine bench`: time the engine's backends against cuDNN and PyTorch on the GPU."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..errors import BackendError
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="benchmark a cell on the GPU against cuDNN and PyTorch (needs a CUDA GPU)",
+        description="Time every available implementation of a cell side by side on the GPU (the engine's "
+                    "backends, cuDNN fp32/TF32/fp16/bf16, the cell in torch ops eager and compiled), after "
+                    "checking each against a float64 reference. Results go to a JSON file.")
+    parser.add_argument("--preset", "-p", action="append", metavar="NAME|CELL.json",
+                        help="cell to benchmark, repeatable (default: lstm)")
+    parser.add_argument("--config", "-c", action="append", metavar="NAME|I,H,L,T,B|FILE.json",
+                        help="configuration, repeatable: an anchor (blogB, mid, lat, large, blogA), five "
+                             "integers I,H,L,T,B, or a JSON file (benchmarks/configs/); default: every anchor")
+    parser.add_argument("--impl", action="append", metavar="NAME",
+                        help="only these implementations, repeatable (e.g. naive, cudnn-fp32, torch-compile)")
+    parser.add_argument("--quick", action="store_true",
+                        help="20 repetitions, 3 warm-ups, 3 input buffers, 60 s of compile budget (else 50, 5, 4, 300 s)")
+    parser.add_argument("--reps", type=int, help="timed repetitions (at least 20)")
+    parser.add_argument("--warmup", type=int, help="untimed runs first")
+    parser.add_argument("--buffers", type=int, help="input buffers the repetitions rotate among")
+    parser.add_argument("--compile-budget", type=float, metavar="SECONDS",
+                        help="seconds the whole run may spend compiling, for torch.compile and for TorchScript each")
+    parser.add_argument("--time-budget", type=float, metavar="SECONDS",
+                        help="stop starting new measurements after this long (the rest are reported skipped)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs (default 0)")
+    parser.add_argument("--out", default=None, metavar="DIR", help="results folder (default: benchmarks/results)")
+    parser.add_argument("--copy-to", default=None, metavar="DIR", help="also write the results JSON here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--list-configs", action="store_true", help="print the anchor configurations and exit")
+    parser.set_defaults(func=main)
+
+
+def _cells(values: list[str] | None) -> list:
+    from ..gallery import get as get_preset
+    from ..serialize import load
+    cells = []
+    for value in values or ["lstm"]:
+        if value.endswith(".json"):
+            if not Path(value).exists():
+                raise BackendError(f"--preset {value}: no such file. hint: a preset name or a cell JSON file")
+            cells.append(load(value))
+        else:
+            cells.append(get_preset(value))
+    return cells
+
+
+def main(args) -> int:
+    from .. import backends
+    from ..bench import ANCHORS, RESULTS_DIR, markdown_table, parse_configs, run_bench, text_summary
+    if args.list_configs:
+        for config in ANCHORS.values():
+            print(f"{config.name:<8} {config.shape}")
+        return 0
+    configs = parse_configs(args.config)      # bad input is reported before the GPU is looked for
+    cells = _cells(args.preset)
+    ok, why = backends.gpu_status()
+    if not ok:
+        print(f"error: `python -m engine bench` needs a CUDA GPU: {why}", file=sys.stderr)
+        print("  hint: run it on a machine with an NVIDIA GPU, CuPy (pip install cupy-cuda13x) and, for the "
+              "cuDNN and PyTorch baselines, torch with CUDA; `--list-configs` works without one", file=sys.stderr)
+        return 2
+    from ..bench.progress import TextProgress
+    progress = None if args.no_progress else TextProgress()
+    try:
+        results = run_bench(cells, configs, implementations=args.impl, quick=args.quick, reps=args.reps,
+                            warmup=args.warmup, buffers=args.buffers, compile_budget_s=args.compile_budget,
+                            time_budget_s=args.time_budget, seed=args.seed,
+                            out_dir=args.out or RESULTS_DIR, copy_to=args.copy_to, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    print(text_summary(results))
+    print(markdown_table(results))
+    print()
+    for path in results.get("saved_to", []):
+        print(f"results: {path}")
+    return 0

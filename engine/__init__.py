@@ -9,6 +9,7 @@ from .api import run
 from .backends.common import RunResult
 from .dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
 from .errors import BackendError, CellGraphError, CompileError, EngineError, Problem
+from .explain import explain, explain_json, explain_text
 from .gallery import Preset, TorchLayout, presets
 from .gallery import get as preset
 from .ir import CellGraph, Node, StateSpec
@@ -21,5 +22,5 @@ __all__ = [
     "run", "RunResult", "W", "b", "cell", "const", "hard_sigmoid", "identity", "relu", "sigmoid", "tanh", "v",
     "BackendError", "CellGraphError", "CompileError", "EngineError", "Problem", "Preset", "TorchLayout",
     "presets", "preset", "CellGraph", "Node", "StateSpec", "to_latex", "Network", "Params", "init_params",
-    "from_dict", "from_json", "load", "save", "to_dict", "to_json",
+    "from_dict", "from_json", "load", "save", "to_dict", "to_json", "explain", "explain_json", "explain_text",
 ]

@@ -1,0 +1,291 @@
+"""The fused backend: cuBLAS GEMMs + generated fused kernels, hoisted input GEMM, layer wavefront.
+
+It executes a Plan (engine/plan.py) as the passes decided it:
+- per layer, the hoisted input projection: one GEMM over all T*B rows for layer 0; for layer l > 0,
+  one GEMM per chunk of `plan.chunk_steps` steps, as soon as layer l-1 has produced them;
+- per step, for each stage: that stage's GEMMs (cupy.matmul -> cuBLAS), then its generated kernel(s);
+- the layers as a wavefront: layer l runs on its own CUDA stream; chunk c of layer l waits (CUDA
+  event) for chunk c of layer l-1, and follows chunk c-1 of layer l on its stream. Chunks are
+  enqueued diagonal by diagonal (plan.chunk_order()), so every event is recorded before any
+  stream waits on it.
+
+The same Executor runs with a NumPy "device" in engine/backends/plan_numpy.py: the CPU tests run the
+exact host logic of this backend (buffers, packing, versions, wavefront order) without a GPU.
+
+Arrays: x may be NumPy or CuPy (on the current device). Results are CuPy arrays when x is a CuPy
+array and NumPy arrays otherwise. float32 only for now.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import BackendError
+from ..network import Network
+from ..params import Params, check_params
+from ..plan import FLOAT_BYTES, Plan, make_plan, pack_weights, slot_columns
+from .common import RunResult, check_inputs
+
+THREADS_PER_BLOCK = 256
+MAX_BLOCKS = 65535
+
+
+class Executor:
+    """Runs a Plan on a device. The device supplies arrays, GEMMs, kernel launches, streams and events."""
+
+    def __init__(self, plan: Plan, device):
+        self.plan, self.program, self.device = plan, plan.program, device
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    def _allocate(self, poison: bool) -> list[dict]:
+        plan, device = self.plan, self.device
+        T, B = plan.steps, plan.batch
+        fill = math.nan if poison else 0.0
+        layers = []
+        for layer in range(plan.network.num_layers):
+            sizes = plan.layer_sizes(layer)
+            buffers = {}
+            for buf in self.program.buffers:
+                if buf.name == self.program.input_buffer:
+                    continue
+                shape = (T * B if buf.rows == "sequence" else B, buf.cols(sizes))
+                copies = 2 if buf.double else 1
+                arrays = [device.full(shape, fill) for _ in range(copies)]
+                buffers[buf.name] = arrays if buf.double else arrays[0]
+            layers.append(buffers)
+        return layers
+
+    def _upload_params(self, params: Params) -> tuple[list[dict], list[dict]]:
+        """Per layer: {gemm: (P^T (K, N), bias (N,) or None)} and {parameter: (D,) vector}."""
+        plan, device = self.plan, self.device
+        weights, vectors = [], []
+        for layer in range(plan.network.num_layers):
+            packed = pack_weights(self.program, plan.network, params, layer)
+            weights.append({name: (device.asarray(np.ascontiguousarray(p.weight.T)),
+                                   None if p.bias is None else device.asarray(p.bias))
+                            for name, p in packed.items()})
+            vectors.append({name: device.asarray(np.asarray(params[layer][name]))
+                            for name in self.program.kernel_params})
+        return weights, vectors
+
+    def _init_states(self, layers: list[dict], initial_states: dict | None) -> None:
+        plan = self.plan
+        H = plan.network.hidden_size
+        for layer, buffers in enumerate(layers):
+            sizes = plan.layer_sizes(layer)
+            for home in self.program.homes:
+                target = self._version(buffers[home.slot.buffer], "cur", 0)
+                cols = slot_columns(home.slot, sizes, H)
+                value = None if initial_states is None else initial_states.get(home.state)
+                if value is None:
+                    target[:, cols] = 0.0
+                else:
+                    target[:, cols] = self.device.asarray(value[layer])
+
+    @staticmethod
+    def _version(buffer, version: str | None, t: int):
+        if not isinstance(buffer, list):
+            return buffer
+        return buffer[(t + (1 if version == "next" else 0)) % 2]
+
+    # ---- the run --------------------------------------------------------------------------------
+    def run(self, params: Params, x, initial_states: dict | None = None, poison: bool = False):
+        """x: (T, B, I) device array. Returns (outputs (T, B, H), {state: (L, B, H)}) as device arrays."""
+        plan, device = self.plan, self.device
+        T, B, L = plan.steps, plan.batch, plan.network.num_layers
+        self.layers = self._allocate(poison)
+        self.weights, self.vectors = self._upload_params(params)
+        self.inputs = [x.reshape(T * B, plan.network.input_size)]
+        for layer in range(1, L):
+            self.inputs.append(self.layers[layer - 1][self.program.output_buffer])
+        self._init_states(self.layers, initial_states)
+        device.synchronize()      # the set-up ran on the default stream; the layer streams do not wait for it
+        done = {}
+        for diagonal in plan.chunk_order():
+            for layer, chunk in diagonal:
+                with device.stream(layer):
+                    if layer > 0:
+                        device.wait(layer, done[(layer - 1, chunk)])
+                    self._project(layer, chunk)
+                    for t in plan.chunk_range(chunk):
+                        self._step(layer, t)
+                    done[(layer, chunk)] = device.record(layer)
+        device.synchronize()
+        H = plan.network.hidden_size
+        outputs = self.layers[-1][self.program.output_buffer].reshape(T, B, H)
+        final = {}
+        for home in self.program.homes:
+            per_layer = []
+            for layer in range(L):
+                buf = self._version(self.layers[layer][home.slot.buffer], "cur", T)
+                per_layer.append(buf[:, slot_columns(home.slot, plan.layer_sizes(layer), H)])
+            final[home.state] = device.xp.stack(per_layer)
+        return outputs, final
+
+    def _project(self, layer: int, chunk: int) -> None:
+        """The hoisted GEMMs: layer 0 projects the whole sequence with its first chunk."""
+        plan = self.plan
+        B = plan.batch
+        if layer == 0:
+            if chunk > 0:
+                return
+            rows = slice(0, plan.steps * B)
+        else:
+            steps = plan.chunk_range(chunk)
+            rows = slice(steps.start * B, steps.stop * B)
+        for gemm in self.program.hoisted_gemms:
+            weight, bias = self.weights[layer][gemm.name]
+            out = self.layers[layer][gemm.out_buffer][rows]
+            self.device.gemm(self.inputs[layer][rows], weight, out)
+            if bias is not None:
+                self.device.add_bias(out, bias)
+
+    def _step(self, layer: int, t: int) -> None:
+        buffers = self.layers[layer]
+        sizes = self.plan.layer_sizes(layer)
+        for kind, item in self.program.step_order():
+            if kind == "gemm":
+                weight, _ = self.weights[layer][item.name]
+                operands = self._version(buffers[item.in_buffer], "cur", t)
+                self.device.gemm(operands, weight, buffers[item.out_buffer])
+                continue
+            args = []
+            for p in item.params:
+                if p.kind == "param":
+                    args.append(self.vectors[layer][p.source])
+                elif p.source == self.program.input_buffer:
+                    args.append(self.inputs[layer])
+                else:
+                    args.append(self._version(buffers[p.source], p.version, t))
+            self.device.launch(item, args, t, self.plan.batch, sizes)
+
+
+def plan_bytes(plan: Plan) -> int:
+    """Device memory the run allocates: buffers, packed weights, parameter vectors and the input."""
+    program, network = plan.program, plan.network
+    T, B = plan.steps, plan.batch
+    total = T * B * network.input_size
+    for layer in range(network.num_layers):
+        sizes = network.layer_sizes(layer)
+        for buf in program.buffers:
+            if buf.name == program.input_buffer:
+                continue
+            rows = T * B if buf.rows == "sequence" else B
+            total += rows * buf.cols(sizes) * (2 if buf.double else 1)
+        for g in program.gemms:
+            total += g.n(sizes) * g.k(sizes) + (g.n(sizes) if g.has_bias else 0)
+        for name in program.kernel_params:
+            total += sizes[network.cell[name].attr("dim", "H")]
+    return total * FLOAT_BYTES
+
+
+class CupyDevice:
+    """CuPy arrays, cuBLAS through cupy.matmul, generated kernels from one RawModule, a stream per layer."""
+
+    def __init__(self, cupy, module, num_layers: int, streams: bool):
+        self.xp = cupy
+        self.module = module
+        self.functions: dict = {}
+        self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(num_layers)] if streams else None
+
+    def full(self, shape, value):
+        return self.xp.full(shape, value, dtype=self.xp.float32)
+
+    def asarray(self, value):
+        return self.xp.ascontiguousarray(self.xp.asarray(value, dtype=self.xp.float32))
+
+    def gemm(self, x, weight_t, out):
+        self.xp.matmul(x, weight_t, out=out)          # (M, K) @ (K, N) -> (M, N), cuBLAS
+
+    def add_bias(self, out, bias):
+        out += bias
+
+    def launch(self, kernel, args, t: int, batch: int, sizes: dict) -> None:
+        function = self.functions.get(kernel.name)
+        if function is None:
+            function = self.functions[kernel.name] = self.module.get_function(kernel.name)
+        total = batch * sizes[kernel.dim]
+        blocks = max(1, min(-(-total // THREADS_PER_BLOCK), MAX_BLOCKS))
+        function((blocks,), (THREADS_PER_BLOCK,), tuple(args) + (np.int32(t), np.int32(batch),
+                                                                 np.int32(sizes["I"]), np.int32(sizes["H"])))
+
+    def stream(self, layer: int):
+        if self.streams is None:
+            return _NoStream()
+        return self.streams[layer]
+
+    def record(self, layer: int):
+        event = self.xp.cuda.Event(disable_timing=True)
+        event.record(self.streams[layer] if self.streams else None)
+        return event
+
+    def wait(self, layer: int, event) -> None:
+        if self.streams is not None:
+            self.streams[layer].wait_event(event)
+
+    def synchronize(self) -> None:
+        if self.streams:
+            for s in self.streams:
+                s.synchronize()
+        self.xp.cuda.get_current_stream().synchronize()
+
+
+class _NoStream:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _check_device_array(cupy, value, what: str) -> None:
+    if isinstance(value, cupy.ndarray) and value.device.id != cupy.cuda.Device().id:
+        raise BackendError(f"argument '{what}' is on GPU {value.device.id}, but backend 'fused' runs on GPU "
+                           f"{cupy.cuda.Device().id}; hint: move it with cupy.asarray under "
+                           f"`with cupy.cuda.Device({cupy.cuda.Device().id}):`")
+
+
+def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,
+        passes=None, layout: str = "blocked", chunk_steps: int | None = None, poison: bool = False) -> RunResult:
+    """x: (T, B, I), NumPy or CuPy. initial_states: name -> (L, B, H), zeros where not given.
+
+    passes/layout/chunk_steps select the plan (see engine.plan.make_plan). poison=True fills every
+    work buffer with NaN first, so a value read before it is written shows up in the result (tests).
+    """
+    if np.dtype(dtype) != np.float32:
+        raise BackendError(f"backend 'fused' computes in float32 only, not {np.dtype(dtype).name}; "
+                           "hint: use dtype=np.float32, or backend='reference' for float64")
+    from . import gpu_status
+    ok, why = gpu_status()
+    if not ok:
+        raise BackendError(f"backend 'fused' needs a GPU: {why}. hint: use backend='reference' on the CPU")
+    import cupy
+
+    from ..codegen import compile_module
+    check_params(network, params)
+    _check_device_array(cupy, x, "x")
+    for name, value in (initial_states or {}).items():
+        _check_device_array(cupy, value, f"initial_states['{name}']")
+    check_inputs(network, x, initial_states, xp=cupy)
+    T, B, _ = x.shape
+    plan = make_plan(network, int(T), int(B), passes, layout=layout, chunk_steps=chunk_steps)
+    needed = plan_bytes(plan)
+    free, _total = cupy.cuda.runtime.memGetInfo()
+    available = free + cupy.get_default_memory_pool().free_bytes()
+    if needed > available:
+        raise BackendError(f"backend 'fused' needs {needed:,} bytes of GPU memory for T={T}, B={B}, "
+                           f"L={network.num_layers}, H={network.hidden_size}, but only {available:,} are "
+                           "available; hint: run fewer steps or a smaller batch at a time")
+    module = compile_module(plan.program)
+    device = CupyDevice(cupy, module, network.num_layers, streams=network.num_layers > 1
+                        and plan.num_chunks > 1)
+    on_gpu = isinstance(x, cupy.ndarray)
+    x_device = device.asarray(x)
+    outputs, final = Executor(plan, device).run(params, x_device, initial_states, poison=poison)
+    if not on_gpu:
+        outputs = cupy.asnumpy(outputs)
+        final = {k: cupy.asnumpy(v) for k, v in final.items()}
+    info = {"launches_per_step": plan.launches_per_step, "chunk_steps": plan.chunk_steps,
+            "program": plan.program.key, "bytes": needed}
+    return RunResult(outputs=outputs, final_states=final, backend="fused", info=info)

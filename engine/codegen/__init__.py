@@ -1,0 +1,75 @@
+"""Code generation: readable CUDA C from a Program, and its compilation through CuPy.
+
+Two caches, as CuPy and Triton keep them apart:
+- render cache (source text): key = the Program key (cell structural hash + cell name + passes +
+  layout + precision + GENERATOR_VERSION) and the documentation text put in the header;
+- compile cache (loaded binary): key = the source's hash + the device architecture. CuPy also keeps
+  its own on-disk cache of NVRTC output keyed by source and options.
+
+CuPy is imported only by `compile_module`, so the engine imports on machines without it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+
+from ..errors import CompileError
+from ..plan import Program
+from .cuda import THREADS_PER_BLOCK, helper_source, render_kernel, render_module
+from .equations import text_equations
+from .precision import Precision, precision
+
+# Bump when the generated code changes for the same Program: it is part of every cache key.
+GENERATOR_VERSION = 1
+
+_render_cache: dict[tuple[str, str], tuple[str, dict]] = {}
+_compile_cache: dict[tuple[str, str], object] = {}
+_lock = threading.Lock()
+
+
+def with_source(program: Program, doc: str = "") -> Program:
+    """The Program with its CUDA module source and each kernel's source filled in (cached)."""
+    key = (program.key, doc)
+    with _lock:
+        rendered = _render_cache.get(key)
+    if rendered is None:
+        rendered = render_module(program, doc, GENERATOR_VERSION, precision(program.precision))
+        with _lock:
+            _render_cache[key] = rendered
+    source, kernels = rendered
+    return dataclasses.replace(program, source=source,
+                               kernels=tuple(dataclasses.replace(k, source=kernels[k.name]) for k in program.kernels))
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def compile_module(program: Program):
+    """A cupy.RawModule with every kernel of the program, compiled for the current device (cached)."""
+    import cupy
+
+    if not program.source:
+        program = with_source(program)
+    arch = cupy.cuda.Device().compute_capability
+    key = (source_hash(program.source), arch)
+    with _lock:
+        module = _compile_cache.get(key)
+    if module is not None:
+        return module
+    module = cupy.RawModule(code=program.source, options=("--std=c++17",))
+    try:
+        for kernel in program.kernels:
+            module.get_function(kernel.name)      # compiles now, so errors surface here
+    except Exception as e:   # cupy.cuda.compiler.CompileException, or a driver error
+        raise CompileError(f"generated CUDA for cell '{program.cell.name}' did not compile for sm_{arch}: "
+                           f"{type(e).__name__}: {e}\nhint: this is a bug in engine.codegen; "
+                           "`python -m engine explain <cell> --source` prints the source") from None
+    with _lock:
+        _compile_cache[key] = module
+    return module
+
+
+__all__ = ["GENERATOR_VERSION", "THREADS_PER_BLOCK", "Precision", "compile_module", "helper_source", "precision",
+           "render_kernel", "render_module", "source_hash", "text_equations", "with_source"]

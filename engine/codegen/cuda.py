@@ -1,0 +1,159 @@
+"""CUDA C for a Program's kernels: one readable function per kernel, one statement per op.
+
+Each kernel covers the (B, D) elements of one stage of one time step with a grid-stride loop,
+thread (b, j) for batch row b and unit j. It loads what it reads into named registers, computes
+the graph's values in order (the op table's CUDA expressions, nothing else: no switches), and
+stores what later GEMMs, kernels or steps need. Sizes (B, I, H) and the step t are arguments, so one
+compiled module serves every layer and every run shape.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..ops import OPS
+from ..plan import Access, Kernel, Lin, Program
+from .equations import text_equations
+from .precision import Precision
+
+KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
+CELL_HELPERS = "cell_ops.cuh"
+ROW_BIAS_HELPER = "row_bias.cuh"
+THREADS_PER_BLOCK = 256
+
+
+def helper_source(filename: str) -> str:
+    """A hand-written helper file from kernels/, inlined so the generated source stands alone."""
+    text = (KERNELS_DIR / filename).read_text()
+    return f"// ---- kernels/{filename} (inlined) ----\n{text.rstrip()}\n// ---- end of kernels/{filename} ----\n"
+
+
+def _ld(lin: Lin) -> str:
+    text = lin.c_expr()
+    return f"({text})" if "+" in text else text
+
+
+def index_expr(access: Access) -> str:
+    parts = []
+    if access.rows != "vector":
+        parts.append(f"{'row' if access.rows == 'sequence' else 'b'} * {_ld(access.ld)}")
+    offset = access.offset.c_expr()
+    if offset != "0":
+        parts.append(_ld(access.offset) if "+" in offset else offset)
+    parts.append("j" if access.stride == 1 else f"{access.stride} * j")
+    return " + ".join(parts)
+
+
+def literal(value: float, precision: Precision) -> str:
+    text = repr(float(value))
+    if "e" not in text and "." not in text and "inf" not in text and "nan" not in text:
+        text += ".0"
+    return text + precision.literal_suffix
+
+
+def statement_expr(statement, precision: Precision) -> str:
+    if statement.op == "sum":
+        return " + ".join(statement.args)
+    spec = OPS[statement.op]
+    fields = dict(zip(spec.ports, statement.args))
+    for key, value in statement.attrs:
+        fields[key] = literal(value, precision)
+    text = spec.cuda.format(**fields)
+    # The op table wraps binary expressions in parentheses for nesting; a statement needs none.
+    if text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
+        text = text[1:-1]
+    return text
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for ch in text:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def render_kernel(kernel: Kernel, program: Program, precision: Precision) -> str:
+    storage, compute = precision.storage, precision.compute
+    d = kernel.dim
+    lines = [f"// {kernel.name}: stage {kernel.stage} of a time step, one thread per (b, j), b < B, j < {d}."]
+    gemms_before = [g.name for g in program.step_gemms(kernel.stage)] if kernel.stage else []
+    if gemms_before:
+        lines.append(f"// Runs after {', '.join(gemms_before)}.")
+    computed = [st.node for st in kernel.statements]
+    if computed:
+        lines.append("// Computes " + ", ".join(computed) + ".")
+    for store in kernel.stores:
+        lines.append(f"// Writes {store.var} to {store.access.param}: {store.why}.")
+    lines.append(f'extern "C" __global__ void {kernel.name}(')
+    args = []
+    for p in kernel.params:
+        qualifier = "" if p.writes else "const "
+        args.append((f"    {qualifier}{storage}* __restrict__ {p.name},", p.doc))
+    args.append(("    const int t, const int B, const int I, const int H)", "step, batch, layer input and hidden size"))
+    width = max(len(a) for a, _ in args)
+    for text, doc in args:
+        lines.append(f"{text.ljust(width)}  // {doc}" if doc else text)
+    lines.append("{")
+    lines.append(f"    const long total = (long)B * {d};")
+    lines.append("    for (long idx = (long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;"
+                 " idx += (long)gridDim.x * blockDim.x) {")
+    lines.append(f"        const long b = idx / {d};")
+    lines.append(f"        const int j = (int)(idx - b * {d});")
+    if any(load.access is not None and load.access.rows == "sequence" for load in kernel.loads) or any(
+            s.access.rows == "sequence" for s in kernel.stores):
+        lines.append("        const long row = (long)t * B + b;   // row of step t in (T*B, .) sequence buffers")
+    if kernel.loads:
+        lines.append("        // load")
+    for load in kernel.loads:
+        if load.literal is not None:
+            lines.append(f"        const {compute} {load.var} = {literal(load.literal, precision)};")
+        else:
+            source = f"{load.access.param}[{index_expr(load.access)}]"
+            lines.append(f"        const {compute} {load.var} = {precision.load(source)};")
+    if kernel.statements:
+        lines.append("        // compute")
+    for st in kernel.statements:
+        lines.append(f"        const {compute} {st.var} = {statement_expr(st, precision)};")
+    if kernel.stores:
+        lines.append("        // store")
+    for store in kernel.stores:
+        target = f"{store.access.param}[{index_expr(store.access)}]"
+        lines.append(f"        {target} = {precision.store(store.var)};")
+    lines.append("    }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def module_header(program: Program, doc: str, generator_version: int, precision: Precision) -> str:
+    cell = program.cell
+    lines = [f"// Generated by engine.codegen (generator version {generator_version}) for cell "
+             f"'{program.source_cell.name}'", f"// (structure hash {program.source_cell.structural_hash}). "
+             "Do not edit: regenerate from the cell instead.", "//",
+             f"// Precision: {precision.describe()}.", "//", "// Equations (from the graph):"]
+    lines += [f"//   {eq}" for eq in text_equations(cell)]
+    if doc.strip():
+        lines += ["//", "// From the cell's documentation:"]
+        lines += [f"//   {line}".rstrip() for line in doc.strip().splitlines()]
+    lines += ["//", "// Passes: " + ", ".join(f"{p.name} {'on' if p.enabled else 'off'}" for p in program.passes),
+              "//", "// One time step of one layer, in order:"]
+    for g in program.hoisted_gemms:
+        lines.append(f"//   (once per sequence or chunk) {g.name}: {g.layout_text()}")
+    for kind, item in program.step_order():
+        if kind == "gemm":
+            lines.append(f"//   {item.name} (GEMM, stage {item.stage}): {item.layout_text()}")
+        else:
+            lines.append(f"//   {item.name} (kernel, stage {item.stage})")
+    lines += ["//", "// Buffers (per layer; rows B = one step, T*B = the sequence, row t*B + b):"]
+    for buf in program.buffers:
+        rows = "T*B" if buf.rows == "sequence" else "B"
+        lines.append(f"//   {buf.name}: ({rows}, {buf.cols}){' x2 (cur/next)' if buf.double else ''}  {buf.doc}")
+    return "\n".join(lines) + "\n"
+
+
+def render_module(program: Program, doc: str, generator_version: int, precision: Precision) -> tuple[str, dict]:
+    """(the whole module: header, helpers, kernels; {kernel name: its source})."""
+    kernels = {k.name: render_kernel(k, program, precision) for k in program.kernels}
+    parts = [module_header(program, doc, generator_version, precision), helper_source(CELL_HELPERS)]
+    parts += list(kernels.values())
+    return "\n".join(parts), kernels

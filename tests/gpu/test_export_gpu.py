@@ -1,0 +1,77 @@
+"""The exported standalone programs on a GPU: built with nvcc and cuBLAS, run, compared with the engine.
+
+Every preset, 3 layers, I=37, H=129, T=17, B=3, non-zero initial states: the program's out.bin must
+match the fused backend (same kernels, same packed weights) and the float64 NumPy reference.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import engine
+from engine.backends import fused, reference
+from engine.errors import CompileError
+from engine.export import export_plan, nvcc_command, program_name, read_outputs, render_program, write_run_files
+
+pytestmark = pytest.mark.gpu
+
+PRESETS = sorted(engine.presets())
+I, H, L, T, B = 37, 129, 3, 17, 3
+
+
+def _arch(cupy) -> str:
+    return f"sm_{cupy.cuda.Device().compute_capability}"
+
+
+@pytest.fixture(scope="module")
+def programs(cupy, tmp_path_factory):
+    """name -> (plan, path of the built program), built in parallel."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    try:
+        nvcc_command("x.cu", "x")
+    except CompileError as e:
+        pytest.skip(str(e))
+    root = tmp_path_factory.mktemp("exports")
+    arch = _arch(cupy)
+    plans = {name: export_plan(engine.preset(name), I, H, L, chunk_steps=5) for name in PRESETS}
+
+    def build(name):
+        plan = plans[name]
+        source = root / f"{program_name(plan)}.cu"
+        source.write_text(render_program(plan, arch=arch))
+        binary = root / program_name(plan)
+        run = subprocess.run(nvcc_command(source, binary, arch=arch), capture_output=True, text=True, timeout=600)
+        return name, binary, run
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        built = list(pool.map(build, PRESETS))
+    failures = [f"{name}:\n{run.stdout}{run.stderr}"[-3000:] for name, _, run in built if run.returncode != 0]
+    assert not failures, "nvcc failed:\n" + "\n".join(failures)
+    return {name: (plans[name], binary) for name, binary, _ in built}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_exported_program_matches_the_engine(cupy, programs, name, tmp_path):
+    plan, binary = programs[name]
+    network = plan.network
+    params = engine.init_params(network, seed=5)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((T, B, I))
+    states = {s: rng.uniform(-0.8, 0.8, (L, B, H)) for s in network.cell.state_names}
+    paths = write_run_files(tmp_path, plan.program, network, params, x, states)
+    run = subprocess.run([str(binary), str(paths["weights"]), str(paths["x"]), str(T), str(B),
+                          str(tmp_path / "out.bin"), str(paths["states"])], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    outputs, final = read_outputs(tmp_path / "out.bin", plan.program, network, T, B)
+    engine_result = fused.run(network, params, x, states, chunk_steps=5)
+    ref = reference.run(network, params, x, states, dtype=np.float64)
+    for got, want_engine, want_ref, what in [(outputs, engine_result.outputs, ref.outputs, "outputs")] + [
+            (final[s], engine_result.final_states[s], ref.final_states[s], f"final {s}") for s in final]:
+        assert np.linalg.norm(got - want_engine) <= 1e-5 * np.linalg.norm(want_engine), f"{what} vs fused"
+        assert np.linalg.norm(got - want_ref) <= 1e-5 * np.linalg.norm(want_ref), f"{what} vs reference"

@@ -134,3 +134,19 @@ def test_memory_is_checked_before_allocating(cupy):
     with pytest.raises(BackendError, match=r"needs [\d,]+ bytes of GPU memory.*available.*hint"):
         fused.run(network, params, huge)
     assert cupy.get_default_memory_pool().used_bytes() == before
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru_cho"])
+def test_prepared_program_reuses_weights_across_fresh_inputs(cupy, name):
+    """prepare() uploads once; every later run(x) on new random inputs (and a new T, B) is still right."""
+    network, params, _, _ = make_case(engine.preset(name).cell, 2, seed=7)
+    program = fused.prepare(network, params)
+    rng = np.random.default_rng(55)
+    for steps, batch in ((17, 3), (17, 3), (5, 8)):
+        x = rng.standard_normal((steps, batch, network.input_size))
+        ref = reference.run(network, params, x, dtype=np.float64)
+        result = program.run(cupy.asarray(x, dtype=cupy.float32), poison=True)
+        assert isinstance(result.outputs, cupy.ndarray)
+        assert_matches(type(result)(outputs=cupy.asnumpy(result.outputs),
+                                    final_states={k: cupy.asnumpy(v) for k, v in result.final_states.items()}),
+                       ref, f"{name} prepared, T={steps} B={batch}")

@@ -5,7 +5,7 @@
     params = engine.init_params(net, seed=0)
     result = engine.run(net, params, x)          # x: (T, B, 64); result.outputs: (T, B, 256)
 """
-from .api import run
+from .api import bench, export_cuda, run
 from .backends.common import RunResult
 from .dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
 from .errors import BackendError, CellGraphError, CompileError, EngineError, Problem
@@ -19,7 +19,7 @@ from .params import Params, init_params
 from .serialize import from_dict, from_json, load, save, to_dict, to_json
 
 __all__ = [
-    "run", "RunResult", "W", "b", "cell", "const", "hard_sigmoid", "identity", "relu", "sigmoid", "tanh", "v",
+    "run", "bench", "export_cuda", "RunResult", "W", "b", "cell", "const", "hard_sigmoid", "identity", "relu", "sigmoid", "tanh", "v",
     "BackendError", "CellGraphError", "CompileError", "EngineError", "Problem", "Preset", "TorchLayout",
     "presets", "preset", "CellGraph", "Node", "StateSpec", "to_latex", "Network", "Params", "init_params",
     "from_dict", "from_json", "load", "save", "to_dict", "to_json", "explain", "explain_json", "explain_text",

@@ -27,3 +27,15 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     result.backend = name
     result.info = dict(result.info or {}, backend_reason=reason)
     return result
+
+
+def export_cuda(cell_or_preset, input_size: int, hidden_size: int, num_layers: int = 1, **options) -> str:
+    """The standalone .cu program for a cell (see engine.export); `python -m engine export` writes it."""
+    from .export import export_cuda as render
+    return render(cell_or_preset, input_size, hidden_size, num_layers, **options)
+
+
+def bench(presets, configs=None, **options):
+    """Time every implementation side by side on the GPU (see engine.bench.run_bench)."""
+    from .bench import run_bench
+    return run_bench(presets, configs, **options)

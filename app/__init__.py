@@ -1,0 +1,1 @@
+"""The Streamlit app: thin pages over `engine`. Start it with `./run app` (streamlit run app/main.py)."""

@@ -1,0 +1,326 @@
+"""Cell JSON (engine.to_dict form) <-> barfi's editor schema (a dict, FlowSchema.export() form).
+
+    schema = design_to_schema(design)                       # draw a design on the canvas
+    reading = schema_to_design(schema, name="my_cell")      # read the edited canvas back
+    reading.design, reading.problems                        # the cell JSON, and what is wrong on the canvas
+
+Both directions are pure functions over plain dicts and never raise on bad input: a tampered or
+half-edited canvas gives a design plus a list of engine.Problem naming the node and the field.
+Problems the cell graph itself has (sizes, loops, unknown names) are engine.ir's to report.
+
+On the canvas a node is a block whose type is its op (see palette); its IR name is the block's
+`name` option. A block just added from the palette has an empty name and the label barfi gave it
+("sigmoid-2"); it is named after that label ("sigmoid_2"), so wiring up new blocks needs no typing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+
+from barfi.config import SCHEMA_VERSION
+
+from engine.errors import Problem
+
+from .layout import layout
+from .palette import NEXT_PORT, NEXT_STATE, OUTPUT, SPECS, interface_type
+
+COLUMN_WIDTH = 280        # px between columns on the canvas
+ROW_HEIGHT = 210          # px between rows: a weight block (name, rows, cols) is about 200 px tall
+WARNING_MARK = "⚠ "
+
+
+@dataclass
+class Reading:
+    """A canvas read back: the cell JSON, the canvas's own problems, and where each node was drawn."""
+
+    design: dict
+    problems: list[Problem] = field(default_factory=list)
+    positions: dict[str, tuple[float, float]] = field(default_factory=dict)   # IR name -> (x, y)
+    labels: dict[str, str] = field(default_factory=dict)                      # IR name -> canvas label
+
+
+# ---- design -> canvas ------------------------------------------------------------------------------
+
+def node_label(name: str, op: str) -> str:
+    return f"{name} · {op}"
+
+
+def _interfaces(names) -> list[dict]:
+    return [{"name": n, "itype": interface_type()} for n in names]
+
+
+def _options(spec, values: dict) -> list[dict]:
+    return [{"name": o.name, "value": values.get(o.name, o.default)} for o in spec.options]
+
+
+def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset()) -> tuple[dict, list[str]]:
+    """The barfi editor schema drawing `design` with the automatic layout.
+
+    marked: node names to flag with a warning sign in their label (nodes with problems).
+    Returns (schema, skipped): skipped lists nodes that have no block (unknown op, malformed entry).
+    """
+    grid = layout(design)
+    nodes: list[dict] = []
+    connections: list[dict] = []
+    skipped: list[str] = []
+    ids: dict[str, str] = {}
+    raw_nodes = design.get("nodes") if isinstance(design, dict) else None
+    raw_nodes = raw_nodes if isinstance(raw_nodes, list) else []
+
+    drawn: list[tuple[int, dict]] = []
+    for i, entry in enumerate(raw_nodes):
+        op = entry.get("op") if isinstance(entry, dict) else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or op not in SPECS or op == NEXT_STATE:
+            skipped.append(f"{name!r} ({op!r})" if isinstance(entry, dict) else f"nodes[{i}]")
+            continue
+        node_id = f"node-{i}"
+        ids.setdefault(name, node_id)
+        drawn.append((i, entry))
+
+    for i, entry in drawn:
+        spec = SPECS[entry["op"]]
+        name = entry["name"]
+        attrs = entry.get("attrs") if isinstance(entry.get("attrs"), dict) else {}
+        values = {"name": name}
+        values.update({o.name: attrs[o.attr] for o in spec.options if o.attr and o.attr in attrs})
+        label = node_label(name, spec.type)
+        column, row = grid.nodes[i]
+        nodes.append({
+            "id": f"node-{i}", "type": spec.type, "name": spec.type,
+            "label": (WARNING_MARK + label) if name in marked else label,
+            "inputs": _interfaces(spec.inputs), "outputs": _interfaces(spec.outputs),
+            "options": _options(spec, values),
+            "position": {"x": column * COLUMN_WIDTH, "y": row * ROW_HEIGHT},
+            "measured": {"width": 0, "height": 0},
+        })
+        args = entry.get("args") if isinstance(entry.get("args"), list) else []
+        for port, arg in zip(spec.inputs, args):
+            if isinstance(arg, str) and arg in ids:
+                connections.append({"id": f"edge-{i}-{port}", "outputNode": ids[arg], "outputNodeInterface": OUTPUT,
+                                    "inputNode": f"node-{i}", "inputNodeInterface": port})
+
+    states = design.get("states") if isinstance(design, dict) else None
+    output = design.get("output") if isinstance(design, dict) else None
+    spec = SPECS[NEXT_STATE]
+    for k, entry in enumerate(states if isinstance(states, list) else []):
+        if not isinstance(entry, dict):
+            skipped.append(f"states[{k}]")
+            continue
+        state, nxt = entry.get("name"), entry.get("next")
+        column, row = grid.sinks[k]
+        node_id = f"next-{k}"
+        nodes.append({
+            "id": node_id, "type": NEXT_STATE, "name": NEXT_STATE,
+            "label": f"{state} at t" if isinstance(state, str) else NEXT_STATE,
+            "inputs": _interfaces(spec.inputs), "outputs": [],
+            "options": _options(spec, {"state": state if isinstance(state, str) else "",
+                                       "layer output": state == output}),
+            "position": {"x": column * COLUMN_WIDTH, "y": row * ROW_HEIGHT},
+            "measured": {"width": 0, "height": 0},
+        })
+        if isinstance(nxt, str) and nxt in ids:
+            connections.append({"id": f"edge-next-{k}", "outputNode": ids[nxt], "outputNodeInterface": OUTPUT,
+                                "inputNode": node_id, "inputNodeInterface": NEXT_PORT})
+
+    schema = {"version": SCHEMA_VERSION, "nodes": nodes, "connections": connections,
+              "viewport": {"x": 0, "y": 0, "zoom": 1}}
+    return schema, skipped
+
+
+# ---- canvas -> design ------------------------------------------------------------------------------
+
+def _new_block_name(label: str, block_type: str) -> str | None:
+    """'sigmoid-2' (barfi's label for a freshly added block) -> 'sigmoid_2'; None for any other label."""
+    match = re.fullmatch(re.escape(block_type) + r"-(\d+)", label)
+    if not match:
+        return None
+    return re.sub(r"\W", "_", block_type) + "_" + match.group(1)
+
+
+def _number(value):
+    """Numbers from the canvas as floats (JSON may bring 1.0 back as 1); anything else unchanged."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+class _Reader:
+    def __init__(self, schema):
+        self.problems: list[Problem] = []
+        self.schema = schema if isinstance(schema, dict) else {}
+        if not isinstance(schema, dict):
+            self.problem(None, "(canvas)", f"the editor sent {type(schema).__name__}, not a schema object")
+
+    def problem(self, node: str | None, where: str, message: str, hint: str | None = None) -> None:
+        self.problems.append(Problem(message, node=node, field=where, hint=hint))
+
+    def items(self, key: str) -> list[dict]:
+        raw = self.schema.get(key, [])
+        if not isinstance(raw, list):
+            self.problem(None, key, f"'{key}' must be a list")
+            return []
+        good = [r for r in raw if isinstance(r, dict)]
+        if len(good) != len(raw):
+            self.problem(None, key, f"{len(raw) - len(good)} entr(y/ies) of '{key}' are not objects")
+        return good
+
+
+def _options_of(raw: dict) -> dict:
+    options = raw.get("options")
+    if not isinstance(options, list):
+        return {}
+    return {o["name"]: o.get("value") for o in options if isinstance(o, dict) and isinstance(o.get("name"), str)}
+
+
+def _name_of(reader: _Reader, raw: dict, label: str, block_type: str) -> str | None:
+    value = _options_of(raw).get("name", "")
+    if value is None or value == "":
+        named = _new_block_name(label, block_type)
+        if named is None:
+            reader.problem(label, "name", "the name is empty",
+                           hint="type a name (letters, digits and '_') in the block's name field")
+        return named
+    if not isinstance(value, str):
+        reader.problem(label, "name", f"the name must be text, got {value!r}")
+        return None
+    if not value.strip():
+        reader.problem(label, "name", "the name is blank (only spaces)",
+                       hint="type a name (letters, digits and '_') in the block's name field")
+        return None
+    return value
+
+
+def _drawing_order(raw_nodes: list[dict]) -> list[dict]:
+    """Blocks drawn from the design first, in the design's order (their ids say it), then new ones.
+
+    The editor may list a block added from the palette before the others; keeping the design's order
+    means that reading back an unchanged canvas gives back the same design, node for node.
+    """
+    def key(k_raw):
+        k, raw = k_raw
+        match = re.fullmatch(r"(node|next)-(\d+)", str(raw.get("id")))
+        return (0, match.group(1) == "next", int(match.group(2)), k) if match else (1, 0, 0, k)
+    return [raw for _, raw in sorted(enumerate(raw_nodes), key=key)]
+
+
+def schema_to_design(schema: dict, *, name: str, doc: str = "") -> Reading:
+    """Read an edited canvas back into cell JSON. Never raises; see Reading."""
+    reader = _Reader(schema)
+    raw_nodes = _drawing_order(reader.items("nodes"))
+    raw_connections = reader.items("connections")
+
+    # id -> (IR name or None, block type, label, options)
+    blocks: dict[str, tuple[str | None, str, str, dict]] = {}
+    positions: dict[str, tuple[float, float]] = {}
+    labels: dict[str, str] = {}
+    for raw in raw_nodes:
+        node_id = raw.get("id")
+        block_type = raw.get("type", raw.get("name"))
+        label = raw.get("label") if isinstance(raw.get("label"), str) else str(node_id)
+        label = label.removeprefix(WARNING_MARK)
+        if not isinstance(node_id, str) or node_id in blocks:
+            reader.problem(label, "id", f"block id {node_id!r} is missing or used twice")
+            continue
+        if block_type not in SPECS:
+            reader.problem(label, "type", f"unknown block type {block_type!r}",
+                           hint="use the blocks of the palette (right-click the canvas)")
+            continue
+        ir_name = None if block_type == NEXT_STATE else _name_of(reader, raw, label, block_type)
+        blocks[node_id] = (ir_name, block_type, label, _options_of(raw))
+        if ir_name is not None:
+            labels.setdefault(ir_name, label)
+            position = raw.get("position")
+            if isinstance(position, dict) and all(isinstance(position.get(k), (int, float)) for k in "xy"):
+                positions.setdefault(ir_name, (float(position["x"]), float(position["y"])))
+
+    # (target id, port) -> source ids
+    wires: dict[tuple[str, str], list[str]] = {}
+    for raw in raw_connections:
+        source, target = raw.get("outputNode"), raw.get("inputNode")
+        port = raw.get("inputNodeInterface")
+        if source not in blocks or target not in blocks:
+            reader.problem(None, "connections", f"a wire joins unknown blocks {source!r} -> {target!r}")
+            continue
+        target_label = blocks[target][2]
+        if port not in SPECS[blocks[target][1]].inputs:
+            reader.problem(target_label, "port", f"a wire ends on unknown port {port!r}")
+            continue
+        if raw.get("outputNodeInterface", OUTPUT) != OUTPUT or blocks[source][1] == NEXT_STATE:
+            reader.problem(blocks[source][2], "port", "a wire starts from a block without an output")
+            continue
+        wires.setdefault((target, port), []).append(source)
+
+    def argument(node_id: str, port: str, who: str) -> str:
+        sources = wires.get((node_id, port), [])
+        if not sources:
+            reader.problem(who, f"args.{port}", f"port '{port}' is not connected",
+                           hint="drag a wire from a value's output to this port")
+            return ""
+        if len(sources) > 1:
+            names = ", ".join(repr(blocks[s][0] or blocks[s][2]) for s in sources)
+            reader.problem(who, f"args.{port}", f"port '{port}' has {len(sources)} wires ({names})",
+                           hint="a port takes one value: delete the extra wires")
+        return blocks[sources[0]][0] or ""
+
+    nodes: list[dict] = []
+    states: list[dict] = []
+    outputs: list[str] = []
+    for node_id, (ir_name, block_type, label, options) in blocks.items():
+        spec = SPECS[block_type]
+        if block_type == NEXT_STATE:
+            state = options.get("state", "")
+            who = label
+            if not isinstance(state, str) or not state.strip():
+                reader.problem(who, "state", "the next-state block does not say which state it sets",
+                               hint="type the state's name (e.g. h) in its 'state' field")
+                state = state if isinstance(state, str) else ""
+            states.append({"name": state, "next": argument(node_id, NEXT_PORT, state or who)})
+            if options.get("layer output") is True:
+                outputs.append(state)
+            continue
+        if ir_name is None:
+            continue
+        entry: dict = {"name": ir_name, "op": block_type}
+        if spec.inputs:
+            entry["args"] = [argument(node_id, port, ir_name) for port in spec.inputs]
+        attrs = {o.attr: _number(options.get(o.name, o.default)) for o in spec.options if o.attr}
+        attrs = dict(sorted(attrs.items()))          # engine.to_dict's order, so equal designs read equal
+        if attrs:
+            entry["attrs"] = attrs
+        nodes.append(entry)
+
+    output = _output(reader, outputs, states)
+    design = {"schema": "rnn-cell-graph", "version": 1, "name": name, "doc": doc, "output": output,
+              "nodes": nodes, "states": states}
+    return Reading(design=design, problems=reader.problems, positions=positions, labels=labels)
+
+
+def _output(reader: _Reader, outputs: list[str], states: list[dict]) -> str:
+    if len(outputs) == 1:
+        return outputs[0]
+    if len(outputs) > 1:
+        reader.problem(None, "output", f"{len(outputs)} next-state blocks are ticked as the layer output "
+                       f"({', '.join(map(repr, outputs))})", hint="tick 'layer output' on one of them only")
+        return outputs[0]
+    names = [s["name"] for s in states]
+    if "h" in names:
+        return "h"
+    reader.problem(None, "output", "no next-state block is ticked as the layer output",
+                   hint="tick 'layer output' on the next-state block of h_t")
+    return names[0] if names else "h"
+
+
+def canvas_fingerprint(schema: dict) -> str:
+    """What identifies an edit: the graph without positions, sizes and viewport (moving blocks is no edit)."""
+    if not isinstance(schema, dict):
+        return "invalid"
+    nodes = schema.get("nodes") if isinstance(schema.get("nodes"), list) else []
+    body = {
+        "nodes": [{k: v for k, v in n.items() if k not in ("position", "measured")} if isinstance(n, dict) else n
+                  for n in nodes],
+        "connections": schema.get("connections"),
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,107 @@
+"""The node editor's palette: one block per leaf kind and per op of engine.ops, grouped by category.
+
+A block's type is the IR op it draws (`sigmoid`, `matmul`, `weight`, ...), so reading the canvas back
+needs no lookup table. Ports are the op's named ports in engine.ops order (matmul: weight, operand);
+every block has one output, `value`. Names and attributes are block options the researcher edits on
+the node. A state's next value is given by a `next state` sink: its `next` port takes the value, its
+`state` option names the state, and one sink is ticked as the layer's output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.ir import DIMS
+from engine.ops import OPS
+
+OUTPUT = "value"                 # the one output port of every value block
+NEXT_STATE = "next state"        # the sink block that sets a state's next value
+NEXT_PORT = "next"
+CATEGORIES = ("inputs", "states", "parameters", "ops")
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One editable field on a block. `attr` is the IR attribute it edits (None for name/state/output)."""
+
+    name: str
+    kind: str                          # barfi option type: input | select | number | checkbox
+    default: object
+    items: tuple[str, ...] = ()
+    attr: str | None = None
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    type: str
+    category: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    options: tuple[OptionSpec, ...]
+    description: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def option(self, name: str) -> OptionSpec | None:
+        return next((o for o in self.options if o.name == name), None)
+
+
+NAME = OptionSpec("name", "input", "")   # empty on a new block: the reader names it after its label
+
+
+def _dim(attr: str, default: str) -> OptionSpec:
+    # DIMS is ("I", "H"); H first in the list as the usual choice
+    return OptionSpec(attr, "select", default, items=tuple(sorted(DIMS, key=lambda d: d != "H")), attr=attr)
+
+
+def _leaf_specs() -> list[BlockSpec]:
+    return [
+        BlockSpec("input", "inputs", (), (OUTPUT,), (NAME,), "the input x_t of the step (size I)"),
+        BlockSpec("state", "states", (), (OUTPUT,), (NAME,), "a recurrent state's value at t-1 (size H)"),
+        BlockSpec(NEXT_STATE, "states", (NEXT_PORT,), (),
+                  (OptionSpec("state", "input", ""), OptionSpec("layer output", "checkbox", False)),
+                  "sets a state's value at t; tick 'layer output' on the state that is h_t"),
+        BlockSpec("weight", "parameters", (), (OUTPUT,), (NAME, _dim("rows", "H"), _dim("cols", "H")),
+                  "a weight matrix (rows x cols); use it through matmul's weight port"),
+        BlockSpec("bias", "parameters", (), (OUTPUT,), (NAME, _dim("dim", "H")), "a bias vector, added"),
+        BlockSpec("vector", "parameters", (), (OUTPUT,), (NAME, _dim("dim", "H")),
+                  "a trainable vector for elementwise products (peepholes, IndRNN's u)"),
+        BlockSpec("const", "parameters", (), (OUTPUT,),
+                  (NAME, OptionSpec("value", "number", 1.0, attr="value")), "a fixed number"),
+    ]
+
+
+def _op_specs() -> list[BlockSpec]:
+    specs = []
+    for op in OPS.values():
+        options = (NAME,) + tuple(OptionSpec(a, "number", 0.5, attr=a) for a in op.attrs)
+        specs.append(BlockSpec(op.name, "ops", op.ports, (OUTPUT,), options, op.description,
+                               extra={"op_category": op.category}))
+    return specs
+
+
+SPECS: dict[str, BlockSpec] = {s.type: s for s in _leaf_specs() + _op_specs()}
+
+
+def blocks() -> dict[str, list]:
+    """barfi Blocks by palette category, for st_flow(blocks=...)."""
+    from barfi.flow import Block
+
+    by_category: dict[str, list] = {c: [] for c in CATEGORIES}
+    for spec in SPECS.values():
+        block = Block(name=spec.type)
+        for port in spec.inputs:
+            # One port type for every value: the frontend does not check it, and the IR checks sizes.
+            block.add_input(name=port, interface_type=float)
+        for port in spec.outputs:
+            block.add_output(name=port, interface_type=float)
+        for option in spec.options:
+            kwargs = {"value": option.default}
+            if option.kind == "select":
+                kwargs["items"] = list(option.items)
+            block.add_option(name=option.name, type=option.kind, **kwargs)
+        by_category[spec.category].append(block)
+    return by_category
+
+
+def interface_type() -> str:
+    """The itype string barfi writes for a port (see barfi's BlockInterface.export)."""
+    return f"type.{float}"

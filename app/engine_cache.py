@@ -1,0 +1,167 @@
+"""The pages' one door into the engine: cached engine calls, and the sizes form they are called with.
+
+Engine objects (cells, plans, generated sources, reference runs) are cached across reruns and sessions.
+A cell is keyed by its JSON text: a frozen CellGraph round-trips exactly through it, and hashing a
+string is cheap and unambiguous. Parts of the engine that other issues add (engine.explain,
+engine.export, engine.bench, engine.dsl_emit) are looked up with `optional()`, so a page can say
+"not available yet" instead of failing when a module is missing.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Mapping
+
+import numpy as np
+import streamlit as st
+
+import engine
+from engine import backends
+
+SIZE_FIELDS = ("input_size", "hidden_size", "num_layers", "steps", "batch")
+SIZE_LABELS = {"input_size": "input size (I)", "hidden_size": "hidden size (H)", "num_layers": "layers (L)",
+               "steps": "time steps (T)", "batch": "batch (B)"}
+# What the forms accept. Beyond these a request is a typo, not an experiment.
+SIZE_LIMITS = {"input_size": 65536, "hidden_size": 65536, "num_layers": 64, "steps": 65536, "batch": 65536}
+# A plan describes every layer-step of the wavefront; past this many its JSON takes seconds to build
+# (64 layers x 65536 steps: about two minutes and 100 MB).
+PLAN_MAX_LAYER_STEPS = 100_000
+
+
+# ---- sizes -------------------------------------------------------------------------------------
+
+def size_problems(sizes: Mapping[str, object], limits: Mapping[str, int] = SIZE_LIMITS) -> list[str]:
+    """One message per bad size, naming the field, what is wrong and what to do. Empty when all are fine."""
+    problems = []
+    for name, limit in limits.items():
+        if name not in sizes:
+            continue
+        value = sizes[name]
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            problems.append(f"{name}: must be a whole number, got {value!r}. hint: type an integer such as 64")
+        elif value < 1:
+            problems.append(f"{name}: must be at least 1, got {value}. hint: sizes count things; use 1 or more")
+        elif value > limit:
+            problems.append(f"{name}: {value} is larger than the limit {limit}. hint: use at most {limit}")
+    return problems
+
+
+def plan_problems(sizes: Mapping[str, int]) -> list[str]:
+    """Why a plan at these sizes would be too big to build inside a page (empty when it is fine)."""
+    layer_steps = sizes["num_layers"] * sizes["steps"]
+    if layer_steps <= PLAN_MAX_LAYER_STEPS:
+        return []
+    return [f"steps: {sizes['steps']} steps x {sizes['num_layers']} layers = {layer_steps} layer-steps, more than "
+            f"the {PLAN_MAX_LAYER_STEPS} a plan is built for here. hint: use fewer steps; every step runs the "
+            "same GEMMs and kernels"]
+
+
+def sizes_ui(page: str, fields: tuple[str, ...] = SIZE_FIELDS, defaults: Mapping[str, int] | None = None,
+             limits: Mapping[str, int] = SIZE_LIMITS) -> dict[str, int] | None:
+    """A row of size inputs, seeded from the design (state.design_sizes()) and re-seeded when the
+    design's sizes change. Returns the sizes, or None after showing an st.error per bad field."""
+    if defaults is None:
+        from app import state
+        defaults = state.design_sizes()
+    seed = {f: int(defaults[f]) for f in fields}
+    seed_key = f"{page}.sizes_seed"
+    reseed = st.session_state.get(seed_key) != seed
+    st.session_state[seed_key] = seed
+    sizes: dict[str, int] = {}
+    for column, name in zip(st.columns(len(fields)), fields):
+        key = f"{page}.{name}"
+        if reseed or key not in st.session_state:
+            st.session_state[key] = seed[name]
+        # no min/max on the widget: a bad value gets a message naming the field, not a silent clamp
+        sizes[name] = column.number_input(SIZE_LABELS[name], step=1, key=key,
+                                          help=f"{name}, from 1 to {limits[name]}")
+    problems = size_problems(sizes, limits)
+    for problem in problems:
+        st.error(problem)
+    return None if problems else {k: int(v) for k, v in sizes.items()}
+
+
+# ---- optional engine parts ---------------------------------------------------------------------
+
+def optional(module: str, attr: str) -> Callable | None:
+    """engine `module`.`attr`, or None when that module (or the name in it) does not exist.
+
+    Only a missing module counts as "not available": an import error inside an existing module is a
+    bug and is raised.
+    """
+    try:
+        found = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and (module == e.name or module.startswith(e.name + ".")):
+            return None
+        raise
+    return getattr(found, attr, None)
+
+
+def gpu_status() -> tuple[bool, str]:
+    return backends.gpu_status()
+
+
+# ---- cached engine calls -----------------------------------------------------------------------
+
+@st.cache_resource(show_spinner=False)
+def presets() -> dict[str, engine.Preset]:
+    return engine.presets()
+
+
+@st.cache_resource(show_spinner=False)
+def cell_from_json(cell_json: str) -> engine.CellGraph:
+    return engine.from_json(cell_json)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def wavefront(num_layers: int, num_steps: int) -> dict:
+    from engine.schedule import wavefront as build
+    return build(num_layers, num_steps).to_dict()
+
+
+@st.cache_data(show_spinner="Compiling the plan...", max_entries=32)
+def plan(cell_json: str, input_size: int, hidden_size: int, num_layers: int, steps: int, batch: int) -> dict | None:
+    """engine.explain.explain_json for the cell at these sizes, or None when engine.explain does not exist."""
+    explain_json = optional("engine.explain", "explain_json")
+    if explain_json is None:
+        return None
+    return explain_json(cell_from_json(cell_json), input_size=input_size, hidden_size=hidden_size,
+                        num_layers=num_layers, steps=steps, batch=batch)
+
+
+@st.cache_data(show_spinner="Generating CUDA...", max_entries=32)
+def cuda_source(cell_json: str, input_size: int, hidden_size: int, num_layers: int) -> str | None:
+    """The exported .cu for the cell, or None when engine.export does not exist."""
+    export_cuda = optional("engine.export", "export_cuda")
+    if export_cuda is None:
+        return None
+    return export_cuda(cell_from_json(cell_json), input_size=input_size, hidden_size=hidden_size,
+                       num_layers=num_layers)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def dsl_source(cell_json: str) -> str | None:
+    """The cell written back as DSL, or None when engine.dsl_emit does not exist."""
+    emit_dsl = optional("engine.dsl_emit", "emit_dsl")
+    if emit_dsl is None:
+        return None
+    return emit_dsl(cell_from_json(cell_json))
+
+
+@st.cache_data(show_spinner="Running the NumPy reference in float32 and float64...", max_entries=16)
+def reference_divergence(cell_json: str, input_size: int, hidden_size: int, num_layers: int, steps: int,
+                         batch: int, seed: int = 0) -> dict[str, list[float]]:
+    """Per-step max and mean |float32 - float64| of the reference backend on one random input.
+
+    The float64 run is the definition; the float32 run shows how rounding accumulates through the
+    recurrence. Both use the same parameters and input, drawn from `seed`.
+    """
+    network = engine.Network(cell_from_json(cell_json), input_size=input_size, hidden_size=hidden_size,
+                             num_layers=num_layers)
+    params = engine.init_params(network, seed=seed)
+    x = np.random.default_rng(seed + 1).standard_normal((steps, batch, input_size))   # (T, B, I)
+    exact = engine.run(network, params, x, backend="reference", dtype=np.float64).outputs          # (T, B, H)
+    single = engine.run(network, params.astype(np.float32), x.astype(np.float32), backend="reference",
+                        dtype=np.float32).outputs                                               # (T, B, H)
+    error = np.abs(single.astype(np.float64) - exact).reshape(steps, -1)
+    return {"max_abs": error.max(axis=1).tolist(), "mean_abs": error.mean(axis=1).tolist()}

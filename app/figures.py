@@ -1,0 +1,320 @@
+"""Pure figure functions: results in, a plotly Figure out. No streamlit, no engine calls.
+
+Each function takes plain data that the engine returned (a networkx graph, a wavefront grid, rows of
+benchmark results, per-step error arrays) so the pages stay thin and the figures are testable alone.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Mapping, Sequence
+
+import networkx as nx
+import plotly.graph_objects as go
+
+# One colour per kind of node, so a cell's picture reads the same in every card.
+NODE_COLOURS = {
+    "input": "#1f77b4",
+    "state": "#9467bd",
+    "param": "#7f7f7f",
+    "const": "#bcbd22",
+    "matmul": "#d62728",
+    "elementwise": "#2ca02c",
+}
+PARAM_OPS = ("weight", "bias", "vector")
+LEGEND_ON_TOP = dict(orientation="h", yanchor="bottom", y=1.02, x=0)   # clear of the x axis title
+
+
+def node_kind(op: str) -> str:
+    if op in PARAM_OPS:
+        return "param"
+    if op in ("input", "state", "const", "matmul"):
+        return op
+    return "elementwise"
+
+
+def layered_positions(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
+    """x = topological generation (data flows left to right), y = rank within the column.
+
+    Leaves (inputs, states, parameters) move right to just before their first consumer, so a weight
+    sits beside the matmul that reads it instead of in one tall column at the left edge.
+    """
+    column: dict[str, int] = {}
+    for x, generation in enumerate(nx.topological_generations(graph)):
+        for name in generation:
+            column[name] = x
+    for name in graph.nodes:
+        consumers = list(graph.successors(name))
+        if graph.in_degree(name) == 0 and consumers:
+            column[name] = min(column[c] for c in consumers) - 1
+    by_column: dict[int, list[str]] = {}
+    for name in sorted(column):
+        by_column.setdefault(column[name], []).append(name)
+    positions: dict[str, tuple[float, float]] = {}
+    for x, names in by_column.items():
+        for rank, name in enumerate(names):
+            positions[name] = (float(x), rank - (len(names) - 1) / 2.0)
+    return positions
+
+
+def cell_graph_figure(graph: nx.DiGraph, feedback: Iterable[tuple[str, str]] = (), *, height: int = 260,
+                      labels: bool = False) -> go.Figure:
+    """A small picture of a cell graph (CellGraph.nx). feedback: (state, next value) pairs, drawn dotted
+    from the next value back to the state it becomes at the following step."""
+    positions = layered_positions(graph)
+    fig = go.Figure()
+    edge_x: list[float | None] = []
+    edge_y: list[float | None] = []
+    for a, b in graph.edges:
+        (xa, ya), (xb, yb) = positions[a], positions[b]
+        edge_x += [xa, xb, None]
+        edge_y += [ya, yb, None]
+    fig.add_trace(go.Scatter(x=edge_x, y=edge_y, mode="lines", line=dict(width=1, color="#b0b0b0"),
+                             hoverinfo="skip", showlegend=False, name="edges"))
+    back_x: list[float | None] = []
+    back_y: list[float | None] = []
+    for state, nxt in feedback:
+        if state in positions and nxt in positions:
+            (xs, ys), (xn, yn) = positions[state], positions[nxt]
+            back_x += [xn, xs, None]
+            back_y += [yn, ys, None]
+    if back_x:
+        fig.add_trace(go.Scatter(x=back_x, y=back_y, mode="lines", hoverinfo="skip", name="state at t+1",
+                                 line=dict(width=1, color=NODE_COLOURS["state"], dash="dot"), showlegend=False))
+    by_kind: dict[str, list[str]] = {}
+    for name, data in graph.nodes(data=True):
+        by_kind.setdefault(node_kind(data.get("op", "")), []).append(name)
+    for kind, names in by_kind.items():
+        fig.add_trace(go.Scatter(
+            x=[positions[n][0] for n in names], y=[positions[n][1] for n in names],
+            mode="markers+text" if labels else "markers", name=kind,
+            text=names, textposition="top center", textfont=dict(size=9),
+            customdata=[graph.nodes[n].get("op", "") for n in names],
+            hovertemplate="%{text} (%{customdata})<extra></extra>",
+            marker=dict(size=9, color=NODE_COLOURS[kind], line=dict(width=0.5, color="white"))))
+    fig.update_layout(height=height, margin=dict(l=4, r=4, t=4, b=4), showlegend=False,
+                      xaxis=dict(visible=False), yaxis=dict(visible=False), plot_bgcolor="rgba(0,0,0,0)")
+    return fig
+
+
+def wavefront_heatmap(grid: Sequence[Sequence[int]], *, first_step: int = 0) -> go.Figure:
+    """L x T heatmap of layer-steps, coloured and labelled by their wavefront step.
+
+    grid[l][t] = k (Wavefront.to_dict()["grid"]): layer l at time step t runs in wavefront step k.
+    first_step offsets the time axis when the grid shows a window of a longer sequence.
+    """
+    num_layers = len(grid)
+    num_steps = len(grid[0]) if num_layers else 0
+    steps = list(range(first_step, first_step + num_steps))
+    fig = go.Figure(go.Heatmap(
+        z=[list(row) for row in grid], x=steps, y=list(range(num_layers)),
+        text=[[str(k) for k in row] for row in grid], texttemplate="%{text}" if num_steps <= 64 else None,
+        colorscale="Viridis", colorbar=dict(title="wavefront step"), xgap=1, ygap=1,
+        hovertemplate="layer %{y}, time step %{x}: wavefront step %{z}<extra></extra>"))
+    fig.update_layout(
+        xaxis=dict(title="time step t", dtick=1 if num_steps <= 32 else None),
+        yaxis=dict(title="layer", dtick=1, autorange="reversed"),
+        height=max(220, 40 * num_layers + 120), margin=dict(l=40, r=20, t=30, b=40))
+    return fig
+
+
+def speedup_bars(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
+    """Grouped bars of speedup per configuration against each baseline, with a dashed 1x line.
+
+    rows: {"config": label, "baseline": "naive" | "PyTorch eager" | "cuDNN" | ..., "speedup": baseline
+    time / engine time}. Bars above the dashed line beat that baseline; the line is parity with cuDNN.
+    """
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    baselines = list(dict.fromkeys(r["baseline"] for r in rows))
+    fig = go.Figure()
+    for baseline in baselines:
+        values = {r["config"]: r["speedup"] for r in rows if r["baseline"] == baseline}
+        ys = [values.get(c) for c in configs]
+        fig.add_trace(go.Bar(name=f"vs {baseline}", x=configs, y=ys,
+                             text=[f"{y:.2f}x" if y is not None else "" for y in ys], textposition="outside",
+                             hovertemplate="%{x}: %{y:.2f}x<extra>vs " + baseline + "</extra>"))
+    parity = "1x: cuDNN parity" if any("cudnn" in b.lower() for b in baselines) else "1x: parity"
+    fig.add_hline(y=1.0, line_dash="dash", line_color="black", annotation_text=parity,
+                  annotation_position="top right")
+    fig.update_layout(barmode="group", title=title or None, yaxis=dict(title="speedup (x, higher is better)"),
+                      legend=dict(orientation="h"), margin=dict(l=40, r=20, t=40 if title else 20, b=40))
+    return fig
+
+
+def divergence_figure(series: Sequence[Mapping], *, ylabel: str = "max |error|") -> go.Figure:
+    """Error against time step on a log axis, one line per series {"label", "errors": per-step values}.
+
+    Exact zeros have no place on a log axis; they are left as gaps rather than clipped to a made-up
+    floor (the page says how many steps matched exactly).
+    """
+    fig = go.Figure()
+    for s in series:
+        errors = [float(e) if e is not None and math.isfinite(float(e)) and float(e) > 0 else None
+                  for e in s["errors"]]
+        fig.add_trace(go.Scatter(x=list(range(len(errors))), y=errors, mode="lines", name=s["label"],
+                                 line=dict(dash=s.get("dash", "solid")), connectgaps=False,
+                                 hovertemplate="t=%{x}: %{y:.3e}<extra>" + s["label"] + "</extra>"))
+    fig.update_layout(xaxis=dict(title="time step t"), yaxis=dict(title=ylabel, type="log", exponentformat="e"),
+                      legend=LEGEND_ON_TOP,
+                      margin=dict(l=40, r=20, t=40, b=40))
+    return fig
+
+
+def timeline_figure(events: Sequence[Mapping]) -> go.Figure:
+    """A Gantt chart of measured stages: {"name", "lane", "start_ms", "end_ms"} per event.
+
+    lane is what the stage ran on (a stream, or a stage kind); bars are horizontal from start to end.
+    """
+    fig = go.Figure()
+    names = list(dict.fromkeys(e["name"] for e in events))
+    for name in names:
+        mine = [e for e in events if e["name"] == name]
+        fig.add_trace(go.Bar(
+            name=name, orientation="h", y=[str(e["lane"]) for e in mine],
+            x=[e["end_ms"] - e["start_ms"] for e in mine], base=[e["start_ms"] for e in mine],
+            hovertemplate="%{base:.3f} ms + %{x:.3f} ms<extra>" + name + "</extra>"))
+    fig.update_layout(barmode="overlay", xaxis=dict(title="time (ms)"), yaxis=dict(title="", autorange="reversed"),
+                      legend=LEGEND_ON_TOP,
+                      margin=dict(l=40, r=20, t=40, b=40),
+                      height=max(220, 30 * len({str(e["lane"]) for e in events}) + 120))
+    return fig
+
+
+def si(value: float, unit: str = "") -> str:
+    """1.5e9, "FLOP" -> "1.50 GFLOP": the numbers next to the figures, readable at a glance."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {prefix}{unit}"
+    return f"{value:g} {unit}".rstrip()
+
+
+def _stage_order(stage) -> tuple[int, int]:
+    # "hoisted" work runs once per sequence, before the first step's stage 0
+    return (0, 0) if stage == "hoisted" else (1, int(stage))
+
+
+def plan_stage_table(plan: Mapping) -> list[dict]:
+    """What runs where: one row per GEMM (per layer, where the plan gives per-layer shapes) and per
+    fused kernel of an explain_json() plan. Hoisted work first, then the plan's order within a step."""
+    launch_order = {(item["kind"], item["name"]): i for i, item in enumerate(plan.get("step_order", []))}
+    rows = []
+    for g in plan.get("gemms", []):
+        outputs = ", ".join(b["output"] for b in g.get("blocks", []))
+        for shape in g.get("shapes") or [dict(g, layer="all")]:
+            rows.append({"stage": str(g["stage"]), "kind": "GEMM", "name": g["name"], "layer": shape.get("layer"),
+                         "per": shape.get("per", ""), "calls": shape.get("calls"),
+                         "shape": f"{shape['m']} x {shape['n']} x {shape['k']}",
+                         "reads": ", ".join(g.get("operands", [])), "writes": outputs, "FLOPs": shape.get("flops"),
+                         "_order": (_stage_order(g["stage"]), launch_order.get(("gemm", g["name"]), 0))})
+    for k in plan.get("kernels", []):
+        rows.append({"stage": str(k["stage"]), "kind": "kernel", "name": k["name"], "layer": "all", "per": "step",
+                     "calls": None, "shape": f"{len(k.get('nodes', []))} fused ops",
+                     "reads": ", ".join(k.get("inputs", [])), "writes": ", ".join(k.get("outputs", [])),
+                     "FLOPs": None, "_order": (_stage_order(k["stage"]), launch_order.get(("kernel", k["name"]), 0))})
+    rows.sort(key=lambda r: (r["_order"], r["kind"] != "GEMM", str(r["layer"])))
+    for r in rows:
+        del r["_order"]
+    return rows
+
+
+def stage_launches_figure(plan: Mapping) -> go.Figure:
+    """Stacked bars: GEMM and kernel launches of one layer in each stage of a plan (hoisted = once per
+    sequence, or once per chunk of steps for layers after the first)."""
+    stages = sorted({g["stage"] for g in plan.get("gemms", [])} | {k["stage"] for k in plan.get("kernels", [])},
+                    key=_stage_order)
+    labels = ["hoisted (per sequence)" if s == "hoisted" else f"stage {s}" for s in stages]
+    fig = go.Figure()
+    for kind, items in (("GEMM", plan.get("gemms", [])), ("fused kernel", plan.get("kernels", []))):
+        counts = [sum(1 for i in items if i["stage"] == s) for s in stages]
+        names = ["<br>".join(i["name"] for i in items if i["stage"] == s) for s in stages]
+        fig.add_trace(go.Bar(name=kind, x=labels, y=counts, customdata=names,
+                             hovertemplate="%{x}: %{y} " + kind + "(s)<br>%{customdata}<extra></extra>"))
+    fig.update_layout(barmode="stack", yaxis=dict(title="launches (one layer)", dtick=1), xaxis=dict(title=""),
+                      legend=LEGEND_ON_TOP, height=280,
+                      margin=dict(l=40, r=20, t=40, b=40))
+    return fig
+
+
+# ---- benchmark results (engine/bench/results.py schema) ----------------------------------------
+
+RESULT_COLUMNS = ("preset", "config", "I", "H", "L", "T", "B", "implementation", "family", "precision", "status",
+                  "median_ms", "min_ms", "max_ms", "tflops", "vs_floor", "speedup_vs_cudnn_fp32", "speedup_vs_naive",
+                  "max_abs_error", "reason")
+
+
+def cell_label(cell: Mapping) -> str:
+    """'lstm · mid': one benchmarked (cell, configuration) pair."""
+    return f"{cell.get('preset')} · {cell.get('config', {}).get('name')}"
+
+
+def results_table(results: Mapping) -> list[dict]:
+    """One flat row per (cell, configuration, implementation), for st.dataframe and CSV."""
+    rows = []
+    for cell in results.get("cells", []):
+        config = cell.get("config", {})
+        base = {"preset": cell.get("preset"), "config": config.get("name"), "I": config.get("input_size"),
+                "H": config.get("hidden_size"), "L": config.get("num_layers"), "T": config.get("steps"),
+                "B": config.get("batch")}
+        entries = cell.get("implementations") or []
+        if not entries:
+            rows.append({**dict.fromkeys(RESULT_COLUMNS), **base, "status": cell.get("status"),
+                         "reason": cell.get("reason")})
+        for entry in entries:
+            speedup = entry.get("speedup") or {}
+            rows.append({**base, "implementation": entry.get("name"), "family": entry.get("family"),
+                         "precision": entry.get("precision"), "status": entry.get("status"),
+                         "median_ms": entry.get("median_ms"), "min_ms": entry.get("min_ms"),
+                         "max_ms": entry.get("max_ms"), "tflops": entry.get("tflops"),
+                         "vs_floor": entry.get("vs_floor"), "speedup_vs_cudnn_fp32": speedup.get("vs_cudnn_fp32"),
+                         "speedup_vs_naive": speedup.get("vs_naive"),
+                         "max_abs_error": (entry.get("error") or {}).get("max_abs"), "reason": entry.get("reason")})
+    return rows
+
+
+def results_csv(rows: Sequence[Mapping]) -> str:
+    import csv
+    import io
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(RESULT_COLUMNS), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in RESULT_COLUMNS})
+    return buffer.getvalue()
+
+
+def implementations_in(results: Mapping, status: str | None = "ok") -> list[str]:
+    """Implementation names in first-seen order (only those that ran, by default)."""
+    names: dict[str, None] = {}
+    for cell in results.get("cells", []):
+        for entry in cell.get("implementations") or []:
+            if status is None or entry.get("status") == status:
+                names.setdefault(entry["name"], None)
+    return list(names)
+
+
+def speedup_rows(results: Mapping, implementation: str, baselines: Sequence[str]) -> list[dict]:
+    """Speedup of `implementation` over each baseline per (cell, configuration): the ratio of the two
+    median times of the same run. Pairs where either did not run are left out."""
+    rows = []
+    for cell in results.get("cells", []):
+        medians = {e["name"]: e.get("median_ms") for e in cell.get("implementations") or []
+                   if e.get("status") == "ok" and e.get("median_ms")}
+        if implementation not in medians:
+            continue
+        for baseline in baselines:
+            if baseline in medians and baseline != implementation:
+                rows.append({"config": cell_label(cell), "baseline": baseline,
+                             "speedup": medians[baseline] / medians[implementation]})
+    return rows
+
+
+def divergence_series(results: Mapping, cell_index: int, against: str = "vs_reference",
+                      stat: str = "max") -> list[dict]:
+    """Per-step error curves of every implementation of one benchmarked cell, against the float64
+    reference ("vs_reference") or cuDNN fp32 ("vs_cudnn_fp32"), as divergence_figure() series."""
+    cell = results["cells"][cell_index]
+    series = []
+    for entry in cell.get("implementations") or []:
+        curves = (entry.get("divergence") or {}).get(against) or {}
+        if curves.get(stat):
+            series.append({"label": f"{entry['name']} ({entry.get('precision', '?')})", "errors": curves[stat]})
+    return series

@@ -1,0 +1,170 @@
+"""Benchmarks: run the harness live on the GPU, and browse saved results (benchmarks/results/*.json).
+
+Everything but the live run works without a GPU. The numbers are the harness's (engine.bench); the
+page only picks which to draw.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run alone (a first visit straight to this page's URL, see app/main.py), only app/ is on sys.path.
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import json  # noqa: E402
+
+import streamlit as st  # noqa: E402
+
+import engine  # noqa: E402
+from app import engine_cache, figures, state  # noqa: E402
+
+BENCH_REQUEST = "benchmarks.request_presets"     # set by the Gallery's "Benchmark" button
+SESSION_RUN = "benchmarks.session_run"            # the results of this session's live run
+CURRENT_DESIGN = "(current design)"
+DEFAULT_BASELINES = ("naive", "torch-eager", "cudnn-fp32")
+
+
+def bench_api() -> dict | None:
+    found = {name: engine_cache.optional("engine.bench", name) for name in ("run_bench", "list_results",
+                                                                              "load_results")}
+    found["anchors"] = engine_cache.optional("engine.bench.configs", "ANCHORS")
+    return None if any(f is None for f in found.values()) else found
+
+
+def choices_ui(anchors: dict) -> tuple[list, list, bool] | None:
+    """Which cells and configurations to run. Returns (cells, configs, quick) or None when invalid."""
+    if BENCH_REQUEST in st.session_state:
+        st.session_state["benchmarks.presets"] = st.session_state.pop(BENCH_REQUEST)
+    elif "benchmarks.presets" not in st.session_state:
+        st.session_state["benchmarks.presets"] = ["lstm"]
+    options = [CURRENT_DESIGN, *engine_cache.presets()]
+    chosen = st.multiselect("Cells", options, key="benchmarks.presets")
+    configs = st.multiselect("Configurations", list(anchors), default=["lat"], key="benchmarks.configs",
+                             format_func=lambda name: anchors[name].label)
+    custom = st.toggle("Also these sizes", key="benchmarks.custom")
+    if custom:
+        sizes = engine_cache.sizes_ui("benchmarks")
+        if sizes is None:
+            return None
+        configs = [*configs, ",".join(str(sizes[k]) for k in engine_cache.SIZE_FIELDS)]
+    quick = st.toggle("Quick (fewer repetitions)", value=True, key="benchmarks.quick")
+    cells = []
+    for name in chosen:
+        if name == CURRENT_DESIGN:
+            cell = state.current_cell()
+            if cell is None:
+                st.error("cells: the current design is not a valid cell. hint: fix it in the Designer or "
+                         "deselect it")
+                return None
+            cells.append(cell)
+        else:
+            cells.append(name)
+    if not cells:
+        st.error("cells: choose at least one cell to benchmark")
+        return None
+    if not configs:
+        st.error("configurations: choose at least one configuration")
+        return None
+    return cells, configs, quick
+
+
+def live_ui(api: dict) -> None:
+    st.subheader("Run live")
+    ok, reason = engine_cache.gpu_status()
+    picked = choices_ui(api["anchors"])
+    if not ok:
+        st.info(f"Live runs need a GPU: {reason}. The saved results below work without one.")
+    if not st.button("Run the benchmark", key="benchmarks.run", type="primary", disabled=not ok or picked is None,
+                     icon=":material/play_arrow:"):
+        return
+    cells, configs, quick = picked
+    bar = st.progress(0.0, text="starting")
+
+    def progress(done: int, total: int, label: str) -> None:
+        bar.progress(min(done / total, 1.0) if total else 0.0, text=label)
+
+    try:
+        results = api["run_bench"](cells, configs, quick=quick, out_dir=None, progress=progress)
+    except engine.EngineError as e:
+        st.error(f"The benchmark did not run: {e}")
+        return
+    st.session_state[SESSION_RUN] = results
+    bar.progress(1.0, text="done")
+    st.success("Done: the results are shown below as 'this session's run'.")
+
+
+def pick_results_ui(api: dict) -> tuple[str, dict] | None:
+    """(file stem, results document) chosen among this session's run and the saved files."""
+    available: dict[str, dict | str] = {}
+    stems = {}
+    if SESSION_RUN in st.session_state:
+        available["this session's run"] = st.session_state[SESSION_RUN]
+        stems["this session's run"] = "session-run"
+    for info in api["list_results"]():
+        label = f"{Path(info['path']).name} ({info.get('device') or 'unknown device'}, {info.get('status')})"
+        available[label] = info["path"]
+        stems[label] = Path(info["path"]).stem
+    if not available:
+        st.info("No saved results yet: benchmarks/results/ holds no results file. Run "
+                "`python -m engine bench` on a GPU machine to make one.")
+        return None
+    name = st.selectbox("Results", list(available), key="benchmarks.file")
+    chosen = available[name]
+    if isinstance(chosen, str):
+        try:
+            chosen = api["load_results"](chosen)
+        except engine.EngineError as e:
+            st.error(f"results: {e}")
+            return None
+    return stems[name], chosen
+
+
+def speedup_ui(results: dict) -> None:
+    ran = figures.implementations_in(results)
+    if not ran:
+        st.info("No implementation ran successfully in these results.")
+        return
+    left, right = st.columns([1, 2])
+    mine = left.selectbox("Speedup of", ran, key="benchmarks.mine",
+                          index=ran.index("fused") if "fused" in ran else 0)
+    baselines = right.multiselect("against", [n for n in ran if n != mine], key="benchmarks.baselines",
+                                  default=[b for b in DEFAULT_BASELINES if b in ran and b != mine])
+    rows = figures.speedup_rows(results, mine, baselines)
+    if not rows:
+        st.info(f"'{mine}' and the chosen baselines never ran side by side in these results.")
+        return
+    st.plotly_chart(figures.speedup_bars(rows, title=f"{mine}: baseline time / {mine} time"),
+                    key="benchmarks.speedup")
+
+
+def results_ui(api: dict) -> None:
+    st.subheader("Results")
+    picked = pick_results_ui(api)
+    if picked is None:
+        return
+    stem, results = picked
+    environment = results.get("environment", {})
+    st.caption(f"{environment.get('device', 'unknown device')} · created {results.get('created', '?')} · "
+               f"status {results.get('status', '?')} · {results.get('settings', {}).get('reps', '?')} repetitions")
+    for cell in results.get("cells", []):
+        if cell.get("status") != "ok":
+            st.warning(f"{figures.cell_label(cell)}: {cell.get('status')}: {cell.get('reason')}")
+    speedup_ui(results)
+    rows = figures.results_table(results)
+    st.dataframe(rows, hide_index=True, key="benchmarks.table")
+    left, right = st.columns(2)
+    left.download_button("Download CSV", figures.results_csv(rows), file_name=f"{stem}.csv", mime="text/csv",
+                         key="benchmarks.csv", icon=":material/download:")
+    right.download_button("Download JSON", json.dumps(results, indent=1), file_name=f"{stem}.json",
+                          mime="application/json", key="benchmarks.json", icon=":material/download:")
+
+
+st.title("Benchmarks")
+api = bench_api()
+if api is None:
+    st.info("The benchmark harness (engine.bench) is not part of this engine yet.")
+else:
+    live_ui(api)
+    results_ui(api)

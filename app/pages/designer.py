@@ -1,0 +1,348 @@
+"""Designer: wire a cell's gates from primitive ops in a node editor; see its equations, code and plan live.
+
+The canvas is barfi's flow editor. Its edits reach Python when the researcher presses the editor's
+Execute (or Save) button; the page then reads the canvas back into cell JSON (app.designer.adapter),
+makes it the current design (app.state: undo history, autosave) and shows what the engine says about
+it. A design that changes from elsewhere (a preset, undo, a file, the Gallery) is drawn afresh.
+
+Tests feed an editor schema (a dict) through st.session_state["designer_payload"] in place of the
+canvas's reply; it goes through exactly the same read-back.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# `streamlit run app/pages/designer.py` (the page alone) puts only app/pages/ on sys.path.
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+from barfi.flow.schema.types import build_flow_schema_from_dict  # noqa: E402
+from barfi.flow.streamlit import st_flow  # noqa: E402
+
+import engine  # noqa: E402
+from app import engine_cache, state  # noqa: E402
+from app.designer import adapter, checks, figures, files, palette  # noqa: E402
+
+PAYLOAD = "designer_payload"          # an editor schema dict standing in for the canvas's reply
+_CANVAS = "designer.canvas"           # the mounted canvas: key, schema, graph it shows, last edit applied
+_CANVAS_PROBLEMS = "designer.canvas_problems"   # (design text, problems) of the last read-back
+_FLASH = "designer.flash"             # messages from callbacks, shown once at the top
+_UPLOADED = "designer.uploaded"       # file_id of the last upload handled
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+def graph_text(design: dict) -> str:
+    """What the canvas draws of a design (not its name or doc), as canonical JSON."""
+    part = {k: design.get(k) for k in ("nodes", "states", "output")} if isinstance(design, dict) else design
+    return json.dumps(part, sort_keys=True, default=str)
+
+
+def design_text(design: dict) -> str:
+    return json.dumps(design, sort_keys=True, default=str)
+
+
+def problem_markdown(problem) -> str:
+    """An engine.Problem as the CLI prints it, with its hint on a line of its own."""
+    text = str(problem).replace("$", r"\$")
+    return text.replace("\n  hint: ", "  \nhint: ")
+
+
+def flash(kind: str, message: str) -> None:
+    st.session_state.setdefault(_FLASH, []).append((kind, message))
+
+
+def flash_ui() -> None:
+    for kind, message in st.session_state.pop(_FLASH, []):
+        getattr(st, kind)(message)
+
+
+@st.cache_resource(show_spinner=False)
+def palette_blocks() -> dict[str, list]:
+    return palette.blocks()
+
+
+# ---- actions (callbacks run before the script, so the canvas already shows their result) ----------
+
+def load_preset() -> None:
+    name = st.session_state.get("designer.preset")
+    if name in engine_cache.presets():
+        state.set_current_design(engine.to_dict(engine_cache.presets()[name].cell), source="preset")
+        redraw()             # also when the design was this preset already: drop edits not yet sent
+        flash("success", f"Loaded the '{name}' preset.")
+
+
+def rename_cell() -> None:
+    design = state.current_design()
+    design["name"] = st.session_state.get("designer.name", "")
+    state.set_current_design(design, source="name")
+
+
+def redraw() -> None:
+    st.session_state.pop(_CANVAS, None)
+
+
+def upload() -> None:
+    uploaded = st.session_state.get("designer.upload")
+    if uploaded is None or st.session_state.get(_UPLOADED) == uploaded.file_id:
+        return
+    st.session_state[_UPLOADED] = uploaded.file_id
+    design, problems = files.read_design(uploaded.getvalue())
+    if design is None:
+        flash("error", f"Could not open {uploaded.name}; the current design is kept.\n\n"
+              + "\n".join(f"- {problem_markdown(p)}" for p in problems))
+        return
+    state.set_current_design(design, source="upload")
+    flash("success", f"Opened {uploaded.name} ('{design['name']}').")
+
+
+def load_saved() -> None:
+    name = st.session_state.get("designer.saved")
+    if not name:
+        return
+    design, problems = files.load_design(state.designs_dir(), name)
+    if design is None:
+        flash("error", f"Could not open '{name}'; the current design is kept.\n\n"
+              + "\n".join(f"- {problem_markdown(p)}" for p in problems))
+        return
+    state.set_current_design(design, source="file")
+    flash("success", f"Opened the saved design '{name}'.")
+
+
+# ---- the canvas ------------------------------------------------------------------------------------
+
+def mount(design: dict, marked: set[str]) -> dict:
+    """A fresh canvas for `design` (a new component key: barfi draws its schema only when mounted)."""
+    number = st.session_state.get("designer.mounts", 0) + 1
+    st.session_state["designer.mounts"] = number
+    schema, skipped = adapter.design_to_schema(design, marked=marked)
+    canvas = {"key": f"designer.canvas.{number}", "schema": schema, "graph": graph_text(design),
+              "applied": adapter.canvas_fingerprint(schema), "skipped": skipped}
+    st.session_state[_CANVAS] = canvas
+    return canvas
+
+
+def editor_ui(design: dict, marked: set[str]) -> dict | None:
+    """The node editor. Returns an edited editor schema (dict) when a new edit came back, else None."""
+    canvas = st.session_state.get(_CANVAS)
+    if canvas is None or canvas["graph"] != graph_text(design):
+        canvas = mount(design, marked)
+    response = st_flow(palette_blocks(), editor_schema=build_flow_schema_from_dict(canvas["schema"]),
+                       key=canvas["key"])
+    if canvas["skipped"]:
+        st.warning("Not drawn (no block for them): " + ", ".join(canvas["skipped"]))
+    payload = st.session_state.pop(PAYLOAD, None)
+    if payload is None and response is not None and response.command in ("execute", "save"):
+        payload = response.editor_schema.export()
+    if payload is None:
+        return None
+    fingerprint = adapter.canvas_fingerprint(payload)
+    if fingerprint == canvas["applied"]:
+        return None
+    canvas["applied"] = fingerprint
+    return payload
+
+
+def apply_canvas(payload: dict) -> None:
+    current = state.current_design()
+    reading = adapter.schema_to_design(payload, name=str(current.get("name", "")), doc=str(current.get("doc", "")))
+    st.session_state[_CANVAS_PROBLEMS] = (design_text(reading.design), reading.problems)
+    state.set_current_design(reading.design, source="canvas")
+    # The canvas already shows this graph: no redraw.
+    st.session_state[_CANVAS]["graph"] = graph_text(reading.design)
+
+
+def canvas_problems(design: dict) -> list:
+    text, problems = st.session_state.get(_CANVAS_PROBLEMS, (None, []))
+    return problems if text == design_text(design) else []
+
+
+# ---- the page's parts ------------------------------------------------------------------------------
+
+def toolbar_ui(design: dict) -> None:
+    presets = engine_cache.presets()
+    left, middle, right = st.columns([3, 3, 2], vertical_alignment="bottom")
+    with left:
+        names = list(presets)
+        st.selectbox("Preset", names, index=names.index("lstm") if "lstm" in names else 0, key="designer.preset",
+                     format_func=lambda n: f"{n}: {presets[n].title}")
+    with middle:
+        st.button("Load preset onto the canvas", key="designer.load_preset", on_click=load_preset,
+                  icon=":material/input:")
+    with right:
+        undo_col, redo_col = st.columns(2)
+        undo_col.button("Undo", key="designer.undo", on_click=state.undo, disabled=not state.can_undo(),
+                        icon=":material/undo:")
+        redo_col.button("Redo", key="designer.redo", on_click=state.redo, disabled=not state.can_redo(),
+                        icon=":material/redo:")
+    # The field shows the design's name; typing in it renames the design (rename_cell) before this run.
+    if st.session_state.get("designer.name") != str(design.get("name", "")):
+        st.session_state["designer.name"] = str(design.get("name", ""))
+    st.text_input("Cell name", key="designer.name", on_change=rename_cell)
+
+
+def problems_ui(check: checks.Check) -> None:
+    if check.problems:
+        st.error(f"**The cell is not valid yet.** Problems at: {', '.join(f'`{n}`' for n in check.nodes) or '-'}")
+        for problem in check.problems:
+            st.error(problem_markdown(problem))
+    else:
+        st.success(f"**{check.cell.name}** is a valid cell: {len(check.cell.nodes)} nodes, "
+                   f"states {', '.join(check.cell.state_names)}, output {check.cell.output}.")
+    for warning in check.warnings:
+        st.warning(warning)
+
+
+def equations_ui(cell: engine.CellGraph | None) -> None:
+    if cell is None:
+        st.info("The equations appear when the cell is valid.")
+        return
+    st.latex(engine.to_latex(cell))
+
+
+def code_ui(cell: engine.CellGraph | None) -> None:
+    if cell is None:
+        st.info("The DSL code appears when the cell is valid.")
+        return
+    try:
+        source = engine_cache.dsl_source(engine.to_json(cell))
+    except engine.CellGraphError as e:
+        st.error("This cell cannot be written in the DSL.\n\n" + "\n".join(f"- {problem_markdown(p)}"
+                                                                             for p in e.problems))
+        return
+    if source is None:
+        st.info("DSL export is not available in this engine.")
+        return
+    st.code(source, language="python")
+
+
+def plan_ui(cell: engine.CellGraph | None) -> dict | None:
+    """The compiled plan: which nodes form each grouped GEMM and each fused kernel. Returns it."""
+    if cell is None:
+        st.info("The plan appears when the cell is valid.")
+        return None
+    sizes = engine_cache.sizes_ui("designer")
+    if sizes is None:
+        return None
+    state.set_design_sizes(**sizes)
+    try:
+        plan = engine_cache.plan(engine.to_json(cell), **sizes)
+    except engine.EngineError as e:
+        st.error(f"The compiler cannot plan this cell: {e}")
+        return None
+    if plan is None:
+        st.info("plan not available yet: this engine has no engine.explain module.")
+        return None
+    a, b, c = st.columns(3)
+    a.metric("grouped GEMMs", len(plan.get("gemms", [])))
+    b.metric("fused kernels", len(plan.get("kernels", [])))
+    c.metric("launches per step", plan.get("launches_per_step", "-"))
+    gemm_rows = [{"GEMM": g.get("name"), "stage": str(g.get("stage")),
+                  "outputs": ", ".join(str(b.get("output")) for b in g.get("blocks", [])),
+                  "matmuls": ", ".join(str(m) for b in g.get("blocks", []) for m in b.get("matmuls", [])),
+                  "biases": ", ".join(str(m) for b in g.get("blocks", []) for m in b.get("biases", []))}
+                 for g in plan.get("gemms", [])]
+    kernel_rows = [{"kernel": k.get("name"), "stage": str(k.get("stage", "")),
+                    "nodes": ", ".join(str(n) for n in k.get("nodes", []))} for k in plan.get("kernels", [])]
+    st.dataframe(gemm_rows, hide_index=True, key="designer.plan_gemms")
+    st.dataframe(kernel_rows, hide_index=True, key="designer.plan_kernels")
+    return plan
+
+
+def files_ui(design: dict, cell: engine.CellGraph | None) -> None:
+    save_col, open_col = st.columns(2)
+    with save_col:
+        st.markdown("**Save**")
+        if cell is None:
+            st.caption("Saving needs a valid cell (work in progress is autosaved in "
+                       f"`{state.designs_dir() / state.AUTOSAVE}`).")
+        st.download_button("Download JSON", data=engine.to_json(cell) if cell else "",
+                           file_name=f"{design.get('name') or 'cell'}.json", mime="application/json",
+                           disabled=cell is None, key="designer.download", icon=":material/download:")
+        name = st.text_input("Save as", key="designer.save_name", placeholder=str(design.get("name", "")),
+                             help="a file name in the designs folder; empty: the cell's name")
+        name = name.strip() or str(design.get("name", ""))
+        if st.button("Save to designs/", key="designer.save", disabled=cell is None, icon=":material/save:"):
+            problem = files.name_problem(name)
+            if problem:
+                st.error(f"field 'Save as': {problem}")
+            else:
+                path = files.save_design(state.designs_dir(), name, cell)
+                st.success(f"Saved {path}.")
+    with open_col:
+        st.markdown("**Open**")
+        st.file_uploader("Upload a cell JSON", type=["json"], key="designer.upload", on_change=upload)
+        saved = files.list_designs(state.designs_dir())
+        st.selectbox("Saved designs", saved, key="designer.saved", index=None,
+                     placeholder="none saved yet" if not saved else "choose one")
+        st.button("Open saved design", key="designer.open_saved", on_click=load_saved, disabled=not saved,
+                  icon=":material/folder_open:")
+
+
+def palette_help_ui() -> None:
+    with st.expander("How to edit"):
+        st.markdown(
+            "- **Right-click** the canvas for the palette: *inputs*, *states* (a state and its *next state* sink), "
+            "*parameters* (weight, bias, vector, const) and *ops*.\n"
+            "- Drag from a block's output (right) to another block's port (left) to wire it; select a wire or a "
+            "block and press Backspace/Delete to remove it.\n"
+            "- Type names and attributes in the blocks' fields. A new block is named after its label "
+            "(`sigmoid-2` becomes `sigmoid_2`) until you type a name.\n"
+            "- Press **Execute** (bottom right of the editor) to send your edits here: the checks, equations, "
+            "code and plan below update, and the design is autosaved.")
+        st.dataframe([{"block": s.type, "group": s.category, "ports": ", ".join(s.inputs) or "-",
+                       "fields": ", ".join(o.name for o in s.options), "meaning": s.description}
+                      for s in palette.SPECS.values()], hide_index=True, key="designer.palette_table")
+
+
+# ---- the page --------------------------------------------------------------------------------------
+
+def main() -> None:
+    st.title("Designer")
+    # Elements that come and go live inside containers: the canvas must keep its place in the page
+    # from one run to the next, or the browser reloads it and the edits not yet sent are lost.
+    with st.container():
+        flash_ui()
+        if state.notice():
+            st.warning(state.notice())
+    design = state.current_design()
+    # Filled after the canvas is read back, so undo/redo and the name reflect this run's edit.
+    toolbar = st.container()
+
+    editor_col, plan_col = st.columns([5, 2])
+    with editor_col:
+        before = checks.check_design(design, canvas_problems(design))
+        payload = editor_ui(design, set(before.nodes))
+        if payload is not None:
+            apply_canvas(payload)
+            design = state.current_design()
+        check = checks.check_design(design, canvas_problems(design))
+        st.button("Redraw the canvas (automatic layout, problems marked ⚠)", key="designer.redraw",
+                  on_click=redraw, icon=":material/auto_fix_high:")
+        palette_help_ui()
+        problems_ui(check)
+
+    equations_tab, code_tab, plan_tab, files_tab = st.tabs(["Equations", "DSL code", "Plan", "Files"])
+    with equations_tab:
+        equations_ui(check.cell)
+    with code_tab:
+        code_ui(check.cell)
+    with plan_tab:
+        plan = plan_ui(check.cell)
+    with files_tab:
+        files_ui(design, check.cell)
+    with toolbar:
+        toolbar_ui(design)
+    with plan_col:
+        st.markdown("**The cell, coloured by plan group**" if plan else "**The cell**")
+        st.plotly_chart(figures.plan_figure(design, (plan or {}).get("node_groups", {}), check.nodes),
+                        key="designer.plan_figure", config={"displayModeBar": False})
+        if plan is None and check.cell is not None:
+            st.caption("Colours by GEMM and fused kernel appear when a plan is available.")
+
+
+main()

@@ -1,0 +1,96 @@
+"""Divergence: how far each implementation drifts from the float64 reference (and from cuDNN) over time.
+
+Saved benchmark results carry per-step error arrays; without any, a live CPU demo compares float32 and
+float64 runs of the NumPy reference on the current design, so the page always shows something real.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run alone (a first visit straight to this page's URL, see app/main.py), only app/ is on sys.path.
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+import engine  # noqa: E402
+from app import engine_cache, figures, state  # noqa: E402
+
+# The live demo runs the NumPy reference twice on the CPU, inside a page rerun: keep it small.
+DEMO_LIMITS = {"input_size": 1024, "hidden_size": 1024, "num_layers": 8, "steps": 2000, "batch": 64}
+DEMO_START = {"input_size": 64, "hidden_size": 128, "num_layers": 2, "steps": 200, "batch": 4}
+AGAINST = {"vs_reference": "against float64", "vs_cudnn_fp32": "against cuDNN fp32"}
+
+
+def results_ui() -> bool:
+    """Error curves from saved benchmark results. Returns whether any were shown."""
+    list_results = engine_cache.optional("engine.bench", "list_results")
+    load_results = engine_cache.optional("engine.bench", "load_results")
+    if list_results is None or load_results is None:
+        return False
+    files = [info["path"] for info in list_results()]
+    if not files:
+        return False
+    st.subheader("From saved benchmark results")
+    cols = st.columns([2, 2, 1, 1])
+    path = cols[0].selectbox("Results file", files, format_func=lambda p: Path(p).name, key="divergence.file")
+    try:
+        results = load_results(path)
+    except engine.EngineError as e:
+        st.error(f"results: {e}")
+        return False
+    cells = results.get("cells", [])
+    with_curves = [i for i, cell in enumerate(cells)
+                   if any(e.get("divergence") for e in cell.get("implementations") or [])]
+    if not with_curves:
+        st.info(f"{Path(path).name} holds no per-step errors.")
+        return False
+    index = cols[1].selectbox("Cell and configuration", with_curves, key="divergence.cell",
+                              format_func=lambda i: figures.cell_label(cells[i]))
+    against = cols[2].radio("Against", list(AGAINST), key="divergence.against", format_func=AGAINST.get)
+    stat = cols[3].radio("Per step", ["max", "mean"], key="divergence.stat", format_func=lambda s: f"{s} |error|")
+    series = figures.divergence_series(results, index, against=against, stat=stat)
+    if not series:
+        st.info(f"No implementation of {figures.cell_label(cells[index])} has errors {AGAINST[against]}.")
+        return True
+    st.plotly_chart(figures.divergence_figure(series, ylabel=f"{stat} |error| {AGAINST[against]}"),
+                    key="divergence.results")
+    return True
+
+
+def demo_ui(cell: engine.CellGraph) -> None:
+    st.subheader("Live on the CPU: float32 against the float64 reference")
+    st.caption("Both runs use the NumPy reference backend with the same parameters and the same random input; "
+               "the gap is float32 rounding carried through the recurrence.")
+    design = state.design_sizes()
+    start = {k: min(int(design[k]), DEMO_START[k]) if int(design[k]) >= 1 else DEMO_START[k] for k in DEMO_START}
+    sizes = engine_cache.sizes_ui("divergence", defaults=start, limits=DEMO_LIMITS)
+    seed = st.number_input("seed", value=0, step=1, min_value=0, key="divergence.seed")
+    if sizes is None:
+        return
+    try:
+        errors = engine_cache.reference_divergence(engine.to_json(cell), seed=int(seed), **sizes)
+    except engine.EngineError as e:
+        st.error(f"The reference run of cell '{cell.name}' failed: {e}")
+        return
+    cols = st.columns(3)
+    cols[0].metric("max |error| at the last step", f"{errors['max_abs'][-1]:.3e}")
+    cols[1].metric("largest max |error|", f"{max(errors['max_abs']):.3e}")
+    exact = sum(1 for e in errors["max_abs"] if e == 0)
+    cols[2].metric("steps that match exactly", exact, help="exact zeros are gaps on the log axis")
+    series = [{"label": "float32 max |error|", "errors": errors["max_abs"]},
+              {"label": "float32 mean |error|", "errors": errors["mean_abs"], "dash": "dot"}]
+    st.plotly_chart(figures.divergence_figure(series, ylabel="|float32 - float64|"), key="divergence.demo")
+
+
+st.title("Divergence")
+shown = results_ui()
+if not shown:
+    st.info("No saved benchmark results with per-step errors were found; the curves below are a live CPU run.")
+cell = state.current_cell()
+if cell is None:
+    st.warning("The current design is not a valid cell; fix it in the Designer for the live comparison.")
+else:
+    demo_ui(cell)

@@ -1,0 +1,343 @@
+"""The Designer's pure parts, without a browser: palette, barfi adapter, layout, figure, files, checks."""
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+from barfi.flow.schema.types import build_flow_schema_from_dict
+
+import engine
+from app.designer import adapter, checks, figures, files, palette
+from app.designer.layout import layout
+from engine.ops import LEAF_KINDS, OPS
+
+PRESETS = sorted(engine.presets())
+
+
+def preset_design(name: str = "lstm") -> dict:
+    return copy.deepcopy(engine.to_dict(engine.preset(name).cell))
+
+
+def canvas_of(design: dict) -> dict:
+    """The schema the canvas would send back unchanged: through JSON, as the browser does."""
+    schema, skipped = adapter.design_to_schema(design)
+    assert skipped == []
+    return json.loads(json.dumps(schema))
+
+
+def block(schema: dict, name: str) -> dict:
+    return next(n for n in schema["nodes"] if any(o["name"] == "name" and o["value"] == name for o in n["options"]))
+
+
+def set_option(node: dict, option: str, value) -> None:
+    next(o for o in node["options"] if o["name"] == option)["value"] = value
+
+
+def new_block(schema: dict, block_type: str, number: int) -> dict:
+    """A block as barfi adds it from the palette: label '<type>-<n>', options at their defaults."""
+    spec = palette.SPECS[block_type]
+    node = {"id": f"node__{block_type}{number}", "type": block_type, "name": block_type,
+            "label": f"{block_type}-{number}",
+            "inputs": [{"name": p, "itype": palette.interface_type()} for p in spec.inputs],
+            "outputs": [{"name": p, "itype": palette.interface_type()} for p in spec.outputs],
+            "options": [{"name": o.name, "value": o.default} for o in spec.options],
+            "position": {"x": 10.0, "y": 20.0}, "measured": {"width": 160, "height": 120}}
+    schema["nodes"].append(node)
+    return node
+
+
+def wire(schema: dict, source: dict, target: dict, port: str) -> None:
+    schema["connections"].append({"id": f"edge__{len(schema['connections'])}", "outputNode": source["id"],
+                                  "outputNodeInterface": palette.OUTPUT, "inputNode": target["id"],
+                                  "inputNodeInterface": port})
+
+
+def read(schema: dict, name: str = "lstm") -> adapter.Reading:
+    return adapter.schema_to_design(schema, name=name, doc="")
+
+
+# ---- palette -------------------------------------------------------------------------------------
+
+def test_palette_has_every_op_and_leaf_kind_in_its_category():
+    specs = palette.SPECS
+    assert set(OPS) | set(LEAF_KINDS) | {palette.NEXT_STATE} == set(specs)
+    for op, definition in OPS.items():
+        assert specs[op].category == "ops" and specs[op].inputs == definition.ports
+    assert specs["matmul"].inputs == ("weight", "operand")
+    assert {specs[k].category for k in ("weight", "bias", "vector", "const")} == {"parameters"}
+    assert specs["input"].category == "inputs" and specs["state"].category == "states"
+    assert specs[palette.NEXT_STATE].inputs == (palette.NEXT_PORT,) and specs[palette.NEXT_STATE].category == "states"
+    assert specs["scale"].option("factor").attr == "factor"
+    assert specs["weight"].option("rows").items == ("H", "I") and specs["const"].option("value").kind == "number"
+
+
+def test_barfi_blocks_carry_the_specs_ports_and_options():
+    by_category = palette.blocks()
+    assert list(by_category) == list(palette.CATEGORIES)
+    exported = {b.name: b._export() for blocks in by_category.values() for b in blocks}
+    assert set(exported) == set(palette.SPECS)
+    for name, spec in palette.SPECS.items():
+        assert [p["name"] for p in exported[name]["inputs"]] == list(spec.inputs)
+        assert [p["name"] for p in exported[name]["outputs"]] == list(spec.outputs)
+        assert all(p["itype"] == palette.interface_type() for p in exported[name]["inputs"])
+        assert [o["name"] for o in exported[name]["options"]] == [o.name for o in spec.options]
+
+
+# ---- design -> canvas -> design ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_round_trips_through_the_canvas(name):
+    design = preset_design(name)
+    schema = canvas_of(design)
+    # barfi itself accepts the schema and exports it unchanged
+    assert build_flow_schema_from_dict(schema).export() == schema
+    reading = read(schema, name=design["name"])
+    assert reading.problems == []
+    assert json.dumps(reading.design, sort_keys=True) == json.dumps(design, sort_keys=True)
+    assert engine.from_dict(reading.design) == engine.preset(name).cell
+
+
+def test_canvas_draws_named_ports_and_one_sink_per_state():
+    design = preset_design("lstm")
+    schema = canvas_of(design)
+    matmul = block(schema, "W_ii_x")
+    ports = {c["inputNodeInterface"]: c["outputNode"] for c in schema["connections"] if c["inputNode"] == matmul["id"]}
+    assert ports == {"weight": block(schema, "W_ii")["id"], "operand": block(schema, "x")["id"]}
+    sinks = [n for n in schema["nodes"] if n["type"] == palette.NEXT_STATE]
+    assert sorted(dict((o["name"], o["value"]) for o in s["options"])["state"] for s in sinks) == ["c", "h"]
+    ticked = [s for s in sinks if dict((o["name"], o["value"]) for o in s["options"])["layer output"]]
+    assert len(ticked) == 1 and "h" in ticked[0]["label"]
+    assert block(schema, "i")["label"] == "i · sigmoid"
+    marked, _ = adapter.design_to_schema(design, marked={"i"})
+    assert block(marked, "i")["label"].startswith(adapter.WARNING_MARK)
+
+
+def test_a_new_block_is_named_after_its_label_and_wired_by_port():
+    schema = canvas_of(preset_design("lstm"))
+    relu = new_block(schema, "relu", 1)
+    reading = read(schema)
+    assert [(p.node, p.field) for p in reading.problems] == [("relu_1", "args.x")]
+    assert "not connected" in reading.problems[0].message and reading.problems[0].hint
+    entry = next(n for n in reading.design["nodes"] if n["name"] == "relu_1")
+    assert entry == {"name": "relu_1", "op": "relu", "args": [""]}
+    assert reading.positions["relu_1"] == (10.0, 20.0)
+
+    wire(schema, block(schema, "g"), relu, "x")
+    reading = read(schema)
+    assert reading.problems == []
+    cell = engine.from_dict(reading.design)
+    assert cell["relu_1"].args == ("g",)
+    assert any("relu_1" in str(w) for w in cell.warnings)          # computed, never used
+
+
+def test_design_order_is_kept_when_the_editor_lists_a_new_block_first():
+    design = preset_design("gru")
+    schema = canvas_of(design)
+    new_block(schema, "sigmoid", 1)
+    schema["nodes"].insert(0, schema["nodes"].pop())                # barfi lists it first
+    random.Random().shuffle(schema["nodes"])
+    names = [n["name"] for n in read(schema, name="gru").design["nodes"]]
+    assert names == [n["name"] for n in design["nodes"]] + ["sigmoid_1"]
+
+
+def test_rewiring_changes_the_graph():
+    schema = canvas_of(preset_design("gru"))
+    # feed the candidate n from relu instead of tanh: swap the op of node n
+    n = block(schema, "n")
+    n["type"] = n["name"] = "relu"
+    reading = read(schema, name="gru")
+    assert engine.from_dict(reading.design)["n"].op == "relu"
+
+
+def test_matmul_ports_are_distinct_and_checked_by_the_ir():
+    schema = canvas_of(preset_design("lstm"))
+    matmul = block(schema, "W_ii_x")
+    for c in schema["connections"]:                 # swap the weight and operand wires
+        if c["inputNode"] == matmul["id"]:
+            c["inputNodeInterface"] = "operand" if c["inputNodeInterface"] == "weight" else "weight"
+    check = checks.check_design(read(schema).design)
+    assert check.cell is None
+    assert any(p.node == "W_ii_x" and p.field == "args.weight" for p in check.problems)
+
+
+def test_absurd_canvas_payloads_become_problems_naming_the_node():
+    schema = canvas_of(preset_design("lstm"))
+    set_option(block(schema, "i"), "name", "")                      # a loaded block's name erased
+    set_option(block(schema, "f"), "name", "   ")
+    schema["nodes"].append({**block(schema, "o"), "id": "forged", "type": "conv2d", "label": "conv"})
+    const = new_block(schema, "const", 1)
+    set_option(const, "value", float("nan"))
+    twice = block(schema, "h_next_tanh")
+    wire(schema, block(schema, "g"), twice, "x")                    # a second wire into port x
+    schema["connections"].append({"id": "e1", "outputNode": "nowhere", "outputNodeInterface": "value",
+                                  "inputNode": twice["id"], "inputNodeInterface": "x"})
+    reading = read(schema)
+    said = {(p.node, p.field) for p in reading.problems}
+    assert ("i · sigmoid", "name") in said and ("f · sigmoid", "name") in said
+    assert ("conv", "type") in said and ("h_next_tanh", "args.x") in said and (None, "connections") in said
+    check = checks.check_design(reading.design, reading.problems)
+    assert check.cell is None
+    assert any(p.node == "const_1" and p.field == "attrs.value" for p in check.problems)   # NaN, from the IR
+
+
+@pytest.mark.parametrize("payload", [None, "text", [], {"nodes": "x"}, {"nodes": [1, None], "connections": {}}])
+def test_garbage_payload_never_raises(payload):
+    reading = adapter.schema_to_design(payload, name="c")
+    assert reading.problems
+    assert checks.check_design(reading.design, reading.problems).cell is None
+
+
+def test_layer_output_is_the_ticked_sink():
+    schema = canvas_of(preset_design("lstm"))
+    sinks = {dict((o["name"], o["value"]) for o in n["options"])["state"]: n
+             for n in schema["nodes"] if n["type"] == palette.NEXT_STATE}
+    set_option(sinks["h"], "layer output", False)
+    set_option(sinks["c"], "layer output", True)
+    assert read(schema).design["output"] == "c"
+    set_option(sinks["h"], "layer output", True)
+    assert any(p.field == "output" for p in read(schema).problems)
+    set_option(sinks["h"], "state", "")
+    assert any(p.field == "state" for p in read(schema).problems)
+
+
+def test_fingerprint_ignores_moves_but_not_edits():
+    schema = canvas_of(preset_design("gru"))
+    moved = copy.deepcopy(schema)
+    moved["nodes"][0]["position"] = {"x": 999.0, "y": -5.0}
+    assert adapter.canvas_fingerprint(moved) == adapter.canvas_fingerprint(schema)
+    moved["connections"].pop()
+    assert adapter.canvas_fingerprint(moved) != adapter.canvas_fingerprint(schema)
+
+
+def test_unknown_ops_in_a_design_are_not_drawn():
+    design = preset_design("gru")
+    design["nodes"].append({"name": "mystery", "op": "conv2d"})
+    schema, skipped = adapter.design_to_schema(design)
+    assert skipped == ["'mystery' ('conv2d')"]
+    assert len(schema["nodes"]) == len(design["nodes"]) - 1 + len(design["states"])
+
+
+# ---- layout ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_layout_flows_left_to_right_without_overlaps(name):
+    design = preset_design(name)
+    grid = layout(design)
+    names = [n["name"] for n in design["nodes"]]
+    column = {names[i]: c for i, (c, _) in grid.nodes.items()}
+    spots = list(grid.nodes.values()) + list(grid.sinks.values())
+    assert len(spots) == len(set(spots)) == len(design["nodes"]) + len(design["states"])
+    for entry in design["nodes"]:
+        for a in entry.get("args", []):
+            assert column[a] < column[entry["name"]], (a, entry["name"])
+        if entry["op"] in ("input", "state"):
+            assert column[entry["name"]] == 0
+    last = max(c for c, _ in grid.nodes.values())
+    for k, state in enumerate(design["states"]):
+        assert grid.sinks[k][0] == last + 1
+        assert grid.sinks[k][1] == grid.nodes[names.index(state["next"])][1]
+
+
+def test_lstm_gates_sit_in_rows_in_the_order_they_are_written():
+    design = preset_design("lstm")
+    grid = layout(design)
+    names = [n["name"] for n in design["nodes"]]
+    at = {names[i]: spot for i, spot in grid.nodes.items()}
+    gates = ["i", "f", "g", "o"]
+    assert len({at[g][0] for g in gates}) == 1                    # same column: computed alike
+    assert [at[g][1] for g in gates] == sorted(at[g][1] for g in gates)
+    for g in gates:                                               # each gate's chain of adds on its row
+        assert at[f"{g}_pre"][1] == at[f"{g}_add"][1] == at[g][1]
+        assert grid.bands[names.index(f"W_i{g}")] == g and grid.bands[names.index(f"b_h{g}")] == g
+    assert at["c_next"][1] > at["o"][1] and at["h_next"][1] > at["c_next"][1]
+
+
+def test_layout_of_a_broken_design_still_places_every_node():
+    design = preset_design("gru")
+    design["nodes"].append({"name": "loop_a", "op": "add", "args": ["loop_b", "h"]})
+    design["nodes"].append({"name": "loop_b", "op": "tanh", "args": ["loop_a"]})
+    design["nodes"].append({"name": "dangling", "op": "sigmoid", "args": ["nowhere"]})
+    design["nodes"].append("not a node")
+    design["nodes"].append({"name": "h", "op": "state"})           # a duplicate name
+    design["states"].append({"name": "ghost", "next": "nothing"})
+    grid = layout(design)
+    assert set(grid.nodes) == set(range(len(design["nodes"])))
+    assert set(grid.sinks) == set(range(len(design["states"])))
+    a, b = (grid.nodes[len(design["nodes"]) - k][0] for k in (5, 4))
+    assert a == b                                                 # a loop shares one column
+    assert layout({"nodes": "nope"}).nodes == {} and layout(None).nodes == {}
+
+
+# ---- figure ---------------------------------------------------------------------------------------
+
+def test_plan_figure_colours_nodes_by_group_and_rings_problems():
+    design = preset_design("lstm")
+    rng = random.Random()
+    names = [n["name"] for n in design["nodes"] if n["op"] not in ("input", "state", "weight", "bias")]
+    groups = {n: rng.choice(["x_proj", "h_gemm", "stage1", "stage2"]) for n in names}
+    flagged = rng.sample(names, 3)
+    fig = figures.plan_figure(design, groups, flagged)
+    colour_of = {}
+    for trace in fig.data:
+        if trace.mode == "markers+text" and trace.customdata is not None:
+            for name, _, group in trace.customdata:
+                colour_of[name] = (group, trace.marker.color)
+    for name, group in groups.items():
+        assert colour_of[name][0] == group
+    by_group = {}
+    for group, colour in colour_of.values():
+        by_group.setdefault(group, set()).add(colour)
+    assert all(len(c) == 1 for c in by_group.values())
+    used = [c.pop() for g, c in by_group.items() if g != "-"]
+    assert len(used) == len(set(used))                              # one colour per group
+    ring = next(t for t in fig.data if t.name == "has a problem")
+    assert sorted(ring.text) == sorted(flagged)
+
+
+# ---- files and checks -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, field", [
+    ("{not json", "(file)"),
+    (b"\xff\xfe", "(file)"),
+    ('[1, 2]', "(root)"),
+    ('{"schema": "rnn-cell-graph", "version": 99}', "version"),
+    ('{"schema": "other"}', "schema"),
+])
+def test_bad_files_name_the_field(text, field):
+    design, problems = files.read_design(text)
+    assert design is None and problems[0].field == field
+
+
+def test_an_invalid_cell_file_names_the_node():
+    design = preset_design("lstm")
+    design["nodes"][5]["op"] = "conv2d"
+    loaded, problems = files.read_design(json.dumps(design))
+    assert loaded is None and problems[0].node == design["nodes"][5]["name"] and problems[0].field == "op"
+
+
+def test_save_list_and_load_designs(tmp_path):
+    cell = engine.preset("mgu").cell
+    path = files.save_design(tmp_path, "my-mgu.v1", cell)
+    assert path.name == "my-mgu.v1.json" and not list(tmp_path.glob("*.tmp"))
+    (tmp_path / "autosave.json").write_text("{}")
+    assert files.list_designs(tmp_path) == ["my-mgu.v1"]
+    design, problems = files.load_design(tmp_path, "my-mgu.v1")
+    assert problems == [] and engine.from_dict(design) == cell
+    for bad in ("../etc", "autosave", "", ".hidden", "a" * 80):
+        assert files.name_problem(bad)
+        with pytest.raises(ValueError):
+            files.save_design(tmp_path, bad, cell)
+    assert files.load_design(tmp_path, "missing")[1][0].field == "(file)"
+
+
+def test_check_reports_each_problem_once():
+    schema = canvas_of(preset_design("lstm"))
+    new_block(schema, "tanh", 3)
+    reading = read(schema)
+    check = checks.check_design(reading.design, reading.problems)
+    assert [(p.node, p.field) for p in check.problems] == [("tanh_3", "args.x")]
+    assert check.nodes == ["tanh_3"]
+    ok = checks.check_design(preset_design("lstm"))
+    assert ok.cell == engine.preset("lstm").cell and ok.problems == [] and ok.warnings == []

@@ -1,0 +1,268 @@
+"""The Designer page run through Streamlit's AppTest: the canvas's read-back is fed an editor schema
+through st.session_state["designer_payload"], exactly as barfi's Execute would send it."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+import engine
+from app.designer import adapter, palette
+
+PAGE = Path(__file__).resolve().parents[2] / "app" / "pages" / "designer.py"
+
+
+@pytest.fixture
+def designs(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "designs"
+    monkeypatch.setenv("RNN_DESIGNS_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def designer(designs) -> AppTest:
+    at = AppTest.from_file(str(PAGE), default_timeout=60)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def latex(at: AppTest) -> str:
+    """The LaTeX of the page's st.latex (AppTest shows it inside $$ ... $$)."""
+    return at.latex[0].value.strip().removeprefix("$$").removesuffix("$$").strip()
+
+
+def lstm_canvas() -> dict:
+    schema, _ = adapter.design_to_schema(engine.to_dict(engine.preset("lstm").cell))
+    return json.loads(json.dumps(schema))
+
+
+def add_block(schema: dict, block_type: str, number: int) -> dict:
+    spec = palette.SPECS[block_type]
+    node = {"id": f"node__new{number}", "type": block_type, "name": block_type, "label": f"{block_type}-{number}",
+            "inputs": [{"name": p, "itype": palette.interface_type()} for p in spec.inputs],
+            "outputs": [{"name": p, "itype": palette.interface_type()} for p in spec.outputs],
+            "options": [{"name": o.name, "value": o.default} for o in spec.options],
+            "position": {"x": 0.0, "y": 0.0}, "measured": {"width": 160, "height": 100}}
+    schema["nodes"].append(node)
+    return node
+
+
+def node_id(schema: dict, name: str) -> str:
+    return next(n["id"] for n in schema["nodes"]
+                if any(o["name"] == "name" and o["value"] == name for o in n["options"]))
+
+
+def send(at: AppTest, schema: dict) -> AppTest:
+    at.session_state["designer_payload"] = copy.deepcopy(schema)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_opens_on_the_lstm_with_equations_code_and_plan(designer):
+    at = designer
+    assert [t.value for t in at.title] == ["Designer"]
+    assert not at.error, texts(at.error)
+    assert "lstm" in texts(at.success)
+    assert latex(at) == engine.to_latex(engine.preset("lstm").cell)
+    assert "def lstm(x, h, c):" in at.code[0].value
+    assert at.button(key="designer.undo").disabled and at.button(key="designer.redo").disabled
+
+
+def test_an_incomplete_canvas_shows_the_error_then_completing_it_updates_everything(designer, designs):
+    at = designer
+    schema = lstm_canvas()
+    relu = add_block(schema, "relu", 1)
+    send(at, schema)
+    errors = texts(at.error)
+    assert "node 'relu_1', field 'args.x': port 'x' is not connected" in errors
+    assert "hint: drag a wire" in errors
+    assert "The equations appear when the cell is valid." in texts(at.info)
+    assert not at.button(key="designer.undo").disabled
+    saved = json.loads((designs / "autosave.json").read_text())
+    assert any(n["name"] == "relu_1" for n in saved["nodes"])
+
+    schema["connections"].append({"id": "edge__new", "outputNode": node_id(schema, "g"), "outputNodeInterface": "value",
+                                  "inputNode": relu["id"], "inputNodeInterface": "x"})
+    send(at, schema)
+    assert not at.error, texts(at.error)
+    assert r"\mathrm{relu}(g)" in latex(at)
+    assert "relu_1 = relu(g)" in at.code[0].value
+    assert "node 'relu_1': value is computed but never used" in texts(at.warning)
+
+
+def test_the_same_payload_is_applied_once(designer):
+    at = designer
+    schema = lstm_canvas()
+    add_block(schema, "tanh", 4)
+    send(at, schema)
+    at.button(key="designer.undo").click().run()
+    assert not at.error, texts(at.error)            # back to the LSTM
+    at.run()                                        # a rerun does not re-apply the old edit
+    assert not at.error and not at.button(key="designer.redo").disabled
+
+
+def test_undo_and_redo_walk_the_history(designer):
+    at = designer
+    schema = lstm_canvas()
+    add_block(schema, "sigmoid", 1)
+    send(at, schema)
+    assert "sigmoid_1" in texts(at.error)
+    at.button(key="designer.undo").click().run()
+    assert not at.error and at.button(key="designer.undo").disabled
+    at.button(key="designer.redo").click().run()
+    assert "sigmoid_1" in texts(at.error)
+    assert at.button(key="designer.redo").disabled
+
+
+def test_loading_a_preset_and_renaming_the_cell(designer):
+    at = designer
+    at.selectbox(key="designer.preset").set_value("gru").run()
+    at.button(key="designer.load_preset").click().run()
+    assert latex(at) == engine.to_latex(engine.preset("gru").cell)
+    assert at.text_input(key="designer.name").value == "gru"
+    at.text_input(key="designer.name").set_value("my_gru").run()
+    assert "def my_gru(x, h):" in at.code[0].value
+    assert "my_gru" in texts(at.success)
+    at.text_input(key="designer.name").set_value("").run()
+    assert "field 'name'" in texts(at.error)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"{ not json", "field '(file)': not valid JSON"),
+    (b'{"schema": "rnn-cell-graph", "version": 7}', "field 'version': unsupported version 7"),
+    (b'{"schema": "rnn-cell-graph", "version": 1, "name": "x", "nodes": [{"name": "x", "op": "input", '
+     b'"colour": 3}], "states": []}', "unknown key(s) ['colour']"),
+])
+def test_a_bad_upload_is_an_error_and_the_design_is_kept(designer, content, expected):
+    at = designer
+    at.file_uploader(key="designer.upload").set_value(("bad.json", content, "application/json")).run()
+    assert not at.exception
+    errors = texts(at.error)
+    assert "Could not open bad.json; the current design is kept." in errors and expected in errors
+    assert latex(at) == engine.to_latex(engine.preset("lstm").cell)
+
+
+def test_an_upload_with_an_absurd_node_names_it(designer):
+    at = designer
+    design = engine.to_dict(engine.preset("lstm").cell)
+    design["nodes"][3]["op"] = "fft"
+    at.file_uploader(key="designer.upload").set_value(("t.json", json.dumps(design).encode(), "application/json"))
+    at.run()
+    assert f"node '{design['nodes'][3]['name']}', field 'op': unknown op 'fft'" in texts(at.error)
+
+
+def test_a_good_upload_replaces_the_design(designer):
+    at = designer
+    text = engine.to_json(engine.preset("mgu").cell).encode()
+    at.file_uploader(key="designer.upload").set_value(("mgu.json", text, "application/json")).run()
+    assert "Opened mgu.json" in texts(at.success)
+    assert latex(at) == engine.to_latex(engine.preset("mgu").cell)
+
+
+def test_tampered_payloads_name_the_node(designer):
+    at = designer
+    schema = lstm_canvas()
+    const = add_block(schema, "const", 1)
+    next(o for o in const["options"] if o["name"] == "value")["value"] = float("nan")
+    next(o for o in schema["nodes"][5]["options"] if o["name"] == "name")["value"] = ""
+    schema["nodes"].append({**schema["nodes"][6], "id": "evil", "type": "rm -rf", "label": "evil"})
+    send(at, schema)
+    errors = texts(at.error)
+    assert "node 'evil', field 'type': unknown block type 'rm -rf'" in errors
+    assert f"node '{schema['nodes'][5]['label']}', field 'name': the name is empty" in errors
+
+
+def test_save_and_open_designs_in_the_folder(designer, designs):
+    at = designer
+    at.text_input(key="designer.save_name").set_value("../escape").run()
+    at.button(key="designer.save").click().run()
+    assert "field 'Save as'" in texts(at.error)
+    at.text_input(key="designer.save_name").set_value("first").run()
+    at.button(key="designer.save").click().run()
+    assert (designs / "first.json").exists()
+    at.selectbox(key="designer.preset").set_value("indrnn").run()
+    at.button(key="designer.load_preset").click().run()
+    at.selectbox(key="designer.saved").set_value("first").run()
+    at.button(key="designer.open_saved").click().run()
+    assert "Opened the saved design 'first'" in texts(at.success)
+    assert latex(at) == engine.to_latex(engine.preset("lstm").cell)
+
+
+def test_the_autosave_is_restored_in_a_new_session(designs):
+    design = engine.to_dict(engine.preset("gru").cell)
+    design["nodes"].append({"name": "half_done", "op": "tanh", "args": [""]})
+    designs.mkdir(parents=True)
+    (designs / "autosave.json").write_text(json.dumps(design))
+    at = AppTest.from_file(str(PAGE), default_timeout=60).run()
+    assert "node 'half_done', field 'args.x': port 'x' is not connected" in texts(at.error)
+    assert "unknown node ''" not in texts(at.error)
+    assert at.text_input(key="designer.name").value == "gru"
+
+
+def test_the_plan_lists_gemms_and_kernels_and_colours_the_graph(designer):
+    explain = pytest.importorskip("engine.explain", reason="engine.explain is not part of this engine yet")
+    at = designer
+    sizes = {"input_size": 64, "hidden_size": 256, "num_layers": 2, "steps": 50, "batch": 16}
+    plan = explain.explain_json(engine.preset("lstm").cell, **sizes)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["grouped GEMMs"] == str(len(plan["gemms"]))
+    assert metrics["fused kernels"] == str(len(plan["kernels"]))
+    gemms = next(d.value for d in at.dataframe if "GEMM" in d.value.columns)
+    assert list(gemms["GEMM"]) == [g["name"] for g in plan["gemms"]]
+    assert "W_ii_x" in gemms["matmuls"].iloc[0]
+    kernels = next(d.value for d in at.dataframe if "kernel" in d.value.columns)
+    assert list(kernels["nodes"]) == [", ".join(k["nodes"]) for k in plan["kernels"]]
+    chart = next(c for c in at.get("plotly_chart") if c.proto.id.endswith("designer.plan_figure"))
+    traces = json.loads(chart.proto.spec)["data"]
+    grouped = {t["name"] for t in traces if t.get("customdata")}
+    assert set(plan["node_groups"].values()) <= grouped
+
+
+def test_plan_not_available_without_engine_explain(designer, monkeypatch):
+    monkeypatch.setitem(sys.modules, "engine.explain", None)     # import engine.explain now fails
+    st.cache_data.clear()
+    at = designer
+    at.number_input(key="designer.batch").set_value(3).run()
+    assert not at.exception
+    assert any("plan not available yet" in i.value for i in at.info)
+
+
+def test_bad_sizes_name_the_field(designer):
+    at = designer
+    at.number_input(key="designer.hidden_size").set_value(0).run()
+    assert "hidden_size: must be at least 1" in texts(at.error)
+
+
+def test_an_unreadable_autosave_is_reported_and_the_lstm_loaded(designs):
+    designs.mkdir(parents=True)
+    (designs / "autosave.json").write_text('{"nodes": [')
+    at = AppTest.from_file(str(PAGE), default_timeout=60).run()
+    assert "could not read" in texts(at.warning) and "started from the LSTM preset" in texts(at.warning)
+    assert latex(at) == engine.to_latex(engine.preset("lstm").cell)
+    at.selectbox(key="designer.preset").set_value("gru").run()
+    at.button(key="designer.load_preset").click().run()
+    assert json.loads((designs / "autosave.json").read_text())["name"] == "gru"      # replaced atomically
+    assert not list(designs.glob("*.tmp")) and not texts(at.warning).count("could not read")
+
+
+def test_a_cell_the_dsl_cannot_write_is_an_error_not_a_traceback(designer):
+    at = designer
+    design = engine.to_dict(engine.preset("elman_tanh").cell)
+    schema, _ = adapter.design_to_schema(design)
+    source = next(n for n in schema["nodes"] if n["type"] == "input")
+    next(o for o in source["options"] if o["name"] == "name")["value"] = "lambda"    # valid IR, a Python keyword
+    send(at, schema)
+    assert not at.exception
+    assert "cannot be written in the DSL" in texts(at.error) and "node 'lambda'" in texts(at.error)
+    assert r"\lambda" in latex(at) or "lambda" in latex(at)

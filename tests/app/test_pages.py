@@ -1,0 +1,331 @@
+"""Every page of the app (except the Designer, tested with its own code) run through Streamlit's AppTest.
+
+These run on the CPU without a GPU: widgets work, bad sizes become messages that name the field, and
+no page raises.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+import engine
+from engine.schedule import wavefront
+
+PAGES = {"gallery": "Gallery", "schedule": "Schedule", "benchmarks": "Benchmarks", "divergence": "Divergence",
+         "export": "Export"}
+
+
+def has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def chart_spec(at, key: str) -> dict:
+    """The plotly JSON of the chart with this key."""
+    for chart in at.get("plotly_chart"):
+        if chart.proto.id.endswith(key):
+            return json.loads(chart.proto.spec)
+    raise AssertionError(f"no plotly chart with key {key!r}")
+
+
+def chart_keys(at) -> list[str]:
+    return [chart.proto.id.rsplit("-", 1)[-1] for chart in at.get("plotly_chart")]
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_runs_without_exception(open_page, name):
+    at = open_page(name)
+    assert [t.value for t in at.title] == [PAGES[name]]
+    assert not at.error, texts(at.error)
+
+
+def test_sidebar_says_whether_a_gpu_is_available(app):
+    ok, reason = engine.backends.gpu_status()
+    sidebar = texts(app.sidebar.info) + texts(app.sidebar.success) + texts(app.sidebar.caption)
+    assert ("GPU available" in sidebar) == ok
+    assert reason in sidebar
+
+
+# ---- Gallery --------------------------------------------------------------------------------------
+
+def test_gallery_has_a_card_per_preset(open_page):
+    at = open_page("gallery")
+    presets = engine.presets()
+    open_keys = sorted(b.key for b in at.button if b.key.startswith("gallery.open."))
+    assert open_keys == sorted(f"gallery.open.{name}" for name in presets)
+    assert len(at.latex) == len(presets)
+    assert sorted(k for k in chart_keys(at) if k.startswith("gallery.graph.")) == sorted(
+        f"gallery.graph.{name}" for name in presets)
+    # the picture of each cell has one marker per node of its graph
+    lstm = presets["lstm"].cell
+    markers = sum(len(t["x"]) for t in chart_spec(at, "gallery.graph.lstm")["data"] if t["mode"].startswith("markers"))
+    assert markers == lstm.nx.number_of_nodes()
+    cudnn_cards = sum("cuDNN mode" in m.value for m in at.markdown)
+    assert cudnn_cards == sum(1 for p in presets.values() if p.cudnn)
+
+
+def test_gallery_filters_by_family_and_text(open_page):
+    at = open_page("gallery")
+    at.multiselect(key="gallery.families").set_value(["GRU"]).run()
+    shown = {b.key.removeprefix("gallery.open.") for b in at.button if b.key.startswith("gallery.open.")}
+    assert shown == {name for name, p in engine.presets().items() if p.family == "GRU"}
+    at.multiselect(key="gallery.families").set_value(sorted({p.family for p in engine.presets().values()})).run()
+    at.text_input(key="gallery.search").set_value("no such cell anywhere").run()
+    assert not [b for b in at.button if b.key.startswith("gallery.open.")]
+    assert "No preset matches" in texts(at.info)
+
+
+def test_gallery_opens_a_preset_in_the_designer(open_page):
+    at = open_page("gallery")
+    at.button(key="gallery.open.gru").click().run()
+    assert not at.exception, texts(at.exception)
+    assert [t.value for t in at.title] == ["Designer"]
+    at.switch_page("pages/export.py").run()
+    cell_json = next(c.value for c in at.code if c.language == "json")
+    assert engine.from_json(cell_json) == engine.preset("gru").cell
+
+
+def test_gallery_benchmark_button_preselects_the_preset(open_page):
+    at = open_page("gallery")
+    at.button(key="gallery.bench.mgu").click().run()
+    assert not at.exception, texts(at.exception)
+    assert [t.value for t in at.title] == ["Benchmarks"]
+    assert at.multiselect(key="benchmarks.presets").value == ["mgu"]
+
+
+# ---- sizes forms ----------------------------------------------------------------------------------
+
+ABSURD = [("input_size", 0), ("hidden_size", -3), ("num_layers", 65), ("steps", 65537), ("batch", 0),
+          ("hidden_size", 70000)]
+
+
+@pytest.mark.parametrize("field,value", ABSURD)
+def test_schedule_names_the_absurd_size(open_page, field, value):
+    at = open_page("schedule")
+    at.number_input(key=f"schedule.{field}").set_value(value).run()
+    assert not at.exception, texts(at.exception)
+    assert len(at.error) == 1 and at.error[0].value.startswith(f"{field}:"), texts(at.error)
+    assert "schedule.heatmap" not in chart_keys(at)
+    at.number_input(key=f"schedule.{field}").set_value(3).run()        # fixing it brings the page back
+    assert not at.error and "schedule.heatmap" in chart_keys(at)
+
+
+@pytest.mark.parametrize("field,value", [("hidden_size", 0), ("num_layers", 100)])
+def test_export_names_the_absurd_size(open_page, field, value):
+    at = open_page("export")
+    at.number_input(key=f"export.{field}").set_value(value).run()
+    assert not at.exception, texts(at.exception)
+    assert [e.value.split(":")[0] for e in at.error] == [field]
+
+
+# ---- Schedule -------------------------------------------------------------------------------------
+
+def test_schedule_heatmap_is_the_engines_wavefront(open_page):
+    at = open_page("schedule")
+    at.number_input(key="schedule.num_layers").set_value(3).run()
+    at.number_input(key="schedule.steps").set_value(7).run()
+    heatmap = chart_spec(at, "schedule.heatmap")["data"][0]
+    grid = wavefront(3, 7).step_of()
+    assert heatmap["z"] == grid
+    assert heatmap["text"] == [[str(k) for k in row] for row in grid]
+
+
+def test_schedule_long_sequences_show_a_window(open_page):
+    at = open_page("schedule")
+    at.number_input(key="schedule.steps").set_value(5000).run()
+    heatmap = chart_spec(at, "schedule.heatmap")["data"][0]
+    assert 0 < len(heatmap["z"][0]) < 5000
+    assert "of 5000" in texts(at.caption)
+
+
+def test_schedule_refuses_a_plan_too_big_to_build_in_a_page(open_page):
+    at = open_page("schedule")
+    at.number_input(key="schedule.num_layers").set_value(64).run()
+    at.number_input(key="schedule.steps").set_value(65536).run()      # each within its own limit
+    assert not at.exception
+    assert [e.value.split(":")[0] for e in at.error] == ["steps"]
+    assert "layer-steps" in at.error[0].value
+    assert "schedule.heatmap" in chart_keys(at) and "schedule.stages" not in chart_keys(at)
+
+
+def test_schedule_shows_the_plan_or_says_it_is_missing(open_page):
+    at = open_page("schedule")
+    metrics = {m.label: m.value for m in at.metric}
+    if not has_module("engine.explain"):
+        assert "plan is not available" in texts(at.info)
+        assert "launches per step" not in metrics
+        return
+    from engine.explain import explain_json
+    sizes = {k: at.number_input(key=f"schedule.{k}").value for k in
+             ("input_size", "hidden_size", "num_layers", "steps", "batch")}
+    plan = explain_json(engine.from_json(next(c.value for c in _export_json(at))), **sizes)
+    assert metrics["launches per step"] == str(plan["launches_per_step"])
+    assert "schedule.stages" in chart_keys(at)
+    table = at.dataframe[0].value                # the stage table; the per-layer costs follow
+    assert len(table) == sum(len(g.get("shapes") or [g]) for g in plan["gemms"]) + len(plan["kernels"])
+    assert set(table["name"]) == {g["name"] for g in plan["gemms"]} | {k["name"] for k in plan["kernels"]}
+
+
+def _export_json(at):
+    """The current design's JSON, read from the Export page (then back to where we were)."""
+    at.switch_page("pages/export.py").run()
+    codes = [c for c in at.code if c.language == "json"]
+    at.switch_page("pages/schedule.py").run()
+    return codes
+
+
+def test_schedule_timeline_needs_a_gpu(open_page):
+    at = open_page("schedule")
+    ok, _ = engine.backends.gpu_status()
+    if ok:
+        pytest.skip("this machine has a GPU; the message is for machines without one")
+    assert "Live timelines need a GPU" in texts(at.info)
+
+
+# ---- Export ---------------------------------------------------------------------------------------
+
+def test_export_offers_the_cell_json_and_dsl(open_page):
+    at = open_page("export")
+    keys = {d.key for d in at.download_button}
+    assert "export.cell_json" in keys
+    cell = engine.from_json(next(c.value for c in at.code if c.language == "json"))
+    if has_module("engine.dsl_emit"):
+        from engine.dsl_emit import emit_dsl
+        assert "export.dsl" in keys
+        assert next(c.value for c in at.code if c.language == "python").strip() == emit_dsl(cell).strip()
+    else:
+        assert "DSL export is not available" in texts(at.caption)
+
+
+def test_export_shows_the_generated_cuda(open_page):
+    at = open_page("export")
+    if not has_module("engine.export"):
+        assert "CUDA export is not available" in texts(at.info)
+        return
+    cuda = [c.value for c in at.code if c.language == "cpp"]
+    assert len(cuda) == 1 and "__global__" in cuda[0]
+    assert "export.cu" in {d.key for d in at.download_button}
+
+
+# ---- Divergence -----------------------------------------------------------------------------------
+
+def test_divergence_live_demo_is_a_real_float32_run(open_page):
+    at = open_page("divergence")
+    at.number_input(key="divergence.steps").set_value(30).run()
+    series = {t["name"]: t["y"] for t in chart_spec(at, "divergence.demo")["data"]}
+    worst = series["float32 max |error|"]
+    mean = series["float32 mean |error|"]
+    assert len(worst) == 30
+    finite = [e for e in worst if e is not None]
+    assert finite and all(0 < e < 1e-3 for e in finite)          # float32 rounding: small, and not zero
+    assert all(m is None or w is None or m <= w for m, w in zip(mean, worst))
+    assert chart_spec(at, "divergence.demo")["layout"]["yaxis"]["type"] == "log"
+
+
+def test_divergence_seed_draws_a_fresh_input(open_page):
+    at = open_page("divergence")
+    at.number_input(key="divergence.steps").set_value(10).run()
+    before = chart_spec(at, "divergence.demo")["data"][0]["y"]
+    at.number_input(key="divergence.seed").set_value(7).run()
+    assert chart_spec(at, "divergence.demo")["data"][0]["y"] != before
+
+
+def test_divergence_demo_limits_name_the_field(open_page):
+    at = open_page("divergence")
+    at.number_input(key="divergence.steps").set_value(100_000).run()
+    assert not at.exception
+    assert [e.value.split(":")[0] for e in at.error] == ["steps"]
+    assert "divergence.demo" not in chart_keys(at)
+
+
+# ---- Benchmarks -----------------------------------------------------------------------------------
+
+def bench_available() -> bool:
+    if not has_module("engine.bench"):
+        return False
+    import engine.bench as bench
+    return all(hasattr(bench, name) for name in ("run_bench", "list_results", "load_results"))
+
+
+def test_benchmarks_without_a_gpu_say_live_runs_need_one(open_page):
+    at = open_page("benchmarks")
+    if not bench_available():
+        assert "not part of this engine" in texts(at.info)
+        return
+    ok, reason = engine.backends.gpu_status()
+    if ok:
+        pytest.skip("this machine has a GPU; the message is for machines without one")
+    assert f"Live runs need a GPU: {reason}" in texts(at.info)
+    assert at.button(key="benchmarks.run").disabled
+
+
+def test_benchmarks_draw_the_saved_speedups(open_page, saved_results):
+    if not bench_available():
+        pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")
+    at = open_page("benchmarks")
+    spec = chart_spec(at, "benchmarks.speedup")
+    bars = {trace["name"]: dict(zip(trace["x"], trace["y"])) for trace in spec["data"]}
+    assert set(bars) == {"vs naive", "vs torch-eager", "vs cudnn-fp32"}
+    for cell in saved_results["cells"]:
+        medians = {e["name"]: e["median_ms"] for e in cell["implementations"] if e["status"] == "ok"}
+        label = f"{cell['preset']} · {cell['config']['name']}"
+        for baseline in ("naive", "torch-eager", "cudnn-fp32"):
+            assert bars[f"vs {baseline}"][label] == pytest.approx(medians[baseline] / medians["fused"])
+    (line,) = spec["layout"]["shapes"]
+    assert line["y0"] == line["y1"] == 1 and line["line"]["dash"] == "dash"
+    table = at.dataframe[0].value
+    assert len(table) == sum(len(c["implementations"]) for c in saved_results["cells"])
+    assert {"benchmarks.csv", "benchmarks.json"} <= {d.key for d in at.download_button}
+
+
+def test_benchmarks_baselines_and_implementation_are_chosen(open_page, saved_results):
+    if not bench_available():
+        pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")
+    at = open_page("benchmarks")
+    at.selectbox(key="benchmarks.mine").set_value("naive").run()
+    at.multiselect(key="benchmarks.baselines").set_value(["cudnn-fp16"]).run()
+    (trace,) = chart_spec(at, "benchmarks.speedup")["data"]
+    cell = saved_results["cells"][1]
+    medians = {e["name"]: e["median_ms"] for e in cell["implementations"] if e["status"] == "ok"}
+    assert dict(zip(trace["x"], trace["y"]))["gru · mid"] == pytest.approx(medians["cudnn-fp16"] / medians["naive"])
+
+
+def test_benchmarks_custom_sizes_name_the_absurd_field(open_page):
+    if not bench_available():
+        pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")
+    at = open_page("benchmarks")
+    at.toggle(key="benchmarks.custom").set_value(True).run()
+    at.number_input(key="benchmarks.batch").set_value(0).run()
+    assert not at.exception
+    assert [e.value.split(":")[0] for e in at.error] == ["batch"]
+    assert at.button(key="benchmarks.run").disabled
+
+
+def test_divergence_draws_the_saved_error_curves(open_page, saved_results):
+    if not bench_available():
+        pytest.skip("engine.bench does not export list_results and load_results yet")
+    at = open_page("divergence")
+
+    def expected(cell_index, against, stat):
+        return {f"{e['name']} ({e['precision']})": e["divergence"][against][stat]
+                for e in saved_results["cells"][cell_index]["implementations"] if e.get("divergence")}
+
+    def assert_drawn(curves):
+        spec = chart_spec(at, "divergence.results")
+        assert spec["layout"]["yaxis"]["type"] == "log"
+        drawn = {trace["name"]: trace["y"] for trace in spec["data"]}
+        assert set(drawn) == set(curves)
+        for name, errors in curves.items():
+            assert drawn[name] == pytest.approx(errors), name
+
+    assert_drawn(expected(0, "vs_reference", "max"))
+    at.radio(key="divergence.against").set_value("vs_cudnn_fp32").run()
+    at.radio(key="divergence.stat").set_value("mean").run()
+    at.selectbox(key="divergence.cell").set_value(1).run()
+    assert_drawn(expected(1, "vs_cudnn_fp32", "mean"))
+    assert "divergence.demo" in chart_keys(at)          # the live demo is still there

@@ -1,0 +1,117 @@
+"""The Designer's node editor driven the way a person would, in headless Chromium.
+
+Load the LSTM preset, add a block from the right-click palette, send the canvas (barfi's Execute),
+see the error of the incomplete cell, draw the missing wire, send again, see the equations change, and
+undo back to the LSTM.
+Every wait polls for what should appear; nothing sleeps.
+"""
+from __future__ import annotations
+
+import pytest
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
+                               "(pip install -r requirements-test.txt)")
+expect = sync_api.expect
+
+pytestmark = pytest.mark.browser
+
+LSTM_BLOCKS = 48 + 2            # nodes of the LSTM, and one next-state sink per state
+RERUN_S = 30                    # a rerun compiles the plan and writes the DSL: slow on a busy 2-core CI box
+
+
+def wait_until_idle(page) -> None:
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+        " && !document.querySelector('[data-stale=\"true\"]')")
+
+
+def main_text(page) -> str:
+    return page.locator('[data-testid="stMain"]').inner_text()
+
+
+def canvas(page):
+    """The barfi editor of the current canvas (its iframe)."""
+    return page.frame_locator('[class*="st-key-designer-canvas"] iframe[title*="st_flow"]')
+
+
+def execute(page, frame) -> None:
+    """Press the editor's Execute: the canvas goes to Python, which reruns the page."""
+    frame.get_by_role("button", name="Execute").click()
+
+
+def connect(page, frame, source, target, attempts: int = 3) -> None:
+    """Drag a wire from one handle to another, as a person does with the mouse.
+
+    The LSTM fills the editor, so a handle is about a pixel wide; a press that misses it moves a
+    block instead of starting a wire. Then the handles are measured again and the drag repeated.
+    """
+    edges = frame.locator(".react-flow__edge")
+    before = edges.count()
+    for _ in range(attempts):
+        a, b = source.bounding_box(), target.bounding_box()
+        page.mouse.move(a["x"] + a["width"] / 2, a["y"] + a["height"] / 2)
+        page.mouse.down()
+        page.mouse.move((a["x"] + b["x"]) / 2, (a["y"] + b["y"]) / 2, steps=5)
+        page.mouse.move(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2, steps=5)
+        page.mouse.up()
+        try:
+            expect(edges).to_have_count(before + 1, timeout=2_000)
+            return
+        except AssertionError:
+            continue
+    expect(edges).to_have_count(before + 1)
+
+
+def test_wire_a_new_block_into_the_lstm(page, app_url):
+    page.set_viewport_size({"width": 1400, "height": 1200})     # the whole editor on screen, for the mouse
+    page.goto(app_url)
+    page.locator('[data-testid="stSidebarNav"]').get_by_text("Designer", exact=True).click()
+    page.locator('[data-testid="stMain"] h1').filter(has_text="Designer").first.wait_for()
+    wait_until_idle(page)
+
+    # Load the LSTM preset onto a fresh canvas.
+    page.locator(".st-key-designer-preset").get_by_role("combobox").click()
+    page.get_by_role("option", name="lstm: LSTM (cuDNN / PyTorch)").click()
+    page.locator(".st-key-designer-load_preset").get_by_role("button").click()
+    expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
+    wait_until_idle(page)
+    frame = canvas(page)
+    expect(frame.locator(".react-flow__node")).to_have_count(LSTM_BLOCKS, timeout=RERUN_S * 1000)
+    expect(frame.locator(".react-flow__node", has_text="g · tanh")).to_have_count(1)
+    equations_before = page.locator('[data-testid="stMain"] .katex').first.inner_text()
+    assert "relu" not in equations_before
+
+    # Add a block: right-click an empty corner of the canvas, palette category "ops", block "relu".
+    frame.locator(".react-flow__pane").scroll_into_view_if_needed()
+    pane = frame.locator(".react-flow__pane").bounding_box()
+    page.mouse.click(pane["x"] + 40, pane["y"] + pane["height"] - 40, button="right")
+    frame.get_by_role("menuitem", name="ops").hover()
+    frame.get_by_role("menuitem", name="relu", exact=True).click()
+    relu = frame.locator(".react-flow__node", has_text="relu-1")
+    expect(relu).to_have_count(1, timeout=RERUN_S * 1000)
+    execute(page, frame)
+    expect(page.get_by_text("node 'relu_1', field 'args.x': port 'x' is not connected")).to_be_visible(
+        timeout=RERUN_S * 1000)
+    expect(page.get_by_text("The equations appear when the cell is valid.")).to_be_visible(timeout=RERUN_S * 1000)
+
+    # Complete it: a wire from the output of g to the relu's port x.
+    connect(page, frame, frame.locator(".react-flow__node", has_text="g · tanh").locator(".react-flow__handle.source"),
+            relu.locator(".react-flow__handle.target"))
+    execute(page, frame)
+    expect(page.get_by_text("lstm is a valid cell")).to_be_visible(timeout=RERUN_S * 1000)
+    expect(page.get_by_text("node 'relu_1': value is computed but never used")).to_be_visible(
+        timeout=RERUN_S * 1000)
+    katex = page.locator('[data-testid="stMain"] .katex').first
+    expect(katex).to_contain_text("relu", timeout=RERUN_S * 1000)
+    assert katex.inner_text() != equations_before
+
+    # Undo twice: the canvas is drawn afresh from the history, without the relu.
+    for _ in range(2):
+        page.locator(".st-key-designer-undo").get_by_role("button").click()
+        wait_until_idle(page)
+    frame = canvas(page)
+    expect(frame.locator(".react-flow__node")).to_have_count(LSTM_BLOCKS, timeout=RERUN_S * 1000)
+    expect(frame.locator(".react-flow__node", has_text="relu")).to_have_count(0, timeout=RERUN_S * 1000)
+    expect(page.locator('[data-testid="stMain"] .katex').first).not_to_contain_text("relu",
+                                                                                  timeout=RERUN_S * 1000)
+    assert page.locator('[data-testid="stException"]').count() == 0

@@ -2,10 +2,8 @@
 
 Started by `./run app`, which is `streamlit run app/main.py`.
 
-Streamlit 1.67 treats a `pages/` folder beside the entry point as a legacy multipage app until
-st.navigation has run once in the server process: on a fresh server, a first visit straight to
-/<page> runs that page file alone (without this script's sidebar and page config). Each page
-therefore makes its own imports work; renaming the folder (e.g. app/views/) would remove the quirk.
+The pages live in app/views/, not app/pages/: Streamlit treats a `pages/` folder beside the entry
+point as a legacy multipage app, which would bypass this script on a first deep link.
 """
 from __future__ import annotations
 
@@ -26,12 +24,12 @@ import streamlit as st  # noqa: E402
 from app import engine_cache  # noqa: E402
 
 PAGES = [
-    st.Page("pages/designer.py", title="Designer", icon=":material/schema:", default=True),
-    st.Page("pages/gallery.py", title="Gallery", icon=":material/grid_view:"),
-    st.Page("pages/schedule.py", title="Schedule", icon=":material/view_timeline:"),
-    st.Page("pages/benchmarks.py", title="Benchmarks", icon=":material/speed:"),
-    st.Page("pages/divergence.py", title="Divergence", icon=":material/show_chart:"),
-    st.Page("pages/export.py", title="Export", icon=":material/download:"),
+    st.Page("views/designer.py", title="Designer", icon=":material/schema:", default=True),
+    st.Page("views/gallery.py", title="Gallery", icon=":material/grid_view:"),
+    st.Page("views/schedule.py", title="Schedule", icon=":material/view_timeline:"),
+    st.Page("views/benchmarks.py", title="Benchmarks", icon=":material/speed:"),
+    st.Page("views/divergence.py", title="Divergence", icon=":material/show_chart:"),
+    st.Page("views/export.py", title="Export", icon=":material/download:"),
 ]
 
 

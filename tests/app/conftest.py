@@ -25,9 +25,9 @@ def app(tmp_path, monkeypatch) -> AppTest:
 
 @pytest.fixture
 def open_page(app):
-    """open_page("schedule") switches the session to app/pages/schedule.py and runs it."""
+    """open_page("schedule") switches the session to app/views/schedule.py and runs it."""
     def go(name: str) -> AppTest:
-        app.switch_page(f"pages/{name}.py").run()
+        app.switch_page(f"views/{name}.py").run()
         assert not app.exception, [e.value for e in app.exception]
         return app
     return go

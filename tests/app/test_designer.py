@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 import engine
 from app.designer import adapter, palette
 
-PAGE = Path(__file__).resolve().parents[2] / "app" / "pages" / "designer.py"
+PAGE = Path(__file__).resolve().parents[2] / "app" / "views" / "designer.py"
 
 
 @pytest.fixture

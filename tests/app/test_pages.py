@@ -85,7 +85,7 @@ def test_gallery_opens_a_preset_in_the_designer(open_page):
     at.button(key="gallery.open.gru").click().run()
     assert not at.exception, texts(at.exception)
     assert [t.value for t in at.title] == ["Designer"]
-    at.switch_page("pages/export.py").run()
+    at.switch_page("views/export.py").run()
     cell_json = next(c.value for c in at.code if c.language == "json")
     assert engine.from_json(cell_json) == engine.preset("gru").cell
 
@@ -173,9 +173,9 @@ def test_schedule_shows_the_plan_or_says_it_is_missing(open_page):
 
 def _export_json(at):
     """The current design's JSON, read from the Export page (then back to where we were)."""
-    at.switch_page("pages/export.py").run()
+    at.switch_page("views/export.py").run()
     codes = [c for c in at.code if c.language == "json"]
-    at.switch_page("pages/schedule.py").run()
+    at.switch_page("views/schedule.py").run()
     return codes
 
 

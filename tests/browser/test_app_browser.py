@@ -35,12 +35,7 @@ def assert_no_exception(page) -> None:
 
 
 def open_page(page, app_url: str, title: str) -> None:
-    """Open the app at its entry point, then the page through the sidebar, as a person would.
-
-    (Not by its URL: on a fresh server, a first request for /<page> would bypass app/main.py, because
-    Streamlit treats a pages/ folder beside the entry point as a legacy multipage app until
-    st.navigation has run once.)
-    """
+    """Open the app at its entry point, then the page through the sidebar, as a person would."""
     page.goto(app_url)
     page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
     page.locator('[data-testid="stMain"] h1').filter(has_text=title).first.wait_for()

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-# `streamlit run app/pages/designer.py` (the page alone) puts only app/pages/ on sys.path.
+# `streamlit run app/views/designer.py` (the page alone) puts only app/views/ on sys.path.
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

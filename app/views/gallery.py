@@ -60,12 +60,12 @@ def card_ui(preset: engine.Preset) -> str | None:
 
 def open_in_designer(preset: engine.Preset) -> None:
     state.set_current_design(engine.to_dict(preset.cell), source="gallery")
-    st.switch_page("pages/designer.py")
+    st.switch_page("views/designer.py")
 
 
 def benchmark(preset: engine.Preset) -> None:
     st.session_state[BENCH_REQUEST] = [preset.name]
-    st.switch_page("pages/benchmarks.py")
+    st.switch_page("views/benchmarks.py")
 
 
 st.title("Gallery")

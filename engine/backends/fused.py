@@ -18,6 +18,7 @@ array and NumPy arrays otherwise. float32 only for now.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -36,6 +37,7 @@ class Executor:
 
     def __init__(self, plan: Plan, device):
         self.plan, self.program, self.device = plan, plan.program, device
+        self.order = tuple(plan.program.step_order())      # the same every step: built once, not per step
 
     # ---- set-up ---------------------------------------------------------------------------------
     def _allocate(self, poison: bool) -> list[dict]:
@@ -144,18 +146,20 @@ class Executor:
         for gemm in self.program.hoisted_gemms:
             weight, bias = self.weights[layer][gemm.name]
             out = self.layers[layer][gemm.out_buffer][rows]
-            self.device.gemm(self.inputs[layer][rows], weight, out)
-            if bias is not None:
-                self.device.add_bias(out, bias)
+            with self._traced(layer, gemm.name, rows.start // B):
+                self.device.gemm(self.inputs[layer][rows], weight, out)
+                if bias is not None:
+                    self.device.add_bias(out, bias)
 
     def _step(self, layer: int, t: int) -> None:
         buffers = self.layers[layer]
         sizes = self.plan.layer_sizes(layer)
-        for kind, item in self.program.step_order():
+        for kind, item in self.order:
             if kind == "gemm":
                 weight, _ = self.weights[layer][item.name]
                 operands = self._version(buffers[item.in_buffer], "cur", t)
-                self.device.gemm(operands, weight, buffers[item.out_buffer])
+                with self._traced(layer, item.name, t):
+                    self.device.gemm(operands, weight, buffers[item.out_buffer])
                 continue
             args = []
             for p in item.params:
@@ -165,7 +169,19 @@ class Executor:
                     args.append(self.inputs[layer])
                 else:
                     args.append(self._version(buffers[p.source], p.version, t))
-            self.device.launch(item, args, t, self.plan.batch, sizes)
+            with self._traced(layer, item.name, t):
+                self.device.launch(item, args, t, self.plan.batch, sizes)
+
+    @contextmanager
+    def _traced(self, layer: int, name: str, t: int):
+        """With a device whose `trace` is a list, bracket the work in timing events on the layer's stream."""
+        trace = getattr(self.device, "trace", None)
+        if trace is None:
+            yield
+            return
+        start = self.device.record(layer, timing=True)
+        yield
+        trace.append((name, layer, t, start, self.device.record(layer, timing=True)))
 
 
 def plan_bytes(plan: Plan) -> int:
@@ -195,6 +211,7 @@ class CupyDevice:
         self.module = module
         self.functions: dict = {}
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(num_layers)] if streams else None
+        self.trace: list | None = None     # a list turns on per-stage timing events (engine.bench.timeline)
 
     def full(self, shape, value):
         return self.xp.full(shape, value, dtype=self.xp.float32)
@@ -222,8 +239,8 @@ class CupyDevice:
             return _NoStream()
         return self.streams[layer]
 
-    def record(self, layer: int):
-        event = self.xp.cuda.Event(disable_timing=True)
+    def record(self, layer: int, timing: bool = False):
+        event = self.xp.cuda.Event(disable_timing=not timing)
         event.record(self.streams[layer] if self.streams else None)
         return event
 

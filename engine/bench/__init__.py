@@ -14,8 +14,9 @@ from .flops import floors, layer_step_flops, network_flops
 from .results import (RESULTS_DIR, SCHEMA, SCHEMA_VERSION, list_results, load_results, markdown_table,
                       save_results, text_summary)
 from .runner import run_bench
+from .timeline import timeline
 
 __all__ = ["ANCHORS", "BenchConfig", "load_config_file", "parse_config", "parse_configs", "TOLERANCE",
            "error_summary", "step_curves", "floors", "layer_step_flops", "network_flops", "RESULTS_DIR", "SCHEMA",
            "SCHEMA_VERSION", "list_results", "load_results", "markdown_table", "save_results", "text_summary",
-           "run_bench"]
+           "run_bench", "timeline"]

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import backends
 from .backends.common import RunResult
+from .errors import BackendError
 from .network import Network
 from .params import Params
 
@@ -15,15 +16,32 @@ log = logging.getLogger("engine")
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, *,
         backend: str = "auto", dtype=np.float32) -> RunResult:
-    """Run the network over x (T, B, I). backend: auto | reference | naive | fused.
+    """Run the network over x (T, B, I). backend: auto | reference | naive | fused | graph | persistent.
 
-    'auto' picks the GPU ('fused') when CuPy sees one and the NumPy reference otherwise; the choice
-    and its reason are logged and recorded in result.info["backend_reason"].
+    'auto' runs the autotuned schedule when CuPy sees a GPU (engine.schedules.autotune: it times the
+    candidates once per cell, sizes and device, and caches the choice on disk) and the NumPy
+    reference otherwise; the choice and its reason are logged and recorded in
+    result.info["backend_reason"].
     """
     name, reason = backends.select(backend)
-    if backend == "auto":
-        log.warning(reason)
-    result = backends.get(name).run(network, params, x, initial_states, dtype=dtype)
+    if name == "auto":
+        from .schedules import autotune
+        if np.dtype(dtype) != np.float32:
+            raise BackendError(f"the GPU schedules compute in float32, not {np.dtype(dtype).name}; hint: use "
+                               "dtype=np.float32, or backend='reference' for float64")
+        shape = getattr(x, "shape", None)
+        if shape is None or len(shape) != 3:
+            from .backends.common import check_inputs
+            check_inputs(network, x, initial_states, xp=np)      # raises the named error
+        choice = autotune.tune(network, params, int(shape[0]), int(shape[1]))
+        name, reason = choice.schedule, f"{reason}: {choice.why}"
+        log.info(reason)
+        result = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), network, params).run(
+            x, initial_states)
+    else:
+        if backend == "auto":
+            log.warning(reason)
+        result = backends.get(name).run(network, params, x, initial_states, dtype=dtype)
     result.backend = name
     result.info = dict(result.info or {}, backend_reason=reason)
     return result

@@ -3,6 +3,9 @@
 - reference: NumPy on the CPU, the definition of every op.
 - naive: CuPy, one kernel per IR op (the baseline that shows what the passes buy).
 - fused: cuBLAS GEMMs + generated fused kernels, hoisted input GEMM, layer wavefront on streams.
+- graph, persistent: the fast schedules of engine/schedules (one module each), selectable by name.
+
+'auto' picks the autotuned schedule on a GPU (engine.schedules.autotune) and the reference elsewhere.
 """
 from __future__ import annotations
 
@@ -11,8 +14,9 @@ from functools import lru_cache
 
 from ..errors import BackendError
 
-BACKENDS = ("reference", "naive", "fused")
-GPU_BACKENDS = ("naive", "fused")
+BACKENDS = ("reference", "naive", "fused", "graph", "persistent")
+GPU_BACKENDS = ("naive", "fused", "graph", "persistent")
+SCHEDULE_BACKENDS = ("graph", "persistent")      # modules in engine/schedules
 
 
 @lru_cache(maxsize=1)
@@ -37,7 +41,7 @@ def select(name: str = "auto") -> tuple[str, str]:
     """Resolve 'auto' to a backend name, with the reason (the caller shows it)."""
     if name == "auto":
         ok, why = gpu_status()
-        return ("fused", f"using backend 'fused' on {why}") if ok else (
+        return ("auto", f"using the autotuned schedule on {why}") if ok else (
             "reference", f"using backend 'reference' (NumPy on the CPU): {why}")
     if name not in BACKENDS:
         raise BackendError(f"unknown backend '{name}'; choose one of: auto, {', '.join(BACKENDS)}")
@@ -52,4 +56,6 @@ def get(name: str):
     """The backend module, which has run(network, params, x, initial_states=None, dtype=...)."""
     if name not in BACKENDS:
         raise BackendError(f"unknown backend '{name}'; choose one of: {', '.join(BACKENDS)}")
+    if name in SCHEDULE_BACKENDS:
+        return importlib.import_module(f"engine.schedules.{name}")
     return importlib.import_module(f"engine.backends.{name}")

@@ -73,8 +73,42 @@ def _balanced(text: str) -> bool:
     return depth == 0
 
 
+def reads_rows(kernel: Kernel) -> bool:
+    """Whether the kernel touches a (T*B, .) sequence buffer, so it needs the row of step t."""
+    return any(load.access is not None and load.access.rows == "sequence" for load in kernel.loads) or any(
+        s.access.rows == "sequence" for s in kernel.stores)
+
+
+def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ") -> list[str]:
+    """The per-element work of a kernel, given b, j, t, B, I, H and its pointer arguments by name:
+    loads into named registers, one statement per op, stores. The fused kernels and the wavefront
+    schedules (engine/codegen/wavefront.py) wrap the same lines in their own loops."""
+    compute = precision.compute
+    lines = []
+    if reads_rows(kernel):
+        lines.append("const long row = (long)t * B + b;   // row of step t in (T*B, .) sequence buffers")
+    if kernel.loads:
+        lines.append("// load")
+    for load in kernel.loads:
+        if load.literal is not None:
+            lines.append(f"const {compute} {load.var} = {literal(load.literal, precision)};")
+        else:
+            source = f"{load.access.param}[{index_expr(load.access)}]"
+            lines.append(f"const {compute} {load.var} = {precision.load(source)};")
+    if kernel.statements:
+        lines.append("// compute")
+    for st in kernel.statements:
+        lines.append(f"const {compute} {st.var} = {statement_expr(st, precision)};")
+    if kernel.stores:
+        lines.append("// store")
+    for store in kernel.stores:
+        target = f"{store.access.param}[{index_expr(store.access)}]"
+        lines.append(f"{target} = {precision.store(store.var)};")
+    return [indent + line for line in lines]
+
+
 def render_kernel(kernel: Kernel, program: Program, precision: Precision) -> str:
-    storage, compute = precision.storage, precision.compute
+    storage = precision.storage
     d = kernel.dim
     lines = [f"// {kernel.name}: stage {kernel.stage} of a time step, one thread per (b, j), b < B, j < {d}."]
     gemms_before = [g.name for g in program.step_gemms(kernel.stage)] if kernel.stage else []
@@ -100,26 +134,7 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision) -> str
                  " idx += (long)gridDim.x * blockDim.x) {")
     lines.append(f"        const long b = idx / {d};")
     lines.append(f"        const int j = (int)(idx - b * {d});")
-    if any(load.access is not None and load.access.rows == "sequence" for load in kernel.loads) or any(
-            s.access.rows == "sequence" for s in kernel.stores):
-        lines.append("        const long row = (long)t * B + b;   // row of step t in (T*B, .) sequence buffers")
-    if kernel.loads:
-        lines.append("        // load")
-    for load in kernel.loads:
-        if load.literal is not None:
-            lines.append(f"        const {compute} {load.var} = {literal(load.literal, precision)};")
-        else:
-            source = f"{load.access.param}[{index_expr(load.access)}]"
-            lines.append(f"        const {compute} {load.var} = {precision.load(source)};")
-    if kernel.statements:
-        lines.append("        // compute")
-    for st in kernel.statements:
-        lines.append(f"        const {compute} {st.var} = {statement_expr(st, precision)};")
-    if kernel.stores:
-        lines.append("        // store")
-    for store in kernel.stores:
-        target = f"{store.access.param}[{index_expr(store.access)}]"
-        lines.append(f"        {target} = {precision.store(store.var)};")
+    lines += kernel_body(kernel, precision)
     lines.append("    }")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,252 @@
+"""CUDA for the wavefront schedules: every layer of a wavefront step in one launch, GEMM and cell math fused.
+
+A block owns one layer and a tile of its hidden units (engine/schedules/tiling.py). For one stage of
+one time step it computes its columns of that stage's GEMMs with the hand-written tile GEMM
+(kernels/tile_gemm.cuh) and then, on the same units, the stage's elementwise statements: the very
+lines of the fused backend's kernel (engine.codegen.cuda.kernel_body), so both schedules compute
+the same function op by op. Layers > 0 compute their input projection for step t here too, from
+row block t of the layer below, which the previous wavefront step wrote.
+
+Two entry points per program:
+- `<cell>_wave_s<stage>(layers, T, k)`: one stage of wavefront step k, for the graph schedule,
+  which captures (T + L - 1) x stages launches into a CUDA graph once and replays it;
+- `<cell>_persistent(layers, T)`: the whole sequence in one cooperative launch, a grid-wide
+  barrier after every stage, the block's weight slices loaded into shared memory once.
+
+Sizes (B, H, the input size of layer 0, L) and the tiling are compile-time constants: the source is
+specific to one network and batch, and the code specializes on them (no runtime switches).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..network import Network
+from ..plan import Gemm, Kernel, Program
+from .cuda import helper_source, kernel_body
+from .equations import text_equations
+from .precision import precision as lookup_precision
+
+TILE_GEMM_HELPER = "tile_gemm.cuh"
+
+
+@dataclass(frozen=True)
+class LayerField:
+    """One 8-byte field of the per-layer argument struct: a device pointer, or the layer's input size."""
+
+    name: str                  # C field name (with [0]/[1] for the two versions of a double buffer)
+    kind: str                  # "buffer", "input", "weight", "bias", "param", "size"
+    source: str                # buffer, GEMM or parameter name
+    version: int | None = None
+
+
+def layer_fields(program: Program) -> tuple[LayerField, ...]:
+    """The layout of `struct LayerArgs`, in order. The host packs one int64 per field per layer."""
+    fields = []
+    for buf in program.buffers:
+        if buf.name == program.input_buffer:
+            fields.append(LayerField(buf.name, "input", buf.name))
+        elif buf.double:
+            fields += [LayerField(buf.name, "buffer", buf.name, 0), LayerField(buf.name, "buffer", buf.name, 1)]
+        else:
+            fields.append(LayerField(buf.name, "buffer", buf.name))
+    for g in program.gemms:
+        fields += [LayerField(f"W_{g.name}", "weight", g.name), LayerField(f"bias_{g.name}", "bias", g.name)]
+    for name in program.kernel_params:
+        fields.append(LayerField(f"p_{name}", "param", name))
+    fields.append(LayerField("I", "size", "I"))
+    return tuple(fields)
+
+
+def _struct(program: Program) -> list[str]:
+    lines = ["// One per layer, packed by the host as int64s in this order (engine.codegen.wavefront.layer_fields).",
+             "struct LayerArgs {"]
+    seen = set()
+    for f in layer_fields(program):
+        if f.name in seen:
+            continue
+        seen.add(f.name)
+        if f.kind == "buffer":
+            buf = program.buffer(f.source)
+            rows = "T*B" if buf.rows == "sequence" else "B"
+            dims = f"[2]; " if buf.double else "; "
+            lines.append(f"    float* {f.name}{dims.rstrip()}".ljust(40) + f"// ({rows}, {buf.cols}) {buf.doc}")
+        elif f.kind == "input":
+            lines.append(f"    const float* {f.name};".ljust(40) + "// (T*B, I) x, or the output of the layer below")
+        elif f.kind == "weight":
+            lines.append(f"    const float* {f.name};".ljust(40) + "// (N, K) packed weight, interleaved rows")
+        elif f.kind == "bias":
+            lines.append(f"    const float* {f.name};".ljust(40) + "// (N,) folded biases, or null")
+        elif f.kind == "param":
+            lines.append(f"    const float* {f.name};".ljust(40) + f"// (H,) parameter {f.source}")
+        else:
+            lines.append("    long long I;".ljust(40) + "// the layer's input size")
+    lines.append("};")
+    return lines
+
+
+def _pointer(program: Program, param) -> str:
+    """The C expression a kernel argument becomes inside a wavefront stage."""
+    if param.kind == "param":
+        return f"L.p_{param.source}"
+    buf = program.buffer(param.source)
+    if buf.double:
+        return f"L.{param.source}[{'(t + 1) & 1' if param.version == 'next' else 't & 1'}]"
+    return f"L.{param.source}"
+
+
+def _gemm_call(program: Program, gemm: Gemm, tile, indent: str) -> list[str]:
+    nt = len(gemm.terms)
+    k, n = gemm.k.c_expr(), gemm.n.c_expr()
+    weights = f"L.W_{gemm.name} + (long)u0 * {nt} * K_{gemm.name}"
+    resident = f"smem + {tile.smem_offset}" if tile.resident else "nullptr"
+    if gemm.hoisted:
+        x = f"L.{program.input_buffer} + (long)t * B * K_{gemm.name}"
+        y = f"L.{gemm.out_buffer} + (long)t * B * N_{gemm.name} + (long)u0 * {nt}"
+        bias = f"L.bias_{gemm.name} ? L.bias_{gemm.name} + (long)u0 * {nt} : nullptr"
+        what = "the input projection of step t (the layer below wrote row block t)"
+    else:
+        x = f"L.{gemm.in_buffer}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
+        y = f"L.{gemm.out_buffer} + (long)u0 * {nt}"
+        bias = "nullptr"
+        what = f"stage {gemm.stage}: " + ", ".join(t.name for t in gemm.terms)
+    return [f"{indent}{{   // {gemm.name}: {what}; this block's {nt} x tu columns",
+            f"{indent}    const int K_{gemm.name} = {k}, N_{gemm.name} = {n};",
+            f"{indent}    rnn_tile_gemm<RB, RC>({x}, K_{gemm.name}, B, K_{gemm.name},",
+            f"{indent}                          {weights}, K_{gemm.name}, {resident}, {nt} * tu,",
+            f"{indent}                          {y}, N_{gemm.name}, {bias}, smem + SCRATCH, K_CHUNK);",
+            f"{indent}}}"]
+
+
+def _elementwise(kernel: Kernel, program: Program, precision, indent: str) -> list[str]:
+    lines = [f"{indent}{{   // {kernel.name}: the fused backend's kernel body, on this block's units"]
+    for p in kernel.params:
+        qualifier = "" if p.writes else "const "
+        lines.append(f"{indent}    {qualifier}float* __restrict__ {p.name} = {_pointer(program, p)};")
+    lines.append(f"{indent}    for (int e = threadIdx.x; e < B * tu; e += blockDim.x) {{")
+    lines.append(f"{indent}        const long b = e / tu;")
+    lines.append(f"{indent}        const int j = u0 + (int)(e - b * tu);")
+    lines += kernel_body(kernel, precision, indent + "        ")
+    lines.append(f"{indent}    }}")
+    lines.append(f"{indent}}}")
+    return lines
+
+
+def stages(program: Program) -> tuple[int, ...]:
+    """The stages that have work: each ends with a barrier between all blocks."""
+    present = {k.stage for k in program.kernels} | {g.stage for g in program.gemms if not g.hoisted}
+    return tuple(sorted(present))
+
+
+def render_wavefront(program: Program, network: Network, tiling, doc: str = "") -> str:
+    """The CUDA module for one program, network, batch and tiling: the persistent kernel when
+    tiling.persistent, else the graph schedule's per-stage kernels."""
+    prec = lookup_precision(program.precision)
+    tiles = {t.name: t for t in tiling.gemms}
+    cell = program.cell.name.replace(" ", "_")
+    prefix = program.kernels[0].name.rsplit("_stage", 1)[0] if program.kernels else cell
+    present = stages(program)
+    lines = [f"// Generated by engine.codegen.wavefront for cell '{program.source_cell.name}' "
+             f"(structure hash {program.source_cell.structural_hash}).",
+             "// Do not edit: regenerate from the cell instead.", "//", "// Equations (from the graph):"]
+    lines += [f"//   {eq}" for eq in text_equations(program.cell)]
+    if doc.strip():
+        lines += ["//", "// From the cell's documentation:"] + [f"//   {ln}".rstrip() for ln in doc.strip().splitlines()]
+    lines += ["//", f"// Tiling: {tiling.describe()}.", "//", "// One stage of one time step of one layer, per block:"]
+    for s in present:
+        gemms = [g.name for g in program.step_gemms(s)] if s else []
+        kernels = [k.name for k in program.stage_kernels(s)]
+        lines.append(f"//   stage {s}: " + " then ".join(x for x in (", ".join(gemms), ", ".join(kernels)) if x)
+                     + "; then every block waits for every other")
+    hoisted = [g.name for g in program.hoisted_gemms]
+    if hoisted:
+        lines.append(f"//   before the first stage, layers > 0: {', '.join(hoisted)} for step t "
+                     "(layer 0: one cuBLAS GEMM over the whole sequence before the launch)")
+    lines += [""] + (["#include <cooperative_groups.h>", ""] if tiling.persistent else [])
+    lines += [helper_source("cell_ops.cuh"), helper_source(TILE_GEMM_HELPER)]
+    lines += [f"constexpr int B = {tiling.batch};                 // batch rows",
+              f"constexpr int H = {tiling.hidden};                 // hidden size",
+              f"constexpr int UNITS = {tiling.units_per_block};              // hidden units per block",
+              f"constexpr int BLOCKS_PER_LAYER = {tiling.blocks_per_layer};                 // x {tiling.num_layers} layers",
+              f"constexpr int THREADS = {tiling.config.threads};",
+              f"constexpr int RB = {tiling.config.rows_per_thread}, RC = {tiling.config.cols_per_thread};"
+              "          // accumulator tile of a thread",
+              f"constexpr int K_CHUNK = {tiling.k_chunk};             // K columns staged in shared memory at a time",
+              f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the staging area",
+              ""]
+    lines += _struct(program) + [""]
+
+    for s in present:
+        lines.append(f"// Stage {s} of step t for this block's units [u0, u0 + tu) of layer `layer`.")
+        lines.append(f"__device__ __forceinline__ void {prefix}_stage_{s}(const LayerArgs& L, const int layer, "
+                     "const int t, const int u0, const int tu, float* smem)")
+        lines.append("{")
+        lines.append("    const int I = (int)L.I;")
+        if s == present[0] and hoisted and tiling.num_layers > 1:
+            lines.append("    if (layer > 0) {")
+            for g in program.hoisted_gemms:
+                lines += _gemm_call(program, g, tiles[g.name], "        ")
+            lines.append("    }")
+        for g in program.step_gemms(s) if s else ():
+            lines += _gemm_call(program, g, tiles[g.name], "    ")
+        for k in program.stage_kernels(s):
+            lines += _elementwise(k, program, prec, "    ")
+        lines.append("    (void)I;")
+        lines.append("}")
+        lines.append("")
+
+    block_setup = ["    extern __shared__ float smem[];",
+                   "    const int layer = blockIdx.x / BLOCKS_PER_LAYER;",
+                   "    const int u0 = (blockIdx.x % BLOCKS_PER_LAYER) * UNITS;",
+                   "    const int tu = min(UNITS, H - u0);             // units of this block (the last may have fewer)",
+                   "    const LayerArgs& L = layers[layer];"]
+    if tiling.persistent:
+        return "\n".join(lines + _persistent_entry(program, tiling, prefix, present, block_setup)) + "\n"
+    for s in present:
+        lines.append(f"// Graph schedule: stage {s} of wavefront step k (layer l runs step k - l). Launched "
+                     "(T + L - 1) x stages times from one CUDA graph.")
+        lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS) {prefix}_wave_s{s}('
+                     "const LayerArgs* __restrict__ layers, const int T, const int k)")
+        lines.append("{")
+        lines += block_setup
+        lines.append("    const int t = k - layer;")
+        lines.append(f"    if (tu > 0 && t >= 0 && t < T) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
+        lines.append("}")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _persistent_entry(program: Program, tiling, prefix: str, present, block_setup: list[str]) -> list[str]:
+    lines = ["// Persistent schedule: the whole sequence in one cooperative launch, one block per SM."]
+    lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS, 1) {prefix}_persistent('
+                 "const LayerArgs* __restrict__ layers, const int T)")
+    lines.append("{")
+    lines.append("    cooperative_groups::grid_group grid = cooperative_groups::this_grid();")
+    lines += block_setup
+    lines.append("    const int I = (int)L.I;")
+    for g in tiling.gemms:
+        if not g.resident:
+            continue
+        gemm = next(x for x in program.gemms if x.name == g.name)
+        nt = len(gemm.terms)
+        cond = "tu > 0 && layer > 0" if g.hoisted else "tu > 0"
+        lines.append(f"    if ({cond}) {{   // {g.name}: this block's rows of the weight, kept in shared memory")
+        lines.append(f"        const int K = {gemm.k.c_expr()};")
+        lines.append(f"        rnn_load_resident(smem + {g.smem_offset}, L.W_{g.name} + (long)u0 * {nt} * K, K, K, "
+                     f"{nt} * tu, rnn_round_up({nt} * tu, RC));")
+        lines.append("    }")
+    lines.append("    (void)I;")
+    lines.append("    __syncthreads();")
+    lines.append(f"    for (int k = 0; k < T + {tiling.num_layers} - 1; ++k) {{   // wavefront step k: layer l runs step k - l")
+    lines.append("        const int t = k - layer;")
+    lines.append("        const bool busy = tu > 0 && t >= 0 && t < T;")
+    for s in present:
+        lines.append(f"        if (busy) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
+        lines.append("        grid.sync();")
+    lines.append("    }")
+    lines.append("}")
+    return lines
+
+
+def entry_points(program: Program) -> dict[str, object]:
+    prefix = program.kernels[0].name.rsplit("_stage", 1)[0] if program.kernels else program.cell.name
+    return {"wave": tuple(f"{prefix}_wave_s{s}" for s in stages(program)), "persistent": f"{prefix}_persistent"}

@@ -1,0 +1,225 @@
+"""The autotuner: time the schedules that can run a network, keep the fastest, remember it on disk.
+
+    choice = tune(network, params, steps=100, batch=64)      # times candidates, or reads the cache
+    choice.schedule, choice.config, choice.why                # e.g. "persistent", TileConfig(...), "..."
+
+Candidates: the fused backend (always), and, when the program allows the wavefront tiling, the
+persistent kernel with a few tilings (accumulator tiles suited to the batch; as many blocks as SMs,
+and half as many) and the graph schedule. Each candidate runs once on fresh random inputs and is
+compared with the fused backend's output (relative error over 1e-4 disqualifies it: a fast wrong
+answer is never chosen), then timed: the median wall time of `repeats` runs, which is what a caller
+of engine.run waits for.
+
+The cache is one JSON file (default ~/.cache/cellforge/autotune.json, or $CELLFORGE_CACHE_DIR),
+keyed by the program key (cell structure, passes, layout, precision, generator version), the sizes,
+T, B and the device name. Writes take a lock file and replace the file atomically (temporary file,
+then rename), so two processes tuning at once both leave a valid file. A file that does not parse is
+reported, moved aside as `autotune.json.corrupt-<time>`, and rebuilt; it is never trusted.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackendError, CompileError
+from ..network import Network
+from ..params import Params
+from .tiling import DeviceLimits, TileConfig, eligibility
+
+log = logging.getLogger("engine.autotune")
+CACHE_VERSION = 1
+DISQUALIFY_REL_ERR = 1e-4
+
+
+@dataclass(frozen=True)
+class Candidate:
+    schedule: str                      # "fused", "graph" or "persistent"
+    config: TileConfig | None = None
+
+    def label(self) -> str:
+        return self.schedule if self.config is None else f"{self.schedule} ({self.config.label()})"
+
+
+@dataclass
+class Choice:
+    schedule: str
+    config: TileConfig | None
+    why: str
+    key: str
+    timings: list = field(default_factory=list)   # [{"candidate", "ms" | "error"}]
+    cached: bool = False
+
+    def to_dict(self) -> dict:
+        return {"schedule": self.schedule, "config": None if self.config is None else asdict(self.config),
+                "why": self.why, "timings": self.timings}
+
+    @staticmethod
+    def from_dict(key: str, data: dict) -> "Choice":
+        config = None if data.get("config") is None else TileConfig(**data["config"])
+        if data["schedule"] not in ("fused", "graph", "persistent"):
+            raise ValueError(f"unknown schedule {data['schedule']!r}")
+        return Choice(data["schedule"], config, data["why"], key, list(data.get("timings", [])), cached=True)
+
+
+def tile_shapes(batch: int) -> list[tuple[int, int]]:
+    """Accumulator tiles (rows x columns per thread) worth trying at this batch size."""
+    if batch <= 2:
+        return [(1, 4), (1, 8)]
+    if batch <= 8:
+        return [(2, 4), (4, 4)]
+    return [(4, 4), (8, 4), (4, 8)]
+
+
+def candidates(network: Network, batch: int, limits: DeviceLimits) -> list[Candidate]:
+    from ..plan import compile_program
+    program = compile_program(network.cell, layout="interleaved")
+    found = [Candidate("fused")]
+    if eligibility(program) is not None:
+        return found
+    H, L = network.hidden_size, network.num_layers
+    full = -(-H // max(1, limits.multiprocessors // L))
+    for units in dict.fromkeys((full, min(H, 2 * full))):
+        for rb, rc in tile_shapes(batch):
+            found.append(Candidate("persistent", TileConfig(units, rb, rc)))
+    found.append(Candidate("graph", TileConfig(full, *tile_shapes(batch)[0], resident=False)))
+    return found
+
+
+def cache_path() -> Path:
+    root = os.environ.get("CELLFORGE_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "cellforge") / "autotune.json"
+
+
+def cache_key(network: Network, steps: int, batch: int, device: str, precision: str = "float32") -> str:
+    from ..codegen import GENERATOR_VERSION
+    from ..plan import compile_program
+    program = compile_program(network.cell, layout="interleaved", precision=precision)
+    return (f"{program.key}|gen{GENERATOR_VERSION}|I{network.input_size}|H{network.hidden_size}|"
+            f"L{network.num_layers}|T{steps}|B{batch}|{precision}|{device}")
+
+
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock beside the cache file (POSIX flock; a no-op where fcntl does not exist)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:                    # pragma: no cover - Windows
+        yield
+        return
+    with open(path.with_suffix(path.suffix + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_cache(path: Path | None = None) -> dict:
+    """The cache's entries; a corrupt file is reported and moved aside, never trusted."""
+    path = path or cache_path()
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        if data.get("version") != CACHE_VERSION or not isinstance(data.get("entries"), dict):
+            raise ValueError(f"version {data.get('version')!r}, expected {CACHE_VERSION}")
+        return data["entries"]
+    except (ValueError, AttributeError, OSError) as e:
+        aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+        log.warning("autotune cache %s is unreadable (%s); moved to %s and rebuilt", path, e, aside)
+        try:
+            os.replace(path, aside)
+        except OSError:
+            pass
+        return {}
+
+
+def write_entry(key: str, choice: Choice, path: Path | None = None) -> None:
+    """Merge one entry into the cache: locked read-modify-write, atomic replace."""
+    path = path or cache_path()
+    with _locked(path):
+        entries = read_cache(path)
+        entries[key] = choice.to_dict()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                json.dump({"version": CACHE_VERSION, "entries": entries}, handle, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def prepare(candidate: Candidate, network: Network, params: Params):
+    """The candidate's runnable program (prepare(...).run(x))."""
+    if candidate.schedule == "fused":
+        from ..backends import fused
+        return fused.prepare(network, params)
+    from . import schedule_class
+    return schedule_class(candidate.schedule)(network, params, config=candidate.config)
+
+
+def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: int = 10, use_cache: bool = True,
+         seed: int = 0) -> Choice:
+    """The fastest correct schedule for this network at (T=steps, B=batch) on the current GPU."""
+    import cupy
+    limits = DeviceLimits.current()
+    key = cache_key(network, steps, batch, limits.name)
+    if use_cache:
+        entry = read_cache().get(key)
+        if entry is not None:
+            try:
+                return Choice.from_dict(key, entry)
+            except (KeyError, TypeError, ValueError) as e:
+                log.warning("autotune cache entry for %s is malformed (%s); tuning again", key, e)
+    rng = np.random.default_rng(seed)
+    x = cupy.asarray(rng.standard_normal((steps, batch, network.input_size)), dtype=cupy.float32)
+    reference = None
+    timings = []
+    best = None
+    for cand in candidates(network, batch, limits):
+        try:
+            program = prepare(cand, network, params)
+            out = program.run(x).outputs
+            if reference is None:
+                reference = out
+            else:
+                scale = float(cupy.abs(reference).max()) or 1.0
+                err = float(cupy.abs(out - reference).max()) / scale
+                if not np.isfinite(err) or err > DISQUALIFY_REL_ERR:
+                    timings.append({"candidate": cand.label(), "error": f"output differs from fused by {err:.2e}"})
+                    continue
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                program.run(x)
+                samples.append((time.perf_counter() - start) * 1e3)
+            ms = float(np.median(samples))
+            timings.append({"candidate": cand.label(), "ms": ms})
+            if best is None or ms < best[1]:
+                best = (cand, ms)
+        except (BackendError, CompileError) as e:
+            timings.append({"candidate": cand.label(), "error": str(e).splitlines()[0]})
+        finally:
+            program = None
+    if best is None:
+        raise BackendError(f"no schedule could run network '{network.cell.name}' at T={steps}, B={batch}: "
+                           + "; ".join(f"{t['candidate']}: {t.get('error')}" for t in timings))
+    cand, ms = best
+    ranked = sorted((t for t in timings if "ms" in t), key=lambda t: t["ms"])
+    runner_up = f"; next {ranked[1]['candidate']} at {ranked[1]['ms']:.3g} ms" if len(ranked) > 1 else ""
+    why = (f"fastest of {len(ranked)} correct candidate(s) on {limits.name}: {cand.label()} at {ms:.3g} ms "
+           f"(median of {repeats} runs, T={steps}, B={batch}){runner_up}")
+    choice = Choice(cand.schedule, cand.config, why, key, timings)
+    if use_cache:
+        write_entry(key, choice)
+    return choice

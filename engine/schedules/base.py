@@ -1,0 +1,237 @@
+"""What the two wavefront schedules share on the host: plan, compile, buffers, weights, the run.
+
+    program = GraphSchedule(network, params)      # or PersistentSchedule; nothing runs yet
+    result = program.run(x)                       # builds for x's (T, B) once, then launches
+
+plan   make_plan(..., layout="interleaved") and make_tiling(): which block owns which units.
+compile render_wavefront() -> cupy.RawKernel per entry point (cached by source and device).
+build  one set of buffers per (T, B), reused by every run; packed weights (N, K) per layer; the
+       per-layer argument table (engine.codegen.wavefront.layer_fields) as an int64 device array.
+run    states initialised, layer 0's input projection as one cuBLAS GEMM over all T*B rows, then
+       the schedule's own launch (`_launch`), all on one stream; outputs copied out.
+
+A subclass supplies `persistent` (which kernels to generate) and `_prepare_launch` / `_launch`.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from ..backends.common import RunResult, check_inputs
+from ..errors import BackendError, CompileError
+from ..network import Network
+from ..params import Params, check_params
+from ..plan import Plan, make_plan, pack_weights, slot_columns
+from .tiling import DeviceLimits, TileConfig, Tiling, make_tiling
+
+_kernel_cache: dict[tuple, object] = {}
+_lock = threading.Lock()
+
+
+def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, cell: str):
+    """A cupy.RawKernel for one entry point, compiled now (errors become CompileError), cached."""
+    import cupy
+    from ..codegen import source_hash
+
+    key = (source_hash(source), name, cupy.cuda.Device().id)
+    with _lock:
+        kernel = _kernel_cache.get(key)
+    if kernel is not None:
+        return kernel
+    kernel = cupy.RawKernel(source, name, options=("--std=c++17",), enable_cooperative_groups=cooperative)
+    try:
+        kernel.compile()
+        if smem_bytes > 48 * 1024:
+            kernel.max_dynamic_shared_size_bytes = smem_bytes
+    except Exception as e:
+        raise CompileError(f"the wavefront kernel '{name}' for cell '{cell}' did not compile: {type(e).__name__}: "
+                           f"{e}\nhint: this is a bug in engine.codegen.wavefront; `python -m engine explain "
+                           "<cell> --schedule persistent` prints the source") from None
+    with _lock:
+        _kernel_cache[key] = kernel
+    return kernel
+
+
+class WavefrontSchedule:
+    """Host side of a wavefront schedule for one network and parameter set."""
+
+    name = "wavefront"
+    persistent = False
+
+    def __init__(self, network: Network, params: Params, dtype=np.float32, *, config: TileConfig | None = None,
+                 limits: DeviceLimits | None = None):
+        if np.dtype(dtype) != np.float32:
+            raise BackendError(f"schedule '{self.name}' computes in float32 only, not {np.dtype(dtype).name}; "
+                               "hint: use dtype=np.float32, or backend='reference' for float64")
+        from ..backends import gpu_status
+        ok, why = gpu_status()
+        if not ok:
+            raise BackendError(f"schedule '{self.name}' needs a GPU: {why}. hint: use backend='reference' on the CPU")
+        if not isinstance(network, Network):
+            raise BackendError(f"argument 'network' must be an engine Network, got {type(network).__name__}")
+        check_params(network, params)
+        import cupy
+        self.cupy, self.network, self.params = cupy, network, params
+        self.config = config or TileConfig()
+        self.limits = limits or DeviceLimits.current()
+        self._shape = None
+
+    # ---- plan and compile -------------------------------------------------------------------------
+    def plan(self, T: int, B: int) -> tuple[Plan, Tiling]:
+        plan = make_plan(self.network, T, B, layout="interleaved")
+        tiling = make_tiling(plan.program, self.network, B, self.config, self.limits, persistent=self.persistent)
+        return plan, tiling
+
+    def source(self, T: int, B: int) -> str:
+        from ..codegen.wavefront import render_wavefront
+        plan, tiling = self.plan(T, B)
+        return render_wavefront(plan.program, self.network, tiling)
+
+    # ---- build: once per (T, B) -------------------------------------------------------------------
+    def _build(self, T: int, B: int) -> None:
+        from ..codegen.wavefront import entry_points, layer_fields, render_wavefront
+        cupy, network = self.cupy, self.network
+        plan, tiling = self.plan(T, B)
+        program = plan.program
+        self.plan_, self.tiling = plan, tiling
+        self.source_ = render_wavefront(program, network, tiling)
+        names = entry_points(program)
+        wanted = [names["persistent"]] if self.persistent else list(names["wave"])
+        self.kernels = [compile_kernel(self.source_, n, self.persistent, tiling.smem_bytes, program.cell.name)
+                        for n in wanted]
+        self._check_memory(plan)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        L = network.num_layers
+        self.buffers = []
+        for layer in range(L):
+            sizes = plan.layer_sizes(layer)
+            bufs = {}
+            for buf in program.buffers:
+                if buf.name == program.input_buffer:
+                    continue
+                shape = (T * B if buf.rows == "sequence" else B, buf.cols(sizes))
+                arrays = [cupy.empty(shape, dtype=cupy.float32) for _ in range(2 if buf.double else 1)]
+                bufs[buf.name] = arrays if buf.double else arrays[0]
+            self.buffers.append(bufs)
+        self.weights, self.vectors = [], []
+        for layer in range(L):
+            packed = pack_weights(program, network, self.params, layer)
+            self.weights.append({g: (cupy.asarray(np.ascontiguousarray(p.weight), dtype=cupy.float32),
+                                     None if p.bias is None else cupy.asarray(p.bias, dtype=cupy.float32))
+                                 for g, p in packed.items()})
+            self.vectors.append({n: cupy.asarray(np.asarray(self.params[layer][n]), dtype=cupy.float32)
+                                 for n in program.kernel_params})
+        self.x_device = cupy.empty((T * B, network.input_size), dtype=cupy.float32)
+        fields = layer_fields(program)
+        table = np.zeros((L, len(fields)), dtype=np.int64)
+        for layer in range(L):
+            for i, f in enumerate(fields):
+                table[layer, i] = self._field_value(layer, f)
+        self.args = cupy.asarray(table)
+        self._shape = (T, B)
+        self._prepare_launch(T, B)
+
+    def _field_value(self, layer: int, f) -> int:
+        program = self.plan_.program
+        if f.kind == "input":
+            source = self.x_device if layer == 0 else self.buffers[layer - 1][program.output_buffer]
+            return source.data.ptr
+        if f.kind == "buffer":
+            buf = self.buffers[layer][f.source]
+            return (buf[f.version] if f.version is not None else buf).data.ptr
+        if f.kind == "weight":
+            return self.weights[layer][f.source][0].data.ptr
+        if f.kind == "bias":
+            bias = self.weights[layer][f.source][1]
+            return 0 if bias is None else bias.data.ptr
+        if f.kind == "param":
+            return self.vectors[layer][f.source].data.ptr
+        return self.network.layer_input_size(layer)
+
+    def _check_memory(self, plan: Plan) -> None:
+        from ..backends.fused import plan_bytes
+        needed = plan_bytes(plan)
+        free, _ = self.cupy.cuda.runtime.memGetInfo()
+        available = free + self.cupy.get_default_memory_pool().free_bytes()
+        if needed > available:
+            raise BackendError(f"schedule '{self.name}' needs {needed:,} bytes of GPU memory for T={plan.steps}, "
+                               f"B={plan.batch}, L={self.network.num_layers}, H={self.network.hidden_size}, but "
+                               f"only {available:,} are available; hint: run fewer steps or a smaller batch at a time")
+        self.bytes = needed
+
+    # ---- the run ----------------------------------------------------------------------------------
+    def run(self, x, initial_states: dict | None = None, *, poison: bool = False) -> RunResult:
+        """x: (T, B, I), NumPy or CuPy. CuPy arrays come back when x is CuPy, NumPy otherwise.
+        poison=True fills every work buffer with NaN first (tests)."""
+        cupy, network = self.cupy, self.network
+        from ..backends.fused import _check_device_array
+        _check_device_array(cupy, x, "x")
+        for name, value in (initial_states or {}).items():
+            _check_device_array(cupy, value, f"initial_states['{name}']")
+        check_inputs(network, x, initial_states, xp=cupy)
+        T, B, _ = x.shape
+        if self._shape != (int(T), int(B)):
+            self._build(int(T), int(B))
+        on_gpu = isinstance(x, cupy.ndarray)
+        program, L, H = self.plan_.program, network.num_layers, network.hidden_size
+        # The caller's stream may still be writing x; the schedule's stream starts after it.
+        cupy.cuda.get_current_stream().synchronize()
+        with self.stream:
+            if poison:
+                for bufs in self.buffers:
+                    for value in bufs.values():
+                        for array in (value if isinstance(value, list) else [value]):
+                            array.fill(math.nan)
+            self.x_device[...] = cupy.asarray(x, dtype=cupy.float32).reshape(T * B, network.input_size)
+            self._init_states(initial_states)
+            for g in program.hoisted_gemms:     # layer 0's input projection: one GEMM over the sequence
+                weight, bias = self.weights[0][g.name]
+                out = self.buffers[0][g.out_buffer]
+                cupy.matmul(self.x_device, weight.T, out=out)
+                if bias is not None:
+                    out += bias
+            self._launch(T, B)
+            outputs = self.buffers[-1][program.output_buffer].reshape(T, B, H).copy()
+            final = {}
+            for home in program.homes:
+                per_layer = []
+                for layer in range(L):
+                    buf = self.buffers[layer][home.slot.buffer]
+                    buf = buf[T % 2] if isinstance(buf, list) else buf
+                    per_layer.append(buf[:, slot_columns(home.slot, self.plan_.layer_sizes(layer), H)])
+                final[home.state] = cupy.stack(per_layer)
+        self.stream.synchronize()
+        if not on_gpu:
+            outputs = cupy.asnumpy(outputs)
+            final = {k: cupy.asnumpy(v) for k, v in final.items()}
+        info = {"schedule": self.name, "tiling": self.tiling.describe(), "blocks": self.tiling.blocks,
+                "launches_per_sequence": self.launches_per_sequence(T), "program": program.key, "bytes": self.bytes}
+        return RunResult(outputs=outputs, final_states=final, backend=self.name, info=info)
+
+    def _init_states(self, initial_states: dict | None) -> None:
+        program, H = self.plan_.program, self.network.hidden_size
+        for layer, bufs in enumerate(self.buffers):
+            sizes = self.plan_.layer_sizes(layer)
+            for home in program.homes:
+                buf = bufs[home.slot.buffer]
+                target = buf[0] if isinstance(buf, list) else buf
+                cols = slot_columns(home.slot, sizes, H)
+                value = None if initial_states is None else initial_states.get(home.state)
+                target[:, cols] = 0.0 if value is None else self.cupy.asarray(value[layer], dtype=self.cupy.float32)
+
+    def stage_count(self) -> int:
+        from ..codegen.wavefront import stages
+        return len(stages(self.plan_.program))
+
+    # ---- what a subclass provides -----------------------------------------------------------------
+    def _prepare_launch(self, T: int, B: int) -> None:
+        raise NotImplementedError
+
+    def _launch(self, T: int, B: int) -> None:
+        raise NotImplementedError
+
+    def launches_per_sequence(self, T: int) -> int:
+        raise NotImplementedError
+

@@ -1,0 +1,52 @@
+"""Schedule 'persistent': the whole sequence, every layer, in one cooperative kernel launch.
+
+Plan: one block per SM at most (engine/schedules/tiling.py); every block owns one layer's tile of
+hidden units for the whole run, so its slices of the recurrent weights (and, for layers > 0, of the
+input projection) are loaded into shared memory once, where they fit, instead of once per step
+(Diamos et al., "Persistent RNNs", ICML 2016). Compile: `<cell>_persistent`. Launch: one
+cooperative launch (cuLaunchCooperativeKernel through CuPy); inside, wavefront step k runs layer l
+at step k - l on every block of layer l, with a grid-wide barrier after every stage, so a network of
+L layers takes (T + L - 1) x stages barriers and no host round trips.
+
+A cooperative launch fails unless every block can be resident at once: the grid is checked against
+the occupancy API before launching, and the error names the tiling to change.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import BackendError
+from .base import WavefrontSchedule
+
+
+class PersistentSchedule(WavefrontSchedule):
+    name = "persistent"
+    persistent = True
+
+    def _prepare_launch(self, T: int, B: int) -> None:
+        cupy = self.cupy
+        kernel = self.kernels[0]
+        threads, smem, blocks = self.tiling.config.threads, self.tiling.smem_bytes, self.tiling.blocks
+        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, smem)
+        capacity = per_sm * self.limits.multiprocessors
+        if blocks > capacity:
+            raise BackendError(f"schedule 'persistent' needs {blocks} co-resident blocks of {threads} threads and "
+                               f"{smem} bytes of shared memory, but {self.limits.name} holds {capacity}; hint: a "
+                               "larger units_per_block, or backend='graph'")
+        self.co_resident = capacity
+
+    def _launch(self, T: int, B: int) -> None:
+        self.kernels[0]((self.tiling.blocks,), (self.tiling.config.threads,), (self.args, np.int32(T)),
+                        shared_mem=self.tiling.smem_bytes)
+
+    def launches_per_sequence(self, T: int) -> int:
+        return 1
+
+
+def prepare(network, params, dtype=np.float32, **options) -> PersistentSchedule:
+    """Plan and check now; compile and upload on the first run (for its T and B)."""
+    return PersistentSchedule(network, params, dtype, **options)
+
+
+def run(network, params, x, initial_states=None, dtype=np.float32, *, poison: bool = False, **options):
+    return prepare(network, params, dtype, **options).run(x, initial_states, poison=poison)

@@ -1,0 +1,130 @@
+"""The fast schedules (engine/schedules: graph, persistent) against the float64 reference.
+
+Every preset at 1 and 3 layers with odd sizes (I=37, H=129, B=3, T=17), non-zero initial states and
+NaN-poisoned buffers, as the fused backend's suite; the unusual compiler cells; tilings that split K
+(B=1), that give a block several output groups (B=64), that leave the last block short, and that
+stream the weights instead of keeping them resident; a race check (20 runs bit-identical); the
+autotuner's choice and its cache; the 'auto' backend.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import engine
+from compiler_cells import CELLS
+from engine.backends import reference
+from engine.errors import BackendError, CompileError
+from engine.schedules import autotune, schedule_class
+from engine.schedules.tiling import TileConfig, eligibility
+from test_fused import assert_matches, make_case
+
+pytestmark = pytest.mark.gpu
+
+PRESETS = sorted(engine.presets())
+SCHEDULES = ("graph", "persistent")
+
+
+def run_schedule(name, network, params, x, states, config=None):
+    return schedule_class(name)(network, params, config=config).run(x, states, poison=True)
+
+
+@pytest.mark.parametrize("num_layers", [1, 3])
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_preset_matches_the_reference(cupy, schedule, name, num_layers):
+    network, params, x, states = make_case(engine.preset(name).cell, num_layers, seed=num_layers)
+    ref = reference.run(network, params, x, states, dtype=np.float64)
+    result = run_schedule(schedule, network, params, x, states)
+    assert isinstance(result.outputs, np.ndarray) and result.outputs.dtype == np.float32
+    assert result.backend == schedule
+    assert_matches(result, ref, f"{schedule} {name}, L={num_layers}")
+
+
+@pytest.mark.parametrize("name", sorted(CELLS))
+def test_unusual_cells_match_or_are_refused_by_name(cupy, name):
+    network, params, x, states = make_case(CELLS[name], num_layers=2)
+    ref = reference.run(network, params, x, states, dtype=np.float64)
+    from engine.plan import compile_program
+    why = eligibility(compile_program(CELLS[name], layout="interleaved"))
+    for schedule in SCHEDULES:
+        if why is None:
+            assert_matches(run_schedule(schedule, network, params, x, states), ref, f"{schedule} {name}")
+        else:
+            with pytest.raises(CompileError, match=name):
+                run_schedule(schedule, network, params, x, states)
+
+
+TILINGS = [
+    ("split K, B=1", {"batch": 1}, TileConfig(8, 1, 4)),
+    ("short last block", {"batch": 5}, TileConfig(20, 2, 4)),
+    ("many groups, B=64", {"batch": 64}, TileConfig(64, 4, 4, threads=128)),
+    ("8x4 tile", {"batch": 19}, TileConfig(None, 8, 4)),
+    ("streamed weights", {"batch": 7}, TileConfig(None, 4, 4, resident=False)),
+]
+
+
+@pytest.mark.parametrize("label,sizes,config", TILINGS, ids=[t[0] for t in TILINGS])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_tilings(cupy, schedule, label, sizes, config):
+    size = {"input_size": 45, "hidden_size": 150, "batch": 3, "steps": 9} | sizes
+    for cell in ("lstm", "gru_cho"):
+        network, params, x, states = make_case(engine.preset(cell).cell, 2, seed=7, sizes=size)
+        ref = reference.run(network, params, x, states, dtype=np.float64)
+        assert_matches(run_schedule(schedule, network, params, x, states, config), ref, f"{schedule} {cell} {label}")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_twenty_runs_are_bit_identical(cupy, schedule):
+    size = {"input_size": 64, "hidden_size": 256, "batch": 8, "steps": 30}
+    network, params, x, _ = make_case(engine.preset("lstm").cell, 3, seed=3, sizes=size)
+    program = schedule_class(schedule)(network, params)
+    x_gpu = cupy.asarray(x, dtype=cupy.float32)
+    first = cupy.asnumpy(program.run(x_gpu, poison=True).outputs)
+    for _ in range(19):
+        again = cupy.asnumpy(program.run(x_gpu).outputs)
+        assert np.array_equal(first.view(np.uint32), again.view(np.uint32)), f"{schedule}: outputs moved between runs"
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_program_serves_new_shapes_and_device_arrays(cupy, schedule):
+    network, params, x, states = make_case(engine.preset("gru").cell, 2)
+    program = schedule_class(schedule)(network, params)
+    for steps, batch in ((17, 3), (5, 2), (17, 3)):
+        xs = cupy.asarray(np.random.default_rng(steps).standard_normal((steps, batch, network.input_size)))
+        ref = reference.run(network, params, cupy.asnumpy(xs), None, dtype=np.float64)
+        result = program.run(xs)
+        assert isinstance(result.outputs, cupy.ndarray)
+        result.outputs = cupy.asnumpy(result.outputs)
+        result.final_states = {k: cupy.asnumpy(v) for k, v in result.final_states.items()}
+        assert_matches(result, ref, f"{schedule} T={steps} B={batch}")
+
+
+def test_persistent_refuses_more_blocks_than_fit(cupy):
+    network, params, *_ = make_case(engine.preset("lstm").cell, 3)
+    with pytest.raises(CompileError, match="multiprocessors"):
+        schedule_class("persistent")(network, params, config=TileConfig(1)).plan(10, 4)
+
+
+def test_autotuner_picks_a_correct_schedule_and_caches_it(cupy, tmp_path, monkeypatch):
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
+    network, params, x, states = make_case(engine.preset("lstm").cell, 2)
+    choice = autotune.tune(network, params, 17, 3, repeats=3)
+    assert choice.schedule in ("fused", "graph", "persistent") and not choice.cached
+    assert "fastest" in choice.why and any("ms" in t for t in choice.timings)
+    again = autotune.tune(network, params, 17, 3, repeats=3)
+    assert again.cached and again.schedule == choice.schedule and again.config == choice.config
+    (tmp_path / "autotune.json").write_text("{not json")
+    rebuilt = autotune.tune(network, params, 17, 3, repeats=2)
+    assert not rebuilt.cached and list(tmp_path.glob("autotune.json.corrupt-*"))
+    ref = reference.run(network, params, x, states, dtype=np.float64)
+    result = engine.run(network, params, x, states, backend="auto")
+    assert result.backend in ("fused", "graph", "persistent") and "fastest" in result.info["backend_reason"]
+    assert_matches(result, ref, f"auto -> {result.backend}")
+
+
+def test_schedules_reject_float64_by_name(cupy):
+    network, params, *_ = make_case(engine.preset("lstm").cell, 1)
+    for schedule in SCHEDULES:
+        with pytest.raises(BackendError, match=f"schedule '{schedule}' computes in float32"):
+            schedule_class(schedule)(network, params, np.float64)

@@ -134,7 +134,12 @@ def read_cache(path: Path | None = None) -> dict:
             raise ValueError(f"version {data.get('version')!r}, expected {CACHE_VERSION}")
         return data["entries"]
     except (ValueError, AttributeError, OSError) as e:
-        aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+        stamp = int(time.time())
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+        copies = 0
+        while aside.exists():              # corrupt twice within a second: keep the earlier copy too
+            copies += 1
+            aside = path.with_name(f"{path.name}.corrupt-{stamp}-{copies}")
         log.warning("autotune cache %s is unreadable (%s); moved to %s and rebuilt", path, e, aside)
         try:
             os.replace(path, aside)

@@ -1,0 +1,457 @@
+"""The wavefront schedules (engine/schedules) without a GPU: tilings, generated source, nvcc, the autotune cache.
+
+Structural claims only, on behaviour meant to outlive the kernels' internals:
+- tiling: every hidden unit has a block and the last block is not empty; a persistent launch fits on
+  the device's multiprocessors; shared memory fits, and resident weight slices do not overlap; a
+  tiling that cannot fit, a bad TileConfig field and an ineligible program are refused with a
+  CompileError that says where and what to do next;
+- source: every preset renders in both modes, with the entry points entry_points() names, one
+  LayerArgs slot per layer_fields() entry (the host packs one int64 per field), and a header that
+  names the cell and its equations; under the `nvcc` marker it all compiles with warnings as errors;
+- cache: write/read round trip under $CELLFORGE_CACHE_DIR, keys that separate what they must, a corrupt
+  file moved aside and reported, two processes writing at once, and the candidates the tuner times.
+
+The GPU side (numbers against the reference, the tuner's timing) is tests/gpu/test_schedules.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import time
+from multiprocessing.pool import ThreadPool
+
+import pytest
+
+import engine
+from compiler_cells import CELLS
+from engine.codegen import text_equations
+from engine.codegen.precision import PRECISIONS
+from engine.codegen.wavefront import entry_points, layer_fields, render_wavefront, stages
+from engine.errors import CompileError
+from engine.plan import compile_program, make_plan
+from engine.schedules import autotune
+from engine.schedules.tiling import H100, DeviceLimits, TileConfig, eligibility, make_tiling
+
+PRESETS = sorted(engine.presets())
+MODES = {"persistent": True, "graph": False}
+FLOAT_BYTES = 4                                     # shared memory holds float32
+# A small made-up GPU: few SMs and little shared memory, so that the refusals are reachable.
+SMALL = DeviceLimits(multiprocessors=8, smem_per_block=100 * 1024, name="small test GPU", arch="sm_90")
+
+HIDDEN_SIZES = (13, 64, 512)
+LAYER_COUNTS = (1, 3)
+BATCHES = (1, 7, 64)
+INPUT_SIZE = 29                                     # odd: K is not a multiple of 4 in layer 0
+CONFIGS = (
+    TileConfig(),                                                          # the default: blocks from the SM count
+    TileConfig(units_per_block=1, rows_per_thread=1, cols_per_thread=4, threads=64),   # as many blocks as units
+    TileConfig(units_per_block=8, rows_per_thread=2, cols_per_thread=8, threads=128),
+    TileConfig(units_per_block=64, rows_per_thread=8, cols_per_thread=4, threads=512),
+    TileConfig(rows_per_thread=4, cols_per_thread=4, resident=False),      # weights streamed
+    TileConfig(units_per_block=512, rows_per_thread=8, cols_per_thread=8, threads=512),  # one fat block a layer
+)
+
+
+def interleaved_program(cell):
+    """The program the schedules run (base.py plans with layout='interleaved'); sizes do not change it."""
+    network = engine.Network(cell, input_size=INPUT_SIZE, hidden_size=16)
+    return make_plan(network, 4, 2, layout="interleaved").program
+
+
+# ---- tiling ---------------------------------------------------------------------------------------
+
+def check_tiling(tiling, program, network, batch, config, limits, persistent, where):
+    H, L = network.hidden_size, network.num_layers
+    units, per_layer = tiling.units_per_block, tiling.blocks_per_layer
+    assert units >= 1 and per_layer >= 1, where
+    assert per_layer * units >= H, f"{where}: units {H - per_layer * units} have no block"
+    assert (per_layer - 1) * units < H, f"{where}: the last block of a layer owns no unit"
+    assert tiling.blocks == per_layer * L, where
+    assert (tiling.num_layers, tiling.batch, tiling.hidden, tiling.persistent) == (L, batch, H, persistent), where
+    if persistent:
+        assert tiling.blocks <= limits.multiprocessors, f"{where}: a cooperative launch needs every block resident"
+    assert 0 <= tiling.smem_bytes <= limits.smem_per_block, where
+
+    gemm_names = {g.name for g in program.gemms}
+    tiled = {t.name for t in tiling.gemms}
+    assert tiled <= gemm_names, where
+    assert {g.name for g in program.gemms if not g.hoisted} <= tiled, f"{where}: a recurrent GEMM has no tile"
+    if L > 1:
+        assert {g.name for g in program.hoisted_gemms} <= tiled, f"{where}: layers > 0 project in the kernel"
+
+    if not (persistent and config.resident):
+        assert not tiling.resident, f"{where}: weights resident without a persistent, resident tiling"
+    ranges = sorted((t.smem_offset, t.smem_offset + t.resident_floats) for t in tiling.gemms if t.resident)
+    assert all(0 <= start < end for start, end in ranges), f"{where}: {ranges}"
+    for (_, end), (start, _) in zip(ranges, ranges[1:]):
+        assert end <= start, f"{where}: resident weight slices overlap: {ranges}"
+    if ranges:
+        assert ranges[-1][1] * FLOAT_BYTES <= tiling.smem_bytes, f"{where}: resident slices run past smem"
+        assert ranges[-1][1] <= tiling.scratch_offset, f"{where}: resident slices run into the staging area"
+    assert f"{tiling.blocks} blocks" in tiling.describe(), where
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_tilings_keep_their_invariants_or_refuse_with_a_hint(name):
+    program = interleaved_program(engine.preset(name).cell)
+    built = refused = 0
+    for H in HIDDEN_SIZES:
+        for L in LAYER_COUNTS:
+            network = engine.Network(program.source_cell, input_size=INPUT_SIZE, hidden_size=H, num_layers=L)
+            for B in BATCHES:
+                for config in CONFIGS:
+                    for mode, persistent in MODES.items():
+                        for limits in (H100, SMALL):
+                            where = f"{name} {mode} H={H} L={L} B={B} {config.label()} on {limits.name}"
+                            try:
+                                tiling = make_tiling(program, network, B, config, limits, persistent=persistent)
+                            except CompileError as e:
+                                message = str(e)
+                                assert "hint:" in message, f"{where}: {message}"
+                                assert ("shared memory" in message
+                                        or (persistent and "multiprocessors" in message)), f"{where}: {message}"
+                                assert not (limits is H100 and config == TileConfig()), \
+                                    f"{where}: the default tiling must fit an H100: {message}"
+                                refused += 1
+                                continue
+                            check_tiling(tiling, program, network, B, config, limits, persistent, where)
+                            built += 1
+    assert built and refused, (built, refused)
+
+
+def lstm_program_and_network(hidden_size, num_layers):
+    program = interleaved_program(engine.preset("lstm").cell)
+    network = engine.Network(program.source_cell, input_size=INPUT_SIZE, hidden_size=hidden_size,
+                             num_layers=num_layers)
+    return program, network
+
+
+def test_persistent_refuses_more_blocks_than_multiprocessors_and_graph_does_not():
+    program, network = lstm_program_and_network(512, 3)
+    config = TileConfig(units_per_block=1)
+    with pytest.raises(CompileError) as caught:
+        make_tiling(program, network, 4, config, SMALL, persistent=True)
+    message = str(caught.value)
+    assert "multiprocessors" in message and SMALL.name in message
+    assert "hint:" in message and "units_per_block" in message
+    # One launch per stage needs no block to wait for another: any number of blocks will do.
+    tiling = make_tiling(program, network, 4, config, SMALL, persistent=False)
+    assert tiling.blocks > SMALL.multiprocessors
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tiling_that_cannot_fit_in_shared_memory_is_refused_with_a_hint(mode):
+    # 64 batch rows over one block of all 512 units (2048 GEMM columns), 512 threads of 8x8 tiles.
+    program, network = lstm_program_and_network(512, 1)
+    config = TileConfig(units_per_block=512, rows_per_thread=8, cols_per_thread=8, threads=512, resident=False)
+    with pytest.raises(CompileError) as caught:
+        make_tiling(program, network, 64, config, SMALL, persistent=MODES[mode])
+    message = str(caught.value)
+    assert "shared memory" in message and SMALL.name in message and "hint:" in message
+
+
+BAD_CONFIGS = [
+    ("rows_per_thread", 3), ("rows_per_thread", 0), ("cols_per_thread", 16), ("threads", 100), ("threads", 0),
+    ("units_per_block", 0), ("units_per_block", -4), ("units_per_block", 2.5),
+]
+
+
+@pytest.mark.parametrize("field,value", BAD_CONFIGS, ids=[f"{f}={v}" for f, v in BAD_CONFIGS])
+def test_bad_tile_config_values_are_refused_by_field(field, value):
+    program, network = lstm_program_and_network(64, 2)
+    with pytest.raises(CompileError, match=re.escape(field)):
+        make_tiling(program, network, 4, TileConfig(**{field: value}))
+
+
+def test_every_preset_is_eligible_in_the_interleaved_layout():
+    for name in PRESETS:
+        assert eligibility(interleaved_program(engine.preset(name).cell)) is None, name
+
+
+INELIGIBLE = {
+    "blocked layout": (lambda: compile_program(engine.preset("lstm").cell, layout="blocked"), "interleaved"),
+    "input-sized GEMM": (lambda: compile_program(CELLS["input_sized"], layout="interleaved"), "size I"),
+    "hoist_inputs off": (lambda: compile_program(engine.preset("gru").cell, {"hoist_inputs": False},
+                                                 layout="interleaved"), "(B, I)"),
+}
+
+
+@pytest.mark.parametrize("case", INELIGIBLE)
+def test_ineligible_programs_say_why_and_do_not_tile(case):
+    build, words = INELIGIBLE[case]
+    program = build()
+    why = eligibility(program)
+    assert why is not None and words in why, why
+    network = engine.Network(program.source_cell, input_size=INPUT_SIZE, hidden_size=32, num_layers=2)
+    with pytest.raises(CompileError) as caught:
+        make_tiling(program, network, 4)
+    assert why in str(caught.value) and f"'{program.cell.name}'" in str(caught.value)
+
+
+# ---- generated source -----------------------------------------------------------------------------
+
+# Every preset at one odd shape; three presets that differ in structure (one stage, two stages, no
+# recurrent GEMM) also at a second shape with another batch, one layer and streamed weights.
+SOURCE_CASES = [(name, 37, 129, 2, 3, TileConfig()) for name in PRESETS] + [
+    (name, 64, 96, 1, 19, TileConfig(rows_per_thread=8, cols_per_thread=4, resident=False))
+    for name in ("lstm", "gru_cho", "indrnn")]
+
+
+def render(name, input_size, hidden_size, num_layers, batch, config, persistent):
+    network = engine.Network(engine.preset(name).cell, input_size=input_size, hidden_size=hidden_size,
+                             num_layers=num_layers)
+    program = make_plan(network, 17, batch, layout="interleaved").program
+    tiling = make_tiling(program, network, batch, config, H100, persistent=persistent)
+    return program, render_wavefront(program, network, tiling)
+
+
+def case_id(case, mode):
+    name, I, H, L, B, _ = case
+    return f"{name}-{mode}-I{I}-H{H}-L{L}-B{B}"
+
+
+ALL_SOURCES = [(case, mode) for case in SOURCE_CASES for mode in MODES]
+
+
+def layer_args_slots(source: str) -> list[str]:
+    """The 8-byte slots of `struct LayerArgs`, in order; an array field `name[n]` is n slots."""
+    assert source.count("struct LayerArgs {") == 1
+    body = source.split("struct LayerArgs {", 1)[1].split("};", 1)[0]
+    slots = []
+    for line in body.splitlines():
+        code = line.split("//", 1)[0].strip()
+        if not code:
+            continue
+        match = re.fullmatch(r"(.+?)\b(\w+)\s*(?:\[(\d+)\])?\s*;", code)
+        assert match, f"not a field declaration: {line!r}"
+        kind = match.group(1)
+        assert "*" in kind or "long long" in kind or "int64_t" in kind, f"not 8 bytes: {line!r}"
+        slots += [match.group(2)] * int(match.group(3) or 1)
+    return slots
+
+
+def kernel_entries(source: str) -> dict[str, str]:
+    """Each __global__ function's name -> its declaration line."""
+    found = {}
+    for line in source.splitlines():
+        if "__global__" in line and not line.lstrip().startswith("//"):
+            match = re.search(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(", line)
+            assert match, line
+            found[match.group(1)] = line
+    return found
+
+
+@pytest.mark.parametrize("case,mode", ALL_SOURCES, ids=[case_id(c, m) for c, m in ALL_SOURCES])
+def test_wavefront_source_has_entry_points_struct_and_header(case, mode):
+    name = case[0]
+    program, source = render(*case, persistent=MODES[mode])
+
+    names = entry_points(program)
+    wanted = {names["persistent"]} if mode == "persistent" else set(names["wave"])
+    assert len(names["wave"]) == len(stages(program)) >= 1
+    entries = kernel_entries(source)
+    assert set(entries) == wanted, f"{mode} source defines {sorted(entries)}, entry_points() says {sorted(wanted)}"
+    for line in entries.values():
+        assert 'extern "C"' in line, f"CuPy looks kernels up by their unmangled name: {line}"
+
+    assert layer_args_slots(source) == [f.name for f in layer_fields(program)]
+
+    leading = []
+    for line in source.splitlines():
+        if not line.startswith("//"):
+            break
+        leading.append(line)
+    header = "\n".join(leading)
+    assert f"'{name}'" in header, f"the header does not name cell '{name}':\n{header}"
+    for equation in text_equations(program.cell):
+        assert equation in header, f"equation {equation!r} missing from the header"
+
+
+def nvcc_command(source_path, output_path, cooperative: bool) -> list[str]:
+    """The flags CuPy gives NVRTC in engine.schedules.base.compile_kernel: --std=c++17 (ours), -ftz=true
+    (CuPy's), relocatable device code for cooperative kernels (CuPy's --device-c); plus warnings as errors.
+    No -I for kernels/: the source must inline its helpers, as NVRTC gets no include path from us."""
+    return ["nvcc", "-arch=sm_90", "-std=c++17", "-ftz=true", *(["-rdc=true"] if cooperative else []),
+            "--cubin", "-o", str(output_path), "-Werror", "all-warnings", str(source_path)]
+
+
+@pytest.mark.nvcc
+def test_every_wavefront_source_compiles_with_nvcc(tmp_path):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    jobs = []
+    for case, mode in ALL_SOURCES:
+        label = case_id(case, mode)
+        _, source = render(*case, persistent=MODES[mode])
+        path = tmp_path / f"{label}.cu"
+        path.write_text(source)
+        jobs.append((label, nvcc_command(path, tmp_path / f"{label}.cubin", MODES[mode])))
+
+    def compile_one(job):
+        label, cmd = job
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        return label, done.returncode, done.stdout
+
+    with ThreadPool(os.cpu_count() or 2) as pool:
+        results = pool.map(compile_one, jobs)
+    failed = [(label, output) for label, code, output in results if code != 0]
+    assert not failed, (f"nvcc failed on {len(failed)} of {len(jobs)} sources ({tmp_path}): "
+                        + ", ".join(label for label, _ in failed) + "\n\nfirst failure, "
+                        + f"{failed[0][0]}:\n{failed[0][1][-4000:]}")
+
+
+# ---- the autotune cache ---------------------------------------------------------------------------
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def lstm_network(input_size=32, hidden_size=64, num_layers=2, name="lstm"):
+    return engine.Network(engine.preset(name).cell, input_size=input_size, hidden_size=hidden_size,
+                          num_layers=num_layers)
+
+
+def test_cache_path_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path / "nested" / "dir"))
+    assert autotune.cache_path() == tmp_path / "nested" / "dir" / "autotune.json"
+    monkeypatch.delenv("CELLFORGE_CACHE_DIR")
+    assert autotune.cache_path().name == "autotune.json" and "cellforge" in autotune.cache_path().parts
+
+
+def test_cache_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path / "not" / "yet"))   # created on first write
+    assert autotune.read_cache() == {}
+    key = autotune.cache_key(lstm_network(), 17, 3, "test GPU")
+    timings = [{"candidate": "fused", "ms": 1.5}, {"candidate": "graph", "error": "did not compile"}]
+    persistent = autotune.Choice("persistent", TileConfig(16, 2, 8, threads=128), "fastest", key, timings)
+    fused = autotune.Choice("fused", None, "only one", "other")
+    autotune.write_entry(key, persistent)
+    autotune.write_entry("other", fused)
+
+    on_disk = json.loads(autotune.cache_path().read_text())
+    assert on_disk["version"] == autotune.CACHE_VERSION and set(on_disk["entries"]) == {key, "other"}
+    entries = autotune.read_cache()
+    back = autotune.Choice.from_dict(key, entries[key])
+    assert back.cached and not persistent.cached
+    assert (back.schedule, back.config, back.why, back.key, back.timings) == (
+        "persistent", persistent.config, "fastest", key, timings)
+    again = autotune.Choice.from_dict("other", entries["other"])
+    assert (again.schedule, again.config) == ("fused", None)
+    # Writing a key again replaces its entry and keeps the others.
+    autotune.write_entry(key, fused)
+    entries = autotune.read_cache()
+    assert entries[key]["schedule"] == "fused" and "other" in entries
+    assert not list(autotune.cache_path().parent.glob("*.tmp")), "a temporary file was left behind"
+
+
+def test_cache_key_separates_sizes_steps_batch_device_precision_and_cell(monkeypatch):
+    # Only float32 exists today; a stand-in entry shows that another precision gets another key.
+    monkeypatch.setitem(PRECISIONS, "float16", dataclasses.replace(PRECISIONS["float32"], name="float16"))
+    base = dict(network=lstm_network(), steps=17, batch=3, device="NVIDIA H100", precision="float32")
+    variants = {
+        "base": {},
+        "input size": {"network": lstm_network(input_size=33)},
+        "hidden size": {"network": lstm_network(hidden_size=65)},
+        "layers": {"network": lstm_network(num_layers=3)},
+        "cell": {"network": lstm_network(name="gru")},
+        "steps": {"steps": 18},
+        "batch": {"batch": 4},
+        "device": {"device": "NVIDIA H200"},
+        "precision": {"precision": "float16"},
+    }
+    keys = {what: autotune.cache_key(**(base | change)) for what, change in variants.items()}
+    assert len(set(keys.values())) == len(keys), keys
+    assert autotune.cache_key(**base) == keys["base"], "the key is not deterministic"
+
+
+CORRUPT = {
+    "not json": b"{not json",
+    "truncated": b'{"version": 1, "entries": {"k": {"sched',
+    "not utf-8": b"\xff\xfe\x00garbage",
+    "a list": b"[1, 2]",
+    "null": b"null",
+    "old version": json.dumps({"version": -1, "entries": {}}).encode(),
+    "entries not a dict": json.dumps({"version": autotune.CACHE_VERSION, "entries": [1]}).encode(),
+}
+
+
+@pytest.mark.parametrize("what", CORRUPT)
+def test_a_corrupt_cache_is_moved_aside_reported_and_rebuilt(cache_dir, caplog, what):
+    path = autotune.cache_path()
+    path.write_bytes(CORRUPT[what])
+    with caplog.at_level(logging.WARNING, logger="engine.autotune"):
+        assert autotune.read_cache() == {}
+    (aside,) = cache_dir.glob("autotune.json.corrupt-*")
+    assert aside.read_bytes() == CORRUPT[what] and not path.exists()
+    assert str(path) in caplog.text and aside.name in caplog.text, caplog.text
+    # The next write starts a fresh, valid file.
+    autotune.write_entry("k", autotune.Choice("fused", None, "why", "k"))
+    assert set(autotune.read_cache()) == {"k"}
+
+
+def test_two_corrupt_files_in_a_row_are_both_kept(cache_dir, caplog):
+    path = autotune.cache_path()
+    for text in ("{first", "{second"):
+        path.write_text(text)
+        with caplog.at_level(logging.WARNING, logger="engine.autotune"):
+            assert autotune.read_cache() == {}
+    kept = sorted(p.read_text() for p in cache_dir.glob("autotune.json.corrupt-*"))
+    assert kept == ["{first", "{second"], "the second corrupt file replaced the first one moved aside"
+
+
+def write_many(tag: str, count: int, barrier) -> None:
+    """One process of the concurrency test: `count` entries under keys tag-0 .. tag-(count-1)."""
+    barrier.wait()
+    for i in range(count):
+        key = f"{tag}-{i}"
+        autotune.write_entry(key, autotune.Choice("fused", None, f"write {i} of {tag}", key))
+
+
+def test_two_processes_writing_at_once_leave_a_valid_file_with_every_key(cache_dir):
+    context = multiprocessing.get_context("spawn")        # fresh interpreters, as two separate tuning runs
+    barrier = context.Barrier(2)
+    count = 50
+    writers = [context.Process(target=write_many, args=(tag, count, barrier)) for tag in ("a", "b")]
+    for writer in writers:
+        writer.start()
+    # Meanwhile read without the lock, as tune() does: the atomic replace means no read sees half a file.
+    deadline = time.monotonic() + 120
+    while any(w.is_alive() for w in writers) and time.monotonic() < deadline:
+        autotune.read_cache()
+    for writer in writers:
+        writer.join(timeout=max(1.0, deadline - time.monotonic()))
+        assert writer.exitcode == 0, f"writer exited with {writer.exitcode}"
+    data = json.loads(autotune.cache_path().read_text())
+    expected = {f"{tag}-{i}" for tag in ("a", "b") for i in range(count)}
+    assert set(data["entries"]) == expected, f"lost updates: {sorted(expected - set(data['entries']))}"
+    assert not list(cache_dir.glob("autotune.json.corrupt-*")), "a reader saw a partly written file"
+    assert not list(cache_dir.glob("*.tmp")), "a temporary file was left behind"
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_candidates_of_an_eligible_program_start_with_fused_and_can_all_be_tiled(batch):
+    network = lstm_network(hidden_size=256, num_layers=2)
+    found = autotune.candidates(network, batch, H100)
+    assert found[0] == autotune.Candidate("fused")
+    schedules = [c.schedule for c in found]
+    assert "persistent" in schedules and "graph" in schedules
+    assert len(set(found)) == len(found), "a candidate is timed twice"
+    program = make_plan(network, 8, batch, layout="interleaved").program
+    for candidate in found[1:]:
+        assert candidate.config is not None, candidate
+        tiling = make_tiling(program, network, batch, candidate.config, H100,
+                             persistent=candidate.schedule == "persistent")
+        assert tiling.blocks >= 1, candidate.label()
+
+
+def test_candidates_of_an_ineligible_program_are_only_fused():
+    network = engine.Network(CELLS["input_sized"], input_size=24, hidden_size=32, num_layers=2)
+    assert autotune.candidates(network, 8, H100) == [autotune.Candidate("fused")]

@@ -1,11 +1,17 @@
 """explain(): what the compiler did to a cell, as JSON (for the app) and as text (for people).
 
 It shows the graph after each pass, the GEMM groups with their packed layouts and shapes, the
-generated kernels with their sources, the costs per step and the wavefront. Everything comes from
-the Plan (engine/plan.py); nothing here recomputes a decision.
+generated kernels with their sources, the costs per step and the wavefront, and what each GPU
+schedule (fused, graph, persistent) would do with it. Everything comes from the Plan
+(engine/plan.py) and engine/schedules/report.py; nothing here recomputes a decision.
 
     engine.explain_json("lstm", input_size=64, hidden_size=256, num_layers=2, steps=50, batch=16)
     print(engine.explain(my_cell, passes={"fuse_elementwise": False}))     # text
+    print(engine.explain_text("lstm", schedule="persistent"))              # + tiling, launches, its CUDA
+
+The JSON always has a "schedules" section. The text shows it only when a schedule is asked for: it
+depends on the device (tilings use this GPU's limits, else a nominal H100's) and on the autotuner's
+cache, and the plain text stays the same on every machine.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from .gallery import get as get_preset
 from .ir import CellGraph
 from .network import Network
 from .plan import Plan, gemm_to_dict, human_count, make_plan
+from .schedules.report import check_schedule, schedules_report
 
 DEFAULT_SIZES = {"input_size": 32, "hidden_size": 64, "num_layers": 1, "steps": 16, "batch": 8}
 
@@ -26,6 +33,14 @@ def build_plan(cell_or_network, input_size: int | None = None, hidden_size: int 
                num_layers: int | None = None, steps: int | None = None, batch: int | None = None, passes=None,
                layout: str = "blocked", chunk_steps: int | None = None) -> Plan:
     """The Plan explain() describes. cell_or_network: a Network, CellGraph, Preset, preset name or JSON dict."""
+    network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
+    return make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
+
+
+def resolve(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
+            num_layers: int | None = None, steps: int | None = None,
+            batch: int | None = None) -> tuple[Network, int, int, str]:
+    """(network, steps, batch, the preset's documentation) for the arguments of explain()."""
     doc = ""
     network = None
     if isinstance(cell_or_network, str):
@@ -53,25 +68,40 @@ def build_plan(cell_or_network, input_size: int | None = None, hidden_size: int 
         if value is not None:
             sizes[key] = value
     network = Network(cell, sizes["input_size"], sizes["hidden_size"], sizes["num_layers"])
-    return make_plan(network, sizes["steps"], sizes["batch"], passes, layout=layout, chunk_steps=chunk_steps,
-                     doc=doc)
+    return network, sizes["steps"], sizes["batch"], doc
 
 
 def explain(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
             num_layers: int | None = None, steps: int | None = None, batch: int | None = None, passes=None,
-            layout: str = "blocked", chunk_steps: int | None = None, as_json: bool = False):
+            layout: str = "blocked", chunk_steps: int | None = None, as_json: bool = False,
+            schedule: str | None = None):
     """explain_text(...), or explain_json(...) with as_json=True."""
     args = (cell_or_network, input_size, hidden_size, num_layers, steps, batch, passes, layout, chunk_steps)
-    return explain_json(*args) if as_json else explain_text(*args)
+    return explain_json(*args, schedule=schedule) if as_json else explain_text(*args, schedule=schedule)
 
 
 def explain_json(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
                  num_layers: int | None = None, steps: int | None = None, batch: int | None = None,
-                 passes=None, layout: str = "blocked", chunk_steps: int | None = None) -> dict[str, Any]:
-    """Everything the compiler decided, as plain JSON-able data (see the module docstring)."""
-    plan = build_plan(cell_or_network, input_size, hidden_size, num_layers, steps, batch, passes, layout,
-                      chunk_steps)
-    return plan_to_json(plan)
+                 passes=None, layout: str = "blocked", chunk_steps: int | None = None,
+                 schedule: str | None = None) -> dict[str, Any]:
+    """Everything the compiler decided, as plain JSON-able data (see the module docstring).
+
+    schedule: None, "fused", "graph", "persistent" or "auto". The "schedules" section describes every
+    schedule either way; a wavefront schedule asked for (or picked by "auto") brings its generated
+    CUDA, in data["schedules"][name]["source"]."""
+    check_schedule(schedule)
+    network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
+    plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
+    data = plan_to_json(plan)
+    data["schedules"] = explain_schedules(plan, passes, schedule, doc)
+    return data
+
+
+def explain_schedules(plan: Plan, passes=None, schedule: str | None = None, doc: str = "") -> dict[str, Any]:
+    """engine/schedules/report.py for this plan; the wavefront schedules get the interleaved plan they run."""
+    wavefront_plan = plan if plan.program.layout == "interleaved" else make_plan(
+        plan.network, plan.steps, plan.batch, passes, layout="interleaved", doc=doc)
+    return schedules_report(plan, wavefront_plan, schedule, doc=doc)
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:
@@ -117,14 +147,17 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 def explain_text(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
                  num_layers: int | None = None, steps: int | None = None, batch: int | None = None,
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None,
-                 sources: bool = True) -> str:
-    """The same as explain_json, for reading in a terminal."""
-    plan = build_plan(cell_or_network, input_size, hidden_size, num_layers, steps, batch, passes, layout,
-                      chunk_steps)
-    return plan_to_text(plan, sources=sources)
+                 sources: bool = True, schedule: str | None = None) -> str:
+    """The same as explain_json, for reading in a terminal. With a schedule, the schedules section too, and
+    (sources=True) the generated CUDA of the graph or persistent schedule at the end."""
+    check_schedule(schedule)
+    network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
+    plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
+    report = None if schedule is None else explain_schedules(plan, passes, schedule, doc)
+    return plan_to_text(plan, sources=sources, schedules=report)
 
 
-def plan_to_text(plan: Plan, sources: bool = True) -> str:
+def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None) -> str:
     program, network = plan.program, plan.network
     cell = program.source_cell
     out = [f"cell '{cell.name}' (structure hash {cell.structural_hash})",
@@ -175,6 +208,64 @@ def plan_to_text(plan: Plan, sources: bool = True) -> str:
         out.append("wavefront step of each (layer, t):")
         for layer, row in enumerate(grid):
             out.append(f"  layer {layer}: " + " ".join(f"{k:2d}" for k in row))
+    wavefront_source = None
+    if schedules is not None:
+        out += [""] + schedules_to_text(schedules, plan)
+        wavefront_source = next((schedules[name]["source"] for name in ("graph", "persistent")
+                                 if schedules[name].get("source")), None)
     if sources:
-        out += ["", "CUDA source:", program.source]
+        if wavefront_source is None:
+            out += ["", "CUDA source:", program.source]
+        else:
+            out += ["", f"CUDA source of schedule '{schedules['selected']['schedule']}' "
+                        "(engine.codegen.wavefront):", wavefront_source]
     return "\n".join(out)
+
+
+def registers_text(tiling: dict) -> str:
+    """What a thread keeps in registers, from a schedule's tiling in explain_json."""
+    if tiling["path"] == "gemv":
+        return "partial dot products of the warp GEMV (a batch of at most 4 rows: no accumulator tile)"
+    rows, cols = tiling["accumulator"]
+    return f"a {rows} x {cols} accumulator tile per thread ({rows * cols} floats)"
+
+
+def schedules_to_text(report: dict, plan: Plan) -> list[str]:
+    """The "schedules" section of explain_json, as lines."""
+    limits = report["limits"]
+    where = ("nominal limits: " if limits["nominal"] else "this GPU's limits: ") + limits["why"]
+    out = [f"schedules (tilings for {limits['name']}: {limits['multiprocessors']} SMs, "
+           f"{limits['smem_per_block'] / 1024:.0f} KiB shared memory per block; {where}):"]
+    fused = report["fused"]
+    out.append(f"  fused: {fused['launches_per_step']} launches per step from the host, "
+               f"{fused['kernel_launches_per_sequence']} per sequence; {fused['sync']}")
+    for name in ("graph", "persistent"):
+        entry = report[name]
+        if not entry["eligible"]:
+            out.append(f"  {name}: cannot run this cell: {entry['why_not']}")
+            continue
+        tiling = entry["tiling"]
+        out.append(f"  {name}: {entry['how']}")
+        out.append(f"    per sequence: {entry['host_launches_per_sequence']} host launch ({entry['host_launch']}), "
+                   f"{entry['kernel_launches_per_sequence']} kernel launch(es), {entry['barriers_per_sequence']} "
+                   f"barriers ({entry['sync']})")
+        out.append(f"    tiling ({tiling['config']}): {tiling['describe']}")
+        out.append(f"    registers: {registers_text(tiling)}")
+        for g in tiling["gemms"]:
+            out.append(f"    {g['name']} ({g['role']}, {g['columns_per_block']} columns x K={g['k']} per block, "
+                       f"{g['weight_kib_per_block']:.1f} KiB): {g['where']}")
+        out += [f"    note: {note}" for note in tiling["notes"]]
+    tuned = report["autotune"]
+    if not tuned["choices"]:
+        out.append(f"  autotuner: nothing cached for this network at T={plan.steps}, B={plan.batch} "
+                   f"({tuned['cache']})")
+    for choice in tuned["choices"]:
+        config = f" ({choice['config']})" if choice["config"] else ""
+        out.append(f"  autotuner on {choice['device']}: {choice['schedule']}{config}: {choice['why']}")
+        for t in choice["timings"]:
+            result = f"{t['ms']:.3g} ms" if "ms" in t else f"error: {t.get('error')}"
+            out.append(f"    {t.get('candidate')}: {result}")
+    selected = report["selected"]
+    label = "auto selects" if report["requested"] == "auto" else "selected"
+    out.append(f"  {label}: {selected['schedule']}: {selected['why']}")
+    return out

@@ -1,0 +1,224 @@
+"""What each schedule would do for one network at (T, B), as plain data: no GPU needed.
+
+    report = schedules_report(plan, wavefront_plan, schedule="persistent")
+    report["persistent"]["tiling"]["blocks_owned"]      # [[layer, first unit, units], ...] per block
+    report["selected"]                                  # {"schedule", "why"}
+
+For each schedule: whether it can run this program (and why not), how the host launches it, kernel
+launches and barriers per sequence; for the wavefront schedules also the tiling (which block owns
+which hidden units of which layer, what sits in shared memory, the accumulator tile a thread keeps
+in registers). Tilings use this GPU's limits when CuPy sees one, else the nominal H100's (the
+report says which). The autotuner's cached choices for this network, T and B (on any device) come
+from its cache file; nothing here times or compiles anything.
+
+engine.explain puts this in explain_json()["schedules"]; the app's Schedule page draws it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import CompileError
+from ..plan import FLOAT_BYTES, Plan
+from .tiling import H100, DeviceLimits, TileConfig, Tiling, eligibility, make_tiling
+
+SCHEDULE_CHOICES = ("fused", "graph", "persistent", "auto")
+WAVEFRONT_SCHEDULES = ("graph", "persistent")
+
+
+def check_schedule(schedule: str | None) -> str | None:
+    """The schedule argument of explain(), checked: None or one of SCHEDULE_CHOICES."""
+    if schedule is None or schedule in SCHEDULE_CHOICES:
+        return schedule
+    raise CompileError(f"argument 'schedule': {schedule!r} is not a schedule; hint: choose one of "
+                       f"{', '.join(SCHEDULE_CHOICES)} (or None to leave the choice to explain)")
+
+
+def device_limits() -> tuple[DeviceLimits, dict]:
+    """The limits tilings are computed with, and a description saying where they came from."""
+    from ..backends import gpu_status
+    ok, why = gpu_status()
+    if ok:
+        try:
+            limits = DeviceLimits.current()
+            return limits, _limits_dict(limits, nominal=False, why=why)
+        except Exception as e:             # a device that CuPy lists but cannot query
+            why = f"the GPU's limits could not be read ({type(e).__name__}: {e})"
+    return H100, _limits_dict(H100, nominal=True, why=why)
+
+
+def _limits_dict(limits: DeviceLimits, nominal: bool, why: str) -> dict:
+    return {"name": limits.name, "multiprocessors": limits.multiprocessors, "smem_per_block": limits.smem_per_block,
+            "nominal": nominal, "why": why}
+
+
+# ---- the autotuner's cache ------------------------------------------------------------------------
+
+def cached_choices(plan: Plan) -> list[dict]:
+    """The autotuner's cached choices for this network at (T, B), one per device that tuned it."""
+    from .autotune import Choice, cache_key, read_cache
+    network = plan.network
+    prefix = cache_key(network, plan.steps, plan.batch, "", plan.program.precision)
+    found = []
+    for key, entry in sorted(read_cache().items()):
+        if not key.startswith(prefix):
+            continue
+        try:
+            choice = Choice.from_dict(key, entry)
+        except (KeyError, TypeError, ValueError):
+            continue                       # a malformed entry: the autotuner tunes again; nothing to show
+        found.append({"device": key[len(prefix):], "schedule": choice.schedule,
+                      "config": None if choice.config is None else choice.config.label(),
+                      "why": choice.why, "timings": list(choice.timings)})
+    return found
+
+
+def _preferred(choices: list[dict], device: str | None) -> dict | None:
+    """The cached choice for this GPU when there is one, else the first."""
+    for choice in choices:
+        if choice["device"] == device:
+            return choice
+    return choices[0] if choices else None
+
+
+# ---- one schedule ---------------------------------------------------------------------------------
+
+def fused_entry(plan: Plan) -> dict:
+    """The fused backend: launched from the host step by step (engine/backends/fused.py)."""
+    per_sequence = sum(c.launches_total for c in plan.costs)
+    return {"name": "fused", "eligible": True, "why_not": None,
+            "how": "cuBLAS GEMMs and the generated fused kernels, launched from the host every step; layer l "
+                   "on its own CUDA stream, waiting on events of the layer below",
+            "host_launch": "per-step launches",
+            "launches_per_step": plan.launches_per_step, "kernel_launches_per_sequence": per_sequence,
+            "host_launches_per_sequence": per_sequence, "barriers_per_sequence": None,
+            "sync": "stream order within a layer, CUDA events between layers (no grid-wide barrier)"}
+
+
+def tiling_dict(tiling: Tiling, plan: Plan) -> dict:
+    """The tiling as the app draws it: blocks, the units each owns, shared memory and registers."""
+    network, program = plan.network, plan.program
+    gemms = {g.name: g for g in program.gemms}
+    units, hidden, per_layer = tiling.units_per_block, network.hidden_size, tiling.blocks_per_layer
+    owned = []
+    for block in range(tiling.blocks):
+        layer, first = divmod(block, per_layer)
+        first *= units
+        owned.append([layer, first, max(0, min(units, hidden - first))])
+    slices = []
+    for tile in tiling.gemms:
+        k_max = max(gemms[tile.name].k(network.layer_sizes(layer)) for layer in range(network.num_layers))
+        slices.append({"name": tile.name, "terms": tile.terms,
+                       "role": "input projection" if tile.hoisted else "recurrent",
+                       "where": "shared memory (resident)" if tile.resident else "streamed from global memory",
+                       "columns_per_block": tile.terms * units, "k": k_max,
+                       "weight_kib_per_block": tile.terms * units * k_max * FLOAT_BYTES / 1024})
+    config = tiling.config
+    return {"describe": tiling.describe(), "blocks": tiling.blocks, "blocks_per_layer": per_layer,
+            "num_layers": tiling.num_layers, "units_per_block": units, "threads": config.threads,
+            "accumulator": [config.rows_per_thread, config.cols_per_thread],
+            # "gemv" (a few batch rows: warps split the columns, no accumulator tile) or "tiled"
+            "path": getattr(tiling, "path", "tiled"),
+            "resident": list(tiling.resident), "smem_bytes": tiling.smem_bytes, "gemms": slices,
+            "notes": list(tiling.notes), "config": config.label(), "blocks_owned": owned}
+
+
+def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits) -> dict:
+    """A wavefront schedule ('graph' or 'persistent') for the interleaved plan: tiling, launches, barriers."""
+    from ..codegen.wavefront import stages
+    program, network = plan.program, plan.network
+    persistent = name == "persistent"
+    entry: dict[str, Any] = {"name": name, "eligible": False, "why_not": None, "tiling": None, "source": None}
+    why = eligibility(program)
+    if why is None:
+        try:
+            tiling = make_tiling(program, network, plan.batch, TileConfig(), limits, persistent=persistent)
+        except CompileError as e:
+            why = str(e)
+    if why is not None:
+        entry["why_not"] = why
+        return entry
+    present = stages(program)
+    wave_steps = plan.steps + network.num_layers - 1
+    barriers = wave_steps * len(present)
+    in_kernel = {t.name for t in tiling.gemms}
+    entry.update(
+        eligible=True, stages=list(present), wavefront_steps=wave_steps, tiling=tiling_dict(tiling, plan),
+        launches_per_step=0 if persistent else len(present),
+        kernel_launches_per_sequence=1 if persistent else barriers,
+        host_launches_per_sequence=1, barriers_per_sequence=barriers,
+        before_launch=[g.name for g in program.hoisted_gemms if g.name not in in_kernel])
+    if persistent:
+        entry["host_launch"] = "one persistent kernel"
+        entry["how"] = (f"one cooperative kernel for the whole sequence: {wave_steps} wavefront steps x "
+                        f"{len(present)} stage(s), a grid-wide barrier after each")
+        entry["sync"] = "grid-wide barrier (grid.sync) after every stage of every wavefront step"
+    else:
+        entry["host_launch"] = "graph replay"
+        entry["how"] = (f"one kernel per stage of every wavefront step ({wave_steps} x {len(present)} = {barriers} "
+                        "launches), captured once into a CUDA graph and replayed")
+        entry["sync"] = "kernel boundaries between the launches of the graph"
+    if entry["before_launch"]:
+        entry["how"] += f"; before it, {', '.join(entry['before_launch'])} as one cuBLAS GEMM over the sequence"
+    return entry
+
+
+def wavefront_source(name: str, plan: Plan, limits: DeviceLimits, doc: str = "") -> str:
+    """The generated CUDA of a wavefront schedule with the default tiling (raises CompileError when it cannot run)."""
+    from ..codegen.wavefront import render_wavefront
+    program = plan.program
+    why = eligibility(program)
+    if why is not None:
+        raise CompileError(f"cell '{program.source_cell.name}' cannot use schedule '{name}': {why}")
+    tiling = make_tiling(program, plan.network, plan.batch, TileConfig(), limits, persistent=name == "persistent")
+    return render_wavefront(program, plan.network, tiling, doc=doc)
+
+
+# ---- every schedule -------------------------------------------------------------------------------
+
+def schedules_report(plan: Plan, wavefront_plan: Plan, schedule: str | None = None, *, doc: str = "") -> dict:
+    """Every schedule for this network at (T, B). plan: the plan as asked for (the fused backend runs it);
+    wavefront_plan: the same network with layout='interleaved' (the wavefront schedules need it).
+    schedule: the one asked for (None, fused, graph, persistent or auto); the generated source of the
+    selected wavefront schedule (graph, persistent, or what auto picks) goes in its entry's "source"."""
+    schedule = check_schedule(schedule)
+    limits, limits_info = device_limits()
+    report: dict[str, Any] = {"requested": schedule, "limits": limits_info, "fused": fused_entry(plan)}
+    for name in WAVEFRONT_SCHEDULES:
+        report[name] = wavefront_entry(name, wavefront_plan, limits)
+    choices = cached_choices(wavefront_plan)
+    report["autotune"] = {"cache": _cache_path(), "choices": choices}
+    report["default"] = default_choice(report, _preferred(choices, None if limits_info["nominal"] else limits.name))
+    if schedule in (None, "auto"):
+        selected = dict(report["default"])
+        if schedule == "auto" and not choices:
+            selected["why"] += (" (backend='auto' times the candidates on its first run on a GPU and caches the "
+                                "choice)")
+    elif schedule == "fused" or report[schedule]["eligible"]:
+        selected = {"schedule": schedule, "why": "asked for"}
+    else:
+        selected = {"schedule": schedule, "why": f"asked for, but it cannot run this cell: "
+                                                 f"{report[schedule]['why_not']}"}
+    report["selected"] = selected
+    chosen = selected["schedule"]
+    if schedule is not None and chosen in WAVEFRONT_SCHEDULES and report[chosen]["eligible"]:
+        report[chosen]["source"] = wavefront_source(chosen, wavefront_plan, limits, doc)
+    return report
+
+
+def default_choice(report: dict, tuned: dict | None) -> dict:
+    """The schedule to show first: the autotuned one when cached, else the first wavefront schedule that can
+    run (persistent, then graph), else fused."""
+    if tuned is not None:
+        return {"schedule": tuned["schedule"], "why": f"the autotuner's choice on {tuned['device']}: {tuned['why']}"}
+    if report["persistent"]["eligible"]:
+        return {"schedule": "persistent", "why": "not autotuned for these sizes; the persistent kernel can run "
+                                                 "this cell"}
+    why = f"the persistent kernel cannot run this cell: {report['persistent']['why_not']}"
+    if report["graph"]["eligible"]:
+        return {"schedule": "graph", "why": f"not autotuned for these sizes; {why}; the graph schedule can"}
+    return {"schedule": "fused", "why": f"the wavefront schedules cannot run this cell: {report['graph']['why_not']}"}
+
+
+def _cache_path() -> str:
+    from .autotune import cache_path
+    return str(cache_path())

@@ -1,0 +1,187 @@
+"""explain()'s "schedules" section without a GPU: what fused, graph and persistent would do with a cell
+(eligibility, tiling, launches, barriers, shared memory), the autotuner's cached choice, the
+generated wavefront source, and the errors for a bad schedule name."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import engine
+from compiler_cells import input_sized
+from engine import backends
+from engine.codegen.wavefront import entry_points, render_wavefront, stages
+from engine.explain import explain, explain_json, explain_text
+from engine.plan import make_plan
+from engine.schedules.autotune import Choice, cache_key, write_entry
+from engine.schedules.tiling import H100, TileConfig, make_tiling
+
+SIZES = dict(input_size=24, hidden_size=40, num_layers=2, steps=6, batch=8)
+
+
+@pytest.fixture(autouse=True)
+def no_gpu_and_an_empty_cache(monkeypatch, tmp_path):
+    """The nominal H100 limits and a cache of our own, whatever this machine has."""
+    monkeypatch.setattr(backends, "gpu_status", lambda: (False, "no CUDA device (test)"))
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _network(name: str = "lstm", **sizes) -> engine.Network:
+    sizes = {**SIZES, **sizes}
+    return engine.Network(engine.preset(name).cell, sizes["input_size"], sizes["hidden_size"], sizes["num_layers"])
+
+
+def test_every_schedule_is_described_with_the_nominal_limits():
+    report = explain_json("lstm", **SIZES)["schedules"]
+    assert report["requested"] is None
+    assert report["limits"]["nominal"] and report["limits"]["name"] == H100.name
+    assert "no CUDA device (test)" in report["limits"]["why"]
+    assert report["limits"]["multiprocessors"] == H100.multiprocessors
+    assert {"fused", "graph", "persistent", "autotune", "default", "selected"} <= set(report)
+    assert all(report[name]["eligible"] for name in ("fused", "graph", "persistent"))
+    assert report["default"]["schedule"] == report["selected"]["schedule"] == "persistent"
+    assert report["graph"]["source"] is None and report["persistent"]["source"] is None
+    json.dumps(report)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "mgu", "indrnn"])
+def test_launches_and_barriers_per_sequence(name):
+    T, L = SIZES["steps"], SIZES["num_layers"]
+    data = explain_json(name, **SIZES)
+    report = data["schedules"]
+    program = make_plan(_network(name), T, SIZES["batch"], layout="interleaved").program
+    stage_count = len(stages(program))
+    graph, persistent, fused = report["graph"], report["persistent"], report["fused"]
+    assert graph["kernel_launches_per_sequence"] == (T + L - 1) * stage_count
+    assert graph["launches_per_step"] == stage_count and graph["host_launches_per_sequence"] == 1
+    assert persistent["kernel_launches_per_sequence"] == persistent["host_launches_per_sequence"] == 1
+    assert persistent["launches_per_step"] == 0
+    assert graph["barriers_per_sequence"] == persistent["barriers_per_sequence"] == (T + L - 1) * stage_count
+    assert fused["launches_per_step"] == data["launches_per_step"]
+    assert fused["kernel_launches_per_sequence"] == sum(c["launches_total"] for c in data["per_layer"])
+    assert fused["barriers_per_sequence"] is None
+
+
+@pytest.mark.parametrize("schedule", ["graph", "persistent"])
+def test_tiling_is_the_engines_and_every_unit_has_one_owner(schedule):
+    network = _network()
+    tiling = explain_json(network, steps=SIZES["steps"], batch=SIZES["batch"])["schedules"][schedule]["tiling"]
+    plan = make_plan(network, SIZES["steps"], SIZES["batch"], layout="interleaved")
+    expected = make_tiling(plan.program, network, SIZES["batch"], TileConfig(), H100,
+                           persistent=schedule == "persistent")
+    assert tiling["describe"] == expected.describe()
+    assert (tiling["blocks"], tiling["blocks_per_layer"], tiling["units_per_block"], tiling["smem_bytes"]) == (
+        expected.blocks, expected.blocks_per_layer, expected.units_per_block, expected.smem_bytes)
+    assert tiling["resident"] == list(expected.resident)
+    assert tiling["accumulator"] == [expected.config.rows_per_thread, expected.config.cols_per_thread]
+    assert len(tiling["blocks_owned"]) == expected.blocks
+    for layer in range(network.num_layers):
+        owned = sorted((first, units) for l, first, units in tiling["blocks_owned"] if l == layer)
+        covered = [u for first, units in owned for u in range(first, first + units)]
+        assert covered == list(range(network.hidden_size)), f"layer {layer}"
+    for g in tiling["gemms"]:
+        assert g["where"].startswith("shared memory") == (g["name"] in expected.resident)
+        assert g["weight_kib_per_block"] == pytest.approx(g["columns_per_block"] * g["k"] * 4 / 1024)
+    if schedule == "graph":
+        assert tiling["resident"] == []              # a fresh kernel every stage: nothing stays resident
+
+
+def test_one_layer_projects_its_input_with_cublas_before_the_launch():
+    report = explain_json("gru", **{**SIZES, "num_layers": 1})["schedules"]
+    for name in ("graph", "persistent"):
+        assert report[name]["before_launch"] == ["x_proj"]
+        assert "cuBLAS" in report[name]["how"]
+
+
+def test_too_many_layers_for_one_block_each_leaves_the_graph_schedule():
+    """A persistent kernel needs every block resident at once: more layers than SMs cannot be."""
+    report = explain_json("gru", input_size=4, hidden_size=4, num_layers=H100.multiprocessors + 1, steps=2,
+                          batch=2)["schedules"]
+    assert not report["persistent"]["eligible"] and "multiprocessors" in report["persistent"]["why_not"]
+    assert report["graph"]["eligible"]
+    assert report["default"]["schedule"] == "graph"
+
+
+def test_an_ineligible_cell_says_why_and_falls_back_to_fused():
+    report = explain_json(input_sized, **SIZES)["schedules"]
+    for name in ("graph", "persistent"):
+        assert not report[name]["eligible"] and report[name]["tiling"] is None
+        assert "h_gx_gemm" in report[name]["why_not"] and "size I" in report[name]["why_not"]
+    assert report["default"]["schedule"] == "fused"
+    text = explain_text(input_sized, **SIZES, schedule="persistent", sources=False)
+    assert "persistent: cannot run this cell: GEMM 'h_gx_gemm'" in text
+    assert "selected: persistent: asked for, but it cannot run this cell" in text
+
+
+@pytest.mark.parametrize("schedule", ["graph", "persistent"])
+def test_a_wavefront_schedule_brings_its_generated_source(schedule):
+    network = _network()
+    data = explain_json(network, steps=SIZES["steps"], batch=SIZES["batch"], schedule=schedule)
+    report = data["schedules"]
+    assert report["requested"] == schedule and report["selected"] == {"schedule": schedule, "why": "asked for"}
+    plan = make_plan(network, SIZES["steps"], SIZES["batch"], layout="interleaved")
+    tiling = make_tiling(plan.program, network, SIZES["batch"], TileConfig(), H100,
+                         persistent=schedule == "persistent")
+    assert report[schedule]["source"] == render_wavefront(plan.program, network, tiling)
+    other = "graph" if schedule == "persistent" else "persistent"
+    assert report[other]["source"] is None
+    names = entry_points(plan.program)
+    wanted = [names["persistent"]] if schedule == "persistent" else list(names["wave"])
+    assert all("__global__ void __launch_bounds__" in report[schedule]["source"] and n in report[schedule]["source"]
+               for n in wanted)
+
+
+def test_text_with_a_schedule_ends_with_its_source():
+    text = explain_text("gru", **SIZES, schedule="persistent")
+    source = explain_json("gru", **SIZES, schedule="persistent")["schedules"]["persistent"]["source"]
+    assert text.endswith(source)
+    assert "CUDA source of schedule 'persistent'" in text
+    for needle in ("schedules (tilings for NVIDIA H100 (nominal)", "graph: one kernel per stage",
+                   "persistent: one cooperative kernel", "registers:", "x_proj (input projection",
+                   "autotuner: nothing cached for this network at T=6, B=8", "selected: persistent: asked for"):
+        assert needle in text, needle
+    without = explain_text("gru", **SIZES, schedule="persistent", sources=False)
+    assert "__global__" not in without and without.rstrip().endswith("asked for")
+
+
+def test_text_without_a_schedule_stays_as_it_was():
+    """The schedules depend on the device and the autotune cache; the plain text must not."""
+    text = explain_text("gru", **SIZES)
+    assert "schedules (" not in text and "CUDA source:" in text
+
+
+def test_fused_and_auto_leave_the_source_to_the_fused_backend():
+    fused = explain_json("lstm", **SIZES, schedule="fused")["schedules"]
+    assert fused["selected"] == {"schedule": "fused", "why": "asked for"}
+    assert fused["graph"]["source"] is None and fused["persistent"]["source"] is None
+    auto = explain_json("lstm", **SIZES, schedule="auto")["schedules"]
+    assert auto["selected"]["schedule"] == "persistent"          # nothing tuned: the default
+    assert "backend='auto' times the candidates" in auto["selected"]["why"]
+    assert auto["persistent"]["source"]                          # what auto would run
+
+
+def test_the_autotuners_cached_choice_is_reported_and_shown_first():
+    network = _network()
+    T, B = SIZES["steps"], SIZES["batch"]
+    timings = [{"candidate": "fused", "ms": 0.5}, {"candidate": "graph (units=1 tile=4x4 threads=256)", "ms": 0.2},
+               {"candidate": "persistent (units=1 tile=4x4 threads=256)", "error": "too slow to build (test)"}]
+    key = cache_key(network, T, B, "Test GPU")
+    write_entry(key, Choice("graph", TileConfig(1), "fastest of 2 (test)", key, timings))
+    other = cache_key(network, T + 1, B, "Test GPU")                  # other sizes: not this network's
+    write_entry(other, Choice("fused", None, "other sizes (test)", other))
+    report = explain_json(network, steps=T, batch=B)["schedules"]
+    (choice,) = report["autotune"]["choices"]
+    assert choice == {"device": "Test GPU", "schedule": "graph", "config": TileConfig(1).label(),
+                      "why": "fastest of 2 (test)", "timings": timings}
+    assert report["default"]["schedule"] == report["selected"]["schedule"] == "graph"
+    assert "Test GPU" in report["default"]["why"]
+    text = explain_text(network, steps=T, batch=B, schedule="auto", sources=False)
+    assert "autotuner on Test GPU: graph (units=1" in text and "auto selects: graph" in text
+    assert "fused: 0.5 ms" in text and "error: too slow to build (test)" in text
+
+
+@pytest.mark.parametrize("call", [explain_json, explain_text, explain])
+def test_a_bad_schedule_name_names_the_argument_and_the_choices(call):
+    with pytest.raises(engine.CompileError, match="argument 'schedule'") as e:
+        call("lstm", schedule="warp")
+    assert "'warp'" in str(e.value) and "fused, graph, persistent, auto" in str(e.value)

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--input", help=".npy file with x of shape (T, B, I); random normal if omitted")
     p.add_argument("--params", help=".npz parameter file (keys layer<l>.<name>); seeded init if omitted")
     p.add_argument("--seed", type=int, default=0, help="seed for parameters and random inputs (default 0)")
-    p.add_argument("--backend", default="reference", help="auto | reference | naive | fused (default reference)")
+    p.add_argument("--backend", default="reference", help="auto | reference | naive | fused | graph | persistent (default reference)")
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"], help="precision (default float64)")
     p.add_argument("-o", "--output", default="run_outputs.npz",
                    help="where to save outputs and final states (.npz; default run_outputs.npz)")

@@ -20,8 +20,8 @@ from engine.bench import (ANCHORS, BenchConfig, SCHEMA, SCHEMA_VERSION, floors, 
                           save_results, text_summary)
 from engine.bench.configs import load_config_file
 from engine.bench.divergence import error_summary, gate, step_curves
-from engine.bench.implementations import (Case, CompileBudget, Cudnn, EngineBackend, Implementation, TorchCell,
-                                          select)
+from engine.bench.implementations import (AutoSchedule, Case, CompileBudget, Cudnn, EngineBackend, Implementation,
+                                          TorchCell, select)
 from engine.bench.progress import TextProgress
 from engine.bench.results import new_results
 from engine.bench.runner import add_derived, measure_cell, merge_groups, resolve_settings
@@ -286,6 +286,10 @@ def test_select_implementations():
     names = [i.name for i in everything]
     assert names[0] == "cudnn-fp32" and {"naive", "cudnn-tf32", "cudnn-fp16", "cudnn-bf16", "torch-eager",
                                          "torch.compile", "torchscript"} <= set(names)
+    # the engine's schedules are rows of their own, right after the backends they are compared with
+    assert names[1:6] == ["naive", "fused", "graph", "persistent", "auto"]
+    assert [i.name for i in select(everything, ["graph", "persistent", "auto"])] == ["graph", "persistent", "auto"]
+    assert all(i.family == "engine" for i in select(everything, ["fused", "graph", "persistent", "auto"]))
     assert [i.name for i in select(everything, ["torch-compile"])] == ["torch.compile", "torchscript"]
     with pytest.raises(BackendError, match="unknown implementation 'cudnn'"):
         select(everything, ["cudnn"])
@@ -544,3 +548,49 @@ def test_details_are_per_cell():
         assert entry["status"] == "ok", entry["reason"]
         entries.append(entry)
     assert [e["detail"]["steps"] for e in entries] == [2, 3]
+
+
+# ---- the autotuned schedule as its own row ---------------------------------------------------------------
+
+def _tiny_case(name="gru"):
+    config = BenchConfig("tiny", 3, 4, 2, 3, 2)
+    net = config.network(engine.preset(name).cell)
+    params = engine.init_params(net)
+    inputs = [np.random.default_rng(k).standard_normal((3, 2, 3)).astype(np.float32) for k in range(2)]
+    case = Case(name, net.cell, engine.preset(name), config, net, params, inputs, np, device="cpu")
+    return case, reference.run(net, params, inputs[0].astype(np.float64)).outputs
+
+
+def test_auto_row_without_a_gpu_says_why(no_gpu):
+    case, ref = _tiny_case()
+    (entry,) = measure_cell(case, [AutoSchedule(timer="wall")], ref, reps=20, warmup=1, buffers=2)
+    assert entry["name"] == "auto" and entry["family"] == "engine"
+    assert entry["status"] == "unavailable" and "no CUDA device (test)" in entry["reason"]
+
+
+def test_auto_row_runs_the_autotuners_choice(monkeypatch):
+    """On a GPU the choice is tune()'s; here tune and prepare are stand-ins that run the NumPy reference."""
+    from engine.schedules import autotune
+    monkeypatch.setattr(backends, "gpu_status", lambda: (True, "a GPU (test)"))
+    asked = []
+
+    def tune(network, params, steps, batch):
+        asked.append((network.cell.name, steps, batch))
+        return autotune.Choice("persistent", autotune.TileConfig(2), "fastest (test)", "key", cached=True)
+
+    class Program:
+        def __init__(self, network, params):
+            self.network, self.params = network, params
+
+        def run(self, x, poison=False):
+            return reference.run(self.network, self.params, np.asarray(x, dtype=np.float64))
+
+    monkeypatch.setattr(autotune, "tune", tune)
+    monkeypatch.setattr(autotune, "prepare", lambda candidate, network, params: Program(network, params))
+    case, ref = _tiny_case()
+    (entry,) = measure_cell(case, [AutoSchedule(timer="wall")], ref, reps=20, warmup=1, buffers=2)
+    assert entry["status"] == "ok", entry["reason"]
+    assert asked == [("gru", 3, 2)]
+    assert entry["detail"]["schedule"] == "persistent" and entry["detail"]["why"] == "fastest (test)"
+    assert entry["detail"]["config"] == autotune.TileConfig(2).label() and entry["detail"]["cached"] is True
+    assert entry["detail"]["poisoned"] is True and entry["reps"] == 20

@@ -3,9 +3,9 @@
     from engine.bench import run_bench, load_results, list_results, markdown_table
     results = run_bench(["lstm", "gru"], ["mid", "512,512,2,100,1"], quick=True, progress=callback)
 
-Implementations: the engine's GPU backends (naive, fused), cuDNN through torch.nn in fp32 (TF32
-off), TF32, fp16 and bf16, and the cell graph in torch ops (eager, and the faster of torch.compile
-and TorchScript). Each is checked against a float64 reference before it is timed; per-step error
+Implementations: the engine's GPU backends (naive, fused, and the schedules graph, persistent and
+auto, each its own row), cuDNN through torch.nn in fp32 (TF32 off), TF32, fp16 and bf16, and the
+cell graph in torch ops (eager, and the faster of torch.compile and TorchScript). Each is checked against a float64 reference before it is timed; per-step error
 curves are kept for the app. `python -m engine bench` is the CLI.
 """
 from .configs import ANCHORS, BenchConfig, load_config_file, parse_config, parse_configs

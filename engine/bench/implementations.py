@@ -7,8 +7,9 @@
     output(value, xp)                        that output as an xp float64 array
     teardown()                               drop everything it allocated
 
-Families: "engine" (the engine's GPU backends, through backend.prepare(...).run(x) when the backend
-has prepare, else backend.run), "cudnn" (torch.nn.LSTM/GRU/RNN), "torch" (the cell graph in torch
+Families: "engine" (the engine's GPU backends naive, fused, graph and persistent, through
+backend.prepare(...).run(x) when the backend has prepare, else backend.run; and "auto", the
+autotuner's choice, each its own row), "cudnn" (torch.nn.LSTM/GRU/RNN), "torch" (the cell graph in torch
 ops: eager, torch.compile, TorchScript). torch is imported only here and only when used.
 """
 from __future__ import annotations
@@ -219,6 +220,32 @@ class EngineBackend(Implementation):
         self.program = self._run = self.inputs = None
 
 
+class AutoSchedule(EngineBackend):
+    """backend='auto': the autotuner's choice for this cell and sizes, as its own row. The choice is made in
+    setup (tuned on this GPU, or read from the autotuner's cache), so it counts in the first call, not in
+    the timed runs; the row's detail says which schedule and tiling it picked, and why."""
+
+    def __init__(self, timer: str = "cupy"):
+        super().__init__("auto", timer)
+
+    def unavailable_reason(self, case: Case) -> str | None:
+        ok, why = backends.gpu_status()
+        return None if ok else f"backend 'auto' tunes on a GPU: {why}"
+
+    def setup(self, case: Case) -> None:
+        from ..schedules import autotune
+        self.inputs = case.inputs
+        choice = autotune.tune(case.network, case.params, case.config.steps, case.config.batch)
+        self.detail.update(schedule=choice.schedule, why=choice.why, cached=choice.cached,
+                           config=None if choice.config is None else choice.config.label())
+        self.program = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), case.network,
+                                        case.params)
+        self._run = self.program.run
+        self.takes_poison = "poison" in inspect.signature(self._run).parameters
+        self.detail["interface"] = "autotune.tune(...), then prepare(network, params).run(x) of its choice"
+        self.detail["poisoned"] = self.takes_poison
+
+
 # ---- cuDNN through torch.nn ---------------------------------------------------------------------------
 
 CUDNN_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -390,7 +417,7 @@ def default_implementations(compile_budget_s: float) -> list[Implementation]:
     """In measuring order: cuDNN fp32 first (the others' divergence is also taken against it).
     torch.compile and TorchScript each get the compile budget (TorchScript's is rarely touched)."""
     gpu_backends = getattr(backends, "GPU_BACKENDS", tuple(b for b in backends.BACKENDS if b != "reference"))
-    return [Cudnn("fp32"), *[EngineBackend(name) for name in gpu_backends],
+    return [Cudnn("fp32"), *[EngineBackend(name) for name in gpu_backends], AutoSchedule(),
             Cudnn("tf32"), Cudnn("fp16"), Cudnn("bf16"),
             TorchCell("eager"), TorchCell("compile", CompileBudget(compile_budget_s)),
             TorchCell("script", CompileBudget(compile_budget_s))]

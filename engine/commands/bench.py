@@ -19,7 +19,8 @@ def add_parser(subparsers) -> None:
                         help="configuration, repeatable: an anchor (blogB, mid, lat, large, blogA), five "
                              "integers I,H,L,T,B, or a JSON file (benchmarks/configs/); default: every anchor")
     parser.add_argument("--impl", action="append", metavar="NAME",
-                        help="only these implementations, repeatable (e.g. naive, cudnn-fp32, torch-compile)")
+                        help="only these implementations, repeatable (e.g. fused, graph, persistent, auto, cudnn-fp32, "
+                             "torch-compile)")
     parser.add_argument("--quick", action="store_true",
                         help="20 repetitions, 3 warm-ups, 3 input buffers, 60 s of compile budget (else 50, 5, 4, 300 s)")
     parser.add_argument("--reps", type=int, help="timed repetitions (at least 20)")

@@ -234,6 +234,64 @@ def stage_launches_figure(plan: Mapping) -> go.Figure:
     return fig
 
 
+# ---- GPU schedules (explain_json()["schedules"], engine/schedules/report.py) --------------------
+
+SCHEDULE_NAMES = ("fused", "graph", "persistent")
+BLOCK_COLOURS = ("#4c78a8", "#72b7b2", "#f58518", "#e45756", "#54a24b", "#b279a2")
+
+
+def block_tiling_figure(tiling: Mapping, *, schedule: str = "") -> go.Figure:
+    """Which block owns which hidden units of which layer: one horizontal bar per thread block.
+
+    tiling: a wavefront schedule's "tiling" from explain_json (blocks_owned = [[layer, first unit,
+    units], ...] in block order). Neighbouring blocks alternate colours so their edges show.
+    """
+    owned = tiling["blocks_owned"]
+    resident = ", ".join(tiling.get("resident") or []) or "none"
+    memory = f"{tiling['smem_bytes'] / 1024:.1f} KiB shared memory per block; weights resident: {resident}"
+    fig = go.Figure(go.Bar(
+        orientation="h", y=[f"layer {layer}" for layer, _, _ in owned], x=[units for _, _, units in owned],
+        base=[first for _, first, _ in owned],
+        marker=dict(color=[BLOCK_COLOURS[b % len(BLOCK_COLOURS)] for b in range(len(owned))],
+                    line=dict(width=1, color="white")),
+        customdata=[[b, layer, first, first + units - 1, units] for b, (layer, first, units) in enumerate(owned)],
+        hovertemplate=("block %{customdata[0]}: layer %{customdata[1]}, hidden units %{customdata[2]} to "
+                       "%{customdata[3]} (%{customdata[4]} units, every gate of them)<br>" + memory
+                       + "<extra></extra>"),
+        name="thread block", showlegend=False))
+    title = (f"{schedule + ': ' if schedule else ''}{tiling['blocks']} blocks = {tiling['blocks_per_layer']} per "
+             f"layer x {tiling['num_layers']} layer(s), {tiling['units_per_block']} hidden units each")
+    fig.update_layout(title=title, barmode="overlay", bargap=0.15,
+                      xaxis=dict(title="hidden unit (a block owns these columns of every gate)"),
+                      yaxis=dict(title="layer", autorange="reversed", type="category"),
+                      height=max(220, 40 * tiling["num_layers"] + 140), margin=dict(l=40, r=20, t=50, b=40))
+    return fig
+
+
+def schedule_comparison_table(report: Mapping) -> list[dict]:
+    """One row per schedule: how the host launches it, kernel launches and barriers, whether it can run."""
+    rows = []
+    for name in SCHEDULE_NAMES:
+        entry = report[name]
+        if not entry["eligible"]:
+            rows.append({"schedule": name, "can run": "no", "host launches per sequence": None, "launched as": "",
+                         "kernel launches per step": None, "kernel launches per sequence": None,
+                         "barriers per sequence": None, "synchronisation": entry["why_not"]})
+            continue
+        rows.append({"schedule": name, "can run": "yes",
+                     "host launches per sequence": entry["host_launches_per_sequence"],
+                     "launched as": entry["host_launch"], "kernel launches per step": entry["launches_per_step"],
+                     "kernel launches per sequence": entry["kernel_launches_per_sequence"],
+                     "barriers per sequence": entry["barriers_per_sequence"], "synchronisation": entry["sync"]})
+    return rows
+
+
+def shared_memory_table(tiling: Mapping) -> list[dict]:
+    """One row per GEMM a block computes: its weight slice, and whether it is resident or streamed."""
+    return [{"GEMM": g["name"], "role": g["role"], "weights": g["where"], "columns per block": g["columns_per_block"],
+             "K": g["k"], "KiB per block": round(g["weight_kib_per_block"], 1)} for g in tiling["gemms"]]
+
+
 # ---- benchmark results (engine/bench/results.py schema) ----------------------------------------
 
 RESULT_COLUMNS = ("preset", "config", "I", "H", "L", "T", "B", "implementation", "family", "precision", "status",

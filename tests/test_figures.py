@@ -139,3 +139,48 @@ def test_stage_launches_count_each_gemm_and_kernel_once():
                                              (12, "B", "12 B"), (3.2e13, "FLOP", "32.00 TFLOP")])
 def test_si(value, unit, text):
     assert figures.si(value, unit) == text
+
+
+# ---- GPU schedules ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def schedules(monkeypatch, tmp_path):
+    """explain_json's schedules of a 3-layer GRU, with the nominal H100 limits and an empty autotune cache."""
+    explain = pytest.importorskip("engine.explain")
+    monkeypatch.setattr(engine.backends, "gpu_status", lambda: (False, "no CUDA device (test)"))
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
+    return explain.explain_json("gru", input_size=24, hidden_size=100, num_layers=3, steps=9, batch=16)["schedules"]
+
+
+@pytest.mark.parametrize("name", ["graph", "persistent"])
+def test_block_tiling_figure_draws_one_bar_per_block_where_it_sits(schedules, name):
+    tiling = schedules[name]["tiling"]
+    fig = figures.block_tiling_figure(tiling, schedule=name)
+    (bars,) = fig.data
+    assert len(bars.x) == tiling["blocks"] == len(tiling["blocks_owned"])
+    for (layer, first, units), y, base, width in zip(tiling["blocks_owned"], bars.y, bars.base, bars.x):
+        assert (y, base, width) == (f"layer {layer}", first, units)
+    assert fig.layout.title.text.startswith(f"{name}: {tiling['blocks']} blocks")
+    assert fig.layout.xaxis.title.text.startswith("hidden unit") and fig.layout.yaxis.title.text == "layer"
+    assert "block %{customdata[0]}" in bars.hovertemplate and "KiB shared memory" in bars.hovertemplate
+    colours = list(bars.marker.color)
+    assert all(a != b for a, b in zip(colours, colours[1:]))        # neighbouring blocks can be told apart
+
+
+def test_schedule_comparison_table_has_a_row_per_schedule(schedules):
+    rows = {r["schedule"]: r for r in figures.schedule_comparison_table(schedules)}
+    assert list(rows) == ["fused", "graph", "persistent"]
+    assert rows["persistent"]["host launches per sequence"] == 1
+    assert rows["persistent"]["launched as"] == "one persistent kernel"
+    assert rows["graph"]["launched as"] == "graph replay"
+    assert rows["graph"]["kernel launches per sequence"] == schedules["graph"]["kernel_launches_per_sequence"]
+    assert rows["fused"]["launched as"] == "per-step launches" and rows["fused"]["barriers per sequence"] is None
+    ineligible = dict(schedules, graph={"eligible": False, "why_not": "no (test)"})
+    assert figures.schedule_comparison_table(ineligible)[1]["can run"] == "no"
+
+
+def test_shared_memory_table_says_resident_or_streamed(schedules):
+    rows = figures.shared_memory_table(schedules["persistent"]["tiling"])
+    assert [r["GEMM"] for r in rows] == [g["name"] for g in schedules["persistent"]["tiling"]["gemms"]]
+    assert {r["weights"] for r in figures.shared_memory_table(schedules["graph"]["tiling"])} == {
+        "streamed from global memory"}

@@ -1,7 +1,9 @@
-"""Schedule: the dependency diagonals of layers x time steps, and what runs in each step.
+"""Schedule: the dependency diagonals of layers x time steps, what runs in each step, and how each GPU
+schedule (fused, graph, persistent) runs it.
 
 The wavefront comes from engine.schedule; the GEMM and kernel assignment, launches, FLOPs and bytes
-from the compiled plan (engine.explain); on a GPU, a measured timeline from engine.bench.
+from the compiled plan (engine.explain); the schedules' tilings, launches, barriers and the
+autotuner's choice from explain_json()["schedules"]; on a GPU, a measured timeline from engine.bench.
 """
 from __future__ import annotations
 
@@ -80,6 +82,105 @@ def plan_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> dict | None:
     return plan
 
 
+def choose_schedule_ui(report: dict) -> str:
+    """The schedule to draw. Starts at the autotuned choice when cached, else persistent when it can run,
+    and starts there again whenever that default changes (another cell, other sizes)."""
+    default = report["default"]["schedule"]
+    tuned = {c["schedule"] for c in report["autotune"]["choices"]}
+    if st.session_state.get("schedule.choice_seed") != default or "schedule.choice" not in st.session_state:
+        st.session_state["schedule.choice_seed"] = default
+        st.session_state["schedule.choice"] = default
+
+    def label(name: str) -> str:
+        notes = (["autotuned"] if name in tuned else []) + ([] if report[name]["eligible"] else ["cannot run"])
+        return name + (f" ({', '.join(notes)})" if notes else "")
+
+    return st.radio("GPU schedule", figures.SCHEDULE_NAMES, key="schedule.choice", horizontal=True,
+                    format_func=label, help="fused: cuBLAS + fused kernels launched every step; graph: one "
+                    "kernel per stage of every wavefront step, replayed from a CUDA graph; persistent: one "
+                    "cooperative kernel for the whole sequence")
+
+
+def schedule_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> None:
+    st.subheader("How the GPU runs it")
+    cell_json = engine.to_json(cell)
+    try:
+        explained = engine_cache.plan(cell_json, **sizes, autotune_stamp=engine_cache.autotune_stamp())
+    except engine.EngineError as e:
+        st.error(f"The schedules of cell '{cell.name}' could not be described: {e}")
+        return
+    if explained is None or "schedules" not in explained:
+        st.info("The schedules are not available: engine.explain does not describe them in this engine.")
+        return
+    report = explained["schedules"]
+    chosen = choose_schedule_ui(report)
+    st.caption(f"Shown first: {report['default']['schedule']}, {report['default']['why']}.")
+    entry = report[chosen]
+    if not entry["eligible"]:
+        st.warning(f"The {chosen} schedule cannot run cell '{cell.name}': {entry['why_not']}")
+    else:
+        schedule_metrics_ui(entry)
+        if chosen != "fused":
+            wavefront_schedule_ui(cell, cell_json, sizes, chosen, entry, report["limits"])
+        else:
+            st.caption(f"{entry['how']}. Its GEMMs and kernels are the table above.")
+    st.dataframe(figures.schedule_comparison_table(report), hide_index=True, key="schedule.compare")
+    autotune_ui(report["autotune"])
+
+
+def schedule_metrics_ui(entry: dict) -> None:
+    cols = st.columns(4)
+    cols[0].metric("host launches per sequence", entry["host_launches_per_sequence"], help=entry["host_launch"])
+    cols[1].metric("kernel launches per step", entry["launches_per_step"],
+                   help="per wavefront step (every layer's step together) for graph and persistent")
+    cols[2].metric("kernel launches per sequence", entry["kernel_launches_per_sequence"])
+    barriers = entry["barriers_per_sequence"]
+    cols[3].metric("barriers per sequence", "none" if barriers is None else barriers, help=entry["sync"])
+
+
+def wavefront_schedule_ui(cell: engine.CellGraph, cell_json: str, sizes: dict[str, int], chosen: str, entry: dict,
+                          limits: dict) -> None:
+    tiling = entry["tiling"]
+    st.caption(f"{entry['how']}.")
+    st.plotly_chart(figures.block_tiling_figure(tiling, schedule=chosen), key="schedule.blocks")
+    where = "nominal limits" if limits["nominal"] else "this GPU's limits"
+    st.caption(f"Tiling for {limits['name']} ({limits['multiprocessors']} SMs, {where}): {tiling['describe']}.")
+    cols = st.columns(3)
+    cols[0].metric("thread blocks", tiling["blocks"], help=f"{tiling['blocks_per_layer']} per layer")
+    cols[1].metric("shared memory per block", f"{tiling['smem_bytes'] / 1024:.1f} KiB",
+                   help="resident weight slices and the staging area")
+    rows, columns = tiling["accumulator"]
+    if tiling.get("path") == "gemv":
+        cols[2].metric("registers per thread", "warp GEMV", help="a batch of at most 4 rows: the lanes of a warp "
+                       "split K and keep partial dot products; no accumulator tile")
+    else:
+        cols[2].metric("registers per thread", f"{rows} x {columns} accumulators",
+                       help="batch rows x GEMM columns of the accumulator tile a thread keeps")
+    st.dataframe(figures.shared_memory_table(tiling), hide_index=True, key="schedule.smem")
+    for note in tiling["notes"]:
+        st.caption(note)
+    if st.toggle("Show the generated CUDA", key="schedule.show_source"):
+        try:
+            source = engine_cache.plan(cell_json, **sizes, schedule=chosen)["schedules"][chosen]["source"]
+        except engine.EngineError as e:
+            st.error(f"The {chosen} kernel for cell '{cell.name}' could not be generated: {e}")
+            return
+        st.code(source, language="cpp")
+
+
+def autotune_ui(tuned: dict) -> None:
+    if not tuned["choices"]:
+        st.caption(f"The autotuner has no choice cached for these sizes ({tuned['cache']}); backend='auto' times "
+                   "the candidates on its first run on a GPU.")
+        return
+    for i, choice in enumerate(tuned["choices"]):
+        config = f" ({choice['config']})" if choice["config"] else ""
+        with st.expander(f"Autotuned on {choice['device']}: {choice['schedule']}{config}"):
+            st.write(choice["why"])
+            st.dataframe([{"candidate": t.get("candidate"), "ms": t.get("ms"), "error": t.get("error")}
+                          for t in choice["timings"]], hide_index=True, key=f"schedule.autotune.{i}")
+
+
 def timeline_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> None:
     st.subheader("Measured timeline")
     ok, reason = engine_cache.gpu_status()
@@ -109,5 +210,6 @@ if sizes is not None:
     if cell is None:
         st.warning("The current design is not a valid cell; fix it in the Designer to see its plan.")
     else:
-        plan_ui(cell, sizes)
+        if plan_ui(cell, sizes) is not None:          # else plan_ui has said why
+            schedule_ui(cell, sizes)
         timeline_ui(cell, sizes)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -185,6 +186,110 @@ def test_schedule_timeline_needs_a_gpu(open_page):
     if ok:
         pytest.skip("this machine has a GPU; the message is for machines without one")
     assert "Live timelines need a GPU" in texts(at.info)
+
+
+# ---- Schedule: the GPU schedules -------------------------------------------------------------------
+
+MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
+
+
+@pytest.fixture
+def autotune_cache(tmp_path, monkeypatch):
+    """An autotune cache of the test's own, empty until the test writes to it."""
+    path = tmp_path / "autotune"
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(path))
+    return path
+
+
+def _sizes(at) -> dict:
+    return {k: at.number_input(key=f"schedule.{k}").value for k in
+            ("input_size", "hidden_size", "num_layers", "steps", "batch")}
+
+
+def _schedules(cell, sizes) -> dict:
+    from engine.explain import explain_json
+    return explain_json(cell, **sizes)["schedules"]
+
+
+def test_schedule_draws_the_persistent_blocks_by_default(open_page, autotune_cache):
+    at = open_page("schedule")
+    assert at.radio(key="schedule.choice").value == "persistent"
+    report = _schedules(engine.preset("lstm").cell, _sizes(at))
+    entry = report["persistent"]
+    tiling = entry["tiling"]
+    (bars,) = chart_spec(at, "schedule.blocks")["data"]
+    assert bars["y"] == [f"layer {layer}" for layer, _, _ in tiling["blocks_owned"]]
+    assert bars["base"] == [first for _, first, _ in tiling["blocks_owned"]]
+    assert bars["x"] == [units for _, _, units in tiling["blocks_owned"]]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["host launches per sequence"] == "1" and metrics["kernel launches per sequence"] == "1"
+    assert metrics["barriers per sequence"] == str(entry["barriers_per_sequence"])
+    assert metrics["thread blocks"] == str(tiling["blocks"])
+    assert metrics["shared memory per block"] == f"{tiling['smem_bytes'] / 1024:.1f} KiB"
+    smem = next(d.value for d in at.dataframe if "GEMM" in d.value.columns)
+    assert list(smem["GEMM"]) == [g["name"] for g in tiling["gemms"]]
+    assert list(smem["weights"]) == [g["where"] for g in tiling["gemms"]]
+    compare = next(d.value for d in at.dataframe if "schedule" in d.value.columns)
+    assert list(compare["schedule"]) == ["fused", "graph", "persistent"]
+    assert list(compare["launched as"]) == ["per-step launches", "graph replay", "one persistent kernel"]
+    assert "no choice cached" in texts(at.caption)
+    assert not at.error and not at.warning
+
+
+def test_schedule_selector_switches_what_is_drawn(open_page, autotune_cache):
+    at = open_page("schedule")
+    report = _schedules(engine.preset("lstm").cell, _sizes(at))
+    at.radio(key="schedule.choice").set_value("graph").run()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["kernel launches per sequence"] == str(report["graph"]["kernel_launches_per_sequence"])
+    assert metrics["kernel launches per step"] == str(report["graph"]["launches_per_step"])
+    assert chart_spec(at, "schedule.blocks")["layout"]["title"]["text"].startswith("graph: ")
+    at.toggle(key="schedule.show_source").set_value(True).run()
+    cuda = [c.value for c in at.code if c.language == "cpp" and "engine.codegen.wavefront" in c.value]
+    assert len(cuda) == 1 and "_wave_s" in cuda[0] and "cooperative_groups" not in cuda[0]
+    at.radio(key="schedule.choice").set_value("fused").run()
+    assert "schedule.blocks" not in chart_keys(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["host launches per sequence"] == str(report["fused"]["host_launches_per_sequence"])
+    assert metrics["barriers per sequence"] == "none"
+    assert not at.exception and not at.error
+
+
+def test_schedule_starts_at_the_autotuners_choice(open_page, autotune_cache):
+    from app.state import DEFAULT_SIZES
+    from engine.schedules.autotune import Choice, TileConfig, cache_key, write_entry
+    network = engine.Network(engine.preset("lstm").cell, DEFAULT_SIZES["input_size"], DEFAULT_SIZES["hidden_size"],
+                             DEFAULT_SIZES["num_layers"])
+    key = cache_key(network, DEFAULT_SIZES["steps"], DEFAULT_SIZES["batch"], "Test GPU")
+    write_entry(key, Choice("graph", TileConfig(4), "fastest of 3 (test)", key, [{"candidate": "graph", "ms": 0.1}]))
+    at = open_page("schedule")
+    choice = at.radio(key="schedule.choice")
+    assert choice.value == "graph"
+    assert "the autotuner's choice on Test GPU: fastest of 3 (test)" in texts(at.caption)
+    assert [e.label for e in at.expander if e.label.startswith("Autotuned")] == [
+        f"Autotuned on Test GPU: graph ({TileConfig(4).label()})"]
+
+
+def test_schedule_says_why_a_cell_cannot_use_the_wavefront_schedules(tmp_path, monkeypatch, autotune_cache):
+    from streamlit.testing.v1 import AppTest
+
+    from compiler_cells import input_sized
+    designs = tmp_path / "designs"
+    designs.mkdir()
+    (designs / "autosave.json").write_text(engine.to_json(input_sized))
+    monkeypatch.setenv("RNN_DESIGNS_DIR", str(designs))
+    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.run()
+    at.switch_page("views/schedule.py").run()
+    assert not at.exception, texts(at.exception)
+    assert at.radio(key="schedule.choice").value == "fused"         # nothing else can run it
+    assert "the wavefront schedules cannot run this cell" in texts(at.caption)
+    at.radio(key="schedule.choice").set_value("persistent").run()
+    warning = texts(at.warning)
+    assert "The persistent schedule cannot run cell 'input_sized'" in warning and "h_gx_gemm" in warning
+    assert "schedule.blocks" not in chart_keys(at) and not at.error
+    compare = next(d.value for d in at.dataframe if "schedule" in d.value.columns)
+    assert list(compare["can run"]) == ["yes", "no", "no"]
 
 
 # ---- Export ---------------------------------------------------------------------------------------

@@ -365,6 +365,30 @@ def speedup_rows(results: Mapping, implementation: str, baselines: Sequence[str]
     return rows
 
 
+def engine_time_bars(results: Mapping) -> go.Figure:
+    """The engine's backends and schedules side by side: median time per (cell, configuration), one bar
+    per engine implementation that ran (naive, fused, graph, persistent, auto, ...)."""
+    names = [n for n in implementations_in(results) if any(
+        e.get("name") == n and e.get("family") == "engine" for c in results.get("cells", [])
+        for e in c.get("implementations") or [])]
+    configs = [cell_label(c) for c in results.get("cells", [])]
+    fig = go.Figure()
+    for name in names:
+        medians, notes = [], []
+        for cell in results.get("cells", []):
+            entry = next((e for e in cell.get("implementations") or [] if e.get("name") == name), None)
+            ok = entry is not None and entry.get("status") == "ok"
+            medians.append(entry.get("median_ms") if ok else None)
+            picked = ((entry or {}).get("detail") or {}).get("schedule")
+            notes.append(f"autotuned: {picked}" if picked else "")
+        fig.add_trace(go.Bar(name=name, x=configs, y=medians, customdata=notes,
+                             hovertemplate="%{x}: %{y:.3f} ms %{customdata}<extra>" + name + "</extra>"))
+    fig.update_layout(barmode="group", title="Engine backends and schedules: median time per run",
+                      xaxis=dict(title="cell · configuration"), yaxis=dict(title="median time (ms, lower is better)"),
+                      legend=LEGEND_ON_TOP, margin=dict(l=40, r=20, t=60, b=40))
+    return fig
+
+
 def divergence_series(results: Mapping, cell_index: int, against: str = "vs_reference",
                       stat: str = "max") -> list[dict]:
     """Per-step error curves of every implementation of one benchmarked cell, against the float64

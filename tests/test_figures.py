@@ -184,3 +184,19 @@ def test_shared_memory_table_says_resident_or_streamed(schedules):
     assert [r["GEMM"] for r in rows] == [g["name"] for g in schedules["persistent"]["tiling"]["gemms"]]
     assert {r["weights"] for r in figures.shared_memory_table(schedules["graph"]["tiling"])} == {
         "streamed from global memory"}
+
+
+def test_engine_time_bars_give_each_schedule_its_own_bars():
+    def entry(name, family, ms, **extra):
+        return {"name": name, "family": family, "status": "ok", "median_ms": ms, **extra}
+
+    results = {"cells": [{"preset": "lstm", "config": {"name": "lat"}, "implementations": [
+        entry("cudnn-fp32", "cudnn", 1.0), entry("fused", "engine", 2.0), entry("graph", "engine", 0.5),
+        entry("persistent", "engine", 0.25), entry("auto", "engine", 0.26, detail={"schedule": "persistent"}),
+        {"name": "naive", "family": "engine", "status": "failed", "reason": "boom"}]}]}
+    fig = figures.engine_time_bars(results)
+    bars = {t.name: (list(t.x), list(t.y), list(t.customdata)) for t in fig.data}
+    assert list(bars) == ["fused", "graph", "persistent", "auto"]          # engine rows that ran; no cuDNN
+    assert bars["persistent"][:2] == (["lstm · lat"], [0.25])
+    assert bars["auto"][2] == ["autotuned: persistent"]
+    assert fig.layout.yaxis.title.text.startswith("median time") and fig.layout.title.text

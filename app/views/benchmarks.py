@@ -1,6 +1,8 @@
 """Benchmarks: run the harness live on the GPU, and browse saved results (benchmarks/results/*.json).
 
-Everything but the live run works without a GPU. The numbers are the harness's (engine.bench); the
+The engine's backends and schedules (naive, fused, graph, persistent, auto) are rows of their own, in
+the live run's choice, the speedup chart, the engine's side-by-side chart and the table. Everything
+but the live run works without a GPU. The numbers are the harness's (engine.bench); the
 page only picks which to draw.
 """
 from __future__ import annotations
@@ -30,11 +32,13 @@ def bench_api() -> dict | None:
     found = {name: engine_cache.optional("engine.bench", name) for name in ("run_bench", "list_results",
                                                                               "load_results")}
     found["anchors"] = engine_cache.optional("engine.bench.configs", "ANCHORS")
+    found["implementations"] = engine_cache.optional("engine.bench.implementations", "implementation_choices")
     return None if any(f is None for f in found.values()) else found
 
 
-def choices_ui(anchors: dict) -> tuple[list, list, bool] | None:
-    """Which cells and configurations to run. Returns (cells, configs, quick) or None when invalid."""
+def choices_ui(anchors: dict, implementations: list[str]) -> tuple[list, list, bool, list[str]] | None:
+    """Which cells, configurations and implementations to run. Returns (cells, configs, quick,
+    implementations) or None when invalid."""
     if BENCH_REQUEST in st.session_state:
         st.session_state["benchmarks.presets"] = st.session_state.pop(BENCH_REQUEST)
     elif "benchmarks.presets" not in st.session_state:
@@ -49,6 +53,10 @@ def choices_ui(anchors: dict) -> tuple[list, list, bool] | None:
         if sizes is None:
             return None
         configs = [*configs, ",".join(str(sizes[k]) for k in engine_cache.SIZE_FIELDS)]
+    chosen_implementations = st.multiselect(
+        "Implementations", implementations, default=implementations, key="benchmarks.implementations",
+        help="the engine's backends and schedules (naive, fused, graph, persistent, auto: the autotuner's "
+             "choice) each get their own row, beside cuDNN and PyTorch")
     quick = st.toggle("Quick (fewer repetitions)", value=True, key="benchmarks.quick")
     cells = []
     for name in chosen:
@@ -67,26 +75,30 @@ def choices_ui(anchors: dict) -> tuple[list, list, bool] | None:
     if not configs:
         st.error("configurations: choose at least one configuration")
         return None
-    return cells, configs, quick
+    if not chosen_implementations:
+        st.error("implementations: choose at least one implementation to time")
+        return None
+    return cells, configs, quick, chosen_implementations
 
 
 def live_ui(api: dict) -> None:
     st.subheader("Run live")
     ok, reason = engine_cache.gpu_status()
-    picked = choices_ui(api["anchors"])
+    picked = choices_ui(api["anchors"], api["implementations"]())
     if not ok:
         st.info(f"Live runs need a GPU: {reason}. The saved results below work without one.")
     if not st.button("Run the benchmark", key="benchmarks.run", type="primary", disabled=not ok or picked is None,
                      icon=":material/play_arrow:"):
         return
-    cells, configs, quick = picked
+    cells, configs, quick, implementations = picked
     bar = st.progress(0.0, text="starting")
 
     def progress(done: int, total: int, label: str) -> None:
         bar.progress(min(done / total, 1.0) if total else 0.0, text=label)
 
     try:
-        results = api["run_bench"](cells, configs, quick=quick, out_dir=None, progress=progress)
+        results = api["run_bench"](cells, configs, implementations=implementations, quick=quick, out_dir=None,
+                                   progress=progress)
     except engine.EngineError as e:
         st.error(f"The benchmark did not run: {e}")
         return
@@ -152,6 +164,9 @@ def results_ui(api: dict) -> None:
         if cell.get("status") != "ok":
             st.warning(f"{figures.cell_label(cell)}: {cell.get('status')}: {cell.get('reason')}")
     speedup_ui(results)
+    engine_bars = figures.engine_time_bars(results)
+    if len(engine_bars.data) > 1:               # one engine implementation alone compares with nothing
+        st.plotly_chart(engine_bars, key="benchmarks.engine")
     rows = figures.results_table(results)
     st.dataframe(rows, hide_index=True, key="benchmarks.table")
     left, right = st.columns(2)

@@ -42,12 +42,14 @@ def synthetic_results(rng, steps: int = 12) -> dict:
     for preset, config in (("lstm", "lat"), ("gru", "mid")):
         entries = []
         for name, family, precision in (("cudnn-fp32", "cudnn", "fp32"), ("naive", "engine", "fp32"),
-                                        ("fused", "engine", "fp32"), ("torch-eager", "torch", "fp32"),
-                                        ("cudnn-fp16", "cudnn", "fp16")):
+                                        ("fused", "engine", "fp32"), ("graph", "engine", "fp32"),
+                                        ("persistent", "engine", "fp32"), ("auto", "engine", "fp32"),
+                                        ("torch-eager", "torch", "fp32"), ("cudnn-fp16", "cudnn", "fp16")):
             entries.append({
                 "name": name, "family": family, "precision": precision, "status": "ok", "reason": None,
                 "median_ms": float(rng.uniform(0.1, 10.0)), "min_ms": None, "max_ms": None,
                 "speedup": {}, "error": {"max_abs": float(rng.uniform(1e-7, 1e-5))},
+                "detail": {"schedule": "persistent"} if name == "auto" else {},
                 "divergence": {"vs_reference": {"max": rng.uniform(1e-8, 1e-5, steps).tolist(),
                                                 "mean": rng.uniform(1e-9, 1e-6, steps).tolist()},
                                "vs_cudnn_fp32": {"max": rng.uniform(1e-8, 1e-5, steps).tolist(),

@@ -400,6 +400,28 @@ def test_benchmarks_baselines_and_implementation_are_chosen(open_page, saved_res
     assert dict(zip(trace["x"], trace["y"]))["gru · mid"] == pytest.approx(medians["cudnn-fp16"] / medians["naive"])
 
 
+def test_benchmarks_show_each_schedule_as_its_own_row(open_page, saved_results):
+    if not bench_available():
+        pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")
+    at = open_page("benchmarks")
+    schedules = ["graph", "persistent", "auto"]
+    assert set(schedules) <= set(at.multiselect(key="benchmarks.implementations").options)
+    assert set(schedules) <= set(at.multiselect(key="benchmarks.implementations").value)
+    table = at.dataframe[0].value
+    for cell in saved_results["cells"]:
+        label = table[(table["preset"] == cell["preset"]) & (table["config"] == cell["config"]["name"])]
+        medians = {e["name"]: e["median_ms"] for e in cell["implementations"] if e["status"] == "ok"}
+        for name in schedules:
+            (row,) = label[label["implementation"] == name]["median_ms"]
+            assert row == pytest.approx(medians[name])
+    engine_bars = chart_spec(at, "benchmarks.engine")["data"]
+    assert [t["name"] for t in engine_bars] == ["naive", "fused", "graph", "persistent", "auto"]
+    assert set(schedules) <= set(at.selectbox(key="benchmarks.mine").options)
+    at.selectbox(key="benchmarks.mine").set_value("persistent").run()
+    spec = chart_spec(at, "benchmarks.speedup")
+    assert spec["layout"]["title"]["text"].startswith("persistent:")
+
+
 def test_benchmarks_custom_sizes_name_the_absurd_field(open_page):
     if not bench_available():
         pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")

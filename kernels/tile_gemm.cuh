@@ -3,118 +3,351 @@
 //     Y[b, c] = sum_k X[b, k] * W[c, k]  (+ bias[c])      b < B, c < NC
 //
 // X is a (B, K) row-major operand in global memory that other blocks of the same launch may have
-// written (h_{t-1}, a previous layer's output): it is read through L2 with __ldcg, never through
-// the non-coherent read-only path. W is the block's NC rows of a packed weight (N, K), read-only
-// for the whole run: either resident in shared memory, transposed as Ws[k * ncp + c] with ncp the
-// padded NC (zeros past NC), or in global memory, staged chunk by chunk. Y is global.
+// written (h_{t-1}, a previous layer's output): it is read through L2 only (cp.async.cg, __ldcg),
+// never through the non-coherent read-only path. W is the block's NC rows of a packed weight
+// (N, K), read-only for the whole run: either resident in shared memory (rnn_load_resident, rows of
+// stride rnn_row_stride(K), zero past K and past NC) or in global memory. Y is global.
 //
-// Threads: output groups of RB rows x RC columns, held in registers. When a block has more
-// threads than groups, the K range is split among them and the partial sums are reduced through
-// shared memory (the small-batch case: B = 1 has 1 row and 4..64 columns per block). When it has
-// fewer, each thread takes several groups in turn. RB and RC are compile-time, so the inner loop
-// is fully unrolled and the accumulators stay in registers.
+// Two shapes of the same product, picked by the generator at compile time:
 //
-// Shared memory (floats): xs KC * bp, ws KC * ncp (only when W is not resident), red blockDim * RB * RC.
+// rnn_warp_gemv<BR, CW, VEC> for a few batch rows (B <= 4): a warp owns CW columns; its lanes
+//   split K four columns at a time, hold X in registers (read straight from L2, shared by the
+//   warp's columns) and sum their partial dot products with a butterfly of shuffles (a fixed
+//   order: bit-identical run to run). No staging, no block-wide barrier inside.
+//
+// rnn_tile_gemms<RB, RC, VEC, STAGES, KC, N> for many rows, all N GEMMs of a stage in one call: a
+//   thread holds an RB x RC tile of accumulators, rows bg + r * nbg and columns cg + c * ncg
+//   (strided, so that consecutive threads read consecutive rows of W and the float4 reads of shared
+//   memory are conflict-free); X, and W when it is not resident, are staged in chunks of KC
+//   columns through a STAGES-deep cp.async pipeline that runs across the GEMMs, so that later
+//   chunks travel while earlier ones are multiplied. When the block has more threads than tiles, K
+//   is split among them (interleaved by fours) and the partial sums are reduced through shared
+//   memory in a fixed order.
+//
+// Shared memory rows, resident or staged, are padded to a multiple of 4 floats plus 4 more: row r
+// starts 16 bytes after row r - 1 modulo 128, so 8 threads reading 8 rows with float4 hit 8
+// different bank groups.
+//
+// VEC = 4 when every K and row stride is a multiple of 4 (16-byte copies and loads), else 1.
 #ifndef RNN_TILE_GEMM_CUH
 #define RNN_TILE_GEMM_CUH
 
-__device__ __forceinline__ int rnn_round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
+__host__ __device__ constexpr int rnn_round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-// Copies the block's NC rows of W (N, K), starting at row c0, into shared memory as Ws[k * ncp + c].
+// Floats between consecutive rows of a shared-memory operand of k columns.
+__host__ __device__ constexpr int rnn_row_stride(int k) { return rnn_round_up(k, 4) + 4; }
+
+__device__ __forceinline__ void rnn_cp_async16(float* smem_dst, const float* global_src)
+{
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+}
+__device__ __forceinline__ void rnn_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void rnn_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ float rnn_dot4(float4 a, float4 b, float acc)
+{
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+    acc = fmaf(a.z, b.z, acc);
+    return fmaf(a.w, b.w, acc);
+}
+
+// Copies the block's NC rows of W (N, K), from row 0 of w, into shared memory as ws[c * rnn_row_stride(K) + k],
+// zeros past K and for rows NC..ncp-1.
 __device__ void rnn_load_resident(float* __restrict__ ws, const float* __restrict__ w, long ldw, int K, int NC, int ncp)
 {
-    for (int i = threadIdx.x; i < K * ncp; i += blockDim.x) {
-        const int c = i / K;             // consecutive threads read consecutive k of one row: coalesced
-        const int k = i - c * K;
-        ws[k * ncp + c] = c < NC ? __ldg(w + (long)c * ldw + k) : 0.0f;
+    const int ld = rnn_row_stride(K);
+    for (int i = threadIdx.x; i < ncp * ld; i += blockDim.x) {
+        const int c = i / ld;            // consecutive threads read consecutive k of one row: coalesced
+        const int k = i - c * ld;
+        ws[i] = c < NC && k < K ? __ldg(w + (long)c * ldw + k) : 0.0f;
     }
 }
 
-template <int RB, int RC>
-__device__ void rnn_tile_gemm(const float* __restrict__ X, long ldx, int B, int K,
+// ---- few rows: a warp per CW columns, lanes over K -----------------------------------------------------
+template <int BR, int CW, int VEC>
+__device__ void rnn_warp_gemv(const float* __restrict__ X, long ldx, int K,
                               const float* __restrict__ Wg, long ldw, const float* __restrict__ Ws, int NC,
-                              float* __restrict__ Y, long ldy, const float* __restrict__ bias,
-                              float* __restrict__ smem, int KC)
+                              float* __restrict__ Y, long ldy, const float* __restrict__ bias)
 {
-    const int bp = rnn_round_up(B, RB);
-    const int ncp = rnn_round_up(NC, RC);
-    float* xs = smem;                                  // (KC, bp): X chunk, transposed
-    float* ws = xs + KC * bp;                          // (KC, ncp): W chunk when not resident
-    float* red = ws + (Ws ? 0 : KC * ncp);             // (blockDim, RB * RC): split-K partial sums
-    const int nbg = bp / RB, ncg = ncp / RC;
-    const int groups = nbg * ncg;
-    const int split = groups >= (int)blockDim.x ? 1 : (int)blockDim.x / groups;
-    const int passes = split > 1 ? 1 : (groups + blockDim.x - 1) / blockDim.x;
-    for (int pass = 0; pass < passes; ++pass) {
-        const int slot = split > 1 ? (int)threadIdx.x % groups : pass * (int)blockDim.x + (int)threadIdx.x;
-        const int part = split > 1 ? (int)threadIdx.x / groups : 0;
-        const bool active = slot < groups && part < split;
-        const int cg = slot % ncg, bg = slot / ncg;
-        float acc[RB][RC];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int ldr = rnn_row_stride(K);
+    float acc[CW][BR];
+#pragma unroll
+    for (int j = 0; j < CW; ++j)
+#pragma unroll
+        for (int b = 0; b < BR; ++b) acc[j][b] = 0.0f;
+#pragma unroll 2
+    for (int k = lane * 4; k < K; k += 128) {
+        float4 xv[BR];
+#pragma unroll
+        for (int b = 0; b < BR; ++b) {
+            const float* row = X + (long)b * ldx + k;
+            if (VEC == 4) {
+                xv[b] = __ldcg(reinterpret_cast<const float4*>(row));
+            } else {
+                xv[b].x = __ldcg(row);
+                xv[b].y = k + 1 < K ? __ldcg(row + 1) : 0.0f;
+                xv[b].z = k + 2 < K ? __ldcg(row + 2) : 0.0f;
+                xv[b].w = k + 3 < K ? __ldcg(row + 3) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < CW; ++j) {
+            const int c = warp + j * warps;
+            if (c >= NC) break;
+            float4 wv;
+            if (Ws) {
+                wv = *reinterpret_cast<const float4*>(Ws + (long)c * ldr + k);
+            } else if (VEC == 4) {
+                wv = __ldg(reinterpret_cast<const float4*>(Wg + (long)c * ldw + k));
+            } else {
+                const float* row = Wg + (long)c * ldw + k;
+                wv.x = __ldg(row);
+                wv.y = k + 1 < K ? __ldg(row + 1) : 0.0f;
+                wv.z = k + 2 < K ? __ldg(row + 2) : 0.0f;
+                wv.w = k + 3 < K ? __ldg(row + 3) : 0.0f;
+            }
+#pragma unroll
+            for (int b = 0; b < BR; ++b) acc[j][b] = rnn_dot4(xv[b], wv, acc[j][b]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < CW; ++j) {
+        const int c = warp + j * warps;
+#pragma unroll
+        for (int b = 0; b < BR; ++b) {
+            float v = acc[j][b];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+            if (lane == 0 && c < NC) Y[(long)b * ldy + c] = v + (bias ? __ldg(bias + c) : 0.0f);
+        }
+    }
+}
+
+// ---- many rows: register tiles over staged chunks --------------------------------------------------------
+// One GEMM of a stage, for rnn_tile_gemms: X (B, K) and W (NC, K) with row stride K; Ws its resident copy or null.
+struct RnnGemm {
+    const float* X;
+    const float* W;
+    const float* Ws;
+    float* Y;
+    long ldy;
+    const float* bias;
+    int K, NC;
+};
+
+// Stages columns [k0, k0 + kc) of `rows` rows of a global operand (row stride lds) into dst[r * ld + k],
+// zeros for k in [kc, round_up(kc, 4)). VEC = 4: 16-byte cp.async copies through L2, a thread taking
+// quad threadIdx % (KC / 4) of every (blockDim / (KC / 4))-th row; else plain loads.
+template <int VEC, int KC>
+__device__ __forceinline__ void rnn_stage_rows(float* __restrict__ dst, int ld, const float* __restrict__ src, long lds,
+                                               int rows, int k0, int kc)
+{
+    if (VEC == 4) {
+        constexpr int QK = KC / 4;
+        const int q = threadIdx.x % QK;
+        if (4 * q < kc) {
+            for (int r = threadIdx.x / QK; r < rows; r += blockDim.x / QK)
+                rnn_cp_async16(dst + r * ld + 4 * q, src + (long)r * lds + k0 + 4 * q);
+        }
+    } else {
+        const int kc4 = rnn_round_up(kc, 4);
+        for (int i = threadIdx.x; i < rows * kc4; i += blockDim.x) {
+            const int r = i / kc4, k = i - r * kc4;
+            dst[r * ld + k] = k < kc ? __ldcg(src + (long)r * lds + k0 + k) : 0.0f;
+        }
+    }
+}
+
+// How a block's threads cover one GEMM: nbg x ncg tiles of RB x RC; K split `split` ways when the
+// tiles are fewer than the threads, else `passes` rounds of tiles.
+template <int RB, int RC>
+struct RnnTiles {
+    int nbg, ncg, groups, split, passes;
+    __device__ RnnTiles(int B, int NC)
+    {
+        nbg = rnn_round_up(B, RB) / RB;
+        ncg = rnn_round_up(NC, RC) / RC;
+        groups = nbg * ncg;
+        split = groups >= (int)blockDim.x ? 1 : (int)blockDim.x / groups;
+        passes = split > 1 ? 1 : (groups + blockDim.x - 1) / blockDim.x;
+    }
+};
+
+// Chunk g of a stage's stream of chunks: GEMM j, pass p, columns [chunk * KC, chunk * KC + KC).
+// The loops over the N GEMMs are unrolled, so every jobs[i] is a compile-time index (registers, not
+// local memory).
+template <int RB, int RC, int KC, int N>
+__device__ __forceinline__ void rnn_locate(const RnnGemm (&jobs)[N], int B, int g, int& j, int& pass, int& chunk)
+{
+    j = -1, pass = 0, chunk = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int chunks = (jobs[i].K + KC - 1) / KC;
+        const int n = RnnTiles<RB, RC>(B, jobs[i].NC).passes * chunks;
+        if (j < 0 && g < n) j = i, pass = g / chunks, chunk = g - pass * chunks;
+        if (j < 0) g -= n;
+    }
+}
+
+// The multiply-accumulate of one staged chunk into a thread's tile. The shared-memory reads of step
+// k + k_step are issued before the FMAs of step k (two register sets), so their latency hides behind
+// the arithmetic even with one warp per scheduler.
+template <int RB, int RC>
+__device__ __forceinline__ void rnn_mma_load(float4 (&xv)[RB], float4 (&wv)[RC], const float* __restrict__ xr, int xstep,
+                                             const float* __restrict__ wr, long wstep, int k)
+{
+#pragma unroll
+    for (int r = 0; r < RB; ++r) xv[r] = *reinterpret_cast<const float4*>(xr + r * xstep + k);
+#pragma unroll
+    for (int c = 0; c < RC; ++c) wv[c] = *reinterpret_cast<const float4*>(wr + c * wstep + k);
+}
+
+template <int RB, int RC>
+__device__ __forceinline__ void rnn_mma_step(float (&acc)[RB][RC], const float4 (&xv)[RB], const float4 (&wv)[RC])
+{
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int c = 0; c < RC; ++c) acc[r][c] = rnn_dot4(xv[r], wv[c], acc[r][c]);
+}
+
+template <int RB, int RC>
+__device__ __forceinline__ void rnn_mma_chunk(float (&acc)[RB][RC], const float* __restrict__ x, int ldx,
+                                              const float* __restrict__ w, int ldw, int bg, int nbg, int cg, int ncg,
+                                              int k_begin, int k_end, int k_step)
+{
+    const float* xr = x + bg * ldx;
+    const float* wr = w + (long)cg * ldw;
+    const int xstep = nbg * ldx;
+    const long wstep = (long)ncg * ldw;
+    if (k_begin >= k_end) return;
+    float4 xa[RB], wa[RC], xb[RB], wb[RC];
+    rnn_mma_load<RB, RC>(xa, wa, xr, xstep, wr, wstep, k_begin);
+    int k = k_begin;
+    for (; k + k_step < k_end; k += 2 * k_step) {
+        rnn_mma_load<RB, RC>(xb, wb, xr, xstep, wr, wstep, k + k_step);
+        rnn_mma_step<RB, RC>(acc, xa, wa);
+        if (k + 2 * k_step < k_end) rnn_mma_load<RB, RC>(xa, wa, xr, xstep, wr, wstep, k + 2 * k_step);
+        rnn_mma_step<RB, RC>(acc, xb, wb);
+    }
+    if (k < k_end) rnn_mma_step<RB, RC>(acc, xa, wa);     // an odd number of steps: the last is in xa, wa
+}
+
+// Writes a thread's tile of Y (+ bias); with split K, first sums the parts through `red` in a fixed order.
+template <int RB, int RC>
+__device__ __forceinline__ void rnn_store_tile(const RnnGemm& J, const RnnTiles<RB, RC>& tl, float (&acc)[RB][RC],
+                                               int B, int slot, int part, bool active, float* __restrict__ red)
+{
+    const int cg = slot % tl.ncg, bg = slot / tl.ncg;
+    if (tl.split == 1) {
+        if (active) {
+#pragma unroll
+            for (int r = 0; r < RB; ++r) {
+                const int b = bg + r * tl.nbg;
+#pragma unroll
+                for (int c = 0; c < RC; ++c) {
+                    const int col = cg + c * tl.ncg;
+                    if (b < B && col < J.NC) J.Y[(long)b * J.ldy + col] = acc[r][c] + (J.bias ? __ldg(J.bias + col) : 0.0f);
+                }
+            }
+        }
+        return;
+    }
+    const int stride = tl.split * tl.groups;
+    if (active) {
 #pragma unroll
         for (int r = 0; r < RB; ++r)
 #pragma unroll
-            for (int c = 0; c < RC; ++c) acc[r][c] = 0.0f;
-        for (int k0 = 0; k0 < K; k0 += KC) {
-            const int kc = min(KC, K - k0);
-            __syncthreads();                           // the previous chunk is no longer read
-            for (int i = threadIdx.x; i < bp * kc; i += blockDim.x) {
-                const int b = i / kc, k = i - b * kc;
-                xs[k * bp + b] = b < B ? __ldcg(X + (long)b * ldx + k0 + k) : 0.0f;
-            }
-            if (!Ws) {
-                for (int i = threadIdx.x; i < ncp * kc; i += blockDim.x) {
-                    const int c = i / kc, k = i - c * kc;
-                    ws[k * ncp + c] = c < NC ? __ldg(Wg + (long)c * ldw + k0 + k) : 0.0f;
-                }
-            }
-            __syncthreads();
-            const float* w = Ws ? Ws + (long)k0 * ncp : ws;
-            if (active) {
-                for (int k = part; k < kc; k += split) {
-                    float xv[RB], wv[RC];
+            for (int c = 0; c < RC; ++c) red[(r * RC + c) * stride + part * tl.groups + slot] = acc[r][c];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < RB * RC * tl.groups; e += blockDim.x) {
+        const int rc = e / tl.groups, s = e - rc * tl.groups;
+        const int b = s / tl.ncg + (rc / RC) * tl.nbg, col = s % tl.ncg + (rc % RC) * tl.ncg;
+        if (b >= B || col >= J.NC) continue;
+        float v = red[rc * stride + s];
+        for (int p = 1; p < tl.split; ++p) v += red[rc * stride + p * tl.groups + s];
+        J.Y[(long)b * J.ldy + col] = v + (J.bias ? __ldg(J.bias + col) : 0.0f);
+    }
+    __syncthreads();                                   // red may be written again by the next GEMM
+}
+
+// Every GEMM of one stage (they are independent: each reads values of earlier stages) as one stream of
+// K chunks through a STAGES-deep cp.async pipeline (STAGES >= 2): the chunks of the next GEMM travel
+// while the last chunks of this one are multiplied. One barrier per chunk: after it, chunk g is in
+// shared memory for everyone and nobody reads chunk g - 1 any more, whose slot is refilled at once.
+// Shared memory (floats, from smem): STAGES slots of (bp + ncs) * rnn_row_stride(KC), with ncs the
+// widest streamed W (0 when all are resident), then the split-K partial sums (blockDim * RB * RC).
+template <int RB, int RC, int VEC, int STAGES, int KC, int N>
+__device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restrict__ smem, int ncs)
+{
+    const int bp = rnn_round_up(B, RB);
+    constexpr int ld = rnn_row_stride(KC);
+    const int slot_floats = (bp + ncs) * ld;
+    float* red = smem + STAGES * slot_floats;
+    int total = 0;
 #pragma unroll
-                    for (int r = 0; r < RB; ++r) xv[r] = xs[k * bp + bg * RB + r];
+    for (int j = 0; j < N; ++j) total += RnnTiles<RB, RC>(B, jobs[j].NC).passes * ((jobs[j].K + KC - 1) / KC);
+    auto stage = [&](int g) {
+        int j, pass, chunk;
+        rnn_locate<RB, RC, KC>(jobs, B, g, j, pass, chunk);
+        float* slot = smem + (g % STAGES) * slot_floats;
 #pragma unroll
-                    for (int c = 0; c < RC; ++c) wv[c] = w[k * ncp + cg * RC + c];
-#pragma unroll
-                    for (int r = 0; r < RB; ++r)
-#pragma unroll
-                        for (int c = 0; c < RC; ++c) acc[r][c] = fmaf(xv[r], wv[c], acc[r][c]);
-                }
-            }
+        for (int i = 0; i < N; ++i) {
+            if (i != j) continue;
+            const int k0 = chunk * KC, kc = min(KC, jobs[i].K - k0);
+            rnn_stage_rows<VEC, KC>(slot, ld, jobs[i].X, jobs[i].K, B, k0, kc);
+            if (!jobs[i].Ws) rnn_stage_rows<VEC, KC>(slot + bp * ld, ld, jobs[i].W, jobs[i].K, jobs[i].NC, k0, kc);
         }
-        if (split > 1) {
-            // Partial sums of the K parts, reduced in a fixed order: the result is bit-identical run to run.
-            if (active) {
+    };
+
+    __syncthreads();                                   // nobody still reads what the slots held before
 #pragma unroll
-                for (int r = 0; r < RB; ++r)
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < total) stage(s);
+        rnn_cp_async_commit();                         // an empty group when there is nothing left: counts stay uniform
+    }
+    float acc[RB][RC];
 #pragma unroll
-                    for (int c = 0; c < RC; ++c) red[(part * groups + slot) * RB * RC + r * RC + c] = acc[r][c];
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int c = 0; c < RC; ++c) acc[r][c] = 0.0f;
+    int g = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {                      // unrolled: jobs[i] and its tiling stay in registers
+        const RnnGemm& J = jobs[i];
+        const RnnTiles<RB, RC> tl(B, J.NC);
+        const int chunks = (J.K + KC - 1) / KC;
+        const bool resident = J.Ws != nullptr;
+        const int ldw = resident ? rnn_row_stride(J.K) : ld;
+        for (int pass = 0; pass < tl.passes; ++pass) {
+            const int slot = tl.split > 1 ? (int)threadIdx.x % tl.groups : pass * (int)blockDim.x + (int)threadIdx.x;
+            const int part = tl.split > 1 ? (int)threadIdx.x / tl.groups : 0;
+            const bool active = slot < tl.groups && part < tl.split;
+            const int cg = slot % tl.ncg, bg = slot / tl.ncg;
+            for (int chunk = 0; chunk < chunks; ++chunk, ++g) {
+                rnn_cp_async_wait<STAGES - 2>();       // chunk g has landed (this thread's copies)
+                __syncthreads();                       // ... everyone's; and chunk g - 1 is no longer read
+                if (g + STAGES - 1 < total) stage(g + STAGES - 1);   // into the slot chunk g - 1 used
+                rnn_cp_async_commit();
+                const int k0 = chunk * KC, kc4 = rnn_round_up(min(KC, J.K - k0), 4);
+                const float* x = smem + (g % STAGES) * slot_floats;
+                const float* w = resident ? J.Ws + k0 : x + bp * ld;
+                if (active) rnn_mma_chunk<RB, RC>(acc, x, ld, w, ldw, bg, tl.nbg, cg, tl.ncg, 4 * part, kc4, 4 * tl.split);
             }
-            __syncthreads();
-            if (active && part == 0) {
-                for (int p = 1; p < split; ++p) {
+            rnn_store_tile<RB, RC>(J, tl, acc, B, slot, part, active, red);
 #pragma unroll
-                    for (int r = 0; r < RB; ++r)
+            for (int r = 0; r < RB; ++r)
 #pragma unroll
-                        for (int c = 0; c < RC; ++c) acc[r][c] += red[(p * groups + slot) * RB * RC + r * RC + c];
-                }
-            }
-        }
-        if (active && part == 0) {
-#pragma unroll
-            for (int r = 0; r < RB; ++r) {
-                const int b = bg * RB + r;
-#pragma unroll
-                for (int c = 0; c < RC; ++c) {
-                    const int col = cg * RC + c;
-                    if (b < B && col < NC) Y[(long)b * ldy + col] = acc[r][c] + (bias ? __ldg(bias + col) : 0.0f);
-                }
-            }
+                for (int c = 0; c < RC; ++c) acc[r][c] = 0.0f;
         }
     }
-    __syncthreads();                                   // Y is complete for the whole block
+    rnn_cp_async_wait<0>();                            // only empty groups remain
+    __syncthreads();                                   // Y is complete for the whole block; the slots are free
 }
 
 #endif  // RNN_TILE_GEMM_CUH

@@ -4,8 +4,10 @@ A block owns one layer and a tile of its hidden units (engine/schedules/tiling.p
 one time step it computes its columns of that stage's GEMMs with the hand-written tile GEMM
 (kernels/tile_gemm.cuh) and then, on the same units, the stage's elementwise statements: the very
 lines of the fused backend's kernel (engine.codegen.cuda.kernel_body), so both schedules compute
-the same function op by op. Layers > 0 compute their input projection for step t here too, from
-row block t of the layer below, which the previous wavefront step wrote.
+the same function op by op. With several layers, every layer computes its input projection for step
+t here too, from x or from row block t of the layer below (written by the previous wavefront step);
+a one-layer network projects the whole sequence with one cuBLAS GEMM before the launch. The GEMM is
+rnn_warp_gemv for batches of at most 4 rows, rnn_tile_gemm otherwise (kernels/tile_gemm.cuh).
 
 Two entry points per program:
 - `<cell>_wave_s<stage>(layers, T, k)`: one stage of wavefront step k, for the graph schedule,
@@ -94,27 +96,50 @@ def _pointer(program: Program, param) -> str:
     return f"L.{param.source}"
 
 
-def _gemm_call(program: Program, gemm: Gemm, tile, indent: str) -> list[str]:
+def _gemm_operands(program: Program, gemm: Gemm, tile) -> dict[str, str]:
+    """The C expressions of one GEMM's operands for this block (its nt x tu columns)."""
     nt = len(gemm.terms)
-    k, n = gemm.k.c_expr(), gemm.n.c_expr()
-    weights = f"L.W_{gemm.name} + (long)u0 * {nt} * K_{gemm.name}"
-    resident = f"smem + {tile.smem_offset}" if tile.resident else "nullptr"
+    out = {"K": f"K_{gemm.name}", "N": f"N_{gemm.name}", "NC": f"{nt} * tu",
+           "W": f"L.W_{gemm.name} + (long)u0 * {nt} * K_{gemm.name}",
+           "Ws": f"smem + {tile.smem_offset}" if tile.resident else "nullptr"}
     if gemm.hoisted:
-        x = f"L.{program.input_buffer} + (long)t * B * K_{gemm.name}"
-        y = f"L.{gemm.out_buffer} + (long)t * B * N_{gemm.name} + (long)u0 * {nt}"
-        bias = f"L.bias_{gemm.name} ? L.bias_{gemm.name} + (long)u0 * {nt} : nullptr"
-        what = "the input projection of step t (the layer below wrote row block t)"
+        out["X"] = f"L.{program.input_buffer} + (long)t * B * K_{gemm.name}"
+        out["Y"] = f"L.{gemm.out_buffer} + (long)t * B * N_{gemm.name} + (long)u0 * {nt}"
+        out["bias"] = f"L.bias_{gemm.name} ? L.bias_{gemm.name} + (long)u0 * {nt} : nullptr"
+        out["what"] = "input projection of step t (x, or row block t of the layer below)"
     else:
-        x = f"L.{gemm.in_buffer}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
-        y = f"L.{gemm.out_buffer} + (long)u0 * {nt}"
-        bias = "nullptr"
-        what = f"stage {gemm.stage}: " + ", ".join(t.name for t in gemm.terms)
-    return [f"{indent}{{   // {gemm.name}: {what}; this block's {nt} x tu columns",
-            f"{indent}    const int K_{gemm.name} = {k}, N_{gemm.name} = {n};",
-            f"{indent}    rnn_tile_gemm<RB, RC>({x}, K_{gemm.name}, B, K_{gemm.name},",
-            f"{indent}                          {weights}, K_{gemm.name}, {resident}, {nt} * tu,",
-            f"{indent}                          {y}, N_{gemm.name}, {bias}, smem + SCRATCH, K_CHUNK);",
-            f"{indent}}}"]
+        out["X"] = f"L.{gemm.in_buffer}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
+        out["Y"] = f"L.{gemm.out_buffer} + (long)u0 * {nt}"
+        out["bias"] = "nullptr"
+        out["what"] = ", ".join(t.name for t in gemm.terms)
+    return out
+
+
+def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> list[str]:
+    """Every GEMM of one stage for this block, then a barrier: their outputs are complete for the block."""
+    tiles = {t.name: t for t in tiling.gemms}
+    ops = [_gemm_operands(program, g, tiles[g.name]) for g in gemms]
+    lines = [f"{indent}{{   // the stage's GEMMs, this block's columns: "
+             + "; ".join(f"{g.name} ({o['what']})" for g, o in zip(gemms, ops))]
+    for g in gemms:
+        lines.append(f"{indent}    const int K_{g.name} = {g.k.c_expr()}, N_{g.name} = {g.n.c_expr()};")
+    if tiling.path == "gemv":
+        warps = tiling.config.threads // 32
+        for g, o in zip(gemms, ops):
+            cw = -(-len(g.terms) * tiling.units_per_block // warps)
+            lines += [f"{indent}    rnn_warp_gemv<B, {cw}, {tiles[g.name].vec}>({o['X']}, {o['K']}, {o['K']},",
+                      f"{indent}                         {o['W']}, {o['K']}, {o['Ws']}, {o['NC']},",
+                      f"{indent}                         {o['Y']}, {o['N']}, {o['bias']});"]
+        lines.append(f"{indent}    __syncthreads();")
+    else:
+        vec = min(tiles[g.name].vec for g in gemms)
+        lines.append(f"{indent}    const RnnGemm jobs[{len(gemms)}] = {{")
+        for o in ops:
+            lines.append(f"{indent}        {{{o['X']}, {o['W']}, {o['Ws']},")
+            lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}, {o['K']}, {o['NC']}}},")
+        lines.append(f"{indent}    }};")
+        lines.append(f"{indent}    rnn_tile_gemms<RB, RC, {vec}, STAGES, K_CHUNK>(jobs, B, smem + SCRATCH, NC_STREAMED);")
+    return lines + [f"{indent}}}"]
 
 
 def _elementwise(kernel: Kernel, program: Program, precision, indent: str) -> list[str]:
@@ -159,20 +184,24 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
                      + "; then every block waits for every other")
     hoisted = [g.name for g in program.hoisted_gemms]
     if hoisted:
-        lines.append(f"//   before the first stage, layers > 0: {', '.join(hoisted)} for step t "
-                     "(layer 0: one cuBLAS GEMM over the whole sequence before the launch)")
+        lines.append(f"//   before the first stage, every layer: {', '.join(hoisted)} for step t"
+                     if tiling.layer0_in_kernel else
+                     f"//   before the launch: {', '.join(hoisted)} as one cuBLAS GEMM over the whole sequence")
     lines += [""] + (["#include <cooperative_groups.h>", ""] if tiling.persistent else [])
     lines += [helper_source("cell_ops.cuh"), helper_source(TILE_GEMM_HELPER)]
     lines += [f"constexpr int B = {tiling.batch};                 // batch rows",
               f"constexpr int H = {tiling.hidden};                 // hidden size",
               f"constexpr int UNITS = {tiling.units_per_block};              // hidden units per block",
               f"constexpr int BLOCKS_PER_LAYER = {tiling.blocks_per_layer};                 // x {tiling.num_layers} layers",
-              f"constexpr int THREADS = {tiling.config.threads};",
-              f"constexpr int RB = {tiling.config.rows_per_thread}, RC = {tiling.config.cols_per_thread};"
-              "          // accumulator tile of a thread",
-              f"constexpr int K_CHUNK = {tiling.k_chunk};             // K columns staged in shared memory at a time",
-              f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the staging area",
-              ""]
+              f"constexpr int THREADS = {tiling.config.threads};"]
+    if tiling.path == "tiled" and tiling.gemms:
+        lines += [f"constexpr int RB = {tiling.config.rows_per_thread}, RC = {tiling.config.cols_per_thread};"
+                  "          // accumulator tile of a thread",
+                  f"constexpr int K_CHUNK = {tiling.k_chunk}, STAGES = {tiling.stages};"
+                  "   // K columns staged in shared memory at a time, chunks in flight + 1",
+                  f"constexpr int NC_STREAMED = {tiling.nc_streamed};       // rows of W staged per chunk (0: all resident)",
+                  f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the staging area"]
+    lines.append("")
     lines += _struct(program) + [""]
 
     for s in present:
@@ -181,13 +210,10 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
                      "const int t, const int u0, const int tu, float* smem)")
         lines.append("{")
         lines.append("    const int I = (int)L.I;")
-        if s == present[0] and hoisted and tiling.num_layers > 1:
-            lines.append("    if (layer > 0) {")
-            for g in program.hoisted_gemms:
-                lines += _gemm_call(program, g, tiles[g.name], "        ")
-            lines.append("    }")
-        for g in program.step_gemms(s) if s else ():
-            lines += _gemm_call(program, g, tiles[g.name], "    ")
+        gemms = list(program.hoisted_gemms) if s == present[0] and tiling.num_layers > 1 else []
+        gemms += list(program.step_gemms(s)) if s else []
+        if gemms:
+            lines += _gemm_calls(program, gemms, tiling, "    ")
         for k in program.stage_kernels(s):
             lines += _elementwise(k, program, prec, "    ")
         lines.append("    (void)I;")
@@ -228,11 +254,10 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
             continue
         gemm = next(x for x in program.gemms if x.name == g.name)
         nt = len(gemm.terms)
-        cond = "tu > 0 && layer > 0" if g.hoisted else "tu > 0"
-        lines.append(f"    if ({cond}) {{   // {g.name}: this block's rows of the weight, kept in shared memory")
+        lines.append(f"    if (tu > 0) {{   // {g.name}: this block's rows of the weight, kept in shared memory")
         lines.append(f"        const int K = {gemm.k.c_expr()};")
         lines.append(f"        rnn_load_resident(smem + {g.smem_offset}, L.W_{g.name} + (long)u0 * {nt} * K, K, K, "
-                     f"{nt} * tu, rnn_round_up({nt} * tu, RC));")
+                     f"{nt} * tu, rnn_round_up({nt} * tu, {tiling.config.cols_per_thread}));")
         lines.append("    }")
     lines.append("    (void)I;")
     lines.append("    __syncthreads();")

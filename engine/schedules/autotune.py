@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import BackendError, CompileError
 from ..network import Network
 from ..params import Params
-from .tiling import DeviceLimits, TileConfig, eligibility
+from .tiling import GEMV_MAX_ROWS, DeviceLimits, TileConfig, eligibility
 
 log = logging.getLogger("engine.autotune")
 CACHE_VERSION = 1
@@ -70,9 +70,10 @@ class Choice:
 
 
 def tile_shapes(batch: int) -> list[tuple[int, int]]:
-    """Accumulator tiles (rows x columns per thread) worth trying at this batch size."""
-    if batch <= 2:
-        return [(1, 4), (1, 8)]
+    """Accumulator tiles (rows x columns per thread) worth trying at this batch size (the warp GEMV of
+    small batches has none: one shape stands for it)."""
+    if batch <= GEMV_MAX_ROWS:
+        return [(1, 4)]
     if batch <= 8:
         return [(2, 4), (4, 4)]
     return [(4, 4), (8, 4), (4, 8)]
@@ -86,9 +87,14 @@ def candidates(network: Network, batch: int, limits: DeviceLimits) -> list[Candi
         return found
     H, L = network.hidden_size, network.num_layers
     full = -(-H // max(1, limits.multiprocessors // L))
+    threads = (128, 256) if batch <= GEMV_MAX_ROWS else (None,)
     for units in dict.fromkeys((full, min(H, 2 * full))):
         for rb, rc in tile_shapes(batch):
-            found.append(Candidate("persistent", TileConfig(units, rb, rc)))
+            for n in threads:
+                found.append(Candidate("persistent", TileConfig(units, rb, rc, n)))
+    if L > 1:                                  # layer by layer: one layer's weights fit on chip when all do not
+        for rb, rc in tile_shapes(batch)[:2]:
+            found.append(Candidate("persistent", TileConfig(None, rb, rc, threads[0], layers_per_launch=1)))
     found.append(Candidate("graph", TileConfig(full, *tile_shapes(batch)[0], resident=False)))
     return found
 
@@ -195,6 +201,7 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
         try:
             program = prepare(cand, network, params)
             out = program.run(x).outputs
+            cupy.cuda.get_current_stream().synchronize()
             if reference is None:
                 reference = out
             else:
@@ -207,6 +214,7 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
             for _ in range(repeats):
                 start = time.perf_counter()
                 program.run(x)
+                cupy.cuda.get_current_stream().synchronize()     # runs are asynchronous: wait for the result
                 samples.append((time.perf_counter() - start) * 1e3)
             ms = float(np.median(samples))
             timings.append({"candidate": cand.label(), "ms": ms})

@@ -7,8 +7,10 @@ plan   make_plan(..., layout="interleaved") and make_tiling(): which block owns 
 compile render_wavefront() -> cupy.RawKernel per entry point (cached by source and device).
 build  one set of buffers per (T, B), reused by every run; packed weights (N, K) per layer; the
        per-layer argument table (engine.codegen.wavefront.layer_fields) as an int64 device array.
-run    states initialised, layer 0's input projection as one cuBLAS GEMM over all T*B rows, then
-       the schedule's own launch (`_launch`), all on one stream; outputs copied out.
+run    states initialised (one memset when they start at zero), layer 0's input projection as one
+       cuBLAS GEMM over all T*B rows when the network has one layer (with more, the kernel projects
+       layer 0 too), then the schedule's own launch (`_launch`), all on the caller's stream, with no
+       host round trip; outputs copied out.
 
 A subclass supplies `persistent` (which kernels to generate) and `_prepare_launch` / `_launch`.
 """
@@ -102,18 +104,34 @@ class WavefrontSchedule:
         self.kernels = [compile_kernel(self.source_, n, self.persistent, tiling.smem_bytes, program.cell.name)
                         for n in wanted]
         self._check_memory(plan)
-        self.stream = cupy.cuda.Stream(non_blocking=True)
         L = network.num_layers
-        self.buffers = []
+        # Version 0 of every buffer that holds a state's home sits in one arena: zero states are one memset.
+        homes = {h.slot.buffer for h in program.homes}
+        shapes = {}
         for layer in range(L):
             sizes = plan.layer_sizes(layer)
+            for buf in program.buffers:
+                if buf.name != program.input_buffer:
+                    shapes[layer, buf.name] = (T * B if buf.rows == "sequence" else B, buf.cols(sizes))
+        # Each view starts on a 256-byte boundary, as a buffer of its own would: the kernels read rows as float4.
+        def span(shape):
+            return -(-shape[0] * shape[1] // 64) * 64
+        arena_floats = sum(span(shape) for (layer, name), shape in shapes.items() if name in homes)
+        self.state_arena = cupy.empty(max(arena_floats, 1), dtype=cupy.float32)
+        offset = 0
+        self.buffers = []
+        for layer in range(L):
             bufs = {}
             for buf in program.buffers:
                 if buf.name == program.input_buffer:
                     continue
-                shape = (T * B if buf.rows == "sequence" else B, buf.cols(sizes))
-                arrays = [cupy.empty(shape, dtype=cupy.float32) for _ in range(2 if buf.double else 1)]
-                bufs[buf.name] = arrays if buf.double else arrays[0]
+                shape = shapes[layer, buf.name]
+                if buf.name in homes:
+                    first = self.state_arena[offset:offset + shape[0] * shape[1]].reshape(shape)
+                    offset += span(shape)
+                else:
+                    first = cupy.empty(shape, dtype=cupy.float32)
+                bufs[buf.name] = [first, cupy.empty(shape, dtype=cupy.float32)] if buf.double else first
             self.buffers.append(bufs)
         self.weights, self.vectors = [], []
         for layer in range(L):
@@ -176,33 +194,28 @@ class WavefrontSchedule:
             self._build(int(T), int(B))
         on_gpu = isinstance(x, cupy.ndarray)
         program, L, H = self.plan_.program, network.num_layers, network.hidden_size
-        # The caller's stream may still be writing x; the schedule's stream starts after it.
-        cupy.cuda.get_current_stream().synchronize()
-        with self.stream:
-            if poison:
-                for bufs in self.buffers:
-                    for value in bufs.values():
-                        for array in (value if isinstance(value, list) else [value]):
-                            array.fill(math.nan)
-            self.x_device[...] = cupy.asarray(x, dtype=cupy.float32).reshape(T * B, network.input_size)
-            self._init_states(initial_states)
-            for g in program.hoisted_gemms:     # layer 0's input projection: one GEMM over the sequence
-                weight, bias = self.weights[0][g.name]
-                out = self.buffers[0][g.out_buffer]
-                cupy.matmul(self.x_device, weight.T, out=out)
-                if bias is not None:
-                    out += bias
-            self._launch(T, B)
-            outputs = self.buffers[-1][program.output_buffer].reshape(T, B, H).copy()
-            final = {}
-            for home in program.homes:
-                per_layer = []
-                for layer in range(L):
-                    buf = self.buffers[layer][home.slot.buffer]
-                    buf = buf[T % 2] if isinstance(buf, list) else buf
-                    per_layer.append(buf[:, slot_columns(home.slot, self.plan_.layer_sizes(layer), H)])
-                final[home.state] = cupy.stack(per_layer)
-        self.stream.synchronize()
+        # Everything runs on the caller's stream, in order after whatever wrote x: no host round trip.
+        if poison:
+            for bufs in self.buffers:
+                for value in bufs.values():
+                    for array in (value if isinstance(value, list) else [value]):
+                        array.fill(math.nan)
+        self.x_device[...] = cupy.asarray(x, dtype=cupy.float32).reshape(T * B, network.input_size)
+        self._init_states(initial_states)
+        group = self.tiling.num_layers
+        for first in range(0, L, group):        # one launch per group of layers (usually one group)
+            if not self.tiling.layer0_in_kernel:
+                self._project(first)
+            self._launch(T, B, first)
+        outputs = self.buffers[-1][program.output_buffer].reshape(T, B, H).copy()
+        final = {}
+        for home in program.homes:
+            per_layer = []
+            for layer in range(L):
+                buf = self.buffers[layer][home.slot.buffer]
+                buf = buf[T % 2] if isinstance(buf, list) else buf
+                per_layer.append(buf[:, slot_columns(home.slot, self.plan_.layer_sizes(layer), H)])
+            final[home.state] = cupy.stack(per_layer)
         if not on_gpu:
             outputs = cupy.asnumpy(outputs)
             final = {k: cupy.asnumpy(v) for k, v in final.items()}
@@ -210,16 +223,32 @@ class WavefrontSchedule:
                 "launches_per_sequence": self.launches_per_sequence(T), "program": program.key, "bytes": self.bytes}
         return RunResult(outputs=outputs, final_states=final, backend=self.name, info=info)
 
+    def _project(self, layer: int) -> None:
+        """The layer's input projection for the whole sequence, one cuBLAS GEMM per hoisted GEMM (a launch that
+        starts at this layer does not compute it)."""
+        program, cupy = self.plan_.program, self.cupy
+        source = self.x_device if layer == 0 else self.buffers[layer - 1][program.output_buffer]
+        for g in program.hoisted_gemms:
+            weight, bias = self.weights[layer][g.name]
+            out = self.buffers[layer][g.out_buffer]
+            cupy.matmul(source, weight.T, out=out)
+            if bias is not None:
+                out += bias
+
     def _init_states(self, initial_states: dict | None) -> None:
+        self.state_arena.fill(0.0)
+        if not initial_states:
+            return
         program, H = self.plan_.program, self.network.hidden_size
         for layer, bufs in enumerate(self.buffers):
             sizes = self.plan_.layer_sizes(layer)
             for home in program.homes:
+                value = initial_states.get(home.state)
+                if value is None:
+                    continue
                 buf = bufs[home.slot.buffer]
                 target = buf[0] if isinstance(buf, list) else buf
-                cols = slot_columns(home.slot, sizes, H)
-                value = None if initial_states is None else initial_states.get(home.state)
-                target[:, cols] = 0.0 if value is None else self.cupy.asarray(value[layer], dtype=self.cupy.float32)
+                target[:, slot_columns(home.slot, sizes, H)] = self.cupy.asarray(value[layer], dtype=self.cupy.float32)
 
     def stage_count(self) -> int:
         from ..codegen.wavefront import stages
@@ -229,7 +258,8 @@ class WavefrontSchedule:
     def _prepare_launch(self, T: int, B: int) -> None:
         raise NotImplementedError
 
-    def _launch(self, T: int, B: int) -> None:
+    def _launch(self, T: int, B: int, first_layer: int) -> None:
+        """Launch the kernel(s) for the group of layers that starts at first_layer."""
         raise NotImplementedError
 
     def launches_per_sequence(self, T: int) -> int:

@@ -8,6 +8,11 @@ cooperative launch (cuLaunchCooperativeKernel through CuPy); inside, wavefront s
 at step k - l on every block of layer l, with a grid-wide barrier after every stage, so a network of
 L layers takes (T + L - 1) x stages barriers and no host round trips.
 
+With TileConfig(layers_per_launch=g) the layers run in groups of g, one launch each, in order; a
+group of one layer gets its input projection from one cuBLAS GEMM over the whole sequence first
+(the layer-by-layer schedule of cuDNN, with this kernel's resident weights: the right choice when the
+layers' weights together cannot stay on chip but one layer's can).
+
 A cooperative launch fails unless every block can be resident at once: the grid is checked against
 the occupancy API before launching, and the error names the tiling to change.
 """
@@ -35,12 +40,13 @@ class PersistentSchedule(WavefrontSchedule):
                                "larger units_per_block, or backend='graph'")
         self.co_resident = capacity
 
-    def _launch(self, T: int, B: int) -> None:
-        self.kernels[0]((self.tiling.blocks,), (self.tiling.config.threads,), (self.args, np.int32(T)),
+    def _launch(self, T: int, B: int, first_layer: int) -> None:
+        args = self.args[first_layer:]           # the group's rows of the argument table
+        self.kernels[0]((self.tiling.blocks,), (self.tiling.config.threads,), (args, np.int32(T)),
                         shared_mem=self.tiling.smem_bytes)
 
     def launches_per_sequence(self, T: int) -> int:
-        return 1
+        return self.tiling.launches
 
 
 def prepare(network, params, dtype=np.float32, **options) -> PersistentSchedule:

@@ -138,14 +138,15 @@ def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits) -> dict:
         entry["why_not"] = why
         return entry
     present = stages(program)
-    wave_steps = plan.steps + network.num_layers - 1
-    barriers = wave_steps * len(present)
+    launches = tiling.launches                 # one per group of layers
+    wave_steps = plan.steps + tiling.num_layers - 1
+    barriers = launches * wave_steps * len(present)
     in_kernel = {t.name for t in tiling.gemms}
     entry.update(
         eligible=True, stages=list(present), wavefront_steps=wave_steps, tiling=tiling_dict(tiling, plan),
         launches_per_step=0 if persistent else len(present),
-        kernel_launches_per_sequence=1 if persistent else barriers,
-        host_launches_per_sequence=1, barriers_per_sequence=barriers,
+        kernel_launches_per_sequence=launches if persistent else barriers,
+        host_launches_per_sequence=launches, barriers_per_sequence=barriers,
         before_launch=[g.name for g in program.hoisted_gemms if g.name not in in_kernel])
     if persistent:
         entry["host_launch"] = "one persistent kernel"

@@ -15,14 +15,19 @@ device properties it needs (read from CuPy on the GPU, fixed numbers in tests).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import CompileError
 from ..network import Network
 from ..plan import Program
 
 FLOAT_BYTES = 4
-SCRATCH_BUDGET_BYTES = 48 * 1024       # staging of X (and W when not resident) per K chunk
+GEMV_MAX_ROWS = 4                      # batches up to this use rnn_warp_gemv (X in registers), larger rnn_tile_gemms
+MAX_THREADS = 1024
+# (K columns per chunk, pipeline depth): chunks of at least 64 columns first (a barrier per chunk), then the
+# most columns in flight; the first that keeps the most weights resident wins.
+PIPELINES = ((128, 4), (128, 3), (64, 4), (128, 2), (64, 3), (64, 2), (32, 4), (32, 3), (32, 2), (16, 4), (16, 3),
+             (16, 2), (8, 2))
 
 
 @dataclass(frozen=True)
@@ -49,18 +54,24 @@ H100 = DeviceLimits(multiprocessors=132, smem_per_block=232448, name="NVIDIA H10
 
 @dataclass(frozen=True)
 class TileConfig:
-    """The knobs the autotuner turns. units_per_block=None: as many blocks as the GPU has SMs."""
+    """The knobs the autotuner turns. units_per_block=None: as many blocks as the GPU has SMs;
+    threads=None: one thread per accumulator tile of the widest GEMM (rounded to warps, 128 to 512),
+    or 256 for the warp GEMV of small batches."""
 
     units_per_block: int | None = None
     rows_per_thread: int = 4           # RB: batch rows of a thread's accumulator tile
     cols_per_thread: int = 4           # RC: GEMM columns of a thread's accumulator tile
-    threads: int = 256
+    threads: int | None = None
     resident: bool = True              # keep weight slices in shared memory when they fit (persistent only)
+    layers_per_launch: int | None = None   # persistent: run the layers in groups of this many, one launch
+    #                                        each (1: layer by layer, every input projection one cuBLAS GEMM)
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
-        return (f"units={units} tile={self.rows_per_thread}x{self.cols_per_thread} threads={self.threads}"
-                + ("" if self.resident else " streamed"))
+        threads = "auto" if self.threads is None else str(self.threads)
+        return (f"units={units} tile={self.rows_per_thread}x{self.cols_per_thread} threads={threads}"
+                + ("" if self.resident else " streamed")
+                + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}"))
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,7 @@ class GemmTile:
     resident: bool
     smem_offset: int                   # floats from the start of shared memory (resident slices only)
     resident_floats: int
+    vec: int = 4                       # 4: every K of it is a multiple of 4 (16-byte copies), else 1
 
 
 @dataclass(frozen=True)
@@ -81,7 +93,7 @@ class Tiling:
     config: TileConfig
     units_per_block: int
     blocks_per_layer: int
-    num_layers: int
+    num_layers: int                    # layers in one launch (the network's, unless it runs in groups)
     batch: int
     hidden: int
     k_chunk: int                       # K columns staged per chunk
@@ -91,6 +103,20 @@ class Tiling:
     limits: DeviceLimits
     persistent: bool                   # one cooperative launch (weights may be resident) or one launch per stage
     notes: tuple[str, ...] = field(default=())
+    path: str = "tiled"                # "gemv" (few batch rows: warps over columns) or "tiled" (register tiles)
+    layer0_in_kernel: bool = False     # layer 0 projects its input in the kernel (L > 1), else cuBLAS before it
+    stages: int = 2                    # depth of the cp.async pipeline of the tiled GEMMs
+    nc_streamed: int = 0               # rows of W staged per chunk (the widest streamed GEMM; 0: all resident)
+    network_layers: int = 0            # the network's layers (a multiple of num_layers)
+
+    def __post_init__(self):
+        if not self.network_layers:
+            object.__setattr__(self, "network_layers", self.num_layers)
+
+    @property
+    def launches(self) -> int:
+        """Launches per sequence: one per group of num_layers layers."""
+        return self.network_layers // self.num_layers
 
     @property
     def blocks(self) -> int:
@@ -102,11 +128,17 @@ class Tiling:
 
     def describe(self) -> str:
         res = ", ".join(self.resident) or "none"
-        return (f"{self.blocks} blocks ({self.blocks_per_layer} per layer x {self.num_layers} layers), "
-                f"{self.units_per_block} hidden units per block, {self.config.threads} threads, "
-                f"{self.config.rows_per_thread}x{self.config.cols_per_thread} accumulators per thread, "
-                f"K chunk {self.k_chunk}, {self.smem_bytes / 1024:.1f} KiB shared memory per block, "
-                f"weights resident in shared memory: {res}")
+        if self.path == "gemv":
+            product = f"warp GEMV ({self.config.threads // 32} warps split the columns, lanes split K)"
+        else:
+            product = (f"{self.config.rows_per_thread}x{self.config.cols_per_thread} accumulators per thread, "
+                       f"K chunk {self.k_chunk} in a {self.stages}-stage pipeline")
+        groups = "" if self.launches == 1 else f", launched {self.launches} times (one group of layers each)"
+        return (f"{self.blocks} blocks ({self.blocks_per_layer} per layer x {self.num_layers} layers){groups}, "
+                f"{self.units_per_block} hidden units per block, {self.config.threads} threads, {product}, "
+                f"{self.smem_bytes / 1024:.1f} KiB shared memory per block, "
+                f"weights resident in shared memory: {res}"
+                + (", layer 0 projects its input in the kernel" if self.layer0_in_kernel else ""))
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -132,6 +164,27 @@ def eligibility(program: Program) -> str | None:
     return None
 
 
+def auto_threads(groups: int) -> int:
+    """Threads for a block whose widest GEMM has `groups` accumulator tiles: a whole multiple of the tiles
+    (the rest split K), at least 256 (8 warps, two per scheduler, to hide shared-memory latency) and at
+    most 512."""
+    if groups >= 256:
+        return min(512, round_up(groups, 32))
+    best = max(range(1, 513 // groups + 1), key=lambda m: (min(m * groups, 512) >= 256, -abs(m * groups - 384)))
+    return min(512, round_up(best * groups, 32))
+
+
+def row_stride(k: int) -> int:
+    """Floats between rows of a shared-memory operand of k columns (rnn_row_stride in kernels/tile_gemm.cuh)."""
+    return round_up(k, 4) + 4
+
+
+def tile_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: int, tile: int, reduce: bool) -> int:
+    """Floats of staging rnn_tile_gemms needs (kernels/tile_gemm.cuh): `stages` slots of an X chunk and, when
+    some weight is streamed, a W chunk; then the split-K partial sums when some GEMM splits K."""
+    return stages * (bp + nc_streamed) * row_stride(k_chunk) + (threads * tile if reduce else 0)
+
+
 def make_tiling(program: Program, network: Network, batch: int, config: TileConfig | None = None,
                 limits: DeviceLimits = H100, *, persistent: bool = True) -> Tiling:
     """Partition the hidden units of every layer into blocks and lay out shared memory."""
@@ -141,16 +194,27 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         raise CompileError(f"cell '{program.cell.name}': {why}")
     for field_name, value in (("rows_per_thread", config.rows_per_thread), ("cols_per_thread", config.cols_per_thread)):
         if value not in (1, 2, 4, 8):
-            raise CompileError(f"TileConfig.{field_name}={value!r}: use 1, 2, 4 or 8")
-    if config.threads not in (64, 128, 256, 512):
-        raise CompileError(f"TileConfig.threads={config.threads!r}: use 64, 128, 256 or 512")
-    L, H, B = network.num_layers, network.hidden_size, batch
+            raise CompileError(f"TileConfig.{field_name}={value!r} is not a supported tile size; hint: use 1, 2, 4 or 8")
+    if config.threads is not None and (not isinstance(config.threads, int) or config.threads % 32
+                                       or not 64 <= config.threads <= MAX_THREADS):
+        raise CompileError(f"TileConfig.threads={config.threads!r} is not a whole number of warps in range; hint: use "
+                           f"a multiple of 32 from 64 to {MAX_THREADS}, or None to size it from the tiles")
+    H, B = network.hidden_size, batch
+    L = config.layers_per_launch or network.num_layers        # layers in one launch
+    if config.layers_per_launch is not None:
+        if not persistent:
+            raise CompileError("TileConfig.layers_per_launch applies to the persistent schedule only; hint: leave it "
+                               "None for the graph schedule")
+        if (not isinstance(L, int) or L < 1 or network.num_layers % L):
+            raise CompileError(f"TileConfig.layers_per_launch={L!r} does not divide the network's "
+                               f"{network.num_layers} layers; hint: use a divisor of {network.num_layers}, or None")
     if config.units_per_block is None:
         per_layer = max(1, limits.multiprocessors // L)
         units = -(-H // per_layer)
     else:
         if not isinstance(config.units_per_block, int) or config.units_per_block < 1:
-            raise CompileError(f"TileConfig.units_per_block={config.units_per_block!r}: give a positive integer")
+            raise CompileError(f"TileConfig.units_per_block={config.units_per_block!r} is not a positive integer; "
+                               "hint: give the hidden units a block owns, or None for one block per SM")
         units = min(config.units_per_block, H)
     bpl = -(-H // units)
     notes = []
@@ -159,38 +223,78 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                            f"{limits.multiprocessors} multiprocessors of {limits.name}: a persistent kernel "
                            "needs every block resident at once; hint: raise units_per_block")
     RB, RC = config.rows_per_thread, config.cols_per_thread
+    path = "gemv" if B <= GEMV_MAX_ROWS else "tiled"
     bp = round_up(B, RB)
+    # With several layers a launch, the first projects its input in the kernel like the others: its blocks have
+    # only the recurrent GEMM otherwise, so the projection rides free on the wavefront's critical path.
+    layer0_in_kernel = L > 1
 
     tiles = []
     for g in program.gemms:
         if g.hoisted and L == 1:
-            continue                                 # layer 0 projects with cuBLAS before the kernel
-        layers = range(1, L) if g.hoisted else range(L)
-        k_max = max(g.k(network.layer_sizes(layer)) for layer in layers)
-        tiles.append((g, k_max))
-    nc_max = max((round_up(len(g.terms) * units, RC) for g, _ in tiles), default=RC)
-    k_all = max((k for _, k in tiles), default=1)
-    # The K chunk: as much of K as fits the staging budget, a multiple of 8.
-    per_k = (bp + nc_max) * FLOAT_BYTES
-    k_chunk = max(8, min(round_up(k_all, 8), (SCRATCH_BUDGET_BYTES // per_k) // 8 * 8))
-    scratch = k_chunk * (bp + nc_max) + config.threads * RB * RC
-    budget = limits.smem_per_block // FLOAT_BYTES - scratch
+            continue                                 # one layer a launch: the projection is one cuBLAS GEMM before it
+        layers = range(network.num_layers)
+        ks = [g.k(network.layer_sizes(layer)) for layer in layers]
+        tiles.append((g, max(ks), 4 if all(k % 4 == 0 for k in ks) else 1))
+    ncps = {g.name: round_up(len(g.terms) * units, RC) for g, _, _ in tiles}
+    k_all = max((k for _, k, _ in tiles), default=4)
+    groups = {name: (bp // RB) * (ncp // RC) for name, ncp in ncps.items()}
+    threads = config.threads
+    if threads is None:
+        threads = 256 if path == "gemv" else auto_threads(max(groups.values(), default=1))
+    config = replace(config, threads=threads)
+    reduce = path == "tiled" and any(n < threads for n in groups.values())
+    smem_floats = limits.smem_per_block // FLOAT_BYTES
+    # Recurrent GEMMs first: they are read every step by every layer; the input projections next.
+    order = sorted(tiles, key=lambda item: item[0].hoisted)
+
+    def lay_out(k_chunk: int, stages: int):
+        want = persistent and config.resident
+        need = {g.name: ncps[g.name] * row_stride(k) for g, k, _ in order}
+        if path == "gemv":
+            return (set(need) if want and sum(need.values()) <= smem_floats else _greedy(need, 0, want)), 0, 0
+        scratch_all = tile_scratch(bp, 0, k_chunk, stages, threads, RB * RC, reduce)
+        if want and sum(need.values()) + scratch_all <= smem_floats:
+            return set(need), scratch_all, 0
+        streamed = max(ncps.values(), default=RC)
+        scratch_some = tile_scratch(bp, streamed, k_chunk, stages, threads, RB * RC, reduce)
+        return _greedy(need, scratch_some, want), scratch_some, streamed
+
+    def _greedy(need: dict, scratch: int, want: bool) -> set:
+        resident, used = set(), 0
+        for g, _, _ in order:               # recurrent GEMMs first
+            if want and used + need[g.name] + scratch <= smem_floats:
+                resident.add(g.name)
+                used += need[g.name]
+        return resident
+
+    if path == "gemv":
+        k_chunk, stages = round_up(k_all, 4), 1
+        resident, scratch, nc_streamed = lay_out(k_chunk, stages)
+    else:
+        cap = round_up(k_all, 4)
+        options = [(min(kc, cap), st) for kc, st in PIPELINES]
+        laid = [(kc, st, *lay_out(kc, st)) for kc, st in dict.fromkeys(options)]
+        fits = [item for item in laid if item[3] <= smem_floats] or laid[-1:]
+        best = max(len(item[2]) for item in fits)
+        k_chunk, stages, resident, scratch, nc_streamed = next(item for item in fits if len(item[2]) == best)
 
     gemm_tiles, offset = [], 0
-    # Recurrent GEMMs first: they are read every step by every layer; the projections of layers > 0 next.
-    for g, k_max in sorted(tiles, key=lambda item: item[0].hoisted):
-        floats = k_max * round_up(len(g.terms) * units, RC)
-        resident = persistent and config.resident and floats <= budget - offset
-        if persistent and config.resident and not resident:
+    for g, k_max, vec in order:
+        floats = ncps[g.name] * row_stride(k_max)
+        is_resident = g.name in resident
+        if persistent and config.resident and not is_resident:
             notes.append(f"{g.name}: {floats * FLOAT_BYTES / 1024:.0f} KiB per block does not fit in shared "
                          "memory beside the others; streamed from L2 every step")
-        gemm_tiles.append(GemmTile(g.name, len(g.terms), g.hoisted, k_max, resident,
-                                   offset if resident else 0, floats if resident else 0))
-        if resident:
+        gemm_tiles.append(GemmTile(g.name, len(g.terms), g.hoisted, k_max, is_resident,
+                                   offset if is_resident else 0, floats if is_resident else 0, vec))
+        if is_resident:
             offset += floats
     smem = (offset + scratch) * FLOAT_BYTES
     if smem > limits.smem_per_block:
         raise CompileError(f"the tiling needs {smem} bytes of shared memory per block, more than the "
                            f"{limits.smem_per_block} of {limits.name}; hint: fewer rows_per_thread or threads")
+    if path == "tiled" and not gemm_tiles:
+        stages, nc_streamed, smem = 1, 0, offset * FLOAT_BYTES     # no GEMM in the kernel (e.g. IndRNN, one layer)
     return Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent,
-                  tuple(notes))
+                  tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers)

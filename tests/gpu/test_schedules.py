@@ -74,6 +74,28 @@ def test_tilings(cupy, schedule, label, sizes, config):
         assert_matches(run_schedule(schedule, network, params, x, states, config), ref, f"{schedule} {cell} {label}")
 
 
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("batch", [2, 9])
+def test_persistent_in_groups_of_layers(cupy, group, batch):
+    size = {"input_size": 40, "hidden_size": 96, "batch": batch, "steps": 11}
+    for cell in ("lstm", "gru"):
+        network, params, x, states = make_case(engine.preset(cell).cell, 4, seed=group, sizes=size)
+        ref = reference.run(network, params, x, states, dtype=np.float64)
+        config = TileConfig(None, 4, 4, layers_per_launch=group)
+        program = schedule_class("persistent")(network, params, config=config)
+        result = program.run(x, states, poison=True)
+        assert result.info["launches_per_sequence"] == 4 // group
+        assert_matches(result, ref, f"persistent {cell}, layers per launch {group}, B={batch}")
+
+
+def test_layer_groups_are_refused_where_they_do_not_apply(cupy):
+    network, params, *_ = make_case(engine.preset("lstm").cell, 3)
+    with pytest.raises(CompileError, match="does not divide"):
+        schedule_class("persistent")(network, params, config=TileConfig(layers_per_launch=2)).plan(10, 4)
+    with pytest.raises(CompileError, match="persistent schedule only"):
+        schedule_class("graph")(network, params, config=TileConfig(layers_per_launch=1)).plan(10, 4)
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_twenty_runs_are_bit_identical(cupy, schedule):
     size = {"input_size": 64, "hidden_size": 256, "batch": 8, "steps": 30}

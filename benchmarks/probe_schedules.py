@@ -1,0 +1,136 @@
+"""A quick probe of the wavefront schedules against cuDNN, for iterating on kernels on the GPU machine.
+
+    python benchmarks/probe_schedules.py --preset lstm --config lat --config mid [--tile 8x4] [--json out.json]
+
+For each anchor configuration: cuDNN (torch.nn.LSTM/GRU, fp32, TF32 off, when the preset has a cuDNN
+form), the fused backend, and each schedule, timed the same way as the benchmark harness (CUDA
+events around one whole run after warm-up, median of --repeats), plus the schedule's kernel alone
+(`_launch`) so that host overhead shows. Every schedule's output is first checked against the fused
+backend on the same input (poisoned buffers). The official figures come from `python -m engine bench`;
+this is the fast loop while a kernel changes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402
+from engine.bench.configs import parse_configs  # noqa: E402
+from engine.schedules import schedule_class  # noqa: E402
+from engine.schedules.tiling import TileConfig  # noqa: E402
+
+
+def time_ms(fn, warmup: int, repeats: int) -> float:
+    import cupy
+    for _ in range(warmup):
+        fn()
+    samples = []
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, end))
+    return statistics.median(samples)
+
+
+def cudnn_ms(preset: str, cfg, x, warmup: int, repeats: int):
+    import torch
+    kinds = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
+    if preset not in kinds:
+        return None
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    module = kinds[preset](cfg.input_size, cfg.hidden_size, cfg.num_layers).cuda().float()
+    xt = torch.from_dlpack(x)
+    with torch.no_grad():
+        def fn():
+            module(xt)
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            samples.append(a.elapsed_time(b))
+    return statistics.median(samples)
+
+
+def main(argv=None) -> int:
+    import cupy
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", action="append", default=None)
+    parser.add_argument("--config", action="append", default=None)
+    parser.add_argument("--schedule", action="append", default=None)
+    parser.add_argument("--tile", default=None, help="RBxRC, e.g. 8x4 (default: the tiling's own)")
+    parser.add_argument("--units", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--layers-per-launch", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--no-fused", action="store_true", help="skip timing the fused backend")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    rb, rc = (int(v) for v in args.tile.split("x")) if args.tile else (4, 4)
+    config = TileConfig(args.units, rb, rc, args.threads, layers_per_launch=args.layers_per_launch)
+    rows = []
+    for preset in args.preset or ["lstm"]:
+        cell = engine.preset(preset).cell
+        for cfg in parse_configs(args.config or ["lat", "blogB", "mid", "large", "blogA"]):
+            network = engine.Network(cell, cfg.input_size, cfg.hidden_size, cfg.num_layers)
+            params = engine.init_params(network, seed=0)
+            rng = np.random.default_rng(1)
+            x = cupy.asarray(rng.standard_normal((cfg.steps, cfg.batch, cfg.input_size)), dtype=cupy.float32)
+            row = {"preset": preset, "config": cfg.name, "sizes": [cfg.input_size, cfg.hidden_size, cfg.num_layers,
+                                                                   cfg.steps, cfg.batch]}
+            row["cudnn_ms"] = cudnn_ms(preset, cfg, x, args.warmup, args.repeats)
+            from engine.backends import fused
+            ref_prog = fused.prepare(network, params)
+            ref = ref_prog.run(x).outputs
+            if not args.no_fused:
+                row["fused_ms"] = time_ms(lambda: ref_prog.run(x), args.warmup, args.repeats)
+            for name in args.schedule or ["persistent", "graph"]:
+                try:
+                    cfg_for = config if name == "persistent" else TileConfig(args.units, rb, rc, args.threads)
+                    sched = schedule_class(name)(network, params, config=cfg_for)
+                    out = sched.run(x, poison=True).outputs
+                    err = float(cupy.abs(out - ref).max() / cupy.abs(ref).max())
+                    row[f"{name}_err"] = err
+                    row[f"{name}_ms"] = time_ms(lambda: sched.run(x), args.warmup, args.repeats)
+                    T, B = cfg.steps, cfg.batch
+                    row[f"{name}_kernel_ms"] = time_ms(lambda: [sched._launch(T, B, first) for first in range(
+                        0, cfg.num_layers, sched.tiling.num_layers)], args.warmup, args.repeats)
+                    row[f"{name}_tiling"] = sched.tiling.describe()
+                except Exception as e:  # noqa: BLE001 - a probe reports and goes on
+                    row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    print()
+    print(f"{'preset':<14}{'config':<8}{'cudnn':>8}{'fused':>8}{'persist':>9}{'kernel':>8}{'graph':>8}{'ratio':>7}  err")
+    for r in rows:
+        def f(key):
+            v = r.get(key)
+            return f"{v:8.3f}" if isinstance(v, float) else f"{'-':>8}"
+        p = r.get("persistent_ms")
+        ratio = f"{r['cudnn_ms'] / p:7.2f}" if p and r.get("cudnn_ms") else f"{'-':>7}"
+        print(f"{r['preset']:<14}{r['config']:<8}{f('cudnn_ms')}{f('fused_ms')} {f('persistent_ms')}"
+              f"{f('persistent_kernel_ms')}{f('graph_ms')}{ratio}  {r.get('persistent_err', r.get('persistent_error'))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,12 +4,15 @@
 # (at most 5): versions.txt, gpu_tests.log, bench.log, bench-<date>-<device>.json, bench_table.md.
 #
 #   1. versions of the driver, nvcc, CuPy, torch and cuDNN;
-#   2. python3 -m pytest tests/gpu -q -rs            (at most 150 s);
-#   3. the benchmark: every anchor config x lstm, gru, peephole_lstm, gru_cho, quick mode, results
-#      JSON to benchmarks/results/ and $OUT         (stops starting measurements at 400 s, killed at 420 s;
-#      the JSON is rewritten after every cell, so a cut-short run still leaves its results);
-#   4. the markdown table, last.
-# Budget: under 10 minutes on an H100. A failing stage does not stop the next one.
+#   2. python3 -m pytest tests/gpu -q -rs            (at most 400 s);
+#   3. compute-sanitizer memcheck and racecheck on the persistent kernel, small configurations;
+#   4. the benchmark: every anchor config x lstm, gru, peephole_lstm, gru_cho, lstm_cifg, lstm_nfg, mgu,
+#      indrnn; cuDNN fp32, the engine's fused backend and schedules, the PyTorch eager cell; quick mode,
+#      results JSON to benchmarks/results/ and $OUT (stops starting measurements at BENCH_BUDGET s; the
+#      JSON is rewritten after every cell, so a cut-short run still leaves its results);
+#   5. the markdown table, last.
+# STAGES="tests sanitize bench" (default: all) picks stages, so the suite can be split over two calls of
+# under 10 minutes each on an H100. A failing stage does not stop the next one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -37,16 +40,36 @@ print('torch', torch.__version__, '| CUDA', torch.version.cuda, '| cuDNN', torch
   "$PY" -c "import triton; print('triton', triton.__version__)" || echo "triton: not installed"
 } 2>&1 | tee "$OUT/versions.txt"
 
-section "GPU tests"
-timeout 150 "$PY" -m pytest tests/gpu -q -rs 2>&1 | tee "$OUT/gpu_tests.log"
-tests_rc=${PIPESTATUS[0]}
+STAGES=${STAGES:-tests sanitize bench}
+BENCH_BUDGET=${BENCH_BUDGET:-400}
+tests_rc=skipped; sanitize_rc=skipped; bench_rc=skipped
 
-section benchmark
-timeout 420 "$PY" -m engine bench --quick --warmup 2 --compile-budget 60 --time-budget 400 \
-  --preset lstm --preset gru --preset peephole_lstm --preset gru_cho \
-  --config blogB --config mid --config lat --config large --config blogA \
-  --out benchmarks/results --copy-to "$OUT" 2>&1 | tee "$OUT/bench.log"
-bench_rc=${PIPESTATUS[0]}
+if [[ " $STAGES " == *" tests "* ]]; then
+  section "GPU tests"
+  timeout 400 "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+  tests_rc=${PIPESTATUS[0]}
+fi
+
+if [[ " $STAGES " == *" sanitize "* ]]; then
+  section "compute-sanitizer on the persistent kernel"
+  sanitize_rc=0
+  for tool in memcheck racecheck; do
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/sanitize_persistent.py 2>&1 \
+      | tee "$OUT/sanitize_$tool.log" | tail -4
+    rc=${PIPESTATUS[0]}; echo "compute-sanitizer $tool exit code: $rc"; [ "$rc" = 0 ] || sanitize_rc=$rc
+  done
+fi
+
+if [[ " $STAGES " == *" bench "* ]]; then
+  section benchmark
+  timeout $((BENCH_BUDGET + 30)) "$PY" -m engine bench --quick --warmup 2 --compile-budget 60 --time-budget "$BENCH_BUDGET" \
+    --impl cudnn-fp32 --impl fused --impl graph --impl persistent --impl torch-eager \
+    --preset lstm --preset gru --preset peephole_lstm --preset gru_cho --preset lstm_cifg --preset lstm_nfg \
+    --preset mgu --preset indrnn \
+    --config lat --config blogB --config mid --config large --config blogA \
+    --out benchmarks/results --copy-to "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -5
+  bench_rc=${PIPESTATUS[0]}
+fi
 
 section "table"
 "$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/bench_table.md"
@@ -56,4 +79,4 @@ found = list_results(sys.argv[1])
 print(markdown_table(load_results(found[0]["path"])) if found else "no benchmark results were written")
 PYEOF
 echo
-echo "gpu tests exit code: $tests_rc (124: timed out); bench exit code: $bench_rc (124: timed out); total $(( $(date +%s) - start )) s"
+echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc (124: timed out); total $(( $(date +%s) - start )) s"

@@ -206,13 +206,27 @@ __device__ __forceinline__ void rnn_mma_load(float4 (&xv)[RB], float4 (&wv)[RC],
     for (int c = 0; c < RC; ++c) wv[c] = *reinterpret_cast<const float4*>(wr + c * wstep + k);
 }
 
+// Four k at a time, k outermost: RB x RC independent FMAs between two that depend on each other (the
+// sum of every output still runs over k in order, so results do not depend on the tiling of the loop).
 template <int RB, int RC>
 __device__ __forceinline__ void rnn_mma_step(float (&acc)[RB][RC], const float4 (&xv)[RB], const float4 (&wv)[RC])
 {
 #pragma unroll
     for (int r = 0; r < RB; ++r)
 #pragma unroll
-        for (int c = 0; c < RC; ++c) acc[r][c] = rnn_dot4(xv[r], wv[c], acc[r][c]);
+        for (int c = 0; c < RC; ++c) acc[r][c] = fmaf(xv[r].x, wv[c].x, acc[r][c]);
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int c = 0; c < RC; ++c) acc[r][c] = fmaf(xv[r].y, wv[c].y, acc[r][c]);
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int c = 0; c < RC; ++c) acc[r][c] = fmaf(xv[r].z, wv[c].z, acc[r][c]);
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int c = 0; c < RC; ++c) acc[r][c] = fmaf(xv[r].w, wv[c].w, acc[r][c]);
 }
 
 template <int RB, int RC>

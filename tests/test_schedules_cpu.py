@@ -72,8 +72,10 @@ def check_tiling(tiling, program, network, batch, config, limits, persistent, wh
     assert units >= 1 and per_layer >= 1, where
     assert per_layer * units >= H, f"{where}: units {H - per_layer * units} have no block"
     assert (per_layer - 1) * units < H, f"{where}: the last block of a layer owns no unit"
-    assert tiling.blocks == per_layer * L, where
-    assert (tiling.num_layers, tiling.batch, tiling.hidden, tiling.persistent) == (L, batch, H, persistent), where
+    group = tiling.num_layers                  # layers a launch: all of them, or a divisor (persistent only)
+    assert tiling.blocks == per_layer * group and tiling.launches * group == L, where
+    assert group == L or persistent, f"{where}: the graph schedule runs every layer in one wavefront"
+    assert (tiling.network_layers, tiling.batch, tiling.hidden, tiling.persistent) == (L, batch, H, persistent), where
     if persistent:
         assert tiling.blocks <= limits.multiprocessors, f"{where}: a cooperative launch needs every block resident"
     assert 0 <= tiling.smem_bytes <= limits.smem_per_block, where
@@ -82,8 +84,10 @@ def check_tiling(tiling, program, network, batch, config, limits, persistent, wh
     tiled = {t.name for t in tiling.gemms}
     assert tiled <= gemm_names, where
     assert {g.name for g in program.gemms if not g.hoisted} <= tiled, f"{where}: a recurrent GEMM has no tile"
-    if L > 1:
-        assert {g.name for g in program.hoisted_gemms} <= tiled, f"{where}: layers > 0 project in the kernel"
+    if group > 1:
+        assert {g.name for g in program.hoisted_gemms} <= tiled, f"{where}: layers project in the kernel"
+    else:
+        assert not tiling.layer0_in_kernel, f"{where}: one layer a launch projects with cuBLAS before it"
 
     if not (persistent and config.resident):
         assert not tiling.resident, f"{where}: weights resident without a persistent, resident tiling"

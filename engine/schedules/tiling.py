@@ -199,6 +199,18 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                                        or not 64 <= config.threads <= MAX_THREADS):
         raise CompileError(f"TileConfig.threads={config.threads!r} is not a whole number of warps in range; hint: use "
                            f"a multiple of 32 from 64 to {MAX_THREADS}, or None to size it from the tiles")
+    if config.layers_per_launch is None and persistent and network.num_layers > 1:
+        # Default: all layers in one launch, unless some recurrent weight then has to stream from L2 every step
+        # while one layer a launch keeps them all on chip (large layers: cuDNN's layer-by-layer order, with the
+        # input projections as one cuBLAS GEMM each).
+        whole = make_tiling(program, network, batch, replace(config, layers_per_launch=network.num_layers), limits)
+        if all(g.resident or g.hoisted for g in whole.gemms) or not config.resident:
+            return whole
+        try:
+            single = make_tiling(program, network, batch, replace(config, layers_per_launch=1), limits)
+        except CompileError:
+            return whole
+        return single if all(g.resident or g.hoisted for g in single.gemms) else whole
     H, B = network.hidden_size, batch
     L = config.layers_per_launch or network.num_layers        # layers in one launch
     if config.layers_per_launch is not None:

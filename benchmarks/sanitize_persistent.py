@@ -1,0 +1,41 @@
+"""Runs the persistent schedule once on small configurations, for compute-sanitizer (memcheck, racecheck).
+
+    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_persistent.py
+    compute-sanitizer --tool racecheck python3 benchmarks/sanitize_persistent.py
+
+Two LSTM networks of two layers, one per GEMM shape of kernels/tile_gemm.cuh: B=3 (the warp GEMV) and
+B=16 (register tiles, split K, a cp.async pipeline), plus one layer by layer (TileConfig(layers_per_launch=1)).
+Each run is checked against the float64 reference, so a clean report is also a correct one.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402
+from engine.backends import reference  # noqa: E402
+from engine.schedules import schedule_class  # noqa: E402
+from engine.schedules.tiling import TileConfig  # noqa: E402
+
+
+def main() -> int:
+    cell = engine.preset("lstm").cell
+    worst = 0.0
+    for batch, config in ((3, TileConfig()), (16, TileConfig()), (16, TileConfig(layers_per_launch=1))):
+        network = engine.Network(cell, 24, 40, 2)
+        params = engine.init_params(network, seed=batch)
+        x = np.random.default_rng(batch).standard_normal((5, batch, 24))
+        ref = reference.run(network, params, x, None, dtype=np.float64).outputs
+        out = schedule_class("persistent")(network, params, config=config).run(x, poison=True).outputs
+        err = float(np.abs(out - ref).max() / np.abs(ref).max())
+        worst = max(worst, err)
+        print(f"persistent lstm I=24 H=40 L=2 T=5 B={batch} {config.label()}: max relative error {err:.2e}")
+    return 0 if worst < 1e-4 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,8 +24,8 @@ from ..plan import Program
 FLOAT_BYTES = 4
 GEMV_MAX_ROWS = 4                      # batches up to this use rnn_warp_gemv (X in registers), larger rnn_tile_gemms
 MAX_THREADS = 1024
-# (K columns per chunk, pipeline depth): chunks of at least 64 columns first (a barrier per chunk), then the
-# most columns in flight; the first that keeps the most weights resident wins.
+# (K columns per chunk, pipeline depth), chunks of at least 64 columns first (a barrier per chunk), then the
+# most columns in flight; make_tiling scores them with the weights each leaves room for on chip.
 PIPELINES = ((128, 4), (128, 3), (64, 4), (128, 2), (64, 3), (64, 2), (32, 4), (32, 3), (32, 2), (16, 4), (16, 3),
              (16, 2), (8, 2))
 
@@ -36,6 +36,7 @@ class DeviceLimits:
     smem_per_block: int                # bytes a block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin)
     name: str = "GPU"
     arch: str = ""
+    l2_bytes: int = 50 * 1024 * 1024   # the L2 cache (H100: 50 MB)
 
     @staticmethod
     def current() -> "DeviceLimits":
@@ -45,7 +46,7 @@ class DeviceLimits:
         props = cupy.cuda.runtime.getDeviceProperties(dev.id)
         name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         return DeviceLimits(attrs["MultiProcessorCount"], attrs["MaxSharedMemoryPerBlockOptin"], name,
-                            f"sm_{dev.compute_capability}")
+                            f"sm_{dev.compute_capability}", attrs["L2CacheSize"])
 
 
 # An H100 SXM, for tests and for explain() on machines without a GPU.
@@ -200,17 +201,25 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         raise CompileError(f"TileConfig.threads={config.threads!r} is not a whole number of warps in range; hint: use "
                            f"a multiple of 32 from 64 to {MAX_THREADS}, or None to size it from the tiles")
     if config.layers_per_launch is None and persistent and network.num_layers > 1:
-        # Default: all layers in one launch, unless some recurrent weight then has to stream from L2 every step
+        # Default: all layers in one launch, unless some recurrent weight then has to be streamed every step and
+        # the weights the kernel reads per wavefront step outgrow half the L2 (so they would come from DRAM),
         # while one layer a launch keeps them all on chip (large layers: cuDNN's layer-by-layer order, with the
         # input projections as one cuBLAS GEMM each).
         whole = make_tiling(program, network, batch, replace(config, layers_per_launch=network.num_layers), limits)
-        if all(g.resident or g.hoisted for g in whole.gemms) or not config.resident:
+
+        def roomy(t: Tiling) -> bool:         # recurrent weights on chip, and chunks of 64 columns beside them
+            return all(g.resident or g.hoisted for g in t.gemms) and (t.path == "gemv" or t.k_chunk >= 64)
+        if roomy(whole) or not config.resident:
+            return whole
+        weight_bytes = sum(g.n(network.layer_sizes(layer)) * g.k(network.layer_sizes(layer)) * FLOAT_BYTES
+                           for g in program.gemms for layer in range(network.num_layers))
+        if weight_bytes <= limits.l2_bytes // 2:
             return whole
         try:
             single = make_tiling(program, network, batch, replace(config, layers_per_launch=1), limits)
         except CompileError:
             return whole
-        return single if all(g.resident or g.hoisted for g in single.gemms) else whole
+        return single if roomy(single) else whole
     H, B = network.hidden_size, batch
     L = config.layers_per_launch or network.num_layers        # layers in one launch
     if config.layers_per_launch is not None:
@@ -288,8 +297,15 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         options = [(min(kc, cap), st) for kc, st in PIPELINES]
         laid = [(kc, st, *lay_out(kc, st)) for kc, st in dict.fromkeys(options)]
         fits = [item for item in laid if item[3] <= smem_floats] or laid[-1:]
-        best = max(len(item[2]) for item in fits)
-        k_chunk, stages, resident, scratch, nc_streamed = next(item for item in fits if len(item[2]) == best)
+        recurrent = {g.name for g, _, _ in order if not g.hoisted}
+
+        def score(item):
+            # Recurrent weights on chip first (read every step by every layer), then chunks of at least 64
+            # columns (a barrier per chunk: small chunks cost more than streaming a projection), then more
+            # weights on chip; ties go to the earlier pipeline in PIPELINES.
+            return (len(item[2] & recurrent), item[0] >= 64, len(item[2]))
+        best = max(score(item) for item in fits)
+        k_chunk, stages, resident, scratch, nc_streamed = next(item for item in fits if score(item) == best)
 
     gemm_tiles, offset = [], 0
     for g, k_max, vec in order:

@@ -65,7 +65,7 @@ def compile_module(program: Program):
     except Exception as e:   # cupy.cuda.compiler.CompileException, or a driver error
         raise CompileError(f"generated CUDA for cell '{program.cell.name}' did not compile for sm_{arch}: "
                            f"{type(e).__name__}: {e}\nhint: this is a bug in engine.codegen; "
-                           "`python -m engine explain <cell> --source` prints the source") from None
+                           "`python -m engine explain <cell>` prints the source") from None
     with _lock:
         _compile_cache[key] = module
     return module

@@ -16,6 +16,23 @@ class RunResult:
     info: dict | None = None
 
 
+def check_float32_gpu_program(what: str, network: Network, params, dtype) -> None:
+    """What every float32 GPU program checks before it builds anything: the dtype, a usable GPU, the
+    network and its parameters. `what` names it in the messages ("backend 'fused'", "schedule 'graph'")."""
+    import numpy as np
+    from ..params import check_params
+    if np.dtype(dtype) != np.float32:
+        raise BackendError(f"{what} computes in float32 only, not {np.dtype(dtype).name}; "
+                           "hint: use dtype=np.float32, or backend='reference' for float64")
+    from . import gpu_status
+    ok, why = gpu_status()
+    if not ok:
+        raise BackendError(f"{what} needs a GPU: {why}. hint: use backend='reference' on the CPU")
+    if not isinstance(network, Network):
+        raise BackendError(f"argument 'network' must be an engine Network, got {type(network).__name__}")
+    check_params(network, params)
+
+
 def check_inputs(network: Network, x, initial_states, xp) -> Any:
     """Validate x (T, B, I) and initial states (L, B, H) before any work; errors name the argument."""
     shape = getattr(x, "shape", None)

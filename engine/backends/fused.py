@@ -24,9 +24,9 @@ import numpy as np
 
 from ..errors import BackendError
 from ..network import Network
-from ..params import Params, check_params
+from ..params import Params
 from ..plan import FLOAT_BYTES, Plan, make_plan, pack_weights, slot_columns
-from .common import RunResult, check_inputs
+from .common import RunResult, check_float32_gpu_program, check_inputs
 
 THREADS_PER_BLOCK = 256
 MAX_BLOCKS = 65535
@@ -278,17 +278,8 @@ class FusedProgram:
 
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, passes=None,
                  layout: str = "blocked", chunk_steps: int | None = None):
-        if np.dtype(dtype) != np.float32:
-            raise BackendError(f"backend 'fused' computes in float32 only, not {np.dtype(dtype).name}; "
-                               "hint: use dtype=np.float32, or backend='reference' for float64")
-        from . import gpu_status
-        ok, why = gpu_status()
-        if not ok:
-            raise BackendError(f"backend 'fused' needs a GPU: {why}. hint: use backend='reference' on the CPU")
+        check_float32_gpu_program("backend 'fused'", network, params, dtype)
         import cupy
-        if not isinstance(network, Network):
-            raise BackendError(f"argument 'network' must be an engine Network, got {type(network).__name__}")
-        check_params(network, params)
         self.cupy, self.network, self.params = cupy, network, params
         self.options = dict(passes=passes, layout=layout, chunk_steps=chunk_steps)
         self._shape = None

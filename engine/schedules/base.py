@@ -21,10 +21,10 @@ import threading
 
 import numpy as np
 
-from ..backends.common import RunResult, check_inputs
+from ..backends.common import RunResult, check_float32_gpu_program, check_inputs
 from ..errors import BackendError, CompileError
 from ..network import Network
-from ..params import Params, check_params
+from ..params import Params
 from ..plan import Plan, make_plan, pack_weights, slot_columns
 from .tiling import DeviceLimits, TileConfig, Tiling, make_tiling
 
@@ -64,16 +64,7 @@ class WavefrontSchedule:
 
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, config: TileConfig | None = None,
                  limits: DeviceLimits | None = None):
-        if np.dtype(dtype) != np.float32:
-            raise BackendError(f"schedule '{self.name}' computes in float32 only, not {np.dtype(dtype).name}; "
-                               "hint: use dtype=np.float32, or backend='reference' for float64")
-        from ..backends import gpu_status
-        ok, why = gpu_status()
-        if not ok:
-            raise BackendError(f"schedule '{self.name}' needs a GPU: {why}. hint: use backend='reference' on the CPU")
-        if not isinstance(network, Network):
-            raise BackendError(f"argument 'network' must be an engine Network, got {type(network).__name__}")
-        check_params(network, params)
+        check_float32_gpu_program(f"schedule '{self.name}'", network, params, dtype)
         import cupy
         self.cupy, self.network, self.params = cupy, network, params
         self.config = config or TileConfig()

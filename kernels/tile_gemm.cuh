@@ -212,21 +212,13 @@ template <int RB, int RC>
 __device__ __forceinline__ void rnn_mma_step(float (&acc)[RB][RC], const float4 (&xv)[RB], const float4 (&wv)[RC])
 {
 #pragma unroll
-    for (int r = 0; r < RB; ++r)
+    for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-        for (int c = 0; c < RC; ++c) acc[r][c] = fmaf(xv[r].x, wv[c].x, acc[r][c]);
+        for (int r = 0; r < RB; ++r)
 #pragma unroll
-    for (int r = 0; r < RB; ++r)
-#pragma unroll
-        for (int c = 0; c < RC; ++c) acc[r][c] = fmaf(xv[r].y, wv[c].y, acc[r][c]);
-#pragma unroll
-    for (int r = 0; r < RB; ++r)
-#pragma unroll
-        for (int c = 0; c < RC; ++c) acc[r][c] = fmaf(xv[r].z, wv[c].z, acc[r][c]);
-#pragma unroll
-    for (int r = 0; r < RB; ++r)
-#pragma unroll
-        for (int c = 0; c < RC; ++c) acc[r][c] = fmaf(xv[r].w, wv[c].w, acc[r][c]);
+            for (int c = 0; c < RC; ++c)
+                acc[r][c] = fmaf(reinterpret_cast<const float*>(&xv[r])[kk], reinterpret_cast<const float*>(&wv[c])[kk],
+                                 acc[r][c]);
 }
 
 template <int RB, int RC>

@@ -33,6 +33,17 @@ def check_float32_gpu_program(what: str, network: Network, params, dtype) -> Non
     check_params(network, params)
 
 
+def check_gpu_run_inputs(what: str, cupy, network: Network, x, initial_states) -> None:
+    """x and initial_states of a GPU run: CuPy arrays on the current GPU (NumPy is copied over), right shapes."""
+    device = cupy.cuda.Device().id
+    named = [("x", x)] + [(f"initial_states['{n}']", v) for n, v in (initial_states or {}).items()]
+    for name, value in named:
+        if isinstance(value, cupy.ndarray) and value.device.id != device:
+            raise BackendError(f"argument '{name}' is on GPU {value.device.id}, but {what} runs on GPU {device}; "
+                               f"hint: move it with cupy.asarray under `with cupy.cuda.Device({device}):`")
+    check_inputs(network, x, initial_states, xp=cupy)
+
+
 def check_inputs(network: Network, x, initial_states, xp) -> Any:
     """Validate x (T, B, I) and initial states (L, B, H) before any work; errors name the argument."""
     shape = getattr(x, "shape", None)

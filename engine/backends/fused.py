@@ -26,7 +26,7 @@ from ..errors import BackendError
 from ..network import Network
 from ..params import Params
 from ..plan import FLOAT_BYTES, Plan, make_plan, pack_weights, slot_columns
-from .common import RunResult, check_float32_gpu_program, check_inputs
+from .common import RunResult, check_float32_gpu_program, check_gpu_run_inputs
 
 THREADS_PER_BLOCK = 256
 MAX_BLOCKS = 65535
@@ -263,13 +263,6 @@ class _NoStream:
         return False
 
 
-def _check_device_array(cupy, value, what: str) -> None:
-    if isinstance(value, cupy.ndarray) and value.device.id != cupy.cuda.Device().id:
-        raise BackendError(f"argument '{what}' is on GPU {value.device.id}, but backend 'fused' runs on GPU "
-                           f"{cupy.cuda.Device().id}; hint: move it with cupy.asarray under "
-                           f"`with cupy.cuda.Device({cupy.cuda.Device().id}):`")
-
-
 class FusedProgram:
     """A network with its parameters uploaded once; run(x) can then be called (and timed) many times.
 
@@ -311,10 +304,7 @@ class FusedProgram:
         """x: (T, B, I), NumPy or CuPy. CuPy arrays come back when x is CuPy, NumPy otherwise.
         poison=True fills every work buffer with NaN first (tests)."""
         cupy, network = self.cupy, self.network
-        _check_device_array(cupy, x, "x")
-        for name, value in (initial_states or {}).items():
-            _check_device_array(cupy, value, f"initial_states['{name}']")
-        check_inputs(network, x, initial_states, xp=cupy)
+        check_gpu_run_inputs("backend 'fused'", cupy, network, x, initial_states)
         T, B, _ = x.shape
         executor = self.executor(int(T), int(B))
         on_gpu = isinstance(x, cupy.ndarray)

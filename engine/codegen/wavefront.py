@@ -166,7 +166,6 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
     """The CUDA module for one program, network, batch and tiling: the persistent kernel when
     tiling.persistent, else the graph schedule's per-stage kernels."""
     prec = lookup_precision(program.precision)
-    tiles = {t.name: t for t in tiling.gemms}
     cell = program.cell.name.replace(" ", "_")
     prefix = program.kernels[0].name.rsplit("_stage", 1)[0] if program.kernels else cell
     present = stages(program)

@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from ..backends.common import RunResult, check_float32_gpu_program, check_inputs
+from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs
 from ..errors import BackendError, CompileError
 from ..network import Network
 from ..params import Params
@@ -175,11 +175,7 @@ class WavefrontSchedule:
         """x: (T, B, I), NumPy or CuPy. CuPy arrays come back when x is CuPy, NumPy otherwise.
         poison=True fills every work buffer with NaN first (tests)."""
         cupy, network = self.cupy, self.network
-        from ..backends.fused import _check_device_array
-        _check_device_array(cupy, x, "x")
-        for name, value in (initial_states or {}).items():
-            _check_device_array(cupy, value, f"initial_states['{name}']")
-        check_inputs(network, x, initial_states, xp=cupy)
+        check_gpu_run_inputs(f"schedule '{self.name}'", cupy, network, x, initial_states)
         T, B, _ = x.shape
         if self._shape != (int(T), int(B)):
             self._build(int(T), int(B))

@@ -15,14 +15,20 @@ log = logging.getLogger("engine")
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, *,
-        backend: str = "auto", dtype=np.float32) -> RunResult:
+        backend: str = "auto", dtype=np.float32, precision: str = "float32") -> RunResult:
     """Run the network over x (T, B, I). backend: auto | reference | naive | fused | graph | persistent.
 
     'auto' runs the autotuned schedule when CuPy sees a GPU (engine.schedules.autotune: it times the
-    candidates once per cell, sizes and device, and caches the choice on disk) and the NumPy
+    candidates once per cell, sizes, precision and device, and caches the choice on disk) and the NumPy
     reference otherwise; the choice and its reason are logged and recorded in
     result.info["backend_reason"].
+
+    precision: "float32" (strict, the default), "tf32", "float16" or "bfloat16" (engine.codegen.precision:
+    matmul operands rounded to that format, fp32 accumulation, cell math and states). The schedules run
+    every mode on the GPU; the reference emulates it on the CPU; naive and fused are float32 only.
     """
+    from .backends.common import check_float32_only, check_precision
+    precision = check_precision(precision)
     name, reason = backends.select(backend)
     if name == "auto":
         from .schedules import autotune
@@ -33,17 +39,22 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
         if shape is None or len(shape) != 3:
             from .backends.common import check_inputs
             check_inputs(network, x, initial_states, xp=np)      # raises the named error
-        choice = autotune.tune(network, params, int(shape[0]), int(shape[1]))
+        choice = autotune.tune(network, params, int(shape[0]), int(shape[1]), precision=precision)
         name, reason = choice.schedule, f"{reason}: {choice.why}"
         log.info(reason)
-        result = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), network, params).run(
-            x, initial_states)
+        result = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), network, params,
+                                  precision=precision).run(x, initial_states)
     else:
         if backend == "auto":
             log.warning(reason)
-        result = backends.get(name).run(network, params, x, initial_states, dtype=dtype)
+        module = backends.get(name)
+        if name in backends.SCHEDULE_BACKENDS or name == "reference":
+            result = module.run(network, params, x, initial_states, dtype=dtype, precision=precision)
+        else:
+            check_float32_only(f"backend '{name}'", precision)
+            result = module.run(network, params, x, initial_states, dtype=dtype)
     result.backend = name
-    result.info = dict(result.info or {}, backend_reason=reason)
+    result.info = dict(result.info or {}, backend_reason=reason, precision=precision)
     return result
 
 

@@ -29,13 +29,99 @@
 // different bank groups.
 //
 // VEC = 4 when every K and row stride is a multiple of 4 (16-byte copies and loads), else 1.
+//
+// Precision modes (engine/codegen/precision.py): MODE is RNN_FP32 (FFMA, the default), RNN_TF32,
+// RNN_FP16 or RNN_BF16. In the last three every operand is rounded to the mode's format as it enters a
+// product (rnn_operand), so the warp GEMV computes exactly what the tensor-core MMA of mma_gemm.cuh
+// computes for many rows; fp16/bf16 weights are stored as 16-bit patterns (unsigned short).
 #ifndef RNN_TILE_GEMM_CUH
 #define RNN_TILE_GEMM_CUH
+
+#define RNN_FP32 0
+#define RNN_TF32 1
+#define RNN_FP16 2
+#define RNN_BF16 3
 
 __host__ __device__ constexpr int rnn_round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 // Floats between consecutive rows of a shared-memory operand of k columns.
 __host__ __device__ constexpr int rnn_row_stride(int k) { return rnn_round_up(k, 4) + 4; }
+
+// The type of a packed weight element, and the elements between rows of a resident (or staged) weight of
+// k columns: fp32 as above; tf32 a multiple of 8 plus 4 and fp16/bf16 a multiple of 16 plus 8, so that the
+// eight rows an MMA fragment reads at once start in eight different bank groups, and K is zero-padded to
+// whole MMA steps.
+template <int MODE> struct RnnWeight { using type = float; };
+template <> struct RnnWeight<RNN_FP16> { using type = unsigned short; };
+template <> struct RnnWeight<RNN_BF16> { using type = unsigned short; };
+template <int MODE>
+__host__ __device__ constexpr int rnn_wstride(int k)
+{
+    return MODE == RNN_FP32 ? rnn_row_stride(k) : MODE == RNN_TF32 ? rnn_round_up(k, 8) + 4 : rnn_round_up(k, 16) + 8;
+}
+
+__device__ __forceinline__ unsigned rnn_tf32_bits(float v)
+{
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+__device__ __forceinline__ float rnn_half_to_float(unsigned short h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ float rnn_bf16_to_float(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
+
+// v as it enters a product in this mode (exactly representable in the mode's format, held as a float).
+template <int MODE>
+__device__ __forceinline__ float rnn_operand(float v)
+{
+    if constexpr (MODE == RNN_TF32) {
+        return __uint_as_float(rnn_tf32_bits(v));
+    } else if constexpr (MODE == RNN_FP16) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return rnn_half_to_float(h);
+    } else if constexpr (MODE == RNN_BF16) {
+        unsigned short h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return rnn_bf16_to_float(h);
+    } else {
+        return v;
+    }
+}
+template <int MODE>
+__device__ __forceinline__ float4 rnn_operand4(float4 v)
+{
+    return make_float4(rnn_operand<MODE>(v.x), rnn_operand<MODE>(v.y), rnn_operand<MODE>(v.z), rnn_operand<MODE>(v.w));
+}
+
+// Four consecutive weights as floats: one 16-byte (fp32, tf32) or 8-byte (fp16, bf16) load. GLOBAL: through
+// the read-only path (the weights never change during a run).
+template <int MODE, bool GLOBAL>
+__device__ __forceinline__ float4 rnn_weight4(const typename RnnWeight<MODE>::type* p)
+{
+    if constexpr (MODE == RNN_FP16 || MODE == RNN_BF16) {
+        const uint2 bits = GLOBAL ? __ldg(reinterpret_cast<const uint2*>(p)) : *reinterpret_cast<const uint2*>(p);
+        const unsigned short h[4] = {(unsigned short)(bits.x & 0xFFFF), (unsigned short)(bits.x >> 16),
+                                     (unsigned short)(bits.y & 0xFFFF), (unsigned short)(bits.y >> 16)};
+        float f[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) f[i] = MODE == RNN_FP16 ? rnn_half_to_float(h[i]) : rnn_bf16_to_float(h[i]);
+        return make_float4(f[0], f[1], f[2], f[3]);
+    } else {
+        return GLOBAL ? __ldg(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
+    }
+}
+template <int MODE>
+__device__ __forceinline__ float rnn_weight1(const typename RnnWeight<MODE>::type* p)
+{
+    if constexpr (MODE == RNN_FP16) return rnn_half_to_float(__ldg(p));
+    else if constexpr (MODE == RNN_BF16) return rnn_bf16_to_float(__ldg(p));
+    else return __ldg(p);
+}
 
 __device__ __forceinline__ void rnn_cp_async16(float* smem_dst, const float* global_src)
 {
@@ -54,26 +140,28 @@ __device__ __forceinline__ float rnn_dot4(float4 a, float4 b, float acc)
     return fmaf(a.w, b.w, acc);
 }
 
-// Copies the block's NC rows of W (N, K), from row 0 of w, into shared memory as ws[c * rnn_row_stride(K) + k],
+// Copies the block's NC rows of W (N, K), from row 0 of w, into shared memory as ws[c * rnn_wstride<MODE>(K) + k],
 // zeros past K and for rows NC..ncp-1.
-__device__ void rnn_load_resident(float* __restrict__ ws, const float* __restrict__ w, long ldw, int K, int NC, int ncp)
+template <int MODE = RNN_FP32, typename T>
+__device__ void rnn_load_resident(T* __restrict__ ws, const T* __restrict__ w, long ldw, int K, int NC, int ncp)
 {
-    const int ld = rnn_row_stride(K);
+    const int ld = rnn_wstride<MODE>(K);
     for (int i = threadIdx.x; i < ncp * ld; i += blockDim.x) {
         const int c = i / ld;            // consecutive threads read consecutive k of one row: coalesced
         const int k = i - c * ld;
-        ws[i] = c < NC && k < K ? __ldg(w + (long)c * ldw + k) : 0.0f;
+        ws[i] = c < NC && k < K ? __ldg(w + (long)c * ldw + k) : T(0);
     }
 }
 
 // ---- few rows: a warp per CW columns, lanes over K -----------------------------------------------------
-template <int BR, int CW, int VEC>
+template <int BR, int CW, int VEC, int MODE = RNN_FP32>
 __device__ void rnn_warp_gemv(const float* __restrict__ X, long ldx, int K,
-                              const float* __restrict__ Wg, long ldw, const float* __restrict__ Ws, int NC,
+                              const typename RnnWeight<MODE>::type* __restrict__ Wg, long ldw,
+                              const typename RnnWeight<MODE>::type* __restrict__ Ws, int NC,
                               float* __restrict__ Y, long ldy, const float* __restrict__ bias)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int ldr = rnn_row_stride(K);
+    const int ldr = rnn_wstride<MODE>(K);
     float acc[CW][BR];
 #pragma unroll
     for (int j = 0; j < CW; ++j)
@@ -93,6 +181,7 @@ __device__ void rnn_warp_gemv(const float* __restrict__ X, long ldx, int K,
                 xv[b].z = k + 2 < K ? __ldcg(row + 2) : 0.0f;
                 xv[b].w = k + 3 < K ? __ldcg(row + 3) : 0.0f;
             }
+            xv[b] = rnn_operand4<MODE>(xv[b]);
         }
 #pragma unroll
         for (int j = 0; j < CW; ++j) {
@@ -100,15 +189,15 @@ __device__ void rnn_warp_gemv(const float* __restrict__ X, long ldx, int K,
             if (c >= NC) break;
             float4 wv;
             if (Ws) {
-                wv = *reinterpret_cast<const float4*>(Ws + (long)c * ldr + k);
+                wv = rnn_weight4<MODE, false>(Ws + (long)c * ldr + k);
             } else if (VEC == 4) {
-                wv = __ldg(reinterpret_cast<const float4*>(Wg + (long)c * ldw + k));
+                wv = rnn_weight4<MODE, true>(Wg + (long)c * ldw + k);
             } else {
-                const float* row = Wg + (long)c * ldw + k;
-                wv.x = __ldg(row);
-                wv.y = k + 1 < K ? __ldg(row + 1) : 0.0f;
-                wv.z = k + 2 < K ? __ldg(row + 2) : 0.0f;
-                wv.w = k + 3 < K ? __ldg(row + 3) : 0.0f;
+                const auto* row = Wg + (long)c * ldw + k;
+                wv.x = rnn_weight1<MODE>(row);
+                wv.y = k + 1 < K ? rnn_weight1<MODE>(row + 1) : 0.0f;
+                wv.z = k + 2 < K ? rnn_weight1<MODE>(row + 2) : 0.0f;
+                wv.w = k + 3 < K ? rnn_weight1<MODE>(row + 3) : 0.0f;
             }
 #pragma unroll
             for (int b = 0; b < BR; ++b) acc[j][b] = rnn_dot4(xv[b], wv, acc[j][b]);
@@ -128,16 +217,19 @@ __device__ void rnn_warp_gemv(const float* __restrict__ X, long ldx, int K,
 }
 
 // ---- many rows: register tiles over staged chunks --------------------------------------------------------
-// One GEMM of a stage, for rnn_tile_gemms: X (B, K) and W (NC, K) with row stride K; Ws its resident copy or null.
-struct RnnGemm {
+// One GEMM of a stage, for rnn_tile_gemms / rnn_mma_gemms: X (B, K) and W (NC, K) with row stride K; Ws its
+// resident copy or null.
+template <typename WT>
+struct RnnGemmT {
     const float* X;
-    const float* W;
-    const float* Ws;
+    const WT* W;
+    const WT* Ws;
     float* Y;
     long ldy;
     const float* bias;
     int K, NC;
 };
+using RnnGemm = RnnGemmT<float>;
 
 // Stages columns [k0, k0 + kc) of `rows` rows of a global operand (row stride lds) into dst[r * ld + k],
 // zeros for k in [kc, round_up(kc, 4)). VEC = 4: 16-byte cp.async copies through L2, a thread taking

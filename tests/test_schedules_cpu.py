@@ -202,22 +202,28 @@ def test_ineligible_programs_say_why_and_do_not_tile(case):
 
 # Every preset at one odd shape; three presets that differ in structure (one stage, two stages, no
 # recurrent GEMM) also at a second shape with another batch, one layer and streamed weights.
+# The reduced precisions (engine.codegen.precision): the warp GEMV with rounded operands (B=3), the tensor-core
+# MMA with resident weights (B=19, two stages, layer 0 in the kernel) and with streamed 16-bit weights.
 SOURCE_CASES = [(name, 37, 129, 2, 3, TileConfig()) for name in PRESETS] + [
     (name, 64, 96, 1, 19, TileConfig(rows_per_thread=8, cols_per_thread=4, resident=False))
-    for name in ("lstm", "gru_cho", "indrnn")]
+    for name in ("lstm", "gru_cho", "indrnn")] + [
+    ("lstm", 37, 129, 2, 3, TileConfig(), "tf32"),
+    ("gru_cho", 45, 150, 2, 19, TileConfig(), "float16"),
+    ("lstm", 64, 96, 1, 19, TileConfig(resident=False), "bfloat16")]
 
 
-def render(name, input_size, hidden_size, num_layers, batch, config, persistent):
+def render(name, input_size, hidden_size, num_layers, batch, config, persistent, precision="float32"):
     network = engine.Network(engine.preset(name).cell, input_size=input_size, hidden_size=hidden_size,
                              num_layers=num_layers)
-    program = make_plan(network, 17, batch, layout="interleaved").program
+    program = make_plan(network, 17, batch, layout="interleaved", precision=precision).program
     tiling = make_tiling(program, network, batch, config, H100, persistent=persistent)
     return program, render_wavefront(program, network, tiling)
 
 
 def case_id(case, mode):
-    name, I, H, L, B, _ = case
-    return f"{name}-{mode}-I{I}-H{H}-L{L}-B{B}"
+    name, I, H, L, B = case[:5]
+    precision = f"-{case[6]}" if len(case) > 6 else ""
+    return f"{name}-{mode}-I{I}-H{H}-L{L}-B{B}{precision}"
 
 
 ALL_SOURCES = [(case, mode) for case in SOURCE_CASES for mode in MODES]
@@ -254,7 +260,7 @@ def kernel_entries(source: str) -> dict[str, str]:
 @pytest.mark.parametrize("case,mode", ALL_SOURCES, ids=[case_id(c, m) for c, m in ALL_SOURCES])
 def test_wavefront_source_has_entry_points_struct_and_header(case, mode):
     name = case[0]
-    program, source = render(*case, persistent=MODES[mode])
+    program, source = render(*case[:6], MODES[mode], *case[6:])
 
     names = entry_points(program)
     wanted = {names["persistent"]} if mode == "persistent" else set(names["wave"])
@@ -292,7 +298,7 @@ def test_every_wavefront_source_compiles_with_nvcc(tmp_path):
     jobs = []
     for case, mode in ALL_SOURCES:
         label = case_id(case, mode)
-        _, source = render(*case, persistent=MODES[mode])
+        _, source = render(*case[:6], MODES[mode], *case[6:])
         path = tmp_path / f"{label}.cu"
         path.write_text(source)
         jobs.append((label, nvcc_command(path, tmp_path / f"{label}.cubin", MODES[mode])))

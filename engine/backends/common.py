@@ -16,6 +16,23 @@ class RunResult:
     info: dict | None = None
 
 
+def check_precision(precision) -> str:
+    """The canonical name of a precision mode ("bf16" -> "bfloat16"); BackendError naming the flag otherwise."""
+    from ..codegen.precision import PRECISIONS, SHORT_NAMES
+    name = SHORT_NAMES.get(precision, precision) if isinstance(precision, str) else precision
+    if name not in PRECISIONS:
+        raise BackendError(f"argument 'precision' is {precision!r}; hint: use one of {', '.join(PRECISIONS)}")
+    return name
+
+
+def check_float32_only(what: str, precision) -> None:
+    """For the backends that compute in strict float32 only (naive, fused)."""
+    if check_precision(precision) != "float32":
+        raise BackendError(f"{what} computes in strict float32 only, not precision={precision!r}; hint: use "
+                           "backend='persistent', 'graph' or 'auto' for reduced precision, or backend='reference' "
+                           "for its emulation on the CPU")
+
+
 def check_float32_gpu_program(what: str, network: Network, params, dtype) -> None:
     """What every float32 GPU program checks before it builds anything: the dtype, a usable GPU, the
     network and its parameters. `what` names it in the messages ("backend 'fused'", "schedule 'graph'")."""

@@ -1,7 +1,9 @@
 """The NumPy reference executor: the living definition of what every op and every network means.
 
 It interprets the cell graph node by node, one time step and one layer at a time, in float64 or
-float32. Every fast backend is tested against it.
+float32. Every fast backend is tested against it. With precision="tf32" / "float16" / "bfloat16" it
+emulates that mode (engine.codegen.precision): both operands of every matmul are rounded to the mode's
+format first (engine.rounding), the rest stays in `dtype`.
 """
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ from ..errors import BackendError
 from ..network import Network
 from ..ops import apply_elementwise
 from ..params import Params, check_params
-from .common import RunResult, check_inputs
+from ..rounding import round_operand
+from .common import RunResult, check_inputs, check_precision
 
 
 def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dict[str, np.ndarray],
-         dtype) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+         dtype, precision: str = "float32") -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """One cell step. x_t: (B, I); states: name -> (B, H). Returns (next states, all node values)."""
     env: dict[str, np.ndarray] = {}
     for name in cell.topo_order:
@@ -30,6 +33,8 @@ def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dic
             env[name] = dtype(node.attr("value"))
         elif node.op == "matmul":
             weight, operand = (env[a] for a in node.args)
+            if precision != "float32":
+                weight, operand = (round_operand(v, precision).astype(dtype, copy=False) for v in (weight, operand))
             env[name] = operand @ weight.T                    # (B, cols) @ (cols, rows) -> (B, rows)
         else:
             env[name] = apply_elementwise(node.op, [env[a] for a in node.args], node.attr_dict).astype(
@@ -39,11 +44,13 @@ def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dic
 
 
 def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | None = None,
-        dtype=np.float64) -> RunResult:
-    """x: (T, B, I). initial_states: name -> (L, B, H), zeros where not given."""
+        dtype=np.float64, precision: str = "float32") -> RunResult:
+    """x: (T, B, I). initial_states: name -> (L, B, H), zeros where not given. precision: the mode whose
+    matmul rounding to emulate ("float32": none)."""
     dtype = np.dtype(dtype).type
     if dtype not in (np.float64, np.float32):
         raise BackendError(f"reference backend supports float64 and float32, not {np.dtype(dtype).name}")
+    precision = check_precision(precision)
     check_params(network, params)
     x = check_inputs(network, x, initial_states, xp=np)
     T, B, _ = x.shape
@@ -61,7 +68,7 @@ def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | 
     for layer in range(network.num_layers):
         out = np.empty((T, B, network.hidden_size), dtype=dtype)
         for t in range(T):
-            states[layer], _ = step(cell, params[layer], layer_in[t], states[layer], dtype)
+            states[layer], _ = step(cell, params[layer], layer_in[t], states[layer], dtype, precision)
             out[t] = states[layer][cell.output]
         layer_in = out
     final = {name: np.stack([states[l][name] for l in range(network.num_layers)]) for name in cell.state_names}

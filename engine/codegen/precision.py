@@ -1,8 +1,17 @@
-"""Number formats of generated code: how values are stored in memory and computed in registers.
+"""Number formats: what a precision mode rounds, how weights are stored, and which product the kernels use.
 
-Only float32 exists today. fp16/bf16 storage (float arithmetic in registers) will add entries
-here: the kernels already spell every load and store through `load`/`store`, and every type
-through `storage`/`compute`, so no renderer has to change.
+Every mode keeps the cell math, the states and the outputs in float32; they differ in the matmuls:
+
+    float32   strict IEEE fp32: FFMA products (the default; the reference's float64 is the yardstick)
+    tf32      operands rounded to TF32 (10-bit mantissa, round to nearest, ties away from zero) as they
+              enter a tensor-core MMA, fp32 accumulation (as cuBLAS and cuDNN do with TF32 allowed)
+    float16   weights stored in IEEE half, activations rounded to half (nearest even) as they enter the
+              MMA, fp32 accumulation
+    bfloat16  the same with bfloat16 (8-bit exponent, 7-bit mantissa)
+
+So "every operand of every matmul is rounded to the mode's format, products are summed in fp32" is the
+whole definition; engine.rounding emulates it in NumPy, and the reference backend runs with it
+(`reference.run(..., precision="bfloat16")`) to check the GPU kernels tightly.
 """
 from __future__ import annotations
 
@@ -14,10 +23,16 @@ from ..errors import CompileError
 @dataclass(frozen=True)
 class Precision:
     name: str
-    storage: str              # C type of buffers
+    storage: str              # C type of the elementwise kernels' buffers
     compute: str              # C type of registers
     literal_suffix: str       # "1.0f"
     numpy_dtype: str
+    short: str = "fp32"       # the benchmark harness's name: fp32, tf32, fp16, bf16
+    mode: int = 0             # kernels/tile_gemm.cuh RNN_FP32 / RNN_TF32 / RNN_FP16 / RNN_BF16
+    weight_type: str = "float"   # C type of packed GEMM weights
+    weight_bytes: int = 4
+    k_step: int = 0           # K of one tensor-core MMA (8 for tf32, 16 for 16-bit), 0: FFMA
+    doc: str = ""
 
     def load(self, expr: str) -> str:
         return expr if self.storage == self.compute else f"({self.compute})({expr})"
@@ -25,16 +40,31 @@ class Precision:
     def store(self, expr: str) -> str:
         return expr if self.storage == self.compute else f"({self.storage})({expr})"
 
+    @property
+    def tensor_cores(self) -> bool:
+        return self.k_step > 0
+
     def describe(self) -> str:
-        if self.storage == self.compute:
-            return f"{self.name} ({self.storage} storage and arithmetic)"
-        return f"{self.name} ({self.storage} storage, {self.compute} arithmetic)"
+        if self.name == "float32":
+            return "float32 (float storage and arithmetic)"
+        return f"{self.name} ({self.doc}; fp32 accumulation, cell math, states and outputs)"
 
 
-PRECISIONS = {"float32": Precision("float32", "float", "float", "f", "float32")}
+PRECISIONS = {
+    "float32": Precision("float32", "float", "float", "f", "float32"),
+    "tf32": Precision("tf32", "float", "float", "f", "float32", "tf32", 1, "float", 4, 8,
+                      "matmul operands rounded to TF32 for tensor-core MMA"),
+    "float16": Precision("float16", "float", "float", "f", "float32", "fp16", 2, "unsigned short", 2, 16,
+                         "weights stored in fp16, activations rounded to fp16 for tensor-core MMA"),
+    "bfloat16": Precision("bfloat16", "float", "float", "f", "float32", "bf16", 3, "unsigned short", 2, 16,
+                          "weights stored in bf16, activations rounded to bf16 for tensor-core MMA"),
+}
+SHORT_NAMES = {p.short: p.name for p in PRECISIONS.values()}
 
 
 def precision(name: str) -> Precision:
+    """The mode by name ("float32", "tf32", "float16", "bfloat16"; the short names fp32/fp16/bf16 too)."""
+    name = SHORT_NAMES.get(name, name) if isinstance(name, str) else name
     if name not in PRECISIONS:
-        raise CompileError(f"precision '{name}' is not supported yet; hint: use one of {', '.join(PRECISIONS)}")
+        raise CompileError(f"precision {name!r} is not supported; hint: use one of {', '.join(PRECISIONS)}")
     return PRECISIONS[name]

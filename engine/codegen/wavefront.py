@@ -29,6 +29,8 @@ from .equations import text_equations
 from .precision import precision as lookup_precision
 
 TILE_GEMM_HELPER = "tile_gemm.cuh"
+MMA_GEMM_HELPER = "mma_gemm.cuh"
+MODE_NAMES = {0: "RNN_FP32", 1: "RNN_TF32", 2: "RNN_FP16", 3: "RNN_BF16"}     # kernels/tile_gemm.cuh
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,9 @@ def _struct(program: Program) -> list[str]:
         elif f.kind == "input":
             lines.append(f"    const float* {f.name};".ljust(40) + "// (T*B, I) x, or the output of the layer below")
         elif f.kind == "weight":
-            lines.append(f"    const float* {f.name};".ljust(40) + "// (N, K) packed weight, interleaved rows")
+            wt = lookup_precision(program.precision).weight_type
+            note = "" if wt == "float" else f" ({program.precision} bits)"
+            lines.append(f"    const {wt}* {f.name};".ljust(40) + f"// (N, K) packed weight, interleaved rows{note}")
         elif f.kind == "bias":
             lines.append(f"    const float* {f.name};".ljust(40) + "// (N,) folded biases, or null")
         elif f.kind == "param":
@@ -99,9 +103,11 @@ def _pointer(program: Program, param) -> str:
 def _gemm_operands(program: Program, gemm: Gemm, tile) -> dict[str, str]:
     """The C expressions of one GEMM's operands for this block (its nt x tu columns)."""
     nt = len(gemm.terms)
+    wt = lookup_precision(program.precision).weight_type
+    resident = f"smem + {tile.smem_offset}" if wt == "float" else f"reinterpret_cast<const {wt}*>(smem + {tile.smem_offset})"
     out = {"K": f"K_{gemm.name}", "N": f"N_{gemm.name}", "NC": f"{nt} * tu",
            "W": f"L.W_{gemm.name} + (long)u0 * {nt} * K_{gemm.name}",
-           "Ws": f"smem + {tile.smem_offset}" if tile.resident else "nullptr"}
+           "Ws": resident if tile.resident else "nullptr"}
     if gemm.hoisted:
         out["X"] = f"L.{program.input_buffer} + (long)t * B * K_{gemm.name}"
         out["Y"] = f"L.{gemm.out_buffer} + (long)t * B * N_{gemm.name} + (long)u0 * {nt}"
@@ -123,22 +129,29 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
              + "; ".join(f"{g.name} ({o['what']})" for g, o in zip(gemms, ops))]
     for g in gemms:
         lines.append(f"{indent}    const int K_{g.name} = {g.k.c_expr()}, N_{g.name} = {g.n.c_expr()};")
+    prec = lookup_precision(program.precision)
+    mode = "" if prec.mode == 0 else f", {MODE_NAMES[prec.mode]}"
     if tiling.path == "gemv":
         warps = tiling.config.threads // 32
         for g, o in zip(gemms, ops):
             cw = -(-len(g.terms) * tiling.units_per_block // warps)
-            lines += [f"{indent}    rnn_warp_gemv<B, {cw}, {tiles[g.name].vec}>({o['X']}, {o['K']}, {o['K']},",
+            lines += [f"{indent}    rnn_warp_gemv<B, {cw}, {tiles[g.name].vec}{mode}>({o['X']}, {o['K']}, {o['K']},",
                       f"{indent}                         {o['W']}, {o['K']}, {o['Ws']}, {o['NC']},",
                       f"{indent}                         {o['Y']}, {o['N']}, {o['bias']});"]
         lines.append(f"{indent}    __syncthreads();")
     else:
         vec = min(tiles[g.name].vec for g in gemms)
-        lines.append(f"{indent}    const RnnGemm jobs[{len(gemms)}] = {{")
+        job = "RnnGemm" if prec.weight_type == "float" else f"RnnGemmT<{prec.weight_type}>"
+        lines.append(f"{indent}    const {job} jobs[{len(gemms)}] = {{")
         for o in ops:
             lines.append(f"{indent}        {{{o['X']}, {o['W']}, {o['Ws']},")
             lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}, {o['K']}, {o['NC']}}},")
         lines.append(f"{indent}    }};")
-        lines.append(f"{indent}    rnn_tile_gemms<RB, RC, {vec}, STAGES, K_CHUNK>(jobs, B, smem + SCRATCH, NC_STREAMED);")
+        if tiling.mma:
+            lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK>(jobs, B, "
+                         "smem + SCRATCH, NC_STREAMED);")
+        else:
+            lines.append(f"{indent}    rnn_tile_gemms<RB, RC, {vec}, STAGES, K_CHUNK>(jobs, B, smem + SCRATCH, NC_STREAMED);")
     return lines + [f"{indent}}}"]
 
 
@@ -188,14 +201,18 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
                      f"//   before the launch: {', '.join(hoisted)} as one cuBLAS GEMM over the whole sequence")
     lines += [""] + (["#include <cooperative_groups.h>", ""] if tiling.persistent else [])
     lines += [helper_source("cell_ops.cuh"), helper_source(TILE_GEMM_HELPER)]
+    if tiling.mma:
+        lines.append(helper_source(MMA_GEMM_HELPER))
     lines += [f"constexpr int B = {tiling.batch};                 // batch rows",
               f"constexpr int H = {tiling.hidden};                 // hidden size",
               f"constexpr int UNITS = {tiling.units_per_block};              // hidden units per block",
               f"constexpr int BLOCKS_PER_LAYER = {tiling.blocks_per_layer};                 // x {tiling.num_layers} layers",
               f"constexpr int THREADS = {tiling.config.threads};"]
     if tiling.path == "tiled" and tiling.gemms:
-        lines += [f"constexpr int RB = {tiling.config.rows_per_thread}, RC = {tiling.config.cols_per_thread};"
-                  "          // accumulator tile of a thread",
+        lines += ([f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
+                   f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}"] if tiling.mma else
+                  [f"constexpr int RB = {tiling.config.rows_per_thread}, RC = {tiling.config.cols_per_thread};"
+                   "          // accumulator tile of a thread"]) + [
                   f"constexpr int K_CHUNK = {tiling.k_chunk}, STAGES = {tiling.stages};"
                   "   // K columns staged in shared memory at a time, chunks in flight + 1",
                   f"constexpr int NC_STREAMED = {tiling.nc_streamed};       // rows of W staged per chunk (0: all resident)",
@@ -255,8 +272,15 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         nt = len(gemm.terms)
         lines.append(f"    if (tu > 0) {{   // {g.name}: this block's rows of the weight, kept in shared memory")
         lines.append(f"        const int K = {gemm.k.c_expr()};")
-        lines.append(f"        rnn_load_resident(smem + {g.smem_offset}, L.W_{g.name} + (long)u0 * {nt} * K, K, K, "
-                     f"{nt} * tu, rnn_round_up({nt} * tu, {tiling.config.cols_per_thread}));")
+        prec = lookup_precision(program.precision)
+        ncp = 8 if tiling.mma else tiling.config.cols_per_thread
+        if prec.mode == 0:
+            target, load = f"smem + {g.smem_offset}", "rnn_load_resident"
+        else:
+            target = f"reinterpret_cast<{prec.weight_type}*>(smem + {g.smem_offset})"
+            load = f"rnn_load_resident<{MODE_NAMES[prec.mode]}>"
+        lines.append(f"        {load}({target}, L.W_{g.name} + (long)u0 * {nt} * K, K, K, "
+                     f"{nt} * tu, rnn_round_up({nt} * tu, {ncp}));")
         lines.append("    }")
     lines.append("    (void)I;")
     lines.append("    __syncthreads();")

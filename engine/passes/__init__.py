@@ -90,7 +90,7 @@ def compile_cell(cell: CellGraph, passes=None, *, layout: str = "blocked", preci
         raise CompileError(f"compile needs a CellGraph, got {type(cell).__name__}")
     if layout not in LAYOUTS:
         raise CompileError(f"unknown weight layout '{layout}'; hint: use one of {', '.join(LAYOUTS)}")
-    lookup_precision(precision)          # raises CompileError naming the supported ones
+    precision = lookup_precision(precision).name     # raises CompileError naming the supported ones
     chosen = enabled_passes(passes)
     return _compile(cell, tuple(sorted(chosen.items())), layout, precision)
 

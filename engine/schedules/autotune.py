@@ -3,11 +3,11 @@
     choice = tune(network, params, steps=100, batch=64)      # times candidates, or reads the cache
     choice.schedule, choice.config, choice.why                # e.g. "persistent", TileConfig(...), "..."
 
-Candidates: the fused backend (always), and, when the program allows the wavefront tiling, the
+Candidates: the fused backend (float32 only), and, when the program allows the wavefront tiling, the
 persistent kernel with a few tilings (accumulator tiles suited to the batch; as many blocks as SMs,
 and half as many) and the graph schedule. Each candidate runs once on fresh random inputs and is
-compared with the fused backend's output (relative error over 1e-4 disqualifies it: a fast wrong
-answer is never chosen), then timed: the median wall time of `repeats` runs, which is what a caller
+compared with the first candidate's output (relative error over 1e-4 in float32, 1e-2 in a reduced
+precision, disqualifies it: a fast wrong answer is never chosen), then timed: the median wall time of `repeats` runs, which is what a caller
 of engine.run waits for.
 
 The cache is one JSON file (default ~/.cache/cellforge/autotune.json, or $CELLFORGE_CACHE_DIR),
@@ -37,6 +37,9 @@ from .tiling import GEMV_MAX_ROWS, DeviceLimits, TileConfig, eligibility
 log = logging.getLogger("engine.autotune")
 CACHE_VERSION = 1
 DISQUALIFY_REL_ERR = 1e-4
+# In a reduced precision the candidates are compared with the first one in the same mode: they multiply the same
+# rounded operands, but a different summation order can flip a rounding of h, which then propagates.
+DISQUALIFY_REL_ERR_REDUCED = 1e-2
 
 
 @dataclass(frozen=True)
@@ -69,33 +72,38 @@ class Choice:
         return Choice(data["schedule"], config, data["why"], key, list(data.get("timings", [])), cached=True)
 
 
-def tile_shapes(batch: int) -> list[tuple[int, int]]:
+def tile_shapes(batch: int, precision: str = "float32") -> list[tuple[int, int]]:
     """Accumulator tiles (rows x columns per thread) worth trying at this batch size (the warp GEMV of
-    small batches has none: one shape stands for it)."""
-    if batch <= GEMV_MAX_ROWS:
-        return [(1, 4)]
+    small batches and the tensor-core path of reduced precisions have none: one shape stands for them)."""
+    if batch <= GEMV_MAX_ROWS or precision != "float32":
+        return [(1, 4)] if batch <= GEMV_MAX_ROWS else [(4, 4)]
     if batch <= 8:
         return [(2, 4), (4, 4)]
     return [(4, 4), (8, 4), (4, 8)]
 
 
-def candidates(network: Network, batch: int, limits: DeviceLimits) -> list[Candidate]:
+def candidates(network: Network, batch: int, limits: DeviceLimits, precision: str = "float32") -> list[Candidate]:
+    """What tune() times. The fused backend is strict float32 only, so reduced precisions try the schedules."""
     from ..plan import compile_program
-    program = compile_program(network.cell, layout="interleaved")
-    found = [Candidate("fused")]
-    if eligibility(program) is not None:
+    program = compile_program(network.cell, layout="interleaved", precision=precision)
+    found = [Candidate("fused")] if precision == "float32" else []
+    why = eligibility(program)
+    if why is not None:
+        if not found:
+            raise BackendError(f"precision '{precision}' runs on the wavefront schedules only, and they cannot run "
+                               f"cell '{network.cell.name}': {why}; hint: use precision='float32'")
         return found
     H, L = network.hidden_size, network.num_layers
     full = -(-H // max(1, limits.multiprocessors // L))
     threads = (128, 256) if batch <= GEMV_MAX_ROWS else (None,)
     for units in dict.fromkeys((full, min(H, 2 * full))):
-        for rb, rc in tile_shapes(batch):
+        for rb, rc in tile_shapes(batch, precision):
             for n in threads:
                 found.append(Candidate("persistent", TileConfig(units, rb, rc, n)))
     if L > 1:                                  # layer by layer: one layer's weights fit on chip when all do not
-        for rb, rc in tile_shapes(batch)[:2]:
+        for rb, rc in tile_shapes(batch, precision)[:2]:
             found.append(Candidate("persistent", TileConfig(None, rb, rc, threads[0], layers_per_launch=1)))
-    found.append(Candidate("graph", TileConfig(full, *tile_shapes(batch)[0], resident=False)))
+    found.append(Candidate("graph", TileConfig(full, *tile_shapes(batch, precision)[0], resident=False)))
     return found
 
 
@@ -170,21 +178,25 @@ def write_entry(key: str, choice: Choice, path: Path | None = None) -> None:
             raise
 
 
-def prepare(candidate: Candidate, network: Network, params: Params):
+def prepare(candidate: Candidate, network: Network, params: Params, precision: str = "float32"):
     """The candidate's runnable program (prepare(...).run(x))."""
     if candidate.schedule == "fused":
         from ..backends import fused
+        from ..backends.common import check_float32_only
+        check_float32_only("backend 'fused'", precision)
         return fused.prepare(network, params)
     from . import schedule_class
-    return schedule_class(candidate.schedule)(network, params, config=candidate.config)
+    return schedule_class(candidate.schedule)(network, params, config=candidate.config, precision=precision)
 
 
 def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: int = 10, use_cache: bool = True,
-         seed: int = 0) -> Choice:
-    """The fastest correct schedule for this network at (T=steps, B=batch) on the current GPU."""
+         seed: int = 0, precision: str = "float32") -> Choice:
+    """The fastest correct schedule for this network at (T=steps, B=batch) and precision on the current GPU."""
     import cupy
+    from ..backends.common import check_precision
+    precision = check_precision(precision)
     limits = DeviceLimits.current()
-    key = cache_key(network, steps, batch, limits.name)
+    key = cache_key(network, steps, batch, limits.name, precision)
     if use_cache:
         entry = read_cache().get(key)
         if entry is not None:
@@ -197,9 +209,10 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
     reference = None
     timings = []
     best = None
-    for cand in candidates(network, batch, limits):
+    tolerance = DISQUALIFY_REL_ERR if precision == "float32" else DISQUALIFY_REL_ERR_REDUCED
+    for cand in candidates(network, batch, limits, precision):
         try:
-            program = prepare(cand, network, params)
+            program = prepare(cand, network, params, precision)
             out = program.run(x).outputs
             cupy.cuda.get_current_stream().synchronize()
             if reference is None:
@@ -207,8 +220,9 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
             else:
                 scale = float(cupy.abs(reference).max()) or 1.0
                 err = float(cupy.abs(out - reference).max()) / scale
-                if not np.isfinite(err) or err > DISQUALIFY_REL_ERR:
-                    timings.append({"candidate": cand.label(), "error": f"output differs from fused by {err:.2e}"})
+                if not np.isfinite(err) or err > tolerance:
+                    timings.append({"candidate": cand.label(),
+                                    "error": f"output differs from the first candidate's by {err:.2e}"})
                     continue
             samples = []
             for _ in range(repeats):
@@ -230,8 +244,9 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
     cand, ms = best
     ranked = sorted((t for t in timings if "ms" in t), key=lambda t: t["ms"])
     runner_up = f"; next {ranked[1]['candidate']} at {ranked[1]['ms']:.3g} ms" if len(ranked) > 1 else ""
+    mode = "" if precision == "float32" else f", {precision}"
     why = (f"fastest of {len(ranked)} correct candidate(s) on {limits.name}: {cand.label()} at {ms:.3g} ms "
-           f"(median of {repeats} runs, T={steps}, B={batch}){runner_up}")
+           f"(median of {repeats} runs, T={steps}, B={batch}{mode}){runner_up}")
     choice = Choice(cand.schedule, cand.config, why, key, timings)
     if use_cache:
         write_entry(key, choice)

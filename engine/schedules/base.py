@@ -21,11 +21,12 @@ import threading
 
 import numpy as np
 
-from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs
+from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
 from ..errors import BackendError, CompileError
 from ..network import Network
 from ..params import Params
 from ..plan import Plan, make_plan, pack_weights, slot_columns
+from ..rounding import weight_bits
 from .tiling import DeviceLimits, TileConfig, Tiling, make_tiling
 
 _kernel_cache: dict[tuple, object] = {}
@@ -63,17 +64,18 @@ class WavefrontSchedule:
     persistent = False
 
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, config: TileConfig | None = None,
-                 limits: DeviceLimits | None = None):
+                 limits: DeviceLimits | None = None, precision: str = "float32"):
         check_float32_gpu_program(f"schedule '{self.name}'", network, params, dtype)
         import cupy
         self.cupy, self.network, self.params = cupy, network, params
+        self.precision = check_precision(precision)
         self.config = config or TileConfig()
         self.limits = limits or DeviceLimits.current()
         self._shape = None
 
     # ---- plan and compile -------------------------------------------------------------------------
     def plan(self, T: int, B: int) -> tuple[Plan, Tiling]:
-        plan = make_plan(self.network, T, B, layout="interleaved")
+        plan = make_plan(self.network, T, B, layout="interleaved", precision=self.precision)
         tiling = make_tiling(plan.program, self.network, B, self.config, self.limits, persistent=self.persistent)
         return plan, tiling
 
@@ -126,8 +128,9 @@ class WavefrontSchedule:
             self.buffers.append(bufs)
         self.weights, self.vectors = [], []
         for layer in range(L):
+            # Weights as the kernels read them: float32, tf32-rounded float32, or fp16/bf16 bit patterns.
             packed = pack_weights(program, network, self.params, layer)
-            self.weights.append({g: (cupy.asarray(np.ascontiguousarray(p.weight), dtype=cupy.float32),
+            self.weights.append({g: (cupy.asarray(np.ascontiguousarray(weight_bits(p.weight, self.precision))),
                                      None if p.bias is None else cupy.asarray(p.bias, dtype=cupy.float32))
                                  for g, p in packed.items()})
             self.vectors.append({n: cupy.asarray(np.asarray(self.params[layer][n]), dtype=cupy.float32)
@@ -206,21 +209,20 @@ class WavefrontSchedule:
         if not on_gpu:
             outputs = cupy.asnumpy(outputs)
             final = {k: cupy.asnumpy(v) for k, v in final.items()}
-        info = {"schedule": self.name, "tiling": self.tiling.describe(), "blocks": self.tiling.blocks,
+        info = {"schedule": self.name, "precision": self.precision, "tiling": self.tiling.describe(),
+                "blocks": self.tiling.blocks,
                 "launches_per_sequence": self.launches_per_sequence(T), "program": program.key, "bytes": self.bytes}
         return RunResult(outputs=outputs, final_states=final, backend=self.name, info=info)
 
     def _project(self, layer: int) -> None:
         """The layer's input projection for the whole sequence, one cuBLAS GEMM per hoisted GEMM (a launch that
-        starts at this layer does not compute it)."""
-        program, cupy = self.plan_.program, self.cupy
+        starts at this layer does not compute it), in the schedule's precision (engine/schedules/project.py)."""
+        from .project import project
+        program = self.plan_.program
         source = self.x_device if layer == 0 else self.buffers[layer - 1][program.output_buffer]
         for g in program.hoisted_gemms:
             weight, bias = self.weights[layer][g.name]
-            out = self.buffers[layer][g.out_buffer]
-            cupy.matmul(source, weight.T, out=out)
-            if bias is not None:
-                out += bias
+            project(self.cupy, source, weight, bias, self.buffers[layer][g.out_buffer], self.precision)
 
     def _init_states(self, initial_states: dict | None) -> None:
         self.state_arena.fill(0.0)

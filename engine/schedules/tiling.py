@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..codegen.precision import Precision, precision as lookup_precision
 from ..errors import CompileError
 from ..network import Network
 from ..plan import Program
@@ -109,6 +110,8 @@ class Tiling:
     stages: int = 2                    # depth of the cp.async pipeline of the tiled GEMMs
     nc_streamed: int = 0               # rows of W staged per chunk (the widest streamed GEMM; 0: all resident)
     network_layers: int = 0            # the network's layers (a multiple of num_layers)
+    precision: str = "float32"         # engine.codegen.precision: tf32/float16/bfloat16 use tensor-core MMA
+    warp_tile: tuple[int, int] = (0, 0)   # tensor-core path: MMA tiles (16 rows x 8 columns) per warp, rows x cols
 
     def __post_init__(self):
         if not self.network_layers:
@@ -118,6 +121,11 @@ class Tiling:
     def launches(self) -> int:
         """Launches per sequence: one per group of num_layers layers."""
         return self.network_layers // self.num_layers
+
+    @property
+    def mma(self) -> bool:
+        """The tiled GEMMs run on tensor cores (kernels/mma_gemm.cuh)."""
+        return self.path == "tiled" and lookup_precision(self.precision).tensor_cores
 
     @property
     def blocks(self) -> int:
@@ -131,6 +139,10 @@ class Tiling:
         res = ", ".join(self.resident) or "none"
         if self.path == "gemv":
             product = f"warp GEMV ({self.config.threads // 32} warps split the columns, lanes split K)"
+        elif self.mma:
+            wm, wn = self.warp_tile
+            product = (f"tensor-core MMA ({self.precision}), {wm * 16}x{wn * 8} accumulators per warp, "
+                       f"K chunk {self.k_chunk} in a {self.stages}-stage pipeline")
         else:
             product = (f"{self.config.rows_per_thread}x{self.config.cols_per_thread} accumulators per thread, "
                        f"K chunk {self.k_chunk} in a {self.stages}-stage pipeline")
@@ -180,6 +192,39 @@ def row_stride(k: int) -> int:
     return round_up(k, 4) + 4
 
 
+def weight_stride(k: int, prec: Precision) -> int:
+    """Elements between rows of a shared-memory weight of k columns (rnn_wstride<MODE> in kernels/tile_gemm.cuh)."""
+    if prec.name == "float32":
+        return row_stride(k)
+    return round_up(k, 8) + 4 if prec.name == "tf32" else round_up(k, 16) + 8
+
+
+def weight_floats(rows: int, k: int, prec: Precision) -> int:
+    """Floats of shared memory for `rows` rows of a weight of k columns (whole 16-byte units)."""
+    return round_up(rows * weight_stride(k, prec) * prec.weight_bytes, 16) // FLOAT_BYTES
+
+
+def x_stride(k_chunk: int, prec: Precision) -> int:
+    """Floats between rows of a staged X chunk on the tensor-core path (rnn_xstride in kernels/mma_gemm.cuh)."""
+    return round_up(k_chunk, 8) + 4 if prec.name == "tf32" else round_up(k_chunk, 16) + 8
+
+
+def mma_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: int, tile: int, reduce: bool,
+                prec: Precision) -> int:
+    """Floats of staging rnn_mma_gemms needs (kernels/mma_gemm.cuh): per stage an X chunk and a W chunk when
+    some weight is streamed; then the split-K partial sums."""
+    slot = bp * x_stride(k_chunk, prec) + weight_floats(nc_streamed, k_chunk, prec)
+    return stages * slot + (threads * tile if reduce else 0)
+
+
+def mma_warps(groups: int) -> int:
+    """Warps of a block whose widest GEMM has `groups` warp tiles: at least 8 (two per scheduler), K split among
+    them when the tiles are fewer, at most 16."""
+    if groups >= 8:
+        return min(16, groups)
+    return min(16, groups * -(-8 // groups))
+
+
 def tile_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: int, tile: int, reduce: bool) -> int:
     """Floats of staging rnn_tile_gemms needs (kernels/tile_gemm.cuh): `stages` slots of an X chunk and, when
     some weight is streamed, a W chunk; then the split-K partial sums when some GEMM splits K."""
@@ -190,6 +235,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                 limits: DeviceLimits = H100, *, persistent: bool = True) -> Tiling:
     """Partition the hidden units of every layer into blocks and lay out shared memory."""
     config = config or TileConfig()
+    prec = lookup_precision(program.precision)
     why = eligibility(program)
     if why:
         raise CompileError(f"cell '{program.cell.name}': {why}")
@@ -211,7 +257,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
             return all(g.resident or g.hoisted for g in t.gemms) and (t.path == "gemv" or t.k_chunk >= 64)
         if roomy(whole) or not config.resident:
             return whole
-        weight_bytes = sum(g.n(network.layer_sizes(layer)) * g.k(network.layer_sizes(layer)) * FLOAT_BYTES
+        weight_bytes = sum(g.n(network.layer_sizes(layer)) * g.k(network.layer_sizes(layer)) * prec.weight_bytes
                            for g in program.gemms for layer in range(network.num_layers))
         if weight_bytes <= limits.l2_bytes // 2:
             return whole
@@ -245,7 +291,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                            "needs every block resident at once; hint: raise units_per_block")
     RB, RC = config.rows_per_thread, config.cols_per_thread
     path = "gemv" if B <= GEMV_MAX_ROWS else "tiled"
-    bp = round_up(B, RB)
+    mma = path == "tiled" and prec.tensor_cores        # tensor-core MMA: 16-row x 8-column tiles per warp
+    bp = round_up(B, 16) if mma else round_up(B, RB)
     # With several layers a launch, the first projects its input in the kernel like the others: its blocks have
     # only the recurrent GEMM otherwise, so the projection rides free on the wavefront's critical path.
     layer0_in_kernel = L > 1
@@ -256,29 +303,43 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
             continue                                 # one layer a launch: the projection is one cuBLAS GEMM before it
         layers = range(network.num_layers)
         ks = [g.k(network.layer_sizes(layer)) for layer in layers]
-        tiles.append((g, max(ks), 4 if all(k % 4 == 0 for k in ks) else 1))
-    ncps = {g.name: round_up(len(g.terms) * units, RC) for g, _, _ in tiles}
+        copy = 8 if mma and prec.weight_bytes == 2 else 4      # elements of a 16-byte copy of W (or of X)
+        tiles.append((g, max(ks), 4 if all(k % copy == 0 for k in ks) else 1))
+    ncps = {g.name: round_up(len(g.terms) * units, 8 if mma else RC) for g, _, _ in tiles}
     k_all = max((k for _, k, _ in tiles), default=4)
-    groups = {name: (bp // RB) * (ncp // RC) for name, ncp in ncps.items()}
+    if mma:
+        warp_tile = (1 if bp == 16 else 2, 1 if max(ncps.values(), default=8) <= 8 else 2)
+        groups = {name: -(-bp // (16 * warp_tile[0])) * -(-ncp // (8 * warp_tile[1])) for name, ncp in ncps.items()}
+    else:
+        warp_tile = (0, 0)
+        groups = {name: (bp // RB) * (ncp // RC) for name, ncp in ncps.items()}
     threads = config.threads
     if threads is None:
-        threads = 256 if path == "gemv" else auto_threads(max(groups.values(), default=1))
+        threads = (256 if path == "gemv" else 32 * mma_warps(max(groups.values(), default=1)) if mma
+                   else auto_threads(max(groups.values(), default=1)))
     config = replace(config, threads=threads)
-    reduce = path == "tiled" and any(n < threads for n in groups.values())
+    workers = threads // 32 if mma else threads          # what the tiles are dealt to: warps or threads
+    reduce = path == "tiled" and any(n < workers for n in groups.values())
+    tile = warp_tile[0] * warp_tile[1] * 4 if mma else RB * RC
+
+    def scratch_for(nc_streamed: int, k_chunk: int, stages: int) -> int:
+        if mma:
+            return mma_scratch(bp, nc_streamed, k_chunk, stages, threads, tile, reduce, prec)
+        return tile_scratch(bp, nc_streamed, k_chunk, stages, threads, tile, reduce)
     smem_floats = limits.smem_per_block // FLOAT_BYTES
     # Recurrent GEMMs first: they are read every step by every layer; the input projections next.
     order = sorted(tiles, key=lambda item: item[0].hoisted)
 
     def lay_out(k_chunk: int, stages: int):
         want = persistent and config.resident
-        need = {g.name: ncps[g.name] * row_stride(k) for g, k, _ in order}
+        need = {g.name: weight_floats(ncps[g.name], k, prec) for g, k, _ in order}
         if path == "gemv":
             return (set(need) if want and sum(need.values()) <= smem_floats else _greedy(need, 0, want)), 0, 0
-        scratch_all = tile_scratch(bp, 0, k_chunk, stages, threads, RB * RC, reduce)
+        scratch_all = scratch_for(0, k_chunk, stages)
         if want and sum(need.values()) + scratch_all <= smem_floats:
             return set(need), scratch_all, 0
         streamed = max(ncps.values(), default=RC)
-        scratch_some = tile_scratch(bp, streamed, k_chunk, stages, threads, RB * RC, reduce)
+        scratch_some = scratch_for(streamed, k_chunk, stages)
         return _greedy(need, scratch_some, want), scratch_some, streamed
 
     def _greedy(need: dict, scratch: int, want: bool) -> set:
@@ -293,8 +354,9 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         k_chunk, stages = round_up(k_all, 4), 1
         resident, scratch, nc_streamed = lay_out(k_chunk, stages)
     else:
-        cap = round_up(k_all, 4)
-        options = [(min(kc, cap), st) for kc, st in PIPELINES]
+        step = 16 if mma else 4                         # chunks of whole MMA steps
+        cap = round_up(k_all, step)
+        options = [(min(kc, cap), st) for kc, st in PIPELINES if kc >= step]
         laid = [(kc, st, *lay_out(kc, st)) for kc, st in dict.fromkeys(options)]
         fits = [item for item in laid if item[3] <= smem_floats] or laid[-1:]
         recurrent = {g.name for g, _, _ in order if not g.hoisted}
@@ -309,7 +371,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
 
     gemm_tiles, offset = [], 0
     for g, k_max, vec in order:
-        floats = ncps[g.name] * row_stride(k_max)
+        floats = weight_floats(ncps[g.name], k_max, prec)
         is_resident = g.name in resident
         if persistent and config.resident and not is_resident:
             notes.append(f"{g.name}: {floats * FLOAT_BYTES / 1024:.0f} KiB per block does not fit in shared "
@@ -325,4 +387,4 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     if path == "tiled" and not gemm_tiles:
         stages, nc_streamed, smem = 1, 0, offset * FLOAT_BYTES     # no GEMM in the kernel (e.g. IndRNN, one layer)
     return Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent,
-                  tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers)
+                  tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile)

@@ -1,0 +1,59 @@
+"""The precision modes' rounding, in NumPy: what the GPU kernels do to a matmul operand, emulated.
+
+    round_operand(a, "bfloat16")   # float64 array of the values a bf16 MMA multiplies
+    weight_bits(w, "float16")      # uint16 array: the packed weight the kernels read
+
+Each matches the conversion the kernels use (kernels/tile_gemm.cuh): tf32 is cvt.rna.tf32.f32 (round to
+nearest, ties away from zero, on the float32 value), float16 and bfloat16 are round to nearest even
+(cvt.rn.f16x2.f32, cvt.rn.bf16x2.f32). Inputs are float32-rounded first, as the kernels only ever see
+float32 values.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .codegen.precision import precision as lookup
+
+
+def _bits32(a) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, dtype=np.float32)).view(np.uint32)
+
+
+def _tf32_bits(a) -> np.ndarray:
+    u = _bits32(a)
+    finite = (u & 0x7F800000) != 0x7F800000
+    # Adding half a TF32 unit to the magnitude bits, then truncating: round half away from zero.
+    rounded = ((u.astype(np.uint64) + 0x1000) & 0xFFFFE000).astype(np.uint32)
+    return np.where(finite, rounded, u)
+
+
+def _bf16_bits(a) -> np.ndarray:
+    u = _bits32(a).astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16                    # nearest, ties to even
+    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+def round_operand(a, precision: str) -> np.ndarray:
+    """a rounded as it enters a matmul in this mode, as float64 (float32 mode: unchanged)."""
+    name = lookup(precision).name
+    if name == "float32":
+        return np.asarray(a, dtype=np.float64)
+    if name == "tf32":
+        return _tf32_bits(a).view(np.float32).astype(np.float64)
+    if name == "float16":
+        return np.asarray(a, dtype=np.float32).astype(np.float16).astype(np.float64)
+    return (_bf16_bits(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def weight_bits(w, precision: str) -> np.ndarray:
+    """A weight as the kernels store it: float32 (float32 and tf32 modes, tf32 already rounded), or the
+    uint16 bit patterns of float16 / bfloat16."""
+    name = lookup(precision).name
+    if name == "float32":
+        return np.asarray(w, dtype=np.float32)
+    if name == "tf32":
+        return _tf32_bits(w).view(np.float32)
+    if name == "float16":
+        return np.asarray(w, dtype=np.float32).astype(np.float16).view(np.uint16)
+    return _bf16_bits(w)

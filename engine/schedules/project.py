@@ -1,0 +1,74 @@
+"""Input projections of the schedules: one cuBLAS GEMM over the whole sequence, in the run's precision.
+
+    project(cupy, source, weight, bias, out, "bfloat16")
+    # out (M, N) = round(source (M, K)) @ weight (N, K)^T + bias,  on the current stream
+
+- float32: cupy.matmul (IEEE fp32 as long as CUPY_TF32 is unset, which the benchmarks record).
+- tf32: the activations are rounded to TF32 first (round to nearest, ties away: cvt.rna, as the kernels do),
+  then cublasGemmEx with CUBLAS_COMPUTE_32F_FAST_TF32, so cuBLAS multiplies exactly the values the
+  kernels and the emulating reference multiply (the weight is stored rounded already).
+- float16 / bfloat16: the activations are rounded to 16 bits (nearest even), then cublasGemmEx with 16-bit
+  A and B, an fp32 C and CUBLAS_COMPUTE_32F (fp32 accumulation). The weight is stored in 16 bits.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# cublas_api.h / library_types.h (CUDA 13): operations, data types, compute types, the default algorithm.
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUBLAS_POINTER_MODE_HOST = 0
+CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
+CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32 = 68, 77
+CUBLAS_GEMM_DEFAULT = -1
+
+_ONE = np.array(1.0, dtype=np.float32)
+_ZERO = np.array(0.0, dtype=np.float32)
+_kernels: dict[str, object] = {}
+
+
+def _rounding_kernel(cupy, precision: str):
+    """An elementwise kernel: float32 -> the operand format (tf32 as float32, bf16 as its uint16 bits)."""
+    if precision not in _kernels:
+        if precision == "tf32":
+            _kernels[precision] = cupy.ElementwiseKernel(
+                "float32 x", "float32 y",
+                "unsigned int u = __float_as_uint(x);"
+                "y = isfinite(x) ? __uint_as_float((u + 0x1000u) & 0xFFFFE000u) : x;",
+                "cellforge_round_tf32")
+        else:
+            _kernels[precision] = cupy.ElementwiseKernel(
+                "float32 x", "uint16 y",
+                "unsigned int u = __float_as_uint(x);"
+                "y = isnan(x) ? (unsigned short)((u >> 16) | 0x40u)"
+                "             : (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);",
+                "cellforge_round_bf16")
+    return _kernels[precision]
+
+
+def round_activations(cupy, source, precision: str):
+    """source (M, K) float32 as the GEMM's A operand: tf32-rounded float32, float16, or bf16 bits (uint16)."""
+    if precision == "float16":
+        return source.astype(cupy.float16)          # round to nearest even
+    return _rounding_kernel(cupy, precision)(source)
+
+
+def project(cupy, source, weight, bias, out, precision: str) -> None:
+    """out (M, N) = source (M, K) @ weight (N, K)^T (+ bias (N,)), in `precision`; everything C-contiguous."""
+    if precision == "float32":
+        cupy.matmul(source, weight.T, out=out)
+    else:
+        from cupy.cuda import cublas
+        operand = round_activations(cupy, source, precision)
+        data_type = {"tf32": CUDA_R_32F, "float16": CUDA_R_16F, "bfloat16": CUDA_R_16BF}[precision]
+        compute = CUBLAS_COMPUTE_32F_FAST_TF32 if precision == "tf32" else CUBLAS_COMPUTE_32F
+        M, K = source.shape
+        N = weight.shape[0]
+        handle = cupy.cuda.device.get_cublas_handle()
+        cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST)
+        # Row-major out (M, N) is column-major out^T (N, M) = W (N, K) x operand^T (K, M): W is column-major
+        # (K, N) with lda = K, transposed; the operand is column-major (K, M) with ldb = K.
+        cublas.gemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, _ONE.ctypes.data, weight.data.ptr, data_type, K,
+                      operand.data.ptr, data_type, K, _ZERO.ctypes.data, out.data.ptr, CUDA_R_32F, N, compute,
+                      CUBLAS_GEMM_DEFAULT)
+    if bias is not None:
+        out += bias

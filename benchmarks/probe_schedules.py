@@ -42,15 +42,17 @@ def time_ms(fn, warmup: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def cudnn_ms(preset: str, cfg, x, warmup: int, repeats: int):
+def cudnn_ms(preset: str, cfg, x, warmup: int, repeats: int, precision: str = "float32"):
+    """cuDNN in the same mode: TF32 allowed only for tf32; fp16/bf16 modules and inputs for those."""
     import torch
     kinds = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
     if preset not in kinds:
         return None
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    module = kinds[preset](cfg.input_size, cfg.hidden_size, cfg.num_layers).cuda().float()
-    xt = torch.from_dlpack(x)
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(precision, torch.float32)
+    module = kinds[preset](cfg.input_size, cfg.hidden_size, cfg.num_layers).cuda().to(dtype)
+    xt = torch.from_dlpack(x).to(dtype)
     with torch.no_grad():
         def fn():
             module(xt)
@@ -81,6 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-fused", action="store_true", help="skip timing the fused backend")
+    parser.add_argument("--precision", default="float32", help="float32, tf32, float16 or bfloat16 (cuDNN in the same mode)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     rb, rc = (int(v) for v in args.tile.split("x")) if args.tile else (4, 4)
@@ -95,7 +98,8 @@ def main(argv=None) -> int:
             x = cupy.asarray(rng.standard_normal((cfg.steps, cfg.batch, cfg.input_size)), dtype=cupy.float32)
             row = {"preset": preset, "config": cfg.name, "sizes": [cfg.input_size, cfg.hidden_size, cfg.num_layers,
                                                                    cfg.steps, cfg.batch]}
-            row["cudnn_ms"] = cudnn_ms(preset, cfg, x, args.warmup, args.repeats)
+            row["precision"] = args.precision
+            row["cudnn_ms"] = cudnn_ms(preset, cfg, x, args.warmup, args.repeats, args.precision)
             from engine.backends import fused
             ref_prog = fused.prepare(network, params)
             ref = ref_prog.run(x).outputs
@@ -104,7 +108,7 @@ def main(argv=None) -> int:
             for name in args.schedule or ["persistent", "graph"]:
                 try:
                     cfg_for = config if name == "persistent" else TileConfig(args.units, rb, rc, args.threads)
-                    sched = schedule_class(name)(network, params, config=cfg_for)
+                    sched = schedule_class(name)(network, params, config=cfg_for, precision=args.precision)
                     out = sched.run(x, poison=True).outputs
                     err = float(cupy.abs(out - ref).max() / cupy.abs(ref).max())
                     row[f"{name}_err"] = err

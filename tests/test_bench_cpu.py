@@ -3,6 +3,7 @@ floors, divergence, the results file, the tables, the torch cell interpreter aga
 reference, and the whole per-cell measuring logic run on the CPU with stand-in implementations."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
@@ -19,7 +20,7 @@ from engine.bench import (ANCHORS, BenchConfig, SCHEMA, SCHEMA_VERSION, floors, 
                           load_results, markdown_table, network_flops, parse_config, parse_configs, run_bench,
                           save_results, text_summary)
 from engine.bench.configs import load_config_file
-from engine.bench.divergence import error_summary, gate, step_curves
+from engine.bench.divergence import TOLERANCE, error_summary, gate, step_curves
 from engine.bench.implementations import (AutoSchedule, Case, CompileBudget, Cudnn, EngineBackend, Implementation,
                                           TorchCell, select)
 from engine.bench.progress import TextProgress
@@ -594,3 +595,224 @@ def test_auto_row_runs_the_autotuners_choice(monkeypatch):
     assert entry["detail"]["schedule"] == "persistent" and entry["detail"]["why"] == "fastest (test)"
     assert entry["detail"]["config"] == autotune.TileConfig(2).label() and entry["detail"]["cached"] is True
     assert entry["detail"]["poisoned"] is True and entry["reps"] == 20
+
+
+# ---- the engine in reduced precision: rows, speedups over cuDNN in the same mode, gating -------------------
+
+REDUCED = ("tf32", "fp16", "bf16")
+LONG_NAMES = {"fp32": "float32", "tf32": "tf32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def test_reduced_precision_rows_are_named_and_ordered():
+    from engine.bench.implementations import default_implementations
+    everything = default_implementations(1.0)
+    names = [i.name for i in everything]
+    # after the fp32 rows, each reduced mode: cuDNN first, then the engine's schedules and auto in that mode
+    assert names[6:18] == [f"{base}-{mode}" for mode in REDUCED for base in ("cudnn", "graph", "persistent", "auto")]
+    assert not {"naive-bf16", "fused-fp16", "fused-tf32"} & set(names)     # strict fp32 backends only
+    by_name = {i.name: i for i in everything}
+    for mode in REDUCED:
+        for base in ("graph", "persistent", "auto"):
+            row = by_name[f"{base}-{mode}"]
+            assert (row.family, row.precision, row.tf32) == ("engine", mode, mode == "tf32")
+    assert isinstance(by_name["auto-fp16"], AutoSchedule)
+    for name in ("graph", "persistent", "auto", "fused", "naive"):
+        assert (by_name[name].precision, by_name[name].tf32) == ("fp32", False)
+
+
+def test_reduced_precision_rows_are_selectable_by_name():
+    from engine.bench.implementations import default_implementations, implementation_choices
+    everything = default_implementations(1.0)
+    assert {"persistent-bf16", "graph-tf32", "auto-fp16"} <= set(implementation_choices())
+    (row,) = select(everything, ["persistent-bf16"])
+    assert (row.name, row.backend, row.precision) == ("persistent-bf16", "persistent", "bf16")
+    assert [i.name for i in select(everything, ["cudnn-tf32", "graph-tf32", "persistent"])] == \
+        ["persistent", "cudnn-tf32", "graph-tf32"]                              # measuring order, not asked order
+    with pytest.raises(BackendError, match="unknown implementation 'fused-bf16'"):
+        select(everything, ["fused-bf16"])
+    with pytest.raises(ValueError, match="not one of fp32, tf32, fp16, bf16"):
+        EngineBackend("persistent", precision="float16")                        # the harness takes short names
+
+
+def test_run_bench_accepts_reduced_precision_rows_by_name(no_gpu):
+    """The name is checked before the GPU is looked for: an unknown one is refused, a known one gets as far
+    as the GPU check."""
+    with pytest.raises(BackendError, match="unknown implementation 'naive-fp16'"):
+        run_bench(["lstm"], ["8,8,1,2,2"], implementations=["naive-fp16"])
+    with pytest.raises(BackendError, match="needs a CUDA GPU"):
+        run_bench(["lstm"], ["8,8,1,2,2"], implementations=["persistent-bf16", "auto-tf32"])
+
+
+def test_short_precision_names_are_the_engines():
+    from engine.codegen.precision import PRECISIONS
+    for short, long in LONG_NAMES.items():
+        assert PRECISIONS[long].short == short
+        expected = {} if short == "fp32" else {"precision": long}
+        assert EngineBackend("graph", precision=short).precision_options() == expected
+
+
+def _entry(name, precision, median_ms=None, status="ok"):
+    entry = {"name": name, "family": name.split("-")[0], "precision": precision, "status": status}
+    return entry if median_ms is None else dict(entry, median_ms=median_ms)
+
+
+def test_speedup_over_cudnn_in_the_same_mode():
+    entries = [_entry("cudnn-fp32", "fp32", 8.0), _entry("naive", "fp32", 16.0), _entry("persistent", "fp32", 4.0),
+               _entry("cudnn-bf16", "bf16", 6.0), _entry("persistent-bf16", "bf16", 2.0),
+               _entry("cudnn-fp16", "fp16", status="failed"), _entry("graph-fp16", "fp16", 3.0),
+               _entry("graph-tf32", "tf32", 5.0)]                                  # no cudnn-tf32 row at all
+    add_derived(entries, flops_total=10 ** 9, floor_ms=1.0)
+    speedup = {e["name"]: e.get("speedup") for e in entries}
+    assert speedup["persistent-bf16"] == {"vs_cudnn_fp32": 4.0, "vs_naive": 8.0, "vs_cudnn_same": 3.0}
+    assert speedup["cudnn-bf16"]["vs_cudnn_same"] == 1.0
+    assert speedup["cudnn-fp32"]["vs_cudnn_same"] == 1.0
+    assert speedup["persistent"]["vs_cudnn_same"] == speedup["persistent"]["vs_cudnn_fp32"] == 2.0
+    assert speedup["graph-fp16"] == {"vs_cudnn_fp32": pytest.approx(8 / 3), "vs_naive": pytest.approx(16 / 3),
+                                     "vs_cudnn_same": None}                    # its cuDNN row failed
+    assert speedup["graph-tf32"]["vs_cudnn_same"] is None                     # its cuDNN row did not run
+    assert speedup["cudnn-fp16"] is None                                       # not ok: no speedups
+
+
+class ReferenceStandIn(Implementation):
+    """A baseline that runs the NumPy reference with the matmul rounding of its precision mode, its outputs
+    multiplied by `scale`."""
+
+    timer = "wall"
+
+    def __init__(self, name, family, precision, scale=1.0):
+        super().__init__()
+        self.name, self.family, self.precision, self.scale = name, family, precision, scale
+
+    def setup(self, case):
+        self.case = case
+
+    def forward(self, k, poison=False):
+        case = self.case
+        return reference.run(case.network, case.params, np.asarray(case.inputs[k], dtype=np.float32),
+                             dtype=np.float32, precision=LONG_NAMES[self.precision]).outputs * self.scale
+
+
+class FakeSchedule:
+    """A stand-in for a schedule module (engine.schedules.persistent): prepare(network, params, dtype,
+    **options) records its options; the program runs the NumPy reference in the precision it was given,
+    its outputs multiplied by `scale` (1 + a relative error) or replaced by NaN."""
+
+    def __init__(self):
+        self.options, self.scale = [], 1.0
+
+    def prepare(self, network, params, dtype=np.float32, **options):
+        self.options.append(options)
+        schedule = self
+
+        class Program:
+            def run(self, x, initial_states=None, poison=False):
+                result = reference.run(network, params, np.asarray(x), initial_states, dtype=dtype,
+                                       precision=options.get("precision", "float32"))
+                return dataclasses.replace(result, outputs=result.outputs * schedule.scale)
+
+        return Program()
+
+
+@pytest.fixture
+def fake_persistent(monkeypatch):
+    schedule, real_get = FakeSchedule(), backends.get
+    monkeypatch.setattr(backends, "get", lambda name: schedule if name == "persistent" else real_get(name))
+    return schedule
+
+
+def test_reduced_precision_rows_pass_their_precision_to_prepare(fake_persistent):
+    case, ref = _tiny_case("lstm")
+    impls = [ReferenceStandIn("cudnn-fp32", "cudnn", "fp32"), EngineBackend("persistent", timer="wall"),
+             *[EngineBackend("persistent", timer="wall", precision=mode) for mode in REDUCED]]
+    entries = {e["name"]: e for e in measure_cell(case, impls, ref, reps=20, warmup=1, buffers=2)}
+    assert fake_persistent.options == [{}, {"precision": "tf32"}, {"precision": "float16"},
+                                       {"precision": "bfloat16"}]               # fp32 calls as before the modes
+    for mode in REDUCED:
+        entry = entries[f"persistent-{mode}"]
+        assert entry["status"] == "ok", entry["reason"]
+        assert (entry["precision"], entry["tf32"], entry["detail"]["precision"]) == (mode, mode == "tf32",
+                                                                                      LONG_NAMES[mode])
+        assert entry["error"]["tolerance"] == TOLERANCE[mode]
+        # the rounding is real: the reduced row is further from float64 than the fp32 one
+        assert entry["error"]["rel"] > 10 * entries["persistent"]["error"]["rel"]
+        for against in ("vs_reference", "vs_cudnn_fp32"):
+            curves = entry["divergence"][against]
+            assert len(curves["max"]) == len(curves["mean"]) == case.config.steps
+        assert entry["error_vs_cudnn_fp32"]["rel"] > 0
+
+
+@pytest.mark.parametrize("mode", ["fp32", *REDUCED])
+def test_reduced_precision_rows_are_gated_like_cudnn(fake_persistent, mode):
+    """Relative error 0.5 against float64: an fp32 row is wrong and not timed; a reduced-precision row (engine
+    or cuDNN) is reported outside its tolerance but timed. A non-finite output disqualifies every row."""
+    case, ref = _tiny_case("lstm")
+    fake_persistent.scale = 1.5
+    cudnn = ReferenceStandIn(f"cudnn-{mode}", "cudnn", mode, scale=1.5)
+    entries = measure_cell(case, [EngineBackend("persistent", timer="wall", precision=mode), cudnn], ref,
+                           reps=20, warmup=1, buffers=2)
+    for entry in entries:
+        assert entry["error"]["rel"] == pytest.approx(0.5, rel=1e-2)
+        assert entry["error"]["within_tolerance"] is False
+        if mode == "fp32":
+            assert entry["status"] == "failed" and "exceeds" in entry["reason"]
+        else:
+            assert entry["status"] == "ok" and entry["reps"] == 20, entry["reason"]
+    fake_persistent.scale = np.nan
+    (entry,) = measure_cell(case, [EngineBackend("persistent", timer="wall", precision=mode)], ref, reps=20,
+                            warmup=1, buffers=2)
+    assert entry["status"] == "failed" and "non-finite" in entry["reason"] and "median_ms" not in entry
+
+
+def test_auto_row_in_reduced_precision_tunes_and_prepares_in_it(monkeypatch):
+    from engine.schedules import autotune
+    monkeypatch.setattr(backends, "gpu_status", lambda: (True, "a GPU (test)"))
+    asked = []
+
+    def tune(network, params, steps, batch, **options):
+        asked.append(("tune", options))
+        return autotune.Choice("graph", autotune.TileConfig(2), "fastest (test)", "key", cached=False)
+
+    def prepare(candidate, network, params, **options):
+        asked.append(("prepare", options))
+        return FakeSchedule().prepare(network, params, np.float32, **options)
+
+    monkeypatch.setattr(autotune, "tune", tune)
+    monkeypatch.setattr(autotune, "prepare", prepare)
+    case, ref = _tiny_case()
+    (entry,) = measure_cell(case, [AutoSchedule(timer="wall", precision="fp16")], ref, reps=20, warmup=1, buffers=2)
+    assert entry["status"] == "ok", entry["reason"]
+    assert (entry["name"], entry["precision"], entry["tf32"]) == ("auto-fp16", "fp16", False)
+    assert asked == [("tune", {"precision": "float16"}), ("prepare", {"precision": "float16"})]
+    assert entry["detail"]["schedule"] == "graph" and entry["detail"]["precision"] == "float16"
+
+
+def reduced_results() -> dict:
+    results = fake_results()
+    cell = results["cells"][0]
+    entries = [_entry("cudnn-fp32", "fp32", 8.0), _entry("persistent", "fp32", 4.0),
+               _entry("cudnn-bf16", "bf16", 6.0), _entry("persistent-bf16", "bf16", 2.0),
+               _entry("graph-fp16", "fp16", 3.0)]
+    add_derived(entries, flops_total=10 ** 9, floor_ms=1.0)
+    cell["implementations"] = [dict(e, min_ms=e["median_ms"], max_ms=e["median_ms"], error={"rel": 1e-3})
+                               for e in entries]
+    return results
+
+
+def test_markdown_table_shows_the_same_mode_speedup():
+    table = markdown_table(reduced_results()).splitlines()
+    assert table[0].split("|")[5:-1] == [" cudnn-fp32 ", " persistent ", " cudnn-bf16 ", " persistent-bf16 ",
+                                         " graph-fp16 "]
+    assert table[2].split(" | ")[4:] == ["8 (1.00x)", "4 (2.00x)", "6 (1.33x)", "2 (4.00x; 3.00x same mode)",
+                                         "3 (2.67x) |"]                       # no cudnn-fp16: no same-mode ratio
+    assert "(Nx; Mx same mode)" in table[-1]
+    assert "same mode" not in markdown_table(fake_results())                # files from before: as they were
+
+
+def test_text_summary_has_a_same_mode_column():
+    """Columns: name, median, min-max, x floor, TFLOP/s, vs cuDNN, vs same, vs naive, ..."""
+    text = text_summary(reduced_results())
+    assert "vs cuDNN  vs same vs naive" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("persistent-bf16"))
+    assert row.split()[5:8] == ["4.00", "3.00", "-"]
+    old = next(line for line in text_summary(fake_results()).splitlines() if line.strip().startswith("naive"))
+    assert old.split()[5:8] == ["0.50", "-", "1.00"]                          # no vs_cudnn_same in old files

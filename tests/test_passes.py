@@ -155,8 +155,8 @@ def test_bad_options_raise_compile_errors():
     cell = engine.preset("lstm").cell
     with pytest.raises(CompileError, match="layout"):
         compile_cell(cell, layout="diagonal")
-    with pytest.raises(CompileError, match="precision 'float16'.*hint"):
-        compile_cell(cell, precision="float16")
+    with pytest.raises(CompileError, match="precision 'float8'.*hint"):
+        compile_cell(cell, precision="float8")
     with pytest.raises(CompileError, match="CellGraph"):
         compile_cell("lstm")
     with pytest.raises(BackendError, match="steps"):

@@ -4,9 +4,11 @@
     results = run_bench(["lstm", "gru"], ["mid", "512,512,2,100,1"], quick=True, progress=callback)
 
 Implementations: the engine's GPU backends (naive, fused, and the schedules graph, persistent and
-auto, each its own row), cuDNN through torch.nn in fp32 (TF32 off), TF32, fp16 and bf16, and the
-cell graph in torch ops (eager, and the faster of torch.compile and TorchScript). Each is checked against a float64 reference before it is timed; per-step error
-curves are kept for the app. `python -m engine bench` is the CLI.
+auto, each its own row), cuDNN through torch.nn in fp32 (TF32 off), TF32, fp16 and bf16, the engine's
+schedules and auto in those reduced precisions too (graph-tf32, persistent-fp16, auto-bf16, ...; each
+also timed against the cuDNN row of its own mode), and the cell graph in torch ops (eager, and the
+faster of torch.compile and TorchScript). Each is checked against a float64 reference before it is
+timed; per-step error curves are kept for the app. `python -m engine bench` is the CLI.
 """
 from .configs import ANCHORS, BenchConfig, load_config_file, parse_config, parse_configs
 from .divergence import TOLERANCE, error_summary, step_curves

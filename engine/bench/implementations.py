@@ -9,8 +9,14 @@
 
 Families: "engine" (the engine's GPU backends naive, fused, graph and persistent, through
 backend.prepare(...).run(x) when the backend has prepare, else backend.run; and "auto", the
-autotuner's choice, each its own row), "cudnn" (torch.nn.LSTM/GRU/RNN), "torch" (the cell graph in torch
-ops: eager, torch.compile, TorchScript). torch is imported only here and only when used.
+autotuner's choice, each its own row; the schedules and auto also in the reduced precisions, rows
+graph-tf32, persistent-fp16, auto-bf16, ...), "cudnn" (torch.nn.LSTM/GRU/RNN in the same four modes),
+"torch" (the cell graph in torch ops: eager, torch.compile, TorchScript). torch is imported only here
+and only when used.
+
+Precision modes by their short names: fp32 (strict IEEE, TF32 off), tf32, fp16, bf16. An engine row in
+mode m passes precision=SHORT_NAMES[m] ("float32", "tf32", "float16", "bfloat16") to the engine; a
+cuDNN row runs torch.nn in that mode. Both round the matmul operands and accumulate in fp32.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import backends
+from ..codegen.precision import SHORT_NAMES
 from ..gallery import Preset
 from ..ir import CellGraph
 from ..network import Network
@@ -171,15 +178,38 @@ class Implementation:
         pass
 
 
+# The precision modes, by the harness's short names, in the order their rows are measured.
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+CUDNN_PRECISIONS = PRECISIONS
+
+
+def row_name(base: str, precision: str) -> str:
+    """'persistent' in fp32 (the rows' names from before the modes), 'persistent-bf16' otherwise."""
+    return base if precision == "fp32" else f"{base}-{precision}"
+
+
+def _check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    return precision
+
+
 # ---- the engine's backends -----------------------------------------------------------------------
 
 class EngineBackend(Implementation):
     family = "engine"
 
-    def __init__(self, backend: str, timer: str = "cupy"):
+    def __init__(self, backend: str, timer: str = "cupy", precision: str = "fp32"):
         super().__init__()
-        self.name = self.backend = backend
-        self.timer = timer
+        self.backend, self.timer = backend, timer
+        self.precision = _check_precision(precision)
+        self.name = row_name(backend, precision)
+        self.tf32 = precision == "tf32"
+
+    def precision_options(self) -> dict:
+        """The engine's precision argument. fp32 rows pass none, so they call every backend exactly as
+        before the modes existed (naive and fused compute in strict float32 only)."""
+        return {} if self.precision == "fp32" else {"precision": SHORT_NAMES[self.precision]}
 
     def unavailable_reason(self, case: Case) -> str | None:
         if self.backend not in backends.BACKENDS:
@@ -197,8 +227,11 @@ class EngineBackend(Implementation):
     def setup(self, case: Case) -> None:
         self.inputs = case.inputs
         prepare = getattr(self.module, "prepare", None)
+        options = self.precision_options()
+        if options:
+            self.detail["precision"] = options["precision"]
         if prepare is not None:
-            self.program = prepare(case.network, case.params, dtype=np.float32)
+            self.program = prepare(case.network, case.params, dtype=np.float32, **options)
             run = self.program.run
             self.takes_poison = "poison" in inspect.signature(run).parameters
             self.detail["interface"] = "prepare(network, params).run(x): parameters uploaded once"
@@ -208,7 +241,7 @@ class EngineBackend(Implementation):
             self.takes_poison = "poison" in inspect.signature(module.run).parameters
             self.detail["interface"] = ("run(network, params, x): the backend has no prepare(), so every "
                                         "timed run includes its set-up (parameter upload, planning)")
-            self._run = lambda x, **poison: module.run(network, params, x, dtype=np.float32, **poison)
+            self._run = lambda x, **poison: module.run(network, params, x, dtype=np.float32, **options, **poison)
         self.detail["poisoned"] = self.takes_poison
 
     def forward(self, k: int, poison: bool = False):
@@ -225,8 +258,8 @@ class AutoSchedule(EngineBackend):
     setup (tuned on this GPU, or read from the autotuner's cache), so it counts in the first call, not in
     the timed runs; the row's detail says which schedule and tiling it picked, and why."""
 
-    def __init__(self, timer: str = "cupy"):
-        super().__init__("auto", timer)
+    def __init__(self, timer: str = "cupy", precision: str = "fp32"):
+        super().__init__("auto", timer, precision)
 
     def unavailable_reason(self, case: Case) -> str | None:
         ok, why = backends.gpu_status()
@@ -235,11 +268,12 @@ class AutoSchedule(EngineBackend):
     def setup(self, case: Case) -> None:
         from ..schedules import autotune
         self.inputs = case.inputs
-        choice = autotune.tune(case.network, case.params, case.config.steps, case.config.batch)
+        options = self.precision_options()
+        choice = autotune.tune(case.network, case.params, case.config.steps, case.config.batch, **options)
         self.detail.update(schedule=choice.schedule, why=choice.why, cached=choice.cached,
-                           config=None if choice.config is None else choice.config.label())
+                           config=None if choice.config is None else choice.config.label(), **options)
         self.program = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), case.network,
-                                        case.params)
+                                        case.params, **options)
         self._run = self.program.run
         self.takes_poison = "poison" in inspect.signature(self._run).parameters
         self.detail["interface"] = "autotune.tune(...), then prepare(network, params).run(x) of its choice"
@@ -248,8 +282,6 @@ class AutoSchedule(EngineBackend):
 
 # ---- cuDNN through torch.nn ---------------------------------------------------------------------------
 
-CUDNN_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-
 
 class Cudnn(Implementation):
     family = "cudnn"
@@ -257,9 +289,7 @@ class Cudnn(Implementation):
 
     def __init__(self, precision: str, timer: str = "torch"):
         super().__init__()
-        if precision not in CUDNN_PRECISIONS:
-            raise ValueError(precision)
-        self.precision, self.name, self.timer = precision, f"cudnn-{precision}", timer
+        self.precision, self.name, self.timer = _check_precision(precision), f"cudnn-{precision}", timer
         self.tf32 = precision == "tf32"
 
     def unavailable_reason(self, case: Case) -> str | None:
@@ -414,11 +444,16 @@ class TorchCell(Implementation):
 
 
 def default_implementations(compile_budget_s: float) -> list[Implementation]:
-    """In measuring order: cuDNN fp32 first (the others' divergence is also taken against it).
-    torch.compile and TorchScript each get the compile budget (TorchScript's is rarely touched)."""
+    """In measuring order: cuDNN fp32 first (the others' divergence is also taken against it), the
+    engine's fp32 rows, then per reduced precision cuDNN and the engine's schedules and auto in that
+    mode (naive and fused are strict fp32 only). torch.compile and TorchScript each get the compile
+    budget (TorchScript's is rarely touched)."""
     gpu_backends = getattr(backends, "GPU_BACKENDS", tuple(b for b in backends.BACKENDS if b != "reference"))
-    return [Cudnn("fp32"), *[EngineBackend(name) for name in gpu_backends], AutoSchedule(),
-            Cudnn("tf32"), Cudnn("fp16"), Cudnn("bf16"),
+    reduced = []
+    for precision in PRECISIONS[1:]:
+        schedules = [EngineBackend(name, precision=precision) for name in backends.SCHEDULE_BACKENDS]
+        reduced += [Cudnn(precision), *schedules, AutoSchedule(precision=precision)]
+    return [Cudnn("fp32"), *[EngineBackend(name) for name in gpu_backends], AutoSchedule(), *reduced,
             TorchCell("eager"), TorchCell("compile", CompileBudget(compile_budget_s)),
             TorchCell("script", CompileBudget(compile_budget_s))]
 

@@ -9,14 +9,19 @@ Schema (version 1), every time in ms, every size in bytes:
      "cells": [{"preset", "config": {name, input_size, hidden_size, num_layers, steps, batch},
                 "status": "ok"|"skipped"|"failed", "reason", "flops": {per_step, total, ...},
                 "wavefront_steps", "floors": {compute_ms, latency_ms, floor_ms}, "reference": {...},
-                "implementations": [{"name", "family", "precision", "status": "ok"|"unavailable"|"failed"|"skipped",
+                "implementations": [{"name", "family", "precision": "fp32"|"tf32"|"fp16"|"bf16",
+                                     "status": "ok"|"unavailable"|"failed"|"skipped",
                                      "reason", "tf32", "tf32_flags", "median_ms", "min_ms", "max_ms", "reps",
                                      "tflops", "vs_floor", "peak_bytes", "first_call_s",
                                      "error": {max_abs, mean_abs, rel, ...}, "error_vs_cudnn_fp32",
-                                     "speedup": {"vs_cudnn_fp32", "vs_naive"},
+                                     "speedup": {"vs_cudnn_fp32", "vs_naive", "vs_cudnn_same"},
                                      "divergence": {"vs_reference": {"max": [T], "mean": [T]},
                                                     "vs_cudnn_fp32": {...}},
                                      "detail": {...}}]}]}
+
+Rows are named by implementation and precision: "persistent" and "cudnn-fp32" are fp32 (TF32 off),
+"persistent-bf16" and "cudnn-bf16" their bfloat16 counterparts. speedup["vs_cudnn_same"] is over the
+cuDNN row of the entry's own precision; files written before it existed lack it (readers show "-").
 
 The app reads it through load_results / list_results and draws it; it never recomputes it.
 """
@@ -112,9 +117,27 @@ def implementation_names(results: dict) -> list[str]:
     return list(names)
 
 
+def same_mode_speedup(entry: dict) -> float | None:
+    """The speedup over cuDNN in the entry's own reduced precision, where that is a different row from
+    cuDNN fp32 and from the entry itself (cudnn-bf16 for persistent-bf16); else None."""
+    precision = entry.get("precision")
+    if precision in (None, "fp32") or entry.get("name") == f"cudnn-{precision}":
+        return None
+    return (entry.get("speedup") or {}).get("vs_cudnn_same")
+
+
+def _ratios(entry: dict) -> str:
+    """' (2.10x)', ' (2.10x; 1.30x same mode)' or ''."""
+    speedup = (entry.get("speedup") or {}).get("vs_cudnn_fp32")
+    same = same_mode_speedup(entry)
+    parts = ([f"{speedup:.2f}x"] if speedup else []) + ([f"{same:.2f}x same mode"] if same else [])
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def markdown_table(results: dict) -> str:
     """One row per (cell, configuration); per implementation the median ms, and in parentheses the
-    speedup over cuDNN fp32 (TF32 off) where that ran. n/a: unavailable; fail: wrong output."""
+    speedup over cuDNN fp32 (TF32 off) where that ran, and for the engine's reduced-precision rows the
+    speedup over cuDNN in the same mode. n/a: unavailable; fail: wrong output."""
     names = implementation_names(results)
     header = ["cell", "config", "I,H,L,T,B", "floor ms (compute / latency)", *names]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -132,16 +155,22 @@ def markdown_table(results: dict) -> str:
             elif entry is None:
                 row.append("-")
             elif entry["status"] == "ok":
-                speedup = (entry.get("speedup") or {}).get("vs_cudnn_fp32")
-                row.append(_ms(entry["median_ms"]) + (f" ({speedup:.2f}x)" if speedup else ""))
+                row.append(_ms(entry["median_ms"]) + _ratios(entry))
             else:
                 row.append({"unavailable": "n/a", "failed": "fail", "skipped": "skip"}.get(entry["status"], "-"))
         lines.append("| " + " | ".join(row) + " |")
     device = results.get("environment", {}).get("device", "?")
     lines.append("")
     lines.append(f"Median ms over {results.get('settings', {}).get('reps', '?')} repetitions on {device}; "
-                 "(Nx) = speedup over cuDNN fp32 with TF32 off.")
+                 "(Nx) = speedup over cuDNN fp32 with TF32 off"
+                 + ("; (Nx; Mx same mode): M = speedup over cuDNN in the row's own precision (cudnn-bf16 for "
+                    "persistent-bf16)." if _any_same_mode(results) else "."))
     return "\n".join(lines)
+
+
+def _any_same_mode(results: dict) -> bool:
+    return any(e.get("status") == "ok" and same_mode_speedup(e) for cell in results.get("cells", [])
+               for e in cell.get("implementations", []))
 
 
 def _fmt(value, spec: str) -> str:
@@ -170,7 +199,7 @@ def text_summary(results: dict) -> str:
         for warning in cell.get("warnings", []):
             lines.append(f"  warning: {warning}")
         lines.append(f"  {'implementation':<15} {'median ms':>10} {'min-max ms':>17} {'x floor':>8} {'TFLOP/s':>8} "
-                     f"{'vs cuDNN':>8} {'vs naive':>8} {'rel err':>9} {'peak MiB':>9}  tf32")
+                     f"{'vs cuDNN':>8} {'vs same':>8} {'vs naive':>8} {'rel err':>9} {'peak MiB':>9}  tf32")
         for e in cell.get("implementations", []):
             if e["status"] != "ok":
                 lines.append(f"  {e['name']:<15} {e['status']}: {e.get('reason')}")
@@ -180,10 +209,12 @@ def text_summary(results: dict) -> str:
             lines.append(
                 f"  {e['name']:<15} {e['median_ms']:>10.3f} {e['min_ms']:>8.3f}-{e['max_ms']:<8.3f} "
                 f"{_fmt(e.get('vs_floor'), '.1f'):>8} {_fmt(e.get('tflops'), '.2f'):>8} "
-                f"{_fmt(speedup.get('vs_cudnn_fp32'), '.2f'):>8} {_fmt(speedup.get('vs_naive'), '.2f'):>8} "
+                f"{_fmt(speedup.get('vs_cudnn_fp32'), '.2f'):>8} {_fmt(speedup.get('vs_cudnn_same'), '.2f'):>8} "
+                f"{_fmt(speedup.get('vs_naive'), '.2f'):>8} "
                 f"{_fmt((e.get('error') or {}).get('rel'), '.2e'):>9} "
                 f"{_fmt(None if peak is None else peak / 2**20, '.1f'):>9}  {'on' if e.get('tf32') else 'off'}")
         lines.append("")
-    lines.append("x floor: median over the larger floor; vs cuDNN (fp32, TF32 off) and vs naive: times faster; "
-                 "rel err: max |out - ref| / max |ref| against the float64 reference.")
+    lines.append("x floor: median over the larger floor; vs cuDNN (fp32, TF32 off), vs same (cuDNN in the row's "
+                 "own precision) and vs naive: times faster; rel err: max |out - ref| / max |ref| against the "
+                 "float64 reference.")
     return "\n".join(lines)

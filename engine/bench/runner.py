@@ -155,16 +155,22 @@ def merge_groups(entries: list[dict], groups: dict[str, str]) -> list[dict]:
 
 
 def add_derived(entries: list[dict], flops_total: int, floor_ms: float | None) -> None:
-    """TFLOP/s, the ratio to the floor, and speedups over cuDNN fp32 and over naive."""
+    """TFLOP/s, the ratio to the floor, and speedups (baseline median / this median, None where the
+    baseline did not run): over cuDNN fp32, over naive, and "vs_cudnn_same" over cuDNN in the entry's
+    own precision (cudnn-bf16 for persistent-bf16; cuDNN fp32 for the fp32 rows; 1.0 for cuDNN itself)."""
     medians = {e["name"]: e.get("median_ms") for e in entries if e["status"] == "ok"}
+
+    def over(base: str, median: float) -> float | None:
+        return medians[base] / median if medians.get(base) else None
+
     for entry in entries:
         if entry["status"] != "ok":
             continue
         median = entry["median_ms"]
         entry["tflops"] = flops_total / (median * 1e-3) / 1e12 if median > 0 else None
         entry["vs_floor"] = median / floor_ms if floor_ms else None
-        entry["speedup"] = {f"vs_{base.replace('-', '_')}": (medians[base] / median if medians.get(base) else None)
-                            for base in ("cudnn-fp32", "naive")}
+        entry["speedup"] = {"vs_cudnn_fp32": over("cudnn-fp32", median), "vs_naive": over("naive", median),
+                            "vs_cudnn_same": over(f"cudnn-{entry.get('precision', 'fp32')}", median)}
 
 
 def measure_cell(case: Case, implementations: list[Implementation], reference, *, reps: int, warmup: int,

@@ -10,8 +10,10 @@
 #      indrnn; cuDNN fp32, the engine's fused backend and schedules, the PyTorch eager cell; quick mode,
 #      results JSON to benchmarks/results/ and $OUT (stops starting measurements at BENCH_BUDGET s; the
 #      JSON is rewritten after every cell, so a cut-short run still leaves its results);
-#   5. the markdown table, last.
-# STAGES="tests sanitize bench" (default: all) picks stages, so the suite can be split over two calls of
+#   5. the reduced precisions: the persistent schedule in tf32, fp16 and bf16 against cuDNN in the same
+#      mode, for lstm, gru (cuDNN has them) and gru_cho (it does not), every anchor config;
+#   6. the markdown tables, last.
+# STAGES="tests sanitize bench precision" (default: all) picks stages, so the suite can be split over two calls of
 # under 10 minutes each on an H100. A failing stage does not stop the next one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,9 +42,9 @@ print('torch', torch.__version__, '| CUDA', torch.version.cuda, '| cuDNN', torch
   "$PY" -c "import triton; print('triton', triton.__version__)" || echo "triton: not installed"
 } 2>&1 | tee "$OUT/versions.txt"
 
-STAGES=${STAGES:-tests sanitize bench}
+STAGES=${STAGES:-tests sanitize bench precision}
 BENCH_BUDGET=${BENCH_BUDGET:-400}
-tests_rc=skipped; sanitize_rc=skipped; bench_rc=skipped
+tests_rc=skipped; sanitize_rc=skipped; bench_rc=skipped; precision_rc=skipped
 
 if [[ " $STAGES " == *" tests "* ]]; then
   section "GPU tests"
@@ -71,12 +73,26 @@ if [[ " $STAGES " == *" bench "* ]]; then
   bench_rc=${PIPESTATUS[0]}
 fi
 
+if [[ " $STAGES " == *" precision "* ]]; then
+  section "benchmark: reduced precisions against cuDNN in the same mode"
+  timeout $((BENCH_BUDGET + 30)) "$PY" -m engine bench --quick --warmup 2 --time-budget "$BENCH_BUDGET" \
+    --impl cudnn-tf32 --impl persistent-tf32 --impl cudnn-fp16 --impl persistent-fp16 \
+    --impl cudnn-bf16 --impl persistent-bf16 \
+    --preset lstm --preset gru --preset gru_cho \
+    --config lat --config blogB --config mid --config large --config blogA \
+    --out benchmarks/results --copy-to "$OUT" 2>&1 | tee "$OUT/bench_precision.log" | grep -v "^\s*$" | tail -5
+  precision_rc=${PIPESTATUS[0]}
+fi
+
 section "table"
 "$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/bench_table.md"
 import sys
 from engine.bench import list_results, load_results, markdown_table
 found = list_results(sys.argv[1])
-print(markdown_table(load_results(found[0]["path"])) if found else "no benchmark results were written")
+for entry in found[:2] or [None]:
+    print(markdown_table(load_results(entry["path"])) if entry else "no benchmark results were written")
+    print()
 PYEOF
 echo
-echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc (124: timed out); total $(( $(date +%s) - start )) s"
+echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
+     "precision bench exit code: $precision_rc (124: timed out); total $(( $(date +%s) - start )) s"

@@ -83,11 +83,13 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-fused", action="store_true", help="skip timing the fused backend")
+    parser.add_argument("--warp-tile", default=None, help="tensor-core path: MxN MMA tiles per warp, e.g. 2x4")
     parser.add_argument("--precision", default="float32", help="float32, tf32, float16 or bfloat16 (cuDNN in the same mode)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     rb, rc = (int(v) for v in args.tile.split("x")) if args.tile else (4, 4)
-    config = TileConfig(args.units, rb, rc, args.threads, layers_per_launch=args.layers_per_launch)
+    warp = tuple(int(v) for v in args.warp_tile.split("x")) if args.warp_tile else None
+    config = TileConfig(args.units, rb, rc, args.threads, warp_tile=warp, layers_per_launch=args.layers_per_launch)
     rows = []
     for preset in args.preset or ["lstm"]:
         cell = engine.preset(preset).cell
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
                 row["fused_ms"] = time_ms(lambda: ref_prog.run(x), args.warmup, args.repeats)
             for name in args.schedule or ["persistent", "graph"]:
                 try:
-                    cfg_for = config if name == "persistent" else TileConfig(args.units, rb, rc, args.threads)
+                    cfg_for = config if name == "persistent" else TileConfig(args.units, rb, rc, args.threads, warp_tile=warp)
                     sched = schedule_class(name)(network, params, config=cfg_for, precision=args.precision)
                     out = sched.run(x, poison=True).outputs
                     err = float(cupy.abs(out - ref).max() / cupy.abs(ref).max())

@@ -134,7 +134,33 @@ struct RnnWarpTiles {
     }
 };
 
-// One staged chunk into a warp's accumulators: k steps part, part + split, ... of the chunk's `steps`.
+// The fragments of k step kb of a warp's tiles (rows m_first.., columns n_first..), and their products.
+template <int MODE, int WM, int WN>
+__device__ __forceinline__ void rnn_frags(unsigned (&a)[WM][4], unsigned (&b)[WN][2], const float* __restrict__ x, int ldx,
+                                          const typename RnnWeight<MODE>::type* __restrict__ w, int ldw, int m_first,
+                                          int n_first, int mt, int nt, int kb, int g, int t)
+{
+#pragma unroll
+    for (int i = 0; i < WM; ++i)
+        if (m_first + i < mt) rnn_frag_a<MODE>(a[i], x + (m_first + i) * 16 * ldx + kb, ldx, g, t);
+#pragma unroll
+    for (int j = 0; j < WN; ++j)
+        if (n_first + j < nt) rnn_frag_b<MODE>(b[j], w + (long)(n_first + j) * 8 * ldw + kb, ldw, g, t);
+}
+template <int MODE, int WM, int WN>
+__device__ __forceinline__ void rnn_mmas(float (&acc)[WM][WN][4], const unsigned (&a)[WM][4], const unsigned (&b)[WN][2],
+                                         int m_first, int n_first, int mt, int nt)
+{
+#pragma unroll
+    for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int j = 0; j < WN; ++j)
+            if (m_first + i < mt && n_first + j < nt) rnn_mma<MODE>(acc[i][j], a[i], b[j]);
+}
+
+// One staged chunk into a warp's accumulators: k steps s_begin, s_begin + s_step, ... < s_end. The fragments
+// of the next step are loaded before the products of this one (two register sets), so shared-memory latency
+// hides behind the tensor cores even with two warps per scheduler.
 template <int MODE, int WM, int WN>
 __device__ __forceinline__ void rnn_mma_chunk_tc(float (&acc)[WM][WN][4], const float* __restrict__ x, int ldx,
                                                  const typename RnnWeight<MODE>::type* __restrict__ w, int ldw,
@@ -142,21 +168,18 @@ __device__ __forceinline__ void rnn_mma_chunk_tc(float (&acc)[WM][WN][4], const 
                                                  int s_step, int g, int t)
 {
     constexpr int KS = RnnMma<MODE>::KS;
-    for (int s = s_begin; s < s_end; s += s_step) {
-        const int kb = s * KS;
-        unsigned a[WM][4], b[WN][2];
-#pragma unroll
-        for (int i = 0; i < WM; ++i)
-            if (m_first + i < mt) rnn_frag_a<MODE>(a[i], x + (m_first + i) * 16 * ldx + kb, ldx, g, t);
-#pragma unroll
-        for (int j = 0; j < WN; ++j)
-            if (n_first + j < nt) rnn_frag_b<MODE>(b[j], w + (long)(n_first + j) * 8 * ldw + kb, ldw, g, t);
-#pragma unroll
-        for (int i = 0; i < WM; ++i)
-#pragma unroll
-            for (int j = 0; j < WN; ++j)
-                if (m_first + i < mt && n_first + j < nt) rnn_mma<MODE>(acc[i][j], a[i], b[j]);
+    if (s_begin >= s_end) return;
+    unsigned a0[WM][4], b0[WN][2], a1[WM][4], b1[WN][2];
+    rnn_frags<MODE, WM, WN>(a0, b0, x, ldx, w, ldw, m_first, n_first, mt, nt, s_begin * KS, g, t);
+    int s = s_begin;
+    for (; s + s_step < s_end; s += 2 * s_step) {
+        rnn_frags<MODE, WM, WN>(a1, b1, x, ldx, w, ldw, m_first, n_first, mt, nt, (s + s_step) * KS, g, t);
+        rnn_mmas<MODE, WM, WN>(acc, a0, b0, m_first, n_first, mt, nt);
+        if (s + 2 * s_step < s_end)
+            rnn_frags<MODE, WM, WN>(a0, b0, x, ldx, w, ldw, m_first, n_first, mt, nt, (s + 2 * s_step) * KS, g, t);
+        rnn_mmas<MODE, WM, WN>(acc, a1, b1, m_first, n_first, mt, nt);
     }
+    if (s < s_end) rnn_mmas<MODE, WM, WN>(acc, a0, b0, m_first, n_first, mt, nt);   // an odd number of steps
 }
 
 // Writes a warp's tiles of Y (+ bias); with split K, first sums the parts through `red` in a fixed order.
@@ -200,18 +223,28 @@ __device__ __forceinline__ void rnn_store_mma(const RnnGemmT<WT>& J, const RnnWa
     __syncthreads();                                   // red may be written again by the next GEMM
 }
 
-// Chunk g of a stage's stream of chunks: GEMM j, pass p, columns [chunk * KC, chunk * KC + KC).
-template <int WM, int WN, int KC, int N, typename WT>
-__device__ __forceinline__ void rnn_locate_mma(const RnnGemmT<WT> (&jobs)[N], int B, int g, int& j, int& pass, int& chunk)
+// Stages the chunk under the cursor `at` into `slot`: X rows (fp32), and W rows when W is not resident; zeros up to
+// whole MMA steps; moves the cursor.
+template <int WM, int WN, int KC, typename WT>
+__device__ __forceinline__ int rnn_chunk_count_mma(const RnnGemmT<WT>& J, int B)
 {
-    j = -1, pass = 0, chunk = 0;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        const int chunks = (jobs[i].K + KC - 1) / KC;
-        const int n = RnnWarpTiles<WM, WN>(B, jobs[i].NC).passes * chunks;
-        if (j < 0 && g < n) j = i, pass = g / chunks, chunk = g - pass * chunks;
-        if (j < 0) g -= n;
-    }
+    return RnnWarpTiles<WM, WN>(B, J.NC).passes * ((J.K + KC - 1) / KC);
+}
+
+template <int MODE, int WM, int WN, int VEC, int KC, int N>
+__device__ __forceinline__ void rnn_stage_next_mma(const RnnGemmT<typename RnnWeight<MODE>::type> (&jobs)[N],
+                                                   RnnCursor& at, float* __restrict__ slot, int x_floats, int B)
+{
+    using WT = typename RnnWeight<MODE>::type;
+    constexpr int KS = RnnMma<MODE>::KS;
+    const RnnGemmT<WT> J = rnn_select(jobs, at.job);
+    const int k0 = at.chunk * KC, kc = min(KC, J.K - k0), kcp = rnn_round_up(kc, KS);
+    rnn_stage_chunk<float, VEC == 4, KC>(slot, rnn_xstride<MODE>(KC), J.X, J.K, B, k0, kc, kcp);
+    if (!J.Ws)
+        rnn_stage_chunk<WT, VEC == 4, KC>(reinterpret_cast<WT*>(slot + x_floats), rnn_wstride<MODE>(KC), J.W, J.K, J.NC,
+                                          k0, kc, kcp);
+    if (++at.chunk * KC >= J.K) at.chunk = 0;
+    if (--at.left == 0 && ++at.job < N) at.left = rnn_chunk_count_mma<WM, WN, KC>(rnn_select(jobs, at.job), B);
 }
 
 // Every GEMM of one stage on tensor cores: the pipeline of rnn_tile_gemms with warps for threads.
@@ -229,26 +262,13 @@ __device__ void rnn_mma_gemms(const RnnGemmT<typename RnnWeight<MODE>::type> (&j
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, g4 = (threadIdx.x & 31) >> 2, t4 = threadIdx.x & 3;
     int total = 0;
 #pragma unroll
-    for (int j = 0; j < N; ++j) total += RnnWarpTiles<WM, WN>(B, jobs[j].NC).passes * ((jobs[j].K + KC - 1) / KC);
-    auto stage = [&](int g) {
-        int j, pass, chunk;
-        rnn_locate_mma<WM, WN, KC>(jobs, B, g, j, pass, chunk);
-        float* slot = smem + (g % STAGES) * slot_floats;
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-            if (i != j) continue;
-            const int k0 = chunk * KC, kc = min(KC, jobs[i].K - k0), kcp = rnn_round_up(kc, KS);
-            rnn_stage_chunk<float, VEC == 4, KC>(slot, ldx, jobs[i].X, jobs[i].K, B, k0, kc, kcp);
-            if (!jobs[i].Ws)
-                rnn_stage_chunk<WT, VEC == 4, KC>(reinterpret_cast<WT*>(slot + x_floats), ldws, jobs[i].W, jobs[i].K,
-                                                  jobs[i].NC, k0, kc, kcp);
-        }
-    };
+    for (int j = 0; j < N; ++j) total += rnn_chunk_count_mma<WM, WN, KC>(jobs[j], B);
+    RnnCursor at{0, 0, rnn_chunk_count_mma<WM, WN, KC>(jobs[0], B)};
 
     __syncthreads();                                   // nobody still reads what the slots held before
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < total) stage(s);
+        if (s < total) rnn_stage_next_mma<MODE, WM, WN, VEC, KC>(jobs, at, smem + (s % STAGES) * slot_floats, x_floats, B);
         rnn_cp_async_commit();                         // an empty group when there is nothing left: counts stay uniform
     }
     float acc[WM][WN][4];
@@ -274,7 +294,9 @@ __device__ void rnn_mma_gemms(const RnnGemmT<typename RnnWeight<MODE>::type> (&j
             for (int chunk = 0; chunk < chunks; ++chunk, ++g) {
                 rnn_cp_async_wait<STAGES - 2>();       // chunk g has landed (this thread's copies)
                 __syncthreads();                       // ... everyone's; and chunk g - 1 is no longer read
-                if (g + STAGES - 1 < total) stage(g + STAGES - 1);   // into the slot chunk g - 1 used
+                if (g + STAGES - 1 < total)                 // into the slot chunk g - 1 used
+                    rnn_stage_next_mma<MODE, WM, WN, VEC, KC>(jobs, at, smem + ((g + STAGES - 1) % STAGES) * slot_floats,
+                                                      x_floats, B);
                 rnn_cp_async_commit();
                 const int k0 = chunk * KC, steps = rnn_round_up(min(KC, J.K - k0), KS) / KS;
                 const float* x = smem + (g % STAGES) * slot_floats;

@@ -269,21 +269,11 @@ struct RnnTiles {
     }
 };
 
-// Chunk g of a stage's stream of chunks: GEMM j, pass p, columns [chunk * KC, chunk * KC + KC).
-// The loops over the N GEMMs are unrolled, so every jobs[i] is a compile-time index (registers, not
-// local memory).
-template <int RB, int RC, int KC, int N>
-__device__ __forceinline__ void rnn_locate(const RnnGemm (&jobs)[N], int B, int g, int& j, int& pass, int& chunk)
-{
-    j = -1, pass = 0, chunk = 0;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        const int chunks = (jobs[i].K + KC - 1) / KC;
-        const int n = RnnTiles<RB, RC>(B, jobs[i].NC).passes * chunks;
-        if (j < 0 && g < n) j = i, pass = g / chunks, chunk = g - pass * chunks;
-        if (j < 0) g -= n;
-    }
-}
+// Where the staging of a stage's chunks has got to: GEMM `job`, K chunk `chunk`, chunks `left` in this GEMM
+// (its chunks times its passes over the tiles). Walked one chunk at a time, so there is no division per chunk.
+struct RnnCursor {
+    int job, chunk, left;
+};
 
 // The multiply-accumulate of one staged chunk into a thread's tile. The shared-memory reads of step
 // k + k_step are issued before the FMAs of step k (two register sets), so their latency hides behind
@@ -374,6 +364,44 @@ __device__ __forceinline__ void rnn_store_tile(const RnnGemm& J, const RnnTiles<
     __syncthreads();                                   // red may be written again by the next GEMM
 }
 
+// jobs[j] for a j known only at run time, by selects over the unrolled jobs: indexing the array with j would
+// put it in local memory.
+template <typename WT, int N>
+__device__ __forceinline__ RnnGemmT<WT> rnn_select(const RnnGemmT<WT> (&jobs)[N], int j)
+{
+    RnnGemmT<WT> J = jobs[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) {
+        const bool hit = i == j;
+        J.X = hit ? jobs[i].X : J.X;
+        J.W = hit ? jobs[i].W : J.W;
+        J.Ws = hit ? jobs[i].Ws : J.Ws;
+        J.K = hit ? jobs[i].K : J.K;
+        J.NC = hit ? jobs[i].NC : J.NC;
+    }
+    return J;                                          // (Y, ldy and bias are jobs[0]'s: staging does not use them)
+}
+
+// Stages the chunk under the cursor `at` (X rows, and W rows when W is not resident) into `slot`; moves the cursor.
+// Chunks of one GEMM in a stage's stream: its K chunks, once per pass over its tiles.
+template <int RB, int RC, int KC>
+__device__ __forceinline__ int rnn_chunk_count(const RnnGemm& J, int B)
+{
+    return RnnTiles<RB, RC>(B, J.NC).passes * ((J.K + KC - 1) / KC);
+}
+
+template <int RB, int RC, int VEC, int KC, int N>
+__device__ __forceinline__ void rnn_stage_next(const RnnGemm (&jobs)[N], RnnCursor& at, float* __restrict__ slot,
+                                               int ld, int B, int bp)
+{
+    const RnnGemm J = rnn_select(jobs, at.job);
+    const int k0 = at.chunk * KC, kc = min(KC, J.K - k0);
+    rnn_stage_rows<VEC, KC>(slot, ld, J.X, J.K, B, k0, kc);
+    if (!J.Ws) rnn_stage_rows<VEC, KC>(slot + bp * ld, ld, J.W, J.K, J.NC, k0, kc);
+    if (++at.chunk * KC >= J.K) at.chunk = 0;
+    if (--at.left == 0 && ++at.job < N) at.left = rnn_chunk_count<RB, RC, KC>(rnn_select(jobs, at.job), B);
+}
+
 // Every GEMM of one stage (they are independent: each reads values of earlier stages) as one stream of
 // K chunks through a STAGES-deep cp.async pipeline (STAGES >= 2): the chunks of the next GEMM travel
 // while the last chunks of this one are multiplied. One barrier per chunk: after it, chunk g is in
@@ -389,24 +417,13 @@ __device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restric
     float* red = smem + STAGES * slot_floats;
     int total = 0;
 #pragma unroll
-    for (int j = 0; j < N; ++j) total += RnnTiles<RB, RC>(B, jobs[j].NC).passes * ((jobs[j].K + KC - 1) / KC);
-    auto stage = [&](int g) {
-        int j, pass, chunk;
-        rnn_locate<RB, RC, KC>(jobs, B, g, j, pass, chunk);
-        float* slot = smem + (g % STAGES) * slot_floats;
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-            if (i != j) continue;
-            const int k0 = chunk * KC, kc = min(KC, jobs[i].K - k0);
-            rnn_stage_rows<VEC, KC>(slot, ld, jobs[i].X, jobs[i].K, B, k0, kc);
-            if (!jobs[i].Ws) rnn_stage_rows<VEC, KC>(slot + bp * ld, ld, jobs[i].W, jobs[i].K, jobs[i].NC, k0, kc);
-        }
-    };
+    for (int j = 0; j < N; ++j) total += rnn_chunk_count<RB, RC, KC>(jobs[j], B);
+    RnnCursor at{0, 0, rnn_chunk_count<RB, RC, KC>(jobs[0], B)};
 
     __syncthreads();                                   // nobody still reads what the slots held before
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < total) stage(s);
+        if (s < total) rnn_stage_next<RB, RC, VEC, KC>(jobs, at, smem + (s % STAGES) * slot_floats, ld, B, bp);
         rnn_cp_async_commit();                         // an empty group when there is nothing left: counts stay uniform
     }
     float acc[RB][RC];
@@ -430,7 +447,8 @@ __device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restric
             for (int chunk = 0; chunk < chunks; ++chunk, ++g) {
                 rnn_cp_async_wait<STAGES - 2>();       // chunk g has landed (this thread's copies)
                 __syncthreads();                       // ... everyone's; and chunk g - 1 is no longer read
-                if (g + STAGES - 1 < total) stage(g + STAGES - 1);   // into the slot chunk g - 1 used
+                if (g + STAGES - 1 < total)                 // into the slot chunk g - 1 used
+                    rnn_stage_next<RB, RC, VEC, KC>(jobs, at, smem + ((g + STAGES - 1) % STAGES) * slot_floats, ld, B, bp);
                 rnn_cp_async_commit();
                 const int k0 = chunk * KC, kc4 = rnn_round_up(min(KC, J.K - k0), 4);
                 const float* x = smem + (g % STAGES) * slot_floats;

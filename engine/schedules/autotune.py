@@ -24,7 +24,7 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +67,8 @@ class Choice:
     @staticmethod
     def from_dict(key: str, data: dict) -> "Choice":
         config = None if data.get("config") is None else TileConfig(**data["config"])
+        if config is not None and config.warp_tile is not None:       # JSON has lists, TileConfig hashes tuples
+            config = replace(config, warp_tile=tuple(config.warp_tile))
         if data["schedule"] not in ("fused", "graph", "persistent"):
             raise ValueError(f"unknown schedule {data['schedule']!r}")
         return Choice(data["schedule"], config, data["why"], key, list(data.get("timings", [])), cached=True)

@@ -65,6 +65,8 @@ class TileConfig:
     cols_per_thread: int = 4           # RC: GEMM columns of a thread's accumulator tile
     threads: int | None = None
     resident: bool = True              # keep weight slices in shared memory when they fit (persistent only)
+    warp_tile: tuple[int, int] | None = None   # tensor-core path (tf32/fp16/bf16): MMA tiles of 16 rows x 8
+    #                                            columns per warp; None: 2 x 2, fewer where the GEMM is smaller
     layers_per_launch: int | None = None   # persistent: run the layers in groups of this many, one launch
     #                                        each (1: layer by layer, every input projection one cuBLAS GEMM)
 
@@ -73,6 +75,7 @@ class TileConfig:
         threads = "auto" if self.threads is None else str(self.threads)
         return (f"units={units} tile={self.rows_per_thread}x{self.cols_per_thread} threads={threads}"
                 + ("" if self.resident else " streamed")
+                + ("" if self.warp_tile is None else f" warp={self.warp_tile[0]}x{self.warp_tile[1]}")
                 + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}"))
 
 
@@ -242,6 +245,9 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     for field_name, value in (("rows_per_thread", config.rows_per_thread), ("cols_per_thread", config.cols_per_thread)):
         if value not in (1, 2, 4, 8):
             raise CompileError(f"TileConfig.{field_name}={value!r} is not a supported tile size; hint: use 1, 2, 4 or 8")
+    if config.warp_tile is not None and (len(config.warp_tile) != 2 or any(v not in (1, 2, 4) for v in config.warp_tile)):
+        raise CompileError(f"TileConfig.warp_tile={config.warp_tile!r} is not a supported warp tile; hint: two of "
+                           "1, 2 or 4 (MMA tiles of 16 rows, of 8 columns), or None")
     if config.threads is not None and (not isinstance(config.threads, int) or config.threads % 32
                                        or not 64 <= config.threads <= MAX_THREADS):
         raise CompileError(f"TileConfig.threads={config.threads!r} is not a whole number of warps in range; hint: use "
@@ -308,7 +314,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     ncps = {g.name: round_up(len(g.terms) * units, 8 if mma else RC) for g, _, _ in tiles}
     k_all = max((k for _, k, _ in tiles), default=4)
     if mma:
-        warp_tile = (1 if bp == 16 else 2, 1 if max(ncps.values(), default=8) <= 8 else 2)
+        warp_tile = tuple(config.warp_tile or (1 if bp == 16 else 2, 1 if max(ncps.values(), default=8) <= 8 else 2))
         groups = {name: -(-bp // (16 * warp_tile[0])) * -(-ncp // (8 * warp_tile[1])) for name, ncp in ncps.items()}
     else:
         warp_tile = (0, 0)

@@ -74,33 +74,39 @@ def resolve(cell_or_network, input_size: int | None = None, hidden_size: int | N
 def explain(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
             num_layers: int | None = None, steps: int | None = None, batch: int | None = None, passes=None,
             layout: str = "blocked", chunk_steps: int | None = None, as_json: bool = False,
-            schedule: str | None = None):
+            schedule: str | None = None, precision: str = "float32"):
     """explain_text(...), or explain_json(...) with as_json=True."""
     args = (cell_or_network, input_size, hidden_size, num_layers, steps, batch, passes, layout, chunk_steps)
-    return explain_json(*args, schedule=schedule) if as_json else explain_text(*args, schedule=schedule)
+    if as_json:
+        return explain_json(*args, schedule=schedule, precision=precision)
+    return explain_text(*args, schedule=schedule, precision=precision)
 
 
 def explain_json(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
                  num_layers: int | None = None, steps: int | None = None, batch: int | None = None,
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None,
-                 schedule: str | None = None) -> dict[str, Any]:
+                 schedule: str | None = None, precision: str = "float32") -> dict[str, Any]:
     """Everything the compiler decided, as plain JSON-able data (see the module docstring).
 
     schedule: None, "fused", "graph", "persistent" or "auto". The "schedules" section describes every
     schedule either way; a wavefront schedule asked for (or picked by "auto") brings its generated
-    CUDA, in data["schedules"][name]["source"]."""
+    CUDA, in data["schedules"][name]["source"]. precision: the mode the wavefront schedules are planned in
+    (tf32/float16/bfloat16 tile their GEMMs for tensor cores; the fused backend is float32 only)."""
     check_schedule(schedule)
     network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
     plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
     data = plan_to_json(plan)
-    data["schedules"] = explain_schedules(plan, passes, schedule, doc)
+    data["schedules"] = explain_schedules(plan, passes, schedule, doc, precision)
     return data
 
 
-def explain_schedules(plan: Plan, passes=None, schedule: str | None = None, doc: str = "") -> dict[str, Any]:
-    """engine/schedules/report.py for this plan; the wavefront schedules get the interleaved plan they run."""
-    wavefront_plan = plan if plan.program.layout == "interleaved" else make_plan(
-        plan.network, plan.steps, plan.batch, passes, layout="interleaved", doc=doc)
+def explain_schedules(plan: Plan, passes=None, schedule: str | None = None, doc: str = "",
+                      precision: str = "float32") -> dict[str, Any]:
+    """engine/schedules/report.py for this plan; the wavefront schedules get the interleaved plan they run,
+    in `precision`."""
+    same = plan.program.layout == "interleaved" and plan.program.precision == precision
+    wavefront_plan = plan if same else make_plan(plan.network, plan.steps, plan.batch, passes, layout="interleaved",
+                                                 precision=precision, doc=doc)
     return schedules_report(plan, wavefront_plan, schedule, doc=doc)
 
 
@@ -147,13 +153,13 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 def explain_text(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
                  num_layers: int | None = None, steps: int | None = None, batch: int | None = None,
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None,
-                 sources: bool = True, schedule: str | None = None) -> str:
+                 sources: bool = True, schedule: str | None = None, precision: str = "float32") -> str:
     """The same as explain_json, for reading in a terminal. With a schedule, the schedules section too, and
     (sources=True) the generated CUDA of the graph or persistent schedule at the end."""
     check_schedule(schedule)
     network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
     plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
-    report = None if schedule is None else explain_schedules(plan, passes, schedule, doc)
+    report = None if schedule is None else explain_schedules(plan, passes, schedule, doc, precision)
     return plan_to_text(plan, sources=sources, schedules=report)
 
 

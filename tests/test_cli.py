@@ -54,6 +54,23 @@ def test_run_saves_outputs_matching_the_api(tmp_path):
     np.testing.assert_allclose(saved["final_c"], ref.final_states["c"], rtol=0, atol=1e-12)
 
 
+def test_run_precision_emulates_the_mode_on_the_reference(tmp_path, capsys):
+    out = tmp_path / "o.npz"
+    assert main(["run", "gru", "-I", "6", "-H", "5", "-T", "4", "-B", "3", "--precision", "bfloat16",
+                 "-o", str(out)]) == 0
+    assert "in bfloat16" in capsys.readouterr().out
+    net = engine.Network(engine.preset("gru").cell, 6, 5, 1)
+    x = np.random.default_rng(1).standard_normal((4, 3, 6))
+    params = engine.init_params(net, seed=0)
+    emulated = engine.run(net, params, x, backend="reference", dtype=np.float64, precision="bfloat16")
+    strict = engine.run(net, params, x, backend="reference", dtype=np.float64)
+    saved = np.load(out)["outputs"]
+    np.testing.assert_allclose(saved, emulated.outputs, rtol=0, atol=1e-12)
+    assert np.abs(saved - strict.outputs).max() > 1e-4       # the mode did round something
+    with pytest.raises(SystemExit):
+        main(["run", "gru", "--precision", "float8"])        # argparse names the flag and the choices
+
+
 def test_run_with_given_input_and_params(tmp_path):
     net = engine.Network(engine.preset("gru").cell, 3, 4, 1)
     params = engine.init_params(net, seed=9)

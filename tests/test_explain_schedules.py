@@ -185,3 +185,16 @@ def test_a_bad_schedule_name_names_the_argument_and_the_choices(call):
     with pytest.raises(engine.CompileError, match="argument 'schedule'") as e:
         call("lstm", schedule="warp")
     assert "'warp'" in str(e.value) and "fused, graph, persistent, auto" in str(e.value)
+
+
+@pytest.mark.parametrize("precision,mode", [("bfloat16", "RNN_BF16"), ("tf32", "RNN_TF32")])
+def test_a_precision_plans_the_schedules_for_tensor_cores(precision, mode):
+    report = explain_json("lstm", **SIZES, schedule="persistent", precision=precision)["schedules"]
+    entry = report["persistent"]
+    assert f"tensor-core MMA ({precision})" in entry["tiling"]["describe"]
+    assert f"rnn_mma_gemms<{mode}" in entry["source"] and "mma.sync.aligned" in entry["source"]
+    strict = explain_json("lstm", **SIZES, schedule="persistent")["schedules"]["persistent"]
+    assert "rnn_mma_gemms<" not in strict["source"] and "mma.sync" not in strict["source"]
+    assert "tensor-core" not in strict["tiling"]["describe"]
+    text = explain_text("lstm", **SIZES, schedule="persistent", precision=precision, sources=False)
+    assert f"tensor-core MMA ({precision})" in text

@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default=None,
                    help="also explain this GPU schedule: tiling, launches, barriers, shared memory, the "
                         "autotuner's choice; graph and persistent end with their generated CUDA")
+    p.add_argument("--precision", default="float32", choices=["float32", "tf32", "float16", "bfloat16"],
+                   help="the mode the GPU schedules are planned in (tensor-core tiles for tf32/float16/bfloat16)")
     p.add_argument("--no-source", action="store_true", help="leave out the CUDA source (text output)")
     p.set_defaults(func=main)
 
@@ -56,7 +58,7 @@ def main(args) -> int:
     target = resolve_target(args.cell)
     kwargs = dict(input_size=args.input_size, hidden_size=args.hidden_size, num_layers=args.layers,
                   steps=args.steps, batch=args.batch, passes={name: False for name in args.off},
-                  layout=args.layout, chunk_steps=args.chunk_steps, schedule=args.schedule)
+                  layout=args.layout, chunk_steps=args.chunk_steps, schedule=args.schedule, precision=args.precision)
     if args.source_only:
         if args.no_source:
             raise CompileError("--source-only prints nothing but the CUDA source; --no-source leaves it out. "

@@ -295,8 +295,8 @@ def shared_memory_table(tiling: Mapping) -> list[dict]:
 # ---- benchmark results (engine/bench/results.py schema) ----------------------------------------
 
 RESULT_COLUMNS = ("preset", "config", "I", "H", "L", "T", "B", "implementation", "family", "precision", "status",
-                  "median_ms", "min_ms", "max_ms", "tflops", "vs_floor", "speedup_vs_cudnn_fp32", "speedup_vs_naive",
-                  "max_abs_error", "reason")
+                  "median_ms", "min_ms", "max_ms", "tflops", "vs_floor", "speedup_vs_cudnn_fp32",
+                  "speedup_vs_cudnn_same_mode", "speedup_vs_naive", "max_abs_error", "reason")
 
 
 def cell_label(cell: Mapping) -> str:
@@ -323,6 +323,7 @@ def results_table(results: Mapping) -> list[dict]:
                          "median_ms": entry.get("median_ms"), "min_ms": entry.get("min_ms"),
                          "max_ms": entry.get("max_ms"), "tflops": entry.get("tflops"),
                          "vs_floor": entry.get("vs_floor"), "speedup_vs_cudnn_fp32": speedup.get("vs_cudnn_fp32"),
+                         "speedup_vs_cudnn_same_mode": speedup.get("vs_cudnn_same"),
                          "speedup_vs_naive": speedup.get("vs_naive"),
                          "max_abs_error": (entry.get("error") or {}).get("max_abs"), "reason": entry.get("reason")})
     return rows

@@ -200,3 +200,17 @@ def test_engine_time_bars_give_each_schedule_its_own_bars():
     assert bars["persistent"][:2] == (["lstm · lat"], [0.25])
     assert bars["auto"][2] == ["autotuned: persistent"]
     assert fig.layout.yaxis.title.text.startswith("median time") and fig.layout.title.text
+
+
+def test_results_table_carries_the_same_mode_speedup():
+    results = {"cells": [{"preset": "lstm", "config": {"name": "mid", "input_size": 512, "hidden_size": 512,
+                                                        "num_layers": 4, "steps": 100, "batch": 64},
+                          "implementations": [
+                              {"name": "persistent-bf16", "family": "engine", "precision": "bf16", "status": "ok",
+                               "median_ms": 2.7, "speedup": {"vs_cudnn_fp32": 2.9, "vs_cudnn_same": 3.3}},
+                              {"name": "cudnn-bf16", "family": "cudnn", "precision": "bf16", "status": "ok",
+                               "median_ms": 9.0, "speedup": {"vs_cudnn_fp32": 0.9, "vs_cudnn_same": 1.0}}]}]}
+    rows = figures.results_table(results)
+    assert [r["implementation"] for r in rows] == ["persistent-bf16", "cudnn-bf16"]
+    assert [r["speedup_vs_cudnn_same_mode"] for r in rows] == [3.3, 1.0]
+    assert all(set(r) == set(figures.RESULT_COLUMNS) for r in rows), "a row's columns are not RESULT_COLUMNS"

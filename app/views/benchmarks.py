@@ -53,10 +53,14 @@ def choices_ui(anchors: dict, implementations: list[str]) -> tuple[list, list, b
         if sizes is None:
             return None
         configs = [*configs, ",".join(str(sizes[k]) for k in engine_cache.SIZE_FIELDS)]
+    # The schedules in reduced precision (persistent-bf16, ...) are opt-in: they double a run's length.
+    reduced = [i for i in implementations if i.split("-")[0] in ("graph", "persistent", "auto") and "-" in i]
     chosen_implementations = st.multiselect(
-        "Implementations", implementations, default=implementations, key="benchmarks.implementations",
+        "Implementations", implementations, default=[i for i in implementations if i not in reduced],
+        key="benchmarks.implementations",
         help="the engine's backends and schedules (naive, fused, graph, persistent, auto: the autotuner's "
-             "choice) each get their own row, beside cuDNN and PyTorch")
+             "choice) each get their own row, beside cuDNN and PyTorch; persistent-bf16 and the like run a "
+             "schedule in tf32/fp16/bf16, read against cuDNN in the same mode")
     quick = st.toggle("Quick (fewer repetitions)", value=True, key="benchmarks.quick")
     cells = []
     for name in chosen:

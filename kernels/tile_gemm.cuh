@@ -167,7 +167,7 @@ __device__ void rnn_warp_gemv(const float* __restrict__ X, long ldx, int K,
     for (int j = 0; j < CW; ++j)
 #pragma unroll
         for (int b = 0; b < BR; ++b) acc[j][b] = 0.0f;
-#pragma unroll 2
+#pragma unroll 4
     for (int k = lane * 4; k < K; k += 128) {
         float4 xv[BR];
 #pragma unroll

@@ -121,15 +121,18 @@ def wavefront(num_layers: int, num_steps: int) -> dict:
 
 @st.cache_data(show_spinner="Compiling the plan...", max_entries=32)
 def plan(cell_json: str, input_size: int, hidden_size: int, num_layers: int, steps: int, batch: int,
-         schedule: str | None = None, autotune_stamp: str | None = None) -> dict | None:
+         schedule: str | None = None, autotune_stamp: str | None = None, precision: str = "float32") -> dict | None:
     """engine.explain.explain_json for the cell at these sizes, or None when engine.explain does not exist.
 
-    schedule: passed on (a wavefront schedule brings its generated CUDA). autotune_stamp is only part of
-    the cache key: pass autotune_stamp() so that a new autotuner choice shows up."""
+    schedule: passed on (a wavefront schedule brings its generated CUDA); precision: the mode the GPU
+    schedules are planned in. autotune_stamp is only part of the cache key: pass autotune_stamp() so that a
+    new autotuner choice shows up."""
     explain_json = optional("engine.explain", "explain_json")
     if explain_json is None:
         return None
     extra = {} if schedule is None else {"schedule": schedule}
+    if precision != "float32":
+        extra["precision"] = precision
     return explain_json(cell_from_json(cell_json), input_size=input_size, hidden_size=hidden_size,
                         num_layers=num_layers, steps=steps, batch=batch, **extra)
 

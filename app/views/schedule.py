@@ -101,11 +101,19 @@ def choose_schedule_ui(report: dict) -> str:
                     "cooperative kernel for the whole sequence")
 
 
+PRECISIONS = ("float32", "tf32", "float16", "bfloat16")
+
+
 def schedule_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> None:
     st.subheader("How the GPU runs it")
     cell_json = engine.to_json(cell)
+    precision = st.radio("Precision", PRECISIONS, key="schedule.precision", horizontal=True,
+                         help="float32: strict IEEE fp32 on CUDA cores. tf32, float16, bfloat16: matmul operands "
+                              "rounded to that format on tensor cores (mma.sync), fp32 accumulation, cell math and "
+                              "states; the fused backend is float32 only")
     try:
-        explained = engine_cache.plan(cell_json, **sizes, autotune_stamp=engine_cache.autotune_stamp())
+        explained = engine_cache.plan(cell_json, **sizes, autotune_stamp=engine_cache.autotune_stamp(),
+                                      precision=precision)
     except engine.EngineError as e:
         st.error(f"The schedules of cell '{cell.name}' could not be described: {e}")
         return
@@ -121,7 +129,7 @@ def schedule_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> None:
     else:
         schedule_metrics_ui(entry)
         if chosen != "fused":
-            wavefront_schedule_ui(cell, cell_json, sizes, chosen, entry, report["limits"])
+            wavefront_schedule_ui(cell, cell_json, sizes, chosen, entry, report["limits"], precision)
         else:
             st.caption(f"{entry['how']}. Its GEMMs and kernels are the table above.")
     st.dataframe(figures.schedule_comparison_table(report), hide_index=True, key="schedule.compare")
@@ -139,7 +147,7 @@ def schedule_metrics_ui(entry: dict) -> None:
 
 
 def wavefront_schedule_ui(cell: engine.CellGraph, cell_json: str, sizes: dict[str, int], chosen: str, entry: dict,
-                          limits: dict) -> None:
+                          limits: dict, precision: str = "float32") -> None:
     tiling = entry["tiling"]
     st.caption(f"{entry['how']}.")
     st.plotly_chart(figures.block_tiling_figure(tiling, schedule=chosen), key="schedule.blocks")
@@ -153,6 +161,11 @@ def wavefront_schedule_ui(cell: engine.CellGraph, cell_json: str, sizes: dict[st
     if tiling.get("path") == "gemv":
         cols[2].metric("registers per thread", "warp GEMV", help="a batch of at most 4 rows: the lanes of a warp "
                        "split K and keep partial dot products; no accumulator tile")
+    elif tiling.get("mma"):
+        wm, wn = tiling["warp_tile"]
+        cols[2].metric("accumulators per warp", f"{wm * 16} x {wn * 8}",
+                       help=f"tensor-core MMA in {tiling['precision']}: {wm} x {wn} tiles of 16 batch rows x 8 GEMM "
+                            "columns per warp, fp32 accumulators")
     else:
         cols[2].metric("registers per thread", f"{rows} x {columns} accumulators",
                        help="batch rows x GEMM columns of the accumulator tile a thread keeps")
@@ -161,7 +174,8 @@ def wavefront_schedule_ui(cell: engine.CellGraph, cell_json: str, sizes: dict[st
         st.caption(note)
     if st.toggle("Show the generated CUDA", key="schedule.show_source"):
         try:
-            source = engine_cache.plan(cell_json, **sizes, schedule=chosen)["schedules"][chosen]["source"]
+            source = engine_cache.plan(cell_json, **sizes, schedule=chosen,
+                                       precision=precision)["schedules"][chosen]["source"]
         except engine.EngineError as e:
             st.error(f"The {chosen} kernel for cell '{cell.name}' could not be generated: {e}")
             return

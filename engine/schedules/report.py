@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..codegen.precision import precision as lookup_precision
 from ..errors import CompileError
 from ..plan import FLOAT_BYTES, Plan
 from .tiling import H100, DeviceLimits, TileConfig, Tiling, eligibility, make_tiling
@@ -104,6 +105,7 @@ def tiling_dict(tiling: Tiling, plan: Plan) -> dict:
         layer, first = divmod(block, per_layer)
         first *= units
         owned.append([layer, first, max(0, min(units, hidden - first))])
+    weight_bytes = lookup_precision(tiling.precision).weight_bytes      # 4, or 2 for fp16/bf16 weights
     slices = []
     for tile in tiling.gemms:
         k_max = max(gemms[tile.name].k(network.layer_sizes(layer)) for layer in range(network.num_layers))
@@ -111,13 +113,15 @@ def tiling_dict(tiling: Tiling, plan: Plan) -> dict:
                        "role": "input projection" if tile.hoisted else "recurrent",
                        "where": "shared memory (resident)" if tile.resident else "streamed from global memory",
                        "columns_per_block": tile.terms * units, "k": k_max,
-                       "weight_kib_per_block": tile.terms * units * k_max * FLOAT_BYTES / 1024})
+                       "weight_kib_per_block": tile.terms * units * k_max * weight_bytes / 1024})
     config = tiling.config
     return {"describe": tiling.describe(), "blocks": tiling.blocks, "blocks_per_layer": per_layer,
             "num_layers": tiling.num_layers, "units_per_block": units, "threads": config.threads,
             "accumulator": [config.rows_per_thread, config.cols_per_thread],
             # "gemv" (a few batch rows: warps split the columns, no accumulator tile) or "tiled"
             "path": getattr(tiling, "path", "tiled"),
+            # tensor-core MMA (tf32/float16/bfloat16): warp tiles of 16-row x 8-column MMA tiles
+            "precision": tiling.precision, "mma": tiling.mma, "warp_tile": list(tiling.warp_tile),
             "resident": list(tiling.resident), "smem_bytes": tiling.smem_bytes, "gemms": slices,
             "notes": list(tiling.notes), "config": config.label(), "blocks_owned": owned}
 

@@ -255,6 +255,27 @@ def test_schedule_selector_switches_what_is_drawn(open_page, autotune_cache):
     assert not at.exception and not at.error
 
 
+def test_schedule_precision_plans_tensor_core_tiles(open_page, autotune_cache):
+    at = open_page("schedule")
+    at.number_input(key="schedule.batch").set_value(32).run()          # many rows: the tiled path
+    assert at.radio(key="schedule.precision").value == "float32"
+    metrics = {m.label: m.value for m in at.metric}
+    assert "accumulators per warp" not in metrics and "registers per thread" in metrics
+    at.radio(key="schedule.precision").set_value("bfloat16").run()
+    from engine.explain import explain_json
+    tiling = explain_json(engine.preset("lstm").cell, **_sizes(at), precision="bfloat16")["schedules"]["persistent"][
+        "tiling"]
+    wm, wn = tiling["warp_tile"]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["accumulators per warp"] == f"{wm * 16} x {wn * 8}"
+    assert metrics["shared memory per block"] == f"{tiling['smem_bytes'] / 1024:.1f} KiB"
+    assert "tensor-core MMA (bfloat16)" in texts(at.caption)
+    at.toggle(key="schedule.show_source").set_value(True).run()
+    cuda = [c.value for c in at.code if c.language == "cpp" and "engine.codegen.wavefront" in c.value]
+    assert len(cuda) == 1 and "rnn_mma_gemms<RNN_BF16" in cuda[0]
+    assert not at.exception and not at.error
+
+
 def test_schedule_starts_at_the_autotuners_choice(open_page, autotune_cache):
     from app.state import DEFAULT_SIZES
     from engine.schedules.autotune import Choice, TileConfig, cache_key, write_entry

@@ -15,7 +15,6 @@ The GPU side (numbers against the reference, the tuner's timing) is tests/gpu/te
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import multiprocessing
@@ -31,7 +30,6 @@ import pytest
 import engine
 from compiler_cells import CELLS
 from engine.codegen import text_equations
-from engine.codegen.precision import PRECISIONS
 from engine.codegen.wavefront import entry_points, layer_fields, render_wavefront, stages
 from engine.errors import CompileError
 from engine.plan import compile_program, make_plan
@@ -362,9 +360,7 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     assert not list(autotune.cache_path().parent.glob("*.tmp")), "a temporary file was left behind"
 
 
-def test_cache_key_separates_sizes_steps_batch_device_precision_and_cell(monkeypatch):
-    # Only float32 exists today; a stand-in entry shows that another precision gets another key.
-    monkeypatch.setitem(PRECISIONS, "float16", dataclasses.replace(PRECISIONS["float32"], name="float16"))
+def test_cache_key_separates_sizes_steps_batch_device_precision_and_cell():
     base = dict(network=lstm_network(), steps=17, batch=3, device="NVIDIA H100", precision="float32")
     variants = {
         "base": {},
@@ -376,6 +372,7 @@ def test_cache_key_separates_sizes_steps_batch_device_precision_and_cell(monkeyp
         "batch": {"batch": 4},
         "device": {"device": "NVIDIA H200"},
         "precision": {"precision": "float16"},
+        "another precision": {"precision": "bfloat16"},
     }
     keys = {what: autotune.cache_key(**(base | change)) for what, change in variants.items()}
     assert len(set(keys.values())) == len(keys), keys

@@ -127,3 +127,13 @@ def test_tensor_core_tilings_fit_and_keep_16_bit_weights_half_the_size(precision
         tiling = make_tiling(program, network, 64, TileConfig(), H100)
         floats[precision] = sum(g.resident_floats for g in tiling.gemms if g.resident and not g.hoisted)
     assert floats["bfloat16"] * 2 <= floats["tf32"] * 1.1, floats
+
+
+def test_auto_without_a_gpu_emulates_the_mode_on_the_reference(monkeypatch):
+    from engine import backends
+    monkeypatch.setattr(backends, "gpu_status", lambda: (False, "no CUDA device (test)"))
+    network, params, x = small_case()
+    result = engine.run(network, params, x, precision="bf16")
+    assert result.backend == "reference" and result.info["precision"] == "bfloat16"
+    want = reference.run(network, params, x, dtype=np.float32, precision="bfloat16").outputs
+    assert np.array_equal(result.outputs, want)

@@ -271,13 +271,6 @@ __device__ void rnn_mma_gemms(const RnnGemmT<typename RnnWeight<MODE>::type> (&j
         if (s < total) rnn_stage_next_mma<MODE, WM, WN, VEC, KC>(jobs, at, smem + (s % STAGES) * slot_floats, x_floats, B);
         rnn_cp_async_commit();                         // an empty group when there is nothing left: counts stay uniform
     }
-    float acc[WM][WN][4];
-#pragma unroll
-    for (int i = 0; i < WM; ++i)
-#pragma unroll
-        for (int j = 0; j < WN; ++j)
-#pragma unroll
-            for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.0f;
     int g = 0;
 #pragma unroll
     for (int i = 0; i < N; ++i) {                      // unrolled: jobs[i] and its tiling stay in registers
@@ -291,12 +284,13 @@ __device__ void rnn_mma_gemms(const RnnGemmT<typename RnnWeight<MODE>::type> (&j
             const int part = tl.split > 1 ? warp / tl.groups : 0;
             const bool active = slot < tl.groups && part < tl.split;
             const int m_first = (slot / tl.tn) * WM, n_first = (slot % tl.tn) * WN;
+            float acc[WM][WN][4] = {};                 // this pass's tiles, from zero
             for (int chunk = 0; chunk < chunks; ++chunk, ++g) {
                 rnn_cp_async_wait<STAGES - 2>();       // chunk g has landed (this thread's copies)
                 __syncthreads();                       // ... everyone's; and chunk g - 1 is no longer read
-                if (g + STAGES - 1 < total)                 // into the slot chunk g - 1 used
+                if (g + STAGES - 1 < total)            // into the slot chunk g - 1 used
                     rnn_stage_next_mma<MODE, WM, WN, VEC, KC>(jobs, at, smem + ((g + STAGES - 1) % STAGES) * slot_floats,
-                                                      x_floats, B);
+                                                              x_floats, B);
                 rnn_cp_async_commit();
                 const int k0 = chunk * KC, steps = rnn_round_up(min(KC, J.K - k0), KS) / KS;
                 const float* x = smem + (g % STAGES) * slot_floats;
@@ -306,12 +300,6 @@ __device__ void rnn_mma_gemms(const RnnGemmT<typename RnnWeight<MODE>::type> (&j
                                                    tl.split, g4, t4);
             }
             rnn_store_mma<WM, WN>(J, tl, acc, B, slot, part, active, red);
-#pragma unroll
-            for (int a = 0; a < WM; ++a)
-#pragma unroll
-                for (int b = 0; b < WN; ++b)
-#pragma unroll
-                    for (int v = 0; v < 4; ++v) acc[a][b][v] = 0.0f;
         }
     }
     rnn_cp_async_wait<0>();                            // only empty groups remain

@@ -6,10 +6,13 @@
     state.undo(); state.redo()
     state.design_sizes()          # input_size, hidden_size, num_layers, steps, batch
 
-Every change is written to designs/autosave.json (a temporary file, then os.replace: a crash never
-leaves half a file), and a new session starts from it, so a reload or a crash loses nothing. Without
-an autosave a session starts from the "lstm" preset. RNN_DESIGNS_DIR moves the designs folder
-(the tests point it at a temporary one).
+Each browser session has a working design of its own: the page's URL carries an id
+(`?design=<32 hex digits>`, put there on the first run), and every change is written to
+designs/sessions/<id>.json (a temporary file, then os.replace: a crash never leaves half a file). A
+reload keeps the URL, so it finds the design again; another user (another URL) never sees it. A new
+session starts from the "lstm" preset. A working file that does not parse is reported with its path,
+moved aside (never overwritten) and the session starts from the preset. RNN_DESIGNS_DIR moves the
+designs folder (the tests point it at a temporary one).
 
 Snapshots are kept as JSON text: immutable, cheap to compare, and exactly what is saved.
 """
@@ -17,6 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
+import uuid
 from pathlib import Path
 
 import streamlit as st
@@ -24,7 +30,9 @@ import streamlit as st
 import engine
 
 ROOT = Path(__file__).resolve().parents[1]
-AUTOSAVE = "autosave.json"
+SESSION_PARAM = "design"              # the URL query parameter naming a session's working design
+SESSIONS = "sessions"                 # designs/sessions/<id>.json: each session's working design
+TOKEN_PATTERN = re.compile(r"[0-9a-f]{32}")
 HISTORY_LIMIT = 200
 DEFAULT_SIZES = {"input_size": 64, "hidden_size": 256, "num_layers": 2, "steps": 50, "batch": 16}
 
@@ -35,6 +43,7 @@ _SOURCE = "state.source"
 _SIZES = "state.sizes"
 _CELL = "state.cell"                  # (JSON text, CellGraph | None): the validation of the current text
 _NOTICE = "state.notice"              # what the start-up or the last autosave has to tell the user
+_TOKEN = "state.token"                # this session's working-design id
 
 
 def designs_dir() -> Path:
@@ -57,23 +66,53 @@ def _session() -> dict:
     return ss
 
 
+def session_token() -> str:
+    """This session's working-design id: the URL's `design` parameter when it is one this app made, else a
+    new one, which goes into the URL so that a reload comes back to it."""
+    ss = st.session_state
+    if _TOKEN not in ss:
+        given = st.query_params.get(SESSION_PARAM)
+        if given and TOKEN_PATTERN.fullmatch(given):
+            ss[_TOKEN] = given
+        else:
+            ss[_TOKEN] = uuid.uuid4().hex
+            st.query_params[SESSION_PARAM] = ss[_TOKEN]
+            if given:
+                ss[_NOTICE] = (f"the link's design id {given!r} is not one this app makes (32 hex digits); "
+                               "started a new design from the LSTM preset")
+    return ss[_TOKEN]
+
+
+def working_path() -> Path:
+    """Where this session's working design is autosaved."""
+    return designs_dir() / SESSIONS / f"{session_token()}.json"
+
+
 def _first_design() -> tuple[str, str, str | None]:
-    """(JSON text, source, notice): the autosave when it is readable, else the LSTM preset."""
-    path = designs_dir() / AUTOSAVE
-    notice = None
+    """(JSON text, source, notice): the session's working design when it is readable, else the LSTM preset.
+    An unreadable file is moved aside, not overwritten, and the notice names where it went."""
+    path = working_path()
+    notice = st.session_state.get(_NOTICE)
     if path.exists():
         try:
             data = json.loads(path.read_text())
             if isinstance(data, dict):
                 return json.dumps(data), "autosave", None
-            notice = f"{path} does not hold a design object; started from the LSTM preset instead"
+            problem = "does not hold a design object"
         except (OSError, ValueError) as e:
-            notice = f"could not read {path} ({e}); started from the LSTM preset instead"
+            problem = f"could not be read ({e})"
+        kept = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            os.replace(path, kept)
+            where = f"kept as {kept}"
+        except OSError as e:
+            where = f"left in place ({e})"
+        notice = f"{path} {problem}; {where}; started from the LSTM preset instead"
     return json.dumps(engine.to_dict(engine.preset("lstm").cell)), "preset", notice
 
 
 def _autosave(text: str) -> None:
-    path = designs_dir() / AUTOSAVE
+    path = working_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

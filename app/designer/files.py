@@ -1,7 +1,7 @@
 """Designs as JSON files: read an upload, and save/list/load named designs in the designs folder.
 
 Only valid cells are saved and loaded: a file in designs/ or a download always opens again. Work in
-progress is never lost anyway: it lives in the autosave (see app.state).
+progress is never lost anyway: it lives in the session's autosaved working design (see app.state).
 """
 from __future__ import annotations
 

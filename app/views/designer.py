@@ -258,8 +258,8 @@ def files_ui(design: dict, cell: engine.CellGraph | None) -> None:
     with save_col:
         st.markdown("**Save**")
         if cell is None:
-            st.caption("Saving needs a valid cell (work in progress is autosaved in "
-                       f"`{state.designs_dir() / state.AUTOSAVE}`).")
+            st.caption(f"Saving needs a valid cell (work in progress is autosaved in `{state.working_path()}`; "
+                       "this page's URL brings it back).")
         st.download_button("Download JSON", data=engine.to_json(cell) if cell else "",
                            file_name=f"{design.get('name') or 'cell'}.json", mime="application/json",
                            disabled=cell is None, key="designer.download", icon=":material/download:")

@@ -32,6 +32,23 @@ def designer(designs) -> AppTest:
     return at
 
 
+TOKEN = "0123456789abcdef0123456789abcdef"          # a working-design id of the kind app.state makes
+
+
+def working_file(designs: Path) -> Path:
+    """The one session's working design (a test runs one session unless it says otherwise)."""
+    (path,) = (designs / "sessions").glob("*.json")
+    return path
+
+
+def session_with(token: str | None = None) -> AppTest:
+    """A new session of the designer page, opened with ?design=<token> when given."""
+    at = AppTest.from_file(str(PAGE), default_timeout=60)
+    if token is not None:
+        at.query_params["design"] = token
+    return at.run()
+
+
 def texts(elements) -> str:
     return "\n".join(str(e.value) for e in elements)
 
@@ -89,7 +106,7 @@ def test_an_incomplete_canvas_shows_the_error_then_completing_it_updates_everyth
     assert "hint: drag a wire" in errors
     assert "The equations appear when the cell is valid." in texts(at.info)
     assert not at.button(key="designer.undo").disabled
-    saved = json.loads((designs / "autosave.json").read_text())
+    saved = json.loads(working_file(designs).read_text())
     assert any(n["name"] == "relu_1" for n in saved["nodes"])
 
     schema["connections"].append({"id": "edge__new", "outputNode": node_id(schema, "g"), "outputNodeInterface": "value",
@@ -199,15 +216,38 @@ def test_save_and_open_designs_in_the_folder(designer, designs):
     assert latex(at) == engine.to_latex(engine.preset("lstm").cell)
 
 
-def test_the_autosave_is_restored_in_a_new_session(designs):
+def test_the_working_design_comes_back_with_its_url(designs):
     design = engine.to_dict(engine.preset("gru").cell)
     design["nodes"].append({"name": "half_done", "op": "tanh", "args": [""]})
-    designs.mkdir(parents=True)
-    (designs / "autosave.json").write_text(json.dumps(design))
-    at = AppTest.from_file(str(PAGE), default_timeout=60).run()
+    (designs / "sessions").mkdir(parents=True)
+    (designs / "sessions" / f"{TOKEN}.json").write_text(json.dumps(design))
+    at = session_with(TOKEN)                             # a reload: the URL still says ?design=<TOKEN>
     assert "node 'half_done', field 'args.x': port 'x' is not connected" in texts(at.error)
     assert "unknown node ''" not in texts(at.error)
     assert at.text_input(key="designer.name").value == "gru"
+
+
+def test_two_sessions_keep_their_own_working_designs(designs):
+    first = session_with()
+    first.selectbox(key="designer.preset").set_value("gru").run()
+    first.button(key="designer.load_preset").click().run()
+    assert first.text_input(key="designer.name").value == "gru"
+    second = session_with()                              # another user: a URL without the first one's id
+    assert second.text_input(key="designer.name").value == "lstm"
+    second.selectbox(key="designer.preset").set_value("mgu").run()
+    second.button(key="designer.load_preset").click().run()
+    files = sorted((designs / "sessions").glob("*.json"))
+    assert len(files) == 2, files
+    assert sorted(json.loads(f.read_text())["name"] for f in files) == ["gru", "mgu"]
+    for path in files:                                   # each comes back with its own id
+        assert session_with(path.stem).text_input(key="designer.name").value == json.loads(path.read_text())["name"]
+
+
+def test_a_link_with_a_foreign_design_id_starts_a_new_design(designs):
+    at = session_with("../../etc/passwd")
+    assert "is not one this app makes" in texts(at.warning)
+    assert at.text_input(key="designer.name").value == "lstm"
+    assert not (designs.parent / "etc").exists()
 
 
 def test_the_plan_lists_gemms_and_kernels_and_colours_the_graph(designer):
@@ -244,16 +284,20 @@ def test_bad_sizes_name_the_field(designer):
     assert "hidden_size: must be at least 1" in texts(at.error)
 
 
-def test_an_unreadable_autosave_is_reported_and_the_lstm_loaded(designs):
-    designs.mkdir(parents=True)
-    (designs / "autosave.json").write_text('{"nodes": [')
-    at = AppTest.from_file(str(PAGE), default_timeout=60).run()
-    assert "could not read" in texts(at.warning) and "started from the LSTM preset" in texts(at.warning)
+def test_an_unreadable_working_design_is_reported_kept_aside_and_the_lstm_loaded(designs):
+    sessions = designs / "sessions"
+    sessions.mkdir(parents=True)
+    (sessions / f"{TOKEN}.json").write_text('{"nodes": [')
+    at = session_with(TOKEN)
+    warning = texts(at.warning)
+    assert "could not be read" in warning and "started from the LSTM preset" in warning
+    (kept,) = sessions.glob(f"{TOKEN}.json.corrupt-*")
+    assert str(kept) in warning and kept.read_text() == '{"nodes": ['         # never overwritten
     assert latex(at) == engine.to_latex(engine.preset("lstm").cell)
     at.selectbox(key="designer.preset").set_value("gru").run()
     at.button(key="designer.load_preset").click().run()
-    assert json.loads((designs / "autosave.json").read_text())["name"] == "gru"      # replaced atomically
-    assert not list(designs.glob("*.tmp")) and not texts(at.warning).count("could not read")
+    assert json.loads((sessions / f"{TOKEN}.json").read_text())["name"] == "gru"     # written atomically
+    assert not list(sessions.glob("*.tmp")) and not texts(at.warning).count("could not be read")
 
 
 def test_a_cell_the_dsl_cannot_write_is_an_error_not_a_traceback(designer):

@@ -295,11 +295,13 @@ def test_schedule_says_why_a_cell_cannot_use_the_wavefront_schedules(tmp_path, m
     from streamlit.testing.v1 import AppTest
 
     from compiler_cells import input_sized
-    designs = tmp_path / "designs"
-    designs.mkdir()
-    (designs / "autosave.json").write_text(engine.to_json(input_sized))
-    monkeypatch.setenv("RNN_DESIGNS_DIR", str(designs))
+    token = "0123456789abcdef0123456789abcdef"          # this session's working design: the input_sized cell
+    sessions = tmp_path / "designs" / "sessions"
+    sessions.mkdir(parents=True)
+    (sessions / f"{token}.json").write_text(engine.to_json(input_sized))
+    monkeypatch.setenv("RNN_DESIGNS_DIR", str(tmp_path / "designs"))
     at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.query_params["design"] = token
     at.run()
     at.switch_page("views/schedule.py").run()
     assert not at.exception, texts(at.exception)

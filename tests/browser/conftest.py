@@ -46,7 +46,7 @@ def app_url(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
     command = [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.address", "127.0.0.1",
                "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
-    # a temporary designs folder: the app starts from the LSTM preset and never touches the user's autosave
+    # a temporary designs folder: each session starts from the LSTM preset; the user's designs/ is never touched
     env = dict(os.environ, RNN_DESIGNS_DIR=str(tmp_path_factory.mktemp("designs")))
     with open(log_path, "w") as log:
         server = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import engine
@@ -49,16 +50,58 @@ def list_designs(folder: Path) -> list[str]:
 
 
 def save_design(folder: Path, name: str, cell: engine.CellGraph) -> Path:
-    """Write designs/<name>.json atomically (temporary file, then os.replace)."""
+    """Write designs/<name>.json atomically (temporary file, then os.replace). A file of that name that does
+    not hold a valid cell is never overwritten (ValueError naming it): it may be someone's work to rescue."""
     problem = name_problem(name)
     if problem:
         raise ValueError(problem)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(engine.to_dict(cell), indent=2))
-    os.replace(tmp, path)
+    if path.exists():
+        try:
+            readable = read_design(path.read_bytes())[0] is not None
+        except OSError:
+            readable = False
+        if not readable:
+            raise ValueError(f"{path} exists and does not hold a valid cell, so it is not overwritten. hint: save "
+                             "under another name, or repair or move that file")
+    _write(path, json.dumps(engine.to_dict(cell), indent=2))
     return path
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def duplicate_design(folder: Path, name: str) -> str:
+    """Copy designs/<name>.json to the first free <name>-copy, <name>-copy2, ...; returns the new name."""
+    design, problems = load_design(folder, name)
+    if design is None:
+        raise ValueError("; ".join(p.message for p in problems))
+    for n in range(1, 1000):
+        new = f"{name[:58]}-copy" + ("" if n == 1 else str(n))
+        if not (folder / f"{new}.json").exists():
+            _write(folder / f"{new}.json", json.dumps(design, indent=2))
+            return new
+    raise ValueError(f"no free name for a copy of '{name}'. hint: delete some copies")
+
+
+def delete_design(folder: Path, name: str) -> Path:
+    """Move designs/<name>.json into designs/.deleted/ (with the time in its name): nothing is destroyed, and
+    the saved list no longer shows it. Returns where it went."""
+    problem = name_problem(name)
+    if problem:
+        raise ValueError(problem)
+    path = folder / f"{name}.json"
+    if not path.exists():
+        raise ValueError(f"{path} does not exist (deleted already?)")
+    trash = folder / ".deleted"
+    trash.mkdir(exist_ok=True)
+    target = trash / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
+    os.replace(path, target)
+    return target
 
 
 def load_design(folder: Path, name: str) -> tuple[dict | None, list[Problem]]:
@@ -70,4 +113,8 @@ def load_design(folder: Path, name: str) -> tuple[dict | None, list[Problem]]:
         text = path.read_bytes()
     except OSError as e:
         return None, [Problem(f"cannot read {path}: {e.strerror}", field="(file)")]
-    return read_design(text)
+    design, problems = read_design(text)
+    if design is None:          # say which file: the problems name fields inside it
+        problems = [Problem(f"{path} is not a valid cell; it is left as it is", field="(file)",
+                            hint="repair it in an editor, or delete it here")] + list(problems)
+    return design, problems

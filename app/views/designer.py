@@ -113,6 +113,32 @@ def load_saved() -> None:
     flash("success", f"Opened the saved design '{name}'.")
 
 
+def duplicate_saved() -> None:
+    name = st.session_state.get("designer.saved")
+    if not name:
+        return
+    try:
+        copy = files.duplicate_design(state.designs_dir(), name)
+    except (OSError, ValueError) as e:
+        flash("error", f"Could not duplicate '{name}': {e}")
+        return
+    st.session_state["designer.saved"] = copy
+    flash("success", f"Saved a copy of '{name}' as '{copy}'.")
+
+
+def delete_saved() -> None:
+    name = st.session_state.get("designer.saved")
+    if not name:
+        return
+    try:
+        where = files.delete_design(state.designs_dir(), name)
+    except (OSError, ValueError) as e:
+        flash("error", f"Could not delete '{name}': {e}")
+        return
+    st.session_state["designer.saved"] = None
+    flash("success", f"Deleted '{name}' from the list (the file is kept as {where}).")
+
+
 # ---- the canvas ------------------------------------------------------------------------------------
 
 def mount(design: dict, marked: set[str]) -> dict:
@@ -271,16 +297,24 @@ def files_ui(design: dict, cell: engine.CellGraph | None) -> None:
             if problem:
                 st.error(f"field 'Save as': {problem}")
             else:
-                path = files.save_design(state.designs_dir(), name, cell)
-                st.success(f"Saved {path}.")
+                try:
+                    path = files.save_design(state.designs_dir(), name, cell)
+                    st.success(f"Saved {path}.")
+                except (OSError, ValueError) as e:
+                    st.error(f"Could not save '{name}': {e}")
     with open_col:
         st.markdown("**Open**")
         st.file_uploader("Upload a cell JSON", type=["json"], key="designer.upload", on_change=upload)
         saved = files.list_designs(state.designs_dir())
         st.selectbox("Saved designs", saved, key="designer.saved", index=None,
                      placeholder="none saved yet" if not saved else "choose one")
-        st.button("Open saved design", key="designer.open_saved", on_click=load_saved, disabled=not saved,
-                  icon=":material/folder_open:")
+        open_button, copy_button, delete_button = st.columns(3)
+        open_button.button("Open", key="designer.open_saved", on_click=load_saved, disabled=not saved,
+                           icon=":material/folder_open:", help="make the chosen saved design the current one")
+        copy_button.button("Duplicate", key="designer.duplicate_saved", on_click=duplicate_saved,
+                           disabled=not saved, icon=":material/content_copy:", help="save a copy as <name>-copy")
+        delete_button.button("Delete", key="designer.delete_saved", on_click=delete_saved, disabled=not saved,
+                             icon=":material/delete:", help="moves the file into designs/.deleted/")
 
 
 def palette_help_ui() -> None:

@@ -216,6 +216,40 @@ def test_save_and_open_designs_in_the_folder(designer, designs):
     assert latex(at) == engine.to_latex(engine.preset("lstm").cell)
 
 
+def test_duplicate_and_delete_saved_designs(designer, designs):
+    at = designer
+    at.text_input(key="designer.save_name").set_value("mine").run()
+    at.button(key="designer.save").click().run()
+    at.selectbox(key="designer.saved").set_value("mine").run()
+    at.button(key="designer.duplicate_saved").click().run()
+    assert "Saved a copy of 'mine' as 'mine-copy'" in texts(at.success)
+    at.selectbox(key="designer.saved").set_value("mine").run()
+    at.button(key="designer.duplicate_saved").click().run()
+    assert at.selectbox(key="designer.saved").options == ["mine", "mine-copy", "mine-copy2"]
+    assert json.loads((designs / "mine-copy2.json").read_text()) == json.loads((designs / "mine.json").read_text())
+    at.selectbox(key="designer.saved").set_value("mine-copy").run()
+    at.button(key="designer.delete_saved").click().run()
+    assert "Deleted 'mine-copy' from the list" in texts(at.success)
+    assert at.selectbox(key="designer.saved").options == ["mine", "mine-copy2"]
+    (kept,) = (designs / ".deleted").glob("mine-copy-*.json")              # moved aside, not destroyed
+    assert json.loads(kept.read_text())["name"] == "lstm"
+
+
+def test_a_corrupt_saved_design_is_reported_with_its_path_and_never_overwritten(designer, designs):
+    at = designer
+    designs.mkdir(parents=True, exist_ok=True)
+    (designs / "broken.json").write_text('{"nodes": [')
+    at.run()                                                                 # the list now shows it
+    at.selectbox(key="designer.saved").set_value("broken").run()
+    at.button(key="designer.open_saved").click().run()
+    assert f"{designs / 'broken.json'} is not a valid cell" in texts(at.error)
+    assert at.text_input(key="designer.name").value == "lstm"                # the current design is kept
+    at.text_input(key="designer.save_name").set_value("broken").run()
+    at.button(key="designer.save").click().run()
+    assert "is not overwritten" in texts(at.error) and str(designs / "broken.json") in texts(at.error)
+    assert (designs / "broken.json").read_text() == '{"nodes": ['
+
+
 def test_the_working_design_comes_back_with_its_url(designs):
     design = engine.to_dict(engine.preset("gru").cell)
     design["nodes"].append({"name": "half_done", "op": "tanh", "args": [""]})

@@ -140,7 +140,7 @@ def speedup_bars(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
     return fig
 
 
-def divergence_figure(series: Sequence[Mapping], *, ylabel: str = "max |error|") -> go.Figure:
+def divergence_figure(series: Sequence[Mapping], *, ylabel: str = "max |error|", title: str | None = None) -> go.Figure:
     """Error against time step on a log axis, one line per series {"label", "errors": per-step values}.
 
     Exact zeros have no place on a log axis; they are left as gaps rather than clipped to a made-up
@@ -154,7 +154,7 @@ def divergence_figure(series: Sequence[Mapping], *, ylabel: str = "max |error|")
                                  line=dict(dash=s.get("dash", "solid")), connectgaps=False,
                                  hovertemplate="t=%{x}: %{y:.3e}<extra>" + s["label"] + "</extra>"))
     fig.update_layout(xaxis=dict(title="time step t"), yaxis=dict(title=ylabel, type="log", exponentformat="e"),
-                      legend=LEGEND_ON_TOP,
+                      legend=LEGEND_ON_TOP, title=title,
                       margin=dict(l=40, r=20, t=40, b=40))
     return fig
 

@@ -60,29 +60,45 @@ def results_ui() -> bool:
     return True
 
 
+PRECISIONS = ("float32", "tf32", "float16", "bfloat16")
+
+
 def demo_ui(cell: engine.CellGraph) -> None:
-    st.subheader("Live on the CPU: float32 against the float64 reference")
-    st.caption("Both runs use the NumPy reference backend with the same parameters and the same random input; "
-               "the gap is float32 rounding carried through the recurrence.")
+    st.subheader("Live on the CPU: each precision against the float64 reference")
+    st.caption("All runs use the NumPy reference backend with the same parameters and the same random input. "
+               "float32 is the reference computed in float32; tf32, float16 and bfloat16 are the reference "
+               "emulating that precision mode of the GPU schedules (every matmul operand rounded to the format, "
+               "the rest exact), which the GPU kernels match to about 1e-5: the gap is that mode's rounding carried "
+               "through the recurrence.")
     design = state.design_sizes()
     start = {k: min(int(design[k]), DEMO_START[k]) if int(design[k]) >= 1 else DEMO_START[k] for k in DEMO_START}
     sizes = engine_cache.sizes_ui("divergence", defaults=start, limits=DEMO_LIMITS)
     seed = st.number_input("seed", value=0, step=1, min_value=0, key="divergence.seed")
-    if sizes is None:
+    chosen = st.multiselect("precisions", PRECISIONS, default=list(PRECISIONS), key="divergence.precisions",
+                            help="engine.run(..., precision=...): matmul operands rounded to tf32 / fp16 / bf16, "
+                                 "fp32 accumulation and cell math")
+    if sizes is None or not chosen:
         return
-    try:
-        errors = engine_cache.reference_divergence(engine.to_json(cell), seed=int(seed), **sizes)
-    except engine.EngineError as e:
-        st.error(f"The reference run of cell '{cell.name}' failed: {e}")
-        return
-    cols = st.columns(3)
-    cols[0].metric("max |error| at the last step", f"{errors['max_abs'][-1]:.3e}")
-    cols[1].metric("largest max |error|", f"{max(errors['max_abs']):.3e}")
-    exact = sum(1 for e in errors["max_abs"] if e == 0)
-    cols[2].metric("steps that match exactly", exact, help="exact zeros are gaps on the log axis")
-    series = [{"label": "float32 max |error|", "errors": errors["max_abs"]},
-              {"label": "float32 mean |error|", "errors": errors["mean_abs"], "dash": "dot"}]
-    st.plotly_chart(figures.divergence_figure(series, ylabel="|float32 - float64|"), key="divergence.demo")
+    curves = {}
+    for precision in chosen:
+        try:
+            curves[precision] = engine_cache.reference_divergence(engine.to_json(cell), seed=int(seed),
+                                                                  precision=precision, **sizes)
+        except engine.EngineError as e:
+            st.error(f"The reference run of cell '{cell.name}' in {precision} failed: {e}")
+            return
+    cols = st.columns(len(curves))
+    for col, (precision, errors) in zip(cols, curves.items()):
+        exact = sum(1 for e in errors["max_abs"] if e == 0)
+        col.metric(f"{precision}: max |error|, last step", f"{errors['max_abs'][-1]:.3e}",
+                   help=f"largest over all steps {max(errors['max_abs']):.3e}; {exact} step(s) match exactly "
+                        "(exact zeros are gaps on the log axis)")
+    series = []
+    for precision, errors in curves.items():
+        series.append({"label": f"{precision} max |error|", "errors": errors["max_abs"]})
+        series.append({"label": f"{precision} mean |error|", "errors": errors["mean_abs"], "dash": "dot"})
+    st.plotly_chart(figures.divergence_figure(series, ylabel="|output - float64 reference|",
+                                              title="Error per time step, by precision"), key="divergence.demo")
 
 
 st.title("Divergence")

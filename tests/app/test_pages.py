@@ -355,6 +355,23 @@ def test_divergence_live_demo_is_a_real_float32_run(open_page):
     assert chart_spec(at, "divergence.demo")["layout"]["yaxis"]["type"] == "log"
 
 
+def test_divergence_demo_plots_every_precision_mode(open_page):
+    at = open_page("divergence")
+    at.number_input(key="divergence.steps").set_value(20).run()
+    series = {t["name"]: [e for e in t["y"] if e is not None] for t in chart_spec(at, "divergence.demo")["data"]}
+    assert set(series) == {f"{p} {s} |error|" for p in ("float32", "tf32", "float16", "bfloat16")
+                           for s in ("max", "mean")}
+    worst = {p: max(series[f"{p} max |error|"]) for p in ("float32", "tf32", "float16", "bfloat16")}
+    # The modes round every matmul operand: far above float32's own rounding; bf16 (7 mantissa bits) the most.
+    assert min(worst["tf32"], worst["float16"]) > 10 * worst["float32"]
+    assert worst["bfloat16"] > max(worst["tf32"], worst["float16"])
+    assert chart_spec(at, "divergence.demo")["layout"]["title"]["text"] == "Error per time step, by precision"
+    at.multiselect(key="divergence.precisions").set_value(["bfloat16"]).run()
+    names = [t["name"] for t in chart_spec(at, "divergence.demo")["data"]]
+    assert names == ["bfloat16 max |error|", "bfloat16 mean |error|"]
+    assert not at.exception and not at.error
+
+
 def test_divergence_seed_draws_a_fresh_input(open_page):
     at = open_page("divergence")
     at.number_input(key="divergence.steps").set_value(10).run()

@@ -24,6 +24,14 @@ PARAM_OPS = ("weight", "bias", "vector")
 LEGEND_ON_TOP = dict(orientation="h", yanchor="bottom", y=1.02, x=0)   # clear of the x axis title
 
 
+def titled(fig: go.Figure, text: str) -> go.Figure:
+    """A title at the top left, with room above the plot (and its legend) for it."""
+    top = (fig.layout.margin.t if fig.layout.margin and fig.layout.margin.t is not None else 40)
+    fig.update_layout(title=dict(text=text, x=0, xanchor="left", y=0.99, yanchor="top", font=dict(size=14)),
+                      margin=dict(t=top + 36))
+    return fig
+
+
 def node_kind(op: str) -> str:
     if op in PARAM_OPS:
         return "param"
@@ -93,6 +101,7 @@ def cell_graph_figure(graph: nx.DiGraph, feedback: Iterable[tuple[str, str]] = (
             marker=dict(size=9, color=NODE_COLOURS[kind], line=dict(width=0.5, color="white"))))
     fig.update_layout(height=height, margin=dict(l=4, r=4, t=4, b=4), showlegend=False,
                       xaxis=dict(visible=False), yaxis=dict(visible=False), plot_bgcolor="rgba(0,0,0,0)")
+    titled(fig, "Cell graph: inputs and states (t-1) on the left, next states on the right; dashed: back to t+1")
     return fig
 
 
@@ -114,6 +123,7 @@ def wavefront_heatmap(grid: Sequence[Sequence[int]], *, first_step: int = 0) -> 
         xaxis=dict(title="time step t", dtick=1 if num_steps <= 32 else None),
         yaxis=dict(title="layer", dtick=1, autorange="reversed"),
         height=max(220, 40 * num_layers + 120), margin=dict(l=40, r=20, t=30, b=40))
+    titled(fig, "Dependency diagonals: the wavefront step that runs each (layer, time step)")
     return fig
 
 
@@ -135,12 +145,15 @@ def speedup_bars(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
     parity = "1x: cuDNN parity" if any("cudnn" in b.lower() for b in baselines) else "1x: parity"
     fig.add_hline(y=1.0, line_dash="dash", line_color="black", annotation_text=parity,
                   annotation_position="top right")
-    fig.update_layout(barmode="group", title=title or None, yaxis=dict(title="speedup (x, higher is better)"),
-                      legend=dict(orientation="h"), margin=dict(l=40, r=20, t=40 if title else 20, b=40))
+    fig.update_layout(barmode="group", yaxis=dict(title="speedup (x, higher is better)"),
+                      xaxis=dict(title="configuration"),
+                      legend=dict(orientation="h"), margin=dict(l=40, r=20, t=20, b=40))
+    titled(fig, title or "Speedup over the chosen baselines (baseline time / this time)")
     return fig
 
 
-def divergence_figure(series: Sequence[Mapping], *, ylabel: str = "max |error|", title: str | None = None) -> go.Figure:
+def divergence_figure(series: Sequence[Mapping], *, ylabel: str = "max |error|",
+                      title: str | None = None) -> go.Figure:
     """Error against time step on a log axis, one line per series {"label", "errors": per-step values}.
 
     Exact zeros have no place on a log axis; they are left as gaps rather than clipped to a made-up
@@ -154,8 +167,9 @@ def divergence_figure(series: Sequence[Mapping], *, ylabel: str = "max |error|",
                                  line=dict(dash=s.get("dash", "solid")), connectgaps=False,
                                  hovertemplate="t=%{x}: %{y:.3e}<extra>" + s["label"] + "</extra>"))
     fig.update_layout(xaxis=dict(title="time step t"), yaxis=dict(title=ylabel, type="log", exponentformat="e"),
-                      legend=LEGEND_ON_TOP, title=title,
+                      legend=LEGEND_ON_TOP,
                       margin=dict(l=40, r=20, t=40, b=40))
+    titled(fig, title or "Error per time step against the reference")
     return fig
 
 
@@ -172,10 +186,12 @@ def timeline_figure(events: Sequence[Mapping]) -> go.Figure:
             name=name, orientation="h", y=[str(e["lane"]) for e in mine],
             x=[e["end_ms"] - e["start_ms"] for e in mine], base=[e["start_ms"] for e in mine],
             hovertemplate="%{base:.3f} ms + %{x:.3f} ms<extra>" + name + "</extra>"))
-    fig.update_layout(barmode="overlay", xaxis=dict(title="time (ms)"), yaxis=dict(title="", autorange="reversed"),
+    fig.update_layout(barmode="overlay", xaxis=dict(title="time (ms)"),
+                      yaxis=dict(title="stream or stage kind", autorange="reversed"),
                       legend=LEGEND_ON_TOP,
                       margin=dict(l=40, r=20, t=40, b=40),
                       height=max(220, 30 * len({str(e["lane"]) for e in events}) + 120))
+    titled(fig, "Measured timeline of one run (ms from its start)")
     return fig
 
 
@@ -228,9 +244,10 @@ def stage_launches_figure(plan: Mapping) -> go.Figure:
         names = ["<br>".join(i["name"] for i in items if i["stage"] == s) for s in stages]
         fig.add_trace(go.Bar(name=kind, x=labels, y=counts, customdata=names,
                              hovertemplate="%{x}: %{y} " + kind + "(s)<br>%{customdata}<extra></extra>"))
-    fig.update_layout(barmode="stack", yaxis=dict(title="launches (one layer)", dtick=1), xaxis=dict(title=""),
+    fig.update_layout(barmode="stack", yaxis=dict(title="launches (one layer)", dtick=1), xaxis=dict(title="stage"),
                       legend=LEGEND_ON_TOP, height=280,
                       margin=dict(l=40, r=20, t=40, b=40))
+    titled(fig, "Launches of one layer-step, by stage (hoisted work runs once per sequence)")
     return fig
 
 

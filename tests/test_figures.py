@@ -214,3 +214,25 @@ def test_results_table_carries_the_same_mode_speedup():
     assert [r["implementation"] for r in rows] == ["persistent-bf16", "cudnn-bf16"]
     assert [r["speedup_vs_cudnn_same_mode"] for r in rows] == [3.3, 1.0]
     assert all(set(r) == set(figures.RESULT_COLUMNS) for r in rows), "a row's columns are not RESULT_COLUMNS"
+
+
+def test_every_figure_has_a_title_axis_labels_and_hover_text():
+    from app.designer.figures import plan_figure
+    plan = engine.explain_json("gru", input_size=8, hidden_size=16, num_layers=2, steps=5, batch=3)
+    design = engine.to_dict(engine.preset("gru").cell)
+    built = {
+        "cell graph": figures.cell_graph_figure(engine.preset("gru").cell.nx),
+        "heatmap": figures.wavefront_heatmap(wavefront(3, 6).to_dict()["grid"]),
+        "speedup": figures.speedup_bars([{"config": "B=1", "baseline": "cuDNN", "speedup": 2.0}]),
+        "divergence": figures.divergence_figure([{"label": "fp32", "errors": [1e-7, 2e-7]}]),
+        "timeline": figures.timeline_figure([{"name": "gemm", "lane": 0, "start_ms": 0.0, "end_ms": 0.5}]),
+        "stages": figures.stage_launches_figure(plan),
+        "plan": plan_figure(design, plan["node_groups"]),
+    }
+    for name, fig in built.items():
+        assert fig.layout.title.text, f"{name}: no title"
+        for axis in (fig.layout.xaxis, fig.layout.yaxis):
+            if axis.visible is not False and name not in ("cell graph",):
+                assert axis.title.text, f"{name}: an axis without a label"
+        data = [t for t in fig.data if t.hoverinfo != "skip"]
+        assert data and all(t.hovertemplate or t.hoverinfo for t in data), f"{name}: a trace without hover text"

@@ -10,6 +10,7 @@ from typing import Iterable, Mapping
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
+from ..figures import titled
 from .layout import is_automatic_name, layout
 
 UNGROUPED = "#9e9e9e"
@@ -98,4 +99,4 @@ def plan_figure(design: dict, node_groups: Mapping[str, str], problem_nodes: Ite
     fig.update_layout(height=height, margin=dict(l=4, r=4, t=4, b=4), plot_bgcolor="rgba(0,0,0,0)",
                       legend=dict(orientation="h", yanchor="top", y=-0.02, font=dict(size=10)),
                       xaxis=dict(visible=False), yaxis=dict(visible=False, scaleanchor=None))
-    return fig
+    return titled(fig, "The cell's nodes, coloured by the GEMM group or fused kernel that computes them")

@@ -105,11 +105,12 @@ def cell_graph_figure(graph: nx.DiGraph, feedback: Iterable[tuple[str, str]] = (
     return fig
 
 
-def wavefront_heatmap(grid: Sequence[Sequence[int]], *, first_step: int = 0) -> go.Figure:
+def wavefront_heatmap(grid: Sequence[Sequence[int]], *, first_step: int = 0, highlight: int | None = None) -> go.Figure:
     """L x T heatmap of layer-steps, coloured and labelled by their wavefront step.
 
     grid[l][t] = k (Wavefront.to_dict()["grid"]): layer l at time step t runs in wavefront step k.
-    first_step offsets the time axis when the grid shows a window of a longer sequence.
+    first_step offsets the time axis when the grid shows a window of a longer sequence. highlight=k rings
+    the layer-steps of wavefront step k (what runs together, in one launch or between two barriers).
     """
     num_layers = len(grid)
     num_steps = len(grid[0]) if num_layers else 0
@@ -123,6 +124,12 @@ def wavefront_heatmap(grid: Sequence[Sequence[int]], *, first_step: int = 0) -> 
         xaxis=dict(title="time step t", dtick=1 if num_steps <= 32 else None),
         yaxis=dict(title="layer", dtick=1, autorange="reversed"),
         height=max(220, 40 * num_layers + 120), margin=dict(l=40, r=20, t=30, b=40))
+    if highlight is not None:
+        cells = [(t, layer) for layer, row in enumerate(grid) for t, k in enumerate(row) if k == highlight]
+        fig.add_trace(go.Scatter(
+            x=[steps[t] for t, _ in cells], y=[layer for _, layer in cells], mode="markers", name="running now",
+            marker=dict(symbol="square-open", size=22, color="#e45756", line=dict(width=3)), showlegend=False,
+            hovertemplate=f"wavefront step {highlight}: layer %{{y}} at time step %{{x}}<extra></extra>"))
     titled(fig, "Dependency diagonals: the wavefront step that runs each (layer, time step)")
     return fig
 

@@ -37,7 +37,16 @@ def wavefront_ui(sizes: dict[str, int]) -> None:
     left, right = st.columns(2)
     left.metric("wavefront steps (shown grid)", wave["depth"], help="instead of L x T sequential layer-steps")
     right.metric("most layer-steps in one wavefront step", wave["max_parallel"])
-    st.plotly_chart(figures.wavefront_heatmap(wave["grid"]), key="schedule.heatmap")
+    last = wave["depth"] - 1
+    if st.session_state.get("schedule.wave_step", 0) > last:      # fewer steps than before: stay in range
+        st.session_state["schedule.wave_step"] = last
+    step = st.slider("step through the wavefront", 0, last, key="schedule.wave_step",
+                     help="rings the layer-steps that run together in this wavefront step") if last > 0 else 0
+    running = [(layer, t) for layer, row in enumerate(wave["grid"]) for t, k in enumerate(row) if k == step]
+    st.caption(f"Wavefront step {step} runs " + ", ".join(f"layer {layer} at t={t}" for layer, t in running)
+               + " together: one launch per stage (graph schedule), or the work between two grid barriers "
+                 "(persistent kernel).")
+    st.plotly_chart(figures.wavefront_heatmap(wave["grid"], highlight=step), key="schedule.heatmap")
 
 
 def plan_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> dict | None:

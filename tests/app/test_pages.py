@@ -136,6 +136,20 @@ def test_schedule_heatmap_is_the_engines_wavefront(open_page):
     assert heatmap["text"] == [[str(k) for k in row] for row in grid]
 
 
+def test_schedule_steps_through_the_wavefront(open_page):
+    at = open_page("schedule")
+    at.number_input(key="schedule.num_layers").set_value(3).run()
+    at.number_input(key="schedule.steps").set_value(7).run()
+    at.slider(key="schedule.wave_step").set_value(4).run()
+    rings = chart_spec(at, "schedule.heatmap")["data"][1]
+    assert sorted(zip(rings["y"], rings["x"])) == [(0, 4), (1, 3), (2, 2)]      # layer l at t = 4 - l
+    assert "Wavefront step 4 runs layer 0 at t=4, layer 1 at t=3, layer 2 at t=2 together" in texts(at.caption)
+    at.number_input(key="schedule.steps").set_value(2).run()                 # 4 wavefront steps now: clamped
+    assert at.slider(key="schedule.wave_step").value == 3 and not at.exception
+    rings = chart_spec(at, "schedule.heatmap")["data"][1]
+    assert sorted(zip(rings["y"], rings["x"])) == [(2, 1)]
+
+
 def test_schedule_long_sequences_show_a_window(open_page):
     at = open_page("schedule")
     at.number_input(key="schedule.steps").set_value(5000).run()

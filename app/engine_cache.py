@@ -56,9 +56,13 @@ def plan_problems(sizes: Mapping[str, int]) -> list[str]:
 
 
 def sizes_ui(page: str, fields: tuple[str, ...] = SIZE_FIELDS, defaults: Mapping[str, int] | None = None,
-             limits: Mapping[str, int] = SIZE_LIMITS) -> dict[str, int] | None:
+             limits: Mapping[str, int] = SIZE_LIMITS, sets_design_sizes: bool = False) -> dict[str, int] | None:
     """A row of size inputs, seeded from the design (state.design_sizes()) and re-seeded when the
-    design's sizes change. Returns the sizes, or None after showing an st.error per bad field."""
+    design's sizes change. Returns the sizes, or None after showing an st.error per bad field.
+
+    sets_design_sizes=True (the Designer): valid sizes become the design's sizes, and the seed follows
+    them, so that the next run does not re-seed the fields from what this page itself just wrote (which
+    would drop an edit made to another field in between)."""
     if defaults is None:
         from app import state
         defaults = state.design_sizes()
@@ -77,7 +81,14 @@ def sizes_ui(page: str, fields: tuple[str, ...] = SIZE_FIELDS, defaults: Mapping
     problems = size_problems(sizes, limits)
     for problem in problems:
         st.error(problem)
-    return None if problems else {k: int(v) for k, v in sizes.items()}
+    if problems:
+        return None
+    sizes = {k: int(v) for k, v in sizes.items()}
+    if sets_design_sizes:
+        from app import state
+        state.set_design_sizes(**sizes)
+        st.session_state[seed_key] = dict(sizes)
+    return sizes
 
 
 # ---- optional engine parts ---------------------------------------------------------------------
@@ -166,6 +177,24 @@ def dsl_source(cell_json: str) -> str | None:
     if emit_dsl is None:
         return None
     return emit_dsl(cell_from_json(cell_json))
+
+
+@st.cache_data(show_spinner="Running the NumPy reference...", max_entries=32)
+def reference_sample(cell_json: str, input_size: int, hidden_size: int, num_layers: int, steps: int = 3,
+                     batch: int = 2, seed: int = 0) -> dict:
+    """A small run of the reference backend on a random input, for the designer to show what the cell
+    computes: shapes, a few output values, whether everything is finite."""
+    network = engine.Network(cell_from_json(cell_json), input_size=input_size, hidden_size=hidden_size,
+                             num_layers=num_layers)
+    params = engine.init_params(network, seed=seed)
+    x = np.random.default_rng(seed + 1).standard_normal((steps, batch, input_size))   # (T, B, I)
+    result = engine.run(network, params, x, backend="reference", dtype=np.float64)
+    outputs = np.asarray(result.outputs)                                               # (T, B, H)
+    finals = {name: np.asarray(v) for name, v in result.final_states.items()}          # (L, B, H)
+    return {"x_shape": list(x.shape), "outputs_shape": list(outputs.shape),
+            "final_shapes": {name: list(v.shape) for name, v in finals.items()},
+            "first_values": outputs[-1, 0, :6].tolist(), "max_abs": float(np.max(np.abs(outputs))),
+            "finite": bool(np.isfinite(outputs).all() and all(np.isfinite(v).all() for v in finals.values()))}
 
 
 @st.cache_data(show_spinner="Running the NumPy reference...", max_entries=32)

@@ -251,10 +251,9 @@ def plan_ui(cell: engine.CellGraph | None) -> dict | None:
     if cell is None:
         st.info("The plan appears when the cell is valid.")
         return None
-    sizes = engine_cache.sizes_ui("designer")
+    sizes = engine_cache.sizes_ui("designer", sets_design_sizes=True)
     if sizes is None:
         return None
-    state.set_design_sizes(**sizes)
     try:
         plan = engine_cache.plan(engine.to_json(cell), **sizes)
     except engine.EngineError as e:
@@ -277,6 +276,31 @@ def plan_ui(cell: engine.CellGraph | None) -> dict | None:
     st.dataframe(gemm_rows, hide_index=True, key="designer.plan_gemms")
     st.dataframe(kernel_rows, hide_index=True, key="designer.plan_kernels")
     return plan
+
+
+def try_ui(cell: engine.CellGraph | None) -> None:
+    """A small reference run of the current cell: what goes in, what comes out."""
+    if cell is None:
+        st.info("A sample run appears when the cell is valid.")
+        return
+    sizes = state.design_sizes()
+    try:
+        sample = engine_cache.reference_sample(engine.to_json(cell), sizes["input_size"], sizes["hidden_size"],
+                                               sizes["num_layers"])
+    except engine.EngineError as e:
+        st.error(f"The reference run of cell '{cell.name}' failed: {e}")
+        return
+    st.caption(f"The NumPy reference (float64) on a random input x of shape {tuple(sample['x_shape'])} (T, B, I), "
+               "seeded parameters, the plan's sizes.")
+    a, b = st.columns(2)
+    a.metric("outputs (T, B, H)", " x ".join(map(str, sample["outputs_shape"])))
+    b.metric("largest |output|", f"{sample['max_abs']:.4g}")
+    st.dataframe([{"final state": name, "shape (L, B, H)": " x ".join(map(str, shape))}
+                  for name, shape in sample["final_shapes"].items()], hide_index=True, key="designer.sample_states")
+    st.code("outputs[-1, 0, :6] = [" + ", ".join(f"{v:.6g}" for v in sample["first_values"]) + "]",
+            language="text")
+    if not sample["finite"]:
+        st.error("The sample run produced NaN or Inf: check divisions, logs and exponentials in the cell.")
 
 
 def files_ui(design: dict, cell: engine.CellGraph | None) -> None:
@@ -360,13 +384,16 @@ def main() -> None:
         palette_help_ui()
         problems_ui(check)
 
-    equations_tab, code_tab, plan_tab, files_tab = st.tabs(["Equations", "DSL code", "Plan", "Files"])
+    equations_tab, code_tab, plan_tab, try_tab, files_tab = st.tabs(
+        ["Equations", "DSL code", "Plan", "Sample run", "Files"])
     with equations_tab:
         equations_ui(check.cell)
     with code_tab:
         code_ui(check.cell)
     with plan_tab:
         plan = plan_ui(check.cell)
+    with try_tab:
+        try_ui(check.cell)
     with files_tab:
         files_ui(design, check.cell)
     with toolbar:

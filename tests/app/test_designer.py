@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
@@ -282,6 +284,36 @@ def test_a_link_with_a_foreign_design_id_starts_a_new_design(designs):
     assert "is not one this app makes" in texts(at.warning)
     assert at.text_input(key="designer.name").value == "lstm"
     assert not (designs.parent / "etc").exists()
+
+
+def test_two_size_edits_in_a_row_both_stick(designer):
+    at = designer
+    at.number_input(key="designer.hidden_size").set_value(12).run()
+    at.number_input(key="designer.input_size").set_value(5).run()       # was reset to the old 64 before
+    assert at.number_input(key="designer.input_size").value == 5
+    assert at.number_input(key="designer.hidden_size").value == 12
+    assert {k: at.session_state["state.sizes"][k] for k in ("input_size", "hidden_size")} == \
+        {"input_size": 5, "hidden_size": 12}
+
+
+def test_the_sample_run_is_a_real_reference_run_of_the_current_cell(designer):
+    at = designer
+    at.number_input(key="designer.hidden_size").set_value(12).run()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["outputs (T, B, H)"] == "3 x 2 x 12"
+    sizes = at.session_state["state.sizes"]                             # the plan's sizes, which the run uses
+    assert f"shape (3, 2, {sizes['input_size']}) (T, B, I)" in "\n".join(c.value for c in at.caption)
+    cell = engine.from_json(at.session_state["state.design"])          # the designer's own copy of the LSTM
+    network = engine.Network(cell, sizes["input_size"], 12, sizes["num_layers"])
+    params = engine.init_params(network, seed=0)
+    x = np.random.default_rng(1).standard_normal((3, 2, sizes["input_size"]))
+    want = engine.run(network, params, x, backend="reference", dtype=np.float64)
+    assert metrics["largest |output|"] == f"{np.abs(want.outputs).max():.4g}"
+    shown = next(c.value for c in at.code if c.value.startswith("outputs[-1, 0, :6]"))
+    assert shown == "outputs[-1, 0, :6] = [" + ", ".join(f"{v:.6g}" for v in want.outputs[-1, 0, :6]) + "]"
+    states = next(d.value for d in at.dataframe if "final state" in d.value.columns)
+    assert sorted(states["final state"]) == ["c", "h"]
+    assert set(states["shape (L, B, H)"]) == {f"{sizes['num_layers']} x 2 x 12"}
 
 
 def test_the_plan_lists_gemms_and_kernels_and_colours_the_graph(designer):

@@ -84,9 +84,16 @@ def presets() -> dict[str, Preset]:
     return dict(_load_all())
 
 
+def closest_names(name: str, known) -> str:
+    """'did you mean 'lstm'? ' for a near miss (difflib), else ''."""
+    import difflib
+    close = difflib.get_close_matches(str(name).lower(), list(known), n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+
+
 def get(name: str) -> Preset:
     table = _load_all()
     if name not in table:
         raise CellGraphError(f"unknown preset '{name}'", field="preset",
-                             hint="known presets: " + ", ".join(table))
+                             hint=closest_names(name, table) + "known presets: " + ", ".join(table))
     return table[name]

@@ -96,6 +96,24 @@ def test_unknown_preset_names_the_known_ones():
     assert "lstm_typo" in str(err.value) and "vanilla_lstm" in str(err.value)
 
 
+@pytest.mark.parametrize("typo,suggested", [("lstn", "'lstm'"), ("GRU", "'gru'"), ("peephole", "'peephole_lstm'"),
+                                            ("gru-cho", "'gru_cho'")])
+def test_a_near_miss_suggests_the_closest_preset(typo, suggested, capsys):
+    with pytest.raises(engine.CellGraphError, match="did you mean") as err:
+        engine.preset(typo)
+    assert suggested in str(err.value)
+    from engine.cli import main
+    assert main(["show", typo]) != 0                                           # the CLI's resolver too
+    message = capsys.readouterr().err
+    assert "did you mean" in message and suggested in message
+
+
+def test_a_far_miss_suggests_nothing():
+    with pytest.raises(engine.CellGraphError) as err:
+        engine.preset("transformer")
+    assert "did you mean" not in str(err.value)
+
+
 # ---- each preset -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", NAMES)

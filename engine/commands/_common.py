@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import CellGraphError
-from ..gallery import get, presets
+from ..gallery import closest_names, get, presets
 from ..ir import CellGraph
 from ..serialize import load
 
@@ -20,7 +20,7 @@ def resolve_cell(spec: str) -> CellGraph:
                                  hint="give a preset name (see `python -m engine presets`) or a cell JSON file")
         return load(path)
     raise CellGraphError(f"'{spec}' is neither a preset nor a JSON file", field="cell",
-                         hint="presets: " + ", ".join(presets()))
+                         hint=closest_names(spec, presets()) + "presets: " + ", ".join(presets()))
 
 
 def add_size_args(parser, *, steps: bool = False, batch: bool = False) -> None:

@@ -15,7 +15,7 @@ log = logging.getLogger("engine")
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, *,
-        backend: str = "auto", dtype=np.float32, precision: str = "float32") -> RunResult:
+        backend: str = "auto", dtype=np.float32, precision: str = "float32", check_finite: bool = False) -> RunResult:
     """Run the network over x (T, B, I). backend: auto | reference | naive | fused | graph | persistent.
 
     'auto' runs the autotuned schedule when CuPy sees a GPU (engine.schedules.autotune: it times the
@@ -26,9 +26,18 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     precision: "float32" (strict, the default), "tf32", "float16" or "bfloat16" (engine.codegen.precision:
     matmul operands rounded to that format, fp32 accumulation, cell math and states). The schedules run
     every mode on the GPU; the reference emulates it on the CPU; naive and fused are float32 only.
+
+    check_finite=True first looks for NaN or Inf in x, the initial states and every parameter, and names the
+    first it finds (BackendError), instead of letting it spread through the recurrence.
     """
     from .backends.common import check_float32_only, check_precision
     precision = check_precision(precision)
+    if check_finite:
+        from .backends.common import check_finite as find_non_finite, check_inputs
+        from .params import check_params
+        check_params(network, params)
+        check_inputs(network, x, initial_states, xp=np if isinstance(x, np.ndarray) else _array_module(x))
+        find_non_finite(network, params, x, initial_states)
     name, reason = backends.select(backend)
     if name == "auto":
         from .schedules import autotune
@@ -56,6 +65,14 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     result.backend = name
     result.info = dict(result.info or {}, backend_reason=reason, precision=precision)
     return result
+
+
+def _array_module(x):
+    """cupy for a CuPy array, else numpy (check_inputs only reads shapes and dtypes through it)."""
+    if type(x).__module__.split(".")[0] == "cupy":
+        import cupy
+        return cupy
+    return np
 
 
 def export_cuda(cell_or_preset, input_size: int, hidden_size: int, num_layers: int = 1, **options) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import engine
@@ -294,3 +295,52 @@ def test_a_loop_through_a_state_is_fine(preset_dict):
     """The recurrence itself: h feeds the gates that compute h's next value."""
     graph = engine.from_dict(preset_dict("lstm"))
     assert graph.warnings == ()
+
+
+# ---- NaN and Inf, when the run is asked to look (engine.run(..., check_finite=True)) ------------------
+
+def _finite_case():
+    network = engine.Network(engine.preset("gru").cell, input_size=4, hidden_size=3, num_layers=2)
+    params = engine.init_params(network, seed=0)
+    x = np.random.default_rng(0).standard_normal((5, 2, 4))
+    return network, params, x
+
+
+@pytest.mark.parametrize("where,expected", [
+    ("x", "x has 1 NaN or Inf value(s), the first at index (2, 1, 3)"),
+    ("state", "initial_states['h'] has 2 NaN or Inf value(s), the first at index (1, 0, 0)"),
+    ("param", "params layer 1 'W_hr' has 1 NaN or Inf value(s), the first at index (0, 2)"),
+])
+def test_check_finite_names_the_first_bad_value(where, expected):
+    from engine.errors import BackendError
+    network, params, x = _finite_case()
+    states = None
+    if where == "x":
+        x[2, 1, 3] = np.nan
+    elif where == "state":
+        states = {"h": np.zeros((2, 2, 3))}
+        states["h"][1, 0, 0] = np.inf
+        states["h"][1, 1, 2] = -np.inf
+    else:
+        params.layers[1]["W_hr"] = params.layers[1]["W_hr"].copy()          # (H, H): a recurrent weight
+        params.layers[1]["W_hr"][0, 2] = np.nan
+    with pytest.raises(BackendError) as err:
+        engine.run(network, params, x, states, backend="reference", check_finite=True)
+    assert expected in str(err.value) and "hint:" in str(err.value)
+    # Without the check the run goes ahead (and the NaN spreads): the check is what names it.
+    with np.errstate(invalid="ignore"):
+        out = engine.run(network, params, x, states, backend="reference").outputs
+    assert not np.isfinite(out).all()
+
+
+def test_check_finite_passes_clean_inputs_and_the_cli_flag_works(tmp_path, capsys):
+    network, params, x = _finite_case()
+    clean = engine.run(network, params, x, backend="reference", check_finite=True).outputs
+    assert np.array_equal(clean, engine.run(network, params, x, backend="reference").outputs)
+    from engine.cli import main
+    bad = np.random.default_rng(0).standard_normal((3, 2, 4))
+    bad[0, 0, 0] = np.inf
+    np.save(tmp_path / "x.npy", bad)
+    assert main(["run", "gru", "-H", "3", "--input", str(tmp_path / "x.npy"), "--check-finite",
+                 "-o", str(tmp_path / "o.npz")]) != 0
+    assert "x has 1 NaN or Inf value(s), the first at index (0, 0, 0)" in capsys.readouterr().err

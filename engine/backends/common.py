@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import BackendError
 from ..network import Network
 
@@ -59,6 +61,40 @@ def check_gpu_run_inputs(what: str, cupy, network: Network, x, initial_states) -
             raise BackendError(f"argument '{name}' is on GPU {value.device.id}, but {what} runs on GPU {device}; "
                                f"hint: move it with cupy.asarray under `with cupy.cuda.Device({device}):`")
     check_inputs(network, x, initial_states, xp=cupy)
+
+
+def _first_bad(value) -> tuple[int, tuple] | None:
+    """(count, index of the first) of the non-finite elements of a NumPy or CuPy array, or None."""
+    module = type(value).__module__.split(".")[0]
+    if module == "cupy":
+        import cupy
+        bad = ~cupy.isfinite(value)
+        count = int(bad.sum())
+        if not count:
+            return None
+        first = cupy.argwhere(bad)[0].get()
+    else:
+        bad = ~np.isfinite(np.asarray(value, dtype=np.float64))
+        count = int(bad.sum())
+        if not count:
+            return None
+        first = np.argwhere(bad)[0]
+    return count, tuple(int(i) for i in first)
+
+
+def check_finite(network: Network, params, x, initial_states) -> None:
+    """NaN or Inf in x, an initial state or a parameter: BackendError naming which and where (the run's
+    check_finite=True; off by default, as it reads every input once more)."""
+    named = [("x", x)] + [(f"initial_states['{n}']", v) for n, v in (initial_states or {}).items()]
+    for layer in range(network.num_layers):
+        named += [(f"params layer {layer} '{p.name}'", params.layers[layer][p.name]) for p in network.cell.params]
+    for name, value in named:
+        found = _first_bad(value)
+        if found:
+            count, first = found
+            raise BackendError(f"{name} has {count} NaN or Inf value(s), the first at index {first}; "
+                               "hint: check where it was computed or loaded (the run would spread it to every "
+                               "later step)")
 
 
 def check_inputs(network: Network, x, initial_states, xp) -> Any:

@@ -21,6 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for parameters and random inputs (default 0)")
     p.add_argument("--backend", default="reference", help="auto | reference | naive | fused | graph | persistent (default reference)")
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"], help="precision (default float64)")
+    p.add_argument("--check-finite", action="store_true",
+                   help="refuse NaN or Inf in the input, the initial states or the parameters, naming the first")
     p.add_argument("--precision", default="float32", choices=["float32", "tf32", "float16", "bfloat16"],
                    help="matmul precision mode: the schedules run it on tensor cores, the reference emulates it "
                         "(default float32: strict)")
@@ -50,7 +52,8 @@ def main(args) -> int:
         x = np.random.default_rng(args.seed + 1).standard_normal((steps, batch, input_size))
     net = Network(cell, input_size, args.hidden_size, args.layers)
     params = Params.load(args.params, net) if args.params else init_params(net, seed=args.seed)
-    result = run(net, params, x, backend=args.backend, dtype=np.dtype(args.dtype).type, precision=args.precision)
+    result = run(net, params, x, backend=args.backend, dtype=np.dtype(args.dtype).type, precision=args.precision,
+                 check_finite=args.check_finite)
     outputs = np.asarray(result.outputs.get() if hasattr(result.outputs, "get") else result.outputs)
     finals = {f"final_{k}": np.asarray(v.get() if hasattr(v, "get") else v) for k, v in result.final_states.items()}
     out = Path(args.output)

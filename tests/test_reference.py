@@ -203,3 +203,19 @@ def test_available_host_memory_is_read_on_linux():
         assert found is None
     else:
         assert isinstance(found, int) and found > 0
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_ten_thousand_steps_stay_finite_in_bounded_memory(name):
+    import tracemalloc
+    network = engine.Network(engine.preset(name).cell, input_size=3, hidden_size=8, num_layers=1)
+    params = engine.init_params(network, seed=0)
+    x = np.random.default_rng(0).standard_normal((10_000, 2, 3))
+    tracemalloc.start()
+    result = engine.run(network, params, x, backend="reference", dtype=np.float64)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert np.isfinite(result.outputs).all() and all(np.isfinite(v).all() for v in result.final_states.values())
+    # The layer outputs and the input in float64 are the only sequence-long arrays: nothing per step stays.
+    sequence_bytes = 8 * 10_000 * 2 * (3 + 2 * 8)
+    assert peak < 1.5 * sequence_bytes + 2_000_000, f"peak {peak:,} bytes for {sequence_bytes:,} of sequences"

@@ -122,6 +122,9 @@ def pick_results_ui(api: dict) -> tuple[str, dict] | None:
         label = f"{Path(info['path']).name} ({info.get('device') or 'unknown device'}, {info.get('status')})"
         available[label] = info["path"]
         stems[label] = Path(info["path"]).stem
+    unreadable = engine_cache.optional("engine.bench", "unreadable_results")
+    for path, why in (unreadable() if unreadable else []):
+        st.warning(f"Skipped {path}, left as it is: {why}")
     if not available:
         st.info("No saved results yet: benchmarks/results/ holds no results file. Run "
                 "`python -m engine bench` on a GPU machine to make one.")

@@ -14,11 +14,11 @@ from .configs import ANCHORS, BenchConfig, load_config_file, parse_config, parse
 from .divergence import TOLERANCE, error_summary, step_curves
 from .flops import floors, layer_step_flops, network_flops
 from .results import (RESULTS_DIR, SCHEMA, SCHEMA_VERSION, list_results, load_results, markdown_table,
-                      save_results, text_summary)
+                      save_results, text_summary, unreadable_results)
 from .runner import run_bench
 from .timeline import timeline
 
 __all__ = ["ANCHORS", "BenchConfig", "load_config_file", "parse_config", "parse_configs", "TOLERANCE",
            "error_summary", "step_curves", "floors", "layer_step_flops", "network_flops", "RESULTS_DIR", "SCHEMA",
            "SCHEMA_VERSION", "list_results", "load_results", "markdown_table", "save_results", "text_summary",
-           "run_bench", "timeline"]
+           "unreadable_results", "run_bench", "timeline"]

@@ -56,7 +56,7 @@ def save_results(results: dict, path: str | Path) -> Path:
     """Write atomically (a reader never sees half a file); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")          # two writers never share a temporary
     tmp.write_text(json.dumps(results, separators=(",", ":"), allow_nan=False))
     os.replace(tmp, path)
     return path
@@ -82,9 +82,23 @@ def load_results(path: str | Path) -> dict:
     return data
 
 
+def unreadable_results(directory: str | Path | None = None) -> list[tuple[str, str]]:
+    """(path, why) of every *.json in `directory` that list_results skips: not JSON, not a results document,
+    another schema version. The files are left as they are."""
+    directory = Path(directory) if directory is not None else RESULTS_DIR
+    bad = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            load_results(path)
+        except BackendError as e:
+            bad.append((str(path), str(e)))
+    return bad
+
+
 def list_results(directory: str | Path | None = None) -> list[dict]:
     """Every readable results file in `directory` (default benchmarks/results/), newest first:
-    [{"path", "created", "device", "status", "presets", "configs"}]. Unreadable files are skipped."""
+    [{"path", "created", "device", "status", "presets", "configs"}]. Unreadable files are skipped here;
+    unreadable_results() says which and why."""
     directory = Path(directory) if directory is not None else RESULTS_DIR
     found = []
     for path in sorted(directory.glob("*.json")):

@@ -442,6 +442,16 @@ def test_benchmarks_draw_the_saved_speedups(open_page, saved_results):
     assert {"benchmarks.csv", "benchmarks.json"} <= {d.key for d in at.download_button}
 
 
+def test_benchmarks_report_an_unreadable_results_file_and_leave_it(open_page, saved_results, tmp_path):
+    broken = tmp_path / "bench-broken.json"
+    broken.write_text('{"schema": "not ours"}')
+    at = open_page("benchmarks")
+    warning = texts(at.warning)
+    assert f"Skipped {broken}, left as it is" in warning and "is not a benchmark result" in warning
+    assert broken.read_text() == '{"schema": "not ours"}'
+    assert not at.exception
+
+
 def test_benchmarks_baselines_and_implementation_are_chosen(open_page, saved_results):
     if not bench_available():
         pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")

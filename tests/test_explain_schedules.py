@@ -3,6 +3,7 @@
 generated wavefront source, and the errors for a bad schedule name."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -166,17 +167,24 @@ def test_the_autotuners_cached_choice_is_reported_and_shown_first():
     timings = [{"candidate": "fused", "ms": 0.5}, {"candidate": "graph (units=1 tile=4x4 threads=256)", "ms": 0.2},
                {"candidate": "persistent (units=1 tile=4x4 threads=256)", "error": "too slow to build (test)"}]
     key = cache_key(network, T, B, "Test GPU")
-    write_entry(key, Choice("graph", TileConfig(1), "fastest of 2 (test)", key, timings))
+    write_entry(key, Choice("graph", TileConfig(4), "fastest of 2 (test)", key, timings))
     other = cache_key(network, T + 1, B, "Test GPU")                  # other sizes: not this network's
     write_entry(other, Choice("fused", None, "other sizes (test)", other))
     report = explain_json(network, steps=T, batch=B)["schedules"]
     (choice,) = report["autotune"]["choices"]
-    assert choice == {"device": "Test GPU", "schedule": "graph", "config": TileConfig(1).label(),
-                      "why": "fastest of 2 (test)", "timings": timings}
+    assert choice == {"device": "Test GPU", "schedule": "graph", "config": TileConfig(4).label(),
+                      "config_fields": dataclasses.asdict(TileConfig(4)), "why": "fastest of 2 (test)",
+                      "timings": timings}
     assert report["default"]["schedule"] == report["selected"]["schedule"] == "graph"
+    # The chosen schedule is drawn with the chosen tiling (4 units a block), the other with the default (1 here).
+    assert report["graph"]["tiling_from"] == "the autotuner's choice"
+    assert report["graph"]["tiling"]["units_per_block"] == 4
+    assert report["graph"]["tiling"]["blocks_per_layer"] == SIZES["hidden_size"] // 4
+    assert report["persistent"]["tiling_from"] == "the default tiling"
+    assert report["persistent"]["tiling"]["units_per_block"] == 1
     assert "Test GPU" in report["default"]["why"]
     text = explain_text(network, steps=T, batch=B, schedule="auto", sources=False)
-    assert "autotuner on Test GPU: graph (units=1" in text and "auto selects: graph" in text
+    assert "autotuner on Test GPU: graph (units=4" in text and "auto selects: graph" in text
     assert "fused: 0.5 ms" in text and "error: too slow to build (test)" in text
 
 

@@ -161,7 +161,9 @@ def wavefront_schedule_ui(cell: engine.CellGraph, cell_json: str, sizes: dict[st
     st.caption(f"{entry['how']}.")
     st.plotly_chart(figures.block_tiling_figure(tiling, schedule=chosen), key="schedule.blocks")
     where = "nominal limits" if limits["nominal"] else "this GPU's limits"
-    st.caption(f"Tiling for {limits['name']} ({limits['multiprocessors']} SMs, {where}): {tiling['describe']}.")
+    source = entry.get("tiling_from", "the default tiling")
+    st.caption(f"Tiling for {limits['name']} ({limits['multiprocessors']} SMs, {where}; {source}): "
+               f"{tiling['describe']}.")
     cols = st.columns(3)
     cols[0].metric("thread blocks", tiling["blocks"], help=f"{tiling['blocks_per_layer']} per layer")
     cols[1].metric("shared memory per block", f"{tiling['smem_bytes'] / 1024:.1f} KiB",

@@ -15,6 +15,7 @@ engine.explain puts this in explain_json()["schedules"]; the app's Schedule page
 """
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from ..codegen.precision import precision as lookup_precision
@@ -69,6 +70,7 @@ def cached_choices(plan: Plan) -> list[dict]:
             continue                       # a malformed entry: the autotuner tunes again; nothing to show
         found.append({"device": key[len(prefix):], "schedule": choice.schedule,
                       "config": None if choice.config is None else choice.config.label(),
+                      "config_fields": None if choice.config is None else asdict(choice.config),
                       "why": choice.why, "timings": list(choice.timings)})
     return found
 
@@ -126,16 +128,28 @@ def tiling_dict(tiling: Tiling, plan: Plan) -> dict:
             "notes": list(tiling.notes), "config": config.label(), "blocks_owned": owned}
 
 
-def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits) -> dict:
-    """A wavefront schedule ('graph' or 'persistent') for the interleaved plan: tiling, launches, barriers."""
+def tuned_config(tuned: dict | None, name: str) -> TileConfig | None:
+    """The TileConfig the autotuner chose for schedule `name`, when its cached choice is that schedule."""
+    if tuned is None or tuned["schedule"] != name or not tuned.get("config_fields"):
+        return None
+    fields = dict(tuned["config_fields"])
+    if fields.get("warp_tile") is not None:
+        fields["warp_tile"] = tuple(fields["warp_tile"])
+    return TileConfig(**fields)
+
+
+def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits, config: TileConfig | None = None) -> dict:
+    """A wavefront schedule ('graph' or 'persistent') for the interleaved plan: tiling, launches, barriers.
+    config: the tiling to describe (the autotuner's choice), else the default TileConfig()."""
     from ..codegen.wavefront import stages
     program, network = plan.program, plan.network
     persistent = name == "persistent"
-    entry: dict[str, Any] = {"name": name, "eligible": False, "why_not": None, "tiling": None, "source": None}
+    entry: dict[str, Any] = {"name": name, "eligible": False, "why_not": None, "tiling": None, "source": None,
+                             "tiling_from": "the default tiling" if config is None else "the autotuner's choice"}
     why = eligibility(program)
     if why is None:
         try:
-            tiling = make_tiling(program, network, plan.batch, TileConfig(), limits, persistent=persistent)
+            tiling = make_tiling(program, network, plan.batch, config or TileConfig(), limits, persistent=persistent)
         except CompileError as e:
             why = str(e)
     if why is not None:
@@ -167,14 +181,17 @@ def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits) -> dict:
     return entry
 
 
-def wavefront_source(name: str, plan: Plan, limits: DeviceLimits, doc: str = "") -> str:
-    """The generated CUDA of a wavefront schedule with the default tiling (raises CompileError when it cannot run)."""
+def wavefront_source(name: str, plan: Plan, limits: DeviceLimits, doc: str = "",
+                     config: TileConfig | None = None) -> str:
+    """The generated CUDA of a wavefront schedule with `config` (default: TileConfig()); raises CompileError when
+    it cannot run."""
     from ..codegen.wavefront import render_wavefront
     program = plan.program
     why = eligibility(program)
     if why is not None:
         raise CompileError(f"cell '{program.source_cell.name}' cannot use schedule '{name}': {why}")
-    tiling = make_tiling(program, plan.network, plan.batch, TileConfig(), limits, persistent=name == "persistent")
+    tiling = make_tiling(program, plan.network, plan.batch, config or TileConfig(), limits,
+                         persistent=name == "persistent")
     return render_wavefront(program, plan.network, tiling, doc=doc)
 
 
@@ -188,11 +205,13 @@ def schedules_report(plan: Plan, wavefront_plan: Plan, schedule: str | None = No
     schedule = check_schedule(schedule)
     limits, limits_info = device_limits()
     report: dict[str, Any] = {"requested": schedule, "limits": limits_info, "fused": fused_entry(plan)}
-    for name in WAVEFRONT_SCHEDULES:
-        report[name] = wavefront_entry(name, wavefront_plan, limits)
     choices = cached_choices(wavefront_plan)
+    tuned = _preferred(choices, None if limits_info["nominal"] else limits.name)
+    configs = {name: tuned_config(tuned, name) for name in WAVEFRONT_SCHEDULES}
+    for name in WAVEFRONT_SCHEDULES:
+        report[name] = wavefront_entry(name, wavefront_plan, limits, configs[name])
     report["autotune"] = {"cache": _cache_path(), "choices": choices}
-    report["default"] = default_choice(report, _preferred(choices, None if limits_info["nominal"] else limits.name))
+    report["default"] = default_choice(report, tuned)
     if schedule in (None, "auto"):
         selected = dict(report["default"])
         if schedule == "auto" and not choices:
@@ -206,7 +225,7 @@ def schedules_report(plan: Plan, wavefront_plan: Plan, schedule: str | None = No
     report["selected"] = selected
     chosen = selected["schedule"]
     if schedule is not None and chosen in WAVEFRONT_SCHEDULES and report[chosen]["eligible"]:
-        report[chosen]["source"] = wavefront_source(chosen, wavefront_plan, limits, doc)
+        report[chosen]["source"] = wavefront_source(chosen, wavefront_plan, limits, doc, configs[chosen])
     return report
 
 

@@ -344,3 +344,22 @@ def test_check_finite_passes_clean_inputs_and_the_cli_flag_works(tmp_path, capsy
     assert main(["run", "gru", "-H", "3", "--input", str(tmp_path / "x.npy"), "--check-finite",
                  "-o", str(tmp_path / "o.npz")]) != 0
     assert "x has 1 NaN or Inf value(s), the first at index (0, 0, 0)" in capsys.readouterr().err
+
+
+def test_gpu_status_says_when_the_driver_is_missing(monkeypatch):
+    import sys
+    import types
+    from engine import backends
+
+    def no_driver():
+        raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version")
+    fake = types.ModuleType("cupy")
+    fake.__version__ = "14.2.0"
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_driver))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    backends.gpu_status.cache_clear()
+    try:
+        ok, why = backends.gpu_status()
+    finally:
+        backends.gpu_status.cache_clear()
+    assert not ok and why.startswith("no NVIDIA driver on this machine, or one too old") and "Insufficient" in why

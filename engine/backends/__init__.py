@@ -29,6 +29,8 @@ def gpu_status() -> tuple[bool, str]:
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:
+        if "InsufficientDriver" in str(e):          # also what a machine with no NVIDIA driver at all reports
+            return False, f"no NVIDIA driver on this machine, or one too old for this CuPy ({type(e).__name__}: {e})"
         return False, f"CuPy sees no CUDA device ({type(e).__name__}: {e})"
     if n < 1:
         return False, "CuPy sees no CUDA device"

@@ -113,30 +113,32 @@ def load_saved() -> None:
     flash("success", f"Opened the saved design '{name}'.")
 
 
-def duplicate_saved() -> None:
+def _on_saved(verb: str, action) -> tuple[str, object] | None:
+    """Run action(designs folder, chosen saved name); (name, its result), or None after flashing why not."""
     name = st.session_state.get("designer.saved")
     if not name:
-        return
+        return None
     try:
-        copy = files.duplicate_design(state.designs_dir(), name)
+        return name, action(state.designs_dir(), name)
     except (OSError, ValueError) as e:
-        flash("error", f"Could not duplicate '{name}': {e}")
-        return
-    st.session_state["designer.saved"] = copy
-    flash("success", f"Saved a copy of '{name}' as '{copy}'.")
+        flash("error", f"Could not {verb} '{name}': {e}")
+        return None
+
+
+def duplicate_saved() -> None:
+    done = _on_saved("duplicate", files.duplicate_design)
+    if done:
+        name, copy = done
+        st.session_state["designer.saved"] = copy
+        flash("success", f"Saved a copy of '{name}' as '{copy}'.")
 
 
 def delete_saved() -> None:
-    name = st.session_state.get("designer.saved")
-    if not name:
-        return
-    try:
-        where = files.delete_design(state.designs_dir(), name)
-    except (OSError, ValueError) as e:
-        flash("error", f"Could not delete '{name}': {e}")
-        return
-    st.session_state["designer.saved"] = None
-    flash("success", f"Deleted '{name}' from the list (the file is kept as {where}).")
+    done = _on_saved("delete", files.delete_design)
+    if done:
+        name, where = done
+        st.session_state["designer.saved"] = None
+        flash("success", f"Deleted '{name}' from the list (the file is kept as {where}).")
 
 
 # ---- the canvas ------------------------------------------------------------------------------------

@@ -56,6 +56,8 @@ def _canonical(text: str) -> str:
 
 def _session() -> dict:
     ss = st.session_state
+    if _TOKEN in ss and st.query_params.get(SESSION_PARAM) != ss[_TOKEN]:
+        st.query_params[SESSION_PARAM] = ss[_TOKEN]      # a page switch may drop it: a reload must find the design
     if _DESIGN not in ss:
         text, source, notice = _first_design()
         ss[_DESIGN] = text

@@ -279,6 +279,17 @@ def test_two_sessions_keep_their_own_working_designs(designs):
         assert session_with(path.stem).text_input(key="designer.name").value == json.loads(path.read_text())["name"]
 
 
+def test_the_url_keeps_the_design_id_on_every_page(tmp_path, monkeypatch):
+    monkeypatch.setenv("RNN_DESIGNS_DIR", str(tmp_path / "designs"))
+    main = Path(__file__).resolve().parents[2] / "app" / "main.py"
+    at = AppTest.from_file(str(main), default_timeout=60).run()
+    token = at.session_state["state.token"]
+    assert at.query_params["design"] in (token, [token])
+    at.query_params.pop("design")                         # as a page switch in the browser may do
+    at.switch_page("views/schedule.py").run()
+    assert at.query_params["design"] in (token, [token]) and not at.exception
+
+
 def test_a_link_with_a_foreign_design_id_starts_a_new_design(designs):
     at = session_with("../../etc/passwd")
     assert "is not one this app makes" in texts(at.warning)

@@ -223,7 +223,8 @@ def plan_stage_table(plan: Mapping) -> list[dict]:
     for g in plan.get("gemms", []):
         outputs = ", ".join(b["output"] for b in g.get("blocks", []))
         for shape in g.get("shapes") or [dict(g, layer="all")]:
-            rows.append({"stage": str(g["stage"]), "kind": "GEMM", "name": g["name"], "layer": shape.get("layer"),
+            # one type per column (text): a table mixing "all" and layer numbers does not convert to Arrow
+            rows.append({"stage": str(g["stage"]), "kind": "GEMM", "name": g["name"], "layer": str(shape.get("layer")),
                          "per": shape.get("per", ""), "calls": shape.get("calls"),
                          "shape": f"{shape['m']} x {shape['n']} x {shape['k']}",
                          "reads": ", ".join(g.get("operands", [])), "writes": outputs, "FLOPs": shape.get("flops"),
@@ -233,7 +234,7 @@ def plan_stage_table(plan: Mapping) -> list[dict]:
                      "calls": None, "shape": f"{len(k.get('nodes', []))} fused ops",
                      "reads": ", ".join(k.get("inputs", [])), "writes": ", ".join(k.get("outputs", [])),
                      "FLOPs": None, "_order": (_stage_order(k["stage"]), launch_order.get(("kernel", k["name"]), 0))})
-    rows.sort(key=lambda r: (r["_order"], r["kind"] != "GEMM", str(r["layer"])))
+    rows.sort(key=lambda r: (r["_order"], r["kind"] != "GEMM", r["layer"]))
     for r in rows:
         del r["_order"]
     return rows

@@ -123,6 +123,7 @@ def test_plan_stage_table_of_a_real_plan_lists_every_layers_gemm_shape():
     stages = [r["stage"] for r in rows]
     assert stages == sorted(stages, key=lambda s: (s != "hoisted", s))     # hoisted work comes first
     # the recurrent GEMM reads h and runs once per step in every layer, with M = batch, K = hidden size
+    assert all(isinstance(r["layer"], str) for r in rows), "a column of mixed types does not convert to Arrow"
     recurrent = [r for r in gemm_rows if r["reads"] == "h"]
     assert len(recurrent) == 3 and all(r["per"] == "step" and r["shape"].startswith("5 x ") and
                                        r["shape"].endswith(" x 40") for r in recurrent)

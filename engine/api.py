@@ -36,7 +36,7 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
         from .backends.common import check_finite as find_non_finite, check_inputs
         from .params import check_params
         check_params(network, params)
-        check_inputs(network, x, initial_states, xp=np if isinstance(x, np.ndarray) else _array_module(x))
+        check_inputs(network, x, initial_states, xp=np)        # shapes and dtypes only, NumPy or CuPy alike
         find_non_finite(network, params, x, initial_states)
     name, reason = backends.select(backend)
     if name == "auto":
@@ -65,14 +65,6 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     result.backend = name
     result.info = dict(result.info or {}, backend_reason=reason, precision=precision)
     return result
-
-
-def _array_module(x):
-    """cupy for a CuPy array, else numpy (check_inputs only reads shapes and dtypes through it)."""
-    if type(x).__module__.split(".")[0] == "cupy":
-        import cupy
-        return cupy
-    return np
 
 
 def export_cuda(cell_or_preset, input_size: int, hidden_size: int, num_layers: int = 1, **options) -> str:

@@ -20,11 +20,12 @@ class RunResult:
 
 def check_precision(precision) -> str:
     """The canonical name of a precision mode ("bf16" -> "bfloat16"); BackendError naming the flag otherwise."""
-    from ..codegen.precision import PRECISIONS, SHORT_NAMES
-    name = SHORT_NAMES.get(precision, precision) if isinstance(precision, str) else precision
-    if name not in PRECISIONS:
-        raise BackendError(f"argument 'precision' is {precision!r}; hint: use one of {', '.join(PRECISIONS)}")
-    return name
+    from ..codegen.precision import PRECISIONS, precision as lookup
+    from ..errors import CompileError
+    try:
+        return lookup(precision).name
+    except CompileError:
+        raise BackendError(f"argument 'precision' is {precision!r}; hint: use one of {', '.join(PRECISIONS)}") from None
 
 
 def check_float32_only(what: str, precision) -> None:
@@ -65,21 +66,15 @@ def check_gpu_run_inputs(what: str, cupy, network: Network, x, initial_states) -
 
 def _first_bad(value) -> tuple[int, tuple] | None:
     """(count, index of the first) of the non-finite elements of a NumPy or CuPy array, or None."""
-    module = type(value).__module__.split(".")[0]
-    if module == "cupy":
-        import cupy
-        bad = ~cupy.isfinite(value)
-        count = int(bad.sum())
-        if not count:
-            return None
-        first = cupy.argwhere(bad)[0].get()
+    if type(value).__module__.split(".")[0] == "cupy":
+        import cupy as xp
     else:
-        bad = ~np.isfinite(np.asarray(value, dtype=np.float64))
-        count = int(bad.sum())
-        if not count:
-            return None
-        first = np.argwhere(bad)[0]
-    return count, tuple(int(i) for i in first)
+        xp, value = np, np.asarray(value, dtype=np.float64)
+    bad = ~xp.isfinite(value)
+    count = int(bad.sum())
+    if not count:
+        return None
+    return count, tuple(int(i) for i in xp.argwhere(bad)[0])
 
 
 def check_finite(network: Network, params, x, initial_states) -> None:

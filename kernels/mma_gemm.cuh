@@ -3,75 +3,68 @@
 //
 //     Y[b, c] = sum_k X[b, k] * W[c, k]  (+ bias[c])      b < B, c < NC
 //
-// The same contract as rnn_tile_gemms: every GEMM of a stage in one call, X (fp32, written by other
-// blocks) staged in chunks of KC columns through a STAGES-deep cp.async pipeline, W resident in shared
-// memory or staged beside X; fixed-order split-K reduction, so runs are bit-identical. What differs:
+// The same contract as rnn_tile_gemms: every GEMM of a stage in one call, X (written by other blocks)
+// staged in chunks of KC columns through a STAGES-deep cp.async pipeline, W resident in shared memory or
+// staged beside X; fixed-order split-K reduction, so runs are bit-identical. What differs:
 //
 // - the product is mma.sync (PTX ISA, "Warp-level matrix multiply-accumulate instructions"):
 //   m16n8k8 with .tf32 operands, or m16n8k16 with .f16 / .bf16 operands, fp32 accumulators;
 // - the unit of work is a warp, not a thread: a warp holds a WM x WN grid of 16 x 8 accumulator tiles
 //   (rows of the batch x columns of W), its A fragments loaded once per k step and used WN times;
-// - X stays fp32 in shared memory and is rounded as its fragments are loaded (cvt.rna.tf32.f32, or
-//   cvt.rn.{f16,bf16}x2.f32 of two neighbours), W is stored already rounded (tf32 values as floats,
-//   fp16/bf16 as 16-bit patterns): the same rounding as rnn_operand, so the GEMV path of few rows and
-//   this one compute the same function.
+// - fragments load with ldmatrix (one instruction for a 16 x KS A tile, or the B tiles of two column
+//   groups): every fragment register is a 32-bit pair of 16-bit values, or one tf32 value, in the
+//   layout ldmatrix gives 8 x 8 b16 matrices;
+// - X is read in the mode's format: fp16 / bf16 GEMMs read the 16-bit copy of their operand that the
+//   cell code writes beside the fp32 value (engine/codegen/wavefront.py: rounded once, half the bytes
+//   through L2 and shared memory); tf32 reads fp32 X and rounds its fragments (cvt.rna.tf32.f32). W is
+//   stored already rounded (tf32 values as floats, fp16/bf16 as 16-bit patterns). The rounding is
+//   rnn_operand's, so the GEMV path of few rows and this one compute the same function.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k8 / m16n8k16, .row.col), with g = lane / 4 and t = lane % 4:
 //   A (16 x KS, row-major X rows):  tf32: a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4)
 //                                   16-bit: pairs a0 (g, 2t..2t+1) a1 (g+8, ..) a2 (g, 2t+8..) a3 (g+8, 2t+8..)
 //   B (KS x 8, W rows = columns n): tf32: b0 (k=t, n=g) b1 (k=t+4, n=g); 16-bit: pairs b0 (k=2t.., g) b1 (k=2t+8.., g)
 //   C (16 x 8):                     c0, c1 (g, 2t..2t+1)  c2, c3 (g+8, 2t..2t+1)
-// Row strides (tile_gemm.cuh rnn_wstride, rnn_xstride below) put the 8 rows of a fragment in 8 bank groups.
+// ldmatrix.x4 (PTX ISA, "ldmatrix"): lanes 8i..8i+7 give the row addresses of matrix i, and lane l receives,
+// of matrix i, row l / 4 and the 4 bytes at 4 * (l % 4): for both element sizes, 16 bytes of a row = KS / 2
+// columns. So A is matrices (rows 0-7, bytes 0-15), (rows 8-15, 0-15), (rows 0-7, 16-31), (rows 8-15, 16-31)
+// = a0..a3, and the B of column groups j, j + 1 is (j rows, 0-15), (j, 16-31), (j + 1, 0-15), (j + 1, 16-31).
+// Row strides (tile_gemm.cuh rnn_wstride, rnn_xstride below) are 16 bytes past a multiple of 32, so the 8 rows
+// of one matrix sit in 8 different bank groups.
 #ifndef RNN_MMA_GEMM_CUH
 #define RNN_MMA_GEMM_CUH
 
 template <int MODE> struct RnnMma { static constexpr int KS = 16; };     // K of one MMA: fp16, bf16
 template <> struct RnnMma<RNN_TF32> { static constexpr int KS = 8; };
 
-// Floats between rows of a staged X chunk of kc columns: tf32 reads single floats (a stride of 4 mod 8
-// spreads 8 rows x 4 columns over 32 banks), fp16/bf16 read pairs (8 mod 16: 4 rows x 4 pairs a phase).
+// The element of X as the tensor cores read it: fp32 for tf32, the 16-bit copy for fp16 / bf16.
+template <int MODE> struct RnnX { using type = float; };
+template <> struct RnnX<RNN_FP16> { using type = unsigned short; };
+template <> struct RnnX<RNN_BF16> { using type = unsigned short; };
+template <int MODE> using RnnMmaJob = RnnGemmT<typename RnnWeight<MODE>::type, typename RnnX<MODE>::type>;
+
+// Elements of X between rows of a staged chunk of kc columns (the same rule as rnn_wstride).
 template <int MODE>
 __host__ __device__ constexpr int rnn_xstride(int kc) { return MODE == RNN_TF32 ? rnn_round_up(kc, 8) + 4 : rnn_round_up(kc, 16) + 8; }
 
-__device__ __forceinline__ unsigned rnn_pack2(float lo, float hi, int mode)
+__device__ __forceinline__ void rnn_ldmatrix4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned addr)
 {
-    unsigned r;
-    if (mode == RNN_FP16) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void rnn_ldmatrix2(unsigned& r0, unsigned& r1, unsigned addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
 }
 
-// A fragment of rows [0, 16) and columns [0, KS) of x (fp32, row stride ldx), rounded to the mode.
+// The A fragment of one 16 x KS tile: `at` is this lane's row address (row lane % 16, 16 * (lane / 16) bytes in).
 template <int MODE>
-__device__ __forceinline__ void rnn_frag_a(unsigned (&a)[4], const float* x, int ldx, int g, int t)
+__device__ __forceinline__ void rnn_frag_a(unsigned (&a)[4], unsigned at)
 {
+    rnn_ldmatrix4(a[0], a[1], a[2], a[3], at);
     if constexpr (MODE == RNN_TF32) {
-        a[0] = rnn_tf32_bits(x[g * ldx + t]);
-        a[1] = rnn_tf32_bits(x[(g + 8) * ldx + t]);
-        a[2] = rnn_tf32_bits(x[g * ldx + t + 4]);
-        a[3] = rnn_tf32_bits(x[(g + 8) * ldx + t + 4]);
-    } else {
-        const float2 v0 = *reinterpret_cast<const float2*>(x + g * ldx + 2 * t);
-        const float2 v1 = *reinterpret_cast<const float2*>(x + (g + 8) * ldx + 2 * t);
-        const float2 v2 = *reinterpret_cast<const float2*>(x + g * ldx + 2 * t + 8);
-        const float2 v3 = *reinterpret_cast<const float2*>(x + (g + 8) * ldx + 2 * t + 8);
-        a[0] = rnn_pack2(v0.x, v0.y, MODE);
-        a[1] = rnn_pack2(v1.x, v1.y, MODE);
-        a[2] = rnn_pack2(v2.x, v2.y, MODE);
-        a[3] = rnn_pack2(v3.x, v3.y, MODE);
-    }
-}
-
-// A B fragment of rows [0, 8) of w (W rows = output columns) and columns [0, KS), already in the mode's format.
-template <int MODE>
-__device__ __forceinline__ void rnn_frag_b(unsigned (&b)[2], const typename RnnWeight<MODE>::type* w, int ldw, int g, int t)
-{
-    if constexpr (MODE == RNN_TF32) {
-        b[0] = __float_as_uint(w[g * ldw + t]);
-        b[1] = __float_as_uint(w[g * ldw + t + 4]);
-    } else {
-        b[0] = *reinterpret_cast<const unsigned*>(w + g * ldw + 2 * t);
-        b[1] = *reinterpret_cast<const unsigned*>(w + g * ldw + 2 * t + 8);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = rnn_tf32_bits(__uint_as_float(a[i]));
     }
 }
 
@@ -134,18 +127,22 @@ struct RnnWarpTiles {
     }
 };
 
-// The fragments of k step kb of a warp's tiles (rows m_first.., columns n_first..), and their products.
+// The fragments of one k step of a warp's tiles (rows m_first.., columns n_first..), and their products.
+// xa, wa: this lane's ldmatrix addresses at row tile 0, column group 0 of the step (rnn_lane_a, rnn_lane_b);
+// ldxb, ldwb: bytes between rows of X and of W.
 template <int MODE, int WM, int WN>
-__device__ __forceinline__ void rnn_frags(unsigned (&a)[WM][4], unsigned (&b)[WN][2], const float* __restrict__ x, int ldx,
-                                          const typename RnnWeight<MODE>::type* __restrict__ w, int ldw, int m_first,
-                                          int n_first, int mt, int nt, int kb, int g, int t)
+__device__ __forceinline__ void rnn_frags(unsigned (&a)[WM][4], unsigned (&b)[WN][2], unsigned xa, int ldxb, unsigned wa,
+                                          int ldwb, int m_first, int n_first, int mt, int nt)
 {
 #pragma unroll
     for (int i = 0; i < WM; ++i)
-        if (m_first + i < mt) rnn_frag_a<MODE>(a[i], x + (m_first + i) * 16 * ldx + kb, ldx, g, t);
+        if (m_first + i < mt) rnn_frag_a<MODE>(a[i], xa + (m_first + i) * 16 * ldxb);
 #pragma unroll
-    for (int j = 0; j < WN; ++j)
-        if (n_first + j < nt) rnn_frag_b<MODE>(b[j], w + (long)(n_first + j) * 8 * ldw + kb, ldw, g, t);
+    for (int j = 0; j < WN; j += 2) {
+        const unsigned at = wa + (n_first + j) * 8 * ldwb;
+        if (j + 1 < WN && n_first + j + 1 < nt) rnn_ldmatrix4(b[j][0], b[j][1], b[j + 1][0], b[j + 1][1], at);
+        else if (n_first + j < nt) rnn_ldmatrix2(b[j][0], b[j][1], at);
+    }
 }
 template <int MODE, int WM, int WN>
 __device__ __forceinline__ void rnn_mmas(float (&acc)[WM][WN][4], const unsigned (&a)[WM][4], const unsigned (&b)[WN][2],
@@ -158,33 +155,40 @@ __device__ __forceinline__ void rnn_mmas(float (&acc)[WM][WN][4], const unsigned
             if (m_first + i < mt && n_first + j < nt) rnn_mma<MODE>(acc[i][j], a[i], b[j]);
 }
 
-// One staged chunk into a warp's accumulators: k steps s_begin, s_begin + s_step, ... < s_end. The fragments
-// of the next step are loaded before the products of this one (two register sets), so shared-memory latency
-// hides behind the tensor cores even with two warps per scheduler.
-template <int MODE, int WM, int WN>
-__device__ __forceinline__ void rnn_mma_chunk_tc(float (&acc)[WM][WN][4], const float* __restrict__ x, int ldx,
-                                                 const typename RnnWeight<MODE>::type* __restrict__ w, int ldw,
-                                                 int m_first, int n_first, int mt, int nt, int s_begin, int s_end,
-                                                 int s_step, int g, int t)
+// This lane's ldmatrix row address in an operand at byte address `base`, rows `ld` bytes apart: for A, row
+// lane % 16 and 16 * (lane / 16) bytes in; for a pair of B column groups, row 8 * (lane / 16) + lane % 8 and
+// 16 * (lane / 8 % 2) bytes in (the x2 form reads lanes 0-15 only: the first group).
+__device__ __forceinline__ unsigned rnn_lane_a(unsigned base, int ld, int lane) { return base + (lane & 15) * ld + (lane >> 4) * 16; }
+__device__ __forceinline__ unsigned rnn_lane_b(unsigned base, int ld, int lane)
 {
-    constexpr int KS = RnnMma<MODE>::KS;
+    return base + ((lane >> 4) * 8 + (lane & 7)) * ld + ((lane >> 3) & 1) * 16;
+}
+
+// One staged chunk into a warp's accumulators: k steps s_begin, s_begin + s_step, ... < s_end (a step is 32 bytes
+// of a row in both element sizes). The fragments of the next step are loaded before the products of this one
+// (two register sets), so shared-memory latency hides behind the tensor cores even with two warps per scheduler.
+template <int MODE, int WM, int WN>
+__device__ __forceinline__ void rnn_mma_chunk_tc(float (&acc)[WM][WN][4], unsigned xa, int ldxb, unsigned wa, int ldwb,
+                                                 int m_first, int n_first, int mt, int nt, int s_begin, int s_end, int s_step)
+{
     if (s_begin >= s_end) return;
     unsigned a0[WM][4], b0[WN][2], a1[WM][4], b1[WN][2];
-    rnn_frags<MODE, WM, WN>(a0, b0, x, ldx, w, ldw, m_first, n_first, mt, nt, s_begin * KS, g, t);
+    rnn_frags<MODE, WM, WN>(a0, b0, xa + s_begin * 32, ldxb, wa + s_begin * 32, ldwb, m_first, n_first, mt, nt);
     int s = s_begin;
     for (; s + s_step < s_end; s += 2 * s_step) {
-        rnn_frags<MODE, WM, WN>(a1, b1, x, ldx, w, ldw, m_first, n_first, mt, nt, (s + s_step) * KS, g, t);
+        const unsigned k1 = (s + s_step) * 32, k2 = (s + 2 * s_step) * 32;
+        rnn_frags<MODE, WM, WN>(a1, b1, xa + k1, ldxb, wa + k1, ldwb, m_first, n_first, mt, nt);
         rnn_mmas<MODE, WM, WN>(acc, a0, b0, m_first, n_first, mt, nt);
         if (s + 2 * s_step < s_end)
-            rnn_frags<MODE, WM, WN>(a0, b0, x, ldx, w, ldw, m_first, n_first, mt, nt, (s + 2 * s_step) * KS, g, t);
+            rnn_frags<MODE, WM, WN>(a0, b0, xa + k2, ldxb, wa + k2, ldwb, m_first, n_first, mt, nt);
         rnn_mmas<MODE, WM, WN>(acc, a1, b1, m_first, n_first, mt, nt);
     }
     if (s < s_end) rnn_mmas<MODE, WM, WN>(acc, a0, b0, m_first, n_first, mt, nt);   // an odd number of steps
 }
 
 // Writes a warp's tiles of Y (+ bias); with split K, first sums the parts through `red` in a fixed order.
-template <int WM, int WN, typename WT>
-__device__ __forceinline__ void rnn_store_mma(const RnnGemmT<WT>& J, const RnnWarpTiles<WM, WN>& tl, float (&acc)[WM][WN][4],
+template <int WM, int WN, typename Job>
+__device__ __forceinline__ void rnn_store_mma(const Job& J, const RnnWarpTiles<WM, WN>& tl, float (&acc)[WM][WN][4],
                                               int B, int slot, int part, bool active, float* __restrict__ red)
 {
     constexpr int V = WM * WN * 4;                     // accumulators per lane
@@ -223,23 +227,25 @@ __device__ __forceinline__ void rnn_store_mma(const RnnGemmT<WT>& J, const RnnWa
     __syncthreads();                                   // red may be written again by the next GEMM
 }
 
-// Stages the chunk under the cursor `at` into `slot`: X rows (fp32), and W rows when W is not resident; zeros up to
-// whole MMA steps; moves the cursor.
-template <int WM, int WN, int KC, typename WT>
-__device__ __forceinline__ int rnn_chunk_count_mma(const RnnGemmT<WT>& J, int B)
+// Chunks of one GEMM in a stage's stream: its K chunks, once per pass over its warp tiles.
+template <int WM, int WN, int KC, typename Job>
+__device__ __forceinline__ int rnn_chunk_count_mma(const Job& J, int B)
 {
     return RnnWarpTiles<WM, WN>(B, J.NC).passes * ((J.K + KC - 1) / KC);
 }
 
+// Stages the chunk under the cursor `at` into `slot`: X rows (in the mode's X format), and W rows when W is not
+// resident; zeros up to whole MMA steps; moves the cursor. x_floats: floats of the slot's X part.
 template <int MODE, int WM, int WN, int VEC, int KC, int N>
-__device__ __forceinline__ void rnn_stage_next_mma(const RnnGemmT<typename RnnWeight<MODE>::type> (&jobs)[N],
-                                                   RnnCursor& at, float* __restrict__ slot, int x_floats, int B)
+__device__ __forceinline__ void rnn_stage_next_mma(const RnnMmaJob<MODE> (&jobs)[N], RnnCursor& at, float* __restrict__ slot,
+                                                   int x_floats, int B)
 {
     using WT = typename RnnWeight<MODE>::type;
+    using XT = typename RnnX<MODE>::type;
     constexpr int KS = RnnMma<MODE>::KS;
-    const RnnGemmT<WT> J = rnn_select(jobs, at.job);
+    const RnnMmaJob<MODE> J = rnn_select(jobs, at.job);
     const int k0 = at.chunk * KC, kc = min(KC, J.K - k0), kcp = rnn_round_up(kc, KS);
-    rnn_stage_chunk<float, VEC == 4, KC>(slot, rnn_xstride<MODE>(KC), J.X, J.K, B, k0, kc, kcp);
+    rnn_stage_chunk<XT, VEC == 4, KC>(reinterpret_cast<XT*>(slot), rnn_xstride<MODE>(KC), J.X, J.K, B, k0, kc, kcp);
     if (!J.Ws)
         rnn_stage_chunk<WT, VEC == 4, KC>(reinterpret_cast<WT*>(slot + x_floats), rnn_wstride<MODE>(KC), J.W, J.K, J.NC,
                                           k0, kc, kcp);
@@ -249,17 +255,19 @@ __device__ __forceinline__ void rnn_stage_next_mma(const RnnGemmT<typename RnnWe
 
 // Every GEMM of one stage on tensor cores: the pipeline of rnn_tile_gemms with warps for threads.
 // Shared memory (floats, from smem): STAGES slots of an X chunk (round_up(B, 16) rows of rnn_xstride(KC)
-// floats) and, when some weight is streamed, a W chunk (ncs rows of rnn_wstride(KC) elements, rounded up to
-// 16 bytes); then the split-K partial sums (blockDim * WM * WN * 4 floats).
+// elements of X) and, when some weight is streamed, a W chunk (ncs rows of rnn_wstride(KC) elements, rounded
+// up to 16 bytes); then the split-K partial sums (blockDim * WM * WN * 4 floats).
 template <int MODE, int WM, int WN, int VEC, int STAGES, int KC, int N>
-__device__ void rnn_mma_gemms(const RnnGemmT<typename RnnWeight<MODE>::type> (&jobs)[N], int B, float* __restrict__ smem, int ncs)
+__device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __restrict__ smem, int ncs)
 {
     using WT = typename RnnWeight<MODE>::type;
-    constexpr int KS = RnnMma<MODE>::KS, ldx = rnn_xstride<MODE>(KC), ldws = rnn_wstride<MODE>(KC);
-    const int x_floats = rnn_round_up(B, 16) * ldx;
+    using XT = typename RnnX<MODE>::type;
+    constexpr int ldx = rnn_xstride<MODE>(KC), ldws = rnn_wstride<MODE>(KC);
+    const int x_floats = rnn_round_up(B, 16) * ldx * (int)sizeof(XT) / 4;
     const int slot_floats = x_floats + (int)((ncs * ldws * sizeof(WT) + 15) / 16 * 4);
     float* red = smem + STAGES * slot_floats;
-    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, g4 = (threadIdx.x & 31) >> 2, t4 = threadIdx.x & 3;
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    const unsigned smem_at = (unsigned)__cvta_generic_to_shared(smem);
     int total = 0;
 #pragma unroll
     for (int j = 0; j < N; ++j) total += rnn_chunk_count_mma<WM, WN, KC>(jobs[j], B);
@@ -274,11 +282,15 @@ __device__ void rnn_mma_gemms(const RnnGemmT<typename RnnWeight<MODE>::type> (&j
     int g = 0;
 #pragma unroll
     for (int i = 0; i < N; ++i) {                      // unrolled: jobs[i] and its tiling stay in registers
-        const RnnGemmT<WT>& J = jobs[i];
+        const RnnMmaJob<MODE>& J = jobs[i];
         const RnnWarpTiles<WM, WN> tl(B, J.NC);
         const int chunks = (J.K + KC - 1) / KC;
         const bool resident = J.Ws != nullptr;
-        const int ldw = resident ? rnn_wstride<MODE>(J.K) : ldws;
+        const int ldwb = (resident ? rnn_wstride<MODE>(J.K) : ldws) * (int)sizeof(WT);
+        // This lane's ldmatrix addresses at slot 0, chunk 0 (resident W: column 0 of the resident rows).
+        const unsigned xa0 = rnn_lane_a(smem_at, ldx * (int)sizeof(XT), lane);
+        const unsigned wa0 = resident ? rnn_lane_b((unsigned)__cvta_generic_to_shared(J.Ws), ldwb, lane)
+                                      : rnn_lane_b(smem_at + x_floats * 4, ldwb, lane);
         for (int pass = 0; pass < tl.passes; ++pass) {
             const int slot = tl.split > 1 ? warp % tl.groups : pass * warps + warp;
             const int part = tl.split > 1 ? warp / tl.groups : 0;
@@ -292,12 +304,12 @@ __device__ void rnn_mma_gemms(const RnnGemmT<typename RnnWeight<MODE>::type> (&j
                     rnn_stage_next_mma<MODE, WM, WN, VEC, KC>(jobs, at, smem + ((g + STAGES - 1) % STAGES) * slot_floats,
                                                               x_floats, B);
                 rnn_cp_async_commit();
-                const int k0 = chunk * KC, steps = rnn_round_up(min(KC, J.K - k0), KS) / KS;
-                const float* x = smem + (g % STAGES) * slot_floats;
-                const WT* w = resident ? J.Ws + k0 : reinterpret_cast<const WT*>(x + x_floats);
+                const int k0 = chunk * KC, steps = rnn_round_up(min(KC, J.K - k0), RnnMma<MODE>::KS) / RnnMma<MODE>::KS;
+                const unsigned slot_at = (g % STAGES) * slot_floats * 4;
+                const unsigned xa = xa0 + slot_at, wa = resident ? wa0 + k0 * (int)sizeof(WT) : wa0 + slot_at;
                 if (active)
-                    rnn_mma_chunk_tc<MODE, WM, WN>(acc, x, ldx, w, ldw, m_first, n_first, tl.mt, tl.nt, part, steps,
-                                                   tl.split, g4, t4);
+                    rnn_mma_chunk_tc<MODE, WM, WN>(acc, xa, ldx * (int)sizeof(XT), wa, ldwb, m_first, n_first, tl.mt,
+                                                   tl.nt, part, steps, tl.split);
             }
             rnn_store_mma<WM, WN>(J, tl, acc, B, slot, part, active, red);
         }

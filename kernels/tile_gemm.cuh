@@ -74,6 +74,18 @@ __device__ __forceinline__ float rnn_half_to_float(unsigned short h)
 }
 __device__ __forceinline__ float rnn_bf16_to_float(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 
+// The 16-bit pattern of v rounded to nearest even in fp16 or bf16: a weight, or the 16-bit copy of a GEMM
+// operand the cell code writes beside the fp32 value (engine/codegen/wavefront.py).
+template <int MODE>
+__device__ __forceinline__ unsigned short rnn_bits16(float v)
+{
+    static_assert(MODE == RNN_FP16 || MODE == RNN_BF16, "16-bit modes only");
+    unsigned short h;
+    if constexpr (MODE == RNN_FP16) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
 // v as it enters a product in this mode (exactly representable in the mode's format, held as a float).
 template <int MODE>
 __device__ __forceinline__ float rnn_operand(float v)
@@ -81,13 +93,9 @@ __device__ __forceinline__ float rnn_operand(float v)
     if constexpr (MODE == RNN_TF32) {
         return __uint_as_float(rnn_tf32_bits(v));
     } else if constexpr (MODE == RNN_FP16) {
-        unsigned short h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return rnn_half_to_float(h);
+        return rnn_half_to_float(rnn_bits16<MODE>(v));
     } else if constexpr (MODE == RNN_BF16) {
-        unsigned short h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return rnn_bf16_to_float(h);
+        return rnn_bf16_to_float(rnn_bits16<MODE>(v));
     } else {
         return v;
     }
@@ -218,10 +226,10 @@ __device__ void rnn_warp_gemv(const float* __restrict__ X, long ldx, int K,
 
 // ---- many rows: register tiles over staged chunks --------------------------------------------------------
 // One GEMM of a stage, for rnn_tile_gemms / rnn_mma_gemms: X (B, K) and W (NC, K) with row stride K; Ws its
-// resident copy or null.
-template <typename WT>
+// resident copy or null. XT: fp32, or the 16-bit copy of X on the fp16/bf16 tensor-core path (mma_gemm.cuh).
+template <typename WT, typename XT = float>
 struct RnnGemmT {
-    const float* X;
+    const XT* X;
     const WT* W;
     const WT* Ws;
     float* Y;
@@ -366,10 +374,10 @@ __device__ __forceinline__ void rnn_store_tile(const RnnGemm& J, const RnnTiles<
 
 // jobs[j] for a j known only at run time, by selects over the unrolled jobs: indexing the array with j would
 // put it in local memory.
-template <typename WT, int N>
-__device__ __forceinline__ RnnGemmT<WT> rnn_select(const RnnGemmT<WT> (&jobs)[N], int j)
+template <typename Job, int N>
+__device__ __forceinline__ Job rnn_select(const Job (&jobs)[N], int j)
 {
-    RnnGemmT<WT> J = jobs[0];
+    Job J = jobs[0];
 #pragma unroll
     for (int i = 1; i < N; ++i) {
         const bool hit = i == j;

@@ -30,7 +30,7 @@ import pytest
 import engine
 from compiler_cells import CELLS
 from engine.codegen import text_equations
-from engine.codegen.wavefront import entry_points, layer_fields, render_wavefront, stages
+from engine.codegen.wavefront import HALF_SUFFIX, entry_points, half_copies, layer_fields, render_wavefront, stages
 from engine.errors import CompileError
 from engine.plan import compile_program, make_plan
 from engine.schedules import autotune
@@ -215,7 +215,7 @@ def render(name, input_size, hidden_size, num_layers, batch, config, persistent,
                              num_layers=num_layers)
     program = make_plan(network, 17, batch, layout="interleaved", precision=precision).program
     tiling = make_tiling(program, network, batch, config, H100, persistent=persistent)
-    return program, render_wavefront(program, network, tiling)
+    return program, render_wavefront(program, network, tiling), tiling
 
 
 def case_id(case, mode):
@@ -255,10 +255,42 @@ def kernel_entries(source: str) -> dict[str, str]:
     return found
 
 
+@pytest.mark.parametrize("name,layers", [("lstm", 2), ("gru_cho", 1), ("gru", 3)])
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_16_bit_gemms_read_the_copy_the_cell_code_writes(name, layers, precision):
+    """On the fp16 / bf16 tensor-core path every GEMM X is a 16-bit copy, and every store to a copied buffer
+    writes the copy too (else a GEMM would read a stale or poisoned copy)."""
+    program, source, tiling = render(name, 40, 72, layers, 19, TileConfig(), True, precision)
+    halves = half_copies(program, tiling)
+    assert tiling.mma and halves
+    recurrent = {g.in_buffer for g in program.gemms if not g.hoisted}
+    assert recurrent <= set(halves)
+    assert (program.input_buffer in halves) == (layers > 1)       # projections in the kernel read the layer input
+    mode = "RNN_FP16" if precision == "float16" else "RNN_BF16"
+    tables = source.split(f"const RnnMmaJob<{mode}> jobs[")[1:]
+    jobs = [x for table in tables for x in re.findall(r"\{(L\.\w+)", table.split("};", 1)[0])]
+    assert tables and len(jobs) >= len(tables) and all(x.endswith(HALF_SUFFIX) for x in jobs), jobs
+    stored = re.findall(r"^\s*(\w+)\[[^\]]+\] = (\w+);$", source, re.M)
+    for kernel in program.kernels:
+        for store in kernel.stores:
+            param = next(p for p in kernel.params if p.name == store.access.param)
+            if param.source in halves:
+                line = f"{param.name}{HALF_SUFFIX}["
+                assert any(line in ln and f"rnn_bits16<{mode}>({store.var})" in ln for ln in source.splitlines()), \
+                    (kernel.name, store)
+    assert stored                                              # the fp32 stores are still there
+
+
+@pytest.mark.parametrize("precision,batch", [("float32", 19), ("tf32", 19), ("bfloat16", 3)])
+def test_fp32_tf32_and_the_gemv_path_keep_no_16_bit_copies(precision, batch):
+    program, source, tiling = render("lstm", 40, 72, 2, batch, TileConfig(), True, precision)
+    assert half_copies(program, tiling) == () and HALF_SUFFIX not in source
+
+
 @pytest.mark.parametrize("case,mode", ALL_SOURCES, ids=[case_id(c, m) for c, m in ALL_SOURCES])
 def test_wavefront_source_has_entry_points_struct_and_header(case, mode):
     name = case[0]
-    program, source = render(*case[:6], MODES[mode], *case[6:])
+    program, source, tiling = render(*case[:6], MODES[mode], *case[6:])
 
     names = entry_points(program)
     wanted = {names["persistent"]} if mode == "persistent" else set(names["wave"])
@@ -268,7 +300,7 @@ def test_wavefront_source_has_entry_points_struct_and_header(case, mode):
     for line in entries.values():
         assert 'extern "C"' in line, f"CuPy looks kernels up by their unmangled name: {line}"
 
-    assert layer_args_slots(source) == [f.name for f in layer_fields(program)]
+    assert layer_args_slots(source) == [f.name for f in layer_fields(program, tiling)]
 
     leading = []
     for line in source.splitlines():
@@ -296,7 +328,7 @@ def test_every_wavefront_source_compiles_with_nvcc(tmp_path):
     jobs = []
     for case, mode in ALL_SOURCES:
         label = case_id(case, mode)
-        _, source = render(*case[:6], MODES[mode], *case[6:])
+        _, source, _ = render(*case[:6], MODES[mode], *case[6:])
         path = tmp_path / f"{label}.cu"
         path.write_text(source)
         jobs.append((label, nvcc_command(path, tmp_path / f"{label}.cubin", MODES[mode])))

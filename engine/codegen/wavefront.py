@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import CompileError
 from ..network import Network
 from ..plan import Gemm, Kernel, Program
-from .cuda import helper_source, kernel_body
+from .cuda import helper_source, index_expr, kernel_body
 from .equations import text_equations
 from .precision import precision as lookup_precision
 
@@ -38,14 +39,40 @@ class LayerField:
     """One 8-byte field of the per-layer argument struct: a device pointer, or the layer's input size."""
 
     name: str                  # C field name (with [0]/[1] for the two versions of a double buffer)
-    kind: str                  # "buffer", "input", "weight", "bias", "param", "size"
+    kind: str                  # "buffer", "input", "half", "input_half", "weight", "bias", "param", "size"
     source: str                # buffer, GEMM or parameter name
     version: int | None = None
 
 
-def layer_fields(program: Program) -> tuple[LayerField, ...]:
+HALF_SUFFIX = "_h16"           # the 16-bit copy of buffer `name` is field `name_h16`
+
+
+def half_copies(program: Program, tiling=None) -> tuple[str, ...]:
+    """The buffers whose 16-bit copy the kernels keep beside the fp32 values: on the fp16 / bf16 tensor-core
+    path, every buffer a GEMM of the kernel reads as X (the recurrent inputs; with the input projections in the
+    kernel, the layer input and so the layer output). The cell code writes the copy as it stores the fp32
+    value, rounded to the mode once (kernels/tile_gemm.cuh rnn_bits16), and the GEMMs stage it: half the bytes
+    of fp32 through L2 and shared memory, and fragments that load with ldmatrix (kernels/mma_gemm.cuh)."""
+    prec = lookup_precision(program.precision)
+    if tiling is None or not tiling.mma or prec.weight_bytes != 2:
+        return ()
+    in_kernel = {t.name for t in tiling.gemms}
+    names = []
+    for g in program.gemms:
+        if g.name in in_kernel:
+            names += [program.input_buffer, program.output_buffer] if g.hoisted else [g.in_buffer]
+    written_by_gemms = {g.out_buffer for g in program.gemms} & set(names)
+    if written_by_gemms:
+        raise CompileError(f"cell '{program.cell.name}': buffer {sorted(written_by_gemms)[0]!r} is both a GEMM's "
+                           "output and another GEMM's input, so the cell code cannot keep its 16-bit copy; hint: "
+                           "this is a bug in the planner, run with precision='float32' meanwhile")
+    return tuple(dict.fromkeys(names))
+
+
+def layer_fields(program: Program, tiling=None) -> tuple[LayerField, ...]:
     """The layout of `struct LayerArgs`, in order. The host packs one int64 per field per layer."""
     fields = []
+    halves = half_copies(program, tiling)
     for buf in program.buffers:
         if buf.name == program.input_buffer:
             fields.append(LayerField(buf.name, "input", buf.name))
@@ -53,6 +80,16 @@ def layer_fields(program: Program) -> tuple[LayerField, ...]:
             fields += [LayerField(buf.name, "buffer", buf.name, 0), LayerField(buf.name, "buffer", buf.name, 1)]
         else:
             fields.append(LayerField(buf.name, "buffer", buf.name))
+    for buf in program.buffers:
+        if buf.name not in halves:
+            continue
+        name = buf.name + HALF_SUFFIX
+        if buf.name == program.input_buffer:
+            fields.append(LayerField(name, "input_half", buf.name))
+        elif buf.double:
+            fields += [LayerField(name, "half", buf.name, 0), LayerField(name, "half", buf.name, 1)]
+        else:
+            fields.append(LayerField(name, "half", buf.name))
     for g in program.gemms:
         fields += [LayerField(f"W_{g.name}", "weight", g.name), LayerField(f"bias_{g.name}", "bias", g.name)]
     for name in program.kernel_params:
@@ -61,21 +98,24 @@ def layer_fields(program: Program) -> tuple[LayerField, ...]:
     return tuple(fields)
 
 
-def _struct(program: Program) -> list[str]:
+def _struct(program: Program, tiling) -> list[str]:
     lines = ["// One per layer, packed by the host as int64s in this order (engine.codegen.wavefront.layer_fields).",
              "struct LayerArgs {"]
     seen = set()
-    for f in layer_fields(program):
+    for f in layer_fields(program, tiling):
         if f.name in seen:
             continue
         seen.add(f.name)
-        if f.kind == "buffer":
+        if f.kind in ("buffer", "half"):
             buf = program.buffer(f.source)
             rows = "T*B" if buf.rows == "sequence" else "B"
             dims = f"[2]; " if buf.double else "; "
-            lines.append(f"    float* {f.name}{dims.rstrip()}".ljust(40) + f"// ({rows}, {buf.cols}) {buf.doc}")
+            ctype, doc = ("float", buf.doc) if f.kind == "buffer" else ("unsigned short", f"{f.source} in 16 bits")
+            lines.append(f"    {ctype}* {f.name}{dims.rstrip()}".ljust(40) + f"// ({rows}, {buf.cols}) {doc}")
         elif f.kind == "input":
             lines.append(f"    const float* {f.name};".ljust(40) + "// (T*B, I) x, or the output of the layer below")
+        elif f.kind == "input_half":
+            lines.append(f"    const unsigned short* {f.name};".ljust(40) + f"// (T*B, I) {f.source} in 16 bits")
         elif f.kind == "weight":
             wt = lookup_precision(program.precision).weight_type
             note = "" if wt == "float" else f" ({program.precision} bits)"
@@ -90,31 +130,34 @@ def _struct(program: Program) -> list[str]:
     return lines
 
 
-def _pointer(program: Program, param) -> str:
-    """The C expression a kernel argument becomes inside a wavefront stage."""
+def _pointer(program: Program, param, suffix: str = "") -> str:
+    """The C expression a kernel argument (or, with suffix HALF_SUFFIX, its 16-bit copy) becomes inside a
+    wavefront stage."""
     if param.kind == "param":
         return f"L.p_{param.source}"
     buf = program.buffer(param.source)
     if buf.double:
-        return f"L.{param.source}[{'(t + 1) & 1' if param.version == 'next' else 't & 1'}]"
-    return f"L.{param.source}"
+        return f"L.{param.source}{suffix}[{'(t + 1) & 1' if param.version == 'next' else 't & 1'}]"
+    return f"L.{param.source}{suffix}"
 
 
-def _gemm_operands(program: Program, gemm: Gemm, tile) -> dict[str, str]:
-    """The C expressions of one GEMM's operands for this block (its nt x tu columns)."""
+def _gemm_operands(program: Program, gemm: Gemm, tile, halves=()) -> dict[str, str]:
+    """The C expressions of one GEMM's operands for this block (its nt x tu columns); X is the 16-bit copy
+    when the buffer has one (half_copies)."""
     nt = len(gemm.terms)
     wt = lookup_precision(program.precision).weight_type
     resident = f"smem + {tile.smem_offset}" if wt == "float" else f"reinterpret_cast<const {wt}*>(smem + {tile.smem_offset})"
     out = {"K": f"K_{gemm.name}", "N": f"N_{gemm.name}", "NC": f"{nt} * tu",
            "W": f"L.W_{gemm.name} + (long)u0 * {nt} * K_{gemm.name}",
            "Ws": resident if tile.resident else "nullptr"}
+    half = HALF_SUFFIX if (program.input_buffer if gemm.hoisted else gemm.in_buffer) in halves else ""
     if gemm.hoisted:
-        out["X"] = f"L.{program.input_buffer} + (long)t * B * K_{gemm.name}"
+        out["X"] = f"L.{program.input_buffer}{half} + (long)t * B * K_{gemm.name}"
         out["Y"] = f"L.{gemm.out_buffer} + (long)t * B * N_{gemm.name} + (long)u0 * {nt}"
         out["bias"] = f"L.bias_{gemm.name} ? L.bias_{gemm.name} + (long)u0 * {nt} : nullptr"
         out["what"] = "input projection of step t (x, or row block t of the layer below)"
     else:
-        out["X"] = f"L.{gemm.in_buffer}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
+        out["X"] = f"L.{gemm.in_buffer}{half}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
         out["Y"] = f"L.{gemm.out_buffer} + (long)u0 * {nt}"
         out["bias"] = "nullptr"
         out["what"] = ", ".join(t.name for t in gemm.terms)
@@ -124,7 +167,8 @@ def _gemm_operands(program: Program, gemm: Gemm, tile) -> dict[str, str]:
 def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> list[str]:
     """Every GEMM of one stage for this block, then a barrier: their outputs are complete for the block."""
     tiles = {t.name: t for t in tiling.gemms}
-    ops = [_gemm_operands(program, g, tiles[g.name]) for g in gemms]
+    halves = half_copies(program, tiling)
+    ops = [_gemm_operands(program, g, tiles[g.name], halves) for g in gemms]
     lines = [f"{indent}{{   // the stage's GEMMs, this block's columns: "
              + "; ".join(f"{g.name} ({o['what']})" for g, o in zip(gemms, ops))]
     for g in gemms:
@@ -141,7 +185,7 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
         lines.append(f"{indent}    __syncthreads();")
     else:
         vec = min(tiles[g.name].vec for g in gemms)
-        job = "RnnGemm" if prec.weight_type == "float" else f"RnnGemmT<{prec.weight_type}>"
+        job = f"RnnMmaJob<{MODE_NAMES[prec.mode]}>" if tiling.mma else "RnnGemm"
         lines.append(f"{indent}    const {job} jobs[{len(gemms)}] = {{")
         for o in ops:
             lines.append(f"{indent}        {{{o['X']}, {o['W']}, {o['Ws']},")
@@ -155,15 +199,23 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
     return lines + [f"{indent}}}"]
 
 
-def _elementwise(kernel: Kernel, program: Program, precision, indent: str) -> list[str]:
+def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halves=()) -> list[str]:
     lines = [f"{indent}{{   // {kernel.name}: the fused backend's kernel body, on this block's units"]
+    copied = {p.name for p in kernel.params if p.writes and p.kind == "buffer" and p.source in halves}
     for p in kernel.params:
         qualifier = "" if p.writes else "const "
         lines.append(f"{indent}    {qualifier}float* __restrict__ {p.name} = {_pointer(program, p)};")
+        if p.name in copied:
+            lines.append(f"{indent}    unsigned short* __restrict__ {p.name}{HALF_SUFFIX} = "
+                         f"{_pointer(program, p, HALF_SUFFIX)};   // its 16-bit copy, read by a GEMM")
     lines.append(f"{indent}    for (int e = threadIdx.x; e < B * tu; e += blockDim.x) {{")
     lines.append(f"{indent}        const long b = e / tu;")
     lines.append(f"{indent}        const int j = u0 + (int)(e - b * tu);")
     lines += kernel_body(kernel, precision, indent + "        ")
+    for store in kernel.stores:
+        if store.access.param in copied:
+            lines.append(f"{indent}        {store.access.param}{HALF_SUFFIX}[{index_expr(store.access)}] = "
+                         f"rnn_bits16<{MODE_NAMES[lookup_precision(program.precision).mode]}>({store.var});")
     lines.append(f"{indent}    }}")
     lines.append(f"{indent}}}")
     return lines
@@ -218,7 +270,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
                   f"constexpr int NC_STREAMED = {tiling.nc_streamed};       // rows of W staged per chunk (0: all resident)",
                   f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the staging area"]
     lines.append("")
-    lines += _struct(program) + [""]
+    lines += _struct(program, tiling) + [""]
 
     for s in present:
         lines.append(f"// Stage {s} of step t for this block's units [u0, u0 + tu) of layer `layer`.")
@@ -231,7 +283,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
         if gemms:
             lines += _gemm_calls(program, gemms, tiling, "    ")
         for k in program.stage_kernels(s):
-            lines += _elementwise(k, program, prec, "    ")
+            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling))
         lines.append("    (void)I;")
         lines.append("}")
         lines.append("")

@@ -57,6 +57,11 @@ def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, c
     return kernel
 
 
+def _version0(buffer):
+    """Version 0 of a buffer: the array, or the first of a double buffer's two."""
+    return buffer[0] if isinstance(buffer, list) else buffer
+
+
 class WavefrontSchedule:
     """Host side of a wavefront schedule for one network and parameter set."""
 
@@ -86,7 +91,7 @@ class WavefrontSchedule:
 
     # ---- build: once per (T, B) -------------------------------------------------------------------
     def _build(self, T: int, B: int) -> None:
-        from ..codegen.wavefront import entry_points, layer_fields, render_wavefront
+        from ..codegen.wavefront import entry_points, half_copies, layer_fields, render_wavefront
         cupy, network = self.cupy, self.network
         plan, tiling = self.plan(T, B)
         program = plan.program
@@ -126,6 +131,29 @@ class WavefrontSchedule:
                     first = cupy.empty(shape, dtype=cupy.float32)
                 bufs[buf.name] = [first, cupy.empty(shape, dtype=cupy.float32)] if buf.double else first
             self.buffers.append(bufs)
+        # The 16-bit copies of the GEMMs' X operands (fp16 / bf16 on the tensor-core path): the kernels write them
+        # beside the fp32 values; the run writes those of x and of the initial states. State copies share an arena.
+        self.halves = half_copies(program, tiling)
+        home_halves = [name for name in self.halves if name in homes]
+        self.half_arena = cupy.zeros(max(sum(span(shapes[layer, n]) for layer in range(L) for n in home_halves), 1),
+                                     dtype=cupy.uint16)
+        offset = 0
+        self.half_buffers = []
+        for layer in range(L):
+            bufs = {}
+            for name in self.halves:
+                if name == program.input_buffer:
+                    continue
+                shape = shapes[layer, name]
+                if name in home_halves:
+                    first = self.half_arena[offset:offset + shape[0] * shape[1]].reshape(shape)
+                    offset += span(shape)
+                else:
+                    first = cupy.empty(shape, dtype=cupy.uint16)
+                bufs[name] = [first, cupy.empty(shape, dtype=cupy.uint16)] if program.buffer(name).double else first
+            self.half_buffers.append(bufs)
+        self.x_half = (cupy.empty((T * B, network.input_size), dtype=cupy.uint16)
+                       if program.input_buffer in self.halves else None)
         self.weights, self.vectors = [], []
         for layer in range(L):
             # Weights as the kernels read them: float32, tf32-rounded float32, or fp16/bf16 bit patterns.
@@ -136,7 +164,7 @@ class WavefrontSchedule:
             self.vectors.append({n: cupy.asarray(np.asarray(self.params[layer][n]), dtype=cupy.float32)
                                  for n in program.kernel_params})
         self.x_device = cupy.empty((T * B, network.input_size), dtype=cupy.float32)
-        fields = layer_fields(program)
+        fields = layer_fields(program, tiling)
         table = np.zeros((L, len(fields)), dtype=np.int64)
         for layer in range(L):
             for i, f in enumerate(fields):
@@ -150,9 +178,12 @@ class WavefrontSchedule:
         if f.kind == "input":
             source = self.x_device if layer == 0 else self.buffers[layer - 1][program.output_buffer]
             return source.data.ptr
-        if f.kind == "buffer":
-            buf = self.buffers[layer][f.source]
+        if f.kind in ("buffer", "half"):
+            buf = (self.buffers if f.kind == "buffer" else self.half_buffers)[layer][f.source]
             return (buf[f.version] if f.version is not None else buf).data.ptr
+        if f.kind == "input_half":
+            source = self.x_half if layer == 0 else self.half_buffers[layer - 1][program.output_buffer]
+            return source.data.ptr
         if f.kind == "weight":
             return self.weights[layer][f.source][0].data.ptr
         if f.kind == "bias":
@@ -185,12 +216,14 @@ class WavefrontSchedule:
         on_gpu = isinstance(x, cupy.ndarray)
         program, L, H = self.plan_.program, network.num_layers, network.hidden_size
         # Everything runs on the caller's stream, in order after whatever wrote x: no host round trip.
-        if poison:
-            for bufs in self.buffers:
+        if poison:   # NaN everywhere: 0xFFFF is a NaN in fp16 and in bf16
+            for bufs, fill in [(b, math.nan) for b in self.buffers] + [(b, 0xFFFF) for b in self.half_buffers]:
                 for value in bufs.values():
                     for array in (value if isinstance(value, list) else [value]):
-                        array.fill(math.nan)
+                        array.fill(fill)
         self.x_device[...] = cupy.asarray(x, dtype=cupy.float32).reshape(T * B, network.input_size)
+        if self.x_half is not None:
+            self.x_half[...] = self._bits16(self.x_device)
         self._init_states(initial_states)
         group = self.tiling.num_layers
         for first in range(0, L, group):        # one launch per group of layers (usually one group)
@@ -224,8 +257,14 @@ class WavefrontSchedule:
             weight, bias = self.weights[layer][g.name]
             project(self.cupy, source, weight, bias, self.buffers[layer][g.out_buffer], self.precision)
 
+    def _bits16(self, values):
+        """values (float32) as the kernels' 16-bit copies: fp16 or bf16 bit patterns, rounded to nearest even."""
+        from .project import round_activations
+        return round_activations(self.cupy, values, self.precision).view(self.cupy.uint16)
+
     def _init_states(self, initial_states: dict | None) -> None:
         self.state_arena.fill(0.0)
+        self.half_arena.fill(0)                 # 0x0000 is +0 in fp16 and bf16
         if not initial_states:
             return
         program, H = self.plan_.program, self.network.hidden_size
@@ -235,9 +274,10 @@ class WavefrontSchedule:
                 value = initial_states.get(home.state)
                 if value is None:
                     continue
-                buf = bufs[home.slot.buffer]
-                target = buf[0] if isinstance(buf, list) else buf
+                target = _version0(bufs[home.slot.buffer])
                 target[:, slot_columns(home.slot, sizes, H)] = self.cupy.asarray(value[layer], dtype=self.cupy.float32)
+            for name in {h.slot.buffer for h in program.homes} & set(self.halves):
+                _version0(self.half_buffers[layer][name])[...] = self._bits16(_version0(bufs[name]))
 
     def stage_count(self) -> int:
         from ..codegen.wavefront import stages

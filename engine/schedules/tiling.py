@@ -208,7 +208,8 @@ def weight_floats(rows: int, k: int, prec: Precision) -> int:
 
 
 def x_stride(k_chunk: int, prec: Precision) -> int:
-    """Floats between rows of a staged X chunk on the tensor-core path (rnn_xstride in kernels/mma_gemm.cuh)."""
+    """Elements between rows of a staged X chunk on the tensor-core path (rnn_xstride in kernels/mma_gemm.cuh):
+    floats for tf32, 16-bit values for fp16 / bf16 (their GEMMs read the 16-bit copy of X)."""
     return round_up(k_chunk, 8) + 4 if prec.name == "tf32" else round_up(k_chunk, 16) + 8
 
 
@@ -216,7 +217,8 @@ def mma_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: i
                 prec: Precision) -> int:
     """Floats of staging rnn_mma_gemms needs (kernels/mma_gemm.cuh): per stage an X chunk and a W chunk when
     some weight is streamed; then the split-K partial sums."""
-    slot = bp * x_stride(k_chunk, prec) + weight_floats(nc_streamed, k_chunk, prec)
+    x_bytes = 4 if prec.name == "tf32" else prec.weight_bytes
+    slot = bp * x_stride(k_chunk, prec) * x_bytes // FLOAT_BYTES + weight_floats(nc_streamed, k_chunk, prec)
     return stages * slot + (threads * tile if reduce else 0)
 
 

@@ -127,13 +127,32 @@ struct RnnWarpTiles {
     }
 };
 
-// The fragments of one k step of a warp's tiles (rows m_first.., columns n_first..), and their products.
-// xa, wa: this lane's ldmatrix addresses at row tile 0, column group 0 of the step (rnn_lane_a, rnn_lane_b);
-// ldxb, ldwb: bytes between rows of X and of W.
-template <int MODE, int WM, int WN>
-__device__ __forceinline__ void rnn_frags(unsigned (&a)[WM][4], unsigned (&b)[WN][2], unsigned xa, int ldxb, unsigned wa,
-                                          int ldwb, int m_first, int n_first, int mt, int nt)
+// Where this lane's ldmatrix row of an operand in shared memory lies: `row` is the byte address of its row at
+// column 0; the 16-byte group of k step s is 2 s + hi, stored at group (2 s + hi) ^ sw: sw = 0 for rows of a
+// padded stride, row % 8 for the swizzled chunks of the bulk pipeline (eight rows of one 16-byte group in eight
+// bank groups). For A, the lane's row is lane % 16 of a tile and hi = lane / 16; for a pair of B column groups,
+// row 8 (lane / 16) + lane % 8 and hi = lane / 8 % 2 (the x2 form reads lanes 0-15 only: the first group).
+struct RnnLaneAt {
+    unsigned row;
+    int hi, sw;
+    __device__ __forceinline__ unsigned at(int s) const { return row + ((((s << 1) + hi) ^ sw) << 4); }
+};
+__device__ __forceinline__ RnnLaneAt rnn_lane_a(unsigned base, int ld, int lane, bool swizzled)
 {
+    return {base + (lane & 15) * ld, lane >> 4, swizzled ? lane & 7 : 0};
+}
+__device__ __forceinline__ RnnLaneAt rnn_lane_b(unsigned base, int ld, int lane, bool swizzled)
+{
+    return {base + ((lane >> 4) * 8 + (lane & 7)) * ld, (lane >> 3) & 1, swizzled ? lane & 7 : 0};
+}
+
+// The fragments of k step s of a warp's tiles (rows m_first.., columns n_first..), and their products; ldxb, ldwb:
+// bytes between rows of X and of W.
+template <int MODE, int WM, int WN>
+__device__ __forceinline__ void rnn_frags(unsigned (&a)[WM][4], unsigned (&b)[WN][2], const RnnLaneAt& x, int ldxb,
+                                          const RnnLaneAt& w, int ldwb, int s, int m_first, int n_first, int mt, int nt)
+{
+    const unsigned xa = x.at(s), wa = w.at(s);
 #pragma unroll
     for (int i = 0; i < WM; ++i)
         if (m_first + i < mt) rnn_frag_a<MODE>(a[i], xa + (m_first + i) * 16 * ldxb);
@@ -155,32 +174,22 @@ __device__ __forceinline__ void rnn_mmas(float (&acc)[WM][WN][4], const unsigned
             if (m_first + i < mt && n_first + j < nt) rnn_mma<MODE>(acc[i][j], a[i], b[j]);
 }
 
-// This lane's ldmatrix row address in an operand at byte address `base`, rows `ld` bytes apart: for A, row
-// lane % 16 and 16 * (lane / 16) bytes in; for a pair of B column groups, row 8 * (lane / 16) + lane % 8 and
-// 16 * (lane / 8 % 2) bytes in (the x2 form reads lanes 0-15 only: the first group).
-__device__ __forceinline__ unsigned rnn_lane_a(unsigned base, int ld, int lane) { return base + (lane & 15) * ld + (lane >> 4) * 16; }
-__device__ __forceinline__ unsigned rnn_lane_b(unsigned base, int ld, int lane)
-{
-    return base + ((lane >> 4) * 8 + (lane & 7)) * ld + ((lane >> 3) & 1) * 16;
-}
-
-// One staged chunk into a warp's accumulators: k steps s_begin, s_begin + s_step, ... < s_end (a step is 32 bytes
-// of a row in both element sizes). The fragments of the next step are loaded before the products of this one
-// (two register sets), so shared-memory latency hides behind the tensor cores even with two warps per scheduler.
+// One staged chunk into a warp's accumulators: k steps s_begin, s_begin + s_step, ... < s_end. The fragments of
+// the next step are loaded before the products of this one (two register sets), so shared-memory latency hides
+// behind the tensor cores even with two warps per scheduler.
 template <int MODE, int WM, int WN>
-__device__ __forceinline__ void rnn_mma_chunk_tc(float (&acc)[WM][WN][4], unsigned xa, int ldxb, unsigned wa, int ldwb,
-                                                 int m_first, int n_first, int mt, int nt, int s_begin, int s_end, int s_step)
+__device__ __forceinline__ void rnn_mma_chunk_tc(float (&acc)[WM][WN][4], const RnnLaneAt& x, int ldxb, const RnnLaneAt& w,
+                                                 int ldwb, int m_first, int n_first, int mt, int nt, int s_begin, int s_end,
+                                                 int s_step)
 {
     if (s_begin >= s_end) return;
     unsigned a0[WM][4], b0[WN][2], a1[WM][4], b1[WN][2];
-    rnn_frags<MODE, WM, WN>(a0, b0, xa + s_begin * 32, ldxb, wa + s_begin * 32, ldwb, m_first, n_first, mt, nt);
+    rnn_frags<MODE, WM, WN>(a0, b0, x, ldxb, w, ldwb, s_begin, m_first, n_first, mt, nt);
     int s = s_begin;
     for (; s + s_step < s_end; s += 2 * s_step) {
-        const unsigned k1 = (s + s_step) * 32, k2 = (s + 2 * s_step) * 32;
-        rnn_frags<MODE, WM, WN>(a1, b1, xa + k1, ldxb, wa + k1, ldwb, m_first, n_first, mt, nt);
+        rnn_frags<MODE, WM, WN>(a1, b1, x, ldxb, w, ldwb, s + s_step, m_first, n_first, mt, nt);
         rnn_mmas<MODE, WM, WN>(acc, a0, b0, m_first, n_first, mt, nt);
-        if (s + 2 * s_step < s_end)
-            rnn_frags<MODE, WM, WN>(a0, b0, xa + k2, ldxb, wa + k2, ldwb, m_first, n_first, mt, nt);
+        if (s + 2 * s_step < s_end) rnn_frags<MODE, WM, WN>(a0, b0, x, ldxb, w, ldwb, s + 2 * s_step, m_first, n_first, mt, nt);
         rnn_mmas<MODE, WM, WN>(acc, a1, b1, m_first, n_first, mt, nt);
     }
     if (s < s_end) rnn_mmas<MODE, WM, WN>(acc, a0, b0, m_first, n_first, mt, nt);   // an odd number of steps
@@ -253,31 +262,124 @@ __device__ __forceinline__ void rnn_stage_next_mma(const RnnMmaJob<MODE> (&jobs)
     if (--at.left == 0 && ++at.job < N) at.left = rnn_chunk_count_mma<WM, WN, KC>(rnn_select(jobs, at.job), B);
 }
 
+// Hopper's bulk copies and transaction barriers (PTX ISA, "cp.async.bulk", "mbarrier"): a thread copies a
+// contiguous global range into shared memory, and an mbarrier of the block completes its phase when the bytes it
+// was told to expect have landed. RNN_BULK: compiled for sm_90 or newer.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RNN_BULK 1
+#else
+#define RNN_BULK 0
+#endif
+__device__ __forceinline__ void rnn_bar_init(unsigned bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void rnn_bar_expect(unsigned bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void rnn_bar_arrive(unsigned bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of the given parity has completed (use n of a barrier: parity n % 2).
+__device__ __forceinline__ void rnn_bar_wait(unsigned bar, unsigned parity)
+{
+    unsigned done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void rnn_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// The bulk pipeline's layout of a 16-bit operand in global memory: row blocks of B rows (one time step of a
+// sequence buffer, or the whole (B, K) buffer), each as K / KC chunks of B rows x KC columns, so that one chunk is
+// one contiguous copy; inside a chunk, row b's 16-byte group c sits at group c ^ (b % 8) (RnnLaneAt). The cell code
+// writes the copies of X through this index; the host lays out x, the initial states and streamed weights alike
+// (engine/schedules/base.py chunked_order).
+template <int KC>
+__device__ __forceinline__ long rnn_chunked(long block, int b, int k, int B, int K)
+{
+    const int w = k % KC;
+    return ((block * (K / KC) + k / KC) * B + b) * (long)KC + (((w >> 3) ^ (b & 7)) << 3) + (w & 7);
+}
+
+// Lane 0 of warp 0 stages the chunk under the cursor into the slot at shared address `at`: X rows B x KC of the
+// chunked 16-bit copy, and W rows ncs x KC of the chunked weight when W is not resident, one bulk copy each; the
+// full barrier `bar` expects their bytes. Moves the cursor.
+template <int MODE, int WM, int WN, int KC, int N>
+__device__ __forceinline__ void rnn_bulk_stage(const RnnMmaJob<MODE> (&jobs)[N], RnnCursor& cur, unsigned at, int x_bytes,
+                                               int B, int ncs, unsigned bar)
+{
+    using WT = typename RnnWeight<MODE>::type;
+    using XT = typename RnnX<MODE>::type;
+    const RnnMmaJob<MODE> J = rnn_select(jobs, cur.job);
+    const unsigned xb = B * KC * sizeof(XT), wb = J.Ws ? 0u : ncs * KC * sizeof(WT);
+    rnn_bar_expect(bar, xb + wb);
+    rnn_bulk_copy(at, J.X + (long)cur.chunk * B * KC, xb, bar);
+    if (wb) rnn_bulk_copy(at + x_bytes, J.W + (long)cur.chunk * ncs * KC, wb, bar);
+    if (++cur.chunk * KC >= J.K) cur.chunk = 0;
+    if (--cur.left == 0 && ++cur.job < N) cur.left = rnn_chunk_count_mma<WM, WN, KC>(rnn_select(jobs, cur.job), B);
+}
+
 // Every GEMM of one stage on tensor cores: the pipeline of rnn_tile_gemms with warps for threads.
-// Shared memory (floats, from smem): STAGES slots of an X chunk (round_up(B, 16) rows of rnn_xstride(KC)
-// elements of X) and, when some weight is streamed, a W chunk (ncs rows of rnn_wstride(KC) elements, rounded
-// up to 16 bytes); then the split-K partial sums (blockDim * WM * WN * 4 floats).
-template <int MODE, int WM, int WN, int VEC, int STAGES, int KC, int N>
+//
+// BULK (fp16 / bf16 on sm_90, every K a multiple of KC, operands in the chunked layout above): Hopper's pipeline.
+// Lane 0 of warp 0 stages chunk g + STAGES - 1 with one bulk copy of X (and one of W) while every warp multiplies
+// chunk g; a warp waits on the slot's full barrier (its bytes have landed) and releases the slot on its empty
+// barrier (one arrival a warp), which warp 0 waits on before refilling it. No block-wide barrier per chunk: a warp
+// runs ahead of the slowest by up to STAGES - 1 chunks. Otherwise every thread issues 16-byte cp.async copies of
+// rows of a padded stride (or plain loads) and the block meets at a barrier per chunk.
+//
+// Shared memory (floats, from smem): STAGES x 4 floats of barriers (full[s], empty[s]: 8 bytes each, used by BULK);
+// STAGES slots of an X chunk (round_up(B, 16) rows of rnn_xstride(KC) elements, KC when BULK) and, when some weight
+// is streamed, a W chunk (ncs rows of rnn_wstride(KC) elements, KC when BULK, rounded up to 16 bytes); then the
+// split-K partial sums (blockDim * WM * WN * 4 floats).
+template <int MODE, int WM, int WN, int VEC, int STAGES, int KC, bool BULK_ASKED, int N>
 __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __restrict__ smem, int ncs)
 {
     using WT = typename RnnWeight<MODE>::type;
     using XT = typename RnnX<MODE>::type;
-    constexpr int ldx = rnn_xstride<MODE>(KC), ldws = rnn_wstride<MODE>(KC);
+    constexpr bool BULK = BULK_ASKED && RNN_BULK;
+    static_assert(!BULK || (MODE != RNN_TF32 && KC % 64 == 0), "the bulk pipeline copies 16-bit X in chunks of 64 columns");
+    constexpr int ldx = BULK ? KC : rnn_xstride<MODE>(KC), ldws = BULK ? KC : rnn_wstride<MODE>(KC);
     const int x_floats = rnn_round_up(B, 16) * ldx * (int)sizeof(XT) / 4;
     const int slot_floats = x_floats + (int)((ncs * ldws * sizeof(WT) + 15) / 16 * 4);
-    float* red = smem + STAGES * slot_floats;
+    const unsigned bars = (unsigned)__cvta_generic_to_shared(smem);          // full[s]: bars + 8 s; empty[s]: + 8 STAGES
+    float* slots = smem + 4 * STAGES;
+    float* red = slots + STAGES * slot_floats;
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
-    const unsigned smem_at = (unsigned)__cvta_generic_to_shared(smem);
+    const unsigned slots_at = (unsigned)__cvta_generic_to_shared(slots);
     int total = 0;
 #pragma unroll
     for (int j = 0; j < N; ++j) total += rnn_chunk_count_mma<WM, WN, KC>(jobs[j], B);
     RnnCursor at{0, 0, rnn_chunk_count_mma<WM, WN, KC>(jobs[0], B)};
 
     __syncthreads();                                   // nobody still reads what the slots held before
+    if constexpr (BULK) {
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < STAGES; ++s) {
+                rnn_bar_init(bars + 8 * s, 1);                     // warp 0's expect_tx arrival, then the bytes
+                rnn_bar_init(bars + 8 * (STAGES + s), warps);      // one arrival a warp
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            asm volatile("fence.proxy.async;\n" ::: "memory");   // X written by every block (generic), then bulk reads
+            for (int s = 0; s < STAGES - 1 && s < total; ++s)
+                rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + s * slot_floats * 4, x_floats * 4, B, ncs, bars + 8 * s);
+        }
+    } else {
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < total) rnn_stage_next_mma<MODE, WM, WN, VEC, KC>(jobs, at, smem + (s % STAGES) * slot_floats, x_floats, B);
-        rnn_cp_async_commit();                         // an empty group when there is nothing left: counts stay uniform
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < total) rnn_stage_next_mma<MODE, WM, WN, VEC, KC>(jobs, at, slots + (s % STAGES) * slot_floats, x_floats, B);
+            rnn_cp_async_commit();                     // an empty group when there is nothing left: counts stay uniform
+        }
     }
     int g = 0;
 #pragma unroll
@@ -286,11 +388,11 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
         const RnnWarpTiles<WM, WN> tl(B, J.NC);
         const int chunks = (J.K + KC - 1) / KC;
         const bool resident = J.Ws != nullptr;
-        const int ldwb = (resident ? rnn_wstride<MODE>(J.K) : ldws) * (int)sizeof(WT);
-        // This lane's ldmatrix addresses at slot 0, chunk 0 (resident W: column 0 of the resident rows).
-        const unsigned xa0 = rnn_lane_a(smem_at, ldx * (int)sizeof(XT), lane);
-        const unsigned wa0 = resident ? rnn_lane_b((unsigned)__cvta_generic_to_shared(J.Ws), ldwb, lane)
-                                      : rnn_lane_b(smem_at + x_floats * 4, ldwb, lane);
+        const int ldxb = ldx * (int)sizeof(XT), ldwb = (resident ? rnn_wstride<MODE>(J.K) : ldws) * (int)sizeof(WT);
+        // This lane's ldmatrix rows at slot 0, chunk 0 (resident W: column 0 of the resident rows, padded).
+        const RnnLaneAt xl = rnn_lane_a(slots_at, ldxb, lane, BULK);
+        const RnnLaneAt wl = resident ? rnn_lane_b((unsigned)__cvta_generic_to_shared(J.Ws), ldwb, lane, false)
+                                      : rnn_lane_b(slots_at + x_floats * 4, ldwb, lane, BULK);
         for (int pass = 0; pass < tl.passes; ++pass) {
             const int slot = tl.split > 1 ? warp % tl.groups : pass * warps + warp;
             const int part = tl.split > 1 ? warp / tl.groups : 0;
@@ -298,23 +400,40 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
             const int m_first = (slot / tl.tn) * WM, n_first = (slot % tl.tn) * WN;
             float acc[WM][WN][4] = {};                 // this pass's tiles, from zero
             for (int chunk = 0; chunk < chunks; ++chunk, ++g) {
-                rnn_cp_async_wait<STAGES - 2>();       // chunk g has landed (this thread's copies)
-                __syncthreads();                       // ... everyone's; and chunk g - 1 is no longer read
-                if (g + STAGES - 1 < total)            // into the slot chunk g - 1 used
-                    rnn_stage_next_mma<MODE, WM, WN, VEC, KC>(jobs, at, smem + ((g + STAGES - 1) % STAGES) * slot_floats,
-                                                              x_floats, B);
-                rnn_cp_async_commit();
+                const int s = g % STAGES, next = g + STAGES - 1;
+                if constexpr (BULK) {
+                    if (threadIdx.x == 0 && next < total) {   // refill the slot of chunk g - 1 once every warp is done
+                        const int sn = next % STAGES;
+                        if (next >= STAGES) rnn_bar_wait(bars + 8 * (STAGES + sn), (next / STAGES - 1) & 1);
+                        rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + sn * slot_floats * 4, x_floats * 4, B, ncs,
+                                                         bars + 8 * sn);
+                    }
+                    rnn_bar_wait(bars + 8 * s, (g / STAGES) & 1);  // chunk g has landed
+                } else {
+                    rnn_cp_async_wait<STAGES - 2>();   // chunk g has landed (this thread's copies)
+                    __syncthreads();                   // ... everyone's; and chunk g - 1 is no longer read
+                    if (next < total)                  // into the slot chunk g - 1 used
+                        rnn_stage_next_mma<MODE, WM, WN, VEC, KC>(jobs, at, slots + (next % STAGES) * slot_floats,
+                                                                  x_floats, B);
+                    rnn_cp_async_commit();
+                }
                 const int k0 = chunk * KC, steps = rnn_round_up(min(KC, J.K - k0), RnnMma<MODE>::KS) / RnnMma<MODE>::KS;
-                const unsigned slot_at = (g % STAGES) * slot_floats * 4;
-                const unsigned xa = xa0 + slot_at, wa = resident ? wa0 + k0 * (int)sizeof(WT) : wa0 + slot_at;
+                const unsigned slot_at = s * slot_floats * 4;
+                RnnLaneAt xs = xl, ws = wl;
+                xs.row += slot_at;
+                ws.row += resident ? k0 * (int)sizeof(WT) : slot_at;
                 if (active)
-                    rnn_mma_chunk_tc<MODE, WM, WN>(acc, xa, ldx * (int)sizeof(XT), wa, ldwb, m_first, n_first, tl.mt,
-                                                   tl.nt, part, steps, tl.split);
+                    rnn_mma_chunk_tc<MODE, WM, WN>(acc, xs, ldxb, ws, ldwb, m_first, n_first, tl.mt, tl.nt, part, steps,
+                                                   tl.split);
+                if constexpr (BULK) {
+                    __syncwarp();
+                    if (lane == 0) rnn_bar_arrive(bars + 8 * (STAGES + s));   // this warp is done with slot s
+                }
             }
             rnn_store_mma<WM, WN>(J, tl, acc, B, slot, part, active, red);
         }
     }
-    rnn_cp_async_wait<0>();                            // only empty groups remain
+    if constexpr (!BULK) rnn_cp_async_wait<0>();       // only empty groups remain
     __syncthreads();                                   // Y is complete for the whole block; the slots are free
 }
 

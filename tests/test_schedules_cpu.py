@@ -25,6 +25,7 @@ import subprocess
 import time
 from multiprocessing.pool import ThreadPool
 
+import numpy as np
 import pytest
 
 import engine
@@ -207,7 +208,9 @@ SOURCE_CASES = [(name, 37, 129, 2, 3, TileConfig()) for name in PRESETS] + [
     for name in ("lstm", "gru_cho", "indrnn")] + [
     ("lstm", 37, 129, 2, 3, TileConfig(), "tf32"),
     ("gru_cho", 45, 150, 2, 19, TileConfig(), "float16"),
-    ("lstm", 64, 96, 1, 19, TileConfig(resident=False), "bfloat16")]
+    ("lstm", 64, 96, 1, 19, TileConfig(resident=False), "bfloat16"),
+    ("lstm", 64, 128, 2, 19, TileConfig(), "bfloat16"),                    # the bulk pipeline: K a multiple of 64
+    ("gru", 128, 64, 2, 40, TileConfig(resident=False), "float16")]
 
 
 def render(name, input_size, hidden_size, num_layers, batch, config, persistent, precision="float32"):
@@ -279,6 +282,48 @@ def test_16_bit_gemms_read_the_copy_the_cell_code_writes(name, layers, precision
                 assert any(line in ln and f"rnn_bits16<{mode}>({store.var})" in ln for ln in source.splitlines()), \
                     (kernel.name, store)
     assert stored                                              # the fp32 stores are still there
+
+
+@pytest.mark.parametrize("precision,sizes,limits,bulk", [
+    ("bfloat16", (64, 128), H100, True),
+    ("float16", (128, 192), H100, True),
+    ("bfloat16", (64, 96), H100, False),                       # K = 96: not whole chunks of 64
+    ("bfloat16", (64, 128), DeviceLimits(108, 166912, "A100", "sm_80"), False),   # no bulk copies before sm_90
+    ("tf32", (64, 128), H100, False),                          # X stays fp32: no chunked copy to stage
+])
+def test_the_bulk_pipeline_needs_16_bits_sm90_and_whole_chunks(precision, sizes, limits, bulk):
+    network = engine.Network(engine.preset("lstm").cell, input_size=sizes[0], hidden_size=sizes[1], num_layers=2)
+    program = make_plan(network, 5, 19, layout="interleaved", precision=precision).program
+    tiling = make_tiling(program, network, 19, TileConfig(), limits)
+    assert tiling.bulk == bulk and ("bulk copies" in tiling.describe()) == bulk
+    if bulk:
+        assert tiling.k_chunk % 64 == 0 and all(sizes[i] % tiling.k_chunk == 0 for i in (0, 1))
+    source = render_wavefront(program, network, tiling)
+    assert f"constexpr bool BULK = {str(bulk).lower()};" in source
+    assert ("rnn_chunked<K_CHUNK>(" in source.split("struct LayerArgs")[1]) == bulk   # the twin stores
+
+
+def test_chunked_order_is_a_permutation_with_conflict_free_groups():
+    from engine.schedules.base import chunked_order, chunked_weight
+    rows, block, cols, kc = 3 * 19, 19, 192, 64
+    order = chunked_order(rows, block, cols, kc)
+    assert sorted(order.ravel().tolist()) == list(range(rows * cols))
+    # A chunk of a row block is contiguous: block b, chunk c holds exactly its block x kc elements.
+    for b in range(rows // block):
+        for c in range(cols // kc):
+            part = order[b * block:(b + 1) * block, c * kc:(c + 1) * kc]
+            start = (b * (cols // kc) + c) * block * kc
+            assert part.min() == start and part.max() == start + block * kc - 1
+    # Eight consecutive rows' copies of one 16-byte group land in eight different 16-byte groups of a 128-byte line.
+    for g in range(kc // 8):
+        lines = [(order[r, g * 8] % 64) // 8 for r in range(8)]
+        assert sorted(lines) == list(range(8)), lines
+    bits = np.arange(10 * 128, dtype=np.uint16).reshape(10, 128)
+    chunked = chunked_weight(bits, 4, 3, 8, 64)                 # 3 blocks of 4 rows, padded to 8 rows each
+    assert chunked.size == 3 * 8 * 128 and np.count_nonzero(chunked) == 10 * 128 - 1   # element 0 is 0 itself
+    back = chunked[chunked_order(3 * 8, 8, 128, 64)]
+    assert np.array_equal(back.reshape(3, 8, 128)[:2, :4], bits[:8].reshape(2, 4, 128))
+    assert np.array_equal(back.reshape(3, 8, 128)[2, :2], bits[8:]) and not back.reshape(3, 8, 128)[2, 2:].any()
 
 
 @pytest.mark.parametrize("precision,batch", [("float32", 19), ("tf32", 19), ("bfloat16", 3)])

@@ -141,14 +141,16 @@ def _pointer(program: Program, param, suffix: str = "") -> str:
     return f"L.{param.source}{suffix}"
 
 
-def _gemm_operands(program: Program, gemm: Gemm, tile, halves=()) -> dict[str, str]:
+def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = False) -> dict[str, str]:
     """The C expressions of one GEMM's operands for this block (its nt x tu columns); X is the 16-bit copy
-    when the buffer has one (half_copies)."""
+    when the buffer has one (half_copies). A weight streamed by the bulk pipeline is chunked per block
+    (engine/schedules/base.py chunked_weight): NC_STREAMED rows a block."""
     nt = len(gemm.terms)
     wt = lookup_precision(program.precision).weight_type
     resident = f"smem + {tile.smem_offset}" if wt == "float" else f"reinterpret_cast<const {wt}*>(smem + {tile.smem_offset})"
+    rows = "(u0 / UNITS) * NC_STREAMED" if bulk and not tile.resident else f"u0 * {nt}"
     out = {"K": f"K_{gemm.name}", "N": f"N_{gemm.name}", "NC": f"{nt} * tu",
-           "W": f"L.W_{gemm.name} + (long)u0 * {nt} * K_{gemm.name}",
+           "W": f"L.W_{gemm.name} + (long){rows} * K_{gemm.name}",
            "Ws": resident if tile.resident else "nullptr"}
     half = HALF_SUFFIX if (program.input_buffer if gemm.hoisted else gemm.in_buffer) in halves else ""
     if gemm.hoisted:
@@ -168,7 +170,7 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
     """Every GEMM of one stage for this block, then a barrier: their outputs are complete for the block."""
     tiles = {t.name: t for t in tiling.gemms}
     halves = half_copies(program, tiling)
-    ops = [_gemm_operands(program, g, tiles[g.name], halves) for g in gemms]
+    ops = [_gemm_operands(program, g, tiles[g.name], halves, tiling.bulk) for g in gemms]
     lines = [f"{indent}{{   // the stage's GEMMs, this block's columns: "
              + "; ".join(f"{g.name} ({o['what']})" for g, o in zip(gemms, ops))]
     for g in gemms:
@@ -192,14 +194,26 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
             lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}, {o['K']}, {o['NC']}}},")
         lines.append(f"{indent}    }};")
         if tiling.mma:
-            lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK>(jobs, B, "
+            lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK>(jobs, B, "
                          "smem + SCRATCH, NC_STREAMED);")
         else:
             lines.append(f"{indent}    rnn_tile_gemms<RB, RC, {vec}, STAGES, K_CHUNK>(jobs, B, smem + SCRATCH, NC_STREAMED);")
     return lines + [f"{indent}}}"]
 
 
-def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halves=()) -> list[str]:
+def _half_index(access, bulk: bool) -> str:
+    """Where element (b, j) of a store goes in the 16-bit copy: the fp32 index, or the bulk pipeline's chunked
+    index (kernels/mma_gemm.cuh rnn_chunked: row block t of a sequence buffer, 0 of a (B, K) one)."""
+    if not bulk:
+        return index_expr(access)
+    offset = access.offset.c_expr()
+    col = "j" if access.stride == 1 else f"{access.stride} * j"
+    col = col if offset == "0" else f"{offset} + {col}"
+    block = "t" if access.rows == "sequence" else "0"
+    return f"rnn_chunked<K_CHUNK>({block}, (int)b, {col}, B, {access.ld.c_expr()})"
+
+
+def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halves=(), bulk: bool = False) -> list[str]:
     lines = [f"{indent}{{   // {kernel.name}: the fused backend's kernel body, on this block's units"]
     copied = {p.name for p in kernel.params if p.writes and p.kind == "buffer" and p.source in halves}
     for p in kernel.params:
@@ -214,7 +228,7 @@ def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halve
     lines += kernel_body(kernel, precision, indent + "        ")
     for store in kernel.stores:
         if store.access.param in copied:
-            lines.append(f"{indent}        {store.access.param}{HALF_SUFFIX}[{index_expr(store.access)}] = "
+            lines.append(f"{indent}        {store.access.param}{HALF_SUFFIX}[{_half_index(store.access, bulk)}] = "
                          f"rnn_bits16<{MODE_NAMES[lookup_precision(program.precision).mode]}>({store.var});")
     lines.append(f"{indent}    }}")
     lines.append(f"{indent}}}")
@@ -262,7 +276,9 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
               f"constexpr int THREADS = {tiling.config.threads};"]
     if tiling.path == "tiled" and tiling.gemms:
         lines += ([f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
-                   f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}"] if tiling.mma else
+                   f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}",
+                   f"constexpr bool BULK = {'true' if tiling.bulk else 'false'};      // chunks staged by bulk copies "
+                   "of chunked operands (mma_gemm.cuh)"] if tiling.mma else
                   [f"constexpr int RB = {tiling.config.rows_per_thread}, RC = {tiling.config.cols_per_thread};"
                    "          // accumulator tile of a thread"]) + [
                   f"constexpr int K_CHUNK = {tiling.k_chunk}, STAGES = {tiling.stages};"
@@ -283,7 +299,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
         if gemms:
             lines += _gemm_calls(program, gemms, tiling, "    ")
         for k in program.stage_kernels(s):
-            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling))
+            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling), tiling.bulk)
         lines.append("    (void)I;")
         lines.append("}")
         lines.append("")

@@ -57,6 +57,28 @@ def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, c
     return kernel
 
 
+def chunked_order(rows: int, block_rows: int, cols: int, k_chunk: int) -> np.ndarray:
+    """For every element (r, k) of a row-major (rows, cols) matrix, its index in the bulk pipeline's chunked
+    layout (kernels/mma_gemm.cuh rnn_chunked): blocks of block_rows rows, each as cols / k_chunk chunks of
+    block_rows x k_chunk elements, the 16-byte group c of row b stored at group c ^ (b % 8)."""
+    r, k = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    block, b, w = r // block_rows, r % block_rows, k % k_chunk
+    return ((block * (cols // k_chunk) + k // k_chunk) * block_rows + b) * k_chunk + (((w >> 3) ^ (b & 7)) << 3) + (w & 7)
+
+
+def chunked_weight(bits: np.ndarray, rows_per_block: int, blocks: int, block_rows: int, k_chunk: int) -> np.ndarray:
+    """A packed weight (N, K) as the bulk pipeline streams it: block i's rows [i * rows_per_block, ...) padded
+    with zeros to block_rows rows, chunked (chunked_order) block by block."""
+    N, K = bits.shape
+    padded = np.zeros((blocks, block_rows, K), dtype=bits.dtype)
+    for i in range(blocks):
+        part = bits[i * rows_per_block:min((i + 1) * rows_per_block, N)]
+        padded[i, :len(part)] = part
+    out = np.empty(blocks * block_rows * K, dtype=bits.dtype)
+    out[chunked_order(blocks * block_rows, block_rows, K, k_chunk).ravel()] = padded.reshape(-1)
+    return out
+
+
 def _version0(buffer):
     """Version 0 of a buffer: the array, or the first of a double buffer's two."""
     return buffer[0] if isinstance(buffer, list) else buffer
@@ -154,11 +176,12 @@ class WavefrontSchedule:
             self.half_buffers.append(bufs)
         self.x_half = (cupy.empty((T * B, network.input_size), dtype=cupy.uint16)
                        if program.input_buffer in self.halves else None)
+        self._half_order = {}                   # (rows, cols) -> chunked_order on the GPU, for the bulk pipeline
         self.weights, self.vectors = [], []
         for layer in range(L):
             # Weights as the kernels read them: float32, tf32-rounded float32, or fp16/bf16 bit patterns.
             packed = pack_weights(program, network, self.params, layer)
-            self.weights.append({g: (cupy.asarray(np.ascontiguousarray(weight_bits(p.weight, self.precision))),
+            self.weights.append({g: (cupy.asarray(self._layout_weight(g, weight_bits(p.weight, self.precision))),
                                      None if p.bias is None else cupy.asarray(p.bias, dtype=cupy.float32))
                                  for g, p in packed.items()})
             self.vectors.append({n: cupy.asarray(np.asarray(self.params[layer][n]), dtype=cupy.float32)
@@ -223,7 +246,7 @@ class WavefrontSchedule:
                         array.fill(fill)
         self.x_device[...] = cupy.asarray(x, dtype=cupy.float32).reshape(T * B, network.input_size)
         if self.x_half is not None:
-            self.x_half[...] = self._bits16(self.x_device)
+            self._write_half(self.x_half, self.x_device)
         self._init_states(initial_states)
         group = self.tiling.num_layers
         for first in range(0, L, group):        # one launch per group of layers (usually one group)
@@ -257,10 +280,29 @@ class WavefrontSchedule:
             weight, bias = self.weights[layer][g.name]
             project(self.cupy, source, weight, bias, self.buffers[layer][g.out_buffer], self.precision)
 
-    def _bits16(self, values):
-        """values (float32) as the kernels' 16-bit copies: fp16 or bf16 bit patterns, rounded to nearest even."""
+    def _write_half(self, target, values) -> None:
+        """target (uint16) = values (float32, (rows, K) in blocks of B rows) as the kernels' 16-bit copies: fp16
+        or bf16 bit patterns rounded to nearest even, in place, or chunked for the bulk pipeline."""
         from .project import round_activations
-        return round_activations(self.cupy, values, self.precision).view(self.cupy.uint16)
+        bits = round_activations(self.cupy, values, self.precision).view(self.cupy.uint16)
+        if not self.tiling.bulk:
+            target[...] = bits
+            return
+        rows, cols = values.shape
+        if (rows, cols) not in self._half_order:
+            order = chunked_order(rows, self._shape[1], cols, self.tiling.k_chunk).ravel().astype(np.int64)
+            self._half_order[rows, cols] = self.cupy.asarray(order)
+        target.ravel()[self._half_order[rows, cols]] = bits.ravel()
+
+    def _layout_weight(self, gemm: str, bits: np.ndarray) -> np.ndarray:
+        """A packed weight as the kernels read it: row-major (N, K), or chunked per block when the bulk pipeline
+        streams it (engine.codegen.wavefront: NC_STREAMED rows a block)."""
+        tiling = self.tiling
+        tile = next((t for t in tiling.gemms if t.name == gemm), None)
+        if not tiling.bulk or tile is None or tile.resident:
+            return np.ascontiguousarray(bits)
+        return chunked_weight(bits, tile.terms * tiling.units_per_block, tiling.blocks_per_layer, tiling.nc_streamed,
+                              tiling.k_chunk)
 
     def _init_states(self, initial_states: dict | None) -> None:
         self.state_arena.fill(0.0)
@@ -277,7 +319,7 @@ class WavefrontSchedule:
                 target = _version0(bufs[home.slot.buffer])
                 target[:, slot_columns(home.slot, sizes, H)] = self.cupy.asarray(value[layer], dtype=self.cupy.float32)
             for name in {h.slot.buffer for h in program.homes} & set(self.halves):
-                _version0(self.half_buffers[layer][name])[...] = self._bits16(_version0(bufs[name]))
+                self._write_half(_version0(self.half_buffers[layer][name]), _version0(bufs[name]))
 
     def stage_count(self) -> int:
         from ..codegen.wavefront import stages

@@ -115,6 +115,7 @@ class Tiling:
     network_layers: int = 0            # the network's layers (a multiple of num_layers)
     precision: str = "float32"         # engine.codegen.precision: tf32/float16/bfloat16 use tensor-core MMA
     warp_tile: tuple[int, int] = (0, 0)   # tensor-core path: MMA tiles (16 rows x 8 columns) per warp, rows x cols
+    bulk: bool = False                 # fp16/bf16 on sm_90: chunks staged by bulk copies from chunked operands
 
     def __post_init__(self):
         if not self.network_layers:
@@ -145,7 +146,8 @@ class Tiling:
         elif self.mma:
             wm, wn = self.warp_tile
             product = (f"tensor-core MMA ({self.precision}), {wm * 16}x{wn * 8} accumulators per warp, "
-                       f"K chunk {self.k_chunk} in a {self.stages}-stage pipeline")
+                       f"K chunk {self.k_chunk} in a {self.stages}-stage pipeline"
+                       + (" of bulk copies" if self.bulk else ""))
         else:
             product = (f"{self.config.rows_per_thread}x{self.config.cols_per_thread} accumulators per thread, "
                        f"K chunk {self.k_chunk} in a {self.stages}-stage pipeline")
@@ -214,12 +216,26 @@ def x_stride(k_chunk: int, prec: Precision) -> int:
 
 
 def mma_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: int, tile: int, reduce: bool,
-                prec: Precision) -> int:
-    """Floats of staging rnn_mma_gemms needs (kernels/mma_gemm.cuh): per stage an X chunk and a W chunk when
-    some weight is streamed; then the split-K partial sums."""
+                prec: Precision, bulk: bool = False) -> int:
+    """Floats of staging rnn_mma_gemms needs (kernels/mma_gemm.cuh): per stage two 8-byte barriers, an X chunk
+    and a W chunk when some weight is streamed (rows of k_chunk elements in the bulk pipeline, padded rows
+    otherwise); then the split-K partial sums."""
     x_bytes = 4 if prec.name == "tf32" else prec.weight_bytes
-    slot = bp * x_stride(k_chunk, prec) * x_bytes // FLOAT_BYTES + weight_floats(nc_streamed, k_chunk, prec)
-    return stages * slot + (threads * tile if reduce else 0)
+    if bulk:
+        slot = (bp + nc_streamed) * k_chunk * x_bytes // FLOAT_BYTES
+    else:
+        slot = bp * x_stride(k_chunk, prec) * x_bytes // FLOAT_BYTES + weight_floats(nc_streamed, k_chunk, prec)
+    return stages * (4 + slot) + (threads * tile if reduce else 0)
+
+
+BULK_CHUNK = 64          # the bulk pipeline copies chunks of a multiple of 64 columns (kernels/mma_gemm.cuh)
+
+
+def bulk_capable(prec: Precision, limits: DeviceLimits, ks) -> bool:
+    """Whether the fp16/bf16 GEMMs can use the bulk pipeline: 16-bit operands, sm_90 or newer (cp.async.bulk,
+    mbarrier transactions), and every K a multiple of BULK_CHUNK (whole chunks, one copy each)."""
+    arch = int("".join(ch for ch in limits.arch if ch.isdigit()) or 0)
+    return prec.tensor_cores and prec.weight_bytes == 2 and arch >= 90 and all(k % BULK_CHUNK == 0 for k in ks)
 
 
 def mma_warps(groups: int) -> int:
@@ -314,6 +330,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         copy = 8 if mma and prec.weight_bytes == 2 else 4      # elements of a 16-byte copy of W (or of X)
         tiles.append((g, max(ks), 4 if all(k % copy == 0 for k in ks) else 1))
     ncps = {g.name: round_up(len(g.terms) * units, 8 if mma else RC) for g, _, _ in tiles}
+    all_ks = [g.k(network.layer_sizes(layer)) for g, _, _ in tiles for layer in range(network.num_layers)]
+    bulk = mma and bool(tiles) and bulk_capable(prec, limits, all_ks)
     k_all = max((k for _, k, _ in tiles), default=4)
     if mma:
         warp_tile = tuple(config.warp_tile or (1 if bp == 16 else 2, 1 if max(ncps.values(), default=8) <= 8 else 2))
@@ -332,7 +350,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
 
     def scratch_for(nc_streamed: int, k_chunk: int, stages: int) -> int:
         if mma:
-            return mma_scratch(bp, nc_streamed, k_chunk, stages, threads, tile, reduce, prec)
+            return mma_scratch(bp, nc_streamed, k_chunk, stages, threads, tile, reduce, prec, bulk)
         return tile_scratch(bp, nc_streamed, k_chunk, stages, threads, tile, reduce)
     smem_floats = limits.smem_per_block // FLOAT_BYTES
     # Recurrent GEMMs first: they are read every step by every layer; the input projections next.
@@ -364,7 +382,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     else:
         step = 16 if mma else 4                         # chunks of whole MMA steps
         cap = round_up(k_all, step)
-        options = [(min(kc, cap), st) for kc, st in PIPELINES if kc >= step]
+        options = ([(kc, st) for kc, st in PIPELINES if kc % BULK_CHUNK == 0 and all(k % kc == 0 for k in all_ks)]
+                   if bulk else [(min(kc, cap), st) for kc, st in PIPELINES if kc >= step])
         laid = [(kc, st, *lay_out(kc, st)) for kc, st in dict.fromkeys(options)]
         fits = [item for item in laid if item[3] <= smem_floats] or laid[-1:]
         recurrent = {g.name for g, _, _ in order if not g.hoisted}
@@ -395,4 +414,5 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     if path == "tiled" and not gemm_tiles:
         stages, nc_streamed, smem = 1, 0, offset * FLOAT_BYTES     # no GEMM in the kernel (e.g. IndRNN, one layer)
     return Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent,
-                  tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile)
+                  tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
+                  bulk)

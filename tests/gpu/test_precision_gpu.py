@@ -93,6 +93,29 @@ def test_paths(cupy, label, layers, batch, config, precision):
             check_mode(result, network, params, x, states, precision, f"{schedule} {cell} {precision} {label}")
 
 
+BULK_CASES = [
+    ("resident weights", 2, 40, TileConfig()),
+    ("streamed weights", 2, 19, TileConfig(resident=False)),
+    ("one layer", 1, 33, TileConfig()),
+    ("layer by layer", 3, 24, TileConfig(layers_per_launch=1)),
+]
+
+
+@pytest.mark.parametrize("precision", ("float16", "bfloat16"))
+@pytest.mark.parametrize("label,layers,batch,config", BULK_CASES, ids=[c[0] for c in BULK_CASES])
+def test_the_bulk_pipeline_matches_its_emulation(cupy, label, layers, batch, config, precision):
+    """Sizes in whole chunks of 64 columns: the GEMMs stage chunked 16-bit operands with bulk copies (X written by
+    the cell code and by the host: x, nonzero initial states; streamed weights chunked per block)."""
+    size = {"input_size": 64, "hidden_size": 128, "batch": batch, "steps": 11}
+    schedules = ("persistent",) if config.layers_per_launch or not config.resident else SCHEDULES
+    for cell in ("lstm", "gru", "gru_cho"):
+        network, params, x, states = make_case(engine.preset(cell).cell, layers, seed=batch, sizes=size)
+        for schedule in schedules:
+            result = run(schedule, network, params, x, states, precision, config)
+            assert "bulk copies" in result.info["tiling"], result.info["tiling"]
+            check_mode(result, network, params, x, states, precision, f"{schedule} {cell} {precision} bulk {label}")
+
+
 @pytest.mark.parametrize("precision", REDUCED)
 def test_twenty_runs_are_bit_identical(cupy, precision):
     size = {"input_size": 64, "hidden_size": 128, "batch": 33, "steps": 12}

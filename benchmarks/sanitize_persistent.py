@@ -6,8 +6,9 @@
 Two LSTM networks of two layers, one per GEMM shape of kernels/tile_gemm.cuh: B=3 (the warp GEMV) and
 B=16 (register tiles, split K, a cp.async pipeline), plus one layer by layer (TileConfig(layers_per_launch=1));
 then the tensor-core MMA of kernels/mma_gemm.cuh in bf16 (B=16 and B=40: split K, and three row tiles with
-streamed 16-bit weights) and tf32 (B=16). Each run is checked against the reference (emulating the mode), so
-a clean report is also a correct one.
+streamed 16-bit weights) and tf32 (B=16); and the bulk-copy pipeline (sizes in whole chunks of 64 columns: bf16
+with resident weights, fp16 with streamed chunked weights). Each run is checked against the reference (emulating
+the mode), so a clean report is also a correct one.
 """
 from __future__ import annotations
 
@@ -27,18 +28,21 @@ from engine.schedules.tiling import TileConfig  # noqa: E402
 def main() -> int:
     cell = engine.preset("lstm").cell
     worst = 0.0
-    runs = [(3, TileConfig(), "float32"), (16, TileConfig(), "float32"), (16, TileConfig(layers_per_launch=1), "float32"),
-            (16, TileConfig(), "bfloat16"), (40, TileConfig(resident=False), "bfloat16"), (16, TileConfig(), "tf32")]
-    for batch, config, precision in runs:
-        network = engine.Network(cell, 24, 40, 2)
+    small, whole = (24, 40), (64, 64)
+    runs = [(3, TileConfig(), "float32", small), (16, TileConfig(), "float32", small),
+            (16, TileConfig(layers_per_launch=1), "float32", small), (16, TileConfig(), "bfloat16", small),
+            (40, TileConfig(resident=False), "bfloat16", small), (16, TileConfig(), "tf32", small),
+            (16, TileConfig(), "bfloat16", whole), (40, TileConfig(resident=False), "float16", whole)]
+    for batch, config, precision, (I, H) in runs:
+        network = engine.Network(cell, I, H, 2)
         params = engine.init_params(network, seed=batch)
-        x = np.random.default_rng(batch).standard_normal((5, batch, 24))
+        x = np.random.default_rng(batch).standard_normal((5, batch, I))
         ref = reference.run(network, params, x, None, dtype=np.float64, precision=precision).outputs
         out = schedule_class("persistent")(network, params, config=config, precision=precision).run(
             x, poison=True).outputs
         err = float(np.abs(out - ref).max() / np.abs(ref).max())
         worst = max(worst, err / (1e-4 if precision == "float32" else 2e-3))      # > 1: wrong
-        print(f"persistent lstm I=24 H=40 L=2 T=5 B={batch} {config.label()} {precision}: "
+        print(f"persistent lstm I={I} H={H} L=2 T=5 B={batch} {config.label()} {precision}: "
               f"max relative error {err:.2e}")
     return 0 if worst < 1 else 1
 

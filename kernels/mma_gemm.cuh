@@ -296,6 +296,22 @@ __device__ __forceinline__ void rnn_bulk_copy(unsigned dst, const void* src, uns
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
+// The same with an L2 cache policy (createpolicy): streamed weights, read again every step.
+__device__ __forceinline__ void rnn_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar,
+                                              unsigned long long policy)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
+}
+// A policy that keeps `fraction` of the lines it touches in L2 before others (evict_last), the rest evict_first:
+// weights streamed every step that together outgrow the L2 keep that share on chip instead of all of them
+// cycling through DRAM.
+__device__ __forceinline__ unsigned long long rnn_keep_policy(float fraction)
+{
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.L2::evict_first.b64 %0, %1;\n" : "=l"(policy) : "f"(fraction));
+    return policy;
+}
 
 // The bulk pipeline's layout of a 16-bit operand in global memory: row blocks of B rows (one time step of a
 // sequence buffer, or the whole (B, K) buffer), each as K / KC chunks of B rows x KC columns, so that one chunk is
@@ -314,7 +330,7 @@ __device__ __forceinline__ long rnn_chunked(long block, int b, int k, int B, int
 // full barrier `bar` expects their bytes. Moves the cursor.
 template <int MODE, int WM, int WN, int KC, int N>
 __device__ __forceinline__ void rnn_bulk_stage(const RnnMmaJob<MODE> (&jobs)[N], RnnCursor& cur, unsigned at, int x_bytes,
-                                               int B, int ncs, unsigned bar)
+                                               int B, int ncs, unsigned bar, unsigned long long keep)
 {
     using WT = typename RnnWeight<MODE>::type;
     using XT = typename RnnX<MODE>::type;
@@ -322,7 +338,7 @@ __device__ __forceinline__ void rnn_bulk_stage(const RnnMmaJob<MODE> (&jobs)[N],
     const unsigned xb = B * KC * sizeof(XT), wb = J.Ws ? 0u : ncs * KC * sizeof(WT);
     rnn_bar_expect(bar, xb + wb);
     rnn_bulk_copy(at, J.X + (long)cur.chunk * B * KC, xb, bar);
-    if (wb) rnn_bulk_copy(at + x_bytes, J.W + (long)cur.chunk * ncs * KC, wb, bar);
+    if (wb) rnn_bulk_copy(at + x_bytes, J.W + (long)cur.chunk * ncs * KC, wb, bar, keep);
     if (++cur.chunk * KC >= J.K) cur.chunk = 0;
     if (--cur.left == 0 && ++cur.job < N) cur.left = rnn_chunk_count_mma<WM, WN, KC>(rnn_select(jobs, cur.job), B);
 }
@@ -341,7 +357,7 @@ __device__ __forceinline__ void rnn_bulk_stage(const RnnMmaJob<MODE> (&jobs)[N],
 // is streamed, a W chunk (ncs rows of rnn_wstride(KC) elements, KC when BULK, rounded up to 16 bytes); then the
 // split-K partial sums (blockDim * WM * WN * 4 floats).
 template <int MODE, int WM, int WN, int VEC, int STAGES, int KC, bool BULK_ASKED, int N>
-__device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __restrict__ smem, int ncs)
+__device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __restrict__ smem, int ncs, float w_keep = 1.0f)
 {
     using WT = typename RnnWeight<MODE>::type;
     using XT = typename RnnX<MODE>::type;
@@ -359,6 +375,7 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
 #pragma unroll
     for (int j = 0; j < N; ++j) total += rnn_chunk_count_mma<WM, WN, KC>(jobs[j], B);
     RnnCursor at{0, 0, rnn_chunk_count_mma<WM, WN, KC>(jobs[0], B)};
+    unsigned long long keep = 0;                       // thread 0's L2 policy for streamed weights (BULK)
 
     __syncthreads();                                   // nobody still reads what the slots held before
     if constexpr (BULK) {
@@ -370,9 +387,11 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
         }
         __syncthreads();
         if (threadIdx.x == 0) {
+            keep = rnn_keep_policy(w_keep);
             asm volatile("fence.proxy.async;\n" ::: "memory");   // X written by every block (generic), then bulk reads
             for (int s = 0; s < STAGES - 1 && s < total; ++s)
-                rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + s * slot_floats * 4, x_floats * 4, B, ncs, bars + 8 * s);
+                rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + s * slot_floats * 4, x_floats * 4, B, ncs, bars + 8 * s,
+                                                 keep);
         }
     } else {
 #pragma unroll
@@ -406,7 +425,7 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
                         const int sn = next % STAGES;
                         if (next >= STAGES) rnn_bar_wait(bars + 8 * (STAGES + sn), (next / STAGES - 1) & 1);
                         rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + sn * slot_floats * 4, x_floats * 4, B, ncs,
-                                                         bars + 8 * sn);
+                                                         bars + 8 * sn, keep);
                     }
                     rnn_bar_wait(bars + 8 * s, (g / STAGES) & 1);  // chunk g has landed
                 } else {
@@ -417,7 +436,8 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
                                                                   x_floats, B);
                     rnn_cp_async_commit();
                 }
-                const int k0 = chunk * KC, steps = rnn_round_up(min(KC, J.K - k0), RnnMma<MODE>::KS) / RnnMma<MODE>::KS;
+                const int k0 = chunk * KC;
+                const int steps = rnn_round_up(min(KC, J.K - k0), RnnMma<MODE>::KS) / RnnMma<MODE>::KS;
                 const unsigned slot_at = s * slot_floats * 4;
                 RnnLaneAt xs = xl, ws = wl;
                 xs.row += slot_at;

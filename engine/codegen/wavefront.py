@@ -195,7 +195,7 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
         lines.append(f"{indent}    }};")
         if tiling.mma:
             lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK>(jobs, B, "
-                         "smem + SCRATCH, NC_STREAMED);")
+                         "smem + SCRATCH, NC_STREAMED, W_KEEP);")
         else:
             lines.append(f"{indent}    rnn_tile_gemms<RB, RC, {vec}, STAGES, K_CHUNK>(jobs, B, smem + SCRATCH, NC_STREAMED);")
     return lines + [f"{indent}}}"]
@@ -278,7 +278,9 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
         lines += ([f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
                    f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}",
                    f"constexpr bool BULK = {'true' if tiling.bulk else 'false'};      // chunks staged by bulk copies "
-                   "of chunked operands (mma_gemm.cuh)"] if tiling.mma else
+                   "of chunked operands (mma_gemm.cuh)",
+                   f"constexpr float W_KEEP = {tiling.l2_keep}f;      // share of streamed weights kept in L2 (BULK)"]
+                  if tiling.mma else
                   [f"constexpr int RB = {tiling.config.rows_per_thread}, RC = {tiling.config.cols_per_thread};"
                    "          // accumulator tile of a thread"]) + [
                   f"constexpr int K_CHUNK = {tiling.k_chunk}, STAGES = {tiling.stages};"

@@ -116,6 +116,7 @@ class Tiling:
     precision: str = "float32"         # engine.codegen.precision: tf32/float16/bfloat16 use tensor-core MMA
     warp_tile: tuple[int, int] = (0, 0)   # tensor-core path: MMA tiles (16 rows x 8 columns) per warp, rows x cols
     bulk: bool = False                 # fp16/bf16 on sm_90: chunks staged by bulk copies from chunked operands
+    l2_keep: float = 1.0               # bulk: share of the streamed weights kept in L2 (evict_last), the rest evict_first
 
     def __post_init__(self):
         if not self.network_layers:
@@ -407,6 +408,11 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                                    offset if is_resident else 0, floats if is_resident else 0, vec))
         if is_resident:
             offset += floats
+    # Weights streamed every step that outgrow half the L2 would all cycle through DRAM (LRU over a sweep larger
+    # than the cache): the bulk copies mark a share that fits as evict_last, so that share stays on chip.
+    streamed = sum(g.n(network.layer_sizes(layer)) * g.k(network.layer_sizes(layer)) * prec.weight_bytes
+                   for g, _, _ in tiles if g.name not in resident for layer in range(L))
+    l2_keep = min(1.0, limits.l2_bytes / 2 / streamed) if streamed else 1.0
     smem = (offset + scratch) * FLOAT_BYTES
     if smem > limits.smem_per_block:
         raise CompileError(f"the tiling needs {smem} bytes of shared memory per block, more than the "
@@ -415,4 +421,4 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         stages, nc_streamed, smem = 1, 0, offset * FLOAT_BYTES     # no GEMM in the kernel (e.g. IndRNN, one layer)
     return Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent,
                   tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
-                  bulk)
+                  bulk, round(l2_keep, 3))

@@ -33,7 +33,10 @@ def main() -> int:
             (16, TileConfig(layers_per_launch=1), "float32", small), (16, TileConfig(), "bfloat16", small),
             (40, TileConfig(resident=False), "bfloat16", small), (16, TileConfig(), "tf32", small),
             (16, TileConfig(), "bfloat16", whole), (40, TileConfig(resident=False), "float16", whole)]
+    only = sys.argv[1] if len(sys.argv) > 1 else None          # e.g. "bfloat16": the runs of one precision
     for batch, config, precision, (I, H) in runs:
+        if only and precision != only:
+            continue
         network = engine.Network(cell, I, H, 2)
         params = engine.init_params(network, seed=batch)
         x = np.random.default_rng(batch).standard_normal((5, batch, I))

@@ -313,6 +313,30 @@ __device__ __forceinline__ unsigned long long rnn_keep_policy(float fraction)
     return policy;
 }
 
+// The bulk pipeline's barriers, once a launch (kernel entry, before the first stage): full[s] counts thread 0's
+// expect_tx arrival and the bytes of slot s, empty[s] one arrival a warp. A barrier is initialised once and every
+// fill of a slot waits for the release of the previous fill, across calls too (a fresh empty barrier counts as
+// released: waiting on the parity of its phase "-1" returns at once). Fill u of slot s (counted over the launch)
+// lands in phase u of full[s] and is released in phase u of empty[s]; each call starts its slots at s = 0, so it
+// only needs the parity of the fills each slot has had so far: bit s of the int at byte 124. The first 128
+// bytes of the staging area: full[s] at 8 s, empty[s] at 8 (STAGES + s), the parity bits at byte 124.
+template <int STAGES>
+__device__ __forceinline__ void rnn_bulk_init(float* smem)
+{
+    static_assert(STAGES <= 7, "the barriers and the parity bits share 128 bytes");
+#if RNN_BULK
+    if (threadIdx.x == 0) {
+        const unsigned bars = (unsigned)__cvta_generic_to_shared(smem);
+        for (int s = 0; s < STAGES; ++s) {
+            rnn_bar_init(bars + 8 * s, 1);
+            rnn_bar_init(bars + 8 * (STAGES + s), blockDim.x >> 5);
+        }
+        reinterpret_cast<int*>(smem)[31] = 0;          // no fills yet
+    }
+    __syncthreads();
+#endif
+}
+
 // The bulk pipeline's layout of a 16-bit operand in global memory: row blocks of B rows (one time step of a
 // sequence buffer, or the whole (B, K) buffer), each as K / KC chunks of B rows x KC columns, so that one chunk is
 // one contiguous copy; inside a chunk, row b's 16-byte group c sits at group c ^ (b % 8) (RnnLaneAt). The cell code
@@ -325,7 +349,7 @@ __device__ __forceinline__ long rnn_chunked(long block, int b, int k, int B, int
     return ((block * (K / KC) + k / KC) * B + b) * (long)KC + (((w >> 3) ^ (b & 7)) << 3) + (w & 7);
 }
 
-// Lane 0 of warp 0 stages the chunk under the cursor into the slot at shared address `at`: X rows B x KC of the
+// Thread 0 stages the chunk under the cursor into the slot at shared address `at`: X rows B x KC of the
 // chunked 16-bit copy, and W rows ncs x KC of the chunked weight when W is not resident, one bulk copy each; the
 // full barrier `bar` expects their bytes. Moves the cursor.
 template <int MODE, int WM, int WN, int KC, int N>
@@ -346,16 +370,16 @@ __device__ __forceinline__ void rnn_bulk_stage(const RnnMmaJob<MODE> (&jobs)[N],
 // Every GEMM of one stage on tensor cores: the pipeline of rnn_tile_gemms with warps for threads.
 //
 // BULK (fp16 / bf16 on sm_90, every K a multiple of KC, operands in the chunked layout above): Hopper's pipeline.
-// Lane 0 of warp 0 stages chunk g + STAGES - 1 with one bulk copy of X (and one of W) while every warp multiplies
-// chunk g; a warp waits on the slot's full barrier (its bytes have landed) and releases the slot on its empty
-// barrier (one arrival a warp), which warp 0 waits on before refilling it. No block-wide barrier per chunk: a warp
+// Thread 0 stages chunk g + STAGES - 1 with one bulk copy of X (and one of W) while every warp multiplies chunk g;
+// a warp waits on the slot's full barrier (its bytes have landed) and releases the slot on its empty barrier (one
+// arrival a warp), which thread 0 waits on before refilling it. No block-wide barrier per chunk: a warp
 // runs ahead of the slowest by up to STAGES - 1 chunks. Otherwise every thread issues 16-byte cp.async copies of
 // rows of a padded stride (or plain loads) and the block meets at a barrier per chunk.
 //
-// Shared memory (floats, from smem): STAGES x 4 floats of barriers (full[s], empty[s]: 8 bytes each, used by BULK);
-// STAGES slots of an X chunk (round_up(B, 16) rows of rnn_xstride(KC) elements, KC when BULK) and, when some weight
-// is streamed, a W chunk (ncs rows of rnn_wstride(KC) elements, KC when BULK, rounded up to 16 bytes); then the
-// split-K partial sums (blockDim * WM * WN * 4 floats).
+// Shared memory (floats, from smem): 32 floats of barriers and parity bits (BULK, rnn_bulk_init); STAGES slots
+// of an X chunk (round_up(B, 16) rows of rnn_xstride(KC) elements, KC when BULK) and, when some weight is streamed,
+// a W chunk (ncs rows of rnn_wstride(KC) elements, KC when BULK, rounded up to 16 bytes); then the split-K partial
+// sums (blockDim * WM * WN * 4 floats).
 template <int MODE, int WM, int WN, int VEC, int STAGES, int KC, bool BULK_ASKED, int N>
 __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __restrict__ smem, int ncs, float w_keep = 1.0f)
 {
@@ -367,7 +391,8 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
     const int x_floats = rnn_round_up(B, 16) * ldx * (int)sizeof(XT) / 4;
     const int slot_floats = x_floats + (int)((ncs * ldws * sizeof(WT) + 15) / 16 * 4);
     const unsigned bars = (unsigned)__cvta_generic_to_shared(smem);          // full[s]: bars + 8 s; empty[s]: + 8 STAGES
-    float* slots = smem + 4 * STAGES;
+    int* parity = reinterpret_cast<int*>(smem) + 31;                      // BULK: bit s = fills of slot s so far, mod 2
+    float* slots = smem + 32;
     float* red = slots + STAGES * slot_floats;
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
     const unsigned slots_at = (unsigned)__cvta_generic_to_shared(slots);
@@ -378,20 +403,19 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
     unsigned long long keep = 0;                       // thread 0's L2 policy for streamed weights (BULK)
 
     __syncthreads();                                   // nobody still reads what the slots held before
+    // BULK: chunk g of this call is fill g / STAGES of slot g % STAGES in this call; the phase of that fill in the
+    // slot's barriers has parity (bit s of `parity` + g / STAGES) % 2 (rnn_bulk_init).
+    const int bits = BULK ? *parity : 0;
+    auto phase = [bits](int g) { return (unsigned)(((bits >> (g % STAGES)) + g / STAGES) & 1); };
     if constexpr (BULK) {
-        if (threadIdx.x == 0) {
-            for (int s = 0; s < STAGES; ++s) {
-                rnn_bar_init(bars + 8 * s, 1);                     // warp 0's expect_tx arrival, then the bytes
-                rnn_bar_init(bars + 8 * (STAGES + s), warps);      // one arrival a warp
-            }
-        }
-        __syncthreads();
         if (threadIdx.x == 0) {
             keep = rnn_keep_policy(w_keep);
             asm volatile("fence.proxy.async;\n" ::: "memory");   // X written by every block (generic), then bulk reads
-            for (int s = 0; s < STAGES - 1 && s < total; ++s)
-                rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + s * slot_floats * 4, x_floats * 4, B, ncs, bars + 8 * s,
+            for (int g = 0; g < STAGES - 1 && g < total; ++g) {
+                rnn_bar_wait(bars + 8 * (STAGES + g), phase(g) ^ 1);   // the slot's previous fill is released
+                rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + g * slot_floats * 4, x_floats * 4, B, ncs, bars + 8 * g,
                                                  keep);
+            }
         }
     } else {
 #pragma unroll
@@ -423,11 +447,11 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
                 if constexpr (BULK) {
                     if (threadIdx.x == 0 && next < total) {   // refill the slot of chunk g - 1 once every warp is done
                         const int sn = next % STAGES;
-                        if (next >= STAGES) rnn_bar_wait(bars + 8 * (STAGES + sn), (next / STAGES - 1) & 1);
+                        rnn_bar_wait(bars + 8 * (STAGES + sn), phase(next) ^ 1);
                         rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + sn * slot_floats * 4, x_floats * 4, B, ncs,
                                                          bars + 8 * sn, keep);
                     }
-                    rnn_bar_wait(bars + 8 * s, (g / STAGES) & 1);  // chunk g has landed
+                    rnn_bar_wait(bars + 8 * s, phase(g));     // chunk g has landed
                 } else {
                     rnn_cp_async_wait<STAGES - 2>();   // chunk g has landed (this thread's copies)
                     __syncthreads();                   // ... everyone's; and chunk g - 1 is no longer read
@@ -455,6 +479,11 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
     }
     if constexpr (!BULK) rnn_cp_async_wait<0>();       // only empty groups remain
     __syncthreads();                                   // Y is complete for the whole block; the slots are free
+    if (BULK && threadIdx.x == 0) {                    // the fills of this call, per slot, mod 2; read after the next
+        int flips = 0;                                 // call's first barrier
+        for (int s = 0; s < STAGES && s < total; ++s) flips |= (((total - s + STAGES - 1) / STAGES) & 1) << s;
+        *parity = bits ^ flips;
+    }
 }
 
 #endif  // RNN_MMA_GEMM_CUH

@@ -301,6 +301,12 @@ def test_the_bulk_pipeline_needs_16_bits_sm90_and_whole_chunks(precision, sizes,
     source = render_wavefront(program, network, tiling)
     assert f"constexpr bool BULK = {str(bulk).lower()};" in source
     assert ("rnn_chunked<K_CHUNK>(" in source.split("struct LayerArgs")[1]) == bulk   # the twin stores
+    # The barriers are set up once per launch, in every entry point, before any stage runs.
+    for persistent in (True, False):
+        tiled = make_tiling(program, network, 19, TileConfig(), limits, persistent=persistent)
+        text = render_wavefront(program, network, tiled)
+        entries = len(kernel_entries(text))
+        assert text.count("    rnn_bulk_init<STAGES>(smem + SCRATCH);") == (entries if bulk else 0)
 
 
 def test_chunked_order_is_a_permutation_with_conflict_free_groups():

@@ -311,6 +311,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
                    "    const int u0 = (blockIdx.x % BLOCKS_PER_LAYER) * UNITS;",
                    "    const int tu = min(UNITS, H - u0);             // units of this block (the last may have fewer)",
                    "    const LayerArgs& L = layers[layer];"]
+    if tiling.bulk:
+        block_setup.append("    rnn_bulk_init<STAGES>(smem + SCRATCH);        // the bulk pipeline's barriers, once a launch")
     if tiling.persistent:
         return "\n".join(lines + _persistent_entry(program, tiling, prefix, present, block_setup)) + "\n"
     for s in present:

@@ -218,15 +218,15 @@ def x_stride(k_chunk: int, prec: Precision) -> int:
 
 def mma_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: int, tile: int, reduce: bool,
                 prec: Precision, bulk: bool = False) -> int:
-    """Floats of staging rnn_mma_gemms needs (kernels/mma_gemm.cuh): per stage two 8-byte barriers, an X chunk
-    and a W chunk when some weight is streamed (rows of k_chunk elements in the bulk pipeline, padded rows
+    """Floats of staging rnn_mma_gemms needs (kernels/mma_gemm.cuh): 128 bytes of barriers, then per stage an X
+    chunk and a W chunk when some weight is streamed (rows of k_chunk elements in the bulk pipeline, padded rows
     otherwise); then the split-K partial sums."""
     x_bytes = 4 if prec.name == "tf32" else prec.weight_bytes
     if bulk:
         slot = (bp + nc_streamed) * k_chunk * x_bytes // FLOAT_BYTES
     else:
         slot = bp * x_stride(k_chunk, prec) * x_bytes // FLOAT_BYTES + weight_floats(nc_streamed, k_chunk, prec)
-    return stages * (4 + slot) + (threads * tile if reduce else 0)
+    return 32 + stages * slot + (threads * tile if reduce else 0)
 
 
 BULK_CHUNK = 64          # the bulk pipeline copies chunks of a multiple of 64 columns (kernels/mma_gemm.cuh)

@@ -206,3 +206,22 @@ def test_a_precision_plans_the_schedules_for_tensor_cores(precision, mode):
     assert "tensor-core" not in strict["tiling"]["describe"]
     text = explain_text("lstm", **SIZES, schedule="persistent", precision=precision, sources=False)
     assert f"tensor-core MMA ({precision})" in text
+
+
+@pytest.mark.parametrize("precision,sizes,batch,staging", [
+    ("bfloat16", (64, 128), 40, "one bulk copy (cp.async.bulk)"),     # whole chunks of 64 columns on sm_90
+    ("bfloat16", (24, 40), 40, "16-bit copies of X (cp.async)"),
+    ("float32", (24, 40), 40, "fp32 X (cp.async)"),
+    ("float32", (24, 40), 3, "no staging"),                             # the warp GEMV
+])
+def test_the_report_says_how_a_block_stages_its_operands(precision, sizes, batch, staging):
+    report = explain_json("lstm", input_size=sizes[0], hidden_size=sizes[1], num_layers=2, steps=6, batch=batch,
+                          precision=precision)["schedules"]
+    for name in ("graph", "persistent"):
+        tiling = report[name]["tiling"]
+        assert staging in tiling["staging"], tiling["staging"]
+        bulk = "bulk" in staging
+        streamed = [g["where"] for g in tiling["gemms"] if not g["where"].startswith("shared memory")]
+        assert all(w == ("streamed by bulk copies, chunked per block" if bulk else "streamed from global memory")
+                   for w in streamed)
+        assert streamed or name == "persistent"       # the graph schedule keeps no weight resident

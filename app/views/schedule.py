@@ -181,6 +181,8 @@ def wavefront_schedule_ui(cell: engine.CellGraph, cell_json: str, sizes: dict[st
         cols[2].metric("registers per thread", f"{rows} x {columns} accumulators",
                        help="batch rows x GEMM columns of the accumulator tile a thread keeps")
     st.dataframe(figures.shared_memory_table(tiling), hide_index=True, key="schedule.smem")
+    if tiling.get("staging"):
+        st.caption(f"Staging: {tiling['staging']}.")
     for note in tiling["notes"]:
         st.caption(note)
     if st.toggle("Show the generated CUDA", key="schedule.show_source"):

@@ -113,11 +113,14 @@ def tiling_dict(tiling: Tiling, plan: Plan) -> dict:
         k_max = max(gemms[tile.name].k(network.layer_sizes(layer)) for layer in range(network.num_layers))
         slices.append({"name": tile.name, "terms": tile.terms,
                        "role": "input projection" if tile.hoisted else "recurrent",
-                       "where": "shared memory (resident)" if tile.resident else "streamed from global memory",
+                       "where": "shared memory (resident)" if tile.resident else
+                                ("streamed by bulk copies, chunked per block" if tiling.bulk else
+                                 "streamed from global memory"),
                        "columns_per_block": tile.terms * units, "k": k_max,
                        "weight_kib_per_block": tile.terms * units * k_max * weight_bytes / 1024})
     config = tiling.config
-    return {"describe": tiling.describe(), "blocks": tiling.blocks, "blocks_per_layer": per_layer,
+    return {"describe": tiling.describe(), "staging": staging_text(tiling), "blocks": tiling.blocks,
+            "blocks_per_layer": per_layer,
             "num_layers": tiling.num_layers, "units_per_block": units, "threads": config.threads,
             "accumulator": [config.rows_per_thread, config.cols_per_thread],
             # "gemv" (a few batch rows: warps split the columns, no accumulator tile) or "tiled"
@@ -126,6 +129,24 @@ def tiling_dict(tiling: Tiling, plan: Plan) -> dict:
             "precision": tiling.precision, "mma": tiling.mma, "warp_tile": list(tiling.warp_tile),
             "resident": list(tiling.resident), "smem_bytes": tiling.smem_bytes, "gemms": slices,
             "notes": list(tiling.notes), "config": config.label(), "blocks_owned": owned}
+
+
+def staging_text(tiling: Tiling) -> str:
+    """How a block's GEMMs get X (and streamed weights) into shared memory, in one sentence."""
+    if tiling.path == "gemv":
+        return "no staging: the warps read X from L2 into registers (a batch of at most 4 rows)"
+    if not tiling.gemms:
+        return "no GEMM in the kernel"
+    if tiling.bulk:
+        keep = "" if tiling.l2_keep >= 1 else (f"; {tiling.l2_keep:.0%} of the streamed weights marked to stay in "
+                                               "L2")
+        return (f"the cell code writes a 16-bit copy of every GEMM input, chunk by chunk; thread 0 moves each "
+                f"chunk of {tiling.k_chunk} columns with one bulk copy (cp.async.bulk) into a {tiling.stages}-slot "
+                f"ring, and the warps wait on the slot's mbarrier instead of a block barrier{keep}")
+    what = ("16-bit copies of X" if tiling.mma and lookup_precision(tiling.precision).weight_bytes == 2 else
+            "fp32 X")
+    return (f"every thread copies 16-byte pieces of {what} (cp.async) in chunks of {tiling.k_chunk} columns "
+            f"through {tiling.stages} slots; the block meets at a barrier per chunk")
 
 
 def tuned_config(tuned: dict | None, name: str) -> TileConfig | None:

@@ -23,8 +23,9 @@ from barfi.config import SCHEMA_VERSION
 
 from engine.errors import Problem
 
+from .composites import collapse, expand
 from .layout import layout
-from .palette import NEXT_PORT, NEXT_STATE, OUTPUT, SPECS, interface_type
+from .palette import COMPOSITE_TYPES, NEXT_PORT, NEXT_STATE, OUTPUT, SPECS, interface_type
 
 COLUMN_WIDTH = 280        # px between columns on the canvas
 ROW_HEIGHT = 210          # px between rows: a weight block (name, rows, cols) is about 200 px tall
@@ -68,12 +69,17 @@ def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset()) -
     ids: dict[str, str] = {}
     raw_nodes = design.get("nodes") if isinstance(design, dict) else None
     raw_nodes = raw_nodes if isinstance(raw_nodes, list) else []
+    # Composites drawn as one block (at the place of their own value); their inner nodes are not drawn.
+    groups = {g.name: g for g in collapse(design)}
+    inner = {m for g in groups.values() for m in g.members if m != g.name}
 
     drawn: list[tuple[int, dict]] = []
     for i, entry in enumerate(raw_nodes):
         op = entry.get("op") if isinstance(entry, dict) else None
         name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or op not in SPECS or op == NEXT_STATE:
+        if isinstance(name, str) and name in inner:
+            continue
+        if not isinstance(name, str) or op not in SPECS or op == NEXT_STATE or op in COMPOSITE_TYPES:
             skipped.append(f"{name!r} ({op!r})" if isinstance(entry, dict) else f"nodes[{i}]")
             continue
         node_id = f"node-{i}"
@@ -81,11 +87,15 @@ def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset()) -
         drawn.append((i, entry))
 
     for i, entry in drawn:
-        spec = SPECS[entry["op"]]
         name = entry["name"]
+        group = groups.get(name)
+        spec = SPECS[group.type if group else entry["op"]]
         attrs = entry.get("attrs") if isinstance(entry.get("attrs"), dict) else {}
         values = {"name": name}
         values.update({o.name: attrs[o.attr] for o in spec.options if o.attr and o.attr in attrs})
+        if group:
+            values.update(group.options)
+            entry = {**entry, "args": [group.args[p] for p in spec.inputs]}
         label = node_label(name, spec.type)
         column, row = grid.nodes[i]
         nodes.append({
@@ -282,6 +292,10 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "") -> Reading:
                 outputs.append(state)
             continue
         if ir_name is None:
+            continue
+        if block_type in COMPOSITE_TYPES:             # its primitives, the block's own value last
+            nodes += expand(block_type, ir_name, {p: argument(node_id, p, ir_name) for p in spec.inputs},
+                            {o.name: options.get(o.name, o.default) for o in spec.options})
             continue
         entry: dict = {"name": ir_name, "op": block_type}
         if spec.inputs:

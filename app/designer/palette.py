@@ -1,4 +1,5 @@
-"""The node editor's palette: one block per leaf kind and per op of engine.ops, grouped by category.
+"""The node editor's palette: one block per leaf kind, per composite building block and per op of engine.ops,
+grouped by category.
 
 A block's type is the IR op it draws (`sigmoid`, `matmul`, `weight`, ...), so reading the canvas back
 needs no lookup table. Ports are the op's named ports in engine.ops order (matmul: weight, operand);
@@ -16,7 +17,7 @@ from engine.ops import OPS
 OUTPUT = "value"                 # the one output port of every value block
 NEXT_STATE = "next state"        # the sink block that sets a state's next value
 NEXT_PORT = "next"
-CATEGORIES = ("inputs", "states", "parameters", "ops")
+CATEGORIES = ("inputs", "states", "parameters", "building blocks", "ops")
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,27 @@ def _op_specs() -> list[BlockSpec]:
     return specs
 
 
-SPECS: dict[str, BlockSpec] = {s.type: s for s in _leaf_specs() + _op_specs()}
+def _composite_specs() -> list[BlockSpec]:
+    """Composite blocks (app/designer/composites.py): one node on the canvas, primitives in the cell JSON."""
+    from .composites import ACTIVATIONS, CANDIDATE, GATE, LERP, ports
+
+    def activation(default):
+        return OptionSpec("activation", "select", default, items=(default,) + tuple(a for a in ACTIVATIONS
+                                                                                    if a != default))
+    x_size = OptionSpec("x size", "select", "I", items=("I", "H"))
+    return [
+        BlockSpec(GATE, "building blocks", ports(GATE), (OUTPUT,), (NAME, activation("sigmoid"), x_size),
+                  "sigmoid(W x + U h + b) as one block: its weights W_<name>, U_<name> and bias b_<name> come with "
+                  "it ('x size': I for the input, H for a hidden-sized value)"),
+        BlockSpec(CANDIDATE, "building blocks", ports(CANDIDATE), (OUTPUT,), (NAME, activation("tanh"), x_size),
+                  "tanh(W x + U h + b) as one block, with its weights and bias"),
+        BlockSpec(LERP, "building blocks", ports(LERP), (OUTPUT,), (NAME,),
+                  "z * a + (1 - z) * b: GRU's update h_t = lerp(z, h, n)"),
+    ]
+
+
+SPECS: dict[str, BlockSpec] = {s.type: s for s in _leaf_specs() + _composite_specs() + _op_specs()}
+COMPOSITE_TYPES = frozenset(s.type for s in _composite_specs())
 
 
 def blocks() -> dict[str, list]:

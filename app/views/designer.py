@@ -347,7 +347,11 @@ def palette_help_ui() -> None:
     with st.expander("How to edit"):
         st.markdown(
             "- **Right-click** the canvas for the palette: *inputs*, *states* (a state and its *next state* sink), "
-            "*parameters* (weight, bias, vector, const) and *ops*.\n"
+            "*parameters* (weight, bias, vector, const), *building blocks* and *ops*.\n"
+            "- *Building blocks* are one node each on the canvas: **gate** sigmoid(W x + U h + b) and **candidate** "
+            "tanh(W x + U h + b) bring their own weights `W_<name>`, `U_<name>` and bias `b_<name>`; **lerp** is "
+            "z * a + (1 - z) * b. A GRU is x, h, two gates, r * h, a candidate and a lerp. In the cell they are "
+            "primitive ops (the equations and kernels show them), and they are drawn as one block again.\n"
             "- Drag from a block's output (right) to another block's port (left) to wire it; select a wire or a "
             "block and press Backspace/Delete to remove it.\n"
             "- Type names and attributes in the blocks' fields. A new block is named after its label "

@@ -5,6 +5,7 @@ import copy
 import json
 import random
 
+import numpy as np
 import pytest
 from barfi.flow.schema.types import build_flow_schema_from_dict
 
@@ -62,7 +63,9 @@ def read(schema: dict, name: str = "lstm") -> adapter.Reading:
 
 def test_palette_has_every_op_and_leaf_kind_in_its_category():
     specs = palette.SPECS
-    assert set(OPS) | set(LEAF_KINDS) | {palette.NEXT_STATE} == set(specs)
+    assert set(OPS) | set(LEAF_KINDS) | {palette.NEXT_STATE} | palette.COMPOSITE_TYPES == set(specs)
+    assert palette.COMPOSITE_TYPES == {"gate", "candidate", "lerp"}
+    assert all(specs[t].category == "building blocks" for t in palette.COMPOSITE_TYPES)
     for op, definition in OPS.items():
         assert specs[op].category == "ops" and specs[op].inputs == definition.ports
     assert specs["matmul"].inputs == ("weight", "operand")
@@ -97,6 +100,91 @@ def test_every_preset_round_trips_through_the_canvas(name):
     assert reading.problems == []
     assert json.dumps(reading.design, sort_keys=True) == json.dumps(design, sort_keys=True)
     assert engine.from_dict(reading.design) == engine.preset(name).cell
+
+
+def gru_cho_from_building_blocks() -> tuple[dict, adapter.Reading]:
+    """GRU-Cho drawn from scratch with composite blocks: x, h, r, z, r*h, n, h_next and one sink."""
+    schema = {"version": canvas_of(preset_design())["version"], "nodes": [], "connections": [],
+              "viewport": {"x": 0, "y": 0, "zoom": 1}}
+    x, h = new_block(schema, "input", 1), new_block(schema, "state", 1)
+    set_option(x, "name", "x")
+    set_option(h, "name", "h")
+    r, z = new_block(schema, "gate", 1), new_block(schema, "gate", 2)
+    rh, n = new_block(schema, "mul", 1), new_block(schema, "candidate", 1)
+    h_next, sink = new_block(schema, "lerp", 1), new_block(schema, palette.NEXT_STATE, 1)
+    for node, name in ((r, "r"), (z, "z"), (rh, "rh"), (n, "n"), (h_next, "h_next")):
+        set_option(node, "name", name)
+    set_option(sink, "state", "h")
+    set_option(sink, "layer output", True)
+    for gate in (r, z):
+        wire(schema, x, gate, "x")
+        wire(schema, h, gate, "h")
+    wire(schema, r, rh, "a")
+    wire(schema, h, rh, "b")
+    wire(schema, x, n, "x")
+    wire(schema, rh, n, "h")
+    wire(schema, z, h_next, "z")
+    wire(schema, h, h_next, "a")
+    wire(schema, n, h_next, "b")
+    wire(schema, h_next, sink, palette.NEXT_PORT)
+    return schema, read(schema, name="gru_cho_blocks")
+
+
+def test_a_gru_is_seven_blocks_that_expand_into_primitives():
+    schema, reading = gru_cho_from_building_blocks()
+    assert reading.problems == []
+    nodes = {n["name"]: n for n in reading.design["nodes"]}
+    assert all(n["op"] not in palette.COMPOSITE_TYPES for n in nodes.values())       # primitives only in the IR
+    assert nodes["r"]["op"] == "sigmoid" and nodes["n"]["op"] == "tanh" and nodes["h_next"]["op"] == "add"
+    assert nodes["W_r"]["attrs"] == {"cols": "I", "rows": "H"} and nodes["U_n"]["attrs"] == {"cols": "H", "rows": "H"}
+    assert nodes["n_uh"]["args"] == ["U_n", "rh"] and nodes["h_next_za"]["args"] == ["z", "h"]
+    cell = engine.from_dict(reading.design)                    # a valid cell: the engine checks sizes and names
+    network = engine.Network(cell, input_size=3, hidden_size=4, num_layers=1)
+    params = engine.init_params(network, seed=0)
+    x = np.random.default_rng(0).standard_normal((5, 2, 3))
+    out = engine.run(network, params, x, backend="reference", dtype=np.float64).outputs
+    # h_t = z * h + (1 - z) * tanh(W_n x + U_n (r * h) + b_n): GRU-Cho, step by step in NumPy
+    sig = lambda v: 1 / (1 + np.exp(-v))                                                   # noqa: E731
+    h = np.zeros((2, 4))
+    for t in range(5):
+        def pre(g, operand):
+            return x[t] @ params[0][f"W_{g}"].T + operand @ params[0][f"U_{g}"].T + params[0][f"b_{g}"]
+        r, z = sig(pre("r", h)), sig(pre("z", h))
+        h = z * h + (1 - z) * np.tanh(pre("n", r * h))
+        assert np.allclose(out[t], h, atol=1e-12)
+
+
+def test_composites_draw_as_one_block_and_round_trip():
+    _, reading = gru_cho_from_building_blocks()
+    schema = canvas_of(reading.design)
+    types = sorted(n["type"] for n in schema["nodes"])
+    assert types == sorted(["input", "state", "gate", "gate", "mul", "candidate", "lerp", palette.NEXT_STATE])
+    assert build_flow_schema_from_dict(schema).export() == schema
+    again = read(schema, name="gru_cho_blocks")
+    assert again.problems == []
+    assert json.dumps(again.design, sort_keys=True) == json.dumps(reading.design, sort_keys=True)
+    gate = block(schema, "n")
+    assert {o["name"]: o["value"] for o in gate["options"]} == {"name": "n", "activation": "tanh", "x size": "I"}
+
+
+def test_a_composite_whose_inner_value_is_read_elsewhere_stays_primitive():
+    _, reading = gru_cho_from_building_blocks()
+    design = copy.deepcopy(reading.design)
+    design["nodes"].append({"name": "peek", "op": "tanh", "args": ["r_pre"]})        # reads inside gate r
+    types = [n["type"] for n in canvas_of(design)["nodes"]]
+    assert types.count("gate") == 1 and "sigmoid" in types                           # z still collapses, r not
+    changed = copy.deepcopy(reading.design)
+    next(n for n in changed["nodes"] if n["name"] == "b_z")["attrs"] = {"dim": "I"}  # not the expansion any more
+    assert [n["type"] for n in canvas_of(changed)["nodes"]].count("gate") == 1
+
+
+def test_an_unwired_composite_port_is_a_problem_naming_the_block():
+    schema, _ = gru_cho_from_building_blocks()
+    n = block(schema, "n")
+    schema["connections"] = [c for c in schema["connections"]
+                             if not (c["inputNode"] == n["id"] and c["inputNodeInterface"] == "h")]
+    problems = read(schema).problems
+    assert any(p.node == "n" and p.field == "args.h" for p in problems), problems
 
 
 def test_canvas_draws_named_ports_and_one_sink_per_state():

@@ -56,10 +56,12 @@ def _options(spec, values: dict) -> list[dict]:
     return [{"name": o.name, "value": values.get(o.name, o.default)} for o in spec.options]
 
 
-def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset()) -> tuple[dict, list[str]]:
+def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset(),
+                     blocks: bool = True) -> tuple[dict, list[str]]:
     """The barfi editor schema drawing `design` with the automatic layout.
 
     marked: node names to flag with a warning sign in their label (nodes with problems).
+    blocks: draw composite building blocks (app/designer/composites.py) as one block each, else every primitive.
     Returns (schema, skipped): skipped lists nodes that have no block (unknown op, malformed entry).
     """
     grid = layout(design)
@@ -70,7 +72,7 @@ def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset()) -
     raw_nodes = design.get("nodes") if isinstance(design, dict) else None
     raw_nodes = raw_nodes if isinstance(raw_nodes, list) else []
     # Composites drawn as one block (at the place of their own value); their inner nodes are not drawn.
-    groups = {g.name: g for g in collapse(design)}
+    groups = {g.name: g for g in collapse(design)} if blocks else {}
     inner = {m for g in groups.values() for m in g.members if m != g.name}
 
     drawn: list[tuple[int, dict]] = []

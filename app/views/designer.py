@@ -147,7 +147,8 @@ def mount(design: dict, marked: set[str]) -> dict:
     """A fresh canvas for `design` (a new component key: barfi draws its schema only when mounted)."""
     number = st.session_state.get("designer.mounts", 0) + 1
     st.session_state["designer.mounts"] = number
-    schema, skipped = adapter.design_to_schema(design, marked=marked)
+    schema, skipped = adapter.design_to_schema(design, marked=marked,
+                                               blocks=st.session_state.get("designer.building_blocks", True))
     canvas = {"key": f"designer.canvas.{number}", "schema": schema, "graph": graph_text(design),
               "applied": adapter.canvas_fingerprint(schema), "skipped": skipped}
     st.session_state[_CANVAS] = canvas
@@ -387,6 +388,9 @@ def main() -> None:
         check = checks.check_design(design, canvas_problems(design))
         st.button("Redraw the canvas (automatic layout, problems marked ⚠)", key="designer.redraw",
                   on_click=redraw, icon=":material/auto_fix_high:")
+        st.toggle("Draw building blocks as one node", value=True, key="designer.building_blocks", on_change=redraw,
+                  help="gate, candidate and lerp blocks (and the same patterns written by hand) as one node each; "
+                       "off: every primitive op")
         palette_help_ui()
         problems_ui(check)
 

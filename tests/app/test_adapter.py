@@ -165,6 +165,10 @@ def test_composites_draw_as_one_block_and_round_trip():
     assert json.dumps(again.design, sort_keys=True) == json.dumps(reading.design, sort_keys=True)
     gate = block(schema, "n")
     assert {o["name"]: o["value"] for o in gate["options"]} == {"name": "n", "activation": "tanh", "x size": "I"}
+    primitive, skipped = adapter.design_to_schema(reading.design, blocks=False)      # the toggle off
+    assert skipped == [] and not {n["type"] for n in primitive["nodes"]} & palette.COMPOSITE_TYPES
+    assert len(primitive["nodes"]) == len(reading.design["nodes"]) + len(reading.design["states"])
+    assert read(json.loads(json.dumps(primitive)), name="gru_cho_blocks").design == reading.design
 
 
 def test_a_composite_whose_inner_value_is_read_elsewhere_stays_primitive():

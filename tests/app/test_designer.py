@@ -387,3 +387,20 @@ def test_a_cell_the_dsl_cannot_write_is_an_error_not_a_traceback(designer):
     assert not at.exception
     assert "cannot be written in the DSL" in texts(at.error) and "node 'lambda'" in texts(at.error)
     assert r"\lambda" in latex(at) or "lambda" in latex(at)
+
+
+def test_a_cell_built_from_building_blocks_runs_and_the_toggle_draws_its_primitives(designer):
+    at = designer
+    from test_adapter import gru_cho_from_building_blocks
+    schema, _ = gru_cho_from_building_blocks()
+    send(at, schema)
+    assert not at.error, texts(at.error)
+    assert r"r &= \sigma(r_{sum} + b_{r})" in latex(at) and "W_n" in at.code[0].value   # primitives in the cell
+    at.button(key="designer.redraw").click().run()           # drawn from the cell: composites found again
+    drawn = at.session_state["designer.canvas"]["schema"]["nodes"]
+    assert sorted(n["type"] for n in drawn if n["type"] in palette.COMPOSITE_TYPES) == ["candidate", "gate", "gate",
+                                                                                       "lerp"]
+    at.toggle(key="designer.building_blocks").set_value(False).run()
+    drawn = at.session_state["designer.canvas"]["schema"]["nodes"]
+    assert not {n["type"] for n in drawn} & palette.COMPOSITE_TYPES and len(drawn) > 30
+    assert not at.error, texts(at.error)

@@ -18,7 +18,6 @@ array and NumPy arrays otherwise. float32 only for now.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -146,10 +145,7 @@ class Executor:
         for gemm in self.program.hoisted_gemms:
             weight, bias = self.weights[layer][gemm.name]
             out = self.layers[layer][gemm.out_buffer][rows]
-            with self._traced(layer, gemm.name, rows.start // B):
-                self.device.gemm(self.inputs[layer][rows], weight, out)
-                if bias is not None:
-                    self.device.add_bias(out, bias)
+            self._timed(layer, gemm.name, rows.start // B, self._gemm_bias, self.inputs[layer][rows], weight, bias, out)
 
     def _step(self, layer: int, t: int) -> None:
         buffers = self.layers[layer]
@@ -158,8 +154,7 @@ class Executor:
             if kind == "gemm":
                 weight, _ = self.weights[layer][item.name]
                 operands = self._version(buffers[item.in_buffer], "cur", t)
-                with self._traced(layer, item.name, t):
-                    self.device.gemm(operands, weight, buffers[item.out_buffer])
+                self._timed(layer, item.name, t, self.device.gemm, operands, weight, buffers[item.out_buffer])
                 continue
             args = []
             for p in item.params:
@@ -169,18 +164,22 @@ class Executor:
                     args.append(self.inputs[layer])
                 else:
                     args.append(self._version(buffers[p.source], p.version, t))
-            with self._traced(layer, item.name, t):
-                self.device.launch(item, args, t, self.plan.batch, sizes)
+            self._timed(layer, item.name, t, self.device.launch, item, args, t, self.plan.batch, sizes)
 
-    @contextmanager
-    def _traced(self, layer: int, name: str, t: int):
-        """With a device whose `trace` is a list, bracket the work in timing events on the layer's stream."""
+    def _gemm_bias(self, operands, weight, bias, out) -> None:
+        self.device.gemm(operands, weight, out)
+        if bias is not None:
+            self.device.add_bias(out, bias)
+
+    def _timed(self, layer: int, name: str, t: int, work, *args) -> None:
+        """work(*args); with a device whose `trace` is a list, bracketed in timing events on the layer's stream.
+        A plain call when not tracing: this runs for every launch of every step."""
         trace = getattr(self.device, "trace", None)
         if trace is None:
-            yield
+            work(*args)
             return
         start = self.device.record(layer, timing=True)
-        yield
+        work(*args)
         trace.append((name, layer, t, start, self.device.record(layer, timing=True)))
 
 

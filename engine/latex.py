@@ -8,9 +8,7 @@ from __future__ import annotations
 import re
 
 from .ir import CellGraph
-from .ops import OPS
-
-_PRECEDENCE = {"add": 1, "sub": 1, "neg": 2, "one_minus": 1, "mul": 2, "scale": 2, "matmul": 3}
+from .ops import OPS, needs_parens
 
 
 def symbol(name: str, time: str | None = None) -> str:
@@ -59,12 +57,11 @@ def equations(graph: CellGraph) -> list[str]:
             return expr(name)
         return symbol(name)
 
-    def wrap(arg: str, parent: str) -> str:
+    def wrap(arg: str, parent: str, right: bool = False) -> str:
         text = ref(arg)
         node = graph[arg]
-        if not node.is_leaf and _is_inlined(graph, arg) and node.op in _PRECEDENCE and parent in _PRECEDENCE:
-            if _PRECEDENCE[node.op] < _PRECEDENCE[parent]:
-                return rf"\left({text}\right)"
+        if not node.is_leaf and _is_inlined(graph, arg) and needs_parens(node.op, parent, right):
+            return rf"\left({text}\right)"
         return text
 
     def expr(name: str) -> str:
@@ -72,12 +69,9 @@ def equations(graph: CellGraph) -> list[str]:
         spec = OPS[node.op]
         if node.op == "matmul":
             return f"{symbol(node.args[0])}\\,{wrap(node.args[1], 'matmul')}"
-        values = {port: wrap(a, node.op) for port, a in zip(spec.ports, node.args)}
+        values = {port: wrap(a, node.op, right=k > 0) for k, (port, a) in enumerate(zip(spec.ports, node.args))}
         if node.op == "scale":
             values["factor"] = f"{node.attr('factor'):g}"
-        if node.op == "sub":
-            values["b"] = rf"\left({ref(node.args[1])}\right)" if (
-                _is_inlined(graph, node.args[1]) and graph[node.args[1]].op in ("add", "sub")) else values["b"]
         return spec.latex.format(**values)
 
     lines = []

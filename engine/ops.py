@@ -73,6 +73,22 @@ OPS: dict[str, OpDef] = {op.name: op for op in [
 ]}
 
 
+# How tightly the infix renderings of ops bind, for the equations in LaTeX (engine/latex.py) and in plain text
+# (engine/codegen/equations.py): one table and one rule, so the two agree. A matmul is written W x (tightest).
+PRECEDENCE = {"add": 1, "sub": 1, "one_minus": 1, "mul": 2, "scale": 2, "neg": 2, "matmul": 3}
+
+
+def needs_parens(child: str, parent: str, right: bool = False) -> bool:
+    """Whether an inlined `child` expression must be parenthesised as an operand of `parent`: it binds less
+    tightly, or it is the right operand of a subtraction at the same level (a - (b - c), 1 - (a + b);
+    `one_minus` subtracts its operand). Function-style ops (sigmoid(...)) never need them."""
+    if child not in PRECEDENCE or parent not in PRECEDENCE:
+        return False
+    mine, theirs = PRECEDENCE[child], PRECEDENCE[parent]
+    subtracted = parent == "one_minus" or (right and parent == "sub")
+    return mine < theirs or (subtracted and mine == theirs)
+
+
 def op_def(name: str) -> OpDef:
     return OPS[name]
 

@@ -11,6 +11,8 @@ h, dependent matmuls such as U(r * h), elementwise chains, parameters of every k
 """
 from __future__ import annotations
 
+import re
+
 import copy
 import json
 import shutil
@@ -22,6 +24,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import engine
 from engine.backends import plan_numpy
+from engine.codegen.equations import text_equations
+from engine.dsl_emit import emit_dsl
 from engine.errors import CellGraphError
 
 UNARY = ("neg", "one_minus", "sigmoid", "tanh", "relu", "hard_sigmoid", "identity")
@@ -40,10 +44,13 @@ def cell_designs(draw) -> dict:
     computed: list[str] = []
     count = 0
 
-    def new(prefix: str) -> str:
+    auto = draw(st.booleans())               # name computed values as the DSL names its own ("v3_add"), so the
+    #                                          equation renderers inline them and their parentheses matter
+
+    def new(prefix: str, op: str | None = None) -> str:
         nonlocal count
         count += 1
-        return f"{prefix}{count}"
+        return f"{prefix}{count}_{op}" if auto and op and draw(st.booleans()) else f"{prefix}{count}"
 
     def add(node: dict) -> str:
         nodes.append(node)
@@ -62,10 +69,11 @@ def cell_designs(draw) -> dict:
             w = add({"name": new("W"), "op": "weight", "attrs": {"rows": "H", "cols": "I"}})
             value = add({"name": new("Wx"), "op": "matmul", "args": [w, "x"]})
         elif kind == "unary":
-            value = add({"name": new("u"), "op": draw(st.sampled_from(UNARY)), "args": [draw(st.sampled_from(pool))]})
+            op = draw(st.sampled_from(UNARY))
+            value = add({"name": new("u", op), "op": op, "args": [draw(st.sampled_from(pool))]})
         elif kind == "binary":
-            a, b = draw(st.sampled_from(pool)), draw(st.sampled_from(pool))
-            value = add({"name": new("v"), "op": draw(st.sampled_from(BINARY)), "args": [a, b]})
+            a, b, op = draw(st.sampled_from(pool)), draw(st.sampled_from(pool)), draw(st.sampled_from(BINARY))
+            value = add({"name": new("v", op), "op": op, "args": [a, b]})
         elif kind == "bias":
             bias = add({"name": new("b"), "op": "bias", "attrs": {"dim": "H"}})
             value = add({"name": new("pb"), "op": "add", "args": [draw(st.sampled_from(pool)), bias]})
@@ -74,7 +82,7 @@ def cell_designs(draw) -> dict:
             value = add({"name": new("pv"), "op": "mul", "args": [vec, draw(st.sampled_from(pool))]})
         else:
             factor = draw(st.sampled_from((0.5, -1.5, 2.0)))
-            value = add({"name": new("k"), "op": "scale", "args": [draw(st.sampled_from(pool))],
+            value = add({"name": new("k", "scale"), "op": "scale", "args": [draw(st.sampled_from(pool))],
                          "attrs": {"factor": factor}})
         pool.append(value)
         computed.append(value)
@@ -141,6 +149,69 @@ def test_random_cells_render_their_cuda(design):
     sources = render_all(engine.from_dict(design))
     for name, source in sources.items():
         assert "__global__" in source, name
+
+
+class _Weight:
+    """A weight in an evaluated text equation: `W ** v` is the matmul W v (** binds tighter than *, / and unary
+    minus, and groups to the right, as juxtaposition reads: a * W U v is a * (W (U v)))."""
+
+    def __init__(self, matrix):
+        self.matrix = matrix
+
+    def __pow__(self, operand):
+        return self.matrix @ operand
+
+
+def evaluate_text_equations(cell, params: dict, x_t, states: dict) -> dict:
+    """One step of the cell computed from its plain-text equations alone (engine.codegen.equations): values as
+    (size, batch) columns. Returns each state's next value."""
+    from engine.ops import OPS
+    env = {op: OPS[op].numpy for op in ("sigmoid", "tanh", "relu", "hard_sigmoid", "identity")}
+    weights = [n.name for n in cell.nodes if n.op == "weight"]
+    for n in cell.nodes:
+        if n.op == "weight":
+            env[n.name] = _Weight(params[n.name])
+        elif n.op in ("bias", "vector"):
+            env[n.name] = np.asarray(params[n.name])[:, None]
+        elif n.op == "input":
+            env[f"{n.name}__t"] = x_t.T
+        elif n.op == "state":
+            env[f"{n.name}__prev"] = states[n.name].T
+    nexts = {}
+    for line in text_equations(cell):
+        lhs, rhs = line.split(" = ", 1)
+        rhs = re.sub(r"\b(\w+)\[t-1\]", r"\1__prev", rhs)
+        rhs = re.sub(r"\b(\w+)\[t\]", lambda m: f"{m.group(1)}__t" if cell[m.group(1)].op == "input"
+                     else f"{m.group(1)}__next", rhs)
+        for w in weights:                  # W x, W (a + b); "W -x" stays a (failing) subtraction: write W (-x)
+            rhs = re.sub(rf"\b{w} (?=[\w(])", f"{w} ** ", rhs)
+        value = eval(rhs, {"__builtins__": {}}, env)                           # noqa: S307 - our own text
+        key = lhs[:-3] + "__next" if lhs.endswith("[t]") else lhs
+        env[key] = value
+        if lhs.endswith("[t]"):
+            nexts[lhs[:-3]] = value.T
+    return nexts
+
+
+@FAST
+@given(cell_designs())
+def test_random_cells_equations_compute_the_cell_and_the_dsl_rebuilds_it(design):
+    """The plain-text equations, evaluated as written, give the reference's step (so their parentheses are right);
+    the LaTeX renders a line per named value; the DSL the engine writes rebuilds the same graph."""
+    cell = engine.from_dict(design)
+    network, params, x, states = case(cell, num_layers=1)
+    one = engine.run(network, params, x[:1], {k: v for k, v in states.items()}, backend="reference",
+                     dtype=np.float64)
+    got = evaluate_text_equations(cell, params[0], x[0], {k: v[0] for k, v in states.items()})
+    for s in cell.state_names:
+        assert np.allclose(got[s], one.final_states[s][0], rtol=1e-12, atol=1e-12), (s, text_equations(cell))
+    assert engine.to_latex(cell).count("&=") == len(text_equations(cell))      # every next value is a named node
+    namespace: dict = {}
+    exec(compile(emit_dsl(cell), "<emitted>", "exec"), namespace)              # noqa: S102 - our own source
+    (rebuilt,) = [v for v in namespace.values() if isinstance(v, engine.CellGraph)]
+    original, again = engine.to_dict(cell), engine.to_dict(rebuilt)
+    assert {n["name"]: n for n in again["nodes"]} == {n["name"]: n for n in original["nodes"]}
+    assert again["states"] == original["states"] and again["output"] == original["output"]
 
 
 @pytest.mark.nvcc

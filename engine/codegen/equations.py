@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 
 from ..ir import CellGraph
+from ..ops import needs_parens
 
 _AUTO_NAME = re.compile(r"_(pre|add|sub|mul|neg|one_minus|scale|sigmoid|tanh|relu|hard_sigmoid|identity)(_\d+)?$")
-_PRECEDENCE = {"add": 1, "sub": 1, "one_minus": 1, "mul": 2, "scale": 2, "neg": 3, "matmul": 3}
 _FUNCTIONS = ("sigmoid", "tanh", "relu", "hard_sigmoid", "identity")
 
 
@@ -44,12 +44,7 @@ def text_equations(cell: CellGraph) -> list[str]:
 
     def wrap(arg: str, parent: str, right: bool = False) -> str:
         text = ref(arg)
-        node = cell[arg]
-        if inlined(arg) and node.op in _PRECEDENCE:
-            mine, theirs = _PRECEDENCE[node.op], _PRECEDENCE.get(parent, 0)
-            if mine < theirs or (right and parent == "sub" and mine == theirs):
-                return f"({text})"
-        return text
+        return f"({text})" if inlined(arg) and needs_parens(cell[arg].op, parent, right) else text
 
     def expr(name: str) -> str:
         node = cell[name]
@@ -65,7 +60,7 @@ def text_equations(cell: CellGraph) -> list[str]:
         if node.op == "neg":
             return f"-{wrap(a[0], 'neg')}"
         if node.op == "one_minus":
-            return f"1 - {wrap(a[0], 'sub', right=True)}"
+            return f"1 - {wrap(a[0], 'one_minus')}"
         if node.op == "scale":
             return f"{node.attr('factor'):g} * {wrap(a[0], 'scale')}"
         if node.op in _FUNCTIONS:

@@ -309,27 +309,29 @@ def test_the_bulk_pipeline_needs_16_bits_sm90_and_whole_chunks(precision, sizes,
         assert text.count("    rnn_bulk_init<STAGES>(smem + SCRATCH);") == (entries if bulk else 0)
 
 
-def test_chunked_order_is_a_permutation_with_conflict_free_groups():
-    from engine.schedules.base import chunked_order, chunked_weight
+def test_the_chunked_layout_is_rnn_chunked_and_keeps_bank_groups_apart():
+    from engine.schedules.base import chunked, chunked_weight
     rows, block, cols, kc = 3 * 19, 19, 192, 64
-    order = chunked_order(rows, block, cols, kc)
-    assert sorted(order.ravel().tolist()) == list(range(rows * cols))
-    # A chunk of a row block is contiguous: block b, chunk c holds exactly its block x kc elements.
-    for b in range(rows // block):
-        for c in range(cols // kc):
-            part = order[b * block:(b + 1) * block, c * kc:(c + 1) * kc]
-            start = (b * (cols // kc) + c) * block * kc
-            assert part.min() == start and part.max() == start + block * kc - 1
+    values = np.arange(rows * cols).reshape(rows, cols)
+    flat = chunked(np, values, block, kc)
+    # Element (r, k) sits where kernels/mma_gemm.cuh rnn_chunked puts it.
+    r, k = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    b, w = r % block, k % kc
+    where = ((r // block * (cols // kc) + k // kc) * block + b) * kc + (((w >> 3) ^ (b & 7)) << 3) + (w & 7)
+    assert np.array_equal(flat[where], values)
+    # A chunk of a row block is contiguous: block i, chunk c holds exactly its block x kc elements.
+    start = (1 * (cols // kc) + 2) * block * kc
+    chunk = values[block:2 * block, 2 * kc:3 * kc].ravel()
+    assert sorted(flat[start:start + block * kc].tolist()) == sorted(chunk.tolist())
     # Eight consecutive rows' copies of one 16-byte group land in eight different 16-byte groups of a 128-byte line.
     for g in range(kc // 8):
-        lines = [(order[r, g * 8] % 64) // 8 for r in range(8)]
-        assert sorted(lines) == list(range(8)), lines
-    bits = np.arange(10 * 128, dtype=np.uint16).reshape(10, 128)
-    chunked = chunked_weight(bits, 4, 3, 8, 64)                 # 3 blocks of 4 rows, padded to 8 rows each
-    assert chunked.size == 3 * 8 * 128 and np.count_nonzero(chunked) == 10 * 128 - 1   # element 0 is 0 itself
-    back = chunked[chunked_order(3 * 8, 8, 128, 64)]
-    assert np.array_equal(back.reshape(3, 8, 128)[:2, :4], bits[:8].reshape(2, 4, 128))
-    assert np.array_equal(back.reshape(3, 8, 128)[2, :2], bits[8:]) and not back.reshape(3, 8, 128)[2, 2:].any()
+        assert sorted((where[i, g * 8] % 64) // 8 for i in range(8)) == list(range(8))
+    bits = np.arange(1, 10 * 128 + 1, dtype=np.uint16).reshape(10, 128)
+    weight = chunked_weight(bits, 4, 3, 8, 64)                  # 3 blocks of 4 rows, padded to 8 rows each
+    padded = np.zeros((24, 128), dtype=np.uint16)
+    for i in range(3):
+        padded[i * 8:i * 8 + len(bits[i * 4:i * 4 + 4])] = bits[i * 4:i * 4 + 4]
+    assert np.array_equal(weight, chunked(np, padded, 8, 64)) and np.count_nonzero(weight) == bits.size
 
 
 @pytest.mark.parametrize("precision,batch", [("float32", 19), ("tf32", 19), ("bfloat16", 3)])

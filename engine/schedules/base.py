@@ -57,26 +57,27 @@ def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, c
     return kernel
 
 
-def chunked_order(rows: int, block_rows: int, cols: int, k_chunk: int) -> np.ndarray:
-    """For every element (r, k) of a row-major (rows, cols) matrix, its index in the bulk pipeline's chunked
-    layout (kernels/mma_gemm.cuh rnn_chunked): blocks of block_rows rows, each as cols / k_chunk chunks of
-    block_rows x k_chunk elements, the 16-byte group c of row b stored at group c ^ (b % 8)."""
-    r, k = np.arange(rows)[:, None], np.arange(cols)[None, :]
-    block, b, w = r // block_rows, r % block_rows, k % k_chunk
-    return ((block * (cols // k_chunk) + k // k_chunk) * block_rows + b) * k_chunk + (((w >> 3) ^ (b & 7)) << 3) + (w & 7)
+def chunked(xp, values, block_rows: int, k_chunk: int):
+    """values (rows, cols) of array module xp, in the bulk pipeline's chunked layout, flat (kernels/mma_gemm.cuh
+    rnn_chunked): blocks of block_rows rows, each as cols / k_chunk chunks of block_rows x k_chunk elements, and
+    in a chunk the 16-byte group c of row b at group c ^ (b % 8). Reshapes and one gather, no index array of the
+    matrix's size."""
+    rows, cols = values.shape
+    tiles = values.reshape(rows // block_rows, block_rows, cols // k_chunk, k_chunk // 8, 8).transpose(0, 2, 1, 3, 4)
+    row = xp.arange(block_rows)[:, None]
+    source = xp.arange(k_chunk // 8)[None, :] ^ (row & 7)      # group p holds group p ^ (b % 8): XOR undoes itself
+    return tiles[:, :, row, source, :].reshape(-1)
 
 
 def chunked_weight(bits: np.ndarray, rows_per_block: int, blocks: int, block_rows: int, k_chunk: int) -> np.ndarray:
     """A packed weight (N, K) as the bulk pipeline streams it: block i's rows [i * rows_per_block, ...) padded
-    with zeros to block_rows rows, chunked (chunked_order) block by block."""
+    with zeros to block_rows rows, chunked block by block."""
     N, K = bits.shape
     padded = np.zeros((blocks, block_rows, K), dtype=bits.dtype)
     for i in range(blocks):
         part = bits[i * rows_per_block:min((i + 1) * rows_per_block, N)]
         padded[i, :len(part)] = part
-    out = np.empty(blocks * block_rows * K, dtype=bits.dtype)
-    out[chunked_order(blocks * block_rows, block_rows, K, k_chunk).ravel()] = padded.reshape(-1)
-    return out
+    return chunked(np, padded.reshape(blocks * block_rows, K), block_rows, k_chunk)
 
 
 def _version0(buffer):
@@ -176,7 +177,7 @@ class WavefrontSchedule:
             self.half_buffers.append(bufs)
         self.x_half = (cupy.empty((T * B, network.input_size), dtype=cupy.uint16)
                        if program.input_buffer in self.halves else None)
-        self._half_order = {}                   # (rows, cols) -> chunked_order on the GPU, for the bulk pipeline
+        self._chunked_sources = {}              # shape -> gather index of the bulk pipeline's chunked copies
         self.weights, self.vectors = [], []
         for layer in range(L):
             # Weights as the kernels read them: float32, tf32-rounded float32, or fp16/bf16 bit patterns.
@@ -288,11 +289,12 @@ class WavefrontSchedule:
         if not self.tiling.bulk:
             target[...] = bits
             return
-        rows, cols = values.shape
-        if (rows, cols) not in self._half_order:
-            order = chunked_order(rows, self._shape[1], cols, self.tiling.k_chunk).ravel().astype(np.int64)
-            self._half_order[rows, cols] = self.cupy.asarray(order)
-        target.ravel()[self._half_order[rows, cols]] = bits.ravel()
+        # The source of every element of the chunked copy, once per shape (int32: x at `large` is 13 M elements).
+        key = values.shape
+        if key not in self._chunked_sources:
+            sources = np.arange(values.size, dtype=np.int32).reshape(key)
+            self._chunked_sources[key] = self.cupy.asarray(chunked(np, sources, self._shape[1], self.tiling.k_chunk))
+        target.ravel()[...] = bits.ravel()[self._chunked_sources[key]]
 
     def _layout_weight(self, gemm: str, bits: np.ndarray) -> np.ndarray:
         """A packed weight as the kernels read it: row-major (N, K), or chunked per block when the bulk pipeline

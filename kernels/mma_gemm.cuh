@@ -341,7 +341,7 @@ __device__ __forceinline__ void rnn_bulk_init(float* smem)
 // sequence buffer, or the whole (B, K) buffer), each as K / KC chunks of B rows x KC columns, so that one chunk is
 // one contiguous copy; inside a chunk, row b's 16-byte group c sits at group c ^ (b % 8) (RnnLaneAt). The cell code
 // writes the copies of X through this index; the host lays out x, the initial states and streamed weights alike
-// (engine/schedules/base.py chunked_order).
+// (engine/schedules/base.py chunked).
 template <int KC>
 __device__ __forceinline__ long rnn_chunked(long block, int b, int k, int B, int K)
 {

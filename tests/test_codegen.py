@@ -126,3 +126,21 @@ def test_every_generated_module_compiles_with_nvcc(tmp_path):
     for name, job in jobs.items():
         output, _ = job.communicate(timeout=300)
         assert job.returncode == 0, f"nvcc failed on the {name} kernels:\n{output[-4000:]}"
+
+
+def test_both_equation_renderers_parenthesise_by_one_rule():
+    """A negation under a matmul, a sum under one_minus, a difference subtracted: the plain text and the LaTeX
+    put the same parentheses (engine.ops.needs_parens), so neither reads as another formula."""
+    from engine.codegen.equations import text_equations
+    from engine.dsl import W, cell, tanh
+
+    @cell
+    def signs(x, h):
+        u = tanh(W("U") @ (-h) + (1 - (W("A") @ x + h)) - (h - W("B") @ x))
+        return {"h": u}
+
+    text = "\n".join(text_equations(signs))
+    latex = engine.to_latex(signs)
+    assert "U (-h[t-1])" in text and r"U\,\left(-h_{t-1}\right)" in latex
+    assert "1 - (A x[t] + h[t-1])" in text and r"1 - \left(A\,x_t + h_{t-1}\right)" in latex
+    assert "- (h[t-1] - B x[t])" in text and r"- \left(h_{t-1} - B\,x_t\right)" in latex

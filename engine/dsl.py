@@ -29,7 +29,8 @@ _BUILDERS: list["_Builder"] = []
 
 
 class _Builder:
-    def __init__(self):
+    def __init__(self, input_is_hidden: bool = False):
+        self.input_is_hidden = input_is_hidden     # x may meet H-sized values: their sum is H-sized
         self.nodes: list[Node] = []
         self.by_name: dict[str, Node] = {}
         self.counter = 0
@@ -156,6 +157,8 @@ def _dim_of(builder: _Builder, name: str) -> str:
     if node.op == "const":
         return "1"
     dims = {_dim_of(builder, a) for a in node.args} - {"1"}
+    if builder.input_is_hidden and dims == {"I", "H"}:
+        return "H"
     return dims.pop() if len(dims) == 1 else "1" if not dims else "?"
 
 
@@ -216,12 +219,13 @@ def _capture_locals(fn: Callable, args: list) -> tuple[object, dict]:
     return result, captured
 
 
-def build_cell(fn: Callable, name: str | None = None, output: str = "h", doc: str | None = None) -> CellGraph:
+def build_cell(fn: Callable, name: str | None = None, output: str = "h", doc: str | None = None,
+               input_is_hidden: bool = False) -> CellGraph:
     params = list(inspect.signature(fn).parameters)
     if len(params) < 2:
         raise CellGraphError("an @cell function takes the input first, then one argument per state",
                              field="signature", hint="e.g. def my_cell(x, h): ...")
-    builder = _Builder()
+    builder = _Builder(input_is_hidden)
     _BUILDERS.append(builder)
     try:
         x = builder.leaf(params[0], "input")
@@ -246,7 +250,8 @@ def build_cell(fn: Callable, name: str | None = None, output: str = "h", doc: st
                   for n in builder.nodes)
     state_specs = tuple(StateSpec(k, names.get(v_.name, v_.name)) for k, v_ in result.items())
     return CellGraph(name=name or fn.__name__, nodes=nodes, states=state_specs, output=output,
-                     doc=inspect.cleandoc(doc if doc is not None else (fn.__doc__ or "")))
+                     doc=inspect.cleandoc(doc if doc is not None else (fn.__doc__ or "")),
+                     input_is_hidden=input_is_hidden)
 
 
 def _choose_names(builder: _Builder, local_vars: dict, result: dict, params: list[str]) -> dict[str, str]:
@@ -306,8 +311,11 @@ def _choose_names(builder: _Builder, local_vars: dict, result: dict, params: lis
     return names
 
 
-def cell(fn: Callable | None = None, *, name: str | None = None, output: str = "h") -> Callable | CellGraph:
-    """Decorator: turn a Python function into a validated CellGraph."""
+def cell(fn: Callable | None = None, *, name: str | None = None, output: str = "h",
+         input_is_hidden: bool = False) -> Callable | CellGraph:
+    """Decorator: turn a Python function into a validated CellGraph. input_is_hidden=True: the cell combines x
+    with hidden-sized values (tanh(x) in a candidate, x added to h), so it runs only where input size == hidden
+    size (checked when the network is built)."""
     if fn is not None:
-        return build_cell(fn, name=name, output=output)
-    return lambda f: build_cell(f, name=name, output=output)
+        return build_cell(fn, name=name, output=output, input_is_hidden=input_is_hidden)
+    return lambda f: build_cell(f, name=name, output=output, input_is_hidden=input_is_hidden)

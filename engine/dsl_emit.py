@@ -232,6 +232,8 @@ class _Writer:
             options.append(f"name={_text(graph.name)}")
         if graph.output != "h":
             options.append(f"output={_text(graph.output)}")
+        if graph.input_is_hidden:
+            options.append("input_is_hidden=True")
         decorator = self.helper("cell") + (f"({', '.join(options)})" if options else "")
         docstring = _docstring(graph.doc) if self.doc_as_docstring else None
         lines = [f"# Cell {graph.name!r}, written by the designer (engine.dsl_emit)."]

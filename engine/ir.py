@@ -82,6 +82,7 @@ class CellGraph:
     states: tuple[StateSpec, ...]
     output: str = "h"          # the state whose next value is the layer's output h_t
     doc: str = ""
+    input_is_hidden: bool = False   # the cell needs input size == hidden size: x may meet H-sized values elementwise
 
     def __post_init__(self):
         problems, warnings = diagnose(self)
@@ -119,7 +120,7 @@ class CellGraph:
 
     @cached_property
     def dims(self) -> dict[str, str]:
-        return _infer_dims(self.by_name, self.topo_order)[0]
+        return _infer_dims(self.by_name, self.topo_order, self.input_is_hidden)[0]
 
     def param_shape(self, name: str, input_size: int, hidden_size: int) -> tuple[int, ...]:
         node = self[name]
@@ -162,7 +163,8 @@ class CellGraph:
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "CellGraph":
-        fields = dict(name=self.name, nodes=self.nodes, states=self.states, output=self.output, doc=self.doc)
+        fields = dict(name=self.name, nodes=self.nodes, states=self.states, output=self.output, doc=self.doc,
+                      input_is_hidden=self.input_is_hidden)
         fields.update(changes)
         return CellGraph(**fields)
 
@@ -252,7 +254,11 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
         pass
 
     order = list(nx.topological_sort(g))
-    dims, dim_problems = _infer_dims(by_name, order)
+    if not isinstance(graph.input_is_hidden, bool):
+        problems.append(Problem(f"input_is_hidden must be true or false, got {graph.input_is_hidden!r}",
+                                field="input_is_hidden", hint="true when the cell needs input size == hidden size"))
+        return problems, warnings
+    dims, dim_problems = _infer_dims(by_name, order, graph.input_is_hidden)
     problems += dim_problems
     for s in graph.states:
         d = dims.get(s.next)
@@ -351,20 +357,26 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
     return out
 
 
-def _infer_dims(by_name: dict[str, Node], order: Iterable[str]) -> tuple[dict[str, str], list[Problem]]:
+def _infer_dims(by_name: dict[str, Node], order: Iterable[str],
+                input_is_hidden: bool = False) -> tuple[dict[str, str], list[Problem]]:
+    """The size (I, H or scalar) of every value, and the size mismatches. With input_is_hidden the cell runs
+    only where input size == hidden size (engine.network checks it), so I is H: x may meet H-sized values."""
+    def size(d):
+        return "H" if input_is_hidden and d == "I" else d
+
     dims: dict[str, str] = {}
     problems: list[Problem] = []
     weight_users: dict[str, tuple[str, str]] = {}
     for name in order:
         n = by_name[name]
         if n.op == "input":
-            dims[name] = "I"
+            dims[name] = size("I")
         elif n.op == "state":
             dims[name] = "H"
         elif n.op == "weight":
-            dims[name] = n.attr("rows")
+            dims[name] = size(n.attr("rows"))
         elif n.op in ("bias", "vector"):
-            dims[name] = n.attr("dim", "H")
+            dims[name] = size(n.attr("dim", "H"))
         elif n.op == "const":
             dims[name] = SCALAR
         elif n.op == "matmul":
@@ -376,7 +388,7 @@ def _infer_dims(by_name: dict[str, Node], order: Iterable[str]) -> tuple[dict[st
                 problems.append(Problem(f"matmul operand '{operand.name}' is a scalar", node=name,
                                         field="args.operand",
                                         hint="a weight multiplies a vector of size I or H, not a constant"))
-            elif od != w.attr("cols"):
+            elif od != size(w.attr("cols")):
                 prior = weight_users.get(w.name)
                 why = (f"; it is also applied to '{prior[0]}' of size {prior[1]}" if prior else "")
                 problems.append(Problem(
@@ -384,7 +396,7 @@ def _infer_dims(by_name: dict[str, Node], order: Iterable[str]) -> tuple[dict[st
                     node=name, field="args.operand",
                     hint=f"set the weight's cols to {od}, or use a separate weight per operand"))
             weight_users.setdefault(w.name, (operand.name, od))
-            dims[name] = w.attr("rows")
+            dims[name] = size(w.attr("rows"))
         else:
             arg_dims = {dims[a] for a in n.args} - {SCALAR}
             if UNKNOWN in arg_dims:
@@ -392,7 +404,8 @@ def _infer_dims(by_name: dict[str, Node], order: Iterable[str]) -> tuple[dict[st
             elif len(arg_dims) > 1:
                 detail = ", ".join(f"'{a}' is {dims[a]}" for a in n.args)
                 problems.append(Problem(f"shape mismatch in '{n.op}': {detail}", node=name, field="args",
-                                        hint="elementwise ops need operands of the same size (I or H)"))
+                                        hint="elementwise ops need operands of the same size (I or H); a cell "
+                                             "that adds x to hidden-sized values declares input_is_hidden"))
                 dims[name] = UNKNOWN
             else:
                 dims[name] = arg_dims.pop() if arg_dims else SCALAR

@@ -7,7 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import BackendError
-from .ir import CellGraph
+from .ir import CellGraph, _infer_dims
+
+
+def tied_node(cell: CellGraph) -> str | None:
+    """The first node where a cell declared input_is_hidden combines an I-sized value with an H-sized one."""
+    _, problems = _infer_dims(cell.by_name, cell.topo_order, input_is_hidden=False)
+    return next((p.node for p in problems if p.node), None)
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,12 @@ class Network:
                 raise BackendError(f"{field} must be a positive integer, got {value!r}")
             if value > 1 << 20:
                 raise BackendError(f"{field}={value} is absurdly large (limit {1 << 20})",)
+        if getattr(self.cell, "input_is_hidden", False) and self.input_size != self.hidden_size:
+            where = tied_node(self.cell)
+            raise BackendError(f"cell '{self.cell.name}' combines the input with hidden-sized values"
+                               + (f" (node '{where}')" if where else "") + f", so input_size must equal hidden_size; "
+                               f"got input_size={self.input_size}, hidden_size={self.hidden_size}; hint: use "
+                               "input_size == hidden_size, or project x with a weight first")
 
     def layer_input_size(self, layer: int) -> int:
         return self.input_size if layer == 0 else self.hidden_size

@@ -18,7 +18,7 @@ from .ir import CellGraph, Node, StateSpec
 
 SCHEMA = "rnn-cell-graph"
 VERSION = 1
-TOP_KEYS = ("schema", "version", "name", "doc", "output", "nodes", "states")
+TOP_KEYS = ("schema", "version", "name", "doc", "output", "nodes", "states", "input_is_hidden")
 
 
 def to_dict(graph: CellGraph) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def to_dict(graph: CellGraph) -> dict[str, Any]:
         if n.attrs:
             entry["attrs"] = dict(n.attrs)
         nodes.append(entry)
-    return {
+    out = {
         "schema": SCHEMA,
         "version": VERSION,
         "name": graph.name,
@@ -39,6 +39,9 @@ def to_dict(graph: CellGraph) -> dict[str, Any]:
         "nodes": nodes,
         "states": [{"name": s.name, "next": s.next} for s in graph.states],
     }
+    if graph.input_is_hidden:           # written only when set: every other cell's JSON stays as it was
+        out["input_is_hidden"] = True
+    return out
 
 
 def to_json(graph: CellGraph, indent: int | None = 2) -> str:
@@ -116,7 +119,13 @@ def from_dict(data: Any) -> CellGraph:
     output = data.get("output", "h")
     if not isinstance(output, str):
         raise _err("'output' must be a state name", "output", hint='usually "h"')
-    return CellGraph(name=name, nodes=tuple(nodes), states=tuple(states), output=output, doc=doc)
+    tied = data.get("input_is_hidden", False)
+    if not isinstance(tied, bool):
+        raise _err(f"'input_is_hidden' must be true or false, got {tied!r}", "input_is_hidden",
+                   hint="true when the cell combines x with hidden-sized values (it then needs input size == "
+                        "hidden size)")
+    return CellGraph(name=name, nodes=tuple(nodes), states=tuple(states), output=output, doc=doc,
+                     input_is_hidden=tied)
 
 
 def from_json(text: str) -> CellGraph:

@@ -218,8 +218,9 @@ def _drawing_order(raw_nodes: list[dict]) -> list[dict]:
     return [raw for _, raw in sorted(enumerate(raw_nodes), key=key)]
 
 
-def schema_to_design(schema: dict, *, name: str, doc: str = "") -> Reading:
-    """Read an edited canvas back into cell JSON. Never raises; see Reading."""
+def schema_to_design(schema: dict, *, name: str, doc: str = "", input_is_hidden: bool = False) -> Reading:
+    """Read an edited canvas back into cell JSON. Never raises; see Reading. name, doc and input_is_hidden belong
+    to the cell, not to the canvas: the caller keeps them."""
     reader = _Reader(schema)
     raw_nodes = _drawing_order(reader.items("nodes"))
     raw_connections = reader.items("connections")
@@ -311,6 +312,8 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "") -> Reading:
     output = _output(reader, outputs, states)
     design = {"schema": "rnn-cell-graph", "version": 1, "name": name, "doc": doc, "output": output,
               "nodes": nodes, "states": states}
+    if input_is_hidden:
+        design["input_is_hidden"] = True
     return Reading(design=design, problems=reader.problems, positions=positions, labels=labels)
 
 

@@ -82,6 +82,15 @@ def rename_cell() -> None:
     state.set_current_design(design, source="name")
 
 
+def set_input_is_hidden() -> None:
+    design = state.current_design()
+    if st.session_state.get("designer.input_is_hidden"):
+        design["input_is_hidden"] = True
+    else:
+        design.pop("input_is_hidden", None)
+    state.set_current_design(design, source="input_is_hidden")
+
+
 def redraw() -> None:
     st.session_state.pop(_CANVAS, None)
 
@@ -178,7 +187,8 @@ def editor_ui(design: dict, marked: set[str]) -> dict | None:
 
 def apply_canvas(payload: dict) -> None:
     current = state.current_design()
-    reading = adapter.schema_to_design(payload, name=str(current.get("name", "")), doc=str(current.get("doc", "")))
+    reading = adapter.schema_to_design(payload, name=str(current.get("name", "")), doc=str(current.get("doc", "")),
+                                       input_is_hidden=current.get("input_is_hidden") is True)
     st.session_state[_CANVAS_PROBLEMS] = (design_text(reading.design), reading.problems)
     state.set_current_design(reading.design, source="canvas")
     # The canvas already shows this graph: no redraw.
@@ -212,6 +222,13 @@ def toolbar_ui(design: dict) -> None:
     if st.session_state.get("designer.name") != str(design.get("name", "")):
         st.session_state["designer.name"] = str(design.get("name", ""))
     st.text_input("Cell name", key="designer.name", on_change=rename_cell)
+    tied = design.get("input_is_hidden") is True
+    if st.session_state.get("designer.input_is_hidden") != tied:
+        st.session_state["designer.input_is_hidden"] = tied
+    st.checkbox("Input size = hidden size (x may be combined with hidden-sized values)",
+                key="designer.input_is_hidden", on_change=set_input_is_hidden,
+                help="for cells such as MUT1 (tanh(x) in the candidate) or residual cells (x + h); the network "
+                     "then needs input_size == hidden_size")
 
 
 def problems_ui(check: checks.Check) -> None:

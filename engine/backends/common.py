@@ -44,12 +44,16 @@ def check_float32_gpu_program(what: str, network: Network, params, dtype) -> Non
     if np.dtype(dtype) != np.float32:
         raise BackendError(f"{what} computes in float32 only, not {np.dtype(dtype).name}; "
                            "hint: use dtype=np.float32, or backend='reference' for float64")
+    if not isinstance(network, Network):
+        raise BackendError(f"argument 'network' must be an engine Network, got {type(network).__name__}")
+    if network.cell.input_is_hidden:
+        raise BackendError(f"{what} is not yet checked against the reference on cells that combine the input with "
+                           f"hidden-sized values (cell '{network.cell.name}' declares input_is_hidden); hint: use "
+                           "backend='reference' for this cell for now")
     from . import gpu_status
     ok, why = gpu_status()
     if not ok:
         raise BackendError(f"{what} needs a GPU: {why}. hint: use backend='reference' on the CPU")
-    if not isinstance(network, Network):
-        raise BackendError(f"argument 'network' must be an engine Network, got {type(network).__name__}")
     check_params(network, params)
 
 

@@ -404,3 +404,26 @@ def test_a_cell_built_from_building_blocks_runs_and_the_toggle_draws_its_primiti
     drawn = at.session_state["designer.canvas"]["schema"]["nodes"]
     assert not {n["type"] for n in drawn} & palette.COMPOSITE_TYPES and len(drawn) > 30
     assert not at.error, texts(at.error)
+
+
+def test_input_is_hidden_is_a_cell_setting_the_canvas_keeps(designer, designs):
+    at = designer
+    schema = lstm_canvas()
+    add = add_block(schema, "add", 7)
+    for port, source in (("a", "x"), ("b", "h")):
+        schema["connections"].append({"id": f"edge__x{port}", "outputNode": node_id(schema, source),
+                                      "outputNodeInterface": "value", "inputNode": add["id"],
+                                      "inputNodeInterface": port})
+    send(at, schema)
+    assert "shape mismatch in 'add'" in texts(at.error) and "input_is_hidden" in texts(at.error)
+    at.checkbox(key="designer.input_is_hidden").check().run()
+    assert "shape mismatch" not in texts(at.error), texts(at.error)
+    assert "node 'add_7': value is computed but never used" in texts(at.warning)
+    assert json.loads(working_file(designs).read_text())["input_is_hidden"] is True
+    squash = add_block(schema, "tanh", 8)                      # another canvas edit: the setting stays
+    schema["connections"].append({"id": "edge__squash", "outputNode": add["id"], "outputNodeInterface": "value",
+                                  "inputNode": squash["id"], "inputNodeInterface": "x"})
+    send(at, schema)
+    saved = json.loads(working_file(designs).read_text())
+    assert saved["input_is_hidden"] is True and any(n["name"] == "tanh_8" for n in saved["nodes"])
+    assert "shape mismatch" not in texts(at.error), texts(at.error)

@@ -66,36 +66,27 @@ def _args(node: dict) -> list:
 def _match(nodes: dict[str, dict], head: dict) -> Group | None:
     """The composite whose value is `head`, if the nodes around it are exactly one expansion."""
     name, op = head["name"], head.get("op")
-    if op in ACTIVATIONS:
-        guesses = [(CANDIDATE if op == "tanh" else GATE, {"x": None, "h": None})]
-    elif op == "add":
-        guesses = [(LERP, {"z": None, "a": None, "b": None})]
+
+    def arg(node: str, i: int):
+        args = _args(nodes.get(node) or {})
+        return args[i] if i < len(args) else None
+
+    if op == "add":
+        block_type, options = LERP, {}
+        ports_of = {"z": arg(f"{name}_za", 0), "a": arg(f"{name}_za", 1), "b": arg(f"{name}_omzb", 1)}
+    elif op in ACTIVATIONS:
+        block_type = CANDIDATE if op == "tanh" else GATE
+        attrs = (nodes.get(f"W_{name}") or {}).get("attrs")
+        options = {"activation": op, "x size": attrs.get("cols") if isinstance(attrs, dict) else None}
+        ports_of = {"x": arg(f"{name}_wx", 1), "h": arg(f"{name}_uh", 1)}
     else:
         return None
-    for block_type, found in guesses:
-        ports_of = {}
-        if block_type == LERP:
-            za, omzb = nodes.get(f"{name}_za"), nodes.get(f"{name}_omzb")
-            omz = nodes.get(f"{name}_omz")
-            if not (za and omzb and omz and len(_args(za)) == 2 and len(_args(omzb)) == 2 and len(_args(omz)) == 1):
-                continue
-            ports_of = {"z": _args(za)[0], "a": _args(za)[1], "b": _args(omzb)[1]}
-            options = {}
-        else:
-            wx, uh = nodes.get(f"{name}_wx"), nodes.get(f"{name}_uh")
-            w = nodes.get(f"W_{name}")
-            if not (wx and uh and w and len(_args(wx)) == 2 and len(_args(uh)) == 2):
-                continue
-            ports_of = {"x": _args(wx)[1], "h": _args(uh)[1]}
-            attrs = w.get("attrs") if isinstance(w.get("attrs"), dict) else {}
-            options = {"activation": op, "x size": attrs.get("cols")}
-        if not all(isinstance(v, str) for v in ports_of.values()):
-            continue
-        expected = expand(block_type, name, ports_of, options)
-        if all(nodes.get(e["name"]) == e for e in expected):
-            members = frozenset(e["name"] for e in expected)
-            return Group(block_type, name, ports_of, options, members)
-    return None
+    if not all(isinstance(v, str) for v in ports_of.values()):
+        return None
+    expected = expand(block_type, name, ports_of, options)
+    if any(nodes.get(e["name"]) != e for e in expected):
+        return None
+    return Group(block_type, name, ports_of, options, frozenset(e["name"] for e in expected))
 
 
 def collapse(design: dict) -> list[Group]:

@@ -223,7 +223,11 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
         if s.name not in state_nodes:
             problems.append(Problem("next value given for an unknown state", node=s.name, field="states",
                                     hint=f"add a node '{s.name}' with op 'state', or fix the name"))
-        if s.next not in by_name:
+        if not s.next:
+            problems.append(Problem(f"state '{s.name}' has no next value yet", node=s.name, field="states.next",
+                                    hint="wire the value that computes it into its next-state block (JSON: "
+                                         "the node name in 'next')"))
+        elif s.next not in by_name:
             problems.append(Problem(f"next value '{s.next}' is not a node", node=s.name, field="states.next",
                                     hint="point the state at the node that computes its new value"))
         elif by_name[s.next].is_param or by_name[s.next].op in ("input", "const"):

@@ -85,6 +85,8 @@ CASES = [
     ("state_listed_twice", add_state("c", "c_next"), "c", "states", "listed twice"),
     ("next_is_not_a_node", set_key("states", [{"name": "h", "next": "h_next"}, {"name": "c", "next": "c_nxt"}]),
      "c", "states.next", "'c_nxt' is not a node"),
+    ("next_not_wired_yet", set_key("states", [{"name": "h", "next": "h_next"}, {"name": "c", "next": ""}]),
+     "c", "states.next", "state 'c' has no next value yet"),
     ("next_is_a_parameter", set_key("states", [{"name": "h", "next": "h_next"}, {"name": "c", "next": "b_ii"}]),
      "c", "states.next", "not a computed value"),
     ("duplicate_name", add_node({"name": "b_ii", "op": "bias", "attrs": {"dim": "H"}}), "b_ii", "name",

@@ -38,11 +38,16 @@ class Reading:
 
     design: dict
     problems: list[Problem] = field(default_factory=list)
-    positions: dict[str, tuple[float, float]] = field(default_factory=dict)   # IR name -> (x, y)
+    positions: dict[str, tuple[float, float]] = field(default_factory=dict)   # IR name, or sink_key(state) -> (x, y)
     labels: dict[str, str] = field(default_factory=dict)                      # IR name -> canvas label
 
 
 # ---- design -> canvas ------------------------------------------------------------------------------
+
+def sink_key(state: str) -> str:
+    """The key of a next-state block in Reading.positions (IR names cannot contain a space)."""
+    return f"{NEXT_STATE} {state}"
+
 
 def node_label(name: str, op: str) -> str:
     return f"{name} · {op}"
@@ -57,14 +62,21 @@ def _options(spec, values: dict) -> list[dict]:
 
 
 def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset(),
-                     blocks: bool = True) -> tuple[dict, list[str]]:
+                     blocks: bool = True, positions: dict | None = None) -> tuple[dict, list[str]]:
     """The barfi editor schema drawing `design` with the automatic layout.
 
     marked: node names to flag with a warning sign in their label (nodes with problems).
     blocks: draw composite building blocks (app/designer/composites.py) as one block each, else every primitive.
+    positions: where the researcher had put blocks (Reading.positions); those keep their place, the others
+    take the automatic layout's.
     Returns (schema, skipped): skipped lists nodes that have no block (unknown op, malformed entry).
     """
     grid = layout(design)
+    positions = positions or {}
+
+    def place(key: str, column: int, row: int) -> dict:
+        x, y = positions.get(key, (column * COLUMN_WIDTH, row * ROW_HEIGHT))
+        return {"x": x, "y": y}
     nodes: list[dict] = []
     connections: list[dict] = []
     skipped: list[str] = []
@@ -105,7 +117,7 @@ def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset(),
             "label": (WARNING_MARK + label) if name in marked else label,
             "inputs": _interfaces(spec.inputs), "outputs": _interfaces(spec.outputs),
             "options": _options(spec, values),
-            "position": {"x": column * COLUMN_WIDTH, "y": row * ROW_HEIGHT},
+            "position": place(name, column, row),
             "measured": {"width": 0, "height": 0},
         })
         args = entry.get("args") if isinstance(entry.get("args"), list) else []
@@ -130,7 +142,7 @@ def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset(),
             "inputs": _interfaces(spec.inputs), "outputs": [],
             "options": _options(spec, {"state": state if isinstance(state, str) else "",
                                        "layer output": state == output}),
-            "position": {"x": column * COLUMN_WIDTH, "y": row * ROW_HEIGHT},
+            "position": place(sink_key(state) if isinstance(state, str) else "", column, row),
             "measured": {"width": 0, "height": 0},
         })
         if isinstance(nxt, str) and nxt in ids:
@@ -243,11 +255,15 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "", input_is_hidden:
             continue
         ir_name = None if block_type == NEXT_STATE else _name_of(reader, raw, label, block_type)
         blocks[node_id] = (ir_name, block_type, label, _options_of(raw))
+        key = ir_name
+        if block_type == NEXT_STATE and isinstance(blocks[node_id][3].get("state"), str):
+            key = sink_key(blocks[node_id][3]["state"])
         if ir_name is not None:
             labels.setdefault(ir_name, label)
-            position = raw.get("position")
-            if isinstance(position, dict) and all(isinstance(position.get(k), (int, float)) for k in "xy"):
-                positions.setdefault(ir_name, (float(position["x"]), float(position["y"])))
+        position = raw.get("position")
+        if key is not None and isinstance(position, dict) and all(
+                isinstance(position.get(k), (int, float)) for k in "xy"):
+            positions.setdefault(key, (float(position["x"]), float(position["y"])))
 
     # (target id, port) -> source ids
     wires: dict[tuple[str, str], list[str]] = {}

@@ -76,6 +76,21 @@ def load_preset() -> None:
         flash("success", f"Loaded the '{name}' preset.")
 
 
+def empty_design(name: str = "my_cell") -> dict:
+    """The start of a cell built on the canvas from scratch: what every cell has, its input x, a state h and the
+    sink for h's next value, unwired."""
+    return {"schema": "rnn-cell-graph", "version": 1, "name": name, "doc": "", "output": "h",
+            "nodes": [{"name": "x", "op": "input"}, {"name": "h", "op": "state"}],
+            "states": [{"name": "h", "next": ""}]}
+
+
+def new_empty() -> None:
+    state.set_current_design(empty_design(), source="new")
+    redraw()
+    flash("success", "Started an empty cell: the input x, the state h and h's next value. Right-click the canvas "
+          "to add blocks, drag wires between ports, then press Execute (the previous design is one Undo away).")
+
+
 def rename_cell() -> None:
     design = state.current_design()
     design["name"] = st.session_state.get("designer.name", "")
@@ -152,14 +167,16 @@ def delete_saved() -> None:
 
 # ---- the canvas ------------------------------------------------------------------------------------
 
-def mount(design: dict, marked: set[str]) -> dict:
-    """A fresh canvas for `design` (a new component key: barfi draws its schema only when mounted)."""
+def mount(design: dict, marked: set[str], positions: dict | None = None) -> dict:
+    """A fresh canvas for `design` (a new component key: barfi draws its schema only when mounted). positions:
+    where the researcher had put blocks (kept), else the automatic layout."""
     number = st.session_state.get("designer.mounts", 0) + 1
     st.session_state["designer.mounts"] = number
     schema, skipped = adapter.design_to_schema(design, marked=marked,
-                                               blocks=st.session_state.get("designer.building_blocks", True))
+                                               blocks=st.session_state.get("designer.building_blocks", True),
+                                               positions=positions)
     canvas = {"key": f"designer.canvas.{number}", "schema": schema, "graph": graph_text(design),
-              "applied": adapter.canvas_fingerprint(schema), "skipped": skipped}
+              "applied": adapter.canvas_fingerprint(schema), "skipped": skipped, "marked": sorted(marked)}
     st.session_state[_CANVAS] = canvas
     return canvas
 
@@ -185,14 +202,15 @@ def editor_ui(design: dict, marked: set[str]) -> dict | None:
     return payload
 
 
-def apply_canvas(payload: dict) -> None:
+def apply_canvas(payload: dict) -> adapter.Reading:
     current = state.current_design()
     reading = adapter.schema_to_design(payload, name=str(current.get("name", "")), doc=str(current.get("doc", "")),
                                        input_is_hidden=current.get("input_is_hidden") is True)
     st.session_state[_CANVAS_PROBLEMS] = (design_text(reading.design), reading.problems)
     state.set_current_design(reading.design, source="canvas")
-    # The canvas already shows this graph: no redraw.
+    # The canvas already shows this graph: no redraw (unless its marks change, see main).
     st.session_state[_CANVAS]["graph"] = graph_text(reading.design)
+    return reading
 
 
 def canvas_problems(design: dict) -> list:
@@ -204,7 +222,7 @@ def canvas_problems(design: dict) -> list:
 
 def toolbar_ui(design: dict) -> None:
     presets = engine_cache.presets()
-    left, middle, right = st.columns([3, 3, 2], vertical_alignment="bottom")
+    left, middle, empty, right = st.columns([3, 2, 2, 2], vertical_alignment="bottom")
     with left:
         names = list(presets)
         st.selectbox("Preset", names, index=names.index("lstm") if "lstm" in names else 0, key="designer.preset",
@@ -212,6 +230,9 @@ def toolbar_ui(design: dict) -> None:
     with middle:
         st.button("Load preset onto the canvas", key="designer.load_preset", on_click=load_preset,
                   icon=":material/input:")
+    with empty:
+        st.button("New empty cell", key="designer.new", on_click=new_empty, icon=":material/add_box:",
+                  help="clear the canvas and build a cell from scratch; Undo brings the previous design back")
     with right:
         undo_col, redo_col = st.columns(2)
         undo_col.button("Undo", key="designer.undo", on_click=state.undo, disabled=not state.can_undo(),
@@ -399,10 +420,16 @@ def main() -> None:
     with editor_col:
         before = checks.check_design(design, canvas_problems(design))
         payload = editor_ui(design, set(before.nodes))
+        reading = None
         if payload is not None:
-            apply_canvas(payload)
+            reading = apply_canvas(payload)
             design = state.current_design()
         check = checks.check_design(design, canvas_problems(design))
+        if reading is not None and sorted(check.nodes) != st.session_state[_CANVAS]["marked"]:
+            # The edit made or fixed problems: draw the canvas again with the nodes at fault marked ⚠ and every
+            # block where the researcher put it (the edit itself is applied: nothing on the canvas is lost).
+            mount(design, set(check.nodes), reading.positions)
+            st.rerun()
         st.button("Redraw the canvas (automatic layout, problems marked ⚠)", key="designer.redraw",
                   on_click=redraw, icon=":material/auto_fix_high:")
         st.toggle("Draw building blocks as one node", value=True, key="designer.building_blocks", on_change=redraw,

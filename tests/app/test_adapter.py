@@ -433,3 +433,19 @@ def test_check_reports_each_problem_once():
     assert check.nodes == ["tanh_3"]
     ok = checks.check_design(preset_design("lstm"))
     assert ok.cell == engine.preset("lstm").cell and ok.problems == [] and ok.warnings == []
+
+
+def test_positions_read_back_keep_blocks_and_sinks_where_they_were_on_a_redraw():
+    schema = canvas_of(preset_design("gru"))
+    for n in schema["nodes"]:
+        n["position"] = {"x": float(len(n["id"])), "y": float(hash(n["id"]) % 1000)}
+    reading = read(schema, "gru")
+    sink = next(n for n in schema["nodes"] if n["type"] == palette.NEXT_STATE)
+    assert reading.positions[adapter.sink_key("h")] == (sink["position"]["x"], sink["position"]["y"])
+    again, _ = adapter.design_to_schema(reading.design, positions=reading.positions)
+    before = {n["label"]: n["position"] for n in schema["nodes"]}
+    after = {n["label"]: n["position"] for n in again["nodes"]}
+    assert after == before
+    moved_one, _ = adapter.design_to_schema(reading.design, positions={"h": (5.0, 6.0)})
+    assert block(moved_one, "h")["position"] == {"x": 5.0, "y": 6.0}
+    assert block(moved_one, "x")["position"] == block(canvas_of(preset_design("gru")), "x")["position"]

@@ -427,3 +427,60 @@ def test_input_is_hidden_is_a_cell_setting_the_canvas_keeps(designer, designs):
     saved = json.loads(working_file(designs).read_text())
     assert saved["input_is_hidden"] is True and any(n["name"] == "tanh_8" for n in saved["nodes"])
     assert "shape mismatch" not in texts(at.error), texts(at.error)
+
+
+def test_a_new_empty_cell_is_built_from_building_blocks_and_undo_brings_the_old_design_back(designer):
+    """The from-scratch journey of the browser test, through the read-back: New empty cell draws x, h and h's
+    next value; a gate, a candidate and a lerp and eight wires make it a cell."""
+    at = designer
+    at.button(key="designer.new").click().run()
+    assert not at.exception and "Started an empty cell" in texts(at.success)
+    assert at.text_input(key="designer.name").value == "my_cell"
+    assert "state 'h' has no next value yet" in texts(at.error)
+    schema = copy.deepcopy(at.session_state["designer.canvas"]["schema"])
+    assert sorted(n["label"].removeprefix(adapter.WARNING_MARK) for n in schema["nodes"]) == [
+        "h at t", "h · state", "x · input"]
+    seeded = {n["type"]: n for n in schema["nodes"]}
+    blocks = {t: add_block(schema, t, i) for i, t in enumerate(["gate", "candidate", "lerp"], start=1)}
+    blocks.update(seeded)
+    wires = [("input", "gate", "x"), ("state", "gate", "h"), ("input", "candidate", "x"), ("state", "candidate", "h"),
+             ("gate", "lerp", "z"), ("state", "lerp", "a"), ("candidate", "lerp", "b"),
+             ("lerp", palette.NEXT_STATE, palette.NEXT_PORT)]
+    for number, (source, target, port) in enumerate(wires):
+        schema["connections"].append({"id": f"edge__{number}", "outputNode": blocks[source]["id"],
+                                      "outputNodeInterface": "value", "inputNode": blocks[target]["id"],
+                                      "inputNodeInterface": port})
+    send(at, schema)
+    assert not at.error, texts(at.error)
+    assert "my_cell" in texts(at.success)
+    code = at.code[0].value
+    assert "def my_cell(x, h):" in code and "gate_1 = sigmoid(" in code and "lerp_3 = " in code, code
+    at.button(key="designer.undo").click().run()
+    at.button(key="designer.undo").click().run()
+    assert latex(at) == engine.to_latex(engine.preset("lstm").cell)
+
+
+def test_an_edit_that_makes_a_problem_redraws_the_canvas_with_the_node_marked_where_it_was(designer):
+    at = designer
+    first = at.session_state["designer.canvas"]
+    assert first["marked"] == []
+    schema = lstm_canvas()
+    relu = add_block(schema, "relu", 1)
+    relu["position"] = {"x": 1234.0, "y": -56.0}             # where the researcher dropped it
+    g = next(n for n in schema["nodes"] if n["id"] == node_id(schema, "g"))
+    g["position"] = {"x": 77.0, "y": 88.0}                   # and a block they moved
+    send(at, schema)
+    canvas = at.session_state["designer.canvas"]
+    assert canvas["key"] != first["key"] and canvas["marked"] == ["relu_1"]
+    drawn = {n["label"]: n for n in canvas["schema"]["nodes"]}
+    assert drawn[adapter.WARNING_MARK + "relu_1 · relu"]["position"] == {"x": 1234.0, "y": -56.0}
+    assert drawn["g · tanh"]["position"] == {"x": 77.0, "y": 88.0}
+    assert "port 'x' is not connected" in texts(at.error)
+
+    schema = copy.deepcopy(canvas["schema"])                 # wire it on the redrawn canvas: the mark goes
+    relu_id = next(n["id"] for n in schema["nodes"] if "relu_1" in n["label"])
+    schema["connections"].append({"id": "edge__fix", "outputNode": node_id(schema, "g"), "outputNodeInterface": "value",
+                                  "inputNode": relu_id, "inputNodeInterface": "x"})
+    send(at, schema)
+    assert at.session_state["designer.canvas"]["marked"] == [] and not at.error, texts(at.error)
+    assert any(n["label"] == "relu_1 · relu" for n in at.session_state["designer.canvas"]["schema"]["nodes"])

@@ -93,6 +93,10 @@ def test_wire_a_new_block_into_the_lstm(page, app_url):
     expect(page.get_by_text("node 'relu_1', field 'args.x': port 'x' is not connected")).to_be_visible(
         timeout=RERUN_S * 1000)
     expect(page.get_by_text("The equations appear when the cell is valid.")).to_be_visible(timeout=RERUN_S * 1000)
+    # The canvas is drawn again with the block at fault marked, under its name, where it was.
+    frame = canvas(page)
+    relu = frame.locator(".react-flow__node", has_text="⚠ relu_1 · relu")
+    expect(relu).to_have_count(1, timeout=RERUN_S * 1000)
 
     # Complete it: a wire from the output of g to the relu's port x.
     connect(page, frame, frame.locator(".react-flow__node", has_text="g · tanh").locator(".react-flow__handle.source"),

@@ -1,4 +1,5 @@
-"""Cell JSON (engine.to_dict form) <-> barfi's editor schema (a dict, FlowSchema.export() form).
+"""Cell JSON (engine.to_dict form) <-> the canvas's editor schema (a dict; the form of barfi's FlowSchema.export(),
+which the first designer used, kept for the project's own canvas in app/designer/canvas).
 
     schema = design_to_schema(design)                       # draw a design on the canvas
     reading = schema_to_design(schema, name="my_cell")      # read the edited canvas back
@@ -9,7 +10,7 @@ half-edited canvas gives a design plus a list of engine.Problem naming the node 
 Problems the cell graph itself has (sizes, loops, unknown names) are engine.ir's to report.
 
 On the canvas a node is a block whose type is its op (see palette); its IR name is the block's
-`name` option. A block just added from the palette has an empty name and the label barfi gave it
+`name` option. A block just added from the palette has an empty name and the label the canvas gave it
 ("sigmoid-2"); it is named after that label ("sigmoid_2"), so wiring up new blocks needs no typing.
 """
 from __future__ import annotations
@@ -19,16 +20,15 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from barfi.config import SCHEMA_VERSION
-
 from engine.errors import Problem
 
 from .composites import collapse, expand
 from .layout import layout
 from .palette import COMPOSITE_TYPES, NEXT_PORT, NEXT_STATE, OUTPUT, SPECS, interface_type
 
-COLUMN_WIDTH = 280        # px between columns on the canvas
-ROW_HEIGHT = 210          # px between rows: a weight block (name, rows, cols) is about 200 px tall
+SCHEMA_VERSION = "1.0"      # of the editor schema
+COLUMN_WIDTH = 130        # px between columns on the canvas: a block is its label wide (about 110 px for "W_hi_h · matmul")
+ROW_HEIGHT = 62           # px between rows: a block is a header and a line per port (50 px for two ports)
 WARNING_MARK = "⚠ "
 
 
@@ -63,7 +63,7 @@ def _options(spec, values: dict) -> list[dict]:
 
 def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset(),
                      blocks: bool = True, positions: dict | None = None) -> tuple[dict, list[str]]:
-    """The barfi editor schema drawing `design` with the automatic layout.
+    """The editor schema drawing `design` with the automatic layout.
 
     marked: node names to flag with a warning sign in their label (nodes with problems).
     blocks: draw composite building blocks (app/designer/composites.py) as one block each, else every primitive.
@@ -157,7 +157,7 @@ def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset(),
 # ---- canvas -> design ------------------------------------------------------------------------------
 
 def _new_block_name(label: str, block_type: str) -> str | None:
-    """'sigmoid-2' (barfi's label for a freshly added block) -> 'sigmoid_2'; None for any other label."""
+    """'sigmoid-2' (the canvas's label for a freshly added block) -> 'sigmoid_2'; None for any other label."""
     match = re.fullmatch(re.escape(block_type) + r"-(\d+)", label)
     if not match:
         return None
@@ -346,6 +346,49 @@ def _output(reader: _Reader, outputs: list[str], states: list[dict]) -> str:
     reader.problem(None, "output", "no next-state block is ticked as the layer output",
                    hint="tick 'layer output' on the next-state block of h_t")
     return names[0] if names else "h"
+
+
+def block_ids(schema: dict) -> dict[str, str]:
+    """Which block of a canvas draws which value: IR name (or sink_key(state) for a next-state block) -> block id.
+    A composite block is found under its own name; what it expands into is not drawn."""
+    ids: dict[str, str] = {}
+    nodes = schema.get("nodes") if isinstance(schema, dict) else None
+    for raw in nodes if isinstance(nodes, list) else []:
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+            continue
+        block_type = raw.get("type", raw.get("name"))
+        options = _options_of(raw)
+        if block_type == NEXT_STATE:
+            if isinstance(options.get("state"), str):
+                ids.setdefault(sink_key(options["state"]), raw["id"])
+            continue
+        name = options.get("name")
+        if not isinstance(name, str) or not name:
+            label = raw.get("label") if isinstance(raw.get("label"), str) else ""
+            name = _new_block_name(label.removeprefix(WARNING_MARK), str(block_type))
+        if name:
+            ids.setdefault(name, raw["id"])
+    return ids
+
+
+def marks(problems, ids: dict[str, str]) -> dict[str, str]:
+    """Block id -> what is wrong there, for the canvas to draw: each problem goes to the block of its node (a state's
+    problems also to its next-state block; a node inside a composite block to that block)."""
+    out: dict[str, list[str]] = {}
+    composites = sorted((n for n in ids if " " not in n), key=len, reverse=True)
+    for p in problems:
+        if not p.node:
+            continue
+        targets = [ids[k] for k in (p.node, sink_key(p.node)) if k in ids]
+        if not targets:
+            owner = next((n for n in composites if p.node.startswith(n + "_")), None)
+            targets = [ids[owner]] if owner else []
+        text = p.message + (f" (field '{p.field}')" if p.field and p.field not in p.message else "")
+        for target in targets:
+            out.setdefault(target, [])
+            if text not in out[target]:
+                out[target].append(text)
+    return {k: "; ".join(v) for k, v in out.items()}
 
 
 def canvas_fingerprint(schema: dict) -> str:

@@ -25,7 +25,7 @@ class OptionSpec:
     """One editable field on a block. `attr` is the IR attribute it edits (None for name/state/output)."""
 
     name: str
-    kind: str                          # barfi option type: input | select | number | checkbox
+    kind: str                          # the canvas's field type: input | select | number | checkbox
     default: object
     items: tuple[str, ...] = ()
     attr: str | None = None
@@ -102,27 +102,6 @@ SPECS: dict[str, BlockSpec] = {s.type: s for s in _leaf_specs() + _composite_spe
 COMPOSITE_TYPES = frozenset(s.type for s in _composite_specs())
 
 
-def blocks() -> dict[str, list]:
-    """barfi Blocks by palette category, for st_flow(blocks=...)."""
-    from barfi.flow import Block
-
-    by_category: dict[str, list] = {c: [] for c in CATEGORIES}
-    for spec in SPECS.values():
-        block = Block(name=spec.type)
-        for port in spec.inputs:
-            # One port type for every value: the frontend does not check it, and the IR checks sizes.
-            block.add_input(name=port, interface_type=float)
-        for port in spec.outputs:
-            block.add_output(name=port, interface_type=float)
-        for option in spec.options:
-            kwargs = {"value": option.default}
-            if option.kind == "select":
-                kwargs["items"] = list(option.items)
-            block.add_option(name=option.name, type=option.kind, **kwargs)
-        by_category[spec.category].append(block)
-    return by_category
-
-
 def interface_type() -> str:
-    """The itype string barfi writes for a port (see barfi's BlockInterface.export)."""
+    """The itype string of a port in the editor schema (barfi's form; the canvas does not check it)."""
     return f"type.{float}"

@@ -1,9 +1,10 @@
 """Designer: wire a cell's gates from primitive ops in a node editor; see its equations, code and plan live.
 
-The canvas is barfi's flow editor. Its edits reach Python when the researcher presses the editor's
-Execute (or Save) button; the page then reads the canvas back into cell JSON (app.designer.adapter),
-makes it the current design (app.state: undo history, autosave) and shows what the engine says about
-it. A design that changes from elsewhere (a preset, undo, a file, the Gallery) is drawn afresh.
+The canvas is the project's own React Flow component (app/designer/canvas). Every edit on it reaches Python at
+once; the page reads the canvas back into cell JSON (app.designer.adapter), makes it the current design
+(app.state: undo history, autosave), shows what the engine says about it, and sends the problems back as marks
+on the blocks at fault, drawn in place. A design that changes from elsewhere (a preset, undo, a file, the
+Gallery) is drawn afresh (a new revision of the canvas).
 
 Tests feed an editor schema (a dict) through st.session_state["designer_payload"] in place of the
 canvas's reply; it goes through exactly the same read-back.
@@ -20,15 +21,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import streamlit as st  # noqa: E402
-from barfi.flow.schema.types import build_flow_schema_from_dict  # noqa: E402
-from barfi.flow.streamlit import st_flow  # noqa: E402
 
 import engine  # noqa: E402
 from app import engine_cache, state  # noqa: E402
 from app.designer import adapter, checks, figures, files, palette  # noqa: E402
+from app.designer.canvas import cell_canvas  # noqa: E402
 
 PAYLOAD = "designer_payload"          # an editor schema dict standing in for the canvas's reply
-_CANVAS = "designer.canvas"           # the mounted canvas: key, schema, graph it shows, last edit applied
+_CANVAS = "designer.canvas"           # the drawn canvas: revision, schema, graph it shows, block ids, last edit applied
+_EDITOR = "designer.editor"           # the canvas component's key (its value: the last edit on it)
 _CANVAS_PROBLEMS = "designer.canvas_problems"   # (design text, problems) of the last read-back
 _FLASH = "designer.flash"             # messages from callbacks, shown once at the top
 _UPLOADED = "designer.uploaded"       # file_id of the last upload handled
@@ -61,11 +62,6 @@ def flash_ui() -> None:
         getattr(st, kind)(message)
 
 
-@st.cache_resource(show_spinner=False)
-def palette_blocks() -> dict[str, list]:
-    return palette.blocks()
-
-
 # ---- actions (callbacks run before the script, so the canvas already shows their result) ----------
 
 def load_preset() -> None:
@@ -88,7 +84,7 @@ def new_empty() -> None:
     state.set_current_design(empty_design(), source="new")
     redraw()
     flash("success", "Started an empty cell: the input x, the state h and h's next value. Right-click the canvas "
-          "to add blocks, drag wires between ports, then press Execute (the previous design is one Undo away).")
+          "to add blocks and drag wires between ports (the previous design is one Undo away).")
 
 
 def rename_cell() -> None:
@@ -167,32 +163,36 @@ def delete_saved() -> None:
 
 # ---- the canvas ------------------------------------------------------------------------------------
 
-def mount(design: dict, marked: set[str], positions: dict | None = None) -> dict:
-    """A fresh canvas for `design` (a new component key: barfi draws its schema only when mounted). positions:
-    where the researcher had put blocks (kept), else the automatic layout."""
+def mount(design: dict, positions: dict | None = None) -> dict:
+    """Draw `design` afresh: a new revision of the canvas (the component replaces its graph). positions: where
+    the researcher had put blocks (kept), else the automatic layout."""
     number = st.session_state.get("designer.mounts", 0) + 1
     st.session_state["designer.mounts"] = number
-    schema, skipped = adapter.design_to_schema(design, marked=marked,
-                                               blocks=st.session_state.get("designer.building_blocks", True),
+    schema, skipped = adapter.design_to_schema(design, blocks=st.session_state.get("designer.building_blocks", True),
                                                positions=positions)
-    canvas = {"key": f"designer.canvas.{number}", "schema": schema, "graph": graph_text(design),
-              "applied": adapter.canvas_fingerprint(schema), "skipped": skipped, "marked": sorted(marked)}
+    canvas = {"revision": number, "schema": schema, "graph": graph_text(design), "edit": 0,
+              "applied": adapter.canvas_fingerprint(schema), "skipped": skipped, "ids": adapter.block_ids(schema)}
     st.session_state[_CANVAS] = canvas
     return canvas
 
 
-def editor_ui(design: dict, marked: set[str]) -> dict | None:
-    """The node editor. Returns an edited editor schema (dict) when a new edit came back, else None."""
+def canvas_for(design: dict) -> dict:
     canvas = st.session_state.get(_CANVAS)
     if canvas is None or canvas["graph"] != graph_text(design):
-        canvas = mount(design, marked)
-    response = st_flow(palette_blocks(), editor_schema=build_flow_schema_from_dict(canvas["schema"]),
-                       key=canvas["key"])
-    if canvas["skipped"]:
-        st.warning("Not drawn (no block for them): " + ", ".join(canvas["skipped"]))
+        canvas = mount(design)
+    return canvas
+
+
+def read_canvas(design: dict) -> dict | None:
+    """The edit that came back from the canvas since the last run (an editor schema), or None."""
+    canvas = canvas_for(design)
     payload = st.session_state.pop(PAYLOAD, None)
-    if payload is None and response is not None and response.command in ("execute", "save"):
-        payload = response.editor_schema.export()
+    if payload is None:
+        value = st.session_state.get(_EDITOR)
+        if (isinstance(value, dict) and value.get("revision") == canvas["revision"]
+                and isinstance(value.get("edit"), int) and value["edit"] > canvas["edit"]):
+            canvas["edit"] = value["edit"]
+            payload = value.get("schema")
     if payload is None:
         return None
     fingerprint = adapter.canvas_fingerprint(payload)
@@ -208,9 +208,19 @@ def apply_canvas(payload: dict) -> adapter.Reading:
                                        input_is_hidden=current.get("input_is_hidden") is True)
     st.session_state[_CANVAS_PROBLEMS] = (design_text(reading.design), reading.problems)
     state.set_current_design(reading.design, source="canvas")
-    # The canvas already shows this graph: no redraw (unless its marks change, see main).
-    st.session_state[_CANVAS]["graph"] = graph_text(reading.design)
+    # The canvas already shows this graph: no new revision, only new marks.
+    canvas = st.session_state[_CANVAS]
+    canvas["graph"] = graph_text(reading.design)
+    canvas["ids"] = adapter.block_ids(payload)
     return reading
+
+
+def canvas_ui(design: dict, check: checks.Check) -> None:
+    canvas = canvas_for(design)
+    canvas["marks"] = adapter.marks(check.problems, canvas["ids"])
+    cell_canvas(canvas["schema"], revision=canvas["revision"], marks=canvas["marks"], height=620, key=_EDITOR)
+    if canvas["skipped"]:
+        st.warning("Not drawn (no block for them): " + ", ".join(canvas["skipped"]))
 
 
 def canvas_problems(design: dict) -> list:
@@ -393,10 +403,12 @@ def palette_help_ui() -> None:
             "primitive ops (the equations and kernels show them), and they are drawn as one block again.\n"
             "- Drag from a block's output (right) to another block's port (left) to wire it; select a wire or a "
             "block and press Backspace/Delete to remove it.\n"
-            "- Type names and attributes in the blocks' fields. A new block is named after its label "
-            "(`sigmoid-2` becomes `sigmoid_2`) until you type a name.\n"
-            "- Press **Execute** (bottom right of the editor) to send your edits here: the checks, equations, "
-            "code and plan below update, and the design is autosaved.")
+            "- Click a block to show its fields (name, sizes, activation, ...); a text field takes effect on Enter or "
+            "when you leave it. A new block is named after its label (`sigmoid-2` becomes `sigmoid_2`) until you "
+            "type a name.\n"
+            "- Every edit is checked at once: blocks at fault turn orange with the message, and the checks, "
+            "equations, code and plan below update; the design is autosaved. The buttons at the canvas's bottom "
+            "left zoom and fit the whole cell in view; the minimap (bottom right) pans.")
         st.dataframe([{"block": s.type, "group": s.category, "ports": ", ".join(s.inputs) or "-",
                        "fields": ", ".join(o.name for o in s.options), "meaning": s.description}
                       for s in palette.SPECS.values()], hide_index=True, key="designer.palette_table")
@@ -416,25 +428,20 @@ def main() -> None:
     # Filled after the canvas is read back, so undo/redo and the name reflect this run's edit.
     toolbar = st.container()
 
-    editor_col, plan_col = st.columns([5, 2])
+    payload = read_canvas(design)
+    if payload is not None:
+        apply_canvas(payload)
+        design = state.current_design()
+    check = checks.check_design(design, canvas_problems(design))
+    canvas_ui(design, check)                  # the whole width: the LSTM's 12 columns of blocks stay legible
+    editor_col, plan_col = st.columns([3, 2])
     with editor_col:
-        before = checks.check_design(design, canvas_problems(design))
-        payload = editor_ui(design, set(before.nodes))
-        reading = None
-        if payload is not None:
-            reading = apply_canvas(payload)
-            design = state.current_design()
-        check = checks.check_design(design, canvas_problems(design))
-        if reading is not None and sorted(check.nodes) != st.session_state[_CANVAS]["marked"]:
-            # The edit made or fixed problems: draw the canvas again with the nodes at fault marked ⚠ and every
-            # block where the researcher put it (the edit itself is applied: nothing on the canvas is lost).
-            mount(design, set(check.nodes), reading.positions)
-            st.rerun()
-        st.button("Redraw the canvas (automatic layout, problems marked ⚠)", key="designer.redraw",
-                  on_click=redraw, icon=":material/auto_fix_high:")
-        st.toggle("Draw building blocks as one node", value=True, key="designer.building_blocks", on_change=redraw,
-                  help="gate, candidate and lerp blocks (and the same patterns written by hand) as one node each; "
-                       "off: every primitive op")
+        buttons = st.columns(2, vertical_alignment="center")
+        buttons[0].button("Redraw the canvas (automatic layout)", key="designer.redraw", on_click=redraw,
+                          icon=":material/auto_fix_high:")
+        buttons[1].toggle("Draw building blocks as one node", value=True, key="designer.building_blocks",
+                          on_change=redraw, help="gate, candidate and lerp blocks (and the same patterns written by "
+                                                 "hand) as one node each; off: every primitive op")
         palette_help_ui()
         problems_ui(check)
 

@@ -1,5 +1,5 @@
 """The Designer page run through Streamlit's AppTest: the canvas's read-back is fed an editor schema
-through st.session_state["designer_payload"], exactly as barfi's Execute would send it."""
+through st.session_state["designer_payload"], exactly as the canvas component sends an edit."""
 from __future__ import annotations
 
 import copy
@@ -460,27 +460,32 @@ def test_a_new_empty_cell_is_built_from_building_blocks_and_undo_brings_the_old_
     assert latex(at) == engine.to_latex(engine.preset("lstm").cell)
 
 
-def test_an_edit_that_makes_a_problem_redraws_the_canvas_with_the_node_marked_where_it_was(designer):
+def test_an_edit_that_makes_a_problem_marks_its_block_in_place_and_fixing_it_clears_the_mark(designer):
+    """No redraw for an edit: the canvas keeps its revision (the component keeps its own state) and gets marks by
+    block id, which the component draws on the blocks."""
     at = designer
     first = at.session_state["designer.canvas"]
-    assert first["marked"] == []
+    assert first["marks"] == {}
     schema = lstm_canvas()
     relu = add_block(schema, "relu", 1)
-    relu["position"] = {"x": 1234.0, "y": -56.0}             # where the researcher dropped it
-    g = next(n for n in schema["nodes"] if n["id"] == node_id(schema, "g"))
-    g["position"] = {"x": 77.0, "y": 88.0}                   # and a block they moved
     send(at, schema)
     canvas = at.session_state["designer.canvas"]
-    assert canvas["key"] != first["key"] and canvas["marked"] == ["relu_1"]
-    drawn = {n["label"]: n for n in canvas["schema"]["nodes"]}
-    assert drawn[adapter.WARNING_MARK + "relu_1 · relu"]["position"] == {"x": 1234.0, "y": -56.0}
-    assert drawn["g · tanh"]["position"] == {"x": 77.0, "y": 88.0}
+    assert canvas["revision"] == first["revision"]
+    assert canvas["marks"] == {relu["id"]: "port 'x' is not connected (field 'args.x')"}
     assert "port 'x' is not connected" in texts(at.error)
 
-    schema = copy.deepcopy(canvas["schema"])                 # wire it on the redrawn canvas: the mark goes
-    relu_id = next(n["id"] for n in schema["nodes"] if "relu_1" in n["label"])
     schema["connections"].append({"id": "edge__fix", "outputNode": node_id(schema, "g"), "outputNodeInterface": "value",
-                                  "inputNode": relu_id, "inputNodeInterface": "x"})
+                                  "inputNode": relu["id"], "inputNodeInterface": "x"})
     send(at, schema)
-    assert at.session_state["designer.canvas"]["marked"] == [] and not at.error, texts(at.error)
-    assert any(n["label"] == "relu_1 · relu" for n in at.session_state["designer.canvas"]["schema"]["nodes"])
+    canvas = at.session_state["designer.canvas"]
+    assert canvas["marks"] == {} and canvas["revision"] == first["revision"] and not at.error, texts(at.error)
+
+
+def test_a_state_problem_marks_the_state_and_its_sink(designer):
+    at = designer
+    at.button(key="designer.new").click().run()
+    canvas = at.session_state["designer.canvas"]
+    sink = next(n["id"] for n in canvas["schema"]["nodes"] if n["type"] == palette.NEXT_STATE)
+    state_block = next(n["id"] for n in canvas["schema"]["nodes"] if n["type"] == "state")
+    assert set(canvas["marks"]) == {sink, state_block}
+    assert "has no next value yet" in canvas["marks"][sink]

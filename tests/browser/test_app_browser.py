@@ -92,8 +92,8 @@ def test_readme_screenshot_of_the_designer_with_the_lstm(page, app_url):
     page.wait_for_url(lambda url: "gallery" not in url)
     page.locator('[data-testid="stMain"] h1').filter(has_text="Designer").first.wait_for()
     wait_until_idle(page)
-    # the node editor (barfi, in a component iframe) has drawn at least one block per node of the LSTM
-    blocks = page.frame_locator('[data-testid="stMain"] iframe[title*="st_flow"]').locator(".react-flow__node")
+    # the canvas (a component iframe) has drawn at least one block per node of the LSTM
+    blocks = page.frame_locator('[data-testid="stMain"] iframe[title*="cell_canvas"]').locator(".react-flow__node")
     blocks.first.wait_for()
     wanted = len(engine.preset("lstm").cell.nodes)
     for _ in range(300):

@@ -1,9 +1,10 @@
-"""The journeys a new user makes in the Designer, in headless Chromium (issue #9):
+"""The journeys a new user makes in the Designer, in headless Chromium at 1920 x 1080 (issue #9):
 
 1. build a minimal gated cell from scratch on the canvas (New empty cell: x, h and h's next value; a gate, a
-   candidate and a lerp from the right-click palette; eight wires drawn), see it validate, see its sample run, save it, reload the page and find both
-   the working design and the saved file;
-2. break a wire of the LSTM and see the error naming the port, with the node marked on the redrawn canvas; undo.
+   candidate and a lerp from the right-click palette; eight wires drawn), see it validate, see its sample run, save
+   it, reload the page and find both the working design and the saved file;
+2. break a wire of the LSTM and see the error naming the port, with the block marked in place; undo;
+3. load the LSTM preset, press "fit view": every block's label is inside the canvas and at least 10 px high.
 
 Every wait polls for what should appear; nothing sleeps.
 """
@@ -13,7 +14,7 @@ import re
 
 import pytest
 
-from test_designer_browser import RERUN_S, canvas, connect, execute, main_text, wait_until_idle
+from test_designer_browser import RERUN_S, canvas, connect, main_text, wait_until_idle
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
                                "(pip install -r requirements-test.txt)")
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.browser
 
 
 def open_designer(page, app_url) -> None:
-    page.set_viewport_size({"width": 1400, "height": 1200})
+    page.set_viewport_size({"width": 1920, "height": 1080})
     page.goto(app_url)
     page.locator('[data-testid="stSidebarNav"]').get_by_text("Designer", exact=True).click()
     page.locator('[data-testid="stMain"] h1').filter(has_text="Designer").first.wait_for()
@@ -32,12 +33,12 @@ def open_designer(page, app_url) -> None:
 
 def add_block(page, frame, x: float, y: float, category: str, block: str):
     """Right-click the pane at (x, y) of its box, pick category > block; the new block, found by the label the
-    editor gives it (`<block>-1`: the first of its type)."""
+    editor gives it (`<block>-1`: the first of its type; ⚠ before it while it is not wired)."""
     pane = frame.locator(".react-flow__pane").bounding_box()
     page.mouse.click(pane["x"] + x, pane["y"] + y, button="right")
     frame.get_by_role("menuitem", name=category, exact=True).hover()
     frame.get_by_role("menuitem", name=block, exact=True).click()
-    node = frame.locator(".react-flow__node", has_text=re.compile("^" + re.escape(f"{block}-1")))
+    node = frame.locator(".react-flow__node", has_text=re.compile("^(⚠ )?" + re.escape(f"{block}-1")))
     expect(node).to_have_count(1)
     return node
 
@@ -64,15 +65,13 @@ def test_build_a_gated_cell_from_scratch_run_save_and_find_it_after_a_reload(pag
     h = frame.locator(".react-flow__node", has_text="h · state")
     sink = frame.locator(".react-flow__node", has_text="h at t")
     expect(frame.locator(".react-flow__node")).to_have_count(3, timeout=RERUN_S * 1000)   # x, h, h's next value
-    for _ in range(3):                                  # room for three more blocks around them
-        frame.get_by_role("button", name="zoom out").click()
-    gate = add_block(page, frame, 20, 20, "building blocks", "gate")
-    candidate = add_block(page, frame, 20, 300, "building blocks", "candidate")
-    lerp = add_block(page, frame, 350, 330, "building blocks", "lerp")
+    pane = frame.locator(".react-flow__pane").bounding_box()     # they sit in the middle: the new blocks go around
+    gate = add_block(page, frame, 0.2 * pane["width"], 0.1 * pane["height"], "building blocks", "gate")
+    candidate = add_block(page, frame, 0.2 * pane["width"], 0.7 * pane["height"], "building blocks", "candidate")
+    lerp = add_block(page, frame, 0.75 * pane["width"], 0.4 * pane["height"], "building blocks", "lerp")
     for source, target, name in [(x, gate, "x"), (h, gate, "h"), (x, candidate, "x"), (h, candidate, "h"),
                                  (gate, lerp, "z"), (h, lerp, "a"), (candidate, lerp, "b"), (lerp, sink, "next")]:
         connect(page, frame, output(source), port(target, name))
-    execute(page, frame)
     expect(page.get_by_text("my_cell is a valid cell")).to_be_visible(timeout=RERUN_S * 1000)
 
     open_tab(page, "Equations")
@@ -116,11 +115,11 @@ def test_break_a_wire_see_the_marked_node_and_the_error_then_undo(page, app_url)
     wire.click(force=True)
     page.keyboard.press("Backspace")
     expect(wire).to_have_count(0)
-    execute(page, frame)
     expect(page.get_by_text("node 'g', field 'args.x': port 'x' is not connected")).to_be_visible(
         timeout=RERUN_S * 1000)
-    frame = canvas(page)                                 # drawn again, the node at fault marked
-    expect(frame.locator(".react-flow__node", has_text="⚠ g · tanh")).to_have_count(1, timeout=RERUN_S * 1000)
+    g_block = frame.locator(".react-flow__node", has_text="g · tanh")       # marked in place, with the message
+    expect(g_block).to_contain_text("⚠ g · tanh", timeout=RERUN_S * 1000)
+    expect(g_block).to_contain_text("port 'x' is not connected")
     expect(frame.locator(".react-flow__node")).to_have_count(50)
 
     page.locator(".st-key-designer-undo").get_by_role("button").click()
@@ -130,3 +129,36 @@ def test_break_a_wire_see_the_marked_node_and_the_error_then_undo(page, app_url)
     expect(frame.locator(f'[data-testid="rf__edge-edge-{g}-x"]')).to_have_count(1, timeout=RERUN_S * 1000)
     expect(frame.locator(".react-flow__node", has_text="⚠")).to_have_count(0)
     assert page.locator('[data-testid="stException"]').count() == 0
+
+
+def test_the_lstm_is_legible_after_fit_view(page, app_url):
+    import engine
+    open_designer(page, app_url)
+    page.locator(".st-key-designer-preset").get_by_role("combobox").click()
+    page.get_by_role("option", name="lstm: LSTM (cuDNN / PyTorch)").click()
+    page.locator(".st-key-designer-load_preset").get_by_role("button").click()
+    expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
+    wait_until_idle(page)
+    frame = canvas(page)
+    nodes = frame.locator(".react-flow__node")
+    expect(nodes).to_have_count(len(engine.preset("lstm").cell.nodes) + 2, timeout=RERUN_S * 1000)
+    frame.get_by_role("button", name="zoom in").click()       # away from the fitted view first
+    frame.get_by_role("button", name="fit view").click()
+    page.wait_for_function("() => true")                      # let the transition's frame land
+    expect(frame.locator(".react-flow__viewport")).not_to_have_attribute("style", "", timeout=5_000)
+    pane = frame.locator(".react-flow__pane").bounding_box()
+    labels = frame.locator(".react-flow__node .label")
+    for _ in range(50):                                       # fit view animates: poll until every label is in
+        boxes = [labels.nth(i).bounding_box() for i in range(labels.count())]
+        inside = [b for b in boxes if b and b["x"] >= pane["x"] and b["y"] >= pane["y"]
+                  and b["x"] + b["width"] <= pane["x"] + pane["width"] and b["y"] + b["height"] <= pane["y"] + pane["height"]]
+        if len(inside) == len(boxes):
+            break
+        page.wait_for_timeout(100)
+    assert len(inside) == len(boxes) == nodes.count()
+    heights = sorted(b["height"] for b in boxes)
+    assert heights[0] >= 10, f"the smallest label is {heights[0]:.1f} px high"
+    # and the font itself (not only its line box) is at least 10 px on screen
+    scale = float(frame.locator(".react-flow__viewport").get_attribute("style").split("scale(")[1].split(")")[0])
+    font = float(labels.first.evaluate("e => parseFloat(getComputedStyle(e).fontSize)"))
+    assert font * scale >= 10, f"labels are {font} px at zoom {scale:.3f}: {font * scale:.1f} px on screen"

@@ -18,7 +18,7 @@ expect = sync_api.expect
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOT = ROOT / "docs" / "screenshot.png"
+SCREENSHOTS = ROOT / "docs" / "screenshots"       # the README shows them
 PAGES = ("Designer", "Gallery", "Schedule", "Benchmarks", "Divergence", "Export")
 
 
@@ -86,24 +86,45 @@ def test_export_downloads_the_cuda_file(page, app_url):
 
 
 def test_readme_screenshot_of_the_designer_with_the_lstm(page, app_url):
-    """Load the LSTM from the Gallery into the Designer, as a person would, and photograph it."""
+    """Load the LSTM from the Gallery into the Designer, as a person would, and photograph it (the README's
+    first picture) at 1920 x 1080, the canvas fitted to the cell."""
+    page.set_viewport_size({"width": 1920, "height": 1080})
     open_page(page, app_url, "Gallery")
     page.locator(".st-key-gallery-open-lstm").get_by_role("button").click()
     page.wait_for_url(lambda url: "gallery" not in url)
     page.locator('[data-testid="stMain"] h1').filter(has_text="Designer").first.wait_for()
     wait_until_idle(page)
-    # the canvas (a component iframe) has drawn at least one block per node of the LSTM
-    blocks = page.frame_locator('[data-testid="stMain"] iframe[title*="cell_canvas"]').locator(".react-flow__node")
-    blocks.first.wait_for()
-    wanted = len(engine.preset("lstm").cell.nodes)
-    for _ in range(300):
-        if blocks.count() >= wanted:
-            break
-        page.wait_for_timeout(100)
-    assert blocks.count() >= wanted
+    # the canvas (a component iframe) has drawn one block per node of the LSTM and one per state
+    frame = page.frame_locator('[data-testid="stMain"] iframe[title*="cell_canvas"]')
+    blocks = frame.locator(".react-flow__node")
+    lstm = engine.preset("lstm").cell
+    expect(blocks).to_have_count(len(lstm.nodes) + len(lstm.state_names), timeout=60_000)
+    frame.get_by_role("button", name="fit view").click()
     assert_no_exception(page)
     assert "lstm" in page.locator('[data-testid="stMain"]').inner_text().lower()
     page.locator('[data-testid="stMain"] h1').first.scroll_into_view_if_needed()   # the Gallery click scrolled
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT))
-    assert SCREENSHOT.stat().st_size > 10_000
+    page.wait_for_function("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "designer.png"))
+    assert (SCREENSHOTS / "designer.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("title", [p for p in PAGES if p != "Designer"])
+def test_every_other_page_renders_and_is_photographed(page, app_url, title):
+    """Each page opened fresh at 1920 x 1080 shows no exception; its picture goes to docs/screenshots/."""
+    page.set_viewport_size({"width": 1920, "height": 1080})
+    open_page(page, app_url, title)
+    settled = ("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+               " && !document.querySelector('[data-stale=\"true\"]')"
+               " && !document.querySelector('[data-testid=\"stSkeleton\"]')")
+    for _ in range(2):                  # settled twice in a row: a run that starts late is waited for too
+        page.wait_for_function(settled, timeout=120_000)
+        page.wait_for_function("() => new Promise(r => setTimeout(() => r(true), 500))")
+    charts = page.locator('[data-testid="stMain"] .js-plotly-plot')
+    for k in range(charts.count()):
+        charts.nth(k).locator("svg.main-svg").first.wait_for()
+    assert_no_exception(page)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{title.lower()}.png"
+    page.screenshot(path=str(path))
+    assert path.stat().st_size > 10_000

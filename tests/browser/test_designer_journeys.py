@@ -35,8 +35,15 @@ def add_block(page, frame, x: float, y: float, category: str, block: str):
     """Right-click the pane at (x, y) of its box, pick category > block; the new block, found by the label the
     editor gives it (`<block>-1`: the first of its type; ⚠ before it while it is not wired)."""
     pane = frame.locator(".react-flow__pane").bounding_box()
-    page.mouse.click(pane["x"] + x, pane["y"] + y, button="right")
-    frame.get_by_role("menuitem", name=category, exact=True).hover()
+    entry = frame.get_by_role("menuitem", name=category, exact=True)
+    for _ in range(3):          # a click that lands while the app redraws the canvas opens no menu: again
+        page.mouse.click(pane["x"] + x, pane["y"] + y, button="right")
+        try:
+            expect(entry).to_be_visible(timeout=3_000)
+            break
+        except AssertionError:
+            continue
+    entry.hover()
     frame.get_by_role("menuitem", name=block, exact=True).click()
     node = frame.locator(".react-flow__node", has_text=re.compile("^(⚠ )?" + re.escape(f"{block}-1")))
     expect(node).to_have_count(1)
@@ -72,6 +79,13 @@ def test_build_a_gated_cell_from_scratch_run_save_and_find_it_after_a_reload(pag
     for source, target, name in [(x, gate, "x"), (h, gate, "h"), (x, candidate, "x"), (h, candidate, "h"),
                                  (gate, lerp, "z"), (h, lerp, "a"), (candidate, lerp, "b"), (lerp, sink, "next")]:
         connect(page, frame, output(source), port(target, name))
+    expect(page.get_by_text("my_cell is a valid cell")).to_be_visible(timeout=RERUN_S * 1000)
+    lerp.click()                                        # its fields show while it is selected: name it
+    lerp.locator("input#name").fill("h_new")
+    lerp.locator("input#name").press("Enter")
+    open_tab(page, "DSL code")
+    expect(page.locator('[data-testid="stMain"] [data-testid="stCode"]').first).to_contain_text(
+        "h_new = ", timeout=RERUN_S * 1000)
     expect(page.get_by_text("my_cell is a valid cell")).to_be_visible(timeout=RERUN_S * 1000)
 
     open_tab(page, "Equations")

@@ -149,7 +149,7 @@ def _dim_of(builder: _Builder, name: str) -> str:
     if node.op == "input":
         return "I"
     if node.op in ("state",):
-        return "H"
+        return node.attr("dim", "H")
     if node.op == "matmul":
         return builder.by_name[node.args[0]].attr("rows")
     if node.op in ("bias", "vector"):
@@ -220,7 +220,7 @@ def _capture_locals(fn: Callable, args: list) -> tuple[object, dict]:
 
 
 def build_cell(fn: Callable, name: str | None = None, output: str = "h", doc: str | None = None,
-               input_is_hidden: bool = False) -> CellGraph:
+               input_is_hidden: bool = False, state_dims: dict[str, str] | None = None) -> CellGraph:
     params = list(inspect.signature(fn).parameters)
     if len(params) < 2:
         raise CellGraphError("an @cell function takes the input first, then one argument per state",
@@ -229,7 +229,13 @@ def build_cell(fn: Callable, name: str | None = None, output: str = "h", doc: st
     _BUILDERS.append(builder)
     try:
         x = builder.leaf(params[0], "input")
-        states = [builder.leaf(p, "state") for p in params[1:]]
+        state_dims = dict(state_dims or {})
+        unknown = sorted(set(state_dims) - set(params[1:]))
+        if unknown:
+            raise CellGraphError(Problem(f"state_dims names '{unknown[0]}', which is not a state of the function",
+                                         node=unknown[0], field="state_dims", hint=f"states are {params[1:]}"))
+        states = [builder.leaf(p, "state", **({"dim": state_dims[p]} if state_dims.get(p, "H") != "H" else {}))
+                  for p in params[1:]]
         result, local_vars = _capture_locals(fn, [x, *states])
     finally:
         _BUILDERS.pop()
@@ -312,10 +318,11 @@ def _choose_names(builder: _Builder, local_vars: dict, result: dict, params: lis
 
 
 def cell(fn: Callable | None = None, *, name: str | None = None, output: str = "h",
-         input_is_hidden: bool = False) -> Callable | CellGraph:
+         input_is_hidden: bool = False, state_dims: dict[str, str] | None = None) -> Callable | CellGraph:
     """Decorator: turn a Python function into a validated CellGraph. input_is_hidden=True: the cell combines x
     with hidden-sized values (tanh(x) in a candidate, x added to h), so it runs only where input size == hidden
-    size (checked when the network is built)."""
+    size (checked when the network is built). state_dims={"h": "P"}: states of the projection size P instead of
+    H (an LSTM with a recurrent projection: h = W("W_hr", rows="P") @ (o * tanh(c))); Network(proj_size=...)."""
     if fn is not None:
-        return build_cell(fn, name=name, output=output, input_is_hidden=input_is_hidden)
-    return lambda f: build_cell(f, name=name, output=output, input_is_hidden=input_is_hidden)
+        return build_cell(fn, name=name, output=output, input_is_hidden=input_is_hidden, state_dims=state_dims)
+    return lambda f: build_cell(f, name=name, output=output, input_is_hidden=input_is_hidden, state_dims=state_dims)

@@ -234,6 +234,9 @@ class _Writer:
             options.append(f"output={_text(graph.output)}")
         if graph.input_is_hidden:
             options.append("input_is_hidden=True")
+        projected = {n.name: n.attr("dim") for n in graph.nodes if n.op == "state" and n.attr("dim", "H") != "H"}
+        if projected:
+            options.append("state_dims={" + ", ".join(f"{_text(k)}: {_text(v)}" for k, v in projected.items()) + "}")
         decorator = self.helper("cell") + (f"({', '.join(options)})" if options else "")
         docstring = _docstring(graph.doc) if self.doc_as_docstring else None
         lines = [f"# Cell {graph.name!r}, written by the designer (engine.dsl_emit)."]

@@ -1,7 +1,8 @@
 """The frozen cell graph: one layer of one recurrent cell, for one time step.
 
-Values are vectors per batch row whose size is a symbolic dimension, "I" (input size) or "H"
-(hidden size). Leaves are the input x_t, the recurrent states (their value at step t-1), and
+Values are vectors per batch row whose size is a symbolic dimension, "I" (input size), "H"
+(hidden size) or "P" (projection size: a state of size P, like the h of an LSTM with a recurrent projection,
+torch.nn.LSTM's proj_size; a state's size is its `dim` attribute, H unless it says P). Leaves are the input x_t, the recurrent states (their value at step t-1), and
 parameters; ops compute the step. Each state names the node holding its next value. Which weight
 feeds which gate is explicit in the graph: there is no implicit gate order anywhere.
 
@@ -21,7 +22,8 @@ import networkx as nx
 from .errors import CellGraphError, Problem
 from .ops import LEAF_KINDS, OPS, PARAM_KINDS
 
-DIMS = ("I", "H")
+DIMS = ("I", "H", "P")
+STATE_DIMS = ("H", "P")   # the sizes a state may have
 SCALAR = "1"  # the dim of a const: broadcasts against any vector
 UNKNOWN = "?"  # the dim of a value downstream of a reported mismatch (not reported again)
 
@@ -122,9 +124,24 @@ class CellGraph:
     def dims(self) -> dict[str, str]:
         return _infer_dims(self.by_name, self.topo_order, self.input_is_hidden)[0]
 
-    def param_shape(self, name: str, input_size: int, hidden_size: int) -> tuple[int, ...]:
+    def state_dim(self, name: str) -> str:
+        """The size of a state: "H", or "P" for a projected state."""
+        return self[name].attr("dim", "H")
+
+    @property
+    def output_dim(self) -> str:
+        """The size of the layer's output (the output state's): the next layer's input size."""
+        return self.state_dim(self.output)
+
+    @property
+    def uses_projection(self) -> bool:
+        """Whether any value has size P: the network then has a projection size (Network.proj_size)."""
+        return any(n.attr("dim") == "P" or "P" in (n.attr("rows"), n.attr("cols")) for n in self.nodes)
+
+    def param_shape(self, name: str, input_size: int, hidden_size: int,
+                    proj_size: int | None = None) -> tuple[int, ...]:
         node = self[name]
-        size = {"I": input_size, "H": hidden_size}
+        size = {"I": input_size, "H": hidden_size, "P": hidden_size if proj_size is None else proj_size}
         if node.op == "weight":
             return (size[node.attr("rows")], size[node.attr("cols")])
         return (size[node.attr("dim", "H")],)
@@ -266,12 +283,15 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
     problems += dim_problems
     for s in graph.states:
         d = dims.get(s.next)
-        if d is not None and d not in ("H", SCALAR) and not problems:
-            problems.append(Problem(f"next value '{s.next}' has size {d}, the state has size H",
+        want = by_name[s.name].attr("dim", "H") if s.name in by_name else "H"
+        if d is not None and d not in (want, SCALAR) and not problems:
+            problems.append(Problem(f"next value '{s.next}' has size {d}, the state has size {want}",
                                     node=s.name, field="states.next",
-                                    hint="project it to size H with a weight whose rows are 'H'"))
+                                    hint=f"project it to size {want} with a weight whose rows are '{want}'"
+                                         + ("" if want == "P" else ", or give the state dim 'P' (a projected "
+                                            "state)" if d == "P" else "")))
         elif d == SCALAR and not problems:
-            problems.append(Problem(f"next value '{s.next}' is a scalar; the state needs a vector of size H",
+            problems.append(Problem(f"next value '{s.next}' is a scalar; the state needs a vector of size {want}",
                                     node=s.name, field="states.next",
                                     hint="combine the constant with a vector value (a state, bias or gate)"))
     if problems:
@@ -289,7 +309,7 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
 
 
 # The attributes each leaf kind reads; an op reads the ones its OpDef lists.
-LEAF_ATTRS = {"input": (), "state": (), "weight": ("rows", "cols"), "bias": ("dim",), "vector": ("dim",),
+LEAF_ATTRS = {"input": (), "state": ("dim",), "weight": ("rows", "cols"), "bias": ("dim",), "vector": ("dim",),
               "const": ("value",)}
 
 
@@ -312,6 +332,10 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
                     out.append(Problem(f"weight {key} must be one of {DIMS}, got {n.attr(key)!r}", node=n.name,
                                        field=f"attrs.{key}", hint="rows is usually 'H'; cols is the size of the "
                                        "value it multiplies"))
+        if n.op == "state" and n.attr("dim", "H") not in STATE_DIMS:
+            out.append(Problem(f"a state's dim must be one of {STATE_DIMS}, got {n.attr('dim')!r}", node=n.name,
+                               field="attrs.dim", hint="'H' (the default), or 'P' for a projected state such as "
+                                                       "the h of an LSTM with proj_size"))
         if n.op in ("bias", "vector") and n.attr("dim", "H") not in DIMS:
             out.append(Problem(f"dim must be one of {DIMS}, got {n.attr('dim')!r}", node=n.name, field="attrs.dim",
                                hint="'H' for hidden-size vectors (almost always), 'I' for input-size ones"))
@@ -376,7 +400,7 @@ def _infer_dims(by_name: dict[str, Node], order: Iterable[str],
         if n.op == "input":
             dims[name] = size("I")
         elif n.op == "state":
-            dims[name] = "H"
+            dims[name] = n.attr("dim", "H")
         elif n.op == "weight":
             dims[name] = size(n.attr("rows"))
         elif n.op in ("bias", "vector"):

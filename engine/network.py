@@ -1,5 +1,5 @@
 """A network: L stacked layers of one cell. Layer 0 reads the input (size I); layer l>0 reads layer
-l-1's output (size H). "One layer of one cell" (CellGraph) and "a stack of layers" (Network) are
+l-1's output (size H, or P when the output state is a projected one: proj_size). "One layer of one cell" (CellGraph) and "a stack of layers" (Network) are
 distinct concepts so that blocks of different layers (pooling, bidirectional) can come later.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ class Network:
     input_size: int
     hidden_size: int
     num_layers: int = 1
+    proj_size: int | None = None       # the size P of projected states (torch.nn.LSTM's proj_size); None: P = H
 
     def __post_init__(self):
         for field, value, lo in (("input_size", self.input_size, 1), ("hidden_size", self.hidden_size, 1),
@@ -30,6 +31,20 @@ class Network:
                 raise BackendError(f"{field} must be a positive integer, got {value!r}")
             if value > 1 << 20:
                 raise BackendError(f"{field}={value} is absurdly large (limit {1 << 20})",)
+        if self.proj_size is not None:
+            value = self.proj_size
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1 or value > 1 << 20:
+                raise BackendError(f"proj_size must be a positive integer (or None), got {value!r}")
+            if not getattr(self.cell, "uses_projection", False):
+                raise BackendError(f"proj_size={value} was given, but cell '{self.cell.name}' has no value of size P; "
+                                   "hint: leave proj_size out, or give the cell a projected state (a state with dim "
+                                   "'P', like the h of an LSTM with a recurrent projection)")
+        if (getattr(self.cell, "input_is_hidden", False) and self.num_layers > 1
+                and self.cell.output_dim == "P" and self.projection_size != self.hidden_size):
+            raise BackendError(f"cell '{self.cell.name}' combines its input with hidden-sized values, but its output "
+                               f"has the projection size {self.projection_size}, so layers after the first would get "
+                               f"inputs of size {self.projection_size} != hidden_size={self.hidden_size}; hint: "
+                               "num_layers=1, or proj_size equal to hidden_size")
         if getattr(self.cell, "input_is_hidden", False) and self.input_size != self.hidden_size:
             where = tied_node(self.cell)
             raise BackendError(f"cell '{self.cell.name}' combines the input with hidden-sized values"
@@ -37,14 +52,27 @@ class Network:
                                f"got input_size={self.input_size}, hidden_size={self.hidden_size}; hint: use "
                                "input_size == hidden_size, or project x with a weight first")
 
+    @property
+    def projection_size(self) -> int:
+        """P: proj_size, or the hidden size when it is not given."""
+        return self.hidden_size if self.proj_size is None else self.proj_size
+
+    @property
+    def output_size(self) -> int:
+        """The size of a layer's output (its output state): H, or P for a projected output."""
+        return self.projection_size if self.cell.output_dim == "P" else self.hidden_size
+
+    def state_size(self, state: str) -> int:
+        return self.projection_size if self.cell.state_dim(state) == "P" else self.hidden_size
+
     def layer_input_size(self, layer: int) -> int:
-        return self.input_size if layer == 0 else self.hidden_size
+        return self.input_size if layer == 0 else self.output_size
 
     def layer_sizes(self, layer: int) -> dict[str, int]:
-        return {"I": self.layer_input_size(layer), "H": self.hidden_size}
+        return {"I": self.layer_input_size(layer), "H": self.hidden_size, "P": self.projection_size}
 
     def param_shape(self, layer: int, name: str) -> tuple[int, ...]:
-        return self.cell.param_shape(name, self.layer_input_size(layer), self.hidden_size)
+        return self.cell.param_shape(name, self.layer_input_size(layer), self.hidden_size, self.projection_size)
 
     def num_params(self) -> int:
         total = 0

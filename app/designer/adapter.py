@@ -320,6 +320,8 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "", input_is_hidden:
         if spec.inputs:
             entry["args"] = [argument(node_id, port, ir_name) for port in spec.inputs]
         attrs = {o.attr: _number(options.get(o.name, o.default)) for o in spec.options if o.attr}
+        if block_type == "state" and attrs.get("dim") == "H":
+            del attrs["dim"]                         # the default size: the cell JSON says nothing
         attrs = dict(sorted(attrs.items()))          # engine.to_dict's order, so equal designs read equal
         if attrs:
             entry["attrs"] = attrs

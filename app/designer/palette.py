@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.ir import DIMS
+from engine.ir import DIMS, STATE_DIMS
 from engine.ops import OPS
 
 OUTPUT = "value"                 # the one output port of every value block
@@ -49,14 +49,16 @@ NAME = OptionSpec("name", "input", "")   # empty on a new block: the reader name
 
 
 def _dim(attr: str, default: str) -> OptionSpec:
-    # DIMS is ("I", "H"); H first in the list as the usual choice
+    # DIMS is ("I", "H", "P"); H first in the list as the usual choice
     return OptionSpec(attr, "select", default, items=tuple(sorted(DIMS, key=lambda d: d != "H")), attr=attr)
 
 
 def _leaf_specs() -> list[BlockSpec]:
     return [
         BlockSpec("input", "inputs", (), (OUTPUT,), (NAME,), "the input x_t of the step (size I)"),
-        BlockSpec("state", "states", (), (OUTPUT,), (NAME,), "a recurrent state's value at t-1 (size H)"),
+        BlockSpec("state", "states", (), (OUTPUT,), (NAME, OptionSpec("dim", "select", "H", items=STATE_DIMS, attr="dim")),
+                  "a recurrent state's value at t-1 (size H, or P for a projected state: the h of an LSTM with "
+                  "proj_size, computed by a weight with rows P)"),
         BlockSpec(NEXT_STATE, "states", (NEXT_PORT,), (),
                   (OptionSpec("state", "input", ""), OptionSpec("layer output", "checkbox", False)),
                   "sets a state's value at t; tick 'layer output' on the state that is h_t"),

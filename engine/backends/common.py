@@ -125,7 +125,7 @@ def check_inputs(network: Network, x, initial_states, xp) -> Any:
             if name not in network.cell.state_names:
                 raise BackendError(f"initial_states: '{name}' is not a state of cell '{network.cell.name}' "
                                    f"(states: {', '.join(network.cell.state_names)})")
-            want = (network.num_layers, B, network.hidden_size)
+            want = (network.num_layers, B, network.state_size(name))
             if tuple(getattr(value, "shape", ())) != want:
                 raise BackendError(f"initial_states['{name}'] has shape {tuple(getattr(value, 'shape', ()))}, "
                                    f"expected {want}")

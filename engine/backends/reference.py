@@ -58,7 +58,7 @@ def available_host_bytes() -> int | None:
 def check_host_memory(network: Network, steps: int, batch: int, itemsize: int) -> None:
     """Refuse, before allocating, a run whose arrays cannot fit: the input in the run's dtype, one (T, B, H)
     output per layer alive at a time (two), and the cell's values of one step."""
-    H, I = network.hidden_size, network.input_size
+    H, I = max(network.hidden_size, network.projection_size), network.input_size
     needed = itemsize * (steps * batch * (I + 2 * H) + 4 * len(network.cell.nodes) * batch * max(H, I))
     available = available_host_bytes()
     if available is not None and needed > available:
@@ -69,7 +69,7 @@ def check_host_memory(network: Network, steps: int, batch: int, itemsize: int) -
 
 def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | None = None,
         dtype=np.float64, precision: str = "float32") -> RunResult:
-    """x: (T, B, I). initial_states: name -> (L, B, H), zeros where not given. precision: the mode whose
+    """x: (T, B, I). initial_states: name -> (L, B, size of the state: H, or P), zeros where not given. precision: the mode whose
     matmul rounding to emulate ("float32": none)."""
     dtype = np.dtype(dtype).type
     if dtype not in (np.float64, np.float32):
@@ -87,11 +87,11 @@ def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | 
             if initial_states is not None and name in initial_states:
                 s[name] = np.asarray(initial_states[name], dtype=dtype)[layer].copy()
             else:
-                s[name] = np.zeros((B, network.hidden_size), dtype=dtype)
+                s[name] = np.zeros((B, network.state_size(name)), dtype=dtype)
         states.append(s)
     layer_in = x.astype(dtype)
     for layer in range(network.num_layers):
-        out = np.empty((T, B, network.hidden_size), dtype=dtype)
+        out = np.empty((T, B, network.output_size), dtype=dtype)
         for t in range(T):
             states[layer], _ = step(cell, params[layer], layer_in[t], states[layer], dtype, precision)
             out[t] = states[layer][cell.output]

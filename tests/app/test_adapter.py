@@ -72,7 +72,8 @@ def test_palette_has_every_op_and_leaf_kind_in_its_category():
     assert specs["input"].category == "inputs" and specs["state"].category == "states"
     assert specs[palette.NEXT_STATE].inputs == (palette.NEXT_PORT,) and specs[palette.NEXT_STATE].category == "states"
     assert specs["scale"].option("factor").attr == "factor"
-    assert specs["weight"].option("rows").items == ("H", "I") and specs["const"].option("value").kind == "number"
+    assert specs["weight"].option("rows").items == ("H", "I", "P") and specs["const"].option("value").kind == "number"
+    assert specs["state"].option("dim").items == ("H", "P") and specs["state"].option("dim").default == "H"
 
 
 def test_the_canvas_palette_carries_the_specs_ports_and_fields():
@@ -449,3 +450,18 @@ def test_positions_read_back_keep_blocks_and_sinks_where_they_were_on_a_redraw()
     moved_one, _ = adapter.design_to_schema(reading.design, positions={"h": (5.0, 6.0)})
     assert block(moved_one, "h")["position"] == {"x": 5.0, "y": 6.0}
     assert block(moved_one, "x")["position"] == block(canvas_of(preset_design("gru")), "x")["position"]
+
+
+def test_a_projected_state_round_trips_through_the_canvas():
+    from test_projection import lstm_proj
+    design = engine.to_dict(lstm_proj())
+    schema = canvas_of(design)
+    h = block(schema, "h")
+    assert {o["name"]: o["value"] for o in h["options"]}["dim"] == "P"
+    assert {o["name"]: o["value"] for o in block(schema, "c")["options"]}["dim"] == "H"
+    reading = read(schema, name="lstm_proj")
+    assert reading.problems == [] and engine.from_dict(reading.design) == lstm_proj().replace(doc="")
+    set_option(h, "dim", "H")                        # h of size H no longer fits the P-column weights: named
+    problems = checks.check_design(read(schema, name="lstm_proj").design).problems
+    assert problems and all("P columns but operand 'h' has size H" in p.message for p in problems)
+    assert {p.node for p in problems} == {"W_hi_h", "W_hf_h", "W_hg_h", "W_ho_h"}

@@ -1,0 +1,128 @@
+"""States of a size other than H (issue #9, expressivity): the LSTM with a recurrent projection, as
+torch.nn.LSTM(proj_size=P) and cuDNN's projection compute it:
+
+    c_t = f * c_{t-1} + i * g          (size H)
+    h_t = W_hr (o * tanh(c_t))         (size P: W_hr is P x H; the gates read h through H x P weights)
+
+A state says its size with dim "P" (DSL: @cell(state_dims={"h": "P"}); JSON: "attrs": {"dim": "P"}), weights and
+vectors may have P rows or columns, and Network(proj_size=P) gives P (the hidden size when left out). The next layer
+reads the projected output (size P). The reference runs it and matches torch.nn.LSTM(proj_size=...) to 1e-10 in
+float64 for 1 and 3 layers; the compiled plan and the GPU backends refuse it by name for now.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import engine
+from engine.backends import reference
+from engine.dsl import W, b, cell, sigmoid, tanh
+from engine.dsl_emit import emit_dsl
+from engine.errors import BackendError, CellGraphError, CompileError
+
+
+def lstm_proj():
+    @cell(state_dims={"h": "P"})
+    def lstm_proj(x, h, c):
+        """LSTM with a recurrent projection (H. Sak, A. Senior, F. Beaufays, Long Short-Term Memory Recurrent
+        Neural Network Architectures for Large Scale Acoustic Modeling, Interspeech 2014; torch.nn.LSTM proj_size)."""
+        i = sigmoid(W("W_ii") @ x + b("b_ii") + W("W_hi") @ h + b("b_hi"))
+        f = sigmoid(W("W_if") @ x + b("b_if") + W("W_hf") @ h + b("b_hf"))
+        g = tanh(W("W_ig") @ x + b("b_ig") + W("W_hg") @ h + b("b_hg"))
+        o = sigmoid(W("W_io") @ x + b("b_io") + W("W_ho") @ h + b("b_ho"))
+        c_next = f * c + i * g
+        h_next = W("W_hr", rows="P") @ (o * tanh(c_next))
+        return {"h": h_next, "c": c_next}
+    return lstm_proj
+
+
+def test_sizes_shapes_and_round_trips():
+    graph = lstm_proj()
+    assert graph.state_dim("h") == "P" and graph.state_dim("c") == "H" and graph.output_dim == "P"
+    assert graph.dims["W_hi_h"] == "H" and graph.dims["h_next"] == "P" and graph.uses_projection
+    net = engine.Network(graph, input_size=5, hidden_size=8, num_layers=3, proj_size=3)
+    assert net.param_shape(0, "W_hi") == (8, 3) and net.param_shape(0, "W_hr") == (3, 8)
+    assert net.param_shape(0, "W_ii") == (8, 5) and net.param_shape(1, "W_ii") == (8, 3)   # layer 1 reads P
+    assert net.layer_sizes(1) == {"I": 3, "H": 8, "P": 3} and net.output_size == 3
+    data = engine.to_dict(graph)
+    assert next(n for n in data["nodes"] if n["name"] == "h")["attrs"] == {"dim": "P"}
+    assert "attrs" not in next(n for n in data["nodes"] if n["name"] == "c")                  # H: as before
+    assert engine.from_json(json.dumps(data)) == graph
+    source = emit_dsl(graph)
+    assert 'state_dims={"h": "P"}' in source and 'rows="P"' in source
+    namespace: dict = {}
+    exec(compile(source, "<emitted>", "exec"), namespace)                                   # noqa: S102
+    (rebuilt,) = [v for v in namespace.values() if isinstance(v, engine.CellGraph)]
+    assert rebuilt == graph
+    assert engine.Network(graph, 5, 8).projection_size == 8                                 # P = H by default
+
+
+def test_mistakes_name_the_node_or_field():
+    def bad(x, h, c):
+        c_next = sigmoid(W("W_x") @ x + W("W_h") @ h) * c
+        return {"h": tanh(c_next), "c": c_next}                  # h is P-sized, its next value is H-sized
+    with pytest.raises(CellGraphError) as e:
+        cell(bad, state_dims={"h": "P"})
+    assert e.value.problems[0].node == "h" and "has size H, the state has size P" in str(e.value)
+    with pytest.raises(CellGraphError) as e:
+        cell(bad, state_dims={"k": "P"})
+    assert "state_dims" in str(e.value) and "'k'" in str(e.value)
+    data = engine.to_dict(lstm_proj())
+    next(n for n in data["nodes"] if n["name"] == "h")["attrs"] = {"dim": "I"}
+    with pytest.raises(CellGraphError) as e:
+        engine.from_dict(data)
+    assert any(p.node == "h" and p.field == "attrs.dim" for p in e.value.problems)
+    with pytest.raises(BackendError, match="proj_size=4 was given, but cell 'lstm'"):
+        engine.Network(engine.preset("lstm").cell, 5, 8, proj_size=4)
+    with pytest.raises(BackendError, match="proj_size must be a positive integer"):
+        engine.Network(lstm_proj(), 5, 8, proj_size=0)
+    net = engine.Network(lstm_proj(), 5, 8, proj_size=3)
+    params = engine.init_params(net, seed=0)
+    x = np.zeros((2, 4, 5))
+    with pytest.raises(BackendError, match=r"initial_states\['h'\] has shape \(1, 4, 8\), expected \(1, 4, 3\)"):
+        reference.run(net, params, x, {"h": np.zeros((1, 4, 8))})
+
+
+def test_the_compiled_paths_refuse_it_by_name():
+    net = engine.Network(lstm_proj(), 5, 8, proj_size=3)
+    with pytest.raises(CompileError) as e:
+        engine.plan.make_plan(net, 4, 2)
+    assert "lstm_proj" in str(e.value) and "projection size P" in str(e.value) and "backend='reference'" in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch", reason="PyTorch is not installed: parity with torch.nn.LSTM(proj_size) is "
+                                               "not checked (pip install -r requirements-test.txt)")
+
+
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_matches_torch_lstm_with_proj_size(torch, num_layers):
+    I, H, P, T, B = 5, 7, 3, 6, 4
+    net = engine.Network(lstm_proj(), I, H, num_layers, proj_size=P)
+    module = torch.nn.LSTM(I, H, num_layers, proj_size=P).double()
+    params = []
+    sd = module.state_dict()
+    for layer in range(num_layers):
+        w_ih, w_hh = sd[f"weight_ih_l{layer}"].numpy(), sd[f"weight_hh_l{layer}"].numpy()
+        b_ih, b_hh = sd[f"bias_ih_l{layer}"].numpy(), sd[f"bias_hh_l{layer}"].numpy()
+        p = {"W_hr": sd[f"weight_hr_l{layer}"].numpy()}
+        for k, gate in enumerate("ifgo"):                                   # torch's row blocks: i, f, g, o
+            rows = slice(k * H, (k + 1) * H)
+            p.update({f"W_i{gate}": w_ih[rows], f"W_h{gate}": w_hh[rows], f"b_i{gate}": b_ih[rows],
+                      f"b_h{gate}": b_hh[rows]})
+        params.append(p)
+    params = engine.Params(params)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((T, B, I))
+    h0, c0 = rng.uniform(-0.8, 0.8, (num_layers, B, P)), rng.uniform(-0.8, 0.8, (num_layers, B, H))
+    ours = reference.run(net, params, x, {"h": h0, "c": c0}, dtype=np.float64)
+    with torch.no_grad():
+        out, (hT, cT) = module(torch.from_numpy(x), (torch.from_numpy(h0), torch.from_numpy(c0)))
+    assert ours.outputs.shape == (T, B, P)
+    np.testing.assert_allclose(ours.outputs, out.numpy(), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(ours.final_states["h"], hT.numpy(), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(ours.final_states["c"], cT.numpy(), rtol=0, atol=1e-10)
+    assert engine.run(net, params, x, {"h": h0, "c": c0}, backend="reference").outputs.shape == (T, B, P)

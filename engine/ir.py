@@ -1,9 +1,10 @@
 """The frozen cell graph: one layer of one recurrent cell, for one time step.
 
 Values are vectors per batch row whose size is a symbolic dimension, "I" (input size), "H"
-(hidden size) or "P" (projection size: a state of size P, like the h of an LSTM with a recurrent projection,
-torch.nn.LSTM's proj_size; a state's size is its `dim` attribute, H unless it says P). Leaves are the input x_t, the recurrent states (their value at step t-1), and
-parameters; ops compute the step. Each state names the node holding its next value. Which weight
+(hidden size) or "P" (projection size: a state of size P, like the h of an LSTM with a recurrent
+projection, torch.nn.LSTM's proj_size; a state's size is its `dim` attribute, H unless it says P).
+Leaves are the input x_t, the recurrent states (their value at step t-1), and parameters; ops
+compute the step. Each state names the node holding its next value. Which weight
 feeds which gate is explicit in the graph: there is no implicit gate order anywhere.
 
 A CellGraph validates itself when built; an invalid one cannot exist. networkx is the analysis view

@@ -27,7 +27,7 @@ from .layout import layout
 from .palette import COMPOSITE_TYPES, NEXT_PORT, NEXT_STATE, OUTPUT, SPECS, interface_type
 
 SCHEMA_VERSION = "1.0"      # of the editor schema
-COLUMN_WIDTH = 130        # px between columns on the canvas: a block is its label wide (about 110 px for "W_hi_h · matmul")
+COLUMN_WIDTH = 130        # px between columns on the canvas: a block is as wide as its label ("W_hi_h · matmul": 110)
 ROW_HEIGHT = 62           # px between rows: a block is a header and a line per port (50 px for two ports)
 WARNING_MARK = "⚠ "
 

@@ -56,7 +56,8 @@ def _dim(attr: str, default: str) -> OptionSpec:
 def _leaf_specs() -> list[BlockSpec]:
     return [
         BlockSpec("input", "inputs", (), (OUTPUT,), (NAME,), "the input x_t of the step (size I)"),
-        BlockSpec("state", "states", (), (OUTPUT,), (NAME, OptionSpec("dim", "select", "H", items=STATE_DIMS, attr="dim")),
+        BlockSpec("state", "states", (), (OUTPUT,),
+                  (NAME, OptionSpec("dim", "select", "H", items=STATE_DIMS, attr="dim")),
                   "a recurrent state's value at t-1 (size H, or P for a projected state: the h of an LSTM with "
                   "proj_size, computed by a weight with rows P)"),
         BlockSpec(NEXT_STATE, "states", (NEXT_PORT,), (),

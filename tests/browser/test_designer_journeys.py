@@ -165,7 +165,8 @@ def test_the_lstm_is_legible_after_fit_view(page, app_url):
     for _ in range(50):                                       # fit view animates: poll until every label is in
         boxes = [labels.nth(i).bounding_box() for i in range(labels.count())]
         inside = [b for b in boxes if b and b["x"] >= pane["x"] and b["y"] >= pane["y"]
-                  and b["x"] + b["width"] <= pane["x"] + pane["width"] and b["y"] + b["height"] <= pane["y"] + pane["height"]]
+                  and b["x"] + b["width"] <= pane["x"] + pane["width"]
+                  and b["y"] + b["height"] <= pane["y"] + pane["height"]]
         if len(inside) == len(boxes):
             break
         page.wait_for_timeout(100)

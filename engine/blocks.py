@@ -1,0 +1,396 @@
+"""Networks of blocks (issue #11): cell layers, bidirectional or not, and pooling over time, in sequence.
+
+    net = engine.Net(input_size=512, blocks=(engine.Layers("lstm", 512, num_layers=4), engine.Pool("max", 2, 2),
+                                             engine.Layers("lstm", 512, num_layers=4)))
+    params = engine.init_net_params(net, seed=0)
+    out = engine.run_net(net, params, x)          # x: (T, B, 512) -> out.outputs: (T // 2, B, 512)
+
+A `Network` (engine/network.py) is one block: L stacked layers of one cell, which every backend runs. A `Net` is the
+sequence: block k reads what block k-1 produced. `Layers` runs a cell forward, or in both directions
+(direction="bidirectional": layer l of the backward direction reads the sequence reversed in time, and the two
+directions' outputs are concatenated feature-wise (merge="concat", torch.nn.LSTM(bidirectional=True)) or added
+(merge="sum") before layer l + 1 reads them). `Pool` takes the max or mean over a window of time steps, moved by a
+stride: T steps become (T - window) // stride + 1. Features pass through a pool unchanged.
+
+Sizes chain: a block's input size is the size the block before it produces (the net's input_size for the first);
+a block may state the input size it expects (`input_size=`), and a net whose sizes do not chain is refused naming
+the block. JSON (schema "rnn-network", version 1) names a cell by preset or embeds its cell JSON.
+
+The reference executor (`run_net`) runs any net on the CPU through the cell reference backend; compiled and GPU
+execution of whole nets (one wavefront through the pools, several GPUs) builds on this spec.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import BackendError, CellGraphError, Problem
+from .ir import CellGraph
+from .network import Network
+from .params import Params, check_params, init_params
+
+NET_SCHEMA = "rnn-network"
+NET_VERSION = 1
+DIRECTIONS = ("forward", "bidirectional")
+MERGES = ("concat", "sum")
+POOLS = ("max", "mean")
+
+
+def _positive(value, what: str, where: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise BackendError(f"{where}: {what} must be a positive integer, got {value!r}")
+
+
+def _resolve_cell(cell) -> CellGraph:
+    from .gallery import get
+    if isinstance(cell, CellGraph):
+        return cell
+    if isinstance(cell, str):
+        return get(cell).cell                  # unknown names: CellGraphError with the closest presets
+    raise CellGraphError(f"a Layers block takes a CellGraph or a preset name, got {type(cell).__name__}",
+                         field="cell", hint="e.g. Layers('lstm', 512) or Layers(engine.preset('gru').cell, 256)")
+
+
+@dataclass(frozen=True)
+class Layers:
+    """num_layers stacked layers of one cell (a preset name or a CellGraph), hidden size H."""
+
+    cell: CellGraph | str
+    hidden_size: int
+    num_layers: int = 1
+    direction: str = "forward"         # or "bidirectional"
+    merge: str = "concat"              # how the two directions of a bidirectional layer combine: concat or sum
+    proj_size: int | None = None       # for cells with projected states (engine/network.py)
+    input_size: int | None = None      # the input size this block expects; None: whatever the block before gives
+    name: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "cell", _resolve_cell(self.cell))
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.cell.name} x{self.num_layers}" + (" (bidirectional)" if self.bidirectional else "")
+
+    @property
+    def bidirectional(self) -> bool:
+        return self.direction == "bidirectional"
+
+    def layer_network(self, layer: int, input_size: int) -> Network:
+        """The one-layer Network of layer `layer` (one direction) when the block's input has size input_size."""
+        return Network(self.cell, self.layer_input_size(layer, input_size), self.hidden_size, 1, self.proj_size)
+
+    def layer_input_size(self, layer: int, input_size: int) -> int:
+        return input_size if layer == 0 else self.direction_output_size * (2 if self.merge_concat else 1)
+
+    @property
+    def merge_concat(self) -> bool:
+        return self.bidirectional and self.merge == "concat"
+
+    @property
+    def direction_output_size(self) -> int:
+        """What one direction of one layer outputs: H, or P for a cell with a projected output state."""
+        return Network(self.cell, self.hidden_size, self.hidden_size, 1, self.proj_size).output_size
+
+    @property
+    def output_size(self) -> int:
+        return self.direction_output_size * (2 if self.merge_concat else 1)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """max or mean over `window` time steps, moved by `stride`: T steps become (T - window) // stride + 1."""
+
+    op: str = "max"
+    window: int = 2
+    stride: int = 2
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.op}-pool {self.window}/{self.stride}"
+
+    def steps_out(self, steps: int) -> int:
+        return (steps - self.window) // self.stride + 1
+
+
+@dataclass(frozen=True)
+class Net:
+    input_size: int
+    blocks: tuple = ()
+    name: str = "net"
+    doc: str = ""
+    sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)   # the input size of every block
+
+    def __post_init__(self):
+        object.__setattr__(self, "blocks", tuple(self.blocks))
+        _positive(self.input_size, "input_size", f"net '{self.name}'")
+        if not self.blocks:
+            raise BackendError(f"net '{self.name}' has no blocks; hint: blocks=(Layers('lstm', 256),)")
+        sizes, size = [], self.input_size
+        for k, block in enumerate(self.blocks):
+            where = f"net '{self.name}', block {k}"
+            if isinstance(block, Layers):
+                where += f" ('{block.label}')"
+                _positive(block.hidden_size, "hidden_size", where)
+                _positive(block.num_layers, "num_layers", where)
+                if block.direction not in DIRECTIONS:
+                    raise BackendError(f"{where}: direction must be one of {', '.join(DIRECTIONS)}, got "
+                                       f"{block.direction!r}")
+                if block.merge not in MERGES:
+                    raise BackendError(f"{where}: merge must be one of {', '.join(MERGES)}, got {block.merge!r}")
+                if block.input_size is not None and block.input_size != size:
+                    before = "the net's input" if k == 0 else f"block {k - 1} ('{self.blocks[k - 1].label}')"
+                    raise BackendError(f"{where} expects input size {block.input_size}, but {before} gives {size}; "
+                                       "hint: make the sizes chain (a block's hidden size is the next block's "
+                                       "input size; x2 after a bidirectional block that concatenates)")
+                try:                                   # the cell's own size rules (input_is_hidden, proj_size)
+                    for layer in range(block.num_layers):
+                        block.layer_network(layer, size)
+                except BackendError as e:
+                    raise BackendError(f"{where}: {e}") from None
+            elif isinstance(block, Pool):
+                where += f" ('{block.label}')"
+                if block.op not in POOLS:
+                    raise BackendError(f"{where}: op must be one of {', '.join(POOLS)}, got {block.op!r}")
+                _positive(block.window, "window", where)
+                _positive(block.stride, "stride", where)
+            else:
+                raise BackendError(f"{where}: a block is a Layers or a Pool, got {type(block).__name__}")
+            sizes.append(size)
+            size = block.output_size if isinstance(block, Layers) else size
+        object.__setattr__(self, "sizes", tuple(sizes))
+
+    @property
+    def output_size(self) -> int:
+        last = self.blocks[-1]
+        return last.output_size if isinstance(last, Layers) else self.sizes[-1]
+
+    def steps(self, steps: int) -> list[int]:
+        """The sequence length each block reads, for an input of `steps` steps; refused when a pool's window is
+        longer than what reaches it."""
+        out, t = [], steps
+        for k, block in enumerate(self.blocks):
+            out.append(t)
+            if isinstance(block, Pool):
+                if block.window > t:
+                    raise BackendError(f"net '{self.name}', block {k} ('{block.label}'): the pool window "
+                                       f"{block.window} is longer than the {t} step(s) that reach it; hint: a longer input, or a "
+                                       "smaller window")
+                t = block.steps_out(t)
+        return out
+
+
+# ---- parameters -------------------------------------------------------------------------------------
+
+@dataclass
+class NetParams:
+    """Per block: for Layers, {"forward": Params, "backward": Params or None}, one dict per layer of the block;
+    for Pool, None."""
+
+    blocks: list
+
+
+def _layers_shapes(net: Net, k: int) -> list[Network]:
+    block = net.blocks[k]
+    return [block.layer_network(layer, net.sizes[k]) for layer in range(block.num_layers)]
+
+
+def init_net_params(net: Net, seed: int = 0, dtype=np.float64) -> NetParams:
+    """Every block's parameters, seeded per block and direction (uniform in +-1/sqrt(H), as init_params)."""
+    out = []
+    for k, block in enumerate(net.blocks):
+        if not isinstance(block, Layers):
+            out.append(None)
+            continue
+        directions = {}
+        for d, direction in enumerate(("forward", "backward") if block.bidirectional else ("forward",)):
+            layers = [init_params(network, seed=seed * 1009 + k * 31 + d * 7 + layer, dtype=dtype)[0]
+                      for layer, network in enumerate(_layers_shapes(net, k))]
+            directions[direction] = Params(layers)
+        directions.setdefault("backward", None)
+        out.append(directions)
+    return NetParams(out)
+
+
+def check_net_params(net: Net, params: NetParams) -> None:
+    if not isinstance(params, NetParams) or len(params.blocks) != len(net.blocks):
+        raise BackendError(f"net '{net.name}' has {len(net.blocks)} blocks; the parameters must be a NetParams with "
+                           "one entry per block (init_net_params)")
+    for k, block in enumerate(net.blocks):
+        if not isinstance(block, Layers):
+            continue
+        entry = params.blocks[k]
+        wanted = ("forward", "backward") if block.bidirectional else ("forward",)
+        for direction in wanted:
+            p = entry.get(direction) if isinstance(entry, dict) else None
+            if not isinstance(p, Params) or len(p.layers) != block.num_layers:
+                raise BackendError(f"net '{net.name}', block {k} ('{block.label}'): parameters for the {direction} "
+                                   f"direction must be Params of {block.num_layers} layer(s)")
+            for layer, network in enumerate(_layers_shapes(net, k)):
+                try:
+                    check_params(network, Params([p.layers[layer]]))
+                except BackendError as e:
+                    raise BackendError(f"net '{net.name}', block {k} ('{block.label}'), {direction} layer {layer}: "
+                                       f"{e}") from None
+
+
+# ---- the reference executor ------------------------------------------------------------------------
+
+@dataclass
+class NetResult:
+    outputs: np.ndarray                 # (T_out, B, output size)
+    block_outputs: list = field(default_factory=list)   # what each block produced
+
+
+def pool_over_time(x: np.ndarray, block: Pool) -> np.ndarray:
+    """(T, B, F) -> (T', B, F): block.op over windows of block.window steps every block.stride steps."""
+    steps = block.steps_out(x.shape[0])
+    windows = np.stack([x[t * block.stride:t * block.stride + block.window] for t in range(steps)])
+    return windows.max(axis=1) if block.op == "max" else windows.mean(axis=1)
+
+
+def run_net(net: Net, params: NetParams, x, dtype=np.float64) -> NetResult:
+    """Run every block in order on the CPU (engine.backends.reference for the cells), zero initial states."""
+    from .backends import reference
+    check_net_params(net, params)
+    x = np.asarray(x)
+    if x.ndim != 3 or x.shape[2] != net.input_size:
+        raise BackendError(f"argument 'x' must have shape (T, B, {net.input_size}) for net '{net.name}', got "
+                           f"{tuple(x.shape)}")
+    net.steps(x.shape[0])                      # pools that do not fit are refused before any work
+    value = x.astype(dtype)
+    produced = []
+    for k, block in enumerate(net.blocks):
+        if isinstance(block, Pool):
+            value = pool_over_time(value, block)
+        else:
+            for layer, network in enumerate(_layers_shapes(net, k)):
+                forward = reference.run(network, Params([params.blocks[k]["forward"].layers[layer]]), value,
+                                        dtype=dtype).outputs
+                if not block.bidirectional:
+                    value = forward
+                    continue
+                backward = reference.run(network, Params([params.blocks[k]["backward"].layers[layer]]),
+                                         value[::-1], dtype=dtype).outputs[::-1]
+                value = np.concatenate([forward, backward], axis=2) if block.merge == "concat" else forward + backward
+        produced.append(value)
+    return NetResult(outputs=value, block_outputs=produced)
+
+
+# ---- JSON ------------------------------------------------------------------------------------------
+
+def net_to_dict(net: Net) -> dict:
+    from .gallery import presets
+    from .serialize import to_dict
+    blocks = []
+    for block in net.blocks:
+        if isinstance(block, Pool):
+            entry = {"kind": "pool", "op": block.op, "window": block.window, "stride": block.stride}
+        else:
+            known = presets().get(block.cell.name)
+            cell = block.cell.name if known is not None and known.cell == block.cell else to_dict(block.cell)
+            entry = {"kind": "layers", "cell": cell, "hidden_size": block.hidden_size, "num_layers": block.num_layers,
+                     "direction": block.direction}
+            if block.bidirectional:
+                entry["merge"] = block.merge
+            for key in ("proj_size", "input_size"):
+                if getattr(block, key) is not None:
+                    entry[key] = getattr(block, key)
+        if block.name:
+            entry["name"] = block.name
+        blocks.append(entry)
+    return {"schema": NET_SCHEMA, "version": NET_VERSION, "name": net.name, "doc": net.doc,
+            "input_size": net.input_size, "blocks": blocks}
+
+
+def net_from_dict(data) -> Net:
+    """A Net from its JSON dict. Errors are BackendError / CellGraphError naming the block and field."""
+    from .serialize import from_dict
+    if not isinstance(data, dict):
+        raise BackendError(f"a network is a JSON object, got {type(data).__name__}")
+    if data.get("schema") != NET_SCHEMA:
+        raise BackendError(f"field 'schema' must be {NET_SCHEMA!r}, got {data.get('schema')!r}; hint: a cell's JSON "
+                           "(schema 'rnn-cell-graph') goes in a block's 'cell' field")
+    if data.get("version") != NET_VERSION:
+        raise BackendError(f"field 'version': this engine reads version {NET_VERSION}, got {data.get('version')!r}")
+    raw_blocks = data.get("blocks")
+    if not isinstance(raw_blocks, list) or not raw_blocks:
+        raise BackendError("field 'blocks' must be a non-empty list of {\"kind\": \"layers\" | \"pool\", ...}")
+    blocks = []
+    allowed = {"layers": {"kind", "cell", "hidden_size", "num_layers", "direction", "merge", "proj_size",
+                          "input_size", "name"},
+               "pool": {"kind", "op", "window", "stride", "name"}}
+    for k, raw in enumerate(raw_blocks):
+        where = f"blocks[{k}]"
+        if not isinstance(raw, dict) or raw.get("kind") not in allowed:
+            raise BackendError(f"field '{where}.kind' must be 'layers' or 'pool', got "
+                               f"{raw.get('kind') if isinstance(raw, dict) else raw!r}")
+        unknown = sorted(set(raw) - allowed[raw["kind"]])
+        if unknown:
+            raise BackendError(f"field '{where}.{unknown[0]}' is not a field of a {raw['kind']} block; hint: "
+                               f"{raw['kind']} blocks take {', '.join(sorted(allowed[raw['kind']] - {'kind'}))}")
+        if raw["kind"] == "pool":
+            blocks.append(Pool(raw.get("op", "max"), raw.get("window", 2), raw.get("stride", 2), raw.get("name", "")))
+            continue
+        cell = raw.get("cell")
+        try:
+            cell = from_dict(cell) if isinstance(cell, dict) else _resolve_cell(cell)
+        except CellGraphError as e:      # the same findings, placed inside this block's 'cell' field
+            raise CellGraphError([Problem(p.message, node=p.node, hint=p.hint,
+                                          field=f"{where}.cell" + (f".{p.field}" if p.field and p.field != "preset"
+                                                                   else ""))
+                                  for p in e.problems]) from None
+        if "hidden_size" not in raw:
+            raise BackendError(f"field '{where}.hidden_size' is missing; hint: e.g. \"hidden_size\": 512")
+        blocks.append(Layers(cell, raw["hidden_size"], raw.get("num_layers", 1), raw.get("direction", "forward"),
+                             raw.get("merge", "concat"), raw.get("proj_size"), raw.get("input_size"),
+                             raw.get("name", "")))
+    return Net(data.get("input_size"), tuple(blocks), str(data.get("name", "net")), str(data.get("doc", "")))
+
+
+def net_to_json(net: Net) -> str:
+    return json.dumps(net_to_dict(net), indent=1)
+
+
+def net_from_json(text: str) -> Net:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BackendError(f"not JSON: {e}") from None
+    return net_from_dict(data)
+
+
+def load_net(path) -> Net:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise BackendError(f"cannot read network file {str(path)!r}: {e}") from None
+    try:
+        return net_from_json(text)
+    except (BackendError, CellGraphError) as e:
+        raise type(e)(f"{path}: {e}") from None
+
+
+# ---- preset networks -----------------------------------------------------------------------------
+
+def deepspeech(input_size: int = 512, hidden_size: int = 512, layers: int = 4, cell="lstm") -> Net:
+    """The seed benchmark's DeepSpeech-style block: `layers` LSTM layers, max-pool over time by 2 (stride 2), `layers`
+    more LSTM layers (4, 512 and 512 by default)."""
+    first = Layers(cell, hidden_size, layers, name="rnn_a")
+    return Net(input_size, (first, Pool("max", 2, 2, name="pool"), Layers(cell, hidden_size, layers, name="rnn_b")),
+               name="deepspeech", doc=f"{layers} {first.cell.name} layers, max-pool over time by 2 (stride 2), "
+                                      f"{layers} more (the seed benchmark's DeepSpeech block)")
+
+
+NET_PRESETS = {"deepspeech": deepspeech}
+
+
+def net_preset(name: str, **sizes) -> Net:
+    from .gallery import closest_names
+    if name not in NET_PRESETS:
+        raise BackendError(f"unknown network preset '{name}'; hint: {closest_names(name, NET_PRESETS)}known: "
+                           + ", ".join(NET_PRESETS))
+    return NET_PRESETS[name](**sizes)

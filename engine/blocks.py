@@ -177,8 +177,8 @@ class Net:
             if isinstance(block, Pool):
                 if block.window > t:
                     raise BackendError(f"net '{self.name}', block {k} ('{block.label}'): the pool window "
-                                       f"{block.window} is longer than the {t} step(s) that reach it; hint: a longer input, or a "
-                                       "smaller window")
+                                       f"{block.window} is longer than the {t} step(s) that reach it; hint: a "
+                                       "longer input, or a smaller window")
                 t = block.steps_out(t)
         return out
 

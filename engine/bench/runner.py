@@ -434,7 +434,8 @@ def run_bench(presets: Iterable = ("lstm",), configs: Iterable[BenchConfig | str
     ok, why = backends.gpu_status()
     if not ok:
         raise BackendError(f"the benchmark needs a CUDA GPU: {why}. hint: run it on a machine with an NVIDIA "
-                           "GPU and CuPy (`./run` installs both CuPy and, where nvidia-smi lists a GPU, the CUDA wheels); the CPU tests do not need one")
+                           "GPU and CuPy (`./run` installs both CuPy and, where nvidia-smi lists a GPU, the CUDA "
+                           "wheels); the CPU tests do not need one")
     start = time.monotonic()
     deadline = start + time_budget_s if time_budget_s is not None else None
     total = len(cells) * len(configs) * (len(chosen) + 1)

@@ -64,8 +64,9 @@ def main(args) -> int:
     ok, why = backends.gpu_status()
     if not ok:
         print(f"error: `python -m engine bench` needs a CUDA GPU: {why}", file=sys.stderr)
-        print("  hint: run it on a machine with an NVIDIA GPU, CuPy (`./run` installs it, and the CUDA wheels where nvidia-smi lists a GPU) and, for the "
-              "cuDNN and PyTorch baselines, torch with CUDA; `--list-configs` works without one", file=sys.stderr)
+        print("  hint: run it on a machine with an NVIDIA GPU, CuPy (`./run` installs it, and the CUDA wheels where "
+              "nvidia-smi lists a GPU) and, for the cuDNN and PyTorch baselines, torch with CUDA; `--list-configs` "
+              "works without one", file=sys.stderr)
         return 2
     from ..bench.progress import TextProgress
     progress = None if args.no_progress else TextProgress()

@@ -149,3 +149,27 @@ def test_a_projected_lstm_block_feeds_the_next_block_its_projection():
     out = engine.run_net(net, engine.init_net_params(net, seed=0), np.random.default_rng(0).standard_normal((6, 2, 4)))
     assert out.block_outputs[0].shape == (6, 2, 3) and out.outputs.shape == (3, 2, 5)
     assert isinstance(Layers("lstm", 5).layer_network(0, 3), Network)
+
+
+def test_the_net_command_describes_edits_and_runs_a_net(capsys, tmp_path):
+    from engine.cli import main
+    assert main(["net", "deepspeech", "-I", "8", "-H", "6", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    data["blocks"][1]["op"] = "mean"                                    # edit the JSON, run the file
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "o.npz"
+    assert main(["net", str(path), "--run", "-T", "9", "-B", "2", "--seed", "3", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "block 1 'pool': mean over 2 step(s), stride 2; reads (9, B, 6)" in text
+    assert "block 2 'rnn_b': 4 x lstm, hidden 6, forward; reads (4, B, 6)" in text
+    net = engine.load_net(path)
+    x = np.random.default_rng(4).standard_normal((9, 2, 8))
+    want = engine.run_net(net, engine.init_net_params(net, seed=3), x).outputs
+    np.testing.assert_allclose(np.load(out)["outputs"], want)
+    assert main(["net", "deepspeach"]) == 1
+    assert "did you mean 'deepspeech'" in capsys.readouterr().err
+    assert main(["net", "deepspeech", "-T", "1", "-I", "4", "-H", "4"]) == 1
+    assert "the pool window 2 is longer than the 1 step(s)" in capsys.readouterr().err
+    assert main(["net", str(path), "-H", "5"]) == 1
+    assert "edit the sizes in the JSON file" in capsys.readouterr().err

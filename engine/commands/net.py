@@ -1,0 +1,65 @@
+"""`python -m engine net <preset or net.json>`: describe a network of blocks, or run it on the CPU reference.
+
+    python -m engine net deepspeech                       # the blocks, their sizes and sequence lengths
+    python -m engine net deepspeech --json > ds.json      # its JSON, to edit
+    python -m engine net ds.json --run -T 100 -B 4        # run it (NumPy reference), save the outputs
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..blocks import NET_PRESETS, Layers, init_net_params, load_net, net_preset, net_to_json, run_net
+from ..errors import BackendError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("net", help="describe or run a network of blocks (cell layers, pooling over time)")
+    p.add_argument("net", help=f"network preset ({', '.join(NET_PRESETS)}) or path to a network JSON file")
+    p.add_argument("--input-size", "-I", type=int, default=None, help="input size of a preset net (default its own)")
+    p.add_argument("--hidden-size", "-H", type=int, default=None, help="hidden size of a preset net")
+    p.add_argument("--json", action="store_true", help="print the network's JSON")
+    p.add_argument("--run", action="store_true", help="run it on random inputs with the NumPy reference")
+    p.add_argument("--steps", "-T", type=int, default=20, help="time steps T (default 20)")
+    p.add_argument("--batch", "-B", type=int, default=4, help="batch size B (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs (default 0)")
+    p.add_argument("-o", "--output", default="net_outputs.npz", help="where --run saves the outputs")
+    p.set_defaults(func=main)
+
+
+def resolve(args):
+    if args.net in NET_PRESETS:
+        sizes = {k: v for k, v in (("input_size", args.input_size), ("hidden_size", args.hidden_size)) if v is not None}
+        return net_preset(args.net, **sizes)
+    path = Path(args.net)
+    if path.suffix == ".json" or path.exists():
+        if args.input_size is not None or args.hidden_size is not None:
+            raise BackendError("--input-size and --hidden-size apply to preset nets; edit the sizes in the JSON file")
+        return load_net(path)
+    return net_preset(args.net)                # unknown: the error suggests the closest preset
+
+
+def main(args) -> int:
+    net = resolve(args)
+    if args.json:
+        print(net_to_json(net))
+        return 0
+    for flag, value in (("--steps", args.steps), ("--batch", args.batch)):
+        if value < 1:
+            raise BackendError(f"{flag} must be at least 1, got {value}")
+    steps = net.steps(args.steps)
+    print(f"net '{net.name}': input size {net.input_size}, output size {net.output_size}"
+          + (f" ({net.doc})" if net.doc else ""))
+    for k, block in enumerate(net.blocks):
+        what = (f"{block.num_layers} x {block.cell.name}, hidden {block.hidden_size}, {block.direction}"
+                + (f" ({block.merge})" if block.bidirectional else "") if isinstance(block, Layers)
+                else f"{block.op} over {block.window} step(s), stride {block.stride}")
+        print(f"  block {k} {block.label!r}: {what}; reads ({steps[k]}, B, {net.sizes[k]})")
+    if not args.run:
+        return 0
+    x = np.random.default_rng(args.seed + 1).standard_normal((args.steps, args.batch, net.input_size))
+    result = run_net(net, init_net_params(net, seed=args.seed), x)
+    np.savez(args.output, outputs=result.outputs)
+    print(f"ran it on the reference: x {x.shape} -> outputs {result.outputs.shape}; saved to {args.output}")
+    return 0

@@ -3,6 +3,7 @@
     python -m engine net deepspeech                       # the blocks, their sizes and sequence lengths
     python -m engine net deepspeech --json > ds.json      # its JSON, to edit
     python -m engine net ds.json --run -T 100 -B 4        # run it (NumPy reference), save the outputs
+    python -m engine net deepspeech --gpus 2 -T 100 -B 64 # the pipeline plan over 2 GPUs (engine/pipeline.py)
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def add_parser(sub) -> None:
     p.add_argument("--batch", "-B", type=int, default=4, help="batch size B (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs (default 0)")
     p.add_argument("-o", "--output", default="net_outputs.npz", help="where --run saves the outputs")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="plan pipelining the layers over this many GPUs (which layers where, chunk size, bubble)")
+    p.add_argument("--split", default=None, help="with --gpus: layers per GPU, e.g. 4,4 (default: chosen)")
     p.set_defaults(func=main)
 
 
@@ -49,6 +53,17 @@ def main(args) -> int:
         if value < 1:
             raise BackendError(f"{flag} must be at least 1, got {value}")
     steps = net.steps(args.steps)
+    plan = None
+    if args.gpus is not None:                  # planned first: a bad request is refused before anything prints
+        from ..pipeline import plan_pipeline
+        split = None
+        if args.split:
+            try:
+                split = [int(v) for v in args.split.split(",")]
+            except ValueError:
+                raise BackendError(f"--split must be layer counts separated by commas, e.g. 4,4; got {args.split!r}") \
+                    from None
+        plan = plan_pipeline(net, args.gpus, args.steps, args.batch, split=split)
     print(f"net '{net.name}': input size {net.input_size}, output size {net.output_size}"
           + (f" ({net.doc})" if net.doc else ""))
     for k, block in enumerate(net.blocks):
@@ -56,6 +71,8 @@ def main(args) -> int:
                 + (f" ({block.merge})" if block.bidirectional else "") if isinstance(block, Layers)
                 else f"{block.op} over {block.window} step(s), stride {block.stride}")
         print(f"  block {k} {block.label!r}: {what}; reads ({steps[k]}, B, {net.sizes[k]})")
+    if plan is not None:
+        print(plan.describe())
     if not args.run:
         return 0
     x = np.random.default_rng(args.seed + 1).standard_normal((args.steps, args.batch, net.input_size))

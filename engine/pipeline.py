@@ -1,0 +1,185 @@
+"""Pipelining a network's layers over the GPUs of one host (issue #11): the plan, before any GPU is touched.
+
+    plan = plan_pipeline(engine.net_preset("deepspeech"), gpus=2, steps=100, batch=64)
+    print(plan.describe())            # which layers on which GPU, the chunk size, the predicted bubble
+
+Model. Every layer (one direction of one layer of a Layers block) is a unit of work; GPU g owns a contiguous run of
+units. The sequence flows through the GPUs in time chunks of C steps: GPU g works on chunk k while GPU g + 1 works on
+chunk k - 1, so after a fill of N - 1 chunks every GPU is busy. With per-chunk work W_g = C * w_g + o (w_g: the time
+one step of its layers takes, o: a fixed cost per chunk for launches, synchronisation and the hand-over), the run
+takes about (T / C + N - 1) * max_g W_g: the split balances max_g w_g (a linear partition, solved exactly by dynamic
+programming), and the chunk size balances the fill against the per-chunk cost, C* = sqrt(o T / ((N - 1) w_max)).
+The predicted bubble is the share of GPU time spent idle, 1 - sum_g W_g K / (N (K + N - 1) max_g W_g), K = T / C.
+
+A layer's step costs 2 B sum(rows x cols) FLOPs over the cell's weights (the GEMMs dominate) at `tflops`; a layer
+after a pool of stride s runs T / s steps, so its per-input-step cost is divided by s. A bidirectional layer needs
+the whole sequence of the layer below before its backward direction starts: it cannot overlap with the layers on
+either side, so a net with one is pipelined in its forward-only stretches only, and the plan says so. Activations
+cross GPUs as B x C x F floats per chunk at `link_gbps`, overlapped with compute.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .blocks import Layers, Net, Pool
+from .errors import BackendError
+from .network import Network
+
+DEFAULT_TFLOPS = 20.0          # the persistent kernel's fp32 GEMM rate on an H100 (benchmarks/NOTES.md)
+DEFAULT_CHUNK_OVERHEAD_US = 10.0
+DEFAULT_LINK_GBPS = 300.0      # NVLink between two GPUs of one host, one direction, order of magnitude
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One layer of the net: block k, layer l (of one direction), what one step of it costs."""
+
+    block: int
+    layer: int
+    label: str
+    step_flops: float          # per step of the net's input (divided by the stride of the pools before it)
+    out_features: int
+    bidirectional: bool
+
+
+@dataclass
+class PipelinePlan:
+    net: Net
+    gpus: int
+    steps: int
+    batch: int
+    units: list[Unit]
+    split: list[list[int]]                       # unit indices per GPU, contiguous
+    chunk: int
+    per_gpu_step_us: list[float]
+    chunk_overhead_us: float
+    transfer_us_per_chunk: list[float]           # the hand-over after each GPU but the last
+    predicted_ms: float
+    one_gpu_ms: float
+    bubble: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.one_gpu_ms / self.predicted_ms if self.predicted_ms else float("nan")
+
+    def as_dict(self) -> dict:
+        return {"net": self.net.name, "gpus": self.gpus, "steps": self.steps, "batch": self.batch,
+                "chunk_steps": self.chunk, "split": [[self.units[u].label for u in g] for g in self.split],
+                "per_gpu_step_us": self.per_gpu_step_us, "transfer_us_per_chunk": self.transfer_us_per_chunk,
+                "predicted_ms": self.predicted_ms, "one_gpu_ms": self.one_gpu_ms, "bubble": self.bubble,
+                "predicted_speedup": self.predicted_speedup, "notes": self.notes}
+
+    def describe(self) -> str:
+        lines = [f"net '{self.net.name}' on {self.gpus} GPU(s), T={self.steps}, B={self.batch}: chunks of "
+                 f"{self.chunk} step(s), predicted {self.predicted_ms:.2f} ms against {self.one_gpu_ms:.2f} ms on one "
+                 f"GPU ({self.predicted_speedup:.2f}x), bubble {100 * self.bubble:.0f}%"]
+        for g, units in enumerate(self.split):
+            names = ", ".join(self.units[u].label for u in units)
+            hand = (f"; hands {self.transfer_us_per_chunk[g]:.1f} us of activations a chunk to GPU {g + 1}"
+                    if g < len(self.transfer_us_per_chunk) else "")
+            lines.append(f"  GPU {g}: {names} ({self.per_gpu_step_us[g]:.1f} us a step{hand})")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def units_of(net: Net, batch: int) -> list[Unit]:
+    units, stride = [], 1
+    for k, block in enumerate(net.blocks):
+        if isinstance(block, Pool):
+            stride *= block.stride
+            continue
+        for layer in range(block.num_layers):
+            network: Network = block.layer_network(layer, net.sizes[k])
+            flops = 2.0 * batch * sum(math.prod(network.param_shape(0, p.name)) for p in block.cell.params
+                                      if p.op == "weight")
+            directions = 2 if block.bidirectional else 1
+            label = f"{block.label}[{layer}]"
+            units.append(Unit(k, layer, label, directions * flops / stride, block.output_size, block.bidirectional))
+    return units
+
+
+def _linear_partition(costs: list[float], parts: int) -> list[list[int]]:
+    """Contiguous split of `costs` into `parts` non-empty runs minimising the largest sum (exact DP)."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    best = [[math.inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for p in range(1, parts + 1):
+        for i in range(p, n + 1):
+            for j in range(p - 1, i):
+                value = max(best[p - 1][j], prefix[i] - prefix[j])
+                if value < best[p][i]:
+                    best[p][i], cut[p][i] = value, j
+    runs, i = [], n
+    for p in range(parts, 0, -1):
+        j = cut[p][i]
+        runs.append(list(range(j, i)))
+        i = j
+    return runs[::-1]
+
+
+def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[int] | None = None,
+                  chunk: int | None = None, tflops: float = DEFAULT_TFLOPS,
+                  chunk_overhead_us: float = DEFAULT_CHUNK_OVERHEAD_US, link_gbps: float = DEFAULT_LINK_GBPS,
+                  available: int | None = None) -> PipelinePlan:
+    """The split of net's layers over `gpus` GPUs and the chunk size (see the module docstring). split: layers per
+    GPU, in order (else chosen); chunk: steps per chunk (else chosen); available: GPUs present (checked)."""
+    for name, value in (("gpus", gpus), ("steps", steps), ("batch", batch)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise BackendError(f"{name} must be a positive integer, got {value!r}")
+    if available is not None and gpus > available:
+        raise BackendError(f"{gpus} GPUs asked for, but this host has {available}; hint: gpus={available} or fewer")
+    net.steps(steps)                                   # pools that do not fit are refused, naming the block
+    units = units_of(net, batch)
+    if gpus > len(units):
+        raise BackendError(f"net '{net.name}' has {len(units)} layer(s), so {gpus} GPUs would leave "
+                           f"{gpus - len(units)} without work; hint: gpus={len(units)} or fewer")
+    step_us = [u.step_flops / (tflops * 1e12) * 1e6 for u in units]
+    if split is not None:
+        if (not isinstance(split, (list, tuple)) or len(split) != gpus
+                or any(not isinstance(s, int) or isinstance(s, bool) for s in split)):
+            raise BackendError(f"split must list the number of layers of each of the {gpus} GPUs, got {split!r}")
+        empty = [g for g, s in enumerate(split) if s < 1]
+        if empty:
+            raise BackendError(f"split {list(split)} leaves GPU {empty[0]} without layers; hint: every GPU takes at "
+                               "least one layer")
+        if sum(split) != len(units):
+            raise BackendError(f"split {list(split)} places {sum(split)} layers, but net '{net.name}' has "
+                               f"{len(units)}: " + ", ".join(u.label for u in units))
+        runs, start = [], 0
+        for s in split:
+            runs.append(list(range(start, start + s)))
+            start += s
+    else:
+        runs = _linear_partition(step_us, gpus)
+    per_gpu = [sum(step_us[u] for u in run) for run in runs]
+    w_max = max(per_gpu)
+    notes = []
+    if any(u.bidirectional for u in units) and gpus > 1:
+        notes.append("a bidirectional layer needs the whole sequence of the layer below before its backward "
+                     "direction starts: the GPUs on either side of it do not overlap, so the prediction is optimistic")
+    if chunk is None:
+        chunk = steps if gpus == 1 else round(math.sqrt(chunk_overhead_us * steps / ((gpus - 1) * w_max)))
+        chunk = max(1, min(steps, chunk))
+    elif not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise BackendError(f"chunk must be a positive integer, got {chunk!r}")
+    chunks = math.ceil(steps / chunk)
+    transfer = [batch * chunk * units[run[-1]].out_features * 4 / (link_gbps * 1e9) * 1e6 for run in runs[:-1]]
+    chunk_work = [chunk * w + chunk_overhead_us for w in per_gpu]
+    busiest = max(max(chunk_work), max(transfer, default=0.0))          # a hand-over slower than compute limits
+    predicted_us = (chunks + gpus - 1) * busiest
+    one_gpu_us = steps * sum(step_us) + chunk_overhead_us            # one GPU runs the sequence in one go
+    bubble = 1.0 - sum(chunk_work) * chunks / (gpus * predicted_us)
+    return PipelinePlan(net, gpus, steps, batch, units, runs, chunk, per_gpu, chunk_overhead_us, transfer,
+                        predicted_us / 1e3, one_gpu_us / 1e3, bubble, notes)
+
+
+def layers_net(network: Network) -> Net:
+    """A Network (one cell, L layers) as a Net of one Layers block, for planning."""
+    return Net(network.input_size, (Layers(network.cell, network.hidden_size, network.num_layers,
+                                           proj_size=network.proj_size),), name=network.cell.name)

@@ -1,0 +1,91 @@
+"""The pipeline planner (issue #11, several GPUs): which layers go on which GPU, the chunk size and the predicted
+bubble, from the layers' costs; and the requests it refuses, naming why. Runs without a GPU: it is a plan."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+
+import engine
+from engine.blocks import Layers, Net, Pool
+from engine.errors import BackendError
+from engine.pipeline import _linear_partition, layers_net, plan_pipeline, units_of
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_split_is_the_best_contiguous_one(seed):
+    import random
+    rng = random.Random(seed)
+    costs = [rng.uniform(0.1, 5.0) for _ in range(rng.randint(2, 9))]
+    parts = rng.randint(1, len(costs))
+    runs = _linear_partition(costs, parts)
+    assert [u for run in runs for u in run] == list(range(len(costs))) and all(runs)
+    best = min(max(sum(costs[a:b]) for a, b in zip((0,) + cuts, cuts + (len(costs),)))
+               for cuts in itertools.combinations(range(1, len(costs)), parts - 1))
+    assert math.isclose(max(sum(costs[u] for u in run) for run in runs), best)
+
+
+def test_deepspeech_on_two_gpus_balances_the_halved_layers_after_the_pool():
+    net = engine.net_preset("deepspeech")
+    units = units_of(net, 64)
+    assert [u.label for u in units] == [f"rnn_a[{i}]" for i in range(4)] + [f"rnn_b[{i}]" for i in range(4)]
+    assert math.isclose(units[4].step_flops * 2, units[1].step_flops)      # after a stride-2 pool: half the steps
+    plan = plan_pipeline(net, 2, 100, 64)
+    assert [len(g) for g in plan.split] == [3, 5]                           # 3 full layers | 1 full + 4 halves
+    assert math.isclose(plan.per_gpu_step_us[0], plan.per_gpu_step_us[1])
+    assert 1.5 < plan.predicted_speedup < 2.0 and 0 <= plan.bubble < 0.2
+    fixed = plan_pipeline(net, 2, 100, 64, split=[4, 4])
+    assert fixed.predicted_ms > plan.predicted_ms and [len(g) for g in fixed.split] == [4, 4]
+    assert json.loads(json.dumps(plan.as_dict()))["split"][0] == ["rnn_a[0]", "rnn_a[1]", "rnn_a[2]"]
+    assert "GPU 1: rnn_a[3], rnn_b[0]" in plan.describe()
+
+
+def test_the_chunk_balances_the_fill_against_the_cost_per_chunk():
+    net = layers_net(engine.Network(engine.preset("lstm").cell, 1024, 1024, 16))
+    plan = plan_pipeline(net, 2, 200, 128, chunk_overhead_us=1000.0)
+    w = max(plan.per_gpu_step_us)
+    assert plan.chunk == round(math.sqrt(1000.0 * 200 / w))
+    one = plan_pipeline(net, 1, 200, 128)
+    assert one.chunk == 200 and one.bubble == pytest.approx(0.0, abs=1e-12) and one.predicted_speedup == 1.0
+    four = plan_pipeline(net, 4, 200, 128)
+    assert four.predicted_speedup > plan_pipeline(net, 2, 200, 128).predicted_speedup > 1.6
+    assert all(len(g) == 4 for g in four.split)
+
+
+def test_a_bidirectional_layer_is_noted():
+    net = Net(8, (Layers("lstm", 8, 2, direction="bidirectional"), Layers("gru", 8, 2)))
+    plan = plan_pipeline(net, 2, 50, 4)
+    assert any("bidirectional" in n for n in plan.notes) and "note: a bidirectional layer" in plan.describe()
+
+
+def test_bad_requests_are_named():
+    net = engine.net_preset("deepspeech")
+    with pytest.raises(BackendError, match="8 layer\\(s\\), so 9 GPUs would leave 1 without work"):
+        plan_pipeline(net, 9, 100, 64)
+    with pytest.raises(BackendError, match=r"split \[8, 0\] leaves GPU 1 without layers"):
+        plan_pipeline(net, 2, 100, 64, split=[8, 0])
+    with pytest.raises(BackendError, match=r"split \[3, 3\] places 6 layers, but net 'deepspeech' has 8"):
+        plan_pipeline(net, 2, 100, 64, split=[3, 3])
+    with pytest.raises(BackendError, match="4 GPUs asked for, but this host has 2"):
+        plan_pipeline(net, 4, 100, 64, available=2)
+    with pytest.raises(BackendError, match="the pool window 2 is longer than the 1 step"):
+        plan_pipeline(net, 2, 1, 64)
+    with pytest.raises(BackendError, match="gpus must be a positive integer"):
+        plan_pipeline(net, 0, 100, 64)
+    with pytest.raises(BackendError, match="chunk must be a positive integer"):
+        plan_pipeline(net, 2, 100, 64, chunk=0)
+
+
+def test_the_net_command_prints_the_plan(capsys):
+    from engine.cli import main
+    assert main(["net", "deepspeech", "--gpus", "2", "-T", "100", "-B", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "on 2 GPU(s), T=100, B=64" in out and "GPU 0: rnn_a[0], rnn_a[1], rnn_a[2]" in out
+    assert main(["net", "deepspeech", "--gpus", "2", "--split", "4,x"]) == 1
+    assert "--split must be layer counts" in capsys.readouterr().err
+    assert main(["net", "deepspeech", "--gpus", "9"]) == 1
+    captured = capsys.readouterr()
+    assert "9 GPUs would leave 1 without work" in captured.err and captured.out == ""
+    assert Pool("max").label == "max-pool 2/2"

@@ -16,8 +16,9 @@ Sizes chain: a block's input size is the size the block before it produces (the 
 a block may state the input size it expects (`input_size=`), and a net whose sizes do not chain is refused naming
 the block. JSON (schema "rnn-network", version 1) names a cell by preset or embeds its cell JSON.
 
-The reference executor (`run_net`) runs any net on the CPU through the cell reference backend; compiled and GPU
-execution of whole nets (one wavefront through the pools, several GPUs) builds on this spec.
+`run_net` runs any net block by block through engine.run: on the NumPy reference, or on a GPU backend (each block
+one launch sequence of that backend, arrays staying on the GPU between blocks). One wavefront through the pools and
+the layers spread over several GPUs (engine/pipeline.py plans the split) build on this spec.
 """
 from __future__ import annotations
 
@@ -245,37 +246,59 @@ class NetResult:
     block_outputs: list = field(default_factory=list)   # what each block produced
 
 
-def pool_over_time(x: np.ndarray, block: Pool) -> np.ndarray:
-    """(T, B, F) -> (T', B, F): block.op over windows of block.window steps every block.stride steps."""
+def _xp(value):
+    """numpy, or cupy for a CuPy array (the GPU backends return them when x is one)."""
+    if type(value).__module__.split(".")[0] == "cupy":
+        import cupy
+        return cupy
+    return np
+
+
+def pool_over_time(x, block: Pool):
+    """(T, B, F) -> (T', B, F): block.op over windows of block.window steps every block.stride steps (NumPy or
+    CuPy arrays alike)."""
+    xp = _xp(x)
     steps = block.steps_out(x.shape[0])
-    windows = np.stack([x[t * block.stride:t * block.stride + block.window] for t in range(steps)])
+    windows = xp.stack([x[t * block.stride:t * block.stride + block.window] for t in range(steps)])
     return windows.max(axis=1) if block.op == "max" else windows.mean(axis=1)
 
 
-def run_net(net: Net, params: NetParams, x, dtype=np.float64) -> NetResult:
-    """Run every block in order on the CPU (engine.backends.reference for the cells), zero initial states."""
-    from .backends import reference
+def run_net(net: Net, params: NetParams, x, *, backend: str = "reference", dtype=None,
+            precision: str = "float32") -> NetResult:
+    """Run every block in order, zero initial states. Each Layers block runs through engine.run on `backend`
+    (reference: NumPy in float64 by default; a GPU backend: float32, CuPy arrays from block to block), a
+    bidirectional one layer by layer and direction by direction; pools take the max or mean of the arrays as
+    they are (NumPy or CuPy)."""
+    from .api import run
     check_net_params(net, params)
-    x = np.asarray(x)
-    if x.ndim != 3 or x.shape[2] != net.input_size:
+    dtype = (np.float64 if backend == "reference" else np.float32) if dtype is None else dtype
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) != 3 or shape[2] != net.input_size:
         raise BackendError(f"argument 'x' must have shape (T, B, {net.input_size}) for net '{net.name}', got "
-                           f"{tuple(x.shape)}")
-    net.steps(x.shape[0])                      # pools that do not fit are refused before any work
-    value = x.astype(dtype)
+                           f"{tuple(shape) if shape is not None else type(x).__name__}")
+    net.steps(shape[0])                        # pools that do not fit are refused before any work
+    value = x if _xp(x) is not np else np.asarray(x)
     produced = []
     for k, block in enumerate(net.blocks):
         if isinstance(block, Pool):
             value = pool_over_time(value, block)
+            produced.append(value)
+            continue
+        xp = _xp(value)
+        if not block.bidirectional:                # the whole stack in one call: the backend's own wavefront
+            network = Network(block.cell, net.sizes[k], block.hidden_size, block.num_layers, block.proj_size)
+            value = run(network, params.blocks[k]["forward"], value, backend=backend, dtype=dtype,
+                        precision=precision).outputs
         else:
             for layer, network in enumerate(_layers_shapes(net, k)):
-                forward = reference.run(network, Params([params.blocks[k]["forward"].layers[layer]]), value,
-                                        dtype=dtype).outputs
-                if not block.bidirectional:
-                    value = forward
-                    continue
-                backward = reference.run(network, Params([params.blocks[k]["backward"].layers[layer]]),
-                                         value[::-1], dtype=dtype).outputs[::-1]
-                value = np.concatenate([forward, backward], axis=2) if block.merge == "concat" else forward + backward
+                forward = run(network, Params([params.blocks[k]["forward"].layers[layer]]), value, backend=backend,
+                              dtype=dtype, precision=precision).outputs
+                reverse = xp.ascontiguousarray(value[::-1])
+                backward = run(network, Params([params.blocks[k]["backward"].layers[layer]]), reverse,
+                               backend=backend, dtype=dtype, precision=precision).outputs[::-1]
+                xp = _xp(forward)
+                value = (xp.concatenate([forward, xp.ascontiguousarray(backward)], axis=2) if block.merge == "concat"
+                         else forward + backward)
         produced.append(value)
     return NetResult(outputs=value, block_outputs=produced)
 

@@ -8,7 +8,7 @@
 from .api import bench, export_cuda, run
 from .backends.common import RunResult
 from .blocks import (Layers, Net, NetParams, Pool, init_net_params, load_net, net_from_dict, net_from_json,
-                     net_preset, net_to_dict, net_to_json, run_net)
+                     net_preset, net_to_dict, net_to_json, prepare_net, run_net)
 from .dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
 from .errors import BackendError, CellGraphError, CompileError, EngineError, Problem
 from .explain import explain, explain_json, explain_text
@@ -26,5 +26,5 @@ __all__ = [
     "presets", "preset", "CellGraph", "Node", "StateSpec", "to_latex", "Network", "Params", "init_params",
     "from_dict", "from_json", "load", "save", "to_dict", "to_json", "explain", "explain_json", "explain_text",
     "Layers", "Net", "NetParams", "Pool", "init_net_params", "load_net", "net_from_dict", "net_from_json",
-    "net_preset", "net_to_dict", "net_to_json", "run_net",
+    "net_preset", "net_to_dict", "net_to_json", "prepare_net", "run_net",
 ]

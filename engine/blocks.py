@@ -263,44 +263,81 @@ def pool_over_time(x, block: Pool):
     return windows.max(axis=1) if block.op == "max" else windows.mean(axis=1)
 
 
+NET_BACKENDS = ("reference", "auto", "fused", "graph", "persistent")
+
+
+class NetProgram:
+    """A net prepared for repeated runs on one backend: one prepared program per Layers block (per layer and
+    direction for a bidirectional one), each built on the first run, for the steps and batch that reach it.
+    backend: reference (NumPy, float64 by default), auto (the autotuned schedule of each block), fused, graph or
+    persistent (float32; CuPy arrays stay on the GPU from block to block)."""
+
+    def __init__(self, net: Net, params: NetParams, backend: str = "reference", *, dtype=None,
+                 precision: str = "float32"):
+        if backend not in NET_BACKENDS:
+            raise BackendError(f"a net runs on one of {', '.join(NET_BACKENDS)}, not {backend!r}")
+        check_net_params(net, params)
+        self.net, self.params, self.backend, self.precision = net, params, backend, precision
+        self.dtype = (np.float64 if backend == "reference" else np.float32) if dtype is None else dtype
+        self.programs: dict[tuple, object] = {}
+
+    def _run(self, key: tuple, network: Network, params: Params, value):
+        if self.backend == "reference":
+            from .api import run
+            return run(network, params, value, backend="reference", dtype=self.dtype,
+                       precision=self.precision).outputs
+        program = self.programs.get(key)
+        if program is None:
+            from .schedules import autotune
+            if self.backend == "auto":
+                choice = autotune.tune(network, params, int(value.shape[0]), int(value.shape[1]),
+                                       precision=self.precision)
+                candidate = autotune.Candidate(choice.schedule, choice.config)
+            else:
+                candidate = autotune.Candidate(self.backend, None)
+            program = self.programs[key] = autotune.prepare(candidate, network, params, precision=self.precision)
+        return program.run(value).outputs
+
+    def run(self, x) -> NetResult:
+        """Every block in order, zero initial states; pools take the max or mean of the arrays as they are."""
+        net, params = self.net, self.params
+        shape = getattr(x, "shape", None)
+        if shape is None or len(shape) != 3 or shape[2] != net.input_size:
+            raise BackendError(f"argument 'x' must have shape (T, B, {net.input_size}) for net '{net.name}', got "
+                               f"{tuple(shape) if shape is not None else type(x).__name__}")
+        net.steps(shape[0])                    # pools that do not fit are refused before any work
+        value = x if _xp(x) is not np else np.asarray(x)
+        produced = []
+        for k, block in enumerate(net.blocks):
+            if isinstance(block, Pool):
+                value = pool_over_time(value, block)
+            elif not block.bidirectional:          # the whole stack in one program: the backend's own wavefront
+                network = Network(block.cell, net.sizes[k], block.hidden_size, block.num_layers, block.proj_size)
+                value = self._run((k,), network, params.blocks[k]["forward"], value)
+            else:
+                for layer, network in enumerate(_layers_shapes(net, k)):
+                    xp = _xp(value)
+                    forward = self._run((k, layer, "forward"), network,
+                                        Params([params.blocks[k]["forward"].layers[layer]]), value)
+                    backward = self._run((k, layer, "backward"), network,
+                                         Params([params.blocks[k]["backward"].layers[layer]]),
+                                         xp.ascontiguousarray(value[::-1]))[::-1]
+                    xp = _xp(forward)
+                    value = (xp.concatenate([forward, xp.ascontiguousarray(backward)], axis=2)
+                             if block.merge == "concat" else forward + backward)
+            produced.append(value)
+        return NetResult(outputs=value, block_outputs=produced)
+
+
+def prepare_net(net: Net, params: NetParams, backend: str = "reference", *, dtype=None,
+                precision: str = "float32") -> NetProgram:
+    return NetProgram(net, params, backend, dtype=dtype, precision=precision)
+
+
 def run_net(net: Net, params: NetParams, x, *, backend: str = "reference", dtype=None,
             precision: str = "float32") -> NetResult:
-    """Run every block in order, zero initial states. Each Layers block runs through engine.run on `backend`
-    (reference: NumPy in float64 by default; a GPU backend: float32, CuPy arrays from block to block), a
-    bidirectional one layer by layer and direction by direction; pools take the max or mean of the arrays as
-    they are (NumPy or CuPy)."""
-    from .api import run
-    check_net_params(net, params)
-    dtype = (np.float64 if backend == "reference" else np.float32) if dtype is None else dtype
-    shape = getattr(x, "shape", None)
-    if shape is None or len(shape) != 3 or shape[2] != net.input_size:
-        raise BackendError(f"argument 'x' must have shape (T, B, {net.input_size}) for net '{net.name}', got "
-                           f"{tuple(shape) if shape is not None else type(x).__name__}")
-    net.steps(shape[0])                        # pools that do not fit are refused before any work
-    value = x if _xp(x) is not np else np.asarray(x)
-    produced = []
-    for k, block in enumerate(net.blocks):
-        if isinstance(block, Pool):
-            value = pool_over_time(value, block)
-            produced.append(value)
-            continue
-        xp = _xp(value)
-        if not block.bidirectional:                # the whole stack in one call: the backend's own wavefront
-            network = Network(block.cell, net.sizes[k], block.hidden_size, block.num_layers, block.proj_size)
-            value = run(network, params.blocks[k]["forward"], value, backend=backend, dtype=dtype,
-                        precision=precision).outputs
-        else:
-            for layer, network in enumerate(_layers_shapes(net, k)):
-                forward = run(network, Params([params.blocks[k]["forward"].layers[layer]]), value, backend=backend,
-                              dtype=dtype, precision=precision).outputs
-                reverse = xp.ascontiguousarray(value[::-1])
-                backward = run(network, Params([params.blocks[k]["backward"].layers[layer]]), reverse,
-                               backend=backend, dtype=dtype, precision=precision).outputs[::-1]
-                xp = _xp(forward)
-                value = (xp.concatenate([forward, xp.ascontiguousarray(backward)], axis=2) if block.merge == "concat"
-                         else forward + backward)
-        produced.append(value)
-    return NetResult(outputs=value, block_outputs=produced)
+    """prepare_net(...).run(x): once. Prepare the net yourself to run it many times (the programs are kept)."""
+    return NetProgram(net, params, backend, dtype=dtype, precision=precision).run(x)
 
 
 # ---- JSON ------------------------------------------------------------------------------------------

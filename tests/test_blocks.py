@@ -173,3 +173,14 @@ def test_the_net_command_describes_edits_and_runs_a_net(capsys, tmp_path):
     assert "the pool window 2 is longer than the 1 step(s)" in capsys.readouterr().err
     assert main(["net", str(path), "-H", "5"]) == 1
     assert "edit the sizes in the JSON file" in capsys.readouterr().err
+
+
+def test_a_prepared_net_runs_again_and_refuses_unknown_backends():
+    net = engine.net_preset("deepspeech", input_size=4, hidden_size=3, layers=1)
+    params = engine.init_net_params(net, seed=0)
+    program = engine.prepare_net(net, params)
+    x = np.random.default_rng(0).standard_normal((6, 2, 4))
+    np.testing.assert_array_equal(program.run(x).outputs, engine.run_net(net, params, x).outputs)
+    with pytest.raises(BackendError, match="a net runs on one of reference, auto, fused, graph, persistent, "
+                                           "not 'naive'"):
+        engine.prepare_net(net, params, "naive")

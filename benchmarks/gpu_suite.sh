@@ -12,8 +12,9 @@
 #      JSON is rewritten after every cell, so a cut-short run still leaves its results);
 #   5. the reduced precisions: the persistent schedule in tf32, fp16 and bf16 against cuDNN in the same
 #      mode, for lstm, gru (cuDNN has them) and gru_cho (it does not), every anchor config;
-#   6. the markdown tables, last.
-# STAGES="tests sanitize bench precision" (default: all) picks stages, so the suite can be split over two calls of
+#   6. nets (only when named in STAGES): the DeepSpeech block against cuDNN (benchmarks/probe_net.py -> $OUT/net.json);
+#   7. the markdown tables, last.
+# STAGES="tests sanitize bench precision" (default: all but nets) picks stages, so the suite can be split over two calls of
 # under 10 minutes each on an H100. A failing stage does not stop the next one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +85,13 @@ if [[ " $STAGES " == *" precision "* ]]; then
   precision_rc=${PIPESTATUS[0]}
 fi
 
+nets_rc=skipped
+if [[ " $STAGES " == *" nets "* ]]; then
+  section "the DeepSpeech block against cuDNN"
+  timeout 300 "$PY" benchmarks/probe_net.py --json "$OUT/net.json" 2>&1 | tee "$OUT/net.log" | tail -20
+  nets_rc=${PIPESTATUS[0]}
+fi
+
 section "table"
 "$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/bench_table.md"
 import sys
@@ -95,4 +103,4 @@ for entry in found[:2] or [None]:
 PYEOF
 echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
-     "precision bench exit code: $precision_rc (124: timed out); total $(( $(date +%s) - start )) s"
+     "precision bench exit code: $precision_rc (124: timed out); nets: $nets_rc; total $(( $(date +%s) - start )) s"

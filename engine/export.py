@@ -35,6 +35,12 @@ def export_plan(cell_or_preset, input_size: int, hidden_size: int, num_layers: i
                 layout: str = "blocked", chunk_steps: int | None = None) -> Plan:
     # T and B are run-time arguments of the program; the plan is bound to placeholders only to give
     # the chunk size (the program clips it to T).
+    from .explain import resolve
+    cell = resolve(cell_or_preset, input_size, hidden_size, num_layers, 1, 1)[0].cell
+    if cell.uses_projection:
+        raise CompileError(f"cell '{cell.name}' has values of the projection size P: the exported program does not "
+                           "take P yet; hint: run it with engine.run (backend='fused' on a GPU, 'reference' on the "
+                           "CPU)")
     return build_plan(cell_or_preset, input_size, hidden_size, num_layers, steps=1 << 20, batch=1, passes=passes,
                       layout=layout, chunk_steps=chunk_steps)
 
@@ -364,7 +370,7 @@ def _kernel_args(kernel, program: Program, fields: _Fields) -> str:
             args.append(f"L.{p.source}[{'next' if p.version == 'next' else 'cur'}]")
         else:
             args.append(f"L.{p.source}")
-    return ", ".join(args + ["t", "B", "I", "H"])
+    return ", ".join(args + ["t", "B", "I", "H"] + (["P"] if program.cell.uses_projection else []))
 
 
 def _step(plan: Plan, fields: _Fields) -> str:

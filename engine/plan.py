@@ -45,25 +45,30 @@ FLOAT_BYTES = 4
 
 @dataclass(frozen=True)
 class Lin:
-    """i*I + h*H + c: an extent that depends on the layer's input size I and hidden size H."""
+    """i*I + h*H + p*P + c: an extent that depends on the layer's input size I, hidden size H and projection
+    size P (cells with projected states; engine/network.py)."""
 
     i: int = 0
     h: int = 0
     c: int = 0
+    p: int = 0
 
     @staticmethod
     def of(dim: str, count: int = 1) -> "Lin":
-        return {"I": Lin(i=count), "H": Lin(h=count)}[dim]
+        return {"I": Lin(i=count), "H": Lin(h=count), "P": Lin(p=count)}[dim]
 
     def __add__(self, other: "Lin") -> "Lin":
-        return Lin(self.i + other.i, self.h + other.h, self.c + other.c)
+        return Lin(self.i + other.i, self.h + other.h, self.c + other.c, self.p + other.p)
 
     def __call__(self, sizes: dict[str, int]) -> int:
-        return self.i * sizes["I"] + self.h * sizes["H"] + self.c
+        return self.i * sizes["I"] + self.h * sizes["H"] + self.p * sizes.get("P", sizes["H"]) + self.c
+
+    def _terms(self):
+        return ((self.i, "I"), (self.h, "H"), (self.p, "P"))
 
     def __str__(self) -> str:
         parts = []
-        for coef, name in ((self.i, "I"), (self.h, "H")):
+        for coef, name in self._terms():
             if coef:
                 parts.append(name if coef == 1 else f"{coef}{name}")
         if self.c or not parts:
@@ -71,9 +76,9 @@ class Lin:
         return " + ".join(parts)
 
     def c_expr(self) -> str:
-        """The same extent as a C expression over the kernel arguments I and H."""
+        """The same extent as a C expression over the kernel arguments I, H (and P)."""
         parts = []
-        for coef, name in ((self.i, "I"), (self.h, "H")):
+        for coef, name in self._terms():
             if coef:
                 parts.append(name if coef == 1 else f"{coef} * {name}")
         if self.c or not parts:

@@ -7,7 +7,9 @@ torch.nn.LSTM(proj_size=P) and cuDNN's projection compute it:
 A state says its size with dim "P" (DSL: @cell(state_dims={"h": "P"}); JSON: "attrs": {"dim": "P"}), weights and
 vectors may have P rows or columns, and Network(proj_size=P) gives P (the hidden size when left out). The next layer
 reads the projected output (size P). The reference runs it and matches torch.nn.LSTM(proj_size=...) to 1e-10 in
-float64 for 1 and 3 layers; the compiled plan and the GPU backends refuse it by name for now.
+float64 for 1 and 3 layers; the compiled plan (passes, buffers, generated kernels that take P) computes it too,
+checked through the plan's NumPy executor and nvcc. The GPU backends refuse it by name until
+tests/gpu/test_projection_gpu.py has passed on a GPU; the wavefront schedules and the export do not take P yet.
 """
 from __future__ import annotations
 
@@ -85,11 +87,58 @@ def test_mistakes_name_the_node_or_field():
         reference.run(net, params, x, {"h": np.zeros((1, 4, 8))})
 
 
-def test_the_compiled_paths_refuse_it_by_name():
+@pytest.mark.parametrize("num_layers", [1, 3])
+@pytest.mark.parametrize("layout", ["blocked", "interleaved"])
+def test_the_compiled_plan_computes_it(num_layers, layout):
+    """The passes lay out P-sized buffers (the h state, the layer output, the projection's GEMM block) and the plan's
+    NumPy executor runs the very program the fused backend runs, chunked wavefront included."""
+    from engine.backends import plan_numpy
+    net = engine.Network(lstm_proj(), 5, 8, num_layers, proj_size=3)
+    params = engine.init_params(net, seed=0)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 2, 5))
+    states = {"h": rng.standard_normal((num_layers, 2, 3)), "c": rng.standard_normal((num_layers, 2, 8))}
+    ref = reference.run(net, params, x, states, dtype=np.float64)
+    got = plan_numpy.run(net, params, x, states, layout=layout, chunk_steps=2)
+    assert got.outputs.shape == (6, 2, 3)
+    assert np.abs(got.outputs - ref.outputs).max() < 1e-12
+    for name in ("h", "c"):
+        assert np.abs(got.final_states[name] - ref.final_states[name]).max() < 1e-12
+
+
+@pytest.mark.nvcc
+def test_its_kernels_take_p_and_compile_with_nvcc(tmp_path):
+    import shutil
+    import subprocess
+    from engine.plan import compile_program
+    sources = [compile_program(lstm_proj(), layout=layout).source for layout in ("blocked", "interleaved")]
+    assert all("const int I, const int H, const int P)" in source for source in sources)
+    assert "const int I, const int H)" in compile_program(engine.preset("lstm").cell).source     # others as before
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    for k, source in enumerate(sources):
+        (tmp_path / f"k{k}.cu").write_text(source)
+        build = subprocess.run(["nvcc", "-arch=sm_90", "--cubin", "-Werror", "all-warnings", "-o",
+                                str(tmp_path / f"k{k}.cubin"), str(tmp_path / f"k{k}.cu")],
+                               capture_output=True, text=True, timeout=300)
+        assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+
+
+def test_the_paths_that_do_not_take_it_yet_refuse_it_by_name():
+    from engine.backends import fused
+    from engine.export import export_plan
+    from engine.plan import compile_program
+    from engine.schedules import schedule_class
+    from engine.schedules.tiling import eligibility
     net = engine.Network(lstm_proj(), 5, 8, proj_size=3)
-    with pytest.raises(CompileError) as e:
-        engine.plan.make_plan(net, 4, 2)
-    assert "lstm_proj" in str(e.value) and "projection size P" in str(e.value) and "backend='reference'" in str(e.value)
+    params = engine.init_params(net, seed=0)
+    for make in (lambda: fused.prepare(net, params), lambda: schedule_class("persistent")(net, params)):
+        with pytest.raises(BackendError) as e:
+            make()
+        assert "projected states" in str(e.value) and "backend='reference'" in str(e.value)
+    assert "projection size P" in eligibility(compile_program(lstm_proj(), layout="interleaved"))
+    with pytest.raises(CompileError, match="'lstm_proj' has values of the projection size P: the exported program"):
+        export_plan(lstm_proj(), 5, 8)
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,10 @@ def check_float32_only(what: str, precision) -> None:
 # backends until tests/gpu/test_input_is_hidden_gpu.py, which turns this on for itself, has passed on a GPU; then it
 # goes, with the refusal.
 INPUT_IS_HIDDEN_ON_GPU = False
+# Cells with projected states (values of size P, e.g. the LSTM with proj_size): the compiled plan runs them (checked
+# on the CPU by tests/test_projection.py through the NumPy executor of the plan); the GPU backends refuse them until
+# tests/gpu/test_projection_gpu.py, which turns this on for itself, has passed on a GPU.
+PROJECTION_ON_GPU = False
 
 
 def check_float32_gpu_program(what: str, network: Network, params, dtype) -> None:
@@ -56,6 +60,10 @@ def check_float32_gpu_program(what: str, network: Network, params, dtype) -> Non
         raise BackendError(f"{what} is not yet checked against the reference on cells that combine the input with "
                            f"hidden-sized values (cell '{network.cell.name}' declares input_is_hidden); hint: use "
                            "backend='reference' for this cell for now")
+    if network.cell.uses_projection and not PROJECTION_ON_GPU:
+        raise BackendError(f"{what} is not yet checked against the reference on cells with projected states (cell "
+                           f"'{network.cell.name}' has values of size P); hint: use backend='reference' for this cell "
+                           "for now")
     from . import gpu_status
     ok, why = gpu_status()
     if not ok:

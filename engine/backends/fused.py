@@ -72,12 +72,11 @@ class Executor:
 
     def _init_states(self, layers: list[dict], initial_states: dict | None) -> None:
         plan = self.plan
-        H = plan.network.hidden_size
         for layer, buffers in enumerate(layers):
             sizes = plan.layer_sizes(layer)
             for home in self.program.homes:
                 target = self._version(buffers[home.slot.buffer], "cur", 0)
-                cols = slot_columns(home.slot, sizes, H)
+                cols = slot_columns(home.slot, sizes, plan.network.state_size(home.state))
                 value = None if initial_states is None else initial_states.get(home.state)
                 if value is None:
                     target[:, cols] = 0.0
@@ -120,14 +119,14 @@ class Executor:
                         self._step(layer, t)
                     done[(layer, chunk)] = device.record(layer)
         device.synchronize()
-        H = plan.network.hidden_size
-        outputs = self.layers[-1][self.program.output_buffer].reshape(T, B, H)
+        outputs = self.layers[-1][self.program.output_buffer].reshape(T, B, plan.network.output_size)
         final = {}
         for home in self.program.homes:
             per_layer = []
             for layer in range(L):
                 buf = self._version(self.layers[layer][home.slot.buffer], "cur", T)
-                per_layer.append(buf[:, slot_columns(home.slot, plan.layer_sizes(layer), H)])
+                per_layer.append(buf[:, slot_columns(home.slot, plan.layer_sizes(layer),
+                                                     plan.network.state_size(home.state))])
             final[home.state] = device.xp.stack(per_layer)
         return outputs, final
 
@@ -205,8 +204,9 @@ def plan_bytes(plan: Plan) -> int:
 class CupyDevice:
     """CuPy arrays, cuBLAS through cupy.matmul, generated kernels from one RawModule, a stream per layer."""
 
-    def __init__(self, cupy, module, num_layers: int, streams: bool):
+    def __init__(self, cupy, module, num_layers: int, streams: bool, projection: bool = False):
         self.xp = cupy
+        self.projection = projection       # the kernels take P too (codegen.cuda: cells with projected states)
         self.module = module
         self.functions: dict = {}
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(num_layers)] if streams else None
@@ -230,8 +230,10 @@ class CupyDevice:
             function = self.functions[kernel.name] = self.module.get_function(kernel.name)
         total = batch * sizes[kernel.dim]
         blocks = max(1, min(-(-total // THREADS_PER_BLOCK), MAX_BLOCKS))
-        function((blocks,), (THREADS_PER_BLOCK,), tuple(args) + (np.int32(t), np.int32(batch),
-                                                                 np.int32(sizes["I"]), np.int32(sizes["H"])))
+        sizes_args = (np.int32(sizes["I"]), np.int32(sizes["H"]))
+        if self.projection:
+            sizes_args += (np.int32(sizes["P"]),)
+        function((blocks,), (THREADS_PER_BLOCK,), tuple(args) + (np.int32(t), np.int32(batch)) + sizes_args)
 
     def stream(self, layer: int):
         if self.streams is None:
@@ -292,7 +294,8 @@ class FusedProgram:
             from ..codegen import compile_module
             module = compile_module(plan.program)
             device = CupyDevice(cupy, module, network.num_layers,
-                                streams=network.num_layers > 1 and plan.num_chunks > 1)
+                                streams=network.num_layers > 1 and plan.num_chunks > 1,
+                                projection=network.cell.uses_projection)
             executor = Executor(plan, device)
             executor.load(self.params)
             executor.bytes = needed

@@ -23,9 +23,10 @@ def batched_nodes(cell: CellGraph) -> frozenset[str]:
     return frozenset(batched)
 
 
-def layer_step_flops(cell: CellGraph, input_size: int, hidden_size: int, batch: int) -> dict[str, int]:
+def layer_step_flops(cell: CellGraph, input_size: int, hidden_size: int, batch: int,
+                     proj_size: int | None = None) -> dict[str, int]:
     """FLOPs of one layer for one time step: {"matmul", "elementwise", "total"}."""
-    size = {"I": input_size, "H": hidden_size, SCALAR: 1}
+    size = {"I": input_size, "H": hidden_size, "P": hidden_size if proj_size is None else proj_size, SCALAR: 1}
     batched = batched_nodes(cell)
     matmul = elementwise = 0
     for node in cell.nodes:

@@ -124,7 +124,11 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision) -> str
     for p in kernel.params:
         qualifier = "" if p.writes else "const "
         args.append((f"    {qualifier}{storage}* __restrict__ {p.name},", p.doc))
-    args.append(("    const int t, const int B, const int I, const int H)", "step, batch, layer input and hidden size"))
+    if program.cell.uses_projection:
+        args.append(("    const int t, const int B, const int I, const int H, const int P)",
+                     "step, batch, layer input, hidden and projection size"))
+    else:
+        args.append(("    const int t, const int B, const int I, const int H)", "step, batch, layer input and hidden size"))
     width = max(len(a) for a, _ in args)
     for text, doc in args:
         lines.append(f"{text.ljust(width)}  // {doc}" if doc else text)

@@ -91,11 +91,6 @@ def compile_cell(cell: CellGraph, passes=None, *, layout: str = "blocked", preci
     if layout not in LAYOUTS:
         raise CompileError(f"unknown weight layout '{layout}'; hint: use one of {', '.join(LAYOUTS)}")
     precision = lookup_precision(precision).name     # raises CompileError naming the supported ones
-    if cell.uses_projection:
-        where = next(n.name for n in cell.nodes if n.attr("dim") == "P" or "P" in (n.attr("rows"), n.attr("cols")))
-        raise CompileError(f"cell '{cell.name}' has values of the projection size P (node '{where}'): the compiled "
-                           "plan and the GPU backends do not lay out P-sized buffers yet; hint: use "
-                           "backend='reference' for this cell (it runs it exactly, on the CPU)")
     chosen = enabled_passes(passes)
     return _compile(cell, tuple(sorted(chosen.items())), layout, precision)
 

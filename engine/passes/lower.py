@@ -53,7 +53,7 @@ class _Layout:
         self.buffers: dict[str, Buffer] = {}
         self.input_buffer = self._add(f"{cell.input.name}_seq", "sequence", Lin(i=1), "input",
                                       doc="layer input: x for layer 0, layer l-1's output for layer l")
-        self.output_buffer = self._add(f"{cell.output}_seq", "sequence", Lin(h=1), "output",
+        self.output_buffer = self._add(f"{cell.output}_seq", "sequence", Lin.of(cell.output_dim), "output",
                                        doc=f"layer output: state {cell.output} at every step")
         homes = native_homes(low)
         for g in low.gemms:
@@ -71,7 +71,8 @@ class _Layout:
                 g = self.gemm_by_name[homes[s]]
                 self.state_home[s] = Slot(g.in_buffer, g.operand_offset(s), 1, "cur")
             else:
-                buf = self._add(f"{s}_state", "batch", Lin(h=1), "state", double=True, doc=f"state {s}")
+                buf = self._add(f"{s}_state", "batch", Lin.of(cell.state_dim(s)), "state", double=True,
+                                doc=f"state {s}")
                 self.state_home[s] = Slot(buf, Lin(), 1, "cur")
         self.region_of = {v: r for r in low.regions for v in r.values + r.passthrough}
         self.stores = self._stores(homes)

@@ -254,14 +254,15 @@ class WavefrontSchedule:
             if not self.tiling.layer0_in_kernel:
                 self._project(first)
             self._launch(T, B, first)
-        outputs = self.buffers[-1][program.output_buffer].reshape(T, B, H).copy()
+        outputs = self.buffers[-1][program.output_buffer].reshape(T, B, network.output_size).copy()
         final = {}
         for home in program.homes:
             per_layer = []
             for layer in range(L):
                 buf = self.buffers[layer][home.slot.buffer]
                 buf = buf[T % 2] if isinstance(buf, list) else buf
-                per_layer.append(buf[:, slot_columns(home.slot, self.plan_.layer_sizes(layer), H)])
+                per_layer.append(buf[:, slot_columns(home.slot, self.plan_.layer_sizes(layer),
+                                                     network.state_size(home.state))])
             final[home.state] = cupy.stack(per_layer)
         if not on_gpu:
             outputs = cupy.asnumpy(outputs)
@@ -319,7 +320,8 @@ class WavefrontSchedule:
                 if value is None:
                     continue
                 target = _version0(bufs[home.slot.buffer])
-                target[:, slot_columns(home.slot, sizes, H)] = self.cupy.asarray(value[layer], dtype=self.cupy.float32)
+                target[:, slot_columns(home.slot, sizes, self.network.state_size(home.state))] = \
+                    self.cupy.asarray(value[layer], dtype=self.cupy.float32)
             for name in {h.slot.buffer for h in program.homes} & set(self.halves):
                 self._write_half(_version0(self.half_buffers[layer][name]), _version0(bufs[name]))
 

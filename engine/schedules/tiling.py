@@ -168,6 +168,9 @@ def eligibility(program: Program) -> str | None:
     """Why the wavefront schedules cannot run this program, or None when they can."""
     if program.layout != "interleaved":
         return "the wavefront schedules need the interleaved weight layout (compile with layout='interleaved')"
+    if program.cell.uses_projection:
+        return ("the cell has values of the projection size P; the wavefront schedules tile hidden units only "
+                "(backend='fused' runs it)")
     for g in program.gemms:
         if any(t.dim != "H" for t in g.terms):
             return (f"GEMM '{g.name}' has an output block of size I; a block of hidden units cannot own "

@@ -54,7 +54,7 @@ def test_fused_matches_cudnn_lstm_with_proj_size(cupy):
     net = engine.Network(lstm_proj(), I, H, L, proj_size=P)
     x = cupy.asarray(np.random.default_rng(0).standard_normal((T, B, I)), dtype=cupy.float32)
     ours = engine.run(net, engine.Params(layers), x, backend="auto")
-    assert ours.backend in ("fused", "auto") or "fused" in ours.info.get("backend_reason", "")
+    assert ours.backend == "fused"                      # the wavefront schedules do not take P yet
     with torch.no_grad():
         want, _ = module(torch.from_dlpack(x))
     assert relative_error(cupy.asnumpy(ours.outputs), want.cpu().numpy().astype(np.float64)) <= 1e-5

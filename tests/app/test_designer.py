@@ -489,3 +489,15 @@ def test_a_state_problem_marks_the_state_and_its_sink(designer):
     state_block = next(n["id"] for n in canvas["schema"]["nodes"] if n["type"] == "state")
     assert set(canvas["marks"]) == {sink, state_block}
     assert "has no next value yet" in canvas["marks"][sink]
+
+
+def test_a_cell_with_a_projected_state_opens_validates_plans_and_runs(designer):
+    from test_projection import lstm_proj
+    at = designer
+    text = engine.to_json(lstm_proj()).encode()
+    at.file_uploader(key="designer.upload").set_value(("lstm_proj.json", text, "application/json")).run()
+    assert not at.exception and not at.error, texts(at.error)
+    assert "lstm_proj" in texts(at.success) and "state_dims" in at.code[0].value
+    drawn = {n["label"]: n for n in at.session_state["designer.canvas"]["schema"]["nodes"]}
+    assert {o["name"]: o["value"] for o in drawn["h · state"]["options"]}["dim"] == "P"
+    assert any("outputs (T, B, H)" in str(m.label) for m in at.metric)      # the sample run (P = H by default)

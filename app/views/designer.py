@@ -30,6 +30,8 @@ from app.designer.canvas import cell_canvas  # noqa: E402
 PAYLOAD = "designer_payload"          # an editor schema dict standing in for the canvas's reply
 _CANVAS = "designer.canvas"           # the drawn canvas: revision, schema, graph it shows, block ids, last edit applied
 _EDITOR = "designer.editor"           # the canvas component's key (its value: the last edit on it)
+_POSITIONS = "designer.positions"     # where the researcher put blocks (IR name -> x, y): kept when the canvas is
+#                                       drawn again for an undo or redo; a new design or "Redraw" lays it out afresh
 _CANVAS_PROBLEMS = "designer.canvas_problems"   # (design text, problems) of the last read-back
 _FLASH = "designer.flash"             # messages from callbacks, shown once at the top
 _UPLOADED = "designer.uploaded"       # file_id of the last upload handled
@@ -103,7 +105,9 @@ def set_input_is_hidden() -> None:
 
 
 def redraw() -> None:
+    """Draw the canvas afresh with the automatic layout."""
     st.session_state.pop(_CANVAS, None)
+    st.session_state.pop(_POSITIONS, None)
 
 
 def upload() -> None:
@@ -117,6 +121,7 @@ def upload() -> None:
               + "\n".join(f"- {problem_markdown(p)}" for p in problems))
         return
     state.set_current_design(design, source="upload")
+    st.session_state.pop(_POSITIONS, None)
     flash("success", f"Opened {uploaded.name} ('{design['name']}').")
 
 
@@ -130,6 +135,7 @@ def load_saved() -> None:
               + "\n".join(f"- {problem_markdown(p)}" for p in problems))
         return
     state.set_current_design(design, source="file")
+    st.session_state.pop(_POSITIONS, None)
     flash("success", f"Opened the saved design '{name}'.")
 
 
@@ -179,7 +185,10 @@ def mount(design: dict, positions: dict | None = None) -> dict:
 def canvas_for(design: dict) -> dict:
     canvas = st.session_state.get(_CANVAS)
     if canvas is None or canvas["graph"] != graph_text(design):
-        canvas = mount(design)
+        # Blocks keep their places through undo and redo (and edits on the canvas); a design from elsewhere (the
+        # Gallery, a file) is laid out afresh.
+        kept = state.design_source() in ("canvas", "undo", "redo", "name", "input_is_hidden")
+        canvas = mount(design, st.session_state.get(_POSITIONS) if kept else None)
     return canvas
 
 
@@ -193,6 +202,8 @@ def read_canvas(design: dict) -> dict | None:
                 and isinstance(value.get("edit"), int) and value["edit"] > canvas["edit"]):
             canvas["edit"] = value["edit"]
             payload = value.get("schema")
+            if isinstance(payload, dict):          # also a move alone (no edit of the graph): remember where
+                st.session_state[_POSITIONS] = adapter.schema_to_design(payload, name="").positions
     if payload is None:
         return None
     fingerprint = adapter.canvas_fingerprint(payload)
@@ -207,6 +218,7 @@ def apply_canvas(payload: dict) -> adapter.Reading:
     reading = adapter.schema_to_design(payload, name=str(current.get("name", "")), doc=str(current.get("doc", "")),
                                        input_is_hidden=current.get("input_is_hidden") is True)
     st.session_state[_CANVAS_PROBLEMS] = (design_text(reading.design), reading.problems)
+    st.session_state[_POSITIONS] = reading.positions
     state.set_current_design(reading.design, source="canvas")
     # The canvas already shows this graph: no new revision, only new marks.
     canvas = st.session_state[_CANVAS]

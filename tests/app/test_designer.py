@@ -501,3 +501,27 @@ def test_a_cell_with_a_projected_state_opens_validates_plans_and_runs(designer):
     drawn = {n["label"]: n for n in at.session_state["designer.canvas"]["schema"]["nodes"]}
     assert {o["name"]: o["value"] for o in drawn["h · state"]["options"]}["dim"] == "P"
     assert any("outputs (T, B, H)" in str(m.label) for m in at.metric)      # the sample run (P = H by default)
+
+
+def test_blocks_keep_their_places_through_undo_and_a_new_design_is_laid_out_afresh(designer):
+    at = designer
+    auto = {n["label"]: n["position"] for n in at.session_state["designer.canvas"]["schema"]["nodes"]}
+    schema = lstm_canvas()
+    g = next(n for n in schema["nodes"] if n["id"] == node_id(schema, "g"))
+    g["position"] = {"x": 901.0, "y": -17.0}                 # the researcher moved g, then added a block
+    add_block(schema, "relu", 1)
+    send(at, schema)
+    at.button(key="designer.undo").click().run()             # back to the LSTM: drawn again, g where it was put
+    drawn = {n["label"]: n["position"] for n in at.session_state["designer.canvas"]["schema"]["nodes"]}
+    assert drawn["g · tanh"] == {"x": 901.0, "y": -17.0} and drawn["i · sigmoid"] == auto["i · sigmoid"]
+    at.button(key="designer.redraw").click().run()           # "Redraw": the automatic layout again
+    drawn = {n["label"]: n["position"] for n in at.session_state["designer.canvas"]["schema"]["nodes"]}
+    assert drawn["g · tanh"] == auto["g · tanh"]
+    send(at, schema)
+    at.selectbox(key="designer.preset").set_value("gru").run()
+    at.button(key="designer.load_preset").click().run()      # another design: nothing carried over
+    gru = engine.to_dict(engine.preset("gru").cell)
+    from app.designer import adapter as canvas_adapter
+    fresh, _ = canvas_adapter.design_to_schema(gru)
+    assert [n["position"] for n in at.session_state["designer.canvas"]["schema"]["nodes"]] == [
+        n["position"] for n in fresh["nodes"]]

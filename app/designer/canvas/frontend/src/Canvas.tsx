@@ -1,6 +1,6 @@
 // The Designer's canvas: React Flow with the cell's blocks, a right-click palette, zoom, fit view and a minimap.
-// Every edit (a wire drawn or deleted, a block added or deleted, a field changed) goes back to the app at once as
-// an editor schema; the app validates it and sends back marks for the blocks at fault, which this draws in place.
+// Every edit (a wire drawn or deleted, a block added, moved or deleted, a field changed) goes back to the app at once
+// as an editor schema (a move only so that the app keeps the blocks' places when it draws the graph again); the app validates it and sends back marks for the blocks at fault, which this draws in place.
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
 import {
   ReactFlow, Background, Controls, MiniMap, useReactFlow, addEdge, applyEdgeChanges, applyNodeChanges,
@@ -164,6 +164,7 @@ export default function Canvas({ args }: { args: CanvasArgs }) {
         nodes={nodes} edges={edges} nodeTypes={nodeTypes}
         onNodesChange={onNodesChange} onEdgesChange={onEdgesChange} onConnect={onConnect}
         onPaneContextMenu={onPaneContextMenu} onPaneClick={() => setMenu(null)} onNodeClick={() => setMenu(null)}
+        onNodeDragStop={() => { pending.current = true; setNodes((ns) => [...ns]); }}
         deleteKeyCode={["Backspace", "Delete"]} minZoom={0.05} maxZoom={2.5} fitView
         fitViewOptions={FIT} proOptions={{ hideAttribution: true }}>
         <Background gap={24} size={1} />

@@ -259,6 +259,8 @@ def pool_over_time(x, block: Pool):
     CuPy arrays alike)."""
     xp = _xp(x)
     steps = block.steps_out(x.shape[0])
+    if steps <= 0:                              # shorter than a window (the tail of a chunked run): nothing
+        return x[:0]
     windows = xp.stack([x[t * block.stride:t * block.stride + block.window] for t in range(steps)])
     return windows.max(axis=1) if block.op == "max" else windows.mean(axis=1)
 

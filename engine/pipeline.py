@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .blocks import Layers, Net, Pool
 from .errors import BackendError
 from .network import Network
@@ -168,6 +170,9 @@ def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[in
         chunk = max(1, min(steps, chunk))
     elif not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise BackendError(f"chunk must be a positive integer, got {chunk!r}")
+    chunk, why = chunk_steps(net, steps, chunk)     # whole pool windows per chunk; one chunk where it cannot cut
+    if why and gpus > 1:
+        notes.append(why)
     chunks = math.ceil(steps / chunk)
     transfer = [batch * chunk * units[run[-1]].out_features * 4 / (link_gbps * 1e9) * 1e6 for run in runs[:-1]]
     chunk_work = [chunk * w + chunk_overhead_us for w in per_gpu]
@@ -183,3 +188,166 @@ def layers_net(network: Network) -> Net:
     """A Network (one cell, L layers) as a Net of one Layers block, for planning."""
     return Net(network.input_size, (Layers(network.cell, network.hidden_size, network.num_layers,
                                            proj_size=network.proj_size),), name=network.cell.name)
+
+
+# ---- running a plan ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Piece:
+    """What one GPU runs of one block: layers [first, last) of a Layers block, or a whole Pool block."""
+
+    block: int
+    first: int = 0
+    last: int = 0
+
+    def is_pool(self, net: Net) -> bool:
+        return isinstance(net.blocks[self.block], Pool)
+
+
+def pieces_of(plan: PipelinePlan) -> list[list[Piece]]:
+    """Each GPU's pieces, in order. A pool goes with the GPU that produces its input (it hands over the pooled,
+    smaller sequence); a pool before any layer goes with the first GPU."""
+    net = plan.net
+    owner = {}                                   # (block, layer) -> GPU
+    for g, run in enumerate(plan.split):
+        for u in run:
+            owner[(plan.units[u].block, plan.units[u].layer)] = g
+    out: list[list[Piece]] = [[] for _ in plan.split]
+    last_gpu = 0
+    for k, block in enumerate(net.blocks):
+        if isinstance(block, Pool):
+            out[last_gpu].append(Piece(k))
+            continue
+        layer = 0
+        while layer < block.num_layers:
+            g = owner[(k, layer)]
+            end = layer
+            while end < block.num_layers and owner[(k, end)] == g:
+                end += 1
+            out[g].append(Piece(k, layer, end))
+            last_gpu, layer = g, end
+    return out
+
+
+def chunk_steps(net: Net, steps: int, chunk: int) -> tuple[int, str | None]:
+    """The chunk the net can take: a multiple of the product of its pools' strides (so that every chunk boundary is a
+    pool window boundary), or the whole sequence when a pool's windows overlap or a layer is bidirectional."""
+    pools = [b for b in net.blocks if isinstance(b, Pool)]
+    if any(isinstance(b, Layers) and b.bidirectional for b in net.blocks):
+        return steps, "a bidirectional layer reads the whole sequence: one chunk"
+    if any(p.window != p.stride for p in pools):
+        return steps, "a pool whose windows overlap (window != stride) cannot be cut into chunks: one chunk"
+    stride = math.prod(p.stride for p in pools)
+    return min(steps, max(stride, chunk // stride * stride)), None
+
+
+class PipelineProgram:
+    """A net run over the GPUs of a PipelinePlan: GPU g runs its pieces on time chunk c while GPU g + 1 runs chunk
+    c - 1 (launches issued diagonal by diagonal, each GPU on its own device, so they overlap), the states of every
+    layer carried from chunk to chunk. backend: 'reference' runs the same schedule on the CPU, one "GPU" after the
+    other, which is how the chunking, the carried states and the pools across chunk boundaries are tested without
+    GPUs; a GPU backend (fused, graph, persistent) runs GPU g's pieces on device devices[g]."""
+
+    def __init__(self, net: Net, params, plan: PipelinePlan, backend: str = "reference", devices=None):
+        from .blocks import check_net_params
+        check_net_params(net, params)
+        if plan.net is not net and plan.net != net:
+            raise BackendError("the pipeline plan was made for another net; hint: plan_pipeline(net, ...) first")
+        self.net, self.params, self.plan, self.backend = net, params, plan, backend
+        self.pieces = pieces_of(plan)
+        if backend != "reference":
+            import cupy
+            present = cupy.cuda.runtime.getDeviceCount()
+            devices = list(range(plan.gpus)) if devices is None else list(devices)
+            if len(devices) != plan.gpus or any(not 0 <= d < present for d in devices):
+                raise BackendError(f"devices {devices} do not name {plan.gpus} of the {present} GPU(s) of this host")
+        self.devices = devices
+        self.programs: dict = {}
+
+    def _network(self, piece: Piece) -> Network:
+        block = self.net.blocks[piece.block]
+        return Network(block.cell, block.layer_input_size(piece.first, self.net.sizes[piece.block]),
+                       block.hidden_size, piece.last - piece.first, block.proj_size)
+
+    def _layers(self, g: int, piece: Piece, value, states):
+        from .api import run
+        from .params import Params
+        block = self.net.blocks[piece.block]
+        if block.bidirectional:                    # the whole sequence in one chunk (chunk_steps): no states to carry
+            return self._bidirectional(g, piece, value), None
+        network = self._network(piece)
+        params = Params(self.params.blocks[piece.block]["forward"].layers[piece.first:piece.last])
+        if self.backend == "reference":
+            result = run(network, params, value, states, backend="reference", dtype=np.float64)
+        else:
+            from .schedules import autotune
+            key = (g, piece)
+            if key not in self.programs:
+                self.programs[key] = autotune.prepare(autotune.Candidate(self.backend, None), network, params)
+            result = self.programs[key].run(value, states)
+        return result.outputs, result.final_states
+
+    def _bidirectional(self, g: int, piece: Piece, value):
+        """Layers [first, last) of a bidirectional block, as a net of their own (engine.blocks.NetProgram)."""
+        from .blocks import NetParams, NetProgram
+        from .params import Params
+        key = (g, piece, "bidirectional")
+        if key not in self.programs:
+            block = self.net.blocks[piece.block]
+            sub = Net(block.layer_input_size(piece.first, self.net.sizes[piece.block]),
+                      (Layers(block.cell, block.hidden_size, piece.last - piece.first, "bidirectional", block.merge,
+                              block.proj_size),), name=f"{self.net.name}[{piece.block}]")
+            entry = self.params.blocks[piece.block]
+            params = NetParams([{d: Params(entry[d].layers[piece.first:piece.last]) for d in ("forward", "backward")}])
+            self.programs[key] = NetProgram(sub, params, self.backend)
+        return self.programs[key].run(value).outputs
+
+    def run(self, x) -> "NetResult":
+        from .blocks import NetResult, pool_over_time
+        net, plan = self.net, self.plan
+        steps = x.shape[0]
+        if steps != plan.steps or x.shape[1] != plan.batch:
+            raise BackendError(f"the pipeline plan is for T={plan.steps}, B={plan.batch}; x has shape {tuple(x.shape)}")
+        chunk, _ = chunk_steps(net, steps, plan.chunk)
+        starts = list(range(0, steps, chunk))
+        states: dict = {}                          # (GPU, piece) -> final states of the previous chunk
+        handed: dict = {}                          # (GPU, chunk) -> what GPU hands GPU + 1
+        outputs = []
+        gpus = len(self.pieces)
+        for diagonal in range(len(starts) + gpus - 1):
+            for g in range(gpus):
+                c = diagonal - g
+                if not 0 <= c < len(starts):
+                    continue
+                value = x[starts[c]:starts[c] + chunk] if g == 0 else handed.pop((g - 1, c))
+                with self._device(g):
+                    value = self._on_device(value)
+                    for piece in self.pieces[g]:
+                        if value.shape[0] == 0:    # a tail chunk shorter than the pools' stride: no steps left
+                            break
+                        if piece.is_pool(net):
+                            value = pool_over_time(value, net.blocks[piece.block])
+                        else:
+                            value, states[(g, piece)] = self._layers(g, piece, value, states.get((g, piece)))
+                if g == gpus - 1:
+                    outputs.append(value)
+                else:
+                    handed[(g, c)] = value
+        if self.backend == "reference":
+            return NetResult(outputs=np.concatenate(outputs, axis=0))
+        import cupy
+        with cupy.cuda.Device(self.devices[-1]):
+            return NetResult(outputs=cupy.concatenate(outputs, axis=0))
+
+    def _device(self, g: int):
+        if self.backend == "reference":
+            import contextlib
+            return contextlib.nullcontext()
+        import cupy
+        return cupy.cuda.Device(self.devices[g])
+
+    def _on_device(self, value):
+        if self.backend == "reference":
+            return value
+        import cupy
+        return cupy.asarray(value, dtype=cupy.float32)     # from another GPU: a peer copy on the current one

@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 
+import numpy as np
 import pytest
 
 import engine
@@ -89,3 +90,51 @@ def test_the_net_command_prints_the_plan(capsys):
     captured = capsys.readouterr()
     assert "9 GPUs would leave 1 without work" in captured.err and captured.out == ""
     assert Pool("max").label == "max-pool 2/2"
+
+
+# ---- running a plan: the schedule on the CPU reference ---------------------------------------------------
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_the_pipelined_run_equals_the_one_piece_run(cell):
+    """Chunks of the sequence flow through the GPUs' pieces with every layer's states carried from chunk to chunk,
+    and the pool's windows cut at chunk boundaries: the result is the unchunked run's, bit for bit."""
+    from engine.pipeline import PipelineProgram
+    net = engine.net_preset("deepspeech", input_size=6, hidden_size=5, layers=2, cell=cell)
+    params = engine.init_net_params(net, seed=1)
+    x = np.random.default_rng(0).standard_normal((11, 3, 6))
+    want = engine.run_net(net, params, x).outputs
+    for gpus in (1, 2, 3, 4):
+        for chunk in (1, 2, 4, 11):
+            plan = plan_pipeline(net, gpus, 11, 3, chunk=chunk)
+            assert plan.chunk % 2 == 0                            # whole windows of the stride-2 pool per chunk
+            got = PipelineProgram(net, params, plan).run(x).outputs
+            assert got.shape == want.shape and np.array_equal(got, want), (gpus, chunk)
+
+
+def test_the_pool_goes_with_the_gpu_that_feeds_it():
+    from engine.pipeline import Piece, pieces_of
+    plan = plan_pipeline(engine.net_preset("deepspeech", input_size=6, hidden_size=5, layers=2), 3, 8, 2, chunk=2)
+    assert pieces_of(plan) == [[Piece(0, 0, 1)], [Piece(0, 1, 2), Piece(1)], [Piece(2, 0, 2)]]
+
+
+def test_what_cannot_be_cut_into_chunks_runs_as_one_chunk_with_a_note():
+    from engine.pipeline import PipelineProgram
+    for net in (Net(4, (Layers("lstm", 5, 2), Pool("max", 3, 2), Layers("gru", 5, 2))),
+                Net(4, (Layers("lstm", 5, 1, direction="bidirectional"), Layers("gru", 5, 2)))):
+        plan = plan_pipeline(net, 2, 9, 2, chunk=2)
+        assert plan.chunk == 9 and plan.notes
+        params = engine.init_net_params(net, seed=0)
+        x = np.random.default_rng(1).standard_normal((9, 2, 4))
+        assert np.array_equal(PipelineProgram(net, params, plan).run(x).outputs, engine.run_net(net, params, x).outputs)
+
+
+def test_a_pipeline_checks_its_plan_and_input():
+    from engine.pipeline import PipelineProgram
+    net = engine.net_preset("deepspeech", input_size=6, hidden_size=5, layers=2)
+    params = engine.init_net_params(net, seed=1)
+    plan = plan_pipeline(net, 2, 8, 3)
+    with pytest.raises(BackendError, match="the pipeline plan is for T=8, B=3"):
+        PipelineProgram(net, params, plan).run(np.zeros((9, 3, 6)))
+    other = engine.net_preset("deepspeech", input_size=6, hidden_size=5, layers=1)
+    with pytest.raises(BackendError, match="made for another net"):
+        PipelineProgram(other, engine.init_net_params(other), plan)

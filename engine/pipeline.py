@@ -319,9 +319,9 @@ class PipelineProgram:
                 c = diagonal - g
                 if not 0 <= c < len(starts):
                     continue
-                value = x[starts[c]:starts[c] + chunk] if g == 0 else handed.pop((g - 1, c))
+                value, ready = (x[starts[c]:starts[c] + chunk], None) if g == 0 else handed.pop((g - 1, c))
                 with self._device(g):
-                    value = self._on_device(value)
+                    value = self._on_device(value, ready)
                     for piece in self.pieces[g]:
                         if value.shape[0] == 0:    # a tail chunk shorter than the pools' stride: no steps left
                             break
@@ -329,10 +329,11 @@ class PipelineProgram:
                             value = pool_over_time(value, net.blocks[piece.block])
                         else:
                             value, states[(g, piece)] = self._layers(g, piece, value, states.get((g, piece)))
+                    ready = self._record()
                 if g == gpus - 1:
                     outputs.append(value)
                 else:
-                    handed[(g, c)] = value
+                    handed[(g, c)] = (value, ready)
         if self.backend == "reference":
             return NetResult(outputs=np.concatenate(outputs, axis=0))
         import cupy
@@ -346,8 +347,33 @@ class PipelineProgram:
         import cupy
         return cupy.cuda.Device(self.devices[g])
 
-    def _on_device(self, value):
+    def _record(self):
+        """An event after GPU g's work on a chunk (on its current stream), for the next GPU to wait on."""
+        if self.backend == "reference":
+            return None
+        import cupy
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record()
+        return event
+
+    def _on_device(self, value, ready=None):
+        """The chunk on the current GPU: as it is when it is already there, else a peer copy on this GPU's stream,
+        after the event that says the GPU before has written it."""
         if self.backend == "reference":
             return value
         import cupy
-        return cupy.asarray(value, dtype=cupy.float32)     # from another GPU: a peer copy on the current one
+        if not isinstance(value, cupy.ndarray):
+            return cupy.asarray(value, dtype=cupy.float32)
+        stream = cupy.cuda.get_current_stream()
+        if ready is not None:
+            stream.wait_event(ready)
+        here = cupy.cuda.Device().id
+        if value.device.id == here:
+            return value
+        if not value.flags.c_contiguous:
+            with cupy.cuda.Device(value.device.id):
+                value = cupy.ascontiguousarray(value)
+        out = cupy.empty(value.shape, dtype=value.dtype)
+        cupy.cuda.runtime.memcpyPeerAsync(out.data.ptr, here, value.data.ptr, value.device.id, value.nbytes,
+                                          stream.ptr)
+        return out

@@ -49,7 +49,10 @@ tests_rc=skipped; sanitize_rc=skipped; bench_rc=skipped; precision_rc=skipped
 
 if [[ " $STAGES " == *" tests "* ]]; then
   section "GPU tests"
-  timeout ${TESTS_BUDGET:-570} "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+  # TESTS_ARGS picks a part of tests/gpu when the whole no longer fits one call (e.g. two calls:
+  # TESTS_ARGS="tests/gpu -k 'not fuzz and not precision'" and TESTS_ARGS="tests/gpu -k 'fuzz or precision'").
+  eval timeout ${TESTS_BUDGET:-570} "$PY" -m pytest ${TESTS_ARGS:-tests/gpu} -q -rs -p no:cacheprovider 2>&1 \
+    | tee "$OUT/gpu_tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,22 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import engine  # noqa: E402
 from engine.params import Params  # noqa: E402
 from engine.torch_layout import to_torch_state_dict  # noqa: E402
-
-
-def events_ms(fn, warmup: int, repeats: int, sync) -> float:
-    import cupy
-    for _ in range(warmup):
-        fn()
-    sync()
-    samples = []
-    for _ in range(repeats):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(samples)
+from probe_schedules import time_ms  # noqa: E402  (beside this file)
 
 
 def torch_block(torch, block, params, input_size):
@@ -88,14 +72,13 @@ def main(argv=None) -> int:
     row = {"net": "deepspeech", "sizes": [args.input_size, args.hidden_size, args.layers, args.steps, args.batch],
            "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "tf32": False}
-    row["cudnn_ms"] = events_ms(cudnn, args.warmup, args.repeats, torch.cuda.synchronize)
+    row["cudnn_ms"] = time_ms(cudnn, args.warmup, args.repeats)
     for backend in args.backend or ["persistent", "graph", "fused"]:
         try:
             program = engine.prepare_net(net, params, backend)         # built once, as a user would keep it
             out = program.run(x).outputs
             row[f"{backend}_max_rel_diff_vs_cudnn"] = float(cupy.abs(out - reference).max() / cupy.abs(reference).max())
-            row[f"{backend}_ms"] = events_ms(lambda: program.run(x), args.warmup, args.repeats,
-                                             cupy.cuda.Device().synchronize)
+            row[f"{backend}_ms"] = time_ms(lambda: program.run(x), args.warmup, args.repeats)
             row[f"{backend}_ratio"] = row["cudnn_ms"] / row[f"{backend}_ms"]
         except Exception as e:  # noqa: BLE001 - a probe reports and goes on
             row[f"{backend}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"

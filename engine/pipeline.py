@@ -251,7 +251,7 @@ class PipelineProgram:
     def __init__(self, net: Net, params, plan: PipelinePlan, backend: str = "reference", devices=None):
         from .blocks import check_net_params
         check_net_params(net, params)
-        if plan.net is not net and plan.net != net:
+        if plan.net != net:
             raise BackendError("the pipeline plan was made for another net; hint: plan_pipeline(net, ...) first")
         self.net, self.params, self.plan, self.backend = net, params, plan, backend
         self.pieces = pieces_of(plan)

@@ -202,12 +202,12 @@ def read_canvas(design: dict) -> dict | None:
                 and isinstance(value.get("edit"), int) and value["edit"] > canvas["edit"]):
             canvas["edit"] = value["edit"]
             payload = value.get("schema")
-            if isinstance(payload, dict):          # also a move alone (no edit of the graph): remember where
-                st.session_state[_POSITIONS] = adapter.schema_to_design(payload, name="").positions
     if payload is None:
         return None
     fingerprint = adapter.canvas_fingerprint(payload)
     if fingerprint == canvas["applied"]:
+        if isinstance(payload, dict):              # blocks moved, the graph unchanged: only remember where
+            st.session_state[_POSITIONS] = adapter.schema_to_design(payload, name="").positions
         return None
     canvas["applied"] = fingerprint
     return payload

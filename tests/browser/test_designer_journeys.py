@@ -31,6 +31,17 @@ def open_designer(page, app_url) -> None:
     wait_until_idle(page)
 
 
+def open_the_lstm(page, app_url):
+    """The Designer with the LSTM preset loaded onto a fresh canvas; the canvas's frame."""
+    open_designer(page, app_url)
+    page.locator(".st-key-designer-preset").get_by_role("combobox").click()
+    page.get_by_role("option", name="lstm: LSTM (cuDNN / PyTorch)").click()
+    page.locator(".st-key-designer-load_preset").get_by_role("button").click()
+    expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
+    wait_until_idle(page)
+    return canvas(page)
+
+
 def add_block(page, frame, x: float, y: float, category: str, block: str):
     """Right-click the pane at (x, y) of its box, pick category > block; the new block, found by the label the
     editor gives it (`<block>-1`: the first of its type; ⚠ before it while it is not wired)."""
@@ -114,13 +125,7 @@ def test_build_a_gated_cell_from_scratch_run_save_and_find_it_after_a_reload(pag
 
 def test_break_a_wire_see_the_marked_node_and_the_error_then_undo(page, app_url):
     import engine
-    open_designer(page, app_url)
-    page.locator(".st-key-designer-preset").get_by_role("combobox").click()
-    page.get_by_role("option", name="lstm: LSTM (cuDNN / PyTorch)").click()
-    page.locator(".st-key-designer-load_preset").get_by_role("button").click()
-    expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
-    wait_until_idle(page)
-    frame = canvas(page)
+    frame = open_the_lstm(page, app_url)
     expect(frame.locator(".react-flow__node")).to_have_count(50, timeout=RERUN_S * 1000)
     # The wire into g = tanh(g_pre): the canvas names it after g's index in the cell JSON and its port.
     g = next(i for i, n in enumerate(engine.to_dict(engine.preset("lstm").cell)["nodes"]) if n["name"] == "g")
@@ -147,13 +152,7 @@ def test_break_a_wire_see_the_marked_node_and_the_error_then_undo(page, app_url)
 
 def test_the_lstm_is_legible_after_fit_view(page, app_url):
     import engine
-    open_designer(page, app_url)
-    page.locator(".st-key-designer-preset").get_by_role("combobox").click()
-    page.get_by_role("option", name="lstm: LSTM (cuDNN / PyTorch)").click()
-    page.locator(".st-key-designer-load_preset").get_by_role("button").click()
-    expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
-    wait_until_idle(page)
-    frame = canvas(page)
+    frame = open_the_lstm(page, app_url)
     nodes = frame.locator(".react-flow__node")
     expect(nodes).to_have_count(len(engine.preset("lstm").cell.nodes) + 2, timeout=RERUN_S * 1000)
     frame.get_by_role("button", name="zoom in").click()       # away from the fitted view first

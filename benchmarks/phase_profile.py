@@ -128,7 +128,7 @@ def profile(preset: str, config: str, precision: str, config_tile: TileConfig) -
     module = cupy.RawModule(code=source, options=("--std=c++17",), enable_cooperative_groups=True)
     kernel = module.get_function(name)
     kernel.max_dynamic_shared_size_bytes = sched.tiling.smem_bytes
-    T, B, L = cfg.steps, cfg.batch, cfg.num_layers
+    T, L = cfg.steps, cfg.num_layers
     blocks, threads = sched.tiling.blocks, sched.tiling.config.threads
     if blocks > 1024:
         raise SystemExit("more than 1024 blocks: raise the table size")

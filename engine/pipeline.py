@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .blocks import Layers, Net, Pool
+from .blocks import Layers, Net, NetResult, Pool
 from .errors import BackendError
 from .network import Network
 
@@ -302,8 +302,8 @@ class PipelineProgram:
             self.programs[key] = NetProgram(sub, params, self.backend)
         return self.programs[key].run(value).outputs
 
-    def run(self, x) -> "NetResult":
-        from .blocks import NetResult, pool_over_time
+    def run(self, x) -> NetResult:
+        from .blocks import pool_over_time
         net, plan = self.net, self.plan
         steps = x.shape[0]
         if steps != plan.steps or x.shape[1] != plan.batch:

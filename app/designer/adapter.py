@@ -373,15 +373,19 @@ def block_ids(schema: dict) -> dict[str, str]:
     return ids
 
 
+SINK_FIELDS = ("args.next", "states.next", "state")      # a state's problems that belong to its next-state block
+
+
 def marks(problems, ids: dict[str, str]) -> dict[str, str]:
     """Block id -> what is wrong there, for the canvas to draw: each problem goes to the block of its node (a state's
-    problems also to its next-state block; a node inside a composite block to that block)."""
+    next value to its next-state block; a node inside a composite block to that block)."""
     out: dict[str, list[str]] = {}
     composites = sorted((n for n in ids if " " not in n), key=len, reverse=True)
     for p in problems:
         if not p.node:
             continue
-        targets = [ids[k] for k in (p.node, sink_key(p.node)) if k in ids]
+        order = (sink_key(p.node), p.node) if p.field in SINK_FIELDS else (p.node, sink_key(p.node))
+        targets = [ids[k] for k in order if k in ids][:1]
         if not targets:
             owner = next((n for n in composites if p.node.startswith(n + "_")), None)
             targets = [ids[owner]] if owner else []

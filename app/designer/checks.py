@@ -46,6 +46,8 @@ def check_design(design: dict, canvas_problems: list[Problem] = ()) -> Check:
         cell = engine.from_dict(design)
     except engine.CellGraphError as e:
         said = {(p.node, p.field) for p in canvas_problems}
+        # An unwired next-state block is the graph's state without a next value: said once, in the canvas's words.
+        said |= {(node, "states.next") for node, field in said if field == "args.next"}
         problems = list(canvas_problems) + [p for p in e.problems if (p.node, p.field) not in said]
         return Check(cell=None, problems=problems)
     if canvas_problems:

@@ -481,14 +481,18 @@ def test_an_edit_that_makes_a_problem_marks_its_block_in_place_and_fixing_it_cle
     assert canvas["marks"] == {} and canvas["revision"] == first["revision"] and not at.error, texts(at.error)
 
 
-def test_a_state_problem_marks_the_state_and_its_sink(designer):
+def test_a_missing_next_value_marks_the_next_state_block_once(designer):
     at = designer
     at.button(key="designer.new").click().run()
     canvas = at.session_state["designer.canvas"]
     sink = next(n["id"] for n in canvas["schema"]["nodes"] if n["type"] == palette.NEXT_STATE)
-    state_block = next(n["id"] for n in canvas["schema"]["nodes"] if n["type"] == "state")
-    assert set(canvas["marks"]) == {sink, state_block}
-    assert "has no next value yet" in canvas["marks"][sink]
+    assert canvas["marks"] == {sink: "state 'h' has no next value yet (field 'states.next')"}
+    schema = copy.deepcopy(canvas["schema"])
+    add_block(schema, "relu", 1)                              # an edit: the canvas is read back, said once
+    send(at, schema)
+    canvas = at.session_state["designer.canvas"]
+    assert canvas["marks"][sink] == "port 'next' is not connected (field 'args.next')"
+    assert texts(at.error).count("port 'next' is not connected") == 1 and "no next value yet" not in texts(at.error)
 
 
 def test_a_cell_with_a_projected_state_opens_validates_plans_and_runs(designer):

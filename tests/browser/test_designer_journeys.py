@@ -176,3 +176,27 @@ def test_the_lstm_is_legible_after_fit_view(page, app_url):
     scale = float(frame.locator(".react-flow__viewport").get_attribute("style").split("scale(")[1].split(")")[0])
     font = float(labels.first.evaluate("e => parseFloat(getComputedStyle(e).fontSize)"))
     assert font * scale >= 10, f"labels are {font} px at zoom {scale:.3f}: {font * scale:.1f} px on screen"
+
+
+def test_a_building_blocks_field_changes_the_cell(page, app_url):
+    """One gate between x, h and h's next value, then its activation picked in its field: the DSL code follows."""
+    open_designer(page, app_url)
+    page.locator(".st-key-designer-new").get_by_role("button").click()
+    expect(page.get_by_text("Started an empty cell")).to_be_visible(timeout=RERUN_S * 1000)
+    wait_until_idle(page)
+    frame = canvas(page)
+    expect(frame.locator(".react-flow__node")).to_have_count(3, timeout=RERUN_S * 1000)
+    pane = frame.locator(".react-flow__pane").bounding_box()
+    gate = add_block(page, frame, 0.2 * pane["width"], 0.1 * pane["height"], "building blocks", "gate")
+    x = frame.locator(".react-flow__node", has_text="x · input")
+    h = frame.locator(".react-flow__node", has_text="h · state")
+    sink = frame.locator(".react-flow__node", has_text="h at t")
+    for source, target, name in [(x, gate, "x"), (h, gate, "h"), (gate, sink, "next")]:
+        connect(page, frame, output(source), port(target, name))
+    expect(page.get_by_text("my_cell is a valid cell")).to_be_visible(timeout=RERUN_S * 1000)
+    gate.click()
+    gate.locator("select#activation").select_option("hard_sigmoid")
+    open_tab(page, "DSL code")
+    expect(page.locator('[data-testid="stMain"] [data-testid="stCode"]').first).to_contain_text(
+        "gate_1 = hard_sigmoid(", timeout=RERUN_S * 1000)
+    assert page.locator('[data-testid="stException"]').count() == 0

@@ -192,13 +192,27 @@ def canvas_for(design: dict) -> dict:
     return canvas
 
 
+def canvas_command() -> None:
+    """Undo or redo asked for on the canvas (Ctrl+Z, Ctrl+Shift+Z or Ctrl+Y), once per keypress."""
+    canvas, value = st.session_state.get(_CANVAS), st.session_state.get(_EDITOR)
+    if (canvas is None or not isinstance(value, dict) or value.get("command") not in ("undo", "redo")
+            or value.get("revision") != canvas["revision"] or not isinstance(value.get("edit"), int)
+            or value["edit"] <= canvas["edit"]):
+        return
+    canvas["edit"] = value["edit"]
+    if value["command"] == "undo" and state.can_undo():
+        state.undo()
+    elif value["command"] == "redo" and state.can_redo():
+        state.redo()
+
+
 def read_canvas(design: dict) -> dict | None:
     """The edit that came back from the canvas since the last run (an editor schema), or None."""
     canvas = canvas_for(design)
     payload = st.session_state.pop(PAYLOAD, None)
     if payload is None:
         value = st.session_state.get(_EDITOR)
-        if (isinstance(value, dict) and value.get("revision") == canvas["revision"]
+        if (isinstance(value, dict) and value.get("revision") == canvas["revision"] and "command" not in value
                 and isinstance(value.get("edit"), int) and value["edit"] > canvas["edit"]):
             canvas["edit"] = value["edit"]
             payload = value.get("schema")
@@ -414,7 +428,8 @@ def palette_help_ui() -> None:
             "z * a + (1 - z) * b. A GRU is x, h, two gates, r * h, a candidate and a lerp. In the cell they are "
             "primitive ops (the equations and kernels show them), and they are drawn as one block again.\n"
             "- Drag from a block's output (right) to another block's port (left) to wire it; select a wire or a "
-            "block and press Backspace/Delete to remove it.\n"
+            "block and press Backspace/Delete to remove it; Ctrl+Z / Ctrl+Shift+Z (or Ctrl+Y) on the canvas undo "
+            "and redo, as the buttons above do.\n"
             "- Click a block to show its fields (name, sizes, activation, ...); a text field takes effect on Enter or "
             "when you leave it. A new block is named after its label (`sigmoid-2` becomes `sigmoid_2`) until you "
             "type a name.\n"
@@ -436,6 +451,7 @@ def main() -> None:
         flash_ui()
         if state.notice():
             st.warning(state.notice())
+    canvas_command()
     design = state.current_design()
     # Filled after the canvas is read back, so undo/redo and the name reflect this run's edit.
     toolbar = st.container()

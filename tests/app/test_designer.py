@@ -529,3 +529,24 @@ def test_blocks_keep_their_places_through_undo_and_a_new_design_is_laid_out_afre
     fresh, _ = canvas_adapter.design_to_schema(gru)
     assert [n["position"] for n in at.session_state["designer.canvas"]["schema"]["nodes"]] == [
         n["position"] for n in fresh["nodes"]]
+
+
+def test_undo_and_redo_from_the_canvas_keys(designer):
+    """The canvas sends {"command": "undo"} for Ctrl+Z (and "redo" for Ctrl+Shift+Z / Ctrl+Y), once per keypress."""
+    at = designer
+    schema = lstm_canvas()
+    add_block(schema, "relu", 1)
+    send(at, schema)
+    assert "relu_1" in texts(at.error)
+    revision = at.session_state["designer.canvas"]["revision"]
+    edit = at.session_state["designer.canvas"]["edit"]
+    at.session_state["designer.editor"] = {"revision": revision, "edit": edit + 1, "command": "undo"}
+    at.run()
+    assert not at.error and latex(at) == engine.to_latex(engine.preset("lstm").cell)
+    at.run()                                                  # the same value again: not a second undo
+    assert at.button(key="designer.undo").disabled
+    canvas = at.session_state["designer.canvas"]
+    at.session_state["designer.editor"] = {"revision": canvas["revision"], "edit": canvas["edit"] + 1,
+                                           "command": "redo"}
+    at.run()
+    assert "relu_1" in texts(at.error)

@@ -3,7 +3,7 @@
 1. build a minimal gated cell from scratch on the canvas (New empty cell: x, h and h's next value; a gate, a
    candidate and a lerp from the right-click palette; eight wires drawn), see it validate, see its sample run, save
    it, reload the page and find both the working design and the saved file;
-2. break a wire of the LSTM and see the error naming the port, with the block marked in place; undo;
+2. break a wire of the LSTM and see the error naming the port, with the block marked in place; undo (Ctrl+Z);
 3. load the LSTM preset, press "fit view": every block's label is inside the canvas and at least 10 px high.
 
 Every wait polls for what should appear; nothing sleeps.
@@ -141,9 +141,11 @@ def test_break_a_wire_see_the_marked_node_and_the_error_then_undo(page, app_url)
     expect(g_block).to_contain_text("port 'x' is not connected")
     expect(frame.locator(".react-flow__node")).to_have_count(50)
 
-    page.locator(".st-key-designer-undo").get_by_role("button").click()
-    wait_until_idle(page)
+    pane = frame.locator(".react-flow__pane").bounding_box()              # undo from the keyboard, on the canvas
+    page.mouse.click(pane["x"] + 10, pane["y"] + 10)
+    page.keyboard.press("Control+z")
     expect(page.get_by_text("lstm is a valid cell")).to_be_visible(timeout=RERUN_S * 1000)
+    wait_until_idle(page)
     frame = canvas(page)
     expect(frame.locator(f'[data-testid="rf__edge-edge-{g}-x"]')).to_have_count(1, timeout=RERUN_S * 1000)
     expect(frame.locator(".react-flow__node", has_text="⚠")).to_have_count(0)

@@ -93,6 +93,23 @@ export default function Canvas({ args }: { args: CanvasArgs }) {
     setComponentValue({ revision: revision.current, edit: edit.current, schema });
   }, [nodes, edges, flow]);
 
+  // Ctrl+Z / Ctrl+Shift+Z / Ctrl+Y (Cmd on a Mac): the app's undo and redo (its history holds every edit).
+  useEffect(() => {
+    const onKey = (e: KeyboardEvent) => {
+      const target = e.target as HTMLElement | null;
+      if (target && ["INPUT", "SELECT", "TEXTAREA"].includes(target.tagName)) return;   // the field's own undo
+      if (!(e.ctrlKey || e.metaKey)) return;
+      const key = e.key.toLowerCase();
+      const command = key === "z" ? (e.shiftKey ? "redo" : "undo") : key === "y" ? "redo" : null;
+      if (!command) return;
+      e.preventDefault();
+      edit.current += 1;
+      setComponentValue({ revision: revision.current, edit: edit.current, command });
+    };
+    window.addEventListener("keydown", onKey);
+    return () => window.removeEventListener("keydown", onKey);
+  }, []);
+
   const onNodesChange = useCallback((changes: NodeChange<CellNodeType>[]) => {
     if (changes.some((c) => c.type === "remove")) pending.current = true;
     setNodes((ns) => applyNodeChanges(changes, ns));
@@ -172,7 +189,9 @@ export default function Canvas({ args }: { args: CanvasArgs }) {
         <MiniMap pannable zoomable nodeStrokeWidth={3} style={{ width: 140, height: 96 }}
                  nodeColor={(n) => ((n.data as CellNodeData).mark ? "#d9480f" : "#868e96")} />
       </ReactFlow>
-      <div className="hint">right-click: add a block · drag from a dot to a port: a wire · select + Backspace: delete</div>
+      <div className="hint">
+        right-click: add a block · drag from a dot to a port: a wire · select + Backspace: delete · Ctrl+Z / Ctrl+Y: undo / redo
+      </div>
       {menuView}
     </div>
   );

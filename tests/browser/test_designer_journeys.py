@@ -73,16 +73,21 @@ def open_tab(page, name: str) -> None:
     page.get_by_role("tab", name=name).click()
 
 
-def test_build_a_gated_cell_from_scratch_run_save_and_find_it_after_a_reload(page, app_url):
+def start_empty_cell(page, app_url):
+    """The Designer after "New empty cell": (frame, x, h, h's next-value block)."""
     open_designer(page, app_url)
     page.locator(".st-key-designer-new").get_by_role("button").click()
     expect(page.get_by_text("Started an empty cell")).to_be_visible(timeout=RERUN_S * 1000)
     wait_until_idle(page)
     frame = canvas(page)
-    x = frame.locator(".react-flow__node", has_text="x · input")
-    h = frame.locator(".react-flow__node", has_text="h · state")
-    sink = frame.locator(".react-flow__node", has_text="h at t")
     expect(frame.locator(".react-flow__node")).to_have_count(3, timeout=RERUN_S * 1000)   # x, h, h's next value
+    nodes = frame.locator(".react-flow__node")
+    return (frame, nodes.filter(has_text="x · input"), nodes.filter(has_text="h · state"),
+            nodes.filter(has_text="h at t"))
+
+
+def test_build_a_gated_cell_from_scratch_run_save_and_find_it_after_a_reload(page, app_url):
+    frame, x, h, sink = start_empty_cell(page, app_url)
     pane = frame.locator(".react-flow__pane").bounding_box()     # they sit in the middle: the new blocks go around
     gate = add_block(page, frame, 0.2 * pane["width"], 0.1 * pane["height"], "building blocks", "gate")
     candidate = add_block(page, frame, 0.2 * pane["width"], 0.7 * pane["height"], "building blocks", "candidate")
@@ -182,17 +187,9 @@ def test_the_lstm_is_legible_after_fit_view(page, app_url):
 
 def test_a_building_blocks_field_changes_the_cell(page, app_url):
     """One gate between x, h and h's next value, then its activation picked in its field: the DSL code follows."""
-    open_designer(page, app_url)
-    page.locator(".st-key-designer-new").get_by_role("button").click()
-    expect(page.get_by_text("Started an empty cell")).to_be_visible(timeout=RERUN_S * 1000)
-    wait_until_idle(page)
-    frame = canvas(page)
-    expect(frame.locator(".react-flow__node")).to_have_count(3, timeout=RERUN_S * 1000)
+    frame, x, h, sink = start_empty_cell(page, app_url)
     pane = frame.locator(".react-flow__pane").bounding_box()
     gate = add_block(page, frame, 0.2 * pane["width"], 0.1 * pane["height"], "building blocks", "gate")
-    x = frame.locator(".react-flow__node", has_text="x · input")
-    h = frame.locator(".react-flow__node", has_text="h · state")
-    sink = frame.locator(".react-flow__node", has_text="h at t")
     for source, target, name in [(x, gate, "x"), (h, gate, "h"), (gate, sink, "next")]:
         connect(page, frame, output(source), port(target, name))
     expect(page.get_by_text("my_cell is a valid cell")).to_be_visible(timeout=RERUN_S * 1000)

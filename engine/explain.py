@@ -67,7 +67,8 @@ def resolve(cell_or_network, input_size: int | None = None, hidden_size: int | N
                        ("steps", steps), ("batch", batch)):
         if value is not None:
             sizes[key] = value
-    network = Network(cell, sizes["input_size"], sizes["hidden_size"], sizes["num_layers"])
+    proj_size = network.proj_size if network is not None else None      # a given Network keeps its P
+    network = Network(cell, sizes["input_size"], sizes["hidden_size"], sizes["num_layers"], proj_size)
     return network, sizes["steps"], sizes["batch"], doc
 
 
@@ -117,7 +118,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "cell": cell.name,
         "hash": cell.structural_hash,
         "sizes": {"I": network.input_size, "H": network.hidden_size, "L": network.num_layers, "T": plan.steps,
-                  "B": plan.batch},
+                  "B": plan.batch, **({"P": network.projection_size} if network.cell.uses_projection else {})},
         "equations": text_equations(program.cell),
         "passes": [{"name": p.name, "enabled": p.enabled, "why": p.why, "summary": p.summary, "after": p.after}
                    for p in program.passes],
@@ -167,8 +168,9 @@ def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None
     program, network = plan.program, plan.network
     cell = program.source_cell
     out = [f"cell '{cell.name}' (structure hash {cell.structural_hash})",
-           f"sizes: I={network.input_size} H={network.hidden_size} L={network.num_layers} T={plan.steps} "
-           f"B={plan.batch}", "", "equations:"]
+           f"sizes: I={network.input_size} H={network.hidden_size}"
+           + (f" P={network.projection_size}" if network.cell.uses_projection else "")
+           + f" L={network.num_layers} T={plan.steps} B={plan.batch}", "", "equations:"]
     out += [f"  {eq}" for eq in text_equations(program.cell)]
     out += ["", "passes (in order; each shows the program after it):"]
     previous = None

@@ -175,3 +175,20 @@ def test_matches_torch_lstm_with_proj_size(torch, num_layers):
     np.testing.assert_allclose(ours.final_states["h"], hT.numpy(), rtol=0, atol=1e-10)
     np.testing.assert_allclose(ours.final_states["c"], cT.numpy(), rtol=0, atol=1e-10)
     assert engine.run(net, params, x, {"h": h0, "c": c0}, backend="reference").outputs.shape == (T, B, P)
+
+
+def test_the_cli_takes_the_projection_size(tmp_path, capsys):
+    from engine.cli import main
+    path = tmp_path / "lstm_proj.json"
+    engine.save(lstm_proj(), path)
+    assert main(["show", str(path), "-I", "5", "-H", "8", "-P", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "(I=5, H=8, P=3)" in out and "W_hr         weight  (3, 8)" in out and "W_hi         weight  (8, 3)" in out
+    out_file = tmp_path / "r.npz"
+    assert main(["run", str(path), "-I", "5", "-H", "8", "-P", "3", "-T", "4", "-B", "2", "-o", str(out_file)]) == 0
+    assert np.load(out_file)["outputs"].shape == (4, 2, 3) and np.load(out_file)["final_c"].shape == (1, 2, 8)
+    capsys.readouterr()
+    assert main(["explain", str(path), "-I", "5", "-H", "8", "-P", "3", "--no-source"]) == 0
+    assert "sizes: I=5 H=8 P=3 L=1" in capsys.readouterr().out
+    assert main(["show", "lstm", "-P", "3"]) == 1
+    assert "proj_size=3 was given, but cell 'lstm' has no value of size P" in capsys.readouterr().err

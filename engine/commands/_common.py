@@ -27,6 +27,8 @@ def add_size_args(parser, *, steps: bool = False, batch: bool = False) -> None:
     parser.add_argument("--input-size", "-I", type=int, default=64, help="input size I (default 64)")
     parser.add_argument("--hidden-size", "-H", type=int, default=128, help="hidden size H (default 128)")
     parser.add_argument("--layers", "-L", type=int, default=1, help="number of stacked layers (default 1)")
+    parser.add_argument("--proj-size", "-P", type=int, default=None,
+                        help="projection size P, for cells with projected states (default: H)")
     if steps:
         parser.add_argument("--steps", "-T", type=int, default=20, help="time steps T (default 20)")
     if batch:

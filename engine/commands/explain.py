@@ -15,7 +15,8 @@ import json
 
 from ..errors import CompileError
 from ..explain import explain_json, explain_text
-from ..gallery import presets
+from ..gallery import Preset, presets
+from ..network import Network
 from ..passes import PASS_NAMES
 from ..plan import LAYOUTS
 from ..schedules.report import SCHEDULE_CHOICES
@@ -56,6 +57,9 @@ def resolve_target(spec: str):
 
 def main(args) -> int:
     target = resolve_target(args.cell)
+    if args.proj_size is not None:                 # a Network carries P into explain
+        cell = target.cell if isinstance(target, Preset) else target
+        target = Network(cell, args.input_size, args.hidden_size, args.layers, args.proj_size)
     kwargs = dict(input_size=args.input_size, hidden_size=args.hidden_size, num_layers=args.layers,
                   steps=args.steps, batch=args.batch, passes={name: False for name in args.off},
                   layout=args.layout, chunk_steps=args.chunk_steps, schedule=args.schedule, precision=args.precision)

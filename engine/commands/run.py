@@ -50,7 +50,7 @@ def main(args) -> int:
             if value < 1:
                 raise BackendError(f"{flag} must be at least 1, got {value}")
         x = np.random.default_rng(args.seed + 1).standard_normal((steps, batch, input_size))
-    net = Network(cell, input_size, args.hidden_size, args.layers)
+    net = Network(cell, input_size, args.hidden_size, args.layers, args.proj_size)
     params = Params.load(args.params, net) if args.params else init_params(net, seed=args.seed)
     result = run(net, params, x, backend=args.backend, dtype=np.dtype(args.dtype).type, precision=args.precision,
                  check_finite=args.check_finite)

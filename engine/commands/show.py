@@ -20,7 +20,7 @@ def main(args) -> int:
     if args.json:
         print(to_json(cell))
         return 0
-    net = Network(cell, args.input_size, args.hidden_size, args.layers)
+    net = Network(cell, args.input_size, args.hidden_size, args.layers, args.proj_size)
     print(f"cell {cell.name}  (structural hash {cell.structural_hash})")
     if cell.doc:
         print("\n" + cell.doc.strip() + "\n")
@@ -28,7 +28,8 @@ def main(args) -> int:
     for line in equations(cell):
         print("  " + line.replace("&=", "="))
     print("\nstates: " + ", ".join(f"{s.name} <- {s.next}" for s in cell.states) + f"   (output: {cell.output})")
-    print(f"\nparameters of layer 0 (I={args.input_size}, H={args.hidden_size}):")
+    projection = f", P={net.projection_size}" if cell.uses_projection else ""
+    print(f"\nparameters of layer 0 (I={args.input_size}, H={args.hidden_size}{projection}):")
     for p in cell.params:
         print(f"  {p.name:<12} {p.op:<7} {net.param_shape(0, p.name)}")
     print(f"total over {args.layers} layer(s): {net.num_params():,} parameters")

@@ -169,8 +169,8 @@ def eligibility(program: Program) -> str | None:
     if program.layout != "interleaved":
         return "the wavefront schedules need the interleaved weight layout (compile with layout='interleaved')"
     if program.cell.uses_projection:
-        return ("the cell has values of the projection size P; the wavefront schedules tile hidden units only "
-                "(backend='fused' runs it)")
+        return ("the cell has values of the projection size P, and the wavefront schedules tile hidden units only; "
+                "hint: backend='fused' runs it")
     for g in program.gemms:
         if any(t.dim != "H" for t in g.terms):
             return (f"GEMM '{g.name}' has an output block of size I; a block of hidden units cannot own "

@@ -11,7 +11,7 @@ takes about (T / C + N - 1) * max_g W_g: the split balances max_g w_g (a linear 
 programming), and the chunk size balances the fill against the per-chunk cost, C* = sqrt(o T / ((N - 1) w_max)).
 The predicted bubble is the share of GPU time spent idle, 1 - sum_g W_g K / (N (K + N - 1) max_g W_g), K = T / C.
 
-A layer's step costs 2 B sum(rows x cols) FLOPs over the cell's weights (the GEMMs dominate) at `tflops`; a layer
+A layer's step costs what engine.bench.flops counts (its matmuls and elementwise ops) at `tflops`; a layer
 after a pool of stride s runs T / s steps, so its per-input-step cost is divided by s. A bidirectional layer needs
 the whole sequence of the layer below before its backward direction starts: it cannot overlap with the layers on
 either side, so a net with one is pipelined in its forward-only stretches only, and the plan says so. Activations
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .bench.flops import layer_step_flops
 from .blocks import Layers, Net, NetResult, Pool
 from .errors import BackendError
 from .network import Network
@@ -94,8 +95,8 @@ def units_of(net: Net, batch: int) -> list[Unit]:
             continue
         for layer in range(block.num_layers):
             network: Network = block.layer_network(layer, net.sizes[k])
-            flops = 2.0 * batch * sum(math.prod(network.param_shape(0, p.name)) for p in block.cell.params
-                                      if p.op == "weight")
+            flops = float(layer_step_flops(block.cell, network.input_size, network.hidden_size, batch,
+                                           network.proj_size)["total"])
             directions = 2 if block.bidirectional else 1
             label = f"{block.label}[{layer}]"
             units.append(Unit(k, layer, label, directions * flops / stride, block.output_size, block.bidirectional))

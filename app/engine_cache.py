@@ -19,9 +19,10 @@ from engine import backends
 
 SIZE_FIELDS = ("input_size", "hidden_size", "num_layers", "steps", "batch")
 SIZE_LABELS = {"input_size": "input size (I)", "hidden_size": "hidden size (H)", "num_layers": "layers (L)",
-               "steps": "time steps (T)", "batch": "batch (B)"}
+               "steps": "time steps (T)", "batch": "batch (B)", "proj_size": "projection size (P)"}
 # What the forms accept. Beyond these a request is a typo, not an experiment.
-SIZE_LIMITS = {"input_size": 65536, "hidden_size": 65536, "num_layers": 64, "steps": 65536, "batch": 65536}
+SIZE_LIMITS = {"input_size": 65536, "hidden_size": 65536, "num_layers": 64, "steps": 65536, "batch": 65536,
+               "proj_size": 65536}
 # A plan describes every layer-step of the wavefront; past this many its JSON takes seconds to build
 # (64 layers x 65536 steps: about two minutes and 100 MB).
 PLAN_MAX_LAYER_STEPS = 100_000
@@ -132,7 +133,8 @@ def wavefront(num_layers: int, num_steps: int) -> dict:
 
 @st.cache_data(show_spinner="Compiling the plan...", max_entries=32)
 def plan(cell_json: str, input_size: int, hidden_size: int, num_layers: int, steps: int, batch: int,
-         schedule: str | None = None, autotune_stamp: str | None = None, precision: str = "float32") -> dict | None:
+         schedule: str | None = None, autotune_stamp: str | None = None, precision: str = "float32",
+         proj_size: int | None = None) -> dict | None:
     """engine.explain.explain_json for the cell at these sizes, or None when engine.explain does not exist.
 
     schedule: passed on (a wavefront schedule brings its generated CUDA); precision: the mode the GPU
@@ -144,8 +146,11 @@ def plan(cell_json: str, input_size: int, hidden_size: int, num_layers: int, ste
     extra = {} if schedule is None else {"schedule": schedule}
     if precision != "float32":
         extra["precision"] = precision
-    return explain_json(cell_from_json(cell_json), input_size=input_size, hidden_size=hidden_size,
-                        num_layers=num_layers, steps=steps, batch=batch, **extra)
+    cell = cell_from_json(cell_json)
+    if proj_size is not None and cell.uses_projection:      # a Network carries P into explain
+        cell = engine.Network(cell, input_size, hidden_size, num_layers, proj_size)
+    return explain_json(cell, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers, steps=steps,
+                        batch=batch, **extra)
 
 
 def autotune_stamp() -> str | None:
@@ -181,11 +186,12 @@ def dsl_source(cell_json: str) -> str | None:
 
 @st.cache_data(show_spinner="Running the NumPy reference...", max_entries=32)
 def reference_sample(cell_json: str, input_size: int, hidden_size: int, num_layers: int, steps: int = 3,
-                     batch: int = 2, seed: int = 0) -> dict:
+                     batch: int = 2, seed: int = 0, proj_size: int | None = None) -> dict:
     """A small run of the reference backend on a random input, for the designer to show what the cell
     computes: shapes, a few output values, whether everything is finite."""
-    network = engine.Network(cell_from_json(cell_json), input_size=input_size, hidden_size=hidden_size,
-                             num_layers=num_layers)
+    cell = cell_from_json(cell_json)
+    network = engine.Network(cell, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers,
+                             proj_size=proj_size if cell.uses_projection else None)
     params = engine.init_params(network, seed=seed)
     x = np.random.default_rng(seed + 1).standard_normal((steps, batch, input_size))   # (T, B, I)
     result = engine.run(network, params, x, backend="reference", dtype=np.float64)
@@ -207,8 +213,9 @@ def reference_divergence(cell_json: str, input_size: int, hidden_size: int, num_
     (every matmul operand rounded as the GPU schedules round it, the rest in float64), so the curve is the
     mode's own divergence. All runs use the same parameters and input, drawn from `seed`.
     """
-    network = engine.Network(cell_from_json(cell_json), input_size=input_size, hidden_size=hidden_size,
-                             num_layers=num_layers)
+    cell = cell_from_json(cell_json)
+    network = engine.Network(cell, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers,
+                             proj_size=proj_size if cell.uses_projection else None)
     params = engine.init_params(network, seed=seed)
     x = np.random.default_rng(seed + 1).standard_normal((steps, batch, input_size))   # (T, B, I)
     exact = engine.run(network, params, x, backend="reference", dtype=np.float64).outputs          # (T, B, H)

@@ -34,7 +34,8 @@ SESSION_PARAM = "design"              # the URL query parameter naming a session
 SESSIONS = "sessions"                 # designs/sessions/<id>.json: each session's working design
 TOKEN_PATTERN = re.compile(r"[0-9a-f]{32}")
 HISTORY_LIMIT = 200
-DEFAULT_SIZES = {"input_size": 64, "hidden_size": 256, "num_layers": 2, "steps": 50, "batch": 16}
+DEFAULT_SIZES = {"input_size": 64, "hidden_size": 256, "num_layers": 2, "steps": 50, "batch": 16,
+                 "proj_size": 128}      # P: used by cells with projected states only
 
 _DESIGN = "state.design"              # JSON text of the current design
 _HISTORY = "state.history"            # list of JSON texts, oldest first

@@ -328,7 +328,8 @@ def plan_ui(cell: engine.CellGraph | None) -> dict | None:
     if cell is None:
         st.info("The plan appears when the cell is valid.")
         return None
-    sizes = engine_cache.sizes_ui("designer", sets_design_sizes=True)
+    fields = engine_cache.SIZE_FIELDS + (("proj_size",) if cell.uses_projection else ())
+    sizes = engine_cache.sizes_ui("designer", fields, sets_design_sizes=True)
     if sizes is None:
         return None
     try:
@@ -363,16 +364,16 @@ def try_ui(cell: engine.CellGraph | None) -> None:
     sizes = state.design_sizes()
     try:
         sample = engine_cache.reference_sample(engine.to_json(cell), sizes["input_size"], sizes["hidden_size"],
-                                               sizes["num_layers"])
+                                               sizes["num_layers"], proj_size=int(sizes["proj_size"]))
     except engine.EngineError as e:
         st.error(f"The reference run of cell '{cell.name}' failed: {e}")
         return
     st.caption(f"The NumPy reference (float64) on a random input x of shape {tuple(sample['x_shape'])} (T, B, I), "
                "seeded parameters, the plan's sizes.")
     a, b = st.columns(2)
-    a.metric("outputs (T, B, H)", " x ".join(map(str, sample["outputs_shape"])))
+    a.metric(f"outputs (T, B, {cell.output_dim})", " x ".join(map(str, sample["outputs_shape"])))
     b.metric("largest |output|", f"{sample['max_abs']:.4g}")
-    st.dataframe([{"final state": name, "shape (L, B, H)": " x ".join(map(str, shape))}
+    st.dataframe([{"final state": name, "shape (L, B, size)": " x ".join(map(str, shape))}
                   for name, shape in sample["final_shapes"].items()], hide_index=True, key="designer.sample_states")
     st.code("outputs[-1, 0, :6] = [" + ", ".join(f"{v:.6g}" for v in sample["first_values"]) + "]",
             language="text")

@@ -324,7 +324,7 @@ def test_the_sample_run_is_a_real_reference_run_of_the_current_cell(designer):
     assert shown == "outputs[-1, 0, :6] = [" + ", ".join(f"{v:.6g}" for v in want.outputs[-1, 0, :6]) + "]"
     states = next(d.value for d in at.dataframe if "final state" in d.value.columns)
     assert sorted(states["final state"]) == ["c", "h"]
-    assert set(states["shape (L, B, H)"]) == {f"{sizes['num_layers']} x 2 x 12"}
+    assert set(states["shape (L, B, size)"]) == {f"{sizes['num_layers']} x 2 x 12"}
 
 
 def test_the_plan_lists_gemms_and_kernels_and_colours_the_graph(designer):
@@ -504,7 +504,10 @@ def test_a_cell_with_a_projected_state_opens_validates_plans_and_runs(designer):
     assert "lstm_proj" in texts(at.success) and "state_dims" in at.code[0].value
     drawn = {n["label"]: n for n in at.session_state["designer.canvas"]["schema"]["nodes"]}
     assert {o["name"]: o["value"] for o in drawn["h · state"]["options"]}["dim"] == "P"
-    assert any("outputs (T, B, H)" in str(m.label) for m in at.metric)      # the sample run (P = H by default)
+    assert any(m.label == "outputs (T, B, P)" and m.value == "3 x 2 x 128" for m in at.metric)   # P = 128
+    at.number_input(key="designer.proj_size").set_value(5).run()         # the plan's sizes: P too
+    assert not at.exception and not at.error, texts(at.error)
+    assert any(m.label == "outputs (T, B, P)" and m.value == "3 x 2 x 5" for m in at.metric)
 
 
 def test_blocks_keep_their_places_through_undo_and_a_new_design_is_laid_out_afresh(designer):

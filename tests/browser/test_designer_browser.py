@@ -7,6 +7,8 @@ Every wait polls for what should appear; nothing sleeps.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
@@ -32,6 +34,26 @@ def main_text(page) -> str:
 def canvas(page):
     """The Designer's canvas (the cell_canvas component's iframe)."""
     return page.frame_locator('.st-key-designer-editor iframe[title*="cell_canvas"]')
+
+
+def add_block(page, frame, fx: float, fy: float, category: str, block: str):
+    """Right-click the pane at (fx, fy) of its width and height, pick category > block; the new block, found by the
+    label the editor gives it (`<block>-1`: the first of its type; ⚠ before it while it is not wired)."""
+    entry = frame.get_by_role("menuitem", name=category, exact=True)
+    for _ in range(5):          # a click that lands while the app redraws or scrolls the page opens no menu: again,
+        frame.locator(".react-flow__pane").scroll_into_view_if_needed()     # measured afresh each time
+        pane = frame.locator(".react-flow__pane").bounding_box()
+        page.mouse.click(pane["x"] + fx * pane["width"], pane["y"] + fy * pane["height"], button="right")
+        try:
+            expect(entry).to_be_visible(timeout=3_000)
+            break
+        except AssertionError:
+            continue
+    entry.hover()
+    frame.get_by_role("menuitem", name=block, exact=True).click()
+    node = frame.locator(".react-flow__node", has_text=re.compile("^(⚠ )?" + re.escape(f"{block}-1")))
+    expect(node).to_have_count(1, timeout=RERUN_S * 1000)
+    return node
 
 
 def connect(page, frame, source, target, attempts: int = 3) -> None:
@@ -77,12 +99,7 @@ def test_wire_a_new_block_into_the_lstm(page, app_url):
     assert "relu" not in equations_before
 
     # Add a block: right-click an empty place of the canvas (below the inputs), palette category "ops", "relu".
-    pane = frame.locator(".react-flow__pane").bounding_box()
-    page.mouse.click(pane["x"] + 80, pane["y"] + pane["height"] - 120, button="right")
-    frame.get_by_role("menuitem", name="ops", exact=True).hover()
-    frame.get_by_role("menuitem", name="relu", exact=True).click()
-    relu = frame.locator(".react-flow__node", has_text="relu-1")
-    expect(relu).to_have_count(1, timeout=RERUN_S * 1000)
+    relu = add_block(page, frame, 0.05, 0.8, "ops", "relu")
     expect(page.get_by_text("node 'relu_1', field 'args.x': port 'x' is not connected")).to_be_visible(
         timeout=RERUN_S * 1000)
     expect(page.get_by_text("The equations appear when the cell is valid.")).to_be_visible(timeout=RERUN_S * 1000)

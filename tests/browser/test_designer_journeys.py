@@ -10,11 +10,9 @@ Every wait polls for what should appear; nothing sleeps.
 """
 from __future__ import annotations
 
-import re
-
 import pytest
 
-from test_designer_browser import RERUN_S, canvas, connect, main_text, wait_until_idle
+from test_designer_browser import RERUN_S, add_block, canvas, connect, main_text, wait_until_idle
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
                                "(pip install -r requirements-test.txt)")
@@ -40,25 +38,6 @@ def open_the_lstm(page, app_url):
     expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
     wait_until_idle(page)
     return canvas(page)
-
-
-def add_block(page, frame, x: float, y: float, category: str, block: str):
-    """Right-click the pane at (x, y) of its box, pick category > block; the new block, found by the label the
-    editor gives it (`<block>-1`: the first of its type; ⚠ before it while it is not wired)."""
-    pane = frame.locator(".react-flow__pane").bounding_box()
-    entry = frame.get_by_role("menuitem", name=category, exact=True)
-    for _ in range(3):          # a click that lands while the app redraws the canvas opens no menu: again
-        page.mouse.click(pane["x"] + x, pane["y"] + y, button="right")
-        try:
-            expect(entry).to_be_visible(timeout=3_000)
-            break
-        except AssertionError:
-            continue
-    entry.hover()
-    frame.get_by_role("menuitem", name=block, exact=True).click()
-    node = frame.locator(".react-flow__node", has_text=re.compile("^(⚠ )?" + re.escape(f"{block}-1")))
-    expect(node).to_have_count(1)
-    return node
 
 
 def port(node, name: str):
@@ -88,10 +67,9 @@ def start_empty_cell(page, app_url):
 
 def test_build_a_gated_cell_from_scratch_run_save_and_find_it_after_a_reload(page, app_url):
     frame, x, h, sink = start_empty_cell(page, app_url)
-    pane = frame.locator(".react-flow__pane").bounding_box()     # they sit in the middle: the new blocks go around
-    gate = add_block(page, frame, 0.2 * pane["width"], 0.1 * pane["height"], "building blocks", "gate")
-    candidate = add_block(page, frame, 0.2 * pane["width"], 0.7 * pane["height"], "building blocks", "candidate")
-    lerp = add_block(page, frame, 0.75 * pane["width"], 0.4 * pane["height"], "building blocks", "lerp")
+    gate = add_block(page, frame, 0.2, 0.1, "building blocks", "gate")       # x, h and the sink sit in the middle
+    candidate = add_block(page, frame, 0.2, 0.7, "building blocks", "candidate")
+    lerp = add_block(page, frame, 0.75, 0.4, "building blocks", "lerp")
     for source, target, name in [(x, gate, "x"), (h, gate, "h"), (x, candidate, "x"), (h, candidate, "h"),
                                  (gate, lerp, "z"), (h, lerp, "a"), (candidate, lerp, "b"), (lerp, sink, "next")]:
         connect(page, frame, output(source), port(target, name))
@@ -188,8 +166,7 @@ def test_the_lstm_is_legible_after_fit_view(page, app_url):
 def test_a_building_blocks_field_changes_the_cell(page, app_url):
     """One gate between x, h and h's next value, then its activation picked in its field: the DSL code follows."""
     frame, x, h, sink = start_empty_cell(page, app_url)
-    pane = frame.locator(".react-flow__pane").bounding_box()
-    gate = add_block(page, frame, 0.2 * pane["width"], 0.1 * pane["height"], "building blocks", "gate")
+    gate = add_block(page, frame, 0.2, 0.1, "building blocks", "gate")
     for source, target, name in [(x, gate, "x"), (h, gate, "h"), (gate, sink, "next")]:
         connect(page, frame, output(source), port(target, name))
     expect(page.get_by_text("my_cell is a valid cell")).to_be_visible(timeout=RERUN_S * 1000)

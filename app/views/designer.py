@@ -192,14 +192,25 @@ def canvas_for(design: dict) -> dict:
     return canvas
 
 
+def new_canvas_value(canvas: dict | None) -> dict | None:
+    """The canvas component's value when it is news: sent by the canvas drawn now (its revision), after the last
+    one taken (its edit count). Taking it marks it taken."""
+    value = st.session_state.get(_EDITOR)
+    if (canvas is None or not isinstance(value, dict) or value.get("revision") != canvas["revision"]
+            or not isinstance(value.get("edit"), int) or value["edit"] <= canvas["edit"]):
+        return None
+    canvas["edit"] = value["edit"]
+    return value
+
+
 def canvas_command() -> None:
     """Undo or redo asked for on the canvas (Ctrl+Z, Ctrl+Shift+Z or Ctrl+Y), once per keypress."""
     canvas, value = st.session_state.get(_CANVAS), st.session_state.get(_EDITOR)
-    if (canvas is None or not isinstance(value, dict) or value.get("command") not in ("undo", "redo")
-            or value.get("revision") != canvas["revision"] or not isinstance(value.get("edit"), int)
-            or value["edit"] <= canvas["edit"]):
+    if not isinstance(value, dict) or value.get("command") not in ("undo", "redo"):
         return
-    canvas["edit"] = value["edit"]
+    value = new_canvas_value(canvas)
+    if value is None:
+        return
     if value["command"] == "undo" and state.can_undo():
         state.undo()
     elif value["command"] == "redo" and state.can_redo():
@@ -210,12 +221,9 @@ def read_canvas(design: dict) -> dict | None:
     """The edit that came back from the canvas since the last run (an editor schema), or None."""
     canvas = canvas_for(design)
     payload = st.session_state.pop(PAYLOAD, None)
-    if payload is None:
-        value = st.session_state.get(_EDITOR)
-        if (isinstance(value, dict) and value.get("revision") == canvas["revision"] and "command" not in value
-                and isinstance(value.get("edit"), int) and value["edit"] > canvas["edit"]):
-            canvas["edit"] = value["edit"]
-            payload = value.get("schema")
+    if payload is None and "command" not in (st.session_state.get(_EDITOR) or {}):
+        value = new_canvas_value(canvas)
+        payload = value.get("schema") if value else None
     if payload is None:
         return None
     fingerprint = adapter.canvas_fingerprint(payload)

@@ -528,8 +528,7 @@ def test_blocks_keep_their_places_through_undo_and_a_new_design_is_laid_out_afre
     at.selectbox(key="designer.preset").set_value("gru").run()
     at.button(key="designer.load_preset").click().run()      # another design: nothing carried over
     gru = engine.to_dict(engine.preset("gru").cell)
-    from app.designer import adapter as canvas_adapter
-    fresh, _ = canvas_adapter.design_to_schema(gru)
+    fresh, _ = adapter.design_to_schema(gru)
     assert [n["position"] for n in at.session_state["designer.canvas"]["schema"]["nodes"]] == [
         n["position"] for n in fresh["nodes"]]
 

@@ -57,26 +57,32 @@ def add_block(page, frame, fx: float, fy: float, category: str, block: str):
 
 
 def connect(page, frame, source, target, attempts: int = 3) -> None:
-    """Drag a wire from one handle to another, as a person does with the mouse.
+    """Drag a wire from one handle to another, as a person does with the mouse, and check it ended on `target`.
 
     The LSTM fills the editor, so a handle is about a pixel wide; a press that misses it moves a
     block instead of starting a wire. Then the handles are measured again and the drag repeated.
+    Each drag starts with the app idle (a rerun that changes the page above the canvas would move the
+    port under the mouse), and the port is measured again halfway: a wire dropped on a neighbouring port
+    would make a different cell than the test means (a port with a wire has the class "wired").
     """
     edges = frame.locator(".react-flow__edge")
     before = edges.count()
     for _ in range(attempts):
+        wait_until_idle(page)
         a, b = source.bounding_box(), target.bounding_box()
         page.mouse.move(a["x"] + a["width"] / 2, a["y"] + a["height"] / 2)
         page.mouse.down()
         page.mouse.move((a["x"] + b["x"]) / 2, (a["y"] + b["y"]) / 2, steps=5)
+        b = target.bounding_box()
         page.mouse.move(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2, steps=5)
         page.mouse.up()
         try:
             expect(edges).to_have_count(before + 1, timeout=2_000)
-            return
+            break
         except AssertionError:
             continue
     expect(edges).to_have_count(before + 1)
+    expect(target).to_have_class(re.compile(r"\bwired\b"))
 
 
 def test_wire_a_new_block_into_the_lstm(page, app_url):

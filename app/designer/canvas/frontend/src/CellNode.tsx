@@ -1,7 +1,7 @@
 // One block on the canvas: a header with its label and output, one row per input port, and (while selected) its
 // fields. Compact on purpose: the 48 nodes of the LSTM must stay legible when the whole cell is in view.
 import { memo, useState } from "react";
-import { Handle, Position, type Node, type NodeProps } from "@xyflow/react";
+import { Handle, Position, useNodeConnections, type Node, type NodeProps } from "@xyflow/react";
 import type { Option, OptionSpec, OptionValue, Port } from "./types";
 
 export const WARNING = "⚠ ";
@@ -61,6 +61,8 @@ function Field({ spec, value, placeholder, onCommit }: { spec: OptionSpec; value
 }
 
 function CellNode({ id, data, selected }: NodeProps<CellNodeType>) {
+  // Ports with a wire are drawn filled ("wired"), the others hollow: a missing wire shows at a glance.
+  const wired = new Set(useNodeConnections({ handleType: "target" }).map((c) => c.targetHandle));
   const [name, op] = data.label.includes(" · ") ? data.label.split(" · ", 2) : [data.label, ""];
   const values = Object.fromEntries(data.options.map((o) => [o.name, o.value]));
   return (
@@ -72,7 +74,7 @@ function CellNode({ id, data, selected }: NodeProps<CellNodeType>) {
       </div>
       {data.inputs.map((p) => (
         <div className="port" key={p.name}>
-          <Handle type="target" position={Position.Left} id={p.name} />
+          <Handle type="target" position={Position.Left} id={p.name} className={wired.has(p.name) ? "wired" : "open"} />
           <span>{p.name}</span>
         </div>
       ))}

@@ -4,7 +4,8 @@
 # (at most 5): versions.txt, gpu_tests.log, bench.log, bench-<date>-<device>.json, bench_table.md.
 #
 #   1. versions of the driver, nvcc, CuPy, torch and cuDNN;
-#   2. python3 -m pytest tests/gpu -q -rs            (at most TESTS_BUDGET=570 s: a call of its own);
+#   2. python3 -m pytest tests/gpu -q -rs -n 12      (pytest-xdist where installed: the tests are bound by NVRTC
+#      compiles on the CPU; 440 tests in ~2 min on a 16-core H100 host, >10 min serially; TESTS_BUDGET=570 s);
 #   3. compute-sanitizer memcheck and racecheck on the persistent kernel, small configurations;
 #   4. the benchmark: every anchor config x lstm, gru, peephole_lstm, gru_cho, lstm_cifg, lstm_nfg, mgu,
 #      indrnn; cuDNN fp32, the engine's fused backend and schedules, the PyTorch eager cell; quick mode,
@@ -49,9 +50,9 @@ tests_rc=skipped; sanitize_rc=skipped; bench_rc=skipped; precision_rc=skipped
 
 if [[ " $STAGES " == *" tests "* ]]; then
   section "GPU tests"
-  # TESTS_ARGS picks a part of tests/gpu when the whole no longer fits one call (e.g. two calls:
-  # TESTS_ARGS="tests/gpu -k 'not fuzz and not precision'" and TESTS_ARGS="tests/gpu -k 'fuzz or precision'").
-  eval timeout ${TESTS_BUDGET:-570} "$PY" -m pytest ${TESTS_ARGS:-tests/gpu} -q -rs -p no:cacheprovider 2>&1 \
+  # TESTS_ARGS picks a part of tests/gpu (e.g. TESTS_ARGS="tests/gpu -k 'not fuzz'").
+  workers=""; "$PY" -c "import xdist" 2>/dev/null && workers="-n ${TESTS_WORKERS:-12}"
+  eval timeout ${TESTS_BUDGET:-570} "$PY" -m pytest ${TESTS_ARGS:-tests/gpu} $workers -q -rs -p no:cacheprovider 2>&1 \
     | tee "$OUT/gpu_tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi

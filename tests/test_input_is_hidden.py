@@ -1,8 +1,8 @@
 """Cells that combine the input with hidden-sized values (issue #9, expressivity): MUT1 of Jozefowicz et al. (2015)
 adds tanh(x) inside its candidate; residual and highway cells add x to h. Such a cell declares input_is_hidden
 (DSL, JSON), its sizes check with I = H, a network with input_size != hidden_size is refused naming the node and
-the sizes, and the reference and the compiled plan (NumPy) compute it. The GPU backends refuse it by name until
-they are checked against the reference on the GPU.
+the sizes, and the reference and the compiled plan (NumPy) compute it (the GPU backends: tests/gpu/
+test_input_is_hidden_gpu.py).
 """
 from __future__ import annotations
 
@@ -90,15 +90,3 @@ def test_reference_and_plan_compute_mut1():
     for layout in ("blocked", "interleaved"):
         got = plan_numpy.run(network, params, x, None, layout=layout, chunk_steps=2)
         assert np.abs(got.outputs - ref.outputs).max() < 1e-10, layout
-
-
-@pytest.mark.parametrize("backend", ["fused", "graph", "persistent"])
-def test_gpu_backends_refuse_it_by_name_until_checked(backend):
-    """Refused before anything is built, with or without a GPU (the check comes before the GPU's)."""
-    from engine.backends import fused
-    from engine.schedules import schedule_class
-    network = engine.Network(mut1(), input_size=6, hidden_size=6)
-    params = engine.init_params(network, seed=0)
-    with pytest.raises(BackendError) as e:
-        fused.prepare(network, params) if backend == "fused" else schedule_class(backend)(network, params)
-    assert "input_is_hidden" in str(e.value) and "backend='reference'" in str(e.value) and backend in str(e.value)

@@ -8,8 +8,8 @@ A state says its size with dim "P" (DSL: @cell(state_dims={"h": "P"}); JSON: "at
 vectors may have P rows or columns, and Network(proj_size=P) gives P (the hidden size when left out). The next layer
 reads the projected output (size P). The reference runs it and matches torch.nn.LSTM(proj_size=...) to 1e-10 in
 float64 for 1 and 3 layers; the compiled plan (passes, buffers, generated kernels that take P) computes it too,
-checked through the plan's NumPy executor and nvcc. The GPU backends refuse it by name until
-tests/gpu/test_projection_gpu.py has passed on a GPU; the wavefront schedules and the export do not take P yet.
+checked through the plan's NumPy executor and nvcc; on the GPU the fused backend runs it (tests/gpu/
+test_projection_gpu.py, against the reference and cuDNN). The wavefront schedules and the export do not take P yet.
 """
 from __future__ import annotations
 
@@ -125,17 +125,9 @@ def test_its_kernels_take_p_and_compile_with_nvcc(tmp_path):
 
 
 def test_the_paths_that_do_not_take_it_yet_refuse_it_by_name():
-    from engine.backends import fused
     from engine.export import export_plan
     from engine.plan import compile_program
-    from engine.schedules import schedule_class
     from engine.schedules.tiling import eligibility
-    net = engine.Network(lstm_proj(), 5, 8, proj_size=3)
-    params = engine.init_params(net, seed=0)
-    for make in (lambda: fused.prepare(net, params), lambda: schedule_class("persistent")(net, params)):
-        with pytest.raises(BackendError) as e:
-            make()
-        assert "projected states" in str(e.value) and "backend='reference'" in str(e.value)
     assert "projection size P" in eligibility(compile_program(lstm_proj(), layout="interleaved"))
     with pytest.raises(CompileError, match="'lstm_proj' has values of the projection size P: the exported program"):
         export_plan(lstm_proj(), 5, 8)

@@ -36,16 +36,6 @@ def check_float32_only(what: str, precision) -> None:
                            "for its emulation on the CPU")
 
 
-# Cells that declare input_is_hidden (their cell code reads x beside hidden-sized values) are refused by the GPU
-# backends until tests/gpu/test_input_is_hidden_gpu.py, which turns this on for itself, has passed on a GPU; then it
-# goes, with the refusal.
-INPUT_IS_HIDDEN_ON_GPU = False
-# Cells with projected states (values of size P, e.g. the LSTM with proj_size): the compiled plan runs them (checked
-# on the CPU by tests/test_projection.py through the NumPy executor of the plan); the GPU backends refuse them until
-# tests/gpu/test_projection_gpu.py, which turns this on for itself, has passed on a GPU.
-PROJECTION_ON_GPU = False
-
-
 def check_float32_gpu_program(what: str, network: Network, params, dtype) -> None:
     """What every float32 GPU program checks before it builds anything: the dtype, a usable GPU, the
     network and its parameters. `what` names it in the messages ("backend 'fused'", "schedule 'graph'")."""
@@ -56,14 +46,6 @@ def check_float32_gpu_program(what: str, network: Network, params, dtype) -> Non
                            "hint: use dtype=np.float32, or backend='reference' for float64")
     if not isinstance(network, Network):
         raise BackendError(f"argument 'network' must be an engine Network, got {type(network).__name__}")
-    if network.cell.input_is_hidden and not INPUT_IS_HIDDEN_ON_GPU:
-        raise BackendError(f"{what} is not yet checked against the reference on cells that combine the input with "
-                           f"hidden-sized values (cell '{network.cell.name}' declares input_is_hidden); hint: use "
-                           "backend='reference' for this cell for now")
-    if network.cell.uses_projection and not PROJECTION_ON_GPU:
-        raise BackendError(f"{what} is not yet checked against the reference on cells with projected states (cell "
-                           f"'{network.cell.name}' has values of size P); hint: use backend='reference' for this cell "
-                           "for now")
     from . import gpu_status
     ok, why = gpu_status()
     if not ok:

@@ -4,8 +4,7 @@ LSTM whose output adds x to o * tanh(c). Layer 0 reads x in its cell code, deepe
 the layer below: both sources are checked (1 and 3 layers), with non-zero initial states and poisoned
 buffers, on the fused backend and both schedules, and on the persistent schedule in bfloat16 against the
 reference's emulation of that mode (a block whose bulk pipeline stages x must still read x in fp32 in its
-cell code). The backends refuse these cells until this suite has passed on a GPU
-(engine.backends.common.INPUT_IS_HIDDEN_ON_GPU); the fixture below lifts the refusal for these tests.
+cell code).
 """
 from __future__ import annotations
 
@@ -38,12 +37,6 @@ def residual_lstm():
 
 
 CELLS = {"mut1": mut1, "residual_lstm": residual_lstm}
-
-
-@pytest.fixture(autouse=True)
-def _checked_here(monkeypatch):
-    from engine.backends import common
-    monkeypatch.setattr(common, "INPUT_IS_HIDDEN_ON_GPU", True)
 
 
 @pytest.mark.parametrize("num_layers", [1, 3])

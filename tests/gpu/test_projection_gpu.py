@@ -1,7 +1,6 @@
 """The LSTM with a recurrent projection (states of size P) on the GPU: the fused backend against the float64
-reference, and against cuDNN (torch.nn.LSTM(proj_size=...) on CUDA, TF32 off) with the same weights. The GPU backends
-refuse such cells until this suite has passed on a GPU (engine.backends.common.PROJECTION_ON_GPU); the fixture below
-lifts the refusal for these tests. The wavefront schedules do not take P yet: `auto` picks the fused backend."""
+reference, and against cuDNN (torch.nn.LSTM(proj_size=...) on CUDA, TF32 off) with the same weights. The wavefront
+schedules do not take P yet (their eligibility says so): `auto` picks the fused backend."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,12 +12,6 @@ from test_fused import relative_error
 from test_projection import lstm_proj
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _checked_here(monkeypatch):
-    from engine.backends import common
-    monkeypatch.setattr(common, "PROJECTION_ON_GPU", True)
 
 
 @pytest.mark.parametrize("num_layers", [1, 3])

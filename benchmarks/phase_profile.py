@@ -68,7 +68,7 @@ def instrument(source: str) -> tuple[str, list[str]]:
         if m:
             stage = m.group(1)
         if stage is not None:
-            call = re.search(r"(rnn_warp_gemv|rnn_tile_gemms|rnn_mma_gemms)<", line)
+            call = re.search(r"(rnn_warp_gemvs|rnn_tile_gemms|rnn_mma_gemms)<", line)
             if call:
                 calls += 1
                 in_call = f"{call.group(1)} #{calls}"

@@ -10,10 +10,13 @@
 //
 // Two shapes of the same product, picked by the generator at compile time:
 //
-// rnn_warp_gemv<BR, CW, VEC> for a few batch rows (B <= 4): a warp owns CW columns; its lanes
-//   split K four columns at a time, hold X in registers (read straight from L2, shared by the
-//   warp's columns) and sum their partial dot products with a butterfly of shuffles (a fixed
-//   order: bit-identical run to run). No staging, no block-wide barrier inside.
+// rnn_warp_gemvs<BR, CW, VEC, MODE, NJ, KSTEPS> for a few batch rows (B <= 4), all NJ GEMMs of a stage
+//   in one call: a warp owns CW columns of each; its lanes split K four columns at a time, hold X in
+//   registers (read straight from L2, shared by the warp's columns) and sum their partial dot
+//   products with a butterfly of shuffles (a fixed order: bit-identical run to run). No staging, no
+//   block-wide barrier inside. Every lane issues its X loads of all the GEMMs, KSTEPS x 128 columns
+//   of K at a time, before its first product: the step waits for one L2 round trip, not one per
+//   128 columns per GEMM (a step of `lat` is a chain of such latencies).
 //
 // rnn_tile_gemms<RB, RC, VEC, STAGES, KC, N> for many rows, all N GEMMs of a stage in one call: a
 //   thread holds an RB x RC tile of accumulators, rows bg + r * nbg and columns cg + c * ncg
@@ -162,66 +165,103 @@ __device__ void rnn_load_resident(T* __restrict__ ws, const T* __restrict__ w, l
 }
 
 // ---- few rows: a warp per CW columns, lanes over K -----------------------------------------------------
-template <int BR, int CW, int VEC, int MODE = RNN_FP32>
-__device__ void rnn_warp_gemv(const float* __restrict__ X, long ldx, int K,
-                              const typename RnnWeight<MODE>::type* __restrict__ Wg, long ldw,
-                              const typename RnnWeight<MODE>::type* __restrict__ Ws, int NC,
-                              float* __restrict__ Y, long ldy, const float* __restrict__ bias)
+// One GEMM of a stage for rnn_warp_gemvs: Y[b, c] = X[b, :] . W[c, :] (+ bias[c]) for c < NC, X (BR, K) with
+// row stride ldx, W (NC, K) in global memory (Wg, row stride ldw) or resident (Ws, rows rnn_wstride<MODE>(K)).
+template <int MODE>
+struct RnnGemvJob {
+    const float* X;
+    long ldx;
+    int K;
+    const typename RnnWeight<MODE>::type* Wg;
+    long ldw;
+    const typename RnnWeight<MODE>::type* Ws;
+    int NC;
+    float* Y;
+    long ldy;
+    const float* bias;
+};
+
+// Four consecutive elements of row `row` from k: one 16-byte load (VEC = 4, k < K) or four guarded ones.
+template <int VEC>
+__device__ __forceinline__ float4 rnn_x4(const float* row, int k, int K)
+{
+    if (k >= K) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (VEC == 4) return __ldcg(reinterpret_cast<const float4*>(row + k));
+    return make_float4(__ldcg(row + k), k + 1 < K ? __ldcg(row + k + 1) : 0.0f,
+                       k + 2 < K ? __ldcg(row + k + 2) : 0.0f, k + 3 < K ? __ldcg(row + k + 3) : 0.0f);
+}
+
+template <int BR, int CW, int VEC, int MODE, int NJ, int KSTEPS>
+__device__ void rnn_warp_gemvs(const RnnGemvJob<MODE> (&jobs)[NJ])
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int ldr = rnn_wstride<MODE>(K);
-    float acc[CW][BR];
+    float acc[NJ][CW][BR];
+    float bias[NJ][CW];                    // read before the products: off the step's latency chain
+    int kmax = 0;
 #pragma unroll
-    for (int j = 0; j < CW; ++j)
-#pragma unroll
-        for (int b = 0; b < BR; ++b) acc[j][b] = 0.0f;
-#pragma unroll 4
-    for (int k = lane * 4; k < K; k += 128) {
-        float4 xv[BR];
-#pragma unroll
-        for (int b = 0; b < BR; ++b) {
-            const float* row = X + (long)b * ldx + k;
-            if (VEC == 4) {
-                xv[b] = __ldcg(reinterpret_cast<const float4*>(row));
-            } else {
-                xv[b].x = __ldcg(row);
-                xv[b].y = k + 1 < K ? __ldcg(row + 1) : 0.0f;
-                xv[b].z = k + 2 < K ? __ldcg(row + 2) : 0.0f;
-                xv[b].w = k + 3 < K ? __ldcg(row + 3) : 0.0f;
-            }
-            xv[b] = rnn_operand4<MODE>(xv[b]);
-        }
+    for (int g = 0; g < NJ; ++g) {
+        kmax = max(kmax, jobs[g].K);
 #pragma unroll
         for (int j = 0; j < CW; ++j) {
             const int c = warp + j * warps;
-            if (c >= NC) break;
-            float4 wv;
-            if (Ws) {
-                wv = rnn_weight4<MODE, false>(Ws + (long)c * ldr + k);
-            } else if (VEC == 4) {
-                wv = rnn_weight4<MODE, true>(Wg + (long)c * ldw + k);
-            } else {
-                const auto* row = Wg + (long)c * ldw + k;
-                wv.x = rnn_weight1<MODE>(row);
-                wv.y = k + 1 < K ? rnn_weight1<MODE>(row + 1) : 0.0f;
-                wv.z = k + 2 < K ? rnn_weight1<MODE>(row + 2) : 0.0f;
-                wv.w = k + 3 < K ? rnn_weight1<MODE>(row + 3) : 0.0f;
+            bias[g][j] = lane == 0 && jobs[g].bias && c < jobs[g].NC ? __ldg(jobs[g].bias + c) : 0.0f;
+#pragma unroll
+            for (int b = 0; b < BR; ++b) acc[g][j][b] = 0.0f;
+        }
+    }
+    for (int k0 = lane * 4; k0 < kmax; k0 += 128 * KSTEPS) {
+        float4 xv[NJ][KSTEPS][BR];         // every load of this pass in flight at once
+#pragma unroll
+        for (int g = 0; g < NJ; ++g)
+#pragma unroll
+            for (int s = 0; s < KSTEPS; ++s)
+#pragma unroll
+                for (int b = 0; b < BR; ++b)
+                    xv[g][s][b] = rnn_operand4<MODE>(
+                        rnn_x4<VEC>(jobs[g].X + (long)b * jobs[g].ldx, k0 + s * 128, jobs[g].K));
+#pragma unroll
+        for (int g = 0; g < NJ; ++g) {
+            const int K = jobs[g].K, ldr = rnn_wstride<MODE>(K);
+#pragma unroll
+            for (int s = 0; s < KSTEPS; ++s) {
+                const int k = k0 + s * 128;
+                if (k >= K) break;
+#pragma unroll
+                for (int j = 0; j < CW; ++j) {
+                    const int c = warp + j * warps;
+                    if (c >= jobs[g].NC) break;
+                    float4 wv;
+                    if (jobs[g].Ws) {
+                        wv = rnn_weight4<MODE, false>(jobs[g].Ws + (long)c * ldr + k);
+                    } else if (VEC == 4) {
+                        wv = rnn_weight4<MODE, true>(jobs[g].Wg + (long)c * jobs[g].ldw + k);
+                    } else {
+                        const auto* row = jobs[g].Wg + (long)c * jobs[g].ldw + k;
+                        wv.x = rnn_weight1<MODE>(row);
+                        wv.y = k + 1 < K ? rnn_weight1<MODE>(row + 1) : 0.0f;
+                        wv.z = k + 2 < K ? rnn_weight1<MODE>(row + 2) : 0.0f;
+                        wv.w = k + 3 < K ? rnn_weight1<MODE>(row + 3) : 0.0f;
+                    }
+#pragma unroll
+                    for (int b = 0; b < BR; ++b)
+                        acc[g][j][b] = rnn_dot4(xv[g][s][b], wv, acc[g][j][b]);
+                }
             }
-#pragma unroll
-            for (int b = 0; b < BR; ++b) acc[j][b] = rnn_dot4(xv[b], wv, acc[j][b]);
         }
     }
 #pragma unroll
-    for (int j = 0; j < CW; ++j) {
-        const int c = warp + j * warps;
+    for (int g = 0; g < NJ; ++g)
 #pragma unroll
-        for (int b = 0; b < BR; ++b) {
-            float v = acc[j][b];
+        for (int j = 0; j < CW; ++j) {
+            const int c = warp + j * warps;
 #pragma unroll
-            for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-            if (lane == 0 && c < NC) Y[(long)b * ldy + c] = v + (bias ? __ldg(bias + c) : 0.0f);
+            for (int b = 0; b < BR; ++b) {
+                float v = acc[g][j][b];
+#pragma unroll
+                for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+                if (lane == 0 && c < jobs[g].NC) jobs[g].Y[(long)b * jobs[g].ldy + c] = v + bias[g][j];
+            }
         }
-    }
 }
 
 // ---- many rows: register tiles over staged chunks --------------------------------------------------------

@@ -7,7 +7,7 @@ lines of the fused backend's kernel (engine.codegen.cuda.kernel_body), so both s
 the same function op by op. With several layers, every layer computes its input projection for step
 t here too, from x or from row block t of the layer below (written by the previous wavefront step);
 a one-layer network projects the whole sequence with one cuBLAS GEMM before the launch. The GEMM is
-rnn_warp_gemv for batches of at most 4 rows, rnn_tile_gemm otherwise (kernels/tile_gemm.cuh).
+rnn_warp_gemvs for batches of at most 4 rows, rnn_tile_gemm otherwise (kernels/tile_gemm.cuh).
 
 Two entry points per program:
 - `<cell>_wave_s<stage>(layers, T, k)`: one stage of wavefront step k, for the graph schedule,
@@ -166,6 +166,15 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
     return out
 
 
+GEMV_X_FLOATS = 64             # X registers a lane of rnn_warp_gemvs fills per pass (all its loads in flight at once)
+
+
+def gemv_ksteps(jobs: int, batch: int, k_max: int) -> int:
+    """128-column steps of K a lane of rnn_warp_gemvs loads per pass: all of K when jobs x batch x 4 floats a step
+    fit GEMV_X_FLOATS registers (one L2 round trip a stage), else as many steps as fit."""
+    return max(1, min(-(-k_max // 128), GEMV_X_FLOATS // (4 * jobs * batch)))
+
+
 def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> list[str]:
     """Every GEMM of one stage for this block, then a barrier: their outputs are complete for the block."""
     tiles = {t.name: t for t in tiling.gemms}
@@ -179,11 +188,15 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
     mode = "" if prec.mode == 0 else f", {MODE_NAMES[prec.mode]}"
     if tiling.path == "gemv":
         warps = tiling.config.threads // 32
-        for g, o in zip(gemms, ops):
-            cw = -(-len(g.terms) * tiling.units_per_block // warps)
-            lines += [f"{indent}    rnn_warp_gemv<B, {cw}, {tiles[g.name].vec}{mode}>({o['X']}, {o['K']}, {o['K']},",
-                      f"{indent}                         {o['W']}, {o['K']}, {o['Ws']}, {o['NC']},",
-                      f"{indent}                         {o['Y']}, {o['N']}, {o['bias']});"]
+        cw = max(-(-len(g.terms) * tiling.units_per_block // warps) for g in gemms)
+        vec = min(tiles[g.name].vec for g in gemms)
+        ksteps = gemv_ksteps(len(gemms), tiling.batch, max(tiles[g.name].k_max for g in gemms))
+        lines.append(f"{indent}    const RnnGemvJob<{MODE_NAMES[prec.mode]}> jobs[{len(gemms)}] = {{")
+        for o in ops:
+            lines.append(f"{indent}        {{{o['X']}, {o['K']}, {o['K']}, {o['W']}, {o['K']}, {o['Ws']}, {o['NC']},")
+            lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}}},")
+        lines.append(f"{indent}    }};")
+        lines.append(f"{indent}    rnn_warp_gemvs<B, {cw}, {vec}, {MODE_NAMES[prec.mode]}, {len(gemms)}, {ksteps}>(jobs);")
         lines.append(f"{indent}    __syncthreads();")
     else:
         vec = min(tiles[g.name].vec for g in gemms)

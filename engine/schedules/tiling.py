@@ -23,7 +23,7 @@ from ..network import Network
 from ..plan import Program
 
 FLOAT_BYTES = 4
-GEMV_MAX_ROWS = 4                      # batches up to this use rnn_warp_gemv (X in registers), larger rnn_tile_gemms
+GEMV_MAX_ROWS = 4                      # batches up to this use rnn_warp_gemvs (X in registers), larger rnn_tile_gemms
 MAX_THREADS = 1024
 # (K columns per chunk, pipeline depth), chunks of at least 64 columns first (a barrier per chunk), then the
 # most columns in flight; make_tiling scores them with the weights each leaves room for on chip.

@@ -235,12 +235,7 @@ def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halve
         if p.name in copied:
             lines.append(f"{indent}    unsigned short* __restrict__ {p.name}{HALF_SUFFIX} = "
                          f"{_pointer(program, p, HALF_SUFFIX)};   // its 16-bit copy, read by a GEMM")
-    # A fixed count of unrolled, predicated iterations instead of a strided loop: the loads of every iteration a
-    # thread makes can be in flight together (a strided loop waits for one L2 round trip per iteration).
-    lines.append(f"{indent}#pragma unroll")
-    lines.append(f"{indent}    for (int cell_iter = 0; cell_iter < (B * UNITS + THREADS - 1) / THREADS; ++cell_iter) {{")
-    lines.append(f"{indent}        const int e = threadIdx.x + cell_iter * THREADS;   // cell_iter: a reserved name")
-    lines.append(f"{indent}        if (e >= B * tu) break;")
+    lines.append(f"{indent}    for (int e = threadIdx.x; e < B * tu; e += blockDim.x) {{")
     lines.append(f"{indent}        const long b = e / tu;")
     lines.append(f"{indent}        const int j = u0 + (int)(e - b * tu);")
     lines += kernel_body(kernel, precision, indent + "        ")

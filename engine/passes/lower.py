@@ -27,7 +27,7 @@ class namespace template this new delete operator private public protected virtu
 throw explicit mutable static_cast dynamic_cast reinterpret_cast const_cast nullptr constexpr decltype noexcept
 alignas alignof and or not xor export main threadIdx blockIdx blockDim gridDim warpSize expf exp tanhf tanh fmaxf
 fminf fmax fmin sigmoidf_ hard_sigmoidf_ idx total b j t B I H row NAN INFINITY
-L layer u0 tu e k smem grid layers T UNITS THREADS RB RC K_CHUNK SCRATCH NUM_LAYERS BLOCKS_PER_LAYER LayerArgs cell_iter
+L layer u0 tu e k smem grid layers T UNITS THREADS RB RC K_CHUNK SCRATCH NUM_LAYERS BLOCKS_PER_LAYER LayerArgs
 """.split())
 
 

@@ -191,7 +191,10 @@ __device__ __forceinline__ float4 rnn_x4(const float* row, int k, int K)
                        k + 2 < K ? __ldcg(row + k + 2) : 0.0f, k + 3 < K ? __ldcg(row + k + 3) : 0.0f);
 }
 
-template <int BR, int CW, int VEC, int MODE, int NJ, int KSTEPS>
+// RESIDENT: bit g set when job g's weight is resident (Ws), clear when it is read from global memory (Wg): known
+// when the kernel is generated, so that the weight loads of a step are straight-line code the compiler can batch.
+// Columns past NC (a warp's last ones, or a short last block) compute on row NC - 1 and are not written.
+template <int BR, int CW, int VEC, int MODE, int NJ, int KSTEPS, unsigned RESIDENT>
 __device__ void rnn_warp_gemvs(const RnnGemvJob<MODE> (&jobs)[NJ])
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -221,31 +224,31 @@ __device__ void rnn_warp_gemvs(const RnnGemvJob<MODE> (&jobs)[NJ])
                         rnn_x4<VEC>(jobs[g].X + (long)b * jobs[g].ldx, k0 + s * 128, jobs[g].K));
 #pragma unroll
         for (int g = 0; g < NJ; ++g) {
-            const int K = jobs[g].K, ldr = rnn_wstride<MODE>(K);
+            const int K = jobs[g].K, ldr = rnn_wstride<MODE>(K), last = jobs[g].NC - 1;
 #pragma unroll
             for (int s = 0; s < KSTEPS; ++s) {
                 const int k = k0 + s * 128;
                 if (k >= K) break;
+                float4 wv[CW];
 #pragma unroll
                 for (int j = 0; j < CW; ++j) {
-                    const int c = warp + j * warps;
-                    if (c >= jobs[g].NC) break;
-                    float4 wv;
-                    if (jobs[g].Ws) {
-                        wv = rnn_weight4<MODE, false>(jobs[g].Ws + (long)c * ldr + k);
+                    const int c = min(warp + j * warps, last);
+                    if ((RESIDENT >> g) & 1u) {            // g is a constant once unrolled: no branch
+                        wv[j] = rnn_weight4<MODE, false>(jobs[g].Ws + (long)c * ldr + k);
                     } else if (VEC == 4) {
-                        wv = rnn_weight4<MODE, true>(jobs[g].Wg + (long)c * jobs[g].ldw + k);
+                        wv[j] = rnn_weight4<MODE, true>(jobs[g].Wg + (long)c * jobs[g].ldw + k);
                     } else {
                         const auto* row = jobs[g].Wg + (long)c * jobs[g].ldw + k;
-                        wv.x = rnn_weight1<MODE>(row);
-                        wv.y = k + 1 < K ? rnn_weight1<MODE>(row + 1) : 0.0f;
-                        wv.z = k + 2 < K ? rnn_weight1<MODE>(row + 2) : 0.0f;
-                        wv.w = k + 3 < K ? rnn_weight1<MODE>(row + 3) : 0.0f;
+                        wv[j].x = rnn_weight1<MODE>(row);
+                        wv[j].y = k + 1 < K ? rnn_weight1<MODE>(row + 1) : 0.0f;
+                        wv[j].z = k + 2 < K ? rnn_weight1<MODE>(row + 2) : 0.0f;
+                        wv[j].w = k + 3 < K ? rnn_weight1<MODE>(row + 3) : 0.0f;
                     }
-#pragma unroll
-                    for (int b = 0; b < BR; ++b)
-                        acc[g][j][b] = rnn_dot4(xv[g][s][b], wv, acc[g][j][b]);
                 }
+#pragma unroll
+                for (int j = 0; j < CW; ++j)
+#pragma unroll
+                    for (int b = 0; b < BR; ++b) acc[g][j][b] = rnn_dot4(xv[g][s][b], wv[j], acc[g][j][b]);
             }
         }
     }

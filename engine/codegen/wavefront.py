@@ -196,7 +196,9 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
             lines.append(f"{indent}        {{{o['X']}, {o['K']}, {o['K']}, {o['W']}, {o['K']}, {o['Ws']}, {o['NC']},")
             lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}}},")
         lines.append(f"{indent}    }};")
-        lines.append(f"{indent}    rnn_warp_gemvs<B, {cw}, {vec}, {MODE_NAMES[prec.mode]}, {len(gemms)}, {ksteps}>(jobs);")
+        resident = sum(1 << i for i, g in enumerate(gemms) if tiles[g.name].resident)
+        lines.append(f"{indent}    rnn_warp_gemvs<B, {cw}, {vec}, {MODE_NAMES[prec.mode]}, {len(gemms)}, {ksteps}, "
+                     f"{resident}u>(jobs);")
         lines.append(f"{indent}    __syncthreads();")
     else:
         vec = min(tiles[g.name].vec for g in gemms)

@@ -816,3 +816,17 @@ def test_text_summary_has_a_same_mode_column():
     assert row.split()[5:8] == ["4.00", "3.00", "-"]
     old = next(line for line in text_summary(fake_results()).splitlines() if line.strip().startswith("naive"))
     assert old.split()[5:8] == ["0.50", "-", "1.00"]                          # no vs_cudnn_same in old files
+
+
+def test_rows_that_cannot_take_a_cell_say_why_before_running():
+    """LSTMP (values of size P): the wavefront schedules and the naive backend refuse it as 'unavailable' with the
+    reason, before anything is built; the fused backend takes it."""
+    preset = engine.preset("lstm_proj")
+    config = BenchConfig("tiny", 5, 7, 2, 6, 3)
+    net = config.network(preset.cell)
+    case = Case("lstm_proj", preset.cell, preset, config, net, engine.init_params(net, seed=0), [], np, device="cpu")
+    for name in ("graph", "persistent"):
+        reason = EngineBackend(name).unavailable_reason(case)
+        assert f"schedule '{name}' cannot run cell 'lstm_proj'" in reason and "projection size P" in reason
+    assert "does not take cell 'lstm_proj'" in EngineBackend("naive").unavailable_reason(case)
+    assert EngineBackend("fused").unavailable_reason(case) is None

@@ -26,7 +26,8 @@ from engine.export import (cublas_location, export_cuda, export_plan, read_outpu
                            write_export, write_run_files)
 
 EMULATION = Path(__file__).parent / "cuda_emulation"
-PRESETS = sorted(engine.presets())
+# Every preset the export takes: not LSTMP (values of size P), refused by name in test_projection.py.
+PRESETS = sorted(n for n, p in engine.presets().items() if not p.cell.uses_projection)
 ALL_CELLS = {**{name: engine.preset(name).cell for name in PRESETS}, **CELLS}
 SIZES = dict(input_size=5, hidden_size=7, num_layers=2)
 T, B = 5, 3

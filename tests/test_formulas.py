@@ -35,6 +35,17 @@ def peephole_lstm(p, x, s):
     return {"h": o * np.tanh(c_new), "c": c_new}
 
 
+def lstm_proj(p, x, s):
+    """Sak et al. (2014) / torch.nn.LSTM(proj_size): the LSTM's output projected by W_hr (P x H)."""
+    h, c = s["h"], s["c"]
+    i = sigmoid(lin(p, "W_ii", x) + p["b_ii"] + lin(p, "W_hi", h) + p["b_hi"])
+    f = sigmoid(lin(p, "W_if", x) + p["b_if"] + lin(p, "W_hf", h) + p["b_hf"])
+    g = np.tanh(lin(p, "W_ig", x) + p["b_ig"] + lin(p, "W_hg", h) + p["b_hg"])
+    o = sigmoid(lin(p, "W_io", x) + p["b_io"] + lin(p, "W_ho", h) + p["b_ho"])
+    c_new = f * c + i * g
+    return {"h": lin(p, "W_hr", o * np.tanh(c_new)), "c": c_new}
+
+
 def lstm_nofg(p, x, s):
     h, c = s["h"], s["c"]
     i = sigmoid(lin(p, "W_ii", x) + lin(p, "W_hi", h) + p["b_i"])
@@ -123,6 +134,7 @@ def lstm_fgr(p, x, s):
 
 FORMULAS = {
     "peephole_lstm": peephole_lstm,
+    "lstm_proj": lstm_proj,
     "lstm_nofg": lstm_nofg,
     "gru_cho": gru_cho,
     "mgu": mgu,

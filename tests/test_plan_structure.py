@@ -155,7 +155,8 @@ def test_explain_json_contract(name):
     data = explain_json(name, input_size=5, hidden_size=7, num_layers=2, steps=6, batch=3)
     for key, kind in CONTRACT.items():
         assert isinstance(data[key], kind), key
-    assert set(data["sizes"]) == {"I", "H", "L", "T", "B"}
+    projected = engine.preset(name).cell.uses_projection            # LSTMP: the sizes say P too
+    assert set(data["sizes"]) == {"I", "H", "L", "T", "B"} | ({"P"} if projected else set())
     assert data["wavefront"] == wavefront(2, 6).to_dict()
     for p in data["passes"]:
         assert {"name", "enabled", "why", "summary"} <= set(p)

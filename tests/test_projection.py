@@ -20,24 +20,14 @@ import pytest
 
 import engine
 from engine.backends import reference
-from engine.dsl import W, b, cell, sigmoid, tanh
+from engine.dsl import W, cell, sigmoid, tanh
 from engine.dsl_emit import emit_dsl
 from engine.errors import BackendError, CellGraphError, CompileError
 
 
 def lstm_proj():
-    @cell(state_dims={"h": "P"})
-    def lstm_proj(x, h, c):
-        """LSTM with a recurrent projection (H. Sak, A. Senior, F. Beaufays, Long Short-Term Memory Recurrent
-        Neural Network Architectures for Large Scale Acoustic Modeling, Interspeech 2014; torch.nn.LSTM proj_size)."""
-        i = sigmoid(W("W_ii") @ x + b("b_ii") + W("W_hi") @ h + b("b_hi"))
-        f = sigmoid(W("W_if") @ x + b("b_if") + W("W_hf") @ h + b("b_hf"))
-        g = tanh(W("W_ig") @ x + b("b_ig") + W("W_hg") @ h + b("b_hg"))
-        o = sigmoid(W("W_io") @ x + b("b_io") + W("W_ho") @ h + b("b_ho"))
-        c_next = f * c + i * g
-        h_next = W("W_hr", rows="P") @ (o * tanh(c_next))
-        return {"h": h_next, "c": c_next}
-    return lstm_proj
+    """The gallery's LSTMP (presets/lstm_proj.py)."""
+    return engine.preset("lstm_proj").cell
 
 
 def test_sizes_shapes_and_round_trips():
@@ -128,7 +118,11 @@ def test_the_paths_that_do_not_take_it_yet_refuse_it_by_name():
     from engine.export import export_plan
     from engine.plan import compile_program
     from engine.schedules.tiling import eligibility
+    from engine.backends import naive
     assert "projection size P" in eligibility(compile_program(lstm_proj(), layout="interleaved"))
+    net = engine.Network(lstm_proj(), 5, 8, proj_size=3)
+    with pytest.raises(BackendError, match="backend 'naive' keeps every state H wide .*cell 'lstm_proj'"):
+        naive.prepare(net, engine.init_params(net, seed=0))
     with pytest.raises(CompileError, match="'lstm_proj' has values of the projection size P: the exported program"):
         export_plan(lstm_proj(), 5, 8)
 

@@ -223,6 +223,10 @@ class NaiveProgram:
         if not isinstance(params, Params):
             raise BackendError(f"argument 'params' must be engine Params, got {type(params).__name__}")
         self.dtype = _check_dtype(dtype)
+        if network.cell.uses_projection:
+            raise BackendError(f"backend 'naive' keeps every state H wide and does not take cells with projected "
+                               f"states (cell '{network.cell.name}' has values of size P); hint: use "
+                               "backend='fused' on the GPU or backend='reference'")
         check_params(network, params)
         cupy = self._cupy = _cupy()
         self.network = network

@@ -218,6 +218,15 @@ class EngineBackend(Implementation):
             self.module = backends.get(self.backend)
         except Exception as e:
             return f"backend '{self.backend}' does not import ({short_reason(e)})"
+        if self.backend in ("graph", "persistent"):        # cells the wavefront tiling does not take (e.g. LSTMP)
+            from ..plan import compile_program
+            from ..schedules.tiling import eligibility
+            why = eligibility(compile_program(case.cell, layout="interleaved"))
+            if why:
+                return f"schedule '{self.backend}' cannot run cell '{case.cell.name}': {why}"
+        if self.backend == "naive" and case.cell.uses_projection:
+            return (f"backend 'naive' keeps every state H wide and does not take cell '{case.cell.name}' (values of "
+                    "size P); the fused backend does")
         return None
 
     def flags(self) -> dict:

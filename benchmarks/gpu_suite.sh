@@ -13,7 +13,8 @@
 #      JSON is rewritten after every cell, so a cut-short run still leaves its results);
 #   5. the reduced precisions: the persistent schedule in tf32, fp16 and bf16 against cuDNN in the same
 #      mode, for lstm, gru (cuDNN has them) and gru_cho (it does not), every anchor config;
-#   6. nets (only when named in STAGES): the DeepSpeech block against cuDNN (benchmarks/probe_net.py -> $OUT/net.json);
+#   6. nets (only when named in STAGES): the DeepSpeech net (4 layers, max-pool over time, 4 more) of LSTM and GRU
+#      against cuDNN through the harness (`python -m engine bench --config deepspeech`, engine/bench/nets.py);
 #   7. the markdown tables, last.
 # STAGES="tests sanitize bench precision" (default: all but nets) picks stages, so the suite can be split over two calls of
 # under 10 minutes each on an H100. A failing stage does not stop the next one.
@@ -91,8 +92,10 @@ fi
 
 nets_rc=skipped
 if [[ " $STAGES " == *" nets "* ]]; then
-  section "the DeepSpeech block against cuDNN"
-  timeout 300 "$PY" benchmarks/probe_net.py --json "$OUT/net.json" 2>&1 | tee "$OUT/net.log" | tail -20
+  section "the DeepSpeech net against cuDNN"
+  timeout 300 "$PY" -m engine bench --quick --config deepspeech --preset lstm --preset gru \
+    --impl cudnn-fp32 --impl fused --impl graph --impl persistent \
+    --out benchmarks/results --copy-to "$OUT" 2>&1 | tee "$OUT/bench_nets.log" | grep -v "^\s*$" | tail -8
   nets_rc=${PIPESTATUS[0]}
 fi
 
@@ -100,11 +103,18 @@ section "table"
 "$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/bench_table.md"
 import sys
 from engine.bench import list_results, load_results, markdown_table
+from engine.bench.nets import net_markdown_table
 found = list_results(sys.argv[1])
-for entry in found[:2] or [None]:
-    print(markdown_table(load_results(entry["path"])) if entry else "no benchmark results were written")
+for entry in found[:3] or [None]:
+    results = load_results(entry["path"]) if entry else None
+    if results is None:
+        print("no benchmark results were written")
+    elif results.get("cells"):
+        print(markdown_table(results))
+    if results is not None and results.get("nets"):
+        print(net_markdown_table(results))
     print()
 PYEOF
 echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
-     "precision bench exit code: $precision_rc (124: timed out); nets: $nets_rc; total $(( $(date +%s) - start )) s"
+     "precision bench exit code: $precision_rc; nets: $nets_rc (124 = timed out); total $(( $(date +%s) - start )) s"

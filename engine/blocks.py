@@ -283,7 +283,7 @@ class NetProgram:
         self.dtype = (np.float64 if backend == "reference" else np.float32) if dtype is None else dtype
         self.programs: dict[tuple, object] = {}
 
-    def _run(self, key: tuple, network: Network, params: Params, value):
+    def _run(self, key: tuple, network: Network, params: Params, value, poison: bool = False):
         if self.backend == "reference":
             from .api import run
             return run(network, params, value, backend="reference", dtype=self.dtype,
@@ -298,10 +298,11 @@ class NetProgram:
             else:
                 candidate = autotune.Candidate(self.backend, None)
             program = self.programs[key] = autotune.prepare(candidate, network, params, precision=self.precision)
-        return program.run(value).outputs
+        return program.run(value, poison=poison).outputs
 
-    def run(self, x) -> NetResult:
-        """Every block in order, zero initial states; pools take the max or mean of the arrays as they are."""
+    def run(self, x, *, poison: bool = False) -> NetResult:
+        """Every block in order, zero initial states; pools take the max or mean of the arrays as they are.
+        poison=True: each GPU program fills its work buffers with NaN first (tests and the harness)."""
         net, params = self.net, self.params
         shape = getattr(x, "shape", None)
         if shape is None or len(shape) != 3 or shape[2] != net.input_size:
@@ -315,15 +316,15 @@ class NetProgram:
                 value = pool_over_time(value, block)
             elif not block.bidirectional:          # the whole stack in one program: the backend's own wavefront
                 network = Network(block.cell, net.sizes[k], block.hidden_size, block.num_layers, block.proj_size)
-                value = self._run((k,), network, params.blocks[k]["forward"], value)
+                value = self._run((k,), network, params.blocks[k]["forward"], value, poison)
             else:
                 for layer, network in enumerate(_layers_shapes(net, k)):
                     xp = _xp(value)
                     forward = self._run((k, layer, "forward"), network,
-                                        Params([params.blocks[k]["forward"].layers[layer]]), value)
+                                        Params([params.blocks[k]["forward"].layers[layer]]), value, poison)
                     backward = self._run((k, layer, "backward"), network,
                                          Params([params.blocks[k]["backward"].layers[layer]]),
-                                         xp.ascontiguousarray(value[::-1]))[::-1]
+                                         xp.ascontiguousarray(value[::-1]), poison)[::-1]
                     xp = _xp(forward)
                     value = (xp.concatenate([forward, xp.ascontiguousarray(backward)], axis=2)
                              if block.merge == "concat" else forward + backward)

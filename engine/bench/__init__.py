@@ -8,9 +8,11 @@ auto, each its own row), cuDNN through torch.nn in fp32 (TF32 off), TF32, fp16 a
 schedules and auto in those reduced precisions too (graph-tf32, persistent-fp16, auto-bf16, ...; each
 also timed against the cuDNN row of its own mode), and the cell graph in torch ops (eager, and the
 faster of torch.compile and TorchScript). Each is checked against a float64 reference before it is
-timed; per-step error curves are kept for the app. `python -m engine bench` is the CLI.
+timed; per-step error curves are kept for the app. A net configuration (`deepspeech`) times a whole network
+of blocks instead: cuDNN's modules against the engine's run_net (engine/bench/nets.py). `python -m engine bench`
+is the CLI.
 """
-from .configs import ANCHORS, BenchConfig, load_config_file, parse_config, parse_configs
+from .configs import ANCHORS, NET_ANCHORS, BenchConfig, NetBenchConfig, load_config_file, parse_config, parse_configs
 from .divergence import TOLERANCE, error_summary, step_curves
 from .flops import floors, layer_step_flops, network_flops
 from .results import (RESULTS_DIR, SCHEMA, SCHEMA_VERSION, list_results, load_results, markdown_table,
@@ -18,7 +20,7 @@ from .results import (RESULTS_DIR, SCHEMA, SCHEMA_VERSION, list_results, load_re
 from .runner import run_bench
 from .timeline import timeline
 
-__all__ = ["ANCHORS", "BenchConfig", "load_config_file", "parse_config", "parse_configs", "TOLERANCE",
+__all__ = ["ANCHORS", "NET_ANCHORS", "BenchConfig", "NetBenchConfig", "load_config_file", "parse_config", "parse_configs", "TOLERANCE",
            "error_summary", "step_curves", "floors", "layer_step_flops", "network_flops", "RESULTS_DIR", "SCHEMA",
            "SCHEMA_VERSION", "list_results", "load_results", "markdown_table", "save_results", "text_summary",
            "unreadable_results", "run_bench", "timeline"]

@@ -1,7 +1,8 @@
 """Benchmark configurations: input size I, hidden size H, layers L, steps T, batch B.
 
 The anchor configurations have fixed names so that results from different runs and machines can be
-compared. Any other configuration is given as "I,H,L,T,B" or in a JSON file (benchmarks/configs/).
+compared. Any other configuration is given as "I,H,L,T,B" or in a JSON file (benchmarks/configs/). A net
+configuration (NET_ANCHORS, e.g. `deepspeech`) runs a preset network of blocks instead (engine/bench/nets.py).
 """
 from __future__ import annotations
 
@@ -78,6 +79,43 @@ ANCHORS: dict[str, BenchConfig] = {c.name: c for c in [
 ]}
 
 
+@dataclass(frozen=True)
+class NetBenchConfig:
+    """A preset network of engine/blocks.py at fixed sizes (engine/bench/nets.py): `layers` layers a block of
+    layers, each --preset giving their cell."""
+
+    name: str
+    net: str            # engine.blocks.NET_PRESETS
+    input_size: int     # I
+    hidden_size: int    # H
+    layers: int         # layers a block of layers
+    steps: int          # T
+    batch: int          # B
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.shape})"
+
+    @property
+    def shape(self) -> str:
+        return (f"net {self.net}: I={self.input_size} H={self.hidden_size} {self.layers} layers a block "
+                f"T={self.steps} B={self.batch}")
+
+    def build(self, cell):
+        from ..blocks import net_preset
+        return net_preset(self.net, input_size=self.input_size, hidden_size=self.hidden_size, layers=self.layers,
+                          cell=cell)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# The seed benchmark's DeepSpeech block (issue #11): 4 layers, max-pool over time by 2, 4 more; I = H = 512.
+NET_ANCHORS: dict[str, NetBenchConfig] = {c.name: c for c in [
+    NetBenchConfig("deepspeech", "deepspeech", 512, 512, 4, 100, 64),
+]}
+
+
 def _shape_name(I, H, L, T, B) -> str:
     return f"I{I}-H{H}-L{L}-T{T}-B{B}"
 
@@ -87,6 +125,8 @@ def parse_config(text: str) -> list[BenchConfig]:
     text = str(text).strip()
     if text in ANCHORS:
         return [ANCHORS[text]]
+    if text in NET_ANCHORS:
+        return [NET_ANCHORS[text]]
     if text.endswith(".json"):
         return load_config_file(text)
     parts = [p.strip() for p in text.split(",")]
@@ -98,7 +138,7 @@ def parse_config(text: str) -> list[BenchConfig]:
                                "hint: e.g. --config 512,512,2,100,64") from None
         return [BenchConfig(_shape_name(I, H, L, T, B), I, H, L, T, B)]
     raise BackendError(f"--config '{text}' is not an anchor name, 'I,H,L,T,B' or a .json file. "
-                       f"hint: anchors are {', '.join(ANCHORS)}")
+                       f"hint: anchors are {', '.join(ANCHORS)}; networks: {', '.join(NET_ANCHORS)}")
 
 
 def load_config_file(path: str | Path) -> list[BenchConfig]:
@@ -126,8 +166,8 @@ def load_config_file(path: str | Path) -> list[BenchConfig]:
     return configs
 
 
-def parse_configs(values: list[str] | None) -> list[BenchConfig]:
-    """Every --config value in order, duplicates removed; all anchors when none is given."""
+def parse_configs(values: list[str] | None) -> list[BenchConfig | NetBenchConfig]:
+    """Every --config value in order, duplicates removed; all (cell) anchors when none is given."""
     if not values:
         return list(ANCHORS.values())
     seen: dict[BenchConfig, None] = {}

@@ -17,7 +17,12 @@ Schema (version 1), every time in ms, every size in bytes:
                                      "speedup": {"vs_cudnn_fp32", "vs_naive", "vs_cudnn_same"},
                                      "divergence": {"vs_reference": {"max": [T], "mean": [T]},
                                                     "vs_cudnn_fp32": {...}},
-                                     "detail": {...}}]}]}
+                                     "detail": {...}}]}],
+     "nets": [{"preset", "config": {name, net, input_size, hidden_size, layers, steps, batch}, "net": the net's
+               JSON, "status", "block_steps", "flops_total", "reference": {...},
+               "implementations": [{"name", "family", "precision", "status", "reason", "tf32", "tf32_flags",
+                                    "median_ms", ..., "error", "divergence", "tflops",
+                                    "speedup": {"vs_cudnn_fp32"}}]}]          (only when a net config ran)
 
 Rows are named by implementation and precision: "persistent" and "cudnn-fp32" are fp32 (TF32 off),
 "persistent-bf16" and "cudnn-bf16" their bfloat16 counterparts. speedup["vs_cudnn_same"] is over the
@@ -227,6 +232,19 @@ def text_summary(results: dict) -> str:
                 f"{_fmt(speedup.get('vs_naive'), '.2f'):>8} "
                 f"{_fmt((e.get('error') or {}).get('rel'), '.2e'):>9} "
                 f"{_fmt(None if peak is None else peak / 2**20, '.1f'):>9}  {'on' if e.get('tf32') else 'off'}")
+        lines.append("")
+    for net in results.get("nets", []):
+        config = net.get("config", {})
+        lines.append(f"{net.get('preset')} / {config.get('name')} (network: I={config.get('input_size')} "
+                     f"H={config.get('hidden_size')} T={config.get('steps')} B={config.get('batch')}; "
+                     f"{net.get('flops_total', 0) / 1e9:.3g} GFLOP)")
+        for e in net.get("implementations", []):
+            if e["status"] != "ok":
+                lines.append(f"  {e['name']:<15} {e['status']}: {e.get('reason')}")
+                continue
+            lines.append(f"  {e['name']:<15} {e['median_ms']:>10.3f} {e['min_ms']:>8.3f}-{e['max_ms']:<8.3f} "
+                         f"{_fmt((e.get('speedup') or {}).get('vs_cudnn_fp32'), '.2f'):>8} "
+                         f"{_fmt((e.get('error') or {}).get('rel'), '.2e'):>9}  tf32 off")
         lines.append("")
     lines.append("x floor: median over the larger floor; vs cuDNN (fp32, TF32 off), vs same (cuDNN in the row's "
                  "own precision) and vs naive: times faster; rel err: max |out - ref| / max |ref| against the "

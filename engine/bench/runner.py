@@ -29,10 +29,11 @@ from ..gallery import Preset
 from ..gallery import get as get_preset
 from ..ir import CellGraph
 from ..params import init_params
-from .configs import BenchConfig, parse_configs
+from .configs import BenchConfig, NetBenchConfig, parse_configs
 from .divergence import error_summary, gate, step_curves
 from .flops import floors, network_flops
 from .implementations import Case, Implementation, Unavailable, default_implementations, select, short_reason
+from .nets import bench_net, net_implementations
 from .results import RESULTS_DIR, new_results, results_filename, save_results
 from .timing import MEMORY, TIMERS, time_runs
 
@@ -424,13 +425,17 @@ def run_bench(presets: Iterable = ("lstm",), configs: Iterable[BenchConfig | str
 
     progress(done, total, label) is called before each step (the app draws a bar from it).
     """
-    configs = [c for item in configs for c in ([item] if isinstance(item, BenchConfig) else parse_configs([item]))] \
+    configs = [c for item in configs
+               for c in ([item] if isinstance(item, (BenchConfig, NetBenchConfig)) else parse_configs([item]))] \
         if configs is not None else parse_configs(None)
+    net_configs = [c for c in configs if isinstance(c, NetBenchConfig)]
+    configs = [c for c in configs if isinstance(c, BenchConfig)]
     cells = _cells(presets)
     settings = resolve_settings(quick=quick, reps=reps, warmup=warmup, buffers=buffers,
                                 compile_budget_s=compile_budget_s, seed=seed, time_budget_s=time_budget_s)
-    chosen = select(default_implementations(settings["compile_budget_s"]), implementations)
-    settings["implementations"] = [i.name for i in chosen]
+    net_rows = net_implementations(implementations) if net_configs else []
+    chosen = select(default_implementations(settings["compile_budget_s"]), implementations) if configs else []
+    settings["implementations"] = [i.name for i in chosen] or net_rows
     ok, why = backends.gpu_status()
     if not ok:
         raise BackendError(f"the benchmark needs a CUDA GPU: {why}. hint: run it on a machine with an NVIDIA "
@@ -438,7 +443,7 @@ def run_bench(presets: Iterable = ("lstm",), configs: Iterable[BenchConfig | str
                            "wheels); the CPU tests do not need one")
     start = time.monotonic()
     deadline = start + time_budget_s if time_budget_s is not None else None
-    total = len(cells) * len(configs) * (len(chosen) + 1)
+    total = len(cells) * (len(configs) * (len(chosen) + 1) + len(net_configs) * (len(net_rows) + 1))
     if progress:
         progress(0, total, "measuring the device (fp32 GEMM rate, launch cost)")
     measurements = {**measure_sgemm(), **measure_launch()}
@@ -451,6 +456,15 @@ def run_bench(presets: Iterable = ("lstm",), configs: Iterable[BenchConfig | str
             results["cells"].append(bench_cell(name, cell, preset, config, chosen, settings, measurements,
                                                deadline=deadline, progress=progress, done=done, total=total))
             done += len(chosen) + 1
+            for path in paths:
+                save_results(results, path)
+        for config in net_configs:               # a whole network of blocks (engine/bench/nets.py)
+            if progress:
+                progress(done, total, f"{name}/{config.name} (net)")
+            results.setdefault("nets", []).append(
+                bench_net(name, cell, config, net_rows, reps=settings["reps"], warmup=settings["warmup"],
+                          buffers=settings["buffers"], seed=seed, deadline=deadline))
+            done += len(net_rows) + 1
             for path in paths:
                 save_results(results, path)
     results["status"] = "complete"

@@ -17,7 +17,8 @@ def add_parser(subparsers) -> None:
                         help="cell to benchmark, repeatable (default: lstm)")
     parser.add_argument("--config", "-c", action="append", metavar="NAME|I,H,L,T,B|FILE.json",
                         help="configuration, repeatable: an anchor (blogB, mid, lat, large, blogA), five "
-                             "integers I,H,L,T,B, or a JSON file (benchmarks/configs/); default: every anchor")
+                             "integers I,H,L,T,B, a JSON file (benchmarks/configs/), or a network (deepspeech: "
+                             "the preset's cell in 4 layers, max-pool over time, 4 more); default: every anchor")
     parser.add_argument("--impl", action="append", metavar="NAME",
                         help="only these implementations, repeatable (e.g. fused, graph, persistent, auto, cudnn-fp32, "
                              "torch-compile)")
@@ -54,10 +55,11 @@ def _cells(values: list[str] | None) -> list:
 
 def main(args) -> int:
     from .. import backends
-    from ..bench import ANCHORS, RESULTS_DIR, markdown_table, parse_configs, run_bench, text_summary
+    from ..bench import ANCHORS, NET_ANCHORS, RESULTS_DIR, markdown_table, parse_configs, run_bench, text_summary
+    from ..bench.nets import net_markdown_table
     if args.list_configs:
-        for config in ANCHORS.values():
-            print(f"{config.name:<8} {config.shape}")
+        for config in [*ANCHORS.values(), *NET_ANCHORS.values()]:
+            print(f"{config.name:<10} {config.shape}")
         return 0
     configs = parse_configs(args.config)      # bad input is reported before the GPU is looked for
     cells = _cells(args.preset)
@@ -79,7 +81,11 @@ def main(args) -> int:
         if progress is not None:
             progress.close()
     print(text_summary(results))
-    print(markdown_table(results))
+    if results.get("cells"):
+        print(markdown_table(results))
+    if results.get("nets"):
+        print()
+        print(net_markdown_table(results))
     print()
     for path in results.get("saved_to", []):
         print(f"results: {path}")

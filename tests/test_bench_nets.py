@@ -5,7 +5,6 @@ reference backend in float32, both checked against the float64 reference of the 
 the GPU rows and a cell cuDNN has no form of say why they did not run; a row whose output is wrong is not timed."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import engine

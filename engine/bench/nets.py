@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..blocks import Layers, Net, Pool, init_net_params, net_to_dict, prepare_net, run_net
+from ..blocks import Net, Pool, init_net_params, net_to_dict, prepare_net, run_net
 from ..errors import BackendError
 from ..network import Network
 from ..params import Params

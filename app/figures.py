@@ -354,6 +354,34 @@ def results_table(results: Mapping) -> list[dict]:
     return rows
 
 
+NET_COLUMNS = ("preset", "net", "blocks", "I", "H", "T", "B", "implementation", "status", "median_ms", "min_ms",
+               "max_ms", "tflops", "speedup_vs_cudnn_fp32", "relative_error", "reason")
+
+
+def net_results_table(results: Mapping) -> list[dict]:
+    """One flat row per (cell, network configuration, implementation) of a harness run with `--config deepspeech`
+    and the like (engine/bench/nets.py)."""
+    rows = []
+    for net in results.get("nets") or []:
+        config = net.get("config", {})
+        blocks = []
+        for b in (net.get("net") or {}).get("blocks", []):
+            if b.get("kind") == "pool":
+                blocks.append(f"{b.get('op')}-pool {b.get('window')}/{b.get('stride')}")
+            else:
+                blocks.append(f"{b.get('cell') if isinstance(b.get('cell'), str) else 'custom'} x{b.get('num_layers')}")
+        base = {"preset": net.get("preset"), "net": config.get("name"), "blocks": " -> ".join(blocks),
+                "I": config.get("input_size"), "H": config.get("hidden_size"), "T": config.get("steps"),
+                "B": config.get("batch")}
+        for entry in net.get("implementations") or []:
+            rows.append({**base, "implementation": entry.get("name"), "status": entry.get("status"),
+                         "median_ms": entry.get("median_ms"), "min_ms": entry.get("min_ms"),
+                         "max_ms": entry.get("max_ms"), "tflops": entry.get("tflops"),
+                         "speedup_vs_cudnn_fp32": (entry.get("speedup") or {}).get("vs_cudnn_fp32"),
+                         "relative_error": (entry.get("error") or {}).get("rel"), "reason": entry.get("reason")})
+    return rows
+
+
 def results_csv(rows: Sequence[Mapping]) -> str:
     import csv
     import io

@@ -32,6 +32,9 @@ def bench_api() -> dict | None:
     found = {name: engine_cache.optional("engine.bench", name) for name in ("run_bench", "list_results",
                                                                               "load_results")}
     found["anchors"] = engine_cache.optional("engine.bench.configs", "ANCHORS")
+    nets = engine_cache.optional("engine.bench.configs", "NET_ANCHORS") or {}
+    if found["anchors"] is not None:
+        found["anchors"] = {**found["anchors"], **nets}       # whole networks (deepspeech) beside the cell sizes
     found["implementations"] = engine_cache.optional("engine.bench.implementations", "implementation_choices")
     return None if any(f is None for f in found.values()) else found
 
@@ -170,17 +173,38 @@ def results_ui(api: dict) -> None:
     for cell in results.get("cells", []):
         if cell.get("status") != "ok":
             st.warning(f"{figures.cell_label(cell)}: {cell.get('status')}: {cell.get('reason')}")
-    speedup_ui(results)
-    engine_bars = figures.engine_time_bars(results)
-    if len(engine_bars.data) > 1:               # one engine implementation alone compares with nothing
-        st.plotly_chart(engine_bars, key="benchmarks.engine")
-    rows = figures.results_table(results)
-    st.dataframe(rows, hide_index=True, key="benchmarks.table")
     left, right = st.columns(2)
-    left.download_button("Download CSV", figures.results_csv(rows), file_name=f"{stem}.csv", mime="text/csv",
-                         key="benchmarks.csv", icon=":material/download:")
+    if results.get("cells"):
+        speedup_ui(results)
+        engine_bars = figures.engine_time_bars(results)
+        if len(engine_bars.data) > 1:               # one engine implementation alone compares with nothing
+            st.plotly_chart(engine_bars, key="benchmarks.engine")
+        rows = figures.results_table(results)
+        st.dataframe(rows, hide_index=True, key="benchmarks.table")
+        left.download_button("Download CSV", figures.results_csv(rows), file_name=f"{stem}.csv", mime="text/csv",
+                             key="benchmarks.csv", icon=":material/download:")
+    nets_ui(results)
     right.download_button("Download JSON", json.dumps(results, indent=1), file_name=f"{stem}.json",
                           mime="application/json", key="benchmarks.json", icon=":material/download:")
+
+
+def nets_ui(results: dict) -> None:
+    """Whole networks (the harness's net configurations): each row's time and its speedup over cuDNN fp32."""
+    rows = figures.net_results_table(results)
+    if not rows:
+        return
+    st.markdown("**Networks** (cuDNN's modules with the same weights against the engine's `run_net`; "
+                "fp32, TF32 off; every row checked against the float64 reference of the whole net first)")
+    ok = [r for r in rows if r["status"] == "ok" and r["speedup_vs_cudnn_fp32"] is not None]
+    if ok:
+        bars = [{"config": f"{r['preset']} · {r['net']}", "baseline": "cuDNN fp32",
+                 "speedup": r["speedup_vs_cudnn_fp32"], "implementation": r["implementation"]} for r in ok
+                if r["implementation"] != "cudnn-fp32"]
+        if bars:
+            figure = figures.speedup_bars([{**b, "config": f"{b['config']} · {b['implementation']}"} for b in bars],
+                                          title="Networks: cuDNN fp32 time / each implementation's time")
+            st.plotly_chart(figure, key="benchmarks.nets_speedup")
+    st.dataframe(rows, hide_index=True, key="benchmarks.nets_table")
 
 
 st.title("Benchmarks")

@@ -98,8 +98,8 @@ class NetBenchConfig:
 
     @property
     def shape(self) -> str:
-        return (f"net {self.net}: I={self.input_size} H={self.hidden_size} {self.layers} layers a block "
-                f"T={self.steps} B={self.batch}")
+        return (f"network, {self.layers} layers a block: I={self.input_size} H={self.hidden_size} T={self.steps} "
+                f"B={self.batch}")
 
     def build(self, cell):
         from ..blocks import net_preset

@@ -520,3 +520,35 @@ def test_divergence_draws_the_saved_error_curves(open_page, saved_results):
     at.selectbox(key="divergence.cell").set_value(1).run()
     assert_drawn(expected(1, "vs_cudnn_fp32", "mean"))
     assert "divergence.demo" in chart_keys(at)          # the live demo is still there
+
+
+def test_benchmarks_show_networks(open_page, tmp_path, monkeypatch):
+    """A harness run of `--config deepspeech` only (no cells): the page draws each row's speedup over cuDNN and the
+    networks table, and offers deepspeech among the configurations of a live run."""
+    from engine.bench import results as results_module
+    from engine.bench.configs import NET_ANCHORS
+    from engine.blocks import net_to_dict
+    config = NET_ANCHORS["deepspeech"]
+    rows = [("cudnn-fp32", 13.1), ("persistent", 8.14), ("fused", 52.6)]
+    entries = [{"name": name, "family": "cudnn" if name.startswith("cudnn") else "engine", "precision": "fp32",
+                "status": "ok", "reason": None, "tf32": False, "median_ms": ms, "min_ms": ms, "max_ms": ms, "reps": 20,
+                "error": {"rel": 4e-7}, "speedup": {"vs_cudnn_fp32": 13.1 / ms}} for name, ms in rows]
+    entries.append({"name": "graph", "family": "engine", "precision": "fp32", "status": "unavailable",
+                    "reason": "needs a GPU (test)", "tf32": False})
+    results = results_module.new_results({"device": "Test GPU"}, {}, {"reps": 20})
+    results["nets"] = [{"preset": "lstm", "config": config.to_dict(), "net": net_to_dict(config.build("lstm")),
+                        "status": "ok", "reason": None, "implementations": entries}]
+    results_module.save_results(results, tmp_path / "bench-nets.json")
+    monkeypatch.setattr(results_module, "RESULTS_DIR", tmp_path)
+    at = open_page("benchmarks")
+    assert "deepspeech (network, 4 layers a block: I=512 H=512 T=100 B=64)" in \
+        at.multiselect(key="benchmarks.configs").options
+    (trace,) = chart_spec(at, "benchmarks.nets_speedup")["data"]
+    bars = dict(zip(trace["x"], trace["y"]))
+    assert bars == pytest.approx({"lstm · deepspeech · persistent": 13.1 / 8.14, "lstm · deepspeech · fused": 13.1 / 52.6})
+    (frame,) = at.dataframe                          # no cells in this file: the networks table alone
+    table = frame.value
+    assert list(table["implementation"]) == ["cudnn-fp32", "persistent", "fused", "graph"]
+    assert set(table["blocks"]) == {"lstm x4 -> max-pool 2/2 -> lstm x4"}
+    assert list(table["status"])[-1] == "unavailable" and "needs a GPU (test)" in list(table["reason"])
+    assert "benchmarks.json" in {d.key for d in at.download_button} and not at.exception

@@ -205,7 +205,8 @@ def reference_sample(cell_json: str, input_size: int, hidden_size: int, num_laye
 
 @st.cache_data(show_spinner="Running the NumPy reference...", max_entries=32)
 def reference_divergence(cell_json: str, input_size: int, hidden_size: int, num_layers: int, steps: int,
-                         batch: int, seed: int = 0, precision: str = "float32") -> dict[str, list[float]]:
+                         batch: int, seed: int = 0, precision: str = "float32",
+                         proj_size: int | None = None) -> dict[str, list[float]]:
     """Per-step max and mean |out - float64| of the reference backend on one random input.
 
     The float64 run is the definition. precision="float32": the reference in float32, how rounding

@@ -86,7 +86,8 @@ def instrument(source: str) -> tuple[str, list[str]]:
         if "_persistent(" in line and "__global__" in line:
             out.append(line)
             continue
-        if line.strip() == "__syncthreads();" and i + 1 < len(lines) and lines[i + 1].lstrip().startswith("for (int k"):
+        if line.strip() == "__syncthreads();" and i + 1 < len(lines) and \
+                lines[i + 1].lstrip().startswith(("for (int k", "constexpr unsigned S")):   # grid or layer sync
             out += [line, "    if (threadIdx.x == 0) {",
                     "        for (int p = 0; p < RNN_PROF_PHASES; ++p) rnn_prof_acc[p] = 0;",
                     "        rnn_prof_last = clock64();", "    }",
@@ -95,6 +96,12 @@ def instrument(source: str) -> tuple[str, list[str]]:
             continue
         if line.strip() == "grid.sync();":
             out += [line, f"        rnn_prof_mark({phase('grid.sync')});"]
+            continue
+        if line.strip() == "__syncthreads();" and i > 0 and "rnn_wait_for" in lines[i - 1]:     # sync="layer"
+            out += [line, f"        rnn_prof_mark({phase('layer wait')});"]
+            continue
+        if line.strip().startswith("rnn_arrive("):
+            out += [line, f"        rnn_prof_mark({phase('arrive')});"]
             continue
         if line == "}" and out and out[-1].strip() == "}" and any("rnn_prof_c0" in x for x in out[-40:]):
             out += ["    if (threadIdx.x == 0) {",
@@ -140,7 +147,7 @@ def profile(preset: str, config: str, precision: str, config_tile: TileConfig) -
     cycles, ns = table[:, MAX_PHASES].astype(float), table[:, MAX_PHASES + 1].astype(float)
     ghz = float(np.median(cycles / np.maximum(ns, 1)))
     group = sched.tiling.num_layers
-    steps = T + group - 1
+    steps = T if sched.tiling.config.sync == "layer" else T + group - 1      # a block's steps in one launch
     result = {"preset": preset, "config": config, "precision": precision, "tiling": sched.tiling.describe(),
               "blocks": int(blocks), "threads": int(threads), "launches": L // group, "steps_per_launch": steps,
               "clock_ghz": ghz, "max_abs_diff_vs_uninstrumented": err, "phases": {}}
@@ -161,9 +168,10 @@ def main(argv=None) -> int:
     parser.add_argument("--units", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--layers-per-launch", type=int, default=None)
+    parser.add_argument("--sync", default="grid", help="grid (barriers) or layer (per-layer arrival counters)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    tile = TileConfig(args.units, threads=args.threads, layers_per_launch=args.layers_per_launch)
+    tile = TileConfig(args.units, threads=args.threads, layers_per_launch=args.layers_per_launch, sync=args.sync)
     results = []
     for preset in args.preset or ["lstm"]:
         for config in args.config or ["lat"]:

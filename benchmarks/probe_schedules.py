@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("--units", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--layers-per-launch", type=int, default=None)
+    parser.add_argument("--sync", default="grid", help="persistent: grid (barriers) or layer (arrival counters)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-fused", action="store_true", help="skip timing the fused backend")
@@ -89,7 +90,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rb, rc = (int(v) for v in args.tile.split("x")) if args.tile else (4, 4)
     warp = tuple(int(v) for v in args.warp_tile.split("x")) if args.warp_tile else None
-    config = TileConfig(args.units, rb, rc, args.threads, warp_tile=warp, layers_per_launch=args.layers_per_launch)
+    config = TileConfig(args.units, rb, rc, args.threads, warp_tile=warp, layers_per_launch=args.layers_per_launch,
+                        sync=args.sync)
     rows = []
     for preset in args.preset or ["lstm"]:
         cell = engine.preset(preset).cell

@@ -4,7 +4,8 @@
     compute-sanitizer --tool racecheck python3 benchmarks/sanitize_persistent.py
 
 Two LSTM networks of two layers, one per GEMM shape of kernels/tile_gemm.cuh: B=3 (the warp GEMV) and
-B=16 (register tiles, split K, a cp.async pipeline), plus one layer by layer (TileConfig(layers_per_launch=1));
+B=16 (register tiles, split K, a cp.async pipeline), plus one layer by layer (TileConfig(layers_per_launch=1)) and
+both with per-layer arrival counters instead of grid barriers (TileConfig(sync="layer"));
 then the tensor-core MMA of kernels/mma_gemm.cuh in bf16 (B=16 and B=40: split K, and three row tiles with
 streamed 16-bit weights) and tf32 (B=16); and the bulk-copy pipeline (sizes in whole chunks of 64 columns: bf16
 with resident weights, fp16 with streamed chunked weights). Each run is checked against the reference (emulating
@@ -30,7 +31,8 @@ def main() -> int:
     worst = 0.0
     small, whole = (24, 40), (64, 64)
     runs = [(3, TileConfig(), "float32", small), (16, TileConfig(), "float32", small),
-            (16, TileConfig(layers_per_launch=1), "float32", small), (16, TileConfig(), "bfloat16", small),
+            (16, TileConfig(layers_per_launch=1), "float32", small), (3, TileConfig(sync="layer"), "float32", small),
+            (16, TileConfig(sync="layer"), "float32", small), (16, TileConfig(), "bfloat16", small),
             (40, TileConfig(resident=False), "bfloat16", small), (16, TileConfig(), "tf32", small),
             (16, TileConfig(), "bfloat16", whole), (40, TileConfig(resident=False), "float16", whole)]
     only = sys.argv[1] if len(sys.argv) > 1 else None          # e.g. "bfloat16": the runs of one precision

@@ -214,6 +214,13 @@ SOURCE_CASES = [(name, 37, 129, 2, 3, TileConfig()) for name in PRESETS] + [
     ("gru", 128, 64, 2, 40, TileConfig(resident=False), "float16")]
 
 
+# Per-layer arrival counters instead of grid barriers (TileConfig(sync="layer"), the persistent schedule only): the
+# warp GEMV, a two-stage cell on register tiles, bf16 on the bulk pipeline.
+LAYER_SYNC_CASES = [("lstm", 37, 129, 3, 3, TileConfig(sync="layer")),
+                    ("gru_cho", 45, 150, 2, 19, TileConfig(sync="layer")),
+                    ("lstm", 64, 128, 2, 19, TileConfig(sync="layer"), "bfloat16")]
+
+
 def render(name, input_size, hidden_size, num_layers, batch, config, persistent, precision="float32"):
     network = engine.Network(engine.preset(name).cell, input_size=input_size, hidden_size=hidden_size,
                              num_layers=num_layers)
@@ -225,10 +232,12 @@ def render(name, input_size, hidden_size, num_layers, batch, config, persistent,
 def case_id(case, mode):
     name, I, H, L, B = case[:5]
     precision = f"-{case[6]}" if len(case) > 6 else ""
-    return f"{name}-{mode}-I{I}-H{H}-L{L}-B{B}{precision}"
+    sync = "-layersync" if case[5].sync == "layer" else ""
+    return f"{name}-{mode}-I{I}-H{H}-L{L}-B{B}{precision}{sync}"
 
 
-ALL_SOURCES = [(case, mode) for case in SOURCE_CASES for mode in MODES]
+ALL_SOURCES = ([(case, mode) for case in SOURCE_CASES for mode in MODES]
+               + [(case, "persistent") for case in LAYER_SYNC_CASES])
 
 
 def layer_args_slots(source: str) -> list[str]:
@@ -548,3 +557,25 @@ def test_candidates_of_an_eligible_program_start_with_fused_and_can_all_be_tiled
 def test_candidates_of_an_ineligible_program_are_only_fused():
     network = engine.Network(CELLS["input_sized"], input_size=24, hidden_size=32, num_layers=2)
     assert autotune.candidates(network, 8, H100) == [autotune.Candidate("fused")]
+
+
+@pytest.mark.parametrize("case", LAYER_SYNC_CASES, ids=[case_id(c, "persistent") for c in LAYER_SYNC_CASES])
+def test_layer_sync_waits_for_its_own_layer_and_the_one_below_only(case):
+    program, source, tiling = render(*case[:6], True, *case[6:])
+    entry = source[source.index('extern "C" __global__'):]
+    assert "unsigned* __restrict__ arrivals" in entry.splitlines()[0]
+    assert "grid.sync()" not in entry and "kernels/layer_sync.cuh (inlined)" in source
+    S = len(stages(program))
+    assert f"constexpr unsigned S = {S};" in entry and "for (int t = 0; t < T; ++t)" in entry
+    assert entry.count("rnn_arrive(arrivals + layer);") == S                 # one count per stage
+    assert entry.count("rnn_wait_for(arrivals + layer - 1,") == 1            # the layer below: before the first
+    for i in range(S):
+        assert f"rnn_wait_for(arrivals + layer, BLOCKS_PER_LAYER * ((unsigned)t * S + {i}u));" in entry
+    assert "by per-layer arrival counters" in tiling.describe() and tiling.config.label().endswith("sync=layer")
+
+
+def test_layer_sync_is_for_the_persistent_schedule_and_says_its_values():
+    with pytest.raises(CompileError, match="sync='layer' applies to the persistent schedule only"):
+        render("lstm", 37, 129, 2, 3, TileConfig(sync="layer"), False)
+    with pytest.raises(CompileError, match="TileConfig.sync='barrier' is not 'grid' or 'layer'"):
+        render("lstm", 37, 129, 2, 3, TileConfig(sync="barrier"), True)

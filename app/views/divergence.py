@@ -19,8 +19,8 @@ import engine  # noqa: E402
 from app import engine_cache, figures, state  # noqa: E402
 
 # The live demo runs the NumPy reference twice on the CPU, inside a page rerun: keep it small.
-DEMO_LIMITS = {"input_size": 1024, "hidden_size": 1024, "num_layers": 8, "steps": 2000, "batch": 64}
-DEMO_START = {"input_size": 64, "hidden_size": 128, "num_layers": 2, "steps": 200, "batch": 4}
+DEMO_LIMITS = {"input_size": 1024, "hidden_size": 1024, "num_layers": 8, "steps": 2000, "batch": 64, "proj_size": 1024}
+DEMO_START = {"input_size": 64, "hidden_size": 128, "num_layers": 2, "steps": 200, "batch": 4, "proj_size": 64}
 AGAINST = {"vs_reference": "against float64", "vs_cudnn_fp32": "against cuDNN fp32"}
 
 
@@ -71,8 +71,9 @@ def demo_ui(cell: engine.CellGraph) -> None:
                "the rest exact), which the GPU kernels match to about 1e-5: the gap is that mode's rounding carried "
                "through the recurrence.")
     design = state.design_sizes()
-    start = {k: min(int(design[k]), DEMO_START[k]) if int(design[k]) >= 1 else DEMO_START[k] for k in DEMO_START}
-    sizes = engine_cache.sizes_ui("divergence", defaults=start, limits=DEMO_LIMITS)
+    start = {k: min(int(design[k]), DEMO_START[k]) if int(design.get(k, 0)) >= 1 else DEMO_START[k] for k in DEMO_START}
+    fields = engine_cache.SIZE_FIELDS + (("proj_size",) if cell.uses_projection else ())     # LSTMP: P as well
+    sizes = engine_cache.sizes_ui("divergence", fields=fields, defaults=start, limits=DEMO_LIMITS)
     seed = st.number_input("seed", value=0, step=1, min_value=0, key="divergence.seed")
     chosen = st.multiselect("precisions", PRECISIONS, default=list(PRECISIONS), key="divergence.precisions",
                             help="engine.run(..., precision=...): matmul operands rounded to tf32 / fp16 / bf16, "

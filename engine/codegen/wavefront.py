@@ -31,6 +31,7 @@ from .precision import precision as lookup_precision
 
 TILE_GEMM_HELPER = "tile_gemm.cuh"
 MMA_GEMM_HELPER = "mma_gemm.cuh"
+LAYER_SYNC_HELPER = "layer_sync.cuh"
 MODE_NAMES = {0: "RNN_FP32", 1: "RNN_TF32", 2: "RNN_FP16", 3: "RNN_BF16"}     # kernels/tile_gemm.cuh
 
 
@@ -109,7 +110,7 @@ def _struct(program: Program, tiling) -> list[str]:
         if f.kind in ("buffer", "half"):
             buf = program.buffer(f.source)
             rows = "T*B" if buf.rows == "sequence" else "B"
-            dims = f"[2]; " if buf.double else "; "
+            dims = "[2]; " if buf.double else "; "
             ctype, doc = ("float", buf.doc) if f.kind == "buffer" else ("unsigned short", f"{f.source} in 16 bits")
             lines.append(f"    {ctype}* {f.name}{dims.rstrip()}".ljust(40) + f"// ({rows}, {buf.cols}) {doc}")
         elif f.kind == "input":
@@ -185,7 +186,6 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
     for g in gemms:
         lines.append(f"{indent}    const int K_{g.name} = {g.k.c_expr()}, N_{g.name} = {g.n.c_expr()};")
     prec = lookup_precision(program.precision)
-    mode = "" if prec.mode == 0 else f", {MODE_NAMES[prec.mode]}"
     if tiling.path == "gemv":
         warps = tiling.config.threads // 32
         cw = max(-(-len(g.terms) * tiling.units_per_block // warps) for g in gemms)
@@ -282,6 +282,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
                      f"//   before the launch: {', '.join(hoisted)} as one cuBLAS GEMM over the whole sequence")
     lines += [""] + (["#include <cooperative_groups.h>", ""] if tiling.persistent else [])
     lines += [helper_source("cell_ops.cuh"), helper_source(TILE_GEMM_HELPER)]
+    if tiling.persistent and tiling.config.sync == "layer":
+        lines.append(helper_source(LAYER_SYNC_HELPER))
     if tiling.mma:
         lines.append(helper_source(MMA_GEMM_HELPER))
     lines += [f"constexpr int B = {tiling.batch};                 // batch rows",
@@ -345,11 +347,19 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
 
 
 def _persistent_entry(program: Program, tiling, prefix: str, present, block_setup: list[str]) -> list[str]:
+    by_layer = tiling.config.sync == "layer"
     lines = ["// Persistent schedule: the whole sequence in one cooperative launch, one block per SM."]
-    lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS, 1) {prefix}_persistent('
-                 "const LayerArgs* __restrict__ layers, const int T)")
+    if by_layer:
+        lines.append("// Layers synchronised by arrival counters (kernels/layer_sync.cuh): arrivals[l] counts the "
+                     "finished stages of layer l's blocks.")
+        lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS, 1) {prefix}_persistent('
+                     "const LayerArgs* __restrict__ layers, const int T, unsigned* __restrict__ arrivals)")
+    else:
+        lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS, 1) {prefix}_persistent('
+                     "const LayerArgs* __restrict__ layers, const int T)")
     lines.append("{")
-    lines.append("    cooperative_groups::grid_group grid = cooperative_groups::this_grid();")
+    if not by_layer:
+        lines.append("    cooperative_groups::grid_group grid = cooperative_groups::this_grid();")
     lines += block_setup
     lines.append("    const int I = (int)L.I;")
     for g in tiling.gemms:
@@ -371,6 +381,24 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append("    }")
     lines.append("    (void)I;")
     lines.append("    __syncthreads();")
+    if by_layer:
+        stages_per_step = len(present)
+        lines.append(f"    constexpr unsigned S = {stages_per_step};                 // stages a step")
+        lines.append("    for (int t = 0; t < T; ++t) {   // this block's layer, step by step")
+        for i, s in enumerate(present):
+            lines.append(f"        // stage {s}: " + ("once every block of this layer has finished step t - 1 (its state) and "
+                                             "the layer below step t (its output row block t)" if i == 0 else
+                                             "once every block of this layer has finished the stage before"))
+            lines.append(f"        rnn_wait_for(arrivals + layer, BLOCKS_PER_LAYER * ((unsigned)t * S + {i}u));")
+            if i == 0:
+                lines.append("        if (layer > 0) rnn_wait_for(arrivals + layer - 1, BLOCKS_PER_LAYER * "
+                             "((unsigned)t + 1u) * S);")
+            lines.append("        __syncthreads();")
+            lines.append(f"        if (tu > 0) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
+            lines.append("        rnn_arrive(arrivals + layer);")
+        lines.append("    }")
+        lines.append("}")
+        return lines
     lines.append(f"    for (int k = 0; k < T + {tiling.num_layers} - 1; ++k) {{   // wavefront step k: layer l runs step k - l")
     lines.append("        const int t = k - layer;")
     lines.append("        const bool busy = tu > 0 && t >= 0 && t < T;")

@@ -238,7 +238,7 @@ class WavefrontSchedule:
         if self._shape != (int(T), int(B)):
             self._build(int(T), int(B))
         on_gpu = isinstance(x, cupy.ndarray)
-        program, L, H = self.plan_.program, network.num_layers, network.hidden_size
+        program, L = self.plan_.program, network.num_layers
         # Everything runs on the caller's stream, in order after whatever wrote x: no host round trip.
         if poison:   # NaN everywhere: 0xFFFF is a NaN in fp16 and in bf16
             for bufs, fill in [(b, math.nan) for b in self.buffers] + [(b, 0xFFFF) for b in self.half_buffers]:
@@ -312,7 +312,7 @@ class WavefrontSchedule:
         self.half_arena.fill(0)                 # 0x0000 is +0 in fp16 and bf16
         if not initial_states:
             return
-        program, H = self.plan_.program, self.network.hidden_size
+        program = self.plan_.program
         for layer, bufs in enumerate(self.buffers):
             sizes = self.plan_.layer_sizes(layer)
             for home in program.homes:

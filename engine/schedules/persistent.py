@@ -15,6 +15,11 @@ layers' weights together cannot stay on chip but one layer's can).
 
 A cooperative launch fails unless every block can be resident at once: the grid is checked against
 the occupancy API before launching, and the error names the tiling to change.
+
+With TileConfig(sync="layer") the grid-wide barriers give way to per-layer arrival counters
+(kernels/layer_sync.cuh): each layer steps through time on its own, waiting only for its own blocks and
+for the layer below, so a cheaper layer runs ahead instead of idling at every barrier. Experimental: not
+yet among the autotuner's candidates until measured on a GPU (benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
@@ -39,10 +44,18 @@ class PersistentSchedule(WavefrontSchedule):
                                f"{smem} bytes of shared memory, but {self.limits.name} holds {capacity}; hint: a "
                                "larger units_per_block, or backend='graph'")
         self.co_resident = capacity
+        # TileConfig(sync="layer"): one arrival counter per layer of a launch (kernels/layer_sync.cuh), zeroed
+        # before every launch.
+        self.arrivals = (cupy.zeros(self.tiling.num_layers, dtype=cupy.uint32)
+                         if self.tiling.config.sync == "layer" else None)
 
     def _launch(self, T: int, B: int, first_layer: int) -> None:
         args = self.args[first_layer:]           # the group's rows of the argument table
-        self.kernels[0]((self.tiling.blocks,), (self.tiling.config.threads,), (args, np.int32(T)),
+        extra = ()
+        if self.arrivals is not None:
+            self.arrivals.fill(0)
+            extra = (self.arrivals,)
+        self.kernels[0]((self.tiling.blocks,), (self.tiling.config.threads,), (args, np.int32(T), *extra),
                         shared_mem=self.tiling.smem_bytes)
 
     def launches_per_sequence(self, T: int) -> int:

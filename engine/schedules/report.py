@@ -20,7 +20,7 @@ from typing import Any
 
 from ..codegen.precision import precision as lookup_precision
 from ..errors import CompileError
-from ..plan import FLOAT_BYTES, Plan
+from ..plan import Plan
 from .tiling import H100, DeviceLimits, TileConfig, Tiling, eligibility, make_tiling
 
 SCHEDULE_CHOICES = ("fused", "graph", "persistent", "auto")

@@ -69,6 +69,9 @@ class TileConfig:
     #                                            columns per warp; None: 2 x 2, fewer where the GEMM is smaller
     layers_per_launch: int | None = None   # persistent: run the layers in groups of this many, one launch
     #                                        each (1: layer by layer, every input projection one cuBLAS GEMM)
+    sync: str = "grid"                 # persistent: "grid" (a grid-wide barrier after every stage of a wavefront
+    #                                    step) or "layer" (per-layer arrival counters: a layer waits for its own
+    #                                    blocks and for the layer below only, and runs ahead of the layers above)
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
@@ -76,7 +79,8 @@ class TileConfig:
         return (f"units={units} tile={self.rows_per_thread}x{self.cols_per_thread} threads={threads}"
                 + ("" if self.resident else " streamed")
                 + ("" if self.warp_tile is None else f" warp={self.warp_tile[0]}x{self.warp_tile[1]}")
-                + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}"))
+                + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}")
+                + ("" if self.sync == "grid" else f" sync={self.sync}"))
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,8 @@ class Tiling:
             product = (f"{self.config.rows_per_thread}x{self.config.cols_per_thread} accumulators per thread, "
                        f"K chunk {self.k_chunk} in a {self.stages}-stage pipeline")
         groups = "" if self.launches == 1 else f", launched {self.launches} times (one group of layers each)"
+        if self.config.sync == "layer":
+            groups += ", layers synchronised by per-layer arrival counters"
         return (f"{self.blocks} blocks ({self.blocks_per_layer} per layer x {self.num_layers} layers){groups}, "
                 f"{self.units_per_block} hidden units per block, {self.config.threads} threads, {product}, "
                 f"{self.smem_bytes / 1024:.1f} KiB shared memory per block, "
@@ -294,6 +300,12 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         except CompileError:
             return whole
         return single if roomy(single) else whole
+    if config.sync not in ("grid", "layer"):
+        raise CompileError(f"TileConfig.sync={config.sync!r} is not 'grid' or 'layer'; hint: 'grid' (a barrier over "
+                           "all blocks after every stage) or 'layer' (per-layer arrival counters)")
+    if config.sync == "layer" and not persistent:
+        raise CompileError("TileConfig.sync='layer' applies to the persistent schedule only (the graph schedule's "
+                           "stages are separate launches); hint: leave it 'grid'")
     H, B = network.hidden_size, batch
     L = config.layers_per_launch or network.num_layers        # layers in one launch
     if config.layers_per_launch is not None:

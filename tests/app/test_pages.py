@@ -552,3 +552,24 @@ def test_benchmarks_show_networks(open_page, tmp_path, monkeypatch):
     assert set(table["blocks"]) == {"lstm x4 -> max-pool 2/2 -> lstm x4"}
     assert list(table["status"])[-1] == "unavailable" and "needs a GPU (test)" in list(table["reason"])
     assert "benchmarks.json" in {d.key for d in at.download_button} and not at.exception
+
+
+def test_divergence_demo_of_a_projected_cell_asks_for_p(app, open_page):
+    """LSTMP (states of size P): the demo has a P field and plots every step of the (T, B, P) output."""
+    app.selectbox(key="designer.preset").set_value("lstm_proj").run()
+    app.button(key="designer.load_preset").click().run()
+    at = open_page("divergence")
+    at.number_input(key="divergence.steps").set_value(12).run()
+    at.number_input(key="divergence.proj_size").set_value(5).run()
+    series = {t["name"]: t["y"] for t in chart_spec(at, "divergence.demo")["data"]}
+    assert len(series["float32 max |error|"]) == 12
+    assert not at.exception and not at.error
+
+
+@pytest.mark.parametrize("page", ["gallery", "schedule", "export", "benchmarks", "divergence"])
+def test_every_page_takes_a_projected_cell(app, open_page, page):
+    """LSTMP on every page: what cannot take P (the wavefront schedules, the export) says so; nothing raises."""
+    app.selectbox(key="designer.preset").set_value("lstm_proj").run()
+    app.button(key="designer.load_preset").click().run()
+    at = open_page(page)
+    assert not at.exception, [e.value for e in at.exception]

@@ -75,6 +75,25 @@ def test_tilings(cupy, schedule, label, sizes, config):
         assert_matches(run_schedule(schedule, network, params, x, states, config), ref, f"{schedule} {cell} {label}")
 
 
+@pytest.mark.parametrize("batch", [3, 19])
+@pytest.mark.parametrize("name", PRESETS)
+def test_layer_sync_computes_what_grid_sync_computes(cupy, name, batch):
+    """TileConfig(sync="layer"): per-layer arrival counters instead of grid barriers change when a block waits,
+    not what it computes: outputs and final states bit-identical to the grid-synchronised kernel over 3 layers
+    (a layer running ahead of the one above it), both poisoned, and both against the float64 reference; 5 runs."""
+    size = {"input_size": 45, "hidden_size": 150, "batch": batch, "steps": 13}
+    network, params, x, states = make_case(engine.preset(name).cell, 3, seed=batch, sizes=size)
+    ref = reference.run(network, params, x, states, dtype=np.float64)
+    grid = run_schedule("persistent", network, params, x, states)
+    layer = schedule_class("persistent")(network, params, config=TileConfig(sync="layer"))
+    for _ in range(5):
+        got = layer.run(x, states, poison=True)
+        assert_matches(got, ref, f"persistent sync=layer {name} B={batch}")
+        assert np.array_equal(got.outputs, grid.outputs)
+        for s in grid.final_states:
+            assert np.array_equal(got.final_states[s], grid.final_states[s]), s
+
+
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("batch", [2, 9])
 def test_persistent_in_groups_of_layers(cupy, group, batch):
@@ -82,11 +101,12 @@ def test_persistent_in_groups_of_layers(cupy, group, batch):
     for cell in ("lstm", "gru"):
         network, params, x, states = make_case(engine.preset(cell).cell, 4, seed=group, sizes=size)
         ref = reference.run(network, params, x, states, dtype=np.float64)
-        config = TileConfig(None, 4, 4, layers_per_launch=group)
-        program = schedule_class("persistent")(network, params, config=config)
-        result = program.run(x, states, poison=True)
-        assert result.info["launches_per_sequence"] == 4 // group
-        assert_matches(result, ref, f"persistent {cell}, layers per launch {group}, B={batch}")
+        for sync in ("grid", "layer"):          # the arrival counters are zeroed before every launch of a group
+            config = TileConfig(None, 4, 4, layers_per_launch=group, sync=sync)
+            program = schedule_class("persistent")(network, params, config=config)
+            result = program.run(x, states, poison=True)
+            assert result.info["launches_per_sequence"] == 4 // group
+            assert_matches(result, ref, f"persistent {cell}, layers per launch {group}, sync={sync}, B={batch}")
 
 
 def test_layer_groups_are_refused_where_they_do_not_apply(cupy):

@@ -46,8 +46,13 @@ class PersistentSchedule(WavefrontSchedule):
         self.co_resident = capacity
         # TileConfig(sync="layer"): one arrival counter per layer of a launch (kernels/layer_sync.cuh), zeroed
         # before every launch.
-        self.arrivals = (cupy.zeros(self.tiling.num_layers, dtype=cupy.uint32)
-                         if self.tiling.config.sync == "layer" else None)
+        self.arrivals = None
+        if self.tiling.config.sync == "layer":
+            counts = T * self.stage_count() * self.tiling.blocks_per_layer      # the largest a counter reaches
+            if counts >= 2 ** 32:
+                raise BackendError(f"schedule 'persistent' with TileConfig(sync='layer') counts {counts} arrivals a "
+                                   f"layer for T={T}, more than its 32-bit counters hold; hint: sync='grid'")
+            self.arrivals = cupy.zeros(self.tiling.num_layers, dtype=cupy.uint32)
 
     def _launch(self, T: int, B: int, first_layer: int) -> None:
         args = self.args[first_layer:]           # the group's rows of the argument table

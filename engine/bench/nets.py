@@ -22,7 +22,7 @@ For the CPU tests of this module, device="cpu" runs cuDNN's row as torch on the 
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
@@ -160,7 +160,7 @@ def bench_net(name: str, cell, config: NetBenchConfig, implementations, *, reps:
             result["implementations"].append(entry)
             continue
         try:
-            with (_tf32_off(torch) if torch is not None else _nothing()):
+            with (_tf32_off(torch) if torch is not None else nullcontext()):
                 forward, timer, entry["family"] = _row(impl, net, params, inputs, device, torch)
                 if torch is not None:
                     entry["tf32_flags"] = {TF32_FLAGS[0]: torch.backends.cuda.matmul.allow_tf32,
@@ -186,11 +186,6 @@ def bench_net(name: str, cell, config: NetBenchConfig, implementations, *, reps:
             entry["tflops"] = result["flops_total"] / entry["median_ms"] / 1e9
             entry["speedup"] = {"vs_cudnn_fp32": None if cudnn_ms is None else cudnn_ms / entry["median_ms"]}
     return result
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 def _as_float64(output, xp):

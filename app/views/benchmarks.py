@@ -195,15 +195,12 @@ def nets_ui(results: dict) -> None:
         return
     st.markdown("**Networks** (cuDNN's modules with the same weights against the engine's `run_net`; "
                 "fp32, TF32 off; every row checked against the float64 reference of the whole net first)")
-    ok = [r for r in rows if r["status"] == "ok" and r["speedup_vs_cudnn_fp32"] is not None]
-    if ok:
-        bars = [{"config": f"{r['preset']} · {r['net']}", "baseline": "cuDNN fp32",
-                 "speedup": r["speedup_vs_cudnn_fp32"], "implementation": r["implementation"]} for r in ok
-                if r["implementation"] != "cudnn-fp32"]
-        if bars:
-            figure = figures.speedup_bars([{**b, "config": f"{b['config']} · {b['implementation']}"} for b in bars],
-                                          title="Networks: cuDNN fp32 time / each implementation's time")
-            st.plotly_chart(figure, key="benchmarks.nets_speedup")
+    bars = [{"config": f"{r['preset']} · {r['net']} · {r['implementation']}", "baseline": "cuDNN fp32",
+             "speedup": r["speedup_vs_cudnn_fp32"]} for r in rows
+            if r["status"] == "ok" and r["speedup_vs_cudnn_fp32"] is not None and r["implementation"] != "cudnn-fp32"]
+    if bars:
+        st.plotly_chart(figures.speedup_bars(bars, title="Networks: cuDNN fp32 time / each implementation's time"),
+                        key="benchmarks.nets_speedup")
     st.dataframe(rows, hide_index=True, key="benchmarks.nets_table")
 
 

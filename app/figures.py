@@ -361,16 +361,11 @@ NET_COLUMNS = ("preset", "net", "blocks", "I", "H", "T", "B", "implementation", 
 def net_results_table(results: Mapping) -> list[dict]:
     """One flat row per (cell, network configuration, implementation) of a harness run with `--config deepspeech`
     and the like (engine/bench/nets.py)."""
+    from engine.bench.nets import blocks_label
     rows = []
     for net in results.get("nets") or []:
         config = net.get("config", {})
-        blocks = []
-        for b in (net.get("net") or {}).get("blocks", []):
-            if b.get("kind") == "pool":
-                blocks.append(f"{b.get('op')}-pool {b.get('window')}/{b.get('stride')}")
-            else:
-                blocks.append(f"{b.get('cell') if isinstance(b.get('cell'), str) else 'custom'} x{b.get('num_layers')}")
-        base = {"preset": net.get("preset"), "net": config.get("name"), "blocks": " -> ".join(blocks),
+        base = {"preset": net.get("preset"), "net": config.get("name"), "blocks": blocks_label(net.get("net") or {}),
                 "I": config.get("input_size"), "H": config.get("hidden_size"), "T": config.get("steps"),
                 "B": config.get("batch")}
         for entry in net.get("implementations") or []:

@@ -196,7 +196,8 @@ def _as_float64(output, xp):
     return xp.asarray(output, dtype=xp.float64)
 
 
-def _blocks_label(net: dict) -> str:
+def blocks_label(net: dict) -> str:
+    """A net's JSON dict in one line: 'lstm x4 -> max-pool 2/2 -> lstm x4'."""
     parts = []
     for b in net.get("blocks", []):
         if b.get("kind") == "pool":
@@ -229,7 +230,7 @@ def net_markdown_table(results: dict) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for n in nets:
         c = n.get("config", {})
-        blocks = _blocks_label(n.get("net", {}))
+        blocks = blocks_label(n.get("net", {}))
         row = [str(n.get("preset")), str(c.get("name")), blocks,
                ",".join(str(c.get(k)) for k in ("input_size", "hidden_size", "steps", "batch"))]
         by_name = {e["name"]: e for e in n.get("implementations", [])}

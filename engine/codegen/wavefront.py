@@ -386,9 +386,9 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append(f"    constexpr unsigned S = {stages_per_step};                 // stages a step")
         lines.append("    for (int t = 0; t < T; ++t) {   // this block's layer, step by step")
         for i, s in enumerate(present):
-            lines.append(f"        // stage {s}: " + ("once every block of this layer has finished step t - 1 (its state) and "
-                                             "the layer below step t (its output row block t)" if i == 0 else
-                                             "once every block of this layer has finished the stage before"))
+            when = ("once every block of this layer has finished step t - 1 (its state) and the layer below step t "
+                    "(its output row block t)" if i == 0 else "once every block of this layer has finished the stage before")
+            lines.append(f"        // stage {s}: {when}")
             lines.append(f"        rnn_wait_for(arrivals + layer, BLOCKS_PER_LAYER * ((unsigned)t * S + {i}u));")
             if i == 0:
                 lines.append("        if (layer > 0) rnn_wait_for(arrivals + layer - 1, BLOCKS_PER_LAYER * "

@@ -7,6 +7,12 @@
 // idling at a barrier while they finish (at `blogB` layer 0's blocks, with K = 320 against 512 above, waited
 // 4.7 us a step in grid.sync).
 //
+// Why a sum suffices: a block starts its stage instance n (n = t * S + i) only once its layer's counter reaches
+// BLOCKS_PER_LAYER * n. By induction no block is ever more than one instance ahead of the slowest: to finish
+// instance n it saw the sum of all blocks' counts reach BLOCKS_PER_LAYER * n, which, with every count at most
+// one above the smallest, needs the smallest at n already. So the counter at BLOCKS_PER_LAYER * n means every
+// block of the layer has finished instances 0 .. n - 1; at BLOCKS_PER_LAYER * S * (t + 1), all of step t.
+//
 // Ordering, the pattern of the CUDA memory model for a flag: the writers' stores, a block barrier, then one
 // thread's fence and relaxed atomic add at GPU scope; the waiter's one thread spins on an acquire load at GPU
 // scope, then a block barrier, after which every thread of the block reads what the writers stored. The

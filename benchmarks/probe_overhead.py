@@ -23,20 +23,7 @@ import engine  # noqa: E402
 from engine.backends.common import check_gpu_run_inputs  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
 from engine.schedules import schedule_class  # noqa: E402
-
-
-def event_ms(cupy, fn, repeats: int = 9) -> float:
-    for _ in range(2):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(samples)
+from probe_schedules import time_ms  # noqa: E402  (beside this file: CUDA events, median after warm-up)
 
 
 def host_ms(cupy, fn, repeats: int = 9) -> float:
@@ -76,7 +63,7 @@ def main(argv=None) -> int:
         }
         print(f"{args.preset} {cfg.name} {args.schedule}: {sched.tiling.describe()}")
         for name, fn in pieces.items():
-            print(f"  {name:14s} GPU {event_ms(cupy, fn):8.3f} ms   host {host_ms(cupy, fn):8.3f} ms")
+            print(f"  {name:14s} GPU {time_ms(fn, 2, 9):8.3f} ms   host {host_ms(cupy, fn):8.3f} ms")
     return 0
 
 

@@ -15,9 +15,13 @@
 #      mode, for lstm, gru (cuDNN has them) and gru_cho (it does not), every anchor config;
 #   6. nets (only when named in STAGES): the DeepSpeech net (4 layers, max-pool over time, 4 more) of LSTM and GRU
 #      against cuDNN through the harness (`python -m engine bench --config deepspeech`, engine/bench/nets.py);
-#   7. the markdown tables, last.
-# STAGES="tests sanitize bench precision" (default: all but nets) picks stages, so the suite can be split over two calls of
-# under 10 minutes each on an H100. A failing stage does not stop the next one.
+#   7. wheels (only when named): benchmarks/check_wheels.sh, the engine through the CUDA wheels with the system
+#      toolkit hidden (issue #9's one install);
+#   8. layersync (only when named): the persistent schedule with TileConfig(sync="layer") against grid sync and
+#      cuDNN (probe_schedules.py --sync layer) and its phase profile at blogB;
+#   9. the markdown tables, last.
+# STAGES="tests sanitize bench precision" (default: all but the optional ones) picks stages, so the suite can be split
+# over two calls of under 10 minutes each on an H100. A failing stage does not stop the next one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -90,6 +94,27 @@ if [[ " $STAGES " == *" precision "* ]]; then
   precision_rc=${PIPESTATUS[0]}
 fi
 
+wheels_rc=skipped
+if [[ " $STAGES " == *" wheels "* ]]; then
+  section "the engine through the CUDA wheels alone"
+  timeout 300 bash benchmarks/check_wheels.sh 2>&1 | tee "$OUT/wheels.log" | tail -8
+  wheels_rc=${PIPESTATUS[0]}
+fi
+
+layersync_rc=skipped
+if [[ " $STAGES " == *" layersync "* ]]; then
+  section "per-layer arrival counters against grid sync"
+  {
+    for sync in grid layer; do
+      timeout 150 "$PY" benchmarks/probe_schedules.py --preset lstm --preset gru --preset gru_cho \
+        --config lat --config blogB --config mid --schedule persistent --no-fused --sync $sync 2>&1 \
+        | grep -A12 "^preset" | sed "s/^/[sync=$sync] /"
+    done
+    timeout 90 "$PY" benchmarks/phase_profile.py --preset lstm --config blogB --sync layer 2>&1 | grep -v "^\s*$"
+  } | tee "$OUT/layersync.log"
+  layersync_rc=${PIPESTATUS[0]}
+fi
+
 nets_rc=skipped
 if [[ " $STAGES " == *" nets "* ]]; then
   section "the DeepSpeech net against cuDNN"
@@ -117,4 +142,5 @@ for entry in found[:3] or [None]:
 PYEOF
 echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
-     "precision bench exit code: $precision_rc; nets: $nets_rc (124 = timed out); total $(( $(date +%s) - start )) s"
+     "precision bench exit code: $precision_rc; nets: $nets_rc; wheels: $wheels_rc; layersync: $layersync_rc" \
+     "(124 = timed out); total $(( $(date +%s) - start )) s"

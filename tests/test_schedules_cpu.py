@@ -554,6 +554,15 @@ def test_candidates_of_an_eligible_program_start_with_fused_and_can_all_be_tiled
         assert tiling.blocks >= 1, candidate.label()
 
 
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_layer_sync_is_a_candidate_when_there_are_layers_to_synchronise(precision):
+    def syncs(layers):
+        found = autotune.candidates(lstm_network(hidden_size=256, num_layers=layers), 64, H100, precision)
+        return [c.config.sync for c in found if c.schedule == "persistent"]
+    assert syncs(2).count("layer") == 1 and syncs(2)[0] == "grid"
+    assert "layer" not in syncs(1)
+
+
 def test_candidates_of_an_ineligible_program_are_only_fused():
     network = engine.Network(CELLS["input_sized"], input_size=24, hidden_size=32, num_layers=2)
     assert autotune.candidates(network, 8, H100) == [autotune.Candidate("fused")]

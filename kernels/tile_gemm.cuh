@@ -279,8 +279,15 @@ struct RnnGemmT {
     long ldy;
     const float* bias;
     int K, NC;
+    int NCT;    // the columns its tiles cover (rnn_tile_gemms): NC of every block but a last, narrower one; 0: NC
 };
 using RnnGemm = RnnGemmT<float>;
+
+// The columns a GEMM's tiles cover. A compile-time constant when NCT is (the generator writes 4 * UNITS, say): the
+// tile counts, the K split and the trip count of the multiply loop then fold to constants, in every block alike.
+// Tiles past NC compute on rows of W that are zero (resident) or stale (streamed) and are never stored.
+template <typename WT, typename XT>
+__device__ __forceinline__ int rnn_tile_cols(const RnnGemmT<WT, XT>& J) { return J.NCT > 0 ? J.NCT : J.NC; }
 
 // Stages columns [k0, k0 + kc) of `rows` rows of a global operand (row stride lds) into dst[r * ld + k],
 // zeros for k in [kc, round_up(kc, 4)). VEC = 4: 16-byte cp.async copies through L2, a thread taking
@@ -320,6 +327,26 @@ struct RnnTiles {
     }
 };
 
+// Which tile (row group bg, column group cg) slot `slot` computes. Where the tiles come in whole 4 x 8 blocks (ncg a
+// multiple of 8, nbg of 4), each 32 consecutive slots (a warp) take one block, so arranged that every half-warp reads
+// four X rows and eight W rows per float4 load, each quarter-warp two rows of X and four of W, the two quarters
+// disjoint: a quarter's 16-byte reads then fall in bank groups its partner does not touch, and each half-warp is
+// served in one shared-memory wavefront (ncu on `large`: the row-major order, eight W rows in every quarter, took
+// four wavefronts per W load, two per X load). Otherwise row-major: bg = slot / ncg, cg = slot % ncg.
+template <int RB, int RC>
+__device__ __forceinline__ void rnn_tile_of(const RnnTiles<RB, RC>& tl, int slot, int& bg, int& cg)
+{
+    if (tl.ncg % 8 == 0 && tl.nbg % 4 == 0) {
+        const int warp = slot >> 5, lane = slot & 31, blocks_c = tl.ncg >> 3;
+        const int half = lane >> 4, quarter = (lane >> 3) & 1, i = lane & 7;
+        bg = (warp / blocks_c) * 4 + quarter * 2 + (i >> 2);
+        cg = (warp % blocks_c) * 8 + (quarter ^ half) * 4 + (i & 3);
+    } else {
+        bg = slot / tl.ncg;
+        cg = slot % tl.ncg;
+    }
+}
+
 // Where the staging of a stage's chunks has got to: GEMM `job`, K chunk `chunk`, chunks `left` in this GEMM
 // (its chunks times its passes over the tiles). Walked one chunk at a time, so there is no division per chunk.
 struct RnnCursor {
@@ -354,10 +381,40 @@ __device__ __forceinline__ void rnn_mma_step(float (&acc)[RB][RC], const float4 
                                  acc[r][c]);
 }
 
-template <int RB, int RC>
+// `steps` (<= MAXSTEPS) k-steps of four, k = k_begin + j * k_step. The loop runs to the compile-time MAXSTEPS and
+// leaves at `steps`, so it always unrolls: every shared-memory address is a register plus an immediate where k_step
+// folds to a constant (the block size known through __builtin_assume, the tile counts through NCT), and the exits
+// fold away too where `steps` does (a whole chunk of a K that is a multiple of KC).
+template <int RB, int RC, int MAXSTEPS>
 __device__ __forceinline__ void rnn_mma_chunk(float (&acc)[RB][RC], const float* __restrict__ x, int ldx,
                                               const float* __restrict__ w, int ldw, int bg, int nbg, int cg, int ncg,
-                                              int k_begin, int k_end, int k_step)
+                                              int k_begin, int steps, int k_step)
+{
+    const float* xr = x + bg * ldx + k_begin;
+    const float* wr = w + (long)cg * ldw + k_begin;
+    const int xstep = nbg * ldx;
+    const long wstep = (long)ncg * ldw;
+    if (steps <= 0) return;
+    float4 xa[RB], wa[RC], xb[RB], wb[RC];
+    rnn_mma_load<RB, RC>(xa, wa, xr, xstep, wr, wstep, 0);
+#pragma unroll
+    for (int j = 0; j < MAXSTEPS; j += 2) {
+        if (j + 1 < steps) rnn_mma_load<RB, RC>(xb, wb, xr, xstep, wr, wstep, (j + 1) * k_step);
+        rnn_mma_step<RB, RC>(acc, xa, wa);
+        if (j + 1 >= steps) break;
+        if (j + 2 < steps) rnn_mma_load<RB, RC>(xa, wa, xr, xstep, wr, wstep, (j + 2) * k_step);
+        rnn_mma_step<RB, RC>(acc, xb, wb);
+        if (j + 2 >= steps) break;
+    }
+}
+
+// The same for a partial chunk (K not a multiple of KC) or a K split that does not divide KC: a plain loop over k in
+// [k_begin, k_end) by k_step (a different shape of code on purpose, so that the compiler does not merge it with the
+// unrolled whole-chunk loop above and lose that loop's constant trip count).
+template <int RB, int RC>
+__device__ __forceinline__ void rnn_mma_part(float (&acc)[RB][RC], const float* __restrict__ x, int ldx,
+                                             const float* __restrict__ w, int ldw, int bg, int nbg, int cg, int ncg,
+                                             int k_begin, int k_end, int k_step)
 {
     const float* xr = x + bg * ldx;
     const float* wr = w + (long)cg * ldw;
@@ -381,7 +438,8 @@ template <int RB, int RC>
 __device__ __forceinline__ void rnn_store_tile(const RnnGemm& J, const RnnTiles<RB, RC>& tl, float (&acc)[RB][RC],
                                                int B, int slot, int part, bool active, float* __restrict__ red)
 {
-    const int cg = slot % tl.ncg, bg = slot / tl.ncg;
+    int bg, cg;
+    rnn_tile_of(tl, slot, bg, cg);
     if (tl.split == 1) {
         if (active) {
 #pragma unroll
@@ -406,7 +464,9 @@ __device__ __forceinline__ void rnn_store_tile(const RnnGemm& J, const RnnTiles<
     __syncthreads();
     for (int e = threadIdx.x; e < RB * RC * tl.groups; e += blockDim.x) {
         const int rc = e / tl.groups, s = e - rc * tl.groups;
-        const int b = s / tl.ncg + (rc / RC) * tl.nbg, col = s % tl.ncg + (rc % RC) * tl.ncg;
+        int sb, sc;
+        rnn_tile_of(tl, s, sb, sc);
+        const int b = sb + (rc / RC) * tl.nbg, col = sc + (rc % RC) * tl.ncg;
         if (b >= B || col >= J.NC) continue;
         float v = red[rc * stride + s];
         for (int p = 1; p < tl.split; ++p) v += red[rc * stride + p * tl.groups + s];
@@ -429,6 +489,7 @@ __device__ __forceinline__ Job rnn_select(const Job (&jobs)[N], int j)
         J.Ws = hit ? jobs[i].Ws : J.Ws;
         J.K = hit ? jobs[i].K : J.K;
         J.NC = hit ? jobs[i].NC : J.NC;
+        J.NCT = hit ? jobs[i].NCT : J.NCT;
     }
     return J;                                          // (Y, ldy and bias are jobs[0]'s: staging does not use them)
 }
@@ -438,7 +499,7 @@ __device__ __forceinline__ Job rnn_select(const Job (&jobs)[N], int j)
 template <int RB, int RC, int KC>
 __device__ __forceinline__ int rnn_chunk_count(const RnnGemm& J, int B)
 {
-    return RnnTiles<RB, RC>(B, J.NC).passes * ((J.K + KC - 1) / KC);
+    return RnnTiles<RB, RC>(B, rnn_tile_cols(J)).passes * ((J.K + KC - 1) / KC);
 }
 
 template <int RB, int RC, int VEC, int KC, int N>
@@ -486,7 +547,7 @@ __device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restric
 #pragma unroll
     for (int i = 0; i < N; ++i) {                      // unrolled: jobs[i] and its tiling stay in registers
         const RnnGemm& J = jobs[i];
-        const RnnTiles<RB, RC> tl(B, J.NC);
+        const RnnTiles<RB, RC> tl(B, rnn_tile_cols(J));
         const int chunks = (J.K + KC - 1) / KC;
         const bool resident = J.Ws != nullptr;
         const int ldw = resident ? rnn_row_stride(J.K) : ld;
@@ -494,7 +555,8 @@ __device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restric
             const int slot = tl.split > 1 ? (int)threadIdx.x % tl.groups : pass * (int)blockDim.x + (int)threadIdx.x;
             const int part = tl.split > 1 ? (int)threadIdx.x / tl.groups : 0;
             const bool active = slot < tl.groups && part < tl.split;
-            const int cg = slot % tl.ncg, bg = slot / tl.ncg;
+            int bg, cg;
+            rnn_tile_of(tl, slot, bg, cg);
             for (int chunk = 0; chunk < chunks; ++chunk, ++g) {
                 rnn_cp_async_wait<STAGES - 2>();       // chunk g has landed (this thread's copies)
                 __syncthreads();                       // ... everyone's; and chunk g - 1 is no longer read
@@ -504,7 +566,14 @@ __device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restric
                 const int k0 = chunk * KC, kc4 = rnn_round_up(min(KC, J.K - k0), 4);
                 const float* x = smem + (g % STAGES) * slot_floats;
                 const float* w = resident ? J.Ws + k0 : x + bp * ld;
-                if (active) rnn_mma_chunk<RB, RC>(acc, x, ld, w, ldw, bg, tl.nbg, cg, tl.ncg, 4 * part, kc4, 4 * tl.split);
+                if (active) {
+                    const int k_step = 4 * tl.split, k_begin = 4 * part;       // k_begin < k_step
+                    if (kc4 == KC && KC % k_step == 0)       // a whole chunk: as many steps for every part
+                        rnn_mma_chunk<RB, RC, KC / 4>(acc, x, ld, w, ldw, bg, tl.nbg, cg, tl.ncg, k_begin, KC / k_step,
+                                                      k_step);
+                    else
+                        rnn_mma_part<RB, RC>(acc, x, ld, w, ldw, bg, tl.nbg, cg, tl.ncg, k_begin, kc4, k_step);
+                }
             }
             rnn_store_tile<RB, RC>(J, tl, acc, B, slot, part, active, red);
 #pragma unroll

@@ -150,7 +150,7 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
     wt = lookup_precision(program.precision).weight_type
     resident = f"smem + {tile.smem_offset}" if wt == "float" else f"reinterpret_cast<const {wt}*>(smem + {tile.smem_offset})"
     rows = "(u0 / UNITS) * NC_STREAMED" if bulk and not tile.resident else f"u0 * {nt}"
-    out = {"K": f"K_{gemm.name}", "N": f"N_{gemm.name}", "NC": f"{nt} * tu",
+    out = {"K": f"K_{gemm.name}", "N": f"N_{gemm.name}", "NC": f"{nt} * tu", "NCT": f"{nt} * UNITS",
            "W": f"L.W_{gemm.name} + (long){rows} * K_{gemm.name}",
            "Ws": resident if tile.resident else "nullptr"}
     half = HALF_SUFFIX if (program.input_buffer if gemm.hoisted else gemm.in_buffer) in halves else ""
@@ -206,7 +206,8 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
         lines.append(f"{indent}    const {job} jobs[{len(gemms)}] = {{")
         for o in ops:
             lines.append(f"{indent}        {{{o['X']}, {o['W']}, {o['Ws']},")
-            lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}, {o['K']}, {o['NC']}}},")
+            tail = "" if tiling.mma else f", {o['NCT']}"          # the tile GEMM's tiles: every block's full width
+            lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}, {o['K']}, {o['NC']}{tail}}},")
         lines.append(f"{indent}    }};")
         if tiling.mma:
             lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK>(jobs, B, "
@@ -323,7 +324,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
         lines.append("}")
         lines.append("")
 
-    block_setup = ["    extern __shared__ float smem[];",
+    block_setup = ["    __builtin_assume(blockDim.x == THREADS);      // launched so: tile counts and K steps fold to constants",
+                   "    extern __shared__ float smem[];",
                    "    const int layer = blockIdx.x / BLOCKS_PER_LAYER;",
                    "    const int u0 = (blockIdx.x % BLOCKS_PER_LAYER) * UNITS;",
                    "    const int tu = min(UNITS, H - u0);             // units of this block (the last may have fewer)",
@@ -376,8 +378,9 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         else:
             target = f"reinterpret_cast<{prec.weight_type}*>(smem + {g.smem_offset})"
             load = f"rnn_load_resident<{MODE_NAMES[prec.mode]}>"
+        rows = f"{nt} * tu" if tiling.mma else f"{nt} * UNITS"  # tile GEMM: zeros up to the full width it covers
         lines.append(f"        {load}({target}, L.W_{g.name} + (long)u0 * {nt} * K, K, K, "
-                     f"{nt} * tu, rnn_round_up({nt} * tu, {ncp}));")
+                     f"{nt} * tu, rnn_round_up({rows}, {ncp}));")
         lines.append("    }")
     lines.append("    (void)I;")
     lines.append("    __syncthreads();")

@@ -119,7 +119,7 @@ nets_rc=skipped
 if [[ " $STAGES " == *" nets "* ]]; then
   section "the DeepSpeech net against cuDNN"
   timeout 300 "$PY" -m engine bench --quick --config deepspeech --preset lstm --preset gru \
-    --impl cudnn-fp32 --impl fused --impl graph --impl persistent \
+    --impl cudnn-fp32 --impl fused --impl graph --impl persistent --impl persistent-fused-pools \
     --out benchmarks/results --copy-to "$OUT" 2>&1 | tee "$OUT/bench_nets.log" | grep -v "^\s*$" | tail -8
   nets_rc=${PIPESTATUS[0]}
 fi

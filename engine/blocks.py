@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import BackendError, CellGraphError, Problem
+from .errors import BackendError, CellGraphError, CompileError, Problem
 from .ir import CellGraph
 from .network import Network
 from .params import Params, check_params, init_params
@@ -43,6 +43,16 @@ POOLS = ("max", "mean")
 def _positive(value, what: str, where: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise BackendError(f"{where}: {what} must be a positive integer, got {value!r}")
+
+
+def check_pool(pool, where: str) -> None:
+    """A Pool's fields: op max or mean, window and stride positive integers (BackendError naming `where`)."""
+    if not isinstance(pool, Pool):
+        raise BackendError(f"{where}: a pool is an engine.Pool(op, window, stride), got {type(pool).__name__}")
+    if pool.op not in POOLS:
+        raise BackendError(f"{where}: op must be one of {', '.join(POOLS)}, got {pool.op!r}")
+    _positive(pool.window, "window", where)
+    _positive(pool.stride, "stride", where)
 
 
 def _resolve_cell(cell) -> CellGraph:
@@ -153,11 +163,7 @@ class Net:
                 except BackendError as e:
                     raise BackendError(f"{where}: {e}") from None
             elif isinstance(block, Pool):
-                where += f" ('{block.label}')"
-                if block.op not in POOLS:
-                    raise BackendError(f"{where}: op must be one of {', '.join(POOLS)}, got {block.op!r}")
-                _positive(block.window, "window", where)
-                _positive(block.stride, "stride", where)
+                check_pool(block, where + f" ('{block.label}')")
             else:
                 raise BackendError(f"{where}: a block is a Layers or a Pool, got {type(block).__name__}")
             sizes.append(size)
@@ -243,7 +249,8 @@ def check_net_params(net: Net, params: NetParams) -> None:
 @dataclass
 class NetResult:
     outputs: np.ndarray                 # (T_out, B, output size)
-    block_outputs: list = field(default_factory=list)   # what each block produced
+    block_outputs: list = field(default_factory=list)   # what each block produced (None: a block whose pool was
+                                                        # folded into its kernel, so its own output never existed)
 
 
 def _xp(value):
@@ -261,33 +268,48 @@ def pool_over_time(x, block: Pool):
     steps = block.steps_out(x.shape[0])
     if steps <= 0:                              # shorter than a window (the tail of a chunked run): nothing
         return x[:0]
-    windows = xp.stack([x[t * block.stride:t * block.stride + block.window] for t in range(steps)])
+    starts = xp.arange(steps) * block.stride
+    windows = x[starts[:, None] + xp.arange(block.window)[None, :]]      # (T', window, B, F): one gather
     return windows.max(axis=1) if block.op == "max" else windows.mean(axis=1)
 
 
 NET_BACKENDS = ("reference", "auto", "fused", "graph", "persistent")
 
 
+FUSED_POOL_BACKENDS = ("auto", "graph", "persistent")   # the wavefront schedules' kernels can fold a pool in
+
+
 class NetProgram:
     """A net prepared for repeated runs on one backend: one prepared program per Layers block (per layer and
     direction for a bidirectional one), each built on the first run, for the steps and batch that reach it.
     backend: reference (NumPy, float64 by default), auto (the autotuned schedule of each block), fused, graph or
-    persistent (float32; CuPy arrays stay on the GPU from block to block)."""
+    persistent (float32; CuPy arrays stay on the GPU from block to block).
+
+    fuse_pools=True (graph, persistent, or auto when it picks one of them): a pool right after a one-directional
+    Layers block is folded into that block's kernel (kernels/pool.cuh: the last layer folds h_t into the pooled output instead of storing the
+    sequence), so the unpooled sequence is never written and the pool is no pass of its own. Off by default until
+    the GPU suite has checked it (tests/gpu/test_nets_gpu.py); where a cell cannot fold it, the pool runs as a pass."""
 
     def __init__(self, net: Net, params: NetParams, backend: str = "reference", *, dtype=None,
-                 precision: str = "float32"):
+                 precision: str = "float32", fuse_pools: bool = False):
         if backend not in NET_BACKENDS:
             raise BackendError(f"a net runs on one of {', '.join(NET_BACKENDS)}, not {backend!r}")
+        if fuse_pools and backend not in FUSED_POOL_BACKENDS:
+            raise BackendError(f"fuse_pools=True folds a pool into a wavefront schedule's kernel: backend must be one "
+                               f"of {', '.join(FUSED_POOL_BACKENDS)}, not {backend!r}; hint: fuse_pools=False")
         check_net_params(net, params)
         self.net, self.params, self.backend, self.precision = net, params, backend, precision
+        self.fuse_pools = fuse_pools
         self.dtype = (np.float64 if backend == "reference" else np.float32) if dtype is None else dtype
         self.programs: dict[tuple, object] = {}
+        self.fused: dict[int, str] = {}          # block k -> why its pool was folded in, or could not be
 
-    def _run(self, key: tuple, network: Network, params: Params, value, poison: bool = False):
+    def _run(self, key: tuple, network: Network, params: Params, value, poison: bool = False, pool=None):
+        """The block's outputs, and whether `pool` was folded into them (only on a wavefront schedule)."""
         if self.backend == "reference":
             from .api import run
             return run(network, params, value, backend="reference", dtype=self.dtype,
-                       precision=self.precision).outputs
+                       precision=self.precision).outputs, False
         program = self.programs.get(key)
         if program is None:
             from .schedules import autotune
@@ -297,8 +319,32 @@ class NetProgram:
                 candidate = autotune.Candidate(choice.schedule, choice.config)
             else:
                 candidate = autotune.Candidate(self.backend, None)
-            program = self.programs[key] = autotune.prepare(candidate, network, params, precision=self.precision)
-        return program.run(value, poison=poison).outputs
+            if pool is not None and candidate.schedule in FUSED_POOL_BACKENDS:
+                from .schedules import schedule_class
+                program = schedule_class(candidate.schedule)(network, params, config=candidate.config,
+                                                             precision=self.precision, pool=pool)
+            else:
+                if pool is not None:
+                    self.fused[key[0]] = f"not fused: the autotuner chose backend '{candidate.schedule}'"
+                program = autotune.prepare(candidate, network, params, precision=self.precision)
+            self.programs[key] = program
+        return program.run(value, poison=poison).outputs, getattr(program, "pool", None) is not None
+
+    def _fusable(self, k: int, network: Network) -> Pool | None:
+        """The pool after block k when it can be folded into block k's kernel, else None (and why, in self.fused)."""
+        blocks = self.net.blocks
+        if not self.fuse_pools or k + 1 >= len(blocks) or not isinstance(blocks[k + 1], Pool):
+            return None
+        from .codegen.wavefront import check_pool_fusable
+        from .plan import compile_program
+        try:
+            check_pool_fusable(compile_program(network.cell, layout="interleaved", precision=self.precision),
+                               blocks[k + 1])
+        except CompileError as e:
+            self.fused[k] = f"not fused: {e}"
+            return None
+        self.fused[k] = f"'{blocks[k + 1].label}' folded into the kernel of '{blocks[k].label}'"
+        return blocks[k + 1]
 
     def run(self, x, *, poison: bool = False) -> NetResult:
         """Every block in order, zero initial states; pools take the max or mean of the arrays as they are.
@@ -311,20 +357,29 @@ class NetProgram:
         net.steps(shape[0])                    # pools that do not fit are refused before any work
         value = x if _xp(x) is not np else np.asarray(x)
         produced = []
+        folded = set()                             # pools already folded into the block before them
         for k, block in enumerate(net.blocks):
+            if k in folded:
+                produced.append(value)
+                continue
             if isinstance(block, Pool):
                 value = pool_over_time(value, block)
             elif not block.bidirectional:          # the whole stack in one program: the backend's own wavefront
                 network = Network(block.cell, net.sizes[k], block.hidden_size, block.num_layers, block.proj_size)
-                value = self._run((k,), network, params.blocks[k]["forward"], value, poison)
+                value, pooled = self._run((k,), network, params.blocks[k]["forward"], value, poison,
+                                          self._fusable(k, network))
+                if pooled:                         # the unpooled sequence never existed: the block's entry is None
+                    folded.add(k + 1)
+                    produced.append(None)
+                    continue
             else:
                 for layer, network in enumerate(_layers_shapes(net, k)):
                     xp = _xp(value)
                     forward = self._run((k, layer, "forward"), network,
-                                        Params([params.blocks[k]["forward"].layers[layer]]), value, poison)
+                                        Params([params.blocks[k]["forward"].layers[layer]]), value, poison)[0]
                     backward = self._run((k, layer, "backward"), network,
                                          Params([params.blocks[k]["backward"].layers[layer]]),
-                                         xp.ascontiguousarray(value[::-1]), poison)[::-1]
+                                         xp.ascontiguousarray(value[::-1]), poison)[0][::-1]
                     xp = _xp(forward)
                     value = (xp.concatenate([forward, xp.ascontiguousarray(backward)], axis=2)
                              if block.merge == "concat" else forward + backward)
@@ -333,14 +388,14 @@ class NetProgram:
 
 
 def prepare_net(net: Net, params: NetParams, backend: str = "reference", *, dtype=None,
-                precision: str = "float32") -> NetProgram:
-    return NetProgram(net, params, backend, dtype=dtype, precision=precision)
+                precision: str = "float32", fuse_pools: bool = False) -> NetProgram:
+    return NetProgram(net, params, backend, dtype=dtype, precision=precision, fuse_pools=fuse_pools)
 
 
 def run_net(net: Net, params: NetParams, x, *, backend: str = "reference", dtype=None,
-            precision: str = "float32") -> NetResult:
+            precision: str = "float32", fuse_pools: bool = False) -> NetResult:
     """prepare_net(...).run(x): once. Prepare the net yourself to run it many times (the programs are kept)."""
-    return NetProgram(net, params, backend, dtype=dtype, precision=precision).run(x)
+    return NetProgram(net, params, backend, dtype=dtype, precision=precision, fuse_pools=fuse_pools).run(x)
 
 
 # ---- JSON ------------------------------------------------------------------------------------------

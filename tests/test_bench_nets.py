@@ -49,7 +49,8 @@ def test_net_flops_count_each_block_at_its_steps():
 
 
 def test_rows_of_a_net_benchmark():
-    assert net_implementations(None) == ["cudnn-fp32", "fused", "graph", "persistent", "auto"]
+    assert net_implementations(None) == ["cudnn-fp32", "fused", "graph", "persistent", "auto", "persistent-fused-pools",
+                                         "graph-fused-pools"]
     assert net_implementations(["naive", "persistent", "cudnn-fp32"]) == ["persistent", "cudnn-fp32"]
     with pytest.raises(BackendError, match="none of the implementations naive runs a network"):
         net_implementations(["naive"])

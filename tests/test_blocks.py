@@ -173,6 +173,8 @@ def test_the_net_command_describes_edits_and_runs_a_net(capsys, tmp_path):
     assert "the pool window 2 is longer than the 1 step(s)" in capsys.readouterr().err
     assert main(["net", str(path), "-H", "5"]) == 1
     assert "edit the sizes in the JSON file" in capsys.readouterr().err
+    assert main(["net", "deepspeech", "--run", "--fuse-pools", "-o", str(out)]) == 1    # the reference folds nothing
+    assert "fuse_pools=True folds a pool into a wavefront schedule's kernel" in capsys.readouterr().err
 
 
 def test_a_prepared_net_runs_again_and_refuses_unknown_backends():

@@ -10,7 +10,9 @@ Rows (fp32 only: the engine rows run in IEEE fp32, cuDNN with TF32 off):
 - `cudnn-fp32`: one torch.nn module per block of layers (LSTM, GRU or RNN, whichever cuDNN mode the preset has),
   loaded with the engine's weights (engine.torch_layout), and torch's max_pool1d / avg_pool1d over time between them;
 - `fused`, `graph`, `persistent`, `auto`: the engine's `prepare_net(net, params, backend)`, prepared once and run as
-  a user keeps it (each block of layers one program on the GPU; pools between them on CuPy arrays).
+  a user keeps it (each block of layers one program on the GPU; pools between them on CuPy arrays);
+- `persistent-fused-pools`, `graph-fused-pools`: the same with `fuse_pools=True` (each pool folded into the kernel of
+  the block before it, kernels/pool.cuh).
 Each row's output on input buffer 0 (NaN-poisoned buffers for the engine rows) is checked against the float64 NumPy
 reference of the whole net (run_net on the reference backend) and is timed only when it passes
 (engine/bench/divergence.py). Timing as for cells (engine/bench/timing.py): CUDA events around one whole forward
@@ -36,7 +38,8 @@ from .flops import network_flops
 from .implementations import Unavailable, short_reason
 from .timing import TIMERS, time_runs
 
-ENGINE_ROWS = ("fused", "graph", "persistent", "auto")
+FOLDED_SUFFIX = "-fused-pools"      # prepare_net(..., fuse_pools=True): each pool folded into the kernel before it
+ENGINE_ROWS = ("fused", "graph", "persistent", "auto", "persistent" + FOLDED_SUFFIX, "graph" + FOLDED_SUFFIX)
 NET_IMPLEMENTATIONS = ("cudnn-fp32",) + ENGINE_ROWS
 TF32_FLAGS = ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32")
 
@@ -123,7 +126,8 @@ def _row(name: str, net: Net, params, inputs: list, device: str, torch):
         return (lambda k, poison=False: program.run(inputs[k]).outputs), "wall", "engine"
     if name not in ENGINE_ROWS:
         raise Unavailable(f"'{name}' is not a row of a net benchmark; rows: {', '.join(NET_IMPLEMENTATIONS)}")
-    program = prepare_net(net, params, name)
+    folded = name.endswith(FOLDED_SUFFIX)
+    program = prepare_net(net, params, name.removesuffix(FOLDED_SUFFIX), fuse_pools=folded)
     return (lambda k, poison=False: program.run(inputs[k], poison=poison).outputs), "cupy", "engine"
 
 

@@ -32,10 +32,11 @@ def _ld(lin: Lin) -> str:
     return f"({text})" if "+" in text else text
 
 
-def index_expr(access: Access) -> str:
+def index_expr(access: Access, row: str = "row") -> str:
+    """The element (b, j) of an access; `row` names the row of a sequence buffer (row t * B + b)."""
     parts = []
     if access.rows != "vector":
-        parts.append(f"{'row' if access.rows == 'sequence' else 'b'} * {_ld(access.ld)}")
+        parts.append(f"{row if access.rows == 'sequence' else 'b'} * {_ld(access.ld)}")
     offset = access.offset.c_expr()
     if offset != "0":
         parts.append(_ld(access.offset) if "+" in offset else offset)

@@ -32,6 +32,7 @@ from .precision import precision as lookup_precision
 TILE_GEMM_HELPER = "tile_gemm.cuh"
 MMA_GEMM_HELPER = "mma_gemm.cuh"
 LAYER_SYNC_HELPER = "layer_sync.cuh"
+POOL_HELPER = "pool.cuh"
 MODE_NAMES = {0: "RNN_FP32", 1: "RNN_TF32", 2: "RNN_FP16", 3: "RNN_BF16"}     # kernels/tile_gemm.cuh
 
 
@@ -70,8 +71,9 @@ def half_copies(program: Program, tiling=None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def layer_fields(program: Program, tiling=None) -> tuple[LayerField, ...]:
-    """The layout of `struct LayerArgs`, in order. The host packs one int64 per field per layer."""
+def layer_fields(program: Program, tiling=None, pool=None) -> tuple[LayerField, ...]:
+    """The layout of `struct LayerArgs`, in order. The host packs one int64 per field per layer. With a fused
+    pool (render_wavefront's `pool`), two more: the pooled output (null but in the last layer) and its steps."""
     fields = []
     halves = half_copies(program, tiling)
     for buf in program.buffers:
@@ -96,14 +98,17 @@ def layer_fields(program: Program, tiling=None) -> tuple[LayerField, ...]:
     for name in program.kernel_params:
         fields.append(LayerField(f"p_{name}", "param", name))
     fields.append(LayerField("I", "size", "I"))
+    if pool is not None:
+        fields += [LayerField("pool_out", "pool", program.output_buffer),
+                   LayerField("pool_steps", "pool_steps", program.output_buffer)]
     return tuple(fields)
 
 
-def _struct(program: Program, tiling) -> list[str]:
+def _struct(program: Program, tiling, pool=None) -> list[str]:
     lines = ["// One per layer, packed by the host as int64s in this order (engine.codegen.wavefront.layer_fields).",
              "struct LayerArgs {"]
     seen = set()
-    for f in layer_fields(program, tiling):
+    for f in layer_fields(program, tiling, pool):
         if f.name in seen:
             continue
         seen.add(f.name)
@@ -125,6 +130,11 @@ def _struct(program: Program, tiling) -> list[str]:
             lines.append(f"    const float* {f.name};".ljust(40) + "// (N,) folded biases, or null")
         elif f.kind == "param":
             lines.append(f"    const float* {f.name};".ljust(40) + f"// (H,) parameter {f.source}")
+        elif f.kind == "pool":
+            lines.append(f"    float* {f.name};".ljust(40) + f"// (T_out*B, {program.buffer(f.source).cols}) {f.source} "
+                         f"pooled over time (the last layer; null in the others)")
+        elif f.kind == "pool_steps":
+            lines.append(f"    long long {f.name};".ljust(40) + "// T_out = (T - POOL_WINDOW) / POOL_STRIDE + 1")
         else:
             lines.append("    long long I;".ljust(40) + "// the layer's input size")
     lines.append("};")
@@ -229,7 +239,37 @@ def _half_index(access, bulk: bool) -> str:
     return f"rnn_chunked<K_CHUNK>({block}, (int)b, {col}, B, {access.ld.c_expr()})"
 
 
-def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halves=(), bulk: bool = False) -> list[str]:
+def _pooled_store(kernel: Kernel, program: Program, precision, body: list[str], indent: str) -> list[str]:
+    """The kernel body with its store of the layer output replaced by the fused pool (kernels/pool.cuh) in the layer
+    that has a pooled output (L.pool_out, the last one), and kept in the others."""
+    out = []
+    for store in kernel.stores:
+        param = next(p for p in kernel.params if p.name == store.access.param)
+        if param.kind != "buffer" or param.source != program.output_buffer:
+            continue
+        target = f"{store.access.param}[{index_expr(store.access)}] = {precision.store(store.var)};"
+        pooled = f"L.pool_out + {index_expr(store.access, row='b')}"
+        out = [line for line in body if line.strip() != target]
+        if len(out) != len(body) - 1:
+            raise CompileError(f"cell '{program.cell.name}': the store of the layer output {program.output_buffer!r} "
+                               f"was not found in kernel {kernel.name}; hint: this is a bug in engine.codegen.wavefront, "
+                               "run the net without fuse_pools meanwhile")
+        out += [f"{indent}if (L.pool_out)   // the last layer: h_t folded into the pool over time, never stored",
+                f"{indent}    rnn_pool_step<POOL_OP, POOL_WINDOW, POOL_STRIDE>({pooled}, (long)B * {_row_length(store)}, "
+                f"{precision.store(store.var)}, t, (int)L.pool_steps);",
+                f"{indent}else",
+                f"{indent}    {target}"]
+        return out
+    return body
+
+
+def _row_length(store) -> str:
+    text = store.access.ld.c_expr()
+    return f"({text})" if "+" in text else text
+
+
+def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halves=(), bulk: bool = False,
+                 pool=None) -> list[str]:
     lines = [f"{indent}{{   // {kernel.name}: the fused backend's kernel body, on this block's units"]
     copied = {p.name for p in kernel.params if p.writes and p.kind == "buffer" and p.source in halves}
     for p in kernel.params:
@@ -241,7 +281,8 @@ def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halve
     lines.append(f"{indent}    for (int e = threadIdx.x; e < B * tu; e += blockDim.x) {{")
     lines.append(f"{indent}        const long b = e / tu;")
     lines.append(f"{indent}        const int j = u0 + (int)(e - b * tu);")
-    lines += kernel_body(kernel, precision, indent + "        ")
+    body = kernel_body(kernel, precision, indent + "        ")
+    lines += _pooled_store(kernel, program, precision, body, indent + "        ") if pool is not None else body
     for store in kernel.stores:
         if store.access.param in copied:
             lines.append(f"{indent}        {store.access.param}{HALF_SUFFIX}[{_half_index(store.access, bulk)}] = "
@@ -257,9 +298,32 @@ def stages(program: Program) -> tuple[int, ...]:
     return tuple(sorted(present))
 
 
-def render_wavefront(program: Program, network: Network, tiling, doc: str = "") -> str:
+POOL_OPS = {"max": "RNN_POOL_MAX", "mean": "RNN_POOL_MEAN"}          # kernels/pool.cuh
+
+
+def check_pool_fusable(program: Program, pool) -> None:
+    """A pool over time can be folded into the store of the layer output when that output is written once a step
+    and read by nothing in the layer (it is only the next layer's input). CompileError otherwise."""
+    if pool.op not in POOL_OPS:
+        raise CompileError(f"pool op {pool.op!r} is not one of {', '.join(POOL_OPS)}")
+    out = program.output_buffer
+    writes = [(k.name, st) for k in program.kernels for st in k.stores
+              if next(p for p in k.params if p.name == st.access.param).source == out]
+    readers = [k.name for k in program.kernels for p in k.params if p.source == out and not p.writes]
+    readers += [g.name for g in program.gemms if not g.hoisted and g.in_buffer == out]
+    if len(writes) != 1 or readers:
+        why = (f"it is written {len(writes)} times a step" if len(writes) != 1 else
+               f"{readers[0]} reads it within the layer")
+        raise CompileError(f"cell '{program.cell.name}': the pool cannot be fused into the store of the layer output "
+                           f"{out!r}: {why}; hint: run the net without fuse_pools (the pool then runs as its own pass)")
+
+
+def render_wavefront(program: Program, network: Network, tiling, doc: str = "", pool=None) -> str:
     """The CUDA module for one program, network, batch and tiling: the persistent kernel when
-    tiling.persistent, else the graph schedule's per-stage kernels."""
+    tiling.persistent, else the graph schedule's per-stage kernels. pool (an engine.blocks.Pool, or None): the last
+    layer folds its output into that pool over time instead of storing it (kernels/pool.cuh)."""
+    if pool is not None:
+        check_pool_fusable(program, pool)
     prec = lookup_precision(program.precision)
     cell = program.cell.name.replace(" ", "_")
     prefix = program.kernels[0].name.rsplit("_stage", 1)[0] if program.kernels else cell
@@ -287,6 +351,10 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
         lines.append(helper_source(LAYER_SYNC_HELPER))
     if tiling.mma:
         lines.append(helper_source(MMA_GEMM_HELPER))
+    if pool is not None:
+        lines += [helper_source(POOL_HELPER),
+                  f"constexpr int POOL_OP = {POOL_OPS[pool.op]}, POOL_WINDOW = {pool.window}, POOL_STRIDE = {pool.stride};"
+                  f"   // the last layer's output, {pool.op} over {pool.window} steps every {pool.stride}"]
     lines += [f"constexpr int B = {tiling.batch};                 // batch rows",
               f"constexpr int H = {tiling.hidden};                 // hidden size",
               f"constexpr int UNITS = {tiling.units_per_block};              // hidden units per block",
@@ -306,7 +374,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
                   f"constexpr int NC_STREAMED = {tiling.nc_streamed};       // rows of W staged per chunk (0: all resident)",
                   f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the staging area"]
     lines.append("")
-    lines += _struct(program, tiling) + [""]
+    lines += _struct(program, tiling, pool) + [""]
 
     for s in present:
         lines.append(f"// Stage {s} of step t for this block's units [u0, u0 + tu) of layer `layer`.")
@@ -319,7 +387,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "") 
         if gemms:
             lines += _gemm_calls(program, gemms, tiling, "    ")
         for k in program.stage_kernels(s):
-            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling), tiling.bulk)
+            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling), tiling.bulk, pool)
         lines.append("    (void)I;")
         lines.append("}")
         lines.append("")

@@ -1,8 +1,9 @@
-"""`python -m engine net <preset or net.json>`: describe a network of blocks, or run it on the CPU reference.
+"""`python -m engine net <preset or net.json>`: describe a network of blocks, or run it (reference or a GPU backend).
 
     python -m engine net deepspeech                       # the blocks, their sizes and sequence lengths
     python -m engine net deepspeech --json > ds.json      # its JSON, to edit
     python -m engine net ds.json --run -T 100 -B 4        # run it (NumPy reference), save the outputs
+    python -m engine net deepspeech --run --backend persistent --fuse-pools   # on the GPU, pools folded in
     python -m engine net deepspeech --gpus 2 -T 100 -B 64 # the pipeline plan over 2 GPUs (engine/pipeline.py)
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..blocks import NET_PRESETS, Layers, init_net_params, load_net, net_preset, net_to_json, run_net
+from ..blocks import NET_BACKENDS, NET_PRESETS, Layers, init_net_params, load_net, net_preset, net_to_json, prepare_net
 from ..errors import BackendError
 
 
@@ -21,7 +22,11 @@ def add_parser(sub) -> None:
     p.add_argument("--input-size", "-I", type=int, default=None, help="input size of a preset net (default its own)")
     p.add_argument("--hidden-size", "-H", type=int, default=None, help="hidden size of a preset net")
     p.add_argument("--json", action="store_true", help="print the network's JSON")
-    p.add_argument("--run", action="store_true", help="run it on random inputs with the NumPy reference")
+    p.add_argument("--run", action="store_true", help="run it on random inputs (the NumPy reference unless --backend)")
+    p.add_argument("--backend", choices=NET_BACKENDS, default="reference",
+                   help="with --run: reference (NumPy, float64), or a GPU backend (float32)")
+    p.add_argument("--fuse-pools", action="store_true",
+                   help="with --run on graph, persistent or auto: fold each pool into the kernel of the block before it")
     p.add_argument("--steps", "-T", type=int, default=20, help="time steps T (default 20)")
     p.add_argument("--batch", "-B", type=int, default=4, help="batch size B (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs (default 0)")
@@ -76,7 +81,10 @@ def main(args) -> int:
     if not args.run:
         return 0
     x = np.random.default_rng(args.seed + 1).standard_normal((args.steps, args.batch, net.input_size))
-    result = run_net(net, init_net_params(net, seed=args.seed), x)
+    program = prepare_net(net, init_net_params(net, seed=args.seed), args.backend, fuse_pools=args.fuse_pools)
+    result = program.run(x)
     np.savez(args.output, outputs=result.outputs)
-    print(f"ran it on the reference: x {x.shape} -> outputs {result.outputs.shape}; saved to {args.output}")
+    for k, why in sorted(program.fused.items()):
+        print(f"  block {k}: {why}")
+    print(f"ran it on backend '{args.backend}': x {x.shape} -> outputs {result.outputs.shape}; saved to {args.output}")
     return 0

@@ -92,13 +92,19 @@ class WavefrontSchedule:
     persistent = False
 
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, config: TileConfig | None = None,
-                 limits: DeviceLimits | None = None, precision: str = "float32"):
+                 limits: DeviceLimits | None = None, precision: str = "float32", pool=None):
+        if pool is not None:                   # checked first: a CPU-only machine says what is wrong with it too
+            from ..blocks import check_pool
+            check_pool(pool, f"schedule '{self.name}', argument 'pool'")
         check_float32_gpu_program(f"schedule '{self.name}'", network, params, dtype)
         import cupy
         self.cupy, self.network, self.params = cupy, network, params
         self.precision = check_precision(precision)
         self.config = config or TileConfig()
         self.limits = limits or DeviceLimits.current()
+        # pool (an engine.blocks.Pool): the outputs are the last layer's output pooled over time, folded into the
+        # kernel's store of it (kernels/pool.cuh); the unpooled sequence is never written.
+        self.pool = pool
         self._shape = None
 
     # ---- plan and compile -------------------------------------------------------------------------
@@ -110,7 +116,7 @@ class WavefrontSchedule:
     def source(self, T: int, B: int) -> str:
         from ..codegen.wavefront import render_wavefront
         plan, tiling = self.plan(T, B)
-        return render_wavefront(plan.program, self.network, tiling)
+        return render_wavefront(plan.program, self.network, tiling, pool=self.pool)
 
     # ---- build: once per (T, B) -------------------------------------------------------------------
     def _build(self, T: int, B: int) -> None:
@@ -119,7 +125,8 @@ class WavefrontSchedule:
         plan, tiling = self.plan(T, B)
         program = plan.program
         self.plan_, self.tiling = plan, tiling
-        self.source_ = render_wavefront(program, network, tiling)
+        self.pooled_steps = self._pooled_steps(T)
+        self.source_ = render_wavefront(program, network, tiling, pool=self.pool)
         names = entry_points(program)
         wanted = [names["persistent"]] if self.persistent else list(names["wave"])
         self.kernels = [compile_kernel(self.source_, n, self.persistent, tiling.smem_bytes, program.cell.name)
@@ -188,7 +195,9 @@ class WavefrontSchedule:
             self.vectors.append({n: cupy.asarray(np.asarray(self.params[layer][n]), dtype=cupy.float32)
                                  for n in program.kernel_params})
         self.x_device = cupy.empty((T * B, network.input_size), dtype=cupy.float32)
-        fields = layer_fields(program, tiling)
+        self.pooled = (None if self.pool is None else
+                       cupy.empty((self.pooled_steps * B, network.output_size), dtype=cupy.float32))
+        fields = layer_fields(program, tiling, self.pool)
         table = np.zeros((L, len(fields)), dtype=np.int64)
         for layer in range(L):
             for i, f in enumerate(fields):
@@ -215,7 +224,21 @@ class WavefrontSchedule:
             return 0 if bias is None else bias.data.ptr
         if f.kind == "param":
             return self.vectors[layer][f.source].data.ptr
+        if f.kind == "pool":
+            return self.pooled.data.ptr if layer == self.network.num_layers - 1 else 0
+        if f.kind == "pool_steps":
+            return self.pooled_steps
         return self.network.layer_input_size(layer)
+
+    def _pooled_steps(self, T: int) -> int:
+        if self.pool is None:
+            return 0
+        steps = (T - self.pool.window) // self.pool.stride + 1
+        if steps <= 0:
+            raise BackendError(f"schedule '{self.name}': the fused pool ({self.pool.op} over {self.pool.window} steps "
+                               f"every {self.pool.stride}) needs at least {self.pool.window} steps, got T={T}; hint: a "
+                               "longer sequence or a smaller pool window")
+        return steps
 
     def _check_memory(self, plan: Plan) -> None:
         from ..backends.fused import plan_bytes
@@ -245,6 +268,8 @@ class WavefrontSchedule:
                 for value in bufs.values():
                     for array in (value if isinstance(value, list) else [value]):
                         array.fill(fill)
+            if self.pooled is not None:
+                self.pooled.fill(math.nan)
         self.x_device[...] = cupy.asarray(x, dtype=cupy.float32).reshape(T * B, network.input_size)
         if self.x_half is not None:
             self._write_half(self.x_half, self.x_device)
@@ -254,7 +279,10 @@ class WavefrontSchedule:
             if not self.tiling.layer0_in_kernel:
                 self._project(first)
             self._launch(T, B, first)
-        outputs = self.buffers[-1][program.output_buffer].reshape(T, B, network.output_size).copy()
+        if self.pooled is not None:
+            outputs = self.pooled.reshape(self.pooled_steps, B, network.output_size).copy()
+        else:
+            outputs = self.buffers[-1][program.output_buffer].reshape(T, B, network.output_size).copy()
         final = {}
         for home in program.homes:
             per_layer = []
@@ -268,6 +296,7 @@ class WavefrontSchedule:
             outputs = cupy.asnumpy(outputs)
             final = {k: cupy.asnumpy(v) for k, v in final.items()}
         info = {"schedule": self.name, "precision": self.precision, "tiling": self.tiling.describe(),
+                "pool": None if self.pool is None else self.pool.label,
                 "blocks": self.tiling.blocks,
                 "launches_per_sequence": self.launches_per_sequence(T), "program": program.key, "bytes": self.bytes}
         return RunResult(outputs=outputs, final_states=final, backend=self.name, info=info)

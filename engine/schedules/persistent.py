@@ -18,8 +18,11 @@ the occupancy API before launching, and the error names the tiling to change.
 
 With TileConfig(sync="layer") the grid-wide barriers give way to per-layer arrival counters
 (kernels/layer_sync.cuh): each layer steps through time on its own, waiting only for its own blocks and
-for the layer below, so a cheaper layer runs ahead instead of idling at every barrier. Experimental: not
-yet among the autotuner's candidates until measured on a GPU (benchmarks/NOTES.md).
+for the layer below, so a cheaper layer runs ahead instead of idling at every barrier. Measured mixed (faster
+at `lat`, slower at `blogB`: benchmarks/NOTES.md), so the autotuner times it as one candidate among the others.
+
+With pool=Pool(...) (both wavefront schedules; engine/schedules/base.py) the last layer folds its output into
+that pool over time as it stores it (kernels/pool.cuh), and the run returns the pooled sequence.
 """
 from __future__ import annotations
 

@@ -279,16 +279,82 @@ NET_BACKENDS = ("reference", "auto", "fused", "graph", "persistent")
 FUSED_POOL_BACKENDS = ("auto", "graph", "persistent")   # the wavefront schedules' kernels can fold a pool in
 
 
+@dataclass(frozen=True)
+class FusedRun:
+    """Blocks first..last (inclusive) of a net run as one wavefront program (fuse_pools=True): one-directional
+    Layers blocks of one cell and hidden size with pools between them, and maybe one after the last."""
+    first: int
+    last: int
+    network: Network                       # every layer of the run, stacked
+    pools: dict                            # {layer of `network`: Pool}
+    layers: tuple                          # (block, layer within it) of each layer of `network`
+
+    @property
+    def largest_block(self) -> int:
+        """Layers of the run's largest block: the persistent schedule launches that many at a time (the blocks'
+        own grouping, where one launch of every layer would stream the weights instead of keeping them on chip)."""
+        return max(sum(1 for b, _ in self.layers if b == block) for block, _ in self.layers)
+
+
+def fused_runs(net: Net, precision: str = "float32") -> list[FusedRun]:
+    """Where fuse_pools=True makes one wavefront program of several blocks: maximal runs of one-directional Layers
+    blocks of the same cell, hidden size and no projection, joined by pools (folded into the layer below them,
+    kernels/pool.cuh) or directly, plus a pool right after the run. Runs that would be one block with no pool are
+    left out (nothing to fuse). Cells whose layer output cannot take a pool (codegen.check_pool_fusable) make none."""
+    from .codegen.wavefront import check_pool_fusable
+    from .plan import compile_program
+    blocks, runs, k = net.blocks, [], 0
+
+    def joinable(a, b):
+        return (isinstance(b, Layers) and not b.bidirectional and b.proj_size is None and b.cell == a.cell
+                and b.hidden_size == a.hidden_size)
+
+    while k < len(blocks):
+        head = blocks[k]
+        if not isinstance(head, Layers) or head.bidirectional or head.proj_size is not None:
+            k += 1
+            continue
+        try:
+            program = compile_program(head.cell, layout="interleaved", precision=precision)
+        except CompileError:                   # a cell the schedules cannot plan: its blocks run one by one
+            k += 1
+            continue
+        layers, pools, last = [(k, i) for i in range(head.num_layers)], {}, k
+        j = k + 1
+        while j < len(blocks):
+            block = blocks[j]
+            if isinstance(block, Pool):
+                try:
+                    check_pool_fusable(program, block)
+                except CompileError:
+                    break
+                pools[len(layers) - 1], last = block, j
+                if j + 1 < len(blocks) and joinable(head, blocks[j + 1]):
+                    j += 1                     # a run goes on through the pool
+                    continue
+                break
+            if not joinable(head, block):
+                break
+            layers += [(j, i) for i in range(block.num_layers)]
+            last, j = j, j + 1
+        if last > k:
+            runs.append(FusedRun(k, last, Network(head.cell, net.sizes[k], head.hidden_size, len(layers)), pools,
+                                 tuple(layers)))
+        k = last + 1
+    return runs
+
+
 class NetProgram:
     """A net prepared for repeated runs on one backend: one prepared program per Layers block (per layer and
     direction for a bidirectional one), each built on the first run, for the steps and batch that reach it.
     backend: reference (NumPy, float64 by default), auto (the autotuned schedule of each block), fused, graph or
     persistent (float32; CuPy arrays stay on the GPU from block to block).
 
-    fuse_pools=True (graph, persistent, or auto when it picks one of them): a pool right after a one-directional
-    Layers block is folded into that block's kernel (kernels/pool.cuh: the last layer folds h_t into the pooled output instead of storing the
-    sequence), so the unpooled sequence is never written and the pool is no pass of its own. Off by default until
-    the GPU suite has checked it (tests/gpu/test_nets_gpu.py); where a cell cannot fold it, the pool runs as a pass."""
+    fuse_pools=True (graph, persistent, or auto when it picks one of them): runs of one-directional Layers blocks of
+    one cell and size, with pools between them (fused_runs), become one wavefront program: each pool is folded into
+    the store of the layer below it (kernels/pool.cuh: h_t goes into the pooled sequence, the unpooled one is never
+    written) and the layers above start as soon as their pooled input is complete (engine/schedules/steps.py). Off
+    by default until the GPU suite has checked it (tests/gpu/test_nets_gpu.py). `fused` says what was joined."""
 
     def __init__(self, net: Net, params: NetParams, backend: str = "reference", *, dtype=None,
                  precision: str = "float32", fuse_pools: bool = False):
@@ -302,53 +368,58 @@ class NetProgram:
         self.fuse_pools = fuse_pools
         self.dtype = (np.float64 if backend == "reference" else np.float32) if dtype is None else dtype
         self.programs: dict[tuple, object] = {}
-        self.fused: dict[int, str] = {}          # block k -> why its pool was folded in, or could not be
+        self.runs = {r.first: r for r in fused_runs(net, precision)} if fuse_pools else {}
+        self.fused: dict[int, str] = {}          # first block of a run -> what was joined, or why it was not
 
-    def _run(self, key: tuple, network: Network, params: Params, value, poison: bool = False, pool=None):
-        """The block's outputs, and whether `pool` was folded into them (only on a wavefront schedule)."""
+    def _run(self, key: tuple, network: Network, params: Params, value, poison: bool = False, pools=None,
+             config=None):
+        """(outputs, True) of one program: a block, a layer of a bidirectional block, or a fused run with `pools`;
+        (None, False) for a fused run the autotuner gave no wavefront schedule (the caller runs its blocks)."""
         if self.backend == "reference":
             from .api import run
             return run(network, params, value, backend="reference", dtype=self.dtype,
-                       precision=self.precision).outputs, False
+                       precision=self.precision).outputs, True
         program = self.programs.get(key)
         if program is None:
-            from .schedules import autotune
+            from .schedules import autotune, schedule_class
             if self.backend == "auto":
                 choice = autotune.tune(network, params, int(value.shape[0]), int(value.shape[1]),
                                        precision=self.precision)
                 candidate = autotune.Candidate(choice.schedule, choice.config)
             else:
-                candidate = autotune.Candidate(self.backend, None)
-            if pool is not None and candidate.schedule in FUSED_POOL_BACKENDS:
-                from .schedules import schedule_class
+                candidate = autotune.Candidate(self.backend, config)
+            if pools is not None and candidate.schedule not in FUSED_POOL_BACKENDS:
+                self.fused[key[1]] = f"not fused: the autotuner chose backend '{candidate.schedule}'"
+                self.programs[key] = False
+                return None, False
+            if pools is not None:
                 program = schedule_class(candidate.schedule)(network, params, config=candidate.config,
-                                                             precision=self.precision, pool=pool)
+                                                             precision=self.precision, pools=pools)
             else:
-                if pool is not None:
-                    self.fused[key[0]] = f"not fused: the autotuner chose backend '{candidate.schedule}'"
                 program = autotune.prepare(candidate, network, params, precision=self.precision)
             self.programs[key] = program
-        return program.run(value, poison=poison).outputs, getattr(program, "pool", None) is not None
+        if program is False:                     # a run the autotuner did not give a wavefront schedule
+            return None, False
+        return program.run(value, poison=poison).outputs, True
 
-    def _fusable(self, k: int, network: Network) -> Pool | None:
-        """The pool after block k when it can be folded into block k's kernel, else None (and why, in self.fused)."""
-        blocks = self.net.blocks
-        if not self.fuse_pools or k + 1 >= len(blocks) or not isinstance(blocks[k + 1], Pool):
-            return None
-        from .codegen.wavefront import check_pool_fusable
-        from .plan import compile_program
-        try:
-            check_pool_fusable(compile_program(network.cell, layout="interleaved", precision=self.precision),
-                               blocks[k + 1])
-        except CompileError as e:
-            self.fused[k] = f"not fused: {e}"
-            return None
-        self.fused[k] = f"'{blocks[k + 1].label}' folded into the kernel of '{blocks[k].label}'"
-        return blocks[k + 1]
+    def _run_fused(self, run: FusedRun, value, poison: bool):
+        params = Params([self.params.blocks[b]["forward"].layers[i] for b, i in run.layers])
+        config = None
+        if self.backend == "persistent" and run.largest_block < run.network.num_layers:
+            from .schedules.tiling import TileConfig
+            config = TileConfig(layers_per_launch=run.largest_block)
+        out, done = self._run(("fused", run.first), run.network, params, value, poison, run.pools, config)
+        if done and run.first not in self.fused:
+            labels = [f"'{self.net.blocks[b].label}'" for b in range(run.first, run.last + 1)]
+            self.fused[run.first] = (f"blocks {run.first}-{run.last} ({', '.join(labels)}) run as one wavefront of "
+                                     f"{run.network.num_layers} layers, pools after layers "
+                                     f"{', '.join(str(p) for p in run.pools)} folded in")
+        return out, done
 
     def run(self, x, *, poison: bool = False) -> NetResult:
         """Every block in order, zero initial states; pools take the max or mean of the arrays as they are.
-        poison=True: each GPU program fills its work buffers with NaN first (tests and the harness)."""
+        poison=True: each GPU program fills its work buffers with NaN first (tests and the harness). A block that is
+        part of a fused run (fuse_pools) has None in block_outputs but the run's last: what it produced never existed."""
         net, params = self.net, self.params
         shape = getattr(x, "shape", None)
         if shape is None or len(shape) != 3 or shape[2] != net.input_size:
@@ -357,21 +428,22 @@ class NetProgram:
         net.steps(shape[0])                    # pools that do not fit are refused before any work
         value = x if _xp(x) is not np else np.asarray(x)
         produced = []
-        folded = set()                             # pools already folded into the block before them
-        for k, block in enumerate(net.blocks):
-            if k in folded:
-                produced.append(value)
-                continue
+        k = 0
+        while k < len(net.blocks):
+            run = self.runs.get(k)
+            if run is not None:
+                out, done = self._run_fused(run, value, poison)
+                if done:
+                    value = out
+                    produced += [None] * (run.last - run.first) + [value]
+                    k = run.last + 1
+                    continue
+            block = net.blocks[k]
             if isinstance(block, Pool):
                 value = pool_over_time(value, block)
             elif not block.bidirectional:          # the whole stack in one program: the backend's own wavefront
                 network = Network(block.cell, net.sizes[k], block.hidden_size, block.num_layers, block.proj_size)
-                value, pooled = self._run((k,), network, params.blocks[k]["forward"], value, poison,
-                                          self._fusable(k, network))
-                if pooled:                         # the unpooled sequence never existed: the block's entry is None
-                    folded.add(k + 1)
-                    produced.append(None)
-                    continue
+                value = self._run((k,), network, params.blocks[k]["forward"], value, poison)[0]
             else:
                 for layer, network in enumerate(_layers_shapes(net, k)):
                     xp = _xp(value)
@@ -384,6 +456,7 @@ class NetProgram:
                     value = (xp.concatenate([forward, xp.ascontiguousarray(backward)], axis=2)
                              if block.merge == "concat" else forward + backward)
             produced.append(value)
+            k += 1
         return NetResult(outputs=value, block_outputs=produced)
 
 

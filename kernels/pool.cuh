@@ -1,6 +1,7 @@
-// A pool over time folded into the kernel that produces its input (issue #11): the last layer of a wavefront
-// program, instead of storing h_t into its (T*B, F) output sequence, folds it into the pooled output
-// (T_out*B, F), T_out = (T - W) / S + 1, where output step tp is the max or the mean over steps [tp*S, tp*S + W).
+// A pool over time folded into the kernel that produces its input (issue #11): a layer of a wavefront program
+// followed by a pool (the last one, or one with layers above it: engine/schedules/steps.py), instead of storing h_t
+// into its (T*B, F) output sequence, folds it into the pooled output (T_out*B, F), T_out = (T - W) / S + 1, where
+// output step tp is the max or the mean over steps [tp*S, tp*S + W). The layer above reads the pooled sequence.
 //
 // Every (b, column) of the output is written by one thread of one block at every step (the block owns its hidden
 // units for the whole run, and the thread that owns element e of the cell math at step t owns it at t + 1), so the
@@ -23,24 +24,24 @@
 #define RNN_POOL_MAX 0
 #define RNN_POOL_MEAN 1
 
-// out: element (b, column) of output step 0; step_stride: elements between output steps (B * row length).
-template <int OP, int W, int S>
+// out: element (b, column) of output step 0; step_stride: elements between output steps (B * row length). op, w, s:
+// the pool (RNN_POOL_MAX or RNN_POOL_MEAN, window, stride), run-time values: a layer's own, from its argument row.
 __host__ __device__ __forceinline__ void rnn_pool_step(float* __restrict__ out, long step_stride, float v, int t,
-                                                       int steps_out)
+                                                       int steps_out, int op, int w, int s)
 {
-    const int first = t < W ? 0 : (t - W + S) / S;            // ceil((t - W + 1) / S), never negative
-    const int last = t / S < steps_out - 1 ? t / S : steps_out - 1;
+    const int first = t < w ? 0 : (t - w + s) / s;            // ceil((t - w + 1) / s), never negative
+    const int last = t / s < steps_out - 1 ? t / s : steps_out - 1;
     for (int tp = first; tp <= last; ++tp) {
         float& p = out[tp * step_stride];
-        const int k = t - tp * S;                             // position of step t in window tp: 0 <= k < W
+        const int k = t - tp * s;                             // position of step t in window tp: 0 <= k < w
         if (k == 0) {
             p = v;
-        } else if (OP == RNN_POOL_MAX) {
+        } else if (op == RNN_POOL_MAX) {
             p = (v > p || v != v) ? v : p;
         } else {
             p += v;
         }
-        if (OP == RNN_POOL_MEAN && k == W - 1) p = p / W;
+        if (op == RNN_POOL_MEAN && k == w - 1) p = p / w;
     }
 }
 

@@ -563,6 +563,18 @@ def test_layer_sync_is_a_candidate_when_there_are_layers_to_synchronise(precisio
     assert "layer" not in syncs(1)
 
 
+def test_a_deep_stack_also_tries_half_its_layers_a_launch():
+    network = lstm_network(hidden_size=512, num_layers=8)
+    found = autotune.candidates(network, 64, H100)
+    halves = [c for c in found if c.schedule == "persistent" and c.config.layers_per_launch == 4]
+    assert len(halves) == 1
+    program = make_plan(network, 8, 64, layout="interleaved").program
+    tiling = make_tiling(program, network, 64, halves[0].config, H100, persistent=True)
+    assert tiling.num_layers == 4 and tiling.launches == 2 and "weights resident" in tiling.describe()
+    assert not [c for c in autotune.candidates(lstm_network(hidden_size=64, num_layers=3), 64, H100)
+                if c.schedule == "persistent" and c.config.layers_per_launch not in (None, 1)]
+
+
 def test_candidates_of_an_ineligible_program_are_only_fused():
     network = engine.Network(CELLS["input_sized"], input_size=24, hidden_size=32, num_layers=2)
     assert autotune.candidates(network, 8, H100) == [autotune.Candidate("fused")]

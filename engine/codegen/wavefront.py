@@ -71,9 +71,10 @@ def half_copies(program: Program, tiling=None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def layer_fields(program: Program, tiling=None, pool=None) -> tuple[LayerField, ...]:
-    """The layout of `struct LayerArgs`, in order. The host packs one int64 per field per layer. With a fused
-    pool (render_wavefront's `pool`), two more: the pooled output (null but in the last layer) and its steps."""
+def layer_fields(program: Program, tiling=None, pooled: bool = False) -> tuple[LayerField, ...]:
+    """The layout of `struct LayerArgs`, in order. The host packs one int64 per field per layer. pooled (the module
+    has pools between or after layers): the pooled output (null where no pool follows the layer), the pool and the
+    layer's step timing (TIMING_FIELDS)."""
     fields = []
     halves = half_copies(program, tiling)
     for buf in program.buffers:
@@ -98,17 +99,31 @@ def layer_fields(program: Program, tiling=None, pool=None) -> tuple[LayerField, 
     for name in program.kernel_params:
         fields.append(LayerField(f"p_{name}", "param", name))
     fields.append(LayerField("I", "size", "I"))
-    if pool is not None:
-        fields += [LayerField("pool_out", "pool", program.output_buffer),
-                   LayerField("pool_steps", "pool_steps", program.output_buffer)]
+    if pooled:
+        fields.append(LayerField("pool_out", "pool", program.output_buffer))
+        fields += [LayerField(name, "timing", name) for name in TIMING_FIELDS]
     return tuple(fields)
 
 
-def _struct(program: Program, tiling, pool=None) -> list[str]:
+# With pools (render_wavefront's `pools`): what each layer's row of the argument table adds beside the pooled output.
+TIMING_FIELDS = {
+    "pool_steps": "T_out of the pool after this layer (0: none)",
+    "pool_op": "0 max, 1 mean (kernels/pool.cuh)",
+    "pool_window": "steps a pooled step covers",
+    "pool_stride": "steps between pooled steps",
+    "steps": "time steps this layer runs (T after the pools below it)",
+    "scale": "wavefront steps between two of its steps (engine/schedules/steps.py)",
+    "offset": "the wavefront step of its step 0",
+    "below_scale": "it reads step t * below_scale + below_offset of the layer below",
+    "below_offset": "(1, 0 without a pool between them)",
+}
+
+
+def _struct(program: Program, tiling, pooled: bool = False) -> list[str]:
     lines = ["// One per layer, packed by the host as int64s in this order (engine.codegen.wavefront.layer_fields).",
              "struct LayerArgs {"]
     seen = set()
-    for f in layer_fields(program, tiling, pool):
+    for f in layer_fields(program, tiling, pooled):
         if f.name in seen:
             continue
         seen.add(f.name)
@@ -132,9 +147,9 @@ def _struct(program: Program, tiling, pool=None) -> list[str]:
             lines.append(f"    const float* {f.name};".ljust(40) + f"// (H,) parameter {f.source}")
         elif f.kind == "pool":
             lines.append(f"    float* {f.name};".ljust(40) + f"// (T_out*B, {program.buffer(f.source).cols}) {f.source} "
-                         f"pooled over time (the last layer; null in the others)")
-        elif f.kind == "pool_steps":
-            lines.append(f"    long long {f.name};".ljust(40) + "// T_out = (T - POOL_WINDOW) / POOL_STRIDE + 1")
+                         "pooled over time, or null: no pool after this layer")
+        elif f.kind == "timing":
+            lines.append(f"    long long {f.name};".ljust(40) + f"// {TIMING_FIELDS[f.name]}")
         else:
             lines.append("    long long I;".ljust(40) + "// the layer's input size")
     lines.append("};")
@@ -240,8 +255,8 @@ def _half_index(access, bulk: bool) -> str:
 
 
 def _pooled_store(kernel: Kernel, program: Program, precision, body: list[str], indent: str) -> list[str]:
-    """The kernel body with its store of the layer output replaced by the fused pool (kernels/pool.cuh) in the layer
-    that has a pooled output (L.pool_out, the last one), and kept in the others."""
+    """The kernel body with its store of the layer output replaced by the fused pool (kernels/pool.cuh) in a layer
+    that a pool follows (L.pool_out not null), and kept in the others."""
     out = []
     for store in kernel.stores:
         param = next(p for p in kernel.params if p.name == store.access.param)
@@ -254,9 +269,9 @@ def _pooled_store(kernel: Kernel, program: Program, precision, body: list[str], 
             raise CompileError(f"cell '{program.cell.name}': the store of the layer output {program.output_buffer!r} "
                                f"was not found in kernel {kernel.name}; hint: this is a bug in engine.codegen.wavefront, "
                                "run the net without fuse_pools meanwhile")
-        out += [f"{indent}if (L.pool_out)   // the last layer: h_t folded into the pool over time, never stored",
-                f"{indent}    rnn_pool_step<POOL_OP, POOL_WINDOW, POOL_STRIDE>({pooled}, (long)B * {_row_length(store)}, "
-                f"{precision.store(store.var)}, t, (int)L.pool_steps);",
+        out += [f"{indent}if (L.pool_out)   // a pool follows this layer: h_t folded into it, the sequence never stored",
+                f"{indent}    rnn_pool_step({pooled}, (long)B * {_row_length(store)}, {precision.store(store.var)}, t,",
+                f"{indent}                  (int)L.pool_steps, (int)L.pool_op, (int)L.pool_window, (int)L.pool_stride);",
                 f"{indent}else",
                 f"{indent}    {target}"]
         return out
@@ -269,7 +284,7 @@ def _row_length(store) -> str:
 
 
 def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halves=(), bulk: bool = False,
-                 pool=None) -> list[str]:
+                 pooled: bool = False) -> list[str]:
     lines = [f"{indent}{{   // {kernel.name}: the fused backend's kernel body, on this block's units"]
     copied = {p.name for p in kernel.params if p.writes and p.kind == "buffer" and p.source in halves}
     for p in kernel.params:
@@ -282,7 +297,7 @@ def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halve
     lines.append(f"{indent}        const long b = e / tu;")
     lines.append(f"{indent}        const int j = u0 + (int)(e - b * tu);")
     body = kernel_body(kernel, precision, indent + "        ")
-    lines += _pooled_store(kernel, program, precision, body, indent + "        ") if pool is not None else body
+    lines += _pooled_store(kernel, program, precision, body, indent + "        ") if pooled else body
     for store in kernel.stores:
         if store.access.param in copied:
             lines.append(f"{indent}        {store.access.param}{HALF_SUFFIX}[{_half_index(store.access, bulk)}] = "
@@ -298,7 +313,7 @@ def stages(program: Program) -> tuple[int, ...]:
     return tuple(sorted(present))
 
 
-POOL_OPS = {"max": "RNN_POOL_MAX", "mean": "RNN_POOL_MEAN"}          # kernels/pool.cuh
+POOL_OPS = {"max": 0, "mean": 1}          # RNN_POOL_MAX, RNN_POOL_MEAN of kernels/pool.cuh
 
 
 def check_pool_fusable(program: Program, pool) -> None:
@@ -318,12 +333,15 @@ def check_pool_fusable(program: Program, pool) -> None:
                            f"{out!r}: {why}; hint: run the net without fuse_pools (the pool then runs as its own pass)")
 
 
-def render_wavefront(program: Program, network: Network, tiling, doc: str = "", pool=None) -> str:
+def render_wavefront(program: Program, network: Network, tiling, doc: str = "", pools=None) -> str:
     """The CUDA module for one program, network, batch and tiling: the persistent kernel when
-    tiling.persistent, else the graph schedule's per-stage kernels. pool (an engine.blocks.Pool, or None): the last
-    layer folds its output into that pool over time instead of storing it (kernels/pool.cuh)."""
-    if pool is not None:
+    tiling.persistent, else the graph schedule's per-stage kernels. pools ({layer: engine.blocks.Pool}): a pool over
+    time after those layers, each folded into its layer's store of its output (kernels/pool.cuh), the layers above
+    reading the pooled sequence; every layer then runs on its own step timing from its argument row
+    (engine/schedules/steps.py: one wavefront through the pools)."""
+    for pool in (pools or {}).values():
         check_pool_fusable(program, pool)
+    pooled = bool(pools)
     prec = lookup_precision(program.precision)
     cell = program.cell.name.replace(" ", "_")
     prefix = program.kernels[0].name.rsplit("_stage", 1)[0] if program.kernels else cell
@@ -351,10 +369,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
         lines.append(helper_source(LAYER_SYNC_HELPER))
     if tiling.mma:
         lines.append(helper_source(MMA_GEMM_HELPER))
-    if pool is not None:
-        lines += [helper_source(POOL_HELPER),
-                  f"constexpr int POOL_OP = {POOL_OPS[pool.op]}, POOL_WINDOW = {pool.window}, POOL_STRIDE = {pool.stride};"
-                  f"   // the last layer's output, {pool.op} over {pool.window} steps every {pool.stride}"]
+    if pooled:
+        lines.append(helper_source(POOL_HELPER))
     lines += [f"constexpr int B = {tiling.batch};                 // batch rows",
               f"constexpr int H = {tiling.hidden};                 // hidden size",
               f"constexpr int UNITS = {tiling.units_per_block};              // hidden units per block",
@@ -374,7 +390,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                   f"constexpr int NC_STREAMED = {tiling.nc_streamed};       // rows of W staged per chunk (0: all resident)",
                   f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the staging area"]
     lines.append("")
-    lines += _struct(program, tiling, pool) + [""]
+    lines += _struct(program, tiling, pooled) + [""]
 
     for s in present:
         lines.append(f"// Stage {s} of step t for this block's units [u0, u0 + tu) of layer `layer`.")
@@ -387,7 +403,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
         if gemms:
             lines += _gemm_calls(program, gemms, tiling, "    ")
         for k in program.stage_kernels(s):
-            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling), tiling.bulk, pool)
+            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling), tiling.bulk, pooled)
         lines.append("    (void)I;")
         lines.append("}")
         lines.append("")
@@ -401,7 +417,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
     if tiling.bulk:
         block_setup.append("    rnn_bulk_init<STAGES>(smem + SCRATCH);        // the bulk pipeline's barriers, once a launch")
     if tiling.persistent:
-        return "\n".join(lines + _persistent_entry(program, tiling, prefix, present, block_setup)) + "\n"
+        return "\n".join(lines + _persistent_entry(program, tiling, prefix, present, block_setup, pooled)) + "\n"
     for s in present:
         lines.append(f"// Graph schedule: stage {s} of wavefront step k (layer l runs step k - l). Launched "
                      "(T + L - 1) x stages times from one CUDA graph.")
@@ -409,14 +425,26 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                      "const LayerArgs* __restrict__ layers, const int T, const int k)")
         lines.append("{")
         lines += block_setup
-        lines.append("    const int t = k - layer;")
-        lines.append(f"    if (tu > 0 && t >= 0 && t < T) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
+        if pooled:                             # T: wavefront steps; each layer on its own timing
+            lines += _stepped("    ", "k")
+            lines.append(f"    if (busy) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
+        else:
+            lines.append("    const int t = k - layer;")
+            lines.append(f"    if (tu > 0 && t >= 0 && t < T) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
         lines.append("}")
         lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def _persistent_entry(program: Program, tiling, prefix: str, present, block_setup: list[str]) -> list[str]:
+def _stepped(indent: str, k: str) -> list[str]:
+    """Whether this block's layer runs a step at wavefront step k, and which (engine/schedules/steps.py)."""
+    return [f"{indent}const int tk = {k} - (int)L.offset;           // its steps come every L.scale wavefront steps",
+            f"{indent}const int t = tk >= 0 ? tk / (int)L.scale : -1;",
+            f"{indent}const bool busy = tu > 0 && tk >= 0 && tk == t * (int)L.scale && t < (int)L.steps;"]
+
+
+def _persistent_entry(program: Program, tiling, prefix: str, present, block_setup: list[str],
+                      pooled: bool = False) -> list[str]:
     by_layer = tiling.config.sync == "layer"
     lines = ["// Persistent schedule: the whole sequence in one cooperative launch, one block per SM."]
     if by_layer:
@@ -455,13 +483,17 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
     if by_layer:
         stages_per_step = len(present)
         lines.append(f"    constexpr unsigned S = {stages_per_step};                 // stages a step")
-        lines.append("    for (int t = 0; t < T; ++t) {   // this block's layer, step by step")
+        steps = "(int)L.steps" if pooled else "T"
+        lines.append(f"    for (int t = 0; t < {steps}; ++t) {{   // this block's layer, step by step")
         for i, s in enumerate(present):
             when = ("once every block of this layer has finished step t - 1 (its state) and the layer below step t "
                     "(its output row block t)" if i == 0 else "once every block of this layer has finished the stage before")
             lines.append(f"        // stage {s}: {when}")
             lines.append(f"        rnn_wait_for(arrivals + layer, BLOCKS_PER_LAYER * ((unsigned)t * S + {i}u));")
-            if i == 0:
+            if i == 0 and pooled:              # the step of the layer below that completes this one's input
+                lines.append("        if (layer > 0) rnn_wait_for(arrivals + layer - 1, BLOCKS_PER_LAYER * "
+                             "((unsigned)(t * (int)L.below_scale + (int)L.below_offset) + 1u) * S);")
+            elif i == 0:
                 lines.append("        if (layer > 0) rnn_wait_for(arrivals + layer - 1, BLOCKS_PER_LAYER * "
                              "((unsigned)t + 1u) * S);")
             lines.append("        __syncthreads();")
@@ -470,9 +502,14 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append("    }")
         lines.append("}")
         return lines
-    lines.append(f"    for (int k = 0; k < T + {tiling.num_layers} - 1; ++k) {{   // wavefront step k: layer l runs step k - l")
-    lines.append("        const int t = k - layer;")
-    lines.append("        const bool busy = tu > 0 && t >= 0 && t < T;")
+    if pooled:
+        lines.append("    for (int k = 0; k < T; ++k) {   // T: the launch's wavefront steps (engine/schedules/steps.py)")
+        lines += _stepped("        ", "k")
+    else:
+        lines.append(f"    for (int k = 0; k < T + {tiling.num_layers} - 1; ++k) {{   // wavefront step k: layer l runs "
+                     "step k - l")
+        lines.append("        const int t = k - layer;")
+        lines.append("        const bool busy = tu > 0 && t >= 0 && t < T;")
     for s in present:
         lines.append(f"        if (busy) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
         lines.append("        grid.sync();")

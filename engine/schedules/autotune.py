@@ -107,7 +107,11 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
         # but slower at blogB (1.70 -> 1.76), so timed rather than assumed (benchmarks/NOTES.md, layer sync).
         first = next(c for c in found if c.schedule == "persistent")
         found.append(Candidate("persistent", replace(first.config, sync="layer")))
-        # layer by layer: one layer's weights fit on chip when all do not
+        # layer by layer: one layer's weights fit on chip when all do not; or half the layers a launch (a deep
+        # stack, e.g. DeepSpeech's 8 layers joined through their pool, whose halves fit as 4-layer stacks do)
+        if L >= 4 and L % 2 == 0:
+            rb, rc = tile_shapes(batch, precision)[0]
+            found.append(Candidate("persistent", TileConfig(None, rb, rc, threads[0], layers_per_launch=L // 2)))
         for rb, rc in tile_shapes(batch, precision)[:2]:
             found.append(Candidate("persistent", TileConfig(None, rb, rc, threads[0], layers_per_launch=1)))
     found.append(Candidate("graph", TileConfig(full, *tile_shapes(batch, precision)[0], resident=False)))

@@ -80,6 +80,28 @@ def chunked_weight(bits: np.ndarray, rows_per_block: int, blocks: int, block_row
     return chunked(np, padded.reshape(blocks * block_rows, K), block_rows, k_chunk)
 
 
+def check_pools(schedule: str, network: Network, pool=None, pools=None) -> dict:
+    """{layer: Pool} from a schedule's pool / pools arguments, each checked (BackendError naming the argument)."""
+    from ..blocks import check_pool
+    if pool is not None and pools is not None:
+        raise BackendError(f"schedule '{schedule}': give pool (after the last layer) or pools ({{layer: Pool}}), "
+                           "not both")
+    if pool is not None:
+        check_pool(pool, f"schedule '{schedule}', argument 'pool'")
+        return {network.num_layers - 1: pool}
+    if pools is None:
+        return {}
+    if not isinstance(pools, dict):
+        raise BackendError(f"schedule '{schedule}': argument 'pools' must be a dict {{layer: Pool}}, got "
+                           f"{type(pools).__name__}")
+    for layer, value in pools.items():
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < network.num_layers:
+            raise BackendError(f"schedule '{schedule}': argument 'pools' has key {layer!r}, not a layer of this "
+                               f"{network.num_layers}-layer network (0 to {network.num_layers - 1})")
+        check_pool(value, f"schedule '{schedule}', argument 'pools[{layer}]'")
+    return dict(sorted(pools.items()))
+
+
 def _version0(buffer):
     """Version 0 of a buffer: the array, or the first of a double buffer's two."""
     return buffer[0] if isinstance(buffer, list) else buffer
@@ -92,19 +114,18 @@ class WavefrontSchedule:
     persistent = False
 
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, config: TileConfig | None = None,
-                 limits: DeviceLimits | None = None, precision: str = "float32", pool=None):
-        if pool is not None:                   # checked first: a CPU-only machine says what is wrong with it too
-            from ..blocks import check_pool
-            check_pool(pool, f"schedule '{self.name}', argument 'pool'")
+                 limits: DeviceLimits | None = None, precision: str = "float32", pool=None, pools=None):
+        pools = check_pools(self.name, network, pool, pools)   # first: a CPU-only machine says what is wrong too
         check_float32_gpu_program(f"schedule '{self.name}'", network, params, dtype)
         import cupy
         self.cupy, self.network, self.params = cupy, network, params
         self.precision = check_precision(precision)
         self.config = config or TileConfig()
         self.limits = limits or DeviceLimits.current()
-        # pool (an engine.blocks.Pool): the outputs are the last layer's output pooled over time, folded into the
-        # kernel's store of it (kernels/pool.cuh); the unpooled sequence is never written.
-        self.pool = pool
+        # pools {layer: engine.blocks.Pool}: a pool over time after those layers, folded into the layer's store of its
+        # output (kernels/pool.cuh): the layers above read the pooled sequence, started as soon as their input is
+        # (engine/schedules/steps.py), and a pool after the last layer pools the outputs. pool=P: pools={L - 1: P}.
+        self.pools = pools
         self._shape = None
 
     # ---- plan and compile -------------------------------------------------------------------------
@@ -116,7 +137,7 @@ class WavefrontSchedule:
     def source(self, T: int, B: int) -> str:
         from ..codegen.wavefront import render_wavefront
         plan, tiling = self.plan(T, B)
-        return render_wavefront(plan.program, self.network, tiling, pool=self.pool)
+        return render_wavefront(plan.program, self.network, tiling, pools=self.pools)
 
     # ---- build: once per (T, B) -------------------------------------------------------------------
     def _build(self, T: int, B: int) -> None:
@@ -125,8 +146,8 @@ class WavefrontSchedule:
         plan, tiling = self.plan(T, B)
         program = plan.program
         self.plan_, self.tiling = plan, tiling
-        self.pooled_steps = self._pooled_steps(T)
-        self.source_ = render_wavefront(program, network, tiling, pool=self.pool)
+        self.steps_ = self._layer_steps(T)
+        self.source_ = render_wavefront(program, network, tiling, pools=self.pools)
         names = entry_points(program)
         wanted = [names["persistent"]] if self.persistent else list(names["wave"])
         self.kernels = [compile_kernel(self.source_, n, self.persistent, tiling.smem_bytes, program.cell.name)
@@ -138,9 +159,10 @@ class WavefrontSchedule:
         shapes = {}
         for layer in range(L):
             sizes = plan.layer_sizes(layer)
+            Tl = self.steps_[layer].steps          # T, or fewer steps above a pool
             for buf in program.buffers:
                 if buf.name != program.input_buffer:
-                    shapes[layer, buf.name] = (T * B if buf.rows == "sequence" else B, buf.cols(sizes))
+                    shapes[layer, buf.name] = (Tl * B if buf.rows == "sequence" else B, buf.cols(sizes))
         # Each view starts on a 256-byte boundary, as a buffer of its own would: the kernels read rows as float4.
         def span(shape):
             return -(-shape[0] * shape[1] // 64) * 64
@@ -182,6 +204,10 @@ class WavefrontSchedule:
                     first = cupy.empty(shape, dtype=cupy.uint16)
                 bufs[name] = [first, cupy.empty(shape, dtype=cupy.uint16)] if program.buffer(name).double else first
             self.half_buffers.append(bufs)
+        if program.output_buffer in self.halves and any(p < L - 1 for p in self.pools):
+            raise BackendError(f"schedule '{self.name}': a pool between layers in precision '{self.precision}' would "
+                               "need the 16-bit copy of the pooled sequence, which the pool does not write yet; hint: "
+                               "precision='float32' or 'tf32', or the pool as its own pass (fuse_pools=False)")
         self.x_half = (cupy.empty((T * B, network.input_size), dtype=cupy.uint16)
                        if program.input_buffer in self.halves else None)
         self._chunked_sources = {}              # shape -> gather index of the bulk pipeline's chunked copies
@@ -195,9 +221,10 @@ class WavefrontSchedule:
             self.vectors.append({n: cupy.asarray(np.asarray(self.params[layer][n]), dtype=cupy.float32)
                                  for n in program.kernel_params})
         self.x_device = cupy.empty((T * B, network.input_size), dtype=cupy.float32)
-        self.pooled = (None if self.pool is None else
-                       cupy.empty((self.pooled_steps * B, network.output_size), dtype=cupy.float32))
-        fields = layer_fields(program, tiling, self.pool)
+        # The pooled sequences: what a pool after layer p hands to layer p + 1 (or out, after the last layer).
+        self.pooled = {p: cupy.empty((self._pool_steps(p) * B, network.output_size), dtype=cupy.float32)
+                       for p in self.pools}
+        fields = layer_fields(program, tiling, bool(self.pools))
         table = np.zeros((L, len(fields)), dtype=np.int64)
         for layer in range(L):
             for i, f in enumerate(fields):
@@ -209,8 +236,7 @@ class WavefrontSchedule:
     def _field_value(self, layer: int, f) -> int:
         program = self.plan_.program
         if f.kind == "input":
-            source = self.x_device if layer == 0 else self.buffers[layer - 1][program.output_buffer]
-            return source.data.ptr
+            return self._layer_input(layer).data.ptr
         if f.kind in ("buffer", "half"):
             buf = (self.buffers if f.kind == "buffer" else self.half_buffers)[layer][f.source]
             return (buf[f.version] if f.version is not None else buf).data.ptr
@@ -225,20 +251,59 @@ class WavefrontSchedule:
         if f.kind == "param":
             return self.vectors[layer][f.source].data.ptr
         if f.kind == "pool":
-            return self.pooled.data.ptr if layer == self.network.num_layers - 1 else 0
-        if f.kind == "pool_steps":
-            return self.pooled_steps
+            return self.pooled[layer].data.ptr if layer in self.pools else 0
+        if f.kind == "timing":
+            return self._timing_value(layer, f.name)
         return self.network.layer_input_size(layer)
 
-    def _pooled_steps(self, T: int) -> int:
-        if self.pool is None:
-            return 0
-        steps = (T - self.pool.window) // self.pool.stride + 1
-        if steps <= 0:
-            raise BackendError(f"schedule '{self.name}': the fused pool ({self.pool.op} over {self.pool.window} steps "
-                               f"every {self.pool.stride}) needs at least {self.pool.window} steps, got T={T}; hint: a "
-                               "longer sequence or a smaller pool window")
-        return steps
+    def _layer_input(self, layer: int):
+        """What layer `layer` reads: x, the output sequence of the layer below, or the pool after it."""
+        if layer == 0:
+            return self.x_device
+        if layer - 1 in self.pools:
+            return self.pooled[layer - 1]
+        return self.buffers[layer - 1][self.plan_.program.output_buffer]
+
+    def _layer_steps(self, T: int):
+        """Each launch group's step timing (engine/schedules/steps.py), as one LayerSteps per layer: a group starts
+        when the one before has finished, so its first layer starts at wavefront step 0."""
+        from .steps import layer_steps
+        timing, steps = [], T
+        group = self.launch_group()
+        for first in range(0, self.network.num_layers, group):
+            count = min(group, self.network.num_layers - first)
+            local = {p - first: pool for p, pool in self.pools.items() if first <= p < first + count}
+            try:
+                part = layer_steps(count, steps, local)
+            except ValueError as e:
+                raise BackendError(f"schedule '{self.name}': {e} (T={T}); hint: a longer sequence or a smaller pool "
+                                   "window") from None
+            timing += part.layers
+            steps = part.output_steps
+        return timing
+
+    def launch_group(self) -> int:
+        """Layers a launch runs (the graph schedule: all of them)."""
+        return self.network.num_layers
+
+    def _pool_steps(self, layer: int) -> int:
+        from .steps import pooled_steps
+        return pooled_steps(self.steps_[layer].steps, self.pools[layer])
+
+    def wavefront_steps(self, first_layer: int) -> int:
+        """Wavefront steps of the launch that starts at first_layer (with pools: from the layers' timing)."""
+        group = self.steps_[first_layer:first_layer + self.launch_group()]
+        return max(s.wavefront_step(s.steps - 1) for s in group) + 1
+
+    def _timing_value(self, layer: int, name: str) -> int:
+        from ..codegen.wavefront import POOL_OPS
+        pool = self.pools.get(layer)
+        if name.startswith("pool_"):
+            if pool is None:
+                return 0
+            return {"pool_steps": self._pool_steps(layer), "pool_op": POOL_OPS[pool.op],
+                    "pool_window": pool.window, "pool_stride": pool.stride}[name]
+        return getattr(self.steps_[layer], name)
 
     def _check_memory(self, plan: Plan) -> None:
         from ..backends.fused import plan_bytes
@@ -268,8 +333,8 @@ class WavefrontSchedule:
                 for value in bufs.values():
                     for array in (value if isinstance(value, list) else [value]):
                         array.fill(fill)
-            if self.pooled is not None:
-                self.pooled.fill(math.nan)
+            for array in self.pooled.values():
+                array.fill(math.nan)
         self.x_device[...] = cupy.asarray(x, dtype=cupy.float32).reshape(T * B, network.input_size)
         if self.x_half is not None:
             self._write_half(self.x_half, self.x_device)
@@ -279,16 +344,18 @@ class WavefrontSchedule:
             if not self.tiling.layer0_in_kernel:
                 self._project(first)
             self._launch(T, B, first)
-        if self.pooled is not None:
-            outputs = self.pooled.reshape(self.pooled_steps, B, network.output_size).copy()
+        last = L - 1
+        if last in self.pools:
+            outputs = self.pooled[last].reshape(self._pool_steps(last), B, network.output_size).copy()
         else:
-            outputs = self.buffers[-1][program.output_buffer].reshape(T, B, network.output_size).copy()
+            outputs = self.buffers[-1][program.output_buffer].reshape(self.steps_[last].steps, B,
+                                                                      network.output_size).copy()
         final = {}
         for home in program.homes:
             per_layer = []
             for layer in range(L):
                 buf = self.buffers[layer][home.slot.buffer]
-                buf = buf[T % 2] if isinstance(buf, list) else buf
+                buf = buf[self.steps_[layer].steps % 2] if isinstance(buf, list) else buf
                 per_layer.append(buf[:, slot_columns(home.slot, self.plan_.layer_sizes(layer),
                                                      network.state_size(home.state))])
             final[home.state] = cupy.stack(per_layer)
@@ -296,7 +363,7 @@ class WavefrontSchedule:
             outputs = cupy.asnumpy(outputs)
             final = {k: cupy.asnumpy(v) for k, v in final.items()}
         info = {"schedule": self.name, "precision": self.precision, "tiling": self.tiling.describe(),
-                "pool": None if self.pool is None else self.pool.label,
+                "pools": {p: pool.label for p, pool in self.pools.items()},
                 "blocks": self.tiling.blocks,
                 "launches_per_sequence": self.launches_per_sequence(T), "program": program.key, "bytes": self.bytes}
         return RunResult(outputs=outputs, final_states=final, backend=self.name, info=info)
@@ -306,7 +373,7 @@ class WavefrontSchedule:
         starts at this layer does not compute it), in the schedule's precision (engine/schedules/project.py)."""
         from .project import project
         program = self.plan_.program
-        source = self.x_device if layer == 0 else self.buffers[layer - 1][program.output_buffer]
+        source = self._layer_input(layer)
         for g in program.hoisted_gemms:
             weight, bias = self.weights[layer][g.name]
             project(self.cupy, source, weight, bias, self.buffers[layer][g.out_buffer], self.precision)

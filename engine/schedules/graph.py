@@ -34,9 +34,13 @@ class GraphSchedule(WavefrontSchedule):
             raise BackendError(f"schedule 'graph' could not capture its {len(args)} launches into a CUDA graph: "
                                f"{type(e).__name__}: {e}; hint: use backend='persistent' or 'fused'") from None
 
+    def _wavefront(self, T: int) -> int:
+        return self.wavefront_steps(0) if self.pools else T + self.network.num_layers - 1
+
     def _launch_args(self, T: int) -> list:
-        L = self.network.num_layers
-        return [(kernel, (self.args, np.int32(T), np.int32(k))) for k in range(T + L - 1) for kernel in self.kernels]
+        steps = self._wavefront(T)
+        return [(kernel, (self.args, np.int32(steps if self.pools else T), np.int32(k))) for k in range(steps)
+                for kernel in self.kernels]
 
     def _issue(self, launches) -> None:
         grid, block, smem = (self.tiling.blocks,), (self.tiling.config.threads,), self.tiling.smem_bytes
@@ -47,7 +51,7 @@ class GraphSchedule(WavefrontSchedule):
         self.graph.launch(self.cupy.cuda.get_current_stream())
 
     def launches_per_sequence(self, T: int) -> int:
-        return (T + self.network.num_layers - 1) * len(self.kernels)
+        return self._wavefront(T) * len(self.kernels)
 
 
 def prepare(network, params, dtype=np.float32, **options) -> GraphSchedule:

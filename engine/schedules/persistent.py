@@ -21,8 +21,9 @@ With TileConfig(sync="layer") the grid-wide barriers give way to per-layer arriv
 for the layer below, so a cheaper layer runs ahead instead of idling at every barrier. Measured mixed (faster
 at `lat`, slower at `blogB`: benchmarks/NOTES.md), so the autotuner times it as one candidate among the others.
 
-With pool=Pool(...) (both wavefront schedules; engine/schedules/base.py) the last layer folds its output into
-that pool over time as it stores it (kernels/pool.cuh), and the run returns the pooled sequence.
+With pools={layer: Pool(...)} (both wavefront schedules; engine/schedules/base.py) a layer followed by a pool folds
+its output into it as it stores it (kernels/pool.cuh) and the layers above run on the pooled sequence, each on its
+own step timing (engine/schedules/steps.py): one wavefront through the pools.
 """
 from __future__ import annotations
 
@@ -57,13 +58,17 @@ class PersistentSchedule(WavefrontSchedule):
                                    f"layer for T={T}, more than its 32-bit counters hold; hint: sync='grid'")
             self.arrivals = cupy.zeros(self.tiling.num_layers, dtype=cupy.uint32)
 
+    def launch_group(self) -> int:
+        return self.tiling.num_layers
+
     def _launch(self, T: int, B: int, first_layer: int) -> None:
         args = self.args[first_layer:]           # the group's rows of the argument table
         extra = ()
         if self.arrivals is not None:
             self.arrivals.fill(0)
             extra = (self.arrivals,)
-        self.kernels[0]((self.tiling.blocks,), (self.tiling.config.threads,), (args, np.int32(T), *extra),
+        steps = self.wavefront_steps(first_layer) if self.pools else T     # with pools the kernel takes its span
+        self.kernels[0]((self.tiling.blocks,), (self.tiling.config.threads,), (args, np.int32(steps), *extra),
                         shared_mem=self.tiling.smem_bytes)
 
     def launches_per_sequence(self, T: int) -> int:

@@ -419,8 +419,10 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
     if tiling.persistent:
         return "\n".join(lines + _persistent_entry(program, tiling, prefix, present, block_setup, pooled)) + "\n"
     for s in present:
-        lines.append(f"// Graph schedule: stage {s} of wavefront step k (layer l runs step k - l). Launched "
-                     "(T + L - 1) x stages times from one CUDA graph.")
+        timing = ("each layer on its own step timing, T wavefront steps" if pooled else
+                  "layer l runs step k - l, T + L - 1 wavefront steps")
+        lines.append(f"// Graph schedule: stage {s} of wavefront step k ({timing}); every stage of every step "
+                     "launched once from one CUDA graph.")
         lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS) {prefix}_wave_s{s}('
                      "const LayerArgs* __restrict__ layers, const int T, const int k)")
         lines.append("{")

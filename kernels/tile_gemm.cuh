@@ -50,6 +50,14 @@ __host__ __device__ constexpr int rnn_round_up(int value, int multiple) { return
 // Floats between consecutive rows of a shared-memory operand of k columns.
 __host__ __device__ constexpr int rnn_row_stride(int k) { return rnn_round_up(k, 4) + 4; }
 
+// Asks L2 to fetch the 128-byte lines of count floats from p: a hint, no effect on any result (the cell math of a
+// layer-by-layer launch reads its cuBLAS projections from DRAM after the GEMMs; this starts that read before them).
+__device__ __forceinline__ void rnn_prefetch_l2(const float* p, int count)
+{
+    for (int i = 0; i < count; i += 32) asm volatile("prefetch.global.L2 [%0];" :: "l"(p + i));
+    if (count > 0) asm volatile("prefetch.global.L2 [%0];" :: "l"(p + count - 1));    // a line the segment ends in
+}
+
 // The type of a packed weight element, and the elements between rows of a resident (or staged) weight of
 // k columns: fp32 as above; tf32 a multiple of 8 plus 4 and fp16/bf16 a multiple of 16 plus 8, so that the
 // eight rows an MMA fragment reads at once start in eight different bank groups, and K is zero-padded to

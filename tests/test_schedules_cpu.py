@@ -600,3 +600,13 @@ def test_layer_sync_is_for_the_persistent_schedule_and_says_its_values():
         render("lstm", 37, 129, 2, 3, TileConfig(sync="layer"), False)
     with pytest.raises(CompileError, match="TileConfig.sync='barrier' is not 'grid' or 'layer'"):
         render("lstm", 37, 129, 2, 3, TileConfig(sync="barrier"), True)
+
+
+def test_layer_by_layer_kernels_warm_l2_with_the_step_rows_of_their_cublas_projections():
+    _, source, tiling = render("lstm", 64, 256, 2, 64, TileConfig(layers_per_launch=1), True)
+    assert tiling.num_layers == 1 and not tiling.layer0_in_kernel
+    stage = source[source.index("void lstm_stage_1("):]
+    assert stage.index("rnn_prefetch_l2(L.x_proj_out + ((long)t * B + r) * (4 * H) + (long)u0 * 4, 4 * tu);") < \
+        stage.index("rnn_tile_gemms<"), "the prefetch goes out before the GEMMs it hides behind"
+    _, together, tiling = render("lstm", 64, 256, 2, 64, TileConfig(), True)
+    assert tiling.layer0_in_kernel and "rnn_prefetch_l2(L." not in together, "in-kernel projections are on chip"

@@ -201,6 +201,21 @@ def gemv_ksteps(jobs: int, batch: int, k_max: int) -> int:
     return max(1, min(-(-k_max // 128), GEMV_X_FLOATS // (4 * jobs * batch)))
 
 
+def _prefetch_projections(program: Program, indent: str) -> list[str]:
+    """Layer by layer the input projections are one cuBLAS GEMM over the whole sequence before the launch, so the
+    rows of step t are in DRAM when the cell math reads them after the GEMMs: ask L2 for them first (a hint, no
+    effect on the results), one thread a batch row, so the GEMMs hide the DRAM latency."""
+    lines = [f"{indent}// This step's rows of the projections made before the launch (cuBLAS, in DRAM), into L2 while the "
+             "GEMMs run"]
+    lines.append(f"{indent}for (int r = threadIdx.x; r < B; r += blockDim.x) {{")
+    for g in program.hoisted_gemms:
+        nt = len(g.terms)
+        lines.append(f"{indent}    rnn_prefetch_l2(L.{g.out_buffer} + ((long)t * B + r) * ({g.n.c_expr()}) + (long)u0 * {nt}, "
+                     f"{nt} * tu);")
+    lines.append(f"{indent}}}")
+    return lines
+
+
 def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> list[str]:
     """Every GEMM of one stage for this block, then a barrier: their outputs are complete for the block."""
     tiles = {t.name: t for t in tiling.gemms}
@@ -400,6 +415,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
         lines.append("    const int I = (int)L.I;")
         gemms = list(program.hoisted_gemms) if s == present[0] and tiling.num_layers > 1 else []
         gemms += list(program.step_gemms(s)) if s else []
+        if s == present[0] and tiling.num_layers == 1 and program.hoisted_gemms:
+            lines += _prefetch_projections(program, "    ")
         if gemms:
             lines += _gemm_calls(program, gemms, tiling, "    ")
         for k in program.stage_kernels(s):

@@ -321,16 +321,23 @@ __device__ __forceinline__ void rnn_stage_rows(float* __restrict__ dst, int ld, 
 }
 
 // How a block's threads cover one GEMM: nbg x ncg tiles of RB x RC; K split `split` ways when the
-// tiles are fewer than the threads, else `passes` rounds of tiles.
+// tiles are fewer than the threads, else `passes` rounds of tiles. The split is the largest power of two the
+// threads allow that divides a chunk's KC / 4 k-steps, so that every part runs the same unrolled steps of a whole
+// chunk (rnn_mma_chunk): 416 threads over 32 tiles split 8 ways, not 13 (GRU-Cho's one-gate GEMM at blogB), the
+// other threads idle. (A fixed-trip loop, so that it folds to a constant like the rest.)
 template <int RB, int RC>
 struct RnnTiles {
     int nbg, ncg, groups, split, passes;
-    __device__ RnnTiles(int B, int NC)
+    __device__ RnnTiles(int B, int NC, int ksteps)
     {
         nbg = rnn_round_up(B, RB) / RB;
         ncg = rnn_round_up(NC, RC) / RC;
         groups = nbg * ncg;
-        split = groups >= (int)blockDim.x ? 1 : (int)blockDim.x / groups;
+        const int most = groups >= (int)blockDim.x ? 1 : (int)blockDim.x / groups;
+        split = 1;
+#pragma unroll
+        for (int d = 2; d <= 64; d *= 2)
+            if (d <= most && ksteps % d == 0) split = d;
         passes = split > 1 ? 1 : (groups + blockDim.x - 1) / blockDim.x;
     }
 };
@@ -507,7 +514,7 @@ __device__ __forceinline__ Job rnn_select(const Job (&jobs)[N], int j)
 template <int RB, int RC, int KC>
 __device__ __forceinline__ int rnn_chunk_count(const RnnGemm& J, int B)
 {
-    return RnnTiles<RB, RC>(B, rnn_tile_cols(J)).passes * ((J.K + KC - 1) / KC);
+    return RnnTiles<RB, RC>(B, rnn_tile_cols(J), KC / 4).passes * ((J.K + KC - 1) / KC);
 }
 
 template <int RB, int RC, int VEC, int KC, int N>
@@ -555,7 +562,7 @@ __device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restric
 #pragma unroll
     for (int i = 0; i < N; ++i) {                      // unrolled: jobs[i] and its tiling stay in registers
         const RnnGemm& J = jobs[i];
-        const RnnTiles<RB, RC> tl(B, rnn_tile_cols(J));
+        const RnnTiles<RB, RC> tl(B, rnn_tile_cols(J), KC / 4);
         const int chunks = (J.K + KC - 1) / KC;
         const bool resident = J.Ws != nullptr;
         const int ldw = resident ? rnn_row_stride(J.K) : ld;

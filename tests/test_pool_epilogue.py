@@ -27,7 +27,7 @@ from engine.codegen.wavefront import TIMING_FIELDS, check_pool_fusable, layer_fi
 from engine.errors import BackendError, CompileError
 from engine.plan import compile_program, make_plan
 from engine.schedules.base import WavefrontSchedule
-from engine.schedules.steps import layer_steps, pooled_steps
+from engine.schedules.steps import layer_steps
 from engine.schedules.tiling import H100, TileConfig, make_tiling
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
@@ -144,7 +144,7 @@ def _earliest(num_layers: int, T: int, pools: dict) -> list[list[int]]:
     before, and the steps of the layer below that its input needs, done at earlier wavefront steps)."""
     steps = [T]
     for layer in range(num_layers - 1):
-        steps.append(pooled_steps(steps[-1], pools[layer]) if layer in pools else steps[-1])
+        steps.append(pools[layer].steps_out(steps[-1]) if layer in pools else steps[-1])
     done = [[None] * n for n in steps]
     k = 0
     while any(None in d for d in done):
@@ -175,7 +175,7 @@ def test_the_step_timing_is_the_earliest_the_dependencies_allow(num_layers, T, p
     assert got == want
     assert timing.wavefront == max(max(row) for row in got) + 1
     last = timing.layers[-1].steps
-    assert timing.output_steps == (pooled_steps(last, pools[num_layers - 1]) if num_layers - 1 in pools else last)
+    assert timing.output_steps == (pools[num_layers - 1].steps_out(last) if num_layers - 1 in pools else last)
 
 
 def test_fused_runs_join_blocks_of_one_cell_through_their_pools():

@@ -287,13 +287,12 @@ class WavefrontSchedule:
         return self.network.num_layers
 
     def _pool_steps(self, layer: int) -> int:
-        from .steps import pooled_steps
-        return pooled_steps(self.steps_[layer].steps, self.pools[layer])
+        return self.pools[layer].steps_out(self.steps_[layer].steps)
 
     def wavefront_steps(self, first_layer: int) -> int:
         """Wavefront steps of the launch that starts at first_layer (with pools: from the layers' timing)."""
-        group = self.steps_[first_layer:first_layer + self.launch_group()]
-        return max(s.wavefront_step(s.steps - 1) for s in group) + 1
+        from .steps import WavefrontSteps
+        return WavefrontSteps(tuple(self.steps_[first_layer:first_layer + self.launch_group()]), 0).wavefront
 
     def _timing_value(self, layer: int, name: str) -> int:
         from ..codegen.wavefront import POOL_OPS

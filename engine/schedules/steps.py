@@ -44,10 +44,6 @@ class WavefrontSteps:
         return max(s.wavefront_step(s.steps - 1) for s in self.layers) + 1
 
 
-def pooled_steps(steps: int, pool) -> int:
-    return (steps - pool.window) // pool.stride + 1
-
-
 def layer_steps(num_layers: int, steps: int, pools=None) -> WavefrontSteps:
     """The step timing of num_layers layers reading a sequence of `steps` steps, pools[p] after layer p. Raises
     ValueError when a pool's window is longer than the steps that reach it."""
@@ -59,7 +55,7 @@ def layer_steps(num_layers: int, steps: int, pools=None) -> WavefrontSteps:
         if pool is None:
             offset, below = offset + 1, (1, 0)
             continue
-        out = pooled_steps(t_steps, pool)
+        out = pool.steps_out(t_steps)
         if out < 1:
             raise ValueError(f"the pool after layer {layer} ({pool.op} over {pool.window} steps every {pool.stride}) "
                              f"needs at least {pool.window} steps, and {t_steps} reach it")

@@ -249,8 +249,8 @@ def check_net_params(net: Net, params: NetParams) -> None:
 @dataclass
 class NetResult:
     outputs: np.ndarray                 # (T_out, B, output size)
-    block_outputs: list = field(default_factory=list)   # what each block produced (None: a block whose pool was
-                                                        # folded into its kernel, so its own output never existed)
+    block_outputs: list = field(default_factory=list)   # what each block produced (None: a block inside a run that
+                                                        # fuse_pools made one program, whose output never existed)
 
 
 def _xp(value):

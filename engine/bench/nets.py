@@ -11,8 +11,8 @@ Rows (fp32 only: the engine rows run in IEEE fp32, cuDNN with TF32 off):
   loaded with the engine's weights (engine.torch_layout), and torch's max_pool1d / avg_pool1d over time between them;
 - `fused`, `graph`, `persistent`, `auto`: the engine's `prepare_net(net, params, backend)`, prepared once and run as
   a user keeps it (each block of layers one program on the GPU; pools between them on CuPy arrays);
-- `persistent-fused-pools`, `graph-fused-pools`: the same with `fuse_pools=True` (each pool folded into the kernel of
-  the block before it, kernels/pool.cuh).
+- `persistent-fused-pools`, `graph-fused-pools`: the same with `fuse_pools=True` (blocks of one cell joined into one
+  wavefront through their pools, each pool folded into the layer below it: engine.blocks.fused_runs).
 Each row's output on input buffer 0 (NaN-poisoned buffers for the engine rows) is checked against the float64 NumPy
 reference of the whole net (run_net on the reference backend) and is timed only when it passes
 (engine/bench/divergence.py). Timing as for cells (engine/bench/timing.py): CUDA events around one whole forward
@@ -38,7 +38,7 @@ from .flops import network_flops
 from .implementations import Unavailable, short_reason
 from .timing import TIMERS, time_runs
 
-FOLDED_SUFFIX = "-fused-pools"      # prepare_net(..., fuse_pools=True): each pool folded into the kernel before it
+FOLDED_SUFFIX = "-fused-pools"      # prepare_net(..., fuse_pools=True): one wavefront through the pools
 ENGINE_ROWS = ("fused", "graph", "persistent", "auto", "persistent" + FOLDED_SUFFIX, "graph" + FOLDED_SUFFIX)
 NET_IMPLEMENTATIONS = ("cudnn-fp32",) + ENGINE_ROWS
 TF32_FLAGS = ("torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32")

@@ -40,17 +40,24 @@ def add_block(page, frame, fx: float, fy: float, category: str, block: str):
     """Right-click the pane at (fx, fy) of its width and height, pick category > block; the new block, found by the
     label the editor gives it (`<block>-1`: the first of its type; ⚠ before it while it is not wired)."""
     entry = frame.get_by_role("menuitem", name=category, exact=True)
-    for _ in range(5):          # a click that lands while the app redraws or scrolls the page opens no menu: again,
-        frame.locator(".react-flow__pane").scroll_into_view_if_needed()     # measured afresh each time
+    item = frame.get_by_role("menuitem", name=block, exact=True)
+    # A click that lands while the app reruns (or scrolls the page) opens no menu, and a rerun that redraws the
+    # canvas closes an open one: the whole pick is tried again, from an idle app, the pane measured afresh.
+    for _ in range(6):
+        wait_until_idle(page)
+        frame.locator(".react-flow__pane").scroll_into_view_if_needed()
         pane = frame.locator(".react-flow__pane").bounding_box()
         page.mouse.click(pane["x"] + fx * pane["width"], pane["y"] + fy * pane["height"], button="right")
         try:
             expect(entry).to_be_visible(timeout=3_000)
+            entry.hover(timeout=3_000)
+            expect(item).to_be_visible(timeout=3_000)
+            item.click(timeout=3_000)
             break
-        except AssertionError:
-            continue
-    entry.hover()
-    frame.get_by_role("menuitem", name=block, exact=True).click()
+        except (AssertionError, sync_api.TimeoutError):
+            page.keyboard.press("Escape")
+    else:
+        pytest.fail(f"the palette did not give '{category}' > '{block}' in 6 tries")
     node = frame.locator(".react-flow__node", has_text=re.compile("^(⚠ )?" + re.escape(f"{block}-1")))
     expect(node).to_have_count(1, timeout=RERUN_S * 1000)
     return node

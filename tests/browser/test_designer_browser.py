@@ -8,6 +8,8 @@ Every wait polls for what should appear; nothing sleeps.
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +38,33 @@ def canvas(page):
     return page.frame_locator('.st-key-designer-editor iframe[title*="cell_canvas"]')
 
 
+def _top_element(page, point) -> str | None:
+    """The tag of the page's element at a point (the canvas's IFRAME where a click reaches the canvas)."""
+    return page.evaluate("([x, y]) => { const e = document.elementFromPoint(x, y); return e ? e.tagName : null; }",
+                         point)
+
+
+def _free_point(frame, pane, fx: float, fy: float) -> list[float]:
+    """The point (fx, fy) of the pane, or the nearest one on a grid of 5% steps that no block covers: a right-click
+    on a block opens no palette (the canvas is not always fitted to the view yet when a test starts clicking, and
+    then an empty cell's blocks sit in its top left corner)."""
+    boxes = [b for b in (n.bounding_box() for n in frame.locator(".react-flow__node").all()) if b]
+
+    def at(u, v):
+        return [pane["x"] + min(max(u, 0.02), 0.98) * pane["width"], pane["y"] + min(max(v, 0.02), 0.98) * pane["height"]]
+
+    def free(x, y):
+        return all(not (b["x"] - 12 <= x <= b["x"] + b["width"] + 12 and b["y"] - 12 <= y <= b["y"] + b["height"] + 12)
+                   for b in boxes)
+
+    for d in (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4):
+        for du, dv in ((0, 0), (0, d), (d, 0), (d, d), (0, -d), (-d, 0), (-d, d), (d, -d), (-d, -d)):
+            point = at(fx + du, fy + dv)
+            if free(*point):
+                return point
+    return at(fx, fy)
+
+
 def add_block(page, frame, fx: float, fy: float, category: str, block: str):
     """Right-click the pane at (fx, fy) of its width and height, pick category > block; the new block, found by the
     label the editor gives it (`<block>-1`: the first of its type; ⚠ before it while it is not wired)."""
@@ -43,11 +72,16 @@ def add_block(page, frame, fx: float, fy: float, category: str, block: str):
     item = frame.get_by_role("menuitem", name=block, exact=True)
     # A click that lands while the app reruns (or scrolls the page) opens no menu, and a rerun that redraws the
     # canvas closes an open one: the whole pick is tried again, from an idle app, the pane measured afresh.
-    for _ in range(6):
+    for attempt in range(6):
         wait_until_idle(page)
         frame.locator(".react-flow__pane").scroll_into_view_if_needed()
         pane = frame.locator(".react-flow__pane").bounding_box()
-        page.mouse.click(pane["x"] + fx * pane["width"], pane["y"] + fy * pane["height"], button="right")
+        point = _free_point(frame, pane, fx, fy)
+        if _top_element(page, point) != "IFRAME":         # under the page's sticky header, say: centre the canvas
+            frame.locator(".react-flow__pane").evaluate("e => e.scrollIntoView({block: 'center'})")
+            pane = frame.locator(".react-flow__pane").bounding_box()
+            point = _free_point(frame, pane, fx, fy)
+        page.mouse.click(*point, button="right")
         try:
             expect(entry).to_be_visible(timeout=3_000)
             entry.hover(timeout=3_000)
@@ -57,7 +91,12 @@ def add_block(page, frame, fx: float, fy: float, category: str, block: str):
         except (AssertionError, sync_api.TimeoutError):
             page.keyboard.press("Escape")
     else:
-        pytest.fail(f"the palette did not give '{category}' > '{block}' in 6 tries")
+        shot = Path(tempfile.mkdtemp(prefix="palette-")) / "page.png"
+        page.screenshot(path=str(shot), full_page=True)
+        pytest.fail(f"the palette did not give '{category}' > '{block}' in 6 tries: at the last right-click "
+                    f"{point} the page had {_top_element(page, point)!r} on top, the canvas "
+                    f"{frame.locator('.react-flow__node').count()} blocks and {frame.get_by_role('menuitem').count()} "
+                    f"menu items, the pane at {pane}; the page: {shot}")
     node = frame.locator(".react-flow__node", has_text=re.compile("^(⚠ )?" + re.escape(f"{block}-1")))
     expect(node).to_have_count(1, timeout=RERUN_S * 1000)
     return node

@@ -282,8 +282,8 @@ class PipelineProgram:
             result = run(network, params, value, states, backend="reference", dtype=np.float64)
         else:
             from .schedules import autotune
-            key = (g, piece)
-            if key not in self.programs:
+            key = (g, piece, value.shape[0])       # a program per chunk length: a shorter tail chunk does not
+            if key not in self.programs:           # make the full chunks' program rebuild its buffers each run
                 self.programs[key] = autotune.prepare(autotune.Candidate(self.backend, None), network, params)
             result = self.programs[key].run(value, states)
         return result.outputs, result.final_states
@@ -313,6 +313,7 @@ class PipelineProgram:
         starts = list(range(0, steps, chunk))
         states: dict = {}                          # (GPU, piece) -> final states of the previous chunk
         handed: dict = {}                          # (GPU, chunk) -> what GPU hands GPU + 1
+        self._sources = []                         # handed chunks, alive until the copies of them are done
         outputs = []
         gpus = len(self.pieces)
         for diagonal in range(len(starts) + gpus - 1):
@@ -338,8 +339,27 @@ class PipelineProgram:
         if self.backend == "reference":
             return NetResult(outputs=np.concatenate(outputs, axis=0))
         import cupy
+        self._release_sources()
         with cupy.cuda.Device(self.devices[-1]):
             return NetResult(outputs=cupy.concatenate(outputs, axis=0))
+
+    def _release_sources(self) -> None:
+        """A handed chunk lives in the memory pool of the GPU that wrote it, which knows nothing of the copy another
+        GPU's stream makes of it: every GPU's stream waits for the copies made by the others before the chunks go
+        back to their pools, so that no later kernel of this or the next run reuses a chunk's memory early."""
+        import cupy
+        if not self._sources:
+            return
+        done = []
+        for d in sorted(set(self.devices)):
+            with cupy.cuda.Device(d):
+                done.append(self._record())
+        for d in sorted(set(self.devices)):
+            with cupy.cuda.Device(d):
+                stream = cupy.cuda.get_current_stream()
+                for event in done:
+                    stream.wait_event(event)
+        self._sources = []
 
     def _device(self, g: int):
         if self.backend == "reference":
@@ -374,7 +394,26 @@ class PipelineProgram:
         if not value.flags.c_contiguous:
             with cupy.cuda.Device(value.device.id):
                 value = cupy.ascontiguousarray(value)
+        self._enable_peer_access(value.device.id, here)
+        self._sources.append(value)
         out = cupy.empty(value.shape, dtype=value.dtype)
         cupy.cuda.runtime.memcpyPeerAsync(out.data.ptr, here, value.data.ptr, value.device.id, value.nbytes,
                                           stream.ptr)
         return out
+
+    _peers: set = set()                            # (from, to) pairs with peer access enabled, process-wide
+
+    @classmethod
+    def _enable_peer_access(cls, source: int, here: int) -> None:
+        """Direct copies over NVLink / PCIe from `source` to `here` where the GPUs can reach each other (without
+        peer access the driver stages a peer copy through host memory, which is correct but slow)."""
+        import cupy
+        if (source, here) in cls._peers:
+            return
+        cls._peers.add((source, here))
+        if cupy.cuda.runtime.deviceCanAccessPeer(here, source):
+            try:
+                cupy.cuda.runtime.deviceEnablePeerAccess(source)      # from the current device (here) to source
+            except cupy.cuda.runtime.CUDARuntimeError as e:
+                if "PeerAccessAlreadyEnabled" not in str(e) and "ALREADY_ENABLED" not in str(e).upper():
+                    raise

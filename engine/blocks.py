@@ -405,7 +405,10 @@ class NetProgram:
     def _run_fused(self, run: FusedRun, value, poison: bool):
         params = Params([self.params.blocks[b]["forward"].layers[i] for b, i in run.layers])
         config = None
-        if self.backend == "persistent" and run.largest_block < run.network.num_layers:
+        L = run.network.num_layers
+        if self.backend == "persistent" and run.largest_block < L and L % run.largest_block == 0:
+            # groups of the largest block keep each group's weights resident (DeepSpeech: 2 x 4 layers); where the
+            # block sizes do not divide the run (2 + 1 layers) the tiling chooses, as for any network
             from .schedules.tiling import TileConfig
             config = TileConfig(layers_per_launch=run.largest_block)
         out, done = self._run(("fused", run.first), run.network, params, value, poison, run.pools, config)

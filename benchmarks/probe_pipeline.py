@@ -1,12 +1,15 @@
 """Layers pipelined over the GPUs of one host (issue #11): the engine on N GPUs against the engine on one.
 
-    python benchmarks/probe_pipeline.py [--gpus 2] [--backend persistent] [--json out.json]
+    python benchmarks/probe_pipeline.py [--gpus 2] [--backend persistent] [--net lstm16] [--chunk 8]
+        [--split 4,4] [--json out.json]
 
 Two nets: the issue's 16-layer LSTM stack (hidden 1024, batch 128, 200 steps; target 1.6x on 2 GPUs) and the
-DeepSpeech block (target: faster on 2 GPUs than on 1). For each: the plan (engine/pipeline.py: split, chunk,
-predicted time and bubble), then the one-GPU run (engine.prepare_net) and the pipelined run (PipelineProgram), each
-timed with CUDA events around a whole forward after warm-up (the median of --repeats; events on the last GPU, all
-GPUs synchronised before the end event is read), the pipelined output checked against the one-GPU output first.
+DeepSpeech block (target: faster on 2 GPUs than on 1). For each: the one-GPU runs (engine.prepare_net, each backend,
+pools folded in or not), timed as a whole forward after warm-up (median of --repeats, all GPUs synchronised before
+and after); then, per backend, the planner's plan (engine/pipeline.py) and the tuner's (tune_pipeline: chunks and
+splits measured), each pipelined output checked against the one-GPU output, each timed by PipelineProgram.measure
+(the same wall time, and each GPU's busy time from CUDA events: the measured bubble). --chunk / --split replace the
+tuner's candidates.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
 from engine.blocks import Layers, Net, Pool  # noqa: E402
-from engine.pipeline import PipelineProgram, plan_pipeline  # noqa: E402
+from engine.pipeline import PipelineProgram, plan_pipeline, tune_pipeline  # noqa: E402
 
 
 def timed_ms(fn, gpus: int, warmup: int, repeats: int) -> float:
@@ -58,6 +61,8 @@ def main(argv=None) -> int:
                         help="engine backend for both runs (repeatable; default persistent and graph)")
     parser.add_argument("--chunk", type=int, action="append", default=None,
                         help="steps per chunk to try besides the planner's choice (repeatable)")
+    parser.add_argument("--split", action="append", default=None,
+                        help="layers per GPU to try besides the planner's split, e.g. 4,4 (repeatable)")
     parser.add_argument("--net", action="append", default=None, help="lstm16 and/or deepspeech (default both)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
@@ -77,7 +82,6 @@ def main(argv=None) -> int:
         device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
         planned = plan_pipeline(net, args.gpus, steps, batch, available=present)
         print(planned.describe(), flush=True)
-        chunks = [planned.chunk] + [c for c in (args.chunk or [10, 20, 25, 50]) if c != planned.chunk]
         one_gpu = {}
         reference = None
         for backend in backends:
@@ -92,30 +96,47 @@ def main(argv=None) -> int:
                     one = None
                 print(json.dumps({"net": name, "one_gpu": label, "ms": one_gpu[label]}), flush=True)
         best_label = min(one_gpu, key=one_gpu.get)
+        splits = None if not args.split else [[len(g) for g in planned.split]] + [
+            [int(n) for n in text.split(",")] for text in args.split
+            if sum(int(n) for n in text.split(",")) == len(planned.units)]
+        chunks = None if not args.chunk else [planned.chunk] + args.chunk
         for backend in backends:
-            for chunk in chunks:
-                plan = plan_pipeline(net, args.gpus, steps, batch, chunk=chunk, available=present)
-                row = {"net": name, "gpus": args.gpus, "backend": backend, "device": device, "chunk": plan.chunk,
-                       "planner_chunk": planned.chunk, "plan": plan.as_dict(), "one_gpu_ms": one_gpu,
-                       "one_gpu_best": best_label}
-                many = PipelineProgram(net, params, plan, backend=backend)
-                with cupy.cuda.Device(many.devices[-1]):
-                    got = cupy.asnumpy(many.run(x).outputs)      # on the host: the runs sit on different GPUs
-                row["max_rel_diff"] = float(np.abs(got - reference).max() / np.abs(reference).max())
-                row["pipelined_ms"] = timed_ms(lambda: many.run(x), args.gpus, args.warmup, args.repeats)
-                row["speedup_vs_same_backend"] = one_gpu[backend] / row["pipelined_ms"]
-                row["speedup_vs_best_one_gpu"] = one_gpu[best_label] / row["pipelined_ms"]
-                row["predicted_ms"] = plan.predicted_ms
-                many = None
+            # The planner's plan as it is, then the tuner (engine.pipeline.tune_pipeline) over chunks and splits.
+            program = PipelineProgram(net, params, planned, backend=backend)
+            with cupy.cuda.Device(program.devices[-1]):
+                got = cupy.asnumpy(program.run(x).outputs)      # on the host: the runs sit on different GPUs
+            diff = float(np.abs(got - reference).max() / np.abs(reference).max())
+            as_planned = program.measure(x, warmup=args.warmup, repeats=args.repeats)
+            program = None
+            tuned, tried = tune_pipeline(net, params, args.gpus, steps, batch, backend=backend, x=x, chunks=chunks,
+                                         splits=splits, warmup=args.warmup, repeats=args.repeats)
+            program = PipelineProgram(net, params, tuned, backend=backend)
+            with cupy.cuda.Device(program.devices[-1]):
+                tuned_diff = float(np.abs(cupy.asnumpy(program.run(x).outputs) - reference).max()
+                                   / np.abs(reference).max())
+            program = None
+            for label, plan, measured, rel in (("planner", planned, as_planned, diff),
+                                               ("tuned", tuned, tuned.measured, tuned_diff)):
+                row = {"net": name, "gpus": args.gpus, "backend": backend, "device": device, "choice": label,
+                       "split": [len(g) for g in plan.split], "chunk": plan.chunk, "predicted_ms": plan.predicted_ms,
+                       "predicted_bubble": plan.bubble, "ms": measured.ms, "busy_ms": measured.busy_ms,
+                       "measured_bubble": measured.bubble, "max_rel_diff": rel, "one_gpu_ms": one_gpu,
+                       "one_gpu_best": best_label, "speedup_vs_best_one_gpu": one_gpu[best_label] / measured.ms,
+                       "speedup_vs_same_backend": one_gpu[backend] / measured.ms,
+                       "tried": tried if label == "tuned" else None}
                 rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k not in ("plan", "one_gpu_ms")}), flush=True)
+                print(json.dumps({k: v for k, v in row.items() if k not in ("one_gpu_ms", "tried")}), flush=True)
+            for t in tried:
+                print(json.dumps({"net": name, "backend": backend, "tried": t}), flush=True)
     print()
-    print("| net | backend | chunk | 1 GPU best (ms) | 2 GPUs (ms) | speedup vs best 1 GPU | vs same backend | max rel diff |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| net | backend | plan | split | chunk | 1 GPU best (ms) | N GPUs (ms) | vs best 1 GPU "
+          "| bubble measured / predicted | max rel diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['net']} | {r['backend']} | {r['chunk']}{' (planner)' if r['chunk'] == r['planner_chunk'] else ''}"
-              f" | {r['one_gpu_ms'][r['one_gpu_best']]:.2f} ({r['one_gpu_best']}) | {r['pipelined_ms']:.2f}"
-              f" | {r['speedup_vs_best_one_gpu']:.2f}x | {r['speedup_vs_same_backend']:.2f}x | {r['max_rel_diff']:.1e} |")
+        print(f"| {r['net']} | {r['backend']} | {r['choice']} | {r['split']} | {r['chunk']} | "
+              f"{r['one_gpu_ms'][r['one_gpu_best']]:.2f} ({r['one_gpu_best']}) | {r['ms']:.2f} | "
+              f"{r['speedup_vs_best_one_gpu']:.2f}x | {100 * r['measured_bubble']:.0f}% / "
+              f"{100 * r['predicted_bubble']:.0f}% | {r['max_rel_diff']:.1e} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -5,11 +5,19 @@
 
 Model. Every layer (one direction of one layer of a Layers block) is a unit of work; GPU g owns a contiguous run of
 units. The sequence flows through the GPUs in time chunks of C steps: GPU g works on chunk k while GPU g + 1 works on
-chunk k - 1, so after a fill of N - 1 chunks every GPU is busy. With per-chunk work W_g = C * w_g + o (w_g: the time
-one step of its layers takes, o: a fixed cost per chunk for launches, synchronisation and the hand-over), the run
-takes about (T / C + N - 1) * max_g W_g: the split balances max_g w_g (a linear partition, solved exactly by dynamic
-programming), and the chunk size balances the fill against the per-chunk cost, C* = sqrt(o T / ((N - 1) w_max)).
-The predicted bubble is the share of GPU time spent idle, 1 - sum_g W_g K / (N (K + N - 1) max_g W_g), K = T / C.
+chunk k - 1, so after a fill of N - 1 chunks every GPU is busy. GPU g's work on a chunk is W_g = C * w_g + n_g * o_l +
+o_c (w_g: the time one step of its layers takes; n_g: its layers, each of which costs o_l a chunk for its input
+projection, its launch and its start-up; o_c: the hand-over), and the run takes about (K + N - 1) * max_g W_g with
+K = ceil(T / C) chunks. The split balances max_g w_g (a linear partition, solved exactly by dynamic programming); the
+chunk is the admissible C (a multiple of the pools' strides) with the least predicted time. The predicted bubble is the
+share of GPU time spent idle, 1 - sum_g W_g K / (N (K + N - 1) max_g W_g).
+
+The model gets the split and the order of magnitude of the chunk right; the chunk's best value also depends on how
+the GEMMs of a chunk of B * C rows fall on the GPU (16 LSTM layers, H = 1024, B = 128 on two H200s: 128 ms at C = 8,
+141-144 ms at C = 10-20, benchmarks/results/pipeline-20261123-H200x2.md). tune_pipeline() therefore measures: it
+runs the plan's chunk, powers of two around it and the split with its cuts moved to block boundaries, and keeps the
+fastest, with its measured time and bubble (PipelineProgram.measure: the GPUs' busy time from CUDA events around each
+chunk's work, against N x the wall time).
 
 A layer's step costs what engine.bench.flops counts (its matmuls and elementwise ops) at `tflops`; a layer
 after a pool of stride s runs T / s steps, so its per-input-step cost is divided by s. A bidirectional layer needs
@@ -29,8 +37,11 @@ from .blocks import Layers, Net, NetResult, Pool
 from .errors import BackendError
 from .network import Network
 
-DEFAULT_TFLOPS = 20.0          # the persistent kernel's fp32 GEMM rate on an H100 (benchmarks/NOTES.md)
-DEFAULT_CHUNK_OVERHEAD_US = 10.0
+DEFAULT_TFLOPS = 30.0          # fp32, the engine on large layers: 16 x LSTM 1024 at B = 128 ran at 31.5 TFLOP/s on an
+                               # H200, LSTM 'large' at 30.5 on an H100 (benchmarks/results/)
+DEFAULT_CHUNK_OVERHEAD_US = 10.0   # a chunk's hand-over: events, the peer copy's start
+DEFAULT_LAYER_OVERHEAD_US = 80.0   # a layer's cost per chunk beyond its steps: 40-130 us measured on an H200 (the one-GPU
+                                   # run of 16 x LSTM 1024 in chunks of 2-20 steps against the run in one piece)
 DEFAULT_LINK_GBPS = 300.0      # NVLink between two GPUs of one host, one direction, order of magnitude
 
 
@@ -62,6 +73,7 @@ class PipelinePlan:
     one_gpu_ms: float
     bubble: float
     notes: list[str] = field(default_factory=list)
+    measured: "PipelineMeasurement | None" = None  # set by tune_pipeline (or by the caller from measure())
 
     @property
     def predicted_speedup(self) -> float:
@@ -72,7 +84,8 @@ class PipelinePlan:
                 "chunk_steps": self.chunk, "split": [[self.units[u].label for u in g] for g in self.split],
                 "per_gpu_step_us": self.per_gpu_step_us, "transfer_us_per_chunk": self.transfer_us_per_chunk,
                 "predicted_ms": self.predicted_ms, "one_gpu_ms": self.one_gpu_ms, "bubble": self.bubble,
-                "predicted_speedup": self.predicted_speedup, "notes": self.notes}
+                "predicted_speedup": self.predicted_speedup, "notes": self.notes,
+                "measured": None if self.measured is None else self.measured.as_dict()}
 
     def describe(self) -> str:
         lines = [f"net '{self.net.name}' on {self.gpus} GPU(s), T={self.steps}, B={self.batch}: chunks of "
@@ -83,8 +96,37 @@ class PipelinePlan:
             hand = (f"; hands {self.transfer_us_per_chunk[g]:.1f} us of activations a chunk to GPU {g + 1}"
                     if g < len(self.transfer_us_per_chunk) else "")
             lines.append(f"  GPU {g}: {names} ({self.per_gpu_step_us[g]:.1f} us a step{hand})")
+        if self.measured is not None:
+            lines.append("  measured: " + self.measured.describe())
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+@dataclass
+class PipelineMeasurement:
+    """A pipelined run timed on its GPUs: the wall time of a whole forward (median), each GPU's busy time (the sum
+    over its chunks of the time from its input being ready to its work being done, CUDA events) and the bubble,
+    1 - sum(busy) / (N * wall). one_gpu_ms: the net run in one piece on one GPU, where measured."""
+
+    ms: float
+    busy_ms: list[float]
+    repeats: int
+    one_gpu_ms: float | None = None
+
+    @property
+    def bubble(self) -> float:
+        return 1.0 - sum(self.busy_ms) / (len(self.busy_ms) * self.ms)
+
+    def as_dict(self) -> dict:
+        return {"ms": self.ms, "busy_ms": self.busy_ms, "bubble": self.bubble, "repeats": self.repeats,
+                "one_gpu_ms": self.one_gpu_ms}
+
+    def describe(self) -> str:
+        busy = ", ".join(f"GPU {g} {ms:.2f}" for g, ms in enumerate(self.busy_ms))
+        one = "" if self.one_gpu_ms is None else (f", {self.one_gpu_ms / self.ms:.2f}x the one-GPU run's "
+                                                  f"{self.one_gpu_ms:.2f} ms")
+        return (f"{self.ms:.2f} ms (median of {self.repeats}{one}), bubble {100 * self.bubble:.0f}% "
+                f"(busy ms: {busy})")
 
 
 def units_of(net: Net, batch: int) -> list[Unit]:
@@ -128,7 +170,8 @@ def _linear_partition(costs: list[float], parts: int) -> list[list[int]]:
 
 def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[int] | None = None,
                   chunk: int | None = None, tflops: float = DEFAULT_TFLOPS,
-                  chunk_overhead_us: float = DEFAULT_CHUNK_OVERHEAD_US, link_gbps: float = DEFAULT_LINK_GBPS,
+                  chunk_overhead_us: float = DEFAULT_CHUNK_OVERHEAD_US,
+                  layer_overhead_us: float = DEFAULT_LAYER_OVERHEAD_US, link_gbps: float = DEFAULT_LINK_GBPS,
                   available: int | None = None) -> PipelinePlan:
     """The split of net's layers over `gpus` GPUs and the chunk size (see the module docstring). split: layers per
     GPU, in order (else chosen); chunk: steps per chunk (else chosen); available: GPUs present (checked)."""
@@ -161,25 +204,32 @@ def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[in
     else:
         runs = _linear_partition(step_us, gpus)
     per_gpu = [sum(step_us[u] for u in run) for run in runs]
-    w_max = max(per_gpu)
     notes = []
     if any(u.bidirectional for u in units) and gpus > 1:
         notes.append("a bidirectional layer needs the whole sequence of the layer below before its backward "
                      "direction starts: the GPUs on either side of it do not overlap, so the prediction is optimistic")
+    layers = [len(run) for run in runs]
+
+    def timing(c: int):
+        chunks = math.ceil(steps / c)
+        transfer = [batch * c * units[run[-1]].out_features * 4 / (link_gbps * 1e9) * 1e6 for run in runs[:-1]]
+        work = [c * w + n * layer_overhead_us + chunk_overhead_us for w, n in zip(per_gpu, layers)]
+        busiest = max(max(work), max(transfer, default=0.0))          # a hand-over slower than compute limits
+        return (chunks + gpus - 1) * busiest, chunks, transfer, work
+
     if chunk is None:
-        chunk = steps if gpus == 1 else round(math.sqrt(chunk_overhead_us * steps / ((gpus - 1) * w_max)))
-        chunk = max(1, min(steps, chunk))
+        if gpus == 1:
+            chunk = steps
+        else:
+            admissible = sorted({chunk_steps(net, steps, c)[0] for c in range(1, steps + 1)})
+            chunk = min(admissible, key=lambda c: (timing(c)[0], c))
     elif not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise BackendError(f"chunk must be a positive integer, got {chunk!r}")
     chunk, why = chunk_steps(net, steps, chunk)     # whole pool windows per chunk; one chunk where it cannot cut
     if why and gpus > 1:
         notes.append(why)
-    chunks = math.ceil(steps / chunk)
-    transfer = [batch * chunk * units[run[-1]].out_features * 4 / (link_gbps * 1e9) * 1e6 for run in runs[:-1]]
-    chunk_work = [chunk * w + chunk_overhead_us for w in per_gpu]
-    busiest = max(max(chunk_work), max(transfer, default=0.0))          # a hand-over slower than compute limits
-    predicted_us = (chunks + gpus - 1) * busiest
-    one_gpu_us = steps * sum(step_us) + chunk_overhead_us            # one GPU runs the sequence in one go
+    predicted_us, chunks, transfer, chunk_work = timing(chunk)
+    one_gpu_us = steps * sum(step_us) + len(units) * layer_overhead_us + chunk_overhead_us   # in one go
     bubble = 1.0 - sum(chunk_work) * chunks / (gpus * predicted_us)
     return PipelinePlan(net, gpus, steps, batch, units, runs, chunk, per_gpu, chunk_overhead_us, transfer,
                         predicted_us / 1e3, one_gpu_us / 1e3, bubble, notes)
@@ -303,7 +353,9 @@ class PipelineProgram:
             self.programs[key] = NetProgram(sub, params, self.backend)
         return self.programs[key].run(value).outputs
 
-    def run(self, x) -> NetResult:
+    def run(self, x, *, timing: bool = False) -> NetResult:
+        """The net on x, chunk by chunk over the GPUs (asynchronous on GPUs: the outputs are ready when the last GPU's
+        stream is). timing=True records CUDA events around each GPU's work on each chunk (for measure())."""
         from .blocks import pool_over_time
         net, plan = self.net, self.plan
         steps = x.shape[0]
@@ -314,6 +366,7 @@ class PipelineProgram:
         states: dict = {}                          # (GPU, piece) -> final states of the previous chunk
         handed: dict = {}                          # (GPU, chunk) -> what GPU hands GPU + 1
         self._sources = []                         # handed chunks, alive until the copies of them are done
+        self._spans = [] if timing and self.backend != "reference" else None   # (GPU, start event, end event)
         outputs = []
         gpus = len(self.pieces)
         for diagonal in range(len(starts) + gpus - 1):
@@ -324,6 +377,7 @@ class PipelineProgram:
                 value, ready = (x[starts[c]:starts[c] + chunk], None) if g == 0 else handed.pop((g - 1, c))
                 with self._device(g):
                     value = self._on_device(value, ready)
+                    began = self._record(timing=True) if self._spans is not None else None
                     for piece in self.pieces[g]:
                         if value.shape[0] == 0:    # a tail chunk shorter than the pools' stride: no steps left
                             break
@@ -331,7 +385,9 @@ class PipelineProgram:
                             value = pool_over_time(value, net.blocks[piece.block])
                         else:
                             value, states[(g, piece)] = self._layers(g, piece, value, states.get((g, piece)))
-                    ready = self._record()
+                    ready = self._record(timing=began is not None)
+                    if began is not None:
+                        self._spans.append((g, began, ready))
                 if g == gpus - 1:
                     outputs.append(value)
                 else:
@@ -368,12 +424,49 @@ class PipelineProgram:
         import cupy
         return cupy.cuda.Device(self.devices[g])
 
-    def _record(self):
+    def measure(self, x, *, warmup: int = 2, repeats: int = 5) -> PipelineMeasurement:
+        """Time whole forwards on x: the wall time from all GPUs idle to all GPUs done (median of `repeats` after
+        `warmup` runs), and each GPU's busy time in the median run (CUDA events around its work on each chunk, from
+        its input being ready to its last kernel being done)."""
+        import time
+        if self.backend == "reference":
+            raise BackendError("measure() times the pipeline on GPUs; the 'reference' backend runs on the CPU; hint: "
+                               "backend='persistent' or 'graph'")
+        for name, value in (("warmup", warmup), ("repeats", repeats)):
+            if not isinstance(value, int) or value < (0 if name == "warmup" else 1):
+                raise BackendError(f"{name} must be a {'non-negative' if name == 'warmup' else 'positive'} integer, "
+                                   f"got {value!r}")
+        for _ in range(warmup):
+            self.run(x)
+        samples = []
+        for _ in range(repeats):
+            self._synchronize()
+            start = time.perf_counter()
+            self.run(x, timing=True)
+            self._synchronize()
+            wall = (time.perf_counter() - start) * 1e3
+            busy = [0.0] * len(self.pieces)
+            import cupy
+            for g, began, ended in self._spans:
+                busy[g] += cupy.cuda.get_elapsed_time(began, ended)
+            samples.append((wall, busy))
+        self._spans = None
+        samples.sort(key=lambda sample: sample[0])
+        wall, busy = samples[len(samples) // 2]
+        return PipelineMeasurement(wall, busy, repeats)
+
+    def _synchronize(self) -> None:
+        import cupy
+        for d in sorted(set(self.devices)):
+            with cupy.cuda.Device(d):
+                cupy.cuda.get_current_stream().synchronize()
+
+    def _record(self, timing: bool = False):
         """An event after GPU g's work on a chunk (on its current stream), for the next GPU to wait on."""
         if self.backend == "reference":
             return None
         import cupy
-        event = cupy.cuda.Event(disable_timing=True)
+        event = cupy.cuda.Event(disable_timing=not timing)
         event.record()
         return event
 
@@ -417,3 +510,72 @@ class PipelineProgram:
             except cupy.cuda.runtime.CUDARuntimeError as e:
                 if "PeerAccessAlreadyEnabled" not in str(e) and "ALREADY_ENABLED" not in str(e).upper():
                     raise
+
+
+# ---- measuring the chunk and the split -----------------------------------------------------------------------
+
+def block_boundary_split(plan: PipelinePlan) -> list[int] | None:
+    """The plan's split with each cut moved to the nearest boundary between blocks (a GPU then runs whole blocks, so
+    fewer pieces a chunk: DeepSpeech's [3, 5] becomes [4, 4]); None where it is the same or would empty a GPU."""
+    starts = [u for u in range(1, len(plan.units)) if plan.units[u].block != plan.units[u - 1].block]
+    if not starts:
+        return None
+    cuts, at = [], 0
+    for run in plan.split[:-1]:
+        at += len(run)
+        cuts.append(min(starts, key=lambda b: (abs(b - at), b)))
+    bounds = [0] + cuts + [len(plan.units)]
+    split = [b - a for a, b in zip(bounds, bounds[1:])]
+    if any(n < 1 for n in split) or split == [len(run) for run in plan.split]:
+        return None
+    return split
+
+
+def tune_pipeline(net: Net, params, gpus: int, steps: int, batch: int, *, backend: str = "persistent", x=None,
+                  chunks: list[int] | None = None, splits: list[list[int]] | None = None, warmup: int = 1,
+                  repeats: int = 3, seed: int = 0, **plan_options) -> tuple[PipelinePlan, list[dict]]:
+    """Measure the pipeline on this host's GPUs and keep the fastest plan (see the module docstring): the planner's
+    plan, its chunk halved and doubled (powers of two from 4 up), the split with its cuts at block boundaries (or
+    the given chunks and splits). Returns the plan, with .measured set, and every candidate's row (split, chunk,
+    ms, bubble, or the error that ruled it out). x: the input (else normal random on GPU 0)."""
+    import cupy
+    present = cupy.cuda.runtime.getDeviceCount()
+    base = plan_pipeline(net, gpus, steps, batch, available=present, **plan_options)
+    if splits is None:
+        splits = [[len(run) for run in base.split]]
+        moved = block_boundary_split(base)
+        if moved is not None:
+            splits.append(moved)
+    if chunks is None:
+        chunks = [base.chunk] + [c for c in (2 ** k for k in range(2, 12)) if base.chunk / 4 <= c <= 4 * base.chunk
+                                 and c < steps]
+    if x is None:
+        with cupy.cuda.Device(0):
+            x = cupy.asarray(np.random.default_rng(seed).standard_normal((steps, batch, net.input_size)),
+                             dtype=cupy.float32)
+    rows, best = [], None
+    seen = set()
+    for split in splits:
+        for chunk in chunks:
+            plan = plan_pipeline(net, gpus, steps, batch, split=list(split), chunk=chunk, available=present,
+                                 **plan_options)
+            key = (tuple(len(run) for run in plan.split), plan.chunk)
+            if key in seen:                        # two chunks the pools round to the same one
+                continue
+            seen.add(key)
+            row = {"split": list(key[0]), "chunk": plan.chunk, "predicted_ms": plan.predicted_ms}
+            try:
+                measured = PipelineProgram(net, params, plan, backend=backend).measure(x, warmup=warmup,
+                                                                                      repeats=repeats)
+            except BackendError as e:
+                row["error"] = str(e).splitlines()[0]
+            else:
+                plan.measured = measured
+                row.update(ms=measured.ms, bubble=measured.bubble, busy_ms=measured.busy_ms)
+                if best is None or measured.ms < best.measured.ms:
+                    best = plan
+            rows.append(row)
+    if best is None:
+        raise BackendError(f"no pipeline plan of net '{net.name}' ran on {gpus} GPU(s): "
+                           + "; ".join(f"split {r['split']} chunk {r['chunk']}: {r['error']}" for r in rows))
+    return best, rows

@@ -177,6 +177,21 @@ def test_the_net_command_describes_edits_and_runs_a_net(capsys, tmp_path):
     assert "fuse_pools=True folds a pool into a wavefront schedule's kernel" in capsys.readouterr().err
 
 
+def test_the_pipeline_flags_of_the_net_command_name_what_is_missing(capsys, monkeypatch):
+    from engine import backends
+    from engine.cli import main
+    assert main(["net", "deepspeech", "--gpus", "2", "-T", "100", "-B", "64", "--chunk", "20"]) == 0
+    assert "chunks of 20 step(s)" in capsys.readouterr().out
+    assert main(["net", "deepspeech", "--tune"]) == 1
+    assert "--measure, --tune and --chunk apply to a pipeline plan; hint: add --gpus N" in capsys.readouterr().err
+    assert main(["net", "deepspeech", "--gpus", "2", "--run", "--measure"]) == 1
+    assert "leave out --run" in capsys.readouterr().err
+    monkeypatch.setattr(backends, "gpu_status", lambda: (False, "CuPy sees no CUDA device"))
+    assert main(["net", "deepspeech", "--gpus", "2", "-T", "100", "-B", "64", "--measure"]) == 1
+    assert ("--measure runs the plan on 2 GPU(s), but this machine has none usable: CuPy sees no CUDA device"
+            in capsys.readouterr().err)
+
+
 def test_a_prepared_net_runs_again_and_refuses_unknown_backends():
     net = engine.net_preset("deepspeech", input_size=4, hidden_size=3, layers=1)
     params = engine.init_net_params(net, seed=0)

@@ -12,7 +12,8 @@ import pytest
 import engine
 from engine.blocks import Layers, Net, Pool
 from engine.errors import BackendError
-from engine.pipeline import _linear_partition, layers_net, plan_pipeline, units_of
+from engine.pipeline import (PipelineMeasurement, _linear_partition, block_boundary_split, layers_net,
+                             plan_pipeline, units_of)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -36,23 +37,37 @@ def test_deepspeech_on_two_gpus_balances_the_halved_layers_after_the_pool():
     plan = plan_pipeline(net, 2, 100, 64)
     assert [len(g) for g in plan.split] == [3, 5]                           # 3 full layers | 1 full + 4 halves
     assert math.isclose(plan.per_gpu_step_us[0], plan.per_gpu_step_us[1])
-    assert 1.5 < plan.predicted_speedup < 2.0 and 0 <= plan.bubble < 0.2
+    assert 1.0 < plan.predicted_speedup < 2.0 and 0 <= plan.bubble < 1 and plan.chunk % 2 == 0
     fixed = plan_pipeline(net, 2, 100, 64, split=[4, 4])
     assert fixed.predicted_ms > plan.predicted_ms and [len(g) for g in fixed.split] == [4, 4]
     assert json.loads(json.dumps(plan.as_dict()))["split"][0] == ["rnn_a[0]", "rnn_a[1]", "rnn_a[2]"]
     assert "GPU 1: rnn_a[3], rnn_b[0]" in plan.describe()
+    assert block_boundary_split(plan) == [4, 4] and block_boundary_split(fixed) is None
 
 
-def test_the_chunk_balances_the_fill_against_the_cost_per_chunk():
+def test_the_chunk_is_the_admissible_one_with_the_least_predicted_time():
     net = layers_net(engine.Network(engine.preset("lstm").cell, 1024, 1024, 16))
-    plan = plan_pipeline(net, 2, 200, 128, chunk_overhead_us=1000.0)
-    w = max(plan.per_gpu_step_us)
-    assert plan.chunk == round(math.sqrt(1000.0 * 200 / w))
+    plan = plan_pipeline(net, 2, 200, 128)
+    every = {c: plan_pipeline(net, 2, 200, 128, chunk=c).predicted_ms for c in range(1, 201)}
+    assert plan.predicted_ms == min(every.values()) and every[plan.chunk] == plan.predicted_ms
+    assert every[1] > 1.5 * plan.predicted_ms and every[200] > 1.5 * plan.predicted_ms   # neither end is best
+    costly = plan_pipeline(net, 2, 200, 128, layer_overhead_us=2000.0)
+    assert costly.chunk > plan.chunk                                   # dearer chunks: fewer, longer ones
     one = plan_pipeline(net, 1, 200, 128)
     assert one.chunk == 200 and one.bubble == pytest.approx(0.0, abs=1e-12) and one.predicted_speedup == 1.0
     four = plan_pipeline(net, 4, 200, 128)
     assert four.predicted_speedup > plan_pipeline(net, 2, 200, 128).predicted_speedup > 1.6
     assert all(len(g) == 4 for g in four.split)
+    pooled = Net(16, (Layers("lstm", 16, 2), Pool("max", 3, 3), Layers("lstm", 16, 2)))
+    assert all(plan_pipeline(pooled, 2, 99, 4, chunk=c).chunk % 3 == 0 for c in (1, 4, 10, 50))
+
+
+def test_a_measurement_reads_as_the_bubble_of_busy_time():
+    m = PipelineMeasurement(ms=10.0, busy_ms=[8.0, 6.0], repeats=3, one_gpu_ms=17.0)
+    assert m.bubble == pytest.approx(0.3) and "1.70x the one-GPU run's 17.00 ms" in m.describe()
+    plan = plan_pipeline(engine.net_preset("deepspeech"), 2, 100, 64)
+    plan.measured = m
+    assert "measured: 10.00 ms" in plan.describe() and plan.as_dict()["measured"]["bubble"] == pytest.approx(0.3)
 
 
 def test_a_bidirectional_layer_is_noted():

@@ -5,6 +5,8 @@
     python -m engine net ds.json --run -T 100 -B 4        # run it (NumPy reference), save the outputs
     python -m engine net deepspeech --run --backend persistent --fuse-pools   # on the GPU, pools folded in
     python -m engine net deepspeech --gpus 2 -T 100 -B 64 # the pipeline plan over 2 GPUs (engine/pipeline.py)
+    python -m engine net deepspeech --gpus 2 -T 100 -B 64 --measure   # ... run on the GPUs: time, measured bubble
+    python -m engine net deepspeech --gpus 2 -T 100 -B 64 --tune      # ... try chunks and splits, keep the fastest
 """
 from __future__ import annotations
 
@@ -34,6 +36,13 @@ def add_parser(sub) -> None:
     p.add_argument("--gpus", type=int, default=None,
                    help="plan pipelining the layers over this many GPUs (which layers where, chunk size, bubble)")
     p.add_argument("--split", default=None, help="with --gpus: layers per GPU, e.g. 4,4 (default: chosen)")
+    p.add_argument("--chunk", type=int, default=None, help="with --gpus: steps per chunk (default: chosen)")
+    p.add_argument("--measure", action="store_true",
+                   help="with --gpus: run the plan on the GPUs (--backend graph or persistent; default persistent) and "
+                        "show its time, the one-GPU time and the measured bubble")
+    p.add_argument("--tune", action="store_true",
+                   help="with --gpus: measure the plan's chunk, chunks around it and splits at block boundaries, and "
+                        "keep the fastest")
     p.set_defaults(func=main)
 
 
@@ -68,7 +77,13 @@ def main(args) -> int:
             except ValueError:
                 raise BackendError(f"--split must be layer counts separated by commas, e.g. 4,4; got {args.split!r}") \
                     from None
-        plan = plan_pipeline(net, args.gpus, args.steps, args.batch, split=split)
+        if (args.measure or args.tune) and args.run:
+            raise BackendError("--measure and --tune run the pipeline themselves; leave out --run")
+        plan = plan_pipeline(net, args.gpus, args.steps, args.batch, split=split, chunk=args.chunk)
+        if args.measure or args.tune:
+            plan = measure_plan(net, plan, args, split)
+    elif args.measure or args.tune or args.chunk is not None:
+        raise BackendError("--measure, --tune and --chunk apply to a pipeline plan; hint: add --gpus N")
     print(f"net '{net.name}': input size {net.input_size}, output size {net.output_size}"
           + (f" ({net.doc})" if net.doc else ""))
     for k, block in enumerate(net.blocks):
@@ -88,3 +103,49 @@ def main(args) -> int:
         print(f"  block {k}: {why}")
     print(f"ran it on backend '{args.backend}': x {x.shape} -> outputs {result.outputs.shape}; saved to {args.output}")
     return 0
+
+
+def measure_plan(net, plan, args, split):
+    """--measure / --tune: the plan run on this host's GPUs (engine.pipeline), against the net in one piece on GPU 0."""
+    from ..backends import gpu_status
+    from ..pipeline import PipelineProgram, tune_pipeline
+    flag = "--tune" if args.tune else "--measure"
+    ok, why = gpu_status()
+    if not ok:
+        raise BackendError(f"{flag} runs the plan on {args.gpus} GPU(s), but this machine has none usable: {why}")
+    import cupy
+    present = cupy.cuda.runtime.getDeviceCount()
+    if args.gpus > present:
+        raise BackendError(f"{flag} runs the plan on {args.gpus} GPUs, but this host has {present}; "
+                           f"hint: --gpus {present} or fewer")
+    backend = "persistent" if args.backend == "reference" else args.backend
+    if backend not in ("graph", "persistent"):
+        raise BackendError(f"{flag} pipelines with backend 'graph' or 'persistent' (their runs do not wait for the "
+                           f"GPU, so the GPUs overlap); got --backend {args.backend}")
+    params = init_net_params(net, seed=args.seed)
+    with cupy.cuda.Device(0):
+        x = cupy.asarray(np.random.default_rng(args.seed + 1).standard_normal((args.steps, args.batch,
+                                                                                net.input_size)), dtype=cupy.float32)
+    if args.tune:
+        chunks = None if args.chunk is None else [args.chunk]
+        plan, rows = tune_pipeline(net, params, args.gpus, args.steps, args.batch, backend=backend, x=x,
+                                   chunks=chunks, splits=None if split is None else [split])
+        for row in rows:
+            what = (f"{row['ms']:.2f} ms, bubble {100 * row['bubble']:.0f}%" if "ms" in row else row["error"])
+            print(f"  tried split {row['split']}, chunks of {row['chunk']}: {what} "
+                  f"(predicted {row['predicted_ms']:.2f} ms)")
+    else:
+        plan.measured = PipelineProgram(net, params, plan, backend=backend).measure(x)
+    import time
+    with cupy.cuda.Device(0):                   # the net in one piece on one GPU, timed the same way
+        one = prepare_net(net, params, backend)
+        one.run(x)
+        samples = []
+        for _ in range(plan.measured.repeats):
+            cupy.cuda.get_current_stream().synchronize()
+            start = time.perf_counter()
+            one.run(x)
+            cupy.cuda.get_current_stream().synchronize()
+            samples.append((time.perf_counter() - start) * 1e3)
+    plan.measured.one_gpu_ms = sorted(samples)[len(samples) // 2]
+    return plan

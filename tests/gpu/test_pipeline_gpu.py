@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine.pipeline import PipelineProgram, plan_pipeline
+from engine.pipeline import PipelineProgram, plan_pipeline, tune_pipeline
 from test_fused import relative_error
 
 pytestmark = pytest.mark.gpu
@@ -35,3 +35,24 @@ def test_two_gpus(cupy):
     plan = plan_pipeline(net, 2, 21, 4, chunk=6, available=cupy.cuda.runtime.getDeviceCount())
     got = PipelineProgram(net, params, plan, backend="persistent").run(cupy.asarray(x, dtype=cupy.float32))
     assert relative_error(cupy.asnumpy(got.outputs), want) <= 1e-5
+
+
+def test_a_measured_run_counts_each_gpus_busy_time(cupy):
+    net, params, x, want = case()
+    plan = plan_pipeline(net, 2, 21, 4, chunk=6)
+    program = PipelineProgram(net, params, plan, backend="persistent", devices=[0, 0])
+    m = program.measure(cupy.asarray(x, dtype=cupy.float32), warmup=1, repeats=3)
+    assert m.ms > 0 and len(m.busy_ms) == 2 and all(0 < b < m.ms for b in m.busy_ms) and 0 <= m.bubble < 1
+    got = program.run(cupy.asarray(x, dtype=cupy.float32)).outputs        # measuring left the program as it was
+    assert relative_error(cupy.asnumpy(got), want) <= 1e-5
+
+
+def test_the_tuner_keeps_the_fastest_candidate(cupy):
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("this host has one GPU: the tuner runs plans over two GPUs on a two-GPU machine")
+    net, params, _, _ = case()
+    plan, rows = tune_pipeline(net, params, 2, 20, 4, chunks=[4, 10], splits=[[2, 2], [3, 1]], repeats=2)
+    timed = [r for r in rows if "ms" in r]
+    assert len(rows) == 4 and len(timed) == 4                    # 2 splits x 2 chunks
+    assert plan.measured.ms == min(r["ms"] for r in timed) and (plan.chunk, [len(g) for g in plan.split]) in [
+        (r["chunk"], r["split"]) for r in timed if r["ms"] == plan.measured.ms]

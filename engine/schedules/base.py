@@ -230,32 +230,8 @@ class WavefrontSchedule:
             for i, f in enumerate(fields):
                 table[layer, i] = self._field_value(layer, f)
         self.args = cupy.asarray(table)
-        self._state_index = self._state_scatter_index()
         self._shape = (T, B)
         self._prepare_launch(T, B)
-
-    def _state_scatter_index(self) -> dict | None:
-        """{state: the flat positions in state_arena of every layer's (b, j) of that state's home} so that initial
-        states go in with one scatter per state (a chunked run carries its states into every chunk: eight copies of
-        sliced views cost an LSTM of 4 layers half a millisecond of host time a run). None where a home is not a view
-        of the arena (then _init_states copies layer by layer)."""
-        program, arena = self.plan_.program, self.state_arena
-        base, end = arena.data.ptr, arena.data.ptr + arena.nbytes
-        index = {}
-        for home in program.homes:
-            parts = []
-            for layer, bufs in enumerate(self.buffers):
-                sizes = self.plan_.layer_sizes(layer)
-                view = _version0(bufs[home.slot.buffer])[:, slot_columns(home.slot, sizes,
-                                                                         self.network.state_size(home.state))]
-                if not base <= view.data.ptr < end or view.itemsize != 4:
-                    return None
-                start = (view.data.ptr - base) // 4
-                rows, cols = view.shape
-                s0, s1 = view.strides[0] // 4, view.strides[1] // 4
-                parts.append(start + np.arange(rows)[:, None] * s0 + np.arange(cols)[None, :] * s1)
-            index[home.state] = self.cupy.asarray(np.stack(parts).ravel(), dtype=self.cupy.int64)
-        return index
 
     def _field_value(self, layer: int, f) -> int:
         program = self.plan_.program
@@ -432,15 +408,6 @@ class WavefrontSchedule:
         if not initial_states:
             return
         program = self.plan_.program
-        if self._state_index is not None:
-            for state, value in initial_states.items():
-                if value is not None and state in self._state_index:
-                    self.state_arena[self._state_index[state]] = self.cupy.asarray(value, dtype=self.cupy.float32).ravel()
-            if self.halves:
-                for layer, bufs in enumerate(self.buffers):
-                    for name in {h.slot.buffer for h in program.homes} & set(self.halves):
-                        self._write_half(_version0(self.half_buffers[layer][name]), _version0(bufs[name]))
-            return
         for layer, bufs in enumerate(self.buffers):
             sizes = self.plan_.layer_sizes(layer)
             for home in program.homes:

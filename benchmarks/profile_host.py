@@ -5,7 +5,8 @@
 A pipelined net (engine/pipeline.py) runs each GPU's layers chunk by chunk, with the states carried over: when the
 host takes longer to issue a chunk than the GPU takes to run it, the GPUs wait on Python. This prints the host time
 of a run (time.perf_counter around the call, nothing synchronised: what the caller waits for before it can issue the
-next thing), the GPU time of a run (CUDA events, median), and the top of cProfile's table by cumulative time.
+next thing), the GPU time of a run (CUDA events, median), and the top of cProfile's tables by cumulative and by
+own time.
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def main(argv=None) -> int:
     profile.disable()
     cupy.cuda.get_current_stream().synchronize()
     pstats.Stats(profile).sort_stats("cumulative").print_stats(28)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(16)
     return 0
 
 

@@ -75,8 +75,23 @@ def resolve(cell_or_network, input_size: int | None = None, hidden_size: int | N
 def explain(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
             num_layers: int | None = None, steps: int | None = None, batch: int | None = None, passes=None,
             layout: str = "blocked", chunk_steps: int | None = None, as_json: bool = False,
-            schedule: str | None = None, precision: str = "float32"):
-    """explain_text(...), or explain_json(...) with as_json=True."""
+            schedule: str | None = None, precision: str = "float32", gpus: int | None = None):
+    """explain_text(...), or explain_json(...) with as_json=True. A network of blocks (engine.Net) or a pipeline
+    plan (engine.pipeline.PipelinePlan) is explained as its plan over `gpus` GPUs (default 1): which layers on which
+    GPU, the chunk size, the predicted bubble, and the measured one where the plan was measured (tune_pipeline)."""
+    from .blocks import Net
+    from .pipeline import PipelinePlan, plan_pipeline
+    if isinstance(cell_or_network, (Net, PipelinePlan)):
+        if isinstance(cell_or_network, PipelinePlan):
+            plan = cell_or_network
+        else:
+            plan = plan_pipeline(cell_or_network, 1 if gpus is None else gpus,
+                                 DEFAULT_SIZES["steps"] if steps is None else steps,
+                                 DEFAULT_SIZES["batch"] if batch is None else batch)
+        return plan.as_dict() if as_json else plan.describe()
+    if gpus is not None:
+        raise CompileError("explain(gpus=N) plans a network of blocks (engine.Net) over N GPUs; a single cell runs on "
+                           "one; hint: engine.Net(input_size, (engine.Layers(cell, hidden_size, num_layers),))")
     args = (cell_or_network, input_size, hidden_size, num_layers, steps, batch, passes, layout, chunk_steps)
     if as_json:
         return explain_json(*args, schedule=schedule, precision=precision)

@@ -7,10 +7,13 @@ Model. Every layer (one direction of one layer of a Layers block) is a unit of w
 units. The sequence flows through the GPUs in time chunks of C steps: GPU g works on chunk k while GPU g + 1 works on
 chunk k - 1, so after a fill of N - 1 chunks every GPU is busy. GPU g's work on a chunk is W_g = C * w_g + n_g * o_l +
 o_c (w_g: the time one step of its layers takes; n_g: its layers, each of which costs o_l a chunk for its input
-projection, its launch and its start-up; o_c: the hand-over), and the run takes about (K + N - 1) * max_g W_g with
-K = ceil(T / C) chunks. The split balances max_g w_g (a linear partition, solved exactly by dynamic programming); the
-chunk is the admissible C (a multiple of the pools' strides) with the least predicted time. The predicted bubble is the
-share of GPU time spent idle, 1 - sum_g W_g K / (N (K + N - 1) max_g W_g).
+projection, its launch and its start-up; o_c: the hand-over). One Python thread issues every GPU's work, at h a
+schedule run (a GPU runs one per block it holds a piece of), so a stage takes S = max(max_g W_g, h * sum_g p_g) with
+p_g GPU g's pieces, and the run about (K + N - 1) * S with K = ceil(T / C) chunks. The split is the one that balances
+max_g w_g (a linear partition, solved exactly by dynamic programming), or that split with its cuts moved to block
+boundaries (fewer pieces to issue), whichever predicts less; the chunk is the admissible C (a multiple of the pools'
+strides) with the least predicted time. The predicted bubble is the share of GPU time spent idle,
+1 - sum_g W_g K / (N (K + N - 1) S).
 
 The model gets the split and the order of magnitude of the chunk right; the chunk's best value also depends on how
 the GEMMs of a chunk of B * C rows fall on the GPU (16 LSTM layers, H = 1024, B = 128 on two H200s: 128 ms at C = 8,
@@ -42,6 +45,8 @@ DEFAULT_TFLOPS = 30.0          # fp32, the engine on large layers: 16 x LSTM 102
 DEFAULT_CHUNK_OVERHEAD_US = 10.0   # a chunk's hand-over: events, the peer copy's start
 DEFAULT_LAYER_OVERHEAD_US = 80.0   # a layer's cost per chunk beyond its steps: 40-130 us measured on an H200 (the one-GPU
                                    # run of 16 x LSTM 1024 in chunks of 2-20 steps against the run in one piece)
+DEFAULT_HOST_US_PER_RUN = 700.0   # the host time of one schedule run (one piece of a GPU's chunk): 0.53-0.83 ms on
+                                   # an H200 host (benchmarks/profile_host.py); one Python thread issues every GPU's
 DEFAULT_LINK_GBPS = 300.0      # NVLink between two GPUs of one host, one direction, order of magnitude
 
 
@@ -168,10 +173,28 @@ def _linear_partition(costs: list[float], parts: int) -> list[list[int]]:
     return runs[::-1]
 
 
+def _at_block_boundaries(units: list[Unit], runs: list[list[int]]) -> list[list[int]] | None:
+    """runs with each cut between GPUs moved to the nearest start of a block; None if that changes nothing or
+    leaves a GPU without layers."""
+    starts = [u for u in range(1, len(units)) if units[u].block != units[u - 1].block]
+    if not starts:
+        return None
+    cuts, at = [], 0
+    for run in runs[:-1]:
+        at += len(run)
+        cuts.append(min(starts, key=lambda b: (abs(b - at), b)))
+    bounds = [0] + cuts + [len(units)]
+    moved = [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+    if any(not run for run in moved) or moved == [list(run) for run in runs]:
+        return None
+    return moved
+
+
 def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[int] | None = None,
                   chunk: int | None = None, tflops: float = DEFAULT_TFLOPS,
                   chunk_overhead_us: float = DEFAULT_CHUNK_OVERHEAD_US,
-                  layer_overhead_us: float = DEFAULT_LAYER_OVERHEAD_US, link_gbps: float = DEFAULT_LINK_GBPS,
+                  layer_overhead_us: float = DEFAULT_LAYER_OVERHEAD_US,
+                  host_us_per_run: float = DEFAULT_HOST_US_PER_RUN, link_gbps: float = DEFAULT_LINK_GBPS,
                   available: int | None = None) -> PipelinePlan:
     """The split of net's layers over `gpus` GPUs and the chunk size (see the module docstring). split: layers per
     GPU, in order (else chosen); chunk: steps per chunk (else chosen); available: GPUs present (checked)."""
@@ -198,37 +221,43 @@ def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[in
             raise BackendError(f"split {list(split)} places {sum(split)} layers, but net '{net.name}' has "
                                f"{len(units)}: " + ", ".join(u.label for u in units))
         runs, start = [], 0
-        for s in split:
-            runs.append(list(range(start, start + s)))
-            start += s
-    else:
-        runs = _linear_partition(step_us, gpus)
-    per_gpu = [sum(step_us[u] for u in run) for run in runs]
+        for n in split:
+            runs.append(list(range(start, start + n)))
+            start += n
     notes = []
     if any(u.bidirectional for u in units) and gpus > 1:
         notes.append("a bidirectional layer needs the whole sequence of the layer below before its backward "
                      "direction starts: the GPUs on either side of it do not overlap, so the prediction is optimistic")
-    layers = [len(run) for run in runs]
+    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+        raise BackendError(f"chunk must be a positive integer, got {chunk!r}")
 
-    def timing(c: int):
+    def timing(runs: list[list[int]], c: int):
+        per_gpu = [sum(step_us[u] for u in run) for run in runs]
         chunks = math.ceil(steps / c)
         transfer = [batch * c * units[run[-1]].out_features * 4 / (link_gbps * 1e9) * 1e6 for run in runs[:-1]]
-        work = [c * w + n * layer_overhead_us + chunk_overhead_us for w, n in zip(per_gpu, layers)]
-        busiest = max(max(work), max(transfer, default=0.0))          # a hand-over slower than compute limits
-        return (chunks + gpus - 1) * busiest, chunks, transfer, work
+        work = [c * w + len(run) * layer_overhead_us + chunk_overhead_us for w, run in zip(per_gpu, runs)]
+        issue = sum(len({units[u].block for u in run}) for run in runs) * host_us_per_run   # one thread issues all
+        stage = max(max(work), max(transfer, default=0.0), issue if gpus > 1 else 0.0)
+        return (chunks + gpus - 1) * stage, per_gpu, chunks, transfer, work
 
-    if chunk is None:
+    def best_chunk(runs: list[list[int]]) -> int:
+        if chunk is not None:
+            return chunk_steps(net, steps, chunk)[0]
         if gpus == 1:
-            chunk = steps
-        else:
-            admissible = sorted({chunk_steps(net, steps, c)[0] for c in range(1, steps + 1)})
-            chunk = min(admissible, key=lambda c: (timing(c)[0], c))
-    elif not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-        raise BackendError(f"chunk must be a positive integer, got {chunk!r}")
-    chunk, why = chunk_steps(net, steps, chunk)     # whole pool windows per chunk; one chunk where it cannot cut
+            return steps
+        admissible = sorted({chunk_steps(net, steps, c)[0] for c in range(1, steps + 1)})
+        return min(admissible, key=lambda c: (timing(runs, c)[0], c))
+
+    if split is None:                  # the FLOP-balanced split, or its cuts moved to block boundaries if that is faster
+        candidates = [_linear_partition(step_us, gpus)]
+        moved = _at_block_boundaries(units, candidates[0])
+        if moved is not None:
+            candidates.append(moved)
+        runs = min(candidates, key=lambda r: timing(r, best_chunk(r))[0])
+    chunk, why = chunk_steps(net, steps, best_chunk(runs))   # whole pool windows per chunk; one chunk where it cannot cut
     if why and gpus > 1:
         notes.append(why)
-    predicted_us, chunks, transfer, chunk_work = timing(chunk)
+    predicted_us, per_gpu, chunks, transfer, chunk_work = timing(runs, chunk)
     one_gpu_us = steps * sum(step_us) + len(units) * layer_overhead_us + chunk_overhead_us   # in one go
     bubble = 1.0 - sum(chunk_work) * chunks / (gpus * predicted_us)
     return PipelinePlan(net, gpus, steps, batch, units, runs, chunk, per_gpu, chunk_overhead_us, transfer,
@@ -517,35 +546,29 @@ class PipelineProgram:
 def block_boundary_split(plan: PipelinePlan) -> list[int] | None:
     """The plan's split with each cut moved to the nearest boundary between blocks (a GPU then runs whole blocks, so
     fewer pieces a chunk: DeepSpeech's [3, 5] becomes [4, 4]); None where it is the same or would empty a GPU."""
-    starts = [u for u in range(1, len(plan.units)) if plan.units[u].block != plan.units[u - 1].block]
-    if not starts:
-        return None
-    cuts, at = [], 0
-    for run in plan.split[:-1]:
-        at += len(run)
-        cuts.append(min(starts, key=lambda b: (abs(b - at), b)))
-    bounds = [0] + cuts + [len(plan.units)]
-    split = [b - a for a, b in zip(bounds, bounds[1:])]
-    if any(n < 1 for n in split) or split == [len(run) for run in plan.split]:
-        return None
-    return split
+    runs = _at_block_boundaries(plan.units, plan.split)
+    return None if runs is None else [len(run) for run in runs]
 
 
 def tune_pipeline(net: Net, params, gpus: int, steps: int, batch: int, *, backend: str = "persistent", x=None,
                   chunks: list[int] | None = None, splits: list[list[int]] | None = None, warmup: int = 1,
                   repeats: int = 3, seed: int = 0, **plan_options) -> tuple[PipelinePlan, list[dict]]:
     """Measure the pipeline on this host's GPUs and keep the fastest plan (see the module docstring): the planner's
-    plan, its chunk halved and doubled (powers of two from 4 up), the split with its cuts at block boundaries (or
-    the given chunks and splits). Returns the plan, with .measured set, and every candidate's row (split, chunk,
-    ms, bubble, or the error that ruled it out). x: the input (else normal random on GPU 0)."""
+    chunk and the powers of two from a quarter to four times it, over the planner's split, the FLOP-balanced one and
+    each with its cuts at block boundaries (or the given chunks and splits). Returns the plan, with .measured set, and
+    every candidate's row (split, chunk, ms, bubble, or the error that ruled it out). x: the input (else normal random
+    on GPU 0)."""
     import cupy
     present = cupy.cuda.runtime.getDeviceCount()
     base = plan_pipeline(net, gpus, steps, batch, available=present, **plan_options)
-    if splits is None:
-        splits = [[len(run) for run in base.split]]
-        moved = block_boundary_split(base)
-        if moved is not None:
-            splits.append(moved)
+    if splits is None:               # the planner's split, the FLOP-balanced one, each with its cuts at block boundaries
+        balanced = plan_pipeline(net, gpus, steps, batch, available=present,
+                                 **{**plan_options, "host_us_per_run": 0.0})
+        splits = []
+        for plan in (base, balanced):
+            for split in ([len(run) for run in plan.split], block_boundary_split(plan)):
+                if split is not None and split not in splits:
+                    splits.append(split)
     if chunks is None:
         chunks = [base.chunk] + [c for c in (2 ** k for k in range(2, 12)) if base.chunk / 4 <= c <= 4 * base.chunk
                                  and c < steps]

@@ -34,15 +34,20 @@ def test_deepspeech_on_two_gpus_balances_the_halved_layers_after_the_pool():
     units = units_of(net, 64)
     assert [u.label for u in units] == [f"rnn_a[{i}]" for i in range(4)] + [f"rnn_b[{i}]" for i in range(4)]
     assert math.isclose(units[4].step_flops * 2, units[1].step_flops)      # after a stride-2 pool: half the steps
+    balanced = plan_pipeline(net, 2, 100, 64, host_us_per_run=0.0)     # no host cost: the FLOP-balanced split
+    assert [len(g) for g in balanced.split] == [3, 5]                      # 3 full layers | 1 full + 4 halves
+    assert math.isclose(balanced.per_gpu_step_us[0], balanced.per_gpu_step_us[1])
+    assert 1.0 < balanced.predicted_speedup < 2.0 and 0 <= balanced.bubble < 1 and balanced.chunk % 2 == 0
+    assert "GPU 1: rnn_a[3], rnn_b[0]" in balanced.describe()
+    assert json.loads(json.dumps(balanced.as_dict()))["split"][0] == ["rnn_a[0]", "rnn_a[1]", "rnn_a[2]"]
+    assert block_boundary_split(balanced) == [4, 4]
+    # One Python thread issues every GPU's runs: [3, 5] makes three a chunk (GPU 1 runs two pieces), [4, 4] two. With
+    # the host's cost per run counted the planner takes the cut at the pool, as the two-H200 measurements did.
     plan = plan_pipeline(net, 2, 100, 64)
-    assert [len(g) for g in plan.split] == [3, 5]                           # 3 full layers | 1 full + 4 halves
-    assert math.isclose(plan.per_gpu_step_us[0], plan.per_gpu_step_us[1])
-    assert 1.0 < plan.predicted_speedup < 2.0 and 0 <= plan.bubble < 1 and plan.chunk % 2 == 0
-    fixed = plan_pipeline(net, 2, 100, 64, split=[4, 4])
-    assert fixed.predicted_ms > plan.predicted_ms and [len(g) for g in fixed.split] == [4, 4]
-    assert json.loads(json.dumps(plan.as_dict()))["split"][0] == ["rnn_a[0]", "rnn_a[1]", "rnn_a[2]"]
-    assert "GPU 1: rnn_a[3], rnn_b[0]" in plan.describe()
-    assert block_boundary_split(plan) == [4, 4] and block_boundary_split(fixed) is None
+    assert [len(g) for g in plan.split] == [4, 4] and block_boundary_split(plan) is None
+    assert plan.predicted_ms < plan_pipeline(net, 2, 100, 64, split=[3, 5]).predicted_ms
+    fixed = plan_pipeline(net, 2, 100, 64, split=[3, 5], chunk=plan.chunk)
+    assert fixed.predicted_ms > plan.predicted_ms and [len(g) for g in fixed.split] == [3, 5]
 
 
 def test_the_chunk_is_the_admissible_one_with_the_least_predicted_time():
@@ -153,3 +158,17 @@ def test_a_pipeline_checks_its_plan_and_input():
     other = engine.net_preset("deepspeech", input_size=6, hidden_size=5, layers=1)
     with pytest.raises(BackendError, match="made for another net"):
         PipelineProgram(other, engine.init_net_params(other), plan)
+
+
+def test_explain_shows_a_nets_plan_over_gpus():
+    net = engine.net_preset("deepspeech")
+    text = engine.explain(net, gpus=2, steps=100, batch=64)
+    assert text == plan_pipeline(net, 2, 100, 64).describe() and "GPU 1: rnn_b[0]" in text
+    data = engine.explain(net, gpus=2, steps=100, batch=64, as_json=True)
+    assert [len(g) for g in data["split"]] == [4, 4] and data["measured"] is None and data["chunk_steps"] % 2 == 0
+    assert "on 1 GPU(s), T=16, B=8" in engine.explain(net)                   # explain's default sizes
+    plan = plan_pipeline(net, 2, 100, 64)
+    plan.measured = PipelineMeasurement(ms=7.1, busy_ms=[5.3, 3.0], repeats=7, one_gpu_ms=7.0)
+    assert "measured: 7.10 ms (median of 7, 0.99x the one-GPU run's 7.00 ms), bubble 42%" in engine.explain(plan)
+    with pytest.raises(engine.CompileError, match=r"explain\(gpus=N\) plans a network of blocks"):
+        engine.explain("lstm", gpus=2)

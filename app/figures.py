@@ -202,6 +202,28 @@ def timeline_figure(events: Sequence[Mapping]) -> go.Figure:
     return fig
 
 
+def pipeline_figure(events: Sequence[Mapping], *, title: str = "Predicted pipeline: each GPU's work on each chunk"
+                    ) -> go.Figure:
+    """A Gantt chart of a pipelined net (engine.pipeline.PipelinePlan.timeline()): one lane and colour per GPU,
+    one bar per chunk, {"lane", "chunk", "steps": (first, end), "start_ms", "end_ms"} per event."""
+    fig = go.Figure()
+    lanes = list(dict.fromkeys(e["lane"] for e in events))
+    for lane in lanes:
+        mine = [e for e in events if e["lane"] == lane]
+        fig.add_trace(go.Bar(
+            name=lane, orientation="h", y=[lane] * len(mine), x=[e["end_ms"] - e["start_ms"] for e in mine],
+            base=[e["start_ms"] for e in mine], text=[str(e["chunk"]) for e in mine], textposition="inside",
+            marker=dict(line=dict(color="white", width=1)),
+            customdata=[[e["chunk"], e["steps"][0], e["steps"][1] - 1] for e in mine],
+            hovertemplate="chunk %{customdata[0]} (steps %{customdata[1]}-%{customdata[2]}): %{base:.3f} ms + "
+                          "%{x:.3f} ms<extra>" + lane + "</extra>"))
+    fig.update_layout(barmode="overlay", xaxis=dict(title="time (ms, predicted)"),
+                      yaxis=dict(title="GPU", autorange="reversed"), legend=LEGEND_ON_TOP,
+                      margin=dict(l=40, r=20, t=40, b=40), height=max(220, 40 * len(lanes) + 140))
+    titled(fig, title)
+    return fig
+
+
 def si(value: float, unit: str = "") -> str:
     """1.5e9, "FLOP" -> "1.50 GFLOP": the numbers next to the figures, readable at a glance."""
     for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):

@@ -27,6 +27,7 @@ PAGES = [
     st.Page("views/designer.py", title="Designer", icon=":material/schema:", default=True),
     st.Page("views/gallery.py", title="Gallery", icon=":material/grid_view:"),
     st.Page("views/schedule.py", title="Schedule", icon=":material/view_timeline:"),
+    st.Page("views/networks.py", title="Networks", icon=":material/stacks:"),
     st.Page("views/benchmarks.py", title="Benchmarks", icon=":material/speed:"),
     st.Page("views/divergence.py", title="Divergence", icon=":material/show_chart:"),
     st.Page("views/export.py", title="Export", icon=":material/download:"),

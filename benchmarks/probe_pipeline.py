@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
-from engine.blocks import Layers, Net, Pool  # noqa: E402
+from engine.blocks import Pool  # noqa: E402
 from engine.pipeline import PipelineProgram, plan_pipeline, tune_pipeline  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     backends = args.backend or ["persistent", "graph"]
     present = cupy.cuda.runtime.getDeviceCount()
-    nets = {"lstm16": (Net(1024, (Layers("lstm", 1024, 16),), name="lstm16"), 200, 128),
+    nets = {"lstm16": (engine.net_preset("stack"), 200, 128),
             "deepspeech": (engine.net_preset("deepspeech"), 100, 64)}
     rows = []
     for name in args.net or list(nets):

@@ -579,7 +579,13 @@ def deepspeech(input_size: int = 512, hidden_size: int = 512, layers: int = 4, c
                                       f"{layers} more (the seed benchmark's DeepSpeech block)")
 
 
-NET_PRESETS = {"deepspeech": deepspeech}
+def stack(input_size: int = 1024, hidden_size: int = 1024, layers: int = 16, cell="lstm") -> Net:
+    """A deep stack of one cell: `layers` layers (16 LSTM layers of 1024 by default, issue #11's two-GPU case)."""
+    block = Layers(cell, hidden_size, layers, name="stack")
+    return Net(input_size, (block,), name="stack", doc=f"{layers} {block.cell.name} layers of {hidden_size}")
+
+
+NET_PRESETS = {"deepspeech": deepspeech, "stack": stack}
 
 
 def net_preset(name: str, **sizes) -> Net:

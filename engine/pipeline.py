@@ -79,6 +79,24 @@ class PipelinePlan:
     bubble: float
     notes: list[str] = field(default_factory=list)
     measured: "PipelineMeasurement | None" = None  # set by tune_pipeline (or by the caller from measure())
+    chunk_work_us: list[float] = field(default_factory=list)   # W_g: GPU g's predicted work on one full chunk
+    stage_us: float = 0.0                                        # S: a stage of the pipeline, predicted
+
+    def timeline(self) -> list[dict]:
+        """The predicted schedule, one event a GPU and chunk: GPU g works on chunk k from (k + g) * S for W_g
+        (a shorter last chunk for its fewer steps). {"lane": "GPU g", "chunk": k, "steps": (first, last + 1),
+        "start_ms", "end_ms"}, in start order."""
+        events = []
+        starts = list(range(0, self.steps, self.chunk))
+        for k, first in enumerate(starts):
+            count = min(self.chunk, self.steps - first)
+            for g, work in enumerate(self.chunk_work_us):
+                # the fixed part of W_g stays, the per-step part shrinks with a tail chunk's steps
+                us = work - (self.chunk - count) * self.per_gpu_step_us[g]
+                start = (k + g) * self.stage_us
+                events.append({"lane": f"GPU {g}", "chunk": k, "steps": (first, first + count),
+                               "start_ms": start / 1e3, "end_ms": (start + us) / 1e3})
+        return sorted(events, key=lambda e: (e["start_ms"], e["lane"]))
 
     @property
     def predicted_speedup(self) -> float:
@@ -261,7 +279,8 @@ def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[in
     one_gpu_us = steps * sum(step_us) + len(units) * layer_overhead_us + chunk_overhead_us   # in one go
     bubble = 1.0 - sum(chunk_work) * chunks / (gpus * predicted_us)
     return PipelinePlan(net, gpus, steps, batch, units, runs, chunk, per_gpu, chunk_overhead_us, transfer,
-                        predicted_us / 1e3, one_gpu_us / 1e3, bubble, notes)
+                        predicted_us / 1e3, one_gpu_us / 1e3, bubble, notes, chunk_work_us=chunk_work,
+                        stage_us=predicted_us / (chunks + gpus - 1))
 
 
 def layers_net(network: Network) -> Net:

@@ -15,7 +15,7 @@ import engine
 from engine.schedule import wavefront
 
 PAGES = {"gallery": "Gallery", "schedule": "Schedule", "benchmarks": "Benchmarks", "divergence": "Divergence",
-         "export": "Export"}
+         "export": "Export", "networks": "Networks"}
 
 
 def has_module(name: str) -> bool:
@@ -573,3 +573,64 @@ def test_every_page_takes_a_projected_cell(app, open_page, page):
     app.button(key="designer.load_preset").click().run()
     at = open_page(page)
     assert not at.exception, [e.value for e in at.exception]
+
+
+# ---- Networks -------------------------------------------------------------------------------------
+
+def test_networks_plans_the_deepspeech_block_over_two_gpus(open_page):
+    """The default: DeepSpeech (4 LSTM 512, max-pool 2, 4 more) at T=100, B=64 on 2 GPUs; the blocks table, the
+    metrics and the schedule figure are the planner's own numbers."""
+    from engine.pipeline import plan_pipeline
+    at = open_page("networks")
+    plan = plan_pipeline(engine.net_preset("deepspeech"), 2, 100, 64)
+    blocks = at.dataframe[0].value
+    assert list(blocks["reads steps"]) == [100, 100, 50] and list(blocks["name"]) == ["rnn_a", "pool", "rnn_b"]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["predicted (ms)"] == f"{plan.predicted_ms:.3g}" and metrics["predicted bubble"] == \
+        f"{100 * plan.bubble:.0f}%"
+    table = at.dataframe[1].value
+    assert list(table["layers"]) == [", ".join(plan.units[u].label for u in g) for g in plan.split]
+    traces = chart_spec(at, "networks.pipeline")["data"]
+    assert [t["name"] for t in traces] == ["GPU 0", "GPU 1"]
+    chunks = -(-100 // plan.chunk)
+    assert all(len(t["base"]) == chunks for t in traces)
+    assert traces[1]["base"][0] == pytest.approx(plan.stage_us / 1e3)        # GPU 1 starts one stage later
+    assert {"networks.net_json", "networks.plan_json"} <= {d.key for d in at.download_button}
+
+
+def test_networks_takes_a_cell_sizes_and_a_split(open_page):
+    at = open_page("networks")
+    at.selectbox(key="networks.cell").set_value("gru").run()
+    at.number_input(key="networks.deepspeech.layers").set_value(2).run()
+    at.text_input(key="networks.split").input("1,3").run()
+    assert not at.error, texts(at.error)
+    table = at.dataframe[1].value
+    assert list(table["layers"]) == ["rnn_a[0]", "rnn_a[1], rnn_b[0], rnn_b[1]"]
+    assert "2 gru layers" in texts(at.caption)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("networks.split", "3,3", "split [3, 3] places 6 layers, but net 'deepspeech' has 8"),
+    ("networks.split", "four", "split: 'four' is not layer counts separated by commas"),
+    ("networks.gpus", 9, "net 'deepspeech' has 8 layer(s), so 9 GPUs would leave 1 without work"),
+    ("networks.gpus", 0, "gpus: must be at least 1"),
+    ("networks.steps", 1, "the pool window 2 is longer than the 1 step"),
+])
+def test_networks_name_what_is_wrong(open_page, field, value, message):
+    at = open_page("networks")
+    widget = at.text_input(key=field) if field == "networks.split" else at.number_input(key=field)
+    (widget.input(value) if field == "networks.split" else widget.set_value(value)).run()
+    assert message in texts(at.error) and not at.exception
+
+
+def test_networks_reads_pasted_json(open_page):
+    from engine.blocks import Pool, net_to_json
+    net = engine.Net(16, (engine.Layers("lstm", 8, 2), Pool("mean", 3, 3), engine.Layers("gru", 8, 1)), name="mine")
+    at = open_page("networks")
+    at.radio(key="networks.source").set_value("JSON").run()
+    assert "Paste a network's JSON" in texts(at.info)
+    at.text_area(key="networks.json").input(net_to_json(net)).run()
+    assert not at.error, texts(at.error)
+    assert list(at.dataframe[0].value["reads steps"]) == [100, 100, 33]
+    at.text_area(key="networks.json").input('{"schema": "rnn-network", "version": 1}').run()
+    assert "Network JSON:" in texts(at.error) and not at.exception

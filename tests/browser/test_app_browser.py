@@ -19,7 +19,7 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "docs" / "screenshots"       # the README shows them
-PAGES = ("Designer", "Gallery", "Schedule", "Benchmarks", "Divergence", "Export")
+PAGES = ("Designer", "Gallery", "Schedule", "Networks", "Benchmarks", "Divergence", "Export")
 
 
 def wait_until_idle(page) -> None:

@@ -172,3 +172,22 @@ def test_explain_shows_a_nets_plan_over_gpus():
     assert "measured: 7.10 ms (median of 7, 0.99x the one-GPU run's 7.00 ms), bubble 42%" in engine.explain(plan)
     with pytest.raises(engine.CompileError, match=r"explain\(gpus=N\) plans a network of blocks"):
         engine.explain("lstm", gpus=2)
+
+
+def test_the_predicted_timeline_is_the_plans_stages():
+    net = engine.net_preset("stack", input_size=64, hidden_size=64, layers=6)
+    assert [u.label for u in units_of(net, 8)] == [f"stack[{i}]" for i in range(6)]
+    plan = plan_pipeline(net, 3, 50, 8, chunk=12)                   # chunks of 12, 12, 12, 12 and a tail of 2
+    events = plan.timeline()
+    assert len(events) == 5 * 3 and {e["lane"] for e in events} == {"GPU 0", "GPU 1", "GPU 2"}
+    for e in events:
+        g = int(e["lane"].split()[1])
+        assert e["start_ms"] == pytest.approx((e["chunk"] + g) * plan.stage_us / 1e3)
+        steps = e["steps"][1] - e["steps"][0]
+        assert steps == (2 if e["chunk"] == 4 else 12)
+        full = plan.chunk_work_us[g] / 1e3
+        assert e["end_ms"] - e["start_ms"] == pytest.approx(full - (12 - steps) * plan.per_gpu_step_us[g] / 1e3)
+    for lane in ("GPU 0", "GPU 1", "GPU 2"):                      # a GPU never works on two chunks at once
+        mine = sorted((e for e in events if e["lane"] == lane), key=lambda e: e["start_ms"])
+        assert all(a["end_ms"] <= b["start_ms"] + 1e-12 for a, b in zip(mine, mine[1:]))
+    assert max(e["end_ms"] for e in events) <= plan.predicted_ms + 1e-9

@@ -23,7 +23,7 @@ import streamlit as st  # noqa: E402
 import engine  # noqa: E402
 from app import engine_cache, figures  # noqa: E402
 from engine.blocks import NET_PRESETS, Layers, net_from_json, net_preset, net_to_json  # noqa: E402
-from engine.pipeline import plan_pipeline  # noqa: E402
+from engine.pipeline import measured_pipelines, plan_pipeline  # noqa: E402
 
 MAX_GPUS = 64
 MAX_TIMELINE_EVENTS = 2000      # bars in the schedule figure; past this the figure shows the first chunks only
@@ -167,6 +167,35 @@ def pipeline_ui(net: engine.Net, steps: int, batch: int) -> None:
                        mime="application/json", key="networks.plan_json", icon=":material/download:")
 
 
+def measured_ui() -> None:
+    """The pipelined runs measured on GPU machines (benchmarks/probe_pipeline.py writes them): shown here on any
+    machine, so the predictions above can be read against real figures."""
+    st.subheader("Measured on GPUs")
+    rows, skipped = measured_pipelines()
+    if not rows:
+        st.info("No measured pipelines yet: `python benchmarks/probe_pipeline.py --gpus 2 --json "
+                "benchmarks/results/pipeline-<date>-<device>.json` on a machine with the GPUs writes one.")
+        return
+    files = sorted({r["file"] for r in rows}, reverse=True)
+    chosen = st.selectbox("Measurement", files, key="networks.measured_file",
+                          help="benchmarks/results/pipeline-*.json, newest name first")
+    table = [{"net": r["net"], "plan": r["choice"], "GPUs": r["gpus"], "layers per GPU": str(r["split"]),
+              "chunk": r["chunk"], "one GPU (ms)": r["one_gpu_ms"], "pipelined (ms)": r["ms"],
+              "speedup": r["speedup"], "bubble measured": r["measured_bubble"],
+              "bubble predicted": r["predicted_bubble"], "max rel. diff": r["max_rel_diff"],
+              "backend": r["backend"], "device": r["device"]} for r in rows if r["file"] == chosen]
+    st.dataframe(table, hide_index=True, key="networks.measured",
+                 column_config={"speedup": st.column_config.NumberColumn(format="%.2fx"),
+                                "bubble measured": st.column_config.NumberColumn(format="percent"),
+                                "bubble predicted": st.column_config.NumberColumn(format="percent"),
+                                "one GPU (ms)": st.column_config.NumberColumn(format="%.2f"),
+                                "pipelined (ms)": st.column_config.NumberColumn(format="%.2f")})
+    st.caption("'planner': the plan as the planner made it; 'tuned': the fastest of the candidates tune_pipeline "
+               "measured. The one-GPU time is the engine's best backend on one of the same GPUs.")
+    for name, why in skipped:
+        st.caption(f"Skipped {name}, left as it is: {why}")
+
+
 st.title("Networks")
 st.caption("Networks of blocks: cell layers and pooling over time, run block by block or as one wavefront, and "
            "pipelined over several GPUs.")
@@ -175,3 +204,4 @@ if net is not None:
     sizes = engine_cache.sizes_ui("networks", fields=("steps", "batch"), defaults={"steps": 100, "batch": 64})
     if sizes is not None and blocks_ui(net, sizes["steps"]):
         pipeline_ui(net, sizes["steps"], sizes["batch"])
+measured_ui()

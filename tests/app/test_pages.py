@@ -634,3 +634,21 @@ def test_networks_reads_pasted_json(open_page):
     assert list(at.dataframe[0].value["reads steps"]) == [100, 100, 33]
     at.text_area(key="networks.json").input('{"schema": "rnn-network", "version": 1}').run()
     assert "Network JSON:" in texts(at.error) and not at.exception
+
+
+def test_networks_show_the_measured_pipelines(open_page, tmp_path, monkeypatch):
+    """benchmarks/results/pipeline-*.json rows (planner and tuned plans) as a table; a file of another format is
+    named and left alone."""
+    from engine.bench import results as results_module
+    row = {"net": "deepspeech", "gpus": 2, "backend": "persistent", "device": "Test GPU", "choice": "tuned",
+           "split": [4, 4], "chunk": 34, "ms": 7.0, "measured_bubble": 0.44, "predicted_ms": 6.2,
+           "predicted_bubble": 0.4, "one_gpu_best": "persistent", "one_gpu_ms": {"persistent": 7.7},
+           "max_rel_diff": 0.0}
+    (tmp_path / "pipeline-b.json").write_text(json.dumps([row, {**row, "choice": "planner", "ms": 8.0}]))
+    (tmp_path / "pipeline-a.json").write_text(json.dumps({"not": "rows"}))
+    monkeypatch.setattr(results_module, "RESULTS_DIR", tmp_path)
+    at = open_page("networks")
+    table = next(f.value for f in at.dataframe if "pipelined (ms)" in f.value.columns)
+    assert list(table["plan"]) == ["tuned", "planner"] and list(table["pipelined (ms)"]) == [7.0, 8.0]
+    assert list(table["speedup"]) == pytest.approx([1.1, 7.7 / 8.0])
+    assert "Skipped pipeline-a.json, left as it is" in texts(at.caption)

@@ -19,7 +19,9 @@
 #      toolkit hidden (issue #9's one install);
 #   8. layersync (only when named): the persistent schedule with TileConfig(sync="layer") against grid sync and
 #      cuDNN (probe_schedules.py --sync layer) and its phase profile at blogB;
-#   9. the markdown tables, last.
+#   9. phases (only when named): phase_profile.py of the cases #8 still has open (GRU and GRU-Cho at blogB, MGU
+#      and GRU-Cho at lat, LSTM at large), so a session starts from where the time goes;
+#  10. the markdown tables, last.
 # STAGES="tests sanitize bench precision" (default: all but the optional ones) picks stages, so the suite can be split
 # over two calls of under 10 minutes each on an H100. A failing stage does not stop the next one.
 set -uo pipefail
@@ -124,6 +126,18 @@ if [[ " $STAGES " == *" nets "* ]]; then
   nets_rc=${PIPESTATUS[0]}
 fi
 
+phases_rc=skipped
+if [[ " $STAGES " == *" phases "* ]]; then
+  section "phase profiles of the open #8 cases"
+  phases_rc=0; : > "$OUT/phases.log"
+  for case in "lstm blogB" "gru blogB" "gru_cho blogB" "mgu lat" "gru_cho lat" "lstm lat" "lstm large"; do
+    set -- $case
+    timeout 90 "$PY" benchmarks/phase_profile.py --preset "$1" --config "$2" --json "$OUT/phase-$1-$2.json" 2>&1 \
+      | grep -v "^\s*$" | sed "s/^/[$1 $2] /" | tee -a "$OUT/phases.log"
+    rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || phases_rc=$rc
+  done
+fi
+
 section "table"
 "$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/bench_table.md"
 import sys
@@ -142,5 +156,6 @@ for entry in found[:3] or [None]:
 PYEOF
 echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
-     "precision bench exit code: $precision_rc; nets: $nets_rc; wheels: $wheels_rc; layersync: $layersync_rc" \
+     "precision bench exit code: $precision_rc; nets: $nets_rc; wheels: $wheels_rc; layersync: $layersync_rc;" \
+     "phases: $phases_rc" \
      "(124 = timed out); total $(( $(date +%s) - start )) s"

@@ -64,6 +64,8 @@ def main(argv=None) -> int:
     parser.add_argument("--split", action="append", default=None,
                         help="layers per GPU to try besides the planner's split, e.g. 4,4 (repeatable)")
     parser.add_argument("--net", action="append", default=None, help="lstm16 and/or deepspeech (default both)")
+    parser.add_argument("--fuse-pools", action="store_true",
+                        help="each GPU's pieces as one wavefront program, pools folded in (PipelineProgram)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", default=None)
@@ -102,15 +104,18 @@ def main(argv=None) -> int:
         chunks = None if not args.chunk else [planned.chunk] + args.chunk
         for backend in backends:
             # The planner's plan as it is, then the tuner (engine.pipeline.tune_pipeline) over chunks and splits.
-            program = PipelineProgram(net, params, planned, backend=backend)
+            program = PipelineProgram(net, params, planned, backend=backend, fuse_pools=args.fuse_pools)
+            for g, why in sorted(program.fused.items()):
+                print(f"{name} GPU {g}: {why}", flush=True)
             with cupy.cuda.Device(program.devices[-1]):
                 got = cupy.asnumpy(program.run(x).outputs)      # on the host: the runs sit on different GPUs
             diff = float(np.abs(got - reference).max() / np.abs(reference).max())
             as_planned = program.measure(x, warmup=args.warmup, repeats=args.repeats)
             program = None
             tuned, tried = tune_pipeline(net, params, args.gpus, steps, batch, backend=backend, x=x, chunks=chunks,
-                                         splits=splits, warmup=args.warmup, repeats=args.repeats)
-            program = PipelineProgram(net, params, tuned, backend=backend)
+                                         splits=splits, warmup=args.warmup, repeats=args.repeats,
+                                         fuse_pools=args.fuse_pools)
+            program = PipelineProgram(net, params, tuned, backend=backend, fuse_pools=args.fuse_pools)
             with cupy.cuda.Device(program.devices[-1]):
                 tuned_diff = float(np.abs(cupy.asnumpy(program.run(x).outputs) - reference).max()
                                    / np.abs(reference).max())
@@ -118,6 +123,7 @@ def main(argv=None) -> int:
             for label, plan, measured, rel in (("planner", planned, as_planned, diff),
                                                ("tuned", tuned, tuned.measured, tuned_diff)):
                 row = {"net": name, "gpus": args.gpus, "backend": backend, "device": device, "choice": label,
+                       "fuse_pools": args.fuse_pools,
                        "split": [len(g) for g in plan.split], "chunk": plan.chunk, "predicted_ms": plan.predicted_ms,
                        "predicted_bubble": plan.bubble, "ms": measured.ms, "busy_ms": measured.busy_ms,
                        "measured_bubble": measured.bubble, "max_rel_diff": rel, "one_gpu_ms": one_gpu,

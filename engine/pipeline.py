@@ -340,20 +340,81 @@ def chunk_steps(net: Net, steps: int, chunk: int) -> tuple[int, str | None]:
     return min(steps, max(stride, chunk // stride * stride)), None
 
 
+def gpu_fused_runs(plan: PipelinePlan, precision: str = "float32") -> tuple[dict, dict]:
+    """({GPU: (FusedRun, [(block, layer) of the net for each layer of the run])}, {GPU: why not}) for
+    PipelineProgram(fuse_pools=True): a GPU whose pieces (layers of blocks of one cell and size, pools between or
+    after them) make one wavefront program (engine.blocks.fused_runs over the GPU's pieces as a net of their own) runs
+    each chunk as that one program, pools folded in: one run for the host to issue instead of one per piece. A GPU
+    with one piece and no pool has nothing to fuse; a net whose length is not a multiple of its pools' strides would
+    leave a tail chunk a pool cannot take whole, so no GPU fuses."""
+    from .blocks import fused_runs
+    net = plan.net
+    stride = math.prod(b.stride for b in net.blocks if isinstance(b, Pool))
+    fused, why = {}, {}
+    for g, pieces in enumerate(pieces_of(plan)):
+        if plan.steps % stride:
+            why[g] = (f"T={plan.steps} is not a multiple of the pools' stride {stride}: the last chunk would end inside "
+                      "a pool window")
+            continue
+        if len(pieces) < 2:
+            why[g] = "one piece: nothing to fuse"
+            continue
+        blocks, origin = [], []
+        for piece in pieces:
+            block = net.blocks[piece.block]
+            if piece.is_pool(net):
+                blocks.append(block)
+                origin.append(None)
+            else:
+                blocks.append(Layers(block.cell, block.hidden_size, piece.last - piece.first, block.direction,
+                                     block.merge, block.proj_size, name=f"{block.label}[{piece.first}:{piece.last}]"))
+                origin.append(piece)
+        first = pieces[0]
+        size = (net.sizes[first.block] if first.is_pool(net)
+                else net.blocks[first.block].layer_input_size(first.first, net.sizes[first.block]))
+        runs = fused_runs(Net(size, tuple(blocks), name=f"{net.name}@GPU{g}"), precision)
+        if len(runs) != 1 or runs[0].first != 0 or runs[0].last != len(blocks) - 1:
+            why[g] = "its pieces are not one run of blocks of one cell and size (engine.blocks.fused_runs)"
+            continue
+        run = runs[0]
+        layers = [(origin[b].block, origin[b].first + i) for b, i in run.layers]
+        fused[g] = (run, layers)
+    return fused, why
+
+
 class PipelineProgram:
     """A net run over the GPUs of a PipelinePlan: GPU g runs its pieces on time chunk c while GPU g + 1 runs chunk
     c - 1 (launches issued diagonal by diagonal, each GPU on its own device, so they overlap), the states of every
     layer carried from chunk to chunk. backend: 'reference' runs the same schedule on the CPU, one "GPU" after the
     other, which is how the chunking, the carried states and the pools across chunk boundaries are tested without
-    GPUs; a GPU backend (fused, graph, persistent) runs GPU g's pieces on device devices[g]."""
+    GPUs; a GPU backend (fused, graph, persistent) runs GPU g's pieces on device devices[g].
 
-    def __init__(self, net: Net, params, plan: PipelinePlan, backend: str = "reference", devices=None):
+    fuse_pools=True (graph or persistent): a GPU whose pieces make one wavefront program with its pools folded in
+    (gpu_fused_runs) runs each chunk as that program, one run for the host to issue; `fused` says which GPUs do and
+    why the others do not. Off by default: written 2026-11-23 without a GPU to measure it on."""
+
+    def __init__(self, net: Net, params, plan: PipelinePlan, backend: str = "reference", devices=None, *,
+                 fuse_pools: bool = False):
         from .blocks import check_net_params
         check_net_params(net, params)
         if plan.net != net:
             raise BackendError("the pipeline plan was made for another net; hint: plan_pipeline(net, ...) first")
+        if fuse_pools and backend not in ("graph", "persistent"):
+            raise BackendError(f"fuse_pools=True folds the pools into a wavefront schedule's kernel: backend must be "
+                               f"'graph' or 'persistent', not {backend!r}; hint: fuse_pools=False")
         self.net, self.params, self.plan, self.backend = net, params, plan, backend
         self.pieces = pieces_of(plan)
+        self.fused_runs, self.fused = {}, {}
+        if fuse_pools:
+            self.fused_runs, why = gpu_fused_runs(plan)
+            for g in range(plan.gpus):
+                if g not in self.fused_runs:
+                    self.fused[g] = f"not fused: {why[g]}"
+                    continue
+                run = self.fused_runs[g][0]
+                self.fused[g] = (f"{', '.join(self._piece_label(p) for p in self.pieces[g])} run as one wavefront of "
+                                 f"{run.network.num_layers} layers, pools after layers "
+                                 f"{', '.join(str(layer) for layer in run.pools)} folded in")
         if backend != "reference":
             import cupy
             present = cupy.cuda.runtime.getDeviceCount()
@@ -362,6 +423,27 @@ class PipelineProgram:
                 raise BackendError(f"devices {devices} do not name {plan.gpus} of the {present} GPU(s) of this host")
         self.devices = devices
         self.programs: dict = {}
+
+    def _piece_label(self, piece: Piece) -> str:
+        block = self.net.blocks[piece.block]
+        return block.label if piece.is_pool(self.net) else f"{block.label}[{piece.first}:{piece.last}]"
+
+    def _fused(self, g: int, value, states):
+        """GPU g's chunk as its one fused program (gpu_fused_runs): outputs, final states of all its layers."""
+        from .params import Params
+        from .schedules import schedule_class
+        run, layers = self.fused_runs[g]
+        key = (g, "fused", value.shape[0])
+        if key not in self.programs:
+            params = Params([self.params.blocks[b]["forward"].layers[i] for b, i in layers])
+            config = None
+            L = run.network.num_layers
+            if self.backend == "persistent" and run.largest_block < L and L % run.largest_block == 0:
+                from .schedules.tiling import TileConfig           # as NetProgram does: groups of the largest block
+                config = TileConfig(layers_per_launch=run.largest_block)
+            self.programs[key] = schedule_class(self.backend)(run.network, params, config=config, pools=run.pools)
+        result = self.programs[key].run(value, states)
+        return result.outputs, result.final_states
 
     def _network(self, piece: Piece) -> Network:
         block = self.net.blocks[piece.block]
@@ -426,7 +508,9 @@ class PipelineProgram:
                 with self._device(g):
                     value = self._on_device(value, ready)
                     began = self._record(timing=True) if self._spans is not None else None
-                    for piece in self.pieces[g]:
+                    if g in self.fused_runs:
+                        value, states[(g, "fused")] = self._fused(g, value, states.get((g, "fused")))
+                    for piece in ([] if g in self.fused_runs else self.pieces[g]):
                         if value.shape[0] == 0:    # a tail chunk shorter than the pools' stride: no steps left
                             break
                         if piece.is_pool(net):
@@ -571,12 +655,13 @@ def block_boundary_split(plan: PipelinePlan) -> list[int] | None:
 
 def tune_pipeline(net: Net, params, gpus: int, steps: int, batch: int, *, backend: str = "persistent", x=None,
                   chunks: list[int] | None = None, splits: list[list[int]] | None = None, warmup: int = 1,
-                  repeats: int = 3, seed: int = 0, **plan_options) -> tuple[PipelinePlan, list[dict]]:
+                  repeats: int = 3, seed: int = 0, fuse_pools: bool = False,
+                  **plan_options) -> tuple[PipelinePlan, list[dict]]:
     """Measure the pipeline on this host's GPUs and keep the fastest plan (see the module docstring): the planner's
     chunk and the powers of two from a quarter to four times it, over the planner's split, the FLOP-balanced one and
     each with its cuts at block boundaries (or the given chunks and splits). Returns the plan, with .measured set, and
     every candidate's row (split, chunk, ms, bubble, or the error that ruled it out). x: the input (else normal random
-    on GPU 0)."""
+    on GPU 0). fuse_pools: each candidate runs as PipelineProgram(fuse_pools=True)."""
     import cupy
     present = cupy.cuda.runtime.getDeviceCount()
     base = plan_pipeline(net, gpus, steps, batch, available=present, **plan_options)
@@ -607,8 +692,8 @@ def tune_pipeline(net: Net, params, gpus: int, steps: int, batch: int, *, backen
             seen.add(key)
             row = {"split": list(key[0]), "chunk": plan.chunk, "predicted_ms": plan.predicted_ms}
             try:
-                measured = PipelineProgram(net, params, plan, backend=backend).measure(x, warmup=warmup,
-                                                                                      repeats=repeats)
+                measured = PipelineProgram(net, params, plan, backend=backend, fuse_pools=fuse_pools).measure(
+                    x, warmup=warmup, repeats=repeats)
             except BackendError as e:
                 row["error"] = str(e).splitlines()[0]
             else:

@@ -191,3 +191,22 @@ def test_the_predicted_timeline_is_the_plans_stages():
         mine = sorted((e for e in events if e["lane"] == lane), key=lambda e: e["start_ms"])
         assert all(a["end_ms"] <= b["start_ms"] + 1e-12 for a, b in zip(mine, mine[1:]))
     assert max(e["end_ms"] for e in events) <= plan.predicted_ms + 1e-9
+
+
+def test_which_gpus_run_their_pieces_as_one_fused_program():
+    from engine.pipeline import PipelineProgram, gpu_fused_runs
+    net = engine.net_preset("deepspeech")
+    fused, why = gpu_fused_runs(plan_pipeline(net, 2, 100, 64, split=[3, 5]))
+    (run, layers), = fused.values()
+    assert list(fused) == [1] and run.network.num_layers == 5 and list(run.pools) == [0]     # the pool after rnn_a[3]
+    assert layers == [(0, 3), (2, 0), (2, 1), (2, 2), (2, 3)] and why == {0: "one piece: nothing to fuse"}
+    fused, why = gpu_fused_runs(plan_pipeline(net, 2, 100, 64, split=[4, 4]))
+    assert list(fused) == [0] and list(fused[0][0].pools) == [3] and fused[0][0].network.input_size == 512
+    fused, why = gpu_fused_runs(plan_pipeline(net, 2, 101, 64, split=[3, 5]))
+    assert not fused and "T=101 is not a multiple of the pools' stride 2" in why[1]
+    mixed = Net(8, (Layers("lstm", 8, 2), Pool("max", 2, 2), Layers("gru", 8, 2)))   # two cells: no one run
+    fused, why = gpu_fused_runs(plan_pipeline(mixed, 2, 20, 4, split=[1, 3]))
+    assert not fused and "not one run of blocks of one cell and size" in why[1]
+    params = engine.init_net_params(net, seed=0)
+    with pytest.raises(BackendError, match="fuse_pools=True folds the pools into a wavefront schedule's kernel"):
+        PipelineProgram(net, params, plan_pipeline(net, 2, 100, 64), fuse_pools=True)

@@ -28,7 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", choices=NET_BACKENDS, default="reference",
                    help="with --run: reference (NumPy, float64), or a GPU backend (float32)")
     p.add_argument("--fuse-pools", action="store_true",
-                   help="with --run on graph, persistent or auto: fold each pool into the kernel of the block before it")
+                   help="with --run on graph, persistent or auto: fold each pool into the kernel of the block before "
+                        "it; with --gpus and --measure/--tune: run each GPU's pieces as one such program")
     p.add_argument("--steps", "-T", type=int, default=20, help="time steps T (default 20)")
     p.add_argument("--batch", "-B", type=int, default=4, help="batch size B (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs (default 0)")
@@ -129,13 +130,17 @@ def measure_plan(net, plan, args, split):
     if args.tune:
         chunks = None if args.chunk is None else [args.chunk]
         plan, rows = tune_pipeline(net, params, args.gpus, args.steps, args.batch, backend=backend, x=x,
-                                   chunks=chunks, splits=None if split is None else [split])
+                                   chunks=chunks, splits=None if split is None else [split],
+                                   fuse_pools=args.fuse_pools)
         for row in rows:
             what = (f"{row['ms']:.2f} ms, bubble {100 * row['bubble']:.0f}%" if "ms" in row else row["error"])
             print(f"  tried split {row['split']}, chunks of {row['chunk']}: {what} "
                   f"(predicted {row['predicted_ms']:.2f} ms)")
     else:
-        plan.measured = PipelineProgram(net, params, plan, backend=backend).measure(x)
+        program = PipelineProgram(net, params, plan, backend=backend, fuse_pools=args.fuse_pools)
+        for g, why in sorted(program.fused.items()):
+            print(f"  GPU {g}: {why}")
+        plan.measured = program.measure(x)
     import time
     with cupy.cuda.Device(0):                   # the net in one piece on one GPU, timed the same way
         one = prepare_net(net, params, backend)

@@ -56,3 +56,19 @@ def test_the_tuner_keeps_the_fastest_candidate(cupy):
     assert len(rows) == 4 and len(timed) == 4                    # 2 splits x 2 chunks
     assert plan.measured.ms == min(r["ms"] for r in timed) and (plan.chunk, [len(g) for g in plan.split]) in [
         (r["chunk"], r["split"]) for r in timed if r["ms"] == plan.measured.ms]
+
+
+@pytest.mark.parametrize("split", [[1, 3], [2, 2], [3, 1]])
+def test_fused_pieces_carry_their_states_across_chunks(cupy, split):
+    """fuse_pools=True: a GPU's pieces (a layer, the pool, the next block's layers) as one wavefront program with
+    the pool folded in, its states carried from chunk to chunk; on one GPU as two pipeline stages."""
+    net, params, _, _ = case()
+    x = np.random.default_rng(4).standard_normal((20, 4, 37))
+    want = engine.run_net(net, params, x).outputs
+    plan = plan_pipeline(net, 2, 20, 4, split=split, chunk=6)                 # chunks of 6, 6, 6 and 2
+    program = PipelineProgram(net, params, plan, backend="persistent", devices=[0, 0], fuse_pools=True)
+    assert sum("run as one wavefront" in text for text in program.fused.values()) == 1     # the other: one piece
+    got = program.run(cupy.asarray(x, dtype=cupy.float32)).outputs
+    assert relative_error(cupy.asnumpy(got), want) <= 1e-5
+    again = program.run(cupy.asarray(x, dtype=cupy.float32)).outputs
+    assert bool((again == got).all())

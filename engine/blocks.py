@@ -295,6 +295,16 @@ class FusedRun:
         own grouping, where one launch of every layer would stream the weights instead of keeping them on chip)."""
         return max(sum(1 for b, _ in self.layers if b == block) for block, _ in self.layers)
 
+    def tile_config(self, backend: str):
+        """The persistent schedule's TileConfig for the run: groups of the largest block keep each group's weights
+        resident (DeepSpeech: 2 x 4 layers); where the block sizes do not divide the run (2 + 1 layers), or on the
+        graph schedule, None: the tiling chooses, as for any network."""
+        L = self.network.num_layers
+        if backend != "persistent" or self.largest_block == L or L % self.largest_block:
+            return None
+        from .schedules.tiling import TileConfig
+        return TileConfig(layers_per_launch=self.largest_block)
+
 
 def fused_runs(net: Net, precision: str = "float32") -> list[FusedRun]:
     """Where fuse_pools=True makes one wavefront program of several blocks: maximal runs of one-directional Layers
@@ -404,14 +414,8 @@ class NetProgram:
 
     def _run_fused(self, run: FusedRun, value, poison: bool):
         params = Params([self.params.blocks[b]["forward"].layers[i] for b, i in run.layers])
-        config = None
-        L = run.network.num_layers
-        if self.backend == "persistent" and run.largest_block < L and L % run.largest_block == 0:
-            # groups of the largest block keep each group's weights resident (DeepSpeech: 2 x 4 layers); where the
-            # block sizes do not divide the run (2 + 1 layers) the tiling chooses, as for any network
-            from .schedules.tiling import TileConfig
-            config = TileConfig(layers_per_launch=run.largest_block)
-        out, done = self._run(("fused", run.first), run.network, params, value, poison, run.pools, config)
+        out, done = self._run(("fused", run.first), run.network, params, value, poison, run.pools,
+                              run.tile_config(self.backend))
         if done and run.first not in self.fused:
             labels = [f"'{self.net.blocks[b].label}'" for b in range(run.first, run.last + 1)]
             self.fused[run.first] = (f"blocks {run.first}-{run.last} ({', '.join(labels)}) run as one wavefront of "

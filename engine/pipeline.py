@@ -436,12 +436,8 @@ class PipelineProgram:
         key = (g, "fused", value.shape[0])
         if key not in self.programs:
             params = Params([self.params.blocks[b]["forward"].layers[i] for b, i in layers])
-            config = None
-            L = run.network.num_layers
-            if self.backend == "persistent" and run.largest_block < L and L % run.largest_block == 0:
-                from .schedules.tiling import TileConfig           # as NetProgram does: groups of the largest block
-                config = TileConfig(layers_per_launch=run.largest_block)
-            self.programs[key] = schedule_class(self.backend)(run.network, params, config=config, pools=run.pools)
+            self.programs[key] = schedule_class(self.backend)(run.network, params,
+                                                              config=run.tile_config(self.backend), pools=run.pools)
         result = self.programs[key].run(value, states)
         return result.outputs, result.final_states
 
@@ -510,13 +506,14 @@ class PipelineProgram:
                     began = self._record(timing=True) if self._spans is not None else None
                     if g in self.fused_runs:
                         value, states[(g, "fused")] = self._fused(g, value, states.get((g, "fused")))
-                    for piece in ([] if g in self.fused_runs else self.pieces[g]):
-                        if value.shape[0] == 0:    # a tail chunk shorter than the pools' stride: no steps left
-                            break
-                        if piece.is_pool(net):
-                            value = pool_over_time(value, net.blocks[piece.block])
-                        else:
-                            value, states[(g, piece)] = self._layers(g, piece, value, states.get((g, piece)))
+                    else:
+                        for piece in self.pieces[g]:
+                            if value.shape[0] == 0:    # a tail chunk shorter than the pools' stride: no steps left
+                                break
+                            if piece.is_pool(net):
+                                value = pool_over_time(value, net.blocks[piece.block])
+                            else:
+                                value, states[(g, piece)] = self._layers(g, piece, value, states.get((g, piece)))
                     ready = self._record(timing=began is not None)
                     if began is not None:
                         self._spans.append((g, began, ready))

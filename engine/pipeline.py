@@ -650,15 +650,51 @@ def block_boundary_split(plan: PipelinePlan) -> list[int] | None:
     return None if runs is None else [len(run) for run in runs]
 
 
+PIPELINE_CACHE = "pipelines.json"      # beside the schedules' autotune.json (engine/schedules/autotune.py)
+
+
+def tuned_key(net: Net, gpus: int, steps: int, batch: int, backend: str, fuse_pools: bool, device: str) -> str:
+    import hashlib
+    from .blocks import net_to_json
+    digest = hashlib.sha256(net_to_json(net).encode()).hexdigest()[:16]
+    return f"{net.name}|{digest}|gpus{gpus}|T{steps}|B{batch}|{backend}|fuse{int(fuse_pools)}|{device}"
+
+
+def tuned_plan(net: Net, gpus: int, steps: int, batch: int, *, backend: str = "persistent", fuse_pools: bool = False,
+               device: str | None = None, **plan_options) -> PipelinePlan | None:
+    """The plan tune_pipeline found fastest for this net, sizes and backend on GPUs named `device` (else GPU 0's
+    name), with its measured time and bubble, or None if it was never tuned there."""
+    from .schedules.autotune import cache_path, read_cache
+    if device is None:
+        import cupy
+        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    entry = read_cache(cache_path(PIPELINE_CACHE)).get(tuned_key(net, gpus, steps, batch, backend, fuse_pools,
+                                                                  device))
+    if entry is None:
+        return None
+    try:
+        plan = plan_pipeline(net, gpus, steps, batch, split=list(entry["split"]), chunk=int(entry["chunk"]),
+                             **plan_options)
+        plan.measured = PipelineMeasurement(float(entry["ms"]), [float(b) for b in entry["busy_ms"]],
+                                            int(entry["repeats"]))
+    except (KeyError, TypeError, ValueError, BackendError) as e:
+        import logging
+        logging.getLogger(__name__).warning("tuned pipeline entry for net '%s' is unusable (%s); ignored", net.name, e)
+        return None
+    plan.notes.append(f"tuned on {device}: the fastest of {entry.get('candidates', '?')} measured candidates")
+    return plan
+
+
 def tune_pipeline(net: Net, params, gpus: int, steps: int, batch: int, *, backend: str = "persistent", x=None,
                   chunks: list[int] | None = None, splits: list[list[int]] | None = None, warmup: int = 1,
-                  repeats: int = 3, seed: int = 0, fuse_pools: bool = False,
+                  repeats: int = 3, seed: int = 0, fuse_pools: bool = False, use_cache: bool = True,
                   **plan_options) -> tuple[PipelinePlan, list[dict]]:
     """Measure the pipeline on this host's GPUs and keep the fastest plan (see the module docstring): the planner's
     chunk and the powers of two from a quarter to four times it, over the planner's split, the FLOP-balanced one and
     each with its cuts at block boundaries (or the given chunks and splits). Returns the plan, with .measured set, and
     every candidate's row (split, chunk, ms, bubble, or the error that ruled it out). x: the input (else normal random
-    on GPU 0). fuse_pools: each candidate runs as PipelineProgram(fuse_pools=True)."""
+    on GPU 0). fuse_pools: each candidate runs as PipelineProgram(fuse_pools=True). use_cache: the winner is written
+    to the pipelines cache, where tuned_plan() finds it."""
     import cupy
     present = cupy.cuda.runtime.getDeviceCount()
     base = plan_pipeline(net, gpus, steps, batch, available=present, **plan_options)
@@ -702,6 +738,13 @@ def tune_pipeline(net: Net, params, gpus: int, steps: int, batch: int, *, backen
     if best is None:
         raise BackendError(f"no pipeline plan of net '{net.name}' ran on {gpus} GPU(s): "
                            + "; ".join(f"split {r['split']} chunk {r['chunk']}: {r['error']}" for r in rows))
+    if use_cache:
+        from .schedules.autotune import cache_path, write_entry
+        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        write_entry(tuned_key(net, gpus, steps, batch, backend, fuse_pools, device),
+                    {"split": [len(run) for run in best.split], "chunk": best.chunk, "ms": best.measured.ms,
+                     "busy_ms": best.measured.busy_ms, "repeats": best.measured.repeats,
+                     "candidates": sum("ms" in r for r in rows)}, cache_path(PIPELINE_CACHE))
     return best, rows
 
 

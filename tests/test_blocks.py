@@ -190,6 +190,21 @@ def test_the_pipeline_flags_of_the_net_command_name_what_is_missing(capsys, monk
     assert main(["net", "deepspeech", "--gpus", "2", "-T", "100", "-B", "64", "--measure"]) == 1
     assert ("--measure runs the plan on 2 GPU(s), but this machine has none usable: CuPy sees no CUDA device"
             in capsys.readouterr().err)
+    # On a GPU machine the plan --tune kept (engine.pipeline.tuned_plan, by the machine's GPU name) is shown too.
+    from engine import pipeline
+    asked = []
+
+    def cached(net, gpus, steps, batch, **options):
+        asked.append((net.name, gpus, steps, batch, options))
+        plan = pipeline.plan_pipeline(net, gpus, steps, batch, split=[4, 4], chunk=32)
+        plan.measured = pipeline.PipelineMeasurement(7.1, [5.3, 3.0], 7)
+        return plan
+    monkeypatch.setattr(backends, "gpu_status", lambda: (True, "GPU Test"))
+    monkeypatch.setattr(pipeline, "tuned_plan", cached)
+    assert main(["net", "deepspeech", "--gpus", "2", "-T", "100", "-B", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "the tuned plan on this machine" in out and "chunks of 32 step(s)" in out and "measured: 7.10 ms" in out
+    assert asked == [("deepspeech", 2, 100, 64, {"backend": "persistent", "fuse_pools": False})]
 
 
 def test_a_prepared_net_runs_again_and_refuses_unknown_backends():

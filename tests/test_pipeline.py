@@ -210,3 +210,27 @@ def test_which_gpus_run_their_pieces_as_one_fused_program():
     params = engine.init_net_params(net, seed=0)
     with pytest.raises(BackendError, match="fuse_pools=True folds the pools into a wavefront schedule's kernel"):
         PipelineProgram(net, params, plan_pipeline(net, 2, 100, 64), fuse_pools=True)
+
+
+def test_a_tuned_plan_comes_back_from_the_cache(tmp_path, monkeypatch):
+    """tune_pipeline writes its winner to pipelines.json (on a GPU machine: tests/gpu/test_pipeline_gpu.py); here an
+    entry as it writes them, read back for the same net, sizes, backend and device only."""
+    from engine.pipeline import PIPELINE_CACHE, tuned_key, tuned_plan
+    from engine.schedules.autotune import cache_path, write_entry
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
+    net = engine.net_preset("stack")
+    assert tuned_plan(net, 2, 200, 128, device="Test GPU") is None
+    write_entry(tuned_key(net, 2, 200, 128, "persistent", False, "Test GPU"),
+                {"split": [8, 8], "chunk": 8, "ms": 127.8, "busy_ms": [117.9, 117.6], "repeats": 7, "candidates": 5},
+                cache_path(PIPELINE_CACHE))
+    plan = tuned_plan(net, 2, 200, 128, device="Test GPU")
+    assert plan.chunk == 8 and [len(g) for g in plan.split] == [8, 8] and plan.measured.ms == 127.8
+    assert "tuned on Test GPU: the fastest of 5 measured candidates" in plan.describe()
+    assert "measured: 127.80 ms" in plan.describe()
+    for other in ({"device": "Other GPU"}, {"fuse_pools": True}, {"backend": "graph"}):
+        assert tuned_plan(net, 2, 200, 128, **{"device": "Test GPU", **other}) is None
+    assert tuned_plan(net, 2, 100, 128, device="Test GPU") is None
+    assert tuned_plan(engine.net_preset("stack", hidden_size=512), 2, 200, 128, device="Test GPU") is None
+    write_entry(tuned_key(net, 2, 200, 128, "persistent", False, "Test GPU"), {"split": [3, 3], "chunk": 8},
+                cache_path(PIPELINE_CACHE))
+    assert tuned_plan(net, 2, 200, 128, device="Test GPU") is None          # unusable: ignored, with a warning

@@ -94,6 +94,11 @@ def main(args) -> int:
         print(f"  block {k} {block.label!r}: {what}; reads ({steps[k]}, B, {net.sizes[k]})")
     if plan is not None:
         print(plan.describe())
+        if not (args.measure or args.tune):
+            tuned = cached_tuned_plan(net, args)
+            if tuned is not None:
+                print("the tuned plan on this machine (`--tune` found it fastest; engine.pipeline.tuned_plan):")
+                print(tuned.describe())
     if not args.run:
         return 0
     x = np.random.default_rng(args.seed + 1).standard_normal((args.steps, args.batch, net.input_size))
@@ -154,3 +159,13 @@ def measure_plan(net, plan, args, split):
             samples.append((time.perf_counter() - start) * 1e3)
     plan.measured.one_gpu_ms = sorted(samples)[len(samples) // 2]
     return plan
+
+
+def cached_tuned_plan(net, args):
+    """The plan `--tune` kept for this net, sizes and backend on this machine's GPUs, or None (none tuned, no GPU)."""
+    from ..backends import gpu_status
+    from ..pipeline import tuned_plan
+    if not gpu_status()[0]:
+        return None
+    backend = "persistent" if args.backend == "reference" else args.backend
+    return tuned_plan(net, args.gpus, args.steps, args.batch, backend=backend, fuse_pools=args.fuse_pools)

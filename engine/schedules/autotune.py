@@ -118,9 +118,11 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
     return found
 
 
-def cache_path() -> Path:
+def cache_path(name: str = "autotune.json") -> Path:
+    """The cache file `name` (autotune.json: the schedules' choices; pipelines.json: engine.pipeline's tuned plans)
+    in $CELLFORGE_CACHE_DIR, else ~/.cache/cellforge."""
     root = os.environ.get("CELLFORGE_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "cellforge") / "autotune.json"
+    return (Path(root) if root else Path.home() / ".cache" / "cellforge") / name
 
 
 def cache_key(network: Network, steps: int, batch: int, device: str, precision: str = "float32") -> str:
@@ -165,7 +167,7 @@ def read_cache(path: Path | None = None) -> dict:
         while aside.exists():              # corrupt twice within a second: keep the earlier copy too
             copies += 1
             aside = path.with_name(f"{path.name}.corrupt-{stamp}-{copies}")
-        log.warning("autotune cache %s is unreadable (%s); moved to %s and rebuilt", path, e, aside)
+        log.warning("cache %s is unreadable (%s); moved to %s and rebuilt", path, e, aside)
         try:
             os.replace(path, aside)
         except OSError:
@@ -173,12 +175,12 @@ def read_cache(path: Path | None = None) -> dict:
         return {}
 
 
-def write_entry(key: str, choice: Choice, path: Path | None = None) -> None:
-    """Merge one entry into the cache: locked read-modify-write, atomic replace."""
+def write_entry(key: str, choice: "Choice | dict", path: Path | None = None) -> None:
+    """Merge one entry (a Choice, or any JSON-able dict) into the cache: locked read-modify-write, atomic replace."""
     path = path or cache_path()
     with _locked(path):
         entries = read_cache(path)
-        entries[key] = choice.to_dict()
+        entries[key] = choice if isinstance(choice, dict) else choice.to_dict()
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as handle:

@@ -47,11 +47,16 @@ def test_a_measured_run_counts_each_gpus_busy_time(cupy):
     assert relative_error(cupy.asnumpy(got), want) <= 1e-5
 
 
-def test_the_tuner_keeps_the_fastest_candidate(cupy):
+def test_the_tuner_keeps_the_fastest_candidate(cupy, tmp_path, monkeypatch):
     if cupy.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("this host has one GPU: the tuner runs plans over two GPUs on a two-GPU machine")
+    from engine.pipeline import tuned_plan
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
     net, params, _, _ = case()
+    assert tuned_plan(net, 2, 20, 4) is None
     plan, rows = tune_pipeline(net, params, 2, 20, 4, chunks=[4, 10], splits=[[2, 2], [3, 1]], repeats=2)
+    cached = tuned_plan(net, 2, 20, 4)
+    assert (cached.chunk, cached.split, cached.measured.ms) == (plan.chunk, plan.split, plan.measured.ms)
     timed = [r for r in rows if "ms" in r]
     assert len(rows) == 4 and len(timed) == 4                    # 2 splits x 2 chunks
     assert plan.measured.ms == min(r["ms"] for r in timed) and (plan.chunk, [len(g) for g in plan.split]) in [

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,32 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
 from engine.blocks import Pool  # noqa: E402
-from engine.pipeline import PipelineProgram, plan_pipeline, tune_pipeline  # noqa: E402
-
-
-def timed_ms(fn, gpus: int, warmup: int, repeats: int) -> float:
-    import cupy
-
-    def sync_all():
-        for d in range(gpus):
-            with cupy.cuda.Device(d):
-                cupy.cuda.Device().synchronize()
-    for _ in range(warmup):
-        fn()
-    sync_all()
-    samples = []
-    for _ in range(repeats):
-        with cupy.cuda.Device(0):
-            start = cupy.cuda.Event()
-            start.record()
-        fn()
-        sync_all()
-        with cupy.cuda.Device(0):
-            end = cupy.cuda.Event()
-            end.record()
-            end.synchronize()
-            samples.append(cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(samples)
+from engine.pipeline import PipelineProgram, plan_pipeline, tune_pipeline, wall_ms  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -94,7 +68,7 @@ def main(argv=None) -> int:
                     out = one.run(x).outputs
                     if reference is None:
                         reference = cupy.asnumpy(out)
-                    one_gpu[label] = timed_ms(lambda: one.run(x), 1, args.warmup, args.repeats)
+                    one_gpu[label] = wall_ms(lambda: one.run(x), warmup=args.warmup, repeats=args.repeats)
                     one = None
                 print(json.dumps({"net": name, "one_gpu": label, "ms": one_gpu[label]}), flush=True)
         best_label = min(one_gpu, key=one_gpu.get)

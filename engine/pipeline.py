@@ -558,6 +558,8 @@ class PipelineProgram:
         `warmup` runs), and each GPU's busy time in the median run (CUDA events around its work on each chunk, from
         its input being ready to its last kernel being done)."""
         import time
+
+        import cupy
         if self.backend == "reference":
             raise BackendError("measure() times the pipeline on GPUs; the 'reference' backend runs on the CPU; hint: "
                                "backend='persistent' or 'graph'")
@@ -575,7 +577,6 @@ class PipelineProgram:
             self._synchronize()
             wall = (time.perf_counter() - start) * 1e3
             busy = [0.0] * len(self.pieces)
-            import cupy
             for g, began, ended in self._spans:
                 busy[g] += cupy.cuda.get_elapsed_time(began, ended)
             samples.append((wall, busy))
@@ -585,10 +586,7 @@ class PipelineProgram:
         return PipelineMeasurement(wall, busy, repeats)
 
     def _synchronize(self) -> None:
-        import cupy
-        for d in sorted(set(self.devices)):
-            with cupy.cuda.Device(d):
-                cupy.cuda.get_current_stream().synchronize()
+        synchronize(self.devices)
 
     def _record(self, timing: bool = False):
         """An event after GPU g's work on a chunk (on its current stream), for the next GPU to wait on."""
@@ -639,6 +637,30 @@ class PipelineProgram:
             except cupy.cuda.runtime.CUDARuntimeError as e:
                 if "PeerAccessAlreadyEnabled" not in str(e) and "ALREADY_ENABLED" not in str(e).upper():
                     raise
+
+
+def synchronize(devices) -> None:
+    """Wait for the current stream of each of these GPUs."""
+    import cupy
+    for d in sorted(set(devices)):
+        with cupy.cuda.Device(d):
+            cupy.cuda.get_current_stream().synchronize()
+
+
+def wall_ms(fn, devices=(0,), *, warmup: int = 2, repeats: int = 5) -> float:
+    """The median wall time of fn() in ms, from the GPUs `devices` idle to them done, after `warmup` calls: how
+    PipelineProgram.measure times a pipelined forward, for the one-GPU run it is read against."""
+    import time
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        synchronize(devices)
+        start = time.perf_counter()
+        fn()
+        synchronize(devices)
+        samples.append((time.perf_counter() - start) * 1e3)
+    return sorted(samples)[len(samples) // 2]
 
 
 # ---- measuring the chunk and the split -----------------------------------------------------------------------

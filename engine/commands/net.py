@@ -114,7 +114,7 @@ def main(args) -> int:
 def measure_plan(net, plan, args, split):
     """--measure / --tune: the plan run on this host's GPUs (engine.pipeline), against the net in one piece on GPU 0."""
     from ..backends import gpu_status
-    from ..pipeline import PipelineProgram, tune_pipeline
+    from ..pipeline import PipelineProgram, tune_pipeline, wall_ms
     flag = "--tune" if args.tune else "--measure"
     ok, why = gpu_status()
     if not ok:
@@ -146,18 +146,9 @@ def measure_plan(net, plan, args, split):
         for g, why in sorted(program.fused.items()):
             print(f"  GPU {g}: {why}")
         plan.measured = program.measure(x)
-    import time
     with cupy.cuda.Device(0):                   # the net in one piece on one GPU, timed the same way
         one = prepare_net(net, params, backend)
-        one.run(x)
-        samples = []
-        for _ in range(plan.measured.repeats):
-            cupy.cuda.get_current_stream().synchronize()
-            start = time.perf_counter()
-            one.run(x)
-            cupy.cuda.get_current_stream().synchronize()
-            samples.append((time.perf_counter() - start) * 1e3)
-    plan.measured.one_gpu_ms = sorted(samples)[len(samples) // 2]
+        plan.measured.one_gpu_ms = wall_ms(lambda: one.run(x), warmup=1, repeats=plan.measured.repeats)
     return plan
 
 

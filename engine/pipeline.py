@@ -271,8 +271,11 @@ def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[in
         moved = _at_block_boundaries(units, candidates[0])
         if moved is not None:
             candidates.append(moved)
-        runs = min(candidates, key=lambda r: timing(r, best_chunk(r))[0])
-    chunk, why = chunk_steps(net, steps, best_chunk(runs))   # whole pool windows per chunk; one chunk where it cannot cut
+        scored = [(r, best_chunk(r)) for r in candidates]
+        runs, chosen = min(scored, key=lambda rc: timing(*rc)[0])
+    else:
+        chosen = best_chunk(runs)
+    chunk, why = chunk_steps(net, steps, chosen)   # whole pool windows per chunk; one chunk where it cannot cut
     if why and gpus > 1:
         notes.append(why)
     predicted_us, per_gpu, chunks, transfer, chunk_work = timing(runs, chunk)

@@ -1,7 +1,7 @@
 """Layers pipelined over the GPUs of one host (issue #11): the engine on N GPUs against the engine on one.
 
     python benchmarks/probe_pipeline.py [--gpus 2] [--backend persistent] [--net lstm16] [--chunk 8]
-        [--split 4,4] [--json out.json]
+        [--split 4,4] [--fuse-pools] [--no-replay] [--json out.json]
 
 Two nets: the issue's 16-layer LSTM stack (hidden 1024, batch 128, 200 steps; target 1.6x on 2 GPUs) and the
 DeepSpeech block (target: faster on 2 GPUs than on 1). For each: the one-GPU runs (engine.prepare_net, each backend,
@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     parser.add_argument("--net", action="append", default=None, help="lstm16 and/or deepspeech (default both)")
     parser.add_argument("--fuse-pools", action="store_true",
                         help="each GPU's pieces as one wavefront program, pools folded in (PipelineProgram)")
+    parser.add_argument("--no-replay", action="store_true",
+                        help="issue every chunk's schedule runs directly instead of replaying CUDA graphs of them")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", default=None)
@@ -78,18 +80,19 @@ def main(argv=None) -> int:
         chunks = None if not args.chunk else [planned.chunk] + args.chunk
         for backend in backends:
             # The planner's plan as it is, then the tuner (engine.pipeline.tune_pipeline) over chunks and splits.
-            program = PipelineProgram(net, params, planned, backend=backend, fuse_pools=args.fuse_pools)
-            for g, why in sorted(program.fused.items()):
-                print(f"{name} GPU {g}: {why}", flush=True)
+            replay = not args.no_replay
+            program = PipelineProgram(net, params, planned, backend=backend, fuse_pools=args.fuse_pools, replay=replay)
             with cupy.cuda.Device(program.devices[-1]):
                 got = cupy.asnumpy(program.run(x).outputs)      # on the host: the runs sit on different GPUs
+            for g in range(args.gpus):
+                print(f"{name} GPU {g}: {program.fused.get(g, 'pools not fused')}; {program.replayed[g]}", flush=True)
             diff = float(np.abs(got - reference).max() / np.abs(reference).max())
             as_planned = program.measure(x, warmup=args.warmup, repeats=args.repeats)
             program = None
             tuned, tried = tune_pipeline(net, params, args.gpus, steps, batch, backend=backend, x=x, chunks=chunks,
                                          splits=splits, warmup=args.warmup, repeats=args.repeats,
-                                         fuse_pools=args.fuse_pools)
-            program = PipelineProgram(net, params, tuned, backend=backend, fuse_pools=args.fuse_pools)
+                                         fuse_pools=args.fuse_pools, replay=replay, use_cache=replay)
+            program = PipelineProgram(net, params, tuned, backend=backend, fuse_pools=args.fuse_pools, replay=replay)
             with cupy.cuda.Device(program.devices[-1]):
                 tuned_diff = float(np.abs(cupy.asnumpy(program.run(x).outputs) - reference).max()
                                    / np.abs(reference).max())
@@ -97,7 +100,7 @@ def main(argv=None) -> int:
             for label, plan, measured, rel in (("planner", planned, as_planned, diff),
                                                ("tuned", tuned, tuned.measured, tuned_diff)):
                 row = {"net": name, "gpus": args.gpus, "backend": backend, "device": device, "choice": label,
-                       "fuse_pools": args.fuse_pools,
+                       "fuse_pools": args.fuse_pools, "replay": replay,
                        "split": [len(g) for g in plan.split], "chunk": plan.chunk, "predicted_ms": plan.predicted_ms,
                        "predicted_bubble": plan.bubble, "ms": measured.ms, "busy_ms": measured.busy_ms,
                        "measured_bubble": measured.bubble, "max_rel_diff": rel, "one_gpu_ms": one_gpu,

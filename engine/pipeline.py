@@ -394,10 +394,15 @@ class PipelineProgram:
 
     fuse_pools=True (graph or persistent): a GPU whose pieces make one wavefront program with its pools folded in
     (gpu_fused_runs) runs each chunk as that program, one run for the host to issue; `fused` says which GPUs do and
-    why the others do not. Off by default: written 2026-11-23 without a GPU to measure it on."""
+    why the others do not. Off by default (measured 2026-11-23 on two H200s: no faster, benchmarks/NOTES.md).
+
+    replay=True (graph or persistent): each GPU's work on a chunk is captured once into CUDA graphs on fixed buffers
+    (engine/chunk_replay.py) and replayed, so the host issues a graph launch and a copy a chunk instead of every CuPy
+    call of the schedule runs; a GPU whose chunk cannot be captured (a cuBLAS call in it) runs its chunks directly,
+    and `replayed` says which GPUs replay and why the others do not."""
 
     def __init__(self, net: Net, params, plan: PipelinePlan, backend: str = "reference", devices=None, *,
-                 fuse_pools: bool = False):
+                 fuse_pools: bool = False, replay: bool = True):
         from .blocks import check_net_params
         check_net_params(net, params)
         if plan.net != net:
@@ -426,6 +431,12 @@ class PipelineProgram:
                 raise BackendError(f"devices {devices} do not name {plan.gpus} of the {present} GPU(s) of this host")
         self.devices = devices
         self.programs: dict = {}
+        self.replay = replay and backend in ("graph", "persistent")
+        self.replays: dict = {}                    # (GPU, chunk length) -> ChunkReplay
+        self.carry: dict = {}                      # GPU -> the states its replays carry from chunk to chunk
+        self.replayed: dict = {g: ("replayed: one CUDA graph launch a chunk" if self.replay else
+                                   f"not replayed: backend '{backend}'" + ("" if replay else ", replay=False"))
+                               for g in range(plan.gpus)}
 
     def _piece_label(self, piece: Piece) -> str:
         block = self.net.blocks[piece.block]
@@ -482,14 +493,32 @@ class PipelineProgram:
             self.programs[key] = NetProgram(sub, params, self.backend)
         return self.programs[key].run(value).outputs
 
+    def _chunk(self, g: int, value, states: dict):
+        """GPU g's work on one chunk: its one fused program, or its pieces in order. Returns what it hands on and the
+        final states of its pieces ({(GPU, piece): states}; states: the same of the chunk before, or {} at the start)."""
+        from .blocks import pool_over_time
+        if g in self.fused_runs:
+            value, final = self._fused(g, value, states.get((g, "fused")))
+            return value, {(g, "fused"): final}
+        out = {}
+        for piece in self.pieces[g]:
+            if value.shape[0] == 0:                # a tail chunk shorter than the pools' stride: no steps left
+                break
+            if piece.is_pool(self.net):
+                value = pool_over_time(value, self.net.blocks[piece.block])
+            else:
+                value, out[(g, piece)] = self._layers(g, piece, value, states.get((g, piece)))
+        return value, out
+
     def run(self, x, *, timing: bool = False) -> NetResult:
         """The net on x, chunk by chunk over the GPUs (asynchronous on GPUs: the outputs are ready when the last GPU's
         stream is). timing=True records CUDA events around each GPU's work on each chunk (for measure())."""
-        from .blocks import pool_over_time
         net, plan = self.net, self.plan
         steps = x.shape[0]
         if steps != plan.steps or x.shape[1] != plan.batch:
             raise BackendError(f"the pipeline plan is for T={plan.steps}, B={plan.batch}; x has shape {tuple(x.shape)}")
+        if self.replay:
+            return self._run_replayed(x, timing)
         chunk, _ = chunk_steps(net, steps, plan.chunk)
         starts = list(range(0, steps, chunk))
         states: dict = {}                          # (GPU, piece) -> final states of the previous chunk
@@ -507,16 +536,8 @@ class PipelineProgram:
                 with self._device(g):
                     value = self._on_device(value, ready)
                     began = self._record(timing=True) if self._spans is not None else None
-                    if g in self.fused_runs:
-                        value, states[(g, "fused")] = self._fused(g, value, states.get((g, "fused")))
-                    else:
-                        for piece in self.pieces[g]:
-                            if value.shape[0] == 0:    # a tail chunk shorter than the pools' stride: no steps left
-                                break
-                            if piece.is_pool(net):
-                                value = pool_over_time(value, net.blocks[piece.block])
-                            else:
-                                value, states[(g, piece)] = self._layers(g, piece, value, states.get((g, piece)))
+                    value, final = self._chunk(g, value, states)
+                    states.update(final)
                     ready = self._record(timing=began is not None)
                     if began is not None:
                         self._spans.append((g, began, ready))
@@ -530,6 +551,98 @@ class PipelineProgram:
         self._release_sources()
         with cupy.cuda.Device(self.devices[-1]):
             return NetResult(outputs=cupy.concatenate(outputs, axis=0))
+
+    def _run_replayed(self, x, timing: bool) -> NetResult:
+        """run() with each GPU's chunks replayed from CUDA graphs (replay=True). The graphs read their input from, and
+        write their outputs to, fixed buffers; so within a diagonal the GPUs are issued last first: GPU g + 1 copies
+        in chunk c - 1 (GPU g's outputs) before GPU g's stream, waiting on that copy, overwrites them with chunk c."""
+        import cupy
+        steps = x.shape[0]
+        chunk, _ = chunk_steps(self.net, steps, self.plan.chunk)
+        starts = list(range(0, steps, chunk))
+        states: dict = {}                          # the chunks run directly (GPUs that cannot replay)
+        handed: dict = {}                          # (GPU, chunk) -> (what it hands GPU + 1, event after it)
+        copied: dict = {}                          # GPU -> event after its copy of its latest input
+        self._sources = []
+        self._spans = [] if timing else None
+        outputs = []
+        gpus = len(self.pieces)
+        for diagonal in range(len(starts) + gpus - 1):
+            for g in reversed(range(gpus)):
+                c = diagonal - g
+                if not 0 <= c < len(starts):
+                    continue
+                value, ready = (x[starts[c]:starts[c] + chunk], None) if g == 0 else handed.pop((g - 1, c))
+                with self._device(g):
+                    stream = cupy.cuda.get_current_stream()
+                    if ready is not None:
+                        stream.wait_event(ready)
+                    replay = self._replay_for(g, value) if value.shape[0] else None
+                    if replay is None:
+                        value = self._on_device(value)
+                        copied[g] = self._record()
+                    else:
+                        self._copy_into(replay.x, value)
+                        copied[g] = self._record()
+                        if g + 1 in copied and c > 0:  # GPU g + 1 has copied in chunk c - 1: its buffer is free
+                            stream.wait_event(copied[g + 1])
+                    began = self._record(timing=True) if timing else None
+                    if replay is not None:
+                        value = replay.launch(first=c == 0)
+                        if c == 0:
+                            states.update({key: named for key, named in self.carry[g].items()})
+                    elif value.shape[0]:
+                        value, final = self._chunk(g, value, states)
+                        states.update(final)
+                    if g == gpus - 1 and replay is not None:
+                        value = value.copy()           # the graph's output buffer is rewritten by the next chunk
+                    ready = self._record(timing=timing)
+                    if timing:
+                        self._spans.append((g, began, ready))
+                if g == gpus - 1:
+                    outputs.append(value)
+                else:
+                    handed[(g, c)] = (value, ready)
+        self._release_sources()
+        with cupy.cuda.Device(self.devices[-1]):
+            return NetResult(outputs=cupy.concatenate(outputs, axis=0))
+
+    def _replay_for(self, g: int, value):
+        """GPU g's ChunkReplay for chunks of value's length (captured on first use), or None where GPU g runs its
+        chunks directly (a capture of its chunk failed once: `replayed[g]` says why)."""
+        import cupy
+
+        from .chunk_replay import CaptureError, ChunkReplay
+        if not self.replayed[g].startswith("replayed"):
+            return None
+        key = (g, int(value.shape[0]))
+        if key not in self.replays:
+            carry = self.carry.setdefault(g, {})
+            try:
+                replay = ChunkReplay(cupy, lambda v, s: self._chunk(g, v, s), (key[1], *value.shape[1:]), carry)
+            except CaptureError as e:
+                self.replayed[g] = f"not replayed: its chunk could not be captured ({e}); run directly"
+                return None
+            self.replays[key] = replay
+        return self.replays[key]
+
+    def _copy_into(self, target, value) -> None:
+        """target (a replay's input buffer on the current GPU) = value, from this GPU or by a peer copy."""
+        import cupy
+        if not isinstance(value, cupy.ndarray):
+            target[...] = cupy.asarray(value, dtype=cupy.float32)
+            return
+        here = cupy.cuda.Device().id
+        if value.device.id == here:
+            target[...] = value
+            return
+        if not value.flags.c_contiguous:
+            with cupy.cuda.Device(value.device.id):
+                value = cupy.ascontiguousarray(value)
+        self._enable_peer_access(value.device.id, here)
+        self._sources.append(value)
+        cupy.cuda.runtime.memcpyPeerAsync(target.data.ptr, here, value.data.ptr, value.device.id, value.nbytes,
+                                          cupy.cuda.get_current_stream().ptr)
 
     def _release_sources(self) -> None:
         """A handed chunk lives in the memory pool of the GPU that wrote it, which knows nothing of the copy another
@@ -713,13 +826,13 @@ def tuned_plan(net: Net, gpus: int, steps: int, batch: int, *, backend: str = "p
 def tune_pipeline(net: Net, params, gpus: int, steps: int, batch: int, *, backend: str = "persistent", x=None,
                   chunks: list[int] | None = None, splits: list[list[int]] | None = None, warmup: int = 1,
                   repeats: int = 3, seed: int = 0, fuse_pools: bool = False, use_cache: bool = True,
-                  **plan_options) -> tuple[PipelinePlan, list[dict]]:
+                  replay: bool = True, **plan_options) -> tuple[PipelinePlan, list[dict]]:
     """Measure the pipeline on this host's GPUs and keep the fastest plan (see the module docstring): the planner's
     chunk and the powers of two from a quarter to four times it, over the planner's split, the FLOP-balanced one and
     each with its cuts at block boundaries (or the given chunks and splits). Returns the plan, with .measured set, and
     every candidate's row (split, chunk, ms, bubble, or the error that ruled it out). x: the input (else normal random
-    on GPU 0). fuse_pools: each candidate runs as PipelineProgram(fuse_pools=True). use_cache: the winner is written
-    to the pipelines cache, where tuned_plan() finds it."""
+    on GPU 0). fuse_pools, replay: how each candidate's PipelineProgram runs. use_cache: the winner is written to the
+    pipelines cache, where tuned_plan() finds it (replayed runs only: what PipelineProgram does by default)."""
     import cupy
     present = cupy.cuda.runtime.getDeviceCount()
     base = plan_pipeline(net, gpus, steps, batch, available=present, **plan_options)
@@ -750,8 +863,8 @@ def tune_pipeline(net: Net, params, gpus: int, steps: int, batch: int, *, backen
             seen.add(key)
             row = {"split": list(key[0]), "chunk": plan.chunk, "predicted_ms": plan.predicted_ms}
             try:
-                measured = PipelineProgram(net, params, plan, backend=backend, fuse_pools=fuse_pools).measure(
-                    x, warmup=warmup, repeats=repeats)
+                measured = PipelineProgram(net, params, plan, backend=backend, fuse_pools=fuse_pools,
+                                           replay=replay).measure(x, warmup=warmup, repeats=repeats)
             except BackendError as e:
                 row["error"] = str(e).splitlines()[0]
             else:
@@ -763,7 +876,7 @@ def tune_pipeline(net: Net, params, gpus: int, steps: int, batch: int, *, backen
     if best is None:
         raise BackendError(f"no pipeline plan of net '{net.name}' ran on {gpus} GPU(s): "
                            + "; ".join(f"split {r['split']} chunk {r['chunk']}: {r['error']}" for r in rows))
-    if use_cache:
+    if use_cache and replay:
         from .schedules.autotune import cache_path, write_entry
         device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
         write_entry(tuned_key(net, gpus, steps, batch, backend, fuse_pools, device),

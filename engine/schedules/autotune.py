@@ -81,7 +81,7 @@ def tile_shapes(batch: int, precision: str = "float32") -> list[tuple[int, int]]
         return [(1, 4)] if batch <= GEMV_MAX_ROWS else [(4, 4)]
     if batch <= 8:
         return [(2, 4), (4, 4)]
-    return [(4, 4), (8, 4), (4, 8)]
+    return [(4, 4), (8, 4), (4, 8), (8, 8)]      # 8x8: GRU blogA 34.8 -> 27.7 ms on an H200, slower elsewhere
 
 
 def candidates(network: Network, batch: int, limits: DeviceLimits, precision: str = "float32") -> list[Candidate]:

@@ -192,14 +192,15 @@ def eligibility(program: Program) -> str | None:
     return None
 
 
-def auto_threads(groups: int) -> int:
+def auto_threads(groups: int, most: int = 512) -> int:
     """Threads for a block whose widest GEMM has `groups` accumulator tiles: a whole multiple of the tiles
     (the rest split K), at least 256 (8 warps, two per scheduler, to hide shared-memory latency) and at
-    most 512."""
+    most `most` (512; 256 for 8x8 tiles, whose 64 accumulators and operands need more than the 168 registers a
+    thread of 384 gets: ptxas spilled 672 bytes a thread at `large`)."""
     if groups >= 256:
-        return min(512, round_up(groups, 32))
-    best = max(range(1, 513 // groups + 1), key=lambda m: (min(m * groups, 512) >= 256, -abs(m * groups - 384)))
-    return min(512, round_up(best * groups, 32))
+        return min(most, round_up(groups, 32))
+    best = max(range(1, most // groups + 1), key=lambda m: (min(m * groups, most) >= 256, -abs(m * groups - 384)))
+    return min(most, round_up(best * groups, 32))
 
 
 def row_stride(k: int) -> int:
@@ -358,7 +359,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     threads = config.threads
     if threads is None:
         threads = (256 if path == "gemv" else 32 * mma_warps(max(groups.values(), default=1)) if mma
-                   else auto_threads(max(groups.values(), default=1)))
+                   else auto_threads(max(groups.values(), default=1), 256 if RB * RC >= 64 else 512))
     config = replace(config, threads=threads)
     workers = threads // 32 if mma else threads          # what the tiles are dealt to: warps or threads
     reduce = path == "tiled" and any(n < workers for n in groups.values())

@@ -24,8 +24,44 @@ def case():
 def test_two_stages_on_one_gpu(cupy, backend):
     net, params, x, want = case()
     plan = plan_pipeline(net, 2, 21, 4, chunk=6)
-    got = PipelineProgram(net, params, plan, backend=backend, devices=[0, 0]).run(cupy.asarray(x, dtype=cupy.float32))
+    program = PipelineProgram(net, params, plan, backend=backend, devices=[0, 0])
+    got = program.run(cupy.asarray(x, dtype=cupy.float32))
     assert relative_error(cupy.asnumpy(got.outputs), want) <= 1e-5
+    replays = [text.startswith("replayed") for text in program.replayed.values()]
+    assert replays == ([False, False] if backend == "fused" else [True, True]), program.replayed
+
+
+@pytest.mark.parametrize("backend", ["graph", "persistent"])
+def test_replayed_chunks_equal_the_direct_run(cupy, backend):
+    """Chunks replayed from CUDA graphs (chunks of 6, 6, 6 and 3: two graph pairs a GPU sharing the carried states)
+    give the direct run's outputs bit for bit, on a second input too (the graphs' input buffers are refilled, the
+    first chunk starts from zero states again)."""
+    net, params, x, want = case()
+    plan = plan_pipeline(net, 2, 21, 4, chunk=6)
+    replayed = PipelineProgram(net, params, plan, backend=backend, devices=[0, 0])
+    direct = PipelineProgram(net, params, plan, backend=backend, devices=[0, 0], replay=False)
+    for seed in (3, 5):
+        x = cupy.asarray(np.random.default_rng(seed).standard_normal((21, 4, 37)), dtype=cupy.float32)
+        got, base = replayed.run(x).outputs, direct.run(x).outputs
+        assert bool((got == base).all()), f"seed {seed}: {float(abs(got - base).max())}"
+        assert relative_error(cupy.asnumpy(got), engine.run_net(net, params, cupy.asnumpy(x)).outputs) <= 1e-5
+    if backend == "persistent":
+        assert all(text.startswith("replayed") for text in replayed.replayed.values()), replayed.replayed
+        assert sorted(replayed.replays) == [(0, 3), (0, 6), (1, 3), (1, 6)]
+
+
+def test_a_chunk_that_cannot_be_captured_runs_directly(cupy, monkeypatch):
+    from engine import chunk_replay
+
+    def refuse(self, first):
+        raise chunk_replay.CaptureError("RuntimeError: refused for the test")
+    monkeypatch.setattr(chunk_replay.ChunkReplay, "_capture", refuse)
+    net, params, x, want = case()
+    program = PipelineProgram(net, params, plan_pipeline(net, 2, 21, 4, chunk=6), backend="persistent",
+                              devices=[0, 0])
+    got = program.run(cupy.asarray(x, dtype=cupy.float32)).outputs
+    assert relative_error(cupy.asnumpy(got), want) <= 1e-5
+    assert all("refused for the test" in text for text in program.replayed.values()), program.replayed
 
 
 def test_two_gpus(cupy):

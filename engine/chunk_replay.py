@@ -1,0 +1,68 @@
+"""One GPU's work on a time chunk of a pipelined run, captured into CUDA graphs (engine/pipeline.py, issue #11).
+
+A pipelined run issues every GPU's work on every chunk from one Python thread. Issued directly, one schedule run is
+~60 CuPy calls, 0.5-0.8 ms of host time (benchmarks/profile_host.py), as long as a GPU's work on a chunk of the
+DeepSpeech net: the GPUs wait on the host. Captured, a chunk is one graph launch and one copy of its input.
+
+    replay = ChunkReplay(cupy, body, x_shape, carry)      # body(value, states) -> (value, final states); captures
+    replay.x[...] = chunk                                 # the input goes into a fixed buffer ...
+    out = replay.launch(first=True)                       # ... the outputs come back in one (rewritten every launch)
+
+Each ChunkReplay holds two graphs of the same body on the same fixed input buffer: `first` starts from zero states,
+the other from the states in `carry`, and both leave their final states in `carry`; a GPU's replays of every chunk
+length share one `carry`, so chunk k + 1 starts where chunk k ended whatever their lengths. Memory: everything the
+captured body allocates comes from a pool of the replay's own, so nothing the graph writes on a later launch (its
+temporaries included) can be handed to anyone else; the outputs and the states stay referenced here.
+
+CuPy refuses cuBLAS calls during capture (cupy issue #6290), so a body that calls cuBLAS (the fused backend; a
+one-layer piece's input projection) cannot be captured: ChunkReplay raises CaptureError, and the pipeline runs that
+GPU's chunks directly, saying why.
+"""
+from __future__ import annotations
+
+
+class CaptureError(RuntimeError):
+    """A GPU's chunk could not be captured into a CUDA graph; the message says why."""
+
+
+class ChunkReplay:
+    def __init__(self, cupy, body, x_shape: tuple, carry: dict):
+        self.cupy, self.body, self.carry = cupy, body, carry
+        self.pool = cupy.cuda.MemoryPool()
+        # One direct run before any capture: it builds and compiles the body's programs for this chunk length (nothing
+        # of that may happen inside a capture), shows the shapes of the states to carry, and leaves in the replay's
+        # pool the blocks the captured run will allocate again.
+        with cupy.cuda.using_allocator(self.pool.malloc):
+            self.x = cupy.zeros(x_shape, dtype=cupy.float32)
+            _, states = body(self.x, {})
+        for key, named in states.items():
+            if named and key not in carry:
+                carry[key] = {name: value.copy() for name, value in named.items()}
+        del states
+        # Both graphs now, launching neither (a launch would overwrite the carried states of the chunk before).
+        self.graphs = {first: self._capture(first) for first in (True, False)}
+
+    def launch(self, first: bool):
+        """Run the chunk now in self.x on the current stream; returns the outputs array (rewritten by the next launch
+        of the same graph: copy it out, or wait, before launching again)."""
+        graph, outputs = self.graphs[first]
+        graph.launch(self.cupy.cuda.get_current_stream())
+        return outputs
+
+    def _capture(self, first: bool):
+        cupy = self.cupy
+        stream = cupy.cuda.Stream(non_blocking=True)          # capture needs a stream of its own
+        graph = None
+        try:
+            with cupy.cuda.using_allocator(self.pool.malloc), stream:
+                stream.begin_capture()
+                try:
+                    value, states = self.body(self.x, {} if first else self.carry)
+                    for key, named in states.items():
+                        for name, final in (named or {}).items():
+                            self.carry[key][name][...] = final
+                finally:
+                    graph = stream.end_capture()
+        except Exception as e:  # noqa: BLE001 -- any failure of capture means: run this GPU's chunks directly
+            raise CaptureError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        return graph, value

@@ -272,6 +272,7 @@ def schedules_to_text(report: dict, plan: Plan) -> list[str]:
         out.append(f"    per sequence: {entry['host_launches_per_sequence']} host launch ({entry['host_launch']}), "
                    f"{entry['kernel_launches_per_sequence']} kernel launch(es), {entry['barriers_per_sequence']} "
                    f"barriers ({entry['sync']})")
+        out.append(f"    replay: {entry['replay']}")
         out.append(f"    tiling ({tiling['config']}): {tiling['describe']}")
         out.append(f"    registers: {registers_text(tiling)}")
         for g in tiling["gemms"]:

@@ -47,6 +47,9 @@ DEFAULT_LAYER_OVERHEAD_US = 80.0   # a layer's cost per chunk beyond its steps: 
                                    # run of 16 x LSTM 1024 in chunks of 2-20 steps against the run in one piece)
 DEFAULT_HOST_US_PER_RUN = 700.0   # the host time of one schedule run (one piece of a GPU's chunk): 0.53-0.83 ms on
                                    # an H200 host (benchmarks/profile_host.py); one Python thread issues every GPU's
+DEFAULT_HOST_US_PER_REPLAY = 60.0  # the host time of one GPU's chunk replayed from CUDA graphs (engine/chunk_replay.py):
+                                   # a copy in, two or three events, a graph launch; an estimate (DeepSpeech on two
+                                   # H200s: 5.9 ms replayed against 7.0-7.8 issued run by run)
 DEFAULT_LINK_GBPS = 300.0      # NVLink between two GPUs of one host, one direction, order of magnitude
 
 
@@ -213,9 +216,12 @@ def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[in
                   chunk_overhead_us: float = DEFAULT_CHUNK_OVERHEAD_US,
                   layer_overhead_us: float = DEFAULT_LAYER_OVERHEAD_US,
                   host_us_per_run: float = DEFAULT_HOST_US_PER_RUN, link_gbps: float = DEFAULT_LINK_GBPS,
-                  available: int | None = None) -> PipelinePlan:
+                  available: int | None = None, replay: bool = True,
+                  host_us_per_replay: float = DEFAULT_HOST_US_PER_REPLAY) -> PipelinePlan:
     """The split of net's layers over `gpus` GPUs and the chunk size (see the module docstring). split: layers per
-    GPU, in order (else chosen); chunk: steps per chunk (else chosen); available: GPUs present (checked)."""
+    GPU, in order (else chosen); chunk: steps per chunk (else chosen); available: GPUs present (checked). replay: the
+    host issues a GPU's chunk as one graph launch (PipelineProgram's default, host_us_per_replay each) rather than a
+    schedule run per piece (host_us_per_run each)."""
     for name, value in (("gpus", gpus), ("steps", steps), ("batch", batch)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise BackendError(f"{name} must be a positive integer, got {value!r}")
@@ -254,7 +260,8 @@ def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[in
         chunks = math.ceil(steps / c)
         transfer = [batch * c * units[run[-1]].out_features * 4 / (link_gbps * 1e9) * 1e6 for run in runs[:-1]]
         work = [c * w + len(run) * layer_overhead_us + chunk_overhead_us for w, run in zip(per_gpu, runs)]
-        issue = sum(len({units[u].block for u in run}) for run in runs) * host_us_per_run   # one thread issues all
+        issue = (len(runs) * host_us_per_replay if replay     # one thread issues all
+                 else sum(len({units[u].block for u in run}) for run in runs) * host_us_per_run)
         stage = max(max(work), max(transfer, default=0.0), issue if gpus > 1 else 0.0)
         return (chunks + gpus - 1) * stage, per_gpu, chunks, transfer, work
 

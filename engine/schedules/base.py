@@ -114,7 +114,8 @@ class WavefrontSchedule:
     persistent = False
 
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, config: TileConfig | None = None,
-                 limits: DeviceLimits | None = None, precision: str = "float32", pool=None, pools=None):
+                 limits: DeviceLimits | None = None, precision: str = "float32", pool=None, pools=None,
+                 replay: bool = True):
         pools = check_pools(self.name, network, pool, pools)   # first: a CPU-only machine says what is wrong too
         check_float32_gpu_program(f"schedule '{self.name}'", network, params, dtype)
         import cupy
@@ -127,6 +128,10 @@ class WavefrontSchedule:
         # (engine/schedules/steps.py), and a pool after the last layer pools the outputs. pool=P: pools={L - 1: P}.
         self.pools = pools
         self._shape = None
+        # replay: the second and later runs in a row at one (T, B) replay the whole run from CUDA graphs (see run()).
+        self.replay = replay
+        self.replayed = "not replayed: replay=False" if not replay else "not yet replayed (from a shape's second run)"
+        self._replays: dict = {}                # (T, B) -> engine.chunk_replay.ChunkReplay, on this build's buffers
 
     # ---- plan and compile -------------------------------------------------------------------------
     def plan(self, T: int, B: int) -> tuple[Plan, Tiling]:
@@ -143,6 +148,7 @@ class WavefrontSchedule:
     def _build(self, T: int, B: int) -> None:
         from ..codegen.wavefront import entry_points, half_copies, layer_fields, render_wavefront
         cupy, network = self.cupy, self.network
+        self._replays = {}                      # graphs captured on the buffers this build replaces go with them
         plan, tiling = self.plan(T, B)
         program = plan.program
         self.plan_, self.tiling = plan, tiling
@@ -318,9 +324,69 @@ class WavefrontSchedule:
     # ---- the run ----------------------------------------------------------------------------------
     def run(self, x, initial_states: dict | None = None, *, poison: bool = False) -> RunResult:
         """x: (T, B, I), NumPy or CuPy. CuPy arrays come back when x is CuPy, NumPy otherwise.
-        poison=True fills every work buffer with NaN first (tests)."""
+        poison=True fills every work buffer with NaN first (tests), and runs directly.
+
+        Replay: a run at the (T, B) of the run before (the second and later runs of a loop) is replayed from CUDA
+        graphs of the whole run (engine/chunk_replay.py: x copied into a fixed buffer, one graph launch, the outputs
+        and final states copied out), so the host issues a few calls instead of every launch, copy and memset of the
+        run; the first run at a shape runs directly (a one-off run pays no capture). A run that cannot be captured (a
+        one-layer network's input projection is a cuBLAS call, which CuPy refuses during capture) runs directly from
+        then on, and `replayed` says why."""
         cupy, network = self.cupy, self.network
         check_gpu_run_inputs(f"schedule '{self.name}'", cupy, network, x, initial_states)
+        T, B, _ = x.shape
+        key = (int(T), int(B))
+        if (self.replay and not poison and self._shape == key
+                and not cupy.cuda.get_current_stream().is_capturing()):   # inside someone's capture: run directly
+            replay = self._replays.get(key) or self._capture(key)
+            if replay is not None:
+                return self._run_replayed(replay, x, initial_states)
+        return self._run_direct(x, initial_states, poison=poison)
+
+    def _capture(self, key):
+        """The ChunkReplay of a whole run at (T, B) = key, or None (and replay off) where it cannot be captured."""
+        from ..chunk_replay import CaptureError, ChunkReplay
+
+        def body(x, states):
+            result = self._run_direct(x, states.get("run"))
+            return result.outputs, {"run": result.final_states}
+        try:
+            replay = ChunkReplay(self.cupy, body, (*key, self.network.input_size), {})
+        except CaptureError as e:
+            self.replay = False
+            self.replayed = f"not replayed: the run could not be captured ({e}); runs directly"
+            return None
+        self._replays[key] = replay
+        self.replayed = f"replayed from CUDA graphs at T={key[0]}, B={key[1]}"
+        return replay
+
+    def _run_replayed(self, replay, x, initial_states: dict | None) -> RunResult:
+        cupy = self.cupy
+        replay.x[...] = cupy.asarray(x, dtype=cupy.float32)
+        carried = replay.carry["run"]
+        if initial_states:                      # as _init_states: the states given, zeros for the others
+            for name, target in carried.items():
+                value = initial_states.get(name)
+                if value is None:
+                    target.fill(0.0)
+                else:
+                    target[...] = cupy.asarray(value, dtype=cupy.float32)
+        outputs = replay.launch(first=not initial_states).copy()     # the graph's buffers are rewritten next run
+        final = {name: value.copy() for name, value in carried.items()}
+        if not isinstance(x, cupy.ndarray):
+            outputs = cupy.asnumpy(outputs)
+            final = {k: cupy.asnumpy(v) for k, v in final.items()}
+        return RunResult(outputs=outputs, final_states=final, backend=self.name, info=self._info(int(x.shape[0])))
+
+    def _info(self, T: int) -> dict:
+        return {"schedule": self.name, "precision": self.precision, "tiling": self.tiling.describe(),
+                "pools": {p: pool.label for p, pool in self.pools.items()}, "blocks": self.tiling.blocks,
+                "launches_per_sequence": self.launches_per_sequence(T), "program": self.plan_.program.key,
+                "bytes": self.bytes, "replayed": self.replayed}
+
+    def _run_direct(self, x, initial_states: dict | None = None, *, poison: bool = False) -> RunResult:
+        """The run as the host issues it: every copy, memset and launch (replays capture this)."""
+        cupy, network = self.cupy, self.network
         T, B, _ = x.shape
         if self._shape != (int(T), int(B)):
             self._build(int(T), int(B))
@@ -361,11 +427,7 @@ class WavefrontSchedule:
         if not on_gpu:
             outputs = cupy.asnumpy(outputs)
             final = {k: cupy.asnumpy(v) for k, v in final.items()}
-        info = {"schedule": self.name, "precision": self.precision, "tiling": self.tiling.describe(),
-                "pools": {p: pool.label for p, pool in self.pools.items()},
-                "blocks": self.tiling.blocks,
-                "launches_per_sequence": self.launches_per_sequence(T), "program": program.key, "bytes": self.bytes}
-        return RunResult(outputs=outputs, final_states=final, backend=self.name, info=info)
+        return RunResult(outputs=outputs, final_states=final, backend=self.name, info=self._info(T))
 
     def _project(self, layer: int) -> None:
         """The layer's input projection for the whole sequence, one cuBLAS GEMM per hoisted GEMM (a launch that

@@ -199,6 +199,11 @@ def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits, config: TileCon
         entry["sync"] = "kernel boundaries between the launches of the graph"
     if entry["before_launch"]:
         entry["how"] += f"; before it, {', '.join(entry['before_launch'])} as one cuBLAS GEMM over the sequence"
+        entry["replay"] = ("none: the cuBLAS projection cannot be captured, so every run is issued call by call "
+                           "(the first run at a shape always is)")
+    else:
+        entry["replay"] = ("from a shape's second run in a row, the whole run (state set-up, launch, copies out) "
+                           "replayed from a CUDA graph: a few host calls a run")
     return entry
 
 

@@ -14,6 +14,7 @@ import pytest
 import engine
 from compiler_cells import CELLS
 from engine.backends import reference
+from engine.backends.common import RunResult
 from engine.errors import BackendError, CompileError
 from engine.schedules import autotune, schedule_class
 from engine.schedules.tiling import TileConfig, eligibility
@@ -171,3 +172,56 @@ def test_schedules_reject_float64_by_name(cupy):
     for schedule in SCHEDULES:
         with pytest.raises(BackendError, match=f"schedule '{schedule}' computes in float32"):
             schedule_class(schedule)(network, params, np.float64)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru_cho"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_replayed_runs_equal_direct_runs(cupy, schedule, name):
+    """From a shape's second run on, a schedule replays the whole run from CUDA graphs (engine/chunk_replay.py): each
+    run on fresh inputs and states gives the outputs and final states of a program that never replays, bit for bit,
+    with zero states, given states, one state given (the others zero), NumPy and CuPy inputs."""
+    network, params, x, states = make_case(engine.preset(name).cell, num_layers=3, seed=7)
+    replayed = schedule_class(schedule)(network, params)
+    direct = schedule_class(schedule)(network, params, replay=False)
+    rng = np.random.default_rng(8)
+    one = {network.cell.state_names[0]: states[network.cell.state_names[0]]}
+    for i, given in enumerate([None, None, states, one, None, states]):
+        x = rng.standard_normal(x.shape)
+        given = None if given is None else {k: rng.uniform(-0.8, 0.8, v.shape) for k, v in given.items()}
+        xs = cupy.asarray(x, dtype=cupy.float32) if i % 2 else x
+        got, want = replayed.run(xs, given), direct.run(xs, given)
+        assert type(got.outputs) is type(want.outputs) and bool((got.outputs == want.outputs).all()), f"run {i}"
+        assert sorted(got.final_states) == sorted(want.final_states)
+        assert all(bool((got.final_states[k] == want.final_states[k]).all()) for k in want.final_states), f"run {i}"
+        if i == 1:
+            ref = reference.run(network, params, x, given, dtype=np.float64)
+            assert_matches(RunResult(cupy.asnumpy(got.outputs), {
+                k: cupy.asnumpy(v) for k, v in got.final_states.items()}), ref, f"{schedule} {name} replayed")
+    if schedule == "persistent":
+        assert replayed.replayed.startswith("replayed"), replayed.replayed
+        assert got.info["replayed"] == replayed.replayed and direct.replayed.startswith("not replayed")
+
+
+def test_a_run_that_cannot_be_captured_runs_directly(cupy, monkeypatch):
+    """A run whose capture fails (CuPy refuses cuBLAS calls during capture: a one-layer network's input projection)
+    runs directly, correctly, from then on, and the schedule says why."""
+    from engine import chunk_replay
+
+    def refuse(self, first):
+        raise chunk_replay.CaptureError("RuntimeError: refused for the test")
+    network, params, x, states = make_case(engine.preset("lstm").cell, num_layers=2, seed=9)
+    ref = reference.run(network, params, x, states, dtype=np.float64)
+    with monkeypatch.context() as patch:
+        patch.setattr(chunk_replay.ChunkReplay, "_capture", refuse)
+        program = schedule_class("persistent")(network, params)
+        for _ in range(3):
+            assert_matches(program.run(x, states), ref, "persistent, capture refused")
+    assert program.replayed.startswith("not replayed: the run could not be captured") and program.replay is False
+    assert "refused for the test" in program.replayed
+    # One layer (its projection a cuBLAS call before the kernel): replayed or run directly, correct either way.
+    network, params, x, states = make_case(engine.preset("lstm").cell, num_layers=1, seed=9)
+    program = schedule_class("persistent")(network, params)
+    ref = reference.run(network, params, x, states, dtype=np.float64)
+    for _ in range(3):
+        assert_matches(program.run(x, states), ref, "persistent, one layer")
+    assert program.replayed.startswith(("replayed", "not replayed: the run could not be captured")), program.replayed

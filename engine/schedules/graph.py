@@ -48,7 +48,11 @@ class GraphSchedule(WavefrontSchedule):
             kernel(grid, block, args, shared_mem=smem)
 
     def _launch(self, T: int, B: int, first_layer: int) -> None:
-        self.graph.launch(self.cupy.cuda.get_current_stream())
+        stream = self.cupy.cuda.get_current_stream()
+        if stream.is_capturing():               # the whole run being captured (a replay, engine/chunk_replay.py): a
+            self._issue(self._launch_args(T))   # graph launched inside a capture invalidates it, so the launches
+        else:                                   # themselves go into the outer graph
+            self.graph.launch(stream)
 
     def launches_per_sequence(self, T: int) -> int:
         return self._wavefront(T) * len(self.kernels)

@@ -197,9 +197,8 @@ def test_replayed_runs_equal_direct_runs(cupy, schedule, name):
             ref = reference.run(network, params, x, given, dtype=np.float64)
             assert_matches(RunResult(cupy.asnumpy(got.outputs), {
                 k: cupy.asnumpy(v) for k, v in got.final_states.items()}), ref, f"{schedule} {name} replayed")
-    if schedule == "persistent":
-        assert replayed.replayed.startswith("replayed"), replayed.replayed
-        assert got.info["replayed"] == replayed.replayed and direct.replayed.startswith("not replayed")
+    assert replayed.replayed.startswith("replayed"), replayed.replayed
+    assert got.info["replayed"] == replayed.replayed and direct.replayed.startswith("not replayed")
 
 
 def test_a_run_that_cannot_be_captured_runs_directly(cupy, monkeypatch):

@@ -347,8 +347,8 @@ class WavefrontSchedule:
         """The ChunkReplay of a whole run at (T, B) = key, or None (and replay off) where it cannot be captured."""
         from ..chunk_replay import CaptureError, ChunkReplay
 
-        def body(x, states):
-            result = self._run_direct(x, states.get("run"))
+        def body(x, states):                    # the outputs as views of the program's buffers: copied out once
+            result = self._run_direct(x, states.get("run"), copy_out=False)
             return result.outputs, {"run": result.final_states}
         try:
             replay = ChunkReplay(self.cupy, body, (*key, self.network.input_size), {})
@@ -384,8 +384,10 @@ class WavefrontSchedule:
                 "launches_per_sequence": self.launches_per_sequence(T), "program": self.plan_.program.key,
                 "bytes": self.bytes, "replayed": self.replayed}
 
-    def _run_direct(self, x, initial_states: dict | None = None, *, poison: bool = False) -> RunResult:
-        """The run as the host issues it: every copy, memset and launch (replays capture this)."""
+    def _run_direct(self, x, initial_states: dict | None = None, *, poison: bool = False,
+                    copy_out: bool = True) -> RunResult:
+        """The run as the host issues it: every copy, memset and launch (replays capture this). copy_out=False: the
+        outputs are a view of the program's buffer, which the next run overwrites."""
         cupy, network = self.cupy, self.network
         T, B, _ = x.shape
         if self._shape != (int(T), int(B)):
@@ -411,10 +413,12 @@ class WavefrontSchedule:
             self._launch(T, B, first)
         last = L - 1
         if last in self.pools:
-            outputs = self.pooled[last].reshape(self._pool_steps(last), B, network.output_size).copy()
+            outputs = self.pooled[last].reshape(self._pool_steps(last), B, network.output_size)
         else:
             outputs = self.buffers[-1][program.output_buffer].reshape(self.steps_[last].steps, B,
-                                                                      network.output_size).copy()
+                                                                      network.output_size)
+        if copy_out:
+            outputs = outputs.copy()
         final = {}
         for home in program.homes:
             per_layer = []

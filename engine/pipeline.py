@@ -902,8 +902,9 @@ MEASUREMENT_FIELDS = ("net", "gpus", "backend", "device", "choice", "split", "ch
 def measured_pipelines(directory=None) -> tuple[list[dict], list[tuple[str, str]]]:
     """The pipelined runs written by benchmarks/probe_pipeline.py (benchmarks/results/pipeline-*.json with one row
     per plan measured: the planner's and the tuner's), flattened to one row each with its file, and the files that
-    are not such runs, with why (left as they are). Rows: MEASUREMENT_FIELDS plus "file" and "speedup" (against the
-    best one-GPU run of the same net in the same file)."""
+    are not such runs, with why (left as they are). Rows: MEASUREMENT_FIELDS plus "file", "speedup" (against the
+    best one-GPU run of the same net in the same file), "replay" and "fuse_pools" (how the chunks ran; files written
+    before the replay existed issued them run by run)."""
     import json
     from pathlib import Path
     from .bench.results import RESULTS_DIR
@@ -925,5 +926,6 @@ def measured_pipelines(directory=None) -> tuple[list[dict], list[tuple[str, str]
         for r in data:
             one = r["one_gpu_ms"].get(r["one_gpu_best"]) if isinstance(r["one_gpu_ms"], dict) else None
             rows.append({**{f: r[f] for f in MEASUREMENT_FIELDS if f != "one_gpu_ms"}, "one_gpu_ms": one,
-                         "speedup": one / r["ms"] if one and r["ms"] else None, "file": path.name})
+                         "speedup": one / r["ms"] if one and r["ms"] else None, "file": path.name,
+                         "replay": bool(r.get("replay", False)), "fuse_pools": bool(r.get("fuse_pools", False))})
     return rows, skipped

@@ -180,7 +180,9 @@ def measured_ui() -> None:
     chosen = st.selectbox("Measurement", files, key="networks.measured_file",
                           help="benchmarks/results/pipeline-*.json, newest name first")
     table = [{"net": r["net"], "plan": r["choice"], "GPUs": r["gpus"], "layers per GPU": str(r["split"]),
-              "chunk": r["chunk"], "one GPU (ms)": r["one_gpu_ms"], "pipelined (ms)": r["ms"],
+              "chunk": r["chunk"], "chunks run": ("replayed" if r["replay"] else "run by run")
+              + (", pools fused" if r["fuse_pools"] else ""),
+              "one GPU (ms)": r["one_gpu_ms"], "pipelined (ms)": r["ms"],
               "speedup": r["speedup"], "bubble measured": r["measured_bubble"],
               "bubble predicted": r["predicted_bubble"], "max rel. diff": r["max_rel_diff"],
               "backend": r["backend"], "device": r["device"]} for r in rows if r["file"] == chosen]
@@ -191,7 +193,9 @@ def measured_ui() -> None:
                                 "one GPU (ms)": st.column_config.NumberColumn(format="%.2f"),
                                 "pipelined (ms)": st.column_config.NumberColumn(format="%.2f")})
     st.caption("'planner': the plan as the planner made it; 'tuned': the fastest of the candidates tune_pipeline "
-               "measured. The one-GPU time is the engine's best backend on one of the same GPUs.")
+               "measured. The one-GPU time is the engine's best backend on one of the same GPUs. 'replayed': each "
+               "GPU's chunk replayed from CUDA graphs (the default since 2026-11-23); 'run by run': the host issued "
+               "every schedule run of every chunk.")
     for name, why in skipped:
         st.caption(f"Skipped {name}, left as it is: {why}")
 

@@ -644,11 +644,13 @@ def test_networks_show_the_measured_pipelines(open_page, tmp_path, monkeypatch):
            "split": [4, 4], "chunk": 34, "ms": 7.0, "measured_bubble": 0.44, "predicted_ms": 6.2,
            "predicted_bubble": 0.4, "one_gpu_best": "persistent", "one_gpu_ms": {"persistent": 7.7},
            "max_rel_diff": 0.0}
-    (tmp_path / "pipeline-b.json").write_text(json.dumps([row, {**row, "choice": "planner", "ms": 8.0}]))
+    (tmp_path / "pipeline-b.json").write_text(json.dumps([{**row, "replay": True}, {**row, "choice": "planner",
+                                                                                    "ms": 8.0, "fuse_pools": True}]))
     (tmp_path / "pipeline-a.json").write_text(json.dumps({"not": "rows"}))
     monkeypatch.setattr(results_module, "RESULTS_DIR", tmp_path)
     at = open_page("networks")
     table = next(f.value for f in at.dataframe if "pipelined (ms)" in f.value.columns)
     assert list(table["plan"]) == ["tuned", "planner"] and list(table["pipelined (ms)"]) == [7.0, 8.0]
     assert list(table["speedup"]) == pytest.approx([1.1, 7.7 / 8.0])
+    assert list(table["chunks run"]) == ["replayed", "run by run, pools fused"]      # older rows: run by run
     assert "Skipped pipeline-a.json, left as it is" in texts(at.caption)

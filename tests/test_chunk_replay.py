@@ -1,0 +1,143 @@
+"""engine/chunk_replay.py without a GPU: a stand-in for the few CuPy calls ChunkReplay makes (a memory pool and
+allocator switch, streams with capture, graph launches) checks how it wires a body into its graphs: one direct
+warm-up run under the replay's own allocator, two captures (from zero states, from the carried ones) on a stream of
+their own, the final states copied into the carry inside the capture, launches on the caller's stream, and a failed
+capture reported as CaptureError with the stream's capture ended. What the graphs compute is checked on the GPU
+(tests/gpu/test_pipeline_gpu.py, tests/gpu/test_schedules.py: replayed runs equal direct runs bit for bit)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from engine.chunk_replay import CaptureError, ChunkReplay
+
+
+class FakeGraph:
+    def __init__(self, stream, ops):
+        self.ops, self.launched_on = ops, []
+
+    def launch(self, stream):
+        self.launched_on.append(stream)
+
+
+class FakeStream:
+    def __init__(self, cuda, name):
+        self.cuda, self.name, self.capturing, self.ops, self.ended = cuda, name, False, [], 0
+
+    def __enter__(self):
+        self.previous, self.cuda.current = self.cuda.current, self
+        return self
+
+    def __exit__(self, *exc):
+        self.cuda.current = self.previous
+        return False
+
+    def begin_capture(self):
+        assert not self.capturing
+        self.capturing = True
+
+    def end_capture(self):
+        assert self.capturing, "end_capture without begin_capture"
+        self.capturing, self.ended = False, self.ended + 1
+        if self.cuda.invalidate:
+            raise RuntimeError("cudaErrorStreamCaptureInvalidated: operation failed due to a previous error")
+        return FakeGraph(self, self.ops)
+
+
+class FakeCuda:
+    def __init__(self):
+        self.current = FakeStream(self, "caller")
+        self.allocator = "default"
+        self.streams = []
+        self.invalidate = False
+
+    class MemoryPool:
+        def malloc(self, size):                  # never called by the stand-in arrays
+            raise AssertionError
+
+    @contextmanager
+    def using_allocator(self, malloc):
+        previous, self.allocator = self.allocator, malloc
+        try:
+            yield
+        finally:
+            self.allocator = previous
+
+    def Stream(self, non_blocking=False):  # noqa: N802 (CuPy's name)
+        stream = FakeStream(self, f"capture {len(self.streams)}")
+        self.streams.append(stream)
+        return stream
+
+    def get_current_stream(self):
+        return self.current
+
+
+class FakeCupy:
+    float32 = np.float32
+
+    def __init__(self):
+        self.cuda = FakeCuda()
+
+    def zeros(self, shape, dtype):
+        return np.zeros(shape, dtype)
+
+
+def recording_body(cupy, calls, fail_in_capture=False):
+    """A chunk's work: outputs 2x, one piece's state h = the chunk's last row (+ the state it started from)."""
+    def body(x, states):
+        stream = cupy.cuda.get_current_stream()
+        calls.append({"states": states, "allocator": cupy.cuda.allocator, "stream": stream.name,
+                      "capturing": stream.capturing})
+        if fail_in_capture and stream.capturing:
+            raise ValueError("boom: cuBLAS refused")
+        start = states.get("piece", {}).get("h", 0.0)
+        return x * 2, {"piece": {"h": x[-1] + start}, "bidirectional": None}
+    return body
+
+
+def test_a_replay_warms_up_once_then_captures_both_graphs_on_a_stream_of_its_own():
+    cupy, calls, carry = FakeCupy(), [], {}
+    replay = ChunkReplay(cupy, recording_body(cupy, calls), (3, 2, 4), carry)
+    assert [c["capturing"] for c in calls] == [False, True, True]
+    warm, first, later = calls
+    assert warm["states"] == {} and warm["stream"] == "caller"
+    assert all(c["allocator"] == replay.pool.malloc for c in calls)          # the replay's own pool, every time
+    assert cupy.cuda.allocator == "default" and cupy.cuda.current.name == "caller"   # both restored
+    assert first["states"] == {} and later["states"] is carry                # zero states, then the carried ones
+    assert first["stream"].startswith("capture") and later["stream"].startswith("capture")   # not the caller's
+    assert sorted(carry) == ["piece"] and carry["piece"]["h"].shape == (2, 4)    # a piece without states: none
+    assert replay.x.shape == (3, 2, 4) and replay.x.dtype == np.float32
+    assert all(s.ended == 1 and not s.capturing for s in cupy.cuda.streams)
+
+
+def test_launch_replays_the_graph_asked_for_on_the_callers_stream():
+    cupy, calls = FakeCupy(), []
+    replay = ChunkReplay(cupy, recording_body(cupy, calls), (3, 2, 4), {})
+    caller = cupy.cuda.get_current_stream()
+    out = replay.launch(first=False)
+    assert replay.graphs[False][0].launched_on == [caller] and replay.graphs[True][0].launched_on == []
+    assert out is replay.graphs[False][1]                                  # the captured outputs, rewritten each time
+    replay.launch(first=True)
+    assert replay.graphs[True][0].launched_on == [caller]
+    assert len(calls) == 3                                                 # launching runs no Python body
+
+
+def test_replays_of_one_gpu_share_its_carry():
+    cupy, calls, carry = FakeCupy(), [], {}
+    ChunkReplay(cupy, recording_body(cupy, calls), (6, 2, 4), carry)
+    held = carry["piece"]["h"]
+    ChunkReplay(cupy, recording_body(cupy, calls), (2, 2, 4), carry)        # a shorter tail chunk
+    assert carry["piece"]["h"] is held                                     # not replaced: the same buffer
+    assert calls[-1]["states"] is carry
+
+
+@pytest.mark.parametrize("invalidate", [False, True])
+def test_a_failed_capture_is_a_capture_error_and_leaves_no_stream_capturing(invalidate):
+    cupy, calls = FakeCupy(), []
+    cupy.cuda.invalidate = invalidate
+    with pytest.raises(CaptureError, match="ValueError: boom" if not invalidate else "RuntimeError: cudaError"):
+        ChunkReplay(cupy, recording_body(cupy, calls, fail_in_capture=True), (3, 2, 4), {})
+    assert all(not s.capturing and s.ended == 1 for s in cupy.cuda.streams)
+    assert cupy.cuda.allocator == "default" and cupy.cuda.current.name == "caller"

@@ -47,7 +47,7 @@ DEFAULT_LAYER_OVERHEAD_US = 80.0   # a layer's cost per chunk beyond its steps: 
                                    # run of 16 x LSTM 1024 in chunks of 2-20 steps against the run in one piece)
 DEFAULT_HOST_US_PER_RUN = 700.0   # the host time of one schedule run (one piece of a GPU's chunk): 0.53-0.83 ms on
                                    # an H200 host (benchmarks/profile_host.py); one Python thread issues every GPU's
-DEFAULT_HOST_US_PER_REPLAY = 60.0  # the host time of one GPU's chunk replayed from CUDA graphs (engine/chunk_replay.py):
+DEFAULT_HOST_US_PER_REPLAY = 60.0  # the host time of one GPU's chunk replayed from CUDA graphs (chunk_replay.py):
                                    # a copy in, two or three events, a graph launch; an estimate (DeepSpeech on two
                                    # H200s: 5.9 ms replayed against 7.0-7.8 issued run by run)
 DEFAULT_LINK_GBPS = 300.0      # NVLink between two GPUs of one host, one direction, order of magnitude
@@ -502,7 +502,7 @@ class PipelineProgram:
 
     def _chunk(self, g: int, value, states: dict):
         """GPU g's work on one chunk: its one fused program, or its pieces in order. Returns what it hands on and the
-        final states of its pieces ({(GPU, piece): states}; states: the same of the chunk before, or {} at the start)."""
+        final states of its pieces ({(GPU, piece): states}; states: those of the chunk before, or {} at the start)."""
         from .blocks import pool_over_time
         if g in self.fused_runs:
             value, final = self._fused(g, value, states.get((g, "fused")))
@@ -597,7 +597,7 @@ class PipelineProgram:
                     if replay is not None:
                         value = replay.launch(first=c == 0)
                         if c == 0:
-                            states.update({key: named for key, named in self.carry[g].items()})
+                            states.update(self.carry[g])
                     elif value.shape[0]:
                         value, final = self._chunk(g, value, states)
                         states.update(final)
@@ -639,17 +639,10 @@ class PipelineProgram:
         if not isinstance(value, cupy.ndarray):
             target[...] = cupy.asarray(value, dtype=cupy.float32)
             return
-        here = cupy.cuda.Device().id
-        if value.device.id == here:
+        if value.device.id == cupy.cuda.Device().id:
             target[...] = value
-            return
-        if not value.flags.c_contiguous:
-            with cupy.cuda.Device(value.device.id):
-                value = cupy.ascontiguousarray(value)
-        self._enable_peer_access(value.device.id, here)
-        self._sources.append(value)
-        cupy.cuda.runtime.memcpyPeerAsync(target.data.ptr, here, value.data.ptr, value.device.id, value.nbytes,
-                                          cupy.cuda.get_current_stream().ptr)
+        else:
+            self._peer_copy(target, value)
 
     def _release_sources(self) -> None:
         """A handed chunk lives in the memory pool of the GPU that wrote it, which knows nothing of the copy another
@@ -731,18 +724,24 @@ class PipelineProgram:
         stream = cupy.cuda.get_current_stream()
         if ready is not None:
             stream.wait_event(ready)
-        here = cupy.cuda.Device().id
-        if value.device.id == here:
+        if value.device.id == cupy.cuda.Device().id:
             return value
+        out = cupy.empty(value.shape, dtype=value.dtype)
+        self._peer_copy(out, value)
+        return out
+
+    def _peer_copy(self, target, value) -> None:
+        """target (on the current GPU) = value (on another), on the current stream; value kept alive until the copy
+        is done (_release_sources)."""
+        import cupy
+        here = cupy.cuda.Device().id
         if not value.flags.c_contiguous:
             with cupy.cuda.Device(value.device.id):
                 value = cupy.ascontiguousarray(value)
         self._enable_peer_access(value.device.id, here)
         self._sources.append(value)
-        out = cupy.empty(value.shape, dtype=value.dtype)
-        cupy.cuda.runtime.memcpyPeerAsync(out.data.ptr, here, value.data.ptr, value.device.id, value.nbytes,
-                                          stream.ptr)
-        return out
+        cupy.cuda.runtime.memcpyPeerAsync(target.data.ptr, here, value.data.ptr, value.device.id, value.nbytes,
+                                          cupy.cuda.get_current_stream().ptr)
 
     _peers: set = set()                            # (from, to) pairs with peer access enabled, process-wide
 

@@ -149,6 +149,7 @@ class WavefrontSchedule:
         from ..codegen.wavefront import entry_points, half_copies, layer_fields, render_wavefront
         cupy, network = self.cupy, self.network
         self._replays = {}                      # graphs captured on the buffers this build replaces go with them
+        self._build_info = None                 # RunResult.info of this build (_info)
         plan, tiling = self.plan(T, B)
         program = plan.program
         self.plan_, self.tiling = plan, tiling
@@ -379,10 +380,14 @@ class WavefrontSchedule:
         return RunResult(outputs=outputs, final_states=final, backend=self.name, info=self._info(int(x.shape[0])))
 
     def _info(self, T: int) -> dict:
-        return {"schedule": self.name, "precision": self.precision, "tiling": self.tiling.describe(),
-                "pools": {p: pool.label for p, pool in self.pools.items()}, "blocks": self.tiling.blocks,
-                "launches_per_sequence": self.launches_per_sequence(T), "program": self.plan_.program.key,
-                "bytes": self.bytes, "replayed": self.replayed}
+        """RunResult.info: what this build runs (formatted once per build: a replayed run's host time is a few
+        calls), and whether it replays."""
+        if self._build_info is None:
+            self._build_info = {"schedule": self.name, "precision": self.precision, "tiling": self.tiling.describe(),
+                                "pools": {p: pool.label for p, pool in self.pools.items()},
+                                "blocks": self.tiling.blocks, "launches_per_sequence": self.launches_per_sequence(T),
+                                "program": self.plan_.program.key, "bytes": self.bytes}
+        return {**self._build_info, "replayed": self.replayed}
 
     def _run_direct(self, x, initial_states: dict | None = None, *, poison: bool = False,
                     copy_out: bool = True) -> RunResult:

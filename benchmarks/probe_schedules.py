@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", default="float32", help="float32, tf32, float16 or bfloat16 (cuDNN in the same mode)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    rb, rc = (int(v) for v in args.tile.split("x")) if args.tile else (4, 4)
+    rb, rc = (int(v) for v in args.tile.split("x")) if args.tile else (None, None)     # None: the tiling's default
     warp = tuple(int(v) for v in args.warp_tile.split("x")) if args.warp_tile else None
     config = TileConfig(args.units, rb, rc, args.threads, warp_tile=warp, layers_per_launch=args.layers_per_launch,
                         sync=args.sync)

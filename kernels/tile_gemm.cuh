@@ -25,7 +25,7 @@
 //   columns through a STAGES-deep cp.async pipeline that runs across the GEMMs, so that later
 //   chunks travel while earlier ones are multiplied. When the block has more threads than tiles, K
 //   is split among them (interleaved by fours) and the partial sums are reduced through shared
-//   memory in a fixed order.
+//   memory in a fixed order, 16 values of every tile at a time (rnn_store_tile).
 //
 // Shared memory rows, resident or staged, are padded to a multiple of 4 floats plus 4 more: row r
 // starts 16 bytes after row r - 1 modulo 128, so 8 threads reading 8 rows with float4 hit 8
@@ -448,7 +448,10 @@ __device__ __forceinline__ void rnn_mma_part(float (&acc)[RB][RC], const float* 
     if (k < k_end) rnn_mma_step<RB, RC>(acc, xa, wa);     // an odd number of steps: the last is in xa, wa
 }
 
-// Writes a thread's tile of Y (+ bias); with split K, first sums the parts through `red` in a fixed order.
+// Writes a thread's tile of Y (+ bias); with split K, first sums the parts through `red` in a fixed order, in rounds
+// of RV = min(RB * RC, 16) values of every tile: `red` holds blockDim * RV floats (16 KiB for 8x8 tiles at 256
+// threads, not the 64 KiB of all 64 values at once, which pushed `mid`'s four resident layers out of shared memory).
+// Every thread of the block calls it (barriers inside).
 template <int RB, int RC>
 __device__ __forceinline__ void rnn_store_tile(const RnnGemm& J, const RnnTiles<RB, RC>& tl, float (&acc)[RB][RC],
                                                int B, int slot, int part, bool active, float* __restrict__ red)
@@ -469,25 +472,27 @@ __device__ __forceinline__ void rnn_store_tile(const RnnGemm& J, const RnnTiles<
         }
         return;
     }
+    constexpr int V = RB * RC, RV = V < 16 ? V : 16;
     const int stride = tl.split * tl.groups;
-    if (active) {
 #pragma unroll
-        for (int r = 0; r < RB; ++r)
+    for (int v0 = 0; v0 < V; v0 += RV) {
+        if (active) {
 #pragma unroll
-            for (int c = 0; c < RC; ++c) red[(r * RC + c) * stride + part * tl.groups + slot] = acc[r][c];
+            for (int i = 0; i < RV; ++i) red[i * stride + part * tl.groups + slot] = acc[(v0 + i) / RC][(v0 + i) % RC];
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < RV * tl.groups; e += blockDim.x) {
+            const int i = e / tl.groups, s = e - i * tl.groups, rc = v0 + i;
+            int sb, sc;
+            rnn_tile_of(tl, s, sb, sc);
+            const int b = sb + (rc / RC) * tl.nbg, col = sc + (rc % RC) * tl.ncg;
+            if (b >= B || col >= J.NC) continue;
+            float v = red[i * stride + s];
+            for (int p = 1; p < tl.split; ++p) v += red[i * stride + p * tl.groups + s];
+            J.Y[(long)b * J.ldy + col] = v + (J.bias ? __ldg(J.bias + col) : 0.0f);
+        }
+        __syncthreads();                               // red is written again by the next round or GEMM
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < RB * RC * tl.groups; e += blockDim.x) {
-        const int rc = e / tl.groups, s = e - rc * tl.groups;
-        int sb, sc;
-        rnn_tile_of(tl, s, sb, sc);
-        const int b = sb + (rc / RC) * tl.nbg, col = sc + (rc % RC) * tl.ncg;
-        if (b >= B || col >= J.NC) continue;
-        float v = red[rc * stride + s];
-        for (int p = 1; p < tl.split; ++p) v += red[rc * stride + p * tl.groups + s];
-        J.Y[(long)b * J.ldy + col] = v + (J.bias ? __ldg(J.bias + col) : 0.0f);
-    }
-    __syncthreads();                                   // red may be written again by the next GEMM
 }
 
 // jobs[j] for a j known only at run time, by selects over the unrolled jobs: indexing the array with j would
@@ -534,7 +539,7 @@ __device__ __forceinline__ void rnn_stage_next(const RnnGemm (&jobs)[N], RnnCurs
 // while the last chunks of this one are multiplied. One barrier per chunk: after it, chunk g is in
 // shared memory for everyone and nobody reads chunk g - 1 any more, whose slot is refilled at once.
 // Shared memory (floats, from smem): STAGES slots of (bp + ncs) * rnn_row_stride(KC), with ncs the
-// widest streamed W (0 when all are resident), then the split-K partial sums (blockDim * RB * RC).
+// widest streamed W (0 when all are resident), then the split-K partial sums (blockDim * min(RB * RC, 16)).
 template <int RB, int RC, int VEC, int STAGES, int KC, int N>
 __device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restrict__ smem, int ncs)
 {

@@ -61,8 +61,8 @@ class TileConfig:
     or 256 for the warp GEMV of small batches."""
 
     units_per_block: int | None = None
-    rows_per_thread: int = 4           # RB: batch rows of a thread's accumulator tile
-    cols_per_thread: int = 4           # RC: GEMM columns of a thread's accumulator tile
+    rows_per_thread: int | None = None  # RB: batch rows of a thread's accumulator tile; None (with cols_per_thread):
+    cols_per_thread: int | None = None  # RC: GEMM columns of it; 8x8 for big stacked GEMMs, else 4x4 (default_tile)
     threads: int | None = None
     resident: bool = True              # keep weight slices in shared memory when they fit (persistent only)
     warp_tile: tuple[int, int] | None = None   # tensor-core path (tf32/fp16/bf16): MMA tiles of 16 rows x 8
@@ -76,7 +76,9 @@ class TileConfig:
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
         threads = "auto" if self.threads is None else str(self.threads)
-        return (f"units={units} tile={self.rows_per_thread}x{self.cols_per_thread} threads={threads}"
+        tile = ("auto" if self.rows_per_thread is None and self.cols_per_thread is None
+                else f"{self.rows_per_thread or 4}x{self.cols_per_thread or 4}")
+        return (f"units={units} tile={tile} threads={threads}"
                 + ("" if self.resident else " streamed")
                 + ("" if self.warp_tile is None else f" warp={self.warp_tile[0]}x{self.warp_tile[1]}")
                 + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}")
@@ -203,6 +205,22 @@ def auto_threads(groups: int, most: int = 512) -> int:
     return min(most, round_up(best * groups, 32))
 
 
+def default_tile(program: Program, network: Network, batch: int, layers: int, units: int | None, prec: Precision,
+                 limits: DeviceLimits) -> tuple[int, int]:
+    """The accumulator tile when the config names none: 8x8 where a launch holds several layers of float32 GEMMs
+    whose widest one gives a block at least 48 such tiles (B >= 64; e.g. `mid`, 512 units, 4 layers: 16 units a
+    block, 64 LSTM or 48 GRU columns), else 4x4. 8x8 tiles read half the shared memory per FMA, and split K over the
+    lanes of a warp where their tiles are fewer than the threads; at `mid` on an H100 they ran the GRU in 4.15 ms
+    against 4.90 and the LSTM in 4.40 against 4.57 (benchmarks/NOTES.md). Elsewhere 8x8 measured slower (the LSTM at
+    `large`, layer by layer with 32 columns a block, and at `blogA`) or was not measured: the autotuner tries it."""
+    if batch < 64 or prec.tensor_cores or layers < 2:
+        return 4, 4
+    if units is None:
+        units = -(-network.hidden_size // max(1, limits.multiprocessors // layers))
+    widest = max((len(g.terms) * units for g in program.gemms), default=0)
+    return (8, 8) if (batch // 8) * (widest // 8) >= 48 else (4, 4)
+
+
 def row_stride(k: int) -> int:
     """Floats between rows of a shared-memory operand of k columns (rnn_row_stride in kernels/tile_gemm.cuh)."""
     return round_up(k, 4) + 4
@@ -259,8 +277,9 @@ def mma_warps(groups: int) -> int:
 
 def tile_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: int, tile: int, reduce: bool) -> int:
     """Floats of staging rnn_tile_gemms needs (kernels/tile_gemm.cuh): `stages` slots of an X chunk and, when
-    some weight is streamed, a W chunk; then the split-K partial sums when some GEMM splits K."""
-    return stages * (bp + nc_streamed) * row_stride(k_chunk) + (threads * tile if reduce else 0)
+    some weight is streamed, a W chunk; then, when some GEMM splits K, its partial sums, 16 values of a tile at a
+    time (rnn_store_tile)."""
+    return stages * (bp + nc_streamed) * row_stride(k_chunk) + (threads * min(tile, 16) if reduce else 0)
 
 
 def make_tiling(program: Program, network: Network, batch: int, config: TileConfig | None = None,
@@ -272,7 +291,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     if why:
         raise CompileError(f"cell '{program.cell.name}': {why}")
     for field_name, value in (("rows_per_thread", config.rows_per_thread), ("cols_per_thread", config.cols_per_thread)):
-        if value not in (1, 2, 4, 8):
+        if value is not None and value not in (1, 2, 4, 8):
             raise CompileError(f"TileConfig.{field_name}={value!r} is not a supported tile size; hint: use 1, 2, 4 or 8")
     if config.warp_tile is not None and (len(config.warp_tile) != 2 or any(v not in (1, 2, 4) for v in config.warp_tile)):
         raise CompileError(f"TileConfig.warp_tile={config.warp_tile!r} is not a supported warp tile; hint: two of "
@@ -316,6 +335,9 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         if (not isinstance(L, int) or L < 1 or network.num_layers % L):
             raise CompileError(f"TileConfig.layers_per_launch={L!r} does not divide the network's "
                                f"{network.num_layers} layers; hint: use a divisor of {network.num_layers}, or None")
+    if config.rows_per_thread is None or config.cols_per_thread is None:
+        rb, rc = default_tile(program, network, B, L, config.units_per_block, prec, limits)
+        config = replace(config, rows_per_thread=config.rows_per_thread or rb, cols_per_thread=config.cols_per_thread or rc)
     if config.units_per_block is None:
         per_layer = max(1, limits.multiprocessors // L)
         units = -(-H // per_layer)

@@ -2,8 +2,9 @@
 
 Every preset at 1 and 3 layers with odd sizes (I=37, H=129, B=3, T=17), non-zero initial states and
 NaN-poisoned buffers, as the fused backend's suite; the unusual compiler cells; tilings that split K
-(B=1), that give a block several output groups (B=64), that leave the last block short, and that
-stream the weights instead of keeping them resident; a race check (20 runs bit-identical); the
+(B=1), that split K many ways or with 8x8 tiles (partial sums in rounds), that give a block
+several output groups (B=64), that leave the last block short, and that stream the weights instead of keeping
+them resident; a race check (20 runs bit-identical); the
 autotuner's choice and its cache; the 'auto' backend.
 """
 from __future__ import annotations
@@ -63,6 +64,8 @@ TILINGS = [
     ("many groups, B=64", {"batch": 64}, TileConfig(64, 4, 4, threads=128)),
     ("8x4 tile", {"batch": 19}, TileConfig(None, 8, 4)),
     ("streamed weights", {"batch": 7}, TileConfig(None, 4, 4, resident=False)),
+    ("8x8 tile, K split, sums in rounds, B=64", {"batch": 64}, TileConfig(16, 8, 8, threads=256)),
+    ("K split 32 ways, B=8", {"batch": 8}, TileConfig(4, 4, 4, threads=256)),
 ]
 
 

@@ -8,7 +8,8 @@ B=16 (register tiles, split K, a cp.async pipeline), plus one layer by layer (Ti
 both with per-layer arrival counters instead of grid barriers (TileConfig(sync="layer"));
 then the tensor-core MMA of kernels/mma_gemm.cuh in bf16 (B=16 and B=40: split K, and three row tiles with
 streamed 16-bit weights) and tf32 (B=16); and the bulk-copy pipeline (sizes in whole chunks of 64 columns: bf16
-with resident weights, fp16 with streamed chunked weights). Each run is checked against the reference (emulating
+with resident weights, fp16 with streamed chunked weights); last, 8x8 register tiles at B=64 whose K split sums its
+parts through shared memory in four rounds (kernels/tile_gemm.cuh, rnn_store_tile). Each run is checked against the reference (emulating
 the mode), so a clean report is also a correct one.
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ def main() -> int:
             (16, TileConfig(layers_per_launch=1), "float32", small), (3, TileConfig(sync="layer"), "float32", small),
             (16, TileConfig(sync="layer"), "float32", small), (16, TileConfig(), "bfloat16", small),
             (40, TileConfig(resident=False), "bfloat16", small), (16, TileConfig(), "tf32", small),
-            (16, TileConfig(), "bfloat16", whole), (40, TileConfig(resident=False), "float16", whole)]
+            (16, TileConfig(), "bfloat16", whole), (40, TileConfig(resident=False), "float16", whole),
+            (64, TileConfig(16, 8, 8, threads=256), "float32", whole)]
     only = sys.argv[1] if len(sys.argv) > 1 else None          # e.g. "bfloat16": the runs of one precision
     for batch, config, precision, (I, H) in runs:
         if only and precision != only:

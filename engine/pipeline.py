@@ -441,6 +441,7 @@ class PipelineProgram:
         self.replay = replay and backend in ("graph", "persistent")
         self.replays: dict = {}                    # (GPU, chunk length) -> ChunkReplay
         self.carry: dict = {}                      # GPU -> the states its replays carry from chunk to chunk
+        self.direct: set = set() if self.replay else set(range(plan.gpus))   # GPUs that run their chunks directly
         self.replayed: dict = {g: ("replayed: one CUDA graph launch a chunk" if self.replay else
                                    f"not replayed: backend '{backend}'" + ("" if replay else ", replay=False"))
                                for g in range(plan.gpus)}
@@ -519,59 +520,24 @@ class PipelineProgram:
 
     def run(self, x, *, timing: bool = False) -> NetResult:
         """The net on x, chunk by chunk over the GPUs (asynchronous on GPUs: the outputs are ready when the last GPU's
-        stream is). timing=True records CUDA events around each GPU's work on each chunk (for measure())."""
+        stream is). timing=True records CUDA events around each GPU's work on each chunk (for measure()).
+
+        Chunks go in diagonals (chunk c on GPU g in diagonal c + g), and within a diagonal the GPUs are issued last
+        first: a replayed chunk (replay=True) reads its input from, and writes its outputs to, its graphs' fixed
+        buffers, so GPU g + 1 copies in chunk c - 1 (GPU g's outputs) before GPU g's stream, waiting on that copy,
+        overwrites them with chunk c. A GPU that runs its chunks directly gets each chunk in a fresh array."""
         net, plan = self.net, self.plan
         steps = x.shape[0]
         if steps != plan.steps or x.shape[1] != plan.batch:
             raise BackendError(f"the pipeline plan is for T={plan.steps}, B={plan.batch}; x has shape {tuple(x.shape)}")
-        if self.replay:
-            return self._run_replayed(x, timing)
+        on_gpus = self.backend != "reference"
         chunk, _ = chunk_steps(net, steps, plan.chunk)
         starts = list(range(0, steps, chunk))
-        states: dict = {}                          # (GPU, piece) -> final states of the previous chunk
-        handed: dict = {}                          # (GPU, chunk) -> what GPU hands GPU + 1
-        self._sources = []                         # handed chunks, alive until the copies of them are done
-        self._spans = [] if timing and self.backend != "reference" else None   # (GPU, start event, end event)
-        outputs = []
-        gpus = len(self.pieces)
-        for diagonal in range(len(starts) + gpus - 1):
-            for g in range(gpus):
-                c = diagonal - g
-                if not 0 <= c < len(starts):
-                    continue
-                value, ready = (x[starts[c]:starts[c] + chunk], None) if g == 0 else handed.pop((g - 1, c))
-                with self._device(g):
-                    value = self._on_device(value, ready)
-                    began = self._record(timing=True) if self._spans is not None else None
-                    value, final = self._chunk(g, value, states)
-                    states.update(final)
-                    ready = self._record(timing=began is not None)
-                    if began is not None:
-                        self._spans.append((g, began, ready))
-                if g == gpus - 1:
-                    outputs.append(value)
-                else:
-                    handed[(g, c)] = (value, ready)
-        if self.backend == "reference":
-            return NetResult(outputs=np.concatenate(outputs, axis=0))
-        import cupy
-        self._release_sources()
-        with cupy.cuda.Device(self.devices[-1]):
-            return NetResult(outputs=cupy.concatenate(outputs, axis=0))
-
-    def _run_replayed(self, x, timing: bool) -> NetResult:
-        """run() with each GPU's chunks replayed from CUDA graphs (replay=True). The graphs read their input from, and
-        write their outputs to, fixed buffers; so within a diagonal the GPUs are issued last first: GPU g + 1 copies
-        in chunk c - 1 (GPU g's outputs) before GPU g's stream, waiting on that copy, overwrites them with chunk c."""
-        import cupy
-        steps = x.shape[0]
-        chunk, _ = chunk_steps(self.net, steps, self.plan.chunk)
-        starts = list(range(0, steps, chunk))
-        states: dict = {}                          # the chunks run directly (GPUs that cannot replay)
-        handed: dict = {}                          # (GPU, chunk) -> (what it hands GPU + 1, event after it)
+        states: dict = {}                          # (GPU, piece) -> final states of the previous chunk (run directly)
+        handed: dict = {}                          # (GPU, chunk) -> (what GPU hands GPU + 1, event after it)
         copied: dict = {}                          # GPU -> event after its copy of its latest input
-        self._sources = []
-        self._spans = [] if timing else None
+        self._sources = []                         # handed chunks, alive until the copies of them are done
+        self._spans = [] if timing and on_gpus else None   # (GPU, start event, end event)
         outputs = []
         gpus = len(self.pieces)
         for diagonal in range(len(starts) + gpus - 1):
@@ -581,35 +547,39 @@ class PipelineProgram:
                     continue
                 value, ready = (x[starts[c]:starts[c] + chunk], None) if g == 0 else handed.pop((g - 1, c))
                 with self._device(g):
-                    stream = cupy.cuda.get_current_stream()
-                    if ready is not None:
-                        stream.wait_event(ready)
                     replay = self._replay_for(g, value) if value.shape[0] else None
                     if replay is None:
-                        value = self._on_device(value)
+                        value = self._on_device(value, ready)
                         copied[g] = self._record()
                     else:
+                        import cupy
+                        stream = cupy.cuda.get_current_stream()
+                        if ready is not None:
+                            stream.wait_event(ready)
                         self._copy_into(replay.x, value)
                         copied[g] = self._record()
                         if g + 1 in copied and c > 0:  # GPU g + 1 has copied in chunk c - 1: its buffer is free
                             stream.wait_event(copied[g + 1])
-                    began = self._record(timing=True) if timing else None
+                    began = self._record(timing=True) if self._spans is not None else None
                     if replay is not None:
                         value = replay.launch(first=c == 0)
                         if c == 0:
                             states.update(self.carry[g])
+                        if g == gpus - 1:
+                            value = value.copy()           # the graph's output buffer is rewritten by the next chunk
                     elif value.shape[0]:
                         value, final = self._chunk(g, value, states)
                         states.update(final)
-                    if g == gpus - 1 and replay is not None:
-                        value = value.copy()           # the graph's output buffer is rewritten by the next chunk
-                    ready = self._record(timing=timing)
-                    if timing:
+                    ready = self._record(timing=began is not None)
+                    if began is not None:
                         self._spans.append((g, began, ready))
                 if g == gpus - 1:
                     outputs.append(value)
                 else:
                     handed[(g, c)] = (value, ready)
+        if not on_gpus:
+            return NetResult(outputs=np.concatenate(outputs, axis=0))
+        import cupy
         self._release_sources()
         with cupy.cuda.Device(self.devices[-1]):
             return NetResult(outputs=cupy.concatenate(outputs, axis=0))
@@ -617,17 +587,18 @@ class PipelineProgram:
     def _replay_for(self, g: int, value):
         """GPU g's ChunkReplay for chunks of value's length (captured on first use), or None where GPU g runs its
         chunks directly (a capture of its chunk failed once: `replayed[g]` says why)."""
+        if g in self.direct:
+            return None
         import cupy
 
         from .chunk_replay import CaptureError, ChunkReplay
-        if not self.replayed[g].startswith("replayed"):
-            return None
         key = (g, int(value.shape[0]))
         if key not in self.replays:
             carry = self.carry.setdefault(g, {})
             try:
                 replay = ChunkReplay(cupy, lambda v, s: self._chunk(g, v, s), (key[1], *value.shape[1:]), carry)
             except CaptureError as e:
+                self.direct.add(g)
                 self.replayed[g] = f"not replayed: its chunk could not be captured ({e}); run directly"
                 return None
             self.replays[key] = replay

@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     parser.add_argument("--units", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--layers-per-launch", type=int, default=None)
-    parser.add_argument("--sync", default="grid", help="grid (barriers) or layer (per-layer arrival counters)")
+    parser.add_argument("--sync", default=None, help="grid (barriers) or layer (per-layer arrival counters); default: the tiling's")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     tile = TileConfig(args.units, threads=args.threads, layers_per_launch=args.layers_per_launch, sync=args.sync)

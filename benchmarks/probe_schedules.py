@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("--units", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--layers-per-launch", type=int, default=None)
-    parser.add_argument("--sync", default="grid", help="persistent: grid (barriers) or layer (arrival counters)")
+    parser.add_argument("--sync", default=None, help="persistent: grid (barriers) or layer (arrival counters); default: the tiling's (TileConfig.sync)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-fused", action="store_true", help="skip timing the fused backend")

@@ -579,11 +579,26 @@ def test_candidates_of_an_eligible_program_start_with_fused_and_can_all_be_tiled
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_layer_sync_is_a_candidate_when_there_are_layers_to_synchronise(precision):
-    def syncs(layers):
-        found = autotune.candidates(lstm_network(hidden_size=256, num_layers=layers), 64, H100, precision)
+    def syncs(layers, batch=64):
+        found = autotune.candidates(lstm_network(hidden_size=256, num_layers=layers), batch, H100, precision)
         return [c.config.sync for c in found if c.schedule == "persistent"]
-    assert syncs(2).count("layer") == 1 and syncs(2)[0] == "grid"
-    assert "layer" not in syncs(1)
+    # the default (None: grid barriers at B=64, arrival counters at B=1) first, the other barrier once
+    assert syncs(2)[0] is None and syncs(2).count("layer") == 1 and "grid" not in syncs(2)
+    assert syncs(2, batch=1)[0] is None and syncs(2, batch=1).count("grid") == 1 and "layer" not in syncs(2, batch=1)
+    assert set(syncs(1)) == {None}
+
+
+@pytest.mark.parametrize("batch,layers,persistent,expected", [
+    (1, 2, True, "layer"), (4, 3, True, "layer"),       # the warp GEMV, several layers a launch: arrival counters
+    (1, 1, True, "grid"), (64, 2, True, "grid"),        # one layer, or register tiles: grid barriers
+    (1, 2, False, "grid"),                              # the graph schedule has no barriers to choose
+])
+def test_the_default_barrier_follows_the_gemm_shape(batch, layers, persistent, expected):
+    network = lstm_network(hidden_size=256, num_layers=layers)
+    program = make_plan(network, 8, batch, layout="interleaved").program
+    tiling = make_tiling(program, network, batch, TileConfig(), H100, persistent=persistent)
+    assert tiling.config.sync == expected
+    assert make_tiling(program, network, batch, TileConfig(sync="grid"), H100, persistent=persistent).config.sync == "grid"
 
 
 def test_a_deep_stack_also_tries_half_its_layers_a_launch():

@@ -3,7 +3,7 @@
 - graph (graph.py): one generated kernel per stage of every wavefront step (all layers of the step in
   one launch, recurrent GEMM tile + fused cell math), captured once into a CUDA graph and replayed.
 - persistent (persistent.py): the whole sequence in one cooperative launch, weight slices resident in
-  shared memory, a grid-wide barrier per stage of each wavefront step.
+  shared memory, a grid-wide barrier per stage of each wavefront step (or per-layer arrival counters).
 - autotune (autotune.py): times the candidates (these two with a few tilings, and the fused backend)
   for a (cell, sizes, precision, device) and caches the choice on disk; backend="auto" uses it.
 

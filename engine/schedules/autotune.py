@@ -103,10 +103,10 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
             for n in threads:
                 found.append(Candidate("persistent", TileConfig(units, rb, rc, n)))
     if L > 1:
-        # Per-layer arrival counters instead of grid barriers: 0.57 -> 0.50 ms at lat (LSTM), 0.81 -> 0.69 (GRU-Cho),
-        # but slower at blogB (1.70 -> 1.76), so timed rather than assumed (benchmarks/NOTES.md, layer sync).
+        # The other barrier than the default (TileConfig.sync=None: per-layer arrival counters for the warp GEMV of
+        # small batches, grid barriers otherwise): each wins somewhere, so it is timed rather than assumed.
         first = next(c for c in found if c.schedule == "persistent")
-        found.append(Candidate("persistent", replace(first.config, sync="layer")))
+        found.append(Candidate("persistent", replace(first.config, sync="grid" if batch <= GEMV_MAX_ROWS else "layer")))
         # layer by layer: one layer's weights fit on chip when all do not; or half the layers a launch (a deep
         # stack, e.g. DeepSpeech's 8 layers joined through their pool, whose halves fit as 4-layer stacks do)
         if L >= 4 and L % 2 == 0:

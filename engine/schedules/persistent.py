@@ -18,8 +18,9 @@ the occupancy API before launching, and the error names the tiling to change.
 
 With TileConfig(sync="layer") the grid-wide barriers give way to per-layer arrival counters
 (kernels/layer_sync.cuh): each layer steps through time on its own, waiting only for its own blocks and
-for the layer below, so a cheaper layer runs ahead instead of idling at every barrier. Measured mixed (faster
-at `lat`, slower at `blogB`: benchmarks/NOTES.md), so the autotuner times it as one candidate among the others.
+for the layer below, so a cheaper layer runs ahead instead of idling at every barrier. Measured mixed (8-17%
+faster at `lat`, 4-8% slower at `blogB`: benchmarks/NOTES.md), so the default (sync=None) takes the counters for
+the warp GEMV of small batches and grid barriers otherwise, and the autotuner times the other one too.
 
 With pools={layer: Pool(...)} (both wavefront schedules; engine/schedules/base.py) a layer followed by a pool folds
 its output into it as it stores it (kernels/pool.cuh) and the layers above run on the pooled sequence, each on its

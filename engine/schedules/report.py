@@ -187,7 +187,13 @@ def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits, config: TileCon
         kernel_launches_per_sequence=launches if persistent else barriers,
         host_launches_per_sequence=launches, barriers_per_sequence=barriers,
         before_launch=[g.name for g in program.hoisted_gemms if g.name not in in_kernel])
-    if persistent:
+    if persistent and tiling.config.sync == "layer":
+        entry["host_launch"] = "one persistent kernel"
+        entry["how"] = (f"one cooperative kernel for the whole sequence: {wave_steps} wavefront steps x "
+                        f"{len(present)} stage(s), each layer waiting on arrival counters after each")
+        entry["sync"] = ("per-layer arrival counters (kernels/layer_sync.cuh): after every stage a layer waits for its "
+                         "own blocks, and for the layer below to have finished the step it needs")
+    elif persistent:
         entry["host_launch"] = "one persistent kernel"
         entry["how"] = (f"one cooperative kernel for the whole sequence: {wave_steps} wavefront steps x "
                         f"{len(present)} stage(s), a grid-wide barrier after each")

@@ -69,9 +69,11 @@ class TileConfig:
     #                                            columns per warp; None: 2 x 2, fewer where the GEMM is smaller
     layers_per_launch: int | None = None   # persistent: run the layers in groups of this many, one launch
     #                                        each (1: layer by layer, every input projection one cuBLAS GEMM)
-    sync: str = "grid"                 # persistent: "grid" (a grid-wide barrier after every stage of a wavefront
+    sync: str | None = None            # persistent: "grid" (a grid-wide barrier after every stage of a wavefront
     #                                    step) or "layer" (per-layer arrival counters: a layer waits for its own
-    #                                    blocks and for the layer below only, and runs ahead of the layers above)
+    #                                    blocks and for the layer below only, and runs ahead of the layers above);
+    #                                    None: "layer" for the warp GEMV of small batches with several layers a
+    #                                    launch (`lat`: 8-17% faster on an H100), else "grid" (`blogB`: 4-8% faster)
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
@@ -82,7 +84,7 @@ class TileConfig:
                 + ("" if self.resident else " streamed")
                 + ("" if self.warp_tile is None else f" warp={self.warp_tile[0]}x{self.warp_tile[1]}")
                 + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}")
-                + ("" if self.sync == "grid" else f" sync={self.sync}"))
+                + ("" if self.sync is None else f" sync={self.sync}"))
 
 
 @dataclass(frozen=True)
@@ -320,7 +322,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         except CompileError:
             return whole
         return single if roomy(single) else whole
-    if config.sync not in ("grid", "layer"):
+    if config.sync not in (None, "grid", "layer"):
         raise CompileError(f"TileConfig.sync={config.sync!r} is not 'grid' or 'layer'; hint: 'grid' (a barrier over "
                            "all blocks after every stage) or 'layer' (per-layer arrival counters)")
     if config.sync == "layer" and not persistent:
@@ -362,6 +364,11 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                            "needs every block resident at once; hint: raise units_per_block")
     RB, RC = config.rows_per_thread, config.cols_per_thread
     path = "gemv" if B <= GEMV_MAX_ROWS else "tiled"
+    if config.sync is None:
+        # Arrival counters where a step is a chain of latencies (the warp GEMV): at `lat` on an H100 LSTM 0.491 ->
+        # 0.448 ms, GRU-Cho 0.670 -> 0.614, peephole 0.534 -> 0.443; the grid barrier where the GEMMs are large
+        # enough to balance the layers (`blogB`: LSTM 1.32 against 1.43 ms; benchmarks/NOTES.md, eighth session).
+        config = replace(config, sync="layer" if persistent and path == "gemv" and L > 1 else "grid")
     mma = path == "tiled" and prec.tensor_cores        # tensor-core MMA: 16-row x 8-column tiles per warp
     bp = round_up(B, 16) if mma else round_up(B, RB)
     # With several layers a launch, the first projects its input in the kernel like the others: its blocks have

@@ -606,4 +606,176 @@ __device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restric
     __syncthreads();                                   // Y is complete for the whole block; the slots are free
 }
 
+// ---- clusters: the blocks of a layer share each X chunk ------------------------------------------------------
+// rnn_tile_gemms_cluster<RB, RC, STAGES, KC, CS, N>: rnn_tile_gemms for a cooperative launch of thread-block clusters
+// of CS blocks of one layer (__cluster_dims__, sm_90): they multiply the same X by different columns of W, so each
+// block fetches B / CS of the rows of every X chunk from L2 and multicasts them into the same slot of every block of
+// its cluster (cp.async.bulk ... .multicast::cluster, one copy a row): a CS-th of the L2 reads. Weights resident
+// only; every K a multiple of 4 (16-byte rows); CS <= 16.
+//
+// Per slot s, in every block: full[s] (one arrival, thread 0's expect_tx of the chunk's B x kc x 4 bytes, which the
+// copies of all CS blocks complete) and empty[s] (CS x warps arrivals: every warp of the cluster, done with the slot,
+// arrives on the empty barrier of every block). Warp 0 of each block refills a slot once its own empty[s] says that
+// the whole cluster has released it, so no copy lands in a slot some block still reads. Chunk g of a call is fill
+// g / STAGES of slot g % STAGES in that call; the parity of its phase comes from bit s of the int at byte 124 (the
+// fills of slot s so far, mod 2), as in mma_gemm.cuh's bulk pipeline. Shared memory (floats, from smem): 32 floats of
+// barriers and parity bits (rnn_cluster_init, once a launch, before a cluster barrier), STAGES slots of
+// round_up(B, RB) rows of rnn_row_stride(KC), then the split-K partial sums (blockDim * min(RB * RC, 16)).
+__device__ __forceinline__ unsigned rnn_cluster_rank()
+{
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void rnn_cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void rnn_cl_wait(unsigned bar, unsigned parity, bool cluster_scope)
+{
+    unsigned done;
+    do {
+        if (cluster_scope)
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        else
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// The barriers, once a launch at kernel entry (every block of the cluster, before any copy): then a cluster barrier,
+// so that no multicast reaches a block whose barriers are not initialised.
+template <int STAGES, int CS>
+__device__ __forceinline__ void rnn_cluster_init(float* smem)
+{
+    static_assert(STAGES <= 7, "the barriers and the parity bits share 128 bytes");
+    if (threadIdx.x == 0) {
+        const unsigned bars = (unsigned)__cvta_generic_to_shared(smem);
+        for (int s = 0; s < STAGES; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bars + 8 * s), "r"(1u) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bars + 8 * (STAGES + s)),
+                         "r"((unsigned)(CS * (blockDim.x >> 5))) : "memory");
+        }
+        reinterpret_cast<int*>(smem)[31] = 0;          // no fills yet
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    rnn_cluster_sync();
+}
+
+// Warp 0: waits until the cluster has released slot `sn` (its previous fill), then thread 0 arms full[sn] for the
+// chunk's bytes and the warp's lanes multicast this block's share of the X rows (a row each). Moves the cursor.
+template <int RB, int RC, int KC, int CS, int N>
+__device__ __forceinline__ void rnn_cluster_fill(const RnnGemm (&jobs)[N], RnnCursor& at, unsigned slot_at, int B,
+                                                 unsigned full, unsigned empty, unsigned empty_parity, unsigned rank)
+{
+    constexpr int ld = rnn_row_stride(KC);
+    const int lane = threadIdx.x & 31;
+    const RnnGemm J = rnn_select(jobs, at.job);
+    const int k0 = at.chunk * KC, kc = min(KC, J.K - k0);
+    if (lane == 0) rnn_cl_wait(empty, empty_parity, true);
+    __syncwarp();
+    if (lane == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full), "r"((unsigned)(B * kc * 4))
+                     : "memory");
+    const int per = (B + CS - 1) / CS, r0 = (int)rank * per, r1 = min(B, r0 + per);
+    const unsigned short mask = (unsigned short)((1u << CS) - 1u);
+    for (int b = r0 + lane; b < r1; b += 32)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                     " [%0], [%1], %2, [%3], %4;\n"
+                     ::"r"(slot_at + (unsigned)(b * ld * 4)), "l"(J.X + (long)b * J.K + k0), "r"((unsigned)(kc * 4)),
+                       "r"(full), "h"(mask) : "memory");
+    if (++at.chunk * KC >= J.K) at.chunk = 0;
+    if (--at.left == 0 && ++at.job < N) at.left = rnn_chunk_count<RB, RC, KC>(rnn_select(jobs, at.job), B);
+}
+
+template <int RB, int RC, int STAGES, int KC, int CS, int N>
+__device__ void rnn_tile_gemms_cluster(const RnnGemm (&jobs)[N], int B, float* __restrict__ smem)
+{
+    static_assert(CS >= 2 && CS <= 16, "a cluster of 2 to 16 blocks");
+    const int bp = rnn_round_up(B, RB);
+    constexpr int ld = rnn_row_stride(KC);
+    const int slot_floats = bp * ld;
+    const unsigned bars = (unsigned)__cvta_generic_to_shared(smem);          // full[s]: bars + 8 s; empty[s]: + 8 STAGES
+    int* parity = reinterpret_cast<int*>(smem) + 31;
+    float* slots = smem + 32;
+    float* red = slots + STAGES * slot_floats;
+    const unsigned slots_at = (unsigned)__cvta_generic_to_shared(slots);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const unsigned rank = rnn_cluster_rank();
+    int total = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) total += rnn_chunk_count<RB, RC, KC>(jobs[j], B);
+    RnnCursor at{0, 0, rnn_chunk_count<RB, RC, KC>(jobs[0], B)};
+
+    __syncthreads();                                   // the parity bits of the call before are written
+    const int bits = *parity;
+    auto phase = [bits](int g) { return (unsigned)(((bits >> (g % STAGES)) + g / STAGES) & 1); };
+    if (warp == 0) {
+        asm volatile("fence.proxy.async;\n" ::: "memory");   // X written by every block (generic), then bulk reads
+        for (int g = 0; g < STAGES - 1 && g < total; ++g)
+            rnn_cluster_fill<RB, RC, KC, CS>(jobs, at, slots_at + g * slot_floats * 4, B, bars + 8 * g,
+                                             bars + 8 * (STAGES + g), phase(g) ^ 1, rank);
+    }
+    float acc[RB][RC];
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int c = 0; c < RC; ++c) acc[r][c] = 0.0f;
+    int g = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const RnnGemm& J = jobs[i];
+        const RnnTiles<RB, RC> tl(B, rnn_tile_cols(J), KC / 4);
+        const int chunks = (J.K + KC - 1) / KC;
+        const int ldw = rnn_row_stride(J.K);
+        for (int pass = 0; pass < tl.passes; ++pass) {
+            const int slot = tl.split > 1 ? (int)threadIdx.x % tl.groups : pass * (int)blockDim.x + (int)threadIdx.x;
+            const int part = tl.split > 1 ? (int)threadIdx.x / tl.groups : 0;
+            const bool active = slot < tl.groups && part < tl.split;
+            int bg, cg;
+            rnn_tile_of(tl, slot, bg, cg);
+            for (int chunk = 0; chunk < chunks; ++chunk, ++g) {
+                const int s = g % STAGES, next = g + STAGES - 1;
+                if (warp == 0 && next < total) {      // refill the slot of chunk g - 1 once the cluster is done with it
+                    const int sn = next % STAGES;
+                    rnn_cluster_fill<RB, RC, KC, CS>(jobs, at, slots_at + sn * slot_floats * 4, B, bars + 8 * sn,
+                                                     bars + 8 * (STAGES + sn), phase(next) ^ 1, rank);
+                }
+                rnn_cl_wait(bars + 8 * s, phase(g), false);   // chunk g has landed, every block's rows of it
+                const int k0 = chunk * KC, kc4 = rnn_round_up(min(KC, J.K - k0), 4);
+                const float* x = slots + s * slot_floats;
+                const float* w = J.Ws + k0;
+                if (active) {
+                    const int k_step = 4 * tl.split, k_begin = 4 * part;
+                    if (kc4 == KC && KC % k_step == 0)
+                        rnn_mma_chunk<RB, RC, KC / 4>(acc, x, ld, w, ldw, bg, tl.nbg, cg, tl.ncg, k_begin, KC / k_step,
+                                                      k_step);
+                    else
+                        rnn_mma_part<RB, RC>(acc, x, ld, w, ldw, bg, tl.nbg, cg, tl.ncg, k_begin, kc4, k_step);
+                }
+                __syncwarp();
+                if (lane < CS) {                       // this warp is done with slot s: tell every block of the cluster
+                    const unsigned here = bars + 8 * (STAGES + s);
+                    unsigned remote;
+                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(here), "r"((unsigned)lane));
+                    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+                }
+            }
+            rnn_store_tile<RB, RC>(J, tl, acc, B, slot, part, active, red);
+#pragma unroll
+            for (int r = 0; r < RB; ++r)
+#pragma unroll
+                for (int c = 0; c < RC; ++c) acc[r][c] = 0.0f;
+        }
+    }
+    __syncthreads();                                   // Y is complete for the whole block
+    if (threadIdx.x == 0) {                            // the fills of this call, per slot, mod 2
+        int flips = 0;
+        for (int s = 0; s < STAGES && s < total; ++s) flips |= (((total - s + STAGES - 1) / STAGES) & 1) << s;
+        *parity = bits ^ flips;
+    }
+}
+
 #endif  // RNN_TILE_GEMM_CUH

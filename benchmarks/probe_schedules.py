@@ -81,7 +81,6 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--layers-per-launch", type=int, default=None)
     parser.add_argument("--sync", default=None, help="persistent: grid (barriers) or layer (arrival counters); default: the tiling's (TileConfig.sync)")
-    parser.add_argument("--cluster", type=int, default=1, help="persistent: blocks of a layer per cluster (1 or 2)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-fused", action="store_true", help="skip timing the fused backend")
@@ -92,7 +91,7 @@ def main(argv=None) -> int:
     rb, rc = (int(v) for v in args.tile.split("x")) if args.tile else (None, None)     # None: the tiling's default
     warp = tuple(int(v) for v in args.warp_tile.split("x")) if args.warp_tile else None
     config = TileConfig(args.units, rb, rc, args.threads, warp_tile=warp, layers_per_launch=args.layers_per_launch,
-                        sync=args.sync, cluster=args.cluster)
+                        sync=args.sync)
     rows = []
     for preset in args.preset or ["lstm"]:
         cell = engine.preset(preset).cell

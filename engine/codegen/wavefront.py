@@ -252,8 +252,6 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
         if tiling.mma:
             lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK>(jobs, B, "
                          "smem + SCRATCH, NC_STREAMED, W_KEEP);")
-        elif tiling.config.cluster > 1:
-            lines.append(f"{indent}    rnn_tile_gemms_cluster<RB, RC, STAGES, K_CHUNK, CLUSTER>(jobs, B, smem + SCRATCH);")
         else:
             lines.append(f"{indent}    rnn_tile_gemms<RB, RC, {vec}, STAGES, K_CHUNK>(jobs, B, smem + SCRATCH, NC_STREAMED);")
     return lines + [f"{indent}}}"]
@@ -388,9 +386,6 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
               f"constexpr int UNITS = {tiling.units_per_block};              // hidden units per block",
               f"constexpr int BLOCKS_PER_LAYER = {tiling.blocks_per_layer};                 // x {tiling.num_layers} layers",
               f"constexpr int THREADS = {tiling.config.threads};"]
-    if tiling.config.cluster > 1:
-        lines.append(f"constexpr int CLUSTER = {tiling.config.cluster};                 // blocks of a layer sharing each "
-                     "X chunk (rnn_tile_gemms_cluster)")
     if tiling.path == "tiled" and tiling.gemms:
         lines += ([f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
                    f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}",
@@ -404,8 +399,6 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                   "   // K columns staged in shared memory at a time, chunks in flight + 1",
                   f"constexpr int NC_STREAMED = {tiling.nc_streamed};       // rows of W staged per chunk (0: all resident)",
                   f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the staging area"]
-    if tiling.config.cluster > 1 and tiling.path == "tiled" and tiling.gemms:
-        lines.append('static_assert(NC_STREAMED == 0, "clusters multicast X; every weight is resident");')
     lines.append("")
     lines += _struct(program, tiling, pooled) + [""]
 
@@ -435,9 +428,6 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                    "    const LayerArgs& L = layers[layer];"]
     if tiling.bulk:
         block_setup.append("    rnn_bulk_init<STAGES>(smem + SCRATCH);        // the bulk pipeline's barriers, once a launch")
-    if tiling.config.cluster > 1:
-        block_setup.append("    rnn_cluster_init<STAGES, CLUSTER>(smem + SCRATCH);   // the cluster's X barriers, once a "
-                           "launch")
     if tiling.persistent:
         return "\n".join(lines + _persistent_entry(program, tiling, prefix, present, block_setup, pooled)) + "\n"
     for s in present:
@@ -470,22 +460,14 @@ def _stepped(indent: str, k: str) -> list[str]:
 def _persistent_entry(program: Program, tiling, prefix: str, present, block_setup: list[str],
                       pooled: bool = False) -> list[str]:
     by_layer = tiling.config.sync == "layer"
-    clustered = tiling.config.cluster > 1
-    if clustered and pooled:
-        raise CompileError("TileConfig.cluster > 1 does not take pools folded into the kernel yet; hint: cluster=1, "
-                           "or fuse_pools=False")
-    cluster = "__cluster_dims__(CLUSTER, 1, 1) " if clustered else ""
-    # In clusters every block takes part in the staging of its layer's X chunks, also one past the last unit (tu <= 0:
-    # its GEMM columns and cell math are empty, nothing of it is stored).
-    runs = "" if clustered else "tu > 0 && "
     lines = ["// Persistent schedule: the whole sequence in one cooperative launch, one block per SM."]
     if by_layer:
         lines.append("// Layers synchronised by arrival counters (kernels/layer_sync.cuh): arrivals[l] counts the "
                      "finished stages of layer l's blocks.")
-        lines.append(f'extern "C" __global__ void {cluster}__launch_bounds__(THREADS, 1) {prefix}_persistent('
+        lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS, 1) {prefix}_persistent('
                      "const LayerArgs* __restrict__ layers, const int T, unsigned* __restrict__ arrivals)")
     else:
-        lines.append(f'extern "C" __global__ void {cluster}__launch_bounds__(THREADS, 1) {prefix}_persistent('
+        lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS, 1) {prefix}_persistent('
                      "const LayerArgs* __restrict__ layers, const int T)")
     lines.append("{")
     if not by_layer:
@@ -529,12 +511,9 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
                 lines.append("        if (layer > 0) rnn_wait_for(arrivals + layer - 1, BLOCKS_PER_LAYER * "
                              "((unsigned)t + 1u) * S);")
             lines.append("        __syncthreads();")
-            lines.append(f"        {prefix}_stage_{s}(L, layer, t, u0, tu, smem);" if clustered else
-                         f"        if (tu > 0) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
+            lines.append(f"        if (tu > 0) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
             lines.append("        rnn_arrive(arrivals + layer);")
         lines.append("    }")
-        if clustered:
-            lines.append("    rnn_cluster_sync();   // no block leaves while another of its cluster may still signal it")
         lines.append("}")
         return lines
     if pooled:
@@ -544,13 +523,11 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append(f"    for (int k = 0; k < T + {tiling.num_layers} - 1; ++k) {{   // wavefront step k: layer l runs "
                      "step k - l")
         lines.append("        const int t = k - layer;")
-        lines.append(f"        const bool busy = {runs}t >= 0 && t < T;")
+        lines.append("        const bool busy = tu > 0 && t >= 0 && t < T;")
     for s in present:
         lines.append(f"        if (busy) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
         lines.append("        grid.sync();")
     lines.append("    }")
-    if clustered:
-        lines.append("    rnn_cluster_sync();   // no block leaves while another of its cluster may still signal it")
     lines.append("}")
     return lines
 

@@ -74,9 +74,6 @@ class TileConfig:
     #                                    blocks and for the layer below only, and runs ahead of the layers above);
     #                                    None: "layer" for the warp GEMV of small batches with several layers a
     #                                    launch (`lat`: 8-17% faster on an H100), else "grid" (`blogB`: 4-8% faster)
-    cluster: int = 1                   # persistent, float32 register tiles, weights resident: blocks of a layer in
-    #                                    thread-block clusters of this many (2), each fetching 1/cluster of every X
-    #                                    chunk from L2 and multicasting it to the others (rnn_tile_gemms_cluster)
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
@@ -87,8 +84,7 @@ class TileConfig:
                 + ("" if self.resident else " streamed")
                 + ("" if self.warp_tile is None else f" warp={self.warp_tile[0]}x{self.warp_tile[1]}")
                 + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}")
-                + ("" if self.sync is None else f" sync={self.sync}")
-                + ("" if self.cluster == 1 else f" cluster={self.cluster}"))
+                + ("" if self.sync is None else f" sync={self.sync}"))
 
 
 @dataclass(frozen=True)
@@ -165,8 +161,6 @@ class Tiling:
             product = (f"{self.config.rows_per_thread}x{self.config.cols_per_thread} accumulators per thread, "
                        f"K chunk {self.k_chunk} in a {self.stages}-stage pipeline")
         groups = "" if self.launches == 1 else f", launched {self.launches} times (one group of layers each)"
-        if self.config.cluster > 1:
-            groups += f", in clusters of {self.config.cluster} blocks multicasting each X chunk"
         if self.config.sync == "layer":
             groups += ", layers synchronised by per-layer arrival counters"
         return (f"{self.blocks} blocks ({self.blocks_per_layer} per layer x {self.num_layers} layers){groups}, "
@@ -331,12 +325,6 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     if config.sync not in (None, "grid", "layer"):
         raise CompileError(f"TileConfig.sync={config.sync!r} is not 'grid' or 'layer'; hint: 'grid' (a barrier over "
                            "all blocks after every stage) or 'layer' (per-layer arrival counters)")
-    if config.cluster not in (1, 2):
-        raise CompileError(f"TileConfig.cluster={config.cluster!r} is not supported; hint: 1, or 2 (a cooperative launch "
-                           "of larger clusters holds only 120 of an H100's 132 blocks: benchmarks/probe_clusters.py)")
-    if config.cluster > 1 and not persistent:
-        raise CompileError("TileConfig.cluster applies to the persistent schedule only; hint: leave it 1 for the graph "
-                           "schedule")
     if config.sync == "layer" and not persistent:
         raise CompileError("TileConfig.sync='layer' applies to the persistent schedule only (the graph schedule's "
                            "stages are separate launches); hint: leave it 'grid'")
@@ -369,8 +357,6 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                                "hint: give the hidden units a block owns, or None for one block per SM")
         units = min(config.units_per_block, H)
     bpl = -(-H // units)
-    if config.cluster > 1:
-        bpl = round_up(bpl, config.cluster)          # whole clusters of one layer (a block past the units idles)
     notes = []
     if persistent and bpl * L > limits.multiprocessors:
         raise CompileError(f"{bpl * L} blocks ({bpl} per layer x {L} layers) exceed the "
@@ -419,8 +405,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     def scratch_for(nc_streamed: int, k_chunk: int, stages: int) -> int:
         if mma:
             return mma_scratch(bp, nc_streamed, k_chunk, stages, threads, tile, reduce, prec, bulk)
-        barriers = 32 if config.cluster > 1 else 0     # rnn_tile_gemms_cluster: full / empty barriers, parity bits
-        return barriers + tile_scratch(bp, nc_streamed, k_chunk, stages, threads, tile, reduce)
+        return tile_scratch(bp, nc_streamed, k_chunk, stages, threads, tile, reduce)
     smem_floats = limits.smem_per_block // FLOAT_BYTES
     # Recurrent GEMMs first: they are read every step by every layer; the input projections next.
     order = sorted(tiles, key=lambda item: item[0].hoisted)
@@ -482,14 +467,6 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                    for g, _, _ in tiles if g.name not in resident for layer in range(L))
     l2_keep = min(1.0, limits.l2_bytes / 2 / streamed) if streamed else 1.0
     smem = (offset + scratch) * FLOAT_BYTES
-    if config.cluster > 1:
-        why = ("the warp GEMV of small batches stages nothing" if path == "gemv" else
-               "the tensor-core path has its own pipeline" if mma else
-               "a weight is streamed, not resident" if nc_streamed or any(not g.resident for g in gemm_tiles) else
-               "some K is not a multiple of 4 (16-byte row copies)" if any(g.vec != 4 for g in gemm_tiles) else
-               f"stages={stages} needs at most 7" if stages > 7 else None)
-        if why:
-            raise CompileError(f"TileConfig.cluster={config.cluster}: {why}; hint: cluster=1")
     if smem > limits.smem_per_block:
         raise CompileError(f"the tiling needs {smem} bytes of shared memory per block, more than the "
                            f"{limits.smem_per_block} of {limits.name}; hint: fewer rows_per_thread or threads")

@@ -98,28 +98,6 @@ def test_layer_sync_computes_what_grid_sync_computes(cupy, name, batch):
             assert np.array_equal(got.final_states[s], grid.final_states[s]), s
 
 
-@pytest.mark.parametrize("batch", [19, 64])
-@pytest.mark.parametrize("name", ["lstm", "gru_cho", "mgu", "peephole_lstm"])
-def test_clusters_compute_what_single_blocks_compute(cupy, name, batch):
-    """TileConfig(cluster=2): pairs of blocks of a layer fetch half of every X chunk each and multicast it
-    (rnn_tile_gemms_cluster); the same products in the same order, so outputs and final states are bit-identical to
-    the unclustered kernel, with grid barriers and with arrival counters (3 layers, an idle block where the units
-    do not fill whole pairs, B=19 splitting its rows 10 / 9), against the float64 reference; 5 runs each."""
-    size = {"input_size": 44, "hidden_size": 152, "batch": batch, "steps": 13}
-    network, params, x, states = make_case(engine.preset(name).cell, 3, seed=batch, sizes=size)
-    ref = reference.run(network, params, x, states, dtype=np.float64)
-    for sync in ("grid", "layer"):
-        single = schedule_class("persistent")(network, params, config=TileConfig(sync=sync)).run(x, states, poison=True)
-        program = schedule_class("persistent")(network, params, config=TileConfig(sync=sync, cluster=2))
-        assert program.plan(x.shape[0], batch)[1].blocks_per_layer % 2 == 0
-        for _ in range(5):
-            got = program.run(x, states, poison=True)
-            assert_matches(got, ref, f"persistent cluster=2 sync={sync} {name} B={batch}")
-            assert np.array_equal(got.outputs, single.outputs)
-            for s in single.final_states:
-                assert np.array_equal(got.final_states[s], single.final_states[s]), s
-
-
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("batch", [2, 9])
 def test_persistent_in_groups_of_layers(cupy, group, batch):

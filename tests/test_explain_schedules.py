@@ -225,3 +225,12 @@ def test_the_report_says_how_a_block_stages_its_operands(precision, sizes, batch
         assert all(w == ("streamed by bulk copies, chunked per block" if bulk else "streamed from global memory")
                    for w in streamed)
         assert streamed or name == "persistent"       # the graph schedule keeps no weight resident
+
+
+@pytest.mark.parametrize("batch,words", [(2, "per-layer arrival counters"), (8, "grid-wide barrier")])
+def test_the_report_names_the_barrier_the_tiling_chose(batch, words):
+    """Small batches (the warp GEMV, several layers a launch) synchronise layers with arrival counters by default,
+    register tiles with grid barriers: the persistent entry says which (the graph schedule has kernel boundaries)."""
+    report = explain_json("lstm", **{**SIZES, "batch": batch})["schedules"]
+    assert words in report["persistent"]["sync"] and words.split()[0] not in report["graph"]["sync"]
+    assert ("arrival counters" in report["persistent"]["how"]) == (batch == 2)

@@ -187,17 +187,16 @@ def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits, config: TileCon
         kernel_launches_per_sequence=launches if persistent else barriers,
         host_launches_per_sequence=launches, barriers_per_sequence=barriers,
         before_launch=[g.name for g in program.hoisted_gemms if g.name not in in_kernel])
-    if persistent and tiling.config.sync == "layer":
+    if persistent:
+        by_layer = tiling.config.sync == "layer"
         entry["host_launch"] = "one persistent kernel"
         entry["how"] = (f"one cooperative kernel for the whole sequence: {wave_steps} wavefront steps x "
-                        f"{len(present)} stage(s), each layer waiting on arrival counters after each")
+                        f"{len(present)} stage(s), "
+                        + ("each layer waiting on arrival counters after each" if by_layer else
+                           "a grid-wide barrier after each"))
         entry["sync"] = ("per-layer arrival counters (kernels/layer_sync.cuh): after every stage a layer waits for its "
-                         "own blocks, and for the layer below to have finished the step it needs")
-    elif persistent:
-        entry["host_launch"] = "one persistent kernel"
-        entry["how"] = (f"one cooperative kernel for the whole sequence: {wave_steps} wavefront steps x "
-                        f"{len(present)} stage(s), a grid-wide barrier after each")
-        entry["sync"] = "grid-wide barrier (grid.sync) after every stage of every wavefront step"
+                         "own blocks, and for the layer below to have finished the step it needs" if by_layer else
+                         "grid-wide barrier (grid.sync) after every stage of every wavefront step")
     else:
         entry["host_launch"] = "graph replay"
         entry["how"] = (f"one kernel per stage of every wavefront step ({wave_steps} x {len(present)} = {barriers} "

@@ -79,7 +79,7 @@ class TileConfig:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
         threads = "auto" if self.threads is None else str(self.threads)
         tile = ("auto" if self.rows_per_thread is None and self.cols_per_thread is None
-                else f"{self.rows_per_thread or 4}x{self.cols_per_thread or 4}")
+                else f"{self.rows_per_thread or 'auto'}x{self.cols_per_thread or 'auto'}")
         return (f"units={units} tile={tile} threads={threads}"
                 + ("" if self.resident else " streamed")
                 + ("" if self.warp_tile is None else f" warp={self.warp_tile[0]}x{self.warp_tile[1]}")
@@ -211,10 +211,11 @@ def default_tile(program: Program, network: Network, batch: int, layers: int, un
                  limits: DeviceLimits) -> tuple[int, int]:
     """The accumulator tile when the config names none: 8x8 where a launch holds several layers of float32 GEMMs
     whose widest one gives a block at least 48 such tiles (B >= 64; e.g. `mid`, 512 units, 4 layers: 16 units a
-    block, 64 LSTM or 48 GRU columns), else 4x4. 8x8 tiles read half the shared memory per FMA, and split K over the
-    lanes of a warp where their tiles are fewer than the threads; at `mid` on an H100 they ran the GRU in 4.15 ms
-    against 4.90 and the LSTM in 4.40 against 4.57 (benchmarks/NOTES.md). Elsewhere 8x8 measured slower (the LSTM at
-    `large`, layer by layer with 32 columns a block, and at `blogA`) or was not measured: the autotuner tries it."""
+    block, 64 LSTM or 48 GRU columns), else 4x4. 8x8 tiles read half the shared memory per FMA, and their split-K
+    sums go through shared memory in rounds (rnn_store_tile), so the layers keep their weights resident; at `mid` on
+    an H100 the LSTM ran in 4.29 ms against 4.59, the GRU 3.94 against 4.07 (benchmarks/NOTES.md, eighth session).
+    Elsewhere 8x8 measured slower (one-layer launches: `large` layer by layer, `blogA`) or was not measured: the
+    autotuner tries it."""
     if batch < 64 or prec.tensor_cores or layers < 2:
         return 4, 4
     if units is None:

@@ -45,7 +45,8 @@ def wavefront_ui(sizes: dict[str, int]) -> None:
     running = [(layer, t) for layer, row in enumerate(wave["grid"]) for t, k in enumerate(row) if k == step]
     st.caption(f"Wavefront step {step} runs " + ", ".join(f"layer {layer} at t={t}" for layer, t in running)
                + " together: one launch per stage (graph schedule), or the work between two grid barriers "
-                 "(persistent kernel).")
+                 "(persistent kernel; with small batches each layer waits on arrival counters instead, so a layer "
+                 "may run a step ahead of the one above it).")
     st.plotly_chart(figures.wavefront_heatmap(wave["grid"], highlight=step), key="schedule.heatmap")
 
 

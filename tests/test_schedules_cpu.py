@@ -152,6 +152,17 @@ def test_stacked_float32_gemms_get_8x8_tiles_and_stay_in_one_launch(name, cols):
     assert TileConfig().label().startswith("units=auto tile=auto")
 
 
+@pytest.mark.parametrize("hidden,layers,threads", [(512, 2, 128), (2560, 1, 256)])
+def test_the_warp_gemv_takes_four_warps_unless_its_columns_are_many(hidden, layers, threads):
+    """`lat` (512 units, 2 layers, B=1: 8 units, 32 LSTM columns a block): 128 threads, 8 columns a warp (faster for
+    every preset on an H100); 2560 units in one layer (20 units, 80 columns): 256, so a warp's accumulators stay few."""
+    program = interleaved_program(engine.preset("lstm").cell)
+    network = engine.Network(program.source_cell, input_size=hidden, hidden_size=hidden, num_layers=layers)
+    tiling = make_tiling(program, network, 1, TileConfig(), H100)
+    assert tiling.path == "gemv" and tiling.config.threads == threads
+    assert make_tiling(program, network, 1, TileConfig(threads=256), H100).config.threads == 256   # a named count stays
+
+
 def lstm_program_and_network(hidden_size, num_layers):
     program = interleaved_program(engine.preset("lstm").cell)
     network = engine.Network(program.source_cell, input_size=INPUT_SIZE, hidden_size=hidden_size,

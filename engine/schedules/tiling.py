@@ -58,7 +58,7 @@ H100 = DeviceLimits(multiprocessors=132, smem_per_block=232448, name="NVIDIA H10
 class TileConfig:
     """The knobs the autotuner turns. units_per_block=None: as many blocks as the GPU has SMs;
     threads=None: one thread per accumulator tile of the widest GEMM (rounded to warps, 128 to 512),
-    or 256 for the warp GEMV of small batches."""
+    or 128 for the warp GEMV of small batches (256 where its widest GEMM has more than 32 columns a block)."""
 
     units_per_block: int | None = None
     rows_per_thread: int | None = None  # RB: batch rows of a thread's accumulator tile; None (with cols_per_thread):
@@ -396,7 +396,12 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         groups = {name: (bp // RB) * (ncp // RC) for name, ncp in ncps.items()}
     threads = config.threads
     if threads is None:
-        threads = (256 if path == "gemv" else 32 * mma_warps(max(groups.values(), default=1)) if mma
+        # The warp GEMV: 4 warps where each then owns at most 8 columns of the widest GEMM, else 8. At `lat` (32
+        # columns a block at most) 128 threads ran every preset faster on an H100: GRU-Cho 0.68 -> 0.59 ms, MGU 0.60
+        # -> 0.54, GRU 0.42 -> 0.40, LSTM 0.45 -> 0.44 (benchmarks/NOTES.md, eighth session); wider blocks keep 8
+        # warps, whose accumulators stay in registers.
+        gemv_threads = 128 if max(ncps.values(), default=0) <= 32 else 256
+        threads = (gemv_threads if path == "gemv" else 32 * mma_warps(max(groups.values(), default=1)) if mma
                    else auto_threads(max(groups.values(), default=1), 256 if RB * RC >= 64 else 512))
     config = replace(config, threads=threads)
     workers = threads // 32 if mma else threads          # what the tiles are dealt to: warps or threads

@@ -522,17 +522,6 @@ __device__ __forceinline__ int rnn_chunk_count(const RnnGemm& J, int B)
     return RnnTiles<RB, RC>(B, rnn_tile_cols(J), KC / 4).passes * ((J.K + KC - 1) / KC);
 }
 
-// The K chunk a block starts each GEMM at.
-template <int KC>
-__device__ __forceinline__ int rnn_first_chunk(int K)
-{
-#ifdef RNN_ROTATE
-    return (int)blockIdx.x % ((K + KC - 1) / KC);
-#else
-    return 0;
-#endif
-}
-
 template <int RB, int RC, int VEC, int KC, int N>
 __device__ __forceinline__ void rnn_stage_next(const RnnGemm (&jobs)[N], RnnCursor& at, float* __restrict__ slot,
                                                int ld, int B, int bp)
@@ -542,11 +531,7 @@ __device__ __forceinline__ void rnn_stage_next(const RnnGemm (&jobs)[N], RnnCurs
     rnn_stage_rows<VEC, KC>(slot, ld, J.X, J.K, B, k0, kc);
     if (!J.Ws) rnn_stage_rows<VEC, KC>(slot + bp * ld, ld, J.W, J.K, J.NC, k0, kc);
     if (++at.chunk * KC >= J.K) at.chunk = 0;
-    if (--at.left == 0 && ++at.job < N) {
-        const RnnGemm next = rnn_select(jobs, at.job);
-        at.left = rnn_chunk_count<RB, RC, KC>(next, B);
-        at.chunk = rnn_first_chunk<KC>(next.K);
-    }
+    if (--at.left == 0 && ++at.job < N) at.left = rnn_chunk_count<RB, RC, KC>(rnn_select(jobs, at.job), B);
 }
 
 // Every GEMM of one stage (they are independent: each reads values of earlier stages) as one stream of
@@ -565,7 +550,7 @@ __device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restric
     int total = 0;
 #pragma unroll
     for (int j = 0; j < N; ++j) total += rnn_chunk_count<RB, RC, KC>(jobs[j], B);
-    RnnCursor at{0, rnn_first_chunk<KC>(jobs[0].K), rnn_chunk_count<RB, RC, KC>(jobs[0], B)};
+    RnnCursor at{0, 0, rnn_chunk_count<RB, RC, KC>(jobs[0], B)};
 
     __syncthreads();                                   // nobody still reads what the slots held before
 #pragma unroll
@@ -592,9 +577,7 @@ __device__ void rnn_tile_gemms(const RnnGemm (&jobs)[N], int B, float* __restric
             const bool active = slot < tl.groups && part < tl.split;
             int bg, cg;
             rnn_tile_of(tl, slot, bg, cg);
-            const int first = rnn_first_chunk<KC>(J.K);
-            for (int c = 0; c < chunks; ++c, ++g) {
-                const int chunk = c + first < chunks ? c + first : c + first - chunks;
+            for (int chunk = 0; chunk < chunks; ++chunk, ++g) {
                 rnn_cp_async_wait<STAGES - 2>();       // chunk g has landed (this thread's copies)
                 __syncthreads();                       // ... everyone's; and chunk g - 1 is no longer read
                 if (g + STAGES - 1 < total)                 // into the slot chunk g - 1 used

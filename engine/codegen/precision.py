@@ -2,7 +2,8 @@
 
 Every mode keeps the cell math, the states and the outputs in float32; they differ in the matmuls:
 
-    float32   strict IEEE fp32: FFMA products (the default; the reference's float64 is the yardstick)
+    float32   fp32 FFMA products with IEEE rounding (the default; the reference's float64 is the yardstick);
+              subnormals flush to zero, because CuPy compiles every RawKernel with -ftz=true
     tf32      operands rounded to TF32 (10-bit mantissa, round to nearest, ties away from zero) as they
               enter a tensor-core MMA, fp32 accumulation (as cuBLAS and cuDNN do with TF32 allowed)
     float16   weights stored in IEEE half, activations rounded to half (nearest even) as they enter the

@@ -129,27 +129,46 @@ def test_tilings_keep_their_invariants_or_refuse_with_a_hint(name):
     assert built and refused, (built, refused)
 
 
-@pytest.mark.parametrize("name,cols", [("lstm", 64), ("gru", 48)])
-def test_stacked_float32_gemms_get_8x8_tiles_and_stay_in_one_launch(name, cols):
-    """`mid` (512 units, 4 layers, B=64): 8x8 tiles by default, their split-K sums in rounds (16 KiB at 256 threads,
-    not 64), so the four layers stay one launch with the recurrent weights resident (measured 6% faster than 4x4,
-    benchmarks/results/splitk-20261123-session8-H100.md). Smaller blocks, one layer a launch, small batches and the
-    tensor-core modes keep 4x4 (or their own tiles)."""
+@pytest.mark.parametrize("name,cols,tile", [("lstm", 64, (8, 8)), ("gru", 48, (8, 4))])
+def test_stacked_float32_gemms_get_wide_tiles_and_stay_in_one_launch(name, cols, tile):
+    """`mid` (512 units, 4 layers, B=64): 8x8 tiles for the LSTM's 64 columns a block, 8x4 for the GRU's 48 (measured
+    faster than 4x4 and than 8x8 respectively, benchmarks/NOTES.md), their split-K sums in rounds (16 KiB at 256
+    threads), so the four layers stay one launch with the recurrent weights resident. Narrow blocks, small batches
+    and the tensor-core modes keep 4x4 (or their own tiles)."""
     program = interleaved_program(engine.preset(name).cell)
     mid = engine.Network(program.source_cell, input_size=512, hidden_size=512, num_layers=4)
     tiling = make_tiling(program, mid, 64, TileConfig(), H100)
-    assert (tiling.config.rows_per_thread, tiling.config.cols_per_thread) == (8, 8)
+    assert (tiling.config.rows_per_thread, tiling.config.cols_per_thread) == tile
     assert tiling.launches == 1 and "h_gemm" in tiling.resident and tiling.units_per_block * len(
         next(g for g in program.gemms if g.name == "h_gemm").terms) == cols
-    assert tiling.smem_bytes <= H100.smem_per_block and "8x8 accumulators" in tiling.describe()
+    assert tiling.smem_bytes <= H100.smem_per_block and f"{tile[0]}x{tile[1]} accumulators" in tiling.describe()
     blog_b = engine.Network(program.source_cell, input_size=64, hidden_size=256, num_layers=3)
     one_layer = engine.Network(program.source_cell, input_size=512, hidden_size=512, num_layers=1)
     for network, batch in ((blog_b, 64), (one_layer, 64), (mid, 32)):
         tiling = make_tiling(program, network, batch, TileConfig(), H100)
         assert (tiling.config.rows_per_thread, tiling.config.cols_per_thread) == (4, 4), (network, batch)
+    for precision in ("tf32", "bfloat16"):
+        reduced = compile_program(engine.preset(name).cell, layout="interleaved", precision=precision)
+        tiling = make_tiling(reduced, mid, 64, TileConfig(), H100)
+        assert tiling.mma and "tensor-core MMA" in tiling.describe()
     chosen = make_tiling(program, mid, 64, TileConfig(rows_per_thread=4, cols_per_thread=4), H100)
     assert (chosen.config.rows_per_thread, chosen.config.cols_per_thread) == (4, 4)      # a named tile stays
     assert TileConfig().label().startswith("units=auto tile=auto")
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_one_layer_launches_of_wide_blocks_get_8x4_tiles(name):
+    """`large` (1024 units, 2 layers, B=128: layer by layer) and `blogA` (2560 units, one layer, B=64): 8x4 tiles,
+    measured 3-11% faster than 4x4 for the LSTM and the GRU on an H100 (and than 8x8 or 4x8); the projections stay
+    cuBLAS GEMMs before each launch."""
+    program = interleaved_program(engine.preset(name).cell)
+    large = engine.Network(program.source_cell, input_size=1024, hidden_size=1024, num_layers=2)
+    blog_a = engine.Network(program.source_cell, input_size=2560, hidden_size=2560, num_layers=1)
+    for network, batch in ((large, 128), (blog_a, 64)):
+        tiling = make_tiling(program, network, batch, TileConfig(), H100)
+        assert tiling.num_layers == 1 and not tiling.layer0_in_kernel, network
+        assert (tiling.config.rows_per_thread, tiling.config.cols_per_thread) == (8, 4), network
+        assert tiling.smem_bytes <= H100.smem_per_block and "8x4 accumulators" in tiling.describe()
 
 
 @pytest.mark.parametrize("hidden,layers,threads", [(512, 2, 128), (2560, 1, 256)])

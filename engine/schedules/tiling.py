@@ -209,19 +209,26 @@ def auto_threads(groups: int, most: int = 512) -> int:
 
 def default_tile(program: Program, network: Network, batch: int, layers: int, units: int | None, prec: Precision,
                  limits: DeviceLimits) -> tuple[int, int]:
-    """The accumulator tile when the config names none: 8x8 where a launch holds several layers of float32 GEMMs
-    whose widest one gives a block at least 48 such tiles (B >= 64; e.g. `mid`, 512 units, 4 layers: 16 units a
-    block, 64 LSTM or 48 GRU columns), else 4x4. 8x8 tiles read half the shared memory per FMA, and their split-K
-    sums go through shared memory in rounds (rnn_store_tile), so the layers keep their weights resident; at `mid` on
-    an H100 the LSTM ran in 4.29 ms against 4.59, the GRU 3.94 against 4.07 (benchmarks/NOTES.md, eighth session).
-    Elsewhere 8x8 measured slower (one-layer launches: `large` layer by layer, `blogA`) or was not measured: the
-    autotuner tries it."""
-    if batch < 64 or prec.tensor_cores or layers < 2:
+    """The accumulator tile when the config names none (float32, B >= 64; smaller batches and the tensor-core modes
+    keep 4x4), from the widest GEMM a block runs, W columns, counted in tiles of each shape:
+    - several layers a launch: 8x8 where (B / 8) x (W / 8) >= 64 (`mid` LSTM: 8 x 8), 8x4 where it is >= 48 (`mid`
+      GRU, 48 columns), else 4x4. 8x8 tiles read half the shared memory per FMA and their split-K sums go through
+      shared memory in rounds (rnn_store_tile), so the layers keep their weights resident: `mid` LSTM 4.29 ms against
+      4.59 with 4x4; the GRU (48 tiles of 8x8, split 4 ways over 192 of 256 threads) ran 3.53 ms with 8x4 against
+      3.92 with 8x8 (H100, benchmarks/NOTES.md, ninth session);
+    - one layer a launch (`large` layer by layer, `blogA`): 8x4 where (B / 8) x (W / 4) >= 48: LSTM `large` 12.9 ms
+      against 14.1 with 4x4 (8x8: 13.1), `blogA` 38.5 against 39.9 (8x8: 43.2); GRU `large` 10.9 against 11.5,
+      `blogA` 30.8 against 34.7 (8x8: 40.6; same H100 call). Narrower blocks keep 4x4 (not measured).
+    The autotuner tries the other shapes."""
+    if batch < 64 or prec.tensor_cores:
         return 4, 4
     if units is None:
         units = -(-network.hidden_size // max(1, limits.multiprocessors // layers))
-    widest = max((len(g.terms) * units for g in program.gemms), default=0)
-    return (8, 8) if (batch // 8) * (widest // 8) >= 48 else (4, 4)
+    widest = max((len(g.terms) * units for g in program.gemms if not (g.hoisted and layers == 1)), default=0)
+    if layers < 2:
+        return (8, 4) if (batch // 8) * (widest // 4) >= 48 else (4, 4)
+    tiles8 = (batch // 8) * (widest // 8)
+    return (8, 8) if tiles8 >= 64 else (8, 4) if tiles8 >= 48 else (4, 4)
 
 
 def row_stride(k: int) -> int:

@@ -66,6 +66,7 @@ TILINGS = [
     ("streamed weights", {"batch": 7}, TileConfig(None, 4, 4, resident=False)),
     ("8x8 tile, K split, sums in rounds, B=64", {"batch": 64}, TileConfig(16, 8, 8, threads=256)),
     ("K split 32 ways, B=8", {"batch": 8}, TileConfig(4, 4, 4, threads=256)),
+    ("8x4 tile, K split, layer by layer, B=64", {"batch": 64}, TileConfig(24, 8, 4, threads=384, layers_per_launch=1)),
 ]
 
 

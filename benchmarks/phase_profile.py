@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
+from engine.codegen.nvrtc import load_module  # noqa: E402
 from engine.schedules import schedule_class  # noqa: E402
 from engine.schedules.tiling import TileConfig  # noqa: E402
 
@@ -132,7 +133,7 @@ def profile(preset: str, config: str, precision: str, config_tile: TileConfig) -
     reference = sched.run(x).outputs.copy()
     source, phases = instrument(sched.source_)
     name = sched.kernels[0].name
-    module = cupy.RawModule(code=source, options=("--std=c++17",), enable_cooperative_groups=True)
+    module = load_module(source, cooperative=True)     # compiled as the engine compiles (engine/codegen/nvrtc.py)
     kernel = module.get_function(name)
     kernel.max_dynamic_shared_size_bytes = sched.tiling.smem_bytes
     T, L = cfg.steps, cfg.num_layers

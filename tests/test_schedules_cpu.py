@@ -429,12 +429,14 @@ def test_wavefront_source_has_entry_points_struct_and_header(case, mode):
         assert equation in header, f"equation {equation!r} missing from the header"
 
 
-def nvcc_command(source_path, output_path, cooperative: bool) -> list[str]:
-    """The flags CuPy gives NVRTC in engine.schedules.base.compile_kernel: --std=c++17 (ours), -ftz=true
-    (CuPy's), relocatable device code for cooperative kernels (CuPy's --device-c); plus warnings as errors.
-    No -I for kernels/: the source must inline its helpers, as NVRTC gets no include path from us."""
-    return ["nvcc", "-arch=sm_90", "-std=c++17", "-ftz=true", *(["-rdc=true"] if cooperative else []),
-            "--cubin", "-o", str(output_path), "-Werror", "all-warnings", str(source_path)]
+def nvcc_command(source_path, output_path) -> list[str]:
+    """The flags the engine gives NVRTC (engine/codegen/nvrtc.py OPTIONS: --std=c++17, IEEE fp32: -ftz=false,
+    -prec-div=true, -prec-sqrt=true), the same for cooperative kernels; plus warnings as errors. No -I for kernels/:
+    the source must inline its helpers, as NVRTC gets no include path from us."""
+    from engine.codegen.nvrtc import OPTIONS
+    flags = [("-" + option.lstrip("-")) if option.startswith("--std") else option for option in OPTIONS]
+    return ["nvcc", "-arch=sm_90", *flags, "--cubin", "-o", str(output_path), "-Werror", "all-warnings",
+            str(source_path)]
 
 
 @pytest.mark.nvcc
@@ -447,7 +449,7 @@ def test_every_wavefront_source_compiles_with_nvcc(tmp_path):
         _, source, _ = render(*case[:6], MODES[mode], *case[6:])
         path = tmp_path / f"{label}.cu"
         path.write_text(source)
-        jobs.append((label, nvcc_command(path, tmp_path / f"{label}.cubin", MODES[mode])))
+        jobs.append((label, nvcc_command(path, tmp_path / f"{label}.cubin")))
 
     def compile_one(job):
         label, cmd = job

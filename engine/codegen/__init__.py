@@ -47,22 +47,26 @@ def source_hash(source: str) -> str:
 
 
 def compile_module(program: Program):
-    """A cupy.RawModule with every kernel of the program, compiled for the current device (cached)."""
+    """A cupy.RawModule with every kernel of the program, compiled for the current device with NVRTC as IEEE fp32
+    (engine/codegen/nvrtc.py), cached."""
     import cupy
 
     if not program.source:
         program = with_source(program)
-    arch = cupy.cuda.Device().compute_capability
-    key = (source_hash(program.source), arch)
+    from .nvrtc import load_module
+
+    device = cupy.cuda.Device()
+    arch = device.compute_capability
+    key = (source_hash(program.source), arch, device.id)
     with _lock:
         module = _compile_cache.get(key)
     if module is not None:
         return module
-    module = cupy.RawModule(code=program.source, options=("--std=c++17",))
     try:
+        module = load_module(program.source)     # IEEE fp32: NVRTC without CuPy's -ftz=true (codegen/nvrtc.py)
         for kernel in program.kernels:
-            module.get_function(kernel.name)      # compiles now, so errors surface here
-    except Exception as e:   # cupy.cuda.compiler.CompileException, or a driver error
+            module.get_function(kernel.name)      # loads now, so errors surface here
+    except Exception as e:   # NvrtcError (with the log), or a driver error
         raise CompileError(f"generated CUDA for cell '{program.cell.name}' did not compile for sm_{arch}: "
                            f"{type(e).__name__}: {e}\nhint: this is a bug in engine.codegen; "
                            "`python -m engine explain <cell>` prints the source") from None

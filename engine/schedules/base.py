@@ -4,7 +4,7 @@
     result = program.run(x)                       # builds for x's (T, B) once, then launches
 
 plan   make_plan(..., layout="interleaved") and make_tiling(): which block owns which units.
-compile render_wavefront() -> cupy.RawKernel per entry point (cached by source and device).
+compile render_wavefront() -> cupy.RawKernel per entry point (engine/codegen/nvrtc.py; cached by source and device).
 build  one set of buffers per (T, B), reused by every run; packed weights (N, K) per layer; the
        per-layer argument table (engine.codegen.wavefront.layer_fields) as an int64 device array.
 run    states initialised (one memset when they start at zero), layer 0's input projection as one
@@ -34,7 +34,8 @@ _lock = threading.Lock()
 
 
 def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, cell: str):
-    """A cupy.RawKernel for one entry point, compiled now (errors become CompileError), cached."""
+    """A cupy.RawKernel for one entry point, compiled now with NVRTC as IEEE fp32 (engine/codegen/nvrtc.py; errors
+    become CompileError), cached."""
     import cupy
     from ..codegen import source_hash
 
@@ -43,9 +44,9 @@ def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, c
         kernel = _kernel_cache.get(key)
     if kernel is not None:
         return kernel
-    kernel = cupy.RawKernel(source, name, options=("--std=c++17",), enable_cooperative_groups=cooperative)
+    from ..codegen.nvrtc import load_module
     try:
-        kernel.compile()
+        kernel = load_module(source, cooperative).get_function(name)     # IEEE fp32: no -ftz (engine/codegen/nvrtc.py)
         if smem_bytes > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem_bytes
     except Exception as e:

@@ -1,0 +1,81 @@
+"""Generated CUDA compiled as IEEE fp32: subnormal values kept, IEEE division and square roots.
+
+CuPy's RawKernel and RawModule compile with NVRTC and append `-ftz=true` after the caller's options
+(cupy/cuda/compiler.py, `_compile_with_cache_cuda`, CuPy 14.2); NVRTC honours the last `-ftz` it is given, so a
+kernel compiled through them flushes subnormal inputs and results of float arithmetic to zero whatever it asks for.
+The engine therefore compiles its modules with NVRTC itself and gives CuPy the CUBIN (`cupy.RawModule(path=...)`).
+The CUBINs are cached on disk by source, options, architecture and NVRTC version, each written to a temporary file and
+renamed into place, so a file is there whole or not at all and processes can share the cache.
+
+    module = load_module(source, cooperative=True)          # a cupy.RawModule
+    kernel = module.get_function("lstm_persistent")
+
+The cache is the folder kernels/ of $CELLFORGE_CACHE_DIR, else of ~/.cache/cellforge (where the autotuner keeps its
+choices), or of the temporary directory when that cannot be written.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+OPTIONS = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true")
+
+
+class NvrtcError(RuntimeError):
+    """NVRTC refused the source; the message is its log."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("CELLFORGE_CACHE_DIR")
+    path = (Path(root) if root else Path.home() / ".cache" / "cellforge") / "kernels"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-{os.getpid()}-{threading.get_ident()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        return path
+    except OSError:
+        fallback = Path(tempfile.gettempdir()) / "cellforge-kernels"
+        fallback.mkdir(parents=True, exist_ok=True)
+        return fallback
+
+
+def compile_cubin(source: str, arch: str, name: str = "cellforge.cu") -> bytes:
+    """The CUBIN of `source` for sm_<arch> (e.g. "90"); NvrtcError with NVRTC's log if it does not compile."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    program = nvrtc.createProgram(source, name, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(program, [*OPTIONS, f"-arch=sm_{arch}"])
+        except nvrtc.NVRTCError as e:
+            raise NvrtcError(f"{e}\n{nvrtc.getProgramLog(program)}") from None
+        return nvrtc.getCUBIN(program)
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def cubin_path(source: str, arch: str) -> Path:
+    """Where the CUBIN of `source` for sm_<arch> is (compiled now unless cached)."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    version = ".".join(str(v) for v in nvrtc.getVersion())
+    key = hashlib.sha256("\x00".join([*OPTIONS, arch, version, source]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{key}-sm_{arch}.cubin"
+    if not path.exists():
+        cubin = compile_cubin(source, arch)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)
+    return path
+
+
+def load_module(source: str, cooperative: bool = False):
+    """A cupy.RawModule of `source` compiled for the current device with OPTIONS (IEEE fp32)."""
+    import cupy
+
+    arch = cupy.cuda.Device().compute_capability
+    return cupy.RawModule(path=str(cubin_path(source, arch)), enable_cooperative_groups=cooperative)

@@ -63,3 +63,12 @@ def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path, mon
     monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(blocked))
     path = engine_nvrtc.cache_dir()
     assert path.is_dir() and path.name == "cellforge-kernels"
+
+
+def test_cuda_headers_are_found_as_cupy_finds_them(nvrtc):
+    """The persistent kernels include <cooperative_groups.h>: NVRTC gets CuPy's include folders, not -ftz=true."""
+    source = "#include <cooperative_groups.h>\n" + FMA.replace("fma_half", "fma_grid")
+    assert engine_nvrtc.compile_cubin(source, "90")[:4] == b"\x7fELF"
+    options = engine_nvrtc.nvrtc_options()
+    assert any(option.startswith("-I") for option in options) and "-ftz=false" in options
+    assert not [option for option in options if option.startswith("-ftz=") and option != "-ftz=false"]

@@ -43,6 +43,17 @@ def cache_dir() -> Path:
         return fallback
 
 
+def nvrtc_options() -> tuple[str, ...]:
+    """OPTIONS with the include folders CuPy gives NVRTC (the CUDA headers, e.g. cooperative_groups.h, and CuPy's
+    CCCL copy), found the way CuPy finds them."""
+    try:
+        from cupy._core.core import assemble_cupy_compiler_options
+    except ImportError:            # a CuPy without it: the CUDA headers where CuPy's CUDA path says
+        import cupy
+        return (*OPTIONS, f"-I{Path(cupy.cuda.get_cuda_path()) / 'include'}")
+    return tuple(assemble_cupy_compiler_options(OPTIONS))
+
+
 def compile_cubin(source: str, arch: str, name: str = "cellforge.cu") -> bytes:
     """The CUBIN of `source` for sm_<arch> (e.g. "90"); NvrtcError with NVRTC's log if it does not compile."""
     from cupy_backends.cuda.libs import nvrtc
@@ -50,7 +61,7 @@ def compile_cubin(source: str, arch: str, name: str = "cellforge.cu") -> bytes:
     program = nvrtc.createProgram(source, name, [], [])
     try:
         try:
-            nvrtc.compileProgram(program, [*OPTIONS, f"-arch=sm_{arch}"])
+            nvrtc.compileProgram(program, [*nvrtc_options(), f"-arch=sm_{arch}"])
         except nvrtc.NVRTCError as e:
             raise NvrtcError(f"{e}\n{nvrtc.getProgramLog(program)}") from None
         return nvrtc.getCUBIN(program)
@@ -63,7 +74,7 @@ def cubin_path(source: str, arch: str) -> Path:
     from cupy_backends.cuda.libs import nvrtc
 
     version = ".".join(str(v) for v in nvrtc.getVersion())
-    key = hashlib.sha256("\x00".join([*OPTIONS, arch, version, source]).encode()).hexdigest()[:32]
+    key = hashlib.sha256("\x00".join([*nvrtc_options(), arch, version, source]).encode()).hexdigest()[:32]
     path = cache_dir() / f"{key}-sm_{arch}.cubin"
     if not path.exists():
         cubin = compile_cubin(source, arch)

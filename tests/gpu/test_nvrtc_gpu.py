@@ -50,9 +50,9 @@ def test_cooperative_launch_of_a_loaded_cubin_synchronises_the_grid(cupy):
 
 @pytest.mark.parametrize("backend", ["fused", "graph", "persistent"])
 def test_a_subnormal_state_survives_the_generated_kernels(cupy, backend):
-    """IndRNN, h_t = relu(W x_t + u * h_{t-1} + b), with W = 0, b = 0, u = 0.5 and h_0 = 1e-30: the state halves
-    every step, exactly, into the subnormal range after 26 steps (1e-30 x 2^-40 is about 9e-43). The float64
-    reference rounded to float32 is exact; with subnormals flushed the engine would give zeros from step 26 on."""
+    """IndRNN, h_t = relu(W x_t + u * h_{t-1} + b), with W = 0, b = 0, u = 0.5 and h_0 = 2^-100: the state halves
+    every step, exactly (a power of two), into the subnormal range after 27 steps (2^-140 after 40). The float64
+    reference rounded to float32 is then exact; with subnormals flushed the engine would give zeros from there on."""
     network = engine.Network(engine.preset("indrnn").cell, input_size=4, hidden_size=32, num_layers=1)
     params = engine.init_params(network, seed=3)
     layer = params.layers[0]
@@ -60,7 +60,7 @@ def test_a_subnormal_state_survives_the_generated_kernels(cupy, backend):
     layer["u"][...] = 0.5
     layer["b"][...] = 0.0
     x = np.zeros((40, 2, 4), dtype=np.float32)
-    states = {"h": np.full((1, 2, 32), 1e-30, dtype=np.float32)}
+    states = {"h": np.full((1, 2, 32), 2.0 ** -100, dtype=np.float32)}
     expected = np.asarray(reference.run(network, params, x, states, dtype=np.float64).outputs).astype(np.float32)
     assert (expected[-1] > 0).all() and (expected[-1] < np.finfo(np.float32).tiny).all()
     got = engine.run(network, params, x, initial_states=states, backend=backend)

@@ -118,7 +118,7 @@ def schedule_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> None:
     st.subheader("How the GPU runs it")
     cell_json = engine.to_json(cell)
     precision = st.radio("Precision", PRECISIONS, key="schedule.precision", horizontal=True,
-                         help="float32: fp32 on CUDA cores (IEEE rounding; subnormals flush to zero). tf32, float16, bfloat16: matmul operands "
+                         help="float32: strict IEEE fp32 on CUDA cores. tf32, float16, bfloat16: matmul operands "
                               "rounded to that format on tensor cores (mma.sync), fp32 accumulation, cell math and "
                               "states; the fused backend is float32 only")
     try:

@@ -14,7 +14,7 @@ graph-tf32, persistent-fp16, auto-bf16, ...), "cudnn" (torch.nn.LSTM/GRU/RNN in 
 "torch" (the cell graph in torch ops: eager, torch.compile, TorchScript). torch is imported only here
 and only when used.
 
-Precision modes by their short names: fp32 (IEEE rounding, TF32 off), tf32, fp16, bf16. An engine row in
+Precision modes by their short names: fp32 (strict IEEE, TF32 off), tf32, fp16, bf16. An engine row in
 mode m passes precision=SHORT_NAMES[m] ("float32", "tf32", "float16", "bfloat16") to the engine; a
 cuDNN row runs torch.nn in that mode. Both round the matmul operands and accumulate in fp32.
 """

@@ -6,7 +6,7 @@ A net configuration (configs.NetBenchConfig) names a preset network of engine/bl
 `deepspeech` is the seed benchmark's block: 4 layers of the cell, max-pool over time by 2 (stride 2), 4 more layers,
 I = H = 512, T = 100, B = 64. Each --preset gives the cell of its layers (LSTM by default).
 
-Rows (fp32 only: the engine rows run in fp32 with IEEE rounding, cuDNN with TF32 off):
+Rows (fp32 only: the engine rows run in IEEE fp32, cuDNN with TF32 off):
 - `cudnn-fp32`: one torch.nn module per block of layers (LSTM, GRU or RNN, whichever cuDNN mode the preset has),
   loaded with the engine's weights (engine.torch_layout), and torch's max_pool1d / avg_pool1d over time between them;
 - `fused`, `graph`, `persistent`, `auto`: the engine's `prepare_net(net, params, backend)`, prepared once and run as

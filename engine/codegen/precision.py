@@ -2,8 +2,8 @@
 
 Every mode keeps the cell math, the states and the outputs in float32; they differ in the matmuls:
 
-    float32   fp32 FFMA products with IEEE rounding (the default; the reference's float64 is the yardstick);
-              subnormals flush to zero, because CuPy compiles every RawKernel with -ftz=true
+    float32   strict IEEE fp32: FFMA products, subnormals kept (the engine compiles with NVRTC itself, without the
+              -ftz=true CuPy adds: engine/codegen/nvrtc.py); the default; the reference's float64 is the yardstick
     tf32      operands rounded to TF32 (10-bit mantissa, round to nearest, ties away from zero) as they
               enter a tensor-core MMA, fp32 accumulation (as cuBLAS and cuDNN do with TF32 allowed)
     float16   weights stored in IEEE half, activations rounded to half (nearest even) as they enter the

@@ -2,7 +2,7 @@
 # Issue #9, "one install": does the engine run on a GPU machine through the CUDA wheels alone (requirements-gpu.txt:
 # nvidia-cuda-nvrtc, nvidia-cuda-runtime, nvidia-cublas), with no system CUDA toolkit? For the GPU machine, whose
 # image has both the wheels and a toolkit: the toolkit is hidden for the length of the check (its folder renamed,
-# CUDA_PATH / CUDA_HOME unset, nvcc off PATH, a fresh CuPy kernel cache), then restored.
+# CUDA_PATH / CUDA_HOME unset, nvcc off PATH, fresh CuPy and engine kernel caches), then restored.
 #
 #   bash benchmarks/check_wheels.sh            (as root on a throwaway GPU machine)
 #
@@ -21,7 +21,7 @@ trap restore EXIT
 echo "hidden: ${hidden[*]:-(none found)}"
 clean_path=$(echo "$PATH" | tr ':' '\n' | grep -v -i cuda | paste -sd: -)
 cache=$(mktemp -d)
-env -u CUDA_PATH -u CUDA_HOME PATH="$clean_path" CUPY_CACHE_DIR="$cache" CUPY_TF32=0 "$PY" - <<'PYEOF'
+env -u CUDA_PATH -u CUDA_HOME PATH="$clean_path" CUPY_CACHE_DIR="$cache" CELLFORGE_CACHE_DIR="$cache" CUPY_TF32=0 "$PY" - <<'PYEOF'
 import shutil
 import numpy as np
 import cupy

@@ -54,14 +54,15 @@ def nvrtc_options() -> tuple[str, ...]:
     return tuple(assemble_cupy_compiler_options(OPTIONS))
 
 
-def compile_cubin(source: str, arch: str, name: str = "cellforge.cu") -> bytes:
-    """The CUBIN of `source` for sm_<arch> (e.g. "90"); NvrtcError with NVRTC's log if it does not compile."""
+def compile_cubin(source: str, arch: str, options: tuple[str, ...] | None = None, name: str = "cellforge.cu") -> bytes:
+    """The CUBIN of `source` for sm_<arch> (e.g. "90") with `options` (default nvrtc_options()); NvrtcError with
+    NVRTC's log if it does not compile."""
     from cupy_backends.cuda.libs import nvrtc
 
     program = nvrtc.createProgram(source, name, [], [])
     try:
         try:
-            nvrtc.compileProgram(program, [*nvrtc_options(), f"-arch=sm_{arch}"])
+            nvrtc.compileProgram(program, [*(options or nvrtc_options()), f"-arch=sm_{arch}"])
         except nvrtc.NVRTCError as e:
             raise NvrtcError(f"{e}\n{nvrtc.getProgramLog(program)}") from None
         return nvrtc.getCUBIN(program)
@@ -73,11 +74,12 @@ def cubin_path(source: str, arch: str) -> Path:
     """Where the CUBIN of `source` for sm_<arch> is (compiled now unless cached)."""
     from cupy_backends.cuda.libs import nvrtc
 
+    options = nvrtc_options()
     version = ".".join(str(v) for v in nvrtc.getVersion())
-    key = hashlib.sha256("\x00".join([*nvrtc_options(), arch, version, source]).encode()).hexdigest()[:32]
+    key = hashlib.sha256("\x00".join([*options, arch, version, source]).encode()).hexdigest()[:32]
     path = cache_dir() / f"{key}-sm_{arch}.cubin"
     if not path.exists():
-        cubin = compile_cubin(source, arch)
+        cubin = compile_cubin(source, arch, options)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(cubin)
         os.replace(tmp, path)

@@ -257,6 +257,14 @@ def test_ineligible_programs_say_why_and_do_not_tile(case):
 # recurrent GEMM) also at a second shape with another batch, one layer and streamed weights.
 # The reduced precisions (engine.codegen.precision): the warp GEMV with rounded operands (B=3), the tensor-core
 # MMA with resident weights (B=19, two stages, layer 0 in the kernel) and with streamed 16-bit weights.
+# Weights partly resident (TileConfig.partial, the tensor-core path): blocks of many units, so a weight outgrows
+# shared memory and keeps its first K chunks there; the bulk pipeline (fp16 / bf16, a chunked weight) and the
+# cp.async one (tf32, row-major), one and two layers.
+PARTIAL_CASES = [("lstm", 64, 512, 1, 19, TileConfig(units_per_block=64, pipeline=(64, 2)), "bfloat16"),
+                 ("lstm", 512, 512, 2, 19, TileConfig(units_per_block=48, pipeline=(64, 2)), "float16"),
+                 ("lstm", 64, 512, 1, 33, TileConfig(units_per_block=32), "tf32"),
+                 ("gru_cho", 64, 384, 1, 19, TileConfig(units_per_block=96, pipeline=(64, 2)), "bfloat16")]
+
 SOURCE_CASES = [(name, 37, 129, 2, 3, TileConfig()) for name in PRESETS] + [
     (name, 64, 96, 1, 19, TileConfig(rows_per_thread=8, cols_per_thread=4, resident=False))
     for name in ("lstm", "gru_cho", "indrnn")] + [
@@ -264,7 +272,7 @@ SOURCE_CASES = [(name, 37, 129, 2, 3, TileConfig()) for name in PRESETS] + [
     ("gru_cho", 45, 150, 2, 19, TileConfig(), "float16"),
     ("lstm", 64, 96, 1, 19, TileConfig(resident=False), "bfloat16"),
     ("lstm", 64, 128, 2, 19, TileConfig(), "bfloat16"),                    # the bulk pipeline: K a multiple of 64
-    ("gru", 128, 64, 2, 40, TileConfig(resident=False), "float16")]
+    ("gru", 128, 64, 2, 40, TileConfig(resident=False), "float16")] + PARTIAL_CASES
 
 
 # Per-layer arrival counters instead of grid barriers (TileConfig(sync="layer"), the persistent schedule only): the

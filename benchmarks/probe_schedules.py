@@ -87,15 +87,13 @@ def main(argv=None) -> int:
     parser.add_argument("--warp-tile", default=None, help="tensor-core path: MxN MMA tiles per warp, e.g. 2x4")
     parser.add_argument("--precision", default="float32", help="float32, tf32, float16 or bfloat16 (cuDNN in the same mode)")
     parser.add_argument("--pipeline", default=None, help="tiled GEMMs: KCxSTAGES, e.g. 64x3 (TileConfig.pipeline)")
-    parser.add_argument("--no-partial", action="store_true", help="tensor-core path: weights whole or streamed, "
-                        "never partly resident (TileConfig(partial=False))")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     pipeline = tuple(int(v) for v in args.pipeline.split("x")) if args.pipeline else None
     rb, rc = (int(v) for v in args.tile.split("x")) if args.tile else (None, None)     # None: the tiling's default
     warp = tuple(int(v) for v in args.warp_tile.split("x")) if args.warp_tile else None
     config = TileConfig(args.units, rb, rc, args.threads, warp_tile=warp, layers_per_launch=args.layers_per_launch,
-                        sync=args.sync, pipeline=pipeline, partial=not args.no_partial)
+                        sync=args.sync, pipeline=pipeline)
     rows = []
     for preset in args.preset or ["lstm"]:
         cell = engine.preset(preset).cell

@@ -255,7 +255,7 @@ __device__ __forceinline__ void rnn_stage_next_mma(const RnnMmaJob<MODE> (&jobs)
     const RnnMmaJob<MODE> J = rnn_select(jobs, at.job);
     const int k0 = at.chunk * KC, kc = min(KC, J.K - k0), kcp = rnn_round_up(kc, KS);
     rnn_stage_chunk<XT, VEC == 4, KC>(reinterpret_cast<XT*>(slot), rnn_xstride<MODE>(KC), J.X, J.K, B, k0, kc, kcp);
-    if (k0 >= J.KR)                                    // a chunk of W not resident
+    if (!J.Ws)
         rnn_stage_chunk<WT, VEC == 4, KC>(reinterpret_cast<WT*>(slot + x_floats), rnn_wstride<MODE>(KC), J.W, J.K, J.NC,
                                           k0, kc, kcp);
     if (++at.chunk * KC >= J.K) at.chunk = 0;
@@ -349,19 +349,6 @@ __device__ __forceinline__ long rnn_chunked(long block, int b, int k, int B, int
     return ((block * (K / KC) + k / KC) * B + b) * (long)KC + (((w >> 3) ^ (b & 7)) << 3) + (w & 7);
 }
 
-// The first KR columns of a block's NC rows of a weight in the chunked layout (its chunks of ncs rows from w, K
-// columns), into shared memory as rnn_load_resident lays them out: a weight partly resident (RnnGemmT::KR).
-template <int MODE, int KC, typename T>
-__device__ void rnn_load_resident_chunked(T* __restrict__ ws, const T* __restrict__ w, int K, int KR, int NC, int ncp,
-                                          int ncs)
-{
-    const int ld = rnn_wstride<MODE>(KR);
-    for (int i = threadIdx.x; i < ncp * ld; i += blockDim.x) {
-        const int c = i / ld, k = i - c * ld;
-        ws[i] = c < NC && k < KR ? __ldg(w + rnn_chunked<KC>(0, c, k, ncs, K)) : T(0);
-    }
-}
-
 // Thread 0 stages the chunk under the cursor into the slot at shared address `at`: X rows B x KC of the
 // chunked 16-bit copy, and W rows ncs x KC of the chunked weight when W is not resident, one bulk copy each; the
 // full barrier `bar` expects their bytes. Moves the cursor.
@@ -372,7 +359,7 @@ __device__ __forceinline__ void rnn_bulk_stage(const RnnMmaJob<MODE> (&jobs)[N],
     using WT = typename RnnWeight<MODE>::type;
     using XT = typename RnnX<MODE>::type;
     const RnnMmaJob<MODE> J = rnn_select(jobs, cur.job);
-    const unsigned xb = B * KC * sizeof(XT), wb = cur.chunk * KC < J.KR ? 0u : ncs * KC * sizeof(WT);
+    const unsigned xb = B * KC * sizeof(XT), wb = J.Ws ? 0u : ncs * KC * sizeof(WT);
     rnn_bar_expect(bar, xb + wb);
     rnn_bulk_copy(at, J.X + (long)cur.chunk * B * KC, xb, bar);
     if (wb) rnn_bulk_copy(at + x_bytes, J.W + (long)cur.chunk * ncs * KC, wb, bar, keep);
@@ -443,14 +430,12 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
         const RnnMmaJob<MODE>& J = jobs[i];
         const RnnWarpTiles<WM, WN> tl(B, J.NC);
         const int chunks = (J.K + KC - 1) / KC;
-        // Chunks before KR read W resident (rows of its padded stride), the others from the slot.
-        const int ldxb = ldx * (int)sizeof(XT), ldwb_staged = ldws * (int)sizeof(WT);
-        const int ldwb_resident = J.KR > 0 ? rnn_wstride<MODE>(J.KR) * (int)sizeof(WT) : ldwb_staged;
-        // This lane's ldmatrix rows at slot 0, chunk 0 (resident W: column 0 of the resident rows).
+        const bool resident = J.Ws != nullptr;
+        const int ldxb = ldx * (int)sizeof(XT), ldwb = (resident ? rnn_wstride<MODE>(J.K) : ldws) * (int)sizeof(WT);
+        // This lane's ldmatrix rows at slot 0, chunk 0 (resident W: column 0 of the resident rows, padded).
         const RnnLaneAt xl = rnn_lane_a(slots_at, ldxb, lane, BULK);
-        const RnnLaneAt wl_staged = rnn_lane_b(slots_at + x_floats * 4, ldwb_staged, lane, BULK);
-        const RnnLaneAt wl_resident = J.KR > 0 ? rnn_lane_b((unsigned)__cvta_generic_to_shared(J.Ws), ldwb_resident, lane, false)
-                                               : wl_staged;
+        const RnnLaneAt wl = resident ? rnn_lane_b((unsigned)__cvta_generic_to_shared(J.Ws), ldwb, lane, false)
+                                      : rnn_lane_b(slots_at + x_floats * 4, ldwb, lane, BULK);
         for (int pass = 0; pass < tl.passes; ++pass) {
             const int slot = tl.split > 1 ? warp % tl.groups : pass * warps + warp;
             const int part = tl.split > 1 ? warp / tl.groups : 0;
@@ -478,13 +463,12 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
                 const int k0 = chunk * KC;
                 const int steps = rnn_round_up(min(KC, J.K - k0), RnnMma<MODE>::KS) / RnnMma<MODE>::KS;
                 const unsigned slot_at = s * slot_floats * 4;
-                const bool resident = k0 < J.KR;
-                RnnLaneAt xs = xl, ws = resident ? wl_resident : wl_staged;
+                RnnLaneAt xs = xl, ws = wl;
                 xs.row += slot_at;
                 ws.row += resident ? k0 * (int)sizeof(WT) : slot_at;
                 if (active)
-                    rnn_mma_chunk_tc<MODE, WM, WN>(acc, xs, ldxb, ws, resident ? ldwb_resident : ldwb_staged, m_first,
-                                                   n_first, tl.mt, tl.nt, part, steps, tl.split);
+                    rnn_mma_chunk_tc<MODE, WM, WN>(acc, xs, ldxb, ws, ldwb, m_first, n_first, tl.mt, tl.nt, part, steps,
+                                                   tl.split);
                 if constexpr (BULK) {
                     __syncwarp();
                     if (lane == 0) rnn_bar_arrive(bars + 8 * (STAGES + s));   // this warp is done with slot s

@@ -278,9 +278,6 @@ __device__ void rnn_warp_gemvs(const RnnGemvJob<MODE> (&jobs)[NJ])
 // ---- many rows: register tiles over staged chunks --------------------------------------------------------
 // One GEMM of a stage, for rnn_tile_gemms / rnn_mma_gemms: X (B, K) and W (NC, K) with row stride K; Ws its
 // resident copy or null. XT: fp32, or the 16-bit copy of X on the fp16/bf16 tensor-core path (mma_gemm.cuh).
-// KR (rnn_mma_gemms): the first KR columns of W are resident in Ws (rows of rnn_wstride<MODE>(KR)), the rest is
-// staged chunk by chunk: K when W is wholly resident, 0 when Ws is null, a multiple of the K chunk in between
-// (a weight too large for shared memory keeps part of itself on chip). rnn_tile_gemms keeps W whole or not at all.
 template <typename WT, typename XT = float>
 struct RnnGemmT {
     const XT* X;
@@ -291,7 +288,6 @@ struct RnnGemmT {
     const float* bias;
     int K, NC;
     int NCT;    // the columns its tiles cover (rnn_tile_gemms): NC of every block but a last, narrower one; 0: NC
-    int KR;     // columns of W resident in Ws (rnn_mma_gemms; see above)
 };
 using RnnGemm = RnnGemmT<float>;
 
@@ -514,7 +510,6 @@ __device__ __forceinline__ Job rnn_select(const Job (&jobs)[N], int j)
         J.K = hit ? jobs[i].K : J.K;
         J.NC = hit ? jobs[i].NC : J.NC;
         J.NCT = hit ? jobs[i].NCT : J.NCT;
-        J.KR = hit ? jobs[i].KR : J.KR;
     }
     return J;                                          // (Y, ldy and bias are jobs[0]'s: staging does not use them)
 }

@@ -216,6 +216,7 @@ def test_a_tiling_that_cannot_fit_in_shared_memory_is_refused_with_a_hint(mode):
 BAD_CONFIGS = [
     ("rows_per_thread", 3), ("rows_per_thread", 0), ("cols_per_thread", 16), ("threads", 100), ("threads", 0),
     ("units_per_block", 0), ("units_per_block", -4), ("units_per_block", 2.5),
+    ("pipeline", (48, 4)), ("pipeline", (64, 9)),
 ]
 
 
@@ -224,6 +225,19 @@ def test_bad_tile_config_values_are_refused_by_field(field, value):
     program, network = lstm_program_and_network(64, 2)
     with pytest.raises(CompileError, match=re.escape(field)):
         make_tiling(program, network, 4, TileConfig(**{field: value}))
+
+
+def test_a_named_pipeline_is_the_one_laid_out_and_the_bulk_pipeline_refuses_chunks_it_cannot_copy():
+    program, network = lstm_program_and_network(256, 2)
+    for pipeline in ((64, 2), (128, 3), (32, 4)):
+        tiling = make_tiling(program, network, 64, TileConfig(pipeline=pipeline))
+        assert (tiling.k_chunk, tiling.stages) == pipeline
+        assert f"pipeline={pipeline[0]}x{pipeline[1]}" in tiling.config.label()
+    network = engine.Network(program.source_cell, input_size=128, hidden_size=256, num_layers=2)   # K: whole chunks
+    bf16 = make_plan(network, 17, 64, layout="interleaved", precision="bfloat16").program
+    assert make_tiling(bf16, network, 64, TileConfig(pipeline=(128, 2))).bulk
+    with pytest.raises(CompileError, match=r"TileConfig.pipeline=\(32, 4\).*multiple of 64"):
+        make_tiling(bf16, network, 64, TileConfig(pipeline=(32, 4)))
 
 
 def test_every_preset_is_eligible_in_the_interleaved_layout():
@@ -257,14 +271,6 @@ def test_ineligible_programs_say_why_and_do_not_tile(case):
 # recurrent GEMM) also at a second shape with another batch, one layer and streamed weights.
 # The reduced precisions (engine.codegen.precision): the warp GEMV with rounded operands (B=3), the tensor-core
 # MMA with resident weights (B=19, two stages, layer 0 in the kernel) and with streamed 16-bit weights.
-# Weights partly resident (TileConfig.partial, the tensor-core path): blocks of many units, so a weight outgrows
-# shared memory and keeps its first K chunks there; the bulk pipeline (fp16 / bf16, a chunked weight) and the
-# cp.async one (tf32, row-major), one and two layers.
-PARTIAL_CASES = [("lstm", 64, 512, 1, 19, TileConfig(units_per_block=64, pipeline=(64, 2)), "bfloat16"),
-                 ("lstm", 512, 512, 2, 19, TileConfig(units_per_block=48, pipeline=(64, 2)), "float16"),
-                 ("lstm", 64, 512, 1, 33, TileConfig(units_per_block=32), "tf32"),
-                 ("gru_cho", 64, 384, 1, 19, TileConfig(units_per_block=96, pipeline=(64, 2)), "bfloat16")]
-
 SOURCE_CASES = [(name, 37, 129, 2, 3, TileConfig()) for name in PRESETS] + [
     (name, 64, 96, 1, 19, TileConfig(rows_per_thread=8, cols_per_thread=4, resident=False))
     for name in ("lstm", "gru_cho", "indrnn")] + [
@@ -272,7 +278,7 @@ SOURCE_CASES = [(name, 37, 129, 2, 3, TileConfig()) for name in PRESETS] + [
     ("gru_cho", 45, 150, 2, 19, TileConfig(), "float16"),
     ("lstm", 64, 96, 1, 19, TileConfig(resident=False), "bfloat16"),
     ("lstm", 64, 128, 2, 19, TileConfig(), "bfloat16"),                    # the bulk pipeline: K a multiple of 64
-    ("gru", 128, 64, 2, 40, TileConfig(resident=False), "float16")] + PARTIAL_CASES
+    ("gru", 128, 64, 2, 40, TileConfig(resident=False), "float16")]
 
 
 # Per-layer arrival counters instead of grid barriers (TileConfig(sync="layer"), the persistent schedule only): the

@@ -177,9 +177,7 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
     rows = "(u0 / UNITS) * NC_STREAMED" if bulk and not tile.resident else f"u0 * {nt}"
     out = {"K": f"K_{gemm.name}", "N": f"N_{gemm.name}", "NC": f"{nt} * tu", "NCT": f"{nt} * UNITS",
            "W": f"L.W_{gemm.name} + (long){rows} * K_{gemm.name}",
-           "Ws": resident if tile.resident_k else "nullptr",
-           # columns of K resident: all of this layer's (whole), the tiling's first chunks (partly), or none
-           "KR": f"K_{gemm.name}" if tile.resident else str(tile.resident_k)}
+           "Ws": resident if tile.resident else "nullptr"}
     half = HALF_SUFFIX if (program.input_buffer if gemm.hoisted else gemm.in_buffer) in halves else ""
     if gemm.hoisted:
         out["X"] = f"L.{program.input_buffer}{half} + (long)t * B * K_{gemm.name}"
@@ -248,8 +246,7 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
         lines.append(f"{indent}    const {job} jobs[{len(gemms)}] = {{")
         for o in ops:
             lines.append(f"{indent}        {{{o['X']}, {o['W']}, {o['Ws']},")
-            # the tile GEMM's tiles cover every block's full width (NCT); the MMA GEMMs read KR columns resident
-            tail = f", 0, {o['KR']}" if tiling.mma else f", {o['NCT']}"
+            tail = "" if tiling.mma else f", {o['NCT']}"          # the tile GEMM's tiles: every block's full width
             lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}, {o['K']}, {o['NC']}{tail}}},")
         lines.append(f"{indent}    }};")
         if tiling.mma:
@@ -478,12 +475,11 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
     lines += block_setup
     lines.append("    const int I = (int)L.I;")
     for g in tiling.gemms:
-        if not g.resident_k:
+        if not g.resident:
             continue
         gemm = next(x for x in program.gemms if x.name == g.name)
         nt = len(gemm.terms)
-        what = "this block's rows of the weight" if g.resident else f"the first {g.resident_k} columns of this block's rows"
-        lines.append(f"    if (tu > 0) {{   // {g.name}: {what}, kept in shared memory")
+        lines.append(f"    if (tu > 0) {{   // {g.name}: this block's rows of the weight, kept in shared memory")
         lines.append(f"        const int K = {gemm.k.c_expr()};")
         prec = lookup_precision(program.precision)
         ncp = 8 if tiling.mma else tiling.config.cols_per_thread
@@ -493,16 +489,8 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
             target = f"reinterpret_cast<{prec.weight_type}*>(smem + {g.smem_offset})"
             load = f"rnn_load_resident<{MODE_NAMES[prec.mode]}>"
         rows = f"{nt} * tu" if tiling.mma else f"{nt} * UNITS"  # tile GEMM: zeros up to the full width it covers
-        if g.resident:
-            lines.append(f"        {load}({target}, L.W_{g.name} + (long)u0 * {nt} * K, K, K, "
-                         f"{nt} * tu, rnn_round_up({rows}, {ncp}));")
-        elif tiling.bulk:                      # from the chunked copy the bulk pipeline streams the rest of
-            lines.append(f"        rnn_load_resident_chunked<{MODE_NAMES[prec.mode]}, K_CHUNK>({target}, L.W_{g.name} + "
-                         f"(long)(u0 / UNITS) * NC_STREAMED * K, K, {g.resident_k}, {nt} * tu, rnn_round_up({rows}, {ncp}), "
-                         "NC_STREAMED);")
-        else:
-            lines.append(f"        {load}({target}, L.W_{g.name} + (long)u0 * {nt} * K, K, {g.resident_k}, "
-                         f"{nt} * tu, rnn_round_up({rows}, {ncp}));")
+        lines.append(f"        {load}({target}, L.W_{g.name} + (long)u0 * {nt} * K, K, K, "
+                     f"{nt} * tu, rnn_round_up({rows}, {ncp}));")
         lines.append("    }")
     lines.append("    (void)I;")
     lines.append("    __syncthreads();")

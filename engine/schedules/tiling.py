@@ -71,9 +71,6 @@ class TileConfig:
     #                                        each (1: layer by layer, every input projection one cuBLAS GEMM)
     pipeline: tuple[int, int] | None = None   # tiled GEMMs: (K columns a chunk, chunks in flight + 1), one of
     #                                    PIPELINES; None: the one that leaves the most weights on chip (make_tiling)
-    partial: bool = True               # tensor-core path, persistent: a weight too large for shared memory keeps
-    #                                    its first K chunks there (the rest streamed every step), in the room the
-    #                                    staging leaves (`blogA`: 52 MB of bf16 weights a step, more than the L2)
     sync: str | None = None            # persistent: "grid" (a grid-wide barrier after every stage of a wavefront
     #                                    step) or "layer" (per-layer arrival counters: a layer waits for its own
     #                                    blocks and for the layer below only, and runs ahead of the layers above);
@@ -87,7 +84,6 @@ class TileConfig:
                 else f"{self.rows_per_thread or 'auto'}x{self.cols_per_thread or 'auto'}")
         return (f"units={units} tile={tile} threads={threads}"
                 + ("" if self.resident else " streamed")
-                + ("" if self.partial else " whole-or-streamed")
                 + ("" if self.pipeline is None else f" pipeline={self.pipeline[0]}x{self.pipeline[1]}")
                 + ("" if self.warp_tile is None else f" warp={self.warp_tile[0]}x{self.warp_tile[1]}")
                 + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}")
@@ -106,12 +102,6 @@ class GemmTile:
     smem_offset: int                   # floats from the start of shared memory (resident slices only)
     resident_floats: int
     vec: int = 4                       # 4: every K of it is a multiple of 4 (16-byte copies), else 1
-    resident_k: int = 0                # columns of K on chip: k_max when resident, the first chunks of a weight
-    #                                    partly resident (TileConfig.partial), else 0
-
-    @property
-    def partial(self) -> bool:
-        return not self.resident and self.resident_k > 0
 
 
 @dataclass(frozen=True)
@@ -162,8 +152,7 @@ class Tiling:
         return tuple(g.name for g in self.gemms if g.resident)
 
     def describe(self) -> str:
-        res = ", ".join([*self.resident, *(f"{g.name} (first {g.resident_k} of {g.k_max} columns of K)"
-                                            for g in self.gemms if g.partial)]) or "none"
+        res = ", ".join(self.resident) or "none"
         if self.path == "gemv":
             product = f"warp GEMV ({self.config.threads // 32} warps split the columns, lanes split K)"
         elif self.mma:
@@ -470,8 +459,11 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                    if bulk else [(min(kc, cap), st) for kc, st in PIPELINES if kc >= step])
         if config.pipeline is not None:
             kc, st = config.pipeline
-            options = [(min(kc, cap), st)] if not bulk or (kc % BULK_CHUNK == 0 and all(k % kc == 0 for k in all_ks)) \
-                else options
+            if bulk and (kc % BULK_CHUNK or any(k % kc for k in all_ks)):
+                raise CompileError(f"TileConfig.pipeline={config.pipeline!r}: the bulk pipeline copies chunks of a "
+                                   f"multiple of {BULK_CHUNK} columns that divide every K ({sorted(set(all_ks))}); "
+                                   "hint: such a chunk, or None")
+            options = [(min(kc, cap), st)]
         laid = [(kc, st, *lay_out(kc, st)) for kc, st in dict.fromkeys(options)]
         fits = [item for item in laid if item[3] <= smem_floats] or laid[-1:]
         recurrent = {g.name for g, _, _ in order if not g.hoisted}
@@ -484,38 +476,21 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         best = max(score(item) for item in fits)
         k_chunk, stages, resident, scratch, nc_streamed = next(item for item in fits if score(item) == best)
 
-    # The room left beside the whole resident weights and the staging goes to the first K chunks of the weights
-    # that did not fit (tensor-core path: rnn_mma_gemms reads chunks before KR resident, stages the others).
-    left = smem_floats - scratch - sum(weight_floats(ncps[g.name], k, prec) for g, k, _ in order if g.name in resident)
-    partial_k = {}
-    if mma and persistent and config.resident and config.partial:
-        for g, k_max, _ in order:
-            ks = {g.k(network.layer_sizes(layer)) for layer in range(network.num_layers)}
-            if g.name in resident or len(ks) > 1:        # KR must be whole chunks of the K of every layer
-                continue
-            kr = max((kr for kr in range(k_chunk, k_max, k_chunk) if weight_floats(ncps[g.name], kr, prec) <= left),
-                     default=0)
-            if kr:
-                partial_k[g.name] = kr
-                left -= weight_floats(ncps[g.name], kr, prec)
-
     gemm_tiles, offset = [], 0
     for g, k_max, vec in order:
-        is_resident = g.name in resident
-        kr = k_max if is_resident else partial_k.get(g.name, 0)
         floats = weight_floats(ncps[g.name], k_max, prec)
+        is_resident = g.name in resident
         if persistent and config.resident and not is_resident:
             notes.append(f"{g.name}: {floats * FLOAT_BYTES / 1024:.0f} KiB per block does not fit in shared "
-                         "memory beside the others; " + (f"its first {kr} columns of K stay there, the rest is "
-                                                          if kr else "") + "streamed from L2 every step")
-        on_chip = weight_floats(ncps[g.name], kr, prec) if kr else 0
+                         "memory beside the others; streamed from L2 every step")
         gemm_tiles.append(GemmTile(g.name, len(g.terms), g.hoisted, k_max, is_resident,
-                                   offset if kr else 0, on_chip, vec, kr))
-        offset += on_chip
+                                   offset if is_resident else 0, floats if is_resident else 0, vec))
+        if is_resident:
+            offset += floats
     # Weights streamed every step that outgrow half the L2 would all cycle through DRAM (LRU over a sweep larger
     # than the cache): the bulk copies mark a share that fits as evict_last, so that share stays on chip.
-    streamed = sum(g.n(network.layer_sizes(layer)) * (g.k(network.layer_sizes(layer)) - partial_k.get(g.name, 0))
-                   * prec.weight_bytes for g, _, _ in tiles if g.name not in resident for layer in range(L))
+    streamed = sum(g.n(network.layer_sizes(layer)) * g.k(network.layer_sizes(layer)) * prec.weight_bytes
+                   for g, _, _ in tiles if g.name not in resident for layer in range(L))
     l2_keep = min(1.0, limits.l2_bytes / 2 / streamed) if streamed else 1.0
     smem = (offset + scratch) * FLOAT_BYTES
     if smem > limits.smem_per_block:

@@ -117,32 +117,6 @@ def test_the_bulk_pipeline_matches_its_emulation(cupy, label, layers, batch, con
             check_mode(result, network, params, x, states, precision, f"{schedule} {cell} {precision} bulk {label}")
 
 
-# Blocks of many units, so a weight outgrows shared memory and keeps its first K chunks there (TileConfig.partial):
-# the bulk pipeline (fp16 / bf16: the resident part loaded from the chunked weight) and the cp.async one (tf32).
-PARTIAL_CASES = [
-    ("lstm", 1, 19, TileConfig(units_per_block=64, pipeline=(64, 2))),
-    ("lstm", 2, 19, TileConfig(units_per_block=48, pipeline=(64, 2))),
-    ("lstm", 1, 33, None),              # the default pipeline: 32 units a block in tf32 (4-byte W), 64 in 16 bits
-    ("gru_cho", 1, 19, TileConfig(units_per_block=96, pipeline=(64, 2))),
-]
-
-
-@pytest.mark.parametrize("precision", REDUCED)
-@pytest.mark.parametrize("cell,layers,batch,config", PARTIAL_CASES, ids=[f"{c[0]}-L{c[1]}-B{c[2]}" for c in PARTIAL_CASES])
-def test_weights_partly_resident_match_their_emulation(cupy, cell, layers, batch, config, precision):
-    size = {"input_size": 64 if layers == 1 else 512, "hidden_size": 512 if cell == "lstm" else 384, "batch": batch,
-            "steps": 9}
-    network, params, x, states = make_case(engine.preset(cell).cell, layers, seed=batch + layers, sizes=size)
-    config = config or TileConfig(units_per_block=32 if precision == "tf32" else 64)
-    program = schedule_class("persistent")(network, params, config=config, precision=precision)
-    result = program.run(x, states, poison=True)
-    partial = [g for g in program.tiling.gemms if g.partial]
-    assert partial, f"{cell} {precision}: no weight is partly resident: {program.tiling.describe()}"
-    check_mode(result, network, params, x, states, precision,
-               f"persistent {cell} {precision} L={layers} partly resident ({partial[0].name}: {partial[0].resident_k} "
-               f"of {partial[0].k_max} columns)")
-
-
 @pytest.mark.parametrize("precision", REDUCED)
 def test_twenty_runs_are_bit_identical(cupy, precision):
     size = {"input_size": 64, "hidden_size": 128, "batch": 33, "steps": 12}

@@ -1,0 +1,70 @@
+"""The readout and the loss: a linear layer on the top layer's outputs at the steps the task reads, then mean
+squared error or softmax cross-entropy, with the gradients the optimiser and bptt need.
+
+    logits = h @ W_out.T + b_out            h: (S, B, H) outputs at the loss steps, logits: (S, B, O)
+    mse:            loss = mean over S, B, O of (logits - y)^2;          metric = the same
+    cross_entropy:  loss = mean over S, B of -log softmax(logits)[y];   metric = accuracy of argmax
+
+Both are means over the S * B read positions, so the loss (and a good learning rate) does not grow with the
+batch or with how many steps are read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import TrainingError
+from .tasks import Batch
+
+LOSSES = ("mse", "cross_entropy")
+
+
+def init_readout(output_size: int, hidden_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """W_out (O, H) and b_out (O,), uniform in +-1/sqrt(H) as torch.nn.Linear initialises them."""
+    k = 1.0 / np.sqrt(hidden_size)
+    return {"W_out": rng.uniform(-k, k, size=(output_size, hidden_size)),
+            "b_out": rng.uniform(-k, k, size=(output_size,))}
+
+
+@dataclass(frozen=True)
+class LossResult:
+    loss: float
+    metric: float                       # mse, or accuracy in [0, 1]
+    d_readout: dict[str, np.ndarray]    # dLoss/dW_out (O, H), dLoss/db_out (O,)
+    d_outputs: np.ndarray               # (T, B, H) dLoss/d(top layer outputs): zero at steps the loss does not read
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """(..., O) -> (..., O). Shifted by the row's max first, so exp never overflows and the largest term is 1."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def readout_loss(outputs: np.ndarray, readout: dict[str, np.ndarray], batch: Batch, loss: str) -> LossResult:
+    """outputs: (T, B, H) the network's top layer. loss: "mse" or "cross_entropy"."""
+    if loss not in LOSSES:
+        raise TrainingError(f"unknown loss {loss!r}", hint="use one of " + ", ".join(LOSSES))
+    W_out, b_out = readout["W_out"], readout["b_out"]
+    h = outputs[batch.loss_steps]                                       # (S, B, H)
+    logits = h @ W_out.T + b_out                                        # (S, B, O)
+    S, B, O = logits.shape
+    if loss == "mse":
+        error = logits - batch.targets                                  # (S, B, O)
+        value = float(np.mean(error ** 2))
+        metric = value
+        d_logits = 2.0 * error / error.size
+    else:
+        targets = batch.targets                                         # (S, B) class ids
+        log_p = log_softmax(logits)
+        picked = np.take_along_axis(log_p, targets[..., None], axis=-1)[..., 0]     # (S, B)
+        value = float(-picked.mean())
+        metric = float(np.mean(logits.argmax(axis=-1) == targets))
+        d_logits = np.exp(log_p)                                        # softmax (S, B, O)
+        np.put_along_axis(d_logits, targets[..., None], np.take_along_axis(d_logits, targets[..., None], -1) - 1.0,
+                          axis=-1)
+        d_logits /= S * B
+    d_readout = {"W_out": np.einsum("sbo,sbh->oh", d_logits, h), "b_out": d_logits.sum(axis=(0, 1))}
+    d_outputs = np.zeros_like(outputs)
+    d_outputs[batch.loss_steps] = d_logits @ W_out                      # (S, B, H); loss steps are distinct
+    return LossResult(value, metric, d_readout, d_outputs)

@@ -1,0 +1,102 @@
+"""What a training run returns, and its JSON form.
+
+A result is self-contained: the cell (its JSON and structural hash), the task, every setting including the seed,
+the curves and the final numbers. Training is a pure function of (cell, task, settings), so results from many
+runs and machines can later be merged by `key` (ROADMAP: cell search at scale); the trained parameters stay in
+memory (`params`, `readout`) and are not written to JSON.
+"""
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..params import Params
+from .errors import TrainingError
+
+FORMAT = "cellforge.train_results/1"
+
+
+@dataclass
+class TrainResult:
+    cell: str                           # the cell's name
+    cell_hash: str                      # CellGraph.structural_hash: equal structure, equal hash
+    cell_json: dict                     # engine.to_dict(cell): enough to rebuild and retrain it
+    task: str
+    metric: str                         # "mse" or "accuracy"
+    baseline: float                     # the task's input-blind metric, the bar to beat
+    settings: dict                      # hidden_size, num_layers, steps, batch, seq_len, lr, clip, seed, eval_...
+    losses: list[float]                 # training loss at every step (1..steps)
+    eval_steps: list[int]               # steps after which the held-out set was scored (0 = before training)
+    eval_losses: list[float]
+    eval_metrics: list[float]
+    seconds: float                      # wall time of the whole run (the only field that varies between reruns)
+    num_params: int                     # trained numbers: the network's and the readout's
+    environment: dict = field(default_factory=dict)   # versions the curves were computed with
+    params: Params | None = None        # the trained network parameters (not serialised)
+    readout: dict | None = None         # the trained readout, W_out (O, H) and b_out (O,) (not serialised)
+
+    @property
+    def final_loss(self) -> float:
+        """The held-out loss after the last step."""
+        return self.eval_losses[-1]
+
+    @property
+    def final_metric(self) -> float:
+        """The held-out metric after the last step."""
+        return self.eval_metrics[-1]
+
+    @property
+    def key(self) -> tuple:
+        """What makes two results the same experiment: the cell's structure, the task and every setting."""
+        return (self.cell_hash, self.task, json.dumps(self.settings, sort_keys=True))
+
+    def to_dict(self) -> dict:
+        return {"cell": self.cell, "cell_hash": self.cell_hash, "task": self.task, "metric": self.metric,
+                "baseline": self.baseline, "final_loss": self.final_loss, "final_metric": self.final_metric,
+                "seconds": self.seconds, "num_params": self.num_params, "settings": self.settings,
+                "losses": self.losses, "eval_steps": self.eval_steps, "eval_losses": self.eval_losses,
+                "eval_metrics": self.eval_metrics, "environment": self.environment, "cell_json": self.cell_json}
+
+    @staticmethod
+    def from_dict(data: dict) -> "TrainResult":
+        try:
+            return TrainResult(**{k: data[k] for k in (
+                "cell", "cell_hash", "cell_json", "task", "metric", "baseline", "settings", "losses", "eval_steps",
+                "eval_losses", "eval_metrics", "seconds", "num_params")}, environment=data.get("environment", {}))
+        except (KeyError, TypeError) as e:
+            raise TrainingError(f"not a training result: missing or bad field {e}",
+                                hint="pass a file written by save_results or `python -m engine train --json`") \
+                from None
+
+
+def environment() -> dict:
+    """Bit-identical reruns hold for one machine and library build; record which."""
+    return {"numpy": np.__version__, "python": platform.python_version(), "machine": platform.machine()}
+
+
+def results_to_json(results: list[TrainResult]) -> str:
+    return json.dumps({"format": FORMAT, "results": [r.to_dict() for r in results]}, indent=1)
+
+
+def save_results(results: list[TrainResult], path: str | Path) -> None:
+    """Write atomically (a temporary file, then rename), so an interrupted run never leaves half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(results_to_json(results) + "\n")
+    tmp.replace(path)
+
+
+def load_results(path: str | Path) -> list[TrainResult]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise TrainingError(f"cannot read training results {str(path)!r}: {e}",
+                            hint="pass a file written by `python -m engine train --json`") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise TrainingError(f"{str(path)!r} is not a training results file (format {FORMAT!r})",
+                            hint="pass a file written by `python -m engine train --json`")
+    return [TrainResult.from_dict(r) for r in data["results"]]

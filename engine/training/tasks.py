@@ -1,0 +1,200 @@
+"""Sequence tasks the project generates itself, to train any cell on: the registry and the generators.
+
+Every task draws its batches from a numpy Generator, so a batch is a pure function of the generator's state
+(same seed, same data). A batch says which steps the loss reads (`loss_steps`): the last one (adding problem,
+parity at the end), every one (running parity, character-level language modelling) or the last few (copy).
+
+    import numpy as np
+    from engine.training.tasks import get_task
+    task = get_task("adding")
+    batch = task.batch(np.random.default_rng(0), batch_size=16, seq_len=20)
+    batch.x.shape, batch.targets.shape, batch.loss_steps      # (20, 16, 2), (1, 16, 1), [19]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..gallery import closest_names
+from .errors import TrainingError
+
+DATA = Path(__file__).resolve().parent / "data"
+CORPUS = DATA / "lamplighter.txt"
+COPY_SYMBOLS = 8            # data symbols of the copy task (Arjovsky et al. 2016 use 8)
+EVAL_FRACTION = 0.1         # the end of the corpus held out for evaluation
+
+
+@dataclass(frozen=True)
+class Batch:
+    x: np.ndarray               # (T, B, I) float64
+    targets: np.ndarray         # (S, B) int64 class ids, or (S, B, 1) float64 values: one row per loss step
+    loss_steps: np.ndarray      # (S,) increasing step indices whose outputs the loss reads
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    input_size: int
+    output_size: int            # classes (cross-entropy), or 1 (regression)
+    loss: str                   # "mse" or "cross_entropy"
+    metric: str                 # "mse" (lower is better) or "accuracy" (higher is better)
+    reads: str                  # which steps the loss reads, in words
+    description: str
+    citation: str
+    baseline: float             # the metric of the best predictor that ignores the input (the bar to beat)
+    min_seq_len: int
+    make: Callable[[np.random.Generator, int, int, str], Batch]   # (rng, batch_size, seq_len, split) -> Batch
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric == "accuracy"
+
+    def batch(self, rng: np.random.Generator, batch_size: int, seq_len: int, split: str = "train") -> Batch:
+        """A batch of `batch_size` sequences of `seq_len` steps. split: "train" or "eval" (only the corpus task
+        holds text out; the synthetic tasks draw fresh sequences either way)."""
+        for field, value, lo in (("batch", batch_size, 1), ("seq_len", seq_len, self.min_seq_len)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
+                raise TrainingError(f"task '{self.name}': {field} must be an integer of at least {lo}, got {value!r}",
+                                    hint=f"{self.name} needs seq_len >= {self.min_seq_len}" if field == "seq_len"
+                                    else "use a batch of 1 or more sequences")
+        if split not in ("train", "eval"):
+            raise TrainingError(f"split must be 'train' or 'eval', got {split!r}")
+        return self.make(rng, int(batch_size), int(seq_len), split)
+
+
+def one_hot(ids: np.ndarray, size: int) -> np.ndarray:
+    """ids: (T, B) ints -> (T, B, size) float64."""
+    return np.eye(size)[ids]
+
+
+def adding_batch(rng: np.random.Generator, B: int, T: int, split: str) -> Batch:
+    # Channel 0: values U(0, 1); channel 1: two markers, one in each half, so the first value must be held at
+    # least until the middle of the sequence.
+    values = rng.random((T, B))                                          # (T, B)
+    first = rng.integers(0, T // 2, size=B)                            # (B,)  T >= 2: both halves non-empty
+    second = rng.integers(T // 2, T, size=B)                           # (B,)
+    markers = np.zeros((T, B))
+    columns = np.arange(B)
+    markers[first, columns] = 1.0
+    markers[second, columns] = 1.0
+    target = values[first, columns] + values[second, columns]           # (B,)
+    x = np.stack([values, markers], axis=-1)                            # (T, B, 2)
+    return Batch(x, target.reshape(1, B, 1), np.array([T - 1]))
+
+
+def copy_length(T: int) -> int:
+    """How many symbols the copy task asks to remember in T steps: T // 5, at least 1 (T = 20: 4 symbols, a
+    delay of 11 steps, the go marker, 4 steps of output)."""
+    return max(1, T // 5)
+
+
+def copy_batch(rng: np.random.Generator, B: int, T: int, split: str) -> Batch:
+    # Inputs are one-hot over K data symbols, a blank (K) and the go marker (K + 1): n symbols, blanks for the
+    # delay, the marker, then n blank steps during which the network must emit the n symbols in order.
+    K, n = COPY_SYMBOLS, copy_length(T)
+    symbols = rng.integers(0, K, size=(n, B))                           # (n, B)
+    ids = np.full((T, B), K)
+    ids[:n] = symbols
+    ids[T - n - 1] = K + 1
+    return Batch(one_hot(ids, K + 2), symbols, np.arange(T - n, T))
+
+
+def parity_bits(rng: np.random.Generator, B: int, T: int) -> tuple[np.ndarray, np.ndarray]:
+    bits = rng.integers(0, 2, size=(T, B))                              # (T, B)
+    return bits[..., None].astype(np.float64), np.cumsum(bits, axis=0) % 2
+
+
+def parity_batch(rng: np.random.Generator, B: int, T: int, split: str) -> Batch:
+    x, running = parity_bits(rng, B, T)
+    return Batch(x, running, np.arange(T))
+
+
+def parity_end_batch(rng: np.random.Generator, B: int, T: int, split: str) -> Batch:
+    x, running = parity_bits(rng, B, T)
+    return Batch(x, running[-1:], np.array([T - 1]))
+
+
+@lru_cache(maxsize=1)
+def corpus() -> tuple[str, str]:
+    """The corpus text and its vocabulary (its distinct characters, sorted)."""
+    text = CORPUS.read_text(encoding="ascii")
+    return text, "".join(sorted(set(text)))
+
+
+@lru_cache(maxsize=1)
+def corpus_ids() -> tuple[np.ndarray, np.ndarray]:
+    """(train ids, eval ids): the corpus as vocabulary indices, its last EVAL_FRACTION held out."""
+    text, vocab = corpus()
+    index = {c: i for i, c in enumerate(vocab)}
+    ids = np.array([index[c] for c in text], dtype=np.int64)
+    cut = int(len(ids) * (1 - EVAL_FRACTION))
+    return ids[:cut], ids[cut:]
+
+
+def chars_batch(rng: np.random.Generator, B: int, T: int, split: str) -> Batch:
+    train_ids, eval_ids = corpus_ids()
+    ids = train_ids if split == "train" else eval_ids
+    if T + 1 > len(ids):
+        raise TrainingError(f"task 'chars': seq_len={T} is longer than the {split} text ({len(ids) - 1} steps)",
+                            hint=f"use seq_len <= {len(eval_ids) - 1}")
+    starts = rng.integers(0, len(ids) - T, size=B)                     # (B,)
+    windows = ids[starts[None, :] + np.arange(T + 1)[:, None]]          # (T + 1, B)
+    return Batch(one_hot(windows[:-1], len(corpus()[1])), windows[1:], np.arange(T))
+
+
+def most_common_fraction() -> float:
+    """The accuracy of always predicting the corpus's commonest character (on the held-out text)."""
+    _, eval_ids = corpus_ids()
+    return float(np.bincount(eval_ids).max() / len(eval_ids))
+
+
+@lru_cache(maxsize=1)
+def _registry() -> dict[str, Task]:
+    vocab_size = len(corpus()[1])
+    table = [
+        Task("adding", 2, 1, "mse", "mse", "the last step",
+             "two channels: values U(0, 1) and markers on two steps (one in each half); predict the sum of the "
+             "two marked values at the end",
+             "Hochreiter & Schmidhuber 1997, Long Short-Term Memory (the adding problem, experiment 4)",
+             # Predicting the mean sum 1 leaves the variance of a sum of two independent U(0, 1): 2 / 12.
+             baseline=1 / 6, min_seq_len=2, make=adding_batch),
+        Task("copy", COPY_SYMBOLS + 2, COPY_SYMBOLS, "cross_entropy", "accuracy", "the last T // 5 steps",
+             f"memorise T // 5 symbols (of {COPY_SYMBOLS}), wait, and after the go marker reproduce them in order",
+             "Hochreiter & Schmidhuber 1997; Arjovsky, Shah & Bengio 2016, Unitary Evolution RNNs (copying memory)",
+             baseline=1 / COPY_SYMBOLS, min_seq_len=3, make=copy_batch),
+        Task("parity", 1, 2, "cross_entropy", "accuracy", "every step",
+             "bits in (0 or 1), one a step; predict the parity of the bits so far at every step",
+             "Minsky & Papert 1969; Hochreiter & Schmidhuber 1997 (parity as a long-range task)",
+             baseline=0.5, min_seq_len=1, make=parity_batch),
+        Task("parity-end", 1, 2, "cross_entropy", "accuracy", "the last step",
+             "bits in (0 or 1), one a step; predict the parity of all the bits at the end (harder: one "
+             "signal a sequence)",
+             "Minsky & Papert 1969; Hochreiter & Schmidhuber 1997 (parity as a long-range task)",
+             baseline=0.5, min_seq_len=1, make=parity_end_batch),
+        Task("chars", vocab_size, vocab_size, "cross_entropy", "accuracy", "every step",
+             f"character-level language modelling on {CORPUS.name} ({vocab_size} characters, one-hot): predict "
+             "the next character at every step; evaluated on the held-out last tenth",
+             "Elman 1990, Finding Structure in Time; Karpathy 2015, char-rnn",
+             baseline=most_common_fraction(), min_seq_len=1, make=chars_batch),
+    ]
+    return {task.name: task for task in table}
+
+
+def tasks() -> dict[str, Task]:
+    """Every task by name, in registry order."""
+    return dict(_registry())
+
+
+def get_task(task: str | Task) -> Task:
+    """A task by name (or the Task itself)."""
+    if isinstance(task, Task):
+        return task
+    table = _registry()
+    if task not in table:
+        raise TrainingError(f"unknown task {task!r}",
+                            hint=closest_names(task, table) + "known tasks: " + ", ".join(table))
+    return table[task]

@@ -6,6 +6,7 @@
     result = engine.run(net, params, x)          # x: (T, B, 64); result.outputs: (T, B, 256)
 """
 from .api import bench, export_cuda, run
+from .autodiff import Gradients, backward_graph, bptt
 from .backends.common import RunResult
 from .blocks import (Layers, Net, NetParams, Pool, init_net_params, load_net, net_from_dict, net_from_json,
                      net_preset, net_to_dict, net_to_json, prepare_net, run_net)
@@ -27,4 +28,5 @@ __all__ = [
     "from_dict", "from_json", "load", "save", "to_dict", "to_json", "explain", "explain_json", "explain_text",
     "Layers", "Net", "NetParams", "Pool", "init_net_params", "load_net", "net_from_dict", "net_from_json",
     "net_preset", "net_to_dict", "net_to_json", "prepare_net", "run_net",
+    "bptt", "backward_graph", "Gradients",
 ]

@@ -1,14 +1,18 @@
 """Automatic differentiation of any cell, and backpropagation through time on the NumPy reference.
 
-    from engine.autodiff import backward_graph
+    from engine.autodiff import backward_graph, bptt
     print(backward_graph(cell).describe())       # the backward step: one line per node
+    g = bptt(network, params, x, d_outputs=dL_dh)  # g.params, g.x, g.initial_states (+ the forward's outputs)
 
 The gradient rules live with the op table (engine.ops: OpDef.vjp, GRAD_OPS). backward_graph derives from them a
 frozen backward step graph (graph.py) whose matmul gradients are tagged for the later GPU passes: weight gradients
-accumulated over time, operand gradients flowing to the input, a state or an internal value.
+accumulated over time, operand gradients flowing to the input, a state or an internal value. bptt interprets it
+(step.py) over all layers and steps.
 """
+from .bptt import Gradients, bptt
 from .derive import active_nodes, backward_graph
 from .errors import AutodiffError
 from .graph import BackwardGraph, BackwardInput, BackwardNode
 
-__all__ = ["backward_graph", "active_nodes", "AutodiffError", "BackwardGraph", "BackwardInput", "BackwardNode"]
+__all__ = ["bptt", "Gradients", "backward_graph", "active_nodes", "AutodiffError", "BackwardGraph", "BackwardInput",
+           "BackwardNode"]

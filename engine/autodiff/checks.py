@@ -1,0 +1,104 @@
+"""The checks bptt makes before any work: its arguments (errors name the argument) and the host memory its saved
+forward values need."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends import reference
+from ..errors import BackendError
+from ..network import Network
+from .graph import BackwardGraph
+
+
+def check_dtype(dtype) -> type:
+    dtype = np.dtype(dtype).type
+    if dtype not in (np.float64, np.float32):
+        raise BackendError(f"argument 'dtype': bptt computes in float64 or float32, not {np.dtype(dtype).name}; "
+                           "hint: dtype=np.float64 (the default) for gradient checks, np.float32 for speed")
+    return dtype
+
+
+def check_network(network) -> Network:
+    if not isinstance(network, Network):
+        raise BackendError(f"argument 'network' must be an engine Network, got {type(network).__name__}; hint: "
+                           "engine.Network(cell, input_size, hidden_size, num_layers)")
+    return network
+
+
+def check_finite_array(name: str, value: np.ndarray) -> None:
+    """NaN or Inf: BackendError naming the argument and the first bad index."""
+    bad = ~np.isfinite(value)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise BackendError(f"{name} has {int(bad.sum())} NaN or Inf value(s), the first at index {first}; hint: "
+                           "check the loss gradient that produced it (bptt would spread it to every earlier step)")
+
+
+def _float_array(name: str, value, want: tuple[int, ...], layout: str) -> np.ndarray:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        raise BackendError(f"argument '{name}' must be an array of shape {want} {layout}, got {type(value).__name__}")
+    if tuple(shape) != want:
+        raise BackendError(f"argument '{name}' has shape {tuple(shape)}, expected {want} {layout}; hint: the "
+                           "gradient of the loss with respect to the forward value, of the same shape")
+    kind = getattr(value, "dtype", None)
+    if kind is None or kind.kind != "f":
+        raise BackendError(f"argument '{name}' must be a floating-point array, got dtype {kind}")
+    value = np.asarray(value)
+    check_finite_array(f"argument '{name}'", value)
+    return value
+
+
+def check_d_outputs(network: Network, d_outputs, steps: int, batch: int) -> np.ndarray | None:
+    """d_outputs: (T, B, output size) or None."""
+    if d_outputs is None:
+        return None
+    return _float_array("d_outputs", d_outputs, (steps, batch, network.output_size), "(T, B, output size)")
+
+
+def check_d_final_states(network: Network, d_final_states, batch: int) -> dict[str, np.ndarray]:
+    """d_final_states: {state name: (L, B, size)}; names left out (or None) are zeros."""
+    if d_final_states is None:
+        return {}
+    if not isinstance(d_final_states, dict):
+        raise BackendError("argument 'd_final_states' must be a dict {state name: (L, B, size) array}, got "
+                           f"{type(d_final_states).__name__}")
+    cell = network.cell
+    checked = {}
+    for name, value in d_final_states.items():
+        if name not in cell.state_names:
+            raise BackendError(f"d_final_states: '{name}' is not a state of cell '{cell.name}' "
+                               f"(states: {', '.join(cell.state_names)}); hint: leave out states the loss does "
+                               "not read")
+        want = (network.num_layers, batch, network.state_size(name))
+        checked[name] = _float_array(f"d_final_states['{name}']", value, want, "(L, B, size)")
+    return checked
+
+
+def saved_floats_per_row(network: Network, graph: BackwardGraph) -> int:
+    """The numbers one batch row of one step of one layer keeps for the backward: its saved forward values
+    (parameters and constants are kept once, not per step)."""
+    cell = network.cell
+    sizes = {"H": network.hidden_size, "P": network.projection_size, "I": network.input_size}
+    per_row = 0
+    for name in graph.saved:
+        node = cell[name]
+        if node.is_param or node.op == "const":
+            continue
+        dim = cell.dims[name]
+        per_row += max(network.output_size, network.input_size) if dim == "I" else sizes.get(dim, 0)
+    return per_row
+
+
+def check_bptt_memory(network: Network, graph: BackwardGraph, steps: int, batch: int, itemsize: int) -> None:
+    """Refuse, before allocating, a pass whose saved forward values cannot fit: every layer's saved values at
+    every step, plus the input, the outputs and two adjoint sequences."""
+    per_step = saved_floats_per_row(network, graph)
+    widest = max(network.input_size, network.hidden_size, network.projection_size)
+    needed = itemsize * steps * batch * (network.num_layers * per_step + 4 * widest)
+    available = reference.available_host_bytes()
+    if available is not None and needed > available:
+        raise BackendError(f"bptt needs about {needed:,} bytes of memory to keep the forward values of T={steps}, "
+                           f"B={batch}, L={network.num_layers} ({per_step} numbers a row, a step and a layer), but "
+                           f"only {available:,} are available; hint: truncate the sequence (run bptt on chunks of "
+                           "steps, carrying the states), use a smaller batch, or dtype=np.float32")

@@ -20,6 +20,7 @@ from .latex import to_latex
 from .network import Network
 from .params import Params, init_params
 from .serialize import from_dict, from_json, load, save, to_dict, to_json
+from .training import compare, tasks, train
 
 __all__ = [
     "run", "bench", "export_cuda", "RunResult", "W", "b", "cell", "const", "hard_sigmoid", "identity", "relu", "sigmoid", "tanh", "v",
@@ -27,6 +28,6 @@ __all__ = [
     "presets", "preset", "CellGraph", "Node", "StateSpec", "to_latex", "Network", "Params", "init_params",
     "from_dict", "from_json", "load", "save", "to_dict", "to_json", "explain", "explain_json", "explain_text",
     "Layers", "Net", "NetParams", "Pool", "init_net_params", "load_net", "net_from_dict", "net_from_json",
-    "net_preset", "net_to_dict", "net_to_json", "prepare_net", "run_net",
+    "net_preset", "net_to_dict", "net_to_json", "prepare_net", "run_net", "train", "compare", "tasks",
     "bptt", "backward_graph", "Gradients",
 ]

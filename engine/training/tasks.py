@@ -184,9 +184,9 @@ def _registry() -> dict[str, Task]:
     return {task.name: task for task in table}
 
 
-def tasks() -> dict[str, Task]:
-    """Every task by name, in registry order."""
-    return dict(_registry())
+def tasks() -> list[str]:
+    """The names of the tasks, in registry order (get_task(name) has the rest)."""
+    return list(_registry())
 
 
 def get_task(task: str | Task) -> Task:

@@ -1,0 +1,193 @@
+"""The training loop: any cell, stacked into a network, a linear readout on top, trained with Adam by
+backpropagation through time on a task's batches, on the CPU in float64.
+
+    import engine
+    result = engine.train(engine.preset("lstm").cell, "adding", hidden_size=16, steps=300, seed=0)
+    result.final_metric, result.losses[-1], result.seconds
+
+Training is a pure function of (cell, task, settings): the seed fixes the initial parameters
+(engine.init_params(network, seed)), the readout, the training batches and the held-out set, each from its
+own stream, so the same seed gives the same curves bit for bit and cells compared with one seed see the same
+data.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..autodiff import bptt
+from ..backends.reference import run as reference_run
+from ..gallery import Preset
+from ..gallery import get as get_preset
+from ..ir import CellGraph
+from ..network import Network
+from ..params import init_params
+from ..serialize import to_dict
+from .errors import TrainingError
+from .loss import init_readout, readout_loss
+from .optim import Adam, clip_by_global_norm, global_norm
+from .results import TrainResult, environment
+from .tasks import Batch, Task, get_task
+
+Progress = Callable[[int, int, float], None]
+
+# Random streams derived from (seed, use), one per use, so that changing one (say, the eval set's size) leaves
+# the others as they were.
+TRAIN_STREAM, EVAL_STREAM, READOUT_STREAM = 1, 2, 3
+
+EXAMPLES = {"hidden_size": 32, "num_layers": 1, "steps": 200, "batch": 16, "seed": 0, "eval_every": 20,
+            "eval_batch": 128}
+
+
+def check_integer(name: str, value, lo: int, hint: str | None = None) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
+        raise TrainingError(f"{name} must be an integer of at least {lo}, got {value!r}",
+                            hint=hint or f"for example {name}={EXAMPLES[name]}")
+
+
+def build_network(cell_or_network, task: Task, hidden_size: int | None, num_layers: int) -> Network:
+    """The network to train: the given one (its input size must be the task's), or the cell stacked
+    num_layers deep with the task's input size."""
+    if isinstance(cell_or_network, Network):
+        network = cell_or_network
+        if network.input_size != task.input_size:
+            raise TrainingError(f"the network's input_size is {network.input_size}, but task '{task.name}' gives "
+                                f"inputs of size {task.input_size}",
+                                hint=f"build it with input_size={task.input_size}, or pass the cell and hidden_size")
+        if hidden_size is not None and hidden_size != network.hidden_size:
+            raise TrainingError(f"hidden_size={hidden_size} was given, but the network has hidden_size="
+                                f"{network.hidden_size}", hint="leave hidden_size out when passing a Network")
+        return network
+    if isinstance(cell_or_network, str):
+        cell_or_network = get_preset(cell_or_network)
+    cell = cell_or_network.cell if isinstance(cell_or_network, Preset) else cell_or_network
+    if not isinstance(cell, CellGraph):
+        raise TrainingError(f"cannot train a {type(cell).__name__}",
+                            hint="pass a CellGraph (engine.preset('lstm').cell, a @cell design, engine.load(path)), "
+                                 "a preset name or an engine.Network")
+    if hidden_size is None:
+        raise TrainingError(f"hidden_size is needed to stack cell '{cell.name}' into a network",
+                            hint="train(cell, task, hidden_size=32, ...)")
+    check_integer("hidden_size", hidden_size, 1)
+    check_integer("num_layers", num_layers, 1)
+    if cell.input_is_hidden and hidden_size != task.input_size:
+        raise TrainingError(f"cell '{cell.name}' needs input size == hidden size, and task '{task.name}' gives inputs "
+                            f"of size {task.input_size}, not hidden_size={hidden_size}",
+                            hint=f"hidden_size={task.input_size}, or a cell that projects its input with a weight")
+    return Network(cell, task.input_size, hidden_size, num_layers)
+
+
+def check_settings(task: Task, steps, batch, seq_len, lr, clip, seed, eval_every, eval_batch) -> None:
+    check_integer("steps", steps, 1)
+    check_integer("batch", batch, 1)
+    check_integer("seq_len", seq_len, task.min_seq_len, hint=f"seq_len >= {task.min_seq_len} for task '{task.name}'")
+    check_integer("seed", seed, 0)
+    check_integer("eval_every", eval_every, 1)
+    check_integer("eval_batch", eval_batch, 1)
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
+        raise TrainingError(f"lr must be a positive number, got {lr!r}", hint="try lr=0.01 (Adam)")
+    if clip is not None and (not isinstance(clip, (int, float)) or isinstance(clip, bool) or not math.isfinite(clip)
+                             or clip < 0):
+        raise TrainingError(f"clip must be a non-negative number or None, got {clip!r}",
+                            hint="clip=1.0 bounds each step's gradient norm; 0 or None turns clipping off")
+
+
+def evaluate(network: Network, params, readout, batch: Batch, task: Task) -> tuple[float, float]:
+    """(loss, metric) on a batch, forward only."""
+    outputs = reference_run(network, params, batch.x, dtype=np.float64).outputs     # (T, B, H)
+    scored = readout_loss(outputs, readout, batch, task.loss)
+    return scored.loss, scored.metric
+
+
+def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, num_layers: int = 1,
+          steps: int = 200, batch: int = 16, seq_len: int = 20, lr: float = 0.01, clip: float | None = 1.0,
+          seed: int = 0, eval_every: int | None = None, eval_batch: int = 128,
+          on_progress: Progress | None = None) -> TrainResult:
+    """Train a cell (CellGraph, Preset or preset name; hidden_size and num_layers stack it) or a Network on a
+    task (a name from engine.tasks() or a Task) for `steps` Adam steps on batches of `batch` sequences of
+    `seq_len` steps, gradients clipped to global norm `clip` (None or 0: not clipped). Scores a held-out set of
+    `eval_batch` sequences before training, every `eval_every` steps (default: a tenth of the run) and at the
+    end. on_progress(step, steps, loss) is called after every step.
+
+    Raises TrainingError, naming the step, if the loss or the gradients stop being finite."""
+    task = get_task(task)
+    eval_every = max(1, steps // 10) if eval_every is None and isinstance(steps, int) else eval_every
+    check_settings(task, steps, batch, seq_len, lr, clip, seed, eval_every, eval_batch)
+    network = build_network(cell_or_network, task, hidden_size, num_layers)
+    started = time.perf_counter()
+
+    params = init_params(network, seed=seed)
+    readout = init_readout(task.output_size, network.output_size, np.random.default_rng([seed, READOUT_STREAM]))
+    train_rng = np.random.default_rng([seed, TRAIN_STREAM])
+    held_out = task.batch(np.random.default_rng([seed, EVAL_STREAM]), eval_batch, seq_len, split="eval")
+    optimizer = Adam(lr=lr)
+
+    losses: list[float] = []
+    initial_loss, initial_metric = evaluate(network, params, readout, held_out, task)
+    eval_steps, eval_losses, eval_metrics = [0], [initial_loss], [initial_metric]
+    # Overflow on the way to a divergence is expected: it is caught below and reported with its step, so
+    # NumPy's warnings would only repeat it less clearly.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for step in range(1, steps + 1):
+            data = task.batch(train_rng, batch, seq_len)
+            # The loss's gradient needs the outputs first, so the forward pass runs twice: here and inside bptt.
+            outputs = reference_run(network, params, data.x, dtype=np.float64).outputs     # (T, B, H)
+            scored = readout_loss(outputs, readout, data, task.loss)
+            if not math.isfinite(scored.loss):
+                raise diverged(step, steps, "loss", scored.loss, lr, clip)
+            grads = bptt(network, params, data.x, d_outputs=scored.d_outputs, dtype=np.float64)
+            groups = [*grads.params, scored.d_readout]
+            norm = global_norm(groups)
+            if not math.isfinite(norm):
+                raise diverged(step, steps, "gradient norm", norm, lr, clip)
+            groups, _ = clip_by_global_norm(groups, clip)
+            optimizer.step([*params.layers, readout], groups)
+            losses.append(scored.loss)
+            if step % eval_every == 0 or step == steps:
+                loss, metric = evaluate(network, params, readout, held_out, task)
+                if not math.isfinite(loss):
+                    raise diverged(step, steps, "held-out loss", loss, lr, clip)
+                eval_steps.append(step)
+                eval_losses.append(loss)
+                eval_metrics.append(metric)
+            if on_progress is not None:
+                on_progress(step, steps, scored.loss)
+    seconds = time.perf_counter() - started
+    settings = {"hidden_size": network.hidden_size, "num_layers": network.num_layers, "proj_size": network.proj_size,
+                "input_size": network.input_size, "steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr,
+                "clip": clip, "seed": seed, "eval_every": eval_every, "eval_batch": eval_batch, "optimizer": "adam",
+                "dtype": "float64"}
+    return TrainResult(cell=network.cell.name, cell_hash=network.cell.structural_hash,
+                       cell_json=to_dict(network.cell), task=task.name, metric=task.metric, baseline=task.baseline,
+                       settings=settings, losses=losses, eval_steps=eval_steps, eval_losses=eval_losses,
+                       eval_metrics=eval_metrics, seconds=seconds,
+                       num_params=network.num_params() + sum(v.size for v in readout.values()),
+                       environment=environment(), params=params, readout=readout)
+
+
+def diverged(step: int, steps: int, what: str, value: float, lr: float, clip: float | None) -> TrainingError:
+    return TrainingError(f"training stopped at step {step} of {steps}: the {what} became {value}",
+                         hint=f"lower the learning rate (lr={lr:g} now)"
+                              + (f" or clip the gradients harder (clip={clip:g} now)" if clip
+                                 else " or clip the gradients (clip=1.0)"),
+                         step=step)
+
+
+def compare(cells: list, task: str | Task, *, on_progress: Progress | None = None, **settings) -> list[TrainResult]:
+    """Train several cells side by side with the same settings and seed, so each sees the same batches and the
+    same held-out set; one result per cell, in order. on_progress(step, total, loss) counts over all of them
+    (total = len(cells) * steps), one bar for the whole comparison."""
+    if not cells:
+        raise TrainingError("compare needs at least one cell", hint="compare(['lstm', 'gru'], 'adding', ...)")
+    task = get_task(task)
+    for cell in cells:                  # refuse a cell the settings cannot stack before training any of them
+        build_network(cell, task, settings.get("hidden_size"), settings.get("num_layers", 1))
+    results = []
+    for index, cell in enumerate(cells):
+        def progress(step, steps, loss, offset=index):
+            on_progress(offset * steps + step, len(cells) * steps, loss)
+        results.append(train(cell, task, on_progress=progress if on_progress else None, **settings))
+    return results

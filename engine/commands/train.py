@@ -1,0 +1,98 @@
+"""`python -m engine train <preset or cell.json> [more cells...]`: train cells on a generated task (CPU, float64)
+and compare them, each on the same data from the same seed.
+
+    python -m engine train lstm gru --task adding --steps 300 --hidden-size 16 --seq-len 10 --batch 32
+    python -m engine train my_cell.json lstm --task parity --json results.json
+    python -m engine train --list-tasks
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..training import compare, save_results
+from ..training.errors import TrainingError
+from ..training.tasks import get_task, tasks
+from ._common import resolve_cell
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train cells on a generated sequence task and compare them (CPU)")
+    p.add_argument("cells", nargs="*", metavar="cell", help="preset names or cell JSON files, one or more")
+    p.add_argument("--task", default="adding", help=f"the task: {', '.join(tasks())} (default adding)")
+    p.add_argument("--steps", type=int, default=200, help="optimisation steps (default 200)")
+    p.add_argument("--hidden-size", "-H", type=int, default=32, help="hidden size H (default 32)")
+    p.add_argument("--layers", "-L", type=int, default=1, help="stacked layers (default 1)")
+    p.add_argument("--batch", "-B", type=int, default=16, help="sequences a step (default 16)")
+    p.add_argument("--seq-len", "-T", type=int, default=20, help="steps a sequence (default 20)")
+    p.add_argument("--lr", type=float, default=0.01, help="Adam's learning rate (default 0.01)")
+    p.add_argument("--clip", type=float, default=1.0, help="clip gradients to this global norm; 0: off (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the parameters and the data (default 0)")
+    p.add_argument("--eval-every", type=int, default=None, help="score the held-out set every N steps "
+                                                                 "(default: a tenth of the run)")
+    p.add_argument("--json", metavar="PATH", help="write the results (settings, curves, cells) to this JSON file")
+    p.add_argument("--list-tasks", action="store_true", help="list the tasks and exit")
+    p.set_defaults(func=main)
+
+
+def print_tasks() -> None:
+    names = tasks()
+    width = max(len(name) for name in names)
+    for name in names:
+        task = get_task(name)
+        print(f"{name:<{width}}  in {task.input_size:>2}  out {task.output_size:>2}  {task.metric:<8}  "
+              f"baseline {task.baseline:<6.4g}  {task.description}")
+
+
+def progress_printer(cell_names: list[str], steps: int):
+    """A progress line per cell: rewritten in place on a terminal, a line every tenth of the run otherwise."""
+    live = sys.stderr.isatty()
+    every = max(1, steps // 10)
+
+    def show(done: int, total: int, loss: float) -> None:
+        index, step = (done - 1) // steps, (done - 1) % steps + 1
+        line = f"[{index + 1}/{len(cell_names)}] {cell_names[index]}: step {step}/{steps}  loss {loss:.4g}"
+        if live:
+            print("\r" + line, end="\n" if step == steps else "", file=sys.stderr, flush=True)
+        elif step % every == 0 or step == steps:
+            print(line, file=sys.stderr, flush=True)
+    return show
+
+
+def print_table(results, task) -> None:
+    settings = results[0].settings
+    better = "higher" if task.higher_is_better else "lower"
+    print(f"task {task.name}: {task.metric} on {settings['eval_batch']} held-out sequences ({better} is better; "
+          f"input-blind baseline {task.baseline:.4g}); {settings['steps']} steps of B={settings['batch']}, "
+          f"T={settings['seq_len']}, H={settings['hidden_size']}, L={settings['num_layers']}, lr {settings['lr']:g}, "
+          f"clip {settings['clip'] or 'off'}, seed {settings['seed']}")
+    rows = [(r.cell, f"{r.num_params:,}", f"{r.final_loss:.4g}", f"{r.final_metric:.4g}", f"{r.seconds:.1f}")
+            for r in results]
+    header = ("cell", "params", "held-out loss", task.metric, "seconds")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(text.ljust(w) if i == 0 else text.rjust(w) for i, (text, w) in enumerate(zip(row, widths))))
+
+
+def main(args) -> int:
+    if args.list_tasks:
+        print_tasks()
+        return 0
+    if not args.cells:
+        raise TrainingError("no cell to train", hint="name one or more presets or cell JSON files, e.g. "
+                                                     "`python -m engine train lstm gru --task adding`")
+    task = get_task(args.task)
+    cells = [resolve_cell(spec) for spec in args.cells]        # every file read before any training starts
+    if args.clip < 0:
+        raise TrainingError(f"--clip must be 0 (off) or positive, got {args.clip:g}", hint="--clip 1.0")
+    if args.json and not Path(args.json).resolve().parent.is_dir():     # found out before training, not after
+        raise TrainingError(f"--json: the folder of '{args.json}' does not exist", hint="create it first")
+    results = compare(cells, task, hidden_size=args.hidden_size, num_layers=args.layers, steps=args.steps,
+                      batch=args.batch, seq_len=args.seq_len, lr=args.lr, clip=args.clip or None, seed=args.seed,
+                      eval_every=args.eval_every,
+                      on_progress=progress_printer([c.name for c in cells], args.steps))
+    print_table(results, task)
+    if args.json:
+        save_results(results, args.json)
+        print(f"saved {len(results)} result(s) to {args.json}")
+    return 0

@@ -22,6 +22,9 @@ NODE_COLOURS = {
 }
 PARAM_OPS = ("weight", "bias", "vector")
 LEGEND_ON_TOP = dict(orientation="h", yanchor="bottom", y=1.02, x=0)   # clear of the x axis title
+# Plotly's default qualitative colours, named so that one cell keeps its colour across a page's figures.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")
 
 
 def titled(fig: go.Figure, text: str) -> go.Figure:
@@ -471,3 +474,62 @@ def divergence_series(results: Mapping, cell_index: int, against: str = "vs_refe
         if curves.get(stat):
             series.append({"label": f"{entry['name']} ({entry.get('precision', '?')})", "errors": curves[stat]})
     return series
+
+
+# ---- training (the Train page; results are TrainResult.to_dict() dicts) --------------------------------
+
+def smoothed(values: Sequence[float], window: int) -> list[float]:
+    """The running mean over the last `window` values (fewer at the start): per-step training losses are noisy
+    (a fresh batch each step), and the trend is what tells cells apart."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def training_loss_figure(results: Sequence[Mapping]) -> go.Figure:
+    """Training loss per step of each cell (faint) and its running mean (solid), on a log axis."""
+    fig = go.Figure()
+    window = max(1, max((len(r["losses"]) for r in results), default=1) // 20)
+    for i, r in enumerate(results):
+        colour = PALETTE[i % len(PALETTE)]
+        steps = list(range(1, len(r["losses"]) + 1))
+        fig.add_trace(go.Scatter(x=steps, y=r["losses"], mode="lines", name=f"{r['cell']} (per step)",
+                                 line=dict(color=colour, width=1), opacity=0.3, showlegend=False,
+                                 hovertemplate="step %{x}: %{y:.4g}<extra>" + r["cell"] + "</extra>"))
+        fig.add_trace(go.Scatter(x=steps, y=smoothed(r["losses"], window), mode="lines", name=r["cell"],
+                                 line=dict(color=colour, width=2),
+                                 hovertemplate=f"step %{{x}}: %{{y:.4g}} (mean of {window})<extra>{r['cell']}</extra>"))
+    fig.update_layout(xaxis=dict(title="training step"), yaxis=dict(title="training loss", type="log"),
+                      legend=LEGEND_ON_TOP, margin=dict(l=40, r=20, t=40, b=40))
+    task = results[0]["task"] if results else ""
+    titled(fig, f"Training loss on '{task}' (running mean of {window} steps over each step's loss)")
+    return fig
+
+
+def training_metric_figure(results: Sequence[Mapping]) -> go.Figure:
+    """The held-out metric of each cell against the training step, with the task's input-blind baseline."""
+    fig = go.Figure()
+    for i, r in enumerate(results):
+        fig.add_trace(go.Scatter(x=r["eval_steps"], y=r["eval_metrics"], mode="lines+markers", name=r["cell"],
+                                 line=dict(color=PALETTE[i % len(PALETTE)]),
+                                 hovertemplate="step %{x}: %{y:.4g}<extra>" + r["cell"] + "</extra>"))
+    if results:
+        metric = results[0]["metric"]
+        fig.add_hline(y=results[0]["baseline"], line_dash="dash", line_color="black",
+                      annotation_text="without the input", annotation_position="top right")
+        better = "higher" if metric == "accuracy" else "lower"
+        fig.update_layout(yaxis=dict(title=f"held-out {metric} ({better} is better)"))
+    fig.update_layout(xaxis=dict(title="training step"), legend=LEGEND_ON_TOP, margin=dict(l=40, r=20, t=40, b=40))
+    titled(fig, "Held-out score during training")
+    return fig
+
+
+def training_table(results: Sequence[Mapping]) -> list[dict]:
+    """One row per cell: its final held-out loss and metric, the baseline, its size and time."""
+    return [{"cell": r["cell"], f"final {r['metric']}": r["final_metric"], "final loss": r["final_loss"],
+             "without the input": r["baseline"], "parameters": r["num_params"], "seconds": round(r["seconds"], 2)}
+            for r in results]

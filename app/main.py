@@ -30,6 +30,7 @@ PAGES = [
     st.Page("views/networks.py", title="Networks", icon=":material/stacks:"),
     st.Page("views/benchmarks.py", title="Benchmarks", icon=":material/speed:"),
     st.Page("views/divergence.py", title="Divergence", icon=":material/show_chart:"),
+    st.Page("views/train.py", title="Train", icon=":material/model_training:"),
     st.Page("views/export.py", title="Export", icon=":material/download:"),
 ]
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "docs" / "screenshots"       # the README shows them
-PAGES = ("Designer", "Gallery", "Schedule", "Networks", "Benchmarks", "Divergence", "Export")
+PAGES = ("Designer", "Gallery", "Schedule", "Networks", "Benchmarks", "Divergence", "Train", "Export")
 
 
 def wait_until_idle(page) -> None:
@@ -109,7 +109,26 @@ def test_readme_screenshot_of_the_designer_with_the_lstm(page, app_url):
     assert (SCREENSHOTS / "designer.png").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("title", [p for p in PAGES if p != "Designer"])
+def test_train_compares_two_cells_and_is_photographed(page, app_url):
+    """Train the LSTM and the GRU on the adding problem with the page's defaults, as a person would: one click, a
+    progress bar, then the loss curves, the held-out curves and the table; the picture goes to the README."""
+    page.set_viewport_size({"width": 1920, "height": 1080})
+    open_page(page, app_url, "Train")
+    page.locator(".st-key-train-run").get_by_role("button").click()
+    page.get_by_text("Trained 2 cell(s); saved to").wait_for(timeout=180_000)
+    wait_until_idle(page)
+    for key in ("losses", "metrics"):
+        page.locator(f".st-key-train-{key} .js-plotly-plot svg.main-svg").first.wait_for()
+    assert_no_exception(page)
+    expect(page.locator('[data-testid="stMain"] [data-testid="stDataFrame"]')).to_have_count(1)
+    page.locator(".st-key-train-losses").scroll_into_view_if_needed()
+    page.wait_for_function("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "train.png"))
+    assert (SCREENSHOTS / "train.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("title", [p for p in PAGES if p not in ("Designer", "Train")])
 def test_every_other_page_renders_and_is_photographed(page, app_url, title):
     """Each page opened fresh at 1920 x 1080 shows no exception; its picture goes to docs/screenshots/."""
     page.set_viewport_size({"width": 1920, "height": 1080})

@@ -1,0 +1,84 @@
+"""The Train page (app/views/train.py) through Streamlit's AppTest, on the CPU: cells trained side by side,
+their curves and table shown, the comparison saved at once and opened again, and the refusals."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import engine
+
+
+def tiny(at, steps: int = 12) -> None:
+    """Settings that train in about a second a cell."""
+    for field, value in (("hidden_size", 4), ("steps", steps), ("batch", 4), ("seq_len", 4)):
+        at.number_input(key=f"train.{field}").set_value(value)
+    at.run()
+
+
+def chart_keys(at) -> list[str]:
+    return [chart.proto.id.rsplit("-", 1)[-1] for chart in at.get("plotly_chart")]
+
+
+def test_two_cells_train_side_by_side_and_the_comparison_is_saved(open_page):
+    at = open_page("train")
+    assert [t.value for t in at.title] == ["Train"]
+    assert at.multiselect(key="train.cells").value == ["preset: lstm", "preset: gru"]
+    tiny(at)
+    at.button(key="train.run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert {"train.losses", "train.metrics"} <= set(chart_keys(at))
+    table = at.dataframe[0].value
+    assert list(table["cell"]) == ["lstm", "gru"]
+    assert all(table["seconds"] >= 0) and all(table["parameters"] > 0)
+    saved = list((Path(os.environ["RNN_DESIGNS_DIR"]) / "training").glob("adding-*.json"))
+    assert len(saved) == 1, saved
+    written = json.loads(saved[0].read_text())
+    assert [r["cell"] for r in written["results"]] == ["lstm", "gru"]
+    assert all(len(r["losses"]) == 12 for r in written["results"])
+    assert any(str(saved[0]) in s.value for s in at.success)
+
+
+def test_an_earlier_comparison_opens_from_its_file(open_page):
+    at = open_page("train")
+    tiny(at, steps=6)
+    at.button(key="train.run").click().run()
+    shown = at.dataframe[0].value
+    at.session_state["train.results"] = []                      # as after a reload: nothing on show
+    at.run()
+    assert not at.dataframe
+    at.button(key="train.show_saved").click().run()
+    assert not at.error
+    assert list(at.dataframe[0].value["cell"]) == list(shown["cell"])
+
+
+def test_the_current_design_and_a_task_of_classes_train(open_page):
+    at = open_page("train")
+    at.multiselect(key="train.cells").set_value(["current design"]).run()
+    at.selectbox(key="train.task").set_value("parity").run()
+    assert "accuracy" in "\n".join(c.value for c in at.caption)
+    tiny(at, steps=5)
+    at.button(key="train.run").click().run()
+    assert not at.error, [e.value for e in at.error]
+    assert list(at.dataframe[0].value["cell"]) == [engine.preset("lstm").cell.name]
+    assert "final accuracy" in at.dataframe[0].value.columns
+
+
+def test_no_cell_chosen_says_so_and_trains_nothing(open_page):
+    at = open_page("train")
+    at.multiselect(key="train.cells").set_value([]).run()
+    assert at.button(key="train.run").disabled
+    assert any("at least one cell" in i.value for i in at.info)
+
+
+def test_a_saved_design_that_is_not_a_cell_is_refused_by_name(open_page):
+    folder = Path(os.environ["RNN_DESIGNS_DIR"])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "broken.json").write_text('{"name": "broken", "nodes": [{"name": "x"}]}')
+    at = open_page("train")
+    at.multiselect(key="train.cells").set_value(["saved: broken"]).run()
+    tiny(at, steps=3)
+    at.button(key="train.run").click().run()
+    assert not at.exception
+    assert any("broken" in e.value and "cannot be trained" in e.value for e in at.error), [e.value for e in at.error]
+    assert not at.dataframe

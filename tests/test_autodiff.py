@@ -167,6 +167,26 @@ def test_outputs_and_shapes_are_the_reference_forward():
         assert {k: v.shape for k, v in g.params[layer].items()} == {k: v.shape for k, v in case.params[layer].items()}
 
 
+def test_a_loss_gradient_given_as_a_function_of_the_outputs_equals_the_array():
+    """bptt(d_outputs=f): f gets the forward outputs of bptt's own pass (training needs them for the loss) and its
+    result is used as d_outputs, the same gradients as handing that array in; a wrong shape is refused as an array."""
+    case = make_case(engine.preset("gru").cell, seed=4)
+    seen = []
+
+    def loss_gradient(outputs):
+        seen.append(outputs.copy())
+        return case.d_outputs
+    given_fn = bptt(case.network, case.params, case.x, case.initial_states, loss_gradient, case.d_final_states)
+    given_array = case.gradients()
+    assert len(seen) == 1 and np.array_equal(seen[0], given_array.outputs)
+    for layer in range(case.network.num_layers):
+        for name, value in given_array.params[layer].items():
+            assert np.array_equal(given_fn.params[layer][name], value), name
+    assert np.array_equal(given_fn.x, given_array.x)
+    with pytest.raises(BackendError, match="d_outputs"):
+        bptt(case.network, case.params, case.x, d_outputs=lambda outputs: outputs[:, :1])
+
+
 def test_float32_is_float64_to_single_precision():
     case = make_case(engine.preset("gru_cho").cell)
     g64, g32 = case.gradients(np.float64), case.gradients(np.float32)

@@ -42,14 +42,16 @@ class _Tape:
 def bptt(network: Network, params: Params, x: np.ndarray, initial_states: dict | None = None,
          d_outputs: np.ndarray | None = None, d_final_states: dict | None = None, dtype=np.float64) -> Gradients:
     """x: (T, B, I). initial_states: name -> (L, B, size), zeros where not given (as engine.run). d_outputs:
-    (T, B, output size), the loss's gradient with respect to the top layer's outputs (None: zeros).
-    d_final_states: name -> (L, B, size) (None or names left out: zeros)."""
+    (T, B, output size), the loss's gradient with respect to the top layer's outputs (None: zeros), or a function
+    of the forward outputs (T, B, output size) that returns it: a loss that needs the outputs first (training) then
+    costs one forward pass, not two. d_final_states: name -> (L, B, size) (None or names left out: zeros)."""
     dtype = check_dtype(dtype)
     network = check_network(network)
     check_params(network, params)
     x = check_inputs(network, x, initial_states, xp=np)
     T, B, _ = x.shape
-    d_outputs = check_d_outputs(network, d_outputs, T, B)
+    loss_gradient = d_outputs if callable(d_outputs) else None
+    d_outputs = None if loss_gradient else check_d_outputs(network, d_outputs, T, B)
     d_final_states = check_d_final_states(network, d_final_states, B)
     check_finite(network, params, x, initial_states)
     graph = backward_graph(network.cell)
@@ -57,6 +59,8 @@ def bptt(network: Network, params: Params, x: np.ndarray, initial_states: dict |
 
     layer_params = [{k: np.asarray(v, dtype=dtype) for k, v in params[l].items()} for l in range(network.num_layers)]
     tape = _forward(network, graph, layer_params, x.astype(dtype), initial_states, dtype)
+    if loss_gradient is not None:
+        d_outputs = check_d_outputs(network, loss_gradient(tape.outputs), T, B)
     if d_outputs is None:
         d_outputs = np.zeros((T, B, network.output_size), dtype=dtype)
     return _reverse(network, graph, layer_params, tape, d_outputs.astype(dtype, copy=False), d_final_states, dtype)

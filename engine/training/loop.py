@@ -133,12 +133,15 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for step in range(1, steps + 1):
             data = task.batch(train_rng, batch, seq_len)
-            # The loss's gradient needs the outputs first, so the forward pass runs twice: here and inside bptt.
-            outputs = reference_run(network, params, data.x, dtype=np.float64).outputs     # (T, B, H)
-            scored = readout_loss(outputs, readout, data, task.loss)
-            if not math.isfinite(scored.loss):
-                raise diverged(step, steps, "loss", scored.loss, lr, clip)
-            grads = bptt(network, params, data.x, d_outputs=scored.d_outputs, dtype=np.float64)
+            scored = []
+
+            def loss_gradient(outputs, data=data, scored=scored):      # (T, B, H): bptt's own forward outputs
+                scored.append(readout_loss(outputs, readout, data, task.loss))
+                if not math.isfinite(scored[0].loss):
+                    raise diverged(step, steps, "loss", scored[0].loss, lr, clip)
+                return scored[0].d_outputs
+            grads = bptt(network, params, data.x, d_outputs=loss_gradient, dtype=np.float64)
+            scored = scored[0]
             groups = [*grads.params, scored.d_readout]
             norm = global_norm(groups)
             if not math.isfinite(norm):

@@ -270,3 +270,24 @@ def test_saved_values_that_cannot_fit_are_refused_before_allocating(monkeypatch)
         case.gradients()
     monkeypatch.setattr(reference, "available_host_bytes", lambda: 10**9)
     case.gradients()
+
+
+def test_the_gpu_backend_without_a_gpu_says_why_and_an_unknown_backend_is_named():
+    case = make_case(engine.preset("gru").cell)
+    with pytest.raises(BackendError, match="backend.*reference, naive"):
+        bptt(case.network, case.params, case.x, backend="fused")
+    from engine.backends import gpu_status
+    if gpu_status()[0]:
+        pytest.skip("a GPU is present: tests/gpu/test_autodiff_gpu.py runs backend='naive' there")
+    with pytest.raises(BackendError, match="needs a CUDA GPU.*hint: backend='reference'"):
+        bptt(case.network, case.params, case.x, backend="naive")
+
+
+def test_a_tape_runs_its_backward_pass_once():
+    case = make_case(engine.preset("lstm").cell, seed=2)
+    tape = engine.autodiff.record(case.network, case.params, case.x, case.initial_states)
+    assert np.array_equal(tape.outputs, case.gradients().outputs)
+    first = tape.backward(case.d_outputs, case.d_final_states)
+    assert np.array_equal(first.x, case.gradients().x)
+    with pytest.raises(engine.autodiff.AutodiffError, match="has run already"):
+        tape.backward(case.d_outputs)

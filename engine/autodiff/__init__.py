@@ -7,12 +7,13 @@
 The gradient rules live with the op table (engine.ops: OpDef.vjp, GRAD_OPS). backward_graph derives from them a
 frozen backward step graph (graph.py) whose matmul gradients are tagged for the later GPU passes: weight gradients
 accumulated over time, operand gradients flowing to the input, a state or an internal value. bptt interprets it
-(step.py) over all layers and steps.
+(step.py) over all layers and steps; record() runs the forward pass and returns a Tape whose backward() gives the
+gradients later (what a torch.autograd.Function needs); backend="naive" does both on the GPU through CuPy.
 """
-from .bptt import Gradients, bptt
+from .bptt import Gradients, Tape, bptt, record
 from .derive import active_nodes, backward_graph
 from .errors import AutodiffError
 from .graph import BackwardGraph, BackwardInput, BackwardNode
 
-__all__ = ["bptt", "Gradients", "backward_graph", "active_nodes", "AutodiffError", "BackwardGraph", "BackwardInput",
+__all__ = ["bptt", "record", "Tape", "Gradients", "backward_graph", "active_nodes", "AutodiffError", "BackwardGraph", "BackwardInput",
            "BackwardNode"]

@@ -1,5 +1,7 @@
 """Backpropagation through time on the NumPy reference: gradients of a loss with respect to a network's
 parameters, input and initial states, given the loss's gradients with respect to the outputs and final states.
+backend="naive" runs the same interpreters on the GPU through CuPy, one array operation per node (a correct,
+slow baseline for the generated backward kernels to come, and what the torch.nn.Module wrapper runs today).
 
 The forward pass runs engine.backends.reference.step layer by layer and keeps, for every step, the forward values
 the backward graph reads (BackwardGraph.saved). The reverse pass interprets the backward graph: the top layer
@@ -14,16 +16,19 @@ import numpy as np
 
 from ..backends.common import check_finite, check_inputs
 from ..backends.reference import step
+from ..errors import BackendError
 from ..network import Network
 from ..params import Params, check_params
 from .checks import check_bptt_memory, check_d_final_states, check_d_outputs, check_dtype, check_network
 from .derive import backward_graph
+from .errors import AutodiffError
 from .graph import BackwardGraph
 from .step import backward_step
 
 
 @dataclass
 class Gradients:
+    """NumPy arrays from backend="reference", CuPy arrays (on the GPU) from backend="naive"."""
     params: list[dict[str, np.ndarray]]    # per layer: parameter name -> gradient, the parameter's shape
     x: np.ndarray                          # (T, B, I)
     initial_states: dict[str, np.ndarray]  # state name -> (L, B, size)
@@ -32,47 +37,100 @@ class Gradients:
 
 
 @dataclass
-class _Tape:
-    """What the forward pass keeps for the reverse pass."""
-    saved: list[list[dict[str, np.ndarray]]]   # [layer][t]: forward name -> value
-    outputs: np.ndarray                        # (T, B, output size)
-    final_states: dict[str, np.ndarray]        # name -> (L, B, size)
+class Tape:
+    """What the forward pass keeps for the reverse pass (record), and the reverse pass itself (backward)."""
+    network: Network
+    graph: BackwardGraph
+    layer_params: list                         # [layer]: name -> array of the pass's dtype and array module
+    saved: list[list[dict]]                    # [layer][t]: forward name -> value
+    outputs: object                            # (T, B, output size)
+    final_states: dict                         # name -> (L, B, size)
+    dtype: type
+    xp: object                                 # numpy or cupy
+    used: bool = False
+
+    def backward(self, d_outputs=None, d_final_states: dict | None = None) -> Gradients:
+        """The gradients, given the loss's gradients with respect to the outputs (T, B, output size; None: zeros)
+        and final states (name -> (L, B, size); None or names left out: zeros). Once: the saved values go."""
+        if self.used:
+            raise AutodiffError("this tape's backward pass has run already, and its saved forward values are gone",
+                                hint="record the forward pass again (engine.autodiff.record) for another backward")
+        network, xp, dtype = self.network, self.xp, self.dtype
+        T, B, _ = self.outputs.shape
+        d_outputs = check_d_outputs(network, d_outputs, T, B, xp)
+        d_final_states = check_d_final_states(network, d_final_states, B, xp)
+        self.used = True
+        if d_outputs is None:
+            d_outputs = xp.zeros((T, B, network.output_size), dtype=dtype)
+        return _reverse(network, self.graph, self.layer_params, self, d_outputs.astype(dtype, copy=False),
+                        d_final_states, dtype, xp)
 
 
-def bptt(network: Network, params: Params, x: np.ndarray, initial_states: dict | None = None,
-         d_outputs: np.ndarray | None = None, d_final_states: dict | None = None, dtype=np.float64) -> Gradients:
+BACKENDS = ("reference", "naive")      # NumPy on the host; the same interpreter on the GPU through CuPy, op by op
+
+
+def bptt(network: Network, params: Params, x, initial_states: dict | None = None, d_outputs=None,
+         d_final_states: dict | None = None, dtype=np.float64, backend: str = "reference") -> Gradients:
     """x: (T, B, I). initial_states: name -> (L, B, size), zeros where not given (as engine.run). d_outputs:
     (T, B, output size), the loss's gradient with respect to the top layer's outputs (None: zeros), or a function
     of the forward outputs (T, B, output size) that returns it: a loss that needs the outputs first (training) then
-    costs one forward pass, not two. d_final_states: name -> (L, B, size) (None or names left out: zeros)."""
+    costs one forward pass, not two. d_final_states: name -> (L, B, size) (None or names left out: zeros).
+    backend="naive": the same interpreter on the GPU (CuPy arrays in, or NumPy ones copied over; CuPy arrays out).
+    One call is record(...) then Tape.backward(...)."""
+    tape = record(network, params, x, initial_states, dtype=dtype, backend=backend)
+    if callable(d_outputs):
+        d_outputs = d_outputs(tape.outputs)
+    return tape.backward(d_outputs, d_final_states)
+
+
+def record(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float64,
+           backend: str = "reference") -> "Tape":
+    """The forward pass of bptt, keeping what its reverse pass reads: tape.outputs (T, B, output size) and
+    tape.final_states now, the gradients later from tape.backward(d_outputs, d_final_states), once (the saved
+    values are freed as it goes). What a torch.autograd.Function needs: forward now, backward when asked."""
     dtype = check_dtype(dtype)
     network = check_network(network)
-    check_params(network, params)
-    x = check_inputs(network, x, initial_states, xp=np)
+    xp = array_module(backend)
+    check_params(network, _shapes_only(params))
+    x = check_inputs(network, x, initial_states, xp=xp)
     T, B, _ = x.shape
-    loss_gradient = d_outputs if callable(d_outputs) else None
-    d_outputs = None if loss_gradient else check_d_outputs(network, d_outputs, T, B)
-    d_final_states = check_d_final_states(network, d_final_states, B)
     check_finite(network, params, x, initial_states)
     graph = backward_graph(network.cell)
-    check_bptt_memory(network, graph, T, B, np.dtype(dtype).itemsize)
+    check_bptt_memory(network, graph, T, B, np.dtype(dtype).itemsize, on="host" if xp is np else "device")
 
-    layer_params = [{k: np.asarray(v, dtype=dtype) for k, v in params[l].items()} for l in range(network.num_layers)]
-    tape = _forward(network, graph, layer_params, x.astype(dtype), initial_states, dtype)
-    if loss_gradient is not None:
-        d_outputs = check_d_outputs(network, loss_gradient(tape.outputs), T, B)
-    if d_outputs is None:
-        d_outputs = np.zeros((T, B, network.output_size), dtype=dtype)
-    return _reverse(network, graph, layer_params, tape, d_outputs.astype(dtype, copy=False), d_final_states, dtype)
+    layer_params = [{k: xp.asarray(v, dtype=dtype) for k, v in params[l].items()} for l in range(network.num_layers)]
+    states = {s: xp.asarray(v, dtype=dtype) for s, v in (initial_states or {}).items()}
+    return _forward(network, graph, layer_params, xp.asarray(x, dtype=dtype), states, dtype, xp)
 
 
-def _initial_state(network: Network, initial_states: dict | None, name: str, layer: int, batch: int, dtype):
-    if initial_states is not None and name in initial_states:
-        return np.asarray(initial_states[name], dtype=dtype)[layer].copy()
-    return np.zeros((batch, network.state_size(name)), dtype=dtype)
+def array_module(backend: str):
+    """NumPy for "reference", CuPy for "naive"; BackendError saying why the GPU cannot be used."""
+    if backend == "reference":
+        return np
+    if backend != "naive":
+        raise BackendError(f"argument 'backend' of bptt must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    from ..backends import gpu_status
+    ok, reason = gpu_status()
+    if not ok:
+        raise BackendError(f"bptt(backend='naive') needs a CUDA GPU with CuPy: {reason}; hint: backend='reference'")
+    import cupy
+    return cupy
 
 
-def _forward(network: Network, graph: BackwardGraph, layer_params, x: np.ndarray, initial_states, dtype) -> _Tape:
+def _shapes_only(params: Params) -> Params:
+    """Params whose arrays have the shapes of `params` and no data: check_params reads shapes only, and CuPy
+    arrays cannot be read by NumPy."""
+    return Params([{k: np.broadcast_to(np.zeros(()), tuple(v.shape)) for k, v in layer.items()}
+                   for layer in params.layers])
+
+
+def _initial_state(network: Network, initial_states: dict, name: str, layer: int, batch: int, dtype, xp):
+    if name in initial_states:
+        return initial_states[name][layer].copy()
+    return xp.zeros((batch, network.state_size(name)), dtype=dtype)
+
+
+def _forward(network: Network, graph: BackwardGraph, layer_params, x, initial_states, dtype, xp) -> "Tape":
     cell = network.cell
     T, B, _ = x.shape
     # Parameters and constants are read from layer_params and the graph; only per-step values are kept.
@@ -82,8 +140,8 @@ def _forward(network: Network, graph: BackwardGraph, layer_params, x: np.ndarray
     finals: list[dict[str, np.ndarray]] = []
     layer_in = x                                                          # (T, B, I)
     for layer in range(network.num_layers):
-        states = {s: _initial_state(network, initial_states, s, layer, B, dtype) for s in cell.state_names}
-        out = np.empty((T, B, network.output_size), dtype=dtype)
+        states = {s: _initial_state(network, initial_states, s, layer, B, dtype, xp) for s in cell.state_names}
+        out = xp.empty((T, B, network.output_size), dtype=dtype)
         steps = []
         for t in range(T):
             next_states, values = step(cell, layer_params[layer], layer_in[t], states, dtype)
@@ -93,26 +151,26 @@ def _forward(network: Network, graph: BackwardGraph, layer_params, x: np.ndarray
         saved.append(steps)
         finals.append(states)
         layer_in = out
-    final_states = {s: np.stack([finals[l][s] for l in range(network.num_layers)]) for s in cell.state_names}
-    return _Tape(saved, layer_in, final_states)
+    final_states = {s: xp.stack([finals[l][s] for l in range(network.num_layers)]) for s in cell.state_names}
+    return Tape(network, graph, layer_params, saved, layer_in, final_states, dtype, xp)
 
 
-def _reverse(network: Network, graph: BackwardGraph, layer_params, tape: _Tape, d_outputs: np.ndarray,
-             d_final_states: dict[str, np.ndarray], dtype) -> Gradients:
+def _reverse(network: Network, graph: BackwardGraph, layer_params, tape: Tape, d_outputs, d_final_states: dict,
+             dtype, xp) -> Gradients:
     cell = network.cell
     T, B, _ = d_outputs.shape
     L = network.num_layers
-    grads = [{p.name: np.zeros(network.param_shape(l, p.name), dtype=dtype) for p in cell.params} for l in range(L)]
-    d_initial = {s: np.empty((L, B, network.state_size(s)), dtype=dtype) for s in cell.state_names}
+    grads = [{p.name: xp.zeros(network.param_shape(l, p.name), dtype=dtype) for p in cell.params} for l in range(L)]
+    d_initial = {s: xp.empty((L, B, network.state_size(s)), dtype=dtype) for s in cell.state_names}
     d_above = d_outputs                                                   # (T, B, output size)
     for layer in reversed(range(L)):
         carry = {s: (d_final_states[s][layer].astype(dtype) if s in d_final_states
-                     else np.zeros((B, network.state_size(s)), dtype=dtype)) for s in cell.state_names}
-        d_in = np.zeros((T, B, network.layer_input_size(layer)), dtype=dtype)
+                     else xp.zeros((B, network.state_size(s)), dtype=dtype)) for s in cell.state_names}
+        d_in = xp.zeros((T, B, network.layer_input_size(layer)), dtype=dtype)
         for t in reversed(range(T)):
             incoming = {graph.output_input: d_above[t], **{graph.carry_input(s): carry[s] for s in carry}}
             values = backward_step(graph, tape.saved[layer][t], layer_params[layer], incoming, grads[layer], dtype)
-            carry = {s: values[name] if name else np.zeros_like(carry[s]) for s, name in graph.state_adjoints}
+            carry = {s: values[name] if name else xp.zeros_like(carry[s]) for s, name in graph.state_adjoints}
             if graph.input_adjoint is not None:
                 d_in[t] = values[graph.input_adjoint]
         tape.saved[layer] = []                      # no layer below reads them: free the memory as we go

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import reference
+from ..backends.common import _first_bad
 from ..errors import BackendError
 from ..network import Network
 from .graph import BackwardGraph
@@ -25,16 +26,16 @@ def check_network(network) -> Network:
     return network
 
 
-def check_finite_array(name: str, value: np.ndarray) -> None:
-    """NaN or Inf: BackendError naming the argument and the first bad index."""
-    bad = ~np.isfinite(value)
-    if bad.any():
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise BackendError(f"{name} has {int(bad.sum())} NaN or Inf value(s), the first at index {first}; hint: "
+def check_finite_array(name: str, value) -> None:
+    """NaN or Inf (a NumPy or CuPy array): BackendError naming the argument and the first bad index."""
+    found = _first_bad(value)
+    if found:
+        count, first = found
+        raise BackendError(f"{name} has {count} NaN or Inf value(s), the first at index {first}; hint: "
                            "check the loss gradient that produced it (bptt would spread it to every earlier step)")
 
 
-def _float_array(name: str, value, want: tuple[int, ...], layout: str) -> np.ndarray:
+def _float_array(name: str, value, want: tuple[int, ...], layout: str, xp=np):
     shape = getattr(value, "shape", None)
     if shape is None:
         raise BackendError(f"argument '{name}' must be an array of shape {want} {layout}, got {type(value).__name__}")
@@ -44,19 +45,19 @@ def _float_array(name: str, value, want: tuple[int, ...], layout: str) -> np.nda
     kind = getattr(value, "dtype", None)
     if kind is None or kind.kind != "f":
         raise BackendError(f"argument '{name}' must be a floating-point array, got dtype {kind}")
-    value = np.asarray(value)
+    value = xp.asarray(value)
     check_finite_array(f"argument '{name}'", value)
     return value
 
 
-def check_d_outputs(network: Network, d_outputs, steps: int, batch: int) -> np.ndarray | None:
-    """d_outputs: (T, B, output size) or None."""
+def check_d_outputs(network: Network, d_outputs, steps: int, batch: int, xp=np):
+    """d_outputs: (T, B, output size) or None; as an array of xp (NumPy, or CuPy for the GPU)."""
     if d_outputs is None:
         return None
-    return _float_array("d_outputs", d_outputs, (steps, batch, network.output_size), "(T, B, output size)")
+    return _float_array("d_outputs", d_outputs, (steps, batch, network.output_size), "(T, B, output size)", xp)
 
 
-def check_d_final_states(network: Network, d_final_states, batch: int) -> dict[str, np.ndarray]:
+def check_d_final_states(network: Network, d_final_states, batch: int, xp=np) -> dict:
     """d_final_states: {state name: (L, B, size)}; names left out (or None) are zeros."""
     if d_final_states is None:
         return {}
@@ -71,7 +72,7 @@ def check_d_final_states(network: Network, d_final_states, batch: int) -> dict[s
                                f"(states: {', '.join(cell.state_names)}); hint: leave out states the loss does "
                                "not read")
         want = (network.num_layers, batch, network.state_size(name))
-        checked[name] = _float_array(f"d_final_states['{name}']", value, want, "(L, B, size)")
+        checked[name] = _float_array(f"d_final_states['{name}']", value, want, "(L, B, size)", xp)
     return checked
 
 
@@ -90,15 +91,28 @@ def saved_floats_per_row(network: Network, graph: BackwardGraph) -> int:
     return per_row
 
 
-def check_bptt_memory(network: Network, graph: BackwardGraph, steps: int, batch: int, itemsize: int) -> None:
-    """Refuse, before allocating, a pass whose saved forward values cannot fit: every layer's saved values at
-    every step, plus the input, the outputs and two adjoint sequences."""
+def device_free_bytes() -> int | None:
+    """Free memory of the current CUDA device plus what CuPy's pool holds and could reuse, or None."""
+    try:
+        import cupy
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        pool = cupy.get_default_memory_pool()
+        return int(free + pool.total_bytes() - pool.used_bytes())
+    except Exception:  # noqa: BLE001 - no device to ask: the allocation itself will say
+        return None
+
+
+def check_bptt_memory(network: Network, graph: BackwardGraph, steps: int, batch: int, itemsize: int,
+                      on: str = "host") -> None:
+    """Refuse, before allocating, a pass whose saved forward values cannot fit (on the host, or on the GPU:
+    on="device"): every layer's saved values at every step, plus the input, the outputs and two adjoint
+    sequences."""
     per_step = saved_floats_per_row(network, graph)
     widest = max(network.input_size, network.hidden_size, network.projection_size)
     needed = itemsize * steps * batch * (network.num_layers * per_step + 4 * widest)
-    available = reference.available_host_bytes()
+    available = reference.available_host_bytes() if on == "host" else device_free_bytes()
     if available is not None and needed > available:
-        raise BackendError(f"bptt needs about {needed:,} bytes of memory to keep the forward values of T={steps}, "
+        raise BackendError(f"bptt needs about {needed:,} bytes of {on} memory to keep the forward values of T={steps}, "
                            f"B={batch}, L={network.num_layers} ({per_step} numbers a row, a step and a layer), but "
                            f"only {available:,} are available; hint: truncate the sequence (run bptt on chunks of "
                            "steps, carrying the states), use a smaller batch, or dtype=np.float32")

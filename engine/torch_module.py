@@ -1,0 +1,142 @@
+"""Any cell as a torch.nn.Module, with autograd through the engine's own backward pass (issue #13, item 6).
+
+    from engine.torch_module import CellRNN
+    rnn = CellRNN(engine.preset("gru").cell, input_size=64, hidden_size=128, num_layers=2).cuda()
+    out, states = rnn(x)                 # x: (T, B, 64), like nn.GRU; states: {name: (L, B, H)}
+    out.sum().backward()                 # gradients of every parameter, of x and of the initial states
+
+In an existing training script that is the swap of the nn.LSTM line for a CellRNN one (and of the unpacked
+(h_n, c_n) for the `states` dict). The parameters are the cell's own, one nn.Parameter per weight of each layer
+(`layer{l}_{name}`, the engine's shapes), initialised as engine.init_params does. On CUDA tensors the forward pass
+and the backward pass (engine.autodiff: record, then Tape.backward) run on the GPU through CuPy on the same memory
+(DLPack, no copies) and on torch's current stream; on the CPU they run on the NumPy reference. Both interpret the
+cell graph one array operation at a time: correct for any cell and checked against the engine's own gradients and
+torch's LSTM and GRU, but not yet fast; the generated backward kernels are the next step.
+
+torch is imported here only: the rest of the engine does not need it.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .autodiff import record
+from .errors import BackendError
+from .ir import CellGraph
+from .network import Network
+from .params import Params, init_params
+
+try:
+    import torch
+except ImportError as e:       # the module cannot exist without torch: say so once, where it is imported
+    raise ImportError("engine.torch_module needs PyTorch (pip install torch)") from e
+
+
+class CellRNN(torch.nn.Module):
+    """num_layers stacked layers of `cell`, over (T, B, input_size) sequences (time first, as nn.LSTM's default)."""
+
+    def __init__(self, cell: CellGraph, input_size: int, hidden_size: int, num_layers: int = 1, *,
+                 proj_size: int | None = None, seed: int = 0, dtype=torch.float32):
+        super().__init__()
+        if not isinstance(cell, CellGraph):
+            raise BackendError(f"CellRNN needs a CellGraph, got {type(cell).__name__}; hint: engine.preset('lstm').cell "
+                               "or a @cell design")
+        self.network = Network(cell, input_size, hidden_size, num_layers, proj_size)
+        self.names = [[p.name for p in cell.params] for _ in range(num_layers)]
+        for layer, values in enumerate(init_params(self.network, seed=seed).layers):
+            for name in self.names[layer]:
+                self.register_parameter(f"layer{layer}_{name}",
+                                        torch.nn.Parameter(torch.tensor(values[name], dtype=dtype)))
+
+    def layer_parameters(self) -> list[list[torch.nn.Parameter]]:
+        return [[getattr(self, f"layer{layer}_{name}") for name in names] for layer, names in enumerate(self.names)]
+
+    def engine_params(self) -> Params:
+        """The parameters as engine Params of NumPy arrays (copies), for engine.run or engine.bptt."""
+        return Params([{name: p.detach().cpu().numpy().copy() for name, p in zip(names, tensors)}
+                       for names, tensors in zip(self.names, self.layer_parameters())])
+
+    def forward(self, x: torch.Tensor, initial_states: dict | None = None) -> tuple[torch.Tensor, dict]:
+        """x: (T, B, input_size). initial_states: name -> (L, B, size) tensors, zeros where not given. Returns the
+        top layer's outputs (T, B, output size) and the final states, name -> (L, B, size)."""
+        network = self.network
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != network.input_size:
+            raise BackendError(f"CellRNN input must be a (T, B, {network.input_size}) tensor, got "
+                               + (f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__))
+        params = [p for tensors in self.layer_parameters() for p in tensors]
+        if x.dtype != params[0].dtype or x.device != params[0].device:
+            raise BackendError(f"CellRNN input is {x.dtype} on {x.device}, its parameters {params[0].dtype} on "
+                               f"{params[0].device}; hint: move one to the other (.to(x) or x.to(...))")
+        B = x.shape[1]
+        states = []
+        for s in network.cell.state_names:
+            given = (initial_states or {}).get(s)
+            states.append(given if given is not None else
+                          x.new_zeros((network.num_layers, B, network.state_size(s))))
+        unknown = set(initial_states or {}) - set(network.cell.state_names)
+        if unknown:
+            raise BackendError(f"initial_states: {sorted(unknown)} are not states of cell '{network.cell.name}' "
+                               f"(states: {', '.join(network.cell.state_names)})")
+        out, *finals = _CellFunction.apply(self, x, *states, *params)
+        return out, dict(zip(network.cell.state_names, finals))
+
+
+class _CellFunction(torch.autograd.Function):
+    """Forward: engine.autodiff.record on the tensors' memory. Backward: the tape's backward pass."""
+
+    @staticmethod
+    def forward(ctx, module: CellRNN, x, *tensors):
+        network = module.network
+        names = network.cell.state_names
+        states, params = tensors[:len(names)], tensors[len(names):]
+        with _on(x):
+            layers, k = [], 0
+            for names_l in module.names:
+                layers.append({name: _array(params[k + i]) for i, name in enumerate(names_l)})
+                k += len(names_l)
+            tape = record(network, Params(layers), _array(x), {s: _array(v) for s, v in zip(names, states)},
+                          dtype=np.float64 if x.dtype == torch.float64 else np.float32,
+                          backend="naive" if x.is_cuda else "reference")
+            ctx.tape, ctx.names, ctx.shapes = tape, names, [tuple(p.shape) for p in params]
+            return (_tensor(tape.outputs, x), *(_tensor(tape.final_states[s], x) for s in names))
+
+    @staticmethod
+    def backward(ctx, d_outputs, *d_finals):
+        like = d_outputs
+        with _on(like):
+            grads = ctx.tape.backward(_array(d_outputs), {s: _array(d) for s, d in zip(ctx.names, d_finals)
+                                                          if d is not None})
+            d_params = [_tensor(g, like) for layer in grads.params for g in layer.values()]
+            d_states = [_tensor(grads.initial_states[s], like) for s in ctx.names]
+        ctx.tape = None
+        return (None, _tensor(grads.x, like), *d_states, *d_params)
+
+
+def _array(t: torch.Tensor):
+    """The tensor's memory as a CuPy array (CUDA, no copy: DLPack) or a NumPy array (CPU, no copy)."""
+    t = t.detach()
+    if t.is_cuda:
+        import cupy
+        return cupy.from_dlpack(t.contiguous())
+    return t.contiguous().numpy()
+
+
+def _tensor(a, like: torch.Tensor) -> torch.Tensor:
+    """A CuPy or NumPy array as a tensor on `like`'s device (no copy)."""
+    return torch.from_dlpack(a) if like.is_cuda else torch.from_numpy(np.ascontiguousarray(a))
+
+
+@contextlib.contextmanager
+def _on(t: torch.Tensor):
+    """CuPy work on the tensor's device and torch's current stream there, so it is ordered with torch's own."""
+    if not t.is_cuda:
+        yield
+        return
+    import cupy
+    stream = torch.cuda.current_stream(t.device)
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)     # CuPy 14; ExternalStream before it
+    with cupy.cuda.Device(t.device.index):
+        with (from_external(stream) if from_external and hasattr(stream, "__cuda_stream__")
+              else cupy.cuda.ExternalStream(stream.cuda_stream)):
+            yield

@@ -11,31 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
+from engine.bench.timing import time_runs, torch_timer  # noqa: E402
 
 
-def time_ms(torch, fn, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b))
-    return statistics.median(samples)
+def time_ms(fn, warmup: int, repeats: int) -> float:
+    """Median ms of fn, CUDA events around each call (the harness's torch timer)."""
+    return time_runs(lambda k: fn(), torch_timer, buffers=1, warmup=warmup, reps=repeats).median_ms
 
 
 def main(argv=None) -> int:
@@ -76,8 +65,8 @@ def main(argv=None) -> int:
             err = float((g - g_ref).norm() / g_ref.norm())
             row = {"preset": preset, "config": cfg.name, "sizes": [cfg.input_size, cfg.hidden_size, cfg.num_layers,
                                                                    cfg.steps, cfg.batch], "input_grad_rel_err": err,
-                   "cudnn_ms": time_ms(torch, lambda: step(reference), args.warmup + 2, max(args.repeats, 10)),
-                   "engine_naive_ms": time_ms(torch, lambda: step(rnn), args.warmup, args.repeats)}
+                   "cudnn_ms": time_ms(lambda: step(reference), args.warmup + 2, max(args.repeats, 10)),
+                   "engine_naive_ms": time_ms(lambda: step(rnn), args.warmup, args.repeats)}
             row["ratio"] = row["cudnn_ms"] / row["engine_naive_ms"]
             rows.append(row)
             print(json.dumps(row), flush=True)

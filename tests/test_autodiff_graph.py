@@ -210,3 +210,33 @@ def test_something_that_is_not_a_cell_is_refused():
     with pytest.raises(AutodiffError, match="(?s)backward_graph needs a CellGraph, got Preset.*hint"):
         backward_graph(engine.preset("lstm"))
     assert isinstance(backward_graph(engine.preset("lstm").cell), BackwardGraph)
+
+
+# ---- the split: inside the reverse sweep, or once a layer after it (engine.autodiff.hoist) ---------------------
+
+def test_the_lstm_keeps_only_the_recurrence_in_its_reverse_sweep():
+    from engine.autodiff.hoist import split_backward
+    graph = engine.backward_graph(engine.preset("lstm").cell)
+    split = split_backward(graph)
+    assert {n.name for n in split.per_step} | {n.name for n in split.after} == {n.name for n in graph.nodes}
+    assert not {n.name for n in split.per_step} & {n.name for n in split.after}
+    # every parameter gradient (the 8 outer products, the bias sums) and the input's adjoint wait for the sweep
+    assert all(not n.accumulates for n in split.per_step)
+    assert {n.name for n in graph.nodes if n.accumulates} <= {n.name for n in split.after}
+    assert all(n.flows_to != "input" for n in split.per_step if n.role == "operand_grad")
+    assert any(n.flows_to == "input" for n in split.after if n.role == "operand_grad")
+    # the sweep keeps, per step, the four gates' pre-activation adjoints that the deferred products read
+    assert len(split.recorded) == 4, split.recorded
+    assert "once a layer" in split.describe()
+
+
+@pytest.mark.parametrize("name", sorted(engine.presets()))
+def test_every_preset_splits_into_a_sweep_that_yields_the_states_adjoints(name):
+    from engine.autodiff.hoist import split_backward
+    graph = engine.backward_graph(engine.preset(name).cell)
+    split = split_backward(graph)
+    in_loop = {n.name for n in split.per_step} | {i.name for i in graph.inputs}
+    for state, adjoint in graph.state_adjoints:
+        assert adjoint is None or adjoint in in_loop, (state, adjoint)
+    for node in split.per_step:                       # the sweep reads nothing computed after it
+        assert not set(node.args) & {n.name for n in split.after}, node

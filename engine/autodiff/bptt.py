@@ -23,6 +23,7 @@ from .checks import check_bptt_memory, check_d_final_states, check_d_outputs, ch
 from .derive import backward_graph
 from .errors import AutodiffError
 from .graph import BackwardGraph
+from .hoist import split_backward
 from .step import backward_step
 
 
@@ -157,7 +158,11 @@ def _forward(network: Network, graph: BackwardGraph, layer_params, x, initial_st
 
 def _reverse(network: Network, graph: BackwardGraph, layer_params, tape: Tape, d_outputs, d_final_states: dict,
              dtype, xp) -> Gradients:
+    """Layer by layer from the top: the reverse sweep over t runs the split's per-step nodes (what the states'
+    adjoints at t-1 need) and keeps the values the rest reads; then the rest runs once on T x B rows (the weight
+    gradients as one product a matmul, the input's adjoint for the layer below, the bias sums)."""
     cell = network.cell
+    split = split_backward(graph)
     T, B, _ = d_outputs.shape
     L = network.num_layers
     grads = [{p.name: xp.zeros(network.param_shape(l, p.name), dtype=dtype) for p in cell.params} for l in range(L)]
@@ -166,16 +171,40 @@ def _reverse(network: Network, graph: BackwardGraph, layer_params, tape: Tape, d
     for layer in reversed(range(L)):
         carry = {s: (d_final_states[s][layer].astype(dtype) if s in d_final_states
                      else xp.zeros((B, network.state_size(s)), dtype=dtype)) for s in cell.state_names}
-        d_in = xp.zeros((T, B, network.layer_input_size(layer)), dtype=dtype)
+        kept: dict[str, object] = {}                                      # name -> (T, B, size)
         for t in reversed(range(T)):
             incoming = {graph.output_input: d_above[t], **{graph.carry_input(s): carry[s] for s in carry}}
-            values = backward_step(graph, tape.saved[layer][t], layer_params[layer], incoming, grads[layer], dtype)
+            values = backward_step(graph, tape.saved[layer][t], layer_params[layer], incoming, grads[layer], dtype,
+                                   split.per_step)
+            for name in split.recorded:
+                value = values[name]
+                if name not in kept:
+                    kept[name] = xp.empty((T, B) + tuple(value.shape[-1:]), dtype=dtype)
+                kept[name][t] = value
             carry = {s: values[name] if name else xp.zeros_like(carry[s]) for s, name in graph.state_adjoints}
-            if graph.input_adjoint is not None:
-                d_in[t] = values[graph.input_adjoint]
+        rows = {name: value.reshape(T * B, -1) for name, value in kept.items()}           # row t * B + b
+        values = backward_step(graph, _stacked(cell, tape.saved[layer], split.saved_after, B, xp),
+                               layer_params[layer], rows, grads[layer], dtype, split.after)
+        d_in = (values[graph.input_adjoint].reshape(T, B, -1) if graph.input_adjoint is not None
+                else xp.zeros((T, B, network.layer_input_size(layer)), dtype=dtype))
         tape.saved[layer] = []                      # no layer below reads them: free the memory as we go
         for s in cell.state_names:
             d_initial[s][layer] = carry[s]
         d_above = d_in
     return Gradients(params=grads, x=d_above, initial_states=d_initial, outputs=tape.outputs,
                      final_states=tape.final_states)
+
+
+def _stacked(cell, saved_steps: list[dict], names: tuple[str, ...], batch: int, xp) -> dict:
+    """The forward values `names` of every step as (T x B, size) rows, row t * B + b; constants (and values of
+    parameters alone, the same at every step) as they are."""
+    stacked = {}
+    for name in names:
+        if cell[name].is_param:
+            continue                                  # read from the layer's parameters
+        first = saved_steps[0][name]
+        if getattr(first, "ndim", 0) == 2 and first.shape[0] == batch:
+            stacked[name] = xp.stack([step[name] for step in saved_steps]).reshape(len(saved_steps) * batch, -1)
+        else:
+            stacked[name] = first
+    return stacked

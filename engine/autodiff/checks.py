@@ -9,6 +9,7 @@ from ..backends.common import _first_bad
 from ..errors import BackendError
 from ..network import Network
 from .graph import BackwardGraph
+from .hoist import split_backward
 
 
 def check_dtype(dtype) -> type:
@@ -109,7 +110,10 @@ def check_bptt_memory(network: Network, graph: BackwardGraph, steps: int, batch:
     sequences."""
     per_step = saved_floats_per_row(network, graph)
     widest = max(network.input_size, network.hidden_size, network.projection_size)
-    needed = itemsize * steps * batch * (network.num_layers * per_step + 4 * widest)
+    # One layer at a time also keeps the step values its after-the-sweep part reads (engine.autodiff.hoist), and
+    # their stacked copies: at most `widest` numbers each.
+    kept = 2 * len(split_backward(graph).recorded) * widest
+    needed = itemsize * steps * batch * (network.num_layers * per_step + 4 * widest + kept)
     available = reference.available_host_bytes() if on == "host" else device_free_bytes()
     if available is not None and needed > available:
         raise BackendError(f"bptt needs about {needed:,} bytes of {on} memory to keep the forward values of T={steps}, "

@@ -112,8 +112,26 @@ def explain_json(cell_or_network, input_size: int | None = None, hidden_size: in
     network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
     plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
     data = plan_to_json(plan)
+    data["backward"] = backward_to_json(plan.program.source_cell)
     data["schedules"] = explain_schedules(plan, passes, schedule, doc, precision)
     return data
+
+
+def backward_to_json(cell: CellGraph) -> dict[str, Any]:
+    """The cell's backward step (engine.autodiff) and how bptt splits it: the nodes of the reverse sweep, and those
+    that run once a layer on T x B rows. {"error": ...} where the cell cannot be differentiated."""
+    from .autodiff import AutodiffError, backward_graph
+    from .autodiff.hoist import split_backward
+    try:
+        graph = backward_graph(cell)
+    except AutodiffError as e:
+        return {"error": str(e)}
+    split = split_backward(graph)
+    return {"nodes": [{"name": n.name, "op": n.op, "args": list(n.args), "of": n.of, "role": n.role,
+                       "flows_to": n.flows_to, "recurrent": n.recurrent, "param": n.param} for n in graph.nodes],
+            "saved": list(graph.saved), "per_step": [n.name for n in split.per_step],
+            "after": [n.name for n in split.after], "kept_per_step": list(split.recorded),
+            "text": graph.describe() + split.describe()}
 
 
 def explain_schedules(plan: Plan, passes=None, schedule: str | None = None, doc: str = "",
@@ -231,6 +249,9 @@ def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None
         out.append("wavefront step of each (layer, t):")
         for layer, row in enumerate(grid):
             out.append(f"  layer {layer}: " + " ".join(f"{k:2d}" for k in row))
+    backward = backward_to_json(cell)
+    out += ["", "backward step (training: engine.autodiff; the gradients of bptt, CellRNN and engine.train):"]
+    out += ["  " + line for line in (backward.get("text") or backward["error"]).rstrip("\n").splitlines()]
     wavefront_source = None
     if schedules is not None:
         out += [""] + schedules_to_text(schedules, plan)

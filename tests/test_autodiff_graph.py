@@ -240,3 +240,13 @@ def test_every_preset_splits_into_a_sweep_that_yields_the_states_adjoints(name):
         assert adjoint is None or adjoint in in_loop, (state, adjoint)
     for node in split.per_step:                       # the sweep reads nothing computed after it
         assert not set(node.args) & {n.name for n in split.after}, node
+
+
+def test_explain_shows_the_backward_step_and_its_split():
+    data = engine.explain_json("gru_cho", input_size=8, hidden_size=16)
+    backward = data["backward"]
+    assert set(backward["per_step"]) | set(backward["after"]) == {n["name"] for n in backward["nodes"]}
+    assert any(n["role"] == "weight_grad" for n in backward["nodes"])
+    assert "backward split of cell 'gru_cho'" in backward["text"]
+    assert "backward step of cell 'gru_cho'" in engine.explain_text("gru_cho", input_size=8, hidden_size=16,
+                                                                    sources=False)

@@ -92,7 +92,10 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     dtype = check_dtype(dtype)
     network = check_network(network)
     xp = array_module(backend)
-    check_params(network, _shapes_only(params))
+    if xp is np and type(x).__module__.split(".")[0] == "cupy":
+        raise BackendError("argument 'x' is a CuPy array (on the GPU), and backend='reference' runs on the host; "
+                           "hint: backend='naive' keeps it on the GPU, or pass x.get()")
+    check_params(network, params if xp is np else _shapes_only(params))
     x = check_inputs(network, x, initial_states, xp=xp)
     T, B, _ = x.shape
     check_finite(network, params, x, initial_states)

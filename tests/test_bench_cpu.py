@@ -243,6 +243,19 @@ def test_results_loader_rejects_other_files(tmp_path):
         load_results(tmp_path / "none.json")
 
 
+def test_only_results_files_that_cannot_be_read_are_reported(tmp_path):
+    """A bench-*.json that fails to load is reported; the folder's other JSON (probe outputs, phase profiles) is
+    not a results document and is left out of the report, as out of the list."""
+    from engine.bench import unreadable_results
+    (tmp_path / "bench-20261124-000000-GPU.json").write_text("{")
+    (tmp_path / "phase-lstm-mid.json").write_text(json.dumps({"phases": []}))
+    (tmp_path / "training-step.json").write_text(json.dumps([{"preset": "lstm"}]))
+    reported = unreadable_results(tmp_path)
+    assert [Path(path).name for path, _ in reported] == ["bench-20261124-000000-GPU.json"]
+    assert "not valid JSON" in reported[0][1]
+    assert list_results(tmp_path) == []
+
+
 def test_list_results_newest_first(tmp_path):
     save_results(fake_results("2030-01-01T00:00:00+00:00"), tmp_path / "a.json")
     save_results(fake_results("2031-06-01T00:00:00+00:00"), tmp_path / "b.json")

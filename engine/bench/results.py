@@ -88,11 +88,13 @@ def load_results(path: str | Path) -> dict:
 
 
 def unreadable_results(directory: str | Path | None = None) -> list[tuple[str, str]]:
-    """(path, why) of every *.json in `directory` that list_results skips: not JSON, not a results document,
-    another schema version. The files are left as they are."""
+    """(path, why) of every bench-*.json in `directory` (the name results_filename gives) that list_results skips:
+    not JSON, not a results document, another schema version. The files are left as they are. The folder's other
+    JSON files (probe outputs, phase profiles, pipeline sweeps, training steps) are not results documents and are
+    not reported: the Benchmarks page warned about each of them."""
     directory = Path(directory) if directory is not None else RESULTS_DIR
     bad = []
-    for path in sorted(directory.glob("*.json")):
+    for path in sorted(directory.glob("bench-*.json")):
         try:
             load_results(path)
         except BackendError as e:

@@ -36,6 +36,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--copy-to", default=None, metavar="DIR", help="also write the results JSON here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-configs", action="store_true", help="print the anchor configurations and exit")
+    parser.add_argument("--train", action="store_true",
+                        help="time a training step (forward + backward, fp32, TF32 off) of the engine against cuDNN's "
+                             "instead, each checked against float64 gradients first (engine/bench/training.py; "
+                             "default configuration blogB, 5 repetitions)")
     parser.set_defaults(func=main)
 
 
@@ -70,6 +74,14 @@ def main(args) -> int:
               "nvidia-smi lists a GPU) and, for the cuDNN and PyTorch baselines, torch with CUDA; `--list-configs` "
               "works without one", file=sys.stderr)
         return 2
+    if args.train:
+        from ..bench.training import bench_training, training_table
+        results = bench_training(cells, args.config or ["blogB"], reps=args.reps or 5, warmup=args.warmup or 1,
+                                 seed=args.seed, out_dir=args.out or RESULTS_DIR)
+        print(training_table(results))
+        for path in results.get("saved_to", []):
+            print(f"results: {path}")
+        return 0
     from ..bench.progress import TextProgress
     progress = None if args.no_progress else TextProgress()
     try:

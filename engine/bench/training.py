@@ -1,0 +1,257 @@
+"""A training step (forward and backward) of a cell against cuDNN's, each checked before it is timed (issue #13).
+
+    results = bench_training(["lstm", "gru"], ["blogB", "mid"])        # on the GPU; python -m engine bench --train
+    print(training_table(results))
+
+Per cell and configuration every implementation gets the same seeded parameters, the same random inputs (rotated
+among a few buffers) and the same loss, sum(outputs * w) with a fixed random w, so its gradients are those of
+sum(outputs * w): d_outputs = w. Before timing, each one's gradients of x and of every parameter are compared with
+a float64 reference (engine.bptt in float64; through CuPy on the GPU): the norm-relative error of each, the largest
+reported, and a row whose error is over TOLERANCE is marked "wrong" and not timed. Then the median of CUDA-event
+timed steps after warm-up. Rows:
+- cudnn-fp32: torch.nn.LSTM / GRU / RNN with TF32 off, its autograd (cuDNN's backward on the GPU);
+- engine-naive: engine.autodiff.record + Tape.backward through CuPy (bptt backend "naive"), fp32; the generated
+  backward kernels will be rows beside it;
+- engine-reference (CPU tests of the harness only): the same on the NumPy reference.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from ..autodiff import bptt, record
+from ..errors import BackendError
+from ..gallery import Preset
+from ..gallery import get as get_preset
+from ..network import Network
+from ..params import Params, init_params
+from .configs import BenchConfig, parse_configs
+from .timing import time_runs
+
+SCHEMA = "cellforge/train-bench"
+TOLERANCE = 1e-3                 # norm-relative error of a gradient against float64; fp32 runs land near 1e-6
+
+
+@dataclass
+class TrainCase:
+    name: str
+    preset: Preset | None
+    config: BenchConfig
+    network: Network
+    params: Params                 # float64 NumPy, seeded
+    inputs: list                   # (T, B, I) arrays of the case's array module, float32, random normal
+    weights: object                # w: (T, B, output size), float32, random normal
+    xp: object
+    device: str                    # "cuda", or "cpu" in CPU tests
+
+
+def _grad_list(network: Network, layers) -> list:
+    """A gradient per parameter, in the cell's parameter order, layer by layer."""
+    return [layers[l][p.name] for l in range(network.num_layers) for p in network.cell.params]
+
+
+class EngineTrain:
+    """The engine's record + backward, fp32: "naive" (CuPy) or "reference" (NumPy, CPU tests)."""
+
+    def __init__(self, backend: str = "naive"):
+        self.backend, self.name = backend, f"engine-{backend}"
+        self.timer = "cupy" if backend == "naive" else "wall"
+
+    def unavailable_reason(self, case: TrainCase) -> str | None:
+        if (case.device == "cuda") != (self.backend == "naive"):
+            return f"{self.name} runs on {'the GPU' if self.backend == 'naive' else 'the CPU'} only"
+        return None
+
+    def setup(self, case: TrainCase) -> None:
+        self.case = case
+        self.params = Params([{k: case.xp.asarray(v, dtype=case.xp.float32) for k, v in layer.items()}
+                              for layer in case.params.layers])
+
+    def step(self, k: int):
+        """One training step on input buffer k: (d x, the parameters' gradients in the cell's order)."""
+        case = self.case
+        grads = record(case.network, self.params, case.inputs[k], dtype=np.float32,
+                       backend=self.backend).backward(case.weights)
+        return grads.x, _grad_list(case.network, grads.params)
+
+    def teardown(self) -> None:
+        self.case = self.params = None
+
+
+class CudnnTrain:
+    """torch.nn.LSTM / GRU / RNN in fp32 with TF32 off, forward and autograd backward."""
+
+    name, timer = "cudnn-fp32", "torch"
+
+    def unavailable_reason(self, case: TrainCase) -> str | None:
+        if case.device != "cuda":
+            return "cuDNN runs on a CUDA GPU"
+        if case.preset is None or not case.preset.cudnn or case.preset.torch is None:
+            return f"cell '{case.name}' has no cuDNN equivalent"
+        try:
+            import torch
+        except ImportError as e:
+            return f"torch is not importable ({e})"
+        if not torch.cuda.is_available() or not torch.backends.cudnn.is_available():
+            return "torch sees no CUDA device or was built without cuDNN"
+        return None
+
+    def setup(self, case: TrainCase) -> None:
+        import torch
+        from ..torch_layout import from_torch_state_dict, to_torch_state_dict
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        layout, network = case.preset.torch, case.network
+        kwargs = {"nonlinearity": layout.nonlinearity} if layout.module == "RNN" else {}
+        module = getattr(torch.nn, layout.module)(network.input_size, network.hidden_size, network.num_layers,
+                                                  **kwargs)
+        state = to_torch_state_dict(network, case.params, layout)
+        module.load_state_dict({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in state.items()})
+        self.module = module.cuda()
+        self.module.flatten_parameters()
+        self.inputs = [torch.from_dlpack(x) for x in case.inputs]
+        self.weights = torch.from_dlpack(case.weights)
+        self.case, self.layout, self.to_engine = case, layout, from_torch_state_dict
+
+    def step(self, k: int):
+        import torch
+        self.module.zero_grad(set_to_none=True)
+        x = self.inputs[k].detach().requires_grad_()
+        out, _ = self.module(x)
+        (out * self.weights).sum().backward()
+        return x.grad, self.module
+
+    def gradients(self, value):
+        """(d x, the parameters' gradients in the cell's order) from step()'s value, as float64 NumPy."""
+        dx, module = value
+        grads = {name: p.grad.detach().double().cpu().numpy() for name, p in module.named_parameters()}
+        layers = self.to_engine(self.case.network, grads, self.layout)
+        return dx.detach().double().cpu().numpy(), _grad_list(self.case.network, layers.layers)
+
+    def teardown(self) -> None:
+        self.module = self.inputs = self.weights = None
+
+
+def _host64(value) -> np.ndarray:
+    return np.asarray(value.get() if hasattr(value, "get") else value, dtype=np.float64)
+
+
+def relative(got, want) -> float:
+    got, want = _host64(got), _host64(want)
+    return float(np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), 1e-30))
+
+
+def _timer(kind: str):
+    from .timing import cupy_timer, torch_timer, wall_timer
+    return {"cupy": cupy_timer, "torch": torch_timer, "wall": wall_timer}[kind]
+
+
+def measure(impl, case: TrainCase, reference: tuple, *, reps: int, warmup: int) -> dict:
+    """Check impl's gradients against the reference (d x, parameter gradients), then time its steps."""
+    entry = {"name": impl.name, "status": "ok", "reason": None}
+    reason = impl.unavailable_reason(case)
+    if reason:
+        return {**entry, "status": "unavailable", "reason": reason}
+    try:
+        impl.setup(case)
+        value = impl.step(0)
+        dx, params = impl.gradients(value) if hasattr(impl, "gradients") else value
+        errors = [relative(dx, reference[0])] + [relative(g, r) for g, r in zip(params, reference[1])]
+        entry["error"] = {"x": errors[0], "params_max": max(errors[1:], default=0.0), "tolerance": TOLERANCE}
+        if not all(np.isfinite(errors)) or max(errors) > TOLERANCE:
+            return {**entry, "status": "wrong",
+                    "reason": f"gradients differ from the float64 reference by {max(errors):.3g} (> {TOLERANCE})"}
+        timing = time_runs(lambda k: impl.step(k), _timer(impl.timer), buffers=len(case.inputs), warmup=warmup,
+                           reps=reps)
+        entry.update(timing.to_dict())
+    except Exception as e:  # noqa: BLE001 - one implementation's failure is reported, the others still run
+        return {**entry, "status": "failed", "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    finally:
+        impl.teardown()
+    return entry
+
+
+def make_case(name: str, preset: Preset | None, cell, config: BenchConfig, *, xp, device: str, seed: int = 0,
+              buffers: int = 3) -> TrainCase:
+    network = Network(cell, config.input_size, config.hidden_size, config.num_layers)
+    rng = np.random.default_rng(seed)
+    T, B = config.steps, config.batch
+    inputs = [xp.asarray(rng.standard_normal((T, B, config.input_size)), dtype=xp.float32) for _ in range(buffers)]
+    weights = xp.asarray(rng.standard_normal((T, B, network.output_size)), dtype=xp.float32)
+    return TrainCase(name, preset, config, network, init_params(network, seed=seed), inputs, weights, xp, device)
+
+
+def reference_gradients(case: TrainCase) -> tuple:
+    """float64 gradients of sum(outputs * w) on input buffer 0: (d x, parameter gradients in the cell's order)."""
+    backend = "naive" if case.device == "cuda" else "reference"
+    xp = case.xp
+    grads = bptt(case.network, case.params, xp.asarray(case.inputs[0], dtype=xp.float64),
+                 d_outputs=xp.asarray(case.weights, dtype=xp.float64), backend=backend)
+    return grads.x, _grad_list(case.network, grads.params)
+
+
+def bench_training(presets=("lstm",), configs=None, *, implementations=None, reps: int = 5, warmup: int = 1,
+                   seed: int = 0, device: str | None = None, out_dir: str | Path | None = None) -> dict:
+    """Every implementation's training step for every cell x configuration; the results document (saved as
+    train-<date>-<device>.json in out_dir when given)."""
+    configs = parse_configs(configs or ["blogB"])
+    if device is None:
+        from .. import backends
+        ok, why = backends.gpu_status()
+        if not ok:
+            raise BackendError(f"the training benchmark needs a CUDA GPU: {why}; hint: run it on a GPU machine")
+        device = "cuda"
+    if device == "cuda":
+        import cupy as xp
+        from .runner import environment
+        env = environment()
+    else:
+        xp, env = np, {"device": "cpu"}
+    impls = implementations or ([CudnnTrain(), EngineTrain("naive")] if device == "cuda" else [EngineTrain("reference")])
+    results = {"schema": SCHEMA, "created": datetime.now(timezone.utc).isoformat(), "environment": env,
+               "settings": {"reps": reps, "warmup": warmup, "seed": seed, "loss": "sum(outputs * w), w random normal",
+                            "precision": "fp32, TF32 off", "tolerance": TOLERANCE}, "cells": []}
+    for value in presets:
+        preset = get_preset(value) if isinstance(value, str) else (value if isinstance(value, Preset) else None)
+        cell = preset.cell if preset is not None else value
+        for config in configs:
+            started = time.perf_counter()
+            case = make_case(cell.name, preset, cell, config, xp=xp, device=device, seed=seed)
+            reference = reference_gradients(case)
+            rows = [measure(impl, case, reference, reps=reps, warmup=warmup) for impl in impls]
+            base = next((r.get("median_ms") for r in rows if r["name"] == "cudnn-fp32" and r["status"] == "ok"), None)
+            for r in rows:
+                if base and r.get("median_ms"):
+                    r["speedup_vs_cudnn_fp32"] = base / r["median_ms"]
+            results["cells"].append({"preset": cell.name, "config": config.name,
+                                     "sizes": [config.input_size, config.hidden_size, config.num_layers,
+                                               config.steps, config.batch],
+                                     "implementations": rows, "seconds": time.perf_counter() - started})
+    if out_dir is not None:
+        from .results import save_results
+        stamp = results["created"][:19].replace(":", "").replace("-", "").replace("T", "-")
+        device_name = "".join(c if c.isalnum() else "-" for c in str(env.get("device", "device"))).strip("-")
+        results["saved_to"] = [str(save_results(results, Path(out_dir) / f"train-{stamp}-{device_name}.json"))]
+    return results
+
+
+def training_table(results: dict) -> str:
+    """Markdown: one row per cell x configuration, a column per implementation (median ms, speedup over cuDNN)."""
+    names = list(dict.fromkeys(r["name"] for c in results["cells"] for r in c["implementations"]))
+    lines = ["| cell | config | I,H,L,T,B | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    for c in results["cells"]:
+        cells = []
+        for name in names:
+            r = next((r for r in c["implementations"] if r["name"] == name), None)
+            if r is None or r["status"] != "ok":
+                cells.append(r["status"] if r else "-")
+            else:
+                ratio = r.get("speedup_vs_cudnn_fp32")
+                cells.append(f"{r['median_ms']:.3g}" + (f" ({ratio:.3f}x)" if ratio else ""))
+        lines.append(f"| {c['preset']} | {c['config']} | {','.join(map(str, c['sizes']))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + ("\n\nMedian ms of a training step (forward + backward of sum(outputs * w)), fp32, TF32 "
+                               "off; (Nx) = cuDNN fp32's time / this one.")

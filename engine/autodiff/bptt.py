@@ -10,6 +10,7 @@ states' adjoints carried from step t+1.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,8 +23,7 @@ from ..params import Params, check_params
 from .checks import check_bptt_memory, check_d_final_states, check_d_outputs, check_dtype, check_network
 from .derive import backward_graph
 from .errors import AutodiffError
-from .graph import BackwardGraph
-from .hoist import split_backward
+from .hoist import BackwardSplit, split_backward
 from .step import backward_step
 
 
@@ -41,7 +41,7 @@ class Gradients:
 class Tape:
     """What the forward pass keeps for the reverse pass (record), and the reverse pass itself (backward)."""
     network: Network
-    graph: BackwardGraph
+    split: BackwardSplit                       # the backward graph (split.graph) and what runs where
     layer_params: list                         # [layer]: name -> array of the pass's dtype and array module
     saved: list[list[dict]]                    # [layer][t]: forward name -> value
     outputs: object                            # (T, B, output size)
@@ -63,8 +63,7 @@ class Tape:
         self.used = True
         if d_outputs is None:
             d_outputs = xp.zeros((T, B, network.output_size), dtype=dtype)
-        return _reverse(network, self.graph, self.layer_params, self, d_outputs.astype(dtype, copy=False),
-                        d_final_states, dtype, xp)
+        return _reverse(network, self, d_outputs.astype(dtype, copy=False), d_final_states, dtype, xp)
 
 
 BACKENDS = ("reference", "naive")      # NumPy on the host; the same interpreter on the GPU through CuPy, op by op
@@ -99,12 +98,19 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     x = check_inputs(network, x, initial_states, xp=xp)
     T, B, _ = x.shape
     check_finite(network, params, x, initial_states)
-    graph = backward_graph(network.cell)
-    check_bptt_memory(network, graph, T, B, np.dtype(dtype).itemsize, on="host" if xp is np else "device")
+    split = derived(network.cell)
+    check_bptt_memory(network, split, T, B, np.dtype(dtype).itemsize, on="host" if xp is np else "device")
 
     layer_params = [{k: xp.asarray(v, dtype=dtype) for k, v in params[l].items()} for l in range(network.num_layers)]
     states = {s: xp.asarray(v, dtype=dtype) for s, v in (initial_states or {}).items()}
-    return _forward(network, graph, layer_params, xp.asarray(x, dtype=dtype), states, dtype, xp)
+    return _forward(network, split, layer_params, xp.asarray(x, dtype=dtype), states, dtype, xp)
+
+
+@functools.lru_cache(maxsize=64)
+def derived(cell) -> BackwardSplit:
+    """The cell's backward graph, split (engine.autodiff.hoist): a pure function of the frozen cell, so derived
+    once, not at every training step."""
+    return split_backward(backward_graph(cell))
 
 
 def array_module(backend: str):
@@ -134,8 +140,8 @@ def _initial_state(network: Network, initial_states: dict, name: str, layer: int
     return xp.zeros((batch, network.state_size(name)), dtype=dtype)
 
 
-def _forward(network: Network, graph: BackwardGraph, layer_params, x, initial_states, dtype, xp) -> "Tape":
-    cell = network.cell
+def _forward(network: Network, split: BackwardSplit, layer_params, x, initial_states, dtype, xp) -> "Tape":
+    cell, graph = network.cell, split.graph
     T, B, _ = x.shape
     # Parameters and constants are read from layer_params and the graph; only per-step values are kept.
     per_step = [n for n in graph.saved if not (cell[n].is_param or cell[n].op == "const")]
@@ -156,16 +162,15 @@ def _forward(network: Network, graph: BackwardGraph, layer_params, x, initial_st
         finals.append(states)
         layer_in = out
     final_states = {s: xp.stack([finals[l][s] for l in range(network.num_layers)]) for s in cell.state_names}
-    return Tape(network, graph, layer_params, saved, layer_in, final_states, dtype, xp)
+    return Tape(network, split, layer_params, saved, layer_in, final_states, dtype, xp)
 
 
-def _reverse(network: Network, graph: BackwardGraph, layer_params, tape: Tape, d_outputs, d_final_states: dict,
-             dtype, xp) -> Gradients:
+def _reverse(network: Network, tape: Tape, d_outputs, d_final_states: dict, dtype, xp) -> Gradients:
     """Layer by layer from the top: the reverse sweep over t runs the split's per-step nodes (what the states'
     adjoints at t-1 need) and keeps the values the rest reads; then the rest runs once on T x B rows (the weight
     gradients as one product a matmul, the input's adjoint for the layer below, the bias sums)."""
-    cell = network.cell
-    split = split_backward(graph)
+    cell, split, layer_params = network.cell, tape.split, tape.layer_params
+    graph = split.graph
     T, B, _ = d_outputs.shape
     L = network.num_layers
     grads = [{p.name: xp.zeros(network.param_shape(l, p.name), dtype=dtype) for p in cell.params} for l in range(L)]

@@ -9,7 +9,7 @@ from ..backends.common import _first_bad
 from ..errors import BackendError
 from ..network import Network
 from .graph import BackwardGraph
-from .hoist import split_backward
+from .hoist import BackwardSplit
 
 
 def check_dtype(dtype) -> type:
@@ -103,16 +103,16 @@ def device_free_bytes() -> int | None:
         return None
 
 
-def check_bptt_memory(network: Network, graph: BackwardGraph, steps: int, batch: int, itemsize: int,
+def check_bptt_memory(network: Network, split: BackwardSplit, steps: int, batch: int, itemsize: int,
                       on: str = "host") -> None:
     """Refuse, before allocating, a pass whose saved forward values cannot fit (on the host, or on the GPU:
     on="device"): every layer's saved values at every step, plus the input, the outputs and two adjoint
     sequences."""
-    per_step = saved_floats_per_row(network, graph)
+    per_step = saved_floats_per_row(network, split.graph)
     widest = max(network.input_size, network.hidden_size, network.projection_size)
     # One layer at a time also keeps the step values its after-the-sweep part reads (engine.autodiff.hoist), and
     # their stacked copies: at most `widest` numbers each.
-    kept = 2 * len(split_backward(graph).recorded) * widest
+    kept = 2 * len(split.recorded) * widest
     needed = itemsize * steps * batch * (network.num_layers * per_step + 4 * widest + kept)
     available = reference.available_host_bytes() if on == "host" else device_free_bytes()
     if available is not None and needed > available:

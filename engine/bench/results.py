@@ -51,10 +51,11 @@ def new_results(environment: dict, device_measurements: dict, settings: dict) ->
             "settings": settings, "cells": []}
 
 
-def results_filename(results: dict) -> str:
+def results_filename(results: dict, kind: str = "bench") -> str:
+    """<kind>-<date>-<device>.json: "bench" for run_bench's documents, "train" for the training-step benchmark."""
     stamp = results.get("created", "")[:19].replace(":", "").replace("-", "").replace("T", "-")
     device = re.sub(r"[^A-Za-z0-9]+", "-", str(results.get("environment", {}).get("device", "device"))).strip("-")
-    return f"bench-{stamp or 'undated'}-{device or 'device'}.json"
+    return f"{kind}-{stamp or 'undated'}-{device or 'device'}.json"
 
 
 def save_results(results: dict, path: str | Path) -> Path:

@@ -16,6 +16,7 @@ timed steps after warm-up. Rows:
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,7 +31,9 @@ from ..gallery import get as get_preset
 from ..network import Network
 from ..params import Params, init_params
 from .configs import BenchConfig, parse_configs
-from .timing import time_runs
+from .implementations import tf32_flags
+from .results import results_filename, save_results
+from .timing import TIMERS, time_runs
 
 SCHEMA = "cellforge/train-bench"
 TOLERANCE = 1e-3                 # norm-relative error of a gradient against float64; fp32 runs land near 1e-6
@@ -60,6 +63,9 @@ class EngineTrain:
     def __init__(self, backend: str = "naive"):
         self.backend, self.name = backend, f"engine-{backend}"
         self.timer = "cupy" if backend == "naive" else "wall"
+
+    def context(self):
+        return contextlib.nullcontext()
 
     def unavailable_reason(self, case: TrainCase) -> str | None:
         if (case.device == "cuda") != (self.backend == "naive"):
@@ -100,11 +106,12 @@ class CudnnTrain:
             return "torch sees no CUDA device or was built without cuDNN"
         return None
 
+    def context(self):
+        return tf32_flags(False)
+
     def setup(self, case: TrainCase) -> None:
         import torch
         from ..torch_layout import from_torch_state_dict, to_torch_state_dict
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
         layout, network = case.preset.torch, case.network
         kwargs = {"nonlinearity": layout.nonlinearity} if layout.module == "RNN" else {}
         module = getattr(torch.nn, layout.module)(network.input_size, network.hidden_size, network.num_layers,
@@ -145,11 +152,6 @@ def relative(got, want) -> float:
     return float(np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), 1e-30))
 
 
-def _timer(kind: str):
-    from .timing import cupy_timer, torch_timer, wall_timer
-    return {"cupy": cupy_timer, "torch": torch_timer, "wall": wall_timer}[kind]
-
-
 def measure(impl, case: TrainCase, reference: tuple, *, reps: int, warmup: int) -> dict:
     """Check impl's gradients against the reference (d x, parameter gradients), then time its steps."""
     entry = {"name": impl.name, "status": "ok", "reason": None}
@@ -157,22 +159,25 @@ def measure(impl, case: TrainCase, reference: tuple, *, reps: int, warmup: int) 
     if reason:
         return {**entry, "status": "unavailable", "reason": reason}
     try:
-        impl.setup(case)
-        value = impl.step(0)
-        dx, params = impl.gradients(value) if hasattr(impl, "gradients") else value
-        errors = [relative(dx, reference[0])] + [relative(g, r) for g, r in zip(params, reference[1])]
-        entry["error"] = {"x": errors[0], "params_max": max(errors[1:], default=0.0), "tolerance": TOLERANCE}
-        if not all(np.isfinite(errors)) or max(errors) > TOLERANCE:
-            return {**entry, "status": "wrong",
-                    "reason": f"gradients differ from the float64 reference by {max(errors):.3g} (> {TOLERANCE})"}
-        timing = time_runs(lambda k: impl.step(k), _timer(impl.timer), buffers=len(case.inputs), warmup=warmup,
-                           reps=reps)
-        entry.update(timing.to_dict())
+        with impl.context():
+            return _check_and_time(impl, case, reference, entry, reps=reps, warmup=warmup)
     except Exception as e:  # noqa: BLE001 - one implementation's failure is reported, the others still run
         return {**entry, "status": "failed", "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
     finally:
         impl.teardown()
-    return entry
+
+
+def _check_and_time(impl, case: TrainCase, reference: tuple, entry: dict, *, reps: int, warmup: int) -> dict:
+    impl.setup(case)
+    value = impl.step(0)
+    dx, params = impl.gradients(value) if hasattr(impl, "gradients") else value
+    errors = [relative(dx, reference[0])] + [relative(g, r) for g, r in zip(params, reference[1])]
+    entry["error"] = {"x": errors[0], "params_max": max(errors[1:], default=0.0), "tolerance": TOLERANCE}
+    if not all(np.isfinite(errors)) or max(errors) > TOLERANCE:
+        return {**entry, "status": "wrong",
+                "reason": f"gradients differ from the float64 reference by {max(errors):.3g} (> {TOLERANCE})"}
+    timing = time_runs(lambda k: impl.step(k), TIMERS[impl.timer], buffers=len(case.inputs), warmup=warmup, reps=reps)
+    return {**entry, **timing.to_dict()}
 
 
 def make_case(name: str, preset: Preset | None, cell, config: BenchConfig, *, xp, device: str, seed: int = 0,
@@ -232,10 +237,8 @@ def bench_training(presets=("lstm",), configs=None, *, implementations=None, rep
                                                config.steps, config.batch],
                                      "implementations": rows, "seconds": time.perf_counter() - started})
     if out_dir is not None:
-        from .results import save_results
-        stamp = results["created"][:19].replace(":", "").replace("-", "").replace("T", "-")
-        device_name = "".join(c if c.isalnum() else "-" for c in str(env.get("device", "device"))).strip("-")
-        results["saved_to"] = [str(save_results(results, Path(out_dir) / f"train-{stamp}-{device_name}.json"))]
+        path = Path(out_dir) / results_filename(results, kind="train")
+        results["saved_to"] = [str(save_results(results, path))]
     return results
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..autodiff import bptt
+from ..autodiff import record
 from ..backends.reference import run as reference_run
 from ..gallery import Preset
 from ..gallery import get as get_preset
@@ -133,15 +133,11 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for step in range(1, steps + 1):
             data = task.batch(train_rng, batch, seq_len)
-            scored = []
-
-            def loss_gradient(outputs, data=data, scored=scored):      # (T, B, H): bptt's own forward outputs
-                scored.append(readout_loss(outputs, readout, data, task.loss))
-                if not math.isfinite(scored[0].loss):
-                    raise diverged(step, steps, "loss", scored[0].loss, lr, clip)
-                return scored[0].d_outputs
-            grads = bptt(network, params, data.x, d_outputs=loss_gradient, dtype=np.float64)
-            scored = scored[0]
+            tape = record(network, params, data.x, dtype=np.float64)       # one forward pass: loss and gradients
+            scored = readout_loss(tape.outputs, readout, data, task.loss)
+            if not math.isfinite(scored.loss):
+                raise diverged(step, steps, "loss", scored.loss, lr, clip)
+            grads = tape.backward(scored.d_outputs)
             groups = [*grads.params, scored.d_readout]
             norm = global_norm(groups)
             if not math.isfinite(norm):

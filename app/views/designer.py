@@ -91,7 +91,13 @@ def new_empty() -> None:
 
 def rename_cell() -> None:
     design = state.current_design()
-    design["name"] = st.session_state.get("designer.name", "")
+    name = str(st.session_state.get("designer.name", "")).strip()
+    if not name:        # a cleared field (or a stale empty value from the browser) never wipes the name
+        st.session_state["designer.name"] = str(design.get("name", ""))
+        flash("warning", f"field 'Cell name': a cell needs a name; kept '{design.get('name', '')}'. "
+              "Type a new one and press Enter to rename it.")
+        return
+    design["name"] = name
     state.set_current_design(design, source="name")
 
 

@@ -153,8 +153,11 @@ def test_loading_a_preset_and_renaming_the_cell(designer):
     at.text_input(key="designer.name").set_value("my_gru").run()
     assert "def my_gru(x, h):" in at.code[0].value
     assert "my_gru" in texts(at.success)
-    at.text_input(key="designer.name").set_value("").run()
-    assert "field 'name'" in texts(at.error)
+    at.text_input(key="designer.name").set_value("").run()            # a cleared field keeps the name
+    assert "field 'Cell name': a cell needs a name; kept 'my_gru'" in texts(at.warning)
+    assert at.text_input(key="designer.name").value == "my_gru"
+    assert "def my_gru(x, h):" in at.code[0].value
+    assert not at.error
 
 
 @pytest.mark.parametrize("content, expected", [

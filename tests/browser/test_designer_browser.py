@@ -29,6 +29,26 @@ def wait_until_idle(page) -> None:
         " && !document.querySelector('[data-stale=\"true\"]')")
 
 
+def choose_option(page, key: str, option: str, attempts: int = 4) -> None:
+    """Open the selectbox of widget `key` and click `option`. A rerun that lands while the list is open (the
+    canvas component reports its value on mount) closes it: wait for the run to end and open it again."""
+    combobox = page.locator(f".st-key-{key}").get_by_role("combobox")
+    choice = page.get_by_role("option", name=option)
+    for _ in range(attempts - 1):
+        wait_until_idle(page)
+        combobox.click()
+        try:
+            choice.wait_for(state="visible", timeout=5_000)
+            break
+        except sync_api.Error:
+            page.keyboard.press("Escape")
+    else:
+        wait_until_idle(page)
+        combobox.click()
+    expect(choice).to_be_visible(timeout=RERUN_S * 1000)
+    choice.click()
+
+
 def main_text(page) -> str:
     return page.locator('[data-testid="stMain"]').inner_text()
 
@@ -139,8 +159,7 @@ def test_wire_a_new_block_into_the_lstm(page, app_url):
     wait_until_idle(page)
 
     # Load the LSTM preset onto a fresh canvas.
-    page.locator(".st-key-designer-preset").get_by_role("combobox").click()
-    page.get_by_role("option", name="lstm: LSTM (cuDNN / PyTorch)").click()
+    choose_option(page, "designer-preset", "lstm: LSTM (cuDNN / PyTorch)")
     page.locator(".st-key-designer-load_preset").get_by_role("button").click()
     expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
     wait_until_idle(page)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_designer_browser import RERUN_S, add_block, canvas, connect, main_text, wait_until_idle
+from test_designer_browser import RERUN_S, add_block, canvas, choose_option, connect, main_text, wait_until_idle
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
                                "(pip install -r requirements-test.txt)")
@@ -32,8 +32,7 @@ def open_designer(page, app_url) -> None:
 def open_the_lstm(page, app_url):
     """The Designer with the LSTM preset loaded onto a fresh canvas; the canvas's frame."""
     open_designer(page, app_url)
-    page.locator(".st-key-designer-preset").get_by_role("combobox").click()
-    page.get_by_role("option", name="lstm: LSTM (cuDNN / PyTorch)").click()
+    choose_option(page, "designer-preset", "lstm: LSTM (cuDNN / PyTorch)")
     page.locator(".st-key-designer-load_preset").get_by_role("button").click()
     expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
     wait_until_idle(page)
@@ -101,8 +100,8 @@ def test_build_a_gated_cell_from_scratch_run_save_and_find_it_after_a_reload(pag
     expect(page.get_by_text("my_cell is a valid cell")).to_be_visible(timeout=RERUN_S * 1000)
     expect(canvas(page).locator(".react-flow__node")).to_have_count(6, timeout=RERUN_S * 1000)
     open_tab(page, "Files")
-    page.locator(".st-key-designer-saved").get_by_role("combobox").click()
-    expect(page.get_by_role("option", name="my_gated_cell")).to_be_visible(timeout=RERUN_S * 1000)
+    choose_option(page, "designer-saved", "my_gated_cell")                 # listed, and can be chosen
+    expect(page.locator(".st-key-designer-saved").get_by_role("combobox")).to_have_value("my_gated_cell")
     assert page.locator('[data-testid="stException"]').count() == 0
 
 

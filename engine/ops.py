@@ -136,16 +136,18 @@ OPS: dict[str, OpDef] = {op.name: op for op in [
 ]}
 
 
-# The ops only a backward step uses. Its other ops are forward ones (mul, neg, scale). No CUDA forms yet: the
-# backward code generator will add them together with the tests that hold them to these NumPy meanings.
+# The ops only a backward step uses. Its other ops are forward ones (mul, neg, scale). The CUDA forms are what the
+# fused training step (engine/autodiff/fused_codegen.py) writes; tests/gpu/test_fused_training_gpu.py holds them to
+# the NumPy meanings.
 GRAD_OPS: dict[str, OpDef] = {op.name: op for op in [
-    OpDef("sigmoid_grad", ("dy", "y"), "elementwise", _sigmoid_grad, None, r"{dy} \odot {y} \odot (1 - {y})",
+    OpDef("sigmoid_grad", ("dy", "y"), "elementwise", _sigmoid_grad, "({dy} * ({y} * (1.0f - {y})))", r"{dy} \odot {y} \odot (1 - {y})",
           description="dy * sigmoid'(x), from the output y", category="gradient"),
-    OpDef("tanh_grad", ("dy", "y"), "elementwise", _tanh_grad, None, r"{dy} \odot (1 - {y}^2)",
+    OpDef("tanh_grad", ("dy", "y"), "elementwise", _tanh_grad, "({dy} * (1.0f - {y} * {y}))", r"{dy} \odot (1 - {y}^2)",
           description="dy * tanh'(x), from the output y", category="gradient"),
-    OpDef("relu_grad", ("dy", "y"), "elementwise", _relu_grad, None, r"{dy} \odot [{y} > 0]",
+    OpDef("relu_grad", ("dy", "y"), "elementwise", _relu_grad, "(({y} > 0.0f) ? {dy} : 0.0f)", r"{dy} \odot [{y} > 0]",
           description="dy where y > 0, else 0 (relu'(0) = 0, as PyTorch)", category="gradient"),
-    OpDef("hard_sigmoid_grad", ("dy", "x"), "elementwise", _hard_sigmoid_grad, None,
+    OpDef("hard_sigmoid_grad", ("dy", "x"), "elementwise", _hard_sigmoid_grad,
+          "((({x} > -3.0f) && ({x} < 3.0f)) ? {dy} * (1.0f / 6.0f) : 0.0f)",
           r"\tfrac{{1}}{{6}} {dy} \odot [-3 < {x} < 3]",
           description="dy / 6 strictly inside (-3, 3), else 0 (as PyTorch)", category="gradient"),
     OpDef("sum", ("terms",), "sum", _sum, None, r"\sum {terms}",

@@ -9,9 +9,10 @@ In an existing training script that is the swap of the nn.LSTM line for a CellRN
 (h_n, c_n) for the `states` dict). The parameters are the cell's own, one nn.Parameter per weight of each layer
 (`layer{l}_{name}`, the engine's shapes), initialised as engine.init_params does. On CUDA tensors the forward pass
 and the backward pass (engine.autodiff: record, then Tape.backward) run on the GPU through CuPy on the same memory
-(DLPack, no copies) and on torch's current stream; on the CPU they run on the NumPy reference. Both interpret the
-cell graph one array operation at a time: correct for any cell and checked against the engine's own gradients and
-torch's LSTM and GRU, but not yet fast; the generated backward kernels are the next step.
+(DLPack, no copies) and on torch's current stream: fp32 on the generated training step (engine.autodiff's backend
+"fused": cuBLAS GEMMs and generated kernels), fp64 through the CuPy interpreter; on the CPU they run on the NumPy
+reference. All are checked against the engine's own float64 gradients, and fp32 against torch's LSTM and GRU.
+`last_backend` says which one the last forward pass ran on.
 
 torch is imported here only: the rest of the engine does not need it.
 """
@@ -44,6 +45,7 @@ class CellRNN(torch.nn.Module):
                                "or a @cell design")
         self.network = Network(cell, input_size, hidden_size, num_layers, proj_size)
         self.names = [[p.name for p in cell.params] for _ in range(num_layers)]
+        self.last_backend: str | None = None      # "fused", "naive" or "reference": what the last forward ran on
         for layer, values in enumerate(init_params(self.network, seed=seed).layers):
             for name in self.names[layer]:
                 self.register_parameter(f"layer{layer}_{name}",
@@ -95,9 +97,12 @@ class _CellFunction(torch.autograd.Function):
             for names_l in module.names:
                 layers.append({name: _array(params[k + i]) for i, name in enumerate(names_l)})
                 k += len(names_l)
+            dtype = np.float64 if x.dtype == torch.float64 else np.float32
+            # CUDA fp32: the generated training step; CUDA fp64: the CuPy interpreter; CPU: the NumPy reference
+            backend = ("fused" if dtype == np.float32 else "naive") if x.is_cuda else "reference"
+            module.last_backend = backend
             tape = record(network, Params(layers), _array(x), {s: _array(v) for s, v in zip(names, states)},
-                          dtype=np.float64 if x.dtype == torch.float64 else np.float32,
-                          backend="naive" if x.is_cuda else "reference")
+                          dtype=dtype, backend=backend)
             ctx.tape, ctx.names, ctx.shapes = tape, names, [tuple(p.shape) for p in params]
             return (_tensor(tape.outputs, x), *(_tensor(tape.final_states[s], x) for s in names))
 

@@ -274,13 +274,15 @@ def test_saved_values_that_cannot_fit_are_refused_before_allocating(monkeypatch)
 
 def test_the_gpu_backend_without_a_gpu_says_why_and_an_unknown_backend_is_named():
     case = make_case(engine.preset("gru").cell)
-    with pytest.raises(BackendError, match="backend.*reference, naive"):
-        bptt(case.network, case.params, case.x, backend="fused")
+    with pytest.raises(BackendError, match="backend.*reference, naive, fused"):
+        bptt(case.network, case.params, case.x, backend="cudnn")
     from engine.backends import gpu_status
     if gpu_status()[0]:
         pytest.skip("a GPU is present: tests/gpu/test_autodiff_gpu.py runs backend='naive' there")
     with pytest.raises(BackendError, match="needs a CUDA GPU.*hint: backend='reference'"):
         bptt(case.network, case.params, case.x, backend="naive")
+    with pytest.raises(BackendError, match=r"backend='fused'\) needs a CUDA GPU.*hint: backend='reference'"):
+        bptt(case.network, case.params, case.x, dtype=np.float32, backend="fused")
 
 
 def test_a_tape_runs_its_backward_pass_once():

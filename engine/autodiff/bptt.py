@@ -66,7 +66,9 @@ class Tape:
         return _reverse(network, self, d_outputs.astype(dtype, copy=False), d_final_states, dtype, xp)
 
 
-BACKENDS = ("reference", "naive")      # NumPy on the host; the same interpreter on the GPU through CuPy, op by op
+# NumPy on the host; the same interpreter on the GPU through CuPy, op by op; the generated training step (fp32, GPU:
+# engine/autodiff/fused.py)
+BACKENDS = ("reference", "naive", "fused")
 
 
 def bptt(network: Network, params: Params, x, initial_states: dict | None = None, d_outputs=None,
@@ -90,6 +92,9 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     values are freed as it goes). What a torch.autograd.Function needs: forward now, backward when asked."""
     dtype = check_dtype(dtype)
     network = check_network(network)
+    if backend == "fused" and dtype != np.float32:
+        raise BackendError(f"bptt(backend='fused') runs in float32, got dtype={np.dtype(dtype).name}; "
+                           "hint: dtype=np.float32, or backend='naive' for float64 on the GPU")
     xp = array_module(backend)
     if xp is np and type(x).__module__.split(".")[0] == "cupy":
         raise BackendError("argument 'x' is a CuPy array (on the GPU), and backend='reference' runs on the host; "
@@ -101,6 +106,9 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     split = derived(network.cell)
     check_bptt_memory(network, split, T, B, np.dtype(dtype).itemsize, on="host" if xp is np else "device")
 
+    if backend == "fused":
+        from . import fused
+        return fused.record(network, params, x, initial_states)
     layer_params = [{k: xp.asarray(v, dtype=dtype) for k, v in params[l].items()} for l in range(network.num_layers)]
     states = {s: xp.asarray(v, dtype=dtype) for s, v in (initial_states or {}).items()}
     return _forward(network, split, layer_params, xp.asarray(x, dtype=dtype), states, dtype, xp)
@@ -114,15 +122,15 @@ def derived(cell) -> BackwardSplit:
 
 
 def array_module(backend: str):
-    """NumPy for "reference", CuPy for "naive"; BackendError saying why the GPU cannot be used."""
+    """NumPy for "reference", CuPy for "naive" and "fused"; BackendError saying why the GPU cannot be used."""
     if backend == "reference":
         return np
-    if backend != "naive":
+    if backend not in BACKENDS:
         raise BackendError(f"argument 'backend' of bptt must be one of {', '.join(BACKENDS)}, got {backend!r}")
     from ..backends import gpu_status
     ok, reason = gpu_status()
     if not ok:
-        raise BackendError(f"bptt(backend='naive') needs a CUDA GPU with CuPy: {reason}; hint: backend='reference'")
+        raise BackendError(f"bptt(backend={backend!r}) needs a CUDA GPU with CuPy: {reason}; hint: backend='reference'")
     import cupy
     return cupy
 

@@ -10,8 +10,9 @@ a float64 reference (engine.bptt in float64; through CuPy on the GPU): the norm-
 reported, and a row whose error is over TOLERANCE is marked "wrong" and not timed. Then the median of CUDA-event
 timed steps after warm-up. Rows:
 - cudnn-fp32: torch.nn.LSTM / GRU / RNN with TF32 off, its autograd (cuDNN's backward on the GPU);
-- engine-naive: engine.autodiff.record + Tape.backward through CuPy (bptt backend "naive"), fp32; the generated
-  backward kernels will be rows beside it;
+- engine-fused: the generated training step (bptt backend "fused", engine/autodiff/fused.py): cuBLAS GEMMs and
+  generated kernels a step, the weight gradients as one GEMM over every step, fp32;
+- engine-naive: engine.autodiff.record + Tape.backward through CuPy (bptt backend "naive"), fp32;
 - engine-reference (CPU tests of the harness only): the same on the NumPy reference.
 """
 from __future__ import annotations
@@ -58,18 +59,19 @@ def _grad_list(network: Network, layers) -> list:
 
 
 class EngineTrain:
-    """The engine's record + backward, fp32: "naive" (CuPy) or "reference" (NumPy, CPU tests)."""
+    """The engine's record + backward, fp32: "fused" or "naive" (the GPU), or "reference" (NumPy, CPU tests)."""
 
     def __init__(self, backend: str = "naive"):
         self.backend, self.name = backend, f"engine-{backend}"
-        self.timer = "cupy" if backend == "naive" else "wall"
+        self.gpu = backend != "reference"
+        self.timer = "cupy" if self.gpu else "wall"
 
     def context(self):
         return contextlib.nullcontext()
 
     def unavailable_reason(self, case: TrainCase) -> str | None:
-        if (case.device == "cuda") != (self.backend == "naive"):
-            return f"{self.name} runs on {'the GPU' if self.backend == 'naive' else 'the CPU'} only"
+        if (case.device == "cuda") != self.gpu:
+            return f"{self.name} runs on {'the GPU' if self.gpu else 'the CPU'} only"
         return None
 
     def setup(self, case: TrainCase) -> None:
@@ -199,6 +201,29 @@ def reference_gradients(case: TrainCase) -> tuple:
     return grads.x, _grad_list(case.network, grads.params)
 
 
+TRAIN_IMPLS = {"cudnn-fp32": CudnnTrain, "engine-fused": lambda: EngineTrain("fused"),
+               "engine-naive": lambda: EngineTrain("naive"), "engine-reference": lambda: EngineTrain("reference")}
+
+
+def training_implementations(chosen, device: str) -> list:
+    """The rows: `chosen` implementations or their names (e.g. "cudnn-fp32", "fused"), else every one the device
+    runs. BackendError naming an unknown one."""
+    if not chosen:
+        return ([CudnnTrain(), EngineTrain("fused"), EngineTrain("naive")] if device == "cuda"
+                else [EngineTrain("reference")])
+    impls = []
+    for item in chosen:
+        if not isinstance(item, str):
+            impls.append(item)
+            continue
+        key = item if item in TRAIN_IMPLS else {"cudnn": "cudnn-fp32"}.get(item, f"engine-{item}")
+        if key not in TRAIN_IMPLS:
+            raise BackendError(f"--impl {item}: not a training-step implementation; hint: one of "
+                               + ", ".join(TRAIN_IMPLS))
+        impls.append(TRAIN_IMPLS[key]())
+    return impls
+
+
 def bench_training(presets=("lstm",), configs=None, *, implementations=None, reps: int = 5, warmup: int = 1,
                    seed: int = 0, device: str | None = None, out_dir: str | Path | None = None) -> dict:
     """Every implementation's training step for every cell x configuration; the results document (saved as
@@ -216,7 +241,7 @@ def bench_training(presets=("lstm",), configs=None, *, implementations=None, rep
         env = environment()
     else:
         xp, env = np, {"device": "cpu"}
-    impls = implementations or ([CudnnTrain(), EngineTrain("naive")] if device == "cuda" else [EngineTrain("reference")])
+    impls = training_implementations(implementations, device)
     results = {"schema": SCHEMA, "created": datetime.now(timezone.utc).isoformat(), "environment": env,
                "settings": {"reps": reps, "warmup": warmup, "seed": seed, "loss": "sum(outputs * w), w random normal",
                             "precision": "fp32, TF32 off", "tolerance": TOLERANCE}, "cells": []}

@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
                              "the preset's cell in 4 layers, max-pool over time, 4 more); default: every anchor")
     parser.add_argument("--impl", action="append", metavar="NAME",
                         help="only these implementations, repeatable (e.g. fused, graph, persistent, auto, cudnn-fp32, "
-                             "torch-compile)")
+                             "torch-compile; with --train: cudnn-fp32, fused, naive)")
     parser.add_argument("--quick", action="store_true",
                         help="20 repetitions, 3 warm-ups, 3 input buffers, 60 s of compile budget (else 50, 5, 4, 300 s)")
     parser.add_argument("--reps", type=int, help="timed repetitions (at least 20)")
@@ -76,8 +76,8 @@ def main(args) -> int:
         return 2
     if args.train:
         from ..bench.training import bench_training, training_table
-        results = bench_training(cells, args.config or ["blogB"], reps=args.reps or 5, warmup=args.warmup or 1,
-                                 seed=args.seed, out_dir=args.out or RESULTS_DIR)
+        results = bench_training(cells, args.config or ["blogB"], implementations=args.impl, reps=args.reps or 5,
+                                 warmup=args.warmup or 1, seed=args.seed, out_dir=args.out or RESULTS_DIR)
         print(training_table(results))
         for path in results.get("saved_to", []):
             print(f"results: {path}")

@@ -1,0 +1,71 @@
+"""Where a fused training step's time goes (bptt backend "fused", engine/autodiff/fused.py): the forward (record)
+alone, the whole step, and the host's share (the time Python takes to issue the launches, measured with the GPU
+work already queued behind a long kernel would be another probe: here, GPU time vs wall time of one step).
+
+    python benchmarks/probe_fused_training.py --preset lstm --preset gru --config mid --config blogB
+
+Median of --repeats CUDA-event-timed runs after a warm-up, random normal inputs, fp32 (cuBLAS default math, no TF32).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import engine  # noqa: E402
+from engine.autodiff import record  # noqa: E402
+from engine.bench.configs import parse_configs  # noqa: E402
+
+
+def timed(cupy, fn, repeats: int) -> tuple[float, float]:
+    """(median GPU ms between events around fn, median wall ms of fn including the final synchronize)."""
+    fn()
+    cupy.cuda.Device().synchronize()
+    gpu, wall = [], []
+    for _ in range(repeats):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        t0 = time.perf_counter()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        wall.append((time.perf_counter() - t0) * 1e3)
+        gpu.append(cupy.cuda.get_elapsed_time(start, stop))
+    return statistics.median(gpu), statistics.median(wall)
+
+
+def main(argv=None) -> int:
+    import cupy
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", action="append", default=None)
+    parser.add_argument("--config", action="append", default=None)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    print("| cell | config | forward ms | step ms | step wall ms |\n|---|---|---|---|---|")
+    for name in args.preset or ["lstm"]:
+        cell = engine.preset(name).cell
+        for config in parse_configs(args.config or ["mid"]):
+            network = engine.Network(cell, config.input_size, config.hidden_size, config.num_layers)
+            params = engine.init_params(network, seed=0)
+            rng = np.random.default_rng(0)
+            x = cupy.asarray(rng.standard_normal((config.steps, config.batch, config.input_size)), dtype=cupy.float32)
+            w = cupy.asarray(rng.standard_normal((config.steps, config.batch, network.output_size)),
+                             dtype=cupy.float32)
+            gpu_params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()}
+                                        for layer in params.layers])
+            fwd, _ = timed(cupy, lambda: record(network, gpu_params, x, dtype=np.float32, backend="fused"),
+                           args.repeats)
+            step, wall = timed(cupy, lambda: record(network, gpu_params, x, dtype=np.float32,
+                                                    backend="fused").backward(w), args.repeats)
+            print(f"| {name} | {config.name} | {fwd:.2f} | {step:.2f} | {wall:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

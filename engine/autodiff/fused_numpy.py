@@ -1,0 +1,63 @@
+"""The fused training step's plan run by NumPy: the same buffers, places, stages and GEMMs as engine/autodiff/fused.py
+on the GPU, each kernel interpreted statement by statement on (B, D) slices instead of launched. The CPU tests run
+every cell through it against the float64 reference, so a wrong place, stage or GEMM in the plan fails without a GPU;
+the GPU tests then hold the generated CUDA to the same results.
+
+    tape = fused.record(network, params, x, initial_states, runner=NumpyRunner(training_plan(network.cell)))
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops import apply_backward
+from .fused import Layer, Runner
+from .fused_plan import GemmPlan, KernelPlan, Place, TrainingPlan
+
+
+class NumpyRunner(Runner):
+    def __init__(self, plan: TrainingPlan):          # no module, no cuBLAS: NumPy does both
+        self.xp, self.plan = np, plan
+
+    def bind(self) -> None:
+        pass
+
+    @staticmethod
+    def _rows(layer: Layer, place: Place, block: int, rows: int, width: int):
+        buf = layer.buffers[place.buffer]
+        start = (block + place.shift) * layer.B
+        offset = place.offset.value(layer.sizes)
+        return buf[start:start + rows, offset:offset + width]
+
+    def kernel(self, layer: Layer, kernel: KernelPlan, t: int) -> None:
+        B, D = layer.B, layer.sizes[kernel.dim]
+        values = {}
+        for value, place in kernel.loads:
+            if place.kind == "literal":
+                values[value] = np.float32(place.literal)
+            elif place.kind == "vector":
+                values[value] = layer.buffers[place.buffer][:D]
+            else:
+                values[value] = self._rows(layer, place, t, B, D)
+        for st in kernel.statements:
+            args = [values[a] for a in st.args]
+            if st.op == "copy":
+                result = args[0]
+            elif st.op == "sum":
+                result = args[0]
+                for a in args[1:]:
+                    result = result + a
+            else:
+                result = apply_backward(st.op, args, dict(st.attrs))
+            values[st.var] = np.asarray(result, dtype=np.float32)
+        for value, place in kernel.stores:
+            self._rows(layer, place, t, B, D)[...] = values[value]
+
+    def gemm(self, layer: Layer, g: GemmPlan, t: int, forward: bool) -> None:
+        rows = layer.T * layer.B if g.hoisted else layer.B
+        block = 0 if g.hoisted else t
+        k, n = g.k.value(layer.sizes), g.n.value(layer.sizes)
+        w = layer.stacked[g.weights]
+        a = self._rows(layer, g.operand, block, rows, k)
+        out = self._rows(layer, g.out, block, rows, n)
+        product = a @ w.T if forward else a @ w
+        out[...] = out + product if g.accumulate else product

@@ -1,0 +1,490 @@
+"""The plan of the fused training step (backend "fused" of engine.autodiff.record): which GEMMs and which generated
+kernels run a layer's forward step that keeps what the backward reads, and its backward step.
+
+Forward, one layer:
+- once a layer, the hoisted GEMM: every matmul of the input x as one GEMM over the T x B rows;
+- every step, stage by stage: the stage's GEMMs (the matmuls of one operand as one GEMM, their weights stacked),
+  then the stage's kernel(s), one per value size (I, H, P): the elementwise math, which stores the next states,
+  the values a later stage reads and the values the backward graph saves (BackwardGraph.saved).
+Backward, one layer, t = T-1 .. 0 (the split's per-step part, engine/autodiff/hoist.py):
+- every step, stage by stage: the kernel(s) of the elementwise backward math, then the stage's GEMMs: the
+  operand adjoints W^T dy of one operand as one GEMM (dy of every matmul side by side, times the stacked weights).
+  A sum of such terms and of elementwise ones is the GEMM's output: the kernel writes the elementwise part there
+  first and the GEMM adds to it (beta = 1), so the LSTM's and the GRU's step is one kernel and one GEMM.
+- after the sweep, the split's `after` part on T x B rows (weight gradients, bias sums, the input's adjoint).
+
+Every value a kernel stores lives in a (rows, columns) buffer of the layer, at row (t + shift) * B + b: a state's
+buffer has T + 1 row blocks (block t is the state entering step t; block T the final state), as has a state
+adjoint's (block t: the adjoint of the state entering step t). Values computed from parameters alone ("static")
+are computed once a call and read as vectors. The plan is pure data: engine/autodiff/fused_codegen.py writes the
+CUDA from it, engine/autodiff/fused.py allocates and launches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..ir import SCALAR, CellGraph
+from ..ops import OPS, backward_op_def
+from .bptt import derived
+from .errors import AutodiffError
+from .graph import BackwardGraph, BackwardNode
+from .hoist import BackwardSplit
+
+DIMS = ("I", "H", "P")
+
+
+@dataclass(frozen=True)
+class Size:
+    """A linear combination of the sizes I, H, P (a buffer's columns, a column offset): ((dim, count), ...)."""
+    terms: tuple[tuple[str, int], ...] = ()
+
+    @staticmethod
+    def of(dim: str, count: int = 1) -> "Size":
+        return Size(((dim, count),)) if count else Size()
+
+    def __add__(self, other: "Size") -> "Size":
+        counts = dict(self.terms)
+        for d, c in other.terms:
+            counts[d] = counts.get(d, 0) + c
+        return Size(tuple((d, counts[d]) for d in DIMS if counts.get(d)))
+
+    def value(self, sizes: dict[str, int]) -> int:
+        return sum(sizes[d] * c for d, c in self.terms)
+
+    def c_expr(self) -> str:
+        parts = [d if c == 1 else f"{c} * {d}" for d, c in self.terms]
+        return " + ".join(parts) or "0"
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One array of a layer: (blocks * B, cols), row (t + shift) * B + b; blocks "T" or "T+1"."""
+    name: str
+    cols: Size
+    blocks: str = "T"
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a value is: buffer[(t + shift) * B + b, offset + j] ("row"), buffer[j] ("vector": a parameter or a
+    static value) or a number ("literal")."""
+    kind: str
+    buffer: str = ""
+    offset: Size = Size()
+    shift: int = 0
+    literal: float | None = None
+
+
+@dataclass(frozen=True)
+class Statement:
+    var: str
+    op: str                   # an elementwise op of engine.ops (forward or backward), or "copy"
+    args: tuple[str, ...]
+    attrs: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    name: str
+    stage: int
+    dim: str
+    loads: tuple[tuple[str, Place], ...]        # value -> where it is read from
+    statements: tuple[Statement, ...]
+    stores: tuple[tuple[str, Place], ...]       # value -> where it is written (a value may go to several places)
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """out[rows] (+)= operand[rows] @ W^T (forward: W the members' weights stacked, (sum of rows, cols)), or
+    dy[rows] @ W (backward: dy the members' adjoints side by side)."""
+    name: str
+    stage: int
+    members: tuple[str, ...]                    # forward matmul nodes, or backward matmul_t nodes, in column order
+    weights: tuple[str, ...]                    # the weight of each member
+    operand: Place                              # forward: the operand's place; backward: the dy buffer (shift 0)
+    out: Place
+    k: Size                                     # the inner size
+    n: Size                                     # the output's columns
+    accumulate: bool = False                    # beta = 1: the output holds the elementwise part of a sum
+    hoisted: bool = False                       # once a layer over T x B rows, before the step loop
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One direction of one layer's step: the GEMMs and kernels in launch order."""
+    order: tuple[tuple[str, object], ...]       # ("gemm", GemmPlan) or ("kernel", KernelPlan)
+    hoisted: tuple[GemmPlan, ...] = ()
+
+    @property
+    def kernels(self) -> tuple[KernelPlan, ...]:
+        return tuple(item for kind, item in self.order if kind == "kernel")
+
+    @property
+    def gemms(self) -> tuple[GemmPlan, ...]:
+        return self.hoisted + tuple(item for kind, item in self.order if kind == "gemm")
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    cell: CellGraph
+    split: BackwardSplit
+    buffers: tuple[Buffer, ...]
+    forward: StepPlan
+    backward: StepPlan
+    places: dict = field(default_factory=dict)        # forward value -> Place (for the after part and the outputs)
+    back_places: dict = field(default_factory=dict)   # backward value -> Place
+    static: tuple[str, ...] = ()                      # forward values of parameters alone, computed once a call
+    carry_inputs: tuple[tuple[str, str], ...] = ()    # state -> the backward input carrying its adjoint
+
+    @property
+    def launches_per_step(self) -> tuple[int, int]:
+        return len(self.forward.order), len(self.backward.order)
+
+
+def state_buffer(state: str) -> str:
+    return f"state_{state}"
+
+
+def adjoint_buffer(state: str) -> str:
+    return f"dstate_{state}"
+
+
+INPUT_BUFFER = "x"            # the layer's input sequence (T x B, I)
+D_OUTPUT_BUFFER = "d_out"     # the adjoint of the layer's output sequence (T x B, output size)
+
+
+@lru_cache(maxsize=64)
+def training_plan(cell: CellGraph) -> TrainingPlan:
+    """The fused training plan of `cell` (cached: a pure function of the frozen cell). AutodiffError if the cell has
+    a value the fused path cannot place (named)."""
+    return _Planner(cell, derived(cell)).run()
+
+
+class _Planner:
+    def __init__(self, cell: CellGraph, split: BackwardSplit):
+        self.cell, self.split, self.graph = cell, split, split.graph
+        self.buffers: dict[str, Buffer] = {}
+        self.places: dict[str, Place] = {}
+
+    # ---- shared -----------------------------------------------------------------------------------------------
+    def _buffer(self, name: str, cols: Size, blocks: str = "T", doc: str = "") -> str:
+        if name not in self.buffers:
+            self.buffers[name] = Buffer(name, cols, blocks, doc)
+        return name
+
+    def _dim(self, forward_name: str) -> str:
+        d = self.cell.dims[forward_name]
+        if d not in DIMS and d != SCALAR:
+            raise AutodiffError(f"value '{forward_name}' has an unknown size ({d})", node=forward_name,
+                                hint="fix the cell's size errors first (engine.check)")
+        return d
+
+    def run(self) -> TrainingPlan:
+        forward = self._forward()
+        backward, back_places = self._backward()
+        carry = tuple((s, self.graph.carry_input(s)) for s in self.cell.state_names)
+        return TrainingPlan(self.cell, self.split, tuple(self.buffers.values()), forward, backward,
+                            dict(self.places), back_places, tuple(self.static), carry)
+
+    # ---- forward ----------------------------------------------------------------------------------------------
+    def _forward(self) -> StepPlan:
+        cell = self.cell
+        live = [n for n in cell.topo_order if n in cell.live_nodes or cell[n].op in ("input", "state")]
+        batched = set()
+        for name in cell.topo_order:
+            node = cell[name]
+            if node.op in ("input", "state") or any(a in batched for a in node.args):
+                batched.add(name)
+        self.static = [n for n in live if n not in batched and not cell[n].is_leaf]
+        for name in live:
+            node = cell[name]
+            if node.op == "const":
+                self.places[name] = Place("literal", literal=float(node.attr("value")))
+            elif node.is_param and node.op != "weight" or name in self.static:
+                self.places[name] = Place("vector", buffer=f"param_{name}" if node.is_param else f"static_{name}")
+        x = cell.input.name
+        self.places[x] = Place("row", self._buffer(INPUT_BUFFER, Size.of(self._dim(x)), doc="the layer's input"))
+        for s in cell.states:
+            dim = cell.state_dim(s.name)
+            self._buffer(state_buffer(s.name), Size.of(dim), "T+1", f"state {s.name}: block t enters step t")
+            self.places[s.name] = Place("row", state_buffer(s.name))
+
+        # Stages: a matmul of x is hoisted (stage 0); of a state, stage 0; of a value of stage s, stage s + 1.
+        stage: dict[str, int] = {x: 0, **{s: 0 for s in cell.state_names}}
+        groups: dict[tuple[int, str], list[str]] = {}
+        elementwise: dict[tuple[int, str], list[str]] = {}
+        for name in live:
+            node = cell[name]
+            if name not in batched or node.is_leaf:
+                continue
+            if node.op == "matmul":
+                operand = node.args[1]
+                stage[name] = 0 if cell[operand].is_leaf else stage[operand] + 1
+                groups.setdefault((stage[name], operand), []).append(name)
+            else:
+                stage[name] = max(stage[a] for a in node.args if a in batched)
+                elementwise.setdefault((stage[name], self._dim(name)), []).append(name)
+        self.fwd_stage = stage
+
+        gemm_plans: dict[tuple[int, str], GemmPlan] = {}
+        for (s, operand), members in groups.items():
+            hoisted = operand == x
+            cols, offsets = Size(), {}
+            for m in members:
+                offsets[m] = cols
+                cols = cols + Size.of(cell[cell[m].args[0]].attr("rows"))
+            out = self._buffer(f"gemm_{operand}_{s}", cols, doc=f"the matmuls of {operand}: " + ", ".join(members))
+            for m in members:
+                self.places[m] = Place("row", out, offsets[m])
+            gemm_plans[(s, operand)] = GemmPlan(
+                f"{cell.name}_fwd_{operand}_s{s}", s, tuple(members), tuple(cell[m].args[0] for m in members),
+                Place("row", state_buffer(operand)) if cell[operand].op == "state" else None, Place("row", out),
+                Size.of(self._dim(operand)), cols, hoisted=hoisted)
+
+        # Where every computed value must be written: next states, GEMM operands, later kernels, the backward.
+        kernel_of = {n: key for key, names in elementwise.items() for n in names}
+        needed: dict[str, list[Place]] = {}
+        saved = set(self.graph.saved)
+        consumers = {n: [c for c in live if n in cell[c].args] for n in live}
+        next_of = {s.next: s.name for s in cell.states}
+        for name in kernel_of:
+            places = []
+            if name in next_of:
+                places.append(Place("row", state_buffer(next_of[name]), shift=1))
+            elsewhere = any(kernel_of.get(c) != kernel_of[name] for c in consumers[name])
+            if (elsewhere or name in saved) and not places:
+                places.append(Place("row", self._buffer(f"value_{name}", Size.of(self._dim(name)),
+                                                        doc=f"forward value {name}")))
+            needed[name] = places
+            if places:
+                self.places[name] = places[0]
+        for (s, operand), plan in list(gemm_plans.items()):
+            if plan.operand is None:
+                gemm_plans[(s, operand)] = _replace(plan, operand=self.places[operand])
+        copies: dict[tuple[int, str], list[tuple[str, Place]]] = {}
+        last = max([k[0] for k in elementwise] + [k[0] for k in groups] + [0])
+        for s in cell.states:        # a next state that is no kernel's value (a matmul's, x, a state): copied
+            if s.next not in kernel_of:
+                copies.setdefault((last, cell.state_dim(s.name)), []).append(
+                    (s.next, Place("row", state_buffer(s.name), shift=1)))
+
+        order: list[tuple[str, object]] = []
+        for s in range(last + 1):
+            order += [("gemm", gemm_plans[k]) for k in gemm_plans if k[0] == s and not gemm_plans[k].hoisted]
+            for dim in DIMS:
+                names = elementwise.get((s, dim), [])
+                extra = copies.get((s, dim), [])
+                if not names and not extra:
+                    continue
+                order.append(("kernel", self._kernel(f"{cell.name}_fwd_s{s}_{dim}", s, dim, names, needed, extra,
+                                                     forward=True)))
+        hoisted = tuple(p for p in gemm_plans.values() if p.hoisted)
+        return StepPlan(tuple(order), hoisted)
+
+    def _kernel(self, name, stage, dim, names, needed, extra, forward: bool,
+                partials: tuple = ()) -> KernelPlan:
+        """A kernel computing `names` (forward nodes or backward nodes) in order; stores what `needed` says; extra:
+        (value, place) copies of values it does not compute; partials: (var, args, place) sums to store."""
+        computed = set(names)
+        loads: dict[str, Place] = {}
+        statements = []
+
+        def read(value):
+            if value not in computed and value not in loads:
+                loads[value] = self._place_of(value, forward)
+
+        for n in names:
+            node = self.cell[n] if forward else self.back_nodes[n]
+            for a in node.args:
+                read(a)
+            statements.append(Statement(n, node.op, tuple(node.args), tuple(node.attrs) if not forward
+                                        else tuple((k, node.attr(k)) for k in OPS[node.op].attrs)))
+        stores = [(n, p) for n in names for p in needed.get(n, [])]
+        for value, place in extra:
+            read(value)
+            stores.append((value, place))
+        for var, args, place in partials:
+            for a in args:
+                read(a)
+            statements.append(Statement(var, "sum", tuple(args)) if len(args) > 1 else Statement(var, "copy", args))
+            stores.append((var, place))
+        return KernelPlan(name, stage, dim, tuple(loads.items()), tuple(statements), tuple(stores))
+
+    def _place_of(self, value: str, forward: bool) -> Place:
+        if not forward and value in self.back_places:
+            return self.back_places[value]
+        if value in self.places:
+            return self.places[value]
+        raise AutodiffError(f"value '{value}' is read by the fused training step but was never stored",
+                            node=value, hint="this is a bug in engine/autodiff/fused_plan.py; "
+                                             "backend='naive' trains the cell meanwhile")
+
+    # ---- backward ---------------------------------------------------------------------------------------------
+    def _backward(self) -> tuple[StepPlan, dict]:
+        cell, graph, split = self.cell, self.graph, self.split
+        nodes = {n.name: n for n in split.per_step}
+        self.back_nodes = nodes
+        self.back_places: dict[str, Place] = {}
+        dim_of = {n.name: self._dim(n.of) for n in graph.nodes}
+        for i in graph.inputs:
+            dim_of[i.name] = self._dim(i.of)
+            if i.source == "output":
+                buffer = self._buffer(D_OUTPUT_BUFFER, Size.of(cell.output_dim), doc="the adjoint of the outputs")
+                self.back_places[i.name] = Place("row", buffer)
+            else:
+                self._buffer(adjoint_buffer(i.state), Size.of(cell.state_dim(i.state)), "T+1",
+                             f"the adjoint of state {i.state}: block t of the state entering step t")
+                self.back_places[i.name] = Place("row", adjoint_buffer(i.state), shift=1)
+        states_of: dict[str, list[str]] = {}          # backward value -> the states it is the adjoint of
+        for s_name, name in graph.state_adjoints:
+            if name:
+                states_of.setdefault(name, []).append(s_name)
+
+        # Stages: inputs and saved values at 0; an elementwise node at its arguments' latest; a matmul_t one later.
+        stage: dict[str, int] = {}
+
+        def stage_of(v):
+            return stage.get(v, 0)
+
+        groups: dict[tuple[int, str], list[str]] = {}
+        for n in split.per_step:
+            if n.op == "matmul_t":
+                stage[n.name] = stage_of(n.args[1]) + 1
+                groups.setdefault((stage[n.name] - 1, n.of), []).append(n.name)
+            else:
+                stage[n.name] = max([stage_of(a) for a in n.args] + [0])
+
+        # A sum of one GEMM's terms (and elementwise ones computed before it) is that GEMM's output: absorbed.
+        absorbed: dict[tuple[int, str], BackwardNode] = {}
+        for n in split.per_step:
+            if n.op != "sum":
+                continue
+            terms = [a for a in n.args if a in nodes and nodes[a].op == "matmul_t"]
+            keys = {(stage[a] - 1, nodes[a].of) for a in terms}
+            if len(keys) != 1:
+                continue
+            key = keys.pop()
+            if sorted(terms) == sorted(groups[key]) and key not in absorbed and all(      # each term once
+                    stage_of(a) <= key[0] for a in n.args if a not in terms):
+                absorbed[key] = n
+
+        def home(value: str) -> Place:
+            """The place of a backward value that leaves its kernel or GEMM."""
+            if value in states_of:
+                return Place("row", adjoint_buffer(states_of[value][0]))
+            return Place("row", self._buffer(f"back_{value}", Size.of(dim_of[value]), doc=f"backward value {value}"))
+
+        gemm_plans: dict[tuple[int, str], GemmPlan] = {}
+        dy_places: dict[str, list[Place]] = {}
+        for key, members in groups.items():
+            s, operand = key
+            cols, offsets = Size(), {}
+            for m in members:
+                offsets[m] = cols
+                cols = cols + Size.of(dim_of[nodes[m].args[1]])
+            dy_buffer = self._buffer(f"dy_{operand}_{s}", cols, doc=f"the dy of the matmul_t of {operand}")
+            for m in members:
+                dy_places.setdefault(nodes[m].args[1], []).append(Place("row", dy_buffer, offsets[m]))
+            total = absorbed.get(key)
+            out_value = total.name if total else (members[0] if len(members) == 1 else None)
+            if out_value is None:          # several terms, no sum to absorb them: each term separately (rare)
+                raise AutodiffError(f"the operand adjoints of '{operand}' are not summed in one node",
+                                    node=operand, hint="backend='naive' trains this cell")
+            out = home(out_value)
+            self.back_places[out_value] = out
+            gemm_plans[key] = GemmPlan(
+                f"{cell.name}_bwd_{operand}_s{s}", s, tuple(members), tuple(nodes[m].args[0] for m in members),
+                Place("row", dy_buffer), out, cols, Size.of(dim_of[members[0]]),
+                accumulate=bool(total) and any(a not in members for a in total.args))
+
+        absorbed_names = {n.name for n in absorbed.values()}
+        elementwise: dict[tuple[int, str], list[str]] = {}
+        for n in split.per_step:
+            if n.op != "matmul_t" and n.name not in absorbed_names:
+                elementwise.setdefault((stage[n.name], dim_of[n.name]), []).append(n.name)
+        kernel_of = {v: key for key, names in elementwise.items() for v in names}
+        consumers: dict[str, list[str]] = {}
+        for n in split.per_step:
+            for a in n.args:
+                consumers.setdefault(a, []).append(n.name)
+        partial_kernel = {total.name: (key[0], dim_of[total.name]) for key, total in absorbed.items()}
+        recorded = set(split.recorded)
+        if graph.input_adjoint in nodes:
+            recorded.add(graph.input_adjoint)
+        needed: dict[str, list[Place]] = {}
+        for v in kernel_of:
+            places = list(dy_places.get(v, []))
+            places += [Place("row", adjoint_buffer(s)) for s in states_of.get(v, [])]
+            leaves = any(kernel_of.get(c) != kernel_of[v] for c in consumers.get(v, [])
+                         if nodes[c].op != "matmul_t" and c not in absorbed_names)
+            absorbed_reader = any(c in absorbed_names and partial_kernel[c] != kernel_of[v]
+                                  for c in consumers.get(v, []))
+            if (leaves or v in recorded or absorbed_reader) and not places:
+                places.append(home(v))
+            needed[v] = places
+            if places:
+                self.back_places[v] = places[0]
+        for v in recorded:      # a recorded dy read by the after part: its first column block
+            if v not in self.back_places and v in dy_places:
+                self.back_places[v] = dy_places[v][0]
+
+        # Values to copy: a GEMM's dy that no kernel computes (an input, another GEMM's output) into its column
+        # block, an input that is a state's adjoint unchanged; and the absorbed sums' partials.
+        copies: dict[tuple[int, str], list[tuple[str, Place]]] = {}
+        for v, places in dy_places.items():
+            if v not in kernel_of:
+                copies.setdefault((stage_of(v), dim_of[v]), []).extend((v, place) for place in places)
+        for v, states in states_of.items():     # an input, or a GEMM's output, that is the adjoint of states
+            if v not in kernel_of:
+                first = 0 if v in self.back_places and self.back_places[v] == home(v) else None
+                copies.setdefault((stage_of(v), dim_of[v]), []).extend(
+                    (v, Place("row", adjoint_buffer(s))) for k, s in enumerate(states) if k != first)
+        partials: dict[tuple[int, str], list] = {}
+        for key, total in absorbed.items():
+            rest = [a for a in total.args if a not in groups[key]]
+            if rest:
+                partials.setdefault((key[0], dim_of[total.name]), []).append(
+                    (f"{total.name}__part", tuple(rest), self.back_places[total.name]))
+        last = max([k[0] for k in elementwise] + [k[0] + 1 for k in groups] + [0])
+        order: list[tuple[str, object]] = []
+        for s in range(last + 1):
+            for dim in DIMS:
+                names = elementwise.get((s, dim), [])
+                extra, parts = copies.get((s, dim), []), partials.get((s, dim), [])
+                if names or extra or parts:
+                    order.append(("kernel", self._kernel(f"{cell.name}_bwd_s{s}_{dim}", s, dim, names, needed,
+                                                         extra, forward=False, partials=tuple(parts))))
+            order += [("gemm", gemm_plans[k]) for k in gemm_plans if k[0] == s]
+        for s_name, adj in graph.state_adjoints:
+            if adj is not None and adj not in self.back_places:
+                raise AutodiffError(f"the adjoint of state '{s_name}' ({adj}) has no place in the fused step",
+                                    node=s_name, hint="backend='naive' trains this cell")
+        return StepPlan(tuple(order)), dict(self.back_places)
+
+
+def _replace(plan: GemmPlan, **changes) -> GemmPlan:
+    import dataclasses
+    return dataclasses.replace(plan, **changes)
+
+
+def describe(plan: TrainingPlan) -> str:
+    """Readable text: the launches of a forward and of a backward step, and the buffers."""
+    def items(step: StepPlan) -> list[str]:
+        lines = [f"    (once a layer) GEMM {g.name}: {', '.join(g.members)}" for g in step.hoisted]
+        for kind, item in step.order:
+            if kind == "gemm":
+                lines.append(f"    GEMM {item.name}: {', '.join(item.members)}{' (+=)' if item.accumulate else ''}")
+            else:
+                lines.append(f"    kernel {item.name}: {', '.join(s.var for s in item.statements) or 'copies'}")
+        return lines
+    f, b = plan.launches_per_step
+    return "\n".join([f"fused training step of cell '{plan.cell.name}': {f} launches forward, {b} backward a step",
+                      "  forward:", *items(plan.forward), "  backward:", *items(plan.backward),
+                      "  buffers: " + ", ".join(f"{b.name} ({b.blocks} x B, {b.cols.c_expr()})"
+                                                for b in plan.buffers)])
+
+
+def grad_op_known(op: str) -> bool:
+    return op in ("sum", "copy") or backward_op_def(op) is not None

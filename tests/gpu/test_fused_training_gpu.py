@@ -1,0 +1,131 @@
+"""The fused training step on the GPU (bptt backend "fused", engine/autodiff/fused.py) against the NumPy reference
+in float64, on fresh random inputs: every preset, the unusual cells, random cells; work buffers poisoned with NaN
+first; the backward ops' CUDA forms against their NumPy meanings; CellRNN on CUDA fp32 tensors runs it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import engine
+from engine.autodiff import bptt
+from engine.autodiff import fused
+from engine.ops import GRAD_OPS
+from test_autodiff import UNUSUAL
+from test_fuzz_cells import cell_designs
+
+pytestmark = pytest.mark.gpu
+
+TOL = 2e-4          # norm-relative, fp32 against float64 over a few steps (measured: 1e-7 .. 1e-5)
+
+
+def relative(got, want) -> float:
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def case(cell, seed, layers=2, I=5, H=6, T=7, B=3, P=None):
+    if cell.input_is_hidden:
+        I = H
+    network = engine.Network(cell, I, H, layers, proj_size=P)
+    rng = np.random.default_rng(seed)
+    return (network, engine.init_params(network, seed=seed), rng.standard_normal((T, B, I)),
+            {s: rng.uniform(-0.8, 0.8, (layers, B, network.state_size(s))) for s in cell.state_names},
+            rng.standard_normal((T, B, network.output_size)),
+            {s: rng.standard_normal((layers, B, network.state_size(s))) for s in cell.state_names})
+
+
+def check(cupy, cell, seed, poison=False, **sizes):
+    network, params, x, initial, d_out, d_final = case(cell, seed, **sizes)
+    want = bptt(network, params, x, initial, d_out, d_final)
+    on_gpu = {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}
+    d_final_gpu = {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()}
+    if poison:      # every work buffer NaN first: a value read before it is written shows in the result
+        tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), on_gpu, poison=True)
+        got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32), d_final_gpu)
+    else:
+        got = bptt(network, params, cupy.asarray(x, dtype=cupy.float32), on_gpu,
+                   cupy.asarray(d_out, dtype=cupy.float32), d_final_gpu, dtype=np.float32, backend="fused")
+    assert isinstance(got.x, cupy.ndarray)
+    assert relative(got.outputs.get(), want.outputs) < TOL
+    for s in network.cell.state_names:
+        assert relative(got.final_states[s].get(), want.final_states[s]) < TOL, s
+        assert relative(got.initial_states[s].get(), want.initial_states[s]) < TOL, s
+    assert relative(got.x.get(), want.x) < TOL
+    for layer in range(network.num_layers):
+        for p, value in want.params[layer].items():
+            assert relative(got.params[layer][p].get(), value) < TOL, (layer, p)
+
+
+@pytest.mark.parametrize("name", sorted(engine.presets()))
+def test_every_preset_equals_the_reference(cupy, name):
+    cell = engine.preset(name).cell
+    check(cupy, cell, seed=len(name), P=4 if cell.uses_projection else None)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "gru_cho", "mgu", "lstm_fgr"])
+def test_poisoned_buffers_three_layers(cupy, name):
+    check(cupy, engine.preset(name).cell, seed=3, poison=True, layers=3, T=9, B=4)
+
+
+@pytest.mark.parametrize("name", sorted(UNUSUAL))
+def test_unusual_cells_equal_the_reference(cupy, name):
+    check(cupy, UNUSUAL[name], seed=2, poison=True, I=4, H=4)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cell_designs())
+def test_random_cells_equal_the_reference(cupy, design):
+    cell = engine.from_dict(design)
+    check(cupy, cell, seed=5, poison=True, I=3, H=4, T=4, B=2)
+
+
+def test_larger_sizes_where_the_gemms_tile(cupy):
+    """Sizes that are not multiples of anything, B > 1 block of threads, a real sequence."""
+    check(cupy, engine.preset("lstm").cell, seed=9, layers=2, I=37, H=129, T=23, B=19)
+    check(cupy, engine.preset("gru").cell, seed=9, layers=2, I=37, H=129, T=23, B=19)
+
+
+def test_backward_ops_cuda_forms_equal_their_numpy_meaning(cupy):
+    """Each op of GRAD_OPS with a CUDA form, on random values and on its kinks (relu at 0, hard sigmoid at +-3)."""
+    from engine.autodiff.fused_codegen import statement_expr
+    from engine.autodiff.fused_plan import Statement
+    from engine.codegen.nvrtc import load_module
+    rng = np.random.default_rng(0)
+    a = np.concatenate([rng.standard_normal(1000) * 4, [0.0, -0.0, 3.0, -3.0, 2.9999998, -2.9999998]]).astype(np.float32)
+    b = np.concatenate([rng.standard_normal(1000) * 4, [0.0, 1.0, 3.0, -3.0, 3.0, -3.0]]).astype(np.float32)
+    for name, spec in GRAD_OPS.items():
+        if spec.cuda is None:
+            continue
+        expr = statement_expr(Statement("r", name, ("a", "b")))
+        source = ('extern "C" __global__ void f(const float* a, const float* b, float* r, int n) {'
+                  ' int i = blockIdx.x * blockDim.x + threadIdx.x; if (i >= n) return;'
+                  f' const float v_a = a[i]; const float v_b = b[i]; r[i] = {expr}; }}')
+        kernel = load_module(source).get_function("f")
+        out = cupy.full(a.shape, np.nan, dtype=cupy.float32)
+        kernel(((a.size + 255) // 256,), (256,), (cupy.asarray(a), cupy.asarray(b), out, np.int32(a.size)))
+        want = spec.numpy(a, b)
+        # NVRTC may contract 1 - y * y into one FMA (more exact than NumPy's two roundings): the bound is the
+        # rounding of the terms, not of the result
+        bound = 4e-7 * np.abs(want) + 2e-7 * np.abs(a) * (1.0 + b.astype(np.float64) ** 2)
+        wrong = np.nonzero(np.abs(out.get() - want) > bound)[0]
+        assert not wrong.size, (name, a[wrong[:3]], b[wrong[:3]], out.get()[wrong[:3]], want[wrong[:3]])
+
+
+def test_cell_rnn_float32_on_cuda_runs_the_fused_step(cupy):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    from engine.torch_module import CellRNN
+    rnn = CellRNN(engine.preset("gru_cho").cell, 5, 6, 2, seed=4).cuda()
+    x = torch.randn(7, 3, 5, device="cuda", requires_grad=True)
+    out, _ = rnn(x)
+    assert rnn.last_backend == "fused"
+    weights = torch.randn_like(out)
+    (out * weights).sum().backward()
+    want = engine.bptt(rnn.network, rnn.engine_params(), x.detach().double().cpu().numpy(),
+                       d_outputs=weights.double().cpu().numpy())
+    assert relative(x.grad.cpu().numpy(), want.x) < TOL
+    for layer, tensors in enumerate(rnn.layer_parameters()):
+        for p, tensor in zip(rnn.names[layer], tensors):
+            assert relative(tensor.grad.cpu().numpy(), want.params[layer][p]) < TOL, (layer, p)

@@ -1,0 +1,186 @@
+"""The fused training step's plan and CUDA (engine/autodiff/fused_plan.py, fused_codegen.py), on the CPU: what runs
+where for the known cells, every preset, unusual and random cell planned (or refused by name), and the generated
+kernels compiled by nvcc. tests/gpu/test_fused_training_gpu.py runs them against the NumPy reference."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import engine
+from engine.autodiff import bptt
+from engine.autodiff.errors import AutodiffError
+from engine.autodiff.fused_codegen import render_module
+from engine.autodiff.fused_plan import describe, training_plan
+from engine.errors import BackendError
+from test_autodiff import UNUSUAL
+from test_fuzz_cells import cell_designs
+
+PRESETS = sorted(engine.presets())
+
+
+def launches(step) -> list[str]:
+    return [f"{kind} {item.name}" for kind, item in step.order]
+
+
+def test_the_lstm_step_is_one_gemm_and_one_kernel_each_way():
+    plan = training_plan(engine.preset("lstm").cell)
+    assert [g.members for g in plan.forward.hoisted] == [("W_ii_x", "W_if_x", "W_ig_x", "W_io_x")]
+    assert launches(plan.forward) == ["gemm lstm_fwd_h_s0", "kernel lstm_fwd_s0_H"]
+    assert launches(plan.backward) == ["kernel lstm_bwd_s0_H", "gemm lstm_bwd_h_s0"]
+    gemm = plan.backward.order[1][1]
+    assert gemm.weights == ("W_ho", "W_hg", "W_hf", "W_hi") and not gemm.accumulate   # d_h is the GEMM alone
+    assert gemm.out.buffer == "dstate_h"
+    kernel = plan.backward.order[0][1]
+    stored = {v: p.buffer for v, p in kernel.stores}
+    # the four gate deltas go side by side into the GEMM's dy (the after part reads them there), d_c to its state
+    assert stored == {"d_o_pre": "dy_h_0", "d_g_pre": "dy_h_0", "d_f_pre": "dy_h_0", "d_i_pre": "dy_h_0",
+                      "d_c": "dstate_c"}
+    # the forward saves what the backward reads: the gates, tanh(c) and the states (in the state buffers)
+    forward_stores = {v for v, _ in plan.forward.order[1][1].stores}
+    assert forward_stores == {"i", "f", "g", "o", "h_next_tanh", "c_next", "h_next"}
+
+
+def test_the_gru_adds_its_elementwise_term_in_the_gemm():
+    """d_h = z * d_h_next + W^T dy: the kernel writes the first term where d_h goes, the GEMM adds (beta = 1)."""
+    plan = training_plan(engine.preset("gru").cell)
+    assert len(plan.backward.order) == 2
+    gemm = plan.backward.order[1][1]
+    assert gemm.accumulate and gemm.out.buffer == "dstate_h"
+    kernel = plan.backward.order[0][1]
+    assert ("d_h__part", gemm.out) in kernel.stores
+
+
+def test_two_stage_cells_have_a_stage_per_inner_matmul():
+    plan = training_plan(engine.preset("gru_cho").cell)
+    assert [kind for kind, _ in plan.forward.order] == ["gemm", "kernel", "gemm", "kernel"]
+    assert plan.launches_per_step == (4, 6)
+    text = describe(plan)
+    assert "fused training step of cell 'gru_cho': 4 launches forward, 6 backward a step" in text
+    assert "GEMM gru_cho_fwd_r_h_mul_s1: U_n_r_h_mul" in text
+
+
+def _nvcc(sources: dict[str, str], tmp_path) -> None:
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    source = tmp_path / "training.cu"
+    source.write_text("\n".join(sources.values()))
+    job = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-o", str(tmp_path / "training.ptx"), "-Werror",
+                          "all-warnings", str(source)], capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, f"nvcc failed on the training kernels:\n{(job.stdout + job.stderr)[-4000:]}"
+
+
+@pytest.mark.nvcc
+def test_every_preset_and_unusual_cell_plans_and_compiles_with_nvcc(tmp_path):
+    cells = {**{n: engine.preset(n).cell for n in PRESETS}, **UNUSUAL}
+    sources = {}
+    for name, cell in cells.items():
+        plan = training_plan(cell)
+        assert plan.forward.order or plan.forward.hoisted, name
+        sources[name] = render_module(plan)
+    _nvcc(sources, tmp_path)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cell_designs())
+def test_random_cells_plan_or_are_refused_by_name(design):
+    cell = engine.from_dict(design)
+    try:
+        plan = training_plan(cell)
+    except AutodiffError as e:
+        assert e.node and "backend='naive'" in str(e)
+        return
+    source = render_module(plan)
+    for kernel in plan.forward.kernels + plan.backward.kernels:
+        assert f'extern "C" __global__ void {kernel.name}(' in source
+    read = {p.buffer for k in plan.backward.kernels for _, p in k.loads if p.kind == "row"}
+    assert read <= {b.name for b in plan.buffers}
+
+
+def test_the_fused_backend_is_float32_and_says_so():
+    network = engine.Network(engine.preset("lstm").cell, 3, 4, 1)
+    params = engine.init_params(network, seed=0)
+    x = np.zeros((2, 1, 3))
+    with pytest.raises(BackendError, match=r"backend='fused'\) runs in float32, got dtype=float64"):
+        bptt(network, params, x, dtype=np.float64, backend="fused")
+    with pytest.raises(BackendError, match="must be one of reference, naive, fused"):
+        bptt(network, params, x, backend="fast")
+
+
+# ---- the plan run by NumPy (engine/autodiff/fused_numpy.py) against the float64 reference ---------------------
+
+def run_plan_on_numpy(cell, seed, layers=2, I=4, H=5, T=5, B=3, P=None, plan=None):
+    """Relative errors of every gradient of the plan run by NumPy (buffers poisoned) against float64 bptt."""
+    from engine.autodiff import fused
+    from engine.autodiff.fused_numpy import NumpyRunner
+    if cell.input_is_hidden:
+        I = H
+    network = engine.Network(cell, I, H, layers, proj_size=P)
+    params = engine.init_params(network, seed=seed)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, B, I))
+    initial = {s: rng.uniform(-0.8, 0.8, (layers, B, network.state_size(s))) for s in cell.state_names}
+    d_out = rng.standard_normal((T, B, network.output_size))
+    d_final = {s: rng.standard_normal((layers, B, network.state_size(s))) for s in cell.state_names}
+    want = bptt(network, params, x, initial, d_out, d_final)
+    tape = fused.record(network, params, x.astype(np.float32), initial, poison=True,
+                        runner=NumpyRunner(plan or training_plan(cell)))
+    got = tape.backward(d_out.astype(np.float32), d_final)
+    pairs = [("outputs", got.outputs, want.outputs), ("x", got.x, want.x)]
+    pairs += [(f"final {s}", got.final_states[s], want.final_states[s]) for s in cell.state_names]
+    pairs += [(f"initial {s}", got.initial_states[s], want.initial_states[s]) for s in cell.state_names]
+    pairs += [(f"layer {l} {p}", got.params[l][p], want.params[l][p]) for l in range(layers) for p in want.params[l]]
+    errors = {}
+    for label, a, b in pairs:
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        assert a.shape == b.shape, label
+        errors[label] = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    return errors
+
+
+TOL = 2e-4
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_presets_plan_run_by_numpy_equals_the_reference(name):
+    cell = engine.preset(name).cell
+    errors = run_plan_on_numpy(cell, seed=len(name), P=3 if cell.uses_projection else None)
+    bad = {k: v for k, v in errors.items() if not v < TOL}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("name", sorted(UNUSUAL))
+def test_unusual_cells_plan_run_by_numpy_equals_the_reference(name):
+    errors = run_plan_on_numpy(UNUSUAL[name], seed=2, layers=3)
+    bad = {k: v for k, v in errors.items() if not v < TOL}
+    assert not bad, bad
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cell_designs())
+def test_random_cells_plan_run_by_numpy_equals_the_reference(design):
+    cell = engine.from_dict(design)
+    try:
+        training_plan(cell)
+    except AutodiffError:
+        return                     # refused by name: test_random_cells_plan_or_are_refused_by_name
+    errors = run_plan_on_numpy(cell, seed=5, I=2, H=3, T=3, B=2)
+    bad = {k: v for k, v in errors.items() if not v < TOL}
+    assert not bad, bad
+
+
+def test_a_wrong_plan_is_caught():
+    """The comparison can fail: the GRU's GEMM told to overwrite its output instead of adding to the elementwise term
+    the kernel wrote there."""
+    import dataclasses
+    cell = engine.preset("gru").cell
+    plan = training_plan(cell)
+    (k_kind, kernel), (g_kind, gemm) = plan.backward.order
+    wrong = dataclasses.replace(plan, backward=dataclasses.replace(
+        plan.backward, order=((k_kind, kernel), (g_kind, dataclasses.replace(gemm, accumulate=False)))))
+    assert max(run_plan_on_numpy(cell, seed=1).values()) < TOL
+    errors = run_plan_on_numpy(cell, seed=1, plan=wrong)
+    assert errors["x"] > 1e-2 and errors["layer 0 W_hr"] > 1e-2

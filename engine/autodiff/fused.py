@@ -16,6 +16,7 @@ forward's values where the forward wrote them.
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 
@@ -75,29 +76,41 @@ class Sgemm:
 
 
 class Layer:
-    """One layer's buffers, stacked weights and parameter vectors for a (T, B)."""
+    """One layer's buffers, parameters, stacked weights and parameter vectors for a (T, B). They persist across
+    calls (a Program reuses them, and a CUDA graph holds their addresses): load() copies new values in."""
 
-    def __init__(self, cupy, plan: TrainingPlan, sizes: dict, T: int, B: int, params: dict, static: dict,
-                 poison: bool):
-        self.sizes, self.T, self.B = sizes, T, B
+    def __init__(self, xp, plan: TrainingPlan, sizes: dict, shapes: dict, T: int, B: int, poison: bool):
+        self.xp, self.plan, self.sizes, self.T, self.B = xp, plan, sizes, T, B
         fill = np.nan if poison else 0.0
         self.buffers = {}
         for buf in plan.buffers:
-            if buf.name in (INPUT_BUFFER, D_OUTPUT_BUFFER):
-                continue                                   # bound to the layer's input / the incoming adjoint
+            if buf.name == INPUT_BUFFER:
+                continue                                   # the layer below's output, or the program's input
             rows = (T + 1 if buf.blocks == "T+1" else T) * B
             zero = buf.name.startswith("dstate_")          # a state adjoint never written stays zero
-            self.buffers[buf.name] = cupy.full((rows, buf.cols.value(sizes)), 0.0 if zero else fill,
-                                               dtype=cupy.float32)
-        for name, value in params.items():
+            self.buffers[buf.name] = xp.full((rows, buf.cols.value(sizes)), 0.0 if zero else fill, dtype=xp.float32)
+        self.params = {name: xp.full(shape, fill, dtype=xp.float32) for name, shape in shapes.items()}
+        for name, value in self.params.items():
             if value.ndim == 1:
                 self.buffers[f"param_{name}"] = value
-        self.buffers.update({f"static_{n}": v for n, v in static.items()})
+        width = max(sizes.values())
+        for name in plan.static:
+            self.buffers[f"static_{name}"] = xp.full((width,), fill, dtype=xp.float32)
         self.stacked = {}
         for g in plan.forward.gemms + plan.backward.gemms:
             if g.weights not in self.stacked:
-                self.stacked[g.weights] = cupy.ascontiguousarray(
-                    cupy.concatenate([params[w] for w in g.weights], axis=0))   # (sum of rows, cols)
+                rows = sum(shapes[w][0] for w in g.weights)
+                self.stacked[g.weights] = xp.full((rows, shapes[g.weights[0]][1]), fill, dtype=xp.float32)
+
+    def load(self, cell, params: dict) -> None:
+        """Copy a layer's parameters in: the arrays, the stacked weights, the static values."""
+        xp = self.xp
+        for name, target in self.params.items():
+            target[...] = xp.asarray(params[name], dtype=xp.float32)
+        for weights, target in self.stacked.items():
+            xp.concatenate([self.params[w] for w in weights], axis=0, out=target)
+        for name, value in static_values(xp, cell, self.plan, self.params, self.sizes).items():
+            self.buffers[f"static_{name}"][...] = value
 
     def view(self, place: Place, size: int):
         """A value of every step as (T x B, size) rows: a view of its buffer."""
@@ -145,8 +158,22 @@ class Runner:
         self.sgemm(a, lda, w.data.ptr, w.shape[1], c, ldc, rows, n, k, w_transposed=forward,
                    accumulate=g.accumulate)
 
+    can_capture = True
+
     def bind(self) -> None:
         self.sgemm.bind(self.xp.cuda.get_current_stream().ptr)
+
+    def capture(self, launches):
+        """The launches of `launches()` captured into a CUDA graph on a stream of their own (not run)."""
+        stream = self.xp.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            try:
+                launches()
+            finally:
+                graph = stream.end_capture()
+        self.bind()                      # the handle back on the current stream, not the capture's
+        return graph
 
     def forward(self, layer: Layer) -> None:
         self.bind()
@@ -189,15 +216,114 @@ def static_values(cupy, cell, plan: TrainingPlan, params: dict, sizes: dict) -> 
     return values
 
 
-class FusedTape:
-    """What record(backend="fused") returns: the outputs and final states now, the gradients from backward()."""
+class Program:
+    """A network's fused training step for one (T, B): every layer's persistent buffers, and each layer's forward
+    and backward captured once as a CUDA graph and replayed (one launch instead of T x launches a step from Python).
+    Where capture fails (a cuBLAS that refuses it), the same launches go one by one; `capture_error` says why. A
+    program serves one tape at a time: `busy` from record until the tape's backward, or until the tape is dropped."""
 
-    def __init__(self, network, plan: TrainingPlan, layers: list[Layer], layer_params: list[dict], outputs,
-                 final_states: dict, runner: Runner):
-        self.network, self.plan, self.split = network, plan, plan.split
-        self.layers, self.layer_params, self.runner = layers, layer_params, runner
+    def __init__(self, network, runner, T: int, B: int, poison: bool):
+        xp, cell = runner.xp, network.cell
+        self.network, self.runner, self.T, self.B = network, runner, T, B
+        self.input = xp.full((T * B, network.input_size), np.nan if poison else 0.0, dtype=xp.float32)
+        self.layers: list[Layer] = []
+        for l in range(network.num_layers):
+            shapes = {p.name: network.param_shape(l, p.name) for p in cell.params}
+            layer = Layer(xp, runner.plan, network.layer_sizes(l), shapes, T, B, poison)
+            layer.buffers[INPUT_BUFFER] = (self.input if l == 0 else
+                                           self.layers[-1].buffers[state_buffer(cell.output)][B:])
+            self.layers.append(layer)
+        self.graphs: dict = {}
+        self.capture_error: str | None = None
+        self.busy = False
+
+    def release(self) -> None:
+        self.busy = False
+
+    def load(self, params, x, initial_states: dict | None) -> None:
+        xp, cell, B = self.runner.xp, self.network.cell, self.B
+        self.input[...] = xp.asarray(x, dtype=xp.float32).reshape(self.input.shape)
+        for l, layer in enumerate(self.layers):
+            layer.load(cell, params[l])
+            for s in cell.state_names:
+                first = layer.buffers[state_buffer(s)][:B]
+                if initial_states and s in initial_states:
+                    first[...] = xp.asarray(initial_states[s][l], dtype=xp.float32)
+                else:
+                    first[...] = 0.0
+
+    def launch(self, l: int, direction: str) -> None:
+        """Layer l's forward or backward step loop: its graph replayed, or the launches one by one."""
+        layer, runner = self.layers[l], self.runner
+        run = runner.forward if direction == "forward" else runner.backward
+        if not runner.can_capture or self.capture_error is not None:
+            run(layer)
+            return
+        stream = runner.xp.cuda.get_current_stream()
+        if stream.is_capturing():        # the caller captures a graph itself: the launches go into it
+            run(layer)
+            return
+        graph = self.graphs.get((l, direction))
+        if graph is None:
+            try:
+                graph = self.graphs[(l, direction)] = runner.capture(lambda: run(layer))
+            except Exception as e:      # a cuBLAS or driver that refuses stream capture: launch one by one
+                self.capture_error = f"{type(e).__name__}: {e}"
+                run(layer)
+                return
+        graph.launch(stream)
+
+
+_programs: dict = {}
+MAX_PROGRAM_SHAPES = 8
+
+
+def acquire(network, runner, T: int, B: int, poison: bool) -> Program:
+    """A program of this network, runner and (T, B) that no live tape holds (cached; a new one when all are)."""
+    key = (network.cell, network.input_size, network.hidden_size, network.num_layers, network.projection_size, T, B,
+           poison, id(runner.plan), type(runner).__name__, _device_id(runner.xp))
+    with _lock:
+        pool = _programs.pop(key, [])
+        _programs[key] = pool                       # most recently used last
+        while len(_programs) > MAX_PROGRAM_SHAPES:
+            _programs.pop(next(iter(_programs)))
+        program = next((p for p in pool if not p.busy), None)
+        if program is None:
+            program = Program(network, runner, T, B, poison)
+            pool.append(program)
+        program.busy = True
+    return program
+
+
+def _device_id(xp) -> int:
+    return xp.cuda.Device().id if xp is not np else -1
+
+
+_runners: dict = {}
+
+
+def gpu_runner(plan: TrainingPlan) -> Runner:
+    import cupy
+    key = (id(plan), cupy.cuda.Device().id)
+    with _lock:
+        runner = _runners.get(key)
+    if runner is None:
+        runner = Runner(cupy, plan)
+        with _lock:
+            _runners[key] = runner
+    return runner
+
+
+class FusedTape:
+    """What record(backend="fused") returns: the outputs and final states now (copies: the program's buffers are
+    reused by the next record), the gradients from backward()."""
+
+    def __init__(self, network, program: Program, outputs, final_states: dict):
+        self.network, self.program, self.plan = network, program, program.runner.plan
+        self.split = self.plan.split
         self.outputs, self.final_states = outputs, final_states
-        self.dtype, self.xp, self.used = np.float32, runner.xp, False
+        self.dtype, self.xp, self.used = np.float32, program.runner.xp, False
+        self._release = weakref.finalize(self, program.release)     # a tape dropped unused frees its program
 
     def backward(self, d_outputs=None, d_final_states: dict | None = None):
         from .bptt import Gradients
@@ -206,33 +332,36 @@ class FusedTape:
         if self.used:
             raise AutodiffError("this tape's backward pass has run already, and its saved forward values are gone",
                                 hint="record the forward pass again (engine.autodiff.record) for another backward")
-        cupy, network, plan = self.xp, self.network, self.plan
+        xp, network, program = self.xp, self.network, self.program
         T, B, _ = self.outputs.shape
-        d_outputs = check_d_outputs(network, d_outputs, T, B, cupy)
-        d_final_states = check_d_final_states(network, d_final_states, B, cupy)
+        d_outputs = check_d_outputs(network, d_outputs, T, B, xp)
+        d_final_states = check_d_final_states(network, d_final_states, B, xp)
         self.used = True
-        if d_outputs is None:
-            d_outputs = cupy.zeros((T, B, network.output_size), dtype=cupy.float32)
-        cell, L = network.cell, network.num_layers
-        grads = [{p.name: cupy.zeros(network.param_shape(l, p.name), dtype=cupy.float32) for p in cell.params}
-                 for l in range(L)]
-        d_initial = {s: cupy.empty((L, B, network.state_size(s)), dtype=cupy.float32) for s in cell.state_names}
-        d_above = cupy.ascontiguousarray(cupy.asarray(d_outputs, dtype=cupy.float32)).reshape(T * B, -1)
-        for l in reversed(range(L)):
-            layer = self.layers[l]
-            layer.buffers[D_OUTPUT_BUFFER] = d_above
-            for s in cell.state_names:
-                if s in d_final_states:
-                    layer.buffers[adjoint_buffer(s)][T * B:] = cupy.asarray(d_final_states[s][l], dtype=cupy.float32)
-            self.runner.backward(layer)
-            d_above = self._after(layer, l, grads[l], d_initial)
-            self.layers[l] = None                          # no layer below reads them: free the memory as we go
+        try:
+            cell, L = network.cell, network.num_layers
+            grads = [{p.name: xp.zeros(network.param_shape(l, p.name), dtype=xp.float32) for p in cell.params}
+                     for l in range(L)]
+            d_initial = {s: xp.empty((L, B, network.state_size(s)), dtype=xp.float32) for s in cell.state_names}
+            d_above = None if d_outputs is None else xp.asarray(d_outputs, dtype=xp.float32).reshape(T * B, -1)
+            for l in reversed(range(L)):
+                layer = program.layers[l]
+                if d_above is None:
+                    layer.buffers[D_OUTPUT_BUFFER][...] = 0.0
+                else:
+                    layer.buffers[D_OUTPUT_BUFFER][...] = d_above
+                for s in cell.state_names:
+                    last = layer.buffers[adjoint_buffer(s)][T * B:]
+                    last[...] = xp.asarray(d_final_states[s][l], dtype=xp.float32) if s in d_final_states else 0.0
+                program.launch(l, "backward")
+                d_above = self._after(layer, l, grads[l], d_initial)
+        finally:
+            self._release()
         return Gradients(params=grads, x=d_above.reshape(T, B, -1), initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
 
     def _after(self, layer: Layer, l: int, grads: dict, d_initial: dict):
         """The split's `after` part on T x B rows; the input's adjoint (T x B, I) for the layer below."""
-        cupy, network, plan = self.xp, self.network, self.plan
+        xp, network, plan = self.xp, self.network, self.plan
         cell, graph, split = network.cell, plan.split.graph, plan.split
         T, B, sizes = layer.T, layer.B, layer.sizes
 
@@ -253,43 +382,31 @@ class FusedTape:
                 saved[name] = layer.buffers[place.buffer]
             else:
                 saved[name] = layer.view(place, size_of(name))
-        values = backward_step(graph, saved, self.layer_params[l], rows, grads, np.float32, split.after)
+        values = backward_step(graph, saved, layer.params, rows, grads, np.float32, split.after)
         for s in cell.state_names:
             d_initial[s][l] = layer.buffers[adjoint_buffer(s)][:B]
         if graph.input_adjoint is None:
-            return cupy.zeros((T * B, network.layer_input_size(l)), dtype=cupy.float32)
-        return cupy.ascontiguousarray(values[graph.input_adjoint].reshape(T * B, -1))
+            return xp.zeros((T * B, network.layer_input_size(l)), dtype=xp.float32)
+        return xp.ascontiguousarray(values[graph.input_adjoint].reshape(T * B, -1))
 
 
 def record(network, params, x, initial_states: dict | None, poison: bool = False, runner=None) -> FusedTape:
     """The forward pass on the fused training step (fp32, the GPU; runner: fused_numpy.NumpyRunner runs the same plan
     through NumPy). Inputs already checked by bptt.record."""
     if runner is None:
-        import cupy
-        runner = Runner(cupy, training_plan(network.cell))
-    cupy, plan = runner.xp, runner.plan
-    cell = network.cell
+        runner = gpu_runner(training_plan(network.cell))
+    xp, cell = runner.xp, network.cell
     T, B, _ = x.shape
-    layer_params = [{k: cupy.ascontiguousarray(cupy.asarray(v, dtype=cupy.float32)) for k, v in params[l].items()}
-                    for l in range(network.num_layers)]
-    layer_in = cupy.ascontiguousarray(cupy.asarray(x, dtype=cupy.float32)).reshape(T * B, -1)
-    layers, finals = [], {s: [] for s in cell.state_names}
-    for l in range(network.num_layers):
-        sizes = network.layer_sizes(l)
-        static = static_values(cupy, cell, plan, layer_params[l], sizes)
-        layer = Layer(cupy, plan, sizes, T, B, layer_params[l], static, poison)
-        layer.buffers[INPUT_BUFFER] = layer_in
-        for s in cell.state_names:
-            first = layer.buffers[state_buffer(s)][:B]
-            if initial_states and s in initial_states:
-                first[...] = cupy.asarray(initial_states[s][l], dtype=cupy.float32)
-            else:
-                first[...] = 0.0
-        runner.forward(layer)
-        for s in cell.state_names:
-            finals[s].append(layer.buffers[state_buffer(s)][T * B:])
-        layer_in = layer.buffers[state_buffer(cell.output)][B:]
-        layers.append(layer)
-    outputs = layer_in.reshape(T, B, -1)
-    final_states = {s: cupy.stack(v) for s, v in finals.items()}
-    return FusedTape(network, plan, layers, layer_params, outputs, final_states, runner)
+    program = acquire(network, runner, T, B, poison)
+    try:
+        program.load(params, x, initial_states)
+        for l in range(network.num_layers):
+            program.launch(l, "forward")
+    except BaseException:
+        program.release()
+        raise
+    top = program.layers[-1].buffers[state_buffer(cell.output)][B:]
+    outputs = xp.array(top).reshape(T, B, -1)            # copies: the program's buffers serve the next record
+    final_states = {s: xp.stack([layer.buffers[state_buffer(s)][T * B:] for layer in program.layers])
+                    for s in cell.state_names}
+    return FusedTape(network, program, outputs, final_states)

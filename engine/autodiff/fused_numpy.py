@@ -15,6 +15,8 @@ from .fused_plan import GemmPlan, KernelPlan, Place, TrainingPlan
 
 
 class NumpyRunner(Runner):
+    can_capture = False
+
     def __init__(self, plan: TrainingPlan):          # no module, no cuBLAS: NumPy does both
         self.xp, self.plan = np, plan
 

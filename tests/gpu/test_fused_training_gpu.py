@@ -129,3 +129,25 @@ def test_cell_rnn_float32_on_cuda_runs_the_fused_step(cupy):
     for layer, tensors in enumerate(rnn.layer_parameters()):
         for p, tensor in zip(rnn.names[layer], tensors):
             assert relative(tensor.grad.cpu().numpy(), want.params[layer][p]) < TOL, (layer, p)
+
+
+def test_graphs_are_captured_and_a_second_tape_gets_its_own_buffers(cupy):
+    """The program's layers run as CUDA graphs; two tapes alive at once never share buffers; outputs are copies that
+    the next step does not overwrite."""
+    network, params, x, initial, d_out, d_final = case(engine.preset("lstm").cell, seed=11)
+    want = bptt(network, params, x, initial, d_out, d_final)
+    x_gpu = cupy.asarray(x, dtype=cupy.float32)
+    first = engine.autodiff.record(network, params, x_gpu, dtype=np.float32, backend="fused",
+                                   initial_states={s: cupy.asarray(v) for s, v in initial.items()})
+    assert first.program.capture_error is None and first.program.graphs
+    second = engine.autodiff.record(network, params, x_gpu * 0.5, dtype=np.float32, backend="fused")
+    assert second.program is not first.program
+    outputs = first.outputs.copy()
+    g1 = first.backward(cupy.asarray(d_out, dtype=cupy.float32), {s: cupy.asarray(v) for s, v in d_final.items()})
+    second.backward(cupy.asarray(d_out, dtype=cupy.float32))
+    third = engine.autodiff.record(network, params, x_gpu * 2.0, dtype=np.float32, backend="fused")
+    assert third.program is first.program or third.program is second.program      # reused once released
+    assert cupy.array_equal(first.outputs, outputs)                                   # not overwritten
+    assert relative(g1.x.get(), want.x) < TOL
+    for p, value in want.params[1].items():
+        assert relative(g1.params[1][p].get(), value) < TOL, p

@@ -51,28 +51,65 @@ def module_for(plan: TrainingPlan):
 
 
 class Sgemm:
-    """Row-major GEMMs on raw pointers through cuBLAS's sgemm (CuPy's handle, the current stream, host scalars)."""
+    """Row-major GEMMs on raw pointers through cuBLAS's cublasSgemm_v2, on a handle of its own (host scalars, the
+    default math mode: strict fp32, no TF32, and a 32 MiB workspace of its own, so the calls can be captured into a
+    CUDA graph). CuPy's wrappers refuse every cuBLAS call during stream capture, so the library is called through
+    ctypes: the libcublas CuPy loaded."""
+
+    WORKSPACE = 32 << 20
 
     def __init__(self, cupy):
-        from cupy_backends.cuda.libs import cublas
-        self.cublas = cublas
-        self.handle = cupy.cuda.device.get_cublas_handle()
-        self.scalars = np.array([1.0, 0.0], dtype=np.float32)       # alpha, beta = 0 / alpha, beta = 1 below
-        self.one = self.scalars.ctypes.data
-        self.zero = self.one + 4
+        import ctypes
+        self.ctypes = ctypes
+        lib = ctypes.CDLL(_libcublas_path(cupy))
+        vp, i, fp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
+        lib.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, vp, i, vp, i, fp, vp, i]
+        lib.cublasSetStream_v2.argtypes = [vp, vp]
+        lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+        lib.cublasSetPointerMode_v2.argtypes = [vp, i]
+        lib.cublasSetMathMode.argtypes = [vp, i]
+        self.lib, self.handle = lib, ctypes.c_void_p()
+        self._check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
+        self.workspace = cupy.empty(self.WORKSPACE, dtype=cupy.uint8)
+        self._check(lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr, self.WORKSPACE), "workspace")
+        self._check(lib.cublasSetPointerMode_v2(self.handle, 0), "pointer mode")      # CUBLAS_POINTER_MODE_HOST
+        self._check(lib.cublasSetMathMode(self.handle, 0), "math mode")              # CUBLAS_DEFAULT_MATH
+        self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self.p_one, self.p_zero = ctypes.pointer(self.one), ctypes.pointer(self.zero)
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"cuBLAS {what} failed with status {status}")
 
     def bind(self, stream_ptr: int) -> None:
-        cublas = self.cublas
-        cublas.setStream(self.handle, stream_ptr)
-        cublas.setPointerMode(self.handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        self._check(self.lib.cublasSetStream_v2(self.handle, stream_ptr), "cublasSetStream")
 
     def __call__(self, a: int, lda: int, w: int, ldw: int, c: int, ldc: int, m: int, n: int, k: int,
                  w_transposed: bool, accumulate: bool) -> None:
         """C (m x n, ldc) (+)= A (m x k, lda) @ W^T (W: n x k, ldw) if w_transposed else A @ W (W: k x n, ldw)."""
-        cublas = self.cublas
-        op = cublas.CUBLAS_OP_T if w_transposed else cublas.CUBLAS_OP_N
-        cublas.sgemm(self.handle, op, cublas.CUBLAS_OP_N, n, m, k, self.one, w, ldw, a, lda,
-                     self.one if accumulate else self.zero, c, ldc)
+        # Row-major C = A op(W) is column-major C^T = op(W)^T A^T: cuBLAS computes n x m from W then A.
+        status = self.lib.cublasSgemm_v2(self.handle, 1 if w_transposed else 0, 0, n, m, k, self.p_one, w, ldw,
+                                         a, lda, self.p_one if accumulate else self.p_zero, c, ldc)
+        self._check(status, "sgemm")
+
+
+def _libcublas_path(cupy) -> str:
+    """The libcublas that CuPy's cuBLAS module loaded (read from the process's memory map), else the loader's."""
+    import ctypes.util
+    from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas)
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if "/libcublas.so" in path:
+                    return path
+    except OSError:
+        pass
+    found = ctypes.util.find_library("cublas")
+    if found is None:
+        raise RuntimeError("libcublas was not found in the process or on the loader's path")
+    return found
 
 
 class Layer:

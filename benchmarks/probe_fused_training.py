@@ -46,7 +46,12 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", action="append", default=None)
     parser.add_argument("--config", action="append", default=None)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-splits", type=int, default=None,
+                        help="cap the split-K parts of the step GEMMs (1: cuBLAS alone; default: the engine's)")
     args = parser.parse_args(argv)
+    if args.max_splits is not None:
+        from engine.autodiff import fused
+        fused.MAX_SPLITS = args.max_splits
     print("| cell | config | forward ms | step ms | step wall ms |\n|---|---|---|---|---|")
     for name in args.preset or ["lstm"]:
         cell = engine.preset(name).cell

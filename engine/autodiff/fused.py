@@ -64,6 +64,8 @@ class Sgemm:
         lib = ctypes.CDLL(_libcublas_path(cupy))
         vp, i, fp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
         lib.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, vp, i, vp, i, fp, vp, i]
+        ll = ctypes.c_longlong
+        lib.cublasSgemmStridedBatched.argtypes = [vp, i, i, i, i, i, fp, vp, i, ll, vp, i, ll, fp, vp, i, ll, i]
         lib.cublasSetStream_v2.argtypes = [vp, vp]
         lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
         lib.cublasSetPointerMode_v2.argtypes = [vp, i]
@@ -93,6 +95,16 @@ class Sgemm:
                                          a, lda, self.p_one if accumulate else self.p_zero, c, ldc)
         self._check(status, "sgemm")
 
+    def split(self, a: int, lda: int, w: int, ldw: int, part: int, m: int, n: int, k: int, splits: int,
+              w_transposed: bool) -> None:
+        """part[i] (m x n, contiguous) = A[:, i*ks:(i+1)*ks] @ op(W)[i*ks:(i+1)*ks, :], ks = k / splits: the K
+        dimension split over a strided batch, so a GEMM with few output tiles still fills the GPU."""
+        ks = k // splits
+        status = self.lib.cublasSgemmStridedBatched(
+            self.handle, 1 if w_transposed else 0, 0, n, m, ks, self.p_one, w, ldw, ks if w_transposed else ks * n,
+            a, lda, ks, self.p_zero, part, n, m * n, splits)
+        self._check(status, "sgemm (split K)")
+
 
 def _libcublas_path(cupy) -> str:
     """The libcublas that CuPy's cuBLAS module loaded (read from the process's memory map), else the loader's."""
@@ -112,12 +124,46 @@ def _libcublas_path(cupy) -> str:
     return found
 
 
+# A GEMM of a step has few output tiles (B = 64 rows), and cuBLAS then runs a handful of blocks down a long K on a
+# GPU of 132 SMs. Splitting K over a strided batch and summing the partial products in one small kernel fills it.
+SPLIT_TILE = (64, 128)          # rows x columns of output a cuBLAS SIMT block covers, roughly
+MIN_SPLIT_DEPTH = 128           # each part keeps at least this much of K
+MAX_SPLITS = 8
+
+
+def split_k(m: int, n: int, k: int, sms: int) -> int:
+    """How many parts to split K into for an (m x k) @ (k x n) GEMM on a GPU of `sms` SMs (1: no split): enough
+    to give every SM a block, each part at least MIN_SPLIT_DEPTH deep, a divisor of k."""
+    tiles = -(-m // SPLIT_TILE[0]) * -(-n // SPLIT_TILE[1])
+    splits = 1
+    while (splits * 2 <= MAX_SPLITS and tiles * splits * 2 <= sms and k % (splits * 2) == 0
+           and k // (splits * 2) >= MIN_SPLIT_DEPTH):
+        splits *= 2
+    return splits
+
+
+SPLIT_REDUCE = r"""
+extern "C" __global__ void splitk_reduce(float* __restrict__ out, const float* __restrict__ part, const int splits,
+                                         const int m, const int n, const int ldc, const int accumulate)
+{
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long)m * n) return;
+    const long r = idx / n, c = idx - r * n;
+    float sum = accumulate ? out[r * ldc + c] : 0.0f;
+    for (int i = 0; i < splits; ++i) sum += part[(long)i * m * n + idx];
+    out[r * ldc + c] = sum;
+}
+"""
+
+
 class Layer:
     """One layer's buffers, parameters, stacked weights and parameter vectors for a (T, B). They persist across
     calls (a Program reuses them, and a CUDA graph holds their addresses): load() copies new values in."""
 
-    def __init__(self, xp, plan: TrainingPlan, sizes: dict, shapes: dict, T: int, B: int, poison: bool):
+    def __init__(self, xp, plan: TrainingPlan, sizes: dict, shapes: dict, T: int, B: int, poison: bool,
+                 scratch: int = 0):
         self.xp, self.plan, self.sizes, self.T, self.B = xp, plan, sizes, T, B
+        self.scratch = xp.empty((max(scratch, 1),), dtype=xp.float32)     # split-K partial products
         fill = np.nan if poison else 0.0
         self.buffers = {}
         for buf in plan.buffers:
@@ -167,6 +213,17 @@ class Runner:
         self.functions = {k.name: module.get_function(k.name) for k in plan.forward.kernels + plan.backward.kernels}
         self.params = {k.name: kernel_params(k) for k in plan.forward.kernels + plan.backward.kernels}
         self.sgemm = Sgemm(cupy)
+        from ..codegen.nvrtc import load_module
+        self.reduce = load_module(SPLIT_REDUCE).get_function("splitk_reduce")
+        self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+    def splits(self, g: GemmPlan, sizes: dict, B: int) -> int:
+        return 1 if g.hoisted else split_k(B, g.n.value(sizes), g.k.value(sizes), self.sms)
+
+    def scratch_size(self, sizes: dict, B: int) -> int:
+        """Floats of split-K partial products a layer's largest split GEMM needs."""
+        return max([self.splits(g, sizes, B) * B * g.n.value(sizes)
+                    for g in self.plan.forward.gemms + self.plan.backward.gemms if self.splits(g, sizes, B) > 1] + [0])
 
     def kernel(self, layer: Layer, kernel: KernelPlan, t: int) -> None:
         sizes, B = layer.sizes, layer.B
@@ -192,8 +249,17 @@ class Runner:
         w = layer.stacked[g.weights]
         k, n = g.k.value(sizes), g.n.value(sizes)
         # forward: out = operand @ W^T (W stacked: n x k); backward: out (+)= dy @ W (W stacked: k x n)
-        self.sgemm(a, lda, w.data.ptr, w.shape[1], c, ldc, rows, n, k, w_transposed=forward,
-                   accumulate=g.accumulate)
+        splits = self.splits(g, sizes, B)
+        if splits == 1:
+            self.sgemm(a, lda, w.data.ptr, w.shape[1], c, ldc, rows, n, k, w_transposed=forward,
+                       accumulate=g.accumulate)
+            return
+        part = layer.scratch.data.ptr
+        self.sgemm.split(a, lda, w.data.ptr, w.shape[1], part, rows, n, k, splits, w_transposed=forward)
+        total = rows * n
+        self.reduce((-(-total // THREADS),), (THREADS,), (np.uint64(c), np.uint64(part), np.int32(splits),
+                                                          np.int32(rows), np.int32(n), np.int32(ldc),
+                                                          np.int32(1 if g.accumulate else 0)))
 
     can_capture = True
 
@@ -266,7 +332,9 @@ class Program:
         self.layers: list[Layer] = []
         for l in range(network.num_layers):
             shapes = {p.name: network.param_shape(l, p.name) for p in cell.params}
-            layer = Layer(xp, runner.plan, network.layer_sizes(l), shapes, T, B, poison)
+            sizes = network.layer_sizes(l)
+            scratch = runner.scratch_size(sizes, B) if hasattr(runner, "scratch_size") else 0
+            layer = Layer(xp, runner.plan, sizes, shapes, T, B, poison, scratch)
             layer.buffers[INPUT_BUFFER] = (self.input if l == 0 else
                                            self.layers[-1].buffers[state_buffer(cell.output)][B:])
             self.layers.append(layer)

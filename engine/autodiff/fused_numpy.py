@@ -23,6 +23,9 @@ class NumpyRunner(Runner):
     def bind(self) -> None:
         pass
 
+    def scratch_size(self, sizes: dict, B: int) -> int:
+        return 0
+
     @staticmethod
     def _rows(layer: Layer, place: Place, block: int, rows: int, width: int):
         buf = layer.buffers[place.buffer]

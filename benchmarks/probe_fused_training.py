@@ -72,5 +72,58 @@ def main(argv=None) -> int:
     return 0
 
 
+
+
+def launch_profile(cupy, name: str, config_name: str, repeats: int = 50) -> list[str]:
+    """GPU time of each launch of one layer-step (layer 1, step T/2), each launched `repeats` times in a row between
+    two events: which of the step's GEMMs and kernels the time goes to."""
+    from engine.autodiff import fused
+    from engine.autodiff.fused_plan import training_plan
+    cell = engine.preset(name).cell
+    config = parse_configs([config_name])[0]
+    network = engine.Network(cell, config.input_size, config.hidden_size, config.num_layers)
+    params = engine.init_params(network, seed=0)
+    x = cupy.asarray(np.random.default_rng(0).standard_normal((config.steps, config.batch, config.input_size)),
+                     dtype=cupy.float32)
+    tape = record(network, params, x, dtype=np.float32, backend="fused")
+    runner, layer = fused.gpu_runner(training_plan(cell)), tape.program.layers[min(1, network.num_layers - 1)]
+    runner.bind()
+    t = config.steps // 2
+    lines = []
+    for direction, order in (("forward", runner.plan.forward.order), ("backward", runner.plan.backward.order)):
+        for kind, item in order:
+            def once():
+                if kind == "gemm":
+                    runner.gemm(layer, item, t, forward=direction == "forward")
+                else:
+                    runner.kernel(layer, item, t)
+            once()
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            for _ in range(repeats):
+                once()
+            stop.record()
+            stop.synchronize()
+            us = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / repeats
+            extra = f" (split K x{runner.splits(item, layer.sizes, layer.B)})" if kind == "gemm" else ""
+            lines.append(f"| {name} | {config_name} | {direction} | {kind} {item.name}{extra} | {us:.1f} |")
+    tape.backward(cupy.zeros_like(tape.outputs))
+    return lines
+
+
+def profile_main() -> None:
+    import cupy
+    print("| cell | config | direction | launch | us (back to back) |\n|---|---|---|---|---|")
+    for name in ("lstm", "gru"):
+        for config in ("mid", "blogB"):
+            print("\n".join(launch_profile(cupy, name, config)))
+
+
 if __name__ == "__main__":
+    if "--launches" in sys.argv:
+        if "--max-splits" in sys.argv:
+            from engine.autodiff import fused
+            fused.MAX_SPLITS = int(sys.argv[sys.argv.index("--max-splits") + 1])
+        profile_main()
+        raise SystemExit(0)
     raise SystemExit(main())

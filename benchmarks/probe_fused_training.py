@@ -75,8 +75,8 @@ def main(argv=None) -> int:
 
 
 def launch_profile(cupy, name: str, config_name: str, repeats: int = 50) -> list[str]:
-    """GPU time of each launch of one layer-step (layer 1, step T/2), each launched `repeats` times in a row between
-    two events: which of the step's GEMMs and kernels the time goes to."""
+    """GPU time of each launch of one layer-step (layer 1, step T/2), each captured `repeats` times in a row into a
+    CUDA graph and replayed between two events: which of the step's GEMMs and kernels the time goes to."""
     from engine.autodiff import fused
     from engine.autodiff.fused_plan import training_plan
     cell = engine.preset(name).cell
@@ -98,10 +98,11 @@ def launch_profile(cupy, name: str, config_name: str, repeats: int = 50) -> list
                 else:
                     runner.kernel(layer, item, t)
             once()
+            graph = runner.capture(lambda: [once() for _ in range(repeats)])    # GPU time, not Python's
+            graph.launch(cupy.cuda.get_current_stream())
             start, stop = cupy.cuda.Event(), cupy.cuda.Event()
             start.record()
-            for _ in range(repeats):
-                once()
+            graph.launch(cupy.cuda.get_current_stream())
             stop.record()
             stop.synchronize()
             us = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / repeats

@@ -98,7 +98,7 @@ def launch_profile(cupy, name: str, config_name: str, repeats: int = 50) -> list
                 else:
                     runner.kernel(layer, item, t)
             once()
-            graph = runner.capture(lambda: [once() for _ in range(repeats)])    # GPU time, not Python's
+            graph = runner.capture(lambda: [runner.bind()] + [once() for _ in range(repeats)])   # GPU time
             graph.launch(cupy.cuda.get_current_stream())
             start, stop = cupy.cuda.Event(), cupy.cuda.Event()
             start.record()

@@ -172,10 +172,10 @@ class Layer:
             rows = (T + 1 if buf.blocks == "T+1" else T) * B
             zero = buf.name.startswith("dstate_")          # a state adjoint never written stays zero
             self.buffers[buf.name] = xp.full((rows, buf.cols.value(sizes)), 0.0 if zero else fill, dtype=xp.float32)
-        self.params = {name: xp.full(shape, fill, dtype=xp.float32) for name, shape in shapes.items()}
-        for name, value in self.params.items():
-            if value.ndim == 1:
-                self.buffers[f"param_{name}"] = value
+        self.params: dict = {}             # the caller's arrays (float32): read by the after part
+        for name, shape in shapes.items():
+            if len(shape) == 1:            # vectors are kernel arguments: copied into buffers of fixed address
+                self.buffers[f"param_{name}"] = xp.full(shape, fill, dtype=xp.float32)
         width = max(sizes.values())
         for name in plan.static:
             self.buffers[f"static_{name}"] = xp.full((width,), fill, dtype=xp.float32)
@@ -188,8 +188,10 @@ class Layer:
     def load(self, cell, params: dict) -> None:
         """Copy a layer's parameters in: the arrays, the stacked weights, the static values."""
         xp = self.xp
-        for name, target in self.params.items():
-            target[...] = xp.asarray(params[name], dtype=xp.float32)
+        self.params = {name: xp.asarray(value, dtype=xp.float32) for name, value in params.items()}
+        for name, value in self.params.items():
+            if value.ndim == 1:
+                self.buffers[f"param_{name}"][...] = value
         for weights, target in self.stacked.items():
             xp.concatenate([self.params[w] for w in weights], axis=0, out=target)
         for name, value in static_values(xp, cell, self.plan, self.params, self.sizes).items():

@@ -77,12 +77,30 @@ def _first_bad(value) -> tuple[int, tuple] | None:
     return count, tuple(int(i) for i in xp.argwhere(bad)[0])
 
 
+_ALL_FINITE = None
+
+
+def _all_finite_on_gpu(values: list) -> bool:
+    """True when every value is a CuPy array and all of them are finite: one reduction a value and one
+    synchronisation for all (a training step checks its inputs every step). False means: look value by value."""
+    global _ALL_FINITE
+    if not values or any(type(v).__module__.split(".")[0] != "cupy" for v in values):
+        return False
+    import cupy
+    if _ALL_FINITE is None:
+        _ALL_FINITE = cupy.ReductionKernel("T x", "bool y", "isfinite(x)", "a && b", "y = a", "true", "all_finite")
+    flags = cupy.stack([_ALL_FINITE(v) for v in values])
+    return bool(flags.all())
+
+
 def check_finite(network: Network, params, x, initial_states) -> None:
     """NaN or Inf in x, an initial state or a parameter: BackendError naming which and where (the run's
     check_finite=True; off by default, as it reads every input once more)."""
     named = [("x", x)] + [(f"initial_states['{n}']", v) for n, v in (initial_states or {}).items()]
     for layer in range(network.num_layers):
         named += [(f"params layer {layer} '{p.name}'", params.layers[layer][p.name]) for p in network.cell.params]
+    if _all_finite_on_gpu([value for _, value in named]):
+        return
     for name, value in named:
         found = _first_bad(value)
         if found:

@@ -153,3 +153,14 @@ def test_graphs_are_captured_and_a_second_tape_gets_its_own_buffers(cupy):
     assert relative(g1.x.get(), want.x) < TOL
     for p, value in want.params[1].items():
         assert relative(g1.params[1][p].get(), value) < TOL, p
+
+
+def test_a_nan_parameter_on_the_gpu_is_named(cupy):
+    """The inputs' finiteness check (one reduction a value, one synchronisation) still names the bad value."""
+    from engine.errors import BackendError
+    network, params, x, *_ = case(engine.preset("gru").cell, seed=1)
+    gpu = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()} for layer in params.layers])
+    gpu.layers[1]["W_hz"][2, 3] = cupy.nan
+    with pytest.raises(BackendError, match=r"params layer 1 'W_hz' has 1 NaN or Inf value\(s\), the first at index "
+                                           r"\(2, 3\)"):
+        bptt(network, gpu, cupy.asarray(x, dtype=cupy.float32), dtype=np.float32, backend="fused")

@@ -127,11 +127,20 @@ def backward_to_json(cell: CellGraph) -> dict[str, Any]:
     except AutodiffError as e:
         return {"error": str(e)}
     split = split_backward(graph)
+    from .autodiff.fused_plan import describe as describe_fused, training_plan
+    try:
+        fused = training_plan(cell)
+        launches = {"forward": [item.name for _, item in fused.forward.order],
+                    "backward": [item.name for _, item in fused.backward.order]}
+        fused_text = "\n" + describe_fused(fused) + "\n"
+    except AutodiffError as e:
+        launches, fused_text = {"error": str(e)}, f"\nfused training step: {e}\n"
     return {"nodes": [{"name": n.name, "op": n.op, "args": list(n.args), "of": n.of, "role": n.role,
                        "flows_to": n.flows_to, "recurrent": n.recurrent, "param": n.param} for n in graph.nodes],
             "saved": list(graph.saved), "per_step": [n.name for n in split.per_step],
             "after": [n.name for n in split.after], "kept_per_step": list(split.recorded),
-            "text": graph.describe() + split.describe()}
+            "fused_step": launches,
+            "text": graph.describe() + split.describe() + fused_text}
 
 
 def explain_schedules(plan: Plan, passes=None, schedule: str | None = None, doc: str = "",

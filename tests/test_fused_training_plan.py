@@ -197,3 +197,46 @@ def test_split_k_fills_the_gpu_only_where_the_output_is_small():
     assert split_k(64, 5, 20, 132) == 1            # too shallow to split
     assert split_k(64, 512, 1000, 132) == 4        # 8 parts would be 125 deep
     assert split_k(64, 512, 1002, 132) == 2        # a divisor of K
+
+
+def test_programs_serve_one_live_tape_each_and_are_reused_and_dropped():
+    """Two tapes alive at once get their own buffers; a finished or dropped tape frees its program for the next
+    record; idle programs beyond CACHE_BYTES go, oldest first; outputs are copies the next step leaves alone."""
+    import gc
+    from engine.autodiff import fused
+    from engine.autodiff.fused_numpy import NumpyRunner
+    cell = engine.preset("gru").cell
+    network = engine.Network(cell, 3, 4, 2)
+    params = engine.init_params(network, seed=0)
+    runner = NumpyRunner(training_plan(cell))
+    x = np.random.default_rng(0).standard_normal((5, 2, 3)).astype(np.float32)
+    fused.clear_cache()
+    first = fused.record(network, params, x, None, runner=runner)
+    second = fused.record(network, params, 2 * x, None, runner=runner)
+    assert first.program is not second.program and first.program.busy and second.program.busy
+    outputs = first.outputs.copy()
+    want = bptt(network, params, x.astype(np.float64), d_outputs=np.ones((5, 2, 4)))
+    got = first.backward(np.ones((5, 2, 4), dtype=np.float32))
+    assert np.abs(got.x - want.x).max() < 1e-5 and not first.program.busy
+    third = fused.record(network, params, 3 * x, None, runner=runner)
+    assert third.program is first.program                      # reused once released
+    assert np.array_equal(first.outputs, outputs)               # the earlier tape's outputs are its own
+    program = second.program
+    del second
+    gc.collect()
+    assert not program.busy                                     # a dropped tape releases its program
+    assert fused.cached_bytes() == 2 * program.bytes > 0
+    saved = fused.CACHE_BYTES
+    try:
+        fused.CACHE_BYTES = program.bytes                       # room for one: the idle one goes
+        other = engine.Network(cell, 3, 4, 1)
+        fourth = fused.record(other, engine.init_params(other, seed=1), x, None, runner=runner)
+        assert fused.cached_bytes() == third.program.bytes + fourth.program.bytes       # both busy: both stay
+    finally:
+        fused.CACHE_BYTES = saved
+    fused.clear_cache()
+    assert fused.cached_bytes() == third.program.bytes + fourth.program.bytes
+    third.backward(None)
+    fourth.backward(None)
+    fused.clear_cache()
+    assert fused.cached_bytes() == 0

@@ -12,6 +12,10 @@ The GEMMs go straight to cuBLAS's sgemm on CuPy's handle and the current stream 
 math mode, no TF32), so a sum of a GEMM's terms and elementwise ones is one GEMM with beta = 1. The values live in
 per-layer buffers at row (t + shift) * B + b, so nothing is copied between steps and the backward reads the
 forward's values where the forward wrote them.
+
+The buffers and the captured graphs of a (network, T, B) form a Program, cached and reused by the next record once
+its tape's backward has run (or the tape is dropped); idle programs beyond CACHE_BYTES (4 GiB) of buffers are
+dropped oldest first, and clear_cache() drops them all.
 """
 from __future__ import annotations
 
@@ -343,6 +347,9 @@ class Program:
         self.graphs: dict = {}
         self.capture_error: str | None = None
         self.busy = False
+        arrays = [self.input] + [a for layer in self.layers for a in
+                                 [*layer.buffers.values(), *layer.stacked.values(), layer.scratch]]
+        self.bytes = sum(a.nbytes for a in {id(a): a for a in arrays if a.base is None}.values())
 
     def release(self) -> None:
         self.busy = False
@@ -381,25 +388,56 @@ class Program:
         graph.launch(stream)
 
 
-_programs: dict = {}
-MAX_PROGRAM_SHAPES = 8
+_programs: dict = {}             # key -> [Program]: most recently used key last
+CACHE_BYTES = 4 << 30           # idle programs kept beyond this many bytes of buffers are dropped, oldest first
 
 
 def acquire(network, runner, T: int, B: int, poison: bool) -> Program:
-    """A program of this network, runner and (T, B) that no live tape holds (cached; a new one when all are)."""
+    """A program of this network, runner and (T, B) that no live tape holds (cached; a new one when all are). Idle
+    programs of other shapes are dropped, least recently used first, while the cache holds over CACHE_BYTES."""
     key = (network.cell, network.input_size, network.hidden_size, network.num_layers, network.projection_size, T, B,
            poison, id(runner.plan), type(runner).__name__, _device_id(runner.xp))
     with _lock:
         pool = _programs.pop(key, [])
-        _programs[key] = pool                       # most recently used last
-        while len(_programs) > MAX_PROGRAM_SHAPES:
-            _programs.pop(next(iter(_programs)))
+        _programs[key] = pool
         program = next((p for p in pool if not p.busy), None)
         if program is None:
             program = Program(network, runner, T, B, poison)
             pool.append(program)
         program.busy = True
+        _evict()
     return program
+
+
+def _evict() -> None:
+    total = sum(p.bytes for pool in _programs.values() for p in pool)
+    for key in list(_programs):
+        if total <= CACHE_BYTES:
+            break
+        keep = []
+        for p in _programs[key]:
+            if p.busy or total <= CACHE_BYTES:
+                keep.append(p)
+            else:
+                total -= p.bytes
+        _programs[key] = keep
+        if not keep:
+            del _programs[key]
+
+
+def cached_bytes() -> int:
+    """Bytes of buffers the cached programs hold (on the GPU, or host memory for the NumPy runner)."""
+    with _lock:
+        return sum(p.bytes for pool in _programs.values() for p in pool)
+
+
+def clear_cache() -> None:
+    """Drop every idle program (their buffers and graphs); programs held by live tapes stay until released."""
+    with _lock:
+        for key in list(_programs):
+            _programs[key] = [p for p in _programs[key] if p.busy]
+            if not _programs[key]:
+                del _programs[key]
 
 
 def _device_id(xp) -> int:

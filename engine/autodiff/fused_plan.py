@@ -21,14 +21,15 @@ CUDA from it, engine/autodiff/fused.py allocates and launches.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..ir import SCALAR, CellGraph
-from ..ops import OPS, backward_op_def
+from ..ops import OPS
 from .bptt import derived
 from .errors import AutodiffError
-from .graph import BackwardGraph, BackwardNode
+from .graph import BackwardNode
 from .hoist import BackwardSplit
 
 DIMS = ("I", "H", "P")
@@ -262,7 +263,7 @@ class _Planner:
                 self.places[name] = places[0]
         for (s, operand), plan in list(gemm_plans.items()):
             if plan.operand is None:
-                gemm_plans[(s, operand)] = _replace(plan, operand=self.places[operand])
+                gemm_plans[(s, operand)] = dataclasses.replace(plan, operand=self.places[operand])
         copies: dict[tuple[int, str], list[tuple[str, Place]]] = {}
         last = max([k[0] for k in elementwise] + [k[0] for k in groups] + [0])
         for s in cell.states:        # a next state that is no kernel's value (a matmul's, x, a state): copied
@@ -464,11 +465,6 @@ class _Planner:
         return StepPlan(tuple(order)), dict(self.back_places)
 
 
-def _replace(plan: GemmPlan, **changes) -> GemmPlan:
-    import dataclasses
-    return dataclasses.replace(plan, **changes)
-
-
 def describe(plan: TrainingPlan) -> str:
     """Readable text: the launches of a forward and of a backward step, and the buffers."""
     def items(step: StepPlan) -> list[str]:
@@ -484,7 +480,3 @@ def describe(plan: TrainingPlan) -> str:
                       "  forward:", *items(plan.forward), "  backward:", *items(plan.backward),
                       "  buffers: " + ", ".join(f"{b.name} ({b.blocks} x B, {b.cols.c_expr()})"
                                                 for b in plan.buffers)])
-
-
-def grad_op_known(op: str) -> bool:
-    return op in ("sum", "copy") or backward_op_def(op) is not None

@@ -94,8 +94,9 @@ def test_backward_ops_cuda_forms_equal_their_numpy_meaning(cupy):
     from engine.autodiff.fused_plan import Statement
     from engine.codegen.nvrtc import load_module
     rng = np.random.default_rng(0)
-    a = np.concatenate([rng.standard_normal(1000) * 4, [0.0, -0.0, 3.0, -3.0, 2.9999998, -2.9999998]]).astype(np.float32)
-    b = np.concatenate([rng.standard_normal(1000) * 4, [0.0, 1.0, 3.0, -3.0, 3.0, -3.0]]).astype(np.float32)
+    kinks_a, kinks_b = [0.0, -0.0, 3.0, -3.0, 2.9999998, -2.9999998], [0.0, 1.0, 3.0, -3.0, 3.0, -3.0]
+    a = np.concatenate([rng.standard_normal(1000) * 4, kinks_a]).astype(np.float32)
+    b = np.concatenate([rng.standard_normal(1000) * 4, kinks_b]).astype(np.float32)
     for name, spec in GRAD_OPS.items():
         if spec.cuda is None:
             continue

@@ -77,8 +77,6 @@ def main(argv=None) -> int:
 def launch_profile(cupy, name: str, config_name: str, repeats: int = 50) -> list[str]:
     """GPU time of each launch of one layer-step (layer 1, step T/2), each captured `repeats` times in a row into a
     CUDA graph and replayed between two events: which of the step's GEMMs and kernels the time goes to."""
-    from engine.autodiff import fused
-    from engine.autodiff.fused_plan import training_plan
     cell = engine.preset(name).cell
     config = parse_configs([config_name])[0]
     network = engine.Network(cell, config.input_size, config.hidden_size, config.num_layers)
@@ -86,7 +84,7 @@ def launch_profile(cupy, name: str, config_name: str, repeats: int = 50) -> list
     x = cupy.asarray(np.random.default_rng(0).standard_normal((config.steps, config.batch, config.input_size)),
                      dtype=cupy.float32)
     tape = record(network, params, x, dtype=np.float32, backend="fused")
-    runner, layer = fused.gpu_runner(training_plan(cell)), tape.program.layers[min(1, network.num_layers - 1)]
+    runner, layer = tape.program.runner, tape.program.layers[min(1, network.num_layers - 1)]
     runner.bind()
     t = config.steps // 2
     lines = []

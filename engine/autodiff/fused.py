@@ -396,7 +396,7 @@ def acquire(network, runner, T: int, B: int, poison: bool) -> Program:
     """A program of this network, runner and (T, B) that no live tape holds (cached; a new one when all are). Idle
     programs of other shapes are dropped, least recently used first, while the cache holds over CACHE_BYTES."""
     key = (network.cell, network.input_size, network.hidden_size, network.num_layers, network.projection_size, T, B,
-           poison, id(runner.plan), type(runner).__name__, _device_id(runner.xp))
+           poison, id(runner), _device_id(runner.xp))      # a cached program holds its runner: the id stays its own
     with _lock:
         pool = _programs.pop(key, [])
         _programs[key] = pool
@@ -448,8 +448,9 @@ _runners: dict = {}
 
 
 def gpu_runner(plan: TrainingPlan) -> Runner:
+    """The runner of a cell's plan on the current device (cached by the cell itself, never by an object's id)."""
     import cupy
-    key = (id(plan), cupy.cuda.Device().id)
+    key = (plan.cell, cupy.cuda.Device().id)
     with _lock:
         runner = _runners.get(key)
     if runner is None:

@@ -357,6 +357,20 @@ class _Planner:
             else:
                 stage[n.name] = max([stage_of(a) for a in n.args] + [0])
 
+        # The terms W^T dy of one operand from GEMMs of several stages (GRU-Cho: U_z^T dz at stage 0, U_r^T dr at
+        # stage 1) are all summed into its adjoint, which nothing reads before the last of them: one GEMM at the
+        # last stage computes them all (each dy is ready by then), and one launch a step goes.
+        for n in split.per_step:
+            if n.op != "sum":
+                continue
+            keys = sorted({(stage[a] - 1, nodes[a].of) for a in n.args if a in nodes and nodes[a].op == "matmul_t"})
+            if len(keys) > 1 and len({of for _, of in keys}) == 1:
+                last = keys[-1]
+                for key in keys[:-1]:
+                    for member in groups.pop(key):
+                        stage[member] = last[0] + 1
+                        groups[last].insert(0, member)
+
         # A sum of one GEMM's terms (and elementwise ones computed before it) is that GEMM's output: absorbed.
         absorbed: dict[tuple[int, str], BackwardNode] = {}
         for n in split.per_step:

@@ -1,4 +1,6 @@
-"""Benchmarks: run the harness live on the GPU, and browse saved results (benchmarks/results/*.json).
+"""Benchmarks: run the harness live on the GPU, and browse saved results (benchmarks/results/*.json), and the
+training-step results of `python -m engine bench --train` (train-*.json: the engine's forward + backward against
+cuDNN's, each row's gradients checked first).
 
 The engine's backends and schedules (naive, fused, graph, persistent, auto) are rows of their own, in
 the live run's choice, the speedup chart, the engine's side-by-side chart and the table. Everything
@@ -204,6 +206,40 @@ def nets_ui(results: dict) -> None:
     st.dataframe(rows, hide_index=True, key="benchmarks.nets_table")
 
 
+def training_ui() -> None:
+    """Saved training-step results (`python -m engine bench --train`): each row's time and speedup over cuDNN."""
+    listing = engine_cache.optional("engine.bench.training", "list_training_results")
+    load = engine_cache.optional("engine.bench.training", "load_training_results")
+    table = engine_cache.optional("engine.bench.training", "training_rows")
+    if listing is None or load is None or table is None:
+        return
+    files = listing()
+    st.subheader("Training step")
+    if not files:
+        st.info("No training-step results yet: run `python -m engine bench --train` on a GPU machine.")
+        return
+    labels = {f"{Path(f['path']).name} ({f.get('device') or 'unknown device'})": f["path"] for f in files}
+    name = st.selectbox("Training results", list(labels), key="benchmarks.train_file")
+    try:
+        results = load(labels[name])
+    except engine.EngineError as e:
+        st.error(f"training results: {e}")
+        return
+    settings = results.get("settings", {})
+    st.caption(f"{results.get('environment', {}).get('device', 'unknown device')} · created "
+               f"{results.get('created', '?')} · forward + backward of {settings.get('loss', '?')} · "
+               f"{settings.get('precision', '?')} · median of {settings.get('reps', '?')} · every row's gradients "
+               f"checked against float64 first (tolerance {settings.get('tolerance', '?')})")
+    rows = table(results)
+    bars = [{"config": f"{r['cell']} · {r['config']} · {r['implementation']}", "baseline": "cuDNN fp32",
+             "speedup": r["speedup vs cuDNN fp32"]} for r in rows
+            if r["status"] == "ok" and r["speedup vs cuDNN fp32"] is not None and r["implementation"] != "cudnn-fp32"]
+    if bars:
+        st.plotly_chart(figures.speedup_bars(bars, title="Training step: cuDNN fp32 time / the engine's time"),
+                        key="benchmarks.train_speedup")
+    st.dataframe(rows, hide_index=True, key="benchmarks.train_table")
+
+
 st.title("Benchmarks")
 api = bench_api()
 if api is None:
@@ -211,3 +247,4 @@ if api is None:
 else:
     live_ui(api)
     results_ui(api)
+    training_ui()

@@ -283,3 +283,55 @@ def training_table(results: dict) -> str:
         lines.append(f"| {c['preset']} | {c['config']} | {','.join(map(str, c['sizes']))} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + ("\n\nMedian ms of a training step (forward + backward of sum(outputs * w)), fp32, TF32 "
                                "off; (Nx) = cuDNN fp32's time / this one.")
+
+
+# ---- saved results (the app's Benchmarks page reads them) --------------------------------------------------------
+
+def load_training_results(path: str | Path) -> dict:
+    """A training-step results document (train-*.json), checked for its schema; BackendError naming the file."""
+    import json
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BackendError(f"training results file {path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BackendError(f"training results file {path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise BackendError(f"{path} is not a training-step result (schema "
+                           f"{data.get('schema') if isinstance(data, dict) else None!r}, expected {SCHEMA!r})")
+    if not isinstance(data.get("cells"), list):
+        raise BackendError(f"training results file {path}: field 'cells' must be a list")
+    return data
+
+
+def list_training_results(directory: str | Path | None = None) -> list[dict]:
+    """Every readable train-*.json in `directory` (default benchmarks/results/), newest first: [{"path",
+    "created", "device"}]; unreadable ones are skipped."""
+    from . import results as results_module
+    directory = Path(directory) if directory is not None else results_module.RESULTS_DIR
+    found = []
+    for path in sorted(directory.glob("train-*.json")):
+        try:
+            data = load_training_results(path)
+        except BackendError:
+            continue
+        found.append({"path": str(path), "created": data.get("created", ""),
+                      "device": data.get("environment", {}).get("device")})
+    return sorted(found, key=lambda r: r["created"], reverse=True)
+
+
+def training_rows(results: dict) -> list[dict]:
+    """One row per cell x configuration x implementation: the table of the Benchmarks page."""
+    rows = []
+    for c in results.get("cells", []):
+        for r in c.get("implementations", []):
+            error = r.get("error") or {}
+            rows.append({"cell": c.get("preset"), "config": c.get("config"),
+                         "I,H,L,T,B": ",".join(map(str, c.get("sizes", []))), "implementation": r.get("name"),
+                         "status": r.get("status"), "median ms": r.get("median_ms"),
+                         "speedup vs cuDNN fp32": r.get("speedup_vs_cudnn_fp32"),
+                         "max gradient error": max([v for k, v in error.items() if k != "tolerance"
+                                                    and isinstance(v, (int, float))], default=None),
+                         "reason": r.get("reason")})
+    return rows

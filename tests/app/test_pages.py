@@ -554,6 +554,37 @@ def test_benchmarks_show_networks(open_page, tmp_path, monkeypatch):
     assert "benchmarks.json" in {d.key for d in at.download_button} and not at.exception
 
 
+def test_benchmarks_show_training_steps(open_page, tmp_path, monkeypatch):
+    """A `bench --train` results file: the page draws the engine's speedup over cuDNN per cell and configuration and
+    lists every row, a row that was not timed with its reason; a file that is not a training result is skipped."""
+    from engine.bench import results as results_module
+    from engine.bench.training import SCHEMA, save_results
+    row = {"status": "ok", "reason": None, "error": {"x": 4e-7, "params_max": 9e-7, "tolerance": 1e-3}, "reps": 5}
+    results = {"schema": SCHEMA, "created": "2026-11-24T20:22:06+00:00", "environment": {"device": "Test GPU"},
+               "settings": {"reps": 5, "loss": "sum(outputs * w), w random normal", "precision": "fp32, TF32 off",
+                            "tolerance": 1e-3},
+               "cells": [{"preset": "lstm", "config": "mid", "sizes": [512, 512, 4, 100, 64], "implementations": [
+                   {**row, "name": "cudnn-fp32", "median_ms": 22.9, "speedup_vs_cudnn_fp32": 1.0},
+                   {**row, "name": "engine-fused", "median_ms": 30.3, "speedup_vs_cudnn_fp32": 22.9 / 30.3}]},
+                   {"preset": "gru_cho", "config": "mid", "sizes": [512, 512, 4, 100, 64], "implementations": [
+                       {"name": "cudnn-fp32", "status": "unavailable", "reason": "cell 'gru_cho' has no cuDNN "
+                        "equivalent"}, {**row, "name": "engine-fused", "median_ms": 29.7}]}]}
+    save_results(results, tmp_path / "train-20261124-202206-Test-GPU.json")
+    (tmp_path / "train-broken.json").write_text("{ not json")
+    monkeypatch.setattr(results_module, "RESULTS_DIR", tmp_path)
+    at = open_page("benchmarks")
+    assert at.selectbox(key="benchmarks.train_file").options == ["train-20261124-202206-Test-GPU.json (Test GPU)"]
+    (trace,) = chart_spec(at, "benchmarks.train_speedup")["data"]
+    assert dict(zip(trace["x"], trace["y"])) == pytest.approx({"lstm · mid · engine-fused": 22.9 / 30.3})
+    (frame,) = at.dataframe                          # no harness results in this folder: the training table alone
+    table = frame.value
+    assert list(table["implementation"]) == ["cudnn-fp32", "engine-fused", "cudnn-fp32", "engine-fused"]
+    assert list(table["median ms"])[1] == pytest.approx(30.3)
+    assert "cell 'gru_cho' has no cuDNN equivalent" in list(table["reason"])
+    assert list(table["max gradient error"])[0] == pytest.approx(9e-7)
+    assert not at.exception
+
+
 def test_divergence_demo_of_a_projected_cell_asks_for_p(app, open_page):
     """LSTMP (states of size P): the demo has a P field and plots every step of the (T, B, P) output."""
     app.selectbox(key="designer.preset").set_value("lstm_proj").run()

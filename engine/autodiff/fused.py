@@ -8,10 +8,11 @@ layer's buffers, stacks each GEMM's weights, and launches, fp32 on the GPU:
                                (engine.autodiff.step.backward_step through CuPy: one GEMM per weight gradient over
                                every step, one per input adjoint, one sum per bias)
 
-The GEMMs go straight to cuBLAS's sgemm on CuPy's handle and the current stream (strict fp32: the handle's default
-math mode, no TF32), so a sum of a GEMM's terms and elementwise ones is one GEMM with beta = 1. The values live in
-per-layer buffers at row (t + shift) * B + b, so nothing is copied between steps and the backward reads the
-forward's values where the forward wrote them.
+The GEMMs go straight to cuBLAS's sgemm (Sgemm: ctypes, a handle of its own, strict fp32: the default math mode,
+no TF32), so a sum of a GEMM's terms and elementwise ones is one GEMM with beta = 1, and a step GEMM with few output
+tiles may split K (split_k). Each layer's step loop, forward and backward, is captured once as a CUDA graph and
+replayed (Program.launch). The values live in per-layer buffers at row (t + shift) * B + b, so nothing is copied
+between steps and the backward reads the forward's values where the forward wrote them.
 
 The buffers and the captured graphs of a (network, T, B) form a Program, cached and reused by the next record once
 its tape's backward has run (or the tape is dropped); idle programs beyond CACHE_BYTES (4 GiB) of buffers are

@@ -243,3 +243,22 @@ def test_programs_serve_one_live_tape_each_and_are_reused_and_dropped():
     fourth.backward(None)
     fused.clear_cache()
     assert fused.cached_bytes() == 0
+
+
+def test_a_gemm_term_the_after_part_reads_is_not_absorbed_into_a_sum():
+    """v3 = s0 + W x feeds one matmul, so d_v3 = U^T dy is a GEMM's output, a term of d_s0 (the add passes it
+    through) and read by the after part (W's gradient, x's adjoint): the GEMM writes d_v3 itself, not d_s0.
+    (Found by the random cells; absorbing it lost d_v3.)"""
+    nodes = [{"name": "x", "op": "input"}, {"name": "s0", "op": "state"}, {"name": "s1", "op": "state"},
+             {"name": "W1", "op": "weight", "attrs": {"rows": "H", "cols": "I"}},
+             {"name": "Wx2", "op": "matmul", "args": ["W1", "x"]}, {"name": "v3", "op": "add", "args": ["s0", "Wx2"]},
+             {"name": "U4", "op": "weight", "attrs": {"rows": "H", "cols": "H"}},
+             {"name": "Uv5", "op": "matmul", "args": ["U4", "v3"]}, {"name": "v6", "op": "add", "args": ["s0", "s0"]},
+             {"name": "s0_next", "op": "tanh", "args": ["v6"]}, {"name": "s1_next", "op": "tanh", "args": ["Uv5"]}]
+    passthrough = engine.from_dict({"schema": "rnn-cell-graph", "version": 1, "name": "passthrough", "doc": "",
+                                    "output": "s0", "nodes": nodes, "states": [{"name": "s0", "next": "s0_next"},
+                                                                               {"name": "s1", "next": "s1_next"}]})
+    plan = training_plan(passthrough)
+    assert not any(g.accumulate for g in plan.backward.gemms)
+    errors = run_plan_on_numpy(passthrough, seed=4)
+    assert max(errors.values()) < TOL, errors

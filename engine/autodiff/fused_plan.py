@@ -357,6 +357,19 @@ class _Planner:
             else:
                 stage[n.name] = max([stage_of(a) for a in n.args] + [0])
 
+        consumers: dict[str, list[str]] = {}
+        for n in split.per_step:
+            for a in n.args:
+                consumers.setdefault(a, []).append(n.name)
+        recorded = set(split.recorded)
+        if graph.input_adjoint in nodes:
+            recorded.add(graph.input_adjoint)
+
+        def only_summed(terms, total) -> bool:
+            """The GEMM terms are read by the sum `total` alone: neither another node nor the after part needs
+            them on their own, so the GEMM may write the sum instead, and run later."""
+            return all(t not in recorded and set(consumers.get(t, [])) == {total} for t in terms)
+
         # The terms W^T dy of one operand from GEMMs of several stages (GRU-Cho: U_z^T dz at stage 0, U_r^T dr at
         # stage 1) are all summed into its adjoint, which nothing reads before the last of them: one GEMM at the
         # last stage computes them all (each dy is ready by then), and one launch a step goes.
@@ -364,7 +377,8 @@ class _Planner:
             if n.op != "sum":
                 continue
             keys = sorted({(stage[a] - 1, nodes[a].of) for a in n.args if a in nodes and nodes[a].op == "matmul_t"})
-            if len(keys) > 1 and len({of for _, of in keys}) == 1:
+            if len(keys) > 1 and len({of for _, of in keys}) == 1 and only_summed(
+                    [m for key in keys for m in groups[key]], n.name):
                 last = keys[-1]
                 for key in keys[:-1]:
                     for member in groups.pop(key):
@@ -381,7 +395,7 @@ class _Planner:
             if len(keys) != 1:
                 continue
             key = keys.pop()
-            if sorted(terms) == sorted(groups[key]) and key not in absorbed and all(      # each term once
+            if sorted(terms) == sorted(groups[key]) and key not in absorbed and only_summed(terms, n.name) and all(
                     stage_of(a) <= key[0] for a in n.args if a not in terms):
                 absorbed[key] = n
 
@@ -420,14 +434,7 @@ class _Planner:
             if n.op != "matmul_t" and n.name not in absorbed_names:
                 elementwise.setdefault((stage[n.name], dim_of[n.name]), []).append(n.name)
         kernel_of = {v: key for key, names in elementwise.items() for v in names}
-        consumers: dict[str, list[str]] = {}
-        for n in split.per_step:
-            for a in n.args:
-                consumers.setdefault(a, []).append(n.name)
         partial_kernel = {total.name: (key[0], dim_of[total.name]) for key, total in absorbed.items()}
-        recorded = set(split.recorded)
-        if graph.input_adjoint in nodes:
-            recorded.add(graph.input_adjoint)
         needed: dict[str, list[Place]] = {}
         for v in kernel_of:
             places = list(dy_places.get(v, []))

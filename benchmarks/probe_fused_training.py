@@ -48,7 +48,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-splits", type=int, default=None,
                         help="cap the split-K parts of the step GEMMs (1: cuBLAS alone; default: the engine's)")
+    parser.add_argument("--wavefront", action="store_true",
+                        help="the layers' forward as a wavefront of chunks, a stream a layer (fused.WAVEFRONT)")
     args = parser.parse_args(argv)
+    if args.wavefront:
+        from engine.autodiff import fused
+        fused.WAVEFRONT = True
     if args.max_splits is not None:
         from engine.autodiff import fused
         fused.MAX_SPLITS = args.max_splits

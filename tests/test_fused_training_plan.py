@@ -262,3 +262,26 @@ def test_a_gemm_term_the_after_part_reads_is_not_absorbed_into_a_sum():
     assert not any(g.accumulate for g in plan.backward.gemms)
     errors = run_plan_on_numpy(passthrough, seed=4)
     assert max(errors.values()) < TOL, errors
+
+
+def test_the_wavefront_order_waits_for_the_layer_below_and_the_chunk_before():
+    from engine.autodiff.fused import wavefront_order
+    order = wavefront_order(3, 4)
+    assert sorted(order) == [(l, c) for l in range(3) for c in range(4)]
+    position = {pair: i for i, pair in enumerate(order)}
+    for l, c in order:
+        assert l == 0 or position[(l - 1, c)] < position[(l, c)]
+        assert c == 0 or position[(l, c - 1)] < position[(l, c)]
+    assert order[:4] == [(0, 0), (0, 1), (1, 0), (0, 2)]
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru_cho", "lstm_proj"])
+def test_the_forward_wavefront_run_by_numpy_equals_the_reference(name, monkeypatch):
+    """The layers' forward in the wavefront's issue order (chunks of 2 steps, the input GEMM a chunk at a time), on
+    poisoned buffers: the same gradients as layer by layer."""
+    from engine.autodiff import fused
+    monkeypatch.setattr(fused, "WAVEFRONT", True)
+    monkeypatch.setattr(fused, "WAVEFRONT_CHUNK", 2)
+    cell = engine.preset(name).cell
+    errors = run_plan_on_numpy(cell, seed=7, layers=3, T=7, P=3 if cell.uses_projection else None)
+    assert max(errors.values()) < TOL, errors

@@ -161,6 +161,15 @@ extern "C" __global__ void splitk_reduce(float* __restrict__ out, const float* _
 """
 
 
+WAVEFRONT = False        # the forward's layers as a wavefront (Program(wavefront=...)); off until timed on a GPU
+WAVEFRONT_CHUNK = 8      # steps a chunk of the wavefront
+
+
+def wavefront_order(layers: int, chunks: int) -> list[tuple[int, int]]:
+    """(layer, chunk) pairs diagonal by diagonal: every (l - 1, c) comes before (l, c), and (l, c - 1) before (l, c)."""
+    return [(l, d - l) for d in range(layers + chunks - 1) for l in range(layers) if 0 <= d - l < chunks]
+
+
 class Layer:
     """One layer's buffers, parameters, stacked weights and parameter vectors for a (T, B). They persist across
     calls (a Program reuses them, and a CUDA graph holds their addresses): load() copies new values in."""
@@ -219,7 +228,7 @@ class Runner:
         module = module_for(plan)
         self.functions = {k.name: module.get_function(k.name) for k in plan.forward.kernels + plan.backward.kernels}
         self.params = {k.name: kernel_params(k) for k in plan.forward.kernels + plan.backward.kernels}
-        self.sgemm = Sgemm(cupy)
+        self.sgemm = self.active = Sgemm(cupy)    # active: the handle of the stream being issued to
         from ..codegen.nvrtc import load_module
         self.reduce = load_module(SPLIT_REDUCE).get_function("splitk_reduce")
         self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
@@ -240,10 +249,11 @@ class Runner:
         self.functions[kernel.name]((blocks,), (THREADS,), args + (
             np.int32(t), np.int32(B), np.int32(sizes["I"]), np.int32(sizes["H"]), np.int32(sizes["P"])))
 
-    def gemm(self, layer: Layer, g: GemmPlan, t: int, forward: bool) -> None:
+    def gemm(self, layer: Layer, g: GemmPlan, t: int, forward: bool, steps: int = 1) -> None:
+        """The GEMM of step t; a hoisted one covers `steps` steps from t (their rows at once)."""
         sizes, B = layer.sizes, layer.B
-        rows = layer.T * B if g.hoisted else B
-        block = 0 if g.hoisted else t
+        rows = steps * B if g.hoisted else B
+        block = t
 
         def pointer(place: Place):
             buf = layer.buffers[place.buffer]
@@ -258,11 +268,11 @@ class Runner:
         # forward: out = operand @ W^T (W stacked: n x k); backward: out (+)= dy @ W (W stacked: k x n)
         splits = self.splits(g, sizes, B)
         if splits == 1:
-            self.sgemm(a, lda, w.data.ptr, w.shape[1], c, ldc, rows, n, k, w_transposed=forward,
-                       accumulate=g.accumulate)
+            self.active(a, lda, w.data.ptr, w.shape[1], c, ldc, rows, n, k, w_transposed=forward,
+                        accumulate=g.accumulate)
             return
         part = layer.scratch.data.ptr
-        self.sgemm.split(a, lda, w.data.ptr, w.shape[1], part, rows, n, k, splits, w_transposed=forward)
+        self.active.split(a, lda, w.data.ptr, w.shape[1], part, rows, n, k, splits, w_transposed=forward)
         total = rows * n
         self.reduce((-(-total // THREADS),), (THREADS,), (np.uint64(c), np.uint64(part), np.int32(splits),
                                                           np.int32(rows), np.int32(n), np.int32(ldc),
@@ -271,7 +281,45 @@ class Runner:
     can_capture = True
 
     def bind(self) -> None:
+        """cuBLAS calls go to the current stream, through the runner's own handle."""
+        self.active = self.sgemm
         self.sgemm.bind(self.xp.cuda.get_current_stream().ptr)
+
+    def use_stream(self, index: int, stream) -> None:
+        """cuBLAS calls go to `stream` through a handle (and workspace) of its own: GEMMs of concurrent streams never
+        share a workspace."""
+        handles = self.__dict__.setdefault("stream_sgemms", {})
+        if index not in handles:
+            handles[index] = Sgemm(self.xp)
+        self.active = handles[index]
+        self.active.bind(stream.ptr)
+
+    def wavefront_forward(self, layers: list[Layer], chunks: list[range]) -> None:
+        """Every layer's forward as a wavefront: layer l's chunk c on stream l once layer l-1's chunk c is done (a
+        CUDA event), enqueued diagonal by diagonal (l + c) so each event is recorded before a stream waits on it;
+        the streams fork from the current stream and join it at the end (so the whole can be captured)."""
+        cupy = self.xp
+        origin = cupy.cuda.get_current_stream()
+        streams = self.__dict__.setdefault("layer_streams", [])
+        while len(streams) < len(layers):
+            streams.append(cupy.cuda.Stream(non_blocking=True))
+        fork = cupy.cuda.Event(disable_timing=True)
+        fork.record(origin)
+        done = {}
+        for l, stream in enumerate(streams[:len(layers)]):
+            stream.wait_event(fork)
+        for l, c in wavefront_order(len(layers), len(chunks)):
+            stream = streams[l]
+            with stream:
+                self.use_stream(l, stream)
+                if l > 0:
+                    stream.wait_event(done[(l - 1, c)])
+                self.forward_steps(layers[l], chunks[c])
+                done[(l, c)] = cupy.cuda.Event(disable_timing=True)
+                done[(l, c)].record(stream)
+        for l in range(len(layers)):
+            origin.wait_event(done[(l, len(chunks) - 1)])
+        self.bind()
 
     def capture(self, launches):
         """The launches of `launches()` captured into a CUDA graph on a stream of their own (not run)."""
@@ -287,10 +335,14 @@ class Runner:
 
     def forward(self, layer: Layer) -> None:
         self.bind()
+        self.forward_steps(layer, range(layer.T))
+
+    def forward_steps(self, layer: Layer, steps: range) -> None:
+        """The forward of `steps`: the hoisted GEMMs over their rows at once, then each step's GEMMs and kernels."""
         for g in self.plan.forward.hoisted:
-            self.gemm(layer, g, 0, forward=True)
+            self.gemm(layer, g, steps.start, forward=True, steps=len(steps))
         order = self.plan.forward.order
-        for t in range(layer.T):
+        for t in steps:
             for kind, item in order:
                 if kind == "gemm":
                     self.gemm(layer, item, t, forward=True)
@@ -332,9 +384,10 @@ class Program:
     Where capture fails (a cuBLAS that refuses it), the same launches go one by one; `capture_error` says why. A
     program serves one tape at a time: `busy` from record until the tape's backward, or until the tape is dropped."""
 
-    def __init__(self, network, runner, T: int, B: int, poison: bool):
+    def __init__(self, network, runner, T: int, B: int, poison: bool, wavefront: bool = False):
         xp, cell = runner.xp, network.cell
         self.network, self.runner, self.T, self.B = network, runner, T, B
+        self.wavefront = wavefront and network.num_layers > 1
         self.input = xp.full((T * B, network.input_size), np.nan if poison else 0.0, dtype=xp.float32)
         self.layers: list[Layer] = []
         for l in range(network.num_layers):
@@ -367,24 +420,39 @@ class Program:
                 else:
                     first[...] = 0.0
 
+    def forward(self) -> None:
+        """Every layer's forward: layer by layer, or as one wavefront over all layers (self.wavefront)."""
+        if not self.wavefront:
+            for l in range(len(self.layers)):
+                self.launch(l, "forward")
+            return
+        C = WAVEFRONT_CHUNK
+        chunks = [range(t, min(t + C, self.T)) for t in range(0, self.T, C)]
+        self._replay(("forward", "wavefront"), lambda: self.runner.wavefront_forward(self.layers, chunks))
+
     def launch(self, l: int, direction: str) -> None:
         """Layer l's forward or backward step loop: its graph replayed, or the launches one by one."""
         layer, runner = self.layers[l], self.runner
         run = runner.forward if direction == "forward" else runner.backward
+        self._replay((l, direction), lambda: run(layer))
+
+    def _replay(self, key, issue) -> None:
+        """issue() captured once into the graph `key` and replayed; issued directly where capture is not possible."""
+        runner = self.runner
         if not runner.can_capture or self.capture_error is not None:
-            run(layer)
+            issue()
             return
         stream = runner.xp.cuda.get_current_stream()
         if stream.is_capturing():        # the caller captures a graph itself: the launches go into it
-            run(layer)
+            issue()
             return
-        graph = self.graphs.get((l, direction))
+        graph = self.graphs.get(key)
         if graph is None:
             try:
-                graph = self.graphs[(l, direction)] = runner.capture(lambda: run(layer))
+                graph = self.graphs[key] = runner.capture(issue)
             except Exception as e:      # a cuBLAS or driver that refuses stream capture: launch one by one
                 self.capture_error = f"{type(e).__name__}: {e}"
-                run(layer)
+                issue()
                 return
         graph.launch(stream)
 
@@ -393,17 +461,17 @@ _programs: dict = {}             # key -> [Program]: most recently used key last
 CACHE_BYTES = 4 << 30           # idle programs kept beyond this many bytes of buffers are dropped, oldest first
 
 
-def acquire(network, runner, T: int, B: int, poison: bool) -> Program:
+def acquire(network, runner, T: int, B: int, poison: bool, wavefront: bool = False) -> Program:
     """A program of this network, runner and (T, B) that no live tape holds (cached; a new one when all are). Idle
     programs of other shapes are dropped, least recently used first, while the cache holds over CACHE_BYTES."""
     key = (network.cell, network.input_size, network.hidden_size, network.num_layers, network.projection_size, T, B,
-           poison, id(runner), _device_id(runner.xp))      # a cached program holds its runner: the id stays its own
+           poison, wavefront, id(runner), _device_id(runner.xp))  # a cached program holds its runner: its id
     with _lock:
         pool = _programs.pop(key, [])
         _programs[key] = pool
         program = next((p for p in pool if not p.busy), None)
         if program is None:
-            program = Program(network, runner, T, B, poison)
+            program = Program(network, runner, T, B, poison, wavefront)
             pool.append(program)
         program.busy = True
         _evict()
@@ -537,18 +605,19 @@ class FusedTape:
         return xp.ascontiguousarray(values[graph.input_adjoint].reshape(T * B, -1))
 
 
-def record(network, params, x, initial_states: dict | None, poison: bool = False, runner=None) -> FusedTape:
+def record(network, params, x, initial_states: dict | None, poison: bool = False, runner=None,
+           wavefront: bool | None = None) -> FusedTape:
     """The forward pass on the fused training step (fp32, the GPU; runner: fused_numpy.NumpyRunner runs the same plan
-    through NumPy). Inputs already checked by bptt.record."""
+    through NumPy). wavefront: the layers' forward as a wavefront of chunks on a stream a layer (default WAVEFRONT).
+    Inputs already checked by bptt.record."""
     if runner is None:
         runner = gpu_runner(training_plan(network.cell))
     xp, cell = runner.xp, network.cell
     T, B, _ = x.shape
-    program = acquire(network, runner, T, B, poison)
+    program = acquire(network, runner, T, B, poison, WAVEFRONT if wavefront is None else wavefront)
     try:
         program.load(params, x, initial_states)
-        for l in range(network.num_layers):
-            program.launch(l, "forward")
+        program.forward()
     except BaseException:
         program.release()
         raise

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import apply_backward
-from .fused import Layer, Runner
+from .fused import Layer, Runner, wavefront_order
 from .fused_plan import GemmPlan, KernelPlan, Place, TrainingPlan
 
 
@@ -22,6 +22,12 @@ class NumpyRunner(Runner):
 
     def bind(self) -> None:
         pass
+
+    def wavefront_forward(self, layers: list[Layer], chunks: list[range]) -> None:
+        """The GPU's wavefront order, one chunk after another: a chunk that read a value its wait did not cover would
+        read a NaN of the poisoned buffers."""
+        for l, c in wavefront_order(len(layers), len(chunks)):
+            self.forward_steps(layers[l], chunks[c])
 
     def scratch_size(self, sizes: dict, B: int) -> int:
         return 0
@@ -57,9 +63,9 @@ class NumpyRunner(Runner):
         for value, place in kernel.stores:
             self._rows(layer, place, t, B, D)[...] = values[value]
 
-    def gemm(self, layer: Layer, g: GemmPlan, t: int, forward: bool) -> None:
-        rows = layer.T * layer.B if g.hoisted else layer.B
-        block = 0 if g.hoisted else t
+    def gemm(self, layer: Layer, g: GemmPlan, t: int, forward: bool, steps: int = 1) -> None:
+        rows = steps * layer.B if g.hoisted else layer.B
+        block = t
         k, n = g.k.value(layer.sizes), g.n.value(layer.sizes)
         w = layer.stacked[g.weights]
         a = self._rows(layer, g.operand, block, rows, k)

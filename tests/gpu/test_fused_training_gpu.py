@@ -165,3 +165,24 @@ def test_a_nan_parameter_on_the_gpu_is_named(cupy):
     with pytest.raises(BackendError, match=r"params layer 1 'W_hz' has 1 NaN or Inf value\(s\), the first at index "
                                            r"\(2, 3\)"):
         bptt(network, gpu, cupy.asarray(x, dtype=cupy.float32), dtype=np.float32, backend="fused")
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru_cho"])
+def test_the_forward_wavefront_on_streams_equals_the_reference(cupy, name, monkeypatch):
+    """The layers' forward as a wavefront (a stream a layer, events between chunks, captured as one graph): the same
+    gradients; the graph is captured, and replayed for a second step."""
+    from engine.autodiff import fused as fused_module
+    monkeypatch.setattr(fused_module, "WAVEFRONT_CHUNK", 3)
+    network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, seed=13, layers=3, T=10)
+    want = bptt(network, params, x, initial, d_out, d_final)
+    for _ in range(2):
+        tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32),
+                            {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}, wavefront=True)
+        assert tape.program.wavefront and ("forward", "wavefront") in tape.program.graphs
+        got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
+                            {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()})
+        assert relative(got.outputs.get(), want.outputs) < TOL
+        assert relative(got.x.get(), want.x) < TOL
+        for layer in range(network.num_layers):
+            for p, value in want.params[layer].items():
+                assert relative(got.params[layer][p].get(), value) < TOL, (layer, p)

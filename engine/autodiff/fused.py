@@ -28,8 +28,8 @@ import numpy as np
 from ..ir import SCALAR
 from ..ops import apply_elementwise
 from .fused_codegen import THREADS, kernel_params, render_module
-from .fused_plan import (D_OUTPUT_BUFFER, INPUT_BUFFER, GemmPlan, KernelPlan, Place, TrainingPlan, adjoint_buffer,
-                         state_buffer, training_plan)
+from .fused_plan import (D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER, GemmPlan, KernelPlan, Place, TrainingPlan,
+                         adjoint_buffer, state_buffer, training_plan)
 from .step import backward_step
 
 MAX_BLOCKS = 65535
@@ -194,7 +194,7 @@ class Layer:
         for name in plan.static:
             self.buffers[f"static_{name}"] = xp.full((width,), fill, dtype=xp.float32)
         self.stacked = {}
-        for g in plan.forward.gemms + plan.backward.gemms:
+        for g in plan.forward.gemms + plan.backward.gemms + ((plan.input_gemm,) if plan.input_gemm else ()):
             if g.weights not in self.stacked:
                 rows = sum(shapes[w][0] for w in g.weights)
                 self.stacked[g.weights] = xp.full((rows, shapes[g.weights[0]][1]), fill, dtype=xp.float32)
@@ -300,13 +300,11 @@ class Runner:
         the streams fork from the current stream and join it at the end (so the whole can be captured)."""
         cupy = self.xp
         origin = cupy.cuda.get_current_stream()
-        streams = self.__dict__.setdefault("layer_streams", [])
-        while len(streams) < len(layers):
-            streams.append(cupy.cuda.Stream(non_blocking=True))
+        streams = self._layer_streams(len(layers))
         fork = cupy.cuda.Event(disable_timing=True)
         fork.record(origin)
         done = {}
-        for l, stream in enumerate(streams[:len(layers)]):
+        for stream in streams:
             stream.wait_event(fork)
         for l, c in wavefront_order(len(layers), len(chunks)):
             stream = streams[l]
@@ -351,13 +349,52 @@ class Runner:
 
     def backward(self, layer: Layer) -> None:
         self.bind()
+        self.backward_steps(layer, range(layer.T))
+
+    def backward_steps(self, layer: Layer, steps: range) -> None:
+        """The backward of `steps`, the last first: each step's kernels and GEMMs."""
         order = self.plan.backward.order
-        for t in reversed(range(layer.T)):
+        for t in reversed(steps):
             for kind, item in order:
                 if kind == "gemm":
                     self.gemm(layer, item, t, forward=False)
                 else:
                     self.kernel(layer, item, t)
+
+    def input_adjoint(self, layer: Layer, steps: range) -> None:
+        """The input's adjoint of `steps` (plan.input_gemm) into the layer below's d_out (layer 0: the x gradient)."""
+        self.gemm(layer, self.plan.input_gemm, steps.start, forward=False, steps=len(steps))
+
+    def wavefront_backward(self, layers: list[Layer], chunks: list[range]) -> None:
+        """Every layer's backward as a reverse wavefront: the top layer first, the last chunk first; layer l's chunk
+        c on stream l once layer l+1's chunk c and its input adjoint (layer l's d_out of those steps) are done."""
+        cupy, L, C = self.xp, len(layers), len(chunks)
+        origin = cupy.cuda.get_current_stream()
+        streams = self._layer_streams(L)
+        fork = cupy.cuda.Event(disable_timing=True)
+        fork.record(origin)
+        for stream in streams:
+            stream.wait_event(fork)
+        done = {}
+        for w, k in wavefront_order(L, C):
+            l, c = L - 1 - w, C - 1 - k
+            with streams[l]:
+                self.use_stream(l, streams[l])
+                if l < L - 1:
+                    streams[l].wait_event(done[(l + 1, c)])
+                self.backward_steps(layers[l], chunks[c])
+                self.input_adjoint(layers[l], chunks[c])
+                done[(l, c)] = cupy.cuda.Event(disable_timing=True)
+                done[(l, c)].record(streams[l])
+        for l in range(L):
+            origin.wait_event(done[(l, 0)])
+        self.bind()
+
+    def _layer_streams(self, count: int) -> list:
+        streams = self.__dict__.setdefault("layer_streams", [])
+        while len(streams) < count:
+            streams.append(self.xp.cuda.Stream(non_blocking=True))
+        return streams[:count]
 
 
 def static_values(cupy, cell, plan: TrainingPlan, params: dict, sizes: dict) -> dict:
@@ -398,10 +435,17 @@ class Program:
             layer.buffers[INPUT_BUFFER] = (self.input if l == 0 else
                                            self.layers[-1].buffers[state_buffer(cell.output)][B:])
             self.layers.append(layer)
+        self.d_input = None               # the x gradient, written by layer 0's input GEMM (the backward wavefront)
+        if self.wavefront and runner.plan.input_gemm is not None:
+            self.d_input = xp.full((T * B, network.input_size), np.nan if poison else 0.0, dtype=xp.float32)
+            for l, layer in enumerate(self.layers):
+                layer.buffers[D_INPUT_BUFFER] = (self.d_input if l == 0 else
+                                                 self.layers[l - 1].buffers[D_OUTPUT_BUFFER])
         self.graphs: dict = {}
         self.capture_error: str | None = None
         self.busy = False
-        arrays = [self.input] + [a for layer in self.layers for a in
+        arrays = [self.input] + ([self.d_input] if self.d_input is not None else [])
+        arrays += [a for layer in self.layers for a in
                                  [*layer.buffers.values(), *layer.stacked.values(), layer.scratch]]
         self.bytes = sum(a.nbytes for a in {id(a): a for a in arrays if a.base is None}.values())
 
@@ -429,6 +473,12 @@ class Program:
         C = WAVEFRONT_CHUNK
         chunks = [range(t, min(t + C, self.T)) for t in range(0, self.T, C)]
         self._replay(("forward", "wavefront"), lambda: self.runner.wavefront_forward(self.layers, chunks))
+
+    def wavefront_backward(self) -> None:
+        """Every layer's backward and input adjoint as one reverse wavefront (needs self.d_input)."""
+        C = WAVEFRONT_CHUNK
+        chunks = [range(t, min(t + C, self.T)) for t in range(0, self.T, C)]
+        self._replay(("backward", "wavefront"), lambda: self.runner.wavefront_backward(self.layers, chunks))
 
     def launch(self, l: int, direction: str) -> None:
         """Layer l's forward or backward step loop: its graph replayed, or the launches one by one."""
@@ -558,6 +608,8 @@ class FusedTape:
                      for l in range(L)]
             d_initial = {s: xp.empty((L, B, network.state_size(s)), dtype=xp.float32) for s in cell.state_names}
             d_above = None if d_outputs is None else xp.asarray(d_outputs, dtype=xp.float32).reshape(T * B, -1)
+            if program.d_input is not None:           # the reverse wavefront: every layer in one graph
+                return self._backward_wavefront(d_above, d_final_states, grads, d_initial)
             for l in reversed(range(L)):
                 layer = program.layers[l]
                 if d_above is None:
@@ -574,8 +626,25 @@ class FusedTape:
         return Gradients(params=grads, x=d_above.reshape(T, B, -1), initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
 
-    def _after(self, layer: Layer, l: int, grads: dict, d_initial: dict):
-        """The split's `after` part on T x B rows; the input's adjoint (T x B, I) for the layer below."""
+    def _backward_wavefront(self, d_above, d_final_states: dict, grads: list, d_initial: dict):
+        from .bptt import Gradients
+        xp, network, program = self.xp, self.network, self.program
+        T, B, cell = program.T, program.B, network.cell
+        top = program.layers[-1].buffers[D_OUTPUT_BUFFER]
+        top[...] = 0.0 if d_above is None else d_above
+        for l, layer in enumerate(program.layers):
+            for s in cell.state_names:
+                last = layer.buffers[adjoint_buffer(s)][T * B:]
+                last[...] = xp.asarray(d_final_states[s][l], dtype=xp.float32) if s in d_final_states else 0.0
+        program.wavefront_backward()
+        for l, layer in enumerate(program.layers):
+            self._after(layer, l, grads[l], d_initial, nodes=self.plan.after_rest)
+        return Gradients(params=grads, x=xp.array(program.d_input).reshape(T, B, -1), initial_states=d_initial,
+                         outputs=self.outputs, final_states=self.final_states)
+
+    def _after(self, layer: Layer, l: int, grads: dict, d_initial: dict, nodes=None):
+        """The split's `after` part on T x B rows (or `nodes` of it); the input's adjoint (T x B, I) for the layer
+        below, when the after part computes it."""
         xp, network, plan = self.xp, self.network, self.plan
         cell, graph, split = network.cell, plan.split.graph, plan.split
         T, B, sizes = layer.T, layer.B, layer.sizes
@@ -597,9 +666,12 @@ class FusedTape:
                 saved[name] = layer.buffers[place.buffer]
             else:
                 saved[name] = layer.view(place, size_of(name))
-        values = backward_step(graph, saved, layer.params, rows, grads, np.float32, split.after)
+        values = backward_step(graph, saved, layer.params, rows, grads, np.float32,
+                               split.after if nodes is None else nodes)
         for s in cell.state_names:
             d_initial[s][l] = layer.buffers[adjoint_buffer(s)][:B]
+        if nodes is not None:
+            return None
         if graph.input_adjoint is None:
             return xp.zeros((T * B, network.layer_input_size(l)), dtype=xp.float32)
         return xp.ascontiguousarray(values[graph.input_adjoint].reshape(T * B, -1))

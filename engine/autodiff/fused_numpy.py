@@ -23,6 +23,14 @@ class NumpyRunner(Runner):
     def bind(self) -> None:
         pass
 
+    def wavefront_backward(self, layers: list[Layer], chunks: list[range]) -> None:
+        """The GPU's reverse-wavefront order (the top layer first, the last chunk first), one chunk after another."""
+        L, C = len(layers), len(chunks)
+        for w, k in wavefront_order(L, C):
+            l, c = L - 1 - w, C - 1 - k
+            self.backward_steps(layers[l], chunks[c])
+            self.input_adjoint(layers[l], chunks[c])
+
     def wavefront_forward(self, layers: list[Layer], chunks: list[range]) -> None:
         """The GPU's wavefront order, one chunk after another: a chunk that read a value its wait did not cover would
         read a NaN of the poisoned buffers."""

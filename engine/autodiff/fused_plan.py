@@ -138,6 +138,11 @@ class TrainingPlan:
     back_places: dict = field(default_factory=dict)   # backward value -> Place
     static: tuple[str, ...] = ()                      # forward values of parameters alone, computed once a call
     carry_inputs: tuple[tuple[str, str], ...] = ()    # state -> the backward input carrying its adjoint
+    # The input's adjoint as one GEMM over a chunk of steps (dy of every matmul of x side by side, times the stacked
+    # weights), written into the layer below's d_out: what lets the backward's layers run as a wavefront. None where
+    # the input's adjoint is not such a sum (x met elementwise); `after_rest` is then the whole after part.
+    input_gemm: GemmPlan | None = None
+    after_rest: tuple = ()                            # the after part without the input GEMM's nodes
 
     @property
     def launches_per_step(self) -> tuple[int, int]:
@@ -154,6 +159,7 @@ def adjoint_buffer(state: str) -> str:
 
 INPUT_BUFFER = "x"            # the layer's input sequence (T x B, I)
 D_OUTPUT_BUFFER = "d_out"     # the adjoint of the layer's output sequence (T x B, output size)
+D_INPUT_BUFFER = "d_in"       # the adjoint of the layer's input sequence: the layer below's d_out (bound, T x B, I)
 
 
 @lru_cache(maxsize=64)
@@ -186,8 +192,10 @@ class _Planner:
         forward = self._forward()
         backward, back_places = self._backward()
         carry = tuple((s, self.graph.carry_input(s)) for s in self.cell.state_names)
+        skip = set(self.input_terms) | ({self.graph.input_adjoint} if self.input_gemm else set())
+        after_rest = tuple(n for n in self.split.after if n.name not in skip)
         return TrainingPlan(self.cell, self.split, tuple(self.buffers.values()), forward, backward,
-                            dict(self.places), back_places, tuple(self.static), carry)
+                            dict(self.places), back_places, tuple(self.static), carry, self.input_gemm, after_rest)
 
     # ---- forward ----------------------------------------------------------------------------------------------
     def _forward(self) -> StepPlan:
@@ -313,6 +321,33 @@ class _Planner:
             stores.append((var, place))
         return KernelPlan(name, stage, dim, tuple(loads.items()), tuple(statements), tuple(stores))
 
+    def _input_gemm(self, per_step: dict, dim_of: dict, dy_places: dict) -> tuple[GemmPlan | None, tuple]:
+        """The input's adjoint as one GEMM, when it is W^T dy terms of x alone whose dy every step computes (or
+        receives): their dy side by side in a buffer of their own (added to dy_places), the weights stacked."""
+        graph, split = self.graph, self.split
+        after = {n.name: n for n in split.after}
+        total = after.get(graph.input_adjoint)
+        if total is None:
+            return None, ()
+        terms = list(total.args) if total.op == "sum" else [total.name]
+        inputs = {i.name for i in graph.inputs}
+        if not all(t in after and after[t].op == "matmul_t" and after[t].flows_to == "input"
+                   and (after[t].args[1] in per_step or after[t].args[1] in inputs) for t in terms):
+            return None, ()
+        if len(set(terms)) != len(terms):
+            return None, ()
+        cols, offsets = Size(), {}
+        for t in terms:
+            offsets[t] = cols
+            cols = cols + Size.of(dim_of[after[t].args[1]])
+        buffer = self._buffer("dy_input", cols, doc="the dy of the matmuls of x, side by side")
+        for t in terms:
+            dy_places.setdefault(after[t].args[1], []).append(Place("row", buffer, offsets[t]))
+        gemm = GemmPlan(f"{self.cell.name}_bwd_input", 0, tuple(terms), tuple(after[t].args[0] for t in terms),
+                        Place("row", buffer), Place("row", D_INPUT_BUFFER), cols, Size.of(dim_of[total.name]),
+                        hoisted=True)
+        return gemm, tuple(terms)
+
     def _place_of(self, value: str, forward: bool) -> Place:
         if not forward and value in self.back_places:
             return self.back_places[value]
@@ -435,6 +470,7 @@ class _Planner:
                 elementwise.setdefault((stage[n.name], dim_of[n.name]), []).append(n.name)
         kernel_of = {v: key for key, names in elementwise.items() for v in names}
         partial_kernel = {total.name: (key[0], dim_of[total.name]) for key, total in absorbed.items()}
+        self.input_gemm, self.input_terms = self._input_gemm(nodes, dim_of, dy_places)
         needed: dict[str, list[Place]] = {}
         for v in kernel_of:
             places = list(dy_places.get(v, []))

@@ -168,9 +168,10 @@ def test_a_nan_parameter_on_the_gpu_is_named(cupy):
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru_cho"])
-def test_the_forward_wavefront_on_streams_equals_the_reference(cupy, name, monkeypatch):
-    """The layers' forward as a wavefront (a stream a layer, events between chunks, captured as one graph): the same
-    gradients; the graph is captured, and replayed for a second step."""
+def test_the_wavefronts_on_streams_equal_the_reference(cupy, name, monkeypatch):
+    """The layers' forward as a wavefront and their backward as a reverse one (a stream a layer, events between
+    chunks, each captured as one graph): the same gradients; the graphs are captured, and replayed for a second
+    step."""
     from engine.autodiff import fused as fused_module
     monkeypatch.setattr(fused_module, "WAVEFRONT_CHUNK", 3)
     network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, seed=13, layers=3, T=10)
@@ -181,6 +182,7 @@ def test_the_forward_wavefront_on_streams_equals_the_reference(cupy, name, monke
         assert tape.program.wavefront and ("forward", "wavefront") in tape.program.graphs
         got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
                             {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()})
+        assert ("backward", "wavefront") in tape.program.graphs and tape.program.capture_error is None
         assert relative(got.outputs.get(), want.outputs) < TOL
         assert relative(got.x.get(), want.x) < TOL
         for layer in range(network.num_layers):

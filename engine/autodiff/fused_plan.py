@@ -533,7 +533,10 @@ def describe(plan: TrainingPlan) -> str:
                 lines.append(f"    kernel {item.name}: {', '.join(s.var for s in item.statements) or 'copies'}")
         return lines
     f, b = plan.launches_per_step
+    inputs = ([f"  input adjoint: GEMM {plan.input_gemm.name}: {', '.join(plan.input_gemm.members)} (a chunk of steps "
+               "at a time in the layers' wavefront; else with the weight gradients)"] if plan.input_gemm else
+              ["  input adjoint: with the weight gradients (not one GEMM: the backward runs layer by layer)"])
     return "\n".join([f"fused training step of cell '{plan.cell.name}': {f} launches forward, {b} backward a step",
-                      "  forward:", *items(plan.forward), "  backward:", *items(plan.backward),
+                      "  forward:", *items(plan.forward), "  backward:", *items(plan.backward), *inputs,
                       "  buffers: " + ", ".join(f"{b.name} ({b.blocks} x B, {b.cols.c_expr()})"
                                                 for b in plan.buffers)])

@@ -308,3 +308,13 @@ def test_a_cell_without_an_input_gemm_keeps_the_layer_by_layer_backward(monkeypa
     assert training_plan(cell).input_gemm is None
     errors = run_plan_on_numpy(cell, seed=3, layers=3, T=5)
     assert_close(errors)
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(cell_designs())
+def test_random_cells_through_the_wavefronts_equal_the_reference(monkeypatch, design):
+    from engine.autodiff import fused
+    monkeypatch.setattr(fused, "WAVEFRONT", True)
+    monkeypatch.setattr(fused, "WAVEFRONT_CHUNK", 2)
+    assert_close(run_plan_on_numpy(engine.from_dict(design), seed=5, layers=3, I=2, H=3, T=5, B=2))

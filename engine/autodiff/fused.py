@@ -396,6 +396,15 @@ class Runner:
             streams.append(self.xp.cuda.Stream(non_blocking=True))
         return streams[:count]
 
+    def prepare_streams(self, count: int) -> None:
+        """The wavefront's streams and their cuBLAS handles and workspaces, made before any capture (a capture may
+        not allocate memory)."""
+        handles = self.__dict__.setdefault("stream_sgemms", {})
+        for index in range(count):
+            if index not in handles:
+                handles[index] = Sgemm(self.xp)
+        self._layer_streams(count)
+
 
 def static_values(cupy, cell, plan: TrainingPlan, params: dict, sizes: dict) -> dict:
     """The values of parameters alone (the same at every step and row), as vectors; a number as a full vector."""
@@ -435,6 +444,8 @@ class Program:
             layer.buffers[INPUT_BUFFER] = (self.input if l == 0 else
                                            self.layers[-1].buffers[state_buffer(cell.output)][B:])
             self.layers.append(layer)
+        if self.wavefront:
+            runner.prepare_streams(network.num_layers)
         self.d_input = None               # the x gradient, written by layer 0's input GEMM (the backward wavefront)
         if self.wavefront and runner.plan.input_gemm is not None:
             self.d_input = xp.full((T * B, network.input_size), np.nan if poison else 0.0, dtype=xp.float32)

@@ -40,6 +40,9 @@ class NumpyRunner(Runner):
     def scratch_size(self, sizes: dict, B: int) -> int:
         return 0
 
+    def prepare_streams(self, count: int) -> None:
+        pass
+
     @staticmethod
     def _rows(layer: Layer, place: Place, block: int, rows: int, width: int):
         buf = layer.buffers[place.buffer]

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue #13's GPU work in one call (H100/H200, no network): the GPU tests, then the training step's probe and
+# benchmark. Files for the caller go to $OUT: versions.txt, gpu_tests.log, probe.md, train-<date>-<device>.json and
+# train.log. Run from anywhere; it works in the repository root.
+#
+#   1. pytest-xdist from .whl/ when the call carries it (benchmarks/NOTES.md: the suite is too long serially);
+#   2. python3 -m pytest $TESTS -q -rs -n 12 (TESTS default tests/gpu; TESTS_BUDGET s, default 330);
+#   3. probe_fused_training.py: forward and step ms, layer by layer and with --wavefront (PROBE_BUDGET, 90 s);
+#   4. python -m engine bench --train: cuDNN fp32 (TF32 off) against the fused step for lstm, gru, gru_cho, mgu at
+#      lat, blogB and mid (TRAIN_BUDGET, 150 s); WAVEFRONT=1 times the wavefront instead of the default.
+# A failing stage does not stop the next one; the summary is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 CUPY_TF32=0
+PY=${PYTHON:-python3}
+OUT=${OUT:-benchmarks/results/train-gpu}
+mkdir -p "$OUT"
+start=$(date +%s)
+section() { echo; echo "=== $* (at $(( $(date +%s) - start )) s)"; }
+
+section versions
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || echo "nvidia-smi: not available"
+  "$PY" -c "import cupy, torch; print('cupy', cupy.__version__, '| CUDA runtime', cupy.cuda.runtime.runtimeGetVersion(),
+      '| torch', torch.__version__, '| cuDNN', torch.backends.cudnn.version())"
+} 2>&1 | tee "$OUT/versions.txt"
+
+XDIST=""
+if ls .whl/pytest_xdist-*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+"$PY" -c "import xdist" 2>/dev/null && XDIST="-n 12"
+
+section "GPU tests (${XDIST:-serial})"
+timeout "${TESTS_BUDGET:-330}" "$PY" -m pytest ${TESTS:-tests/gpu} -q -rs $XDIST -p no:cacheprovider 2>&1 \
+  | tee "$OUT/gpu_tests.log" | tail -15
+tests_rc=${PIPESTATUS[0]}
+
+section "probe: layer by layer, then the wavefront"
+{
+  timeout "${PROBE_BUDGET:-90}" "$PY" benchmarks/probe_fused_training.py --preset lstm --preset gru --preset gru_cho \
+    --config mid --config blogB
+  timeout "${PROBE_BUDGET:-90}" "$PY" benchmarks/probe_fused_training.py --wavefront --preset lstm --preset gru \
+    --preset gru_cho --config mid --config blogB
+} 2>&1 | tee "$OUT/probe.md"
+
+section "bench --train"
+WAVE=""
+[ "${WAVEFRONT:-0}" = 1 ] && WAVE="import engine.autodiff.fused as f; f.WAVEFRONT = True;"
+timeout "${TRAIN_BUDGET:-150}" "$PY" -c "$WAVE
+import sys; from engine.cli import main; sys.exit(main(sys.argv[1:]))" bench --train --preset lstm --preset gru \
+  --preset gru_cho --preset mgu --config lat --config blogB --config mid --impl cudnn-fp32 --impl fused \
+  --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -20
+train_rc=${PIPESTATUS[0]}
+
+section summary
+echo "GPU tests rc=$tests_rc: $(tail -1 "$OUT/gpu_tests.log")"
+echo "bench --train rc=$train_rc (WAVEFRONT=${WAVEFRONT:-0})"
+cat "$OUT/probe.md" | grep -E "^\| (lstm|gru|gru_cho) " || true

@@ -162,6 +162,13 @@ def speedup_bars(rows: Sequence[Mapping], *, title: str = "") -> go.Figure:
     return fig
 
 
+def vs_cudnn_bars(rows: Sequence[Mapping], label: Sequence[str], speedup: str) -> list[dict]:
+    """speedup_bars rows of every timed row but cuDNN's own: its `label` fields joined as the bar's name, its
+    `speedup` field (cuDNN fp32 time / its time) as the bar."""
+    return [{"config": " · ".join(str(r[k]) for k in label), "baseline": "cuDNN fp32", "speedup": r[speedup]}
+            for r in rows if r["status"] == "ok" and r[speedup] is not None and r["implementation"] != "cudnn-fp32"]
+
+
 def divergence_figure(series: Sequence[Mapping], *, ylabel: str = "max |error|",
                       title: str | None = None) -> go.Figure:
     """Error against time step on a log axis, one line per series {"label", "errors": per-step values}.

@@ -283,6 +283,13 @@ def test_the_wavefront_order_waits_for_the_layer_below_and_the_chunk_before():
         assert l == 0 or position[(l - 1, c)] < position[(l, c)]
         assert c == 0 or position[(l, c - 1)] < position[(l, c)]
     assert order[:4] == [(0, 0), (0, 1), (1, 0), (0, 2)]
+    from engine.autodiff.fused import backward_wavefront, forward_wavefront
+    for items, first in ((forward_wavefront(3, 4), (0, 0)), (backward_wavefront(3, 4), (2, 3))):
+        issued = [(l, c) for l, c, _ in items]
+        assert sorted(issued) == sorted(order) and issued[0] == first
+        for i, (_, _, waits_for) in enumerate(items):
+            assert waits_for is None or issued.index(waits_for) < i
+    assert backward_wavefront(3, 4)[:3] == [(2, 3, None), (2, 2, None), (1, 3, (2, 3))]
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru_cho", "lstm_proj", "indrnn", "mgu"])

@@ -197,9 +197,7 @@ def nets_ui(results: dict) -> None:
         return
     st.markdown("**Networks** (cuDNN's modules with the same weights against the engine's `run_net`; "
                 "fp32, TF32 off; every row checked against the float64 reference of the whole net first)")
-    bars = [{"config": f"{r['preset']} · {r['net']} · {r['implementation']}", "baseline": "cuDNN fp32",
-             "speedup": r["speedup_vs_cudnn_fp32"]} for r in rows
-            if r["status"] == "ok" and r["speedup_vs_cudnn_fp32"] is not None and r["implementation"] != "cudnn-fp32"]
+    bars = figures.vs_cudnn_bars(rows, ("preset", "net", "implementation"), "speedup_vs_cudnn_fp32")
     if bars:
         st.plotly_chart(figures.speedup_bars(bars, title="Networks: cuDNN fp32 time / each implementation's time"),
                         key="benchmarks.nets_speedup")
@@ -231,9 +229,7 @@ def training_ui() -> None:
                f"{settings.get('precision', '?')} · median of {settings.get('reps', '?')} · every row's gradients "
                f"checked against float64 first (tolerance {settings.get('tolerance', '?')})")
     rows = table(results)
-    bars = [{"config": f"{r['cell']} · {r['config']} · {r['implementation']}", "baseline": "cuDNN fp32",
-             "speedup": r["speedup vs cuDNN fp32"]} for r in rows
-            if r["status"] == "ok" and r["speedup vs cuDNN fp32"] is not None and r["implementation"] != "cudnn-fp32"]
+    bars = figures.vs_cudnn_bars(rows, ("cell", "config", "implementation"), "speedup vs cuDNN fp32")
     if bars:
         st.plotly_chart(figures.speedup_bars(bars, title="Training step: cuDNN fp32 time / the engine's time"),
                         key="benchmarks.train_speedup")

@@ -20,9 +20,8 @@ from ..backends.reference import step
 from ..errors import BackendError
 from ..network import Network
 from ..params import Params, check_params
-from .checks import check_bptt_memory, check_d_final_states, check_d_outputs, check_dtype, check_network
+from .checks import check_bptt_memory, check_dtype, check_network, start_backward
 from .derive import backward_graph
-from .errors import AutodiffError
 from .hoist import BackwardSplit, split_backward
 from .step import backward_step
 
@@ -53,14 +52,9 @@ class Tape:
     def backward(self, d_outputs=None, d_final_states: dict | None = None) -> Gradients:
         """The gradients, given the loss's gradients with respect to the outputs (T, B, output size; None: zeros)
         and final states (name -> (L, B, size); None or names left out: zeros). Once: the saved values go."""
-        if self.used:
-            raise AutodiffError("this tape's backward pass has run already, and its saved forward values are gone",
-                                hint="record the forward pass again (engine.autodiff.record) for another backward")
+        d_outputs, d_final_states = start_backward(self, d_outputs, d_final_states)
         network, xp, dtype = self.network, self.xp, self.dtype
         T, B, _ = self.outputs.shape
-        d_outputs = check_d_outputs(network, d_outputs, T, B, xp)
-        d_final_states = check_d_final_states(network, d_final_states, B, xp)
-        self.used = True
         if d_outputs is None:
             d_outputs = xp.zeros((T, B, network.output_size), dtype=dtype)
         return _reverse(network, self, d_outputs.astype(dtype, copy=False), d_final_states, dtype, xp)

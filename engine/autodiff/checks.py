@@ -8,6 +8,7 @@ from ..backends import reference
 from ..backends.common import _first_bad
 from ..errors import BackendError
 from ..network import Network
+from .errors import AutodiffError
 from .graph import BackwardGraph
 from .hoist import BackwardSplit
 
@@ -75,6 +76,19 @@ def check_d_final_states(network: Network, d_final_states, batch: int, xp=np) ->
         want = (network.num_layers, batch, network.state_size(name))
         checked[name] = _float_array(f"d_final_states['{name}']", value, want, "(L, B, size)", xp)
     return checked
+
+
+def start_backward(tape, d_outputs, d_final_states: dict | None) -> tuple:
+    """A tape's backward pass runs once: AutodiffError if it has run; else (d_outputs or None, d_final_states),
+    checked against the tape's outputs, and the tape marked used."""
+    if tape.used:
+        raise AutodiffError("this tape's backward pass has run already, and its saved forward values are gone",
+                            hint="record the forward pass again (engine.autodiff.record) for another backward")
+    T, B, _ = tape.outputs.shape
+    d_outputs = check_d_outputs(tape.network, d_outputs, T, B, tape.xp)
+    d_final_states = check_d_final_states(tape.network, d_final_states, B, tape.xp)
+    tape.used = True
+    return d_outputs, d_final_states
 
 
 def saved_floats_per_row(network: Network, graph: BackwardGraph) -> int:

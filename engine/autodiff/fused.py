@@ -170,6 +170,18 @@ def wavefront_order(layers: int, chunks: int) -> list[tuple[int, int]]:
     return [(l, d - l) for d in range(layers + chunks - 1) for l in range(layers) if 0 <= d - l < chunks]
 
 
+def forward_wavefront(layers: int, chunks: int) -> list[tuple[int, int, tuple[int, int] | None]]:
+    """(layer, chunk, the chunk it waits for) in issue order: layer l's chunk c after layer l-1's chunk c."""
+    return [(l, c, (l - 1, c) if l else None) for l, c in wavefront_order(layers, chunks)]
+
+
+def backward_wavefront(layers: int, chunks: int) -> list[tuple[int, int, tuple[int, int] | None]]:
+    """The same, reversed: the top layer first, the last chunk first; layer l's chunk c after layer l+1's chunk c
+    (whose input adjoint is layer l's d_out of those steps)."""
+    top, last = layers - 1, chunks - 1
+    return [(top - w, last - k, (top - w + 1, last - k) if w else None) for w, k in wavefront_order(layers, chunks)]
+
+
 class Layer:
     """One layer's buffers, parameters, stacked weights and parameter vectors for a (T, B). They persist across
     calls (a Program reuses them, and a CUDA graph holds their addresses): load() copies new values in."""
@@ -185,7 +197,7 @@ class Layer:
                 continue                                   # the layer below's output, or the program's input
             rows = (T + 1 if buf.blocks == "T+1" else T) * B
             zero = buf.name.startswith("dstate_")          # a state adjoint never written stays zero
-            self.buffers[buf.name] = xp.full((rows, buf.cols.value(sizes)), 0.0 if zero else fill, dtype=xp.float32)
+            self.buffers[buf.name] = xp.full((rows, buf.cols(sizes)), 0.0 if zero else fill, dtype=xp.float32)
         self.params: dict = {}             # the caller's arrays (float32): read by the after part
         for name, shape in shapes.items():
             if len(shape) == 1:            # vectors are kernel arguments: copied into buffers of fixed address
@@ -215,7 +227,7 @@ class Layer:
         """A value of every step as (T x B, size) rows: a view of its buffer."""
         buf = self.buffers[place.buffer]
         B, T = self.B, self.T
-        start = place.offset.value(self.sizes)
+        start = place.offset(self.sizes)
         return buf[place.shift * B:(place.shift + T) * B, start:start + size]
 
 
@@ -229,16 +241,18 @@ class Runner:
         self.functions = {k.name: module.get_function(k.name) for k in plan.forward.kernels + plan.backward.kernels}
         self.params = {k.name: kernel_params(k) for k in plan.forward.kernels + plan.backward.kernels}
         self.sgemm = self.active = Sgemm(cupy)    # active: the handle of the stream being issued to
+        self.layer_streams: list = []              # the wavefront's streams, a handle (and workspace) each
+        self.stream_sgemms: list[Sgemm] = []
         from ..codegen.nvrtc import load_module
         self.reduce = load_module(SPLIT_REDUCE).get_function("splitk_reduce")
         self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
 
     def splits(self, g: GemmPlan, sizes: dict, B: int) -> int:
-        return 1 if g.hoisted else split_k(B, g.n.value(sizes), g.k.value(sizes), self.sms)
+        return 1 if g.hoisted else split_k(B, g.n(sizes), g.k(sizes), self.sms)
 
     def scratch_size(self, sizes: dict, B: int) -> int:
         """Floats of split-K partial products a layer's largest split GEMM needs."""
-        return max([self.splits(g, sizes, B) * B * g.n.value(sizes)
+        return max([self.splits(g, sizes, B) * B * g.n(sizes)
                     for g in self.plan.forward.gemms + self.plan.backward.gemms if self.splits(g, sizes, B) > 1] + [0])
 
     def kernel(self, layer: Layer, kernel: KernelPlan, t: int) -> None:
@@ -258,13 +272,13 @@ class Runner:
         def pointer(place: Place):
             buf = layer.buffers[place.buffer]
             cols = buf.shape[1]
-            offset = ((block + place.shift) * B) * cols + place.offset.value(sizes)
+            offset = ((block + place.shift) * B) * cols + place.offset(sizes)
             return buf.data.ptr + 4 * offset, cols
 
         a, lda = pointer(g.operand)
         c, ldc = pointer(g.out)
         w = layer.stacked[g.weights]
-        k, n = g.k.value(sizes), g.n.value(sizes)
+        k, n = g.k(sizes), g.n(sizes)
         # forward: out = operand @ W^T (W stacked: n x k); backward: out (+)= dy @ W (W stacked: k x n)
         splits = self.splits(g, sizes, B)
         if splits == 1:
@@ -285,38 +299,49 @@ class Runner:
         self.active = self.sgemm
         self.sgemm.bind(self.xp.cuda.get_current_stream().ptr)
 
-    def use_stream(self, index: int, stream) -> None:
-        """cuBLAS calls go to `stream` through a handle (and workspace) of its own: GEMMs of concurrent streams never
-        share a workspace."""
-        handles = self.__dict__.setdefault("stream_sgemms", {})
-        if index not in handles:
-            handles[index] = Sgemm(self.xp)
-        self.active = handles[index]
-        self.active.bind(stream.ptr)
+    def prepare_streams(self, count: int) -> None:
+        """The wavefront's streams and their cuBLAS handles and workspaces, made before any capture (a capture may
+        not allocate memory)."""
+        while len(self.layer_streams) < count:
+            self.layer_streams.append(self.xp.cuda.Stream(non_blocking=True))
+            self.stream_sgemms.append(Sgemm(self.xp))
 
     def wavefront_forward(self, layers: list[Layer], chunks: list[range]) -> None:
-        """Every layer's forward as a wavefront: layer l's chunk c on stream l once layer l-1's chunk c is done (a
-        CUDA event), enqueued diagonal by diagonal (l + c) so each event is recorded before a stream waits on it;
-        the streams fork from the current stream and join it at the end (so the whole can be captured)."""
+        """Every layer's forward as a wavefront of chunks (forward_wavefront), a stream a layer."""
+        self.issue_on_streams(forward_wavefront(len(layers), len(chunks)),
+                              lambda l, c: self.forward_steps(layers[l], chunks[c]))
+
+    def wavefront_backward(self, layers: list[Layer], chunks: list[range]) -> None:
+        """Every layer's backward and input adjoint as a reverse wavefront of chunks (backward_wavefront)."""
+        def run(l: int, c: int) -> None:
+            self.backward_steps(layers[l], chunks[c])
+            self.input_adjoint(layers[l], chunks[c])
+        self.issue_on_streams(backward_wavefront(len(layers), len(chunks)), run)
+
+    def issue_on_streams(self, items, run) -> None:
+        """run(layer, chunk) for each (layer, chunk, waits_for) of `items` on stream `layer` with its own cuBLAS
+        handle, after a CUDA event of the chunk it waits for (issued earlier in `items`). The streams fork from the
+        current stream and join it at the end, so the whole can be captured into one graph."""
         cupy = self.xp
         origin = cupy.cuda.get_current_stream()
-        streams = self._layer_streams(len(layers))
+        self.prepare_streams(1 + max(l for l, _, _ in items))
         fork = cupy.cuda.Event(disable_timing=True)
         fork.record(origin)
-        done = {}
-        for stream in streams:
-            stream.wait_event(fork)
-        for l, c in wavefront_order(len(layers), len(chunks)):
-            stream = streams[l]
+        done, last = {}, {}
+        for l, c, waits_for in items:
+            stream = self.layer_streams[l]
             with stream:
-                self.use_stream(l, stream)
-                if l > 0:
-                    stream.wait_event(done[(l - 1, c)])
-                self.forward_steps(layers[l], chunks[c])
-                done[(l, c)] = cupy.cuda.Event(disable_timing=True)
-                done[(l, c)].record(stream)
-        for l in range(len(layers)):
-            origin.wait_event(done[(l, len(chunks) - 1)])
+                if l not in last:
+                    stream.wait_event(fork)
+                self.active = self.stream_sgemms[l]
+                self.active.bind(stream.ptr)
+                if waits_for is not None:
+                    stream.wait_event(done[waits_for])
+                run(l, c)
+                done[(l, c)] = last[l] = cupy.cuda.Event(disable_timing=True)
+                last[l].record(stream)
+        for event in last.values():
+            origin.wait_event(event)
         self.bind()
 
     def capture(self, launches):
@@ -365,46 +390,6 @@ class Runner:
         """The input's adjoint of `steps` (plan.input_gemm) into the layer below's d_out (layer 0: the x gradient)."""
         self.gemm(layer, self.plan.input_gemm, steps.start, forward=False, steps=len(steps))
 
-    def wavefront_backward(self, layers: list[Layer], chunks: list[range]) -> None:
-        """Every layer's backward as a reverse wavefront: the top layer first, the last chunk first; layer l's chunk
-        c on stream l once layer l+1's chunk c and its input adjoint (layer l's d_out of those steps) are done."""
-        cupy, L, C = self.xp, len(layers), len(chunks)
-        origin = cupy.cuda.get_current_stream()
-        streams = self._layer_streams(L)
-        fork = cupy.cuda.Event(disable_timing=True)
-        fork.record(origin)
-        for stream in streams:
-            stream.wait_event(fork)
-        done = {}
-        for w, k in wavefront_order(L, C):
-            l, c = L - 1 - w, C - 1 - k
-            with streams[l]:
-                self.use_stream(l, streams[l])
-                if l < L - 1:
-                    streams[l].wait_event(done[(l + 1, c)])
-                self.backward_steps(layers[l], chunks[c])
-                self.input_adjoint(layers[l], chunks[c])
-                done[(l, c)] = cupy.cuda.Event(disable_timing=True)
-                done[(l, c)].record(streams[l])
-        for l in range(L):
-            origin.wait_event(done[(l, 0)])
-        self.bind()
-
-    def _layer_streams(self, count: int) -> list:
-        streams = self.__dict__.setdefault("layer_streams", [])
-        while len(streams) < count:
-            streams.append(self.xp.cuda.Stream(non_blocking=True))
-        return streams[:count]
-
-    def prepare_streams(self, count: int) -> None:
-        """The wavefront's streams and their cuBLAS handles and workspaces, made before any capture (a capture may
-        not allocate memory)."""
-        handles = self.__dict__.setdefault("stream_sgemms", {})
-        for index in range(count):
-            if index not in handles:
-                handles[index] = Sgemm(self.xp)
-        self._layer_streams(count)
-
 
 def static_values(cupy, cell, plan: TrainingPlan, params: dict, sizes: dict) -> dict:
     """The values of parameters alone (the same at every step and row), as vectors; a number as a full vector."""
@@ -439,8 +424,7 @@ class Program:
         for l in range(network.num_layers):
             shapes = {p.name: network.param_shape(l, p.name) for p in cell.params}
             sizes = network.layer_sizes(l)
-            scratch = runner.scratch_size(sizes, B) if hasattr(runner, "scratch_size") else 0
-            layer = Layer(xp, runner.plan, sizes, shapes, T, B, poison, scratch)
+            layer = Layer(xp, runner.plan, sizes, shapes, T, B, poison, runner.scratch_size(sizes, B))
             layer.buffers[INPUT_BUFFER] = (self.input if l == 0 else
                                            self.layers[-1].buffers[state_buffer(cell.output)][B:])
             self.layers.append(layer)
@@ -603,16 +587,10 @@ class FusedTape:
 
     def backward(self, d_outputs=None, d_final_states: dict | None = None):
         from .bptt import Gradients
-        from .checks import check_d_final_states, check_d_outputs
-        from .errors import AutodiffError
-        if self.used:
-            raise AutodiffError("this tape's backward pass has run already, and its saved forward values are gone",
-                                hint="record the forward pass again (engine.autodiff.record) for another backward")
+        from .checks import start_backward
+        d_outputs, d_final_states = start_backward(self, d_outputs, d_final_states)
         xp, network, program = self.xp, self.network, self.program
         T, B, _ = self.outputs.shape
-        d_outputs = check_d_outputs(network, d_outputs, T, B, xp)
-        d_final_states = check_d_final_states(network, d_final_states, B, xp)
-        self.used = True
         try:
             cell, L = network.cell, network.num_layers
             grads = [{p.name: xp.zeros(network.param_shape(l, p.name), dtype=xp.float32) for p in cell.params}
@@ -623,13 +601,8 @@ class FusedTape:
                 return self._backward_wavefront(d_above, d_final_states, grads, d_initial)
             for l in reversed(range(L)):
                 layer = program.layers[l]
-                if d_above is None:
-                    layer.buffers[D_OUTPUT_BUFFER][...] = 0.0
-                else:
-                    layer.buffers[D_OUTPUT_BUFFER][...] = d_above
-                for s in cell.state_names:
-                    last = layer.buffers[adjoint_buffer(s)][T * B:]
-                    last[...] = xp.asarray(d_final_states[s][l], dtype=xp.float32) if s in d_final_states else 0.0
+                layer.buffers[D_OUTPUT_BUFFER][...] = 0.0 if d_above is None else d_above
+                self._seed_states(layer, l, d_final_states)
                 program.launch(l, "backward")
                 d_above = self._after(layer, l, grads[l], d_initial)
         finally:
@@ -639,19 +612,23 @@ class FusedTape:
 
     def _backward_wavefront(self, d_above, d_final_states: dict, grads: list, d_initial: dict):
         from .bptt import Gradients
-        xp, network, program = self.xp, self.network, self.program
-        T, B, cell = program.T, program.B, network.cell
-        top = program.layers[-1].buffers[D_OUTPUT_BUFFER]
-        top[...] = 0.0 if d_above is None else d_above
+        xp, program = self.xp, self.program
+        T, B = program.T, program.B
+        program.layers[-1].buffers[D_OUTPUT_BUFFER][...] = 0.0 if d_above is None else d_above
         for l, layer in enumerate(program.layers):
-            for s in cell.state_names:
-                last = layer.buffers[adjoint_buffer(s)][T * B:]
-                last[...] = xp.asarray(d_final_states[s][l], dtype=xp.float32) if s in d_final_states else 0.0
+            self._seed_states(layer, l, d_final_states)
         program.wavefront_backward()
         for l, layer in enumerate(program.layers):
             self._after(layer, l, grads[l], d_initial, nodes=self.plan.after_rest)
         return Gradients(params=grads, x=xp.array(program.d_input).reshape(T, B, -1), initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
+
+    def _seed_states(self, layer: Layer, l: int, d_final_states: dict) -> None:
+        """Each state's adjoint entering layer l's last step: d_final_states, or zero."""
+        xp, T, B = self.xp, layer.T, layer.B
+        for s in self.network.cell.state_names:
+            last = layer.buffers[adjoint_buffer(s)][T * B:]
+            last[...] = xp.asarray(d_final_states[s][l], dtype=xp.float32) if s in d_final_states else 0.0
 
     def _after(self, layer: Layer, l: int, grads: dict, d_initial: dict, nodes=None):
         """The split's `after` part on T x B rows (or `nodes` of it); the input's adjoint (T x B, I) for the layer

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import apply_backward
-from .fused import Layer, Runner, wavefront_order
+from .fused import Layer, Runner
 from .fused_plan import GemmPlan, KernelPlan, Place, TrainingPlan
 
 
@@ -23,19 +23,11 @@ class NumpyRunner(Runner):
     def bind(self) -> None:
         pass
 
-    def wavefront_backward(self, layers: list[Layer], chunks: list[range]) -> None:
-        """The GPU's reverse-wavefront order (the top layer first, the last chunk first), one chunk after another."""
-        L, C = len(layers), len(chunks)
-        for w, k in wavefront_order(L, C):
-            l, c = L - 1 - w, C - 1 - k
-            self.backward_steps(layers[l], chunks[c])
-            self.input_adjoint(layers[l], chunks[c])
-
-    def wavefront_forward(self, layers: list[Layer], chunks: list[range]) -> None:
-        """The GPU's wavefront order, one chunk after another: a chunk that read a value its wait did not cover would
-        read a NaN of the poisoned buffers."""
-        for l, c in wavefront_order(len(layers), len(chunks)):
-            self.forward_steps(layers[l], chunks[c])
+    def issue_on_streams(self, items, run) -> None:
+        """The GPU's issue order, one chunk after another: a chunk that read a value its wait did not cover would read
+        a NaN of the poisoned buffers."""
+        for l, c, _ in items:
+            run(l, c)
 
     def scratch_size(self, sizes: dict, B: int) -> int:
         return 0
@@ -47,7 +39,7 @@ class NumpyRunner(Runner):
     def _rows(layer: Layer, place: Place, block: int, rows: int, width: int):
         buf = layer.buffers[place.buffer]
         start = (block + place.shift) * layer.B
-        offset = place.offset.value(layer.sizes)
+        offset = place.offset(layer.sizes)
         return buf[start:start + rows, offset:offset + width]
 
     def kernel(self, layer: Layer, kernel: KernelPlan, t: int) -> None:
@@ -62,14 +54,7 @@ class NumpyRunner(Runner):
                 values[value] = self._rows(layer, place, t, B, D)
         for st in kernel.statements:
             args = [values[a] for a in st.args]
-            if st.op == "copy":
-                result = args[0]
-            elif st.op == "sum":
-                result = args[0]
-                for a in args[1:]:
-                    result = result + a
-            else:
-                result = apply_backward(st.op, args, dict(st.attrs))
+            result = args[0] if st.op == "copy" else apply_backward(st.op, args, dict(st.attrs))
             values[st.var] = np.asarray(result, dtype=np.float32)
         for value, place in kernel.stores:
             self._rows(layer, place, t, B, D)[...] = values[value]
@@ -77,7 +62,7 @@ class NumpyRunner(Runner):
     def gemm(self, layer: Layer, g: GemmPlan, t: int, forward: bool, steps: int = 1) -> None:
         rows = steps * layer.B if g.hoisted else layer.B
         block = t
-        k, n = g.k.value(layer.sizes), g.n.value(layer.sizes)
+        k, n = g.k(layer.sizes), g.n(layer.sizes)
         w = layer.stacked[g.weights]
         a = self._rows(layer, g.operand, block, rows, k)
         out = self._rows(layer, g.out, block, rows, n)

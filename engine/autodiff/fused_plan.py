@@ -27,6 +27,7 @@ from functools import lru_cache
 
 from ..ir import SCALAR, CellGraph
 from ..ops import OPS
+from ..plan import Lin
 from .bptt import derived
 from .errors import AutodiffError
 from .graph import BackwardNode
@@ -36,33 +37,10 @@ DIMS = ("I", "H", "P")
 
 
 @dataclass(frozen=True)
-class Size:
-    """A linear combination of the sizes I, H, P (a buffer's columns, a column offset): ((dim, count), ...)."""
-    terms: tuple[tuple[str, int], ...] = ()
-
-    @staticmethod
-    def of(dim: str, count: int = 1) -> "Size":
-        return Size(((dim, count),)) if count else Size()
-
-    def __add__(self, other: "Size") -> "Size":
-        counts = dict(self.terms)
-        for d, c in other.terms:
-            counts[d] = counts.get(d, 0) + c
-        return Size(tuple((d, counts[d]) for d in DIMS if counts.get(d)))
-
-    def value(self, sizes: dict[str, int]) -> int:
-        return sum(sizes[d] * c for d, c in self.terms)
-
-    def c_expr(self) -> str:
-        parts = [d if c == 1 else f"{c} * {d}" for d, c in self.terms]
-        return " + ".join(parts) or "0"
-
-
-@dataclass(frozen=True)
 class Buffer:
     """One array of a layer: (blocks * B, cols), row (t + shift) * B + b; blocks "T" or "T+1"."""
     name: str
-    cols: Size
+    cols: Lin
     blocks: str = "T"
     doc: str = ""
 
@@ -73,7 +51,7 @@ class Place:
     static value) or a number ("literal")."""
     kind: str
     buffer: str = ""
-    offset: Size = Size()
+    offset: Lin = Lin()
     shift: int = 0
     literal: float | None = None
 
@@ -106,8 +84,8 @@ class GemmPlan:
     weights: tuple[str, ...]                    # the weight of each member
     operand: Place                              # forward: the operand's place; backward: the dy buffer (shift 0)
     out: Place
-    k: Size                                     # the inner size
-    n: Size                                     # the output's columns
+    k: Lin                                     # the inner size
+    n: Lin                                     # the output's columns
     accumulate: bool = False                    # beta = 1: the output holds the elementwise part of a sum
     hoisted: bool = False                       # once a layer over T x B rows, before the step loop
 
@@ -137,7 +115,6 @@ class TrainingPlan:
     places: dict = field(default_factory=dict)        # forward value -> Place (for the after part and the outputs)
     back_places: dict = field(default_factory=dict)   # backward value -> Place
     static: tuple[str, ...] = ()                      # forward values of parameters alone, computed once a call
-    carry_inputs: tuple[tuple[str, str], ...] = ()    # state -> the backward input carrying its adjoint
     # The input's adjoint as one GEMM over a chunk of steps (dy of every matmul of x side by side, times the stacked
     # weights), written into the layer below's d_out: what lets the backward's layers run as a wavefront. None where
     # the input's adjoint is not such a sum (x met elementwise); `after_rest` is then the whole after part.
@@ -176,7 +153,7 @@ class _Planner:
         self.places: dict[str, Place] = {}
 
     # ---- shared -----------------------------------------------------------------------------------------------
-    def _buffer(self, name: str, cols: Size, blocks: str = "T", doc: str = "") -> str:
+    def _buffer(self, name: str, cols: Lin, blocks: str = "T", doc: str = "") -> str:
         if name not in self.buffers:
             self.buffers[name] = Buffer(name, cols, blocks, doc)
         return name
@@ -191,11 +168,10 @@ class _Planner:
     def run(self) -> TrainingPlan:
         forward = self._forward()
         backward, back_places = self._backward()
-        carry = tuple((s, self.graph.carry_input(s)) for s in self.cell.state_names)
         skip = set(self.input_terms) | ({self.graph.input_adjoint} if self.input_gemm else set())
         after_rest = tuple(n for n in self.split.after if n.name not in skip)
         return TrainingPlan(self.cell, self.split, tuple(self.buffers.values()), forward, backward,
-                            dict(self.places), back_places, tuple(self.static), carry, self.input_gemm, after_rest)
+                            dict(self.places), back_places, tuple(self.static), self.input_gemm, after_rest)
 
     # ---- forward ----------------------------------------------------------------------------------------------
     def _forward(self) -> StepPlan:
@@ -214,10 +190,10 @@ class _Planner:
             elif node.is_param and node.op != "weight" or name in self.static:
                 self.places[name] = Place("vector", buffer=f"param_{name}" if node.is_param else f"static_{name}")
         x = cell.input.name
-        self.places[x] = Place("row", self._buffer(INPUT_BUFFER, Size.of(self._dim(x)), doc="the layer's input"))
+        self.places[x] = Place("row", self._buffer(INPUT_BUFFER, Lin.of(self._dim(x)), doc="the layer's input"))
         for s in cell.states:
             dim = cell.state_dim(s.name)
-            self._buffer(state_buffer(s.name), Size.of(dim), "T+1", f"state {s.name}: block t enters step t")
+            self._buffer(state_buffer(s.name), Lin.of(dim), "T+1", f"state {s.name}: block t enters step t")
             self.places[s.name] = Place("row", state_buffer(s.name))
 
         # Stages: a matmul of x is hoisted (stage 0); of a state, stage 0; of a value of stage s, stage s + 1.
@@ -240,17 +216,17 @@ class _Planner:
         gemm_plans: dict[tuple[int, str], GemmPlan] = {}
         for (s, operand), members in groups.items():
             hoisted = operand == x
-            cols, offsets = Size(), {}
+            cols, offsets = Lin(), {}
             for m in members:
                 offsets[m] = cols
-                cols = cols + Size.of(cell[cell[m].args[0]].attr("rows"))
+                cols = cols + Lin.of(cell[cell[m].args[0]].attr("rows"))
             out = self._buffer(f"gemm_{operand}_{s}", cols, doc=f"the matmuls of {operand}: " + ", ".join(members))
             for m in members:
                 self.places[m] = Place("row", out, offsets[m])
             gemm_plans[(s, operand)] = GemmPlan(
                 f"{cell.name}_fwd_{operand}_s{s}", s, tuple(members), tuple(cell[m].args[0] for m in members),
                 Place("row", state_buffer(operand)) if cell[operand].op == "state" else None, Place("row", out),
-                Size.of(self._dim(operand)), cols, hoisted=hoisted)
+                Lin.of(self._dim(operand)), cols, hoisted=hoisted)
 
         # Where every computed value must be written: next states, GEMM operands, later kernels, the backward.
         kernel_of = {n: key for key, names in elementwise.items() for n in names}
@@ -264,7 +240,7 @@ class _Planner:
                 places.append(Place("row", state_buffer(next_of[name]), shift=1))
             elsewhere = any(kernel_of.get(c) != kernel_of[name] for c in consumers[name])
             if (elsewhere or name in saved) and not places:
-                places.append(Place("row", self._buffer(f"value_{name}", Size.of(self._dim(name)),
+                places.append(Place("row", self._buffer(f"value_{name}", Lin.of(self._dim(name)),
                                                         doc=f"forward value {name}")))
             needed[name] = places
             if places:
@@ -336,15 +312,15 @@ class _Planner:
             return None, ()
         if len(set(terms)) != len(terms):
             return None, ()
-        cols, offsets = Size(), {}
+        cols, offsets = Lin(), {}
         for t in terms:
             offsets[t] = cols
-            cols = cols + Size.of(dim_of[after[t].args[1]])
+            cols = cols + Lin.of(dim_of[after[t].args[1]])
         buffer = self._buffer("dy_input", cols, doc="the dy of the matmuls of x, side by side")
         for t in terms:
             dy_places.setdefault(after[t].args[1], []).append(Place("row", buffer, offsets[t]))
         gemm = GemmPlan(f"{self.cell.name}_bwd_input", 0, tuple(terms), tuple(after[t].args[0] for t in terms),
-                        Place("row", buffer), Place("row", D_INPUT_BUFFER), cols, Size.of(dim_of[total.name]),
+                        Place("row", buffer), Place("row", D_INPUT_BUFFER), cols, Lin.of(dim_of[total.name]),
                         hoisted=True)
         return gemm, tuple(terms)
 
@@ -367,10 +343,10 @@ class _Planner:
         for i in graph.inputs:
             dim_of[i.name] = self._dim(i.of)
             if i.source == "output":
-                buffer = self._buffer(D_OUTPUT_BUFFER, Size.of(cell.output_dim), doc="the adjoint of the outputs")
+                buffer = self._buffer(D_OUTPUT_BUFFER, Lin.of(cell.output_dim), doc="the adjoint of the outputs")
                 self.back_places[i.name] = Place("row", buffer)
             else:
-                self._buffer(adjoint_buffer(i.state), Size.of(cell.state_dim(i.state)), "T+1",
+                self._buffer(adjoint_buffer(i.state), Lin.of(cell.state_dim(i.state)), "T+1",
                              f"the adjoint of state {i.state}: block t of the state entering step t")
                 self.back_places[i.name] = Place("row", adjoint_buffer(i.state), shift=1)
         states_of: dict[str, list[str]] = {}          # backward value -> the states it is the adjoint of
@@ -438,16 +414,16 @@ class _Planner:
             """The place of a backward value that leaves its kernel or GEMM."""
             if value in states_of:
                 return Place("row", adjoint_buffer(states_of[value][0]))
-            return Place("row", self._buffer(f"back_{value}", Size.of(dim_of[value]), doc=f"backward value {value}"))
+            return Place("row", self._buffer(f"back_{value}", Lin.of(dim_of[value]), doc=f"backward value {value}"))
 
         gemm_plans: dict[tuple[int, str], GemmPlan] = {}
         dy_places: dict[str, list[Place]] = {}
         for key, members in groups.items():
             s, operand = key
-            cols, offsets = Size(), {}
+            cols, offsets = Lin(), {}
             for m in members:
                 offsets[m] = cols
-                cols = cols + Size.of(dim_of[nodes[m].args[1]])
+                cols = cols + Lin.of(dim_of[nodes[m].args[1]])
             dy_buffer = self._buffer(f"dy_{operand}_{s}", cols, doc=f"the dy of the matmul_t of {operand}")
             for m in members:
                 dy_places.setdefault(nodes[m].args[1], []).append(Place("row", dy_buffer, offsets[m]))
@@ -460,7 +436,7 @@ class _Planner:
             self.back_places[out_value] = out
             gemm_plans[key] = GemmPlan(
                 f"{cell.name}_bwd_{operand}_s{s}", s, tuple(members), tuple(nodes[m].args[0] for m in members),
-                Place("row", dy_buffer), out, cols, Size.of(dim_of[members[0]]),
+                Place("row", dy_buffer), out, cols, Lin.of(dim_of[members[0]]),
                 accumulate=bool(total) and any(a not in members for a in total.args))
 
         absorbed_names = {n.name for n in absorbed.values()}

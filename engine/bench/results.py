@@ -68,24 +68,45 @@ def save_results(results: dict, path: str | Path) -> Path:
     return path
 
 
-def load_results(path: str | Path) -> dict:
-    """A results document, checked for its schema name and version."""
+def read_document(path: str | Path, schema: str, label: str, kind: str, *, missing_hint: str = "",
+                  version: int | None = None) -> dict:
+    """A JSON document of `schema` (and `version`, when given) with a list of 'cells'; BackendError naming the file
+    as `label` ("results file") and what it is not (`kind`: "a benchmark result")."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise BackendError(f"results file {path} does not exist. hint: see list_results()") from None
+        raise BackendError(f"{label} {path} does not exist{missing_hint}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BackendError(f"results file {path} is not valid JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise BackendError(f"results file {path} is not a benchmark result (schema "
-                           f"{data.get('schema') if isinstance(data, dict) else None!r}, expected {SCHEMA!r})")
-    if data.get("version") != SCHEMA_VERSION:
-        raise BackendError(f"results file {path} has schema version {data.get('version')!r}; this engine reads "
-                           f"version {SCHEMA_VERSION}. hint: re-run the benchmark")
+        raise BackendError(f"{label} {path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        raise BackendError(f"{label} {path} is not {kind} (schema "
+                           f"{data.get('schema') if isinstance(data, dict) else None!r}, expected {schema!r})")
+    if version is not None and data.get("version") != version:
+        raise BackendError(f"{label} {path} has schema version {data.get('version')!r}; this engine reads "
+                           f"version {version}. hint: re-run the benchmark")
     if not isinstance(data.get("cells"), list):
-        raise BackendError(f"results file {path}: field 'cells' must be a list")
+        raise BackendError(f"{label} {path}: field 'cells' must be a list")
     return data
+
+
+def readable_documents(pattern: str, load, directory: str | Path | None = None) -> list[tuple[Path, dict]]:
+    """(path, document) of every file matching `pattern` in `directory` (default benchmarks/results/) that `load`
+    reads; the others are skipped."""
+    directory = Path(directory) if directory is not None else RESULTS_DIR
+    found = []
+    for path in sorted(directory.glob(pattern)):
+        try:
+            found.append((path, load(path)))
+        except BackendError:
+            continue
+    return found
+
+
+def load_results(path: str | Path) -> dict:
+    """A results document, checked for its schema name and version."""
+    return read_document(path, SCHEMA, "results file", "a benchmark result",
+                         missing_hint=". hint: see list_results()", version=SCHEMA_VERSION)
 
 
 def unreadable_results(directory: str | Path | None = None) -> list[tuple[str, str]]:
@@ -107,13 +128,8 @@ def list_results(directory: str | Path | None = None) -> list[dict]:
     """Every readable results file in `directory` (default benchmarks/results/), newest first:
     [{"path", "created", "device", "status", "presets", "configs"}]. Unreadable files are skipped here;
     unreadable_results() says which and why."""
-    directory = Path(directory) if directory is not None else RESULTS_DIR
     found = []
-    for path in sorted(directory.glob("*.json")):
-        try:
-            data = load_results(path)
-        except BackendError:
-            continue
+    for path, data in readable_documents("*.json", load_results, directory):
         cells = data["cells"]
         found.append({"path": str(path), "created": data.get("created", ""),
                       "device": data.get("environment", {}).get("device"), "status": data.get("status"),

@@ -33,7 +33,7 @@ from ..network import Network
 from ..params import Params, init_params
 from .configs import BenchConfig, parse_configs
 from .implementations import tf32_flags
-from .results import results_filename, save_results
+from .results import read_document, readable_documents, results_filename, save_results
 from .timing import TIMERS, time_runs
 
 SCHEMA = "cellforge/train-bench"
@@ -289,35 +289,15 @@ def training_table(results: dict) -> str:
 
 def load_training_results(path: str | Path) -> dict:
     """A training-step results document (train-*.json), checked for its schema; BackendError naming the file."""
-    import json
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BackendError(f"training results file {path} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BackendError(f"training results file {path} is not valid JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise BackendError(f"{path} is not a training-step result (schema "
-                           f"{data.get('schema') if isinstance(data, dict) else None!r}, expected {SCHEMA!r})")
-    if not isinstance(data.get("cells"), list):
-        raise BackendError(f"training results file {path}: field 'cells' must be a list")
-    return data
+    return read_document(path, SCHEMA, "training results file", "a training-step result")
 
 
 def list_training_results(directory: str | Path | None = None) -> list[dict]:
     """Every readable train-*.json in `directory` (default benchmarks/results/), newest first: [{"path",
     "created", "device"}]; unreadable ones are skipped."""
-    from . import results as results_module
-    directory = Path(directory) if directory is not None else results_module.RESULTS_DIR
-    found = []
-    for path in sorted(directory.glob("train-*.json")):
-        try:
-            data = load_training_results(path)
-        except BackendError:
-            continue
-        found.append({"path": str(path), "created": data.get("created", ""),
-                      "device": data.get("environment", {}).get("device")})
+    found = [{"path": str(path), "created": data.get("created", ""),
+              "device": data.get("environment", {}).get("device")}
+             for path, data in readable_documents("train-*.json", load_training_results, directory)]
     return sorted(found, key=lambda r: r["created"], reverse=True)
 
 

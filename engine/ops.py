@@ -53,6 +53,15 @@ def _outer(dy, operand):
     return dy.T @ np.broadcast_to(operand, (dy.shape[0], operand.shape[-1]))     # (rows, B) @ (B, cols)
 
 
+def _batch_sum(dy):
+    """dy summed over its rows. On the GPU a (rows, n) array with many rows is summed as ones(rows) @ dy, a cuBLAS
+    GEMV: CuPy's reduction over the first axis took 160 us for 6400 x 512 floats, the GEMV a few."""
+    if type(dy).__module__.split(".")[0] == "cupy" and dy.ndim == 2 and dy.shape[0] >= 64:
+        import cupy
+        return (cupy.ones((1, dy.shape[0]), dtype=dy.dtype) @ dy)[0]
+    return dy.sum(axis=0)
+
+
 def _sum(*terms):
     total = terms[0]
     for term in terms[1:]:
@@ -158,7 +167,7 @@ GRAD_OPS: dict[str, OpDef] = {op.name: op for op in [
     OpDef("outer", ("dy", "operand"), "matmul", _outer, None, r"{dy}^\top {operand}",
           description="a weight's gradient dy^T operand, summed over the batch (rows x cols)",
           category="gradient"),
-    OpDef("batch_sum", ("dy",), "reduction", lambda dy: dy.sum(axis=0), None, r"\textstyle\sum_b {dy}",
+    OpDef("batch_sum", ("dy",), "reduction", _batch_sum, None, r"\textstyle\sum_b {dy}",
           description="a bias's or vector's gradient: its adjoint summed over the batch", category="gradient"),
 ]}
 

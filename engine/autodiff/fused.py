@@ -161,6 +161,18 @@ extern "C" __global__ void splitk_reduce(float* __restrict__ out, const float* _
 """
 
 
+COPY_CHUNK = 8192               # elements a block of COPY_KERNEL copies
+COPY_KERNEL = r"""
+extern "C" __global__ void copy_pieces(const long long* __restrict__ table, const int pieces)
+{
+    const float* src = reinterpret_cast<const float*>(table[blockIdx.x]);          /* 0: zeros */
+    float* dst = reinterpret_cast<float*>(table[pieces + blockIdx.x]);
+    const long long n = table[2 * pieces + blockIdx.x];
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src ? src[i] : 0.0f;
+}
+"""
+
+
 WAVEFRONT = False        # the forward's layers as a wavefront (Program(wavefront=...)); off until timed on a GPU
 WAVEFRONT_CHUNK = 8      # steps a chunk of the wavefront
 
@@ -211,17 +223,23 @@ class Layer:
                 rows = sum(shapes[w][0] for w in g.weights)
                 self.stacked[g.weights] = xp.full((rows, shapes[g.weights[0]][1]), fill, dtype=xp.float32)
 
-    def load(self, cell, params: dict) -> None:
-        """Copy a layer's parameters in: the arrays, the stacked weights, the static values."""
+    def load(self, cell, params: dict) -> list[tuple]:
+        """Take a layer's parameters: their float32 arrays (read by the after part), the static values computed
+        now; returned, the (destination, source) copies that fill the vector buffers and the stacked weights, for
+        Runner.copy to do in one launch with the program's other copies."""
         xp = self.xp
-        self.params = {name: xp.asarray(value, dtype=xp.float32) for name, value in params.items()}
-        for name, value in self.params.items():
-            if value.ndim == 1:
-                self.buffers[f"param_{name}"][...] = value
+        self.params = {name: xp.ascontiguousarray(xp.asarray(value, dtype=xp.float32))
+                       for name, value in params.items()}
+        copies = [(self.buffers[f"param_{name}"], value) for name, value in self.params.items() if value.ndim == 1]
         for weights, target in self.stacked.items():
-            xp.concatenate([self.params[w] for w in weights], axis=0, out=target)
+            row = 0
+            for w in weights:
+                rows = self.params[w].shape[0]
+                copies.append((target[row:row + rows], self.params[w]))
+                row += rows
         for name, value in static_values(xp, cell, self.plan, self.params, self.sizes).items():
             self.buffers[f"static_{name}"][...] = value
+        return copies
 
     def view(self, place: Place, size: int):
         """A value of every step as (T x B, size) rows: a view of its buffer."""
@@ -245,6 +263,7 @@ class Runner:
         self.stream_sgemms: list[Sgemm] = []
         from ..codegen.nvrtc import load_module
         self.reduce = load_module(SPLIT_REDUCE).get_function("splitk_reduce")
+        self.copy_kernel = load_module(COPY_KERNEL).get_function("copy_pieces")
         self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
 
     def splits(self, g: GemmPlan, sizes: dict, B: int) -> int:
@@ -254,6 +273,32 @@ class Runner:
         """Floats of split-K partial products a layer's largest split GEMM needs."""
         return max([self.splits(g, sizes, B) * B * g.n(sizes)
                     for g in self.plan.forward.gemms + self.plan.backward.gemms if self.splits(g, sizes, B) > 1] + [0])
+
+    def copy(self, copies: list[tuple]) -> None:
+        """Each (destination, source) pair: the source's values into the destination (same size; None: zeros), as
+        one launch of COPY_KERNEL over COPY_CHUNK-element pieces (a copy a parameter from Python cost ~20 us of
+        host time each, ~2.5 ms a step for a 4-layer LSTM). A destination that is not one contiguous run is filled
+        on its own."""
+        xp = self.xp
+        src, dst, size = [], [], []
+        for target, value in copies:
+            if value is not None and value.size != target.size:
+                raise ValueError(f"copy of {value.size} values into {target.size}")
+            if not target.flags.c_contiguous:
+                target[...] = 0.0 if value is None else value.reshape(target.shape)
+                continue
+            src.append(0 if value is None else value.data.ptr)
+            dst.append(target.data.ptr)
+            size.append(target.size)
+        if not size:
+            return
+        src, dst, size = (np.array(v, dtype=np.int64) for v in (src, dst, size))
+        pieces = -(-size // COPY_CHUNK)
+        which = np.repeat(np.arange(len(size)), pieces)
+        start = (np.arange(pieces.sum()) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * COPY_CHUNK
+        count = np.minimum(size[which] - start, COPY_CHUNK)
+        table = np.concatenate([np.where(src[which] != 0, src[which] + 4 * start, 0), dst[which] + 4 * start, count])
+        self.copy_kernel((len(count),), (256,), (xp.asarray(table), np.int32(len(count))))
 
     def kernel(self, layer: Layer, kernel: KernelPlan, t: int) -> None:
         sizes, B = layer.sizes, layer.B
@@ -448,16 +493,17 @@ class Program:
         self.busy = False
 
     def load(self, params, x, initial_states: dict | None) -> None:
+        """x, every layer's parameters and initial states into the program's buffers: one copy launch for all."""
         xp, cell, B = self.runner.xp, self.network.cell, self.B
-        self.input[...] = xp.asarray(x, dtype=xp.float32).reshape(self.input.shape)
+        copies = [(self.input, xp.ascontiguousarray(xp.asarray(x, dtype=xp.float32)))]
         for l, layer in enumerate(self.layers):
-            layer.load(cell, params[l])
+            copies += layer.load(cell, params[l])
             for s in cell.state_names:
                 first = layer.buffers[state_buffer(s)][:B]
-                if initial_states and s in initial_states:
-                    first[...] = xp.asarray(initial_states[s][l], dtype=xp.float32)
-                else:
-                    first[...] = 0.0
+                given = initial_states is not None and s in initial_states
+                copies.append((first, xp.ascontiguousarray(xp.asarray(initial_states[s][l], dtype=xp.float32))
+                               if given else None))
+        self.runner.copy(copies)
 
     def forward(self) -> None:
         """Every layer's forward: layer by layer, or as one wavefront over all layers (self.wavefront)."""
@@ -574,6 +620,20 @@ def gpu_runner(plan: TrainingPlan) -> Runner:
     return runner
 
 
+def zero_gradients(xp, network) -> list[dict]:
+    """Every layer's parameter gradients, zeros, as views of one buffer (one memset, not one a parameter)."""
+    shapes = [(l, p.name, network.param_shape(l, p.name)) for l in range(network.num_layers)
+              for p in network.cell.params]
+    flat = xp.zeros(sum(int(np.prod(shape)) for _, _, shape in shapes), dtype=xp.float32)
+    grads: list[dict] = [{} for _ in range(network.num_layers)]
+    start = 0
+    for l, name, shape in shapes:
+        size = int(np.prod(shape))
+        grads[l][name] = flat[start:start + size].reshape(shape)
+        start += size
+    return grads
+
+
 class FusedTape:
     """What record(backend="fused") returns: the outputs and final states now (copies: the program's buffers are
     reused by the next record), the gradients from backward()."""
@@ -593,8 +653,7 @@ class FusedTape:
         T, B, _ = self.outputs.shape
         try:
             cell, L = network.cell, network.num_layers
-            grads = [{p.name: xp.zeros(network.param_shape(l, p.name), dtype=xp.float32) for p in cell.params}
-                     for l in range(L)]
+            grads = zero_gradients(xp, network)
             d_initial = {s: xp.empty((L, B, network.state_size(s)), dtype=xp.float32) for s in cell.state_names}
             d_above = None if d_outputs is None else xp.asarray(d_outputs, dtype=xp.float32).reshape(T * B, -1)
             if program.d_input is not None:           # the reverse wavefront: every layer in one graph

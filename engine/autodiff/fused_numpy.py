@@ -35,6 +35,10 @@ class NumpyRunner(Runner):
     def prepare_streams(self, count: int) -> None:
         pass
 
+    def copy(self, copies: list[tuple]) -> None:
+        for target, value in copies:
+            target[...] = 0.0 if value is None else value.reshape(target.shape)
+
     @staticmethod
     def _rows(layer: Layer, place: Place, block: int, rows: int, width: int):
         buf = layer.buffers[place.buffer]

@@ -167,6 +167,49 @@ def test_a_nan_parameter_on_the_gpu_is_named(cupy):
         bptt(network, gpu, cupy.asarray(x, dtype=cupy.float32), dtype=np.float32, backend="fused")
 
 
+def test_the_finiteness_check_finds_one_bad_value_among_many_arrays(cupy):
+    """One launch over a table of arrays of three dtypes: a NaN or Inf anywhere in any of them (the last element
+    of a large array, an fp16 Inf, a strided view) is found; all finite passes."""
+    from engine.backends.common import _all_finite_on_gpu
+    rng = np.random.default_rng(5)
+    arrays = [cupy.asarray(rng.standard_normal(n), dtype=dtype) for n, dtype in
+              [(3_000_001, np.float32), (7, np.float64), (513, np.float16), (1, np.float32), (0, np.float32)]]
+    arrays.append(cupy.asarray(rng.standard_normal((40, 30)), dtype=np.float32)[:, ::3])
+    assert _all_finite_on_gpu(arrays)
+    for which, index, bad in [(0, -1, np.nan), (1, 3, np.inf), (2, 512, np.inf), (3, 0, -np.inf), (5, (39, 9), np.nan)]:
+        spoilt = [a.copy() for a in arrays]
+        spoilt[which][index] = bad
+        assert not _all_finite_on_gpu(spoilt), (which, index)
+    assert not _all_finite_on_gpu([arrays[0], np.zeros(3)])        # a NumPy value: the caller looks value by value
+
+
+def test_the_copy_launch_fills_every_destination(cupy):
+    """Runner.copy: pieces across COPY_CHUNK boundaries, zero fills, a destination that is not contiguous."""
+    runner = fused.gpu_runner(fused.training_plan(engine.preset("lstm").cell))
+    rng = np.random.default_rng(6)
+    sizes = [1, fused.COPY_CHUNK - 1, fused.COPY_CHUNK, 3 * fused.COPY_CHUNK + 5, 1000]
+    sources = [cupy.asarray(rng.standard_normal(n), dtype=cupy.float32) for n in sizes]
+    targets = [cupy.full(n, cupy.nan, dtype=cupy.float32) for n in sizes]
+    zeros = cupy.full(2 * fused.COPY_CHUNK + 1, cupy.nan, dtype=cupy.float32)
+    strided = cupy.full((8, 6), cupy.nan, dtype=cupy.float32)
+    block = cupy.asarray(rng.standard_normal((8, 3)), dtype=cupy.float32)
+    runner.copy(list(zip(targets, sources)) + [(zeros, None), (strided[:, :3], block)])
+    for target, source in zip(targets, sources):
+        assert cupy.array_equal(target, source)
+    assert not cupy.any(zeros)
+    assert cupy.array_equal(strided[:, :3], block) and cupy.isnan(strided[:, 3:]).all()
+
+
+def test_batch_sum_on_the_gpu_equals_numpy(cupy):
+    """The bias gradients' sum over rows (a cuBLAS GEMV on the GPU) on a strided view, fp32 and fp64."""
+    rng = np.random.default_rng(7)
+    for dtype in (np.float32, np.float64):
+        host = rng.standard_normal((6400, 96)).astype(dtype)
+        got = GRAD_OPS["batch_sum"].numpy(cupy.asarray(host)[:, 16:80])
+        assert got.shape == (64,) and got.dtype == dtype
+        np.testing.assert_allclose(got.get(), host[:, 16:80].astype(np.float64).sum(axis=0), rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("name", ["lstm", "gru_cho"])
 def test_the_wavefronts_on_streams_equal_the_reference(cupy, name, monkeypatch):
     """The layers' forward as a wavefront and their backward as a reverse one (a stream a layer, events between

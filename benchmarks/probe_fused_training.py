@@ -48,12 +48,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-splits", type=int, default=None,
                         help="cap the split-K parts of the step GEMMs (1: cuBLAS alone; default: the engine's)")
-    parser.add_argument("--wavefront", action="store_true",
-                        help="the layers' forward as a wavefront of chunks, a stream a layer (fused.WAVEFRONT)")
+    parser.add_argument("--layers", action="store_true",
+                        help="layer by layer instead of the default wavefront (fused.WAVEFRONT = False)")
     args = parser.parse_args(argv)
-    if args.wavefront:
+    if args.layers:
         from engine.autodiff import fused
-        fused.WAVEFRONT = True
+        fused.WAVEFRONT = False
     if args.max_splits is not None:
         from engine.autodiff import fused
         fused.MAX_SPLITS = args.max_splits

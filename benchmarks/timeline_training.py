@@ -120,7 +120,7 @@ def main(argv=None) -> int:
                     events = trace_step(impl, case, out / f"{name}-{config.name}-{label}.json")
                 print("\n".join(summarize(events, f"{name} {config.name} {label}")), "\n", flush=True)
                 del events
-            fused.WAVEFRONT = False
+            fused.WAVEFRONT = True
             torch.cuda.empty_cache()
     return 0
 

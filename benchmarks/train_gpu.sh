@@ -7,7 +7,8 @@
 #   2. python3 -m pytest $TESTS -q -rs -n 12 (TESTS default tests/gpu, "none" skips them; TESTS_BUDGET s, 330);
 #   3. probe_fused_training.py: forward and step ms, layer by layer and with --wavefront (PROBE_BUDGET, 90 s);
 #   4. python -m engine bench --train: cuDNN fp32 (TF32 off) against the fused step for lstm, gru, gru_cho, mgu at
-#      lat, blogB and mid (TRAIN_BUDGET, 150 s); WAVEFRONT=1 times the wavefront instead of the default.
+#      lat, blogB and mid (TRAIN_BUDGET, 150 s); WAVEFRONT=0 times the layer-by-layer step instead of the default
+#      wavefront.
 # A failing stage does not stop the next one; the summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,15 +45,15 @@ fi
 
 section "probe: layer by layer, then the wavefront"
 {
-  timeout "${PROBE_BUDGET:-90}" "$PY" benchmarks/probe_fused_training.py --preset lstm --preset gru --preset gru_cho \
-    --config mid --config blogB
-  timeout "${PROBE_BUDGET:-90}" "$PY" benchmarks/probe_fused_training.py --wavefront --preset lstm --preset gru \
+  timeout "${PROBE_BUDGET:-90}" "$PY" benchmarks/probe_fused_training.py --layers --preset lstm --preset gru \
+    --preset gru_cho --config mid --config blogB
+  timeout "${PROBE_BUDGET:-90}" "$PY" benchmarks/probe_fused_training.py --preset lstm --preset gru \
     --preset gru_cho --config mid --config blogB
 } 2>&1 | tee "$OUT/probe.md"
 
 section "bench --train"
 WAVE=""
-[ "${WAVEFRONT:-0}" = 1 ] && WAVE="import engine.autodiff.fused as f; f.WAVEFRONT = True;"
+[ "${WAVEFRONT:-1}" = 0 ] && WAVE="import engine.autodiff.fused as f; f.WAVEFRONT = False;"
 timeout "${TRAIN_BUDGET:-150}" "$PY" -c "$WAVE
 import sys; from engine.cli import main; sys.exit(main(sys.argv[1:]))" bench --train --preset lstm --preset gru \
   --preset gru_cho --preset mgu --config lat --config blogB --config mid --impl cudnn-fp32 --impl fused \
@@ -61,5 +62,5 @@ train_rc=${PIPESTATUS[0]}
 
 section summary
 echo "GPU tests rc=$tests_rc: $(tail -1 "$OUT/gpu_tests.log")"
-echo "bench --train rc=$train_rc (WAVEFRONT=${WAVEFRONT:-0})"
+echo "bench --train rc=$train_rc (WAVEFRONT=${WAVEFRONT:-1})"
 cat "$OUT/probe.md" | grep -E "^\| (lstm|gru|gru_cho) " || true

@@ -119,7 +119,7 @@ def test_the_fused_backend_is_float32_and_says_so():
 
 # ---- the plan run by NumPy (engine/autodiff/fused_numpy.py) against the float64 reference ---------------------
 
-def run_plan_on_numpy(cell, seed, layers=2, I=4, H=5, T=5, B=3, P=None, plan=None):
+def run_plan_on_numpy(cell, seed, layers=2, I=4, H=5, T=5, B=3, P=None, plan=None, wavefront=None):
     """Relative errors of every gradient of the plan run by NumPy (buffers poisoned) against float64 bptt."""
     from engine.autodiff import fused
     from engine.autodiff.fused_numpy import NumpyRunner
@@ -134,7 +134,7 @@ def run_plan_on_numpy(cell, seed, layers=2, I=4, H=5, T=5, B=3, P=None, plan=Non
     d_final = {s: rng.standard_normal((layers, B, network.state_size(s))) for s in cell.state_names}
     want = bptt(network, params, x, initial, d_out, d_final)
     tape = fused.record(network, params, x.astype(np.float32), initial, poison=True,
-                        runner=NumpyRunner(plan or training_plan(cell)))
+                        runner=NumpyRunner(plan or training_plan(cell)), wavefront=wavefront)
     got = tape.backward(d_out.astype(np.float32), d_final)
     pairs = [("outputs", got.outputs, want.outputs), ("x", got.x, want.x)]
     pairs += [(f"final {s}", got.final_states[s], want.final_states[s]) for s in cell.state_names]
@@ -160,10 +160,11 @@ def assert_close(errors: dict) -> None:
 FLOOR = 1e-2
 
 
+@pytest.mark.parametrize("wavefront", [True, False], ids=["wavefront", "layers"])
 @pytest.mark.parametrize("name", PRESETS)
-def test_every_presets_plan_run_by_numpy_equals_the_reference(name):
+def test_every_presets_plan_run_by_numpy_equals_the_reference(name, wavefront):
     cell = engine.preset(name).cell
-    errors = run_plan_on_numpy(cell, seed=len(name), P=3 if cell.uses_projection else None)
+    errors = run_plan_on_numpy(cell, seed=len(name), P=3 if cell.uses_projection else None, wavefront=wavefront)
     bad = {k: v for k, v in errors.items() if not v < TOL}
     assert not bad, bad
 
@@ -320,8 +321,47 @@ def test_a_cell_without_an_input_gemm_keeps_the_layer_by_layer_backward(monkeypa
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(cell_designs())
-def test_random_cells_through_the_wavefronts_equal_the_reference(monkeypatch, design):
+def test_random_cells_through_the_wavefronts_and_layer_by_layer_equal_the_reference(monkeypatch, design):
     from engine.autodiff import fused
-    monkeypatch.setattr(fused, "WAVEFRONT", True)
     monkeypatch.setattr(fused, "WAVEFRONT_CHUNK", 2)
-    assert_close(run_plan_on_numpy(engine.from_dict(design), seed=5, layers=3, I=2, H=3, T=5, B=2))
+    for wavefront in (True, False):
+        assert_close(run_plan_on_numpy(engine.from_dict(design), seed=5, layers=3, I=2, H=3, T=5, B=2,
+                                       wavefront=wavefront))
+
+
+def test_a_bad_value_found_once_the_work_is_queued_is_named_and_nothing_is_lost():
+    """The fused step asks its finiteness checks after queuing the work: a NaN in x is named and the program is
+    free again; a tape given a NaN d_outputs names it and then takes a corrected one (the forward's values are
+    intact), with the reference's gradients."""
+    from engine.autodiff import fused
+    from engine.autodiff.fused_numpy import NumpyRunner
+    from engine.backends.common import FiniteCheck, inputs_named
+    from engine.errors import BackendError
+    cell = engine.preset("lstm").cell
+    network = engine.Network(cell, 3, 4, 2)
+    params = engine.init_params(network, seed=0)
+    runner = NumpyRunner(training_plan(cell))
+    x = np.random.default_rng(0).standard_normal((5, 2, 3)).astype(np.float32)
+    fused.clear_cache()
+    bad_x = x.copy()
+    bad_x[1, 0, 2] = np.nan
+    with pytest.raises(BackendError, match=r"^x has 1 NaN or Inf value\(s\), the first at index \(1, 0, 2\)"):
+        fused.record(network, params, bad_x, None, runner=runner,
+                     finite=FiniteCheck(inputs_named(network, params, bad_x, None)))
+    tape = fused.record(network, params, x, None, runner=runner,
+                        finite=FiniteCheck(inputs_named(network, params, x, None)))
+    assert len(fused._programs) == 1 and len(next(iter(fused._programs.values()))) == 1    # the first was freed
+    d_out = np.random.default_rng(1).standard_normal((5, 2, 4))
+    bad_d = d_out.astype(np.float32)
+    bad_d[4, 1, 3] = np.inf
+    with pytest.raises(BackendError, match=r"argument 'd_outputs' has 1 NaN or Inf value\(s\), the first at index "
+                                           r"\(4, 1, 3\)"):
+        tape.backward(bad_d)
+    assert tape.program.busy and not tape.used
+    got = tape.backward(d_out.astype(np.float32))
+    want = bptt(network, params, x.astype(np.float64), d_outputs=d_out)
+    assert np.abs(got.x - want.x).max() < 1e-5 and not tape.program.busy
+    for l in range(2):
+        for p, value in want.params[l].items():
+            assert np.abs(got.params[l][p] - value).max() < 1e-4, (l, p)
+    fused.clear_cache()

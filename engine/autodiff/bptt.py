@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backends.common import check_finite, check_inputs
+from ..backends.common import FiniteCheck, check_inputs, inputs_named
 from ..backends.reference import step
 from ..errors import BackendError
 from ..network import Network
@@ -52,7 +52,8 @@ class Tape:
     def backward(self, d_outputs=None, d_final_states: dict | None = None) -> Gradients:
         """The gradients, given the loss's gradients with respect to the outputs (T, B, output size; None: zeros)
         and final states (name -> (L, B, size); None or names left out: zeros). Once: the saved values go."""
-        d_outputs, d_final_states = start_backward(self, d_outputs, d_final_states)
+        d_outputs, d_final_states, finite = start_backward(self, d_outputs, d_final_states)
+        finite.raise_if_bad()
         network, xp, dtype = self.network, self.xp, self.dtype
         T, B, _ = self.outputs.shape
         if d_outputs is None:
@@ -96,13 +97,15 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     check_params(network, params if xp is np else _shapes_only(params))
     x = check_inputs(network, x, initial_states, xp=xp)
     T, B, _ = x.shape
-    check_finite(network, params, x, initial_states)
+    finite = FiniteCheck(inputs_named(network, params, x, initial_states))
+    if backend != "fused":
+        finite.raise_if_bad()
     split = derived(network.cell)
     check_bptt_memory(network, split, T, B, np.dtype(dtype).itemsize, on="host" if xp is np else "device")
 
-    if backend == "fused":
+    if backend == "fused":         # asks the check once the forward is queued: the GPU runs it meanwhile
         from . import fused
-        return fused.record(network, params, x, initial_states)
+        return fused.record(network, params, x, initial_states, finite=finite)
     layer_params = [{k: xp.asarray(v, dtype=dtype) for k, v in params[l].items()} for l in range(network.num_layers)]
     states = {s: xp.asarray(v, dtype=dtype) for s, v in (initial_states or {}).items()}
     return _forward(network, split, layer_params, xp.asarray(x, dtype=dtype), states, dtype, xp)

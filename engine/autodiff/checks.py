@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import reference
-from ..backends.common import _first_bad
+from ..backends.common import FiniteCheck
 from ..errors import BackendError
 from ..network import Network
 from .errors import AutodiffError
@@ -28,16 +28,17 @@ def check_network(network) -> Network:
     return network
 
 
+GRADIENT_HINT = "check the loss gradient that produced it (bptt would spread it to every earlier step)"
+
+
 def check_finite_array(name: str, value) -> None:
     """NaN or Inf (a NumPy or CuPy array): BackendError naming the argument and the first bad index."""
-    found = _first_bad(value)
-    if found:
-        count, first = found
-        raise BackendError(f"{name} has {count} NaN or Inf value(s), the first at index {first}; hint: "
-                           "check the loss gradient that produced it (bptt would spread it to every earlier step)")
+    FiniteCheck([(name, value)], GRADIENT_HINT).raise_if_bad()
 
 
-def _float_array(name: str, value, want: tuple[int, ...], layout: str, xp=np):
+def _float_array(name: str, value, want: tuple[int, ...], layout: str, xp=np, unchecked: list | None = None):
+    """value as an array of xp, its shape and dtype checked; its finiteness too, or later: (name, value) appended
+    to `unchecked` for a FiniteCheck."""
     shape = getattr(value, "shape", None)
     if shape is None:
         raise BackendError(f"argument '{name}' must be an array of shape {want} {layout}, got {type(value).__name__}")
@@ -48,18 +49,22 @@ def _float_array(name: str, value, want: tuple[int, ...], layout: str, xp=np):
     if kind is None or kind.kind != "f":
         raise BackendError(f"argument '{name}' must be a floating-point array, got dtype {kind}")
     value = xp.asarray(value)
-    check_finite_array(f"argument '{name}'", value)
+    if unchecked is None:
+        check_finite_array(f"argument '{name}'", value)
+    else:
+        unchecked.append((f"argument '{name}'", value))
     return value
 
 
-def check_d_outputs(network: Network, d_outputs, steps: int, batch: int, xp=np):
+def check_d_outputs(network: Network, d_outputs, steps: int, batch: int, xp=np, unchecked: list | None = None):
     """d_outputs: (T, B, output size) or None; as an array of xp (NumPy, or CuPy for the GPU)."""
     if d_outputs is None:
         return None
-    return _float_array("d_outputs", d_outputs, (steps, batch, network.output_size), "(T, B, output size)", xp)
+    return _float_array("d_outputs", d_outputs, (steps, batch, network.output_size), "(T, B, output size)", xp,
+                        unchecked)
 
 
-def check_d_final_states(network: Network, d_final_states, batch: int, xp=np) -> dict:
+def check_d_final_states(network: Network, d_final_states, batch: int, xp=np, unchecked: list | None = None) -> dict:
     """d_final_states: {state name: (L, B, size)}; names left out (or None) are zeros."""
     if d_final_states is None:
         return {}
@@ -74,21 +79,23 @@ def check_d_final_states(network: Network, d_final_states, batch: int, xp=np) ->
                                f"(states: {', '.join(cell.state_names)}); hint: leave out states the loss does "
                                "not read")
         want = (network.num_layers, batch, network.state_size(name))
-        checked[name] = _float_array(f"d_final_states['{name}']", value, want, "(L, B, size)", xp)
+        checked[name] = _float_array(f"d_final_states['{name}']", value, want, "(L, B, size)", xp, unchecked)
     return checked
 
 
 def start_backward(tape, d_outputs, d_final_states: dict | None) -> tuple:
-    """A tape's backward pass runs once: AutodiffError if it has run; else (d_outputs or None, d_final_states),
-    checked against the tape's outputs, and the tape marked used."""
+    """A tape's backward pass runs once: AutodiffError if it has run; else (d_outputs or None, d_final_states,
+    their FiniteCheck), checked against the tape's outputs but for their finiteness, which the caller asks of the
+    FiniteCheck (at once, or once it has queued the work they feed), and the tape marked used."""
     if tape.used:
         raise AutodiffError("this tape's backward pass has run already, and its saved forward values are gone",
                             hint="record the forward pass again (engine.autodiff.record) for another backward")
     T, B, _ = tape.outputs.shape
-    d_outputs = check_d_outputs(tape.network, d_outputs, T, B, tape.xp)
-    d_final_states = check_d_final_states(tape.network, d_final_states, B, tape.xp)
+    unchecked: list = []
+    d_outputs = check_d_outputs(tape.network, d_outputs, T, B, tape.xp, unchecked)
+    d_final_states = check_d_final_states(tape.network, d_final_states, B, tape.xp, unchecked)
     tape.used = True
-    return d_outputs, d_final_states
+    return d_outputs, d_final_states, FiniteCheck(unchecked, GRADIENT_HINT)
 
 
 def saved_floats_per_row(network: Network, graph: BackwardGraph) -> int:

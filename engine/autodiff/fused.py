@@ -25,6 +25,7 @@ import weakref
 
 import numpy as np
 
+from ..errors import BackendError
 from ..ir import SCALAR
 from ..ops import apply_elementwise
 from .fused_codegen import THREADS, kernel_params, render_module
@@ -173,7 +174,8 @@ extern "C" __global__ void copy_pieces(const long long* __restrict__ table, cons
 """
 
 
-WAVEFRONT = False        # the forward's layers as a wavefront (Program(wavefront=...)); off until timed on a GPU
+WAVEFRONT = True         # the layers as a wavefront both ways (Program(wavefront=...)): faster on the H100 at every
+                         # anchor timed (benchmarks/NOTES.md, twelfth session); False: layer by layer
 WAVEFRONT_CHUNK = 8      # steps a chunk of the wavefront
 
 
@@ -646,26 +648,37 @@ class FusedTape:
         self._release = weakref.finalize(self, program.release)     # a tape dropped unused frees its program
 
     def backward(self, d_outputs=None, d_final_states: dict | None = None):
-        from .bptt import Gradients
         from .checks import start_backward
-        d_outputs, d_final_states = start_backward(self, d_outputs, d_final_states)
+        d_outputs, d_final_states, finite = start_backward(self, d_outputs, d_final_states)
+        release = True
+        try:
+            gradients = self._backward(d_outputs, d_final_states)
+            try:                   # asked once the backward is queued: the GPU runs it meanwhile
+                finite.raise_if_bad()
+            except BackendError:   # the forward's values are intact: the tape can take a corrected gradient
+                self.used, release = False, False
+                raise
+            return gradients
+        finally:
+            if release:
+                self._release()
+
+    def _backward(self, d_outputs, d_final_states: dict):
+        from .bptt import Gradients
         xp, network, program = self.xp, self.network, self.program
         T, B, _ = self.outputs.shape
-        try:
-            cell, L = network.cell, network.num_layers
-            grads = zero_gradients(xp, network)
-            d_initial = {s: xp.empty((L, B, network.state_size(s)), dtype=xp.float32) for s in cell.state_names}
-            d_above = None if d_outputs is None else xp.asarray(d_outputs, dtype=xp.float32).reshape(T * B, -1)
-            if program.d_input is not None:           # the reverse wavefront: every layer in one graph
-                return self._backward_wavefront(d_above, d_final_states, grads, d_initial)
-            for l in reversed(range(L)):
-                layer = program.layers[l]
-                layer.buffers[D_OUTPUT_BUFFER][...] = 0.0 if d_above is None else d_above
-                self._seed_states(layer, l, d_final_states)
-                program.launch(l, "backward")
-                d_above = self._after(layer, l, grads[l], d_initial)
-        finally:
-            self._release()
+        cell, L = network.cell, network.num_layers
+        grads = zero_gradients(xp, network)
+        d_initial = {s: xp.empty((L, B, network.state_size(s)), dtype=xp.float32) for s in cell.state_names}
+        d_above = None if d_outputs is None else xp.asarray(d_outputs, dtype=xp.float32).reshape(T * B, -1)
+        if program.d_input is not None:           # the reverse wavefront: every layer in one graph
+            return self._backward_wavefront(d_above, d_final_states, grads, d_initial)
+        for l in reversed(range(L)):
+            layer = program.layers[l]
+            layer.buffers[D_OUTPUT_BUFFER][...] = 0.0 if d_above is None else d_above
+            self._seed_states(layer, l, d_final_states)
+            program.launch(l, "backward")
+            d_above = self._after(layer, l, grads[l], d_initial)
         return Gradients(params=grads, x=d_above.reshape(T, B, -1), initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
 
@@ -725,10 +738,10 @@ class FusedTape:
 
 
 def record(network, params, x, initial_states: dict | None, poison: bool = False, runner=None,
-           wavefront: bool | None = None) -> FusedTape:
+           wavefront: bool | None = None, finite=None) -> FusedTape:
     """The forward pass on the fused training step (fp32, the GPU; runner: fused_numpy.NumpyRunner runs the same plan
     through NumPy). wavefront: the layers' forward as a wavefront of chunks on a stream a layer (default WAVEFRONT).
-    Inputs already checked by bptt.record."""
+    Inputs already checked by bptt.record but for finite, their FiniteCheck, asked once the forward is queued."""
     if runner is None:
         runner = gpu_runner(training_plan(network.cell))
     xp, cell = runner.xp, network.cell
@@ -737,6 +750,8 @@ def record(network, params, x, initial_states: dict | None, poison: bool = False
     try:
         program.load(params, x, initial_states)
         program.forward()
+        if finite is not None:
+            finite.raise_if_bad()
     except BaseException:
         program.release()
         raise

@@ -108,13 +108,30 @@ _ALL_FINITE_KERNELS = None
 _FINITE_BLOCKS = 128              # blocks per array; each loops over its share (a few hundred thousand elements)
 
 
-def _all_finite_on_gpu(values: list) -> bool:
-    """True when every value is a CuPy array and all of them are finite: one kernel launch per dtype over a table
-    of the arrays and one synchronisation for all (a training step checks its inputs every step: a reduction per
-    array cost ~50 us of host time each, 4 ms a step for a 4-layer LSTM). False means: look value by value."""
+class _PendingFlags:
+    """The flags of one launch of ALL_FINITE_SOURCE, on their way to pinned host memory behind an event."""
+
+    def __init__(self, cupy, bad):
+        self.host = np.frombuffer(cupy.cuda.alloc_pinned_memory(bad.nbytes), dtype=np.int32, count=bad.size)
+        stream = cupy.cuda.get_current_stream()
+        cupy.cuda.runtime.memcpyAsync(self.host.ctypes.data, bad.data.ptr, bad.nbytes,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        self.bad = bad                                # kept alive until the copy is done
+        self.event = cupy.cuda.Event(disable_timing=True)
+        self.event.record(stream)
+
+    def all_finite(self) -> bool:
+        self.event.synchronize()                      # waits for the check alone, not the work queued after it
+        return not self.host.any()
+
+
+def _launch_all_finite(values: list):
+    """One kernel launch per dtype over a table of the arrays (a reduction per array cost ~50 us of host time
+    each: 4 ms a step for a 4-layer LSTM); _PendingFlags to read later, or None when a value is not a CuPy array
+    of float16/32/64 (the caller then looks value by value)."""
     global _ALL_FINITE_KERNELS
     if not values or any(type(v).__module__.split(".")[0] != "cupy" for v in values):
-        return False
+        return None
     import cupy
     if _ALL_FINITE_KERNELS is None:
         module = cupy.RawModule(code=ALL_FINITE_SOURCE)
@@ -124,37 +141,65 @@ def _all_finite_on_gpu(values: list) -> bool:
     groups: dict = {}
     for v in values:
         if v.dtype not in _ALL_FINITE_KERNELS:
-            return False                              # another dtype: the value-by-value path judges it
+            return None
         if v.size:
             v = cupy.ascontiguousarray(v)
             groups.setdefault(v.dtype, []).append(v)
     count = sum(len(arrays) for arrays in groups.values())
     if count > 65535:
-        return False                                  # more arrays than a grid's y dimension: value by value
+        return None                                   # more arrays than a grid's y dimension
     bad = cupy.zeros(max(count, 1), dtype=cupy.int32)
     first = 0
     for dtype, arrays in groups.items():
         table = cupy.asarray(np.array([[a.data.ptr for a in arrays], [a.size for a in arrays]], dtype=np.int64))
         _ALL_FINITE_KERNELS[dtype]((_FINITE_BLOCKS, len(arrays)), (256,), (table[0], table[1], bad[first:]))
         first += len(arrays)
-    return not bad.get().any()                        # the only synchronisation
+    return _PendingFlags(cupy, bad)
+
+
+def _all_finite_on_gpu(values: list) -> bool:
+    """True when every value is a CuPy array and all of them are finite (one launch, one synchronisation). False
+    means: look value by value."""
+    pending = _launch_all_finite(values)
+    return pending is not None and pending.all_finite()
+
+
+INPUT_HINT = "check where it was computed or loaded (the run would spread it to every later step)"
+
+
+class FiniteCheck:
+    """NaN or Inf in named values (name, array), BackendError naming the first bad one and its first bad index. On
+    the GPU the check is launched now and read by raise_if_bad(): work queued in between runs on the GPU after the
+    check while the host waits for the check alone (a training step queues its forward before it asks, instead of
+    idling the GPU at a synchronisation). NumPy values are looked at in raise_if_bad()."""
+
+    def __init__(self, named: list[tuple[str, Any]], hint: str = INPUT_HINT):
+        self.named, self.hint = named, hint
+        self.pending = _launch_all_finite([value for _, value in named])
+
+    def raise_if_bad(self) -> None:
+        if self.pending is not None and self.pending.all_finite():
+            return
+        for name, value in self.named:
+            found = _first_bad(value)
+            if found:
+                count, first = found
+                raise BackendError(f"{name} has {count} NaN or Inf value(s), the first at index {first}; "
+                                   f"hint: {self.hint}")
+
+
+def inputs_named(network: Network, params, x, initial_states) -> list[tuple[str, Any]]:
+    """x, the initial states and every parameter, each with the name an error gives it."""
+    named = [("x", x)] + [(f"initial_states['{n}']", v) for n, v in (initial_states or {}).items()]
+    for layer in range(network.num_layers):
+        named += [(f"params layer {layer} '{p.name}'", params.layers[layer][p.name]) for p in network.cell.params]
+    return named
 
 
 def check_finite(network: Network, params, x, initial_states) -> None:
     """NaN or Inf in x, an initial state or a parameter: BackendError naming which and where (the run's
     check_finite=True; off by default, as it reads every input once more)."""
-    named = [("x", x)] + [(f"initial_states['{n}']", v) for n, v in (initial_states or {}).items()]
-    for layer in range(network.num_layers):
-        named += [(f"params layer {layer} '{p.name}'", params.layers[layer][p.name]) for p in network.cell.params]
-    if _all_finite_on_gpu([value for _, value in named]):
-        return
-    for name, value in named:
-        found = _first_bad(value)
-        if found:
-            count, first = found
-            raise BackendError(f"{name} has {count} NaN or Inf value(s), the first at index {first}; "
-                               "hint: check where it was computed or loaded (the run would spread it to every "
-                               "later step)")
+    FiniteCheck(inputs_named(network, params, x, initial_states)).raise_if_bad()
 
 
 def check_inputs(network: Network, x, initial_states, xp) -> Any:

@@ -157,7 +157,8 @@ def test_graphs_are_captured_and_a_second_tape_gets_its_own_buffers(cupy):
 
 
 def test_a_nan_parameter_on_the_gpu_is_named(cupy):
-    """The inputs' finiteness check (one reduction a value, one synchronisation) still names the bad value."""
+    """The inputs' finiteness check (one launch over all of them, read once the forward is queued) still names the
+    bad value."""
     from engine.errors import BackendError
     network, params, x, *_ = case(engine.preset("gru").cell, seed=1)
     gpu = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()} for layer in params.layers])
@@ -165,6 +166,32 @@ def test_a_nan_parameter_on_the_gpu_is_named(cupy):
     with pytest.raises(BackendError, match=r"params layer 1 'W_hz' has 1 NaN or Inf value\(s\), the first at index "
                                            r"\(2, 3\)"):
         bptt(network, gpu, cupy.asarray(x, dtype=cupy.float32), dtype=np.float32, backend="fused")
+
+
+def test_bad_values_found_after_the_work_is_queued_are_named_and_nothing_is_lost(cupy):
+    """The fused step asks its finiteness checks once the forward (or backward) is queued: a NaN in x or d_outputs
+    is still named; the program is free for the next record, and a tape whose d_outputs was bad takes a corrected
+    one and gives the reference's gradients."""
+    from engine.errors import BackendError
+    network, params, x, initial, d_out, _ = case(engine.preset("lstm").cell, seed=3)
+    want = bptt(network, params, x, initial, d_out)
+    gpu_initial = {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}
+    bad_x = cupy.asarray(x, dtype=cupy.float32)
+    bad_x[4, 1, 2] = cupy.inf
+    with pytest.raises(BackendError, match=r"^x has 1 NaN or Inf value\(s\), the first at index \(4, 1, 2\)"):
+        engine.autodiff.record(network, params, bad_x, gpu_initial, dtype=np.float32, backend="fused")
+    tape = engine.autodiff.record(network, params, cupy.asarray(x, dtype=cupy.float32), gpu_initial,
+                                  dtype=np.float32, backend="fused")
+    bad_d = cupy.asarray(d_out, dtype=cupy.float32)
+    bad_d[6, 2, 5] = cupy.nan
+    with pytest.raises(BackendError, match=r"argument 'd_outputs' has 1 NaN or Inf value\(s\), the first at index "
+                                           r"\(6, 2, 5\)"):
+        tape.backward(bad_d)
+    got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32))
+    assert relative(got.x.get(), want.x) < TOL
+    for layer in range(network.num_layers):
+        for p, value in want.params[layer].items():
+            assert relative(got.params[layer][p].get(), value) < TOL, (layer, p)
 
 
 def test_the_finiteness_check_finds_one_bad_value_among_many_arrays(cupy):
@@ -210,22 +237,26 @@ def test_batch_sum_on_the_gpu_equals_numpy(cupy):
         np.testing.assert_allclose(got.get(), host[:, 16:80].astype(np.float64).sum(axis=0), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("wavefront", [True, False], ids=["wavefront", "layers"])
 @pytest.mark.parametrize("name", ["lstm", "gru_cho"])
-def test_the_wavefronts_on_streams_equal_the_reference(cupy, name, monkeypatch):
+def test_the_wavefronts_on_streams_and_layer_by_layer_equal_the_reference(cupy, name, wavefront, monkeypatch):
     """The layers' forward as a wavefront and their backward as a reverse one (a stream a layer, events between
-    chunks, each captured as one graph): the same gradients; the graphs are captured, and replayed for a second
-    step."""
+    chunks, each captured as one graph), or layer by layer (a graph a layer and direction): the same gradients;
+    the graphs are captured, and replayed for a second step."""
     from engine.autodiff import fused as fused_module
     monkeypatch.setattr(fused_module, "WAVEFRONT_CHUNK", 3)
     network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, seed=13, layers=3, T=10)
     want = bptt(network, params, x, initial, d_out, d_final)
     for _ in range(2):
         tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32),
-                            {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}, wavefront=True)
-        assert tape.program.wavefront and ("forward", "wavefront") in tape.program.graphs
+                            {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()},
+                            wavefront=wavefront)
+        forward, backward = (("forward", "wavefront"), ("backward", "wavefront")) if wavefront else \
+            ((0, "forward"), (0, "backward"))
+        assert tape.program.wavefront == wavefront and forward in tape.program.graphs
         got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
                             {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()})
-        assert ("backward", "wavefront") in tape.program.graphs and tape.program.capture_error is None
+        assert backward in tape.program.graphs and tape.program.capture_error is None
         assert relative(got.outputs.get(), want.outputs) < TOL
         assert relative(got.x.get(), want.x) < TOL
         for layer in range(network.num_layers):

@@ -123,7 +123,39 @@ def profile_main() -> None:
             print("\n".join(launch_profile(cupy, name, config)))
 
 
+def host_profile(name: str = "lstm", config_name: str = "mid", steps: int = 20) -> None:
+    """Where the host's time of a step goes (cProfile of `steps` steps after warm-up, the top 25 by own time): the
+    Python before the first launch is GPU idle time."""
+    import cProfile
+    import pstats
+    import cupy
+    cell = engine.preset(name).cell
+    config = parse_configs([config_name])[0]
+    network = engine.Network(cell, config.input_size, config.hidden_size, config.num_layers)
+    params = engine.init_params(network, seed=0)
+    gpu_params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()}
+                                for layer in params.layers])
+    rng = np.random.default_rng(0)
+    x = cupy.asarray(rng.standard_normal((config.steps, config.batch, config.input_size)), dtype=cupy.float32)
+    w = cupy.asarray(rng.standard_normal((config.steps, config.batch, network.output_size)), dtype=cupy.float32)
+
+    def step():
+        record(network, gpu_params, x, dtype=np.float32, backend="fused").backward(w)
+        cupy.cuda.Device().synchronize()
+    for _ in range(3):
+        step()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(steps):
+        step()
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+
+
 if __name__ == "__main__":
+    if "--host-profile" in sys.argv:
+        host_profile()
+        raise SystemExit(0)
     if "--launches" in sys.argv:
         if "--max-splits" in sys.argv:
             from engine.autodiff import fused

@@ -293,6 +293,25 @@ def test_the_wavefront_order_waits_for_the_layer_below_and_the_chunk_before():
     assert backward_wavefront(3, 4)[:3] == [(2, 3, None), (2, 2, None), (1, 3, (2, 3))]
 
 
+def test_the_wavefront_is_cut_into_pieces_of_whole_diagonals():
+    """diagonal_pieces: 1, 2, 4, ... diagonals a piece, in order, every item once; nothing waits for a later piece."""
+    from engine.autodiff.fused import backward_wavefront, diagonal_pieces, forward_wavefront, wavefront_order
+    for layers, chunks in [(4, 13), (1, 5), (3, 1), (2, 2)]:
+        for order in (forward_wavefront, backward_wavefront):
+            items = order(layers, chunks)
+            pieces = diagonal_pieces(items, layers, chunks)
+            assert [item for piece in pieces for item in piece] == items
+            diagonal_of = {(l, c): d for d, (l, c) in
+                           zip([l + c for l, c in wavefront_order(layers, chunks)], [i[:2] for i in items])}
+            for k, piece in enumerate(pieces):
+                assert {diagonal_of[item[:2]] for item in piece} == set(range(2 ** k - 1, min(2 ** (k + 1) - 1,
+                                                                                          layers + chunks - 1)))
+                earlier = {item[:2] for p in pieces[:k] for item in p}
+                for i, (_, _, waits_for) in enumerate(piece):
+                    assert waits_for is None or waits_for in earlier or waits_for in [p[:2] for p in piece[:i]]
+    assert [len(p) for p in diagonal_pieces(forward_wavefront(4, 13), 4, 13)] == [1, 5, 16, 29, 1]
+
+
 @pytest.mark.parametrize("name", ["lstm", "gru_cho", "lstm_proj", "indrnn", "mgu"])
 def test_the_wavefronts_run_by_numpy_equal_the_reference(name, monkeypatch):
     """The layers' forward in the wavefront's issue order (chunks of 2 steps, the input GEMM a chunk at a time) and

@@ -196,6 +196,22 @@ def backward_wavefront(layers: int, chunks: int) -> list[tuple[int, int, tuple[i
     return [(top - w, last - k, (top - w + 1, last - k) if w else None) for w, k in wavefront_order(layers, chunks)]
 
 
+def diagonal_pieces(items: list, layers: int, chunks: int) -> list[list]:
+    """A wavefront's items (in wavefront_order's order) cut into pieces of whole diagonals: 1, 2, 4, 8, ... diagonals
+    each. Each piece is a graph of its own, launched in order: the GPU starts on the first (one chunk) while the host
+    still launches the rest (one graph of every layer and step cost ~2 ms of host time to launch, with the GPU idle)."""
+    diagonals = [l + c for l, c in wavefront_order(layers, chunks)]
+    pieces: list[list] = [[]]
+    bound, width = 1, 1
+    for d, item in zip(diagonals, items):
+        if d >= bound:
+            pieces.append([])
+            width *= 2
+            bound += width
+        pieces[-1].append(item)
+    return pieces
+
+
 class Layer:
     """One layer's buffers, parameters, stacked weights and parameter vectors for a (T, B). They persist across
     calls (a Program reuses them, and a CUDA graph holds their addresses): load() copies new values in."""
@@ -353,22 +369,22 @@ class Runner:
             self.layer_streams.append(self.xp.cuda.Stream(non_blocking=True))
             self.stream_sgemms.append(Sgemm(self.xp))
 
-    def wavefront_forward(self, layers: list[Layer], chunks: list[range]) -> None:
-        """Every layer's forward as a wavefront of chunks (forward_wavefront), a stream a layer."""
-        self.issue_on_streams(forward_wavefront(len(layers), len(chunks)),
-                              lambda l, c: self.forward_steps(layers[l], chunks[c]))
+    def wavefront_forward(self, layers: list[Layer], chunks: list[range], items: list) -> None:
+        """Items of the layers' forward wavefront (forward_wavefront), a stream a layer."""
+        self.issue_on_streams(items, lambda l, c: self.forward_steps(layers[l], chunks[c]))
 
-    def wavefront_backward(self, layers: list[Layer], chunks: list[range]) -> None:
-        """Every layer's backward and input adjoint as a reverse wavefront of chunks (backward_wavefront)."""
+    def wavefront_backward(self, layers: list[Layer], chunks: list[range], items: list) -> None:
+        """Items of the layers' backward and input adjoints as a reverse wavefront (backward_wavefront)."""
         def run(l: int, c: int) -> None:
             self.backward_steps(layers[l], chunks[c])
             self.input_adjoint(layers[l], chunks[c])
-        self.issue_on_streams(backward_wavefront(len(layers), len(chunks)), run)
+        self.issue_on_streams(items, run)
 
     def issue_on_streams(self, items, run) -> None:
         """run(layer, chunk) for each (layer, chunk, waits_for) of `items` on stream `layer` with its own cuBLAS
-        handle, after a CUDA event of the chunk it waits for (issued earlier in `items`). The streams fork from the
-        current stream and join it at the end, so the whole can be captured into one graph."""
+        handle, after a CUDA event of the chunk it waits for (when issued earlier in `items`; else it ran before they
+        were issued). The streams fork from the current stream and join it at the end, so the whole can be captured
+        into one graph."""
         cupy = self.xp
         origin = cupy.cuda.get_current_stream()
         self.prepare_streams(1 + max(l for l, _, _ in items))
@@ -382,7 +398,7 @@ class Runner:
                     stream.wait_event(fork)
                 self.active = self.stream_sgemms[l]
                 self.active.bind(stream.ptr)
-                if waits_for is not None:
+                if waits_for in done:          # one issued before `items` (an earlier piece) is done by now
                     stream.wait_event(done[waits_for])
                 run(l, c)
                 done[(l, c)] = last[l] = cupy.cuda.Event(disable_timing=True)
@@ -513,15 +529,18 @@ class Program:
             for l in range(len(self.layers)):
                 self.launch(l, "forward")
             return
-        C = WAVEFRONT_CHUNK
-        chunks = [range(t, min(t + C, self.T)) for t in range(0, self.T, C)]
-        self._replay(("forward", "wavefront"), lambda: self.runner.wavefront_forward(self.layers, chunks))
+        self._wavefront("forward", forward_wavefront, self.runner.wavefront_forward)
 
     def wavefront_backward(self) -> None:
         """Every layer's backward and input adjoint as one reverse wavefront (needs self.d_input)."""
-        C = WAVEFRONT_CHUNK
+        self._wavefront("backward", backward_wavefront, self.runner.wavefront_backward)
+
+    def _wavefront(self, direction: str, order, issue) -> None:
+        """A wavefront of WAVEFRONT_CHUNK-step chunks, a graph per piece of diagonals (diagonal_pieces)."""
+        C, L = WAVEFRONT_CHUNK, len(self.layers)
         chunks = [range(t, min(t + C, self.T)) for t in range(0, self.T, C)]
-        self._replay(("backward", "wavefront"), lambda: self.runner.wavefront_backward(self.layers, chunks))
+        for k, piece in enumerate(diagonal_pieces(order(L, len(chunks)), L, len(chunks))):
+            self._replay((direction, "wavefront", k), lambda piece=piece: issue(self.layers, chunks, piece))
 
     def launch(self, l: int, direction: str) -> None:
         """Layer l's forward or backward step loop: its graph replayed, or the launches one by one."""

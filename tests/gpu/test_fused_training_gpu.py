@@ -251,7 +251,7 @@ def test_the_wavefronts_on_streams_and_layer_by_layer_equal_the_reference(cupy, 
         tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32),
                             {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()},
                             wavefront=wavefront)
-        forward, backward = (("forward", "wavefront"), ("backward", "wavefront")) if wavefront else \
+        forward, backward = (("forward", "wavefront", 0), ("backward", "wavefront", 0)) if wavefront else \
             ((0, "forward"), (0, "backward"))
         assert tape.program.wavefront == wavefront and forward in tape.program.graphs
         got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),

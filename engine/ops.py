@@ -50,7 +50,9 @@ def _hard_sigmoid_grad(dy, x):
 
 def _outer(dy, operand):
     # The operand may be one vector for the whole batch (a value computed from parameters alone).
-    return dy.T @ np.broadcast_to(operand, (dy.shape[0], operand.shape[-1]))     # (rows, B) @ (B, cols)
+    if operand.ndim == 2 and operand.shape[0] == dy.shape[0]:
+        return dy.T @ operand                                                     # (rows, B) @ (B, cols)
+    return dy.T @ np.broadcast_to(operand, (dy.shape[0], operand.shape[-1]))
 
 
 def _batch_sum(dy):

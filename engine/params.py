@@ -81,6 +81,7 @@ def check_params(network: Network, params: Params) -> None:
             if p.name not in params.layers[layer]:
                 raise BackendError(f"params: layer {layer} has no parameter '{p.name}'",)
             want = network.param_shape(layer, p.name)
-            got = tuple(np.shape(params.layers[layer][p.name]))
+            value = params.layers[layer][p.name]
+            got = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)   # CuPy's too, without a copy
             if got != want:
                 raise BackendError(f"params: layer {layer} parameter '{p.name}' has shape {got}, expected {want}")

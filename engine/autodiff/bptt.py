@@ -94,7 +94,7 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     if xp is np and type(x).__module__.split(".")[0] == "cupy":
         raise BackendError("argument 'x' is a CuPy array (on the GPU), and backend='reference' runs on the host; "
                            "hint: backend='naive' keeps it on the GPU, or pass x.get()")
-    check_params(network, params if xp is np else _shapes_only(params))
+    check_params(network, params)
     x = check_inputs(network, x, initial_states, xp=xp)
     T, B, _ = x.shape
     finite = FiniteCheck(inputs_named(network, params, x, initial_states))
@@ -130,13 +130,6 @@ def array_module(backend: str):
         raise BackendError(f"bptt(backend={backend!r}) needs a CUDA GPU with CuPy: {reason}; hint: backend='reference'")
     import cupy
     return cupy
-
-
-def _shapes_only(params: Params) -> Params:
-    """Params whose arrays have the shapes of `params` and no data: check_params reads shapes only, and CuPy
-    arrays cannot be read by NumPy."""
-    return Params([{k: np.broadcast_to(np.zeros(()), tuple(v.shape)) for k, v in layer.items()}
-                   for layer in params.layers])
 
 
 def _initial_state(network: Network, initial_states: dict, name: str, layer: int, batch: int, dtype, xp):

@@ -20,6 +20,7 @@ dropped oldest first, and clear_cache() drops them all.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
@@ -641,17 +642,25 @@ def gpu_runner(plan: TrainingPlan) -> Runner:
     return runner
 
 
+@functools.lru_cache(maxsize=64)
+def gradient_layout(network) -> tuple[int, tuple]:
+    """(total floats, ((layer, parameter, shape, offset), ...)) of every layer's parameter gradients in one buffer."""
+    layout, start = [], 0
+    for l in range(network.num_layers):
+        for p in network.cell.params:
+            shape = network.param_shape(l, p.name)
+            layout.append((l, p.name, shape, start))
+            start += int(np.prod(shape))
+    return start, tuple(layout)
+
+
 def zero_gradients(xp, network) -> list[dict]:
     """Every layer's parameter gradients, zeros, as views of one buffer (one memset, not one a parameter)."""
-    shapes = [(l, p.name, network.param_shape(l, p.name)) for l in range(network.num_layers)
-              for p in network.cell.params]
-    flat = xp.zeros(sum(int(np.prod(shape)) for _, _, shape in shapes), dtype=xp.float32)
+    total, layout = gradient_layout(network)
+    flat = xp.zeros(total, dtype=xp.float32)
     grads: list[dict] = [{} for _ in range(network.num_layers)]
-    start = 0
-    for l, name, shape in shapes:
-        size = int(np.prod(shape))
-        grads[l][name] = flat[start:start + size].reshape(shape)
-        start += size
+    for l, name, shape, start in layout:
+        grads[l][name] = flat[start:start + int(np.prod(shape))].reshape(shape)
     return grads
 
 

@@ -41,8 +41,14 @@ def test_the_lstm_step_is_one_gemm_and_one_kernel_each_way():
     gates = ("d_o_pre", "d_g_pre", "d_f_pre", "d_i_pre")
     assert stored == {*((g, "dy_h_0") for g in gates), *((g, "dy_input") for g in gates), ("d_c", "dstate_c")}
     assert plan.input_gemm.weights == ("W_io", "W_ig", "W_if", "W_ii") and plan.input_gemm.out.buffer == "d_in"
-    assert {n.name for n in plan.split.after} - {n.name for n in plan.after_rest} == {
+    assert {n.name for n in plan.after_layers} - {n.name for n in plan.after_rest} == {
         "d_x", "d_x_from_W_io_x", "d_x_from_W_ig_x", "d_x_from_W_if_x", "d_x_from_W_ii_x"}
+    # every parameter's gradient over all steps in 4 GEMMs a layer, reading the gate deltas where they lie side by
+    # side: W_h* (dy^T h), W_i* (dy^T x), b_h* and b_i* (ones^T dy); nothing is left to the interpreter
+    assert plan.after_rest == ()
+    assert {(g.operand.buffer if g.operand else None, g.params, g.dy.buffer) for g in plan.grad_gemms} == {
+        ("state_h", ("W_ho", "W_hg", "W_hf", "W_hi"), "dy_h_0"), ("x", ("W_io", "W_ig", "W_if", "W_ii"), "dy_h_0"),
+        (None, ("b_ho", "b_hg", "b_hf", "b_hi"), "dy_h_0"), (None, ("b_io", "b_ig", "b_if", "b_ii"), "dy_h_0")}
     # the forward saves what the backward reads: the gates, tanh(c) and the states (in the state buffers)
     forward_stores = {v for v, _ in plan.forward.order[1][1].stores}
     assert forward_stores == {"i", "f", "g", "o", "h_next_tanh", "c_next", "h_next"}

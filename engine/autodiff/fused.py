@@ -30,8 +30,8 @@ from ..errors import BackendError
 from ..ir import SCALAR
 from ..ops import apply_elementwise
 from .fused_codegen import THREADS, kernel_params, render_module
-from .fused_plan import (D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER, GemmPlan, KernelPlan, Place, TrainingPlan,
-                         adjoint_buffer, state_buffer, training_plan)
+from .fused_plan import (D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER, GemmPlan, GradGemm, KernelPlan, Place,
+                         TrainingPlan, adjoint_buffer, state_buffer, training_plan)
 from .step import backward_step
 
 MAX_BLOCKS = 65535
@@ -100,6 +100,13 @@ class Sgemm:
         # Row-major C = A op(W) is column-major C^T = op(W)^T A^T: cuBLAS computes n x m from W then A.
         status = self.lib.cublasSgemm_v2(self.handle, 1 if w_transposed else 0, 0, n, m, k, self.p_one, w, ldw,
                                          a, lda, self.p_one if accumulate else self.p_zero, c, ldc)
+        self._check(status, "sgemm")
+
+    def raw(self, a_transposed: bool, b_transposed: bool, m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int,
+            c: int, ldc: int) -> None:
+        """cuBLAS's own column-major C (m x n, ldc) += op(A) (m x k) @ op(B) (k x n)."""
+        status = self.lib.cublasSgemm_v2(self.handle, int(a_transposed), int(b_transposed), m, n, k, self.p_one,
+                                         a, lda, b, ldb, self.p_one, c, ldc)
         self._check(status, "sgemm")
 
     def split(self, a: int, lda: int, w: int, ldw: int, part: int, m: int, n: int, k: int, splits: int,
@@ -283,6 +290,7 @@ class Runner:
         from ..codegen.nvrtc import load_module
         self.reduce = load_module(SPLIT_REDUCE).get_function("splitk_reduce")
         self.copy_kernel = load_module(COPY_KERNEL).get_function("copy_pieces")
+        self._ones = None
         self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
 
     def splits(self, g: GemmPlan, sizes: dict, B: int) -> int:
@@ -292,6 +300,32 @@ class Runner:
         """Floats of split-K partial products a layer's largest split GEMM needs."""
         return max([self.splits(g, sizes, B) * B * g.n(sizes)
                     for g in self.plan.forward.gemms + self.plan.backward.gemms if self.splits(g, sizes, B) > 1] + [0])
+
+    def grad_gemm(self, layer: Layer, g: GradGemm, out) -> None:
+        """A GradGemm over the layer's T x B rows, added into `out` (its members' gradients, flat, one after
+        another): weights (sum of rows x cols) += dy^T operand; biases (sum of rows) += ones^T dy."""
+        sizes, rows = layer.sizes, layer.T * layer.B
+
+        def pointer(place: Place):
+            buf = layer.buffers[place.buffer]
+            cols = buf.shape[1]
+            return buf.data.ptr + 4 * (place.shift * layer.B * cols + place.offset(sizes)), cols
+
+        dy, ld_dy = pointer(g.dy)
+        width = g.rows(sizes)
+        if g.operand is not None:       # column-major: out^T (cols x width) = operand^T (cols x TB) @ dy (TB x width)
+            operand, ld_operand = pointer(g.operand)
+            cols = g.cols(sizes)
+            self.active.raw(False, True, cols, width, rows, operand, ld_operand, dy, ld_dy, out.data.ptr, cols)
+        else:                           # column-major: out (width x 1) = dy^T (width x TB) @ ones (TB x 1)
+            ones = self.ones(rows)
+            self.active.raw(False, False, width, 1, rows, dy, ld_dy, ones.data.ptr, rows, out.data.ptr, width)
+
+    def ones(self, count: int):
+        """A vector of `count` ones on the GPU (kept: a bias GEMM's other factor)."""
+        if self._ones is None or self._ones.size < count:
+            self._ones = self.xp.ones(count, dtype=self.xp.float32)
+        return self._ones
 
     def copy(self, copies: list[tuple]) -> None:
         """Each (destination, source) pair: the source's values into the destination (same size; None: zeros), as
@@ -643,25 +677,39 @@ def gpu_runner(plan: TrainingPlan) -> Runner:
 
 
 @functools.lru_cache(maxsize=64)
-def gradient_layout(network) -> tuple[int, tuple]:
-    """(total floats, ((layer, parameter, shape, offset), ...)) of every layer's parameter gradients in one buffer."""
-    layout, start = [], 0
+def gradient_layout(network) -> tuple[int, tuple, tuple]:
+    """Every layer's parameter gradients in one buffer: (total floats, ((layer, parameter, shape, offset), ...),
+    ((layer, GradGemm index, offset, floats), ...)). The members of each of the plan's GradGemms lie one after
+    another, in its order, so that GEMM writes them all."""
+    cell = network.cell
+    plan = training_plan(cell)
+    layout, stacks, start = [], [], 0
     for l in range(network.num_layers):
-        for p in network.cell.params:
-            shape = network.param_shape(l, p.name)
-            layout.append((l, p.name, shape, start))
-            start += int(np.prod(shape))
-    return start, tuple(layout)
+        grouped = [(i, g.params) for i, g in enumerate(plan.grad_gemms)]
+        alone = [(None, (p.name,)) for p in cell.params if not any(p.name in g.params for g in plan.grad_gemms)]
+        for index, names in grouped + alone:
+            first = start
+            for name in names:
+                shape = network.param_shape(l, name)
+                layout.append((l, name, shape, start))
+                start += int(np.prod(shape))
+            if index is not None:
+                stacks.append((l, index, first, start - first))
+    return start, tuple(layout), tuple(stacks)
 
 
-def zero_gradients(xp, network) -> list[dict]:
-    """Every layer's parameter gradients, zeros, as views of one buffer (one memset, not one a parameter)."""
-    total, layout = gradient_layout(network)
+def zero_gradients(xp, network) -> tuple[list[dict], list[dict]]:
+    """Every layer's parameter gradients, zeros, as views of one buffer (one memset, not one a parameter); and per
+    layer, each GradGemm's stacked gradients as one flat view {GradGemm index: view}."""
+    total, layout, stacks = gradient_layout(network)
     flat = xp.zeros(total, dtype=xp.float32)
     grads: list[dict] = [{} for _ in range(network.num_layers)]
     for l, name, shape, start in layout:
         grads[l][name] = flat[start:start + int(np.prod(shape))].reshape(shape)
-    return grads
+    stacked: list[dict] = [{} for _ in range(network.num_layers)]
+    for l, index, start, size in stacks:
+        stacked[l][index] = flat[start:start + size]
+    return grads, stacked
 
 
 class FusedTape:
@@ -696,7 +744,7 @@ class FusedTape:
         xp, network, program = self.xp, self.network, self.program
         T, B, _ = self.outputs.shape
         cell, L = network.cell, network.num_layers
-        grads = zero_gradients(xp, network)
+        grads, self.stacked_grads = zero_gradients(xp, network)
         d_initial = {s: xp.empty((L, B, network.state_size(s)), dtype=xp.float32) for s in cell.state_names}
         d_above = None if d_outputs is None else xp.asarray(d_outputs, dtype=xp.float32).reshape(T * B, -1)
         if program.d_input is not None:           # the reverse wavefront: every layer in one graph
@@ -754,8 +802,12 @@ class FusedTape:
                 saved[name] = layer.buffers[place.buffer]
             else:
                 saved[name] = layer.view(place, size_of(name))
+        runner = self.program.runner
+        runner.bind()
+        for index, g in enumerate(plan.grad_gemms):       # the stacked weight and bias gradients, a GEMM each
+            runner.grad_gemm(layer, g, self.stacked_grads[l][index])
         values = backward_step(graph, saved, layer.params, rows, grads, np.float32,
-                               split.after if nodes is None else nodes)
+                               plan.after_layers if nodes is None else nodes)
         for s in cell.state_names:
             d_initial[s][l] = layer.buffers[adjoint_buffer(s)][:B]
         if nodes is not None:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..ops import apply_backward
 from .fused import Layer, Runner
-from .fused_plan import GemmPlan, KernelPlan, Place, TrainingPlan
+from .fused_plan import GemmPlan, GradGemm, KernelPlan, Place, TrainingPlan
 
 
 class NumpyRunner(Runner):
@@ -34,6 +34,15 @@ class NumpyRunner(Runner):
 
     def prepare_streams(self, count: int) -> None:
         pass
+
+    def grad_gemm(self, layer: Layer, g: GradGemm, out) -> None:
+        width = g.rows(layer.sizes)
+        dy = layer.view(g.dy, width)
+        if g.operand is not None:
+            cols = g.cols(layer.sizes)
+            out.reshape(width, cols)[...] += dy.T @ layer.view(g.operand, cols)
+        else:
+            out[...] += dy.sum(axis=0)
 
     def copy(self, copies: list[tuple]) -> None:
         for target, value in copies:

@@ -91,6 +91,21 @@ class GemmPlan:
 
 
 @dataclass(frozen=True)
+class GradGemm:
+    """Parameter gradients of every step of a layer as one GEMM over its T x B rows, written into the members'
+    gradients, which lie one after another in the gradient buffer: weights (operand set), (sum of rows, cols) +=
+    dy^T operand; biases (operand None), (sum of rows) += ones^T dy. dy is the members' adjoints side by side, a
+    block of columns of one buffer."""
+    name: str
+    params: tuple[str, ...]                     # in the dy block's column order = the stacked gradient's row order
+    nodes: tuple[str, ...]                      # the after part's nodes (outer or batch_sum) it computes
+    dy: Place                                   # the block's first column
+    rows: Lin                                   # the block's width: the gradients' rows together
+    operand: Place | None = None                # weights: the operand's rows; biases: None
+    cols: Lin = Lin()                           # weights: the operand's width
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """One direction of one layer's step: the GEMMs and kernels in launch order."""
     order: tuple[tuple[str, object], ...]       # ("gemm", GemmPlan) or ("kernel", KernelPlan)
@@ -119,7 +134,11 @@ class TrainingPlan:
     # weights), written into the layer below's d_out: what lets the backward's layers run as a wavefront. None where
     # the input's adjoint is not such a sum (x met elementwise); `after_rest` is then the whole after part.
     input_gemm: GemmPlan | None = None
-    after_rest: tuple = ()                            # the after part without the input GEMM's nodes
+    after_rest: tuple = ()                            # after_layers without the input GEMM's nodes
+    # The weight and bias gradients as one GEMM per operand (per dy buffer for the biases) and layer; after_layers
+    # is the rest of the after part (the layer-by-layer backward runs it).
+    grad_gemms: tuple[GradGemm, ...] = ()
+    after_layers: tuple = ()
 
     @property
     def launches_per_step(self) -> tuple[int, int]:
@@ -168,10 +187,73 @@ class _Planner:
     def run(self) -> TrainingPlan:
         forward = self._forward()
         backward, back_places = self._backward()
+        grad_gemms = self._grad_gemms()
+        grouped = {n for g in grad_gemms for n in g.nodes}
+        after_layers = tuple(n for n in self.split.after if n.name not in grouped)
         skip = set(self.input_terms) | ({self.graph.input_adjoint} if self.input_gemm else set())
-        after_rest = tuple(n for n in self.split.after if n.name not in skip)
+        after_rest = tuple(n for n in after_layers if n.name not in skip)
         return TrainingPlan(self.cell, self.split, tuple(self.buffers.values()), forward, backward,
-                            dict(self.places), back_places, tuple(self.static), self.input_gemm, after_rest)
+                            dict(self.places), back_places, tuple(self.static), self.input_gemm, after_rest,
+                            grad_gemms, after_layers)
+
+    def _grad_gemms(self) -> tuple[GradGemm, ...]:
+        """The after part's weight gradients (outer: dy^T operand) of one operand, and its bias sums (batch_sum) of
+        one dy buffer, as one GEMM each, where their dy lie side by side in one buffer as a contiguous block of
+        columns (the members of the step's GEMM: LSTM, 8 GEMMs a layer become 2 and 8 sums 1). A parameter that
+        several nodes accumulate into stays with the interpreter, as does anything else."""
+        graph = self.graph
+        dim_of = {n.name: self.cell.dims[n.of] for n in graph.nodes} | {i.name: self.cell.dims[i.of]
+                                                                            for i in graph.inputs}
+        users: dict[str, int] = {}
+        for n in self.split.after:
+            if n.accumulates:
+                users[n.param] = users.get(n.param, 0) + 1
+        candidates: dict[tuple, list] = {}
+        for n in self.split.after:
+            if not n.accumulates or users[n.param] != 1 or n.op not in ("outer", "batch_sum"):
+                continue
+            dy = self.back_places.get(n.args[0])
+            if dy is None or dy.kind != "row" or dim_of.get(n.args[0]) not in DIMS:
+                continue
+            if n.op == "outer":
+                operand = self.places.get(n.args[1])
+                if operand is None or operand.kind != "row" or self.cell.dims[n.args[1]] not in DIMS:
+                    continue
+                key = ("weights", n.args[1], dy.buffer, dy.shift)
+            else:
+                key = ("biases", "", dy.buffer, dy.shift)
+            candidates.setdefault(key, []).append((n, dy.offset, Lin.of(dim_of[n.args[0]])))
+        plans = []
+        for (kind, operand, buffer, shift), members in candidates.items():
+            part = 0
+            while members:                            # a chain of side-by-side blocks at a time (LSTM: b_h*, b_i*)
+                by_offset: dict = {}
+                later = []
+                for n, offset, width in members:
+                    if offset in by_offset:
+                        later.append((n, offset, width))
+                    else:
+                        by_offset[offset] = (n, width)
+                ends = {offset + width for offset, (_, width) in by_offset.items()}
+                starts = [offset for offset in by_offset if offset not in ends]
+                if len(starts) != 1:
+                    break                             # not one contiguous block of columns: the interpreter's
+                chain, offset = [], starts[0]
+                while offset in by_offset:
+                    chain.append(by_offset.pop(offset)[0])
+                    offset = offset + Lin.of(dim_of[chain[-1].args[0]])
+                if by_offset:
+                    break
+                rows = Lin()
+                for n in chain:
+                    rows = rows + Lin.of(dim_of[n.args[0]])
+                plans.append(GradGemm(
+                    f"{self.cell.name}_grad_{operand or 'biases'}_{buffer}" + (f"_{part}" if part else ""),
+                    tuple(n.param for n in chain), tuple(n.name for n in chain), Place("row", buffer, starts[0], shift),
+                    rows, self.places[operand] if kind == "weights" else None,
+                    Lin.of(self.cell.dims[operand]) if kind == "weights" else Lin()))
+                members, part = later, part + 1
+        return tuple(plans)
 
     # ---- forward ----------------------------------------------------------------------------------------------
     def _forward(self) -> StepPlan:
@@ -512,7 +594,8 @@ def describe(plan: TrainingPlan) -> str:
     inputs = ([f"  input adjoint: GEMM {plan.input_gemm.name}: {', '.join(plan.input_gemm.members)} (a chunk of steps "
                "at a time in the layers' wavefront; else with the weight gradients)"] if plan.input_gemm else
               ["  input adjoint: with the weight gradients (not one GEMM: the backward runs layer by layer)"])
+    grads = [f"  gradients: GEMM {g.name} over every step: {', '.join(g.params)}" for g in plan.grad_gemms]
     return "\n".join([f"fused training step of cell '{plan.cell.name}': {f} launches forward, {b} backward a step",
-                      "  forward:", *items(plan.forward), "  backward:", *items(plan.backward), *inputs,
+                      "  forward:", *items(plan.forward), "  backward:", *items(plan.backward), *inputs, *grads,
                       "  buffers: " + ", ".join(f"{b.name} ({b.blocks} x B, {b.cols.c_expr()})"
                                                 for b in plan.buffers)])

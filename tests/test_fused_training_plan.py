@@ -390,3 +390,20 @@ def test_a_bad_value_found_once_the_work_is_queued_is_named_and_nothing_is_lost(
         for p, value in want.params[l].items():
             assert np.abs(got.params[l][p] - value).max() < 1e-4, (l, p)
     fused.clear_cache()
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "peephole_lstm"])
+def test_the_gradients_come_in_the_cells_parameter_order(name):
+    """The gradient buffer is laid out for the gradient GEMMs, but each layer's dict keeps the cell's parameter
+    order, as every backend's does (CellRNN hands them to torch by position)."""
+    from engine.autodiff import fused
+    from engine.autodiff.fused_numpy import NumpyRunner
+    cell = engine.preset(name).cell
+    network = engine.Network(cell, 3, 4, 2)
+    params = engine.init_params(network, seed=0)
+    x = np.random.default_rng(0).standard_normal((4, 2, 3))
+    got = fused.record(network, params, x.astype(np.float32), None, runner=NumpyRunner(training_plan(cell))).backward(
+        np.ones((4, 2, 4), dtype=np.float32))
+    want = bptt(network, params, x, d_outputs=np.ones((4, 2, 4)))
+    for l in range(2):
+        assert list(got.params[l]) == [p.name for p in cell.params] == list(want.params[l])

@@ -703,9 +703,9 @@ def zero_gradients(xp, network) -> tuple[list[dict], list[dict]]:
     layer, each GradGemm's stacked gradients as one flat view {GradGemm index: view}."""
     total, layout, stacks = gradient_layout(network)
     flat = xp.zeros(total, dtype=xp.float32)
-    grads: list[dict] = [{} for _ in range(network.num_layers)]
-    for l, name, shape, start in layout:
-        grads[l][name] = flat[start:start + int(np.prod(shape))].reshape(shape)
+    views = {(l, name): flat[start:start + int(np.prod(shape))].reshape(shape) for l, name, shape, start in layout}
+    grads = [{p.name: views[(l, p.name)] for p in network.cell.params}     # the cell's order, as every backend's
+             for l in range(network.num_layers)]
     stacked: list[dict] = [{} for _ in range(network.num_layers)]
     for l, index, start, size in stacks:
         stacked[l][index] = flat[start:start + size]

@@ -217,6 +217,7 @@ def test_split_k_fills_the_gpu_only_where_the_output_is_small():
     assert split_k(64, 5, 20, 132) == 1            # too shallow to split
     assert split_k(64, 512, 1000, 132) == 4        # 8 parts would be 125 deep
     assert split_k(64, 512, 1002, 132) == 2        # a divisor of K
+    assert split_k(1, 2048, 512, 132) == 1         # B = 1: a GEMV, not short of blocks
 
 
 def test_programs_serve_one_live_tape_each_and_are_reused_and_dropped():

@@ -143,11 +143,15 @@ def _libcublas_path(cupy) -> str:
 SPLIT_TILE = (64, 128)          # rows x columns of output a cuBLAS SIMT block covers, roughly
 MIN_SPLIT_DEPTH = 128           # each part keeps at least this much of K
 MAX_SPLITS = 8
+MIN_SPLIT_ROWS = 16             # fewer rows (batch): cuBLAS runs a GEMV kernel; at `lat` (B = 1) the step's graphs
+                                # had 800 reduce nodes of ~2,500, and the host's launch of them is the step's bound
 
 
 def split_k(m: int, n: int, k: int, sms: int) -> int:
     """How many parts to split K into for an (m x k) @ (k x n) GEMM on a GPU of `sms` SMs (1: no split): enough
     to give every SM a block, each part at least MIN_SPLIT_DEPTH deep, a divisor of k."""
+    if m < MIN_SPLIT_ROWS:
+        return 1                  # a GEMV to cuBLAS, spread over n already: a split adds a reduce launch, no blocks
     tiles = -(-m // SPLIT_TILE[0]) * -(-n // SPLIT_TILE[1])
     splits = 1
     while (splits * 2 <= MAX_SPLITS and tiles * splits * 2 <= sms and k % (splits * 2) == 0

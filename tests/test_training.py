@@ -300,11 +300,23 @@ def test_a_diverging_run_stops_naming_the_step_with_a_hint():
     (dict(seq_len=1), "seq_len must be an integer of at least 2, got 1; hint: seq_len >= 2 for task 'adding'"),
     (dict(hidden_size=0), "hidden_size must be an integer of at least 1"),
     (dict(hidden_size=None), "hidden_size is needed"),
+    (dict(device="tpu"), "device must be one of cpu, gpu, got 'tpu'"),
 ])
 def test_bad_settings_are_refused_with_a_hint(settings, message):
     with pytest.raises(TrainingError, match=message) as e:
         train("lstm", "adding", **{"hidden_size": 4, **settings})
     assert "; hint: " in str(e.value)
+
+
+def test_gpu_training_without_a_gpu_is_refused_before_any_cell_trains():
+    from engine.backends import gpu_status
+    if gpu_status()[0]:
+        pytest.skip("this machine has a GPU: tests/gpu/test_fused_training_gpu.py trains there")
+    progress = []
+    with pytest.raises(TrainingError, match=r"device='gpu' needs a CUDA GPU with CuPy: .*; hint: device='cpu'"):
+        compare(["lstm", "gru"], "adding", hidden_size=4, steps=2, device="gpu",
+                on_progress=lambda *a: progress.append(a))
+    assert progress == []
 
 
 def test_a_network_is_trained_as_given_and_must_fit_the_task():

@@ -30,6 +30,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the parameters and the data (default 0)")
     p.add_argument("--eval-every", type=int, default=None, help="score the held-out set every N steps "
                                                                  "(default: a tenth of the run)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="cpu: float64 (default); gpu: float32, the fused training step on a CUDA GPU")
     p.add_argument("--json", metavar="PATH", help="write the results (settings, curves, cells) to this JSON file")
     p.add_argument("--list-tasks", action="store_true", help="list the tasks and exit")
     p.set_defaults(func=main)
@@ -89,7 +91,7 @@ def main(args) -> int:
         raise TrainingError(f"--json: the folder of '{args.json}' does not exist", hint="create it first")
     results = compare(cells, task, hidden_size=args.hidden_size, num_layers=args.layers, steps=args.steps,
                       batch=args.batch, seq_len=args.seq_len, lr=args.lr, clip=args.clip or None, seed=args.seed,
-                      eval_every=args.eval_every,
+                      eval_every=args.eval_every, device=args.device,
                       on_progress=progress_printer([c.name for c in cells], args.steps))
     print_table(results, task)
     if args.json:

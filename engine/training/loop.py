@@ -1,5 +1,7 @@
 """The training loop: any cell, stacked into a network, a linear readout on top, trained with Adam by
-backpropagation through time on a task's batches, on the CPU in float64.
+backpropagation through time on a task's batches: on the CPU in float64 (device="cpu", the default), or on the GPU
+in float32 (device="gpu": the fused training step of engine/autodiff/fused.py, with the readout, the loss and Adam
+in CuPy, so nothing leaves the GPU but the loss and the gradient norm a step).
 
     import engine
     result = engine.train(engine.preset("lstm").cell, "adding", hidden_size=16, steps=300, seed=0)
@@ -7,8 +9,8 @@ backpropagation through time on a task's batches, on the CPU in float64.
 
 Training is a pure function of (cell, task, settings): the seed fixes the initial parameters
 (engine.init_params(network, seed)), the readout, the training batches and the held-out set, each from its
-own stream, so the same seed gives the same curves bit for bit and cells compared with one seed see the same
-data.
+own stream, so the same seed gives the same curves bit for bit (on the CPU; on one GPU, runs repeat too, but fp32
+curves differ from float64 ones in the last digits) and cells compared with one seed see the same data.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from ..gallery import Preset
 from ..gallery import get as get_preset
 from ..ir import CellGraph
 from ..network import Network
-from ..params import init_params
+from ..params import Params, init_params
 from ..serialize import to_dict
 from .errors import TrainingError
 from .loss import init_readout, readout_loss
@@ -37,6 +39,8 @@ Progress = Callable[[int, int, float], None]
 # Random streams derived from (seed, use), one per use, so that changing one (say, the eval set's size) leaves
 # the others as they were.
 TRAIN_STREAM, EVAL_STREAM, READOUT_STREAM = 1, 2, 3
+
+DEVICES = ("cpu", "gpu")
 
 EXAMPLES = {"hidden_size": 32, "num_layers": 1, "steps": 200, "batch": 16, "seed": 0, "eval_every": 20,
             "eval_batch": 128}
@@ -96,33 +100,75 @@ def check_settings(task: Task, steps, batch, seq_len, lr, clip, seed, eval_every
 
 
 def evaluate(network: Network, params, readout, batch: Batch, task: Task) -> tuple[float, float]:
-    """(loss, metric) on a batch, forward only."""
-    outputs = reference_run(network, params, batch.x, dtype=np.float64).outputs     # (T, B, H)
+    """(loss, metric) on a batch, forward only (on the GPU, in float32, when the batch is there)."""
+    if type(batch.x).__module__.split(".")[0] == "cupy":
+        from ..api import run
+        outputs = run(network, params, batch.x, backend="fused", dtype=np.float32).outputs
+    else:
+        outputs = reference_run(network, params, batch.x, dtype=np.float64).outputs     # (T, B, H)
     scored = readout_loss(outputs, readout, batch, task.loss)
     return scored.loss, scored.metric
+
+
+def check_device(device, network: Network) -> object:
+    """NumPy for "cpu", CuPy for "gpu" (TrainingError saying why the GPU cannot train this network)."""
+    if device not in DEVICES:
+        raise TrainingError(f"device must be one of {', '.join(DEVICES)}, got {device!r}",
+                            hint="device='cpu' (float64, the default) or device='gpu' (float32, the fused step)")
+    if device == "cpu":
+        return np
+    from ..backends import gpu_status
+    ok, why = gpu_status()
+    if not ok:
+        raise TrainingError(f"device='gpu' needs a CUDA GPU with CuPy: {why}", hint="device='cpu' trains on the CPU")
+    from ..autodiff.errors import AutodiffError
+    from ..autodiff.fused_plan import training_plan
+    try:
+        training_plan(network.cell)
+    except AutodiffError as e:
+        raise TrainingError(f"cell '{network.cell.name}' cannot train on the GPU: {e}",
+                            hint="device='cpu' trains it in float64") from None
+    import cupy
+    return cupy
+
+
+def to_device(batch: Batch, xp, dtype) -> Batch:
+    """A batch's arrays as arrays of xp (its inputs and regression targets in dtype)."""
+    if xp is np:
+        return batch
+    targets = batch.targets if batch.targets.dtype.kind in "iu" else batch.targets.astype(dtype)
+    return Batch(xp.asarray(batch.x, dtype=dtype), xp.asarray(targets), xp.asarray(batch.loss_steps))
 
 
 def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, num_layers: int = 1,
           steps: int = 200, batch: int = 16, seq_len: int = 20, lr: float = 0.01, clip: float | None = 1.0,
           seed: int = 0, eval_every: int | None = None, eval_batch: int = 128,
-          on_progress: Progress | None = None) -> TrainResult:
+          on_progress: Progress | None = None, device: str = "cpu") -> TrainResult:
     """Train a cell (CellGraph, Preset or preset name; hidden_size and num_layers stack it) or a Network on a
     task (a name from engine.tasks() or a Task) for `steps` Adam steps on batches of `batch` sequences of
     `seq_len` steps, gradients clipped to global norm `clip` (None or 0: not clipped). Scores a held-out set of
     `eval_batch` sequences before training, every `eval_every` steps (default: a tenth of the run) and at the
-    end. on_progress(step, steps, loss) is called after every step.
+    end. on_progress(step, steps, loss) is called after every step. device: "cpu" (float64) or "gpu" (float32, the
+    fused training step); the result's params and readout are NumPy arrays either way.
 
     Raises TrainingError, naming the step, if the loss or the gradients stop being finite."""
     task = get_task(task)
     eval_every = max(1, steps // 10) if eval_every is None and isinstance(steps, int) else eval_every
     check_settings(task, steps, batch, seq_len, lr, clip, seed, eval_every, eval_batch)
     network = build_network(cell_or_network, task, hidden_size, num_layers)
+    xp = check_device(device, network)
+    dtype = np.float64 if xp is np else np.float32
     started = time.perf_counter()
 
     params = init_params(network, seed=seed)
     readout = init_readout(task.output_size, network.output_size, np.random.default_rng([seed, READOUT_STREAM]))
+    if xp is not np:
+        params = Params([{k: xp.asarray(v, dtype=dtype) for k, v in layer.items()} for layer in params.layers])
+        readout = {k: xp.asarray(v, dtype=dtype) for k, v in readout.items()}
     train_rng = np.random.default_rng([seed, TRAIN_STREAM])
-    held_out = task.batch(np.random.default_rng([seed, EVAL_STREAM]), eval_batch, seq_len, split="eval")
+    held_out = to_device(task.batch(np.random.default_rng([seed, EVAL_STREAM]), eval_batch, seq_len, split="eval"),
+                         xp, dtype)
+    backend = "reference" if xp is np else "fused"
     optimizer = Adam(lr=lr)
 
     losses: list[float] = []
@@ -132,8 +178,8 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
     # NumPy's warnings would only repeat it less clearly.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for step in range(1, steps + 1):
-            data = task.batch(train_rng, batch, seq_len)
-            tape = record(network, params, data.x, dtype=np.float64)       # one forward pass: loss and gradients
+            data = to_device(task.batch(train_rng, batch, seq_len), xp, dtype)
+            tape = record(network, params, data.x, dtype=dtype, backend=backend)   # one forward: loss and gradients
             scored = readout_loss(tape.outputs, readout, data, task.loss)
             if not math.isfinite(scored.loss):
                 raise diverged(step, steps, "loss", scored.loss, lr, clip)
@@ -158,7 +204,10 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
     settings = {"hidden_size": network.hidden_size, "num_layers": network.num_layers, "proj_size": network.proj_size,
                 "input_size": network.input_size, "steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr,
                 "clip": clip, "seed": seed, "eval_every": eval_every, "eval_batch": eval_batch, "optimizer": "adam",
-                "dtype": "float64"}
+                "dtype": np.dtype(dtype).name, "device": device}
+    if xp is not np:                    # the trained values back on the host, as the CPU run gives them
+        params = Params([{k: v.get().astype(np.float64) for k, v in layer.items()} for layer in params.layers])
+        readout = {k: v.get().astype(np.float64) for k, v in readout.items()}
     return TrainResult(cell=network.cell.name, cell_hash=network.cell.structural_hash,
                        cell_json=to_dict(network.cell), task=task.name, metric=task.metric, baseline=task.baseline,
                        settings=settings, losses=losses, eval_steps=eval_steps, eval_losses=eval_losses,
@@ -182,8 +231,9 @@ def compare(cells: list, task: str | Task, *, on_progress: Progress | None = Non
     if not cells:
         raise TrainingError("compare needs at least one cell", hint="compare(['lstm', 'gru'], 'adding', ...)")
     task = get_task(task)
-    for cell in cells:                  # refuse a cell the settings cannot stack before training any of them
-        build_network(cell, task, settings.get("hidden_size"), settings.get("num_layers", 1))
+    for cell in cells:                  # refuse a cell the settings or device cannot take before training any
+        network = build_network(cell, task, settings.get("hidden_size"), settings.get("num_layers", 1))
+        check_device(settings.get("device", "cpu"), network)
     results = []
     for index, cell in enumerate(cells):
         def progress(step, steps, loss, offset=index):

@@ -35,36 +35,45 @@ class LossResult:
     d_outputs: np.ndarray               # (T, B, H) dLoss/d(top layer outputs): zero at steps the loss does not read
 
 
+def array_module(value):
+    """NumPy, or CuPy for a CuPy array (the loop's device="gpu"): the loss and the optimiser run where the values are."""
+    if type(value).__module__.split(".")[0] == "cupy":
+        import cupy
+        return cupy
+    return np
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """(..., O) -> (..., O). Shifted by the row's max first, so exp never overflows and the largest term is 1."""
+    xp = array_module(logits)
     shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def readout_loss(outputs: np.ndarray, readout: dict[str, np.ndarray], batch: Batch, loss: str) -> LossResult:
     """outputs: (T, B, H) the network's top layer. loss: "mse" or "cross_entropy"."""
     if loss not in LOSSES:
         raise TrainingError(f"unknown loss {loss!r}", hint="use one of " + ", ".join(LOSSES))
+    xp = array_module(outputs)
     W_out, b_out = readout["W_out"], readout["b_out"]
     h = outputs[batch.loss_steps]                                       # (S, B, H)
     logits = h @ W_out.T + b_out                                        # (S, B, O)
     S, B, O = logits.shape
     if loss == "mse":
         error = logits - batch.targets                                  # (S, B, O)
-        value = float(np.mean(error ** 2))
+        value = float(xp.mean(error ** 2))
         metric = value
         d_logits = 2.0 * error / error.size
     else:
         targets = batch.targets                                         # (S, B) class ids
+        rows, cols = xp.arange(S)[:, None], xp.arange(B)[None, :]
         log_p = log_softmax(logits)
-        picked = np.take_along_axis(log_p, targets[..., None], axis=-1)[..., 0]     # (S, B)
-        value = float(-picked.mean())
-        metric = float(np.mean(logits.argmax(axis=-1) == targets))
-        d_logits = np.exp(log_p)                                        # softmax (S, B, O)
-        np.put_along_axis(d_logits, targets[..., None], np.take_along_axis(d_logits, targets[..., None], -1) - 1.0,
-                          axis=-1)
+        value = float(-log_p[rows, cols, targets].mean())
+        metric = float(xp.mean(logits.argmax(axis=-1) == targets))
+        d_logits = xp.exp(log_p)                                        # softmax (S, B, O)
+        d_logits[rows, cols, targets] -= 1.0
         d_logits /= S * B
-    d_readout = {"W_out": np.einsum("sbo,sbh->oh", d_logits, h), "b_out": d_logits.sum(axis=(0, 1))}
-    d_outputs = np.zeros_like(outputs)
+    d_readout = {"W_out": xp.einsum("sbo,sbh->oh", d_logits, h), "b_out": d_logits.sum(axis=(0, 1))}
+    d_outputs = xp.zeros_like(outputs)
     d_outputs[batch.loss_steps] = d_logits @ W_out                      # (S, B, H); loss steps are distinct
     return LossResult(value, metric, d_readout, d_outputs)

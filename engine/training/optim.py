@@ -1,19 +1,24 @@
 """Adam and gradient clipping by global norm, over nested parameters: a list of groups, each a dict name ->
-array (the network's layers, then the readout). Pure NumPy, no randomness: the same gradients give the same
+array (the network's layers, then the readout), NumPy or CuPy. No randomness: the same gradients give the same
 updates bit for bit.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .loss import array_module
 
 Groups = list[dict[str, np.ndarray]]
 
 
 def global_norm(grads: Groups) -> float:
-    """The L2 norm of every gradient taken together, as one vector."""
-    return float(np.sqrt(sum(float(np.sum(g * g)) for group in grads for g in group.values())))
+    """The L2 norm of every gradient taken together, as one vector (summed where the arrays are, NumPy or CuPy,
+    and read once)."""
+    total = sum((g * g).sum() for group in grads for g in group.values())
+    return math.sqrt(float(total))
 
 
 def clip_by_global_norm(grads: Groups, max_norm: float | None) -> tuple[Groups, float]:
@@ -45,8 +50,8 @@ class Adam:
     def step(self, params: Groups, grads: Groups) -> None:
         """Update params in place (the arrays keep their identity, so Params objects holding them see it)."""
         if not self.m:
-            self.m = [{name: np.zeros_like(p) for name, p in group.items()} for group in params]
-            self.v = [{name: np.zeros_like(p) for name, p in group.items()} for group in params]
+            self.m = [{name: array_module(p).zeros_like(p) for name, p in group.items()} for group in params]
+            self.v = [{name: array_module(p).zeros_like(p) for name, p in group.items()} for group in params]
         self.t += 1
         correction1 = 1.0 - self.beta1 ** self.t
         correction2 = 1.0 - self.beta2 ** self.t
@@ -58,4 +63,4 @@ class Adam:
                 m += (1.0 - self.beta1) * g
                 v *= self.beta2
                 v += (1.0 - self.beta2) * g * g
-                p -= self.lr * (m / correction1) / (np.sqrt(v / correction2) + self.eps)
+                p -= self.lr * (m / correction1) / ((v / correction2) ** 0.5 + self.eps)

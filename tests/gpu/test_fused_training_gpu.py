@@ -262,3 +262,22 @@ def test_the_wavefronts_on_streams_and_layer_by_layer_equal_the_reference(cupy, 
         for layer in range(network.num_layers):
             for p, value in want.params[layer].items():
                 assert relative(got.params[layer][p].get(), value) < TOL, (layer, p)
+
+
+def test_the_training_loop_on_the_gpu_follows_the_cpu_and_repeats(cupy):
+    """engine.train(device="gpu"): the fused step, the readout, the loss and Adam on the GPU in float32. Its first
+    losses equal the float64 CPU run's to fp32 rounding, it learns, a second run repeats it exactly, and the trained
+    values come back as NumPy float64; cross-entropy tasks run too."""
+    cpu = engine.train("lstm", "adding", hidden_size=16, num_layers=2, steps=40, batch=16, seq_len=12, seed=3)
+    gpu = engine.train("lstm", "adding", hidden_size=16, num_layers=2, steps=40, batch=16, seq_len=12, seed=3,
+                       device="gpu")
+    again = engine.train("lstm", "adding", hidden_size=16, num_layers=2, steps=40, batch=16, seq_len=12, seed=3,
+                         device="gpu")
+    np.testing.assert_allclose(gpu.losses[:5], cpu.losses[:5], rtol=1e-4)
+    assert gpu.eval_losses[-1] < gpu.eval_losses[0] and gpu.eval_steps == cpu.eval_steps
+    assert gpu.losses == again.losses and gpu.eval_metrics == again.eval_metrics
+    assert gpu.settings["device"] == "gpu" and gpu.settings["dtype"] == "float32"
+    for layer in gpu.params.layers:
+        assert all(isinstance(v, np.ndarray) and v.dtype == np.float64 for v in layer.values())
+    parity = engine.compare(["gru", "mgu"], "parity", hidden_size=8, steps=5, batch=8, seq_len=6, device="gpu")
+    assert all(np.isfinite(r.losses).all() and 0.0 <= r.final_metric <= 1.0 for r in parity)

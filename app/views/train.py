@@ -2,7 +2,8 @@
 
 "LSTM: A Search Space Odyssey" (Greff et al. 2017) compared variants by training each on the same data; this page
 does it live: the same settings, seed and batches for every cell chosen (presets, the current design, saved
-designs), trained by engine.compare on the CPU in float64 (backpropagation through time on the NumPy reference).
+designs), trained by engine.compare on the CPU in float64 (backpropagation through time on the NumPy reference), or
+on the GPU in float32 when there is one (the fused training step; the Device choice).
 A finished comparison is written to designs/training/ at once (a temporary file, then a rename), so a reload or a
 crash loses nothing, and it downloads as JSON (`python -m engine train ... --json` writes the same format).
 """
@@ -90,7 +91,23 @@ def settings_ui(task: str) -> dict:
     settings["clip"] = float(cols[1].number_input("clip (global norm; 0: off)", min_value=0.0, max_value=100.0,
                                                   value=1.0, key="train.clip"))
     settings["seed"] = int(cols[2].number_input("seed", min_value=0, value=0, step=1, key="train.seed"))
+    settings["device"] = device_ui()
     return settings
+
+
+DEVICES = {"CPU, float64": "cpu", "GPU, float32 (the fused training step)": "gpu"}
+
+
+def device_ui() -> str:
+    """Where to train: the CPU always; the GPU when CuPy sees one (else a caption says why not)."""
+    ok, why = engine_cache.gpu_status()
+    labels = list(DEVICES) if ok else list(DEVICES)[:1]
+    label = st.radio("Device", labels, horizontal=True, key="train.device",
+                     help="the same seed gives the same data on both; fp32 curves differ from float64 ones in the "
+                          "last digits")
+    if not ok:
+        st.caption(f"Training runs on the CPU: no GPU here ({why}).")
+    return DEVICES[label]
 
 
 def run_ui(labels: list[str], task: str, settings: dict) -> None:

@@ -64,6 +64,17 @@ def test_the_current_design_and_a_task_of_classes_train(open_page):
     assert "final accuracy" in at.dataframe[0].value.columns
 
 
+def test_the_device_is_the_cpu_where_there_is_no_gpu_and_says_why(open_page):
+    from engine.backends import gpu_status
+    at = open_page("train")
+    radio = at.radio(key="train.device")
+    if gpu_status()[0]:
+        assert radio.options == ["CPU, float64", "GPU, float32 (the fused training step)"]
+        return
+    assert radio.options == ["CPU, float64"] and radio.value == "CPU, float64"
+    assert any("Training runs on the CPU: no GPU here" in c.value for c in at.caption)
+
+
 def test_no_cell_chosen_says_so_and_trains_nothing(open_page):
     at = open_page("train")
     at.multiselect(key="train.cells").set_value([]).run()

@@ -101,9 +101,8 @@ def check_settings(task: Task, steps, batch, seq_len, lr, clip, seed, eval_every
 
 def evaluate(network: Network, params, readout, batch: Batch, task: Task) -> tuple[float, float]:
     """(loss, metric) on a batch, forward only (on the GPU, in float32, when the batch is there)."""
-    if type(batch.x).__module__.split(".")[0] == "cupy":
-        from ..api import run
-        outputs = run(network, params, batch.x, backend="fused", dtype=np.float32).outputs
+    if type(batch.x).__module__.split(".")[0] == "cupy":       # the training step's forward (the tape is dropped)
+        outputs = record(network, params, batch.x, dtype=np.float32, backend="fused").outputs
     else:
         outputs = reference_run(network, params, batch.x, dtype=np.float64).outputs     # (T, B, H)
     scored = readout_loss(outputs, readout, batch, task.loss)

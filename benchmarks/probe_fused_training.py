@@ -55,8 +55,8 @@ def main(argv=None) -> int:
         from engine.autodiff import fused
         fused.WAVEFRONT = False
     if args.max_splits is not None:
-        from engine.autodiff import fused
-        fused.MAX_SPLITS = args.max_splits
+        from engine.autodiff import cublas
+        cublas.MAX_SPLITS = args.max_splits
     print("| cell | config | forward ms | step ms | step wall ms |\n|---|---|---|---|---|")
     for name in args.preset or ["lstm"]:
         cell = engine.preset(name).cell
@@ -158,8 +158,8 @@ if __name__ == "__main__":
         raise SystemExit(0)
     if "--launches" in sys.argv:
         if "--max-splits" in sys.argv:
-            from engine.autodiff import fused
-            fused.MAX_SPLITS = int(sys.argv[sys.argv.index("--max-splits") + 1])
+            from engine.autodiff import cublas
+            cublas.MAX_SPLITS = int(sys.argv[sys.argv.index("--max-splits") + 1])
         profile_main()
         raise SystemExit(0)
     raise SystemExit(main())

@@ -87,6 +87,14 @@ def _nvcc(sources: dict[str, str], tmp_path) -> None:
 
 
 @pytest.mark.nvcc
+def test_the_training_steps_hand_written_kernels_compile_with_nvcc(tmp_path):
+    """kernels/all_finite.cu, copy_pieces.cu and splitk_reduce.cu, as the step loads them."""
+    from engine.autodiff.fused import COPY_FILE, SPLIT_REDUCE_FILE
+    from engine.backends.common import ALL_FINITE_FILE
+    _nvcc({path.name: path.read_text() for path in (ALL_FINITE_FILE, COPY_FILE, SPLIT_REDUCE_FILE)}, tmp_path)
+
+
+@pytest.mark.nvcc
 def test_every_preset_and_unusual_cell_plans_and_compiles_with_nvcc(tmp_path):
     cells = {**{n: engine.preset(n).cell for n in PRESETS}, **UNUSUAL}
     sources = {}
@@ -210,7 +218,7 @@ def test_a_wrong_plan_is_caught():
 
 
 def test_split_k_fills_the_gpu_only_where_the_output_is_small():
-    from engine.autodiff.fused import split_k
+    from engine.autodiff.cublas import split_k
     assert split_k(64, 512, 2048, 132) == 8        # the LSTM's backward GEMM at mid: 4 output tiles, K = 4H
     assert split_k(64, 2048, 512, 132) == 4        # its forward GEMM: 16 tiles, each part 128 deep
     assert split_k(6400, 2048, 512, 132) == 1      # a hoisted GEMM over every step fills the GPU by itself
@@ -283,7 +291,7 @@ def test_a_gemm_term_the_after_part_reads_is_not_absorbed_into_a_sum():
 
 
 def test_the_wavefront_order_waits_for_the_layer_below_and_the_chunk_before():
-    from engine.autodiff.fused import wavefront_order
+    from engine.autodiff.wavefront import wavefront_order
     order = wavefront_order(3, 4)
     assert sorted(order) == [(l, c) for l in range(3) for c in range(4)]
     position = {pair: i for i, pair in enumerate(order)}
@@ -291,7 +299,7 @@ def test_the_wavefront_order_waits_for_the_layer_below_and_the_chunk_before():
         assert l == 0 or position[(l - 1, c)] < position[(l, c)]
         assert c == 0 or position[(l, c - 1)] < position[(l, c)]
     assert order[:4] == [(0, 0), (0, 1), (1, 0), (0, 2)]
-    from engine.autodiff.fused import backward_wavefront, forward_wavefront
+    from engine.autodiff.wavefront import backward_wavefront, forward_wavefront
     for items, first in ((forward_wavefront(3, 4), (0, 0)), (backward_wavefront(3, 4), (2, 3))):
         issued = [(l, c) for l, c, _ in items]
         assert sorted(issued) == sorted(order) and issued[0] == first
@@ -302,7 +310,7 @@ def test_the_wavefront_order_waits_for_the_layer_below_and_the_chunk_before():
 
 def test_the_wavefront_is_cut_into_pieces_of_whole_diagonals():
     """diagonal_pieces: 1, 2, 4, ... diagonals a piece, in order, every item once; nothing waits for a later piece."""
-    from engine.autodiff.fused import backward_wavefront, diagonal_pieces, forward_wavefront, wavefront_order
+    from engine.autodiff.wavefront import backward_wavefront, diagonal_pieces, forward_wavefront, wavefront_order
     for layers, chunks in [(4, 13), (1, 5), (3, 1), (2, 2)]:
         for order in (forward_wavefront, backward_wavefront):
             items = order(layers, chunks)

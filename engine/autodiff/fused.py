@@ -3,16 +3,20 @@
 Plan (engine/autodiff/fused_plan.py) -> CUDA (engine/autodiff/fused_codegen.py) -> this module, which allocates a
 layer's buffers, stacks each GEMM's weights, and launches, fp32 on the GPU:
 
-    forward, layer by layer:   the hoisted GEMM over T x B rows; then t = 0 .. T-1: [GEMM, kernel] per stage
-    backward, top layer first: t = T-1 .. 0: [kernel, GEMM] per stage; then the split's `after` part on T x B rows
-                               (engine.autodiff.step.backward_step through CuPy: one GEMM per weight gradient over
-                               every step, one per input adjoint, one sum per bias)
+    forward, a chunk of steps at a time:  the input GEMM over the chunk's rows; then per step [GEMM, kernel] a stage
+    backward, the last chunk first:       per step [kernel, GEMM] a stage; then the chunk's input adjoint as one GEMM
+                                          into the layer below's d_out
+    after the sweep, a layer at a time:   the weight and bias gradients as one GEMM per operand (plan.grad_gemms), the
+                                          rest of the split's `after` part through engine.autodiff.step on T x B rows
 
-The GEMMs go straight to cuBLAS's sgemm (Sgemm: ctypes, a handle of its own, strict fp32: the default math mode,
-no TF32), so a sum of a GEMM's terms and elementwise ones is one GEMM with beta = 1, and a step GEMM with few output
-tiles may split K (split_k). Each layer's step loop, forward and backward, is captured once as a CUDA graph and
-replayed (Program.launch). The values live in per-layer buffers at row (t + shift) * B + b, so nothing is copied
-between steps and the backward reads the forward's values where the forward wrote them.
+The layers run as a wavefront both ways (engine/autodiff/wavefront.py: layer l's chunk after the layer below's, a
+stream a layer), launched as CUDA graphs of 1, 2, 4, ... diagonals. WAVEFRONT = False runs layer by layer, a graph a
+layer and direction, as does the backward of a cell whose input adjoint is not one GEMM. The GEMMs go straight to
+cuBLAS's sgemm (engine/autodiff/cublas.py: ctypes, a handle of its own, strict fp32, no TF32), so a sum of a GEMM's
+terms and elementwise ones is one GEMM with beta = 1, and a step GEMM with few output tiles may split K. The values
+live in per-layer buffers at row (t + shift) * B + b, so nothing is copied between steps and the backward reads the
+forward's values where the forward wrote them. A step's inputs and parameters go in with one launch of
+kernels/copy_pieces.cu.
 
 The buffers and the captured graphs of a (network, T, B) form a Program, cached and reused by the next record once
 its tape's backward has run (or the tape is dropped); idle programs beyond CACHE_BYTES (4 GiB) of buffers are
@@ -23,6 +27,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
+from pathlib import Path
 
 import numpy as np
 
@@ -32,9 +37,12 @@ from ..ops import apply_elementwise
 from .fused_codegen import THREADS, kernel_params, render_module
 from .fused_plan import (D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER, GemmPlan, GradGemm, KernelPlan, Place,
                          TrainingPlan, adjoint_buffer, state_buffer, training_plan)
+from .cublas import SPLIT_REDUCE_FILE, Sgemm, split_k
 from .step import backward_step
+from .wavefront import backward_wavefront, diagonal_pieces, forward_wavefront
 
 MAX_BLOCKS = 65535
+KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 _modules: dict = {}
 _lock = threading.Lock()
 
@@ -57,171 +65,13 @@ def module_for(plan: TrainingPlan):
     return module
 
 
-class Sgemm:
-    """Row-major GEMMs on raw pointers through cuBLAS's cublasSgemm_v2, on a handle of its own (host scalars, the
-    default math mode: strict fp32, no TF32, and a 32 MiB workspace of its own, so the calls can be captured into a
-    CUDA graph). CuPy's wrappers refuse every cuBLAS call during stream capture, so the library is called through
-    ctypes: the libcublas CuPy loaded."""
-
-    WORKSPACE = 32 << 20
-
-    def __init__(self, cupy):
-        import ctypes
-        self.ctypes = ctypes
-        lib = ctypes.CDLL(_libcublas_path(cupy))
-        vp, i, fp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
-        lib.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, vp, i, vp, i, fp, vp, i]
-        ll = ctypes.c_longlong
-        lib.cublasSgemmStridedBatched.argtypes = [vp, i, i, i, i, i, fp, vp, i, ll, vp, i, ll, fp, vp, i, ll, i]
-        lib.cublasSetStream_v2.argtypes = [vp, vp]
-        lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
-        lib.cublasSetPointerMode_v2.argtypes = [vp, i]
-        lib.cublasSetMathMode.argtypes = [vp, i]
-        self.lib, self.handle = lib, ctypes.c_void_p()
-        self._check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
-        self.workspace = cupy.empty(self.WORKSPACE, dtype=cupy.uint8)
-        self._check(lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr, self.WORKSPACE), "workspace")
-        self._check(lib.cublasSetPointerMode_v2(self.handle, 0), "pointer mode")      # CUBLAS_POINTER_MODE_HOST
-        self._check(lib.cublasSetMathMode(self.handle, 0), "math mode")              # CUBLAS_DEFAULT_MATH
-        self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        self.p_one, self.p_zero = ctypes.pointer(self.one), ctypes.pointer(self.zero)
-
-    @staticmethod
-    def _check(status: int, what: str) -> None:
-        if status != 0:
-            raise RuntimeError(f"cuBLAS {what} failed with status {status}")
-
-    def bind(self, stream_ptr: int) -> None:
-        self._check(self.lib.cublasSetStream_v2(self.handle, stream_ptr), "cublasSetStream")
-
-    def __call__(self, a: int, lda: int, w: int, ldw: int, c: int, ldc: int, m: int, n: int, k: int,
-                 w_transposed: bool, accumulate: bool) -> None:
-        """C (m x n, ldc) (+)= A (m x k, lda) @ W^T (W: n x k, ldw) if w_transposed else A @ W (W: k x n, ldw)."""
-        # Row-major C = A op(W) is column-major C^T = op(W)^T A^T: cuBLAS computes n x m from W then A.
-        status = self.lib.cublasSgemm_v2(self.handle, 1 if w_transposed else 0, 0, n, m, k, self.p_one, w, ldw,
-                                         a, lda, self.p_one if accumulate else self.p_zero, c, ldc)
-        self._check(status, "sgemm")
-
-    def raw(self, a_transposed: bool, b_transposed: bool, m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int,
-            c: int, ldc: int) -> None:
-        """cuBLAS's own column-major C (m x n, ldc) += op(A) (m x k) @ op(B) (k x n)."""
-        status = self.lib.cublasSgemm_v2(self.handle, int(a_transposed), int(b_transposed), m, n, k, self.p_one,
-                                         a, lda, b, ldb, self.p_one, c, ldc)
-        self._check(status, "sgemm")
-
-    def split(self, a: int, lda: int, w: int, ldw: int, part: int, m: int, n: int, k: int, splits: int,
-              w_transposed: bool) -> None:
-        """part[i] (m x n, contiguous) = A[:, i*ks:(i+1)*ks] @ op(W)[i*ks:(i+1)*ks, :], ks = k / splits: the K
-        dimension split over a strided batch, so a GEMM with few output tiles still fills the GPU."""
-        ks = k // splits
-        status = self.lib.cublasSgemmStridedBatched(
-            self.handle, 1 if w_transposed else 0, 0, n, m, ks, self.p_one, w, ldw, ks if w_transposed else ks * n,
-            a, lda, ks, self.p_zero, part, n, m * n, splits)
-        self._check(status, "sgemm (split K)")
-
-
-def _libcublas_path(cupy) -> str:
-    """The libcublas that CuPy's cuBLAS module loaded (read from the process's memory map), else the loader's."""
-    import ctypes.util
-    from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas)
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1]
-                if "/libcublas.so" in path:
-                    return path
-    except OSError:
-        pass
-    found = ctypes.util.find_library("cublas")
-    if found is None:
-        raise RuntimeError("libcublas was not found in the process or on the loader's path")
-    return found
-
-
-# A GEMM of a step has few output tiles (B = 64 rows), and cuBLAS then runs a handful of blocks down a long K on a
-# GPU of 132 SMs. Splitting K over a strided batch and summing the partial products in one small kernel fills it.
-SPLIT_TILE = (64, 128)          # rows x columns of output a cuBLAS SIMT block covers, roughly
-MIN_SPLIT_DEPTH = 128           # each part keeps at least this much of K
-MAX_SPLITS = 8
-MIN_SPLIT_ROWS = 16             # fewer rows (batch): cuBLAS runs a GEMV kernel; at `lat` (B = 1) the step's graphs
-                                # had 800 reduce nodes of ~2,500, and the host's launch of them is the step's bound
-
-
-def split_k(m: int, n: int, k: int, sms: int) -> int:
-    """How many parts to split K into for an (m x k) @ (k x n) GEMM on a GPU of `sms` SMs (1: no split): enough
-    to give every SM a block, each part at least MIN_SPLIT_DEPTH deep, a divisor of k."""
-    if m < MIN_SPLIT_ROWS:
-        return 1                  # a GEMV to cuBLAS, spread over n already: a split adds a reduce launch, no blocks
-    tiles = -(-m // SPLIT_TILE[0]) * -(-n // SPLIT_TILE[1])
-    splits = 1
-    while (splits * 2 <= MAX_SPLITS and tiles * splits * 2 <= sms and k % (splits * 2) == 0
-           and k // (splits * 2) >= MIN_SPLIT_DEPTH):
-        splits *= 2
-    return splits
-
-
-SPLIT_REDUCE = r"""
-extern "C" __global__ void splitk_reduce(float* __restrict__ out, const float* __restrict__ part, const int splits,
-                                         const int m, const int n, const int ldc, const int accumulate)
-{
-    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long)m * n) return;
-    const long r = idx / n, c = idx - r * n;
-    float sum = accumulate ? out[r * ldc + c] : 0.0f;
-    for (int i = 0; i < splits; ++i) sum += part[(long)i * m * n + idx];
-    out[r * ldc + c] = sum;
-}
-"""
-
-
-COPY_CHUNK = 8192               # elements a block of COPY_KERNEL copies
-COPY_KERNEL = r"""
-extern "C" __global__ void copy_pieces(const long long* __restrict__ table, const int pieces)
-{
-    const float* src = reinterpret_cast<const float*>(table[blockIdx.x]);          /* 0: zeros */
-    float* dst = reinterpret_cast<float*>(table[pieces + blockIdx.x]);
-    const long long n = table[2 * pieces + blockIdx.x];
-    for (long long i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src ? src[i] : 0.0f;
-}
-"""
+COPY_CHUNK = 8192               # elements a block of kernels/copy_pieces.cu copies
+COPY_FILE = KERNELS_DIR / "copy_pieces.cu"
 
 
 WAVEFRONT = True         # the layers as a wavefront both ways (Program(wavefront=...)): faster on the H100 at every
                          # anchor timed (benchmarks/NOTES.md, twelfth session); False: layer by layer
 WAVEFRONT_CHUNK = 8      # steps a chunk of the wavefront
-
-
-def wavefront_order(layers: int, chunks: int) -> list[tuple[int, int]]:
-    """(layer, chunk) pairs diagonal by diagonal: every (l - 1, c) comes before (l, c), and (l, c - 1) before (l, c)."""
-    return [(l, d - l) for d in range(layers + chunks - 1) for l in range(layers) if 0 <= d - l < chunks]
-
-
-def forward_wavefront(layers: int, chunks: int) -> list[tuple[int, int, tuple[int, int] | None]]:
-    """(layer, chunk, the chunk it waits for) in issue order: layer l's chunk c after layer l-1's chunk c."""
-    return [(l, c, (l - 1, c) if l else None) for l, c in wavefront_order(layers, chunks)]
-
-
-def backward_wavefront(layers: int, chunks: int) -> list[tuple[int, int, tuple[int, int] | None]]:
-    """The same, reversed: the top layer first, the last chunk first; layer l's chunk c after layer l+1's chunk c
-    (whose input adjoint is layer l's d_out of those steps)."""
-    top, last = layers - 1, chunks - 1
-    return [(top - w, last - k, (top - w + 1, last - k) if w else None) for w, k in wavefront_order(layers, chunks)]
-
-
-def diagonal_pieces(items: list, layers: int, chunks: int) -> list[list]:
-    """A wavefront's items (in wavefront_order's order) cut into pieces of whole diagonals: 1, 2, 4, 8, ... diagonals
-    each. Each piece is a graph of its own, launched in order: the GPU starts on the first (one chunk) while the host
-    still launches the rest (one graph of every layer and step cost ~2 ms of host time to launch, with the GPU idle)."""
-    diagonals = [l + c for l, c in wavefront_order(layers, chunks)]
-    pieces: list[list] = [[]]
-    bound, width = 1, 1
-    for d, item in zip(diagonals, items):
-        if d >= bound:
-            pieces.append([])
-            width *= 2
-            bound += width
-        pieces[-1].append(item)
-    return pieces
 
 
 class Layer:
@@ -292,8 +142,8 @@ class Runner:
         self.layer_streams: list = []              # the wavefront's streams, a handle (and workspace) each
         self.stream_sgemms: list[Sgemm] = []
         from ..codegen.nvrtc import load_module
-        self.reduce = load_module(SPLIT_REDUCE).get_function("splitk_reduce")
-        self.copy_kernel = load_module(COPY_KERNEL).get_function("copy_pieces")
+        self.reduce = load_module(SPLIT_REDUCE_FILE.read_text()).get_function("splitk_reduce")
+        self.copy_kernel = load_module(COPY_FILE.read_text()).get_function("copy_pieces")
         self._ones = None
         self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
 
@@ -333,7 +183,7 @@ class Runner:
 
     def copy(self, copies: list[tuple]) -> None:
         """Each (destination, source) pair: the source's values into the destination (same size; None: zeros), as
-        one launch of COPY_KERNEL over COPY_CHUNK-element pieces (a copy a parameter from Python cost ~20 us of
+        one launch of kernels/copy_pieces.cu over COPY_CHUNK-element pieces (a copy a parameter from Python cost ~20 us of
         host time each, ~2.5 ms a step for a 4-layer LSTM). A destination that is not one contiguous run is filled
         on its own."""
         xp = self.xp

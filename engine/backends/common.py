@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError
 from ..network import Network
+
+KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 
 
 @dataclass
@@ -77,39 +80,13 @@ def _first_bad(value) -> tuple[int, tuple] | None:
     return count, tuple(int(i) for i in xp.argwhere(bad)[0])
 
 
-ALL_FINITE_SOURCE = r"""
-template <typename T>
-__device__ void all_finite(const unsigned long long* ptrs, const long long* sizes, int* bad) {
-    const int a = blockIdx.y;
-    const T* v = reinterpret_cast<const T*>(ptrs[a]);
-    int found = 0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < sizes[a];
-         i += (long long)gridDim.x * blockDim.x)
-        found |= !isfinite(v[i]);
-    if (__syncthreads_or(found) && threadIdx.x == 0) bad[a] = 1;
-}
-extern "C" __global__ void all_finite_f32(const unsigned long long* p, const long long* n, int* bad) {
-    all_finite<float>(p, n, bad);
-}
-extern "C" __global__ void all_finite_f64(const unsigned long long* p, const long long* n, int* bad) {
-    all_finite<double>(p, n, bad);
-}
-extern "C" __global__ void all_finite_f16(const unsigned long long* p, const long long* n, int* bad) {
-    const int a = blockIdx.y;
-    const unsigned short* v = reinterpret_cast<const unsigned short*>(p[a]);
-    int found = 0;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n[a];
-         i += (long long)gridDim.x * blockDim.x)
-        found |= (v[i] & 0x7c00) == 0x7c00;                     /* exponent all ones: Inf or NaN */
-    if (__syncthreads_or(found) && threadIdx.x == 0) bad[a] = 1;
-}
-"""
+ALL_FINITE_FILE = KERNELS_DIR / "all_finite.cu"
 _ALL_FINITE_KERNELS = None
 _FINITE_BLOCKS = 128              # blocks per array; each loops over its share (a few hundred thousand elements)
 
 
 class _PendingFlags:
-    """The flags of one launch of ALL_FINITE_SOURCE, on their way to pinned host memory behind an event."""
+    """The flags of one launch of kernels/all_finite.cu, on their way to pinned host memory behind an event."""
 
     def __init__(self, cupy, bad):
         self.host = np.frombuffer(cupy.cuda.alloc_pinned_memory(bad.nbytes), dtype=np.int32, count=bad.size)
@@ -134,7 +111,8 @@ def _launch_all_finite(values: list):
         return None
     import cupy
     if _ALL_FINITE_KERNELS is None:
-        module = cupy.RawModule(code=ALL_FINITE_SOURCE)
+        from ..codegen.nvrtc import load_module
+        module = load_module(ALL_FINITE_FILE.read_text())
         _ALL_FINITE_KERNELS = {np.dtype(np.float32): module.get_function("all_finite_f32"),
                                np.dtype(np.float64): module.get_function("all_finite_f64"),
                                np.dtype(np.float16): module.get_function("all_finite_f16")}

@@ -1,0 +1,115 @@
+"""cuBLAS for the fused training step (engine/autodiff/fused.py): row-major GEMMs on raw pointers through ctypes, on
+a handle of its own, so they can be captured into CUDA graphs (CuPy's wrappers refuse every cuBLAS call during stream
+capture); and the split-K policy for the step GEMMs, whose partial products kernels/splitk_reduce.cu sums.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
+
+
+class Sgemm:
+    """Row-major GEMMs on raw pointers through cuBLAS's cublasSgemm_v2, on a handle of its own (host scalars, the
+    default math mode: strict fp32, no TF32, and a 32 MiB workspace of its own, so the calls can be captured into a
+    CUDA graph). CuPy's wrappers refuse every cuBLAS call during stream capture, so the library is called through
+    ctypes: the libcublas CuPy loaded."""
+
+    WORKSPACE = 32 << 20
+
+    def __init__(self, cupy):
+        import ctypes
+        self.ctypes = ctypes
+        lib = ctypes.CDLL(_libcublas_path(cupy))
+        vp, i, fp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
+        lib.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, vp, i, vp, i, fp, vp, i]
+        ll = ctypes.c_longlong
+        lib.cublasSgemmStridedBatched.argtypes = [vp, i, i, i, i, i, fp, vp, i, ll, vp, i, ll, fp, vp, i, ll, i]
+        lib.cublasSetStream_v2.argtypes = [vp, vp]
+        lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+        lib.cublasSetPointerMode_v2.argtypes = [vp, i]
+        lib.cublasSetMathMode.argtypes = [vp, i]
+        self.lib, self.handle = lib, ctypes.c_void_p()
+        self._check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
+        self.workspace = cupy.empty(self.WORKSPACE, dtype=cupy.uint8)
+        self._check(lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr, self.WORKSPACE), "workspace")
+        self._check(lib.cublasSetPointerMode_v2(self.handle, 0), "pointer mode")      # CUBLAS_POINTER_MODE_HOST
+        self._check(lib.cublasSetMathMode(self.handle, 0), "math mode")              # CUBLAS_DEFAULT_MATH
+        self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self.p_one, self.p_zero = ctypes.pointer(self.one), ctypes.pointer(self.zero)
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"cuBLAS {what} failed with status {status}")
+
+    def bind(self, stream_ptr: int) -> None:
+        self._check(self.lib.cublasSetStream_v2(self.handle, stream_ptr), "cublasSetStream")
+
+    def __call__(self, a: int, lda: int, w: int, ldw: int, c: int, ldc: int, m: int, n: int, k: int,
+                 w_transposed: bool, accumulate: bool) -> None:
+        """C (m x n, ldc) (+)= A (m x k, lda) @ W^T (W: n x k, ldw) if w_transposed else A @ W (W: k x n, ldw)."""
+        # Row-major C = A op(W) is column-major C^T = op(W)^T A^T: cuBLAS computes n x m from W then A.
+        status = self.lib.cublasSgemm_v2(self.handle, 1 if w_transposed else 0, 0, n, m, k, self.p_one, w, ldw,
+                                         a, lda, self.p_one if accumulate else self.p_zero, c, ldc)
+        self._check(status, "sgemm")
+
+    def raw(self, a_transposed: bool, b_transposed: bool, m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int,
+            c: int, ldc: int) -> None:
+        """cuBLAS's own column-major C (m x n, ldc) += op(A) (m x k) @ op(B) (k x n)."""
+        status = self.lib.cublasSgemm_v2(self.handle, int(a_transposed), int(b_transposed), m, n, k, self.p_one,
+                                         a, lda, b, ldb, self.p_one, c, ldc)
+        self._check(status, "sgemm")
+
+    def split(self, a: int, lda: int, w: int, ldw: int, part: int, m: int, n: int, k: int, splits: int,
+              w_transposed: bool) -> None:
+        """part[i] (m x n, contiguous) = A[:, i*ks:(i+1)*ks] @ op(W)[i*ks:(i+1)*ks, :], ks = k / splits: the K
+        dimension split over a strided batch, so a GEMM with few output tiles still fills the GPU."""
+        ks = k // splits
+        status = self.lib.cublasSgemmStridedBatched(
+            self.handle, 1 if w_transposed else 0, 0, n, m, ks, self.p_one, w, ldw, ks if w_transposed else ks * n,
+            a, lda, ks, self.p_zero, part, n, m * n, splits)
+        self._check(status, "sgemm (split K)")
+
+
+def _libcublas_path(cupy) -> str:
+    """The libcublas that CuPy's cuBLAS module loaded (read from the process's memory map), else the loader's."""
+    import ctypes.util
+    from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas)
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if "/libcublas.so" in path:
+                    return path
+    except OSError:
+        pass
+    found = ctypes.util.find_library("cublas")
+    if found is None:
+        raise RuntimeError("libcublas was not found in the process or on the loader's path")
+    return found
+
+
+# A GEMM of a step has few output tiles (B = 64 rows), and cuBLAS then runs a handful of blocks down a long K on a
+# GPU of 132 SMs. Splitting K over a strided batch and summing the partial products in one small kernel fills it.
+SPLIT_TILE = (64, 128)          # rows x columns of output a cuBLAS SIMT block covers, roughly
+MIN_SPLIT_DEPTH = 128           # each part keeps at least this much of K
+MAX_SPLITS = 8
+MIN_SPLIT_ROWS = 16             # fewer rows (batch): cuBLAS runs a GEMV kernel; at `lat` (B = 1) the step's graphs
+                                # had 800 reduce nodes of ~2,500, and the host's launch of them is the step's bound
+
+
+def split_k(m: int, n: int, k: int, sms: int) -> int:
+    """How many parts to split K into for an (m x k) @ (k x n) GEMM on a GPU of `sms` SMs (1: no split): enough
+    to give every SM a block, each part at least MIN_SPLIT_DEPTH deep, a divisor of k."""
+    if m < MIN_SPLIT_ROWS:
+        return 1                  # a GEMV to cuBLAS, spread over n already: a split adds a reduce launch, no blocks
+    tiles = -(-m // SPLIT_TILE[0]) * -(-n // SPLIT_TILE[1])
+    splits = 1
+    while (splits * 2 <= MAX_SPLITS and tiles * splits * 2 <= sms and k % (splits * 2) == 0
+           and k // (splits * 2) >= MIN_SPLIT_DEPTH):
+        splits *= 2
+    return splits
+
+
+SPLIT_REDUCE_FILE = KERNELS_DIR / "splitk_reduce.cu"

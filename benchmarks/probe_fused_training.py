@@ -149,12 +149,15 @@ def host_profile(name: str = "lstm", config_name: str = "mid", steps: int = 20) 
     for _ in range(steps):
         step()
     profile.disable()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    stats = pstats.Stats(profile)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(30)
 
 
 if __name__ == "__main__":
-    if "--host-profile" in sys.argv:
-        host_profile()
+    if "--host-profile" in sys.argv:     # --host-profile [config [preset]]
+        rest = sys.argv[sys.argv.index("--host-profile") + 1:]
+        host_profile(*(rest[1:2] or ["lstm"]), *(rest[:1] or ["mid"]))
         raise SystemExit(0)
     if "--launches" in sys.argv:
         if "--max-splits" in sys.argv:

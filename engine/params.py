@@ -5,6 +5,7 @@ as .npz with keys "layer{l}.{name}".
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,12 +77,17 @@ def check_params(network: Network, params: Params) -> None:
     """Raise BackendError naming the layer and parameter if anything is missing or mis-shaped."""
     if len(params.layers) != network.num_layers:
         raise BackendError(f"params has {len(params.layers)} layer(s), the network has {network.num_layers}")
-    for layer in range(network.num_layers):
-        for p in network.cell.params:
-            if p.name not in params.layers[layer]:
-                raise BackendError(f"params: layer {layer} has no parameter '{p.name}'",)
-            want = network.param_shape(layer, p.name)
-            value = params.layers[layer][p.name]
-            got = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)   # CuPy's too, without a copy
-            if got != want:
-                raise BackendError(f"params: layer {layer} parameter '{p.name}' has shape {got}, expected {want}")
+    for layer, name, want in expected_shapes(network):
+        if name not in params.layers[layer]:
+            raise BackendError(f"params: layer {layer} has no parameter '{name}'",)
+        value = params.layers[layer][name]
+        got = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)   # CuPy's too, without a copy
+        if got != want:
+            raise BackendError(f"params: layer {layer} parameter '{name}' has shape {got}, expected {want}")
+
+
+@functools.lru_cache(maxsize=256)
+def expected_shapes(network: Network) -> tuple[tuple[int, str, tuple[int, ...]], ...]:
+    """(layer, parameter, shape) of every parameter of the network (a training step checks them every call)."""
+    return tuple((layer, p.name, network.param_shape(layer, p.name)) for layer in range(network.num_layers)
+                 for p in network.cell.params)

@@ -74,6 +74,14 @@ WAVEFRONT = True         # the layers as a wavefront both ways (Program(wavefron
 WAVEFRONT_CHUNK = 8      # steps a chunk of the wavefront
 
 
+def float32_contiguous(xp, value):
+    """value as a C-contiguous float32 array of xp: itself when it is one already (the common case, checked without
+    the ~5 us each asarray and ascontiguousarray call costs on the host)."""
+    if type(value) is xp.ndarray and value.dtype == np.float32 and value.flags.c_contiguous:
+        return value
+    return xp.ascontiguousarray(xp.asarray(value, dtype=xp.float32))
+
+
 class Layer:
     """One layer's buffers, parameters, stacked weights and parameter vectors for a (T, B). They persist across
     calls (a Program reuses them, and a CUDA graph holds their addresses): load() copies new values in."""
@@ -108,8 +116,7 @@ class Layer:
         now; returned, the (destination, source) copies that fill the vector buffers and the stacked weights, for
         Runner.copy to do in one launch with the program's other copies."""
         xp = self.xp
-        self.params = {name: xp.ascontiguousarray(xp.asarray(value, dtype=xp.float32))
-                       for name, value in params.items()}
+        self.params = {name: float32_contiguous(xp, value) for name, value in params.items()}
         copies = [(self.buffers[f"param_{name}"], value) for name, value in self.params.items() if value.ndim == 1]
         for weights, target in self.stacked.items():
             row = 0
@@ -402,14 +409,13 @@ class Program:
     def load(self, params, x, initial_states: dict | None) -> None:
         """x, every layer's parameters and initial states into the program's buffers: one copy launch for all."""
         xp, cell, B = self.runner.xp, self.network.cell, self.B
-        copies = [(self.input, xp.ascontiguousarray(xp.asarray(x, dtype=xp.float32)))]
+        copies = [(self.input, float32_contiguous(xp, x))]
         for l, layer in enumerate(self.layers):
             copies += layer.load(cell, params[l])
             for s in cell.state_names:
                 first = layer.buffers[state_buffer(s)][:B]
                 given = initial_states is not None and s in initial_states
-                copies.append((first, xp.ascontiguousarray(xp.asarray(initial_states[s][l], dtype=xp.float32))
-                               if given else None))
+                copies.append((first, float32_contiguous(xp, initial_states[s][l]) if given else None))
         self.runner.copy(copies)
 
     def forward(self) -> None:
@@ -549,7 +555,16 @@ def gradient_layout(network) -> tuple[int, tuple, tuple]:
                 start += int(np.prod(shape))
             if index is not None:
                 stacks.append((l, index, first, start - first))
+    order = {p.name: i for i, p in enumerate(cell.params)}
+    layout.sort(key=lambda item: (item[0], order[item[1]]))
     return start, tuple(layout), tuple(stacks)
+
+
+def _view(xp, flat, shape: tuple, start: int):
+    """flat[start:start + size] as an array of `shape` (on the GPU one constructor call, not a slice and a reshape)."""
+    if xp is np:
+        return flat[start:start + int(np.prod(shape))].reshape(shape)
+    return xp.ndarray(shape, dtype=xp.float32, memptr=flat.data + 4 * start)
 
 
 def zero_gradients(xp, network) -> tuple[list[dict], list[dict]]:
@@ -557,9 +572,9 @@ def zero_gradients(xp, network) -> tuple[list[dict], list[dict]]:
     layer, each GradGemm's stacked gradients as one flat view {GradGemm index: view}."""
     total, layout, stacks = gradient_layout(network)
     flat = xp.zeros(total, dtype=xp.float32)
-    views = {(l, name): flat[start:start + int(np.prod(shape))].reshape(shape) for l, name, shape, start in layout}
-    grads = [{p.name: views[(l, p.name)] for p in network.cell.params}     # the cell's order, as every backend's
-             for l in range(network.num_layers)]
+    grads: list[dict] = [{} for _ in range(network.num_layers)]
+    for l, name, shape, start in layout:                 # in the cell's order, as every backend's
+        grads[l][name] = _view(xp, flat, shape, start)
     stacked: list[dict] = [{} for _ in range(network.num_layers)]
     for l, index, start, size in stacks:
         stacked[l][index] = flat[start:start + size]

@@ -121,7 +121,8 @@ def _launch_all_finite(values: list):
         if v.dtype not in _ALL_FINITE_KERNELS:
             return None
         if v.size:
-            v = cupy.ascontiguousarray(v)
+            if not v.flags.c_contiguous:
+                v = cupy.ascontiguousarray(v)
             groups.setdefault(v.dtype, []).append(v)
     count = sum(len(arrays) for arrays in groups.values())
     if count > 65535:

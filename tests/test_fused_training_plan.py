@@ -416,3 +416,13 @@ def test_the_gradients_come_in_the_cells_parameter_order(name):
     want = bptt(network, params, x, d_outputs=np.ones((4, 2, 4)))
     for l in range(2):
         assert list(got.params[l]) == [p.name for p in cell.params] == list(want.params[l])
+
+
+def test_a_cells_hash_is_cached_but_not_pickled():
+    """The cell keys the training step's caches: its hash is computed once, equals an equal cell's, and is not
+    carried through pickle (another process hashes strings differently)."""
+    import pickle
+    cell = engine.preset("gru").cell
+    assert hash(cell) == hash(engine.preset("gru").cell) and cell.__dict__["_hash"] == hash(cell)
+    copied = pickle.loads(pickle.dumps(cell))
+    assert "_hash" not in copied.__dict__ and copied == cell and hash(copied) == hash(cell)

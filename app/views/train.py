@@ -166,7 +166,8 @@ def results_ui(results: list[dict]) -> None:
 
 st.title("Train")
 st.caption("Train cells side by side on a task the project generates: same data, same seed, same settings; "
-           "CPU, float64, backpropagation through time on the NumPy reference.")
+           "backpropagation through time on the CPU in float64 (the NumPy reference), or on the GPU in float32 (the "
+           "fused training step) where there is one.")
 labels = cells_ui()
 task = task_ui()
 settings = settings_ui(task)

@@ -190,9 +190,9 @@ class Runner:
 
     def copy(self, copies: list[tuple]) -> None:
         """Each (destination, source) pair: the source's values into the destination (same size; None: zeros), as
-        one launch of kernels/copy_pieces.cu over COPY_CHUNK-element pieces (a copy a parameter from Python cost ~20 us of
-        host time each, ~2.5 ms a step for a 4-layer LSTM). A destination that is not one contiguous run is filled
-        on its own."""
+        one launch of kernels/copy_pieces.cu over COPY_CHUNK-element pieces (a copy a parameter from Python cost
+        ~20 us of host time each, ~2.5 ms a step for a 4-layer LSTM). A destination that is not one contiguous run
+        is filled on its own."""
         xp = self.xp
         src, dst, size = [], [], []
         for target, value in copies:

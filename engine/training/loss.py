@@ -36,7 +36,8 @@ class LossResult:
 
 
 def array_module(value):
-    """NumPy, or CuPy for a CuPy array (the loop's device="gpu"): the loss and the optimiser run where the values are."""
+    """NumPy, or CuPy for a CuPy array (the loop's device="gpu"): the loss and the optimiser run where the values
+    are."""
     if type(value).__module__.split(".")[0] == "cupy":
         import cupy
         return cupy

@@ -81,7 +81,7 @@ def _first_bad(value) -> tuple[int, tuple] | None:
 
 
 ALL_FINITE_FILE = KERNELS_DIR / "all_finite.cu"
-_ALL_FINITE_KERNELS = None
+_ALL_FINITE_KERNELS: dict = {}      # device id -> {dtype: kernel}
 _FINITE_BLOCKS = 128              # blocks per array; each loops over its share (a few hundred thousand elements)
 
 
@@ -106,20 +106,21 @@ def _launch_all_finite(values: list):
     """One kernel launch per dtype over a table of the arrays (a reduction per array cost ~50 us of host time
     each: 4 ms a step for a 4-layer LSTM); _PendingFlags to read later, or None when a value is not a CuPy array
     of float16/32/64 (the caller then looks value by value)."""
-    global _ALL_FINITE_KERNELS
     if not values or any(type(v).__module__.split(".")[0] != "cupy" for v in values):
         return None
     import cupy
-    if _ALL_FINITE_KERNELS is None:
+    device = cupy.cuda.Device().id
+    kernels = _ALL_FINITE_KERNELS.get(device)
+    if kernels is None:                               # compiled and loaded once a device
         from ..codegen.nvrtc import load_module
         module = load_module(ALL_FINITE_FILE.read_text())
-        _ALL_FINITE_KERNELS = {np.dtype(np.float32): module.get_function("all_finite_f32"),
-                               np.dtype(np.float64): module.get_function("all_finite_f64"),
-                               np.dtype(np.float16): module.get_function("all_finite_f16")}
+        kernels = _ALL_FINITE_KERNELS[device] = {np.dtype(np.float32): module.get_function("all_finite_f32"),
+                                                 np.dtype(np.float64): module.get_function("all_finite_f64"),
+                                                 np.dtype(np.float16): module.get_function("all_finite_f16")}
     groups: dict = {}
     for v in values:
-        if v.dtype not in _ALL_FINITE_KERNELS:
-            return None
+        if v.dtype not in kernels or v.device.id != device:
+            return None                               # the kernel reads raw pointers: this GPU's memory only
         if v.size:
             if not v.flags.c_contiguous:
                 v = cupy.ascontiguousarray(v)
@@ -131,7 +132,7 @@ def _launch_all_finite(values: list):
     first = 0
     for dtype, arrays in groups.items():
         table = cupy.asarray(np.array([[a.data.ptr for a in arrays], [a.size for a in arrays]], dtype=np.int64))
-        _ALL_FINITE_KERNELS[dtype]((_FINITE_BLOCKS, len(arrays)), (256,), (table[0], table[1], bad[first:]))
+        kernels[dtype]((_FINITE_BLOCKS, len(arrays)), (256,), (table[0], table[1], bad[first:]))
         first += len(arrays)
     return _PendingFlags(cupy, bad)
 

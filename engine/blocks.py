@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .backends.common import array_module_of
 from .errors import BackendError, CellGraphError, CompileError, Problem
 from .ir import CellGraph
 from .network import Network
@@ -253,18 +254,10 @@ class NetResult:
                                                         # fuse_pools made one program, whose output never existed)
 
 
-def _xp(value):
-    """numpy, or cupy for a CuPy array (the GPU backends return them when x is one)."""
-    if type(value).__module__.split(".")[0] == "cupy":
-        import cupy
-        return cupy
-    return np
-
-
 def pool_over_time(x, block: Pool):
     """(T, B, F) -> (T', B, F): block.op over windows of block.window steps every block.stride steps (NumPy or
     CuPy arrays alike)."""
-    xp = _xp(x)
+    xp = array_module_of(x)
     steps = block.steps_out(x.shape[0])
     if steps <= 0:                              # shorter than a window (the tail of a chunked run): nothing
         return x[:0]
@@ -433,7 +426,7 @@ class NetProgram:
             raise BackendError(f"argument 'x' must have shape (T, B, {net.input_size}) for net '{net.name}', got "
                                f"{tuple(shape) if shape is not None else type(x).__name__}")
         net.steps(shape[0])                    # pools that do not fit are refused before any work
-        value = x if _xp(x) is not np else np.asarray(x)
+        value = x if array_module_of(x) is not np else np.asarray(x)
         produced = []
         k = 0
         while k < len(net.blocks):
@@ -453,13 +446,13 @@ class NetProgram:
                 value = self._run((k,), network, params.blocks[k]["forward"], value, poison)[0]
             else:
                 for layer, network in enumerate(_layers_shapes(net, k)):
-                    xp = _xp(value)
+                    xp = array_module_of(value)
                     forward = self._run((k, layer, "forward"), network,
                                         Params([params.blocks[k]["forward"].layers[layer]]), value, poison)[0]
                     backward = self._run((k, layer, "backward"), network,
                                          Params([params.blocks[k]["backward"].layers[layer]]),
                                          xp.ascontiguousarray(value[::-1]), poison)[0][::-1]
-                    xp = _xp(forward)
+                    xp = array_module_of(forward)
                     value = (xp.concatenate([forward, xp.ascontiguousarray(backward)], axis=2)
                              if block.merge == "concat" else forward + backward)
             produced.append(value)

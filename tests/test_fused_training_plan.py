@@ -228,17 +228,22 @@ def test_split_k_fills_the_gpu_only_where_the_output_is_small():
     assert split_k(1, 2048, 512, 132) == 1         # B = 1: a GEMV, not short of blocks
 
 
+def small_numpy_case(name: str, steps: int = 5):
+    """A 2-layer network of preset `name` (I = 3, H = 4), seeded parameters, the NumPy runner of its plan and a
+    (steps, 2, 3) float32 input: what the fused step's program and tape tests run."""
+    from engine.autodiff.fused_numpy import NumpyRunner
+    cell = engine.preset(name).cell
+    network = engine.Network(cell, 3, 4, 2)
+    x = np.random.default_rng(0).standard_normal((steps, 2, 3)).astype(np.float32)
+    return cell, network, engine.init_params(network, seed=0), NumpyRunner(training_plan(cell)), x
+
+
 def test_programs_serve_one_live_tape_each_and_are_reused_and_dropped():
     """Two tapes alive at once get their own buffers; a finished or dropped tape frees its program for the next
     record; idle programs beyond CACHE_BYTES go, oldest first; outputs are copies the next step leaves alone."""
     import gc
     from engine.autodiff import fused
-    from engine.autodiff.fused_numpy import NumpyRunner
-    cell = engine.preset("gru").cell
-    network = engine.Network(cell, 3, 4, 2)
-    params = engine.init_params(network, seed=0)
-    runner = NumpyRunner(training_plan(cell))
-    x = np.random.default_rng(0).standard_normal((5, 2, 3)).astype(np.float32)
+    cell, network, params, runner, x = small_numpy_case("gru")
     fused.clear_cache()
     first = fused.record(network, params, x, None, runner=runner)
     second = fused.record(network, params, 2 * x, None, runner=runner)
@@ -368,14 +373,9 @@ def test_a_bad_value_found_once_the_work_is_queued_is_named_and_nothing_is_lost(
     free again; a tape given a NaN d_outputs names it and then takes a corrected one (the forward's values are
     intact), with the reference's gradients."""
     from engine.autodiff import fused
-    from engine.autodiff.fused_numpy import NumpyRunner
     from engine.backends.common import FiniteCheck, inputs_named
     from engine.errors import BackendError
-    cell = engine.preset("lstm").cell
-    network = engine.Network(cell, 3, 4, 2)
-    params = engine.init_params(network, seed=0)
-    runner = NumpyRunner(training_plan(cell))
-    x = np.random.default_rng(0).standard_normal((5, 2, 3)).astype(np.float32)
+    _, network, params, runner, x = small_numpy_case("lstm")
     fused.clear_cache()
     bad_x = x.copy()
     bad_x[1, 0, 2] = np.nan
@@ -406,14 +406,9 @@ def test_the_gradients_come_in_the_cells_parameter_order(name):
     """The gradient buffer is laid out for the gradient GEMMs, but each layer's dict keeps the cell's parameter
     order, as every backend's does (CellRNN hands them to torch by position)."""
     from engine.autodiff import fused
-    from engine.autodiff.fused_numpy import NumpyRunner
-    cell = engine.preset(name).cell
-    network = engine.Network(cell, 3, 4, 2)
-    params = engine.init_params(network, seed=0)
-    x = np.random.default_rng(0).standard_normal((4, 2, 3))
-    got = fused.record(network, params, x.astype(np.float32), None, runner=NumpyRunner(training_plan(cell))).backward(
-        np.ones((4, 2, 4), dtype=np.float32))
-    want = bptt(network, params, x, d_outputs=np.ones((4, 2, 4)))
+    cell, network, params, runner, x = small_numpy_case(name, steps=4)
+    got = fused.record(network, params, x, None, runner=runner).backward(np.ones((4, 2, 4), dtype=np.float32))
+    want = bptt(network, params, x.astype(np.float64), d_outputs=np.ones((4, 2, 4)))
     for l in range(2):
         assert list(got.params[l]) == [p.name for p in cell.params] == list(want.params[l])
 

@@ -31,14 +31,9 @@ def check_network(network) -> Network:
 GRADIENT_HINT = "check the loss gradient that produced it (bptt would spread it to every earlier step)"
 
 
-def check_finite_array(name: str, value) -> None:
-    """NaN or Inf (a NumPy or CuPy array): BackendError naming the argument and the first bad index."""
-    FiniteCheck([(name, value)], GRADIENT_HINT).raise_if_bad()
-
-
-def _float_array(name: str, value, want: tuple[int, ...], layout: str, xp=np, unchecked: list | None = None):
-    """value as an array of xp, its shape and dtype checked; its finiteness too, or later: (name, value) appended
-    to `unchecked` for a FiniteCheck."""
+def _float_array(name: str, value, want: tuple[int, ...], layout: str, xp, unchecked: list):
+    """value as an array of xp, its shape and dtype checked; (name, value) appended to `unchecked`, for the
+    FiniteCheck of its finiteness."""
     shape = getattr(value, "shape", None)
     if shape is None:
         raise BackendError(f"argument '{name}' must be an array of shape {want} {layout}, got {type(value).__name__}")
@@ -49,14 +44,11 @@ def _float_array(name: str, value, want: tuple[int, ...], layout: str, xp=np, un
     if kind is None or kind.kind != "f":
         raise BackendError(f"argument '{name}' must be a floating-point array, got dtype {kind}")
     value = xp.asarray(value)
-    if unchecked is None:
-        check_finite_array(f"argument '{name}'", value)
-    else:
-        unchecked.append((f"argument '{name}'", value))
+    unchecked.append((f"argument '{name}'", value))
     return value
 
 
-def check_d_outputs(network: Network, d_outputs, steps: int, batch: int, xp=np, unchecked: list | None = None):
+def check_d_outputs(network: Network, d_outputs, steps: int, batch: int, xp, unchecked: list):
     """d_outputs: (T, B, output size) or None; as an array of xp (NumPy, or CuPy for the GPU)."""
     if d_outputs is None:
         return None
@@ -64,7 +56,7 @@ def check_d_outputs(network: Network, d_outputs, steps: int, batch: int, xp=np, 
                         unchecked)
 
 
-def check_d_final_states(network: Network, d_final_states, batch: int, xp=np, unchecked: list | None = None) -> dict:
+def check_d_final_states(network: Network, d_final_states, batch: int, xp, unchecked: list) -> dict:
     """d_final_states: {state name: (L, B, size)}; names left out (or None) are zeros."""
     if d_final_states is None:
         return {}

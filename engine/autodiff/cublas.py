@@ -4,9 +4,7 @@ capture); and the split-K policy for the step GEMMs, whose partial products kern
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
+from ..codegen.cuda import KERNELS_DIR
 
 
 class Sgemm:

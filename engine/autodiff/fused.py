@@ -27,10 +27,10 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from pathlib import Path
 
 import numpy as np
 
+from ..codegen.cuda import KERNELS_DIR
 from ..errors import BackendError
 from ..ir import SCALAR
 from ..ops import apply_elementwise
@@ -42,7 +42,6 @@ from .step import backward_step
 from .wavefront import backward_wavefront, diagonal_pieces, forward_wavefront
 
 MAX_BLOCKS = 65535
-KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 _modules: dict = {}
 _lock = threading.Lock()
 
@@ -128,6 +127,12 @@ class Layer:
             self.buffers[f"static_{name}"][...] = value
         return copies
 
+    def pointer(self, place: Place, block: int = 0) -> tuple[int, int]:
+        """(device address, leading dimension) of a value's row block `block` (step t's rows from block t)."""
+        buf = self.buffers[place.buffer]
+        cols = buf.shape[1]
+        return buf.data.ptr + 4 * ((block + place.shift) * self.B * cols + place.offset(self.sizes)), cols
+
     def view(self, place: Place, size: int):
         """A value of every step as (T x B, size) rows: a view of its buffer."""
         buf = self.buffers[place.buffer]
@@ -166,16 +171,10 @@ class Runner:
         """A GradGemm over the layer's T x B rows, added into `out` (its members' gradients, flat, one after
         another): weights (sum of rows x cols) += dy^T operand; biases (sum of rows) += ones^T dy."""
         sizes, rows = layer.sizes, layer.T * layer.B
-
-        def pointer(place: Place):
-            buf = layer.buffers[place.buffer]
-            cols = buf.shape[1]
-            return buf.data.ptr + 4 * (place.shift * layer.B * cols + place.offset(sizes)), cols
-
-        dy, ld_dy = pointer(g.dy)
+        dy, ld_dy = layer.pointer(g.dy)
         width = g.rows(sizes)
         if g.operand is not None:       # column-major: out^T (cols x width) = operand^T (cols x TB) @ dy (TB x width)
-            operand, ld_operand = pointer(g.operand)
+            operand, ld_operand = layer.pointer(g.operand)
             cols = g.cols(sizes)
             self.active.raw(False, True, cols, width, rows, operand, ld_operand, dy, ld_dy, out.data.ptr, cols)
         else:                           # column-major: out (width x 1) = dy^T (width x TB) @ ones (TB x 1)
@@ -226,16 +225,8 @@ class Runner:
         """The GEMM of step t; a hoisted one covers `steps` steps from t (their rows at once)."""
         sizes, B = layer.sizes, layer.B
         rows = steps * B if g.hoisted else B
-        block = t
-
-        def pointer(place: Place):
-            buf = layer.buffers[place.buffer]
-            cols = buf.shape[1]
-            offset = ((block + place.shift) * B) * cols + place.offset(sizes)
-            return buf.data.ptr + 4 * offset, cols
-
-        a, lda = pointer(g.operand)
-        c, ldc = pointer(g.out)
+        a, lda = layer.pointer(g.operand, t)
+        c, ldc = layer.pointer(g.out, t)
         w = layer.stacked[g.weights]
         k, n = g.k(sizes), g.n(sizes)
         # forward: out = operand @ W^T (W stacked: n x k); backward: out (+)= dy @ W (W stacked: k x n)
@@ -658,12 +649,17 @@ class FusedTape:
             d = cell.dims[forward_name]
             return sizes[d] if d != SCALAR else 1
 
+        todo = plan.after_layers if nodes is None else nodes
+        read = {a for n in todo for a in n.args}              # views of what is read only (host time)
+        if nodes is None:
+            read.add(graph.input_adjoint)                     # returned; recorded when the step loop computes it
         dims = {n.name: n.of for n in graph.nodes} | {i.name: i.of for i in graph.inputs}
-        rows = {name: layer.view(plan.back_places[name], size_of(dims[name])) for name in split.recorded}
+        rows = {name: layer.view(plan.back_places[name], size_of(dims[name])) for name in split.recorded
+                if name in read}
         saved = {}
         for name in split.saved_after:
-            if cell[name].is_param:
-                continue                                   # read from the layer's parameters
+            if cell[name].is_param or name not in read:
+                continue                                   # a parameter is read from the layer's parameters
             place = plan.places[name]
             if place.kind == "literal":
                 saved[name] = np.float32(place.literal)
@@ -675,8 +671,7 @@ class FusedTape:
         runner.bind()
         for index, g in enumerate(plan.grad_gemms):       # the stacked weight and bias gradients, a GEMM each
             runner.grad_gemm(layer, g, self.stacked_grads[l][index])
-        values = backward_step(graph, saved, layer.params, rows, grads, np.float32,
-                               plan.after_layers if nodes is None else nodes)
+        values = backward_step(graph, saved, layer.params, rows, grads, np.float32, todo)
         for s in cell.state_names:
             d_initial[s][l] = layer.buffers[adjoint_buffer(s)][:B]
         if nodes is not None:

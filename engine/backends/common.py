@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError
+from ..codegen.cuda import KERNELS_DIR
 from ..network import Network
-
-KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 
 
 @dataclass
@@ -65,6 +63,14 @@ def check_gpu_run_inputs(what: str, cupy, network: Network, x, initial_states) -
             raise BackendError(f"argument '{name}' is on GPU {value.device.id}, but {what} runs on GPU {device}; "
                                f"hint: move it with cupy.asarray under `with cupy.cuda.Device({device}):`")
     check_inputs(network, x, initial_states, xp=cupy)
+
+
+def array_module_of(value):
+    """numpy, or cupy for a CuPy array (the GPU backends and the GPU training loop return and take them)."""
+    if type(value).__module__.split(".")[0] == "cupy":
+        import cupy
+        return cupy
+    return np
 
 
 def _first_bad(value) -> tuple[int, tuple] | None:
@@ -135,13 +141,6 @@ def _launch_all_finite(values: list):
         kernels[dtype]((_FINITE_BLOCKS, len(arrays)), (256,), (table[0], table[1], bad[first:]))
         first += len(arrays)
     return _PendingFlags(cupy, bad)
-
-
-def _all_finite_on_gpu(values: list) -> bool:
-    """True when every value is a CuPy array and all of them are finite (one launch, one synchronisation). False
-    means: look value by value."""
-    pending = _launch_all_finite(values)
-    return pending is not None and pending.all_finite()
 
 
 INPUT_HINT = "check where it was computed or loaded (the run would spread it to every later step)"

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from ..autodiff import record
+from ..backends.common import array_module_of
 from ..backends.reference import run as reference_run
 from ..gallery import Preset
 from ..gallery import get as get_preset
@@ -101,7 +102,7 @@ def check_settings(task: Task, steps, batch, seq_len, lr, clip, seed, eval_every
 
 def evaluate(network: Network, params, readout, batch: Batch, task: Task) -> tuple[float, float]:
     """(loss, metric) on a batch, forward only (on the GPU, in float32, when the batch is there)."""
-    if type(batch.x).__module__.split(".")[0] == "cupy":       # the training step's forward (the tape is dropped)
+    if array_module_of(batch.x) is not np:       # on the GPU: the training step's forward (the tape is dropped)
         outputs = record(network, params, batch.x, dtype=np.float32, backend="fused").outputs
     else:
         outputs = reference_run(network, params, batch.x, dtype=np.float64).outputs     # (T, B, H)

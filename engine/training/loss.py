@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends.common import array_module_of
 from .errors import TrainingError
 from .tasks import Batch
 
@@ -35,18 +36,9 @@ class LossResult:
     d_outputs: np.ndarray               # (T, B, H) dLoss/d(top layer outputs): zero at steps the loss does not read
 
 
-def array_module(value):
-    """NumPy, or CuPy for a CuPy array (the loop's device="gpu"): the loss and the optimiser run where the values
-    are."""
-    if type(value).__module__.split(".")[0] == "cupy":
-        import cupy
-        return cupy
-    return np
-
-
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """(..., O) -> (..., O). Shifted by the row's max first, so exp never overflows and the largest term is 1."""
-    xp = array_module(logits)
+    xp = array_module_of(logits)
     shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
 
@@ -55,7 +47,7 @@ def readout_loss(outputs: np.ndarray, readout: dict[str, np.ndarray], batch: Bat
     """outputs: (T, B, H) the network's top layer. loss: "mse" or "cross_entropy"."""
     if loss not in LOSSES:
         raise TrainingError(f"unknown loss {loss!r}", hint="use one of " + ", ".join(LOSSES))
-    xp = array_module(outputs)
+    xp = array_module_of(outputs)
     W_out, b_out = readout["W_out"], readout["b_out"]
     h = outputs[batch.loss_steps]                                       # (S, B, H)
     logits = h @ W_out.T + b_out                                        # (S, B, O)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .loss import array_module
+from ..backends.common import array_module_of
 
 Groups = list[dict[str, np.ndarray]]
 
@@ -50,8 +50,8 @@ class Adam:
     def step(self, params: Groups, grads: Groups) -> None:
         """Update params in place (the arrays keep their identity, so Params objects holding them see it)."""
         if not self.m:
-            self.m = [{name: array_module(p).zeros_like(p) for name, p in group.items()} for group in params]
-            self.v = [{name: array_module(p).zeros_like(p) for name, p in group.items()} for group in params]
+            self.m = [{name: array_module_of(p).zeros_like(p) for name, p in group.items()} for group in params]
+            self.v = [{name: array_module_of(p).zeros_like(p) for name, p in group.items()} for group in params]
         self.t += 1
         correction1 = 1.0 - self.beta1 ** self.t
         correction2 = 1.0 - self.beta2 ** self.t

@@ -197,17 +197,17 @@ def test_bad_values_found_after_the_work_is_queued_are_named_and_nothing_is_lost
 def test_the_finiteness_check_finds_one_bad_value_among_many_arrays(cupy):
     """One launch over a table of arrays of three dtypes: a NaN or Inf anywhere in any of them (the last element
     of a large array, an fp16 Inf, a strided view) is found; all finite passes."""
-    from engine.backends.common import _all_finite_on_gpu
+    from engine.backends.common import _launch_all_finite
     rng = np.random.default_rng(5)
     arrays = [cupy.asarray(rng.standard_normal(n), dtype=dtype) for n, dtype in
               [(3_000_001, np.float32), (7, np.float64), (513, np.float16), (1, np.float32), (0, np.float32)]]
     arrays.append(cupy.asarray(rng.standard_normal((40, 30)), dtype=np.float32)[:, ::3])
-    assert _all_finite_on_gpu(arrays)
+    assert _launch_all_finite(arrays).all_finite()
     for which, index, bad in [(0, -1, np.nan), (1, 3, np.inf), (2, 512, np.inf), (3, 0, -np.inf), (5, (39, 9), np.nan)]:
         spoilt = [a.copy() for a in arrays]
         spoilt[which][index] = bad
-        assert not _all_finite_on_gpu(spoilt), (which, index)
-    assert not _all_finite_on_gpu([arrays[0], np.zeros(3)])        # a NumPy value: the caller looks value by value
+        assert not _launch_all_finite(spoilt).all_finite(), (which, index)
+    assert _launch_all_finite([arrays[0], np.zeros(3)]) is None     # a NumPy value: the caller looks value by value
 
 
 def test_the_copy_launch_fills_every_destination(cupy):

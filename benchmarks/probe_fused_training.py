@@ -48,9 +48,23 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-splits", type=int, default=None,
                         help="cap the split-K parts of the step GEMMs (1: cuBLAS alone; default: the engine's)")
+    parser.add_argument("--no-fuse", action="store_true",
+                        help="no fused stages: every step GEMM through cuBLAS (stage_fusion.FUSE = False)")
     parser.add_argument("--layers", action="store_true",
                         help="layer by layer instead of the default wavefront (fused.WAVEFRONT = False)")
+    parser.add_argument("--fuse-width", type=int, default=None,
+                        help="every fused stage in this variant (stage_fusion.WIDTH; default: choose_width's)")
+    parser.add_argument("--fuse-max-rows", type=int, default=None,
+                        help="fuse stages up to this batch (stage_fusion.FUSE_MAX_ROWS)")
     args = parser.parse_args(argv)
+    if args.fuse_width is not None or args.fuse_max_rows is not None:
+        from engine.autodiff import stage_fusion
+        stage_fusion.WIDTH = args.fuse_width
+        if args.fuse_max_rows is not None:
+            stage_fusion.FUSE_MAX_ROWS = args.fuse_max_rows
+    if args.no_fuse:
+        from engine.autodiff import stage_fusion
+        stage_fusion.FUSE = False
     if args.layers:
         from engine.autodiff import fused
         fused.WAVEFRONT = False
@@ -93,13 +107,13 @@ def launch_profile(cupy, name: str, config_name: str, repeats: int = 50) -> list
     runner.bind()
     t = config.steps // 2
     lines = []
-    for direction, order in (("forward", runner.plan.forward.order), ("backward", runner.plan.backward.order)):
-        for kind, item in order:
-            def once():
-                if kind == "gemm":
-                    runner.gemm(layer, item, t, forward=direction == "forward")
-                else:
-                    runner.kernel(layer, item, t)
+    for direction, step in (("forward", runner.plan.forward), ("backward", runner.plan.backward)):
+        forward = direction == "forward"
+        for launch in runner.launches(step, range(t, t + 2), forward, layer):   # two steps: fused pairs across them
+            kind, item = launch[:2]
+
+            def once(launch=launch):
+                runner.issue(layer, [launch], forward)
             once()
             graph = runner.capture(lambda: [runner.bind()] + [once() for _ in range(repeats)])   # GPU time
             graph.launch(cupy.cuda.get_current_stream())
@@ -110,16 +124,17 @@ def launch_profile(cupy, name: str, config_name: str, repeats: int = 50) -> list
             stop.synchronize()
             us = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / repeats
             extra = f" (split K x{runner.splits(item, layer.sizes, layer.B)})" if kind == "gemm" else ""
-            lines.append(f"| {name} | {config_name} | {direction} | {kind} {item.name}{extra} | {us:.1f} |")
+            lines.append(f"| {name} | {config_name} | {direction} | {kind} {item.name}{extra} (step {launch[2:]}) "
+                         f"| {us:.1f} |")
     tape.backward(cupy.zeros_like(tape.outputs))
     return lines
 
 
-def profile_main() -> None:
+def profile_main(presets=("lstm", "gru"), configs=("mid", "blogB")) -> None:
     import cupy
     print("| cell | config | direction | launch | us (back to back) |\n|---|---|---|---|---|")
-    for name in ("lstm", "gru"):
-        for config in ("mid", "blogB"):
+    for name in presets:
+        for config in configs:
             print("\n".join(launch_profile(cupy, name, config)))
 
 
@@ -163,6 +178,11 @@ if __name__ == "__main__":
         if "--max-splits" in sys.argv:
             from engine.autodiff import cublas
             cublas.MAX_SPLITS = int(sys.argv[sys.argv.index("--max-splits") + 1])
-        profile_main()
+        from engine.autodiff import stage_fusion
+        stage_fusion.FUSE = "--no-fuse" not in sys.argv
+        if "--fuse-width" in sys.argv:
+            stage_fusion.WIDTH = int(sys.argv[sys.argv.index("--fuse-width") + 1])
+        rest = [a for a in sys.argv[sys.argv.index("--launches") + 1:] if not a.startswith("--") and not a.isdigit()]
+        profile_main(*([r.split(",") for r in rest[:2]] if len(rest) >= 2 else []))   # --launches [presets configs]
         raise SystemExit(0)
     raise SystemExit(main())

@@ -34,10 +34,12 @@ from ..codegen.cuda import KERNELS_DIR
 from ..errors import BackendError
 from ..ir import SCALAR
 from ..ops import apply_elementwise
-from .fused_codegen import THREADS, kernel_params, render_module
+from . import stage_fusion
+from .fused_codegen import THREADS, fused_params, kernel_params, render_module
 from .fused_plan import (D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER, GemmPlan, GradGemm, KernelPlan, Place,
                          TrainingPlan, adjoint_buffer, state_buffer, training_plan)
 from .cublas import SPLIT_REDUCE_FILE, Sgemm, split_k
+from .stage_fusion import FusedStage, fused_stages, launch_sequence, lay_out, stage_weights
 from .step import backward_step
 from .wavefront import backward_wavefront, diagonal_pieces, forward_wavefront
 
@@ -59,6 +61,9 @@ def module_for(plan: TrainingPlan):
         module = load_module(source)
         for k in plan.forward.kernels + plan.backward.kernels:
             module.get_function(k.name)
+        for stage in fused_stages(plan).values():
+            for width in stage_fusion.WIDTHS:
+                module.get_function(stage.variant(width))
         with _lock:
             _modules[key] = module
     return module
@@ -86,7 +91,7 @@ class Layer:
     calls (a Program reuses them, and a CUDA graph holds their addresses): load() copies new values in."""
 
     def __init__(self, xp, plan: TrainingPlan, sizes: dict, shapes: dict, T: int, B: int, poison: bool,
-                 scratch: int = 0):
+                 scratch: int = 0, stage_weights: tuple = ()):
         self.xp, self.plan, self.sizes, self.T, self.B = xp, plan, sizes, T, B
         self.scratch = xp.empty((max(scratch, 1),), dtype=xp.float32)     # split-K partial products
         fill = np.nan if poison else 0.0
@@ -109,6 +114,10 @@ class Layer:
             if g.weights not in self.stacked:
                 rows = sum(shapes[w][0] for w in g.weights)
                 self.stacked[g.weights] = xp.full((rows, shapes[g.weights[0]][1]), fill, dtype=xp.float32)
+        # The fused stages' weights: stacked ones interleaved (forward) or transposed (backward), stage_fusion.py
+        self.stage_weights = {(w, layout): xp.full(self.stacked[w].shape[::-1] if layout == "transposed" else
+                                                   self.stacked[w].shape, fill, dtype=xp.float32)
+                              for w, layout in stage_weights}
 
     def load(self, cell, params: dict) -> list[tuple]:
         """Take a layer's parameters: their float32 arrays (read by the after part), the static values computed
@@ -126,6 +135,15 @@ class Layer:
         for name, value in static_values(xp, cell, self.plan, self.params, self.sizes).items():
             self.buffers[f"static_{name}"][...] = value
         return copies
+
+    def lay_out_weights(self) -> None:
+        """The fused stages' copies of the stacked weights, once load()'s copies are done (on the same stream)."""
+        for (weights, layout), target in self.stage_weights.items():
+            target[...] = lay_out(self.xp, self.stacked[weights], layout, len(weights))
+
+    def stage_weight(self, stage: FusedStage):
+        weights, layout = stage.weight_layout
+        return self.stacked[weights] if layout == "stacked" else self.stage_weights[(weights, layout)]
 
     def pointer(self, place: Place, block: int = 0) -> tuple[int, int]:
         """(device address, leading dimension) of a value's row block `block` (step t's rows from block t)."""
@@ -150,6 +168,11 @@ class Runner:
         module = module_for(plan)
         self.functions = {k.name: module.get_function(k.name) for k in plan.forward.kernels + plan.backward.kernels}
         self.params = {k.name: kernel_params(k) for k in plan.forward.kernels + plan.backward.kernels}
+        self.stages = fused_stages(plan)
+        for stage in self.stages.values():
+            for width in stage_fusion.WIDTHS:
+                self.functions[stage.variant(width)] = module.get_function(stage.variant(width))
+            self.params[stage.name] = fused_params(stage)
         self.sgemm = self.active = Sgemm(cupy)    # active: the handle of the stream being issued to
         self.layer_streams: list = []              # the wavefront's streams, a handle (and workspace) each
         self.stream_sgemms: list[Sgemm] = []
@@ -242,6 +265,24 @@ class Runner:
                                                           np.int32(rows), np.int32(n), np.int32(ldc),
                                                           np.int32(1 if g.accumulate else 0)))
 
+    def fuses(self, network, B: int) -> bool:
+        """Whether the network's steps of B rows run fused stages (stage_fusion.fuses)."""
+        return stage_fusion.fuses(self.stages, B, [network.layer_sizes(l) for l in range(network.num_layers)])
+
+    def launches(self, step, steps: range, forward: bool, layer: Layer) -> list[tuple]:
+        """The launches of `steps` of a layer, fused where its program fuses (stage_fusion.launch_sequence)."""
+        return launch_sequence(step, steps, forward, self.stages if layer.fused else {})
+
+    def fused(self, layer: Layer, stage: FusedStage, tg: int, t: int) -> None:
+        """A fused stage: the GEMM of step tg and the kernel of step t, in the variant choose_width picks."""
+        sizes, B = layer.sizes, layer.B
+        D = sizes[stage.kernel.dim]
+        width = stage_fusion.choose_width(stage, D, B, self.sms)
+        args = tuple(layer.buffers[p] for p in self.params[stage.name]) + (layer.stage_weight(stage),)
+        self.functions[stage.variant(width)]((-(-D // stage.units(width)),), (stage_fusion.THREADS,), args + (
+            np.int32(tg), np.int32(t), np.int32(B), np.int32(sizes["I"]), np.int32(sizes["H"]), np.int32(sizes["P"])),
+            shared_mem=4 * stage_fusion.shared_floats(stage, B, width))
+
     can_capture = True
 
     def bind(self) -> None:
@@ -314,13 +355,7 @@ class Runner:
         """The forward of `steps`: the hoisted GEMMs over their rows at once, then each step's GEMMs and kernels."""
         for g in self.plan.forward.hoisted:
             self.gemm(layer, g, steps.start, forward=True, steps=len(steps))
-        order = self.plan.forward.order
-        for t in steps:
-            for kind, item in order:
-                if kind == "gemm":
-                    self.gemm(layer, item, t, forward=True)
-                else:
-                    self.kernel(layer, item, t)
+        self.issue(layer, self.launches(self.plan.forward, steps, True, layer), forward=True)
 
     def backward(self, layer: Layer) -> None:
         self.bind()
@@ -328,13 +363,16 @@ class Runner:
 
     def backward_steps(self, layer: Layer, steps: range) -> None:
         """The backward of `steps`, the last first: each step's kernels and GEMMs."""
-        order = self.plan.backward.order
-        for t in reversed(steps):
-            for kind, item in order:
-                if kind == "gemm":
-                    self.gemm(layer, item, t, forward=False)
-                else:
-                    self.kernel(layer, item, t)
+        self.issue(layer, self.launches(self.plan.backward, steps, False, layer), forward=False)
+
+    def issue(self, layer: Layer, launches: list[tuple], forward: bool) -> None:
+        for kind, item, *t in launches:
+            if kind == "gemm":
+                self.gemm(layer, item, t[0], forward=forward)
+            elif kind == "kernel":
+                self.kernel(layer, item, t[0])
+            else:
+                self.fused(layer, item, *t)
 
     def input_adjoint(self, layer: Layer, steps: range) -> None:
         """The input's adjoint of `steps` (plan.input_gemm) into the layer below's d_out (layer 0: the x gradient)."""
@@ -370,11 +408,14 @@ class Program:
         self.network, self.runner, self.T, self.B = network, runner, T, B
         self.wavefront = wavefront and network.num_layers > 1
         self.input = xp.full((T * B, network.input_size), np.nan if poison else 0.0, dtype=xp.float32)
+        self.fused = runner.fuses(network, B)     # the steps run fused stages (engine/autodiff/stage_fusion.py)
         self.layers: list[Layer] = []
         for l in range(network.num_layers):
             shapes = {p.name: network.param_shape(l, p.name) for p in cell.params}
             sizes = network.layer_sizes(l)
-            layer = Layer(xp, runner.plan, sizes, shapes, T, B, poison, runner.scratch_size(sizes, B))
+            layer = Layer(xp, runner.plan, sizes, shapes, T, B, poison, runner.scratch_size(sizes, B),
+                          stage_weights(runner.stages) if self.fused else ())
+            layer.fused = self.fused
             layer.buffers[INPUT_BUFFER] = (self.input if l == 0 else
                                            self.layers[-1].buffers[state_buffer(cell.output)][B:])
             self.layers.append(layer)
@@ -391,7 +432,8 @@ class Program:
         self.busy = False
         arrays = [self.input] + ([self.d_input] if self.d_input is not None else [])
         arrays += [a for layer in self.layers for a in
-                                 [*layer.buffers.values(), *layer.stacked.values(), layer.scratch]]
+                                 [*layer.buffers.values(), *layer.stacked.values(), *layer.stage_weights.values(),
+                                  layer.scratch]]
         self.bytes = sum(a.nbytes for a in {id(a): a for a in arrays if a.base is None}.values())
 
     def release(self) -> None:
@@ -408,6 +450,8 @@ class Program:
                 given = initial_states is not None and s in initial_states
                 copies.append((first, float32_contiguous(xp, initial_states[s][l]) if given else None))
         self.runner.copy(copies)
+        for layer in self.layers:
+            layer.lay_out_weights()
 
     def forward(self) -> None:
         """Every layer's forward: layer by layer, or as one wavefront over all layers (self.wavefront)."""
@@ -463,7 +507,8 @@ def acquire(network, runner, T: int, B: int, poison: bool, wavefront: bool = Fal
     """A program of this network, runner and (T, B) that no live tape holds (cached; a new one when all are). Idle
     programs of other shapes are dropped, least recently used first, while the cache holds over CACHE_BYTES."""
     key = (network.cell, network.input_size, network.hidden_size, network.num_layers, network.projection_size, T, B,
-           poison, wavefront, id(runner), _device_id(runner.xp))  # a cached program holds its runner: its id
+           poison, wavefront, runner.fuses(network, B), id(runner),
+           _device_id(runner.xp))  # a cached program holds its runner: its id
     with _lock:
         pool = _programs.pop(key, [])
         _programs[key] = pool

@@ -11,7 +11,10 @@ from __future__ import annotations
 from ..codegen.cuda import helper_source, literal, CELL_HELPERS
 from ..codegen.precision import precision
 from ..ops import backward_op_def
+from ..codegen.wavefront import TILE_GEMM_HELPER
 from .fused_plan import KernelPlan, Place, Statement, TrainingPlan
+from .stage_fusion import (THREADS as STAGE_THREADS, TILE_KC, TILE_RB, TILE_RC, TILE_STAGES, WIDTHS, FusedStage,
+                           fused_stages)
 
 FP32 = precision("fp32")
 THREADS = 256
@@ -54,28 +57,82 @@ def statement_expr(st: Statement) -> str:
     return spec.cuda.format(**fields)
 
 
+def _body(kernel: KernelPlan, columns: dict, indent: str) -> list[str]:
+    """The statements of element (b, j) at step t: loads, the math, stores."""
+    lines = [f"{indent}const float {var(value)} = {element(place, columns)};" for value, place in kernel.loads]
+    lines += [f"{indent}const float {var(st.var)} = {statement_expr(st)};" for st in kernel.statements]
+    lines += [f"{indent}{element(place, columns)} = {var(value)};" for value, place in kernel.stores]
+    return lines
+
+
+def _declare(params: list[str], written: set) -> list[str]:
+    return [f"    {'' if p in written else 'const '}float* __restrict__ {p}," for p in params]
+
+
 def render_kernel(kernel: KernelPlan, plan: TrainingPlan) -> str:
     columns = _columns(plan)
     written = {p.buffer for _, p in kernel.stores}
-    read = {p.buffer for _, p in kernel.loads if p.kind in ("row", "vector")}
-    params = sorted(written | read)
     lines = [f"// {kernel.name}: stage {kernel.stage}, one thread per (b, j), b < B, j < {kernel.dim}.",
              f"// Computes {', '.join(s.var for s in kernel.statements) or 'nothing (copies)'}."]
-    args = [f"    {'' if p in written else 'const '}float* __restrict__ {p}," for p in params]
     lines.append(f'extern "C" __global__ void {kernel.name}(')
-    lines += args
+    lines += _declare(kernel_params(kernel), written)
     lines.append("    const int t, const int B, const int I, const int H, const int P)")
     lines += ["{", f"    const long total = (long)B * {kernel.dim};",
               "    for (long idx = (long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;"
               " idx += (long)gridDim.x * blockDim.x) {",
               f"        const long b = idx / {kernel.dim};",
               f"        const int j = (int)(idx - b * {kernel.dim});"]
-    for value, place in kernel.loads:
-        lines.append(f"        const float {var(value)} = {element(place, columns)};")
-    for st in kernel.statements:
-        lines.append(f"        const float {var(st.var)} = {statement_expr(st)};")
-    for value, place in kernel.stores:
-        lines.append(f"        {element(place, columns)} = {var(value)};")
+    lines += _body(kernel, columns, "        ")
+    lines += ["    }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def fused_params(stage: FusedStage) -> list[str]:
+    """The buffer arguments of a fused stage, in the order render_fused declares them (then W, the launch's weight)."""
+    return sorted(set(kernel_params(stage.kernel)) | {stage.gemm.operand.buffer, stage.gemm.out.buffer})
+
+
+def render_fused(stage: FusedStage, plan: TrainingPlan, width: int) -> str:
+    """A fused stage's variant `width` (engine/autodiff/stage_fusion.py): block u covers `units` units of the kernel's
+    size from u * units, every member's column of each (the launch's weight has their rows side by side); it computes those
+    GEMM columns for step tg (kernels/fused_stage.cuh), writes them where the GEMM would (added to what is there when
+    the GEMM accumulates), then runs the kernel's statements for step t on the same units."""
+    columns = _columns(plan)
+    kernel, gemm = stage.kernel, stage.gemm
+    written = {p.buffer for _, p in kernel.stores} | {gemm.out.buffer}
+    out = gemm.out
+    layout = stage.weight_layout[1]
+    lines = [f"// {stage.name}: GEMM {gemm.name} of step tg ({', '.join(gemm.members)}; W {layout}),",
+             f"// then kernel {kernel.name} of step t on the same units: "
+             f"{', '.join(s.var for s in kernel.statements) or 'copies'}.",
+             f'extern "C" __global__ void __launch_bounds__({STAGE_THREADS}) {stage.variant(width)}(']
+    lines += _declare(fused_params(stage), written)
+    lines.append("    const float* __restrict__ W_stage,")
+    lines.append("    const int tg, const int t, const int B, const int I, const int H, const int P)")
+    lines += ["{",
+              f"    constexpr int UNITS = {stage.units(width)}, M = {stage.members}, COLS = UNITS * M;"
+              "   // a block's units, the GEMM's members, its columns",
+              f"    constexpr int RB = {TILE_RB}, RC = {TILE_RC}, KC = {TILE_KC}, STAGES = {TILE_STAGES};"
+              "   // the tiled GEMM (B > 4)",
+              "    extern __shared__ __align__(16) float fused_smem[];",
+              f"    const int D = {kernel.dim}, K = {gemm.k.c_expr()};",
+              "    const int j0 = blockIdx.x * UNITS, nu = min(UNITS, D - j0), nc = nu * M;",
+              "    float* dots = fused_smem;                          // B x COLS: column u * M + m; then the staging,"
+              " 16-byte aligned",
+              f"    fused_stage_gemm<COLS, {STAGE_THREADS}, RB, RC, KC, STAGES>(",
+              f"        {gemm.operand.buffer} + (long)(tg + {gemm.operand.shift}) * B * K, W_stage + (long)j0 * M * K, K,"
+              " B, nc, dots, dots + (B * COLS + 3) / 4 * 4);",
+              "    for (int i = threadIdx.x; i < B * nc; i += blockDim.x) {   // the GEMM's columns of these units",
+              "        const int b = i / nc, c = i - b * nc, u = c / M, m = c - u * M;",
+              f"        float* o = {out.buffer} + ((long)(tg + {out.shift}) * B + b) * ({columns[out.buffer].c_expr()})"
+              f" + ({out.offset.c_expr()}) + m * D + j0 + u;",
+              f"        *o = {'*o + ' if gemm.accumulate else ''}dots[b * COLS + c];",
+              "    }",
+              "    __syncthreads();                                   // the block's GEMM columns are in place",
+              "    for (int e = threadIdx.x; e < B * nu; e += blockDim.x) {",
+              "        const long b = e / nu;",
+              "        const int j = j0 + (int)(e - b * nu);"]
+    lines += _body(kernel, columns, "        ")
     lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
 
@@ -91,4 +148,9 @@ def render_module(plan: TrainingPlan) -> str:
               f"{plan.cell.structural_hash}): the fused training step,",
               "// IEEE fp32. Do not edit: regenerate from the cell instead."]
     kernels = [render_kernel(k, plan) for k in plan.forward.kernels + plan.backward.kernels]
-    return "\n".join(["\n".join(header), helper_source(CELL_HELPERS), *kernels])
+    stages = fused_stages(plan).values()
+    fused = []
+    if stages:
+        fused = [helper_source(TILE_GEMM_HELPER), helper_source("fused_stage.cuh")]
+        fused += [render_fused(s, plan, w) for s in stages for w in WIDTHS]
+    return "\n".join(["\n".join(header), helper_source(CELL_HELPERS), *kernels, *fused])

@@ -12,6 +12,7 @@ import numpy as np
 from ..ops import apply_backward
 from .fused import Layer, Runner
 from .fused_plan import GemmPlan, GradGemm, KernelPlan, Place, TrainingPlan
+from .stage_fusion import FusedStage, fused_stages
 
 
 class NumpyRunner(Runner):
@@ -19,6 +20,7 @@ class NumpyRunner(Runner):
 
     def __init__(self, plan: TrainingPlan):          # no module, no cuBLAS: NumPy does both
         self.xp, self.plan = np, plan
+        self.stages = fused_stages(plan)
 
     def bind(self) -> None:
         pass
@@ -71,6 +73,11 @@ class NumpyRunner(Runner):
             values[st.var] = np.asarray(result, dtype=np.float32)
         for value, place in kernel.stores:
             self._rows(layer, place, t, B, D)[...] = values[value]
+
+    def fused(self, layer: Layer, stage: FusedStage, tg: int, t: int) -> None:
+        """The GEMM of step tg then the kernel of step t: what the fused launch computes, block by block."""
+        self.gemm(layer, stage.gemm, tg, forward=stage.forward)
+        self.kernel(layer, stage.kernel, t)
 
     def gemm(self, layer: Layer, g: GemmPlan, t: int, forward: bool, steps: int = 1) -> None:
         rows = steps * layer.B if g.hoisted else layer.B

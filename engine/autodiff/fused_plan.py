@@ -595,7 +595,9 @@ def describe(plan: TrainingPlan) -> str:
                "at a time in the layers' wavefront; else with the weight gradients)"] if plan.input_gemm else
               ["  input adjoint: with the weight gradients (not one GEMM: the backward runs layer by layer)"])
     grads = [f"  gradients: GEMM {g.name} over every step: {', '.join(g.params)}" for g in plan.grad_gemms]
+    from .stage_fusion import describe as describe_stages     # (it imports this module)
     return "\n".join([f"fused training step of cell '{plan.cell.name}': {f} launches forward, {b} backward a step",
                       "  forward:", *items(plan.forward), "  backward:", *items(plan.backward), *inputs, *grads,
+                      *describe_stages(plan),
                       "  buffers: " + ", ".join(f"{b.name} ({b.blocks} x B, {b.cols.c_expr()})"
                                                 for b in plan.buffers)])

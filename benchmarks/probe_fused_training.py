@@ -52,11 +52,16 @@ def main(argv=None) -> int:
                         help="no fused stages: every step GEMM through cuBLAS (stage_fusion.FUSE = False)")
     parser.add_argument("--layers", action="store_true",
                         help="layer by layer instead of the default wavefront (fused.WAVEFRONT = False)")
+    parser.add_argument("--no-split-sums", action="store_true",
+                        help="a split GEMM's parts summed by their own launch (stage_fusion.SPLIT_SUMS = False)")
     parser.add_argument("--fuse-width", type=int, default=None,
                         help="every fused stage in this variant (stage_fusion.WIDTH; default: choose_width's)")
     parser.add_argument("--fuse-max-rows", type=int, default=None,
                         help="fuse stages up to this batch (stage_fusion.FUSE_MAX_ROWS)")
     args = parser.parse_args(argv)
+    if args.no_split_sums:
+        from engine.autodiff import stage_fusion
+        stage_fusion.SPLIT_SUMS = False
     if args.fuse_width is not None or args.fuse_max_rows is not None:
         from engine.autodiff import stage_fusion
         stage_fusion.WIDTH = args.fuse_width
@@ -180,6 +185,7 @@ if __name__ == "__main__":
             cublas.MAX_SPLITS = int(sys.argv[sys.argv.index("--max-splits") + 1])
         from engine.autodiff import stage_fusion
         stage_fusion.FUSE = "--no-fuse" not in sys.argv
+        stage_fusion.SPLIT_SUMS = "--no-split-sums" not in sys.argv
         if "--fuse-width" in sys.argv:
             stage_fusion.WIDTH = int(sys.argv[sys.argv.index("--fuse-width") + 1])
         rest = [a for a in sys.argv[sys.argv.index("--launches") + 1:] if not a.startswith("--") and not a.isdigit()]

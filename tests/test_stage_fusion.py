@@ -144,3 +144,20 @@ def test_random_cells_fused_launches_run_by_numpy_equal_the_reference(design):
     except AutodiffError:
         return
     assert_close(run_plan_on_numpy(cell, seed=5, H=8, I=8, T=4, B=1, P=4 if cell.uses_projection else None))
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "gru_cho", "mgu", "peephole_lstm"])
+def test_split_gemms_summed_in_their_kernels_run_by_numpy_equal_the_reference(name, monkeypatch):
+    """Where a stage is not fused (here FUSE off) and its GEMM splits K, the launches are the split GEMM and the kernel
+    that sums the parts ("split"), across steps in the backward as the fused ones are."""
+    from engine.autodiff import fused_numpy
+    monkeypatch.setattr(stage_fusion, "FUSE", False)
+    monkeypatch.setattr(fused_numpy, "SPLIT", True)
+    cell = engine.preset(name).cell
+    plan = training_plan(cell)
+    layer = type("L", (), {"fused": False, "sizes": {"I": 8, "H": 8, "P": 8}, "B": 3})()
+    kinds = [item[0] for item in NumpyRunner(plan).launches(plan.backward, range(3), False, layer)]
+    assert "split" in kinds and "fused" not in kinds
+    assert_close(run_plan_on_numpy(cell, seed=4, H=8, I=8, T=5))
+    monkeypatch.setattr(stage_fusion, "SPLIT_SUMS", False)
+    assert "split" not in [item[0] for item in NumpyRunner(plan).launches(plan.backward, range(3), False, layer)]

@@ -64,6 +64,7 @@ def module_for(plan: TrainingPlan):
         for stage in fused_stages(plan).values():
             for width in stage_fusion.WIDTHS:
                 module.get_function(stage.variant(width))
+            module.get_function(stage.summed)
         with _lock:
             _modules[key] = module
     return module
@@ -172,6 +173,7 @@ class Runner:
         for stage in self.stages.values():
             for width in stage_fusion.WIDTHS:
                 self.functions[stage.variant(width)] = module.get_function(stage.variant(width))
+            self.functions[stage.summed] = module.get_function(stage.summed)
             self.params[stage.name] = fused_params(stage)
         self.sgemm = self.active = Sgemm(cupy)    # active: the handle of the stream being issued to
         self.layer_streams: list = []              # the wavefront's streams, a handle (and workspace) each
@@ -270,8 +272,13 @@ class Runner:
         return stage_fusion.fuses(self.stages, B, [network.layer_sizes(l) for l in range(network.num_layers)])
 
     def launches(self, step, steps: range, forward: bool, layer: Layer) -> list[tuple]:
-        """The launches of `steps` of a layer, fused where its program fuses (stage_fusion.launch_sequence)."""
-        return launch_sequence(step, steps, forward, self.stages if layer.fused else {})
+        """The launches of `steps` of a layer (stage_fusion.launch_sequence): fused where its program fuses; else, with
+        SPLIT_SUMS, a stage whose GEMM splits K as the split GEMM and the kernel that sums its parts."""
+        if layer.fused:
+            return launch_sequence(step, steps, forward, self.stages)
+        split = {key: s for key, s in self.stages.items() if stage_fusion.SPLIT_SUMS
+                 and self.splits(s.gemm, layer.sizes, layer.B) > 1}
+        return launch_sequence(step, steps, forward, split, "split")
 
     def fused(self, layer: Layer, stage: FusedStage, tg: int, t: int) -> None:
         """A fused stage: the GEMM of step tg and the kernel of step t, in the variant choose_width picks."""
@@ -282,6 +289,20 @@ class Runner:
         self.functions[stage.variant(width)]((-(-D // stage.units(width)),), (stage_fusion.THREADS,), args + (
             np.int32(tg), np.int32(t), np.int32(B), np.int32(sizes["I"]), np.int32(sizes["H"]), np.int32(sizes["P"])),
             shared_mem=4 * stage_fusion.shared_floats(stage, B, width))
+
+    def split_sums(self, layer: Layer, stage: FusedStage, tg: int, t: int) -> None:
+        """The stage's GEMM of step tg as split-K parts into the layer's scratch, then its kernel of step t, which sums
+        them first (FusedStage.summed)."""
+        sizes, B, g = layer.sizes, layer.B, stage.gemm
+        a, lda = layer.pointer(g.operand, tg)
+        w = layer.stacked[g.weights]
+        splits = self.splits(g, sizes, B)
+        self.active.split(a, lda, w.data.ptr, w.shape[1], layer.scratch.data.ptr, B, g.n(sizes), g.k(sizes), splits,
+                          w_transposed=stage.forward)
+        total = B * sizes[stage.kernel.dim]
+        args = tuple(layer.buffers[p] for p in self.params[stage.name]) + (layer.scratch, np.int32(splits))
+        self.functions[stage.summed]((max(1, min(-(-total // THREADS), MAX_BLOCKS)),), (THREADS,), args + (
+            np.int32(tg), np.int32(t), np.int32(B), np.int32(sizes["I"]), np.int32(sizes["H"]), np.int32(sizes["P"])))
 
     can_capture = True
 
@@ -371,6 +392,8 @@ class Runner:
                 self.gemm(layer, item, t[0], forward=forward)
             elif kind == "kernel":
                 self.kernel(layer, item, t[0])
+            elif kind == "split":
+                self.split_sums(layer, item, *t)
             else:
                 self.fused(layer, item, *t)
 

@@ -137,6 +137,39 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_summed(stage: FusedStage, plan: TrainingPlan) -> str:
+    """A fused stage's kernel that first sums its GEMM's split-K partial products (engine/autodiff/cublas.py split:
+    `splits` contiguous (B, N) parts) for its own elements, writes them where the GEMM's output goes (added to what
+    is there when the GEMM accumulates: kernels/splitk_reduce.cu's sum, in its order), then runs the statements: the
+    reduce launch between the GEMM and the kernel goes. Thread (b, j) owns column j of each member, so no thread waits
+    for another. The GEMM ran for step tg, the kernel's statements are of step t."""
+    columns = _columns(plan)
+    kernel, gemm = stage.kernel, stage.gemm
+    written = {p.buffer for _, p in kernel.stores} | {gemm.out.buffer}
+    out = gemm.out
+    lines = [f"// {stage.summed}: the split-K sums of GEMM {gemm.name} (step tg), then kernel {kernel.name} (step t).",
+             f'extern "C" __global__ void {stage.summed}(']
+    lines += _declare(fused_params(stage), written)
+    lines.append("    const float* __restrict__ partials, const int splits,")
+    lines.append("    const int tg, const int t, const int B, const int I, const int H, const int P)")
+    lines += ["{", f"    const int D = {kernel.dim}, N = {gemm.n.c_expr()};",
+              "    const long total = (long)B * D;",
+              "    for (long idx = (long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;"
+              " idx += (long)gridDim.x * blockDim.x) {",
+              "        const long b = idx / D;",
+              "        const int j = (int)(idx - b * D);",
+              f"        for (int m = 0; m < {stage.members}; ++m) {{   // member m's column j of the GEMM",
+              f"            float* o = {out.buffer} + ((long)(tg + {out.shift}) * B + b) * ({columns[out.buffer].c_expr()})"
+              f" + ({out.offset.c_expr()}) + m * D + j;",
+              f"            float sum = {'*o' if gemm.accumulate else '0.0f'};",
+              "            for (int i = 0; i < splits; ++i) sum += partials[((long)i * B + b) * N + m * D + j];",
+              "            *o = sum;",
+              "        }"]
+    lines += _body(kernel, columns, "        ")
+    lines += ["    }", "}"]
+    return "\n".join(lines) + "\n"
+
+
 def kernel_params(kernel: KernelPlan) -> list[str]:
     """The buffer arguments of a kernel, in the order render_kernel declares them."""
     return sorted({p.buffer for _, p in kernel.stores} |
@@ -153,4 +186,5 @@ def render_module(plan: TrainingPlan) -> str:
     if stages:
         fused = [helper_source(TILE_GEMM_HELPER), helper_source("fused_stage.cuh")]
         fused += [render_fused(s, plan, w) for s in stages for w in WIDTHS]
+        fused += [render_summed(s, plan) for s in stages]
     return "\n".join(["\n".join(header), helper_source(CELL_HELPERS), *kernels, *fused])

@@ -15,6 +15,9 @@ from .fused_plan import GemmPlan, GradGemm, KernelPlan, Place, TrainingPlan
 from .stage_fusion import FusedStage, fused_stages
 
 
+SPLIT = False            # NumpyRunner.splits: 2 for every step GEMM, so the "split" launches run (tests)
+
+
 class NumpyRunner(Runner):
     can_capture = False
 
@@ -75,9 +78,15 @@ class NumpyRunner(Runner):
             self._rows(layer, place, t, B, D)[...] = values[value]
 
     def fused(self, layer: Layer, stage: FusedStage, tg: int, t: int) -> None:
-        """The GEMM of step tg then the kernel of step t: what the fused launch computes, block by block."""
+        """The GEMM of step tg then the kernel of step t: what the fused launch computes, block by block (and the
+        split GEMM and summing kernel, element by element)."""
         self.gemm(layer, stage.gemm, tg, forward=stage.forward)
         self.kernel(layer, stage.kernel, t)
+
+    split_sums = fused
+
+    def splits(self, g: GemmPlan, sizes: dict, B: int) -> int:
+        return 2 if SPLIT and not g.hoisted else 1     # (the tests' switch: the GPU's split only changes the order)
 
     def gemm(self, layer: Layer, g: GemmPlan, t: int, forward: bool, steps: int = 1) -> None:
         rows = steps * layer.B if g.hoisted else layer.B

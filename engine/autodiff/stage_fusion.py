@@ -28,6 +28,8 @@ from ..plan import Lin
 from .fused_plan import GemmPlan, KernelPlan, StepPlan, TrainingPlan, training_plan
 
 FUSE = True              # fuse stages where the batch allows (False: every GEMM through cuBLAS, every kernel alone)
+SPLIT_SUMS = True        # where a stage is not fused and its GEMM splits K (engine/autodiff/cublas.py), the kernel
+                         # sums the parts itself (FusedStage.summed): no reduce launch between them
 FUSE_MAX_ROWS = 2        # batches of more rows keep cuBLAS by default: at blogB (B = 64) the tiled form lost to it on
                          # the H100 (LSTM 7.9 against 5.6 ms a step; benchmarks/NOTES.md, thirteenth session). Up to
                          # 64 rows work (the GPU tests run them).
@@ -64,6 +66,11 @@ class FusedStage:
     def variant(self, width: int) -> str:
         """The compiled function of the variant `width`."""
         return f"{self.name}_w{width}"
+
+    @property
+    def summed(self) -> str:
+        """The compiled kernel that sums the GEMM's split-K parts, then runs the statements (SPLIT_SUMS)."""
+        return f"{self.kernel.name}__sums_{self.gemm.name}"
 
     @property
     def weight_layout(self) -> tuple[tuple[str, ...], str]:
@@ -206,8 +213,9 @@ def fuses(stages: dict, B: int, layer_sizes: list[dict]) -> bool:
             and all(widths(s, B) for s in stages.values()))
 
 
-def launch_sequence(step: StepPlan, steps: range, forward: bool, stages: dict) -> list[tuple]:
-    """The launches of `steps` (the backward: last step first), adjacent pairs in `stages` fused (stages empty: none)."""
+def launch_sequence(step: StepPlan, steps: range, forward: bool, stages: dict, as_: str = "fused") -> list[tuple]:
+    """The launches of `steps` (the backward: last step first), adjacent pairs in `stages` as one item (as_, stage,
+    t_gemm, t): "fused" (one launch) or "split" (cuBLAS's split-K parts, then the summing kernel)."""
     items = [(kind, item, t) for t in (steps if forward else reversed(steps)) for kind, item in step.order]
     out, i = [], 0
     while i < len(items):
@@ -216,7 +224,7 @@ def launch_sequence(step: StepPlan, steps: range, forward: bool, stages: dict) -
             _, kernel, tk = items[i + 1]
             stage = stages.get((item.name, kernel.name, t - tk))
             if stage is not None:
-                out.append(("fused", stage, t, tk))
+                out.append((as_, stage, t, tk))
                 i += 2
                 continue
         out.append(items[i])

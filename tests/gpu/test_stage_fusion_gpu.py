@@ -88,3 +88,19 @@ def test_sizes_that_do_not_fuse_keep_cublas(cupy, B, H):
     runner = program.runner
     assert all(item[0] != "fused" for item in runner.launches(runner.plan.forward, range(2), True, program.layers[0]))
     assert_equal_reference(got, want, network)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "gru_cho", "mgu"])
+def test_split_gemms_summed_in_their_kernels_equal_the_reference(cupy, name, monkeypatch):
+    """B = 64 (not fused by default) and H = 256: the step GEMMs whose K is 256 or more split (engine/autodiff/cublas.py
+    split_k), and their kernels sum the parts (FusedStage.summed); against the reference, and with SPLIT_SUMS off."""
+    network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, seed=9, layers=2, I=32, H=256,
+                                                       T=6, B=64)
+    want = bptt(network, params, x, initial, d_out, d_final)
+    for on in (True, False):
+        monkeypatch.setattr(stage_fusion, "SPLIT_SUMS", on)
+        got, program = run(cupy, network, params, x, initial, d_out, d_final)
+        runner, layer = program.runner, program.layers[1]
+        kinds = [item[0] for item in runner.launches(runner.plan.backward, range(3), False, layer)]
+        assert not program.fused and ("split" in kinds) == on, kinds
+        assert_equal_reference(got, want, network)

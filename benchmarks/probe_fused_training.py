@@ -56,9 +56,15 @@ def main(argv=None) -> int:
                         help="a split GEMM's parts summed by their own launch (stage_fusion.SPLIT_SUMS = False)")
     parser.add_argument("--fuse-width", type=int, default=None,
                         help="every fused stage in this variant (stage_fusion.WIDTH; default: choose_width's)")
+    parser.add_argument("--tile", default=None, metavar="RB,RC,KC,STAGES",
+                        help="the fused stages' tiled GEMM shape (stage_fusion.TILE_*; B > 2)")
     parser.add_argument("--fuse-max-rows", type=int, default=None,
                         help="fuse stages up to this batch (stage_fusion.FUSE_MAX_ROWS)")
     args = parser.parse_args(argv)
+    if args.tile:
+        from engine.autodiff import stage_fusion
+        (stage_fusion.TILE_RB, stage_fusion.TILE_RC, stage_fusion.TILE_KC,
+         stage_fusion.TILE_STAGES) = (int(v) for v in args.tile.split(","))
     if args.no_split_sums:
         from engine.autodiff import stage_fusion
         stage_fusion.SPLIT_SUMS = False

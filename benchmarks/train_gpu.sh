@@ -5,10 +5,11 @@
 #
 #   1. pytest-xdist from .whl/ when the call carries it (benchmarks/NOTES.md: the suite is too long serially);
 #   2. python3 -m pytest $TESTS -q -rs -n 12 (TESTS default tests/gpu, "none" skips them; TESTS_BUDGET s, 330);
-#   3. probe_fused_training.py: forward and step ms, layer by layer and with --wavefront (PROBE_BUDGET, 90 s);
+#   3. probe_fused_training.py: forward and step ms of the default step, then without this session's fused stages
+#      and split-K sums (--no-fuse --no-split-sums), lstm, gru, gru_cho and mgu at lat, blogB, mid (PROBE_BUDGET, 120 s);
 #   4. python -m engine bench --train: cuDNN fp32 (TF32 off) against the fused step for lstm, gru, gru_cho, mgu at
-#      lat, blogB and mid (TRAIN_BUDGET, 150 s); WAVEFRONT=0 times the layer-by-layer step instead of the default
-#      wavefront.
+#      lat, blogB and mid, median of REPS (31) repetitions (TRAIN_BUDGET, 300 s); WAVEFRONT=0 times the
+#      layer-by-layer step instead of the default wavefront.
 # A failing stage does not stop the next one; the summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,24 +44,25 @@ else
   echo "GPU tests skipped (TESTS=none)" > "$OUT/gpu_tests.log"
 fi
 
-section "probe: layer by layer, then the wavefront"
+section "probe: the default step, then without fused stages and split-K sums"
 {
-  timeout "${PROBE_BUDGET:-90}" "$PY" benchmarks/probe_fused_training.py --layers --preset lstm --preset gru \
-    --preset gru_cho --config mid --config blogB
-  timeout "${PROBE_BUDGET:-90}" "$PY" benchmarks/probe_fused_training.py --preset lstm --preset gru \
-    --preset gru_cho --config mid --config blogB
+  for flags in "" "--no-fuse --no-split-sums"; do
+    echo "probe flags: ${flags:-none}"
+    timeout "${PROBE_BUDGET:-120}" "$PY" benchmarks/probe_fused_training.py $flags --repeats 9 --preset lstm \
+      --preset gru --preset gru_cho --preset mgu --config lat --config blogB --config mid
+  done
 } 2>&1 | tee "$OUT/probe.md"
 
 section "bench --train"
 WAVE=""
 [ "${WAVEFRONT:-1}" = 0 ] && WAVE="import engine.autodiff.fused as f; f.WAVEFRONT = False;"
-timeout "${TRAIN_BUDGET:-150}" "$PY" -c "$WAVE
+timeout "${TRAIN_BUDGET:-300}" "$PY" -c "$WAVE
 import sys; from engine.cli import main; sys.exit(main(sys.argv[1:]))" bench --train --preset lstm --preset gru \
   --preset gru_cho --preset mgu --config lat --config blogB --config mid --impl cudnn-fp32 --impl fused \
-  --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -20
+  --reps "${REPS:-31}" --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -20
 train_rc=${PIPESTATUS[0]}
 
 section summary
 echo "GPU tests rc=$tests_rc: $(tail -1 "$OUT/gpu_tests.log")"
 echo "bench --train rc=$train_rc (WAVEFRONT=${WAVEFRONT:-1})"
-cat "$OUT/probe.md" | grep -E "^\| (lstm|gru|gru_cho) " || true
+grep -E "^probe flags|^\| (lstm|gru|gru_cho|mgu) " "$OUT/probe.md" || true

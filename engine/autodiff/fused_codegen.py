@@ -13,8 +13,8 @@ from ..codegen.precision import precision
 from ..ops import backward_op_def
 from ..codegen.wavefront import TILE_GEMM_HELPER
 from .fused_plan import KernelPlan, Place, Statement, TrainingPlan
-from .stage_fusion import (THREADS as STAGE_THREADS, TILE_KC, TILE_RB, TILE_RC, TILE_STAGES, WIDTHS, FusedStage,
-                           fused_stages)
+from . import stage_fusion
+from .stage_fusion import THREADS as STAGE_THREADS, WIDTHS, FusedStage, fused_stages
 
 FP32 = precision("fp32")
 THREADS = 256
@@ -112,7 +112,8 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int) -> str:
     lines += ["{",
               f"    constexpr int UNITS = {stage.units(width)}, M = {stage.members}, COLS = UNITS * M;"
               "   // a block's units, the GEMM's members, its columns",
-              f"    constexpr int RB = {TILE_RB}, RC = {TILE_RC}, KC = {TILE_KC}, STAGES = {TILE_STAGES};"
+              f"    constexpr int RB = {stage_fusion.TILE_RB}, RC = {stage_fusion.TILE_RC}, KC = {stage_fusion.TILE_KC}, "
+              f"STAGES = {stage_fusion.TILE_STAGES};"
               "   // the tiled GEMM (B > 4)",
               "    extern __shared__ __align__(16) float fused_smem[];",
               f"    const int D = {kernel.dim}, K = {gemm.k.c_expr()};",

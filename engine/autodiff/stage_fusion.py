@@ -1,22 +1,25 @@
 """Fused stages of the training step (engine/autodiff/fused.py): a step GEMM and the kernel that reads it as one launch,
-for batches of up to FUSE_MAX_ROWS rows.
+for batches of up to FUSE_MAX_ROWS rows; above that, where the GEMM splits K, the kernel sums the parts itself.
 
 At small batch a step is a chain of short dependent launches (at `lat`, B = 1, a GEMV of ~3 us and a kernel of ~2 us,
 with ~1 us between graph nodes), so the launches, not the arithmetic, set the step's time. A fused stage computes, in
-each thread block, the GEMM's columns of a few hidden units (every member's columns of those units), writes them where
+each thread block, the GEMM's columns of a few hidden units (every member's column of those units), writes them where
 the GEMM would have, and then runs the kernel's elementwise statements on the same units: the kernel reads a GEMM value
-only at its own element (b, j), so no block waits for another.
+only at its own element (b, j), so no block waits for another. At larger batches cuBLAS keeps the GEMM; where it
+splits K (engine/autodiff/cublas.py) the same pair becomes the split GEMM and the kernel that first sums the parts of
+its own elements (FusedStage.summed), so the reduce launch between them goes.
 
     stages = fused_stages(plan)                     # {(gemm, kernel, lag): FusedStage} the plan allows
     launches = launch_sequence(plan.backward, steps, forward=False, stages=stages)
-        # [("gemm", GemmPlan, t) | ("kernel", KernelPlan, t) | ("fused", FusedStage, t_gemm, t)]
+        # [("gemm", GemmPlan, t) | ("kernel", KernelPlan, t) | ("fused" | "split", FusedStage, t_gemm, t)]
 
 The pairs are adjacent items of a chunk's launches, in order: within a step forward ([GEMM, kernel], lag 0), and in
 the backward also across steps: [kernel, GEMM] a step becomes the first step's kernel, then [GEMM of step t + 1,
 kernel of step t] (lag 1), then the last GEMM. A pair fuses only where nothing races: the kernel reads the GEMM's
 output of the rows the launch writes only at the GEMM members' own columns, and writes neither the GEMM's operand rows
-nor its output rows (fusible() says why not). engine/autodiff/fused_codegen.py renders a FusedStage; the GEMM part is
-kernels/tile_gemm.cuh's warp GEMV (B <= 4) or register-tiled GEMM, and kernels/fused_stage.cuh picks between them.
+nor its output rows (fusible() says why not). engine/autodiff/fused_codegen.py renders a FusedStage (render_fused, a
+variant per block width of WIDTHS; render_summed); the GEMM part is kernels/fused_stage.cuh's warp GEMV (B <= 2) or
+kernels/tile_gemm.cuh's register-tiled GEMM.
 """
 from __future__ import annotations
 
@@ -39,8 +42,9 @@ WIDTHS = (8, 16, 32)     # GEMM columns a block of a fused stage covers, one com
 WIDTH = None             # a width of WIDTHS for every fused launch (probes, tests); None: choose_width's
 THREADS = 256
 GEMV_MAX_ROWS = 2        # batches up to this: the warp GEMV (kernels/tile_gemm.cuh rnn_warp_gemvs), else tiles
-# rnn_tile_gemms' shape for the larger batches: a thread's RB x RC accumulators, K chunks of KC staged STAGES deep
-TILE_RB, TILE_RC, TILE_KC, TILE_STAGES = 2, 1, 32, 3
+# rnn_tile_gemms' shape for the larger batches: a thread's RB x RC accumulators, K chunks of KC staged STAGES deep.
+# (4, 2, 32, 2) was the best of five at blogB with FUSE_MAX_ROWS = 64 (LSTM 6.8 ms a step, cuBLAS with SPLIT_SUMS 5.6)
+TILE_RB, TILE_RC, TILE_KC, TILE_STAGES = 4, 2, 32, 2
 
 
 @dataclass(frozen=True)
@@ -237,7 +241,7 @@ def describe(plan: TrainingPlan) -> list[str]:
     stages = fused_stages(plan)
     if not stages:
         return [f"  fused stages (B <= {FUSE_MAX_ROWS}): none"]
-    lines = [f"  fused stages (B <= {FUSE_MAX_ROWS}):"]
+    lines = [f"  fused stages (B <= {FUSE_MAX_ROWS}; above, where the GEMM splits K, the kernel sums its parts):"]
     for s in stages.values():
         when = "the same step" if s.lag == 0 else f"GEMM of step t{s.lag:+d}, kernel of step t"
         lines.append(f"    {'forward' if s.forward else 'backward'}: GEMM {s.gemm.name} + kernel {s.kernel.name} "

@@ -98,16 +98,25 @@ def test_which_sizes_fuse(monkeypatch):
         for width in stage_fusion.WIDTHS:
             assert (B * stage.columns(width) + 3) // 4 * 4 <= stage_fusion.shared_floats(stage, B, width)
     assert stage_fusion.widths(stage, 1) == list(stage_fusion.WIDTHS)
-    assert 32 not in stage_fusion.widths(stage, 64)           # 64 rows x 32 columns and their staging: over 48 KiB
+    for B in (1, 3, 64):
+        assert stage_fusion.widths(stage, B) == [w for w in stage_fusion.WIDTHS if 4 * stage_fusion.shared_floats(
+            stage, B, w) <= stage_fusion.MAX_SHARED_BYTES]
+    monkeypatch.setattr(stage_fusion, "MAX_SHARED_BYTES", 4 * stage_fusion.shared_floats(stage, 64, 16))
+    assert stage_fusion.widths(stage, 64) == [8, 16] and stage_fusion.fuses(stages, 64, sizes)
+    monkeypatch.setattr(stage_fusion, "MAX_SHARED_BYTES", 4 * stage_fusion.shared_floats(stage, 64, 8) - 4)
+    assert not stage_fusion.fuses(stages, 64, sizes)          # no variant fits
 
 
-def test_choose_width_fills_half_the_gpu_per_layer():
+def test_choose_width_fills_half_the_gpu_per_layer(monkeypatch):
     stages = stages_of("lstm")
     forward, backward = stages[(True, 0)], stages[(False, 1)]
     assert stage_fusion.choose_width(forward, 512, 1, 132) == 32      # 64 blocks of 8 units
     assert stage_fusion.choose_width(backward, 512, 1, 132) == 8      # 64 blocks of 8 units
     assert stage_fusion.choose_width(forward, 8, 1, 132) == 8         # too few units for any: the narrowest
+    monkeypatch.setattr(stage_fusion, "MAX_SHARED_BYTES", 4 * stage_fusion.shared_floats(forward, 64, 16))
     assert stage_fusion.choose_width(forward, 512, 64, 132) == 16     # 32 columns of 64 rows do not fit
+    monkeypatch.setattr(stage_fusion, "WIDTH", 8)
+    assert stage_fusion.choose_width(forward, 512, 64, 132) == 8      # forced
 
 
 @pytest.mark.parametrize("wavefront", [True, False], ids=["wavefront", "layers"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..codegen.cuda import helper_source, literal, CELL_HELPERS
 from ..codegen.precision import precision
+from ..plan import Lin
 from ..ops import backward_op_def
 from ..codegen.wavefront import TILE_GEMM_HELPER
 from .fused_plan import KernelPlan, Place, Statement, TrainingPlan
@@ -92,48 +93,84 @@ def fused_params(stage: FusedStage) -> list[str]:
     return sorted(set(kernel_params(stage.kernel)) | {stage.gemm.operand.buffer, stage.gemm.out.buffer})
 
 
+def _gemm_loads(stage: FusedStage) -> dict:
+    """The kernel's loads of the GEMM's output in the rows the launch writes: value -> member (all are at a member's
+    own column: stage_fusion.fusible)."""
+    gemm, out = stage.gemm, stage.gemm.out
+    width = Lin.of(stage.kernel.dim)
+    offsets = {}
+    for m in range(stage.members):
+        offset = out.offset
+        for _ in range(m):
+            offset = offset + width
+        offsets[offset] = m
+    return {value: offsets[place.offset] for value, place in stage.kernel.loads
+            if place.kind == "row" and place.buffer == out.buffer and place.shift == stage.lag + out.shift}
+
+
 def render_fused(stage: FusedStage, plan: TrainingPlan, width: int) -> str:
     """A fused stage's variant `width` (engine/autodiff/stage_fusion.py): block u covers `units` units of the kernel's
-    size from u * units, every member's column of each (the launch's weight has their rows side by side); it computes those
-    GEMM columns for step tg (kernels/fused_stage.cuh), writes them where the GEMM would (added to what is there when
-    the GEMM accumulates), then runs the kernel's statements for step t on the same units."""
+    size from u * units, every member's column of each (the launch's weight has their rows side by side); it computes
+    those GEMM columns for step tg (kernels/fused_stage.cuh), writes them where the GEMM would (added to what is there
+    when the GEMM accumulates), then runs the kernel's statements for step t on the same units, reading the GEMM's values
+    from shared memory. Where the block's elements are no more than its threads (small batch), each thread issues its
+    element's other loads before the GEMM, so their latency hides behind it."""
     columns = _columns(plan)
     kernel, gemm = stage.kernel, stage.gemm
     written = {p.buffer for _, p in kernel.stores} | {gemm.out.buffer}
     out = gemm.out
     layout = stage.weight_layout[1]
-    lines = [f"// {stage.name}: GEMM {gemm.name} of step tg ({', '.join(gemm.members)}; W {layout}),",
+    from_dots = _gemm_loads(stage)
+    others = [(value, place) for value, place in kernel.loads if value not in from_dots]
+    lines = [f"// {stage.variant(width)}: GEMM {gemm.name} of step tg ({', '.join(gemm.members)}; W {layout}),",
              f"// then kernel {kernel.name} of step t on the same units: "
              f"{', '.join(s.var for s in kernel.statements) or 'copies'}.",
              f'extern "C" __global__ void __launch_bounds__({STAGE_THREADS}) {stage.variant(width)}(']
     lines += _declare(fused_params(stage), written)
     lines.append("    const float* __restrict__ W_stage,")
     lines.append("    const int tg, const int t, const int B, const int I, const int H, const int P)")
+    gemm_call = [f"        fused_stage_gemm<COLS, {STAGE_THREADS}, RB, RC, KC, STAGES>(",
+                 f"            {gemm.operand.buffer} + (long)(tg + {gemm.operand.shift}) * B * K, W_stage + (long)j0 * M * K,"
+                 " K, B, nc, dots, dots + (B * COLS + 3) / 4 * 4);",
+                 "        for (int i = threadIdx.x; i < B * nc; i += blockDim.x) {   // the GEMM's columns: in place",
+                 "            const int b = i / nc, c = i - b * nc, u = c / M, m = c - u * M;",
+                 f"            float* o = {out.buffer} + ((long)(tg + {out.shift}) * B + b) * "
+                 f"({columns[out.buffer].c_expr()}) + ({out.offset.c_expr()}) + m * D + j0 + u;",
+                 f"            const float v = {'*o + ' if gemm.accumulate else ''}dots[b * COLS + c];",
+                 "            *o = v;",
+                 "            dots[b * COLS + c] = v;" if gemm.accumulate else "",
+                 "        }",
+                 "        __syncthreads();                               // ... and in dots for the whole block"]
+    gemm_call = [line for line in gemm_call if line]
+    from_shared = [f"const float {var(value)} = dots[b * COLS + (j - j0) * M + {m}];" for value, m in from_dots.items()]
+    math = ([f"const float {var(st.var)} = {statement_expr(st)};" for st in kernel.statements])
+    stores = [f"{element(place, columns)} = {var(value)};" for value, place in kernel.stores]
+    early = [f"const float {var(value)} = {element(place, columns)};" for value, place in others]
     lines += ["{",
               f"    constexpr int UNITS = {stage.units(width)}, M = {stage.members}, COLS = UNITS * M;"
               "   // a block's units, the GEMM's members, its columns",
               f"    constexpr int RB = {stage_fusion.TILE_RB}, RC = {stage_fusion.TILE_RC}, KC = {stage_fusion.TILE_KC}, "
-              f"STAGES = {stage_fusion.TILE_STAGES};"
-              "   // the tiled GEMM (B > 4)",
+              f"STAGES = {stage_fusion.TILE_STAGES};   // the tiled GEMM (B > {stage_fusion.GEMV_MAX_ROWS})",
               "    extern __shared__ __align__(16) float fused_smem[];",
               f"    const int D = {kernel.dim}, K = {gemm.k.c_expr()};",
               "    const int j0 = blockIdx.x * UNITS, nu = min(UNITS, D - j0), nc = nu * M;",
               "    float* dots = fused_smem;                          // B x COLS: column u * M + m; then the staging,"
               " 16-byte aligned",
-              f"    fused_stage_gemm<COLS, {STAGE_THREADS}, RB, RC, KC, STAGES>(",
-              f"        {gemm.operand.buffer} + (long)(tg + {gemm.operand.shift}) * B * K, W_stage + (long)j0 * M * K, K,"
-              " B, nc, dots, dots + (B * COLS + 3) / 4 * 4);",
-              "    for (int i = threadIdx.x; i < B * nc; i += blockDim.x) {   // the GEMM's columns of these units",
-              "        const int b = i / nc, c = i - b * nc, u = c / M, m = c - u * M;",
-              f"        float* o = {out.buffer} + ((long)(tg + {out.shift}) * B + b) * ({columns[out.buffer].c_expr()})"
-              f" + ({out.offset.c_expr()}) + m * D + j0 + u;",
-              f"        *o = {'*o + ' if gemm.accumulate else ''}dots[b * COLS + c];",
-              "    }",
-              "    __syncthreads();                                   // the block's GEMM columns are in place",
+              f"    if (B * nu <= {STAGE_THREADS}) {{   // an element a thread: its other loads in flight during the GEMM",
+              "        const int e = (int)threadIdx.x < B * nu ? (int)threadIdx.x : 0;",
+              "        const long b = e / nu;",
+              "        const int j = j0 + (int)(e - b * nu);"]
+    lines += [f"        {line}" for line in early]
+    lines += gemm_call
+    lines += [f"        if ((int)threadIdx.x < B * nu) {{"]
+    lines += [f"            {line}" for line in from_shared + math + stores]
+    lines += ["        }", "        return;", "    }", "    {"]
+    lines += gemm_call
+    lines += ["    }",
               "    for (int e = threadIdx.x; e < B * nu; e += blockDim.x) {",
               "        const long b = e / nu;",
               "        const int j = j0 + (int)(e - b * nu);"]
-    lines += _body(kernel, columns, "        ")
+    lines += [f"        {line}" for line in early + from_shared + math + stores]
     lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
 

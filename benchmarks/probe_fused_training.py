@@ -50,6 +50,8 @@ def main(argv=None) -> int:
                         help="cap the split-K parts of the step GEMMs (1: cuBLAS alone; default: the engine's)")
     parser.add_argument("--no-fuse", action="store_true",
                         help="no fused stages: every step GEMM through cuBLAS (stage_fusion.FUSE = False)")
+    parser.add_argument("--min-split-depth", type=int, default=None,
+                        help="the least K a split part keeps (cublas.MIN_SPLIT_DEPTH; default: the engine's)")
     parser.add_argument("--layers", action="store_true",
                         help="layer by layer instead of the default wavefront (fused.WAVEFRONT = False)")
     parser.add_argument("--no-split-sums", action="store_true",
@@ -82,6 +84,9 @@ def main(argv=None) -> int:
     if args.max_splits is not None:
         from engine.autodiff import cublas
         cublas.MAX_SPLITS = args.max_splits
+    if args.min_split_depth is not None:
+        from engine.autodiff import cublas
+        cublas.MIN_SPLIT_DEPTH = args.min_split_depth
     print("| cell | config | forward ms | step ms | step wall ms |\n|---|---|---|---|---|")
     for name in args.preset or ["lstm"]:
         cell = engine.preset(name).cell

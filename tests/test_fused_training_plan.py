@@ -220,10 +220,10 @@ def test_a_wrong_plan_is_caught():
 def test_split_k_fills_the_gpu_only_where_the_output_is_small():
     from engine.autodiff.cublas import split_k
     assert split_k(64, 512, 2048, 132) == 8        # the LSTM's backward GEMM at mid: 4 output tiles, K = 4H
-    assert split_k(64, 2048, 512, 132) == 4        # its forward GEMM: 16 tiles, each part 128 deep
+    assert split_k(64, 2048, 512, 132) == 8        # its forward GEMM: 16 tiles, each part 64 deep
     assert split_k(6400, 2048, 512, 132) == 1      # a hoisted GEMM over every step fills the GPU by itself
     assert split_k(64, 5, 20, 132) == 1            # too shallow to split
-    assert split_k(64, 512, 1000, 132) == 4        # 8 parts would be 125 deep
+    assert split_k(64, 512, 400, 132) == 4         # 8 parts would be 50 deep
     assert split_k(64, 512, 1002, 132) == 2        # a divisor of K
     assert split_k(1, 2048, 512, 132) == 1         # B = 1: a GEMV, not short of blocks
 

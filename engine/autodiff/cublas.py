@@ -91,7 +91,9 @@ def _libcublas_path(cupy) -> str:
 # A GEMM of a step has few output tiles (B = 64 rows), and cuBLAS then runs a handful of blocks down a long K on a
 # GPU of 132 SMs. Splitting K over a strided batch and summing the partial products in one small kernel fills it.
 SPLIT_TILE = (64, 128)          # rows x columns of output a cuBLAS SIMT block covers, roughly
-MIN_SPLIT_DEPTH = 128           # each part keeps at least this much of K
+MIN_SPLIT_DEPTH = 64            # each part keeps at least this much of K. 64, not 128, once the kernel after the GEMM
+                                # sums the parts (stage_fusion.SPLIT_SUMS, no reduce launch): H100, alternating runs,
+                                # GRU-Cho blogB 5.74 against 6.23-6.38 ms a step, LSTM mid 12.6-12.8 against 13.0-13.7
 MAX_SPLITS = 8
 MIN_SPLIT_ROWS = 16             # fewer rows (batch): cuBLAS runs a GEMV kernel; at `lat` (B = 1) the step's graphs
                                 # had 800 reduce nodes of ~2,500, and the host's launch of them is the step's bound

@@ -88,10 +88,11 @@ def _nvcc(sources: dict[str, str], tmp_path) -> None:
 
 @pytest.mark.nvcc
 def test_the_training_steps_hand_written_kernels_compile_with_nvcc(tmp_path):
-    """kernels/all_finite.cu, copy_pieces.cu and splitk_reduce.cu, as the step loads them."""
-    from engine.autodiff.fused import COPY_FILE, SPLIT_REDUCE_FILE
+    """kernels/all_finite.cu, copy_pieces.cu, splitk_reduce.cu and column_dots.cu, as the step loads them."""
+    from engine.autodiff.fused import COLUMN_DOTS_FILE, COPY_FILE, SPLIT_REDUCE_FILE
     from engine.backends.common import ALL_FINITE_FILE
-    _nvcc({path.name: path.read_text() for path in (ALL_FINITE_FILE, COPY_FILE, SPLIT_REDUCE_FILE)}, tmp_path)
+    _nvcc({path.name: path.read_text() for path in (ALL_FINITE_FILE, COPY_FILE, SPLIT_REDUCE_FILE,
+                                                    COLUMN_DOTS_FILE)}, tmp_path)
 
 
 @pytest.mark.nvcc
@@ -421,3 +422,18 @@ def test_a_cells_hash_is_cached_but_not_pickled():
     assert hash(cell) == hash(engine.preset("gru").cell) and cell.__dict__["_hash"] == hash(cell)
     copied = pickle.loads(pickle.dumps(cell))
     assert "_hash" not in copied.__dict__ and copied == cell and hash(copied) == hash(cell)
+
+
+@pytest.mark.parametrize("name", ["peephole_lstm", "vanilla_lstm", "lstm_nig", "lstm_fgr"])
+def test_peephole_gradients_are_one_column_dots_launch_and_nothing_is_left_to_the_interpreter(name):
+    """A peephole's gradient is sum_rows(dy * c): the after part's mul and batch_sum become a ColumnDot of the plan,
+    all of a layer's in one launch (kernels/column_dots.cu), and the wavefront's after part has nothing left."""
+    cell = engine.preset(name).cell
+    plan = training_plan(cell)
+    peepholes = {p.name for p in cell.params if p.name.startswith("p_")}
+    assert peepholes and {d.param for d in plan.column_dots} == peepholes
+    assert plan.after_rest == ()
+    dots_nodes = {n for d in plan.column_dots for n in d.nodes}
+    assert not dots_nodes & {n.name for n in plan.after_layers}
+    assert "column_dots launch over every step" in describe(plan)
+    assert_close(run_plan_on_numpy(cell, seed=11, layers=2, H=6, I=5, T=4))

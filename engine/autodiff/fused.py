@@ -72,6 +72,7 @@ def module_for(plan: TrainingPlan):
 
 COPY_CHUNK = 8192               # elements a block of kernels/copy_pieces.cu copies
 COPY_FILE = KERNELS_DIR / "copy_pieces.cu"
+COLUMN_DOTS_FILE = KERNELS_DIR / "column_dots.cu"
 
 
 WAVEFRONT = True         # the layers as a wavefront both ways (Program(wavefront=...)): faster on the H100 at every
@@ -181,6 +182,7 @@ class Runner:
         from ..codegen.nvrtc import load_module
         self.reduce = load_module(SPLIT_REDUCE_FILE.read_text()).get_function("splitk_reduce")
         self.copy_kernel = load_module(COPY_FILE.read_text()).get_function("copy_pieces")
+        self.column_dots_kernel = load_module(COLUMN_DOTS_FILE.read_text()).get_function("column_dots")
         self._ones = None
         self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
 
@@ -205,6 +207,21 @@ class Runner:
         else:                           # column-major: out (width x 1) = dy^T (width x TB) @ ones (TB x 1)
             ones = self.ones(rows)
             self.active.raw(False, False, width, 1, rows, dy, ld_dy, ones.data.ptr, rows, out.data.ptr, width)
+
+    def column_dots(self, layer: Layer, dots: tuple, grads: dict) -> None:
+        """Each ColumnDot's gradient (sum over the layer's T x B rows of a * b) added into grads[param], one launch
+        of kernels/column_dots.cu for them all."""
+        a, b, out, lda, ldb, cols = [], [], [], [], [], []
+        for d in dots:
+            for side, lds, place in ((a, lda, d.a), (b, ldb, d.b)):
+                ptr, ld = layer.pointer(place)
+                side.append(ptr)
+                lds.append(ld)
+            out.append(grads[d.param].data.ptr)
+            cols.append(layer.sizes[d.dim])
+        table = self.xp.asarray(np.array(a + b + out + lda + ldb + cols, dtype=np.int64))
+        self.column_dots_kernel((-(-max(cols) // 32), len(dots)), (256,),
+                                (table, np.int32(len(dots)), np.int32(layer.T * layer.B)))
 
     def ones(self, count: int):
         """A vector of `count` ones on the GPU (kept: a bias GEMM's other factor)."""
@@ -739,6 +756,8 @@ class FusedTape:
         runner.bind()
         for index, g in enumerate(plan.grad_gemms):       # the stacked weight and bias gradients, a GEMM each
             runner.grad_gemm(layer, g, self.stacked_grads[l][index])
+        if plan.column_dots:                              # vector parameters' (peepholes'), one launch
+            runner.column_dots(layer, plan.column_dots, grads)
         values = backward_step(graph, saved, layer.params, rows, grads, np.float32, todo)
         for s in cell.state_names:
             d_initial[s][l] = layer.buffers[adjoint_buffer(s)][:B]

@@ -49,6 +49,11 @@ class NumpyRunner(Runner):
         else:
             out[...] += dy.sum(axis=0)
 
+    def column_dots(self, layer: Layer, dots: tuple, grads: dict) -> None:
+        for d in dots:
+            size = layer.sizes[d.dim]
+            grads[d.param][...] += (layer.view(d.a, size) * layer.view(d.b, size)).sum(axis=0)
+
     def copy(self, copies: list[tuple]) -> None:
         for target, value in copies:
             target[...] = 0.0 if value is None else value.reshape(target.shape)

@@ -106,6 +106,18 @@ class GradGemm:
 
 
 @dataclass(frozen=True)
+class ColumnDot:
+    """A vector parameter's gradient over a layer's T x B rows, sum over the rows of a * b (a peephole's: the gate's
+    dy times the cell state): the after part's mul and batch_sum, as one item of a table launch for every such
+    parameter of the layer (kernels/column_dots.cu), instead of two CuPy calls each."""
+    param: str
+    nodes: tuple[str, ...]                      # the mul and the batch_sum it computes
+    a: Place
+    b: Place
+    dim: str
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """One direction of one layer's step: the GEMMs and kernels in launch order."""
     order: tuple[tuple[str, object], ...]       # ("gemm", GemmPlan) or ("kernel", KernelPlan)
@@ -139,6 +151,7 @@ class TrainingPlan:
     # is the rest of the after part (the layer-by-layer backward runs it).
     grad_gemms: tuple[GradGemm, ...] = ()
     after_layers: tuple = ()
+    column_dots: tuple[ColumnDot, ...] = ()          # vector parameters' gradients, a launch a layer
 
     @property
     def launches_per_step(self) -> tuple[int, int]:
@@ -188,13 +201,46 @@ class _Planner:
         forward = self._forward()
         backward, back_places = self._backward()
         grad_gemms = self._grad_gemms()
-        grouped = {n for g in grad_gemms for n in g.nodes}
+        column_dots = self._column_dots()
+        grouped = {n for g in grad_gemms for n in g.nodes} | {n for c in column_dots for n in c.nodes}
         after_layers = tuple(n for n in self.split.after if n.name not in grouped)
         skip = set(self.input_terms) | ({self.graph.input_adjoint} if self.input_gemm else set())
         after_rest = tuple(n for n in after_layers if n.name not in skip)
         return TrainingPlan(self.cell, self.split, tuple(self.buffers.values()), forward, backward,
                             dict(self.places), back_places, tuple(self.static), self.input_gemm, after_rest,
-                            grad_gemms, after_layers)
+                            grad_gemms, after_layers, column_dots)
+
+    def _column_dots(self) -> tuple[ColumnDot, ...]:
+        """The after part's batch_sum(mul(a, b)) into a parameter no other node adds to, where a and b are values
+        of every step in row buffers of one size and the product is read by nothing else (peepholes)."""
+        graph, after = self.graph, self.split.after
+        by_name = {n.name: n for n in after}
+        readers: dict[str, int] = {}
+        users: dict[str, int] = {}
+        for n in after:
+            for a in n.args:
+                readers[a] = readers.get(a, 0) + 1
+            if n.accumulates:
+                users[n.param] = users.get(n.param, 0) + 1
+        dim_of = {n.name: self.cell.dims[n.of] for n in graph.nodes} | {i.name: self.cell.dims[i.of]
+                                                                            for i in graph.inputs}
+
+        def row_place(value):
+            place = self.back_places.get(value) if value in dim_of else self.places.get(value)
+            dim = dim_of.get(value, self.cell.dims.get(value))
+            return (place, dim) if place is not None and place.kind == "row" and dim in DIMS else (None, None)
+
+        dots = []
+        for n in after:
+            product = by_name.get(n.args[0]) if n.op == "batch_sum" and n.accumulates else None
+            if product is None or product.op != "mul" or users[n.param] != 1 or readers.get(product.name) != 1 \
+                    or product.name == graph.input_adjoint or product.name in self.split.recorded:
+                continue
+            (a, dim_a), (b, dim_b) = row_place(product.args[0]), row_place(product.args[1])
+            if a is None or b is None or dim_a != dim_b or dim_a != dim_of.get(product.name):
+                continue
+            dots.append(ColumnDot(n.param, (product.name, n.name), a, b, dim_a))
+        return tuple(dots)
 
     def _grad_gemms(self) -> tuple[GradGemm, ...]:
         """The after part's weight gradients (outer: dy^T operand) of one operand, and its bias sums (batch_sum) of
@@ -595,6 +641,8 @@ def describe(plan: TrainingPlan) -> str:
                "at a time in the layers' wavefront; else with the weight gradients)"] if plan.input_gemm else
               ["  input adjoint: with the weight gradients (not one GEMM: the backward runs layer by layer)"])
     grads = [f"  gradients: GEMM {g.name} over every step: {', '.join(g.params)}" for g in plan.grad_gemms]
+    if plan.column_dots:
+        grads.append(f"  gradients: one column_dots launch over every step: {', '.join(c.param for c in plan.column_dots)}")
     from .stage_fusion import describe as describe_stages     # (it imports this module)
     return "\n".join([f"fused training step of cell '{plan.cell.name}': {f} launches forward, {b} backward a step",
                       "  forward:", *items(plan.forward), "  backward:", *items(plan.backward), *inputs, *grads,

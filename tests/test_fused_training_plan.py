@@ -191,15 +191,18 @@ def test_unusual_cells_plan_run_by_numpy_equals_the_reference(name):
     assert not bad, bad
 
 
+@pytest.mark.parametrize("sizes", [dict(I=2, H=3, T=3, B=2), dict(I=8, H=8, T=4, B=1)], ids=["plain", "fused"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cell_designs())
-def test_random_cells_plan_run_by_numpy_equals_the_reference(design):
+@given(design=cell_designs())
+def test_random_cells_plan_run_by_numpy_equals_the_reference(design, sizes):
+    """At H = 3 every launch is plain; at H = 8 and B = 1 the adjacent GEMM and kernel pairs run as fused launches
+    (engine/autodiff/stage_fusion.py), in their order across steps."""
     cell = engine.from_dict(design)
     try:
         training_plan(cell)
     except AutodiffError:
         return                     # refused by name: test_random_cells_plan_or_are_refused_by_name
-    errors = run_plan_on_numpy(cell, seed=5, I=2, H=3, T=3, B=2)
+    errors = run_plan_on_numpy(cell, seed=5, P=4 if cell.uses_projection and sizes["H"] == 8 else None, **sizes)
     bad = {k: v for k, v in errors.items() if not v < TOL}
     assert not bad, bad
 

@@ -1,23 +1,21 @@
 """Fused stages of the training step on the CPU (engine/autodiff/stage_fusion.py): which GEMM and kernel pairs fuse and
 why others do not, the launch order across steps, the weight layouts the launches read, the sizes that fuse, and the
-plan run by NumPy with its launches fused (the same results as float64: a wrong lag or order shows)."""
+plan run by NumPy with its launches fused (the same results as float64: a wrong lag or order shows; random cells:
+test_fused_training_plan.py)."""
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
 
 import engine
 from engine.autodiff import fused, stage_fusion
-from engine.autodiff.errors import AutodiffError
 from engine.autodiff.fused_numpy import NumpyRunner
 from engine.autodiff.fused_plan import Place, training_plan
 from engine.autodiff.stage_fusion import fusible, fused_stages, launch_sequence, lay_out
 from test_autodiff import UNUSUAL
 from test_fused_training_plan import PRESETS, assert_close, run_plan_on_numpy
-from test_fuzz_cells import cell_designs
 
 
 def stages_of(name: str) -> dict:
@@ -142,17 +140,6 @@ def test_every_presets_fused_launches_run_by_numpy_equal_the_reference(name, wav
 @pytest.mark.parametrize("name", sorted(UNUSUAL))
 def test_unusual_cells_fused_launches_run_by_numpy_equal_the_reference(name):
     assert_close(run_plan_on_numpy(UNUSUAL[name], seed=2, layers=3, H=8, I=8, B=2))
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cell_designs())
-def test_random_cells_fused_launches_run_by_numpy_equal_the_reference(design):
-    cell = engine.from_dict(design)
-    try:
-        training_plan(cell)
-    except AutodiffError:
-        return
-    assert_close(run_plan_on_numpy(cell, seed=5, H=8, I=8, T=4, B=1, P=4 if cell.uses_projection else None))
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru", "gru_cho", "mgu", "peephole_lstm"])

@@ -24,11 +24,9 @@ kernels/tile_gemm.cuh's register-tiled GEMM.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
-from ..ir import CellGraph
 from ..plan import Lin
-from .fused_plan import GemmPlan, KernelPlan, StepPlan, TrainingPlan, training_plan
+from .fused_plan import GemmPlan, KernelPlan, StepPlan, TrainingPlan
 
 FUSE = True              # fuse stages where the batch allows (False: every GEMM through cuBLAS, every kernel alone)
 SPLIT_SUMS = True        # where a stage is not fused and its GEMM splits K (engine/autodiff/cublas.py), the kernel
@@ -41,7 +39,7 @@ WIDTHS = (8, 16, 32)     # GEMM columns a block of a fused stage covers, one com
                          # member's column of each. choose_width picks one per launch.
 WIDTH = None             # a width of WIDTHS for every fused launch (probes, tests); None: choose_width's
 THREADS = 256
-GEMV_MAX_ROWS = 2        # batches up to this: the warp GEMV (kernels/tile_gemm.cuh rnn_warp_gemvs), else tiles
+GEMV_MAX_ROWS = 2        # batches up to this: the warp GEMV (kernels/fused_stage.cuh), else kernels/tile_gemm.cuh's tiles
 # rnn_tile_gemms' shape for the larger batches: a thread's RB x RC accumulators, K chunks of KC staged STAGES deep.
 # (4, 2, 32, 2) was the best of five at blogB with FUSE_MAX_ROWS = 64 (LSTM 6.8 ms a step, cuBLAS with SPLIT_SUMS 5.6)
 TILE_RB, TILE_RC, TILE_KC, TILE_STAGES = 4, 2, 32, 2
@@ -152,12 +150,6 @@ def fused_stages(plan: TrainingPlan) -> dict:
             if stage is not None:
                 stages[(gemm.name, kernel.name, lag)] = stage
     return stages
-
-
-@lru_cache(maxsize=64)
-def cell_stages(cell: CellGraph) -> dict:
-    """fused_stages of the cell's training plan (cached: a pure function of the frozen cell)."""
-    return fused_stages(training_plan(cell))
 
 
 def stage_weights(stages: dict) -> tuple[tuple[tuple[str, ...], str], ...]:

@@ -63,8 +63,10 @@ __device__ __forceinline__ void fused_stage_gemv(const float* __restrict__ X, co
     }
 }
 
-// COLS = the block's columns (units x members, a row of W each): Y (B, COLS) in `dots`.
-template <int COLS, int THREADS, int RB, int RC, int KC, int STAGES>
+// COLS = the block's columns (units x members, a row of W each): Y (B, COLS) in `dots`. TILED: the tiled form is
+// compiled in (stage_fusion.FUSE_MAX_ROWS > 2); without it a launch of more than 2 rows is a bug of the caller
+// (stage_fusion.fuses never sends one), and traps rather than leave dots unwritten.
+template <int COLS, int THREADS, int RB, int RC, int KC, int STAGES, bool TILED>
 __device__ void fused_stage_gemm(const float* __restrict__ X, const float* __restrict__ W, int K, int B, int nc,
                                  float* __restrict__ dots, float* __restrict__ scratch)
 {
@@ -76,8 +78,12 @@ __device__ void fused_stage_gemm(const float* __restrict__ X, const float* __res
         __syncthreads();
         return;
     }
-    const RnnGemm job[1] = {{X, W, nullptr, dots, (long)COLS, nullptr, K, nc, COLS}};
-    rnn_tile_gemms<RB, RC, 4, STAGES, KC, 1>(job, B, scratch, COLS);
+    if constexpr (TILED) {
+        const RnnGemm job[1] = {{X, W, nullptr, dots, (long)COLS, nullptr, K, nc, COLS}};
+        rnn_tile_gemms<RB, RC, 4, STAGES, KC, 1>(job, B, scratch, COLS);
+    } else {
+        __trap();
+    }
 }
 
 #endif  // RNN_FUSED_STAGE_CUH

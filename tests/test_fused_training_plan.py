@@ -104,6 +104,10 @@ def test_every_preset_and_unusual_cell_plans_and_compiles_with_nvcc(tmp_path):
         assert plan.forward.order or plan.forward.hoisted, name
         sources[name] = render_module(plan)
     _nvcc(sources, tmp_path)
+    tiled = tmp_path / "tiled"                         # the fused stages' tiled GEMM (FUSE_MAX_ROWS > 2), apart
+    tiled.mkdir()
+    _nvcc({name: render_module(training_plan(engine.preset(name).cell), tiled=True)
+           for name in ("lstm", "gru_cho", "lstm_proj")}, tiled)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -48,12 +48,13 @@ _modules: dict = {}
 _lock = threading.Lock()
 
 
-def module_for(plan: TrainingPlan):
-    """The compiled module of the plan's kernels (IEEE fp32 through engine/codegen/nvrtc.py), cached by source."""
+def module_for(plan: TrainingPlan, tiled: bool = False):
+    """The compiled module of the plan's kernels (IEEE fp32 through engine/codegen/nvrtc.py), cached by source; tiled:
+    with the fused stages' tiled GEMM (batches over GEMV_MAX_ROWS rows)."""
     import cupy
     from ..codegen.nvrtc import load_module
 
-    source = render_module(plan)
+    source = render_module(plan, tiled)
     key = (source, cupy.cuda.Device().id)
     with _lock:
         module = _modules.get(key)
@@ -165,9 +166,9 @@ class Runner:
     """Launches a plan's GEMMs and kernels for one layer at a time, on the GPU (engine/autodiff/fused_numpy.py: the
     same plan run by NumPy, for the CPU tests)."""
 
-    def __init__(self, cupy, plan: TrainingPlan):
-        self.xp, self.plan = cupy, plan
-        module = module_for(plan)
+    def __init__(self, cupy, plan: TrainingPlan, tiled: bool = False):
+        self.xp, self.plan, self.tiled = cupy, plan, tiled
+        module = module_for(plan, tiled)
         self.functions = {k.name: module.get_function(k.name) for k in plan.forward.kernels + plan.backward.kernels}
         self.params = {k.name: kernel_params(k) for k in plan.forward.kernels + plan.backward.kernels}
         self.stages = fused_stages(plan)
@@ -285,8 +286,10 @@ class Runner:
                                                           np.int32(1 if g.accumulate else 0)))
 
     def fuses(self, network, B: int) -> bool:
-        """Whether the network's steps of B rows run fused stages (stage_fusion.fuses)."""
-        return stage_fusion.fuses(self.stages, B, [network.layer_sizes(l) for l in range(network.num_layers)])
+        """Whether the network's steps of B rows run fused stages (stage_fusion.fuses; over GEMV_MAX_ROWS rows only
+        with the tiled GEMM compiled in)."""
+        return ((B <= stage_fusion.GEMV_MAX_ROWS or self.tiled)
+                and stage_fusion.fuses(self.stages, B, [network.layer_sizes(l) for l in range(network.num_layers)]))
 
     def launches(self, step, steps: range, forward: bool, layer: Layer) -> list[tuple]:
         """The launches of `steps` of a layer (stage_fusion.launch_sequence): fused where its program fuses; else, with
@@ -600,13 +603,15 @@ _runners: dict = {}
 
 
 def gpu_runner(plan: TrainingPlan) -> Runner:
-    """The runner of a cell's plan on the current device (cached by the cell itself, never by an object's id)."""
+    """The runner of a cell's plan on the current device (cached by the cell itself, never by an object's id), with
+    the fused stages' tiled GEMM compiled in where stage_fusion.FUSE_MAX_ROWS asks for it."""
     import cupy
-    key = (plan.cell, cupy.cuda.Device().id)
+    tiled = stage_fusion.FUSE_MAX_ROWS > stage_fusion.GEMV_MAX_ROWS
+    key = (plan.cell, cupy.cuda.Device().id, tiled)
     with _lock:
         runner = _runners.get(key)
     if runner is None:
-        runner = Runner(cupy, plan)
+        runner = Runner(cupy, plan, tiled)
         with _lock:
             _runners[key] = runner
     return runner

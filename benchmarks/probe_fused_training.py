@@ -62,31 +62,28 @@ def main(argv=None) -> int:
                         help="the fused stages' tiled GEMM shape (stage_fusion.TILE_*; B > 2)")
     parser.add_argument("--fuse-max-rows", type=int, default=None,
                         help="fuse stages up to this batch (stage_fusion.FUSE_MAX_ROWS)")
+    parser.add_argument("--launches", nargs="*", default=None, metavar="PRESETS CONFIGS",
+                        help="GPU time of each launch of one layer-step instead (comma-separated presets and configs; "
+                             "default lstm,gru mid,blogB)")
     args = parser.parse_args(argv)
+    from engine.autodiff import cublas, fused, stage_fusion
     if args.tile:
-        from engine.autodiff import stage_fusion
         (stage_fusion.TILE_RB, stage_fusion.TILE_RC, stage_fusion.TILE_KC,
          stage_fusion.TILE_STAGES) = (int(v) for v in args.tile.split(","))
-    if args.no_split_sums:
-        from engine.autodiff import stage_fusion
-        stage_fusion.SPLIT_SUMS = False
-    if args.fuse_width is not None or args.fuse_max_rows is not None:
-        from engine.autodiff import stage_fusion
-        stage_fusion.WIDTH = args.fuse_width
-        if args.fuse_max_rows is not None:
-            stage_fusion.FUSE_MAX_ROWS = args.fuse_max_rows
-    if args.no_fuse:
-        from engine.autodiff import stage_fusion
-        stage_fusion.FUSE = False
+    stage_fusion.SPLIT_SUMS = not args.no_split_sums
+    stage_fusion.FUSE = not args.no_fuse
+    stage_fusion.WIDTH = args.fuse_width
+    if args.fuse_max_rows is not None:
+        stage_fusion.FUSE_MAX_ROWS = args.fuse_max_rows
     if args.layers:
-        from engine.autodiff import fused
         fused.WAVEFRONT = False
     if args.max_splits is not None:
-        from engine.autodiff import cublas
         cublas.MAX_SPLITS = args.max_splits
     if args.min_split_depth is not None:
-        from engine.autodiff import cublas
         cublas.MIN_SPLIT_DEPTH = args.min_split_depth
+    if args.launches is not None:
+        profile_main(*([r.split(",") for r in args.launches[:2]] if len(args.launches) >= 2 else []))
+        return 0
     print("| cell | config | forward ms | step ms | step wall ms |\n|---|---|---|---|---|")
     for name in args.preset or ["lstm"]:
         cell = engine.preset(name).cell
@@ -189,17 +186,5 @@ if __name__ == "__main__":
     if "--host-profile" in sys.argv:     # --host-profile [config [preset]]
         rest = sys.argv[sys.argv.index("--host-profile") + 1:]
         host_profile(*(rest[1:2] or ["lstm"]), *(rest[:1] or ["mid"]))
-        raise SystemExit(0)
-    if "--launches" in sys.argv:
-        if "--max-splits" in sys.argv:
-            from engine.autodiff import cublas
-            cublas.MAX_SPLITS = int(sys.argv[sys.argv.index("--max-splits") + 1])
-        from engine.autodiff import stage_fusion
-        stage_fusion.FUSE = "--no-fuse" not in sys.argv
-        stage_fusion.SPLIT_SUMS = "--no-split-sums" not in sys.argv
-        if "--fuse-width" in sys.argv:
-            stage_fusion.WIDTH = int(sys.argv[sys.argv.index("--fuse-width") + 1])
-        rest = [a for a in sys.argv[sys.argv.index("--launches") + 1:] if not a.startswith("--") and not a.isdigit()]
-        profile_main(*([r.split(",") for r in rest[:2]] if len(rest) >= 2 else []))   # --launches [presets configs]
         raise SystemExit(0)
     raise SystemExit(main())

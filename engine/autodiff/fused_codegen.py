@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from ..codegen.cuda import helper_source, literal, CELL_HELPERS
 from ..codegen.precision import precision
-from ..plan import Lin
 from ..ops import backward_op_def
 from ..codegen.wavefront import TILE_GEMM_HELPER
 from .fused_plan import KernelPlan, Place, Statement, TrainingPlan
@@ -23,10 +22,6 @@ THREADS = 256
 
 def var(value: str) -> str:
     return f"v_{value}"
-
-
-def _columns(plan: TrainingPlan) -> dict:
-    return {b.name: b.cols for b in plan.buffers}
 
 
 def element(place: Place, columns: dict) -> str:
@@ -71,7 +66,7 @@ def _declare(params: list[str], written: set) -> list[str]:
 
 
 def render_kernel(kernel: KernelPlan, plan: TrainingPlan) -> str:
-    columns = _columns(plan)
+    columns = plan.columns
     written = {p.buffer for _, p in kernel.stores}
     lines = [f"// {kernel.name}: stage {kernel.stage}, one thread per (b, j), b < B, j < {kernel.dim}.",
              f"// Computes {', '.join(s.var for s in kernel.statements) or 'nothing (copies)'}."]
@@ -96,15 +91,9 @@ def fused_params(stage: FusedStage) -> list[str]:
 def _gemm_loads(stage: FusedStage) -> dict:
     """The kernel's loads of the GEMM's output in the rows the launch writes: value -> member (all are at a member's
     own column: stage_fusion.fusible)."""
-    gemm, out = stage.gemm, stage.gemm.out
-    width = Lin.of(stage.kernel.dim)
-    offsets = {}
-    for m in range(stage.members):
-        offset = out.offset
-        for _ in range(m):
-            offset = offset + width
-        offsets[offset] = m
-    return {value: offsets[place.offset] for value, place in stage.kernel.loads
+    out = stage.gemm.out
+    member = {offset: m for m, offset in enumerate(stage.member_offsets)}
+    return {value: member[place.offset] for value, place in stage.kernel.loads
             if place.kind == "row" and place.buffer == out.buffer and place.shift == stage.lag + out.shift}
 
 
@@ -116,7 +105,7 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
     from shared memory. Where the block's elements are no more than its threads (small batch), each thread issues its
     element's other loads before the GEMM, so their latency hides behind it. tiled: the tiled GEMM for B > 2 is
     compiled in (else only the GEMV)."""
-    columns = _columns(plan)
+    columns = plan.columns
     kernel, gemm = stage.kernel, stage.gemm
     written = {p.buffer for _, p in kernel.stores} | {gemm.out.buffer}
     out = gemm.out
@@ -165,14 +154,17 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
     lines += gemm_call
     lines += [f"        if ((int)threadIdx.x < B * nu) {{"]
     lines += [f"            {line}" for line in from_shared + math + stores]
-    lines += ["        }", "        return;", "    }", "    {"]
-    lines += gemm_call
-    lines += ["    }",
-              "    for (int e = threadIdx.x; e < B * nu; e += blockDim.x) {",
-              "        const long b = e / nu;",
-              "        const int j = j0 + (int)(e - b * nu);"]
-    lines += [f"        {line}" for line in early + from_shared + math + stores]
-    lines += ["    }", "}"]
+    lines += ["        }", "        return;", "    }"]
+    if tiled:            # more elements than threads: only the tiled form's batches (the GEMV's have B <= 2)
+        lines += ["    {"] + gemm_call + ["    }",
+                  "    for (int e = threadIdx.x; e < B * nu; e += blockDim.x) {",
+                  "        const long b = e / nu;",
+                  "        const int j = j0 + (int)(e - b * nu);"]
+        lines += [f"        {line}" for line in early + from_shared + math + stores]
+        lines += ["    }"]
+    else:
+        lines += ["    __trap();   // B <= 2 here (stage_fusion.fuses): B * nu <= 64"]
+    lines += ["}"]
     return "\n".join(lines) + "\n"
 
 
@@ -182,7 +174,7 @@ def render_summed(stage: FusedStage, plan: TrainingPlan) -> str:
     is there when the GEMM accumulates: kernels/splitk_reduce.cu's sum, in its order), then runs the statements: the
     reduce launch between the GEMM and the kernel goes. Thread (b, j) owns column j of each member, so no thread waits
     for another. The GEMM ran for step tg, the kernel's statements are of step t."""
-    columns = _columns(plan)
+    columns = plan.columns
     kernel, gemm = stage.kernel, stage.gemm
     written = {p.buffer for _, p in kernel.stores} | {gemm.out.buffer}
     out = gemm.out

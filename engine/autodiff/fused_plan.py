@@ -157,6 +157,11 @@ class TrainingPlan:
     def launches_per_step(self) -> tuple[int, int]:
         return len(self.forward.order), len(self.backward.order)
 
+    @property
+    def columns(self) -> dict:
+        """Each buffer's columns: buffer name -> Lin."""
+        return {b.name: b.cols for b in self.buffers}
+
 
 def state_buffer(state: str) -> str:
     return f"state_{state}"

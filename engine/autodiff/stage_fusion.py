@@ -75,6 +75,11 @@ class FusedStage:
         return f"{self.kernel.name}__sums_{self.gemm.name}"
 
     @property
+    def member_offsets(self) -> tuple[Lin, ...]:
+        """Each member's first column in the GEMM's output buffer."""
+        return _member_offsets(self.gemm.out.offset, Lin.of(self.kernel.dim), self.members)
+
+    @property
     def weight_layout(self) -> tuple[tuple[str, ...], str]:
         """(the stacked weight's members, "stacked" | "interleaved" | "transposed"): the array the launch reads."""
         if not self.forward:
@@ -82,13 +87,16 @@ class FusedStage:
         return self.gemm.weights, "interleaved" if self.members > 1 else "stacked"
 
 
-def _columns(plan: TrainingPlan) -> dict:
-    return {b.name: b.cols for b in plan.buffers}
+def _member_offsets(start: Lin, width: Lin, members: int) -> tuple[Lin, ...]:
+    offsets = [start]
+    for _ in range(members - 1):
+        offsets.append(offsets[-1] + width)
+    return tuple(offsets)
 
 
 def fusible(plan: TrainingPlan, gemm: GemmPlan, kernel: KernelPlan, lag: int, forward: bool) -> str | None:
     """Why `gemm` (of step t + lag) and `kernel` (of step t) cannot be one launch, or None when they can."""
-    cell, columns = plan.cell, _columns(plan)
+    cell, columns = plan.cell, plan.columns
     if gemm.hoisted:
         return "the GEMM is hoisted (once a layer, over every step)"
     operand, out = gemm.operand, gemm.out
@@ -103,11 +111,7 @@ def fusible(plan: TrainingPlan, gemm: GemmPlan, kernel: KernelPlan, lag: int, fo
         widths = [gemm.n]
     if any(w != width for w in widths):
         return f"the GEMM's members are not {kernel.dim} columns each, the kernel's size"
-    rows, start = [], Lin()
-    for w in widths:
-        rows.append(start)
-        start = start + w
-    owned = {out.offset + r for r in rows}
+    owned = set(_member_offsets(out.offset, width, len(widths)))
     gemm_block = lag + out.shift                       # row blocks relative to the kernel's step t
     for value, place in kernel.loads:
         if place.kind == "row" and place.buffer == out.buffer and place.shift == gemm_block \
@@ -198,6 +202,11 @@ def shared_floats(stage: FusedStage, B: int, width: int) -> int:
 
 
 MAX_SHARED_BYTES = 48 * 1024     # what a launch may take without opting in to more
+
+
+def switches() -> tuple:
+    """The module's switches that shape a program's launches (a cached program's captured graphs keep them)."""
+    return FUSE, FUSE_MAX_ROWS, SPLIT_SUMS, WIDTH
 
 
 def fuses(stages: dict, B: int, layer_sizes: list[dict]) -> bool:

@@ -5,11 +5,13 @@
 #
 #   1. pytest-xdist from .whl/ when the call carries it (benchmarks/NOTES.md: the suite is too long serially);
 #   2. python3 -m pytest $TESTS -q -rs -n 12 (TESTS default tests/gpu, "none" skips them; TESTS_BUDGET s, 330);
-#   3. probe_fused_training.py: forward and step ms of the default step, then without this session's fused stages
-#      and split-K sums (--no-fuse --no-split-sums), lstm, gru, gru_cho and mgu at lat, blogB, mid (PROBE_BUDGET, 120 s);
-#   4. python -m engine bench --train: cuDNN fp32 (TF32 off) against the fused step for lstm, gru, gru_cho, mgu at
-#      lat, blogB and mid, median of REPS (31) repetitions (TRAIN_BUDGET, 300 s); WAVEFRONT=0 times the
-#      layer-by-layer step instead of the default wavefront.
+#   3. probe_fused_training.py: forward and step ms of the default step, then with PROBE_FLAGS (default
+#      "--no-fuse --no-split-sums"; "none" skips it), the PRESETS (default lstm gru gru_cho mgu) at lat, blogB, mid
+#      (PROBE_BUDGET, 120 s);
+#   4. python -m engine bench --train: cuDNN fp32 (TF32 off) against the fused step for the PRESETS at lat, blogB and
+#      mid, median of REPS (31) repetitions (TRAIN_BUDGET, 300 s); WAVEFRONT=0 times the layer-by-layer step instead
+#      of the default wavefront;
+#   5. SWEEP=1: every preset, the fused step alone, median of 21, into $OUT/sweep (SWEEP_BUDGET, 420 s).
 # A failing stage does not stop the next one; the summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,12 +46,16 @@ else
   echo "GPU tests skipped (TESTS=none)" > "$OUT/gpu_tests.log"
 fi
 
-section "probe: the default step, then without fused stages and split-K sums"
+PRESETS=${PRESETS:-lstm gru gru_cho mgu}
+PRESET_FLAGS=$(for p in $PRESETS; do printf -- "--preset %s " "$p"; done)
+PROBE_FLAGS=${PROBE_FLAGS:---no-fuse --no-split-sums}
+section "probe: the default step, then with ${PROBE_FLAGS}"
 {
-  for flags in "" "--no-fuse --no-split-sums"; do
+  for flags in "" "$PROBE_FLAGS"; do
+    [ "$flags" = none ] && continue
     echo "probe flags: ${flags:-none}"
-    timeout "${PROBE_BUDGET:-120}" "$PY" benchmarks/probe_fused_training.py $flags --repeats 9 --preset lstm \
-      --preset gru --preset gru_cho --preset mgu --config lat --config blogB --config mid
+    timeout "${PROBE_BUDGET:-120}" "$PY" benchmarks/probe_fused_training.py $flags --repeats 9 $PRESET_FLAGS \
+      --config lat --config blogB --config mid
   done
 } 2>&1 | tee "$OUT/probe.md"
 
@@ -57,12 +63,22 @@ section "bench --train"
 WAVE=""
 [ "${WAVEFRONT:-1}" = 0 ] && WAVE="import engine.autodiff.fused as f; f.WAVEFRONT = False;"
 timeout "${TRAIN_BUDGET:-300}" "$PY" -c "$WAVE
-import sys; from engine.cli import main; sys.exit(main(sys.argv[1:]))" bench --train --preset lstm --preset gru \
-  --preset gru_cho --preset mgu --config lat --config blogB --config mid --impl cudnn-fp32 --impl fused \
+import sys; from engine.cli import main; sys.exit(main(sys.argv[1:]))" bench --train $PRESET_FLAGS \
+  --config lat --config blogB --config mid --impl cudnn-fp32 --impl fused \
   --reps "${REPS:-31}" --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -20
 train_rc=${PIPESTATUS[0]}
 
+sweep_rc=skipped
+if [ "${SWEEP:-0}" = 1 ]; then
+  section "sweep: every preset, the fused step"
+  mkdir -p "$OUT/sweep"
+  ALL=$("$PY" -c "import engine; print(' '.join('--preset ' + p for p in sorted(engine.presets())))")
+  timeout "${SWEEP_BUDGET:-420}" "$PY" -m engine bench --train $ALL --config lat --config blogB --config mid \
+    --impl fused --reps 21 --out "$OUT/sweep" 2>&1 | tee "$OUT/sweep.log" | tail -25
+  sweep_rc=${PIPESTATUS[0]}
+fi
+
 section summary
 echo "GPU tests rc=$tests_rc: $(tail -1 "$OUT/gpu_tests.log")"
-echo "bench --train rc=$train_rc (WAVEFRONT=${WAVEFRONT:-1})"
-grep -E "^probe flags|^\| (lstm|gru|gru_cho|mgu) " "$OUT/probe.md" || true
+echo "bench --train rc=$train_rc (WAVEFRONT=${WAVEFRONT:-1}); sweep rc=$sweep_rc"
+grep -E "^probe flags|^\| [a-z_]+ \| (lat|blogB|mid) " "$OUT/probe.md" || true

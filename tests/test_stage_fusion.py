@@ -63,8 +63,10 @@ def test_pairs_that_would_race_are_refused_with_the_reason():
     # a hoisted GEMM, and members wider than the kernel
     assert "hoisted" in fusible(plan, plan.forward.hoisted[0], kernel, 0, True)
     back_kernel, back_gemm = plan.backward.order[0][1], plan.backward.order[1][1]
-    assert "not H columns each" in fusible(plan, dataclasses.replace(back_gemm, n=back_gemm.n + back_gemm.n),
+    wider = back_gemm.n + back_gemm.n
+    assert "not H columns each" in fusible(plan, dataclasses.replace(back_gemm, n=wider, out_blocks=(wider,)),
                                            back_kernel, 1, False)
+    assert "do not make up its" in fusible(plan, dataclasses.replace(back_gemm, n=wider), back_kernel, 1, False)
     # the backward pair within one step: the kernel writes the dy rows the GEMM reads
     assert "into the rows the GEMM reads" in fusible(plan, back_gemm, back_kernel, 0, False)
 

@@ -37,7 +37,7 @@ from ..ops import apply_elementwise
 from . import stage_fusion
 from .fused_codegen import THREADS, fused_params, kernel_params, render_module
 from .fused_plan import (D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER, GemmPlan, GradGemm, KernelPlan, Place,
-                         TrainingPlan, adjoint_buffer, state_buffer, training_plan)
+                         TrainingPlan, training_plan)
 from .cublas import SPLIT_REDUCE_FILE, Sgemm, split_k
 from .stage_fusion import FusedStage, fused_stages, launch_sequence, lay_out, stage_weights
 from .step import backward_step
@@ -112,15 +112,29 @@ class Layer:
         width = max(sizes.values())
         for name in plan.static:
             self.buffers[f"static_{name}"] = xp.full((width,), fill, dtype=xp.float32)
-        self.stacked = {}
+        # Each GEMM's weights stacked: members one under another, or a Stack's grid (sums x states, zero blocks)
+        self.stacked, self.blocks = {}, {}       # key -> array; key -> ((weight, rows, cols), ...) of its blocks
         for g in plan.forward.gemms + plan.backward.gemms + ((plan.input_gemm,) if plan.input_gemm else ()):
-            if g.weights not in self.stacked:
-                rows = sum(shapes[w][0] for w in g.weights)
-                self.stacked[g.weights] = xp.full((rows, shapes[g.weights[0]][1]), fill, dtype=xp.float32)
+            if g.stack in self.stacked:
+                continue
+            grid = [g.weights[j:j + g.grid] for j in range(0, len(g.weights), g.grid)]
+            heights = [shapes[next(w for w in row if w)][0] for row in grid]
+            width = shapes[next(w for w in g.weights if w)][1]
+            target = self.stacked[g.stack] = xp.full((sum(heights), g.grid * width), fill, dtype=xp.float32)
+            blocks, top = [], 0
+            for row, height in zip(grid, heights):
+                for k, w in enumerate(row):
+                    block = (slice(top, top + height), slice(k * width, (k + 1) * width))
+                    if w:
+                        blocks.append((w, block))
+                    else:
+                        target[block] = 0.0        # a sum without a term of that state: stays zero
+                top += height
+            self.blocks[g.stack] = tuple(blocks)
         # The fused stages' weights: stacked ones interleaved (forward) or transposed (backward), stage_fusion.py
-        self.stage_weights = {(w, layout): xp.full(self.stacked[w].shape[::-1] if layout == "transposed" else
-                                                   self.stacked[w].shape, fill, dtype=xp.float32)
-                              for w, layout in stage_weights}
+        self.stage_weights = {(key, layout, members): xp.full(
+            self.stacked[key].shape[::-1] if layout == "transposed" else self.stacked[key].shape, fill,
+            dtype=xp.float32) for key, layout, members in stage_weights}
 
     def load(self, cell, params: dict) -> list[tuple]:
         """Take a layer's parameters: their float32 arrays (read by the after part), the static values computed
@@ -129,24 +143,20 @@ class Layer:
         xp = self.xp
         self.params = {name: float32_contiguous(xp, value) for name, value in params.items()}
         copies = [(self.buffers[f"param_{name}"], value) for name, value in self.params.items() if value.ndim == 1]
-        for weights, target in self.stacked.items():
-            row = 0
-            for w in weights:
-                rows = self.params[w].shape[0]
-                copies.append((target[row:row + rows], self.params[w]))
-                row += rows
+        for key, target in self.stacked.items():
+            copies += [(target[block], self.params[w]) for w, block in self.blocks[key]]
         for name, value in static_values(xp, cell, self.plan, self.params, self.sizes).items():
             self.buffers[f"static_{name}"][...] = value
         return copies
 
     def lay_out_weights(self) -> None:
         """The fused stages' copies of the stacked weights, once load()'s copies are done (on the same stream)."""
-        for (weights, layout), target in self.stage_weights.items():
-            target[...] = lay_out(self.xp, self.stacked[weights], layout, len(weights))
+        for (key, layout, members), target in self.stage_weights.items():
+            target[...] = lay_out(self.xp, self.stacked[key], layout, members)
 
     def stage_weight(self, stage: FusedStage):
-        weights, layout = stage.weight_layout
-        return self.stacked[weights] if layout == "stacked" else self.stage_weights[(weights, layout)]
+        key, layout, _ = stage.weight_layout
+        return self.stacked[key] if layout == "stacked" else self.stage_weights[stage.weight_layout]
 
     def pointer(self, place: Place, block: int = 0) -> tuple[int, int]:
         """(device address, leading dimension) of a value's row block `block` (step t's rows from block t)."""
@@ -156,10 +166,23 @@ class Layer:
 
     def view(self, place: Place, size: int):
         """A value of every step as (T x B, size) rows: a view of its buffer."""
-        buf = self.buffers[place.buffer]
-        B, T = self.B, self.T
+        return self.rows(place, 0, self.T, size)
+
+    def rows(self, place: Place, block: int, blocks: int, size: int):
+        """Row blocks block .. block + blocks - 1 of a value (a state's: block t enters step t), (blocks x B, size):
+        a view of its buffer."""
+        buf, B = self.buffers[place.buffer], self.B
         start = place.offset(self.sizes)
-        return buf[place.shift * B:(place.shift + T) * B, start:start + size]
+        return buf[(block + place.shift) * B:(block + place.shift + blocks) * B, start:start + size]
+
+    def state(self, state: str, block: int, adjoint: bool = False):
+        """A state's (or its adjoint's) row block `block`: (B, its size)."""
+        places = self.plan.adjoint_places if adjoint else self.plan.state_places
+        return self.rows(places[state], block, 1, self.sizes[self.plan.cell.state_dim(state)])
+
+    def output(self):
+        """The layer's output of every step, (T x B, its size): the next layer's input (one whole buffer's rows)."""
+        return self.view(self.plan.output, self.sizes[self.plan.cell.output_dim])
 
 
 class Runner:
@@ -233,27 +256,34 @@ class Runner:
     def copy(self, copies: list[tuple]) -> None:
         """Each (destination, source) pair: the source's values into the destination (same size; None: zeros), as
         one launch of kernels/copy_pieces.cu over COPY_CHUNK-element pieces (a copy a parameter from Python cost
-        ~20 us of host time each, ~2.5 ms a step for a 4-layer LSTM). A destination that is not one contiguous run
-        is filled on its own."""
+        ~20 us of host time each, ~2.5 ms a step for a 4-layer LSTM). A destination may be a block of rows of a
+        larger matrix (a Stack's weight grid, a state beside others); any other is filled on its own."""
         xp = self.xp
-        src, dst, size = [], [], []
+        src, dst, size, width, stride = [], [], [], [], []
         for target, value in copies:
             if value is not None and value.size != target.size:
                 raise ValueError(f"copy of {value.size} values into {target.size}")
-            if not target.flags.c_contiguous:
+            if target.flags.c_contiguous:
+                rows_of = (target.size, target.size)
+            elif target.ndim == 2 and target.strides[1] == 4 and target.strides[0] % 4 == 0:
+                rows_of = (target.shape[1], target.strides[0] // 4)
+            else:
                 target[...] = 0.0 if value is None else value.reshape(target.shape)
                 continue
             src.append(0 if value is None else value.data.ptr)
             dst.append(target.data.ptr)
             size.append(target.size)
+            width.append(max(rows_of[0], 1))
+            stride.append(rows_of[1])
         if not size:
             return
-        src, dst, size = (np.array(v, dtype=np.int64) for v in (src, dst, size))
+        src, dst, size, width, stride = (np.array(v, dtype=np.int64) for v in (src, dst, size, width, stride))
         pieces = -(-size // COPY_CHUNK)
         which = np.repeat(np.arange(len(size)), pieces)
         start = (np.arange(pieces.sum()) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * COPY_CHUNK
         count = np.minimum(size[which] - start, COPY_CHUNK)
-        table = np.concatenate([np.where(src[which] != 0, src[which] + 4 * start, 0), dst[which] + 4 * start, count])
+        table = np.concatenate([np.where(src[which] != 0, src[which] + 4 * start, 0), dst[which], count, start,
+                                width[which], stride[which]])
         self.copy_kernel((len(count),), (256,), (xp.asarray(table), np.int32(len(count))))
 
     def kernel(self, layer: Layer, kernel: KernelPlan, t: int) -> None:
@@ -270,7 +300,7 @@ class Runner:
         rows = steps * B if g.hoisted else B
         a, lda = layer.pointer(g.operand, t)
         c, ldc = layer.pointer(g.out, t)
-        w = layer.stacked[g.weights]
+        w = layer.stacked[g.stack]
         k, n = g.k(sizes), g.n(sizes)
         # forward: out = operand @ W^T (W stacked: n x k); backward: out (+)= dy @ W (W stacked: k x n)
         splits = self.splits(g, sizes, B)
@@ -315,7 +345,7 @@ class Runner:
         them first (FusedStage.summed)."""
         sizes, B, g = layer.sizes, layer.B, stage.gemm
         a, lda = layer.pointer(g.operand, tg)
-        w = layer.stacked[g.weights]
+        w = layer.stacked[g.stack]
         splits = self.splits(g, sizes, B)
         self.active.split(a, lda, w.data.ptr, w.shape[1], layer.scratch.data.ptr, B, g.n(sizes), g.k(sizes), splits,
                           w_transposed=stage.forward)
@@ -459,8 +489,7 @@ class Program:
             layer = Layer(xp, runner.plan, sizes, shapes, T, B, poison, runner.scratch_size(sizes, B),
                           stage_weights(runner.stages) if self.fused else ())
             layer.fused = self.fused
-            layer.buffers[INPUT_BUFFER] = (self.input if l == 0 else
-                                           self.layers[-1].buffers[state_buffer(cell.output)][B:])
+            layer.buffers[INPUT_BUFFER] = self.input if l == 0 else self.layers[-1].output()
             self.layers.append(layer)
         if self.wavefront:
             runner.prepare_streams(network.num_layers)
@@ -489,9 +518,8 @@ class Program:
         for l, layer in enumerate(self.layers):
             copies += layer.load(cell, params[l])
             for s in cell.state_names:
-                first = layer.buffers[state_buffer(s)][:B]
                 given = initial_states is not None and s in initial_states
-                copies.append((first, float32_contiguous(xp, initial_states[s][l]) if given else None))
+                copies.append((layer.state(s, 0), float32_contiguous(xp, initial_states[s][l]) if given else None))
         self.runner.copy(copies)
         for layer in self.layers:
             layer.lay_out_weights()
@@ -725,7 +753,7 @@ class FusedTape:
         """Each state's adjoint entering layer l's last step: d_final_states, or zero."""
         xp, T, B = self.xp, layer.T, layer.B
         for s in self.network.cell.state_names:
-            last = layer.buffers[adjoint_buffer(s)][T * B:]
+            last = layer.state(s, T, adjoint=True)
             last[...] = xp.asarray(d_final_states[s][l], dtype=xp.float32) if s in d_final_states else 0.0
 
     def _after(self, layer: Layer, l: int, grads: dict, d_initial: dict, nodes=None):
@@ -765,7 +793,7 @@ class FusedTape:
             runner.column_dots(layer, plan.column_dots, grads)
         values = backward_step(graph, saved, layer.params, rows, grads, np.float32, todo)
         for s in cell.state_names:
-            d_initial[s][l] = layer.buffers[adjoint_buffer(s)][:B]
+            d_initial[s][l] = layer.state(s, 0, adjoint=True)
         if nodes is not None:
             return None
         if graph.input_adjoint is None:
@@ -791,8 +819,6 @@ def record(network, params, x, initial_states: dict | None, poison: bool = False
     except BaseException:
         program.release()
         raise
-    top = program.layers[-1].buffers[state_buffer(cell.output)][B:]
-    outputs = xp.array(top).reshape(T, B, -1)            # copies: the program's buffers serve the next record
-    final_states = {s: xp.stack([layer.buffers[state_buffer(s)][T * B:] for layer in program.layers])
-                    for s in cell.state_names}
+    outputs = xp.array(program.layers[-1].output()).reshape(T, B, -1)   # copies: the buffers serve the next record
+    final_states = {s: xp.stack([layer.state(s, T) for layer in program.layers]) for s in cell.state_names}
     return FusedTape(network, program, outputs, final_states)

@@ -97,7 +97,7 @@ class NumpyRunner(Runner):
         rows = steps * layer.B if g.hoisted else layer.B
         block = t
         k, n = g.k(layer.sizes), g.n(layer.sizes)
-        w = layer.stacked[g.weights]
+        w = layer.stacked[g.stack]
         a = self._rows(layer, g.operand, block, rows, k)
         out = self._rows(layer, g.out, block, rows, n)
         product = a @ w.T if forward else a @ w

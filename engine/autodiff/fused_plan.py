@@ -88,6 +88,16 @@ class GemmPlan:
     n: Lin                                     # the output's columns
     accumulate: bool = False                    # beta = 1: the output holds the elementwise part of a sum
     hoisted: bool = False                       # once a layer over T x B rows, before the step loop
+    # The output's column blocks (what a fused stage puts side by side for a unit): forward, each member's rows
+    # (a Stack's: each sum's); backward, the operand adjoint (a Stack's: each state's).
+    out_blocks: tuple[Lin, ...] = ()
+    grid: int = 1                               # a Stack's GEMM: weights is a grid of `grid` columns, row-major,
+                                                # "" for a zero block (the stacked weight: sums x states)
+
+    @property
+    def stack(self) -> tuple[tuple[str, ...], int]:
+        """The key of the stacked weight this GEMM reads (engine/autodiff/fused.py Layer.stacked)."""
+        return self.weights, self.grid
 
 
 @dataclass(frozen=True)
@@ -115,6 +125,38 @@ class ColumnDot:
     a: Place
     b: Place
     dim: str
+
+
+@dataclass(frozen=True)
+class Stack:
+    """States that the step's matmuls multiply, side by side in one row buffer (and their adjoints in another), so
+    that all those matmuls are one GEMM with K = the states' widths together. Its output column block j is sum j: the
+    terms of one add chain (`roots[j]`, the add at its top), at most one matmul per state; the stacked weight is the
+    grid weights[j][k] (sums x states), a zero block where sum j has no term of state k. The kernel reads sum j at the
+    place of its first term and 0 for the others, so the chain adds to the same value. The backward's dy of the sums
+    side by side, times the same grid, is the states' adjoints side by side: one GEMM there too. lstm_fgr: the
+    matmuls of h, i, f and o, four GEMMs a step each way, become one each way."""
+    dim: str
+    states: tuple[str, ...]                     # in the K order
+    roots: tuple[str, ...]                      # the sums, in the output's column order
+    members: tuple[tuple[str, ...], ...]        # members[j][k]: the matmul of sum j and state k, "" for none
+    weights: tuple[str, ...]                    # the grid, row-major, "" for a zero block
+    widths: tuple[Lin, ...]                     # each sum's columns
+
+    @property
+    def k(self) -> Lin:
+        return Lin.of(self.dim, len(self.states))
+
+    @property
+    def n(self) -> Lin:
+        total = Lin()
+        for w in self.widths:
+            total = total + w
+        return total
+
+
+MAX_ZERO_SHARE = 0.25    # a Stack whose grid is more zeros than this is not made: at large batches the GEMM would
+                         # multiply the zeros (a quarter more work than the separate GEMMs at worst); lstm_fgr: 3/16
 
 
 @dataclass(frozen=True)
@@ -152,6 +194,10 @@ class TrainingPlan:
     grad_gemms: tuple[GradGemm, ...] = ()
     after_layers: tuple = ()
     column_dots: tuple[ColumnDot, ...] = ()          # vector parameters' gradients, a launch a layer
+    stacks: tuple[Stack, ...] = ()
+    state_places: dict = field(default_factory=dict)  # state -> Place of the state entering step t (block t)
+    adjoint_places: dict = field(default_factory=dict)  # state -> Place of its adjoint entering step t
+    output: Place = Place("row")                      # the layer's output of step t: the next layer's input rows
 
     @property
     def launches_per_step(self) -> tuple[int, int]:
@@ -174,6 +220,7 @@ def adjoint_buffer(state: str) -> str:
 INPUT_BUFFER = "x"            # the layer's input sequence (T x B, I)
 D_OUTPUT_BUFFER = "d_out"     # the adjoint of the layer's output sequence (T x B, output size)
 D_INPUT_BUFFER = "d_in"       # the adjoint of the layer's input sequence: the layer below's d_out (bound, T x B, I)
+OUTPUT_BUFFER = "out"         # the layer's output sequence where its state lies in a Stack's buffer (T x B, its size)
 
 
 @lru_cache(maxsize=64)
@@ -213,7 +260,58 @@ class _Planner:
         after_rest = tuple(n for n in after_layers if n.name not in skip)
         return TrainingPlan(self.cell, self.split, tuple(self.buffers.values()), forward, backward,
                             dict(self.places), back_places, tuple(self.static), self.input_gemm, after_rest,
-                            grad_gemms, after_layers, column_dots)
+                            grad_gemms, after_layers, column_dots, self.stacks, dict(self.state_places),
+                            dict(self.adjoint_places), self.output)
+
+    # ---- stacks -----------------------------------------------------------------------------------------------
+    def _stacks(self, live: list, batched: set) -> tuple[Stack, ...]:
+        """A Stack per state size whose states' matmuls qualify: two states or more; every matmul's add chain has at
+        most one matmul of each state; no weight used twice; at most MAX_ZERO_SHARE of the grid zeros."""
+        cell = self.cell
+        consumers = {n: [c for c in live if n in cell[c].args] for n in live}
+        by_dim: dict[str, list[str]] = {}
+        for name in live:
+            node = cell[name]
+            if node.op == "matmul" and name in batched and cell[node.args[1]].op == "state":
+                by_dim.setdefault(self._dim(node.args[1]), []).append(name)
+        stacks = []
+        for dim, matmuls in by_dim.items():
+            states = tuple(s for s in cell.state_names if any(cell[m].args[1] == s for m in matmuls))
+            weights = [cell[m].args[0] for m in matmuls]
+            if len(states) < 2 or len(set(weights)) != len(weights):
+                continue
+            sums: dict[str, dict[str, str]] = {}
+            for m in matmuls:
+                terms = sums.setdefault(self._sum_root(m, consumers), {})
+                if cell[m].args[1] in terms:
+                    break
+                terms[cell[m].args[1]] = m
+            else:
+                zeros = sum(1 for terms in sums.values() for s in states if s not in terms)
+                if zeros > MAX_ZERO_SHARE * len(sums) * len(states):
+                    continue
+                members = tuple(tuple(terms.get(s, "") for s in states) for terms in sums.values())
+                stacks.append(Stack(dim, states, tuple(sums), members,
+                                    tuple(cell[m].args[0] if m else "" for row in members for m in row),
+                                    tuple(Lin.of(cell[cell[next(m for m in row if m)].args[0]].attr("rows"))
+                                          for row in members)))
+        return tuple(stacks)
+
+    def _sum_root(self, matmul: str, consumers: dict) -> str:
+        """The top of the chain of adds that `matmul` is a term of: up from it while a value is read by one add alone
+        (once) and is neither saved for the backward nor a next state; `matmul` itself when its reader is no add."""
+        cell = self.cell
+        stop = set(self.graph.saved) | {s.next for s in cell.states}
+        value = matmul
+        while value not in stop and len(consumers[value]) == 1:
+            reader = cell[consumers[value][0]]
+            if reader.op != "add" or reader.args.count(value) != 1:
+                break
+            value = reader.name
+        return value
+
+    def _stack_of(self, state: str) -> Stack | None:
+        return next((st for st in self.stacks if state in st.states), None)
 
     def _column_dots(self) -> tuple[ColumnDot, ...]:
         """The after part's batch_sum(mul(a, b)) into a parameter no other node adds to, where a and b are values
@@ -324,10 +422,27 @@ class _Planner:
                 self.places[name] = Place("vector", buffer=f"param_{name}" if node.is_param else f"static_{name}")
         x = cell.input.name
         self.places[x] = Place("row", self._buffer(INPUT_BUFFER, Lin.of(self._dim(x)), doc="the layer's input"))
+        self.stacks = self._stacks(live, batched)
+        self.state_places, self.adjoint_places = {}, {}
+        for st in self.stacks:        # its states side by side, and their adjoints
+            names = ", ".join(st.states)
+            state = self._buffer(f"state_stack_{st.dim}", st.k, "T+1", f"states {names} side by side")
+            adjoint = self._buffer(f"dstate_stack_{st.dim}", st.k, "T+1", f"the adjoints of {names} side by side")
+            for k, name in enumerate(st.states):
+                self.state_places[name] = Place("row", state, Lin.of(st.dim, k))
+                self.adjoint_places[name] = Place("row", adjoint, Lin.of(st.dim, k))
         for s in cell.states:
-            dim = cell.state_dim(s.name)
-            self._buffer(state_buffer(s.name), Lin.of(dim), "T+1", f"state {s.name}: block t enters step t")
-            self.places[s.name] = Place("row", state_buffer(s.name))
+            if s.name not in self.state_places:
+                dim = cell.state_dim(s.name)
+                self.state_places[s.name] = Place("row", self._buffer(
+                    state_buffer(s.name), Lin.of(dim), "T+1", f"state {s.name}: block t enters step t"))
+                self.adjoint_places[s.name] = Place("row", adjoint_buffer(s.name))
+            self.places[s.name] = self.state_places[s.name]
+        out = self.state_places[cell.output]
+        self.output = dataclasses.replace(out, shift=1)
+        if self.buffers[out.buffer].cols != Lin.of(cell.output_dim):    # in a Stack's buffer: stored again, whole
+            self.output = Place("row", self._buffer(OUTPUT_BUFFER, Lin.of(cell.output_dim),
+                                                    doc="the layer's output (its state lies in a stack)"))
 
         # Stages: a matmul of x is hoisted (stage 0); of a state, stage 0; of a value of stage s, stage s + 1.
         stage: dict[str, int] = {x: 0, **{s: 0 for s in cell.state_names}}
@@ -347,6 +462,21 @@ class _Planner:
         self.fwd_stage = stage
 
         gemm_plans: dict[tuple[int, str], GemmPlan] = {}
+        for st in self.stacks:        # one GEMM for all the matmuls of its states (stage 0, as every state's)
+            for name in st.states:
+                del groups[(0, name)]
+            out = self._buffer(f"gemm_stack_{st.dim}", st.n, doc=f"the sums of the matmuls of {', '.join(st.states)}")
+            offset = Lin()
+            for row, width in zip(st.members, st.widths):
+                terms = [m for m in row if m]
+                self.places[terms[0]] = Place("row", out, offset)
+                for m in terms[1:]:
+                    self.places[m] = Place("literal", literal=0.0)
+                offset = offset + width
+            gemm_plans[(0, f"stack_{st.dim}")] = GemmPlan(
+                f"{cell.name}_fwd_stack_{st.dim}_s0", 0, tuple(m for row in st.members for m in row if m), st.weights,
+                Place("row", self.state_places[st.states[0]].buffer), Place("row", out), st.k, st.n,
+                out_blocks=st.widths, grid=len(st.states))
         for (s, operand), members in groups.items():
             hoisted = operand == x
             cols, offsets = Lin(), {}
@@ -358,8 +488,9 @@ class _Planner:
                 self.places[m] = Place("row", out, offsets[m])
             gemm_plans[(s, operand)] = GemmPlan(
                 f"{cell.name}_fwd_{operand}_s{s}", s, tuple(members), tuple(cell[m].args[0] for m in members),
-                Place("row", state_buffer(operand)) if cell[operand].op == "state" else None, Place("row", out),
-                Lin.of(self._dim(operand)), cols, hoisted=hoisted)
+                self.state_places[operand] if cell[operand].op == "state" else None, Place("row", out),
+                Lin.of(self._dim(operand)), cols, hoisted=hoisted,
+                out_blocks=tuple(Lin.of(cell[cell[m].args[0]].attr("rows")) for m in members))
 
         # Where every computed value must be written: next states, GEMM operands, later kernels, the backward.
         kernel_of = {n: key for key, names in elementwise.items() for n in names}
@@ -370,7 +501,9 @@ class _Planner:
         for name in kernel_of:
             places = []
             if name in next_of:
-                places.append(Place("row", state_buffer(next_of[name]), shift=1))
+                places.append(dataclasses.replace(self.state_places[next_of[name]], shift=1))
+                if next_of[name] == cell.output and self.output.buffer == OUTPUT_BUFFER:
+                    places.append(self.output)
             elsewhere = any(kernel_of.get(c) != kernel_of[name] for c in consumers[name])
             if (elsewhere or name in saved) and not places:
                 places.append(Place("row", self._buffer(f"value_{name}", Lin.of(self._dim(name)),
@@ -386,7 +519,9 @@ class _Planner:
         for s in cell.states:        # a next state that is no kernel's value (a matmul's, x, a state): copied
             if s.next not in kernel_of:
                 copies.setdefault((last, cell.state_dim(s.name)), []).append(
-                    (s.next, Place("row", state_buffer(s.name), shift=1)))
+                    (s.next, dataclasses.replace(self.state_places[s.name], shift=1)))
+                if s.name == cell.output and self.output.buffer == OUTPUT_BUFFER:
+                    copies[(last, cell.state_dim(s.name))].append((s.next, self.output))
 
         order: list[tuple[str, object]] = []
         for s in range(last + 1):
@@ -454,8 +589,56 @@ class _Planner:
             dy_places.setdefault(after[t].args[1], []).append(Place("row", buffer, offsets[t]))
         gemm = GemmPlan(f"{self.cell.name}_bwd_input", 0, tuple(terms), tuple(after[t].args[0] for t in terms),
                         Place("row", buffer), Place("row", D_INPUT_BUFFER), cols, Lin.of(dim_of[total.name]),
-                        hoisted=True)
+                        hoisted=True, out_blocks=(Lin.of(dim_of[total.name]),))
         return gemm, tuple(terms)
+
+    def _backward_stack(self, st: Stack, groups: dict, absorbed: dict, nodes: dict, states_of: dict,
+                        dy_places: dict) -> GemmPlan | None:
+        """The Stack's backward as one GEMM: the dy of its sums side by side (a buffer of their own, their places added
+        to dy_places) times its grid, into its states' adjoints side by side. None where its states' operand adjoints
+        are not exactly its matmuls' terms: each state's group of one stage, one dy a sum, each state's total its
+        adjoint alone, and all totals with elementwise parts (the GEMM adds to them) or none."""
+        keys = {key[1]: key for key in groups if key[1] in st.states}
+        if len(keys) != len(st.states) or len({key[0] for key in keys.values()}) != 1:
+            return None
+        stage = next(iter(keys.values()))[0]
+        by_weight = {nodes[m].args[0]: m for key in keys.values() for m in groups[key]}
+        count = len(st.states)
+        rows = [st.weights[j * count:(j + 1) * count] for j in range(len(st.roots))]
+        if any(w and w not in by_weight for row in rows for w in row):
+            return None
+        for k, name in enumerate(st.states):
+            if set(groups[keys[name]]) != {by_weight[row[k]] for row in rows if row[k]}:
+                return None
+        dys = []
+        for row in rows:
+            dy = {nodes[by_weight[w]].args[1] for w in row if w}
+            if len(dy) != 1:
+                return None
+            dys.append(dy.pop())
+        if len(set(dys)) != len(dys):
+            return None
+        totals, accumulate = {}, set()
+        for name in st.states:
+            members, total = groups[keys[name]], absorbed.get(keys[name])
+            value = total.name if total else (members[0] if len(members) == 1 else None)
+            if value is None or states_of.get(value) != [name]:
+                return None
+            totals[name] = value
+            accumulate.add(bool(total) and any(a not in members for a in total.args))
+        if len(accumulate) != 1:
+            return None
+        dy_buffer = self._buffer(f"dy_stack_{st.dim}_{stage}", st.n, doc=f"the dy of the sums of {', '.join(st.roots)}")
+        offset = Lin()
+        for dy, width in zip(dys, st.widths):
+            dy_places.setdefault(dy, []).append(Place("row", dy_buffer, offset))
+            offset = offset + width
+        for name, value in totals.items():
+            self.back_places[value] = self.adjoint_places[name]
+        return GemmPlan(f"{self.cell.name}_bwd_stack_{st.dim}_s{stage}", stage,
+                        tuple(by_weight[w] for row in rows for w in row if w), st.weights, Place("row", dy_buffer),
+                        Place("row", self.adjoint_places[st.states[0]].buffer), st.n, st.k,
+                        accumulate=accumulate.pop(), out_blocks=(Lin.of(st.dim),) * count, grid=count)
 
     def _place_of(self, value: str, forward: bool) -> Place:
         if not forward and value in self.back_places:
@@ -479,9 +662,11 @@ class _Planner:
                 buffer = self._buffer(D_OUTPUT_BUFFER, Lin.of(cell.output_dim), doc="the adjoint of the outputs")
                 self.back_places[i.name] = Place("row", buffer)
             else:
-                self._buffer(adjoint_buffer(i.state), Lin.of(cell.state_dim(i.state)), "T+1",
-                             f"the adjoint of state {i.state}: block t of the state entering step t")
-                self.back_places[i.name] = Place("row", adjoint_buffer(i.state), shift=1)
+                place = self.adjoint_places[i.state]
+                if place.buffer == adjoint_buffer(i.state):
+                    self._buffer(place.buffer, Lin.of(cell.state_dim(i.state)), "T+1",
+                                 f"the adjoint of state {i.state}: block t of the state entering step t")
+                self.back_places[i.name] = dataclasses.replace(place, shift=1)
         states_of: dict[str, list[str]] = {}          # backward value -> the states it is the adjoint of
         for s_name, name in graph.state_adjoints:
             if name:
@@ -546,11 +731,18 @@ class _Planner:
         def home(value: str) -> Place:
             """The place of a backward value that leaves its kernel or GEMM."""
             if value in states_of:
-                return Place("row", adjoint_buffer(states_of[value][0]))
+                return self.adjoint_places[states_of[value][0]]
             return Place("row", self._buffer(f"back_{value}", Lin.of(dim_of[value]), doc=f"backward value {value}"))
 
         gemm_plans: dict[tuple[int, str], GemmPlan] = {}
         dy_places: dict[str, list[Place]] = {}
+        members_of = dict(groups)
+        for st in self.stacks:        # its states' groups as one GEMM, where they are exactly its matmuls' terms
+            stacked = self._backward_stack(st, groups, absorbed, nodes, states_of, dy_places)
+            if stacked is not None:
+                for name in st.states:
+                    del groups[(stacked.stage, name)]
+                gemm_plans[(stacked.stage, f"stack_{st.dim}")] = stacked
         for key, members in groups.items():
             s, operand = key
             cols, offsets = Lin(), {}
@@ -570,7 +762,8 @@ class _Planner:
             gemm_plans[key] = GemmPlan(
                 f"{cell.name}_bwd_{operand}_s{s}", s, tuple(members), tuple(nodes[m].args[0] for m in members),
                 Place("row", dy_buffer), out, cols, Lin.of(dim_of[members[0]]),
-                accumulate=bool(total) and any(a not in members for a in total.args))
+                accumulate=bool(total) and any(a not in members for a in total.args),
+                out_blocks=(Lin.of(dim_of[members[0]]),))
 
         absorbed_names = {n.name for n in absorbed.values()}
         elementwise: dict[tuple[int, str], list[str]] = {}
@@ -583,7 +776,7 @@ class _Planner:
         needed: dict[str, list[Place]] = {}
         for v in kernel_of:
             places = list(dy_places.get(v, []))
-            places += [Place("row", adjoint_buffer(s)) for s in states_of.get(v, [])]
+            places += [self.adjoint_places[s] for s in states_of.get(v, [])]
             leaves = any(kernel_of.get(c) != kernel_of[v] for c in consumers.get(v, [])
                          if nodes[c].op != "matmul_t" and c not in absorbed_names)
             absorbed_reader = any(c in absorbed_names and partial_kernel[c] != kernel_of[v]
@@ -607,14 +800,14 @@ class _Planner:
             if v not in kernel_of:
                 first = 0 if v in self.back_places and self.back_places[v] == home(v) else None
                 copies.setdefault((stage_of(v), dim_of[v]), []).extend(
-                    (v, Place("row", adjoint_buffer(s))) for k, s in enumerate(states) if k != first)
+                    (v, self.adjoint_places[s]) for k, s in enumerate(states) if k != first)
         partials: dict[tuple[int, str], list] = {}
         for key, total in absorbed.items():
-            rest = [a for a in total.args if a not in groups[key]]
+            rest = [a for a in total.args if a not in members_of[key]]
             if rest:
                 partials.setdefault((key[0], dim_of[total.name]), []).append(
                     (f"{total.name}__part", tuple(rest), self.back_places[total.name]))
-        last = max([k[0] for k in elementwise] + [k[0] + 1 for k in groups] + [0])
+        last = max([k[0] for k in elementwise] + [k[0] + 1 for k in gemm_plans] + [0])
         order: list[tuple[str, object]] = []
         for s in range(last + 1):
             for dim in DIMS:

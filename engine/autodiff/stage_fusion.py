@@ -50,13 +50,13 @@ class FusedStage:
     """gemm (of step t + lag) then kernel (of step t), one launch over blocks of `units` units of the kernel's size.
     The launch's weight has a row per GEMM column, a unit's members side by side (weight_layout): the forward's
     stacked weight interleaved (row j * members + m: member m's row j), the backward's transposed (row j: column j
-    of the stacked weight, for out = dy @ W)."""
+    of the stacked weight, for out = dy @ W), interleaved too where the output has several blocks (a Stack's)."""
     name: str
     gemm: GemmPlan
     kernel: KernelPlan
     lag: int
     forward: bool
-    members: int              # the GEMM's column blocks of the kernel's size (forward: its matmuls; backward: 1)
+    members: int              # the GEMM's output column blocks, each of the kernel's size (GemmPlan.out_blocks)
 
     def units(self, width: int) -> int:
         """Units a block of the variant `width` covers."""
@@ -80,11 +80,12 @@ class FusedStage:
         return _member_offsets(self.gemm.out.offset, Lin.of(self.kernel.dim), self.members)
 
     @property
-    def weight_layout(self) -> tuple[tuple[str, ...], str]:
-        """(the stacked weight's members, "stacked" | "interleaved" | "transposed"): the array the launch reads."""
+    def weight_layout(self) -> tuple[tuple, str, int]:
+        """(the stacked weight's key, "stacked" | "interleaved" | "transposed", members): the array the launch reads
+        (lay_out makes it from the stacked weight)."""
         if not self.forward:
-            return self.gemm.weights, "transposed"
-        return self.gemm.weights, "interleaved" if self.members > 1 else "stacked"
+            return self.gemm.stack, "transposed", self.members
+        return self.gemm.stack, "interleaved" if self.members > 1 else "stacked", self.members
 
 
 def _member_offsets(start: Lin, width: Lin, members: int) -> tuple[Lin, ...]:
@@ -104,14 +105,14 @@ def fusible(plan: TrainingPlan, gemm: GemmPlan, kernel: KernelPlan, lag: int, fo
         return "the GEMM's operand is not a whole buffer of K columns (the tiled GEMM stages rows of stride K)"
     if out.kind != "row":
         return "the GEMM's output is not a buffer"
-    width = Lin.of(kernel.dim)
-    if forward:
-        widths = [Lin.of(cell[cell[m].args[0]].attr("rows")) for m in gemm.members]
-    else:
-        widths = [gemm.n]
-    if any(w != width for w in widths):
-        return f"the GEMM's members are not {kernel.dim} columns each, the kernel's size"
-    owned = set(_member_offsets(out.offset, width, len(widths)))
+    width, total = Lin.of(kernel.dim), Lin()
+    for w in gemm.out_blocks:
+        total = total + w
+    if total != gemm.n:
+        return "the GEMM's output blocks do not make up its columns"
+    if any(w != width for w in gemm.out_blocks):
+        return f"the GEMM's output blocks are not {kernel.dim} columns each, the kernel's size"
+    owned = set(_member_offsets(out.offset, width, len(gemm.out_blocks)))
     gemm_block = lag + out.shift                       # row blocks relative to the kernel's step t
     for value, place in kernel.loads:
         if place.kind == "row" and place.buffer == out.buffer and place.shift == gemm_block \
@@ -130,8 +131,7 @@ def fusible(plan: TrainingPlan, gemm: GemmPlan, kernel: KernelPlan, lag: int, fo
 def _stage(plan: TrainingPlan, gemm: GemmPlan, kernel: KernelPlan, lag: int, forward: bool) -> FusedStage | None:
     if fusible(plan, gemm, kernel, lag, forward) is not None:
         return None
-    return FusedStage(f"{kernel.name}__with_{gemm.name}", gemm, kernel, lag, forward,
-                      len(gemm.members) if forward else 1)
+    return FusedStage(f"{kernel.name}__with_{gemm.name}", gemm, kernel, lag, forward, len(gemm.out_blocks))
 
 
 def _pairs(step: StepPlan, forward: bool):
@@ -156,16 +156,18 @@ def fused_stages(plan: TrainingPlan) -> dict:
     return stages
 
 
-def stage_weights(stages: dict) -> tuple[tuple[tuple[str, ...], str], ...]:
+def stage_weights(stages: dict) -> tuple[tuple[tuple, str, int], ...]:
     """The weight layouts the fused stages read other than the stacked weights themselves (FusedStage.weight_layout)."""
     return tuple(dict.fromkeys(s.weight_layout for s in stages.values() if s.weight_layout[1] != "stacked"))
 
 
 def lay_out(xp, stacked, layout: str, members: int):
-    """The stacked weight (rows, K) in a fused stage's layout: "transposed" (K, rows); "interleaved": member m's row
-    j (row m * rows / members + j) at row j * members + m."""
+    """The stacked weight (rows, K) in a fused stage's layout: "transposed", (K, rows), then as "interleaved" where
+    members > 1; "interleaved": member m's row j (row m * rows / members + j) at row j * members + m."""
     if layout == "transposed":
-        return stacked.T
+        stacked = stacked.T
+    if members == 1:
+        return stacked
     rows, k = stacked.shape
     return stacked.reshape(members, rows // members, k).transpose(1, 0, 2).reshape(rows, k)
 

@@ -220,11 +220,22 @@ def test_the_copy_launch_fills_every_destination(cupy):
     zeros = cupy.full(2 * fused.COPY_CHUNK + 1, cupy.nan, dtype=cupy.float32)
     strided = cupy.full((8, 6), cupy.nan, dtype=cupy.float32)
     block = cupy.asarray(rng.standard_normal((8, 3)), dtype=cupy.float32)
-    runner.copy(list(zip(targets, sources)) + [(zeros, None), (strided[:, :3], block)])
+    # a block of a matrix over several pieces (pieces that start mid-row), a zero block, a destination that is not
+    # rows of contiguous columns (filled on its own)
+    grid = cupy.full((300, 100), cupy.nan, dtype=cupy.float32)
+    wide = cupy.asarray(rng.standard_normal((300, 40)), dtype=cupy.float32)
+    every_other = cupy.full((4, 10), cupy.nan, dtype=cupy.float32)
+    runner.copy(list(zip(targets, sources)) + [(zeros, None), (strided[:, :3], block), (grid[:, 50:90], wide),
+                                               (grid[:, 10:20], None), (every_other[:, ::2], block[:4, :]
+                                                                        .repeat(2, axis=1)[:, :5])])
     for target, source in zip(targets, sources):
         assert cupy.array_equal(target, source)
     assert not cupy.any(zeros)
     assert cupy.array_equal(strided[:, :3], block) and cupy.isnan(strided[:, 3:]).all()
+    assert cupy.array_equal(grid[:, 50:90], wide) and not cupy.any(grid[:, 10:20])
+    assert cupy.isnan(grid[:, :10]).all() and cupy.isnan(grid[:, 20:50]).all() and cupy.isnan(grid[:, 90:]).all()
+    assert cupy.array_equal(every_other[:, ::2], block[:4, :].repeat(2, axis=1)[:, :5])
+    assert cupy.isnan(every_other[:, 1::2]).all()
 
 
 def test_batch_sum_on_the_gpu_equals_numpy(cupy):

@@ -10,6 +10,7 @@ import pytest
 import engine
 from engine.autodiff import bptt, fused, stage_fusion
 from test_fused_training_gpu import TOL, case, relative
+from test_stacks import CASES as STACK_CASES
 
 pytestmark = pytest.mark.gpu
 
@@ -103,4 +104,31 @@ def test_split_gemms_summed_in_their_kernels_equal_the_reference(cupy, name, mon
         runner, layer = program.runner, program.layers[1]
         kinds = [item[0] for item in runner.launches(runner.plan.backward, range(3), False, layer)]
         assert not program.fused and ("split" in kinds) == on, kinds
+        assert_equal_reference(got, want, network)
+
+
+@pytest.mark.parametrize("B", [1, 2, 3, 64])
+@pytest.mark.parametrize("name", sorted(STACK_CASES))
+def test_stacked_cells_equal_the_reference(cupy, name, B):
+    """Stacks (engine/autodiff/fused_plan.py Stack): the states' matmuls as one GEMM each way, its grid's zero blocks,
+    the output stored again for the layer above; fused at B <= 2, cuBLAS (split-K sums) above, 3 layers."""
+    cell = STACK_CASES[name]
+    network, params, x, initial, d_out, d_final = case(cell, seed=B + 3, layers=3, I=6, H=12, T=6, B=B)
+    want = bptt(network, params, x, initial, d_out, d_final)
+    got, program = run(cupy, network, params, x, initial, d_out, d_final)
+    assert program.fused == (B <= stage_fusion.FUSE_MAX_ROWS)
+    assert_equal_reference(got, want, network)
+
+
+@pytest.mark.parametrize("B", [1, 8])
+def test_lstm_fgr_fused_and_unfused_agree_at_anchor_like_sizes(cupy, B, monkeypatch):
+    """K = 4H = 384 in both directions' stacked GEMM, 3 layers, 12 steps."""
+    monkeypatch.setattr(stage_fusion, "FUSE_MAX_ROWS", 64)
+    network, params, x, initial, d_out, d_final = case(engine.preset("lstm_fgr").cell, seed=11, layers=3, I=40,
+                                                       H=96, T=12, B=B)
+    want = bptt(network, params, x, initial, d_out, d_final)
+    for on in (True, False):
+        monkeypatch.setattr(stage_fusion, "FUSE", on)
+        got, program = run(cupy, network, params, x, initial, d_out, d_final)
+        assert program.fused == on
         assert_equal_reference(got, want, network)

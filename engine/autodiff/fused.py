@@ -286,13 +286,17 @@ class Runner:
                                 width[which], stride[which]])
         self.copy_kernel((len(count),), (256,), (xp.asarray(table), np.int32(len(count))))
 
+    @staticmethod
+    def sizes_args(layer: Layer) -> tuple:
+        """The generated kernels' trailing arguments B, I, H, P."""
+        sizes = layer.sizes
+        return np.int32(layer.B), np.int32(sizes["I"]), np.int32(sizes["H"]), np.int32(sizes["P"])
+
     def kernel(self, layer: Layer, kernel: KernelPlan, t: int) -> None:
-        sizes, B = layer.sizes, layer.B
-        total = B * sizes[kernel.dim]
+        total = layer.B * layer.sizes[kernel.dim]
         blocks = max(1, min(-(-total // THREADS), MAX_BLOCKS))
         args = tuple(layer.buffers[p] for p in self.params[kernel.name])
-        self.functions[kernel.name]((blocks,), (THREADS,), args + (
-            np.int32(t), np.int32(B), np.int32(sizes["I"]), np.int32(sizes["H"]), np.int32(sizes["P"])))
+        self.functions[kernel.name]((blocks,), (THREADS,), args + (np.int32(t),) + self.sizes_args(layer))
 
     def gemm(self, layer: Layer, g: GemmPlan, t: int, forward: bool, steps: int = 1) -> None:
         """The GEMM of step t; a hoisted one covers `steps` steps from t (their rows at once)."""
@@ -308,12 +312,18 @@ class Runner:
             self.active(a, lda, w.data.ptr, w.shape[1], c, ldc, rows, n, k, w_transposed=forward,
                         accumulate=g.accumulate)
             return
-        part = layer.scratch.data.ptr
-        self.active.split(a, lda, w.data.ptr, w.shape[1], part, rows, n, k, splits, w_transposed=forward)
+        self.split_parts(layer, g, t, forward, splits)
         total = rows * n
-        self.reduce((-(-total // THREADS),), (THREADS,), (np.uint64(c), np.uint64(part), np.int32(splits),
-                                                          np.int32(rows), np.int32(n), np.int32(ldc),
-                                                          np.int32(1 if g.accumulate else 0)))
+        self.reduce((-(-total // THREADS),), (THREADS,), (np.uint64(c), np.uint64(layer.scratch.data.ptr),
+                                                          np.int32(splits), np.int32(rows), np.int32(n),
+                                                          np.int32(ldc), np.int32(1 if g.accumulate else 0)))
+
+    def split_parts(self, layer: Layer, g: GemmPlan, t: int, forward: bool, splits: int) -> None:
+        """A step GEMM's `splits` partial products over K into the layer's scratch (contiguous (B, n) parts)."""
+        a, lda = layer.pointer(g.operand, t)
+        w = layer.stacked[g.stack]
+        self.active.split(a, lda, w.data.ptr, w.shape[1], layer.scratch.data.ptr, layer.B, g.n(layer.sizes),
+                          g.k(layer.sizes), splits, w_transposed=forward)
 
     def fuses(self, network, B: int) -> bool:
         """Whether the network's steps of B rows run fused stages (stage_fusion.fuses; over GEMV_MAX_ROWS rows only
@@ -337,22 +347,18 @@ class Runner:
         width = stage_fusion.choose_width(stage, D, B, self.sms)
         args = tuple(layer.buffers[p] for p in self.params[stage.name]) + (layer.stage_weight(stage),)
         self.functions[stage.variant(width)]((-(-D // stage.units(width)),), (stage_fusion.THREADS,), args + (
-            np.int32(tg), np.int32(t), np.int32(B), np.int32(sizes["I"]), np.int32(sizes["H"]), np.int32(sizes["P"])),
+            np.int32(tg), np.int32(t)) + self.sizes_args(layer),
             shared_mem=4 * stage_fusion.shared_floats(stage, B, width))
 
     def split_sums(self, layer: Layer, stage: FusedStage, tg: int, t: int) -> None:
         """The stage's GEMM of step tg as split-K parts into the layer's scratch, then its kernel of step t, which sums
         them first (FusedStage.summed)."""
-        sizes, B, g = layer.sizes, layer.B, stage.gemm
-        a, lda = layer.pointer(g.operand, tg)
-        w = layer.stacked[g.stack]
-        splits = self.splits(g, sizes, B)
-        self.active.split(a, lda, w.data.ptr, w.shape[1], layer.scratch.data.ptr, B, g.n(sizes), g.k(sizes), splits,
-                          w_transposed=stage.forward)
-        total = B * sizes[stage.kernel.dim]
+        splits = self.splits(stage.gemm, layer.sizes, layer.B)
+        self.split_parts(layer, stage.gemm, tg, stage.forward, splits)
+        total = layer.B * layer.sizes[stage.kernel.dim]
         args = tuple(layer.buffers[p] for p in self.params[stage.name]) + (layer.scratch, np.int32(splits))
         self.functions[stage.summed]((max(1, min(-(-total // THREADS), MAX_BLOCKS)),), (THREADS,), args + (
-            np.int32(tg), np.int32(t), np.int32(B), np.int32(sizes["I"]), np.int32(sizes["H"]), np.int32(sizes["P"])))
+            np.int32(tg), np.int32(t)) + self.sizes_args(layer))
 
     can_capture = True
 

@@ -154,14 +154,17 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
     lines += gemm_call
     lines += [f"        if ((int)threadIdx.x < B * nu) {{"]
     lines += [f"            {line}" for line in from_shared + math + stores]
-    lines += ["        }", "        return;", "    }", "    {"]
-    lines += gemm_call
-    lines += ["    }",
-              "    for (int e = threadIdx.x; e < B * nu; e += blockDim.x) {",
-              "        const long b = e / nu;",
-              "        const int j = j0 + (int)(e - b * nu);"]
-    lines += [f"        {line}" for line in early + from_shared + math + stores]
-    lines += ["    }", "}"]
+    lines += ["        }", "        return;", "    }"]
+    if tiled:            # more elements than threads: only the tiled form's batches (the GEMV's have B <= 2)
+        lines += ["    {"] + gemm_call + ["    }",
+                  "    for (int e = threadIdx.x; e < B * nu; e += blockDim.x) {",
+                  "        const long b = e / nu;",
+                  "        const int j = j0 + (int)(e - b * nu);"]
+        lines += [f"        {line}" for line in early + from_shared + math + stores]
+        lines += ["    }"]
+    else:
+        lines += ["    __trap();   // B <= 2 here (stage_fusion.fuses): B * nu <= 64"]
+    lines += ["}"]
     return "\n".join(lines) + "\n"
 
 

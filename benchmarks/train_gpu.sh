@@ -11,6 +11,7 @@
 #   4. python -m engine bench --train: cuDNN fp32 (TF32 off) against the fused step for the PRESETS at lat, blogB and
 #      mid, median of REPS (31) repetitions (TRAIN_BUDGET, 300 s); WAVEFRONT=0 times the layer-by-layer step instead
 #      of the default wavefront;
+#      (PROBE=0, TRAIN=0 skip stages 3 and 4);
 #   5. SWEEP=1: every preset, the fused step alone, median of 21, into $OUT/sweep (SWEEP_BUDGET, 420 s).
 # A failing stage does not stop the next one; the summary is printed last.
 set -uo pipefail
@@ -50,7 +51,7 @@ PRESETS=${PRESETS:-lstm gru gru_cho mgu}
 PRESET_FLAGS=$(for p in $PRESETS; do printf -- "--preset %s " "$p"; done)
 PROBE_FLAGS=${PROBE_FLAGS:---no-fuse --no-split-sums}
 section "probe: the default step, then with ${PROBE_FLAGS}"
-{
+[ "${PROBE:-1}" = 0 ] && echo "probe skipped (PROBE=0)" > "$OUT/probe.md" || {
   for flags in "" "$PROBE_FLAGS"; do
     [ "$flags" = none ] && continue
     echo "probe flags: ${flags:-none}"
@@ -60,6 +61,8 @@ section "probe: the default step, then with ${PROBE_FLAGS}"
 } 2>&1 | tee "$OUT/probe.md"
 
 section "bench --train"
+train_rc=skipped
+[ "${TRAIN:-1}" = 0 ] && echo "bench --train skipped (TRAIN=0)" > "$OUT/train.log" || {
 WAVE=""
 [ "${WAVEFRONT:-1}" = 0 ] && WAVE="import engine.autodiff.fused as f; f.WAVEFRONT = False;"
 timeout "${TRAIN_BUDGET:-300}" "$PY" -c "$WAVE
@@ -67,6 +70,7 @@ import sys; from engine.cli import main; sys.exit(main(sys.argv[1:]))" bench --t
   --config lat --config blogB --config mid --impl cudnn-fp32 --impl fused \
   --reps "${REPS:-31}" --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -20
 train_rc=${PIPESTATUS[0]}
+}
 
 sweep_rc=skipped
 if [ "${SWEEP:-0}" = 1 ]; then

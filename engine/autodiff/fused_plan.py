@@ -714,7 +714,9 @@ class _Planner:
                         stage[member] = last[0] + 1
                         groups[last].insert(0, member)
 
-        # A sum of one GEMM's terms (and elementwise ones computed before it) is that GEMM's output: absorbed.
+        # A sum of one GEMM's terms (and elementwise ones computed before it) is that GEMM's output: absorbed. Where
+        # an elementwise term comes at a later stage and nothing reads the sum within the step (a state's adjoint),
+        # the GEMM moves to that stage, after the kernel that writes the term.
         absorbed: dict[tuple[int, str], BackwardNode] = {}
         for n in split.per_step:
             if n.op != "sum":
@@ -724,9 +726,18 @@ class _Planner:
             if len(keys) != 1:
                 continue
             key = keys.pop()
-            if sorted(terms) == sorted(groups[key]) and key not in absorbed and only_summed(terms, n.name) and all(
-                    stage_of(a) <= key[0] for a in n.args if a not in terms):
-                absorbed[key] = n
+            if sorted(terms) != sorted(groups[key]) or key in absorbed or not only_summed(terms, n.name):
+                continue
+            later = max([stage_of(a) for a in n.args if a not in terms] + [key[0]])
+            if later > key[0]:
+                if (later, key[1]) in groups or consumers.get(n.name):
+                    continue
+                groups[(later, key[1])] = groups.pop(key)
+                for member in terms:
+                    stage[member] = later + 1
+                stage[n.name] = later + 1
+                key = (later, key[1])
+            absorbed[key] = n
 
         def home(value: str) -> Place:
             """The place of a backward value that leaves its kernel or GEMM."""

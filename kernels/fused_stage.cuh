@@ -16,9 +16,11 @@
 // at a time and sum with a butterfly of shuffles (a fixed order: bit-identical run to run). Unlike rnn_warp_gemvs, a
 // lane issues every load of a pass, X and all its columns' W, before its first product, the ones past K predicated
 // off: a pass waits for one L2 round trip, not one per 128 columns of K (K = 512 took four, ~3 us at `lat`).
+// The warp reads K from k_lo to k_hi only (multiples of 4): a stacked GEMM's columns of one member are zero outside it
+// (engine/autodiff/fused_plan.py GemmPlan.k_ranges; 0 and K otherwise).
 template <int BR, int CW>
 __device__ __forceinline__ void fused_stage_gemv(const float* __restrict__ X, const float* __restrict__ W, int K, int nc,
-                                                 float* __restrict__ dots, int cols)
+                                                 float* __restrict__ dots, int cols, int k_lo, int k_hi)
 {
     constexpr int KSTEPS = 20 / (BR + CW) > 0 ? 20 / (BR + CW) : 1;    // float4s in flight a lane: 80 floats
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -28,12 +30,12 @@ __device__ __forceinline__ void fused_stage_gemv(const float* __restrict__ X, co
     for (int j = 0; j < CW; ++j)
 #pragma unroll
         for (int b = 0; b < BR; ++b) acc[j][b] = 0.0f;
-    for (int k0 = lane * 4; k0 < K; k0 += 128 * KSTEPS) {
+    for (int k0 = k_lo + lane * 4; k0 < k_hi; k0 += 128 * KSTEPS) {
         float4 xv[KSTEPS][BR], wv[KSTEPS][CW];
 #pragma unroll
         for (int s = 0; s < KSTEPS; ++s) {
             const int k = k0 + s * 128;
-            const bool in = k < K;
+            const bool in = k < k_hi;
 #pragma unroll
             for (int b = 0; b < BR; ++b)
                 xv[s][b] = in ? __ldcg(reinterpret_cast<const float4*>(X + (long)b * K + k)) : zero;
@@ -68,13 +70,13 @@ __device__ __forceinline__ void fused_stage_gemv(const float* __restrict__ X, co
 // (stage_fusion.fuses never sends one), and traps rather than leave dots unwritten.
 template <int COLS, int THREADS, int RB, int RC, int KC, int STAGES, bool TILED>
 __device__ void fused_stage_gemm(const float* __restrict__ X, const float* __restrict__ W, int K, int B, int nc,
-                                 float* __restrict__ dots, float* __restrict__ scratch)
+                                 float* __restrict__ dots, float* __restrict__ scratch, int k_lo, int k_hi)
 {
     // K is a multiple of 4 (stage_fusion.fuses): every row starts 16-byte aligned and is read 16 bytes at a time
     if (B <= 2) {
         constexpr int WARPS = THREADS / 32, CW = (COLS + WARPS - 1) / WARPS;          // columns a warp
-        if (B == 1) fused_stage_gemv<1, CW>(X, W, K, nc, dots, COLS);
-        else fused_stage_gemv<2, CW>(X, W, K, nc, dots, COLS);
+        if (B == 1) fused_stage_gemv<1, CW>(X, W, K, nc, dots, COLS, k_lo, k_hi);
+        else fused_stage_gemv<2, CW>(X, W, K, nc, dots, COLS, k_lo, k_hi);
         __syncthreads();
         return;
     }

@@ -167,3 +167,19 @@ def test_a_stacks_grid_is_laid_out_for_its_fused_launches():
     for j in range(H):
         for m in range(4):
             np.testing.assert_array_equal(laid[j * 4 + m], grid[:, m * H + j])     # state m's column j
+
+
+def test_the_fused_gemv_skips_a_stacks_zero_blocks():
+    """z reads h alone: forward, z's warps read K from 0 to H; backward, the warps of i, f and o skip z's dy."""
+    from engine.autodiff.fused_codegen import render_module
+    from engine.plan import Lin
+    plan = training_plan(engine.preset("lstm_fgr").cell)
+    (forward,), (backward,) = stack_gemms(plan.forward), stack_gemms(plan.backward)
+    H, K = Lin.of("H"), Lin.of("H", 4)
+    assert forward.k_ranges(True) == ((Lin(), H), (Lin(), K), (Lin(), K), (Lin(), K))
+    assert backward.k_ranges(False) == ((Lin(), K), (H, K), (H, K), (H, K))
+    source = render_module(plan)
+    assert "member == 0 ? (H) : member == 1 ? (4 * H)" in source
+    assert "member == 0 ? (0) : member == 1 ? (H)" in source
+    # a GEMM without a grid reads all of K
+    assert "const int member" not in render_module(training_plan(engine.preset("lstm").cell))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..codegen.cuda import helper_source, literal, CELL_HELPERS
 from ..codegen.precision import precision
+from ..plan import Lin
 from ..ops import backward_op_def
 from ..codegen.wavefront import TILE_GEMM_HELPER
 from .fused_plan import KernelPlan, Place, Statement, TrainingPlan
@@ -121,7 +122,7 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
     lines.append("    const int tg, const int t, const int B, const int I, const int H, const int P)")
     gemm_call = [f"        fused_stage_gemm<COLS, {STAGE_THREADS}, RB, RC, KC, STAGES, {'true' if tiled else 'false'}>(",
                  f"            {gemm.operand.buffer} + (long)(tg + {gemm.operand.shift}) * B * K, W_stage + (long)j0 * M * K,"
-                 " K, B, nc, dots, dots + (B * COLS + 3) / 4 * 4);",
+                 " K, B, nc, dots, dots + (B * COLS + 3) / 4 * 4, k_lo, k_hi);",
                  "        for (int i = threadIdx.x; i < B * nc; i += blockDim.x) {   // the GEMM's columns: in place",
                  "            const int b = i / nc, c = i - b * nc, u = c / M, m = c - u * M;",
                  f"            float* o = {out.buffer} + ((long)(tg + {out.shift}) * B + b) * "
@@ -143,6 +144,7 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
               f"STAGES = {stage_fusion.TILE_STAGES};   // the tiled GEMM (B > {stage_fusion.GEMV_MAX_ROWS})",
               "    extern __shared__ __align__(16) float fused_smem[];",
               f"    const int D = {kernel.dim}, K = {gemm.k.c_expr()};",
+              *_k_range(stage),
               "    const int j0 = blockIdx.x * UNITS, nu = min(UNITS, D - j0), nc = nu * M;",
               "    float* dots = fused_smem;                          // B x COLS: column u * M + m; then the staging,"
               " 16-byte aligned",
@@ -166,6 +168,26 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
         lines += ["    __trap();   // B <= 2 here (stage_fusion.fuses): B * nu <= 64"]
     lines += ["}"]
     return "\n".join(lines) + "\n"
+
+
+def _k_range(stage: FusedStage) -> list[str]:
+    """The lines that set k_lo and k_hi, the part of K a warp of the GEMV reads: for a Stack's GEMM the range of its
+    member's nonzero grid blocks (GemmPlan.k_ranges), rounded out to multiples of 4; where the warps do not divide
+    evenly among the members (a warp's columns would mix them), or for any other GEMM, all of K."""
+    ranges = stage.gemm.k_ranges(stage.forward)
+    warps = STAGE_THREADS // 32
+    if not ranges or warps % stage.members or all(lo == Lin() and hi == stage.gemm.k for lo, hi in ranges):
+        return ["    const int k_lo = 0, k_hi = K;                     // all of K: no zero blocks to skip"]
+
+    def pick(values) -> str:
+        expr = f"({values[-1].c_expr()})"
+        for m in reversed(range(len(values) - 1)):
+            expr = f"member == {m} ? ({values[m].c_expr()}) : {expr}"
+        return expr
+    return ["    const int member = (int)(threadIdx.x >> 5) % M;     // every column of a warp is of this member",
+            f"    const int k_lo = ({pick([lo for lo, _ in ranges])}) & ~3;   // its nonzero part of K (zero blocks"
+            " skipped)",
+            f"    const int k_hi = min(K, (({pick([hi for _, hi in ranges])}) + 3) & ~3);"]
 
 
 def render_summed(stage: FusedStage, plan: TrainingPlan) -> str:

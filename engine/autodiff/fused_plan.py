@@ -93,6 +93,26 @@ class GemmPlan:
     out_blocks: tuple[Lin, ...] = ()
     grid: int = 1                               # a Stack's GEMM: weights is a grid of `grid` columns, row-major,
                                                 # "" for a zero block (the stacked weight: sums x states)
+    k_blocks: tuple[Lin, ...] = ()              # a Stack's GEMM: the inner size's blocks (forward: the states'
+                                                # widths; backward: the sums')
+
+    def k_ranges(self, forward: bool) -> tuple[tuple[Lin, Lin], ...]:
+        """A Stack's GEMM: for each output block, the part of K that meets its nonzero grid blocks (first to last;
+        zero blocks between are read); () for any other GEMM. forward: K runs over the states (an output block is a
+        row of the grid); backward: over the sums (a column)."""
+        if self.grid == 1:
+            return ()
+        rows = [self.weights[j:j + self.grid] for j in range(0, len(self.weights), self.grid)]
+        lines = rows if forward else [tuple(row[k] for row in rows) for k in range(self.grid)]
+        starts, start = [], Lin()
+        for width in self.k_blocks:
+            starts.append(start)
+            start = start + width
+        ranges = []
+        for line in lines:
+            nonzero = [i for i, w in enumerate(line) if w]
+            ranges.append((starts[nonzero[0]], starts[nonzero[-1]] + self.k_blocks[nonzero[-1]]))
+        return tuple(ranges)
 
     @property
     def stack(self) -> tuple[tuple[str, ...], int]:
@@ -476,7 +496,7 @@ class _Planner:
             gemm_plans[(0, f"stack_{st.dim}")] = GemmPlan(
                 f"{cell.name}_fwd_stack_{st.dim}_s0", 0, tuple(m for row in st.members for m in row if m), st.weights,
                 Place("row", self.state_places[st.states[0]].buffer), Place("row", out), st.k, st.n,
-                out_blocks=st.widths, grid=len(st.states))
+                out_blocks=st.widths, grid=len(st.states), k_blocks=(Lin.of(st.dim),) * len(st.states))
         for (s, operand), members in groups.items():
             hoisted = operand == x
             cols, offsets = Lin(), {}
@@ -638,7 +658,8 @@ class _Planner:
         return GemmPlan(f"{self.cell.name}_bwd_stack_{st.dim}_s{stage}", stage,
                         tuple(by_weight[w] for row in rows for w in row if w), st.weights, Place("row", dy_buffer),
                         Place("row", self.adjoint_places[st.states[0]].buffer), st.n, st.k,
-                        accumulate=accumulate.pop(), out_blocks=(Lin.of(st.dim),) * count, grid=count)
+                        accumulate=accumulate.pop(), out_blocks=(Lin.of(st.dim),) * count, grid=count,
+                        k_blocks=st.widths)
 
     def _place_of(self, value: str, forward: bool) -> Place:
         if not forward and value in self.back_places:

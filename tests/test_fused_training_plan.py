@@ -107,7 +107,7 @@ def test_every_preset_and_unusual_cell_plans_and_compiles_with_nvcc(tmp_path):
     tiled = tmp_path / "tiled"                         # the fused stages' tiled GEMM (FUSE_MAX_ROWS > 2), apart
     tiled.mkdir()
     _nvcc({name: render_module(training_plan(engine.preset(name).cell), tiled=True)
-           for name in ("lstm", "gru_cho", "lstm_proj")}, tiled)
+           for name in ("lstm", "gru_cho", "lstm_proj", "lstm_fgr")}, tiled)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -156,10 +156,12 @@ def test_stacked_plans_with_split_gemms_equal_the_reference(name, monkeypatch):
 
 
 def test_a_stacks_grid_is_laid_out_for_its_fused_launches():
-    """The backward's fused launch reads the grid transposed, a unit's four state columns side by side."""
+    """The backward's fused launch reads the grid transposed; with the tiled form, a unit's four state columns side
+    by side."""
     plan = training_plan(engine.preset("lstm_fgr").cell)
     backward = next(s for s in fused_stages(plan).values() if not s.forward)
-    key, layout, members = backward.weight_layout
+    assert backward.weight_layout(False) == (backward.gemm.stack, "transposed", 1)   # the GEMV finds the rows
+    key, layout, members = backward.weight_layout(True)
     assert key == backward.gemm.stack and layout == "transposed" and members == 4
     H = 3
     grid = np.arange(4 * H * 4 * H, dtype=np.float32).reshape(4 * H, 4 * H)       # (sums x states) rows x cols

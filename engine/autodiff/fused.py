@@ -155,8 +155,8 @@ class Layer:
             target[...] = lay_out(self.xp, self.stacked[key], layout, members)
 
     def stage_weight(self, stage: FusedStage):
-        key, layout, _ = stage.weight_layout
-        return self.stacked[key] if layout == "stacked" else self.stage_weights[stage.weight_layout]
+        layout = stage.weight_layout(self.tiled)
+        return self.stacked[layout[0]] if layout[1] == "stacked" else self.stage_weights[layout]
 
     def pointer(self, place: Place, block: int = 0) -> tuple[int, int]:
         """(device address, leading dimension) of a value's row block `block` (step t's rows from block t)."""
@@ -493,8 +493,8 @@ class Program:
             shapes = {p.name: network.param_shape(l, p.name) for p in cell.params}
             sizes = network.layer_sizes(l)
             layer = Layer(xp, runner.plan, sizes, shapes, T, B, poison, runner.scratch_size(sizes, B),
-                          stage_weights(runner.stages) if self.fused else ())
-            layer.fused = self.fused
+                          stage_weights(runner.stages, runner.tiled) if self.fused else ())
+            layer.fused, layer.tiled = self.fused, runner.tiled
             layer.buffers[INPUT_BUFFER] = self.input if l == 0 else self.layers[-1].output()
             self.layers.append(layer)
         if self.wavefront:

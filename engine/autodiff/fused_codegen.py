@@ -110,7 +110,10 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
     kernel, gemm = stage.kernel, stage.gemm
     written = {p.buffer for _, p in kernel.stores} | {gemm.out.buffer}
     out = gemm.out
-    layout = stage.weight_layout[1]
+    layout = stage.weight_layout(tiled)[1]
+    # the GEMV's row of column c (kernels/fused_stage.cuh): interleaved, the block's rows are one run from j0 * M;
+    # else member c % M of unit j0 + c / M is row (c % M) * D + j0 + c / M of the stacked (or transposed) weight
+    weight, row_map = ("W_stage + (long)j0 * M * K", "1, 0, 0") if tiled else ("W_stage", "M, D, j0")
     from_dots = _gemm_loads(stage)
     others = [(value, place) for value, place in kernel.loads if value not in from_dots]
     lines = [f"// {stage.variant(width)}: GEMM {gemm.name} of step tg ({', '.join(gemm.members)}; W {layout}),",
@@ -121,8 +124,8 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
     lines.append("    const float* __restrict__ W_stage,")
     lines.append("    const int tg, const int t, const int B, const int I, const int H, const int P)")
     gemm_call = [f"        fused_stage_gemm<COLS, {STAGE_THREADS}, RB, RC, KC, STAGES, {'true' if tiled else 'false'}>(",
-                 f"            {gemm.operand.buffer} + (long)(tg + {gemm.operand.shift}) * B * K, W_stage + (long)j0 * M * K,"
-                 " K, B, nc, dots, dots + (B * COLS + 3) / 4 * 4, k_lo, k_hi);",
+                 f"            {gemm.operand.buffer} + (long)(tg + {gemm.operand.shift}) * B * K, {weight},"
+                 f" K, B, nc, dots, dots + (B * COLS + 3) / 4 * 4, k_lo, k_hi, {row_map});",
                  "        for (int i = threadIdx.x; i < B * nc; i += blockDim.x) {   // the GEMM's columns: in place",
                  "            const int b = i / nc, c = i - b * nc, u = c / M, m = c - u * M;",
                  f"            float* o = {out.buffer} + ((long)(tg + {out.shift}) * B + b) * "

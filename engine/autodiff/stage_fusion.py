@@ -48,9 +48,10 @@ TILE_RB, TILE_RC, TILE_KC, TILE_STAGES = 4, 2, 32, 2
 @dataclass(frozen=True)
 class FusedStage:
     """gemm (of step t + lag) then kernel (of step t), one launch over blocks of `units` units of the kernel's size.
-    The launch's weight has a row per GEMM column, a unit's members side by side (weight_layout): the forward's
-    stacked weight interleaved (row j * members + m: member m's row j), the backward's transposed (row j: column j
-    of the stacked weight, for out = dy @ W), interleaved too where the output has several blocks (a Stack's)."""
+    The launch's weight has a row per GEMM column (weight_layout): the forward's stacked weight, the backward's
+    transposed (row j: column j of the stacked weight, for out = dy @ W); the GEMV reads member m's row of unit j at
+    m * D + j. With the tiled form compiled in, a unit's members are interleaved instead (row j * members + m), so a
+    block's rows are one run."""
     name: str
     gemm: GemmPlan
     kernel: KernelPlan
@@ -79,13 +80,15 @@ class FusedStage:
         """Each member's first column in the GEMM's output buffer."""
         return _member_offsets(self.gemm.out.offset, Lin.of(self.kernel.dim), self.members)
 
-    @property
-    def weight_layout(self) -> tuple[tuple, str, int]:
+    def weight_layout(self, tiled: bool) -> tuple[tuple, str, int]:
         """(the stacked weight's key, "stacked" | "interleaved" | "transposed", members): the array the launch reads
-        (lay_out makes it from the stacked weight)."""
+        (lay_out makes it from the stacked weight). The GEMV finds a unit's rows itself (row m * D + unit: the
+        forward's stacked weight as it is, the backward's transposed), so only the tiled GEMM, which stages a block's
+        rows as one run, needs a unit's members interleaved (tiled: the module has it compiled in)."""
+        members = self.members if tiled else 1
         if not self.forward:
-            return self.gemm.stack, "transposed", self.members
-        return self.gemm.stack, "interleaved" if self.members > 1 else "stacked", self.members
+            return self.gemm.stack, "transposed", members
+        return self.gemm.stack, "interleaved" if members > 1 else "stacked", members
 
 
 def _member_offsets(start: Lin, width: Lin, members: int) -> tuple[Lin, ...]:
@@ -156,9 +159,10 @@ def fused_stages(plan: TrainingPlan) -> dict:
     return stages
 
 
-def stage_weights(stages: dict) -> tuple[tuple[tuple, str, int], ...]:
+def stage_weights(stages: dict, tiled: bool) -> tuple[tuple[tuple, str, int], ...]:
     """The weight layouts the fused stages read other than the stacked weights themselves (FusedStage.weight_layout)."""
-    return tuple(dict.fromkeys(s.weight_layout for s in stages.values() if s.weight_layout[1] != "stacked"))
+    layouts = (s.weight_layout(tiled) for s in stages.values())
+    return tuple(dict.fromkeys(layout for layout in layouts if layout[1] != "stacked"))
 
 
 def lay_out(xp, stacked, layout: str, members: int):

@@ -155,7 +155,7 @@ class Layer:
             target[...] = lay_out(self.xp, self.stacked[key], layout, members)
 
     def stage_weight(self, stage: FusedStage):
-        layout = stage.weight_layout(self.tiled)
+        layout = stage.weight_layout(self.interleaved)
         return self.stacked[layout[0]] if layout[1] == "stacked" else self.stage_weights[layout]
 
     def pointer(self, place: Place, block: int = 0) -> tuple[int, int]:
@@ -191,6 +191,7 @@ class Runner:
 
     def __init__(self, cupy, plan: TrainingPlan, tiled: bool = False):
         self.xp, self.plan, self.tiled = cupy, plan, tiled
+        self.interleaved = tiled or stage_fusion.INTERLEAVED       # the layout the module's fused stages read
         module = module_for(plan, tiled)
         self.functions = {k.name: module.get_function(k.name) for k in plan.forward.kernels + plan.backward.kernels}
         self.params = {k.name: kernel_params(k) for k in plan.forward.kernels + plan.backward.kernels}
@@ -493,8 +494,8 @@ class Program:
             shapes = {p.name: network.param_shape(l, p.name) for p in cell.params}
             sizes = network.layer_sizes(l)
             layer = Layer(xp, runner.plan, sizes, shapes, T, B, poison, runner.scratch_size(sizes, B),
-                          stage_weights(runner.stages, runner.tiled) if self.fused else ())
-            layer.fused, layer.tiled = self.fused, runner.tiled
+                          stage_weights(runner.stages, runner.interleaved) if self.fused else ())
+            layer.fused, layer.interleaved = self.fused, runner.interleaved
             layer.buffers[INPUT_BUFFER] = self.input if l == 0 else self.layers[-1].output()
             self.layers.append(layer)
         if self.wavefront:
@@ -641,7 +642,7 @@ def gpu_runner(plan: TrainingPlan) -> Runner:
     the fused stages' tiled GEMM compiled in where stage_fusion.FUSE_MAX_ROWS asks for it."""
     import cupy
     tiled = stage_fusion.FUSE_MAX_ROWS > stage_fusion.GEMV_MAX_ROWS
-    key = (plan.cell, cupy.cuda.Device().id, tiled)
+    key = (plan.cell, cupy.cuda.Device().id, tiled, stage_fusion.INTERLEAVED)
     with _lock:
         runner = _runners.get(key)
     if runner is None:

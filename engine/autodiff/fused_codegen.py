@@ -110,10 +110,11 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
     kernel, gemm = stage.kernel, stage.gemm
     written = {p.buffer for _, p in kernel.stores} | {gemm.out.buffer}
     out = gemm.out
-    layout = stage.weight_layout(tiled)[1]
+    interleaved = tiled or stage_fusion.INTERLEAVED
+    layout = stage.weight_layout(interleaved)[1]
     # the GEMV's row of column c (kernels/fused_stage.cuh): interleaved, the block's rows are one run from j0 * M;
     # else member c % M of unit j0 + c / M is row (c % M) * D + j0 + c / M of the stacked (or transposed) weight
-    weight, row_map = ("W_stage + (long)j0 * M * K", "1, 0, 0") if tiled else ("W_stage", "M, D, j0")
+    weight, row_map = ("W_stage + (long)j0 * M * K", "1, 0, 0") if interleaved else ("W_stage", "M, D, j0")
     from_dots = _gemm_loads(stage)
     others = [(value, place) for value, place in kernel.loads if value not in from_dots]
     lines = [f"// {stage.variant(width)}: GEMM {gemm.name} of step tg ({', '.join(gemm.members)}; W {layout}),",

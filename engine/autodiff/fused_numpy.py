@@ -22,7 +22,7 @@ class NumpyRunner(Runner):
     can_capture = False
 
     def __init__(self, plan: TrainingPlan):          # no module, no cuBLAS: NumPy does both
-        self.xp, self.plan, self.tiled = np, plan, True
+        self.xp, self.plan, self.tiled, self.interleaved = np, plan, True, True
         self.stages = fused_stages(plan)
 
     def bind(self) -> None:

@@ -38,6 +38,9 @@ WIDTHS = (8, 16, 32)     # GEMM columns a block of a fused stage covers, one com
                          # width / 8 of them at small batch): its units are width // members (at least 1), every
                          # member's column of each. choose_width picks one per launch.
 WIDTH = None             # a width of WIDTHS for every fused launch (probes, tests); None: choose_width's
+INTERLEAVED = False      # True: the GEMV reads a copy of the weights with a unit's members interleaved, made each call
+                         # (the thirteenth session's layout); False: it reads them in place, row m * D + unit. The
+                         # tiled form always interleaves (it stages a block's rows as one run).
 THREADS = 256
 GEMV_MAX_ROWS = 2        # batches up to this: the warp GEMV (kernels/fused_stage.cuh), else kernels/tile_gemm.cuh's tiles
 # rnn_tile_gemms' shape for the larger batches: a thread's RB x RC accumulators, K chunks of KC staged STAGES deep.
@@ -80,12 +83,12 @@ class FusedStage:
         """Each member's first column in the GEMM's output buffer."""
         return _member_offsets(self.gemm.out.offset, Lin.of(self.kernel.dim), self.members)
 
-    def weight_layout(self, tiled: bool) -> tuple[tuple, str, int]:
+    def weight_layout(self, interleaved: bool) -> tuple[tuple, str, int]:
         """(the stacked weight's key, "stacked" | "interleaved" | "transposed", members): the array the launch reads
-        (lay_out makes it from the stacked weight). The GEMV finds a unit's rows itself (row m * D + unit: the
-        forward's stacked weight as it is, the backward's transposed), so only the tiled GEMM, which stages a block's
-        rows as one run, needs a unit's members interleaved (tiled: the module has it compiled in)."""
-        members = self.members if tiled else 1
+        (lay_out makes it from the stacked weight). The GEMV can find a unit's rows itself (row m * D + unit: the
+        forward's stacked weight as it is, the backward's transposed); the tiled GEMM, which stages a block's rows as
+        one run, needs a unit's members interleaved (interleaved: the module reads them so, Runner.interleaved)."""
+        members = self.members if interleaved else 1
         if not self.forward:
             return self.gemm.stack, "transposed", members
         return self.gemm.stack, "interleaved" if members > 1 else "stacked", members
@@ -159,9 +162,9 @@ def fused_stages(plan: TrainingPlan) -> dict:
     return stages
 
 
-def stage_weights(stages: dict, tiled: bool) -> tuple[tuple[tuple, str, int], ...]:
+def stage_weights(stages: dict, interleaved: bool) -> tuple[tuple[tuple, str, int], ...]:
     """The weight layouts the fused stages read other than the stacked weights themselves (FusedStage.weight_layout)."""
-    layouts = (s.weight_layout(tiled) for s in stages.values())
+    layouts = (s.weight_layout(interleaved) for s in stages.values())
     return tuple(dict.fromkeys(layout for layout in layouts if layout[1] != "stacked"))
 
 
@@ -212,7 +215,7 @@ MAX_SHARED_BYTES = 48 * 1024     # what a launch may take without opting in to m
 
 def switches() -> tuple:
     """The module's switches that shape a program's launches (a cached program's captured graphs keep them)."""
-    return FUSE, FUSE_MAX_ROWS, SPLIT_SUMS, WIDTH
+    return FUSE, FUSE_MAX_ROWS, SPLIT_SUMS, WIDTH, INTERLEAVED
 
 
 def fuses(stages: dict, B: int, layer_sizes: list[dict]) -> bool:

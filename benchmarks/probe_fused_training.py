@@ -56,9 +56,9 @@ def main(argv=None) -> int:
                         help="layer by layer instead of the default wavefront (fused.WAVEFRONT = False)")
     parser.add_argument("--no-split-sums", action="store_true",
                         help="a split GEMM's parts summed by their own launch (stage_fusion.SPLIT_SUMS = False)")
-    parser.add_argument("--interleaved", action="store_true",
-                        help="the GEMV reads a copy of the weights with a unit's members interleaved, made each call "
-                             "(stage_fusion.INTERLEAVED = True) instead of the weights in place")
+    parser.add_argument("--in-place", action="store_true",
+                        help="the GEMV reads the weights in place, row m * D + unit (stage_fusion.INTERLEAVED = "
+                             "False), instead of a copy with a unit's members interleaved, made each call")
     parser.add_argument("--fuse-width", type=int, default=None,
                         help="every fused stage in this variant (stage_fusion.WIDTH; default: choose_width's)")
     parser.add_argument("--tile", default=None, metavar="RB,RC,KC,STAGES",
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     stage_fusion.SPLIT_SUMS = not args.no_split_sums
     stage_fusion.FUSE = not args.no_fuse
     stage_fusion.WIDTH = args.fuse_width
-    stage_fusion.INTERLEAVED = args.interleaved
+    stage_fusion.INTERLEAVED = not args.in_place
     if args.fuse_max_rows is not None:
         stage_fusion.FUSE_MAX_ROWS = args.fuse_max_rows
     if args.layers:

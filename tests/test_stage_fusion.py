@@ -27,7 +27,7 @@ def test_the_lstm_fuses_its_forward_step_and_its_backward_across_steps():
     assert set(stages) == {(True, 0), (False, 1)}
     forward, backward = stages[(True, 0)], stages[(False, 1)]
     assert forward.members == 4 and forward.weight_layout(True)[1] == "interleaved"
-    assert forward.weight_layout(False)[1] == "stacked"             # the GEMV reads the stacked rows as they are
+    assert forward.weight_layout(False)[1] == "stacked"             # in place: the GEMV reads the stacked rows
     assert backward.members == 1 and backward.weight_layout(True)[1] == backward.weight_layout(False)[1] == "transposed"
     assert [forward.units(w) for w in stage_fusion.WIDTHS] == [2, 4, 8]
 

@@ -38,9 +38,11 @@ WIDTHS = (8, 16, 32)     # GEMM columns a block of a fused stage covers, one com
                          # width / 8 of them at small batch): its units are width // members (at least 1), every
                          # member's column of each. choose_width picks one per launch.
 WIDTH = None             # a width of WIDTHS for every fused launch (probes, tests); None: choose_width's
-INTERLEAVED = False      # True: the GEMV reads a copy of the weights with a unit's members interleaved, made each call
-                         # (the thirteenth session's layout); False: it reads them in place, row m * D + unit. The
-                         # tiled form always interleaves (it stages a block's rows as one run).
+INTERLEAVED = True       # True: the GEMV reads a copy of the weights with a unit's members interleaved, made each call;
+                         # False: it reads them in place, row m * D + unit, no copy. Back to back on the H100 (same
+                         # machine, fourteenth session) in place was as fast for the LSTM and GRU-Cho and slower for
+                         # lstm_fgr's forward (6.5 against 5.5 us: a block reads 4 runs of 64 KiB instead of one of
+                         # 256 KiB). The tiled form always interleaves (it stages a block's rows as one run).
 THREADS = 256
 GEMV_MAX_ROWS = 2        # batches up to this: the warp GEMV (kernels/fused_stage.cuh), else kernels/tile_gemm.cuh's tiles
 # rnn_tile_gemms' shape for the larger batches: a thread's RB x RC accumulators, K chunks of KC staged STAGES deep.

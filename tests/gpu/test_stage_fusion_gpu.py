@@ -58,22 +58,26 @@ def test_every_preset_fused_equals_the_reference(cupy, name, B, width, monkeypat
     assert_equal_reference(got, want, network)
 
 
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "in-place"])
 @pytest.mark.parametrize("width", stage_fusion.WIDTHS)
 @pytest.mark.parametrize("B", [1, 2])
 @pytest.mark.parametrize("name", sorted(engine.presets()))
-def test_every_preset_fused_in_the_default_module_equals_the_reference(cupy, name, B, width, monkeypatch):
-    """The default module (no tiled form): the GEMV reads the stacked (forward) and transposed (backward) weights at
-    row m * D + unit, with no interleaved copy."""
+def test_every_preset_fused_in_the_default_module_equals_the_reference(cupy, name, B, width, interleaved,
+                                                                       monkeypatch):
+    """The default module (no tiled form), the GEMV on the interleaved copy of the weights or on the stacked (forward)
+    and transposed (backward) weights in place, row m * D + unit (stage_fusion.INTERLEAVED)."""
     monkeypatch.setattr(stage_fusion, "WIDTH", width)
+    monkeypatch.setattr(stage_fusion, "INTERLEAVED", interleaved)
     cell = engine.preset(name).cell
     network, params, x, initial, d_out, d_final = case(cell, seed=B + 2 * len(name), layers=2, I=6, H=12, T=6, B=B,
                                                        P=4 if cell.uses_projection else None)
     want = bptt(network, params, x, initial, d_out, d_final)
     got, program = run(cupy, network, params, x, initial, d_out, d_final)
-    assert not program.runner.tiled
+    assert not program.runner.tiled and program.runner.interleaved == interleaved
     if program.runner.stages:
         assert program.fused, name
-        assert all(layout[1] != "interleaved" for layer in program.layers for layout in layer.stage_weights)
+        if not interleaved:
+            assert all(layout[1] != "interleaved" for layer in program.layers for layout in layer.stage_weights)
     assert_equal_reference(got, want, network)
 
 

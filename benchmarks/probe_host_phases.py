@@ -1,0 +1,95 @@
+"""Host time of a fused training step's phases (engine/autodiff/fused.py), without a profiler: each phase's
+function wrapped with time.perf_counter, medians over --steps steps after warm-up. The GPU runs behind the host; a
+phase's time is the host's alone (the launches it queues, not their GPU time).
+
+    python benchmarks/probe_host_phases.py --preset lstm --config lat --config blogB
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import engine  # noqa: E402
+import importlib  # noqa: E402
+
+from engine.autodiff import fused  # noqa: E402
+from engine.bench.configs import parse_configs  # noqa: E402
+
+bptt_module = importlib.import_module("engine.autodiff.bptt")
+
+PHASES = [(bptt_module, "record", "bptt.record (all of the forward call)"),
+          (fused, "record", "fused.record (after the checks)"),
+          (fused, "acquire", "acquire (program cache)"),
+          (fused.Program, "load", "Program.load (copies, layouts)"),
+          (fused.Runner, "copy", "Runner.copy (table, upload, launch)"),
+          (fused.Layer, "lay_out_weights", "Layer.lay_out_weights"),
+          (fused.Program, "forward", "Program.forward (graph launches)"),
+          (fused.FusedTape, "backward", "FusedTape.backward (all of it)"),
+          (fused.Program, "wavefront_backward", "Program.wavefront_backward (graph launches)"),
+          (fused.FusedTape, "_after", "FusedTape._after (gradient GEMMs, a layer)"),
+          (fused, "zero_gradients", "zero_gradients")]
+
+
+def main(argv=None) -> int:
+    import cupy
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", action="append", default=None)
+    parser.add_argument("--config", action="append", default=None)
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args(argv)
+    times: dict = defaultdict(list)
+    for owner, attr, label in PHASES:
+        original = getattr(owner, attr)
+
+        def timed(*a, __original=original, __label=label, **k):
+            t0 = time.perf_counter()
+            try:
+                return __original(*a, **k)
+            finally:
+                times[__label].append((time.perf_counter() - t0) * 1e3)
+        setattr(owner, attr, timed)
+    for name in args.preset or ["lstm"]:
+        cell = engine.preset(name).cell
+        for config in parse_configs(args.config or ["lat"]):
+            network = engine.Network(cell, config.input_size, config.hidden_size, config.num_layers)
+            params = engine.init_params(network, seed=0)
+            gpu_params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()}
+                                        for layer in params.layers])
+            rng = np.random.default_rng(0)
+            x = cupy.asarray(rng.standard_normal((config.steps, config.batch, config.input_size)), dtype=cupy.float32)
+            w = cupy.asarray(rng.standard_normal((config.steps, config.batch, network.output_size)),
+                             dtype=cupy.float32)
+            walls = []
+            for step in range(args.steps + 3):
+                if step == 3:
+                    times.clear()
+                cupy.cuda.Device().synchronize()
+                t0 = time.perf_counter()
+                bptt_module.record(network, gpu_params, x, dtype=np.float32, backend="fused").backward(w)
+                host = (time.perf_counter() - t0) * 1e3
+                cupy.cuda.Device().synchronize()
+                walls.append(((time.perf_counter() - t0) * 1e3, host))
+            walls = walls[3:]
+            print(f"## {name} {config.name}: step wall {statistics.median(w for w, _ in walls):.2f} ms, host until "
+                  f"the call returns {statistics.median(h for _, h in walls):.2f} ms (medians of {args.steps})")
+            print("| phase | calls a step | host ms a step (median) |\n|---|---|---|")
+            for _, _, label in PHASES:
+                values = times.get(label, [])
+                if values:
+                    per = len(values) // args.steps
+                    chunks = [sum(values[i * per:(i + 1) * per]) for i in range(args.steps)] if per else values
+                    print(f"| {label} | {per} | {statistics.median(chunks):.3f} |")
+            times.clear()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

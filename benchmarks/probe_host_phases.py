@@ -35,6 +35,7 @@ PHASES = [(bptt_module, "record", "bptt.record (all of the forward call)"),
           (fused.FusedTape, "backward", "FusedTape.backward (all of it)"),
           (fused.Program, "wavefront_backward", "Program.wavefront_backward (graph launches)"),
           (fused.FusedTape, "_after", "FusedTape._after (gradient GEMMs, a layer)"),
+          (fused.Program, "after", "Program.after (the captured after part)"),
           (fused, "zero_gradients", "zero_gradients")]
 
 

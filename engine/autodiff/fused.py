@@ -236,6 +236,11 @@ class Runner:
     def column_dots(self, layer: Layer, dots: tuple, grads: dict) -> None:
         """Each ColumnDot's gradient (sum over the layer's T x B rows of a * b) added into grads[param], one launch
         of kernels/column_dots.cu for them all."""
+        self.launch_column_dots(layer, self.column_dots_table(layer, dots, grads))
+
+    def column_dots_table(self, layer: Layer, dots: tuple, grads: dict) -> tuple:
+        """(the table on the GPU, items, widest column count) of column_dots: made once where the addresses stay (a
+        captured launch may not upload one)."""
         a, b, out, lda, ldb, cols = [], [], [], [], [], []
         for d in dots:
             for side, lds, place in ((a, lda, d.a), (b, ldb, d.b)):
@@ -244,9 +249,12 @@ class Runner:
                 lds.append(ld)
             out.append(grads[d.param].data.ptr)
             cols.append(layer.sizes[d.dim])
-        table = self.xp.asarray(np.array(a + b + out + lda + ldb + cols, dtype=np.int64))
-        self.column_dots_kernel((-(-max(cols) // 32), len(dots)), (256,),
-                                (table, np.int32(len(dots)), np.int32(layer.T * layer.B)))
+        return self.xp.asarray(np.array(a + b + out + lda + ldb + cols, dtype=np.int64)), len(dots), max(cols)
+
+    def launch_column_dots(self, layer: Layer, table: tuple) -> None:
+        table, items, widest = table
+        self.column_dots_kernel((-(-widest // 32), items), (256,),
+                                (table, np.int32(items), np.int32(layer.T * layer.B)))
 
     def ones(self, count: int):
         """A vector of `count` ones on the GPU (kept: a bias GEMM's other factor)."""
@@ -508,6 +516,7 @@ class Program:
                                                  self.layers[l - 1].buffers[D_OUTPUT_BUFFER])
         self.graphs: dict = {}
         self.capture_error: str | None = None
+        self.grad_flat = self.after_graph = self.after_error = None    # Program.after's buffers and graph
         self.busy = False
         arrays = [self.input] + ([self.d_input] if self.d_input is not None else [])
         arrays += [a for layer in self.layers for a in
@@ -517,6 +526,59 @@ class Program:
 
     def release(self) -> None:
         self.busy = False
+
+    def captures_after(self) -> bool:
+        """Whether the wavefront's after part (weight and bias gradients, peepholes', the initial states' adjoints)
+        runs as one captured graph into buffers of the program: on the GPU, where it is GEMMs and table launches alone
+        (plan.after_rest empty: nothing left to the interpreter, whose CuPy calls allocate)."""
+        return self.d_input is not None and self.runner.can_capture and not self.runner.plan.after_rest
+
+    def after(self):
+        """The after part of every layer as one graph (captured once, replayed): the gradients zeroed, each layer's
+        GradGemms and column_dots launch into them, each state's adjoint entering step 0 into d_initial. Returns the
+        program's (gradient buffer, per-layer {param: view}, {state: (L, B, size)}): the caller copies them out (the
+        next backward of this program overwrites them)."""
+        xp, runner, plan, network = self.runner.xp, self.runner, self.runner.plan, self.network
+        if self.grad_flat is None:
+            total, layout, stacks = gradient_layout(network)
+            self.grad_flat = xp.zeros(max(total, 1), dtype=xp.float32)
+            self.grad_views = [{} for _ in self.layers]
+            for l, name, shape, start in layout:
+                self.grad_views[l][name] = _view(xp, self.grad_flat, shape, start)
+            self.grad_stacks = [{} for _ in self.layers]
+            for l, index, start, size in stacks:
+                self.grad_stacks[l][index] = self.grad_flat[start:start + size]
+            self.d_initial = {s: xp.empty((len(self.layers), self.B, network.state_size(s)), dtype=xp.float32)
+                              for s in network.cell.state_names}
+            self.dot_tables = [runner.column_dots_table(layer, plan.column_dots, self.grad_views[l])
+                               if plan.column_dots else None for l, layer in enumerate(self.layers)]
+            runner.ones(self.T * self.B)                       # the bias GEMMs' other factor, made before capture
+            self.bytes += self.grad_flat.nbytes + sum(a.nbytes for a in self.d_initial.values())
+
+        def issue():
+            runner.bind()
+            self.grad_flat.fill(0.0)
+            for l, layer in enumerate(self.layers):
+                for index, g in enumerate(plan.grad_gemms):
+                    runner.grad_gemm(layer, g, self.grad_stacks[l][index])
+                if self.dot_tables[l] is not None:
+                    runner.launch_column_dots(layer, self.dot_tables[l])
+                for s in network.cell.state_names:
+                    self.d_initial[s][l] = layer.state(s, 0, adjoint=True)
+        stream = xp.cuda.get_current_stream()
+        if stream.is_capturing():       # the caller captures a graph itself: the launches go into it
+            issue()
+            return self.grad_flat, self.grad_views, self.d_initial
+        if self.after_graph is None and self.after_error is None and self.capture_error is None:
+            try:
+                self.after_graph = runner.capture(issue)
+            except Exception as e:      # noqa: BLE001 - launched one by one instead, the step's graphs untouched
+                self.after_error = f"{type(e).__name__}: {e}"
+        if self.after_graph is not None:
+            self.after_graph.launch(stream)
+        else:
+            issue()
+        return self.grad_flat, self.grad_views, self.d_initial
 
     def load(self, params, x, initial_states: dict | None) -> None:
         """x, every layer's parameters and initial states into the program's buffers: one copy launch for all."""
@@ -729,9 +791,11 @@ class FusedTape:
         xp, network, program = self.xp, self.network, self.program
         T, B, _ = self.outputs.shape
         cell, L = network.cell, network.num_layers
+        d_above = None if d_outputs is None else xp.asarray(d_outputs, dtype=xp.float32).reshape(T * B, -1)
+        if program.captures_after():              # the reverse wavefront and a captured after part
+            return self._backward_captured(d_above, d_final_states)
         grads, self.stacked_grads = zero_gradients(xp, network)
         d_initial = {s: xp.empty((L, B, network.state_size(s)), dtype=xp.float32) for s in cell.state_names}
-        d_above = None if d_outputs is None else xp.asarray(d_outputs, dtype=xp.float32).reshape(T * B, -1)
         if program.d_input is not None:           # the reverse wavefront: every layer in one graph
             return self._backward_wavefront(d_above, d_final_states, grads, d_initial)
         for l in reversed(range(L)):
@@ -755,6 +819,28 @@ class FusedTape:
             self._after(layer, l, grads[l], d_initial, nodes=self.plan.after_rest)
         return Gradients(params=grads, x=xp.array(program.d_input).reshape(T, B, -1), initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
+
+    def _backward_captured(self, d_above, d_final_states: dict):
+        """The reverse wavefront, then the after part as one replayed graph (Program.after), its gradients and
+        initial states' adjoints copied out of the program's buffers: one copy and a view a parameter instead of a
+        cuBLAS call a GradGemm, a table upload a layer and a copy a state from Python (lstm_fgr at `lat`: 0.9 ms of
+        host time a step; benchmarks/NOTES.md, fourteenth session)."""
+        from .bptt import Gradients
+        xp, program = self.xp, self.program
+        T, B = program.T, program.B
+        program.layers[-1].buffers[D_OUTPUT_BUFFER][...] = 0.0 if d_above is None else d_above
+        for l, layer in enumerate(program.layers):
+            self._seed_states(layer, l, d_final_states)
+        program.wavefront_backward()
+        flat, _, d_initial = program.after()
+        flat = flat.copy()
+        _, layout, _ = gradient_layout(self.network)
+        grads: list[dict] = [{} for _ in program.layers]
+        for l, name, shape, start in layout:
+            grads[l][name] = _view(xp, flat, shape, start)
+        return Gradients(params=grads, x=xp.array(program.d_input).reshape(T, B, -1),
+                         initial_states={s: v.copy() for s, v in d_initial.items()}, outputs=self.outputs,
+                         final_states=self.final_states)
 
     def _seed_states(self, layer: Layer, l: int, d_final_states: dict) -> None:
         """Each state's adjoint entering layer l's last step: d_final_states, or zero."""

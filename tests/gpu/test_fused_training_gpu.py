@@ -156,6 +156,52 @@ def test_graphs_are_captured_and_a_second_tape_gets_its_own_buffers(cupy):
         assert relative(g1.params[1][p].get(), value) < TOL, p
 
 
+@pytest.mark.parametrize("name", ["lstm", "lstm_fgr", "peephole_lstm", "gru_cho"])
+def test_the_after_part_is_one_captured_graph_and_its_results_are_copies(cupy, name):
+    """The wavefront's after part (weight, bias and peephole gradients, the initial states' adjoints) is one replayed
+    graph into the program's buffers (Program.after); what backward returns are copies, which the program's next
+    backward leaves alone."""
+    network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, seed=5, layers=2)
+    want = bptt(network, params, x, initial, d_out, d_final)
+    gpu = {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}
+    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), gpu, poison=True)
+    program = tape.program
+    assert program.captures_after()
+    got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
+                        {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()})
+    assert program.after_graph is not None and program.after_error is None
+    kept = {p: v.copy() for p, v in got.params[0].items()}
+    kept_initial = {s: v.copy() for s, v in got.initial_states.items()}
+    again = fused.record(network, params, cupy.asarray(x * 3.0, dtype=cupy.float32), gpu, poison=True)
+    assert again.program is program                          # the same program (and graph), replayed
+    again.backward(cupy.asarray(d_out * -2.0, dtype=cupy.float32))
+    for p, v in kept.items():
+        assert cupy.array_equal(got.params[0][p], v), p
+        assert got.params[0][p].data.ptr != program.grad_views[0][p].data.ptr
+    for s, v in kept_initial.items():
+        assert cupy.array_equal(got.initial_states[s], v), s
+    for layer in range(network.num_layers):
+        for p, value in want.params[layer].items():
+            assert relative(got.params[layer][p].get(), value) < TOL, (layer, p)
+    for s in network.cell.state_names:
+        assert relative(got.initial_states[s].get(), want.initial_states[s]) < TOL, s
+
+
+def test_a_cell_with_after_part_nodes_keeps_the_uncaptured_after_part(cupy):
+    """every_op leaves nodes to the interpreter after the sweep (plan.after_rest): no captured after part, and its
+    gradients still equal the reference."""
+    cell = UNUSUAL["every_op"]
+    network, params, x, initial, d_out, d_final = case(cell, seed=3, layers=2)
+    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
+    assert not tape.program.captures_after()
+    got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32))
+    assert tape.program.after_graph is None
+    want = bptt(network, params, x, None, d_out)
+    for layer in range(network.num_layers):
+        for p, value in want.params[layer].items():
+            assert relative(got.params[layer][p].get(), value) < TOL, (layer, p)
+
+
 def test_a_nan_parameter_on_the_gpu_is_named(cupy):
     """The inputs' finiteness check (one launch over all of them, read once the forward is queued) still names the
     bad value."""

@@ -131,6 +131,10 @@ class Layer:
                         target[block] = 0.0        # a sum without a term of that state: stays zero
                 top += height
             self.blocks[g.stack] = tuple(blocks)
+        # What load() fills each call, as views made once: the vector parameters' buffers (in the cell's order) and
+        # every block of the stacked weights
+        self.vectors = [name for name, shape in shapes.items() if len(shape) == 1]
+        self.block_views = [(w, self.stacked[key][block]) for key in self.stacked for w, block in self.blocks[key]]
         # The fused stages' weights: stacked ones interleaved (forward) or transposed (backward), stage_fusion.py
         self.stage_weights = {(key, layout, members): xp.full(
             self.stacked[key].shape[::-1] if layout == "transposed" else self.stacked[key].shape, fill,
@@ -142,9 +146,8 @@ class Layer:
         Runner.copy to do in one launch with the program's other copies."""
         xp = self.xp
         self.params = {name: float32_contiguous(xp, value) for name, value in params.items()}
-        copies = [(self.buffers[f"param_{name}"], value) for name, value in self.params.items() if value.ndim == 1]
-        for key, target in self.stacked.items():
-            copies += [(target[block], self.params[w]) for w, block in self.blocks[key]]
+        copies = [(self.buffers[f"param_{name}"], self.params[name]) for name in self.vectors]
+        copies += [(view, self.params[w]) for w, view in self.block_views]
         for name, value in static_values(xp, cell, self.plan, self.params, self.sizes).items():
             self.buffers[f"static_{name}"][...] = value
         return copies
@@ -262,28 +265,37 @@ class Runner:
             self._ones = self.xp.ones(count, dtype=self.xp.float32)
         return self._ones
 
-    def copy(self, copies: list[tuple]) -> None:
+    @staticmethod
+    def copy_geometry(target) -> tuple | None:
+        """(address, size, row width, row stride) of a copy's destination as kernels/copy_pieces.cu takes it, or None
+        for one that is not rows of contiguous columns (filled on its own)."""
+        if target.flags.c_contiguous:
+            return target.data.ptr, target.size, max(target.size, 1), target.size
+        if target.ndim == 2 and target.strides[1] == 4 and target.strides[0] % 4 == 0:
+            return target.data.ptr, target.size, max(target.shape[1], 1), target.strides[0] // 4
+        return None
+
+    def copy(self, copies: list[tuple], geometry: list | None = None) -> None:
         """Each (destination, source) pair: the source's values into the destination (same size; None: zeros), as
         one launch of kernels/copy_pieces.cu over COPY_CHUNK-element pieces (a copy a parameter from Python cost
         ~20 us of host time each, ~2.5 ms a step for a 4-layer LSTM). A destination may be a block of rows of a
-        larger matrix (a Stack's weight grid, a state beside others); any other is filled on its own."""
+        larger matrix (a Stack's weight grid, a state beside others); any other is filled on its own. geometry: the
+        destinations' copy_geometry, where the caller keeps it (the same destinations every call)."""
         xp = self.xp
+        if geometry is None:
+            geometry = [self.copy_geometry(target) for target, _ in copies]
         src, dst, size, width, stride = [], [], [], [], []
-        for target, value in copies:
+        for (target, value), where in zip(copies, geometry):
             if value is not None and value.size != target.size:
                 raise ValueError(f"copy of {value.size} values into {target.size}")
-            if target.flags.c_contiguous:
-                rows_of = (target.size, target.size)
-            elif target.ndim == 2 and target.strides[1] == 4 and target.strides[0] % 4 == 0:
-                rows_of = (target.shape[1], target.strides[0] // 4)
-            else:
+            if where is None:
                 target[...] = 0.0 if value is None else value.reshape(target.shape)
                 continue
             src.append(0 if value is None else value.data.ptr)
-            dst.append(target.data.ptr)
-            size.append(target.size)
-            width.append(max(rows_of[0], 1))
-            stride.append(rows_of[1])
+            dst.append(where[0])
+            size.append(where[1])
+            width.append(where[2])
+            stride.append(where[3])
         if not size:
             return
         src, dst, size, width, stride = (np.array(v, dtype=np.int64) for v in (src, dst, size, width, stride))
@@ -517,6 +529,8 @@ class Program:
         self.graphs: dict = {}
         self.capture_error: str | None = None
         self.grad_flat = self.after_graph = self.after_error = None    # Program.after's buffers and graph
+        self.initial_views = [{s: layer.state(s, 0) for s in cell.state_names} for layer in self.layers]
+        self.copy_geometry = None                 # load()'s destinations (Runner.copy_geometry), once
         self.busy = False
         arrays = [self.input] + ([self.d_input] if self.d_input is not None else [])
         arrays += [a for layer in self.layers for a in
@@ -588,8 +602,11 @@ class Program:
             copies += layer.load(cell, params[l])
             for s in cell.state_names:
                 given = initial_states is not None and s in initial_states
-                copies.append((layer.state(s, 0), float32_contiguous(xp, initial_states[s][l]) if given else None))
-        self.runner.copy(copies)
+                copies.append((self.initial_views[l][s],
+                               float32_contiguous(xp, initial_states[s][l]) if given else None))
+        if self.copy_geometry is None:            # the same destinations every call, in the same order
+            self.copy_geometry = [self.runner.copy_geometry(target) for target, _ in copies]
+        self.runner.copy(copies, self.copy_geometry)
         for layer in self.layers:
             layer.lay_out_weights()
 

@@ -54,7 +54,11 @@ class NumpyRunner(Runner):
             size = layer.sizes[d.dim]
             grads[d.param][...] += (layer.view(d.a, size) * layer.view(d.b, size)).sum(axis=0)
 
-    def copy(self, copies: list[tuple]) -> None:
+    @staticmethod
+    def copy_geometry(target):
+        return None                  # NumPy copies by assignment
+
+    def copy(self, copies: list[tuple], geometry: list | None = None) -> None:
         for target, value in copies:
             target[...] = 0.0 if value is None else value.reshape(target.shape)
 

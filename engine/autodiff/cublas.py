@@ -27,6 +27,7 @@ class Sgemm:
         lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
         lib.cublasSetPointerMode_v2.argtypes = [vp, i]
         lib.cublasSetMathMode.argtypes = [vp, i]
+        lib.cublasDestroy_v2.argtypes = [vp]
         self.lib, self.handle = lib, ctypes.c_void_p()
         self._check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
         self.workspace = cupy.empty(self.WORKSPACE, dtype=cupy.uint8)
@@ -35,6 +36,15 @@ class Sgemm:
         self._check(lib.cublasSetMathMode(self.handle, 0), "math mode")              # CUBLAS_DEFAULT_MATH
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self.p_one, self.p_zero = ctypes.pointer(self.one), ctypes.pointer(self.zero)
+
+    def __del__(self):
+        """The handle goes with the object (its workspace is a CuPy array, back to the pool with it)."""
+        handle, lib = getattr(self, "handle", None), getattr(self, "lib", None)
+        if handle is not None and handle.value and lib is not None:
+            try:
+                lib.cublasDestroy_v2(handle)
+            except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone already
+                pass
 
     @staticmethod
     def _check(status: int, what: str) -> None:

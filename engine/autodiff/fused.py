@@ -731,6 +731,13 @@ def gpu_runner(plan: TrainingPlan) -> Runner:
     return runner
 
 
+def clear_runners() -> None:
+    """Drop the cached runners (each holds cuBLAS handles with a 32 MiB workspace a stream, ~100 MiB for a 2-layer
+    wavefront); a program that holds one keeps it until the program is dropped too (clear_cache)."""
+    with _lock:
+        _runners.clear()
+
+
 @functools.lru_cache(maxsize=64)
 def gradient_layout(network) -> tuple[int, tuple, tuple]:
     """Every layer's parameter gradients in one buffer: (total floats, ((layer, parameter, shape, offset), ...),

@@ -96,7 +96,10 @@ def test_lstm_fgr_is_one_gemm_and_one_kernel_each_way():
     assert plan.output.buffer == OUTPUT_BUFFER and ("h_next", plan.output) in kernel.stores
     stages = fused_stages(plan)
     assert sorted((s.forward, s.members) for s in stages.values()) == [(False, 4), (True, 4)]
-    assert "GEMM lstm_fgr_fwd_stack_H_s0" in describe(plan)
+    text = describe(plan)
+    assert "GEMM lstm_fgr_fwd_stack_H_s0" in text
+    assert ("stack: states h, i, f, o side by side (K = 4H); sums z_pre, i_next_pre, f_next_pre, o_next_pre one GEMM "
+            "each way, a grid of 4 x 4 weight blocks, 3 zero") in text
     # the weight gradients read the states where they lie, the sums' dy side by side
     grads = {g.params: g for g in plan.grad_gemms}
     assert grads[("R_ii", "R_if", "R_io")].operand == plan.state_places["i"]

@@ -873,9 +873,15 @@ def describe(plan: TrainingPlan) -> str:
     grads = [f"  gradients: GEMM {g.name} over every step: {', '.join(g.params)}" for g in plan.grad_gemms]
     if plan.column_dots:
         grads.append(f"  gradients: one column_dots launch over every step: {', '.join(c.param for c in plan.column_dots)}")
+    stacks = []
+    for st in plan.stacks:
+        zeros = sum(1 for w in st.weights if not w)
+        stacks.append(f"  stack: states {', '.join(st.states)} side by side (K = {st.k}); sums {', '.join(st.roots)} "
+                      f"one GEMM each way, a grid of {len(st.roots)} x {len(st.states)} weight blocks, {zeros} zero")
     from .stage_fusion import describe as describe_stages     # (it imports this module)
     return "\n".join([f"fused training step of cell '{plan.cell.name}': {f} launches forward, {b} backward a step",
-                      "  forward:", *items(plan.forward), "  backward:", *items(plan.backward), *inputs, *grads,
+                      *stacks, "  forward:", *items(plan.forward), "  backward:", *items(plan.backward), *inputs,
+                      *grads,
                       *describe_stages(plan),
                       "  buffers: " + ", ".join(f"{b.name} ({b.blocks} x B, {b.cols.c_expr()})"
                                                 for b in plan.buffers)])

@@ -113,7 +113,7 @@ class Layer:
         for name in plan.static:
             self.buffers[f"static_{name}"] = xp.full((width,), fill, dtype=xp.float32)
         # Each GEMM's weights stacked: members one under another, or a Stack's grid (sums x states, zero blocks)
-        self.stacked, self.blocks = {}, {}       # key -> array; key -> ((weight, rows, cols), ...) of its blocks
+        self.stacked, self.blocks = {}, {}       # key -> array; key -> ((weight, (row slice, column slice)), ...)
         for g in plan.forward.gemms + plan.backward.gemms + ((plan.input_gemm,) if plan.input_gemm else ()):
             if g.stack in self.stacked:
                 continue

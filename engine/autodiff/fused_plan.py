@@ -330,9 +330,6 @@ class _Planner:
             value = reader.name
         return value
 
-    def _stack_of(self, state: str) -> Stack | None:
-        return next((st for st in self.stacks if state in st.states), None)
-
     def _column_dots(self) -> tuple[ColumnDot, ...]:
         """The after part's batch_sum(mul(a, b)) into a parameter no other node adds to, where a and b are values
         of every step in row buffers of one size and the product is read by nothing else (peepholes)."""

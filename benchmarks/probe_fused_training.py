@@ -90,16 +90,8 @@ def main(argv=None) -> int:
         return 0
     print("| cell | config | forward ms | step ms | step wall ms |\n|---|---|---|---|---|")
     for name in args.preset or ["lstm"]:
-        cell = engine.preset(name).cell
         for config in parse_configs(args.config or ["mid"]):
-            network = engine.Network(cell, config.input_size, config.hidden_size, config.num_layers)
-            params = engine.init_params(network, seed=0)
-            rng = np.random.default_rng(0)
-            x = cupy.asarray(rng.standard_normal((config.steps, config.batch, config.input_size)), dtype=cupy.float32)
-            w = cupy.asarray(rng.standard_normal((config.steps, config.batch, network.output_size)),
-                             dtype=cupy.float32)
-            gpu_params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()}
-                                        for layer in params.layers])
+            network, gpu_params, x, w = probe_case(cupy, name, config)
             fwd, _ = timed(cupy, lambda: record(network, gpu_params, x, dtype=np.float32, backend="fused"),
                            args.repeats)
             step, wall = timed(cupy, lambda: record(network, gpu_params, x, dtype=np.float32,
@@ -155,21 +147,25 @@ def profile_main(presets=("lstm", "gru"), configs=("mid", "blogB")) -> None:
             print("\n".join(launch_profile(cupy, name, config)))
 
 
-def host_profile(name: str = "lstm", config_name: str = "mid", steps: int = 20) -> None:
-    """Where the host's time of a step goes (cProfile of `steps` steps after warm-up, the top 25 by own time): the
-    Python before the first launch is GPU idle time."""
-    import cProfile
-    import pstats
-    import cupy
-    cell = engine.preset(name).cell
-    config = parse_configs([config_name])[0]
-    network = engine.Network(cell, config.input_size, config.hidden_size, config.num_layers)
+def probe_case(cupy, name: str, config):
+    """(network, its parameters as float32 CuPy arrays, x, the loss weights w) of preset `name` at `config`, seed 0."""
+    network = engine.Network(engine.preset(name).cell, config.input_size, config.hidden_size, config.num_layers)
     params = engine.init_params(network, seed=0)
     gpu_params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()}
                                 for layer in params.layers])
     rng = np.random.default_rng(0)
     x = cupy.asarray(rng.standard_normal((config.steps, config.batch, config.input_size)), dtype=cupy.float32)
     w = cupy.asarray(rng.standard_normal((config.steps, config.batch, network.output_size)), dtype=cupy.float32)
+    return network, gpu_params, x, w
+
+
+def host_profile(name: str = "lstm", config_name: str = "mid", steps: int = 20) -> None:
+    """Where the host's time of a step goes (cProfile of `steps` steps after warm-up, the top 25 by own time): the
+    Python before the first launch is GPU idle time."""
+    import cProfile
+    import pstats
+    import cupy
+    network, gpu_params, x, w = probe_case(cupy, name, parse_configs([config_name])[0])
 
     def step():
         record(network, gpu_params, x, dtype=np.float32, backend="fused").backward(w)

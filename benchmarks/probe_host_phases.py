@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-import engine  # noqa: E402
 import importlib  # noqa: E402
 
 from engine.autodiff import fused  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
+from probe_fused_training import probe_case  # noqa: E402  (benchmarks/, the script's folder)
 
 bptt_module = importlib.import_module("engine.autodiff.bptt")
 
@@ -58,16 +58,8 @@ def main(argv=None) -> int:
                 times[__label].append((time.perf_counter() - t0) * 1e3)
         setattr(owner, attr, timed)
     for name in args.preset or ["lstm"]:
-        cell = engine.preset(name).cell
         for config in parse_configs(args.config or ["lat"]):
-            network = engine.Network(cell, config.input_size, config.hidden_size, config.num_layers)
-            params = engine.init_params(network, seed=0)
-            gpu_params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()}
-                                        for layer in params.layers])
-            rng = np.random.default_rng(0)
-            x = cupy.asarray(rng.standard_normal((config.steps, config.batch, config.input_size)), dtype=cupy.float32)
-            w = cupy.asarray(rng.standard_normal((config.steps, config.batch, network.output_size)),
-                             dtype=cupy.float32)
+            network, gpu_params, x, w = probe_case(cupy, name, config)
             walls = []
             for step in range(args.steps + 3):
                 if step == 3:

@@ -554,14 +554,8 @@ class Program:
         next backward of this program overwrites them)."""
         xp, runner, plan, network = self.runner.xp, self.runner, self.runner.plan, self.network
         if self.grad_flat is None:
-            total, layout, stacks = gradient_layout(network)
-            self.grad_flat = xp.zeros(max(total, 1), dtype=xp.float32)
-            self.grad_views = [{} for _ in self.layers]
-            for l, name, shape, start in layout:
-                self.grad_views[l][name] = _view(xp, self.grad_flat, shape, start)
-            self.grad_stacks = [{} for _ in self.layers]
-            for l, index, start, size in stacks:
-                self.grad_stacks[l][index] = self.grad_flat[start:start + size]
+            self.grad_flat = xp.zeros(max(gradient_layout(network)[0], 1), dtype=xp.float32)
+            self.grad_views, self.grad_stacks = gradient_views(xp, network, self.grad_flat)
             self.d_initial = {s: xp.empty((len(self.layers), self.B, network.state_size(s)), dtype=xp.float32)
                               for s in network.cell.state_names}
             self.dot_tables = [runner.column_dots_table(layer, plan.column_dots, self.grad_views[l])
@@ -596,7 +590,7 @@ class Program:
 
     def load(self, params, x, initial_states: dict | None) -> None:
         """x, every layer's parameters and initial states into the program's buffers: one copy launch for all."""
-        xp, cell, B = self.runner.xp, self.network.cell, self.B
+        xp, cell = self.runner.xp, self.network.cell
         copies = [(self.input, float32_contiguous(xp, x))]
         for l, layer in enumerate(self.layers):
             copies += layer.load(cell, params[l])
@@ -769,11 +763,10 @@ def _view(xp, flat, shape: tuple, start: int):
     return xp.ndarray(shape, dtype=xp.float32, memptr=flat.data + 4 * start)
 
 
-def zero_gradients(xp, network) -> tuple[list[dict], list[dict]]:
-    """Every layer's parameter gradients, zeros, as views of one buffer (one memset, not one a parameter); and per
-    layer, each GradGemm's stacked gradients as one flat view {GradGemm index: view}."""
-    total, layout, stacks = gradient_layout(network)
-    flat = xp.zeros(total, dtype=xp.float32)
+def gradient_views(xp, network, flat) -> tuple[list[dict], list[dict]]:
+    """Every layer's parameter gradients as views of `flat` (gradient_layout); and per layer, each GradGemm's stacked
+    gradients as one flat view {GradGemm index: view}."""
+    _, layout, stacks = gradient_layout(network)
     grads: list[dict] = [{} for _ in range(network.num_layers)]
     for l, name, shape, start in layout:                 # in the cell's order, as every backend's
         grads[l][name] = _view(xp, flat, shape, start)
@@ -781,6 +774,11 @@ def zero_gradients(xp, network) -> tuple[list[dict], list[dict]]:
     for l, index, start, size in stacks:
         stacked[l][index] = flat[start:start + size]
     return grads, stacked
+
+
+def zero_gradients(xp, network) -> tuple[list[dict], list[dict]]:
+    """gradient_views of one buffer of zeros (one memset, not one a parameter)."""
+    return gradient_views(xp, network, xp.zeros(gradient_layout(network)[0], dtype=xp.float32))
 
 
 class FusedTape:
@@ -831,14 +829,20 @@ class FusedTape:
         return Gradients(params=grads, x=d_above.reshape(T, B, -1), initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
 
-    def _backward_wavefront(self, d_above, d_final_states: dict, grads: list, d_initial: dict):
-        from .bptt import Gradients
-        xp, program = self.xp, self.program
-        T, B = program.T, program.B
+    def _wavefront_sweep(self, d_above, d_final_states: dict) -> None:
+        """The reverse wavefront of every layer: the top layer's d_out and every layer's final state adjoints in,
+        then the program's backward graphs."""
+        program = self.program
         program.layers[-1].buffers[D_OUTPUT_BUFFER][...] = 0.0 if d_above is None else d_above
         for l, layer in enumerate(program.layers):
             self._seed_states(layer, l, d_final_states)
         program.wavefront_backward()
+
+    def _backward_wavefront(self, d_above, d_final_states: dict, grads: list, d_initial: dict):
+        from .bptt import Gradients
+        xp, program = self.xp, self.program
+        T, B = program.T, program.B
+        self._wavefront_sweep(d_above, d_final_states)
         for l, layer in enumerate(program.layers):
             self._after(layer, l, grads[l], d_initial, nodes=self.plan.after_rest)
         return Gradients(params=grads, x=xp.array(program.d_input).reshape(T, B, -1), initial_states=d_initial,
@@ -852,23 +856,16 @@ class FusedTape:
         from .bptt import Gradients
         xp, program = self.xp, self.program
         T, B = program.T, program.B
-        program.layers[-1].buffers[D_OUTPUT_BUFFER][...] = 0.0 if d_above is None else d_above
-        for l, layer in enumerate(program.layers):
-            self._seed_states(layer, l, d_final_states)
-        program.wavefront_backward()
+        self._wavefront_sweep(d_above, d_final_states)
         flat, _, d_initial = program.after()
-        flat = flat.copy()
-        _, layout, _ = gradient_layout(self.network)
-        grads: list[dict] = [{} for _ in program.layers]
-        for l, name, shape, start in layout:
-            grads[l][name] = _view(xp, flat, shape, start)
+        grads, _ = gradient_views(xp, self.network, flat.copy())
         return Gradients(params=grads, x=xp.array(program.d_input).reshape(T, B, -1),
                          initial_states={s: v.copy() for s, v in d_initial.items()}, outputs=self.outputs,
                          final_states=self.final_states)
 
     def _seed_states(self, layer: Layer, l: int, d_final_states: dict) -> None:
         """Each state's adjoint entering layer l's last step: d_final_states, or zero."""
-        xp, T, B = self.xp, layer.T, layer.B
+        xp, T = self.xp, layer.T
         for s in self.network.cell.state_names:
             last = layer.state(s, T, adjoint=True)
             last[...] = xp.asarray(d_final_states[s][l], dtype=xp.float32) if s in d_final_states else 0.0

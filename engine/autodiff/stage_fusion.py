@@ -105,7 +105,7 @@ def _member_offsets(start: Lin, width: Lin, members: int) -> tuple[Lin, ...]:
 
 def fusible(plan: TrainingPlan, gemm: GemmPlan, kernel: KernelPlan, lag: int, forward: bool) -> str | None:
     """Why `gemm` (of step t + lag) and `kernel` (of step t) cannot be one launch, or None when they can."""
-    cell, columns = plan.cell, plan.columns
+    columns = plan.columns
     if gemm.hoisted:
         return "the GEMM is hoisted (once a layer, over every step)"
     operand, out = gemm.operand, gemm.out

@@ -18,3 +18,17 @@ def cupy():
         pytest.skip(f"no usable GPU: {why}")
     import cupy as module
     return module
+
+
+@pytest.fixture
+def release_gpu_memory():
+    """After the test, its fused-training programs, runners (cuBLAS handles and workspaces) and pooled memory
+    dropped: a dozen xdist workers share one GPU, and the hundreds of cells and switch settings of the fused-training
+    modules would otherwise pile up in each worker's caches until the GPU runs out (cublasCreate failed with status
+    3). Those modules use it for every test (pytest.mark.usefixtures)."""
+    yield
+    import cupy
+    from engine.autodiff import fused
+    fused.clear_cache()
+    fused.clear_runners()
+    cupy.get_default_memory_pool().free_all_blocks()

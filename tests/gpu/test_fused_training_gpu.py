@@ -14,19 +14,7 @@ from engine.ops import GRAD_OPS
 from test_autodiff import UNUSUAL
 from test_fuzz_cells import cell_designs
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _release_gpu_memory():
-    """Each test's programs, runners (cuBLAS handles and workspaces) and pooled memory dropped after it: a dozen
-    xdist workers share one GPU, and the hundreds of cells and switch settings here would otherwise pile up in each
-    worker's caches until the GPU runs out (cublasCreate failed with status 3)."""
-    yield
-    import cupy
-    fused.clear_cache()
-    fused.clear_runners()
-    cupy.get_default_memory_pool().free_all_blocks()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("release_gpu_memory")]
 
 TOL = 2e-4          # norm-relative, fp32 against float64 over a few steps (measured: 1e-7 .. 1e-5)
 

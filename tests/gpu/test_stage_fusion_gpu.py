@@ -12,19 +12,7 @@ from engine.autodiff import bptt, fused, stage_fusion
 from test_fused_training_gpu import TOL, case, relative
 from test_stacks import CASES as STACK_CASES
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _release_gpu_memory():
-    """Each test's programs, runners (cuBLAS handles and workspaces) and pooled memory dropped after it: a dozen
-    xdist workers share one GPU, and the hundreds of cells and switch settings here would otherwise pile up in each
-    worker's caches until the GPU runs out (cublasCreate failed with status 3)."""
-    yield
-    import cupy
-    fused.clear_cache()
-    fused.clear_runners()
-    cupy.get_default_memory_pool().free_all_blocks()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("release_gpu_memory")]
 
 
 def run(cupy, network, params, x, initial, d_out, d_final, wavefront=None):

@@ -109,14 +109,16 @@ MIN_SPLIT_ROWS = 16             # fewer rows (batch): cuBLAS runs a GEMV kernel;
                                 # had 800 reduce nodes of ~2,500, and the host's launch of them is the step's bound
 
 
-def split_k(m: int, n: int, k: int, sms: int) -> int:
+def split_k(m: int, n: int, k: int, sms: int, max_splits: int | None = None) -> int:
     """How many parts to split K into for an (m x k) @ (k x n) GEMM on a GPU of `sms` SMs (1: no split): enough
-    to give every SM a block, each part at least MIN_SPLIT_DEPTH deep, a divisor of k."""
+    to give every SM a block, each part at least MIN_SPLIT_DEPTH deep, a divisor of k, at most max_splits (default
+    MAX_SPLITS: the runner passes the value its summing kernels were compiled for)."""
+    max_splits = MAX_SPLITS if max_splits is None else max_splits
     if m < MIN_SPLIT_ROWS:
         return 1                  # a GEMV to cuBLAS, spread over n already: a split adds a reduce launch, no blocks
     tiles = -(-m // SPLIT_TILE[0]) * -(-n // SPLIT_TILE[1])
     splits = 1
-    while (splits * 2 <= MAX_SPLITS and tiles * splits * 2 <= sms and k % (splits * 2) == 0
+    while (splits * 2 <= max_splits and tiles * splits * 2 <= sms and k % (splits * 2) == 0
            and k // (splits * 2) >= MIN_SPLIT_DEPTH):
         splits *= 2
     return splits

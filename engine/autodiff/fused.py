@@ -34,7 +34,7 @@ from ..codegen.cuda import KERNELS_DIR
 from ..errors import BackendError
 from ..ir import SCALAR
 from ..ops import apply_elementwise
-from . import stage_fusion
+from . import cublas, stage_fusion
 from .fused_codegen import THREADS, fused_params, kernel_params, render_module
 from .fused_plan import (D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER, GemmPlan, GradGemm, KernelPlan, Place,
                          TrainingPlan, training_plan)
@@ -74,6 +74,8 @@ def module_for(plan: TrainingPlan, tiled: bool = False):
 COPY_CHUNK = 8192               # elements a block of kernels/copy_pieces.cu copies
 COPY_FILE = KERNELS_DIR / "copy_pieces.cu"
 COLUMN_DOTS_FILE = KERNELS_DIR / "column_dots.cu"
+COLUMN_DOTS_WAVES = 4           # kernels/column_dots.cu: row chunks enough for about this many blocks an SM
+COLUMN_DOTS_MIN_ROWS = 16       # ... each warp keeping at least this many rows of its chunk
 
 
 WAVEFRONT = True         # the layers as a wavefront both ways (Program(wavefront=...)): faster on the H100 at every
@@ -195,6 +197,7 @@ class Runner:
     def __init__(self, cupy, plan: TrainingPlan, tiled: bool = False):
         self.xp, self.plan, self.tiled = cupy, plan, tiled
         self.interleaved = tiled or stage_fusion.INTERLEAVED       # the layout the module's fused stages read
+        self.max_splits = cublas.MAX_SPLITS         # the summing kernels load this many parts (fused_codegen.render_summed)
         module = module_for(plan, tiled)
         self.functions = {k.name: module.get_function(k.name) for k in plan.forward.kernels + plan.backward.kernels}
         self.params = {k.name: kernel_params(k) for k in plan.forward.kernels + plan.backward.kernels}
@@ -210,12 +213,14 @@ class Runner:
         from ..codegen.nvrtc import load_module
         self.reduce = load_module(SPLIT_REDUCE_FILE.read_text()).get_function("splitk_reduce")
         self.copy_kernel = load_module(COPY_FILE.read_text()).get_function("copy_pieces")
-        self.column_dots_kernel = load_module(COLUMN_DOTS_FILE.read_text()).get_function("column_dots")
+        dots_module = load_module(COLUMN_DOTS_FILE.read_text())
+        self.column_dots_parts = dots_module.get_function("column_dots_parts")
+        self.column_dots_sum = dots_module.get_function("column_dots_sum")
         self._ones = None
         self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
 
     def splits(self, g: GemmPlan, sizes: dict, B: int) -> int:
-        return 1 if g.hoisted else split_k(B, g.n(sizes), g.k(sizes), self.sms)
+        return 1 if g.hoisted else split_k(B, g.n(sizes), g.k(sizes), self.sms, self.max_splits)
 
     def scratch_size(self, sizes: dict, B: int) -> int:
         """Floats of split-K partial products a layer's largest split GEMM needs."""
@@ -242,8 +247,8 @@ class Runner:
         self.launch_column_dots(layer, self.column_dots_table(layer, dots, grads))
 
     def column_dots_table(self, layer: Layer, dots: tuple, grads: dict) -> tuple:
-        """(the table on the GPU, items, widest column count) of column_dots: made once where the addresses stay (a
-        captured launch may not upload one)."""
+        """(the table on the GPU, items, widest column count, row chunks, rows a chunk, the chunks' partial sums) of
+        column_dots: made once where the addresses stay (a captured launch may not upload one or allocate)."""
         a, b, out, lda, ldb, cols = [], [], [], [], [], []
         for d in dots:
             for side, lds, place in ((a, lda, d.a), (b, ldb, d.b)):
@@ -252,12 +257,23 @@ class Runner:
                 lds.append(ld)
             out.append(grads[d.param].data.ptr)
             cols.append(layer.sizes[d.dim])
-        return self.xp.asarray(np.array(a + b + out + lda + ldb + cols, dtype=np.int64)), len(dots), max(cols)
+        items, widest, rows = len(dots), max(cols), layer.T * layer.B
+        blocks = -(-widest // 32) * items
+        # about COLUMN_DOTS_WAVES blocks an SM, each warp at least COLUMN_DOTS_MIN_ROWS rows of its chunk
+        chunks = max(1, min(-(-COLUMN_DOTS_WAVES * self.sms // blocks), rows // (8 * COLUMN_DOTS_MIN_ROWS)))
+        chunk = -(-rows // chunks)
+        chunks = -(-rows // chunk)
+        parts = self.xp.empty(chunks * items * widest, dtype=self.xp.float32)
+        table = self.xp.asarray(np.array(a + b + out + lda + ldb + cols, dtype=np.int64))
+        return table, items, widest, chunks, chunk, parts
 
     def launch_column_dots(self, layer: Layer, table: tuple) -> None:
-        table, items, widest = table
-        self.column_dots_kernel((-(-widest // 32), items), (256,),
-                                (table, np.int32(items), np.int32(layer.T * layer.B)))
+        table, items, widest, chunks, chunk, parts = table
+        self.column_dots_parts((-(-widest // 32), items, chunks), (256,),
+                               (table, np.int32(items), np.int32(layer.T * layer.B), np.int32(chunk),
+                                np.int32(widest), parts))
+        self.column_dots_sum((-(-(items * widest) // 256),), (256,),
+                             (table, np.int32(items), np.int32(chunks), np.int32(widest), parts))
 
     def ones(self, count: int):
         """A vector of `count` ones on the GPU (kept: a bias GEMM's other factor)."""

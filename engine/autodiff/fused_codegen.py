@@ -12,6 +12,7 @@ from ..codegen.cuda import helper_source, literal, CELL_HELPERS
 from ..codegen.precision import precision
 from ..plan import Lin
 from ..ops import backward_op_def
+from . import cublas
 from ..codegen.wavefront import TILE_GEMM_HELPER
 from .fused_plan import KernelPlan, Place, Statement, TrainingPlan
 from . import stage_fusion
@@ -158,7 +159,7 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
               "        const int j = j0 + (int)(e - b * nu);"]
     lines += [f"        {line}" for line in early]
     lines += gemm_call
-    lines += [f"        if ((int)threadIdx.x < B * nu) {{"]
+    lines += ["        if ((int)threadIdx.x < B * nu) {"]
     lines += [f"            {line}" for line in from_shared + math + stores]
     lines += ["        }", "        return;", "    }"]
     if tiled:            # more elements than threads: only the tiled form's batches (the GEMV's have B <= 2)
@@ -196,10 +197,12 @@ def _k_range(stage: FusedStage) -> list[str]:
 
 def render_summed(stage: FusedStage, plan: TrainingPlan) -> str:
     """A fused stage's kernel that first sums its GEMM's split-K partial products (engine/autodiff/cublas.py split:
-    `splits` contiguous (B, N) parts) for its own elements, writes them where the GEMM's output goes (added to what
-    is there when the GEMM accumulates: kernels/splitk_reduce.cu's sum, in its order), then runs the statements: the
-    reduce launch between the GEMM and the kernel goes. Thread (b, j) owns column j of each member, so no thread waits
-    for another. The GEMM ran for step tg, the kernel's statements are of step t."""
+    `splits` contiguous (B, N) parts, at most cublas.MAX_SPLITS when rendered) for its own elements, writes them where the GEMM's output
+    goes (added to what is there when the GEMM accumulates: kernels/splitk_reduce.cu's sum, in its order), then runs
+    the statements: the reduce launch between the GEMM and the kernel goes. Thread (b, j) owns column j of each
+    member, so no thread waits for another. It issues every partial load of its element (members x MAX_SPLITS,
+    predicated on splits) before the first add: one L2 round trip, not a loop over a run-time count of splits a
+    member. The GEMM ran for step tg, the kernel's statements are of step t."""
     columns = plan.columns
     kernel, gemm = stage.kernel, stage.gemm
     written = {p.buffer for _, p in kernel.stores} | {gemm.out.buffer}
@@ -209,17 +212,28 @@ def render_summed(stage: FusedStage, plan: TrainingPlan) -> str:
     lines += _declare(fused_params(stage), written)
     lines.append("    const float* __restrict__ partials, const int splits,")
     lines.append("    const int tg, const int t, const int B, const int I, const int H, const int P)")
-    lines += ["{", f"    const int D = {kernel.dim}, N = {gemm.n.c_expr()};",
+    lines += ["{", f"    constexpr int M = {stage.members}, SPLITS = {cublas.MAX_SPLITS};"
+              "   // the GEMM's members; splits <= SPLITS (engine/autodiff/cublas.py)",
+              f"    const int D = {kernel.dim}, N = {gemm.n.c_expr()};",
               "    const long total = (long)B * D;",
               "    for (long idx = (long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;"
               " idx += (long)gridDim.x * blockDim.x) {",
               "        const long b = idx / D;",
               "        const int j = (int)(idx - b * D);",
-              f"        for (int m = 0; m < {stage.members}; ++m) {{   // member m's column j of the GEMM",
+              "        float part[M][SPLITS];                        // every load in flight before the first add",
+              "#pragma unroll",
+              "        for (int i = 0; i < SPLITS; ++i)",
+              "#pragma unroll",
+              "            for (int m = 0; m < M; ++m)",
+              "                part[m][i] = i < splits ? __ldcg(partials + ((long)i * B + b) * N + m * D + j) : 0.0f;",
+              "#pragma unroll",
+              "        for (int m = 0; m < M; ++m) {                 // member m's column j of the GEMM",
               f"            float* o = {out.buffer} + ((long)(tg + {out.shift}) * B + b) * ({columns[out.buffer].c_expr()})"
               f" + ({out.offset.c_expr()}) + m * D + j;",
               f"            float sum = {'*o' if gemm.accumulate else '0.0f'};",
-              "            for (int i = 0; i < splits; ++i) sum += partials[((long)i * B + b) * N + m * D + j];",
+              "#pragma unroll",
+              "            for (int i = 0; i < SPLITS; ++i)",
+              "                if (i < splits) sum += part[m][i];",
               "            *o = sum;",
               "        }"]
     lines += _body(kernel, columns, "        ")

@@ -3,6 +3,7 @@ function wrapped with time.perf_counter, medians over --steps steps after warm-u
 phase's time is the host's alone (the launches it queues, not their GPU time).
 
     python benchmarks/probe_host_phases.py --preset lstm --config lat --config blogB
+    python benchmarks/probe_host_phases.py --preset lstm --config lat --cprofile 25   # + cProfile's top 25 by own time
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ PHASES = [(bptt_module, "record", "bptt.record (all of the forward call)"),
           (fused.FusedTape, "_after", "FusedTape._after (gradient GEMMs, a layer)"),
           (fused.Program, "after", "Program.after (the captured after part)"),
           (fused, "zero_gradients", "zero_gradients")]
+ORIGINALS: dict = {}         # (owner, attribute) -> the function before main wrapped it
 
 
 def main(argv=None) -> int:
@@ -45,10 +47,13 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", action="append", default=None)
     parser.add_argument("--config", action="append", default=None)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--cprofile", type=int, default=0, metavar="N",
+                        help="also run --steps steps under cProfile (without the phase timers' wrappers) and print "
+                             "its top N functions by own time and by cumulative time")
     args = parser.parse_args(argv)
     times: dict = defaultdict(list)
     for owner, attr, label in PHASES:
-        original = getattr(owner, attr)
+        original = ORIGINALS[(owner, attr)] = getattr(owner, attr)
 
         def timed(*a, __original=original, __label=label, **k):
             t0 = time.perf_counter()
@@ -81,7 +86,35 @@ def main(argv=None) -> int:
                     chunks = [sum(values[i * per:(i + 1) * per]) for i in range(args.steps)] if per else values
                     print(f"| {label} | {per} | {statistics.median(chunks):.3f} |")
             times.clear()
+            if args.cprofile:
+                profile_steps(cupy, network, gpu_params, x, w, args.steps, args.cprofile)
     return 0
+
+
+def profile_steps(cupy, network, gpu_params, x, w, steps: int, top: int) -> None:
+    """cProfile over `steps` steps, the phase wrappers taken off first (they would show as the callers)."""
+    import cProfile
+    import io
+    import pstats
+    wrapped = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in PHASES]
+    for owner, attr, _ in PHASES:
+        setattr(owner, attr, ORIGINALS[(owner, attr)])
+    try:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(steps):
+            bptt_module.record(network, gpu_params, x, dtype=np.float32, backend="fused").backward(w)
+        cupy.cuda.Device().synchronize()
+        profiler.disable()
+    finally:
+        for owner, attr, fn in wrapped:
+            setattr(owner, attr, fn)
+    for key in ("tottime", "cumulative"):
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats(key).print_stats(top)
+        print(f"### cProfile, {steps} steps, by {key}\n```")
+        print("\n".join(line for line in out.getvalue().splitlines()[4:] if line.strip()))
+        print("```")
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ from ..codegen.cuda import KERNELS_DIR
 from ..errors import BackendError
 from ..ir import SCALAR
 from ..ops import apply_elementwise
-from . import cublas, stage_fusion
+from . import cublas, persistent, stage_fusion
 from .fused_codegen import THREADS, fused_params, kernel_params, render_module
+from .persistent import persistent_forward
 from .fused_plan import (D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER, GemmPlan, GradGemm, KernelPlan, Place,
                          TrainingPlan, training_plan)
 from .cublas import SPLIT_REDUCE_FILE, Sgemm, split_k
@@ -471,6 +472,14 @@ class Runner:
             self.gemm(layer, g, steps.start, forward=True, steps=len(steps))
         self.issue(layer, self.launches(self.plan.forward, steps, True, layer), forward=True)
 
+    def persistent_forward(self, layer: Layer, forward) -> None:
+        """A layer's forward as its hoisted GEMMs over the sequence, then one persistent launch for every step
+        (engine/autodiff/persistent.py), on the current stream."""
+        self.bind()
+        for g in self.plan.forward.hoisted:
+            self.gemm(layer, g, 0, forward=True, steps=layer.T)
+        forward.launch(layer)
+
     def backward(self, layer: Layer) -> None:
         self.bind()
         self.backward_steps(layer, range(layer.T))
@@ -536,6 +545,10 @@ class Program:
             self.layers.append(layer)
         if self.wavefront:
             runner.prepare_streams(network.num_layers)
+        # a layer's forward as one persistent launch where it qualifies (engine/autodiff/persistent.py; PERSISTENT)
+        self.persistent = [persistent_forward(runner, layer.sizes, B) for layer in self.layers]
+        if not any(self.persistent):
+            self.persistent = None
         self.d_input = None               # the x gradient, written by layer 0's input GEMM (the backward wavefront)
         if self.wavefront and runner.plan.input_gemm is not None:
             self.d_input = xp.full((T * B, network.input_size), np.nan if poison else 0.0, dtype=xp.float32)
@@ -621,7 +634,15 @@ class Program:
             layer.lay_out_weights()
 
     def forward(self) -> None:
-        """Every layer's forward: layer by layer, or as one wavefront over all layers (self.wavefront)."""
+        """Every layer's forward: layer by layer, or as one wavefront over all layers (self.wavefront); with
+        persistent launches (self.persistent), layer by layer, each layer that qualifies in one launch."""
+        if self.persistent is not None:
+            for l, layer in enumerate(self.layers):
+                if self.persistent[l] is None:
+                    self.launch(l, "forward")
+                else:
+                    self.runner.persistent_forward(layer, self.persistent[l])
+            return
         if not self.wavefront:
             for l in range(len(self.layers)):
                 self.launch(l, "forward")
@@ -674,7 +695,7 @@ def acquire(network, runner, T: int, B: int, poison: bool, wavefront: bool = Fal
     """A program of this network, runner and (T, B) that no live tape holds (cached; a new one when all are). Idle
     programs of other shapes are dropped, least recently used first, while the cache holds over CACHE_BYTES."""
     key = (network.cell, network.input_size, network.hidden_size, network.num_layers, network.projection_size, T, B,
-           poison, wavefront, stage_fusion.switches(), id(runner),
+           poison, wavefront, stage_fusion.switches(), persistent.PERSISTENT, id(runner),
            _device_id(runner.xp))  # a cached program holds its runner: its id
     with _lock:
         pool = _programs.pop(key, [])

@@ -1,0 +1,72 @@
+"""The training step's persistent forward (engine/autodiff/persistent.py, PERSISTENT on) against the float64
+reference on fresh random inputs, work buffers poisoned with NaN first: every preset and the unusual cells, at one row
+(the warp GEMV), two, and more than four (the tiled GEMM), with more units than blocks, fewer, and a short last block;
+the backward (unchanged) reads what it stored."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import engine
+from engine.autodiff import bptt, fused, persistent
+from test_autodiff import UNUSUAL
+from test_fused_training_gpu import TOL, case, relative
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("release_gpu_memory")]
+
+
+@pytest.fixture
+def persistent_on(monkeypatch):
+    monkeypatch.setattr(persistent, "PERSISTENT", True)
+
+
+def check(cupy, cell, seed, **sizes):
+    network, params, x, initial, d_out, d_final = case(cell, seed, **sizes)
+    want = bptt(network, params, x, initial, d_out, d_final)
+    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32),
+                        {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}, poison=True)
+    assert tape.program.persistent is not None and all(tape.program.persistent), "the forward did not run persistent"
+    got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
+                        {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()})
+    assert relative(got.outputs.get(), want.outputs) < TOL
+    for s in cell.state_names:
+        assert relative(got.final_states[s].get(), want.final_states[s]) < TOL, s
+        assert relative(got.initial_states[s].get(), want.initial_states[s]) < TOL, s
+    assert relative(got.x.get(), want.x) < TOL
+    for layer in range(network.num_layers):
+        for p, value in want.params[layer].items():
+            assert relative(got.params[layer][p].get(), value) < TOL, (layer, p)
+
+
+@pytest.mark.usefixtures("persistent_on")
+@pytest.mark.parametrize("B", [1, 2, 6], ids=["gemv-1", "gemv-2", "tiled-6"])
+@pytest.mark.parametrize("name", sorted(engine.presets()))
+def test_every_preset_equals_the_reference(cupy, name, B):
+    cell = engine.preset(name).cell
+    check(cupy, cell, seed=len(name) + B, layers=2, I=8, H=12, T=6, B=B, P=8 if cell.uses_projection else None)
+
+
+@pytest.mark.usefixtures("persistent_on")
+@pytest.mark.parametrize("name", sorted(n for n in UNUSUAL if n not in
+                                        ("shared_weight", "disjoint_operands", "input_sized")))
+def test_unusual_cells_equal_the_reference(cupy, name):
+    check(cupy, UNUSUAL[name], seed=4, I=4, H=8, T=5, B=3)
+
+
+@pytest.mark.usefixtures("persistent_on")
+@pytest.mark.parametrize("name", ["lstm", "lstm_fgr", "lstm_proj", "gru_cho"])
+def test_more_units_than_blocks_with_a_short_last_block(cupy, name):
+    """H = 300 on 132 blocks: 3 units a block, the last blocks short or idle; B = 33 rows through the tiled GEMM."""
+    cell = engine.preset(name).cell
+    check(cupy, cell, seed=8, layers=2, I=20, H=300, T=5, B=33, P=300 if cell.uses_projection else None)
+
+
+def test_the_refused_cells_keep_the_fused_forward(cupy, monkeypatch):
+    monkeypatch.setattr(persistent, "PERSISTENT", True)
+    network, params, x, initial, d_out, d_final = case(UNUSUAL["shared_weight"], 2)
+    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
+    assert tape.program.persistent is None
+    got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32))
+    want = bptt(network, params, x, None, d_out)
+    assert relative(got.x.get(), want.x) < TOL
+    assert np.isfinite(got.outputs.get()).all()

@@ -57,7 +57,7 @@ def test_it_is_off_by_default_and_numpy_never_runs_it():
     from engine.autodiff.fused_numpy import NumpyRunner
     assert persistent.PERSISTENT is False
     runner = NumpyRunner(training_plan(engine.preset("lstm").cell))
-    assert persistent.persistent_forward(runner, {"I": 8, "H": 8}, 2) is None
+    assert persistent.persistent_forward(runner, {"I": 8, "H": 8}, 2, 132) is None
 
 
 @pytest.mark.nvcc

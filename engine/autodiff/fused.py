@@ -467,18 +467,14 @@ class Runner:
         self.forward_steps(layer, range(layer.T))
 
     def forward_steps(self, layer: Layer, steps: range) -> None:
-        """The forward of `steps`: the hoisted GEMMs over their rows at once, then each step's GEMMs and kernels."""
+        """The forward of `steps`: the hoisted GEMMs over their rows at once, then each step's GEMMs and kernels, or
+        one persistent launch for them all (layer.persistent: engine/autodiff/persistent.py)."""
         for g in self.plan.forward.hoisted:
             self.gemm(layer, g, steps.start, forward=True, steps=len(steps))
+        if getattr(layer, "persistent", None) is not None:
+            layer.persistent.launch(layer, steps)
+            return
         self.issue(layer, self.launches(self.plan.forward, steps, True, layer), forward=True)
-
-    def persistent_forward(self, layer: Layer, forward) -> None:
-        """A layer's forward as its hoisted GEMMs over the sequence, then one persistent launch for every step
-        (engine/autodiff/persistent.py), on the current stream."""
-        self.bind()
-        for g in self.plan.forward.hoisted:
-            self.gemm(layer, g, 0, forward=True, steps=layer.T)
-        forward.launch(layer)
 
     def backward(self, layer: Layer) -> None:
         self.bind()
@@ -545,8 +541,13 @@ class Program:
             self.layers.append(layer)
         if self.wavefront:
             runner.prepare_streams(network.num_layers)
-        # a layer's forward as one persistent launch where it qualifies (engine/autodiff/persistent.py; PERSISTENT)
-        self.persistent = [persistent_forward(runner, layer.sizes, B) for layer in self.layers]
+        # a layer's forward, chunk by chunk, as persistent launches where it qualifies (engine/autodiff/persistent.py;
+        # PERSISTENT): all the GPU's SMs layer by layer, a share of them a layer in the wavefront (they run at once)
+        blocks = max(1, runner.sms // len(self.layers)) if self.wavefront and hasattr(runner, "sms") else \
+            getattr(runner, "sms", 0)
+        self.persistent = [persistent_forward(runner, layer.sizes, B, blocks) for layer in self.layers]
+        for layer, forward in zip(self.layers, self.persistent):
+            layer.persistent = forward
         if not any(self.persistent):
             self.persistent = None
         self.d_input = None               # the x gradient, written by layer 0's input GEMM (the backward wavefront)
@@ -632,17 +633,12 @@ class Program:
         self.runner.copy(copies, self.copy_geometry)
         for layer in self.layers:
             layer.lay_out_weights()
+            if getattr(layer, "persistent", None) is not None:
+                layer.persistent.lay_out(layer)
 
     def forward(self) -> None:
         """Every layer's forward: layer by layer, or as one wavefront over all layers (self.wavefront); with
-        persistent launches (self.persistent), layer by layer, each layer that qualifies in one launch."""
-        if self.persistent is not None:
-            for l, layer in enumerate(self.layers):
-                if self.persistent[l] is None:
-                    self.launch(l, "forward")
-                else:
-                    self.runner.persistent_forward(layer, self.persistent[l])
-            return
+        persistent launches (self.persistent), a launch a layer and chunk (Runner.forward_steps)."""
         if not self.wavefront:
             for l in range(len(self.layers)):
                 self.launch(l, "forward")
@@ -744,22 +740,39 @@ def _device_id(xp) -> int:
     return xp.cuda.Device().id if xp is not np else -1
 
 
-_runners: dict = {}
+_runners: dict = {}              # key -> Runner, the most recently used last
+MAX_RUNNERS = 8                  # runners kept (each holds cuBLAS handles and workspaces, ~100 MiB for a wavefront):
+                                 # an app session that trains cell after cell keeps the last few, not every one
 
 
 def gpu_runner(plan: TrainingPlan) -> Runner:
     """The runner of a cell's plan on the current device (cached by the cell itself, never by an object's id), with
-    the fused stages' tiled GEMM compiled in where stage_fusion.FUSE_MAX_ROWS asks for it."""
+    the fused stages' tiled GEMM compiled in where stage_fusion.FUSE_MAX_ROWS asks for it. Past MAX_RUNNERS the
+    least recently used runner is dropped, with the idle programs that hold it."""
     import cupy
     tiled = stage_fusion.FUSE_MAX_ROWS > stage_fusion.GEMV_MAX_ROWS
     key = (plan.cell, cupy.cuda.Device().id, tiled, stage_fusion.INTERLEAVED)
     with _lock:
-        runner = _runners.get(key)
+        runner = _runners.pop(key, None)
+        if runner is not None:
+            _runners[key] = runner
     if runner is None:
         runner = Runner(cupy, plan, tiled)
         with _lock:
             _runners[key] = runner
+            while len(_runners) > MAX_RUNNERS:
+                _drop_runner(_runners.pop(next(iter(_runners))))
     return runner
+
+
+def _drop_runner(runner: Runner) -> None:
+    """The idle cached programs of an evicted runner go with it (a busy one stays until its tape is done; _lock held)."""
+    for key in list(_programs):
+        pool = [p for p in _programs[key] if p.busy or p.runner is not runner]
+        if pool:
+            _programs[key] = pool
+        else:
+            del _programs[key]
 
 
 def clear_runners() -> None:

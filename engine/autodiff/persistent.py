@@ -1,21 +1,27 @@
-"""The training step's forward as one persistent launch a layer (issue #13; benchmarks/NOTES.md, fifteenth session).
+"""The training step's forward as persistent launches (issue #13; benchmarks/NOTES.md, fifteenth session). Off by
+default (PERSISTENT): measured slower than the fused forward at B = 64 (see NOTES), kept as the base of the
+persistent backward and of a faster in-kernel GEMM.
 
 The fused forward (engine/autodiff/fused.py) launches each stage of each step: a GEMM (cuBLAS, or the fused GEMV at
-B <= 2) and a kernel, T x stages launches a layer, each reading its weight rows from L2 again. Here a layer's whole
-sequence is one cooperative launch of one block an SM (Diamos et al., "Persistent RNNs", ICML 2016): block g owns units
-[g * TU, (g + 1) * TU) of each stage, loads its rows of the stage's weight into shared memory once, and at every step
-computes its columns of the stage's GEMM from there (kernels/tile_gemm.cuh: the warp GEMV for B <= 4 rows, the tiled
-GEMM above), writes them where the GEMM would, runs the stage's statements on its units (the same loads, statements
-and stores as the fused kernels: fused_codegen), and waits at a grid-wide barrier for every other block before the
-next stage. The hoisted input projection stays one cuBLAS GEMM over the sequence before the launch.
+B <= 2) and a kernel, T x stages launches a layer, each reading its weight rows from L2 again. Here a chunk of a
+layer's steps is one cooperative launch of at most one block an SM (Diamos et al., "Persistent RNNs", ICML 2016):
+block g owns units [g * TU, (g + 1) * TU) of each stage, loads its rows of the stage's weight into shared memory once,
+and at every step computes its columns of the stage's GEMM from there (kernels/tile_gemm.cuh: the warp GEMV for
+B <= 4 rows, the tiled GEMM above), writes them where the GEMM would, runs the stage's statements on its units (the
+same loads, statements and stores as the fused kernels: fused_codegen), and waits at a grid-wide barrier for every
+other block before the next stage. The hoisted input projection stays one cuBLAS GEMM over the chunk before the launch.
+Layer by layer a launch covers the sequence on every SM; in the wavefront (the default order) a launch covers a chunk
+of WAVEFRONT_CHUNK steps on SMs / L blocks, so the L layers' launches of a diagonal run side by side (each launch
+waits only at its own barriers: no spinning on another launch, so no deadlock when they cannot all be resident).
 
-    forward = persistent_forward(runner, network, B)   # None where a layer does not qualify (why: refusal(...))
-    forward.launch(layer)                               # after the hoisted GEMMs of the layer, on the current stream
+    forward = persistent_forward(runner, sizes, B, blocks)   # None where the layer does not qualify (refusal says why)
+    forward.lay_out(layer)                                   # after Program.load: the weights, members interleaved
+    forward.launch(layer, steps)                             # after the chunk's hoisted GEMMs, on the same stream
 
 A plan qualifies when a step is a fixed sequence of fused stages (a GEMM and the kernel that reads it, the same step)
 and kernels alone (stage_fusion.launch_sequence), every GEMM's K a multiple of 4, and the weights of a block and its
-staging fit the shared memory of one block an SM. Sizes, the batch and the grid are compile-time constants: one module
-a (plan, layer sizes, B, grid).
+staging fit the shared memory of a block. Sizes, the batch and the grid are compile-time constants: one module a
+(plan, layer sizes, B, grid).
 """
 from __future__ import annotations
 
@@ -31,7 +37,10 @@ from .stage_fusion import FusedStage, launch_sequence
 
 THREADS = 256
 GEMV_MAX_ROWS = 4                  # rnn_warp_gemvs up to this many rows, rnn_tile_gemms above (kernels/tile_gemm.cuh)
-TILE_RB, TILE_RC, TILE_KC, TILE_STAGES = 4, 2, 32, 2      # rnn_tile_gemms: a thread's tile, K chunks, pipeline depth
+TILE_RB, TILE_RC, TILE_KC = 4, 4, 32      # rnn_tile_gemms: a thread's tile, the K columns of a staged chunk (the best of six
+                                           # at blogB and mid in the wavefront, probe_persistent.py, fifteenth session)
+TILE_STAGES = (8, 4, 2)          # its pipeline depths, deepest first: the deepest whose staging fits is taken, so a
+                                 # step's X is in flight at once rather than a chunk at a time
 MAX_SHARED_BYTES = 227 * 1024      # an H100's or H200's shared memory a block may opt in to
 PERSISTENT = False                 # the fused step's forward runs persistent where a layer qualifies (Program)
 
@@ -76,6 +85,7 @@ class PersistentPlan:
     dots: int                       # floats of shared memory where a block's GEMM columns go (B x the widest)
     scratch: int                    # first float of the tiled GEMM's staging
     shared_floats: int
+    stages: int = 2                 # the tiled GEMM's pipeline depth
 
     @property
     def shared_bytes(self) -> int:
@@ -121,12 +131,18 @@ def make_plan(plan: TrainingPlan, stages: dict, sizes: dict, B: int, sms: int) -
         items.append(it)
     dots = offset
     scratch = dots + _round(B * widest, 4)
-    staging = 0
+    staging, stages = 0, 2
     if B > GEMV_MAX_ROWS and widest:
-        staging = TILE_STAGES * _round(B, TILE_RB) * row_stride(TILE_KC) + THREADS * min(TILE_RB * TILE_RC, 16)
+        chunks = max(-(-it.k // TILE_KC) for it in items if it.stage is not None)
+
+        def staging_floats(depth: int) -> int:
+            return depth * _round(B, TILE_RB) * row_stride(TILE_KC) + THREADS * min(TILE_RB * TILE_RC, 16)
+        fits = [d for d in TILE_STAGES if 4 * (scratch + staging_floats(d)) <= MAX_SHARED_BYTES]
+        stages = max(2, min(fits[0] if fits else 2, chunks))
+        staging = staging_floats(stages)
     return PersistentPlan(f"{plan.cell.name}_persistent_fwd".replace(" ", "_"), tuple(items), grid, B,
                           (sizes.get("I", 0), sizes.get("H", 0), sizes.get("P", 0)), dots, scratch,
-                          scratch + staging)
+                          scratch + staging, stages)
 
 
 def params_of(items) -> list[str]:
@@ -155,7 +171,7 @@ def render(plan: TrainingPlan, layout: PersistentPlan) -> str:
     lines.append(f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) {layout.name}(')
     lines += _declare(params_of(layout.items), written)
     lines += [f"    const float* __restrict__ W_{n}," for n in range(len(fused))]
-    lines.append("    const int T, const int I, const int H, const int P)")
+    lines.append("    const int t0, const int t1, const int I, const int H, const int P)")
     lines += ["{", f"    constexpr int B = {B};                              // batch rows",
               "    cooperative_groups::grid_group grid = cooperative_groups::this_grid();",
               "    extern __shared__ __align__(16) float smem[];"]
@@ -167,7 +183,7 @@ def render(plan: TrainingPlan, layout: PersistentPlan) -> str:
                   f"        if (nu > 0) rnn_load_resident(smem + {it.offset}, W_{n} + (long)j0 * {it.members} * "
                   f"{it.k}, {it.k}, {it.k}, nu * {it.members}, {it.rows});",
                   "    }"]
-    lines += ["    __syncthreads();", "    for (int t = 0; t < T; ++t) {"]
+    lines += ["    __syncthreads();", "    for (int t = t0; t < t1; ++t) {                   // the launch's steps"]
     n = 0
     for it in layout.items:
         lines += _item(it, n, columns, B, layout)
@@ -200,7 +216,7 @@ def _item(it: Item, n: int, columns: dict, B: int, layout: PersistentPlan) -> li
             lines += [f"{pad}const RnnGemm jobs[1] = {{{{{x}, W_{n} + (long)j0 * {M} * {K}, smem + {it.offset}, dots, "
                       f"{COLS}, nullptr, {K}, "
                       f"nu * {M}, {COLS}}}}};",
-                      f"{pad}rnn_tile_gemms<{TILE_RB}, {TILE_RC}, 4, {TILE_STAGES}, {TILE_KC}, 1>(jobs, B, "
+                      f"{pad}rnn_tile_gemms<{TILE_RB}, {TILE_RC}, 4, {layout.stages}, {TILE_KC}, 1>(jobs, B, "
                       f"smem + {layout.scratch}, 0);"]
         lines += [f"{pad}__syncthreads();",
                   f"{pad}for (int i = threadIdx.x; i < B * nu * {M}; i += blockDim.x) {{   // its columns, in place",
@@ -262,28 +278,30 @@ class PersistentForward:
                 target[...] = lay_out(xp, layer.stacked[it.stage.gemm.stack], "interleaved", it.members)
         return targets
 
-    def launch(self, layer) -> None:
-        """The layer's T steps, one launch (its hoisted GEMMs issued before, on the same stream)."""
-        weights = self.lay_out(layer)
+    def launch(self, layer, steps: range) -> None:
+        """The layer's `steps`, one launch (their hoisted GEMMs issued before, on the same stream), reading the
+        weights lay_out made in Program.load."""
+        weights = layer.persistent_weights
         I, H, P = self.layout.sizes
         args = tuple(layer.buffers[p] for p in self.params) + tuple(weights)
-        self.kernel((self.layout.grid,), (THREADS,), args + (np.int32(layer.T), np.int32(I), np.int32(H),
-                                                              np.int32(P)), shared_mem=self.layout.shared_bytes)
+        self.kernel((self.layout.grid,), (THREADS,), args + (np.int32(steps.start), np.int32(steps.stop), np.int32(I),
+                                                              np.int32(H), np.int32(P)),
+                    shared_mem=self.layout.shared_bytes)
 
 
 
-def persistent_forward(runner, sizes: dict, B: int):
-    """The layer's PersistentForward (cached by plan, sizes and B), or None with PERSISTENT off or where the layer
-    does not qualify (refusal says why)."""
+def persistent_forward(runner, sizes: dict, B: int, blocks: int):
+    """The PersistentForward of a layer of these sizes at B rows on at most `blocks` blocks (cached by the runner), or
+    None with PERSISTENT off or where the layer does not qualify (refusal says why)."""
     if not PERSISTENT or not hasattr(runner, "sms"):
         return None
     stages = {key: s for key, s in runner.stages.items() if s.forward and s.lag == 0}
-    if refusal(runner.plan, stages, sizes, B, runner.sms) is not None:
+    if refusal(runner.plan, stages, sizes, B, blocks) is not None:
         return None
     cache = runner.__dict__.setdefault("persistent_forwards", {})      # the runner's: one plan, one device
-    key = (tuple(sorted(sizes.items())), B)
+    key = (tuple(sorted(sizes.items())), B, blocks, TILE_RB, TILE_RC, TILE_KC, TILE_STAGES)
     forward = cache.get(key)
     if forward is None:
         forward = cache[key] = PersistentForward(runner, runner.plan, make_plan(runner.plan, stages, sizes, B,
-                                                                                runner.sms))
+                                                                                blocks))
     return forward

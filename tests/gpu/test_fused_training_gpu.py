@@ -338,3 +338,25 @@ def test_the_training_loop_on_the_gpu_follows_the_cpu_and_repeats(cupy):
         assert all(isinstance(v, np.ndarray) and v.dtype == np.float64 for v in layer.values())
     parity = engine.compare(["gru", "mgu"], "parity", hidden_size=8, steps=5, batch=8, seq_len=6, device="gpu")
     assert all(np.isfinite(r.losses).all() and 0.0 <= r.final_metric <= 1.0 for r in parity)
+
+
+def test_the_runner_cache_keeps_the_last_few_and_their_programs_go_with_them(cupy, monkeypatch):
+    """Training cell after cell keeps MAX_RUNNERS runners (cuBLAS handles and workspaces), the most recently used;
+    an evicted runner's idle programs are dropped with it, and a cell trained again gets a new runner that works."""
+    from engine.autodiff.fused_plan import training_plan
+    monkeypatch.setattr(fused, "MAX_RUNNERS", 3)
+    fused.clear_runners()
+    fused.clear_cache()
+    names = ["lstm", "gru", "mgu", "gru_cho", "elman_tanh"]
+    for name in names:
+        network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, seed=1)
+        fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None).backward(
+            cupy.asarray(d_out, dtype=cupy.float32))
+    assert len(fused._runners) == 3
+    kept = {key[0].name for key in fused._runners}
+    assert kept == set(names[-3:])
+    held = {p.runner.plan.cell.name for pool in fused._programs.values() for p in pool}
+    assert held <= kept, held
+    runner = fused.gpu_runner(training_plan(engine.preset("lstm").cell))
+    assert runner.plan.cell.name == "lstm" and len(fused._runners) == 3
+    check(cupy, engine.preset("lstm").cell, seed=2)

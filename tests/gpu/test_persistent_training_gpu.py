@@ -20,11 +20,12 @@ def persistent_on(monkeypatch):
     monkeypatch.setattr(persistent, "PERSISTENT", True)
 
 
-def check(cupy, cell, seed, **sizes):
+def check(cupy, cell, seed, wavefront=None, **sizes):
     network, params, x, initial, d_out, d_final = case(cell, seed, **sizes)
     want = bptt(network, params, x, initial, d_out, d_final)
     tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32),
-                        {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}, poison=True)
+                        {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}, poison=True,
+                        wavefront=wavefront)
     assert tape.program.persistent is not None and all(tape.program.persistent), "the forward did not run persistent"
     got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
                         {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()})
@@ -59,6 +60,18 @@ def test_more_units_than_blocks_with_a_short_last_block(cupy, name):
     """H = 300 on 132 blocks: 3 units a block, the last blocks short or idle; B = 33 rows through the tiled GEMM."""
     cell = engine.preset(name).cell
     check(cupy, cell, seed=8, layers=2, I=20, H=300, T=5, B=33, P=300 if cell.uses_projection else None)
+
+
+@pytest.mark.usefixtures("persistent_on")
+@pytest.mark.parametrize("wavefront", [True, False], ids=["wavefront-chunks", "layers"])
+@pytest.mark.parametrize("name", ["lstm", "lstm_proj", "gru_cho"])
+def test_a_long_sequence_in_chunks_and_layer_by_layer(cupy, name, wavefront):
+    """T = 70: the wavefront's forward is a persistent launch a layer and chunk of WAVEFRONT_CHUNK steps (t0, t1),
+    three layers at once on their share of the SMs; layer by layer, one launch a layer on all of them."""
+    assert 70 > fused.WAVEFRONT_CHUNK
+    cell = engine.preset(name).cell
+    check(cupy, cell, seed=6, wavefront=wavefront, layers=3, I=16, H=64, T=70, B=5,
+          P=32 if cell.uses_projection else None)
 
 
 def test_the_refused_cells_keep_the_fused_forward(cupy, monkeypatch):

@@ -1,0 +1,54 @@
+"""The persistent training forward (engine/autodiff/persistent.py) against the fused forward, and its tiled GEMM's
+shape: forward ms (CUDA events around record(), median) for each --tile RB,RC,KC, layer by layer and as the wavefront.
+
+    python benchmarks/probe_persistent.py --preset lstm --config blogB --tile 4,2,32 --tile 8,2,64
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from engine.autodiff.bptt import record  # noqa: E402
+from engine.bench.configs import parse_configs  # noqa: E402
+from probe_fused_training import probe_case, timed  # noqa: E402
+
+
+def main(argv=None) -> int:
+    import cupy
+    from engine.autodiff import fused, persistent
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", action="append", default=None)
+    parser.add_argument("--config", action="append", default=None)
+    parser.add_argument("--tile", action="append", default=None, metavar="RB,RC,KC")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+    print("| cell | config | order | forward | ms |\n|---|---|---|---|---|")
+    for name in args.preset or ["lstm"]:
+        for config in parse_configs(args.config or ["blogB"]):
+            network, params, x, _ = probe_case(cupy, name, config)
+            for wavefront in (True, False):
+                fused.WAVEFRONT = wavefront
+                order = "wavefront" if wavefront else "layers"
+                runs = [("fused", None)] + [("persistent " + t, t) for t in (args.tile or ["4,2,32"])]
+                for label, tile in runs:
+                    persistent.PERSISTENT = tile is not None
+                    if tile:
+                        persistent.TILE_RB, persistent.TILE_RC, persistent.TILE_KC = (int(v) for v in tile.split(","))
+                    try:
+                        ms, _ = timed(cupy, lambda: record(network, params, x, dtype=np.float32, backend="fused"),
+                                      args.repeats)
+                        print(f"| {name} | {config.name} | {order} | {label} | {ms:.2f} |", flush=True)
+                    except Exception as e:  # noqa: BLE001 - a shape the GEMM refuses: say so, go on
+                        print(f"| {name} | {config.name} | {order} | {label} | {type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:80]} |", flush=True)
+                    fused.clear_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,7 @@
-"""The persistent training forward (engine/autodiff/persistent.py) against the fused forward, and its tiled GEMM's
-shape: forward ms (CUDA events around record(), median) for each --tile RB,RC,KC, layer by layer and as the wavefront.
+"""The persistent training forward (engine/autodiff/persistent.py) against the fused forward: forward ms (CUDA events
+around record(), median), layer by layer and as the wavefront.
 
-    python benchmarks/probe_persistent.py --preset lstm --config blogB --tile 4,2,32 --tile 8,2,64
+    python benchmarks/probe_persistent.py --preset lstm --config blogB --config mid
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", action="append", default=None)
     parser.add_argument("--config", action="append", default=None)
-    parser.add_argument("--tile", action="append", default=None, metavar="RB,RC,KC")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
     print("| cell | config | order | forward | ms |\n|---|---|---|---|---|")
@@ -34,11 +33,8 @@ def main(argv=None) -> int:
             for wavefront in (True, False):
                 fused.WAVEFRONT = wavefront
                 order = "wavefront" if wavefront else "layers"
-                runs = [("fused", None)] + [("persistent " + t, t) for t in (args.tile or ["4,2,32"])]
-                for label, tile in runs:
-                    persistent.PERSISTENT = tile is not None
-                    if tile:
-                        persistent.TILE_RB, persistent.TILE_RC, persistent.TILE_KC = (int(v) for v in tile.split(","))
+                for label in ("fused", "persistent"):
+                    persistent.PERSISTENT = label == "persistent"
                     try:
                         ms, _ = timed(cupy, lambda: record(network, params, x, dtype=np.float32, backend="fused"),
                                       args.repeats)

@@ -1,6 +1,6 @@
 """The training step's persistent forward (engine/autodiff/persistent.py) on the CPU: which layers qualify and why the
 others do not, a block's share of the units and of shared memory, and the generated source of every qualifying preset
-and unusual cell compiled by nvcc, at one row (the warp GEMV) and 64 (the tiled GEMM).
+and unusual cell compiled by nvcc, at one row (the warp GEMV) and 64 (kernels/persistent_gemm.cuh).
 tests/gpu/test_persistent_training_gpu.py runs it against the float64 reference."""
 from __future__ import annotations
 
@@ -32,13 +32,12 @@ def test_a_block_owns_a_few_units_of_each_stage_and_their_weight_rows():
     assert lay.grid == 132 and item.units == 2 and item.members == 4 and item.k == 256
     assert item.columns == 8 and item.rows == 8
     assert lay.dots == 8 * persistent.row_stride(256)                  # the resident rows come first
-    assert lay.scratch == lay.dots + 64 * 8                            # then B x the widest item's columns
-    assert lay.shared_floats > lay.scratch                             # then the tiled GEMM's staging (B > 4)
+    assert lay.shared_floats == lay.dots + 64 * 8                      # then B x the widest item's columns
     # lstm_proj: two stages a step, each its own resident rows, H's then P's
     plan, stages, sizes, lay = layout("lstm_proj", B=1, H=512)
     assert [(it.units, it.members, it.k) for it in lay.items] == [(4, 4, 512), (4, 1, 512)]
     assert lay.items[1].offset == lay.items[0].rows * persistent.row_stride(512)
-    assert lay.shared_floats == lay.scratch                            # the GEMV stages nothing
+    assert lay.shared_floats == lay.dots + 4 * 4                       # B = 1 row of the widest item's columns
     # fewer units than SMs: a block a unit
     assert layout("gru", B=2, H=40)[3].grid == 40
 
@@ -61,7 +60,7 @@ def test_it_is_off_by_default_and_numpy_never_runs_it():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("B,H", [(1, 512), (64, 256)], ids=["gemv", "tiled"])
+@pytest.mark.parametrize("B,H", [(1, 512), (64, 256)], ids=["gemv", "rows-gemm"])
 def test_every_qualifying_preset_and_unusual_cell_compiles_with_nvcc(B, H, tmp_path):
     cells = {**{n: engine.preset(n).cell for n in PRESETS}, **UNUSUAL}
     sources, refused = {}, {}

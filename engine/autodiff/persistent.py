@@ -1,13 +1,13 @@
 """The training step's forward as persistent launches (issue #13; benchmarks/NOTES.md, fifteenth session). Off by
-default (PERSISTENT): measured slower than the fused forward at B = 64 (see NOTES), kept as the base of the
-persistent backward and of a faster in-kernel GEMM.
+default (PERSISTENT): layer by layer it beats the fused forward, but the default wavefront of fused launches is still
+faster (benchmarks/results/session15/persistent-forward-tiles-H100.md); the base of the persistent backward.
 
 The fused forward (engine/autodiff/fused.py) launches each stage of each step: a GEMM (cuBLAS, or the fused GEMV at
 B <= 2) and a kernel, T x stages launches a layer, each reading its weight rows from L2 again. Here a chunk of a
 layer's steps is one cooperative launch of at most one block an SM (Diamos et al., "Persistent RNNs", ICML 2016):
 block g owns units [g * TU, (g + 1) * TU) of each stage, loads its rows of the stage's weight into shared memory once,
 and at every step computes its columns of the stage's GEMM from there (kernels/tile_gemm.cuh: the warp GEMV for
-B <= 4 rows, the tiled GEMM above), writes them where the GEMM would, runs the stage's statements on its units (the
+B <= 4 rows, kernels/persistent_gemm.cuh's above), writes them where the GEMM would, runs the stage's statements on its units (the
 same loads, statements and stores as the fused kernels: fused_codegen), and waits at a grid-wide barrier for every
 other block before the next stage. The hoisted input projection stays one cuBLAS GEMM over the chunk before the launch.
 Layer by layer a launch covers the sequence on every SM; in the wavefront (the default order) a launch covers a chunk
@@ -37,10 +37,8 @@ from .stage_fusion import FusedStage, launch_sequence
 
 THREADS = 256
 GEMV_MAX_ROWS = 4                  # rnn_warp_gemvs up to this many rows, rnn_tile_gemms above (kernels/tile_gemm.cuh)
-TILE_RB, TILE_RC, TILE_KC = 4, 4, 32      # rnn_tile_gemms: a thread's tile, the K columns of a staged chunk (the best of six
-                                           # at blogB and mid in the wavefront, probe_persistent.py, fifteenth session)
-TILE_STAGES = (8, 4, 2)          # its pipeline depths, deepest first: the deepest whose staging fits is taken, so a
-                                 # step's X is in flight at once rather than a chunk at a time
+ROWS_GEMM = "persistent_gemm.cuh"  # rnn_rows_gemm, for more rows than the GEMV takes
+RW, CG = 8, 8                      # its task: rows x columns a warp (64 partial sums a lane)
 MAX_SHARED_BYTES = 227 * 1024      # an H100's or H200's shared memory a block may opt in to
 PERSISTENT = False                 # the fused step's forward runs persistent where a layer qualifies (Program)
 
@@ -83,9 +81,7 @@ class PersistentPlan:
     batch: int
     sizes: tuple                    # (I, H, P) of the layer
     dots: int                       # floats of shared memory where a block's GEMM columns go (B x the widest)
-    scratch: int                    # first float of the tiled GEMM's staging
     shared_floats: int
-    stages: int = 2                 # the tiled GEMM's pipeline depth
 
     @property
     def shared_bytes(self) -> int:
@@ -114,7 +110,7 @@ def refusal(plan: TrainingPlan, stages: dict, sizes: dict, B: int, sms: int) -> 
 
 def make_plan(plan: TrainingPlan, stages: dict, sizes: dict, B: int, sms: int) -> PersistentPlan:
     """The items of a step, a block's units of each, and the shared memory: the stages' resident rows one after
-    another, then the GEMM columns (dots), then the tiled GEMM's staging (B > GEMV_MAX_ROWS)."""
+    another, then the GEMM columns (dots)."""
     per_step = launch_sequence(plan.forward, range(1), True, stages)
     dims = [sizes[i[1].kernel.dim if i[0] == "fused" else i[1].dim] for i in per_step]
     grid = max(1, min(sms, max(dims)))
@@ -130,19 +126,9 @@ def make_plan(plan: TrainingPlan, stages: dict, sizes: dict, B: int, sms: int) -
             it = Item(item, None, units, dim)
         items.append(it)
     dots = offset
-    scratch = dots + _round(B * widest, 4)
-    staging, stages = 0, 2
-    if B > GEMV_MAX_ROWS and widest:
-        chunks = max(-(-it.k // TILE_KC) for it in items if it.stage is not None)
-
-        def staging_floats(depth: int) -> int:
-            return depth * _round(B, TILE_RB) * row_stride(TILE_KC) + THREADS * min(TILE_RB * TILE_RC, 16)
-        fits = [d for d in TILE_STAGES if 4 * (scratch + staging_floats(d)) <= MAX_SHARED_BYTES]
-        stages = max(2, min(fits[0] if fits else 2, chunks))
-        staging = staging_floats(stages)
     return PersistentPlan(f"{plan.cell.name}_persistent_fwd".replace(" ", "_"), tuple(items), grid, B,
-                          (sizes.get("I", 0), sizes.get("H", 0), sizes.get("P", 0)), dots, scratch,
-                          scratch + staging, stages)
+                          (sizes.get("I", 0), sizes.get("H", 0), sizes.get("P", 0)), dots,
+                          dots + _round(B * widest, 4))
 
 
 def params_of(items) -> list[str]:
@@ -167,7 +153,8 @@ def render(plan: TrainingPlan, layout: PersistentPlan) -> str:
     lines = [f"// Generated by engine.autodiff.persistent for cell '{plan.cell.name}' (structure hash "
              f"{plan.cell.structural_hash}): the training step's forward,",
              f"// one layer's steps in one cooperative launch of {layout.grid} blocks, IEEE fp32. Do not edit.",
-             "#include <cooperative_groups.h>", helper_source(CELL_HELPERS), helper_source(TILE_GEMM_HELPER), ""]
+             "#include <cooperative_groups.h>", helper_source(CELL_HELPERS), helper_source(TILE_GEMM_HELPER),
+             helper_source(ROWS_GEMM), ""]
     lines.append(f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) {layout.name}(')
     lines += _declare(params_of(layout.items), written)
     lines += [f"    const float* __restrict__ W_{n}," for n in range(len(fused))]
@@ -186,14 +173,14 @@ def render(plan: TrainingPlan, layout: PersistentPlan) -> str:
     lines += ["    __syncthreads();", "    for (int t = t0; t < t1; ++t) {                   // the launch's steps"]
     n = 0
     for it in layout.items:
-        lines += _item(it, n, columns, B, layout)
+        lines += _item(it, n, columns, B)
         n += it.stage is not None
         lines.append("        grid.sync();                                   // every block's units of this stage")
     lines += ["    }", "    (void)I; (void)H; (void)P;", "}"]
     return "\n".join(lines) + "\n"
 
 
-def _item(it: Item, n: int, columns: dict, B: int, layout: PersistentPlan) -> list[str]:
+def _item(it: Item, n: int, columns: dict, B: int) -> list[str]:
     kernel, stage = it.kernel, it.stage
     lines = [f"        {{   // {kernel.name}" + (f" after GEMM {stage.gemm.name}" if stage else "")
              + " on this block's units",
@@ -213,11 +200,8 @@ def _item(it: Item, n: int, columns: dict, B: int, layout: PersistentPlan) -> li
                       f"nu * {M}, dots, {COLS}, nullptr}}}};",
                       f"{pad}rnn_warp_gemvs<B, {cw}, 4, RNN_FP32, 1, {ksteps}, 1u>(jobs);"]
         else:
-            lines += [f"{pad}const RnnGemm jobs[1] = {{{{{x}, W_{n} + (long)j0 * {M} * {K}, smem + {it.offset}, dots, "
-                      f"{COLS}, nullptr, {K}, "
-                      f"nu * {M}, {COLS}}}}};",
-                      f"{pad}rnn_tile_gemms<{TILE_RB}, {TILE_RC}, 4, {layout.stages}, {TILE_KC}, 1>(jobs, B, "
-                      f"smem + {layout.scratch}, 0);"]
+            lines.append(f"{pad}rnn_rows_gemm<{RW}, {CG}, {K}>({x}, B, smem + {it.offset}, {row_stride(K)}, nu * {M}, "
+                         f"dots, {COLS});")
         lines += [f"{pad}__syncthreads();",
                   f"{pad}for (int i = threadIdx.x; i < B * nu * {M}; i += blockDim.x) {{   // its columns, in place",
                   f"{pad}    const int b = i / (nu * {M}), c = i - b * (nu * {M}), u = c / {M}, m = c - u * {M};",
@@ -299,7 +283,7 @@ def persistent_forward(runner, sizes: dict, B: int, blocks: int):
     if refusal(runner.plan, stages, sizes, B, blocks) is not None:
         return None
     cache = runner.__dict__.setdefault("persistent_forwards", {})      # the runner's: one plan, one device
-    key = (tuple(sorted(sizes.items())), B, blocks, TILE_RB, TILE_RC, TILE_KC, TILE_STAGES)
+    key = (tuple(sorted(sizes.items())), B, blocks)
     forward = cache.get(key)
     if forward is None:
         forward = cache[key] = PersistentForward(runner, runner.plan, make_plan(runner.plan, stages, sizes, B,

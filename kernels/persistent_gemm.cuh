@@ -1,0 +1,80 @@
+// One thread block's columns of a step GEMM in the persistent training forward (engine/autodiff/persistent.py):
+//
+//     Y[b, c] = sum_k X[b, k] * W[c, k]        b < B, c < nc (the block's columns, a few: 8 to 64)
+//
+// X is (B, K) row-major in global memory, written by other blocks before the last grid barrier: read through L2 only
+// (__ldcg), each element by one lane of the block, no staging. W is the block's rows, resident in shared memory (row
+// stride ldw, zero rows up to a multiple of CG). Y is B rows of stride ldy (shared memory).
+//
+// A warp takes a task of RW rows x CG columns (tasks round-robin over the warps); its lanes split K four columns at a
+// time (a float4 of X per row, of W per column, 128 columns of K a pass) and keep RW x CG partial sums each. The sums
+// are then reduced across the lanes by halves (a transposing butterfly: at each of the 5 steps a lane keeps half of
+// its values and adds the other lanes' half of them), so that lane l ends with values 2l and 2l + 1 of the task:
+// 62 shuffles for 64 values, not 5 a value. The order of every sum is fixed, so results repeat bit for bit.
+// The generic tiled GEMM (rnn_tile_gemms) staged X chunk by chunk with a barrier each and split K between thread
+// groups: for a block of 8 columns it issued ~17x the instructions of its multiply-adds (benchmarks/NOTES.md,
+// fifteenth session).
+#ifndef RNN_PERSISTENT_GEMM_CUH
+#define RNN_PERSISTENT_GEMM_CUH
+
+// One step of the butterfly: of N values a lane keeps the upper half where its bit `o` is set, else the lower half,
+// and adds the partner lane's (lane ^ o) values of the half it keeps: N / 2 values left, indices known when compiled.
+template <int N>
+__device__ __forceinline__ void rnn_halve(float (&v)[64], int lane, int o)
+{
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+        const float send = upper ? v[i] : v[i + N / 2];
+        const float keep = upper ? v[i + N / 2] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+}
+
+template <int RW, int CG, int K>
+__device__ __forceinline__ void rnn_rows_gemm(const float* __restrict__ X, int B, const float* __restrict__ Ws, int ldw,
+                                              int nc, float* __restrict__ Y, int ldy)
+{
+    static_assert(RW * CG == 64, "the butterfly below reduces 64 values a lane");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int row_tasks = (B + RW - 1) / RW, col_tasks = (nc + CG - 1) / CG;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int task = warp; task < row_tasks * col_tasks; task += warps) {
+        const int r0 = (task % row_tasks) * RW, c0 = (task / row_tasks) * CG;
+        float v[RW * CG];
+#pragma unroll
+        for (int i = 0; i < RW * CG; ++i) v[i] = 0.0f;
+#pragma unroll 2
+        for (int k = lane * 4; k < K; k += 128) {
+            float4 x[RW], w[CG];
+#pragma unroll
+            for (int r = 0; r < RW; ++r)
+                x[r] = r0 + r < B ? __ldcg(reinterpret_cast<const float4*>(X + (long)(r0 + r) * K + k)) : zero;
+#pragma unroll
+            for (int c = 0; c < CG; ++c) w[c] = *reinterpret_cast<const float4*>(Ws + (long)(c0 + c) * ldw + k);
+#pragma unroll
+            for (int r = 0; r < RW; ++r)
+#pragma unroll
+                for (int c = 0; c < CG; ++c) {
+                    float a = v[r * CG + c];
+                    a = fmaf(x[r].x, w[c].x, a);
+                    a = fmaf(x[r].y, w[c].y, a);
+                    a = fmaf(x[r].z, w[c].z, a);
+                    v[r * CG + c] = fmaf(x[r].w, w[c].w, a);
+                }
+        }
+        // the transposing butterfly: 64 values -> 32 -> ... -> 2 a lane, lane l holding values 2l and 2l + 1
+        rnn_halve<64>(v, lane, 16);
+        rnn_halve<32>(v, lane, 8);
+        rnn_halve<16>(v, lane, 4);
+        rnn_halve<8>(v, lane, 2);
+        rnn_halve<4>(v, lane, 1);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int i = 2 * lane + j, r = r0 + i / CG, c = c0 + i % CG;
+            if (r < B && c < nc) Y[r * ldy + c] = v[j];
+        }
+    }
+}
+
+#endif  // RNN_PERSISTENT_GEMM_CUH

@@ -73,6 +73,7 @@ def module_for(plan: TrainingPlan, tiled: bool = False):
 
 
 COPY_CHUNK = 8192               # elements a block of kernels/copy_pieces.cu copies
+COPY_TABLES = 8                 # copy tables a runner keeps uploaded (Runner.copy): the same addresses every step
 COPY_FILE = KERNELS_DIR / "copy_pieces.cu"
 COLUMN_DOTS_FILE = KERNELS_DIR / "column_dots.cu"
 COLUMN_DOTS_WAVES = 4           # kernels/column_dots.cu: row chunks enough for about this many blocks an SM
@@ -218,6 +219,7 @@ class Runner:
         self.column_dots_parts = dots_module.get_function("column_dots_parts")
         self.column_dots_sum = dots_module.get_function("column_dots_sum")
         self._ones = None
+        self.copy_tables: dict = {}      # copy()'s uploaded tables by their addresses and sizes, the latest last
         self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
 
     def splits(self, g: GemmPlan, sizes: dict, B: int) -> int:
@@ -315,14 +317,21 @@ class Runner:
             stride.append(where[3])
         if not size:
             return
-        src, dst, size, width, stride = (np.array(v, dtype=np.int64) for v in (src, dst, size, width, stride))
-        pieces = -(-size // COPY_CHUNK)
-        which = np.repeat(np.arange(len(size)), pieces)
-        start = (np.arange(pieces.sum()) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * COPY_CHUNK
-        count = np.minimum(size[which] - start, COPY_CHUNK)
-        table = np.concatenate([np.where(src[which] != 0, src[which] + 4 * start, 0), dst[which], count, start,
-                                width[which], stride[which]])
-        self.copy_kernel((len(count),), (256,), (xp.asarray(table), np.int32(len(count))))
+        key = (tuple(src), tuple(dst), tuple(size), tuple(width), tuple(stride))
+        cached = self.copy_tables.pop(key, None)   # a step's copies come from the same addresses as the last one's
+        if cached is None:
+            src, dst, size, width, stride = (np.array(v, dtype=np.int64) for v in (src, dst, size, width, stride))
+            pieces = -(-size // COPY_CHUNK)
+            which = np.repeat(np.arange(len(size)), pieces)
+            start = (np.arange(pieces.sum()) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * COPY_CHUNK
+            count = np.minimum(size[which] - start, COPY_CHUNK)
+            table = np.concatenate([np.where(src[which] != 0, src[which] + 4 * start, 0), dst[which], count, start,
+                                    width[which], stride[which]])
+            cached = (xp.asarray(table), len(count))
+            while len(self.copy_tables) >= COPY_TABLES:
+                self.copy_tables.pop(next(iter(self.copy_tables)))
+        self.copy_tables[key] = cached
+        self.copy_kernel((cached[1],), (256,), (cached[0], np.int32(cached[1])))
 
     @staticmethod
     def sizes_args(layer: Layer) -> tuple:

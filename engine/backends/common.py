@@ -137,10 +137,20 @@ def _launch_all_finite(values: list):
     bad = cupy.zeros(max(count, 1), dtype=cupy.int32)
     first = 0
     for dtype, arrays in groups.items():
-        table = cupy.asarray(np.array([[a.data.ptr for a in arrays], [a.size for a in arrays]], dtype=np.int64))
+        key = (device, tuple((a.data.ptr, a.size) for a in arrays))
+        table = _FINITE_TABLES.pop(key, None)       # a training step checks the same arrays every step
+        if table is None:
+            table = cupy.asarray(np.array([[a.data.ptr for a in arrays], [a.size for a in arrays]], dtype=np.int64))
+            while len(_FINITE_TABLES) >= FINITE_TABLES:
+                _FINITE_TABLES.pop(next(iter(_FINITE_TABLES)))
+        _FINITE_TABLES[key] = table
         kernels[dtype]((_FINITE_BLOCKS, len(arrays)), (256,), (table[0], table[1], bad[first:]))
         first += len(arrays)
     return _PendingFlags(cupy, bad)
+
+
+_FINITE_TABLES: dict = {}       # (device, ((address, size), ...)) -> the uploaded table, the latest last
+FINITE_TABLES = 16              # tables kept: the same arrays are checked step after step (params, x, d_outputs)
 
 
 INPUT_HINT = "check where it was computed or loaded (the run would spread it to every later step)"

@@ -256,6 +256,30 @@ def test_the_finiteness_check_finds_one_bad_value_among_many_arrays(cupy):
     assert _launch_all_finite([arrays[0], np.zeros(3)]) is None     # a NumPy value: the caller looks value by value
 
 
+def test_the_finiteness_and_copy_tables_kept_by_address_read_the_values_of_each_call(cupy):
+    """The finiteness check and the copy launch keep their uploaded tables by the arrays' addresses (a step checks and
+    loads the same arrays every time): a value made bad in place after a clean check is still found, and a source
+    changed in place is copied with its new values."""
+    from engine.autodiff.fused import gpu_runner
+    from engine.autodiff.fused_plan import training_plan
+    from engine.backends.common import _launch_all_finite
+    arrays = [cupy.arange(10, dtype=cupy.float32), cupy.ones(7, dtype=cupy.float32)]
+    assert _launch_all_finite(arrays).all_finite()
+    assert _launch_all_finite(arrays).all_finite()                    # the kept table
+    arrays[1][3] = cupy.nan
+    assert not _launch_all_finite(arrays).all_finite()
+    arrays[1][3] = 1.0
+    assert _launch_all_finite(arrays).all_finite()
+    runner = gpu_runner(training_plan(engine.preset("lstm").cell))
+    source, target = cupy.arange(20_000, dtype=cupy.float32), cupy.zeros(20_000, dtype=cupy.float32)
+    geometry = [runner.copy_geometry(target)]
+    runner.copy([(target, source)], geometry)
+    assert cupy.array_equal(target, source)
+    source *= -2.0
+    runner.copy([(target, source)], geometry)                         # the same addresses: the kept table
+    assert cupy.array_equal(target, source)
+
+
 def test_the_copy_launch_fills_every_destination(cupy):
     """Runner.copy: pieces across COPY_CHUNK boundaries, zero fills, a destination that is not contiguous."""
     runner = fused.gpu_runner(fused.training_plan(engine.preset("lstm").cell))

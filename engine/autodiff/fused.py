@@ -199,7 +199,7 @@ class Runner:
     def __init__(self, cupy, plan: TrainingPlan, tiled: bool = False):
         self.xp, self.plan, self.tiled = cupy, plan, tiled
         self.interleaved = tiled or stage_fusion.INTERLEAVED       # the layout the module's fused stages read
-        self.max_splits = cublas.MAX_SPLITS         # the summing kernels load this many parts (fused_codegen.render_summed)
+        self.max_splits = cublas.MAX_SPLITS    # parts the summing kernels load (fused_codegen.render_summed)
         module = module_for(plan, tiled)
         self.functions = {k.name: module.get_function(k.name) for k in plan.forward.kernels + plan.backward.kernels}
         self.params = {k.name: kernel_params(k) for k in plan.forward.kernels + plan.backward.kernels}
@@ -775,7 +775,8 @@ def gpu_runner(plan: TrainingPlan) -> Runner:
 
 
 def _drop_runner(runner: Runner) -> None:
-    """The idle cached programs of an evicted runner go with it (a busy one stays until its tape is done; _lock held)."""
+    """The idle cached programs of an evicted runner go with it (a busy one stays until its tape is done). Called
+    with _lock held."""
     for key in list(_programs):
         pool = [p for p in _programs[key] if p.busy or p.runner is not runner]
         if pool:

@@ -10,9 +10,10 @@ and at every step computes its columns of the stage's GEMM from there (the warp 
 B <= 4 rows, kernels/persistent_gemm.cuh above), writes them where the GEMM would, runs the stage's statements on its
 units (the same loads, statements and stores as the fused kernels: fused_codegen), and waits at a grid-wide barrier
 for every other block before the next stage. The hoisted input projection stays one cuBLAS GEMM over the chunk
-before the launch. Layer by layer a launch covers the sequence on every SM; in the wavefront (the default order) a launch covers a chunk
-of WAVEFRONT_CHUNK steps on SMs / L blocks, so the L layers' launches of a diagonal run side by side (each launch
-waits only at its own barriers: no spinning on another launch, so no deadlock when they cannot all be resident).
+before the launch. Layer by layer a launch covers the sequence on every SM; in the wavefront (the default order) a
+launch covers a chunk of WAVEFRONT_CHUNK steps on SMs / L blocks, so the L layers' launches of a diagonal run side by
+side (each launch waits only at its own barriers: no spinning on another launch, so no deadlock when they cannot all
+be resident).
 
     forward = persistent_forward(runner, sizes, B, blocks)   # None where the layer does not qualify (refusal says why)
     forward.lay_out(layer)                                   # after Program.load: the weights, members interleaved

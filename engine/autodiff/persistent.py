@@ -177,59 +177,74 @@ def render(plan: TrainingPlan, layout: PersistentPlan) -> str:
     for it in layout.items:
         lines += _item(it, n, columns, B)
         n += it.stage is not None
-        lines.append("        grid.sync();                                   // every block's units of this stage")
+        lines.append("        grid.sync();               // every block's units of this item (a block barrier too)")
     lines += ["    }", "    (void)I; (void)H; (void)P;", "}"]
     return "\n".join(lines) + "\n"
 
 
 def _item(it: Item, n: int, columns: dict, B: int) -> list[str]:
+    """One item of step t on this block's units. Where the block's elements fit its threads (B x TU <= THREADS) each
+    thread issues its element's loads other than the GEMM's before the GEMM, so their latency hides behind it (as the
+    fused stages do); the grid barrier after the item is the block's barrier too."""
     kernel, stage = it.kernel, it.stage
+    pad = "                "
     lines = [f"        {{   // {kernel.name}" + (f" after GEMM {stage.gemm.name}" if stage else "")
              + " on this block's units",
              f"            const int j0 = blockIdx.x * {it.units}, nu = min({it.units}, {it.dim} - j0);",
              "            if (nu > 0) {"]
-    pad = "                "
-    from_dots = {}
-    if stage is not None:
-        gemm, out = stage.gemm, stage.gemm.out
-        M, K, COLS = it.members, it.k, it.columns
-        x = f"{gemm.operand.buffer} + (long)(t + {gemm.operand.shift}) * B * {K}"
-        if B <= GEMV_MAX_ROWS:
-            cw = -(-COLS // (THREADS // 32))
-            ksteps = gemv_ksteps(1, B, K)
-            weight = f"W_{n} + (long)j0 * {M} * {K}"
-            lines += [f"{pad}const RnnGemvJob<RNN_FP32> jobs[1] = {{{{{x}, {K}, {K}, {weight}, {K}, "
-                      f"smem + {it.offset}, nu * {M}, dots, {COLS}, nullptr}}}};",
-                      f"{pad}rnn_warp_gemvs<B, {cw}, 4, RNN_FP32, 1, {ksteps}, 1u>(jobs);"]
-        else:
-            lines.append(f"{pad}rnn_rows_gemm<{RW}, {CG}, {K}>({x}, B, smem + {it.offset}, {row_stride(K)}, nu * {M}, "
-                         f"dots, {COLS});")
-        lines += [f"{pad}__syncthreads();",
-                  f"{pad}for (int i = threadIdx.x; i < B * nu * {M}; i += blockDim.x) {{   // its columns, in place",
-                  f"{pad}    const int b = i / (nu * {M}), c = i - b * (nu * {M}), u = c / {M}, m = c - u * {M};",
-                  f"{pad}    float* o = {out.buffer} + ((long)(t + {out.shift}) * B + b) * "
-                  f"({columns[out.buffer].c_expr()}) + ({out.offset.c_expr()}) + m * {it.dim} + j0 + u;",
-                  f"{pad}    const float v = {'*o + ' if gemm.accumulate else ''}dots[b * {COLS} + c];",
-                  f"{pad}    *o = v;"]
-        if gemm.accumulate:
-            lines.append(f"{pad}    dots[b * {COLS} + c] = v;")
-        lines += [f"{pad}}}", f"{pad}__syncthreads();"]
-        from_dots = _gemm_loads(stage)
-    lines += [f"{pad}for (int e = threadIdx.x; e < B * nu; e += blockDim.x) {{",
-              f"{pad}    const long b = e / nu;",
-              f"{pad}    const int j = j0 + (int)(e - b * nu);"]
     if stage is None:
+        lines += [f"{pad}for (int e = threadIdx.x; e < B * nu; e += blockDim.x) {{",
+                  f"{pad}    const long b = e / nu;",
+                  f"{pad}    const int j = j0 + (int)(e - b * nu);"]
         lines += _body(kernel, columns, pad + "    ")
+        return lines + [f"{pad}}}", "            }", "        }"]
+    gemm, out = stage.gemm, stage.gemm.out
+    M, K, COLS = it.members, it.k, it.columns
+    from_dots = _gemm_loads(stage)
+    early = [(value, place) for value, place in kernel.loads if value not in from_dots]
+    dots = [(value, f"dots[b * {COLS} + (j - j0) * {M} + {from_dots[value]}]") for value, _ in kernel.loads
+            if value in from_dots]
+    math = [f"const float {var(st.var)} = {statement_expr(st)};" for st in kernel.statements]
+    stores = [f"{element(place, columns)} = {var(value)};" for value, place in kernel.stores]
+    one_each = B * it.units <= THREADS
+    if one_each:                         # an element a thread: its other loads in flight during the GEMM
+        lines += [f"{pad}const int e = (int)threadIdx.x < B * nu ? (int)threadIdx.x : 0;",
+                  f"{pad}const long b = e / nu;",
+                  f"{pad}const int j = j0 + (int)(e - b * nu);"]
+        lines += [f"{pad}const float {var(value)} = {element(place, columns)};" for value, place in early]
+    x = f"{gemm.operand.buffer} + (long)(t + {gemm.operand.shift}) * B * {K}"
+    if B <= GEMV_MAX_ROWS:
+        cw = -(-COLS // (THREADS // 32))
+        weight = f"W_{n} + (long)j0 * {M} * {K}"
+        lines += [f"{pad}const RnnGemvJob<RNN_FP32> jobs[1] = {{{{{x}, {K}, {K}, {weight}, {K}, "
+                  f"smem + {it.offset}, nu * {M}, dots, {COLS}, nullptr}}}};",
+                  f"{pad}rnn_warp_gemvs<B, {cw}, 4, RNN_FP32, 1, {gemv_ksteps(1, B, K)}, 1u>(jobs);"]
     else:
-        for value, place in kernel.loads:
-            source = (f"dots[b * {it.columns} + (j - j0) * {it.members} + {from_dots[value]}]" if value in from_dots
-                      else element(place, columns))
-            lines.append(f"{pad}    const float {var(value)} = {source};")
-        lines += [f"{pad}    const float {var(st.var)} = {statement_expr(st)};" for st in kernel.statements]
-        lines += [f"{pad}    {element(place, columns)} = {var(value)};" for value, place in kernel.stores]
-    lines += [f"{pad}}}", f"{pad}__syncthreads();                           // dots is free for the next item",
-              "            }", "        }"]
-    return lines
+        lines.append(f"{pad}rnn_rows_gemm<{RW}, {CG}, {K}>({x}, B, smem + {it.offset}, {row_stride(K)}, nu * {M}, "
+                     f"dots, {COLS});")
+    lines += [f"{pad}__syncthreads();                       // the block's GEMM columns are in dots",
+              f"{pad}for (int i = threadIdx.x; i < B * nu * {M}; i += blockDim.x) {{   // ... and, in place, where "
+              "the GEMM writes",
+              f"{pad}    const int r = i / (nu * {M}), c = i - r * (nu * {M}), u = c / {M}, m = c - u * {M};",
+              f"{pad}    float* o = {out.buffer} + ((long)(t + {out.shift}) * B + r) * "
+              f"({columns[out.buffer].c_expr()}) + ({out.offset.c_expr()}) + m * {it.dim} + j0 + u;",
+              f"{pad}    const float v = {'*o + ' if gemm.accumulate else ''}dots[r * {COLS} + c];",
+              f"{pad}    *o = v;"]
+    if gemm.accumulate:
+        lines += [f"{pad}    dots[r * {COLS} + c] = v;", f"{pad}}}", f"{pad}__syncthreads();"]
+    else:
+        lines.append(f"{pad}}}")
+    if one_each:
+        lines.append(f"{pad}if ((int)threadIdx.x < B * nu) {{")
+        body = [f"const float {var(value)} = {source};" for value, source in dots] + math + stores
+    else:
+        lines += [f"{pad}for (int e = threadIdx.x; e < B * nu; e += blockDim.x) {{",
+                  f"{pad}    const long b = e / nu;",
+                  f"{pad}    const int j = j0 + (int)(e - b * nu);"]
+        body = ([f"const float {var(value)} = {element(place, columns)};" for value, place in early]
+                + [f"const float {var(value)} = {source};" for value, source in dots] + math + stores)
+    lines += [f"{pad}    {line}" for line in body]
+    return lines + [f"{pad}}}", "            }", "        }"]
 
 
 class PersistentForward:

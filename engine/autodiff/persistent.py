@@ -1,6 +1,6 @@
 """The training step's forward as persistent launches (issue #13; benchmarks/NOTES.md, fifteenth session). Off by
-default (PERSISTENT): layer by layer it beats the fused forward, but the default wavefront of fused launches is still
-faster (benchmarks/results/session15/persistent-forward-tiles-H100.md); the base of the persistent backward.
+default (PERSISTENT): in the wavefront it matches the fused forward at `blogB` and `lat` and is slower at `mid`
+(benchmarks/results/session15/persistent-forward-tiles-H100.md); the base of the persistent backward.
 
 The fused forward (engine/autodiff/fused.py) launches each stage of each step: a GEMM (cuBLAS, or the fused GEMV at
 B <= 2) and a kernel, T x stages launches a layer, each reading its weight rows from L2 again. Here a chunk of a

@@ -1,6 +1,7 @@
 """What every backend shares: the result type and the checks of its arguments."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,18 +139,21 @@ def _launch_all_finite(values: list):
     first = 0
     for dtype, arrays in groups.items():
         key = (device, tuple((a.data.ptr, a.size) for a in arrays))
-        table = _FINITE_TABLES.pop(key, None)       # a training step checks the same arrays every step
+        with _FINITE_LOCK:
+            table = _FINITE_TABLES.pop(key, None)   # a training step checks the same arrays every step
         if table is None:
             table = cupy.asarray(np.array([[a.data.ptr for a in arrays], [a.size for a in arrays]], dtype=np.int64))
+        with _FINITE_LOCK:
             while len(_FINITE_TABLES) >= FINITE_TABLES:
                 _FINITE_TABLES.pop(next(iter(_FINITE_TABLES)))
-        _FINITE_TABLES[key] = table
+            _FINITE_TABLES[key] = table
         kernels[dtype]((_FINITE_BLOCKS, len(arrays)), (256,), (table[0], table[1], bad[first:]))
         first += len(arrays)
     return _PendingFlags(cupy, bad)
 
 
 _FINITE_TABLES: dict = {}       # (device, ((address, size), ...)) -> the uploaded table, the latest last
+_FINITE_LOCK = threading.Lock()
 FINITE_TABLES = 16              # tables kept: the same arrays are checked step after step (params, x, d_outputs)
 
 

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fuse-max-rows", type=int, default=None,
                         help="fuse stages up to this batch (stage_fusion.FUSE_MAX_ROWS)")
     parser.add_argument("--persistent", action="store_true",
-                        help="the forward as one persistent launch a layer where it qualifies (persistent.PERSISTENT)")
+                        help="persistent launches each way where a layer qualifies (persistent.PERSISTENT)")
     parser.add_argument("--launches", nargs="*", default=None, metavar="PRESETS CONFIGS",
                         help="GPU time of each launch of one layer-step instead (comma-separated presets and configs; "
                              "default lstm,gru mid,blogB)")

@@ -1,5 +1,5 @@
-"""The persistent training forward (engine/autodiff/persistent.py) against the fused forward: forward ms (CUDA events
-around record(), median), layer by layer and as the wavefront.
+"""The persistent training step (engine/autodiff/persistent.py) against the fused one: forward and step ms (CUDA events
+around record() and record().backward(), medians), layer by layer and as the wavefront.
 
     python benchmarks/probe_persistent.py --preset lstm --config blogB --config mid
 """
@@ -26,10 +26,10 @@ def main(argv=None) -> int:
     parser.add_argument("--config", action="append", default=None)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
-    print("| cell | config | order | forward | ms |\n|---|---|---|---|---|")
+    print("| cell | config | order | launches | forward ms | step ms |\n|---|---|---|---|---|---|")
     for name in args.preset or ["lstm"]:
         for config in parse_configs(args.config or ["blogB"]):
-            network, params, x, _ = probe_case(cupy, name, config)
+            network, params, x, w = probe_case(cupy, name, config)
             for wavefront in (True, False):
                 fused.WAVEFRONT = wavefront
                 order = "wavefront" if wavefront else "layers"
@@ -38,7 +38,9 @@ def main(argv=None) -> int:
                     try:
                         ms, _ = timed(cupy, lambda: record(network, params, x, dtype=np.float32, backend="fused"),
                                       args.repeats)
-                        print(f"| {name} | {config.name} | {order} | {label} | {ms:.2f} |", flush=True)
+                        step, _ = timed(cupy, lambda: record(network, params, x, dtype=np.float32,
+                                                             backend="fused").backward(w), args.repeats)
+                        print(f"| {name} | {config.name} | {order} | {label} | {ms:.2f} | {step:.2f} |", flush=True)
                     except Exception as e:  # noqa: BLE001 - a shape the GEMM refuses: say so, go on
                         print(f"| {name} | {config.name} | {order} | {label} | {type(e).__name__}: "
                               f"{str(e).splitlines()[0][:80]} |", flush=True)

@@ -1,7 +1,7 @@
-"""The training step's persistent forward (engine/autodiff/persistent.py) on the CPU: which layers qualify and why the
-others do not, a block's share of the units and of shared memory, and the generated source of every qualifying preset
-and unusual cell compiled by nvcc, at one row (the warp GEMV) and 64 (kernels/persistent_gemm.cuh).
-tests/gpu/test_persistent_training_gpu.py runs it against the float64 reference."""
+"""The training step's persistent launches (engine/autodiff/persistent.py) on the CPU: which layers qualify and why
+the others do not, the items of a step each way, a block's share of the units and of shared memory, and the generated
+source of every qualifying preset and unusual cell, both directions, compiled by nvcc at one row (the warp GEMV) and
+64 (kernels/persistent_gemm.cuh). tests/gpu/test_persistent_training_gpu.py runs them against the float64 reference."""
 from __future__ import annotations
 
 import pytest
@@ -14,23 +14,25 @@ from test_autodiff import UNUSUAL
 from test_fused_training_plan import PRESETS, _nvcc
 
 
-def forward_stages(plan):
-    return {k: s for k, s in fused_stages(plan).items() if s.forward and s.lag == 0}
+def stages_of(plan, forward):
+    return {k: s for k, s in fused_stages(plan).items() if s.forward == forward}
 
 
-def layout(name, B, H, I=None, sms=132):
+def layout(name, B, H, I=None, blocks=132, forward=True):
     plan = training_plan(engine.preset(name).cell)
     sizes = {"I": I or H, "H": H, "P": H}
-    stages = forward_stages(plan)
-    return plan, stages, sizes, persistent.make_plan(plan, stages, sizes, B, sms)
+    stages = stages_of(plan, forward)
+    try:
+        return plan, stages, sizes, persistent.make_plan(plan, stages, sizes, B, blocks, forward)
+    except persistent.Refused:
+        return plan, stages, sizes, None
 
 
 def test_a_block_owns_a_few_units_of_each_stage_and_their_weight_rows():
     plan, stages, sizes, lay = layout("lstm", B=64, H=256, I=64)
-    assert persistent.refusal(plan, stages, sizes, 64, 132) is None
     (item,) = lay.items
-    assert lay.grid == 132 and item.units == 2 and item.members == 4 and item.k == 256
-    assert item.columns == 8 and item.rows == 8
+    assert lay.grid == 132 and item.units == 2 and item.members == 4 and item.k == 256 and item.lag == 0
+    assert item.columns == 8 and item.rows == 8 and lay.last is None
     assert lay.dots == 8 * persistent.row_stride(256)                  # the resident rows come first
     assert lay.shared_floats == lay.dots + 64 * 8                      # then B x the widest item's columns
     # lstm_proj: two stages a step, each its own resident rows, H's then P's
@@ -42,21 +44,40 @@ def test_a_block_owns_a_few_units_of_each_stage_and_their_weight_rows():
     assert layout("gru", B=2, H=40)[3].grid == 40
 
 
+def test_the_backward_pairs_the_gemm_of_the_next_step_and_runs_the_last_gemm_after_the_loop():
+    """stage_fusion.launch_sequence's order: per step the GEMM of step t + 1 with the kernel of step t; after the
+    loop the GEMM of step t0 alone, on its twin item's resident rows."""
+    plan, stages, sizes, lay = layout("lstm", B=64, H=256, I=64, forward=False)
+    (item,) = lay.items
+    assert item.lag == 1 and item.gemm.name == "lstm_bwd_h_s0" and item.kernel.name == "lstm_bwd_s0_H"
+    assert item.members == 1 and item.k == 4 * 256                     # dh = dy (B x 4H) @ R (4H x H)
+    assert lay.last is not None and lay.last.gemm_only and lay.last.gemm is item.gemm
+    assert (lay.last.offset, lay.last.weight) == (item.offset, item.weight)
+    source = persistent.render(plan, lay)
+    assert "for (int t = t1 - 1; t >= t0; --t)" in source and "const bool here = t + 1 < t1;" in source
+    # lstm_proj: the kernel of step t after the projection's GEMM of step t + 1, then the same step's pair
+    plan, stages, sizes, lay = layout("lstm_proj", B=64, H=256, forward=False)
+    assert [(it.kernel.name, it.gemm.name, it.lag) for it in lay.items] == [
+        ("lstm_proj_bwd_s0_P", "lstm_proj_bwd_h_s1", 1), ("lstm_proj_bwd_s1_H", "lstm_proj_bwd_h_next_mul_s0", 0)]
+    assert lay.last.gemm.name == "lstm_proj_bwd_h_s1"
+
+
 def test_refusals_say_why():
     plan, stages, sizes, _ = layout("lstm_fgr", B=64, H=1024)
     why = persistent.refusal(plan, stages, sizes, 64, 132)            # 4H = 4096 columns of K, 8 units a block
     assert why is not None and "bytes of shared memory" in why
     plan, stages, sizes, _ = layout("lstm", B=1, H=510)
-    why = persistent.refusal(plan, {}, sizes, 1, 132)                 # nothing fused: a GEMM alone
-    assert "does not fuse" in why
+    assert "does not fuse" in persistent.refusal(plan, {}, sizes, 1, 132)          # nothing fused: a GEMM alone
     assert "not a multiple of 4" in persistent.refusal(plan, stages, {"I": 510, "H": 510, "P": 510}, 1, 132)
+    shared = training_plan(UNUSUAL["shared_weight"])
+    assert "does not fuse" in persistent.refusal(shared, stages_of(shared, True), {"I": 8, "H": 8, "P": 8}, 4, 132)
 
 
 def test_it_is_off_by_default_and_numpy_never_runs_it():
     from engine.autodiff.fused_numpy import NumpyRunner
     assert persistent.PERSISTENT is False
     runner = NumpyRunner(training_plan(engine.preset("lstm").cell))
-    assert persistent.persistent_forward(runner, {"I": 8, "H": 8}, 2, 132) is None
+    assert persistent.persistent_launch(runner, {"I": 8, "H": 8}, 2, 132, True) is None
 
 
 @pytest.mark.nvcc
@@ -66,12 +87,15 @@ def test_every_qualifying_preset_and_unusual_cell_compiles_with_nvcc(B, H, tmp_p
     sources, refused = {}, {}
     for name, cell in cells.items():
         plan = training_plan(cell)
-        stages = forward_stages(plan)
         sizes = {"I": H, "H": H, "P": H}
-        why = persistent.refusal(plan, stages, sizes, B, 132)
-        if why is None:
-            sources[name] = persistent.render(plan, persistent.make_plan(plan, stages, sizes, B, 132))
-        else:
-            refused[name] = why
-    assert {"lstm", "gru", "gru_cho", "lstm_proj", "lstm_fgr", "peephole_lstm"} <= set(sources), refused
-    _nvcc(sources, tmp_path)
+        for forward in (True, False):
+            stages = stages_of(plan, forward)
+            key = (name, forward)
+            why = persistent.refusal(plan, stages, sizes, B, 132, forward)
+            if why is None:
+                sources[key] = persistent.render(plan, persistent.make_plan(plan, stages, sizes, B, 132, forward))
+            else:
+                refused[key] = why
+    wanted = {"lstm", "gru", "gru_cho", "lstm_proj", "lstm_fgr", "peephole_lstm"}
+    assert {(n, f) for n in wanted for f in (True, False)} <= set(sources), refused
+    _nvcc({f"{n}-{f}": s for (n, f), s in sources.items()}, tmp_path)

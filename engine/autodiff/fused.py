@@ -36,7 +36,7 @@ from ..ir import SCALAR
 from ..ops import apply_elementwise
 from . import cublas, persistent, stage_fusion
 from .fused_codegen import THREADS, fused_params, kernel_params, render_module
-from .persistent import persistent_forward
+from .persistent import persistent_launch
 from .fused_plan import (D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER, GemmPlan, GradGemm, KernelPlan, Place,
                          TrainingPlan, training_plan)
 from .cublas import SPLIT_REDUCE_FILE, Sgemm, split_k
@@ -480,8 +480,8 @@ class Runner:
         one persistent launch for them all (layer.persistent: engine/autodiff/persistent.py)."""
         for g in self.plan.forward.hoisted:
             self.gemm(layer, g, steps.start, forward=True, steps=len(steps))
-        if getattr(layer, "persistent", None) is not None:
-            layer.persistent.launch(layer, steps)
+        if getattr(layer, "persistent", None) is not None and layer.persistent[0] is not None:
+            layer.persistent[0].launch(layer, steps)
             return
         self.issue(layer, self.launches(self.plan.forward, steps, True, layer), forward=True)
 
@@ -490,7 +490,11 @@ class Runner:
         self.backward_steps(layer, range(layer.T))
 
     def backward_steps(self, layer: Layer, steps: range) -> None:
-        """The backward of `steps`, the last first: each step's kernels and GEMMs."""
+        """The backward of `steps`, the last first: each step's kernels and GEMMs, or one persistent launch for them
+        all (layer.persistent: engine/autodiff/persistent.py)."""
+        if getattr(layer, "persistent", None) is not None and layer.persistent[1] is not None:
+            layer.persistent[1].launch(layer, steps)
+            return
         self.issue(layer, self.launches(self.plan.backward, steps, False, layer), forward=False)
 
     def issue(self, layer: Layer, launches: list[tuple], forward: bool) -> None:
@@ -550,13 +554,15 @@ class Program:
             self.layers.append(layer)
         if self.wavefront:
             runner.prepare_streams(network.num_layers)
-        # a layer's forward, chunk by chunk, as persistent launches where it qualifies (engine/autodiff/persistent.py;
-        # PERSISTENT): all the GPU's SMs layer by layer, a share of them a layer in the wavefront (they run at once)
+        # a layer's steps, chunk by chunk, as persistent launches each way where it qualifies
+        # (engine/autodiff/persistent.py; PERSISTENT): all the GPU's SMs layer by layer, a share of them a layer in
+        # the wavefront (they run at once). layer.persistent: (forward, backward), either None, or None for neither
         blocks = max(1, runner.sms // len(self.layers)) if self.wavefront and hasattr(runner, "sms") else \
             getattr(runner, "sms", 0)
-        self.persistent = [persistent_forward(runner, layer.sizes, B, blocks) for layer in self.layers]
-        for layer, forward in zip(self.layers, self.persistent):
-            layer.persistent = forward
+        for layer in self.layers:
+            pair = tuple(persistent_launch(runner, layer.sizes, B, blocks, forward) for forward in (True, False))
+            layer.persistent = pair if any(pair) else None
+        self.persistent = [layer.persistent for layer in self.layers]
         if not any(self.persistent):
             self.persistent = None
         self.d_input = None               # the x gradient, written by layer 0's input GEMM (the backward wavefront)
@@ -642,8 +648,9 @@ class Program:
         self.runner.copy(copies, self.copy_geometry)
         for layer in self.layers:
             layer.lay_out_weights()
-            if getattr(layer, "persistent", None) is not None:
-                layer.persistent.lay_out(layer)
+            for launch in getattr(layer, "persistent", None) or ():
+                if launch is not None:
+                    launch.lay_out(layer)
 
     def forward(self) -> None:
         """Every layer's forward: layer by layer, or as one wavefront over all layers (self.wavefront); with

@@ -99,3 +99,17 @@ def test_every_qualifying_preset_and_unusual_cell_compiles_with_nvcc(B, H, tmp_p
     wanted = {"lstm", "gru", "gru_cho", "lstm_proj", "lstm_fgr", "peephole_lstm"}
     assert {(n, f) for n in wanted for f in (True, False)} <= set(sources), refused
     _nvcc({f"{n}-{f}": s for (n, f), s in sources.items()}, tmp_path)
+
+
+def test_auto_takes_a_launch_where_a_block_reads_little_x_a_step():
+    """PERSISTENT = "auto": a launch only where a block reads at most AUTO_MAX_X_BYTES of X from L2 a step (the rows
+    GEMM reads it once every CG columns): the LSTM's wavefront launches at `blogB` (44 blocks a layer) and `lat`, not
+    at `mid` (33 blocks of 64 columns, K = 512) nor lstm_fgr's at `blogB` (24 columns, K = 1024)."""
+    def x_kib(name, B, H, I, blocks, forward):
+        lay = layout(name, B=B, H=H, I=I, blocks=blocks, forward=forward)[3]
+        return persistent.x_bytes(lay) // 1024, persistent.worthwhile(lay)
+    assert x_kib("lstm", 64, 256, 64, 44, True) == (192, True)           # 3 passes of 64 x 256 floats
+    assert x_kib("lstm", 64, 256, 64, 44, False) == (256, True)          # 1 pass of 64 x 1024
+    assert x_kib("lstm", 1, 512, 512, 66, True) == (2, True)             # the GEMV reads X once
+    assert x_kib("lstm", 64, 512, 512, 33, True) == (1024, False)
+    assert x_kib("lstm_fgr", 64, 256, 64, 44, True) == (768, False)

@@ -45,7 +45,9 @@ GEMV_MAX_ROWS = 4                  # rnn_warp_gemvs (kernels/tile_gemm.cuh) up t
 ROWS_GEMM = "persistent_gemm.cuh"  # rnn_rows_gemm, for more rows than the GEMV takes
 RW, CG = 8, 8                      # its task: rows x columns a warp (64 partial sums a lane)
 MAX_SHARED_BYTES = 227 * 1024      # an H100's or H200's shared memory a block may opt in to
-PERSISTENT = False                 # the fused step runs persistent launches where a layer qualifies (Program)
+PERSISTENT = False                 # the fused step runs persistent launches where a layer qualifies (Program): True
+                                   # wherever it qualifies, "auto" only where worthwhile() expects a win, False never
+AUTO_MAX_X_BYTES = 256 * 1024      # "auto": the most X a block may read from L2 a step (see worthwhile)
 
 
 def _round(n: int, m: int) -> int:
@@ -183,6 +185,24 @@ def refusal(plan: TrainingPlan, stages: dict, sizes: dict, B: int, blocks: int, 
     except Refused as e:
         return str(e)
     return None
+
+
+def x_bytes(layout: PersistentPlan) -> int:
+    """The most bytes of X a block of the launch reads from L2 a step for one GEMM: rnn_rows_gemm reads the step's X
+    (B x K) once for every CG of its columns; the warp GEMV (B <= 4) reads it once."""
+    gemms = [it for it in layout.items if it.stage is not None]
+    if not gemms:
+        return 0
+    passes = 1 if layout.batch <= GEMV_MAX_ROWS else None
+    return max((passes or -(-it.columns // CG)) * layout.batch * it.k * 4 for it in gemms)
+
+
+def worthwhile(layout: PersistentPlan) -> bool:
+    """Whether PERSISTENT = "auto" takes the launch: X read from L2 a step within AUTO_MAX_X_BYTES. Measured on the
+    H100 (benchmarks/results/session15/persistent-forward-tiles-H100.md): the persistent step won where that was
+    <= 256 KB (the LSTM, lstm_proj and GRU-Cho at `blogB`, every cell at `lat`) and lost at 512 KB - 1 MB (`mid`,
+    lstm_fgr at `blogB`)."""
+    return x_bytes(layout) <= AUTO_MAX_X_BYTES
 
 
 def params_of(layout: PersistentPlan) -> list[str]:
@@ -376,6 +396,8 @@ def persistent_launch(runner, sizes: dict, B: int, blocks: int, forward: bool):
     try:
         layout = make_plan(runner.plan, stages, sizes, B, blocks, forward)
     except Refused:
+        return None
+    if PERSISTENT == "auto" and not worthwhile(layout):
         return None
     cache = runner.__dict__.setdefault("persistent_launches", {})      # the runner's: one plan, one device
     key = (tuple(sorted(sizes.items())), B, blocks, forward)

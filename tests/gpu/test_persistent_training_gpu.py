@@ -86,3 +86,16 @@ def test_the_refused_cells_keep_the_fused_forward(cupy, monkeypatch):
     want = bptt(network, params, x, None, d_out)
     assert relative(got.x.get(), want.x) < TOL
     assert np.isfinite(got.outputs.get()).all()
+
+
+def test_auto_runs_persistent_only_where_a_block_reads_little_x(cupy, monkeypatch):
+    """PERSISTENT = "auto": at H = 256 and B = 64 in the wavefront of 2 layers (66 blocks a layer, 16 columns of K =
+    256 forward) both directions run persistent; with lstm_fgr (K = 1024 both ways) neither; both equal float64."""
+    monkeypatch.setattr(persistent, "PERSISTENT", "auto")
+    check(cupy, engine.preset("lstm").cell, seed=12, layers=2, I=16, H=256, T=4, B=64)
+    network, params, x, initial, d_out, d_final = case(engine.preset("lstm_fgr").cell, 12, layers=2, I=16, H=256,
+                                                       T=4, B=64)
+    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
+    assert tape.program.persistent is None
+    got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32))
+    assert relative(got.x.get(), bptt(network, params, x, None, d_out).x) < TOL

@@ -100,6 +100,7 @@ class Layer:
     def __init__(self, xp, plan: TrainingPlan, sizes: dict, shapes: dict, T: int, B: int, poison: bool,
                  scratch: int = 0, stage_weights: tuple = ()):
         self.xp, self.plan, self.sizes, self.T, self.B = xp, plan, sizes, T, B
+        self.persistent = (None, None)     # its (forward, backward) persistent launches, where Program takes them
         self.scratch = xp.empty((max(scratch, 1),), dtype=xp.float32)     # split-K partial products
         fill = np.nan if poison else 0.0
         self.buffers = {}
@@ -480,7 +481,7 @@ class Runner:
         one persistent launch for them all (layer.persistent: engine/autodiff/persistent.py)."""
         for g in self.plan.forward.hoisted:
             self.gemm(layer, g, steps.start, forward=True, steps=len(steps))
-        if getattr(layer, "persistent", None) is not None and layer.persistent[0] is not None:
+        if layer.persistent[0] is not None:
             layer.persistent[0].launch(layer, steps)
             return
         self.issue(layer, self.launches(self.plan.forward, steps, True, layer), forward=True)
@@ -492,7 +493,7 @@ class Runner:
     def backward_steps(self, layer: Layer, steps: range) -> None:
         """The backward of `steps`, the last first: each step's kernels and GEMMs, or one persistent launch for them
         all (layer.persistent: engine/autodiff/persistent.py)."""
-        if getattr(layer, "persistent", None) is not None and layer.persistent[1] is not None:
+        if layer.persistent[1] is not None:
             layer.persistent[1].launch(layer, steps)
             return
         self.issue(layer, self.launches(self.plan.backward, steps, False, layer), forward=False)
@@ -556,15 +557,12 @@ class Program:
             runner.prepare_streams(network.num_layers)
         # a layer's steps, chunk by chunk, as persistent launches each way where it qualifies
         # (engine/autodiff/persistent.py; PERSISTENT): all the GPU's SMs layer by layer, a share of them a layer in
-        # the wavefront (they run at once). layer.persistent: (forward, backward), either None, or None for neither
+        # the wavefront (they run at once)
         blocks = max(1, runner.sms // len(self.layers)) if self.wavefront and hasattr(runner, "sms") else \
             getattr(runner, "sms", 0)
         for layer in self.layers:
-            pair = tuple(persistent_launch(runner, layer.sizes, B, blocks, forward) for forward in (True, False))
-            layer.persistent = pair if any(pair) else None
-        self.persistent = [layer.persistent for layer in self.layers]
-        if not any(self.persistent):
-            self.persistent = None
+            layer.persistent = tuple(persistent_launch(runner, layer.sizes, B, blocks, forward)
+                                     for forward in (True, False))
         self.d_input = None               # the x gradient, written by layer 0's input GEMM (the backward wavefront)
         if self.wavefront and runner.plan.input_gemm is not None:
             self.d_input = xp.full((T * B, network.input_size), np.nan if poison else 0.0, dtype=xp.float32)
@@ -585,6 +583,13 @@ class Program:
 
     def release(self) -> None:
         self.busy = False
+
+    @property
+    def persistent(self) -> list | None:
+        """Each layer's (forward, backward) persistent launches, None for a layer with neither; None where no layer
+        has one (engine/autodiff/persistent.py)."""
+        pairs = [layer.persistent if any(layer.persistent) else None for layer in self.layers]
+        return pairs if any(pairs) else None
 
     def captures_after(self) -> bool:
         """Whether the wavefront's after part (weight and bias gradients, peepholes', the initial states' adjoints)
@@ -648,7 +653,7 @@ class Program:
         self.runner.copy(copies, self.copy_geometry)
         for layer in self.layers:
             layer.lay_out_weights()
-            for launch in getattr(layer, "persistent", None) or ():
+            for launch in layer.persistent:
                 if launch is not None:
                     launch.lay_out(layer)
 

@@ -38,7 +38,7 @@ from ..codegen.cuda import CELL_HELPERS, helper_source
 from ..codegen.wavefront import TILE_GEMM_HELPER, gemv_ksteps
 from .fused_plan import GemmPlan, KernelPlan, TrainingPlan
 from .fused_codegen import _body, _declare, _gemm_loads, element, kernel_params, statement_expr, var
-from .stage_fusion import FusedStage, lay_out as stage_lay_out
+from .stage_fusion import FusedStage, launch_sequence, lay_out as stage_lay_out
 
 THREADS = 256
 GEMV_MAX_ROWS = 4                  # rnn_warp_gemvs (kernels/tile_gemm.cuh) up to this many rows, rnn_rows_gemm above
@@ -111,32 +111,25 @@ class PersistentPlan:
 
 
 def step_items(plan: TrainingPlan, stages: dict, forward: bool) -> tuple[list, object]:
-    """A step's items as (kind, item, lag) in order, and the backward's last GEMM (a FusedStage) or None; Refused
-    where a GEMM fuses with no kernel. kind: "fused" (item a FusedStage) or "kernel" (a KernelPlan)."""
-    order = (plan.forward if forward else plan.backward).order
-    out, last, i = [], None, 0
-    while i < len(order):
-        kind, item = order[i]
-        if kind == "kernel":
-            wrap = None
-            if i == 0 and not forward and order[-1][0] == "gemm":
-                wrap = stages.get((order[-1][1].name, item.name, 1))
-            if wrap is not None:                    # the GEMM of step t + 1 with the kernel of step t
-                out.append(("fused", wrap, 1))
-                last = wrap
-            else:
-                out.append(("kernel", item, 0))
-            i += 1
-            continue
-        stage = stages.get((item.name, order[i + 1][1].name, 0)) if i + 1 < len(order) else None
-        if stage is not None and order[i + 1][0] == "kernel":
-            out.append(("fused", stage, 0))
-            i += 2
-            continue
-        if last is not None and i == len(order) - 1 and item.name == last.gemm.name:
-            i += 1                                  # run with the next step's first kernel (and after the loop)
-            continue
-        raise Refused(f"GEMM {item.name} does not fuse with a kernel (stage_fusion.fusible)")
+    """A step's items as (kind, item, lag) in order, and the backward's last GEMM (its FusedStage) or None; Refused
+    where a GEMM fuses with no kernel. kind: "fused" (item a FusedStage) or "kernel" (a KernelPlan). They are
+    stage_fusion.launch_sequence's, over three steps: the items whose kernel runs at the middle one (the first and
+    the last carry the chunk's boundary items), and the trailing GEMM alone."""
+    sequence = launch_sequence(plan.forward if forward else plan.backward, range(3), forward, stages)
+    out, trailing = [], None
+    for n, (kind, item, *steps) in enumerate(sequence):
+        if kind == "gemm":
+            if forward or n != len(sequence) - 1:
+                raise Refused(f"GEMM {item.name} does not fuse with a kernel (stage_fusion.fusible)")
+            trailing = item
+        elif steps[-1] == 1:
+            lag = steps[0] - steps[1] if kind == "fused" else 0
+            if lag not in (0, 1) or (forward and lag):
+                raise Refused(f"stage {item.name} reads the GEMM of another step")
+            out.append((kind, item, lag))
+    last = next((item for kind, item, lag in out if lag == 1 and item.gemm is trailing), None)
+    if trailing is not None and last is None:
+        raise Refused(f"GEMM {trailing.name} does not fuse with a kernel (stage_fusion.fusible)")
     return out, last
 
 

@@ -49,6 +49,11 @@ def check(cupy, cell, seed, poison=False, **sizes):
         got = bptt(network, params, cupy.asarray(x, dtype=cupy.float32), on_gpu,
                    cupy.asarray(d_out, dtype=cupy.float32), d_final_gpu, dtype=np.float32, backend="fused")
     assert isinstance(got.x, cupy.ndarray)
+    assert_equal_reference(got, want, network)
+
+
+def assert_equal_reference(got, want, network) -> None:
+    """The GPU's outputs, final states and every gradient (CuPy) within TOL of the float64 reference's."""
     assert relative(got.outputs.get(), want.outputs) < TOL
     for s in network.cell.state_names:
         assert relative(got.final_states[s].get(), want.final_states[s]) < TOL, s

@@ -11,7 +11,7 @@ import pytest
 import engine
 from engine.autodiff import bptt, fused, persistent
 from test_autodiff import UNUSUAL
-from test_fused_training_gpu import TOL, case, relative
+from test_fused_training_gpu import TOL, assert_equal_reference, case, relative
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("release_gpu_memory")]
 
@@ -33,14 +33,7 @@ def check(cupy, cell, seed, wavefront=None, both=True, **sizes):
         assert all(f is not None and b is not None for f, b in pairs), "a direction did not run persistent"
     got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
                         {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()})
-    assert relative(got.outputs.get(), want.outputs) < TOL
-    for s in cell.state_names:
-        assert relative(got.final_states[s].get(), want.final_states[s]) < TOL, s
-        assert relative(got.initial_states[s].get(), want.initial_states[s]) < TOL, s
-    assert relative(got.x.get(), want.x) < TOL
-    for layer in range(network.num_layers):
-        for p, value in want.params[layer].items():
-            assert relative(got.params[layer][p].get(), value) < TOL, (layer, p)
+    assert_equal_reference(got, want, network)
 
 
 @pytest.mark.usefixtures("persistent_on")

@@ -9,7 +9,7 @@ import pytest
 
 import engine
 from engine.autodiff import bptt, fused, stage_fusion
-from test_fused_training_gpu import TOL, case, relative
+from test_fused_training_gpu import assert_equal_reference, case
 from test_stacks import CASES as STACK_CASES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("release_gpu_memory")]
@@ -23,17 +23,6 @@ def run(cupy, network, params, x, initial, d_out, d_final, wavefront=None):
     got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
                         {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()})
     return got, program
-
-
-def assert_equal_reference(got, want, network):
-    assert relative(got.outputs.get(), want.outputs) < TOL
-    assert relative(got.x.get(), want.x) < TOL
-    for s in network.cell.state_names:
-        assert relative(got.final_states[s].get(), want.final_states[s]) < TOL, s
-        assert relative(got.initial_states[s].get(), want.initial_states[s]) < TOL, s
-    for layer in range(network.num_layers):
-        for p, value in want.params[layer].items():
-            assert relative(got.params[layer][p].get(), value) < TOL, (layer, p)
 
 
 @pytest.mark.parametrize("width", stage_fusion.WIDTHS)

@@ -88,11 +88,12 @@ def _nvcc(sources: dict[str, str], tmp_path) -> None:
 
 @pytest.mark.nvcc
 def test_the_training_steps_hand_written_kernels_compile_with_nvcc(tmp_path):
-    """kernels/all_finite.cu, copy_pieces.cu, splitk_reduce.cu and column_dots.cu, as the step loads them."""
-    from engine.autodiff.fused import COLUMN_DOTS_FILE, COPY_FILE, SPLIT_REDUCE_FILE
+    """kernels/all_finite.cu, copy_pieces.cu, splitk_reduce.cu, column_dots.cu and lay_out.cu, as the step loads
+    them."""
+    from engine.autodiff.fused import COLUMN_DOTS_FILE, COPY_FILE, LAY_OUT_FILE, SPLIT_REDUCE_FILE
     from engine.backends.common import ALL_FINITE_FILE
     _nvcc({path.name: path.read_text() for path in (ALL_FINITE_FILE, COPY_FILE, SPLIT_REDUCE_FILE,
-                                                    COLUMN_DOTS_FILE)}, tmp_path)
+                                                    COLUMN_DOTS_FILE, LAY_OUT_FILE)}, tmp_path)
 
 
 @pytest.mark.nvcc

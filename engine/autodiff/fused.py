@@ -76,6 +76,8 @@ COPY_CHUNK = 8192               # elements a block of kernels/copy_pieces.cu cop
 COPY_TABLES = 8                 # copy tables a runner keeps uploaded (Runner.copy): the same addresses every step
 COPY_FILE = KERNELS_DIR / "copy_pieces.cu"
 COLUMN_DOTS_FILE = KERNELS_DIR / "column_dots.cu"
+LAY_OUT_FILE = KERNELS_DIR / "lay_out.cu"
+LAY_OUT_WAVES = 4               # kernels/lay_out.cu: blocks a target, about this many an SM
 COLUMN_DOTS_WAVES = 4           # kernels/column_dots.cu: row chunks enough for about this many blocks an SM
 COLUMN_DOTS_MIN_ROWS = 16       # ... each warp keeping at least this many rows of its chunk
 
@@ -216,6 +218,7 @@ class Runner:
         from ..codegen.nvrtc import load_module
         self.reduce = load_module(SPLIT_REDUCE_FILE.read_text()).get_function("splitk_reduce")
         self.copy_kernel = load_module(COPY_FILE.read_text()).get_function("copy_pieces")
+        self.lay_out_kernel = load_module(LAY_OUT_FILE.read_text()).get_function("lay_out_weights")
         dots_module = load_module(COLUMN_DOTS_FILE.read_text())
         self.column_dots_parts = dots_module.get_function("column_dots_parts")
         self.column_dots_sum = dots_module.get_function("column_dots_sum")
@@ -333,6 +336,29 @@ class Runner:
                 self.copy_tables.pop(next(iter(self.copy_tables)))
         self.copy_tables[key] = cached
         self.copy_kernel((cached[1],), (256,), (cached[0], np.int32(cached[1])))
+
+    def lay_out_table(self, layers: list) -> tuple | None:
+        """(the table on the GPU, targets) of lay_out_weights for these layers' fused-stage weights, or None where
+        they have none: made once a program (the addresses stay)."""
+        rows = []
+        for layer in layers:
+            for (key, layout, members), target in layer.stage_weights.items():
+                stacked = layer.stacked[key]
+                if (layout not in ("transposed", "interleaved") or stacked.size >= 2 ** 31
+                        or stacked.shape[1 if layout == "transposed" else 0] % members):
+                    raise ValueError(f"no lay-out of {stacked.shape} as {layout} by {members} members")
+                rows.append((stacked.data.ptr, target.data.ptr, *stacked.shape, int(layout == "transposed"), members))
+        if not rows:
+            return None
+        table = np.array(rows, dtype=np.int64).T.copy()
+        return self.xp.asarray(table), len(rows)
+
+    def lay_out_weights(self, layers: list, table: tuple | None) -> None:
+        """Every layer's fused-stage weights from its stacked ones (stage_fusion.lay_out), one launch of
+        kernels/lay_out.cu after load()'s copies (on the same stream); table: lay_out_table(layers)."""
+        if table is None:
+            return
+        self.lay_out_kernel((self.sms * LAY_OUT_WAVES, table[1]), (32, 8), (table[0], np.int32(table[1])))
 
     @staticmethod
     def sizes_args(layer: Layer) -> tuple:
@@ -574,6 +600,7 @@ class Program:
         self.grad_flat = self.after_graph = self.after_error = None    # Program.after's buffers and graph
         self.initial_views = [{s: layer.state(s, 0) for s in cell.state_names} for layer in self.layers]
         self.copy_geometry = None                 # load()'s destinations (Runner.copy_geometry), once
+        self.lay_out = None                       # (Runner.lay_out_table of the layers,), once
         self.busy = False
         arrays = [self.input] + ([self.d_input] if self.d_input is not None else [])
         arrays += [a for layer in self.layers for a in
@@ -651,8 +678,10 @@ class Program:
         if self.copy_geometry is None:            # the same destinations every call, in the same order
             self.copy_geometry = [self.runner.copy_geometry(target) for target, _ in copies]
         self.runner.copy(copies, self.copy_geometry)
+        if self.lay_out is None:
+            self.lay_out = (self.runner.lay_out_table(self.layers),)
+        self.runner.lay_out_weights(self.layers, self.lay_out[0])
         for layer in self.layers:
-            layer.lay_out_weights()
             for launch in layer.persistent:
                 if launch is not None:
                     launch.lay_out(layer)

@@ -62,6 +62,13 @@ class NumpyRunner(Runner):
         for target, value in copies:
             target[...] = 0.0 if value is None else value.reshape(target.shape)
 
+    def lay_out_table(self, layers: list) -> None:
+        return None
+
+    def lay_out_weights(self, layers: list, table) -> None:
+        for layer in layers:          # NumPy lays them out by assignment (stage_fusion.lay_out)
+            layer.lay_out_weights()
+
     @staticmethod
     def _rows(layer: Layer, place: Place, block: int, rows: int, width: int):
         buf = layer.buffers[place.buffer]

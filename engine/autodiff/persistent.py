@@ -357,17 +357,20 @@ class PersistentLaunch:
 
     def lay_out(self, layer) -> list:
         """The fused stages' weights of the layer, a row per GEMM column with a unit's members side by side
-        (FusedStage.weight_layout, stage_fusion.lay_out), made after load() into arrays the layer keeps."""
+        (FusedStage.weight_layout, stage_fusion.lay_out), made after load() into arrays the layer keeps; the
+        layer's own copy where its fused stages read the same layout (Layer.stage_weights, laid out by then)."""
         xp = self.runner.xp
         layouts = [stage.weight_layout(True) for stage in self.layout.stages]
         targets = getattr(layer, self.attribute, None)
         if targets is None:
             targets = [layer.stacked[key] if layout == "stacked" else
-                       xp.empty(layer.stacked[key].shape[::-1] if layout == "transposed" else layer.stacked[key].shape,
-                                dtype=xp.float32) for key, layout, _ in layouts]
+                       layer.stage_weights.get((key, layout, members)) if (key, layout, members) in layer.stage_weights
+                       else xp.empty(layer.stacked[key].shape[::-1] if layout == "transposed"
+                                     else layer.stacked[key].shape, dtype=xp.float32)
+                       for key, layout, members in layouts]
             setattr(layer, self.attribute, targets)
         for (key, layout, members), target in zip(layouts, targets):
-            if layout != "stacked":
+            if layout != "stacked" and (key, layout, members) not in layer.stage_weights:
                 target[...] = stage_lay_out(xp, layer.stacked[key], layout, members)
         return targets
 

@@ -313,6 +313,44 @@ def test_the_copy_launch_fills_every_destination(cupy):
     assert cupy.isnan(every_other[:, 1::2]).all()
 
 
+def test_the_lay_out_launch_equals_stage_fusions_lay_out(cupy):
+    """Runner.lay_out_weights (kernels/lay_out.cu): every layer's fused-stage weights in one launch, equal to
+    stage_fusion.lay_out (interleaved and transposed, sizes off the 32 x 32 tiles, 1 to 4 members, several layers),
+    and in a program the same arrays the NumPy assignment made, after a second load of new parameters."""
+    from types import SimpleNamespace
+    from engine.autodiff.stage_fusion import lay_out
+    runner = fused.gpu_runner(fused.training_plan(engine.preset("lstm").cell))
+    rng = np.random.default_rng(8)
+    layers, wants = [], []
+    for shape, layout, members in [((4 * 37, 45), "interleaved", 4), ((4 * 37, 45), "transposed", 1),
+                                   ((70, 4 * 33), "transposed", 4), ((3, 1), "interleaved", 3),
+                                   ((96, 64), "interleaved", 2), ((130, 66), "transposed", 2)]:
+        stacked = cupy.asarray(rng.standard_normal(shape), dtype=cupy.float32)
+        target = cupy.full(shape[::-1] if layout == "transposed" else shape, cupy.nan, dtype=cupy.float32)
+        layers.append(SimpleNamespace(stacked={"w": stacked}, stage_weights={("w", layout, members): target}))
+        wants.append((target, lay_out(np, stacked.get(), layout, members)))
+    runner.lay_out_weights(layers, runner.lay_out_table(layers))
+    for target, want in wants:
+        np.testing.assert_array_equal(target.get(), want)
+
+    for name in ("lstm", "lstm_fgr", "gru_cho"):
+        network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, 3, layers=2, I=5, H=36, B=2)
+        tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
+        program = tape.program
+        assert program.lay_out[0] is not None, name
+        for seed in (4, 5):        # a second load with new parameters: the same table, the new values
+            params = engine.init_params(network, seed=seed)
+            for layer in program.layers:
+                for target in layer.stage_weights.values():
+                    target.fill(cupy.nan)
+            program.load(params, cupy.asarray(x, dtype=cupy.float32), None)
+            for layer in program.layers:
+                for (key, layout, members), target in layer.stage_weights.items():
+                    want = lay_out(np, layer.stacked[key].get(), layout, members)
+                    np.testing.assert_array_equal(target.get(), want, err_msg=f"{name} {key} {layout}")
+        program.release()
+
+
 def test_batch_sum_on_the_gpu_equals_numpy(cupy):
     """The bias gradients' sum over rows (a cuBLAS GEMV on the GPU) on a strided view, fp32 and fp64."""
     rng = np.random.default_rng(7)

@@ -26,7 +26,16 @@ from probe_fused_training import probe_case  # noqa: E402  (benchmarks/, the scr
 
 bptt_module = importlib.import_module("engine.autodiff.bptt")
 
+checks_module = importlib.import_module("engine.autodiff.checks")
+
 PHASES = [(bptt_module, "record", "bptt.record (all of the forward call)"),
+          (bptt_module, "check_network", "  check_network"),
+          (bptt_module, "check_params", "  check_params"),
+          (bptt_module, "check_inputs", "  check_inputs"),
+          (bptt_module, "inputs_named", "  inputs_named"),
+          (bptt_module, "FiniteCheck", "  FiniteCheck (launch)"),
+          (bptt_module, "derived", "  derived (the backward split, cached)"),
+          (bptt_module, "check_bptt_memory", "  check_bptt_memory"),
           (fused, "record", "fused.record (after the checks)"),
           (fused, "acquire", "acquire (program cache)"),
           (fused.Program, "load", "Program.load (copies, layouts)"),
@@ -34,6 +43,9 @@ PHASES = [(bptt_module, "record", "bptt.record (all of the forward call)"),
           (fused.Layer, "lay_out_weights", "Layer.lay_out_weights"),
           (fused.Program, "forward", "Program.forward (graph launches)"),
           (fused.FusedTape, "backward", "FusedTape.backward (all of it)"),
+          (checks_module, "start_backward", "  start_backward (checks, FiniteCheck)"),
+          (fused.FusedTape, "_seed_states", "  FusedTape._seed_states"),
+          (fused, "gradient_views", "  gradient_views"),
           (fused.Program, "wavefront_backward", "Program.wavefront_backward (graph launches)"),
           (fused.FusedTape, "_after", "FusedTape._after (gradient GEMMs, a layer)"),
           (fused.Program, "after", "Program.after (the captured after part)"),

@@ -48,3 +48,27 @@ def test_the_bench_command_without_a_gpu_says_so(capsys):
     from engine.cli import main
     assert main(["bench", "--train", "--config", "3,4,1,3,2"]) != 0
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_training_products_are_three_times_the_forwards_matmuls_where_nothing_is_stacked():
+    """engine.bench.flops.training_products (what benchmarks/probe_gemm_floor.py times): for the LSTM and the GRU,
+    forward, input adjoint plus state adjoints, and weight gradients are each the forward's matmul FLOPs (counted
+    from the cell graph by layer_step_flops), plus a bias GEMV a bias vector; lstm_proj has two GEMMs a step each
+    way; lstm_fgr's step GEMMs are its stacked grid (K = 4H) with the zero blocks, its weight gradients without."""
+    from engine.bench.flops import network_flops, training_product_flops, training_products
+    T, B = 7, 3
+    for name in ("lstm", "gru"):
+        network = engine.Network(engine.preset(name).cell, 5, 8, 2)
+        products = training_products(network, T, B)
+        forward = network_flops(network, T, B)["matmul_per_step"] * T
+        biases = sum(2 * M * K for layer in products["gradients"] for M, N, K in layer if N == 1)
+        assert biases > 0
+        assert training_product_flops(products, T) - biases == 3 * forward, name
+    proj = training_products(engine.Network(engine.preset("lstm_proj").cell, 5, 8, 2, proj_size=6), T, B)
+    assert proj["step_forward"][0] == [(B, 4 * 8, 6), (B, 6, 8)]
+    assert proj["step_backward"][0] == [(B, 8, 6), (B, 6, 4 * 8)]
+    H = 8
+    fgr = training_products(engine.Network(engine.preset("lstm_fgr").cell, 5, H, 1), T, B)
+    assert fgr["step_forward"][0] == [(B, 4 * H, 4 * H)] and fgr["step_backward"][0] == [(B, 4 * H, 4 * H)]
+    recurrent = sum(M * N for M, N, K in fgr["gradients"][0] if N > 1 and M == H)     # the W_x gradient has M = I = 5
+    assert recurrent == 13 * H * H          # R_{z,i,f,o} h, and R_{i,f,o} of i, f, o: 13 of the grid's 16 blocks

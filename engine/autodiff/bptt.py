@@ -101,11 +101,14 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     if backend != "fused":
         finite.raise_if_bad()
     split = derived(network.cell)
-    check_bptt_memory(network, split, T, B, np.dtype(dtype).itemsize, on="host" if xp is np else "device")
+
+    def check_memory():
+        check_bptt_memory(network, split, T, B, np.dtype(dtype).itemsize, on="host" if xp is np else "device")
 
     if backend == "fused":         # asks the check once the forward is queued: the GPU runs it meanwhile
-        from . import fused
-        return fused.record(network, params, x, initial_states, finite=finite)
+        from . import fused        # the memory check where a program is made (a cached one holds its memory)
+        return fused.record(network, params, x, initial_states, finite=finite, check_memory=check_memory)
+    check_memory()
     layer_params = [{k: xp.asarray(v, dtype=dtype) for k, v in params[l].items()} for l in range(network.num_layers)]
     states = {s: xp.asarray(v, dtype=dtype) for s, v in (initial_states or {}).items()}
     return _forward(network, split, layer_params, xp.asarray(x, dtype=dtype), states, dtype, xp)

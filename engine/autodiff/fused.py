@@ -737,9 +737,10 @@ _programs: dict = {}             # key -> [Program]: most recently used key last
 CACHE_BYTES = 4 << 30           # idle programs kept beyond this many bytes of buffers are dropped, oldest first
 
 
-def acquire(network, runner, T: int, B: int, poison: bool, wavefront: bool = False) -> Program:
-    """A program of this network, runner and (T, B) that no live tape holds (cached; a new one when all are). Idle
-    programs of other shapes are dropped, least recently used first, while the cache holds over CACHE_BYTES."""
+def acquire(network, runner, T: int, B: int, poison: bool, wavefront: bool = False, check_memory=None) -> Program:
+    """A program of this network, runner and (T, B) that no live tape holds (cached; a new one when all are, after
+    check_memory() where given). Idle programs of other shapes are dropped, least recently used first, while the
+    cache holds over CACHE_BYTES."""
     key = (network.cell, network.input_size, network.hidden_size, network.num_layers, network.projection_size, T, B,
            poison, wavefront, stage_fusion.switches(), persistent.PERSISTENT, id(runner),
            _device_id(runner.xp))  # a cached program holds its runner: its id
@@ -748,6 +749,8 @@ def acquire(network, runner, T: int, B: int, poison: bool, wavefront: bool = Fal
         _programs[key] = pool
         program = next((p for p in pool if not p.busy), None)
         if program is None:
+            if check_memory is not None:
+                check_memory()
             program = Program(network, runner, T, B, poison, wavefront)
             pool.append(program)
         program.busy = True
@@ -1017,15 +1020,16 @@ class FusedTape:
 
 
 def record(network, params, x, initial_states: dict | None, poison: bool = False, runner=None,
-           wavefront: bool | None = None, finite=None) -> FusedTape:
+           wavefront: bool | None = None, finite=None, check_memory=None) -> FusedTape:
     """The forward pass on the fused training step (fp32, the GPU; runner: fused_numpy.NumpyRunner runs the same plan
     through NumPy). wavefront: the layers' forward as a wavefront of chunks on a stream a layer (default WAVEFRONT).
-    Inputs already checked by bptt.record but for finite, their FiniteCheck, asked once the forward is queued."""
+    Inputs already checked by bptt.record but for finite, their FiniteCheck, asked once the forward is queued;
+    check_memory, called before a new program is made (bptt.record's memory check)."""
     if runner is None:
         runner = gpu_runner(training_plan(network.cell))
     xp, cell = runner.xp, network.cell
     T, B, _ = x.shape
-    program = acquire(network, runner, T, B, poison, WAVEFRONT if wavefront is None else wavefront)
+    program = acquire(network, runner, T, B, poison, WAVEFRONT if wavefront is None else wavefront, check_memory)
     try:
         program.load(params, x, initial_states)
         program.forward()

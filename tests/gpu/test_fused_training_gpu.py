@@ -275,6 +275,18 @@ def test_the_finiteness_and_copy_tables_kept_by_address_read_the_values_of_each_
     assert not _launch_all_finite(arrays).all_finite()
     arrays[1][3] = 1.0
     assert _launch_all_finite(arrays).all_finite()
+    # two checks of the same arrays in flight at once: the second gets flags of its own (the first's are busy
+    # until read), each result its own, and a read twice gives the same answer
+    first = _launch_all_finite(arrays)
+    arrays[0][9] = cupy.inf
+    second = _launch_all_finite(arrays)
+    arrays[0][9] = 9.0
+    third_after = _launch_all_finite(arrays + [cupy.zeros(3, dtype=cupy.float64)])    # two dtypes, two launches
+    assert first.all_finite() and not second.all_finite() and third_after.all_finite()
+    assert first.all_finite() and not second.all_finite()
+    both = [cupy.ones(5, dtype=cupy.float64), cupy.full(4, cupy.nan, dtype=cupy.float32)]
+    assert not _launch_all_finite(both).all_finite()
+    assert _launch_all_finite(arrays).all_finite()          # the kept flags again, after the busy ones
     runner = gpu_runner(training_plan(engine.preset("lstm").cell))
     source, target = cupy.arange(20_000, dtype=cupy.float32), cupy.zeros(20_000, dtype=cupy.float32)
     geometry = [runner.copy_geometry(target)]
@@ -283,6 +295,28 @@ def test_the_finiteness_and_copy_tables_kept_by_address_read_the_values_of_each_
     source *= -2.0
     runner.copy([(target, source)], geometry)                         # the same addresses: the kept table
     assert cupy.array_equal(target, source)
+
+
+def test_the_memory_check_refuses_a_new_program_and_a_cached_one_holds_its_memory(cupy, monkeypatch):
+    """bptt.record's check of the saved values' memory runs where the fused step makes a program (its buffers are the
+    allocation): a new shape that cannot fit is refused before allocating, naming T, B and L; a shape whose program is
+    cached runs without asking the driver again."""
+    import importlib
+    from engine.autodiff import checks
+    record = importlib.import_module("engine.autodiff.bptt").record       # the package's `bptt` is the function
+    network, params, x, initial, d_out, d_final = case(engine.preset("gru").cell, 4, T=9, B=5)
+    x = cupy.asarray(x, dtype=cupy.float32)
+    asked = []
+    real = checks.device_free_bytes
+    monkeypatch.setattr(checks, "device_free_bytes", lambda: asked.append(1) or real())
+    record(network, params, x, dtype=np.float32, backend="fused").backward(cupy.asarray(d_out, cupy.float32))
+    assert asked == [1]
+    monkeypatch.setattr(checks, "device_free_bytes", lambda: asked.append(1) or 1_000)
+    record(network, params, x, dtype=np.float32, backend="fused").backward(cupy.asarray(d_out, cupy.float32))
+    assert asked == [1]                     # the cached program: not asked
+    with pytest.raises(engine.BackendError, match=r"bptt needs about [\d,]+ bytes of device memory .* T=9, B=4, L=2"):
+        record(network, params, x[:, :4], dtype=np.float32, backend="fused")
+    assert asked == [1, 1]
 
 
 def test_the_copy_launch_fills_every_destination(cupy):

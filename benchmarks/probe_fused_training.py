@@ -65,14 +65,16 @@ def main(argv=None) -> int:
                         help="the fused stages' tiled GEMM shape (stage_fusion.TILE_*; B > 2)")
     parser.add_argument("--fuse-max-rows", type=int, default=None,
                         help="fuse stages up to this batch (stage_fusion.FUSE_MAX_ROWS)")
-    parser.add_argument("--persistent", action="store_true",
-                        help="persistent launches each way where a layer qualifies (persistent.PERSISTENT)")
+    parser.add_argument("--persistent", choices=("off", "auto", "on"), default=None,
+                        help="persistent launches (persistent.PERSISTENT): off, auto (where worthwhile), on (wherever "
+                             "a layer qualifies); default: the engine's")
     parser.add_argument("--launches", nargs="*", default=None, metavar="PRESETS CONFIGS",
                         help="GPU time of each launch of one layer-step instead (comma-separated presets and configs; "
                              "default lstm,gru mid,blogB)")
     args = parser.parse_args(argv)
     from engine.autodiff import cublas, fused, persistent, stage_fusion
-    persistent.PERSISTENT = args.persistent
+    if args.persistent is not None:
+        persistent.PERSISTENT = {"off": False, "auto": "auto", "on": True}[args.persistent]
     if args.tile:
         (stage_fusion.TILE_RB, stage_fusion.TILE_RC, stage_fusion.TILE_KC,
          stage_fusion.TILE_STAGES) = (int(v) for v in args.tile.split(","))

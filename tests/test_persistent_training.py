@@ -73,9 +73,9 @@ def test_refusals_say_why():
     assert "does not fuse" in persistent.refusal(shared, stages_of(shared, True), {"I": 8, "H": 8, "P": 8}, 4, 132)
 
 
-def test_it_is_off_by_default_and_numpy_never_runs_it():
+def test_it_is_auto_by_default_and_numpy_never_runs_it():
     from engine.autodiff.fused_numpy import NumpyRunner
-    assert persistent.PERSISTENT is False
+    assert persistent.PERSISTENT == "auto"
     runner = NumpyRunner(training_plan(engine.preset("lstm").cell))
     assert persistent.persistent_launch(runner, {"I": 8, "H": 8}, 2, 132, True) is None
 
@@ -101,15 +101,21 @@ def test_every_qualifying_preset_and_unusual_cell_compiles_with_nvcc(B, H, tmp_p
     _nvcc({f"{n}-{f}": s for (n, f), s in sources.items()}, tmp_path)
 
 
-def test_auto_takes_a_launch_where_a_block_reads_little_x_a_step():
-    """PERSISTENT = "auto": a launch only where a block reads at most AUTO_MAX_X_BYTES of X from L2 a step (the rows
-    GEMM reads it once every CG columns): the LSTM's wavefront launches at `blogB` (44 blocks a layer) and `lat`, not
-    at `mid` (33 blocks of 64 columns, K = 512) nor lstm_fgr's at `blogB` (24 columns, K = 1024)."""
+def test_auto_takes_a_launch_where_a_step_has_two_stages_and_a_block_reads_little_x():
+    """PERSISTENT = "auto": a launch only for a step of at least AUTO_MIN_STAGES GEMM stages (a barrier replaces a
+    launch between them) where a block reads at most AUTO_MAX_X_BYTES of X from L2 a step (the rows GEMM reads it once
+    every CG columns): GRU-Cho's, MGU's and lstm_proj's wavefront launches at `blogB` (44 blocks a layer) and `lat`,
+    not the LSTM's (one stage) nor at `mid` (33 blocks of 64 columns, K = 512) nor lstm_fgr's at `blogB` (24 columns,
+    K = 1024; one stage as well)."""
     def x_kib(name, B, H, I, blocks, forward):
         lay = layout(name, B=B, H=H, I=I, blocks=blocks, forward=forward)[3]
         return persistent.x_bytes(lay) // 1024, persistent.worthwhile(lay)
-    assert x_kib("lstm", 64, 256, 64, 44, True) == (192, True)           # 3 passes of 64 x 256 floats
-    assert x_kib("lstm", 64, 256, 64, 44, False) == (256, True)          # 1 pass of 64 x 1024
-    assert x_kib("lstm", 1, 512, 512, 66, True) == (2, True)             # the GEMV reads X once
+    assert x_kib("lstm", 64, 256, 64, 44, True) == (192, False)          # 3 passes of 64 x 256 floats; one stage
+    assert x_kib("lstm", 64, 256, 64, 44, False) == (256, False)         # 1 pass of 64 x 1024
+    assert x_kib("lstm", 1, 512, 512, 66, True) == (2, False)            # the GEMV reads X once
+    assert x_kib("gru_cho", 64, 256, 64, 44, True) == (128, True)        # two stages
+    assert x_kib("lstm_proj", 64, 256, 64, 44, False) == (256, True)
+    assert x_kib("mgu", 1, 512, 512, 66, False) == (2, True)
+    assert x_kib("gru_cho", 64, 512, 512, 33, True)[1] is False          # `mid`: X re-read every CG columns
     assert x_kib("lstm", 64, 512, 512, 33, True) == (1024, False)
     assert x_kib("lstm_fgr", 64, 256, 64, 44, True) == (768, False)

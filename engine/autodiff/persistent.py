@@ -1,6 +1,7 @@
-"""The training step as persistent launches, both directions (issue #13; benchmarks/NOTES.md, fifteenth session). Off by
-default (PERSISTENT): in the wavefront its forward matches the fused forward at `blogB` and `lat` and is slower at
-`mid` (benchmarks/results/session15/persistent-forward-tiles-H100.md).
+"""The training step as persistent launches, both directions (issue #13; benchmarks/NOTES.md, fifteenth and sixteenth
+sessions). By default (PERSISTENT = "auto") only where worthwhile(): a step of two or more GEMM stages (GRU-Cho, MGU,
+lstm_proj) whose blocks read little X a step (`lat`, `blogB`; not `mid`), where it measured 5-24 % faster than the
+fused launches; one-stage steps (the LSTM) came out even or slower (benchmarks/results/session16/).
 
 The fused step (engine/autodiff/fused.py) launches each stage of each step: a GEMM (cuBLAS, or the fused GEMV at
 B <= 2) and a kernel, T x stages launches a layer and direction, each reading its weight rows from L2 again. Here a
@@ -45,9 +46,10 @@ GEMV_MAX_ROWS = 4                  # rnn_warp_gemvs (kernels/tile_gemm.cuh) up t
 ROWS_GEMM = "persistent_gemm.cuh"  # rnn_rows_gemm, for more rows than the GEMV takes
 RW, CG = 8, 8                      # its task: rows x columns a warp (64 partial sums a lane)
 MAX_SHARED_BYTES = 227 * 1024      # an H100's or H200's shared memory a block may opt in to
-PERSISTENT = False                 # the fused step runs persistent launches where a layer qualifies (Program): True
+PERSISTENT = "auto"                # the fused step runs persistent launches where a layer qualifies (Program): True
                                    # wherever it qualifies, "auto" only where worthwhile() expects a win, False never
 AUTO_MAX_X_BYTES = 256 * 1024      # "auto": the most X a block may read from L2 a step (see worthwhile)
+AUTO_MIN_STAGES = 2                # "auto": the fewest GEMM stages a step (see worthwhile)
 
 
 def _round(n: int, m: int) -> int:
@@ -191,11 +193,15 @@ def x_bytes(layout: PersistentPlan) -> int:
 
 
 def worthwhile(layout: PersistentPlan) -> bool:
-    """Whether PERSISTENT = "auto" takes the launch: X read from L2 a step within AUTO_MAX_X_BYTES. Measured on the
-    H100 (benchmarks/results/session15/persistent-forward-tiles-H100.md): the persistent step won where that was
-    <= 256 KB (the LSTM, lstm_proj and GRU-Cho at `blogB`, every cell at `lat`) and lost at 512 KB - 1 MB (`mid`,
-    lstm_fgr at `blogB`)."""
-    return x_bytes(layout) <= AUTO_MAX_X_BYTES
+    """Whether PERSISTENT = "auto" takes the launch: a step of at least AUTO_MIN_STAGES GEMM stages (a grid barrier
+    then replaces a launch and a graph edge between them) and X read from L2 a step within AUTO_MAX_X_BYTES.
+    Measured on the H100: the persistent step won where X was <= 256 KB (the LSTM, lstm_proj and GRU-Cho at `blogB`,
+    every cell at `lat`) and lost at 512 KB - 1 MB (`mid`, lstm_fgr at `blogB`;
+    benchmarks/results/session15/persistent-forward-tiles-H100.md); of those, the cells of one stage a step (the LSTM,
+    peephole_lstm) came out even or slower from run to run, the two-stage ones (GRU-Cho, MGU, lstm_proj) faster
+    (benchmarks/results/session16/)."""
+    stages = sum(1 for it in layout.items if it.stage is not None and not it.gemm_only)
+    return stages >= AUTO_MIN_STAGES and x_bytes(layout) <= AUTO_MAX_X_BYTES
 
 
 def params_of(layout: PersistentPlan) -> list[str]:

@@ -81,14 +81,16 @@ def test_the_refused_cells_keep_the_fused_forward(cupy, monkeypatch):
     assert np.isfinite(got.outputs.get()).all()
 
 
-def test_auto_runs_persistent_only_where_a_block_reads_little_x(cupy, monkeypatch):
-    """PERSISTENT = "auto": at H = 256 and B = 64 in the wavefront of 2 layers (66 blocks a layer, 16 columns of K =
-    256 forward) both directions run persistent; with lstm_fgr (K = 1024 both ways) neither; both equal float64."""
+def test_auto_runs_persistent_only_for_two_stages_where_a_block_reads_little_x(cupy, monkeypatch):
+    """PERSISTENT = "auto" (the default): at H = 256 and B = 64 in the wavefront of 2 layers (66 blocks a layer, 16
+    columns of K = 256 forward) GRU-Cho's two-stage step runs persistent both ways; the LSTM's one-stage step and
+    lstm_fgr's (K = 1024 both ways) do not; all equal float64."""
     monkeypatch.setattr(persistent, "PERSISTENT", "auto")
-    check(cupy, engine.preset("lstm").cell, seed=12, layers=2, I=16, H=256, T=4, B=64)
-    network, params, x, initial, d_out, d_final = case(engine.preset("lstm_fgr").cell, 12, layers=2, I=16, H=256,
-                                                       T=4, B=64)
-    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
-    assert tape.program.persistent is None
-    got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32))
-    assert relative(got.x.get(), bptt(network, params, x, None, d_out).x) < TOL
+    check(cupy, engine.preset("gru_cho").cell, seed=12, layers=2, I=16, H=256, T=4, B=64)
+    for name in ("lstm", "lstm_fgr"):
+        network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, 12, layers=2, I=16, H=256,
+                                                           T=4, B=64)
+        tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
+        assert tape.program.persistent is None, name
+        got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32))
+        assert relative(got.x.get(), bptt(network, params, x, None, d_out).x) < TOL, name

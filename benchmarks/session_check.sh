@@ -1,3 +1,7 @@
+#!/usr/bin/env bash
+# A session's GPU check in one call: the GPU suite through benchmarks/train_gpu.sh (no probe, no bench), then
+# compute-sanitizer memcheck and racecheck on persistent training steps of the two-stage presets
+# (benchmarks/sanitize_training.py --persistent). Files into $OUT; the tests' and sanitizers' summaries printed.
 set -u
 export CUPY_TF32=0
 pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site

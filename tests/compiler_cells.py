@@ -87,6 +87,15 @@ def three_stages(x, h):
 
 
 @cell
+def adjoint_from_gemm(x, h, s):
+    """A state's adjoint that is a GEMM's output unchanged and a term of another sum (found by the fuzzer): v = h + u
+    is read by U2 alone, so h's adjoint is U2^T d(pre) itself, and d(u) = d(tanh) + d(v) must not take that GEMM."""
+    u = W("U1") @ s
+    v = h + u
+    return {"h": tanh(u), "s": tanh(W("U2") @ v + W("W") @ x)}
+
+
+@cell
 def clashing_names(x, h):
     """Node names that clash with C keywords and with the kernel's own variables."""
     j = W("U") @ h
@@ -126,4 +135,4 @@ def shared_weight(x, h, c):
 
 
 CELLS = {c.name: c for c in (every_op, projection_only, shared_weight, shared_operand, disjoint_operands, reused_matmul, doubled_summand, constants,
-                             dead_value, linear_states, input_sized, three_stages, clashing_names)}
+                             dead_value, linear_states, input_sized, three_stages, adjoint_from_gemm, clashing_names)}

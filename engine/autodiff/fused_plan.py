@@ -713,9 +713,11 @@ class _Planner:
             recorded.add(graph.input_adjoint)
 
         def only_summed(terms, total) -> bool:
-            """The GEMM terms are read by the sum `total` alone: neither another node nor the after part needs
-            them on their own, so the GEMM may write the sum instead, and run later."""
-            return all(t not in recorded and set(consumers.get(t, [])) == {total} for t in terms)
+            """The GEMM terms are read by the sum `total` alone: neither another node, the after part nor the step
+            before (a term that is a state's adjoint unchanged) needs them on their own, so the GEMM may write the
+            sum instead, and run later."""
+            return all(t not in recorded and t not in states_of and set(consumers.get(t, [])) == {total}
+                       for t in terms)
 
         # The terms W^T dy of one operand from GEMMs of several stages (GRU-Cho: U_z^T dz at stage 0, U_r^T dr at
         # stage 1) are all summed into its adjoint, which nothing reads before the last of them: one GEMM at the

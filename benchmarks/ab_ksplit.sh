@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fused stages' K split (kernels/fused_stage.cuh fused_stage_ksplit) in one call: the fused-stage GPU tests, each
+# A change to the fused stages in one call: the fused-stage GPU tests, each
 # launch's GPU time at `lat` for the working tree and for ./ab_base (--launches), then the step, alternating
 # (benchmarks/ab_probe.sh). Make ab_base first: mkdir ab_base && git archive <commit> | tar -x -C ab_base.
 export CUPY_TF32=0

@@ -600,7 +600,7 @@ class Program:
         self.grad_flat = self.after_graph = self.after_error = None    # Program.after's buffers and graph
         self.initial_views = [{s: layer.state(s, 0) for s in cell.state_names} for layer in self.layers]
         self.copy_geometry = None                 # load()'s destinations (Runner.copy_geometry), once
-        self.lay_out = None                       # (Runner.lay_out_table of the layers,), once
+        self.lay_out = runner.lay_out_table(self.layers)   # the fused-stage weights' lay-out (fixed addresses)
         self.busy = False
         arrays = [self.input] + ([self.d_input] if self.d_input is not None else [])
         arrays += [a for layer in self.layers for a in
@@ -678,9 +678,7 @@ class Program:
         if self.copy_geometry is None:            # the same destinations every call, in the same order
             self.copy_geometry = [self.runner.copy_geometry(target) for target, _ in copies]
         self.runner.copy(copies, self.copy_geometry)
-        if self.lay_out is None:
-            self.lay_out = (self.runner.lay_out_table(self.layers),)
-        self.runner.lay_out_weights(self.layers, self.lay_out[0])
+        self.runner.lay_out_weights(self.layers, self.lay_out)
         for layer in self.layers:
             for launch in layer.persistent:
                 if launch is not None:

@@ -1,5 +1,5 @@
-"""The training step as persistent launches, both directions (issue #13; benchmarks/NOTES.md, the entries
-of 2026-11-25). By default (PERSISTENT = "auto") only where worthwhile(): a step of two or more GEMM stages (GRU-Cho, MGU,
+"""The training step as persistent launches, both directions (issue #13; benchmarks/NOTES.md,
+2026-11-25). By default (PERSISTENT = "auto") only where worthwhile(): a step of two or more GEMM stages (GRU-Cho, MGU,
 lstm_proj) whose blocks read little X a step (`lat`, `blogB`; not `mid`), where it measured 5-24 % faster than the
 fused launches; one-stage steps (the LSTM) came out even or slower (benchmarks/results/training-20261125-0628-H100/).
 

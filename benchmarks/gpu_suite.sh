@@ -20,7 +20,7 @@
 #   8. layersync (only when named): the persistent schedule with TileConfig(sync="layer") against grid sync and
 #      cuDNN (probe_schedules.py --sync layer) and its phase profile at blogB;
 #   9. phases (only when named): phase_profile.py of the cases #8 still has open (GRU and GRU-Cho at blogB, MGU
-#      and GRU-Cho at lat, LSTM at large), so a session starts from where the time goes;
+#      and GRU-Cho at lat, LSTM at large), so the next change starts from where the time goes;
 #  10. the markdown tables, last.
 # STAGES="tests sanitize bench precision" (default: all but the optional ones) picks stages, so the suite can be split
 # over two calls of under 10 minutes each on an H100. A failing stage does not stop the next one.

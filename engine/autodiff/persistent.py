@@ -1,7 +1,7 @@
-"""The training step as persistent launches, both directions (issue #13; benchmarks/NOTES.md, fifteenth and sixteenth
-sessions). By default (PERSISTENT = "auto") only where worthwhile(): a step of two or more GEMM stages (GRU-Cho, MGU,
+"""The training step as persistent launches, both directions (issue #13; benchmarks/NOTES.md,
+2026-11-25). By default (PERSISTENT = "auto") only where worthwhile(): a step of two or more GEMM stages (GRU-Cho, MGU,
 lstm_proj) whose blocks read little X a step (`lat`, `blogB`; not `mid`), where it measured 5-24 % faster than the
-fused launches; one-stage steps (the LSTM) came out even or slower (benchmarks/results/session16/).
+fused launches; one-stage steps (the LSTM) came out even or slower (benchmarks/results/training-20261125-0628-H100/).
 
 The fused step (engine/autodiff/fused.py) launches each stage of each step: a GEMM (cuBLAS, or the fused GEMV at
 B <= 2) and a kernel, T x stages launches a layer and direction, each reading its weight rows from L2 again. Here a
@@ -197,9 +197,9 @@ def worthwhile(layout: PersistentPlan) -> bool:
     then replaces a launch and a graph edge between them) and X read from L2 a step within AUTO_MAX_X_BYTES.
     Measured on the H100: the persistent step won where X was <= 256 KB (the LSTM, lstm_proj and GRU-Cho at `blogB`,
     every cell at `lat`) and lost at 512 KB - 1 MB (`mid`, lstm_fgr at `blogB`;
-    benchmarks/results/session15/persistent-forward-tiles-H100.md); of those, the cells of one stage a step (the LSTM,
-    peephole_lstm) came out even or slower from run to run, the two-stage ones (GRU-Cho, MGU, lstm_proj) faster
-    (benchmarks/results/session16/)."""
+    benchmarks/results/training-20261125-0353-H100/persistent-forward-tiles-H100.md); of those, the cells of one
+    stage a step (the LSTM, peephole_lstm) came out even or slower from run to run, the two-stage ones (GRU-Cho, MGU,
+    lstm_proj) faster (benchmarks/results/training-20261125-0628-H100/)."""
     stages = sum(1 for it in layout.items if it.stage is not None and not it.gemm_only)
     return stages >= AUTO_MIN_STAGES and x_bytes(layout) <= AUTO_MAX_X_BYTES
 

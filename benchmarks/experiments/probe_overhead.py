@@ -1,6 +1,6 @@
 """Where a schedule's run spends the time outside its kernel: each host-side piece of `run` timed alone.
 
-    python benchmarks/probe_overhead.py --preset lstm --config mid [--schedule persistent]
+    python benchmarks/experiments/probe_overhead.py --preset lstm --config mid [--schedule persistent]
 
 `probe_schedules.py` shows the whole run against the kernel alone (`_launch`); at `mid` the two differ by more
 than the copies of x and the outputs should cost. This times, with CUDA events after warm-up (medians), the run,
@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: probe_schedules
 
 import engine  # noqa: E402
 from engine.backends.common import check_gpu_run_inputs  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
 from engine.schedules import schedule_class  # noqa: E402
-from probe_schedules import time_ms  # noqa: E402  (beside this file: CUDA events, median after warm-up)
+from probe_schedules import time_ms  # noqa: E402  (benchmarks/: CUDA events, median after warm-up)
 
 
 def host_ms(cupy, fn, repeats: int = 9) -> float:

@@ -1,6 +1,7 @@
-"""Does the L2's persisting carve-out limit how much of a streamed weight stays on chip? (issue #8, tenth session)
+"""Does the L2's persisting carve-out limit how much of a streamed weight stays on chip? (issue #8;
+benchmarks/NOTES.md, 2026-11-24 17:45)
 
-    python benchmarks/probe_l2.py --preset lstm --preset gru --config blogA --precision bfloat16
+    python benchmarks/experiments/probe_l2.py --preset lstm --preset gru --config blogA --precision bfloat16
 
 Prints the device's persisting-L2 limit (cudaLimitPersistingL2CacheSize) and its maximum, then times the persistent
 schedule (whole runs, CUDA events, median) with the limit as found, and again with it raised to the maximum, the
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import engine  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402

@@ -3,7 +3,7 @@
 # python -m engine bench --train for PRESETS at lat, blogB and mid, first with PERSISTENT off, then "auto", one call.
 # Tables go to stdout, the JSON files to $OUT/off and $OUT/auto.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 CUPY_TF32=0
 OUT=${OUT:-/tmp/persistent-auto}
 FLAGS=""

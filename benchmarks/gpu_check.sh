@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A session's GPU check in one call: the GPU suite through benchmarks/train_gpu.sh (no probe, no bench), then
+# The GPU check after a change to the training step, in one call: the GPU suite through benchmarks/train_gpu.sh (no probe, no bench), then
 # compute-sanitizer memcheck and racecheck on persistent training steps of the two-stage presets
 # (benchmarks/sanitize_training.py --persistent). Files into $OUT; the tests' and sanitizers' summaries printed.
 set -u

@@ -1,14 +1,14 @@
 """IndRNN's pre-activations whose sign differs between the fused training forward (fp32, GPU) and a float64 forward
 of the same inputs, layer by layer, in both wavefront modes: one flipped ReLU derivative moves every gradient below it
-by ~1 / sqrt(B x T x H) (6e-4 at `mid`), which is what benchmarks/probe_training_error.py showed for IndRNN at `mid`
-in the wavefront (fourteenth session, benchmarks/NOTES.md).
+by ~1 / sqrt(B x T x H) (6e-4 at `mid`), which is what benchmarks/experiments/probe_training_error.py showed for IndRNN
+at `mid` in the wavefront (benchmarks/NOTES.md, 2026-11-25 02:13).
 
-    python benchmarks/probe_relu_flips.py [config]        # default mid
+    python benchmarks/experiments/probe_relu_flips.py [config]        # default mid
 """
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import cupy  # noqa: E402
 import numpy as np  # noqa: E402

@@ -1,13 +1,13 @@
 """Can the persistent kernel be a cooperative launch of thread-block clusters? (CuPy, CUDA 13, sm_90)
 
-    python benchmarks/probe_clusters.py
+    python benchmarks/experiments/probe_clusters.py
 
 A kernel with __cluster_dims__(CS, 1, 1), launched cooperatively through CuPy (RawModule with
 enable_cooperative_groups=True, one block of 256 threads and 200 KiB of shared memory per SM): each block writes
 a value to its shared memory, cluster.sync(), reads its neighbour's through distributed shared memory, then
 grid.sync() 2000 times; the values are checked and the loop timed against the same kernel without clusters.
 Prints, per cluster size, the largest grid that launches. (The question behind it: blocks of one layer sharing
-each X chunk through one L2 read, benchmarks/NOTES.md, eighth session.)"""
+each X chunk through one L2 read, benchmarks/NOTES.md, 2026-11-23 22:07.)"""
 from __future__ import annotations
 
 import numpy as np

@@ -1,7 +1,7 @@
 """How far the fused training step's gradients are from float64, gradient by gradient, for the harness's own cases
 (engine.bench.training.make_case: seed 0), in both wavefront modes, with the work buffers poisoned or not:
 
-    python benchmarks/probe_training_error.py indrnn:mid indrnn:blogB lstm:mid
+    python benchmarks/experiments/probe_training_error.py indrnn:mid indrnn:blogB lstm:mid
 
 Prints the x gradient's norm-relative error and each parameter gradient's that is over 1e-5 (layer, name)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import cupy  # noqa: E402
 import numpy as np  # noqa: E402

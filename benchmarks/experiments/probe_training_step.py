@@ -1,6 +1,6 @@
 """One training step (forward + backward) of a cell on the GPU against cuDNN's (issue #13, item 5): where it starts.
 
-    python benchmarks/probe_training_step.py --preset lstm --preset gru --config blogB --config mid
+    python benchmarks/experiments/probe_training_step.py --preset lstm --preset gru --config blogB --config mid
 
 Times, with CUDA events after warm-up (median of --repeats): engine.torch_module.CellRNN (the engine's forward and
 backward interpreted through CuPy, op by op: engine.autodiff backend "naive") and torch.nn.LSTM / GRU (cuDNN), both
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import engine  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402

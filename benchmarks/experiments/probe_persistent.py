@@ -1,7 +1,7 @@
 """The persistent training step (engine/autodiff/persistent.py) against the fused one: forward and step ms (CUDA events
 around record() and record().backward(), medians), layer by layer and as the wavefront.
 
-    python benchmarks/probe_persistent.py --preset lstm --config blogB --config mid
+    python benchmarks/experiments/probe_persistent.py --preset lstm --config blogB --config mid
 """
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: probe_fused_training
 
 import numpy as np  # noqa: E402
 

@@ -108,9 +108,9 @@ def test_poisoned_buffers_reach_the_output_when_a_store_is_missing(monkeypatch):
     assert np.isnan(result.outputs[1:]).any()
 
 
-# ---- the pipeline -------------------------------------------------------------------------------------
+# ---- the pass list --------------------------------------------------------------------------------------
 
-def test_pipeline_lists_every_pass_once_with_a_reason():
+def test_pass_list_names_every_pass_once_with_a_reason():
     passes = pass_list()
     assert [p.name for p in passes] == list(PASS_NAMES)
     assert len(set(PASS_NAMES)) == len(PASS_NAMES)

@@ -305,7 +305,7 @@ def fused_runs(net: Net, precision: str = "float32") -> list[FusedRun]:
     kernels/pool.cuh) or directly, plus a pool right after the run. Runs that would be one block with no pool are
     left out (nothing to fuse). Cells whose layer output cannot take a pool (codegen.check_pool_fusable) make none."""
     from .codegen.wavefront import check_pool_fusable
-    from .plan import compile_program
+    from .compiler import compile_program
     blocks, runs, k = net.blocks, [], 0
 
     def joinable(a, b):

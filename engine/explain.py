@@ -18,12 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 from .codegen import text_equations
+from .compiler import make_plan
 from .errors import CompileError
 from .gallery import Preset
 from .gallery import get as get_preset
 from .ir import CellGraph
 from .network import Network
-from .plan import Plan, gemm_to_dict, human_count, make_plan
+from .plan import Plan, gemm_to_dict, human_count
 from .schedules.report import check_schedule, schedules_report
 
 DEFAULT_SIZES = {"input_size": 32, "hidden_size": 64, "num_layers": 1, "steps": 16, "batch": 8}

@@ -28,6 +28,11 @@ STATE_DIMS = ("H", "P")   # the sizes a state may have
 SCALAR = "1"  # the dim of a const: broadcasts against any vector
 UNKNOWN = "?"  # the dim of a value downstream of a reported mismatch (not reported again)
 
+# The cell graph's format: its name and version head every saved graph (engine.serialize) and are part of
+# the structural hash. Bump VERSION when what a node means changes.
+SCHEMA = "rnn-cell-graph"
+VERSION = 1
+
 
 @dataclass(frozen=True)
 class Node:
@@ -136,7 +141,7 @@ class CellGraph:
 
     @cached_property
     def dims(self) -> dict[str, str]:
-        return _infer_dims(self.by_name, self.topo_order, self.input_is_hidden)[0]
+        return infer_dims(self.by_name, self.topo_order, self.input_is_hidden)[0]
 
     def state_dim(self, name: str) -> str:
         """The size of a state: "H", or "P" for a projected state."""
@@ -184,14 +189,33 @@ class CellGraph:
         return frozenset(live)
 
     # ---- identity ------------------------------------------------------------------------
+    def structure(self) -> dict[str, Any]:
+        """Everything that decides what the cell computes, as plain lists and dicts: the format, the output, the
+        nodes and the states (not the name or doc). `args` list the op's ports in the order engine.ops gives."""
+        nodes = []
+        for n in self.nodes:
+            entry: dict[str, Any] = {"name": n.name, "op": n.op}
+            if n.args:
+                entry["args"] = list(n.args)
+            if n.attrs:
+                entry["attrs"] = dict(n.attrs)
+            nodes.append(entry)
+        out: dict[str, Any] = {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "output": self.output,
+            "nodes": nodes,
+            "states": [{"name": s.name, "next": s.next} for s in self.states],
+        }
+        if self.input_is_hidden:           # present only when set: every other cell's structure stays as it was
+            out["input_is_hidden"] = True
+        return out
+
     @cached_property
     def structural_hash(self) -> str:
-        """Hash of the structure (not the name or doc): equal graphs compile to equal code."""
-        from .serialize import to_dict
-        body = to_dict(self)
-        body.pop("name", None)
-        body.pop("doc", None)
-        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+        """Hash of the structure (not the name or doc): equal graphs compile to equal code. json.dumps with
+        sorted keys is only the canonical byte string that is hashed."""
+        return hashlib.sha256(json.dumps(self.structure(), sort_keys=True).encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "CellGraph":
         fields = dict(name=self.name, nodes=self.nodes, states=self.states, output=self.output, doc=self.doc,
@@ -293,7 +317,7 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
         problems.append(Problem(f"input_is_hidden must be true or false, got {graph.input_is_hidden!r}",
                                 field="input_is_hidden", hint="true when the cell needs input size == hidden size"))
         return problems, warnings
-    dims, dim_problems = _infer_dims(by_name, order, graph.input_is_hidden)
+    dims, dim_problems = infer_dims(by_name, order, graph.input_is_hidden)
     problems += dim_problems
     for s in graph.states:
         d = dims.get(s.next)
@@ -399,7 +423,7 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
     return out
 
 
-def _infer_dims(by_name: dict[str, Node], order: Iterable[str],
+def infer_dims(by_name: dict[str, Node], order: Iterable[str],
                 input_is_hidden: bool = False) -> tuple[dict[str, str], list[Problem]]:
     """The size (I, H or scalar) of every value, and the size mismatches. With input_is_hidden the cell runs
     only where input size == hidden size (engine.network checks it), so I is H: x may meet H-sized values."""

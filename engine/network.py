@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import BackendError
-from .ir import CellGraph, _infer_dims
+from .ir import CellGraph, infer_dims
 
 
 def tied_node(cell: CellGraph) -> str | None:
     """The first node where a cell declared input_is_hidden combines an I-sized value with an H-sized one."""
-    _, problems = _infer_dims(cell.by_name, cell.topo_order, input_is_hidden=False)
+    _, problems = infer_dims(cell.by_name, cell.topo_order, input_is_hidden=False)
     return next((p.node for p in problems if p.node), None)
 
 

@@ -7,7 +7,10 @@ is a `Lin`, a linear form in the layer's input size I and hidden size H, so one 
 every layer and every size. A `Plan` is a Program bound to a network and a run shape (T, B):
 concrete GEMM shapes, FLOPs, bytes, launches and the wavefront schedule.
 
-    plan = make_plan(network, steps=T, batch=B)
+This module is data and pure helpers on it: engine.passes and engine.codegen import it, it imports
+neither; engine.compiler runs both and then `bind`.
+
+    plan = make_plan(network, steps=T, batch=B)          # engine.compiler
     plan.program.gemms[0].terms          # which matmuls (and folded biases) each output block sums
     pack_weights(plan.program, network, params, layer=0)   # {gemm name: PackedGemm(weight, bias)}
 
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BackendError, CompileError
+from .errors import CompileError
 from .ir import CellGraph
 from .network import Network
 from .params import Params
@@ -428,26 +431,8 @@ class Plan:
         return self.network.layer_sizes(layer)
 
 
-def compile_program(cell: CellGraph, passes=None, *, layout: str = "blocked", precision: str = "float32",
-                    doc: str = "") -> Program:
-    """Run the pass pipeline and render the CUDA source (both cached by the program key)."""
-    from . import codegen
-    from .passes import compile_cell
-    program = compile_cell(cell, passes, layout=layout, precision=precision)
-    return codegen.with_source(program, doc=doc)
-
-
-def make_plan(network: Network, steps: int, batch: int, passes=None, *, layout: str = "blocked",
-              chunk_steps: int | None = None, precision: str = "float32", doc: str = "") -> Plan:
-    """Compile the network's cell and bind it to T=steps, B=batch."""
-    for name, value in (("steps", steps), ("batch", batch)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise BackendError(f"{name} must be a positive integer, got {value!r}")
-    program = compile_program(network.cell, passes, layout=layout, precision=precision, doc=doc)
-    return bind(program, network, steps, batch, chunk_steps)
-
-
 def bind(program: Program, network: Network, steps: int, batch: int, chunk_steps: int | None = None) -> Plan:
+    """The Program bound to a network and T=steps, B=batch: GEMM shapes and costs per layer."""
     if program.schedule == "layers" or network.num_layers == 1:
         chunk = steps
     else:

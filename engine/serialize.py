@@ -14,33 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CellGraphError, Problem
-from .ir import CellGraph, Node, StateSpec
+from .ir import SCHEMA, VERSION, CellGraph, Node, StateSpec
 
-SCHEMA = "rnn-cell-graph"
-VERSION = 1
 TOP_KEYS = ("schema", "version", "name", "doc", "output", "nodes", "states", "input_is_hidden")
 
 
 def to_dict(graph: CellGraph) -> dict[str, Any]:
-    nodes = []
-    for n in graph.nodes:
-        entry: dict[str, Any] = {"name": n.name, "op": n.op}
-        if n.args:
-            entry["args"] = list(n.args)
-        if n.attrs:
-            entry["attrs"] = dict(n.attrs)
-        nodes.append(entry)
-    out = {
-        "schema": SCHEMA,
-        "version": VERSION,
-        "name": graph.name,
-        "doc": graph.doc,
-        "output": graph.output,
-        "nodes": nodes,
-        "states": [{"name": s.name, "next": s.next} for s in graph.states],
-    }
-    if graph.input_is_hidden:           # written only when set: every other cell's JSON stays as it was
-        out["input_is_hidden"] = True
+    structure = graph.structure()
+    out = {"schema": structure.pop("schema"), "version": structure.pop("version"), "name": graph.name,
+           "doc": graph.doc}
+    out.update(structure)              # output, nodes, states (and input_is_hidden), in the files' key order
     return out
 
 

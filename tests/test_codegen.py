@@ -17,7 +17,7 @@ import engine
 from compiler_cells import CELLS
 from engine.codegen import GENERATOR_VERSION, text_equations, with_source
 from engine.explain import explain_text
-from engine.plan import compile_program
+from engine.compiler import compile_program
 
 GOLDEN = Path(__file__).parent / "golden"
 PRESETS = sorted(engine.presets())

@@ -126,7 +126,7 @@ def render_all(cell) -> dict[str, str]:
     (persistent and graph; float32 and bfloat16) where the schedules can run it."""
     from engine.codegen import compile_module  # noqa: F401 - the import path the fused backend uses
     from engine.codegen.wavefront import render_wavefront
-    from engine.plan import make_plan
+    from engine.compiler import make_plan
     from engine.schedules.tiling import H100, TileConfig, eligibility, make_tiling
     network = engine.Network(cell, input_size=5, hidden_size=6, num_layers=2)
     sources = {"fused": engine.explain_json(cell, input_size=5, hidden_size=6, num_layers=2, steps=3,

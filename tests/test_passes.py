@@ -17,8 +17,9 @@ import pytest
 import engine
 from compiler_cells import CELLS
 from engine.backends import plan_numpy
+from engine.compiler import compile_cell, make_plan
 from engine.errors import BackendError, CompileError
-from engine.passes import PASS_NAMES, compile_cell, enabled_passes, pipeline
+from engine.passes import PASS_NAMES, enabled_passes, pass_list
 from engine.passes.lowering import Lowering, describe
 
 PRESETS = sorted(engine.presets())
@@ -96,9 +97,8 @@ def test_a_broken_packing_is_caught(monkeypatch):
 
 def test_poisoned_buffers_reach_the_output_when_a_store_is_missing(monkeypatch):
     """NaN poisoning catches a value read before it is written: drop the kernel's state store."""
-    import engine.plan as plan_module
     network, params, x, states = _case(engine.preset("gru").cell, num_layers=1)
-    plan = plan_module.make_plan(network, x.shape[0], x.shape[1])
+    plan = make_plan(network, x.shape[0], x.shape[1])
     kernel = plan.program.kernels[0]
     crippled = dataclasses.replace(kernel, stores=tuple(s for s in kernel.stores if "state" not in s.why))
     program = dataclasses.replace(plan.program, kernels=(crippled,))
@@ -108,10 +108,10 @@ def test_poisoned_buffers_reach_the_output_when_a_store_is_missing(monkeypatch):
     assert np.isnan(result.outputs[1:]).any()
 
 
-# ---- the pipeline -------------------------------------------------------------------------------------
+# ---- the pass list --------------------------------------------------------------------------------------
 
-def test_pipeline_lists_every_pass_once_with_a_reason():
-    passes = pipeline()
+def test_pass_list_names_every_pass_once_with_a_reason():
+    passes = pass_list()
     assert [p.name for p in passes] == list(PASS_NAMES)
     assert len(set(PASS_NAMES)) == len(PASS_NAMES)
     for p in passes:
@@ -122,7 +122,7 @@ def test_passes_are_pure_and_return_new_state():
     cell = engine.preset("lstm_fgr").cell
     low = Lowering(cell=cell, source_cell=cell)
     before = describe(low)
-    for p in pipeline():
+    for p in pass_list():
         new, summary = p.run(low)
         assert describe(low) == before, f"pass {p.name} changed its input"
         assert isinstance(summary, str) and summary
@@ -160,7 +160,7 @@ def test_bad_options_raise_compile_errors():
     with pytest.raises(CompileError, match="CellGraph"):
         compile_cell("lstm")
     with pytest.raises(BackendError, match="steps"):
-        engine.plan.make_plan(engine.Network(cell, 3, 4), 0, 2)
+        make_plan(engine.Network(cell, 3, 4), 0, 2)
 
 
 # ---- single passes ------------------------------------------------------------------------------------
@@ -283,9 +283,9 @@ def test_fusion_places_values_as_late_as_possible():
 
 def test_wavefront_off_runs_layers_one_after_the_other():
     network = engine.Network(engine.preset("lstm").cell, 3, 4, num_layers=3)
-    plan = engine.plan.make_plan(network, 10, 2, {"wavefront": False})
+    plan = make_plan(network, 10, 2, {"wavefront": False})
     assert plan.program.schedule == "layers" and plan.num_chunks == 1
     assert list(plan.chunk_order()) == [((0, 0),), ((1, 0),), ((2, 0),)]
-    on = engine.plan.make_plan(network, 10, 2, chunk_steps=3)
+    on = make_plan(network, 10, 2, chunk_steps=3)
     assert on.num_chunks == 4
     assert [list(d) for d in on.chunk_order()] == [[tuple(c) for c in d] for d in on.chunk_wavefront.steps]

@@ -15,7 +15,7 @@ from compiler_cells import CELLS
 from engine.cli import main as cli_main
 from engine.errors import BackendError
 from engine.explain import explain_json, explain_text
-from engine.plan import make_plan
+from engine.compiler import make_plan
 from engine.schedule import wavefront
 
 PRESETS = sorted(engine.presets())

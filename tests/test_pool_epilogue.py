@@ -25,7 +25,7 @@ import engine
 from engine.blocks import Layers, Net, NetProgram, Pool, fused_runs, pool_over_time
 from engine.codegen.wavefront import TIMING_FIELDS, check_pool_fusable, layer_fields, render_wavefront
 from engine.errors import BackendError, CompileError
-from engine.plan import compile_program, make_plan
+from engine.compiler import compile_program, make_plan
 from engine.schedules.base import WavefrontSchedule
 from engine.schedules.steps import layer_steps
 from engine.schedules.tiling import H100, TileConfig, make_tiling

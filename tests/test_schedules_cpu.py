@@ -33,7 +33,7 @@ from compiler_cells import CELLS
 from engine.codegen import text_equations
 from engine.codegen.wavefront import HALF_SUFFIX, entry_points, half_copies, layer_fields, render_wavefront, stages
 from engine.errors import CompileError
-from engine.plan import compile_program, make_plan
+from engine.compiler import compile_program, make_plan
 from engine.schedules import autotune
 from engine.schedules.tiling import H100, DeviceLimits, TileConfig, eligibility, make_tiling
 

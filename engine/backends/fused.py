@@ -21,10 +21,11 @@ import math
 
 import numpy as np
 
+from ..compiler import make_plan
 from ..errors import BackendError
 from ..network import Network
 from ..params import Params
-from ..plan import FLOAT_BYTES, Plan, make_plan, pack_weights, slot_columns
+from ..plan import FLOAT_BYTES, Plan, pack_weights, slot_columns
 from .common import RunResult, check_float32_gpu_program, check_gpu_run_inputs
 
 THREADS_PER_BLOCK = 256
@@ -331,7 +332,7 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
         passes=None, layout: str = "blocked", chunk_steps: int | None = None, poison: bool = False) -> RunResult:
     """x: (T, B, I), NumPy or CuPy. initial_states: name -> (L, B, H), zeros where not given.
 
-    passes/layout/chunk_steps select the plan (see engine.plan.make_plan). poison=True fills every
+    passes/layout/chunk_steps select the plan (see engine.compiler.make_plan). poison=True fills every
     work buffer with NaN first, so a value read before it is written shows up in the result (tests).
     """
     program = prepare(network, params, dtype, passes=passes, layout=layout, chunk_steps=chunk_steps)

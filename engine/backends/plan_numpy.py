@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..compiler import make_plan
 from ..errors import BackendError
 from ..network import Network
 from ..ops import apply_elementwise
 from ..params import Params, check_params
-from ..plan import Kernel, make_plan, slot_columns
+from ..plan import Kernel, slot_columns
 from .common import RunResult, check_inputs
 from .fused import Executor
 

@@ -219,7 +219,7 @@ class EngineBackend(Implementation):
         except Exception as e:
             return f"backend '{self.backend}' does not import ({short_reason(e)})"
         if self.backend in ("graph", "persistent"):        # cells the wavefront tiling does not take (e.g. LSTMP)
-            from ..plan import compile_program
+            from ..compiler import compile_program
             from ..schedules.tiling import eligibility
             why = eligibility(compile_program(case.cell, layout="interleaved"))
             if why:

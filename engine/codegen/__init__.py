@@ -6,7 +6,11 @@ Two caches, as CuPy and Triton keep them apart:
 - compile cache (loaded binary): key = the source's hash + the device architecture. CuPy also keeps
   its own on-disk cache of NVRTC output keyed by source and options.
 
-CuPy is imported only by `compile_module`, so the engine imports on machines without it.
+CuPy is imported only by `compile_module` (and engine/codegen/nvrtc.py's functions), so the engine
+imports on machines without it.
+
+May import: engine.plan, engine.ir, engine.ops, engine.network, engine.errors. Never: engine.passes or
+engine.compiler (the compile step, above both), nor backends, schedules or api.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from ..errors import CompileError
 from ..plan import Program
 from .cuda import THREADS_PER_BLOCK, helper_source, render_kernel, render_module
 from .equations import text_equations
+from .nvrtc import load_module
 from .precision import Precision, precision
 
 # Bump when the generated code changes for the same Program: it is part of every cache key.
@@ -49,12 +54,10 @@ def source_hash(source: str) -> str:
 def compile_module(program: Program):
     """A cupy.RawModule with every kernel of the program, compiled for the current device with NVRTC as IEEE fp32
     (engine/codegen/nvrtc.py), cached."""
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
 
     if not program.source:
         program = with_source(program)
-    from .nvrtc import load_module
-
     device = cupy.cuda.Device()
     arch = device.compute_capability
     key = (source_hash(program.source), arch, device.id)

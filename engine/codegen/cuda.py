@@ -27,7 +27,8 @@ def helper_source(filename: str) -> str:
     return f"// ---- kernels/{filename} (inlined) ----\n{text.rstrip()}\n// ---- end of kernels/{filename} ----\n"
 
 
-def _ld(lin: Lin) -> str:
+def c_factor(lin: Lin) -> str:
+    """The extent as a C expression that is safe to multiply: parenthesised when it is a sum."""
     text = lin.c_expr()
     return f"({text})" if "+" in text else text
 
@@ -36,10 +37,10 @@ def index_expr(access: Access, row: str = "row") -> str:
     """The element (b, j) of an access; `row` names the row of a sequence buffer (row t * B + b)."""
     parts = []
     if access.rows != "vector":
-        parts.append(f"{row if access.rows == 'sequence' else 'b'} * {_ld(access.ld)}")
+        parts.append(f"{row if access.rows == 'sequence' else 'b'} * {c_factor(access.ld)}")
     offset = access.offset.c_expr()
     if offset != "0":
-        parts.append(_ld(access.offset) if "+" in offset else offset)
+        parts.append(c_factor(access.offset) if "+" in offset else offset)
     parts.append("j" if access.stride == 1 else f"{access.stride} * j")
     return " + ".join(parts)
 

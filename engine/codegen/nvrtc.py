@@ -47,7 +47,7 @@ def nvrtc_options() -> tuple[str, ...]:
     """OPTIONS with the include folders CuPy gives NVRTC (the CUDA headers, e.g. cooperative_groups.h, and CuPy's
     CCCL copy), found the way CuPy finds them."""
     try:
-        from cupy._core.core import assemble_cupy_compiler_options
+        from cupy._core.core import assemble_cupy_compiler_options  # deferred: CuPy is optional (no GPU in CI)
     except ImportError:            # a CuPy without it: the CUDA headers where CuPy's CUDA path says
         import cupy
         return (*OPTIONS, f"-I{Path(cupy.cuda.get_cuda_path()) / 'include'}")
@@ -57,7 +57,7 @@ def nvrtc_options() -> tuple[str, ...]:
 def compile_cubin(source: str, arch: str, options: tuple[str, ...] | None = None, name: str = "cellforge.cu") -> bytes:
     """The CUBIN of `source` for sm_<arch> (e.g. "90") with `options` (default nvrtc_options()); NvrtcError with
     NVRTC's log if it does not compile."""
-    from cupy_backends.cuda.libs import nvrtc
+    from cupy_backends.cuda.libs import nvrtc  # deferred: CuPy is optional (no GPU in CI)
 
     program = nvrtc.createProgram(source, name, [], [])
     try:
@@ -72,7 +72,7 @@ def compile_cubin(source: str, arch: str, options: tuple[str, ...] | None = None
 
 def cubin_path(source: str, arch: str) -> Path:
     """Where the CUBIN of `source` for sm_<arch> is (compiled now unless cached)."""
-    from cupy_backends.cuda.libs import nvrtc
+    from cupy_backends.cuda.libs import nvrtc  # deferred: CuPy is optional (no GPU in CI)
 
     options = nvrtc_options()
     version = ".".join(str(v) for v in nvrtc.getVersion())
@@ -88,7 +88,7 @@ def cubin_path(source: str, arch: str) -> Path:
 
 def load_module(source: str, cooperative: bool = False):
     """A cupy.RawModule of `source` compiled for the current device with OPTIONS (IEEE fp32)."""
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
 
     arch = cupy.cuda.Device().compute_capability
     return cupy.RawModule(path=str(cubin_path(source, arch)), enable_cooperative_groups=cooperative)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..errors import CompileError
 from ..network import Network
 from ..plan import Gemm, Kernel, Program
-from .cuda import _ld, helper_source, index_expr, kernel_body
+from .cuda import c_factor, helper_source, index_expr, kernel_body
 from .equations import text_equations
 from .precision import precision as lookup_precision
 
@@ -285,7 +285,7 @@ def _pooled_store(kernel: Kernel, program: Program, precision, body: list[str], 
                                f"was not found in kernel {kernel.name}; hint: this is a bug in engine.codegen.wavefront, "
                                "run the net without fuse_pools meanwhile")
         out += [f"{indent}if (L.pool_out)   // a pool follows this layer: h_t folded into it, the sequence never stored",
-                f"{indent}    rnn_pool_step({pooled}, (long)B * {_ld(store.access.ld)}, {precision.store(store.var)}, t,",
+                f"{indent}    rnn_pool_step({pooled}, (long)B * {c_factor(store.access.ld)}, {precision.store(store.var)}, t,",
                 f"{indent}                  (int)L.pool_steps, (int)L.pool_op, (int)L.pool_window, (int)L.pool_stride);",
                 f"{indent}else",
                 f"{indent}    {target}"]

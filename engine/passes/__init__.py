@@ -1,4 +1,4 @@
-"""The compiler: pure passes from a cell graph to a Program (engine.plan), listed in `pipeline()`.
+"""The passes: pure rewrites from a cell graph to a Program (engine.plan), listed in `pass_list()`.
 
 Every pass takes a Lowering and returns a new one with a one-line summary; none mutates its input.
 Each can be switched off (explain() and the tests compare plans with and without a pass); a pass
@@ -6,21 +6,22 @@ that is off runs its `off` function instead, the plainest correct choice (e.g. o
 or nothing at all. The optimizations are those of Appleyard, Kocisky & Blunsom, "Optimizing
 Performance of Recurrent Neural Networks on GPUs" (2016), applied to any cell graph.
 
-    program = compile_cell(cell)                              # every pass on
+engine.compiler runs them: it checks the options, keys and caches the Program, and renders its CUDA.
+
+    program = compile_cell(cell)                              # every pass on (engine.compiler)
     program = compile_cell(cell, {"fuse_elementwise": False})  # one kernel per op
+
+May import: engine.ir, engine.ops, engine.plan, engine.errors. Never: engine.codegen, engine.compiler, or
+anything above them (backends, api).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
 
-from ..codegen.precision import precision as lookup_precision
 from ..errors import CompileError
 from ..ir import CellGraph
-from ..plan import LAYOUTS, PassRecord, Program
+from ..plan import PassRecord, Program
 from .constants import fold_constants
 from .fold import fold_biases
 from .fusion import fuse_elementwise, one_kernel_per_op
@@ -31,6 +32,7 @@ from .lowering import Lowering, describe
 from .prune import prune_dead
 from .schedule import layer_by_layer, schedule_wavefront
 from .sums import flatten_sums
+
 
 @dataclass(frozen=True)
 class Pass:
@@ -43,7 +45,7 @@ class Pass:
         return (self.run.__doc__ or "").strip().splitlines()[0]
 
 
-def pipeline() -> tuple[Pass, ...]:
+def pass_list() -> tuple[Pass, ...]:
     """The passes, in order. Each line says why the pass is there (its docstring says it in full)."""
     return (
         Pass("prune_dead", prune_dead),                                  # dead values cost launches, change nothing
@@ -57,7 +59,7 @@ def pipeline() -> tuple[Pass, ...]:
     )
 
 
-PASS_NAMES = tuple(p.name for p in pipeline())
+PASS_NAMES = tuple(p.name for p in pass_list())
 
 
 def enabled_passes(passes=None) -> dict[str, bool]:
@@ -84,29 +86,12 @@ def enabled_passes(passes=None) -> dict[str, bool]:
     return chosen
 
 
-def compile_cell(cell: CellGraph, passes=None, *, layout: str = "blocked", precision: str = "float32") -> Program:
-    """Run the pipeline on one cell. Cached: equal structure and options give the same Program."""
-    if not isinstance(cell, CellGraph):
-        raise CompileError(f"compile needs a CellGraph, got {type(cell).__name__}")
-    if layout not in LAYOUTS:
-        raise CompileError(f"unknown weight layout '{layout}'; hint: use one of {', '.join(LAYOUTS)}")
-    precision = lookup_precision(precision).name     # raises CompileError naming the supported ones
-    chosen = enabled_passes(passes)
-    return _compile(cell, tuple(sorted(chosen.items())), layout, precision)
-
-
-def program_key(cell: CellGraph, chosen: tuple, layout: str, precision: str) -> str:
-    from ..codegen import GENERATOR_VERSION
-    body = json.dumps([cell.structural_hash, cell.name, chosen, layout, precision, GENERATOR_VERSION])
-    return hashlib.sha256(body.encode()).hexdigest()[:16]
-
-
-@lru_cache(maxsize=128)
-def _compile(cell: CellGraph, chosen: tuple, layout: str, precision: str) -> Program:
-    on = dict(chosen)
+def run_passes(cell: CellGraph, on: dict[str, bool], layout: str, precision: str, key: str) -> Program:
+    """Run every pass of pass_list() on one cell (or its `off` function where on[name] is False) and lower the
+    result to a Program keyed `key`. The options are checked by the caller (engine.compiler.compile_cell)."""
     low = Lowering(cell=cell, source_cell=cell, layout=layout, precision=precision)
     records = []
-    for p in pipeline():
+    for p in pass_list():
         step = p.run if on[p.name] else p.off
         if step is None:
             summary = "off"
@@ -115,7 +100,7 @@ def _compile(cell: CellGraph, chosen: tuple, layout: str, precision: str) -> Pro
             if not on[p.name]:
                 summary = f"off: {summary}"
         records.append(PassRecord(p.name, on[p.name], p.why, summary, describe(low)))
-    return lower(low, tuple(records), program_key(cell, chosen, layout, precision))
+    return lower(low, tuple(records), key)
 
 
-__all__ = ["Pass", "pipeline", "PASS_NAMES", "enabled_passes", "compile_cell", "Lowering", "describe"]
+__all__ = ["Pass", "pass_list", "PASS_NAMES", "enabled_passes", "run_passes", "Lowering", "describe"]

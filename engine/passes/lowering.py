@@ -1,4 +1,4 @@
-"""The state that flows through the pass pipeline: the cell graph plus what each pass decided.
+"""The state that flows through the passes (engine.passes.pass_list): the cell graph plus what each pass decided.
 
 Every field is frozen; a pass returns a new Lowering (dataclasses.replace) and never edits its input.
 `describe` prints the state after any pass, which is what explain() shows as "the graph after each pass".

@@ -86,7 +86,7 @@ def tile_shapes(batch: int, precision: str = "float32") -> list[tuple[int, int]]
 
 def candidates(network: Network, batch: int, limits: DeviceLimits, precision: str = "float32") -> list[Candidate]:
     """What tune() times. The fused backend is strict float32 only, so reduced precisions try the schedules."""
-    from ..plan import compile_program
+    from ..compiler import compile_program
     program = compile_program(network.cell, layout="interleaved", precision=precision)
     found = [Candidate("fused")] if precision == "float32" else []
     why = eligibility(program)
@@ -127,7 +127,7 @@ def cache_path(name: str = "autotune.json") -> Path:
 
 def cache_key(network: Network, steps: int, batch: int, device: str, precision: str = "float32") -> str:
     from ..codegen import GENERATOR_VERSION
-    from ..plan import compile_program
+    from ..compiler import compile_program
     program = compile_program(network.cell, layout="interleaved", precision=precision)
     return (f"{program.key}|gen{GENERATOR_VERSION}|I{network.input_size}|H{network.hidden_size}|"
             f"L{network.num_layers}|T{steps}|B{batch}|{precision}|{device}")

@@ -22,10 +22,11 @@ import threading
 import numpy as np
 
 from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
+from ..compiler import make_plan
 from ..errors import BackendError, CompileError
 from ..network import Network
 from ..params import Params
-from ..plan import Plan, make_plan, pack_weights, slot_columns
+from ..plan import Plan, pack_weights, slot_columns
 from ..rounding import weight_bits
 from .tiling import DeviceLimits, TileConfig, Tiling, make_tiling
 

@@ -44,7 +44,7 @@ def test_random_cells_on_every_gpu_backend(cupy, design):
             try:
                 result = schedule_class(name)(network, params).run(x, states, poison=True)
             except CompileError as e:                  # the wavefront tiling cannot take it: said, with the cell
-                from engine.plan import compile_program
+                from engine.compiler import compile_program
                 from engine.schedules.tiling import eligibility
                 why = eligibility(compile_program(cell, layout="interleaved"))
                 assert why and str(e) == f"cell '{cell.name}': {why}", str(e)

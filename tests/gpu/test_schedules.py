@@ -50,7 +50,7 @@ def test_every_preset_matches_the_reference(cupy, schedule, name, num_layers):
 def test_unusual_cells_match_or_are_refused_by_name(cupy, name):
     network, params, x, states = make_case(CELLS[name], num_layers=2)
     ref = reference.run(network, params, x, states, dtype=np.float64)
-    from engine.plan import compile_program
+    from engine.compiler import compile_program
     why = eligibility(compile_program(CELLS[name], layout="interleaved"))
     for schedule in SCHEDULES:
         if why is None:

@@ -1,10 +1,10 @@
 """Code generation: readable CUDA C from a Program, and its compilation through CuPy.
 
-Two caches, as CuPy and Triton keep them apart:
-- render cache (source text): key = the Program key (cell structural hash + cell name + passes +
+Rendering and compiling are cached apart, as CuPy and Triton keep them:
+- the render cache here (source text): key = the Program key (cell structural hash + cell name + passes +
   layout + precision + GENERATOR_VERSION) and the documentation text put in the header;
-- compile cache (loaded binary): key = the source's hash + the device architecture. CuPy also keeps
-  its own on-disk cache of NVRTC output keyed by source and options.
+- the compile cache (engine/codegen/nvrtc.py, the one every CUDA module of the engine goes through): key = the
+  source's hash and the device, in memory, and the CUBIN by source, options and architecture on disk.
 
 CuPy is imported only by `compile_module` (and engine/codegen/nvrtc.py's functions), so the engine
 imports on machines without it.
@@ -15,21 +15,19 @@ engine.compiler (the compile step, above both), nor backends, schedules or api.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import threading
 
 from ..errors import CompileError
 from ..plan import Program
 from .cuda import THREADS_PER_BLOCK, helper_source, render_kernel, render_module
 from .equations import text_equations
-from .nvrtc import load_module
+from .nvrtc import load_module, source_hash
 from .precision import Precision, precision
 
 # Bump when the generated code changes for the same Program: it is part of every cache key.
 GENERATOR_VERSION = 1
 
 _render_cache: dict[tuple[str, str], tuple[str, dict]] = {}
-_compile_cache: dict[tuple[str, str], object] = {}
 _lock = threading.Lock()
 
 
@@ -47,24 +45,14 @@ def with_source(program: Program, doc: str = "") -> Program:
                                kernels=tuple(dataclasses.replace(k, source=kernels[k.name]) for k in program.kernels))
 
 
-def source_hash(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
-
-
 def compile_module(program: Program):
     """A cupy.RawModule with every kernel of the program, compiled for the current device with NVRTC as IEEE fp32
-    (engine/codegen/nvrtc.py), cached."""
+    (engine/codegen/nvrtc.py, which caches it)."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
 
     if not program.source:
         program = with_source(program)
-    device = cupy.cuda.Device()
-    arch = device.compute_capability
-    key = (source_hash(program.source), arch, device.id)
-    with _lock:
-        module = _compile_cache.get(key)
-    if module is not None:
-        return module
+    arch = cupy.cuda.Device().compute_capability
     try:
         module = load_module(program.source)     # IEEE fp32: NVRTC without CuPy's -ftz=true (codegen/nvrtc.py)
         for kernel in program.kernels:
@@ -73,8 +61,6 @@ def compile_module(program: Program):
         raise CompileError(f"generated CUDA for cell '{program.cell.name}' did not compile for sm_{arch}: "
                            f"{type(e).__name__}: {e}\nhint: this is a bug in engine.codegen; "
                            "`python -m engine explain <cell>` prints the source") from None
-    with _lock:
-        _compile_cache[key] = module
     return module
 
 

@@ -1,11 +1,15 @@
-"""Generated CUDA compiled as IEEE fp32: subnormal values kept, IEEE division and square roots.
+"""The one compile cache of the engine's CUDA: every generated module (codegen's forward kernels, the schedules'
+wavefront kernels, the generated backward) and every hand-written kernels/*.cu file is loaded through `load_module`,
+compiled as IEEE fp32: subnormal values kept, IEEE division and square roots.
 
 CuPy's RawKernel and RawModule compile with NVRTC and append `-ftz=true` after the caller's options
 (cupy/cuda/compiler.py, `_compile_with_cache_cuda`, CuPy 14.2); NVRTC honours the last `-ftz` it is given, so a
 kernel compiled through them flushes subnormal inputs and results of float arithmetic to zero whatever it asks for.
 The engine therefore compiles its modules with NVRTC itself and gives CuPy the CUBIN (`cupy.RawModule(path=...)`).
-The CUBINs are cached on disk by source, options, architecture and NVRTC version, each written to a temporary file and
-renamed into place, so a file is there whole or not at all and processes can share the cache.
+Two levels, one key (the source's hash):
+- on disk, the CUBIN by source, options, architecture and NVRTC version, each written to a temporary file and renamed
+  into place, so a file is there whole or not at all and two processes can share the cache;
+- in memory, the loaded module by source hash, cooperative flag and device, so a process loads a module once.
 
     module = load_module(source, cooperative=True)          # a cupy.RawModule
     kernel = module.get_function("lstm_persistent")
@@ -86,9 +90,26 @@ def cubin_path(source: str, arch: str) -> Path:
     return path
 
 
+_loaded: dict[tuple[str, bool, int], object] = {}
+_loaded_lock = threading.Lock()
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
 def load_module(source: str, cooperative: bool = False):
-    """A cupy.RawModule of `source` compiled for the current device with OPTIONS (IEEE fp32)."""
+    """The cupy.RawModule of `source` for the current device, compiled with OPTIONS (IEEE fp32); loaded once a
+    process and device, the CUBIN compiled once a machine (cubin_path)."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
 
-    arch = cupy.cuda.Device().compute_capability
-    return cupy.RawModule(path=str(cubin_path(source, arch)), enable_cooperative_groups=cooperative)
+    device = cupy.cuda.Device()
+    key = (source_hash(source), cooperative, device.id)
+    with _loaded_lock:
+        module = _loaded.get(key)
+    if module is None:
+        path = cubin_path(source, device.compute_capability)
+        module = cupy.RawModule(path=str(path), enable_cooperative_groups=cooperative)
+        with _loaded_lock:
+            module = _loaded.setdefault(key, module)
+    return module

@@ -15,6 +15,10 @@ returns each state's next value. `W(name) @ value` is a matmul with a weight who
 the operand's size; `b` is a bias, `v` an elementwise vector (peepholes, IndRNN's u). Numbers mix in
 naturally: `1 - z` is one_minus, `0.5 * x` is scale, `x + 1.0` adds a const. Local variable names
 become node names, so generated CUDA and equations read like the source.
+
+The op functions (sigmoid, tanh, relu, hard_sigmoid, identity, neg, one_minus, add, sub, mul) are made
+from the op table, one per elementwise op of engine.ops without attributes, named like the op: an op
+added there is a DSL function here.
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def is_auto_name(name: str) -> bool:
 
 @dataclass(frozen=True)
 class Spelling:
-    template: str                          # the OpDef field holding each op's form: "latex" or "text"
+    template: str                          # the OpDef attribute with each op's form: "latex", "text_template"
     name: Callable[[str], str]             # a named value or a parameter
     input: Callable[[str], str]            # the input at step t
     before: Callable[[str], str]           # a state at t-1

@@ -15,6 +15,10 @@ returns each state's next value. `W(name) @ value` is a matmul with a weight who
 the operand's size; `b` is a bias, `v` an elementwise vector (peepholes, IndRNN's u). Numbers mix in
 naturally: `1 - z` is one_minus, `0.5 * x` is scale, `x + 1.0` adds a const. Local variable names
 become node names, so generated CUDA and equations read like the source.
+
+The op functions (sigmoid, tanh, relu, hard_sigmoid, identity, neg, one_minus, add, sub, mul) are made
+from the op table, one per elementwise op of engine.ops without attributes, named like the op: an op
+added there is a DSL function here.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from typing import Callable
 
 from .errors import CellGraphError, Problem
 from .ir import CellGraph, Node, StateSpec, make_node
+from .ops import OPS, dsl_functions, on_change
 
 _BUILDERS: list["_Builder"] = []
 
@@ -67,6 +72,11 @@ def _current() -> _Builder:
         raise CellGraphError("DSL helpers (W, b, v, const, sigmoid, ...) are only usable inside an @cell function",
                              hint="decorate the function with @engine.dsl.cell")
     return _BUILDERS[-1]
+
+
+# The ops that Value's Python operators build (a + b, a - b, a * b, 2.0 * a, 1 - a, -a): engine/dsl_emit.py
+# writes these with the operator, every other op as a call of its function.
+OPERATOR_OPS = frozenset({"add", "sub", "mul", "scale", "one_minus", "neg"})
 
 
 class Value:
@@ -182,23 +192,42 @@ def const(value: float, name: str | None = None) -> Value:
     return builder.leaf(name, "const", value=float(value))
 
 
-def _unary(op: str) -> Callable[[Value], Value]:
-    def fn(x: Value) -> Value:
-        if not isinstance(x, Value):
-            raise CellGraphError(f"{op}() needs a cell value, got {type(x).__name__}")
-        return x.builder.op(op, x)
-    fn.__name__ = op
-    fn.__doc__ = f"The '{op}' op (see engine.ops)."
+def op_function(op: str) -> Callable[..., Value]:
+    """The DSL function of op `op` of engine.ops: it takes one cell value per port of the op."""
+    def fn(*args: Value) -> Value:
+        spec = OPS[op]
+        if len(args) != spec.arity:
+            raise CellGraphError(f"{op}() takes {spec.arity} cell value(s) ({', '.join(spec.ports)}), got {len(args)}")
+        for arg in args:
+            if not isinstance(arg, Value):
+                raise CellGraphError(f"{op}() needs a cell value, got {type(arg).__name__}")
+        return args[0].builder.op(op, *args)
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = f"The '{op}' op: {OPS[op].description} (see engine.ops)."
     return fn
 
 
-sigmoid = _unary("sigmoid")
-tanh = _unary("tanh")
-relu = _unary("relu")
-hard_sigmoid = _unary("hard_sigmoid")
-identity = _unary("identity")
-neg = _unary("neg")
-one_minus = _unary("one_minus")
+# One function per elementwise op of the table (sigmoid, tanh, relu, hard_sigmoid, identity, neg, one_minus, add,
+# ...), made here from engine.ops and made again when an op is registered or removed.
+_OP_FUNCTIONS: set[str] = set()
+
+
+def _make_op_functions() -> None:
+    module = globals()
+    wanted = set(dsl_functions())
+    for name in _OP_FUNCTIONS - wanted:
+        del module[name]
+    for name in sorted(wanted - _OP_FUNCTIONS):
+        if name in module:
+            raise CellGraphError(f"op '{name}' would replace engine.dsl's own '{name}'", node=name,
+                                 hint="give the op another name")
+        module[name] = op_function(name)
+    _OP_FUNCTIONS.clear()
+    _OP_FUNCTIONS.update(wanted)
+
+
+_make_op_functions()
+on_change(_make_op_functions)
 
 
 def _capture_locals(fn: Callable, args: list) -> tuple[object, dict]:
@@ -312,7 +341,7 @@ def _choose_names(builder: _Builder, local_vars: dict, result: dict, params: lis
                 continue
             base = root.get(owner, final(owner))
             root[n.name] = base
-            activation = by_temp[owner].op in ("sigmoid", "tanh", "relu", "hard_sigmoid", "identity")
+            activation = OPS[by_temp[owner].op].is_activation
             claim(n.name, f"{base}_pre" if activation else f"{base}_{n.op}")
     return names
 

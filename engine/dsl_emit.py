@@ -24,13 +24,21 @@ import math
 from collections import Counter
 
 from .errors import CellGraphError, Problem
+from .dsl import OPERATOR_OPS
 from .ir import CellGraph
+from .ops import dsl_functions
 
-# Everything the emitted module may take from engine.dsl. An input or state called like one of them
-# would shadow it inside the function, so then the module imports `dsl` and writes `dsl.W(...)`; a
-# statement called like one is written `_v3 = (...).named("tanh")`.
-_HELPERS = ("W", "b", "v", "const", "cell", "sigmoid", "tanh", "relu", "hard_sigmoid", "identity")
-_ACTIVATIONS = ("sigmoid", "tanh", "relu", "hard_sigmoid", "identity")
+def _called_ops() -> tuple[str, ...]:
+    """The ops written as a call of their engine.dsl function (sigmoid(...)); the others are written with the
+    Python operators that build them (engine.dsl.OPERATOR_OPS)."""
+    return tuple(name for name in dsl_functions() if name not in OPERATOR_OPS)
+
+
+def _helpers() -> tuple[str, ...]:
+    """Everything the emitted module may take from engine.dsl. An input or state called like one of them
+    would shadow it inside the function, so then the module imports `dsl` and writes `dsl.W(...)`; a
+    statement called like one is written `_v3 = (...).named("tanh")`."""
+    return ("W", "b", "v", "const", "cell", *_called_ops())
 
 # Python operator precedence of the forms we write: higher binds tighter.
 _SUM, _PRODUCT, _UNARY, _ATOM = 1, 2, 3, 4
@@ -124,7 +132,8 @@ class _Writer:
         self.params = [graph.input.name] + [n.name for n in graph.nodes if n.op == "state"]
         # Only arguments can shadow a helper: statements that would are renamed (see variable_for)
         # and parameters live in strings, W("W").
-        self.qualified = bool(set(self.params) & set(_HELPERS))
+        self.helpers = _helpers()
+        self.qualified = bool(set(self.params) & set(self.helpers))
         self.used_helpers: set[str] = {"cell"}
         for p in self.params:
             if keyword.iskeyword(p) or (self.qualified and p == "dsl"):
@@ -186,15 +195,15 @@ class _Writer:
             return f"1 - {self.operand(args[0], _SUM, right=True)}", _SUM
         if node.op == "neg":
             return f"-{self.operand(args[0], _UNARY, right=True)}", _UNARY
-        if node.op in _ACTIVATIONS:
-            return f"{self.helper(node.op)}({self.ref(args[0])[0]})", _ATOM
+        if node.op in _called_ops():
+            return f"{self.helper(node.op)}({', '.join(self.ref(a)[0] for a in args)})", _ATOM
         raise CellGraphError(Problem(f"the DSL has no form for op '{node.op}'", node=name, field="op"))
 
     # ---- statements ---------------------------------------------------------------------
     def variable_for(self, name: str) -> tuple[str, bool]:
         """(Python variable, needs .named()) for the statement computing `name`."""
         shadowing = self.qualified and name == "dsl"
-        if keyword.iskeyword(name) or shadowing or name in _HELPERS or name.startswith("_v"):
+        if keyword.iskeyword(name) or shadowing or name in self.helpers or name.startswith("_v"):
             return f"_v{len(self.variables)}", True
         return name, False
 
@@ -226,7 +235,7 @@ class _Writer:
         graph = self.graph
         body = self.body()
         function = graph.name if (graph.name.isidentifier() and not keyword.iskeyword(graph.name)
-                                  and graph.name not in _HELPERS and graph.name != "dsl") else "designed_cell"
+                                  and graph.name not in self.helpers and graph.name != "dsl") else "designed_cell"
         options = []
         if function != graph.name:
             options.append(f"name={_text(graph.name)}")

@@ -1,10 +1,29 @@
-"""The closed op set: one table that every layer reads (validation, reference, codegen, LaTeX, DSL).
+"""The closed op set: one table that every layer reads (validation, reference, codegen, equations, DSL,
+torch, the designer's palette, FLOP counts).
 
-Each op is defined once here. Its NumPy definition is the meaning of the op; the CUDA expression
-and the LaTeX form must agree with it (the tests check codegen against the reference). Each entry
-also carries its gradient rule (`vjp`: one vector-Jacobian product per port), written over the op's
-saved forward values, and GRAD_OPS defines the few ops that only the backward step uses
-(engine/autodiff derives a cell's backward step from these rules).
+Each op is defined once here, as one `OpDef` in OPS. Its NumPy definition is the meaning of the op; the
+CUDA expression, the LaTeX and plain-text forms and the torch spelling must agree with it (the tests check
+codegen and torch against the reference). Each entry also carries its gradient rule (`vjp`: one
+vector-Jacobian product per port), written over the op's saved forward values, with the backward-only ops
+the rule names (`grad_ops`, gathered into GRAD_OPS; engine/autodiff derives a cell's backward step from
+these rules).
+
+Everything else is derived from the table, never listed again: the functions of engine.dsl (one per
+elementwise op without attributes, named like the op), the activations (category "activation": the DSL
+names their operand `<value>_pre`, the designer's gate and candidate offer them), the auto-names the
+equations inline (engine/equations.py), the CUDA helper names the code generator keeps free
+(`cuda_helpers`), the torch spelling of engine/bench/torch_cell.py, the palette's op blocks and the FLOP
+counts (engine/flops.py).
+
+How to add an op:
+1. Add one OpDef to OPS below: name, ports, NumPy meaning, CUDA expression, LaTeX (and `text` where the
+   plain-text form is not `name(x)`), torch spelling, category, description, and the gradient rule `vjp`
+   with any backward-only op it needs in `grad_ops` (its NumPy meaning and CUDA form).
+2. If its CUDA form calls a device helper (as sigmoid's `sigmoidf_`), write the helper in
+   kernels/cell_ops.cuh (and its double overload in kernels/naive_ops.cuh) and name it in `cuda_helper`.
+3. Tests: tests/test_ops_table.py shows what one entry reaches (DSL, palette, LaTeX, CUDA, the NumPy
+   reference, the gradient check); the preset, fuzz and GPU tests run every op of the table.
+A test can add an op for its duration with `register(op)` / `unregister(name)`.
 """
 from __future__ import annotations
 
@@ -59,7 +78,7 @@ def _batch_sum(dy):
     """dy summed over its rows. On the GPU a (rows, n) array with many rows is summed as ones(rows) @ dy, a cuBLAS
     GEMV: CuPy's reduction over the first axis took 160 us for 6400 x 512 floats, the GEMV a few."""
     if type(dy).__module__.split(".")[0] == "cupy" and dy.ndim == 2 and dy.shape[0] >= 64:
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         return (cupy.ones((1, dy.shape[0]), dtype=dy.dtype) @ dy)[0]
     return dy.sum(axis=0)
 
@@ -105,62 +124,97 @@ class OpDef:
     latex: str                         # LaTeX template over the same names
     attrs: tuple[str, ...] = ()        # required attributes
     description: str = ""
-    category: str = "ops"
+    category: str = "ops"              # the palette's group; "activation" makes it an activation
     extra: dict = field(default_factory=dict)
     vjp: tuple[Vjp, ...] = ()          # the gradient rule: one vector-Jacobian product per port, in port order
+    grad_ops: tuple["OpDef", ...] = () # the backward-only ops `vjp` names (they join GRAD_OPS)
+    text: str = ""                     # plain-text template (generated CUDA's header comment); "" = name(ports)
+    torch: str | None = None           # torch spelling over the port names (engine/bench/torch_cell.py)
+    cuda_helper: str | None = None     # the device helper of kernels/cell_ops.cuh that `cuda` calls, if any
+    flops: int = 1                     # FLOPs per element produced (engine/flops.py)
+    precedence: int | None = None      # how tightly its infix form binds in the equations (matmul's W x: 3)
 
     @property
     def arity(self) -> int:
         return len(self.ports)
 
+    @property
+    def text_template(self) -> str:
+        return self.text or f"{self.name}({', '.join('{' + port + '}' for port in self.ports)})"
+
+    @property
+    def is_activation(self) -> bool:
+        return self.category == "activation"
+
+    @property
+    def dsl_function(self) -> str | None:
+        """The engine.dsl function that builds this op, or None: a matmul is written `W(...) @ x` and an op with
+        attributes through Python (scale: `0.5 * x`)."""
+        return self.name if self.kind == "elementwise" and not self.attrs else None
+
 
 OPS: dict[str, OpDef] = {op.name: op for op in [
     OpDef("matmul", ("weight", "operand"), "matmul", None, None, r"{weight}\,{operand}",
           description="weight (rows x cols) times a vector of size cols", category="linear",
-          vjp=(Vjp("outer", ("dy", "operand"), "weight_grad"), Vjp("matmul_t", ("weight", "dy"), "operand_grad"))),
+          vjp=(Vjp("outer", ("dy", "operand"), "weight_grad"), Vjp("matmul_t", ("weight", "dy"), "operand_grad")),
+          text="{weight} {operand}", torch="F.linear({operand}, {weight})", precedence=3),     # operand (B, cols) @ weight.T
     OpDef("add", ("a", "b"), "elementwise", np.add, "({a} + {b})", r"{a} + {b}",
-          description="a + b", category="arithmetic", vjp=(PASS, PASS)),
+          description="a + b", category="arithmetic", vjp=(PASS, PASS), text="{a} + {b}", torch="({a} + {b})",
+          precedence=1),
     OpDef("sub", ("a", "b"), "elementwise", np.subtract, "({a} - {b})", r"{a} - {b}",
-          description="a - b", category="arithmetic", vjp=(PASS, NEGATE)),
+          description="a - b", category="arithmetic", vjp=(PASS, NEGATE), text="{a} - {b}", torch="({a} - {b})",
+          precedence=1),
     OpDef("mul", ("a", "b"), "elementwise", np.multiply, "({a} * {b})", r"{a} \odot {b}",
           description="elementwise product", category="arithmetic",
-          vjp=(Vjp("mul", ("dy", "b")), Vjp("mul", ("dy", "a")))),
+          vjp=(Vjp("mul", ("dy", "b")), Vjp("mul", ("dy", "a"))), text="{a} * {b}", torch="({a} * {b})",
+          precedence=2),
     OpDef("neg", ("x",), "elementwise", np.negative, "(-{x})", r"-{x}",
-          description="-x", category="arithmetic", vjp=(NEGATE,)),
+          description="-x", category="arithmetic", vjp=(NEGATE,), text="-{x}", torch="(-{x})", precedence=2),
     OpDef("one_minus", ("x",), "elementwise", lambda x: 1.0 - x, "(1.0f - {x})", r"1 - {x}",
-          description="1 - x (coupled gates)", category="arithmetic", vjp=(NEGATE,)),
+          description="1 - x (coupled gates)", category="arithmetic", vjp=(NEGATE,), text="1 - {x}",
+          torch="(1.0 - {x})", precedence=1),
     OpDef("scale", ("x",), "elementwise", None, "({factor} * {x})", r"{factor}\,{x}",
           attrs=("factor",), description="factor * x for a fixed number factor", category="arithmetic",
-          vjp=(Vjp("scale", ("dy",)),)),
+          vjp=(Vjp("scale", ("dy",)),), text="{factor} * {x}", torch="({factor} * {x})",
+          precedence=2),
     OpDef("sigmoid", ("x",), "elementwise", _sigmoid, "sigmoidf_({x})", r"\sigma({x})",
-          description="logistic sigmoid", category="activation", vjp=(Vjp("sigmoid_grad", ("dy", "y")),)),
+          description="logistic sigmoid", category="activation", vjp=(Vjp("sigmoid_grad", ("dy", "y")),),
+          grad_ops=(OpDef("sigmoid_grad", ("dy", "y"), "elementwise", _sigmoid_grad, "({dy} * ({y} * (1.0f - {y})))",
+                          r"{dy} \odot {y} \odot (1 - {y})", description="dy * sigmoid'(x), from the output y",
+                          category="gradient"),),
+          torch="torch.sigmoid({x})", cuda_helper="sigmoidf_"),
     OpDef("tanh", ("x",), "elementwise", np.tanh, "tanhf({x})", r"\tanh({x})",
-          description="hyperbolic tangent", category="activation", vjp=(Vjp("tanh_grad", ("dy", "y")),)),
+          description="hyperbolic tangent", category="activation", vjp=(Vjp("tanh_grad", ("dy", "y")),),
+          grad_ops=(OpDef("tanh_grad", ("dy", "y"), "elementwise", _tanh_grad, "({dy} * (1.0f - {y} * {y}))",
+                          r"{dy} \odot (1 - {y}^2)", description="dy * tanh'(x), from the output y",
+                          category="gradient"),),
+          torch="torch.tanh({x})"),
     OpDef("relu", ("x",), "elementwise", lambda x: np.maximum(x, 0.0), "fmaxf({x}, 0.0f)",
           r"\mathrm{{relu}}({x})", description="max(x, 0)", category="activation",
-          vjp=(Vjp("relu_grad", ("dy", "y")),)),
+          vjp=(Vjp("relu_grad", ("dy", "y")),),
+          grad_ops=(OpDef("relu_grad", ("dy", "y"), "elementwise", _relu_grad, "(({y} > 0.0f) ? {dy} : 0.0f)",
+                          r"{dy} \odot [{y} > 0]", description="dy where y > 0, else 0 (relu'(0) = 0, as PyTorch)",
+                          category="gradient"),),
+          torch="torch.relu({x})"),
     OpDef("hard_sigmoid", ("x",), "elementwise", _hard_sigmoid, "hard_sigmoidf_({x})",
           r"\mathrm{{hardsigmoid}}({x})", description="clip(x/6 + 1/2, 0, 1), as PyTorch's Hardsigmoid",
-          category="activation", vjp=(Vjp("hard_sigmoid_grad", ("dy", "x")),)),
+          category="activation", vjp=(Vjp("hard_sigmoid_grad", ("dy", "x")),),
+          grad_ops=(OpDef("hard_sigmoid_grad", ("dy", "x"), "elementwise", _hard_sigmoid_grad,
+                          "((({x} > -3.0f) && ({x} < 3.0f)) ? {dy} * (1.0f / 6.0f) : 0.0f)",
+                          r"\tfrac{{1}}{{6}} {dy} \odot [-3 < {x} < 3]",
+                          description="dy / 6 strictly inside (-3, 3), else 0 (as PyTorch)", category="gradient"),),
+          torch="F.hardsigmoid({x})", cuda_helper="hard_sigmoidf_"),
     OpDef("identity", ("x",), "elementwise", lambda x: x, "{x}", r"{x}",
-          description="x unchanged (names a value, or drops an activation)", category="activation", vjp=(PASS,)),
+          description="x unchanged (names a value, or drops an activation)", category="activation", vjp=(PASS,),
+          torch="{x}", flops=0),
 ]}
 
 
-# The ops only a backward step uses. Its other ops are forward ones (mul, neg, scale). The CUDA forms are what the
+# The ops only a backward step uses: those the forward ops' rules name (their `grad_ops`), then the ones the
+# backward step itself is made of. Its other ops are forward ones (mul, neg, scale). The CUDA forms are what the
 # fused training step (engine/autodiff/fused_codegen.py) writes; tests/gpu/test_fused_training_gpu.py holds them to
 # the NumPy meanings.
-GRAD_OPS: dict[str, OpDef] = {op.name: op for op in [
-    OpDef("sigmoid_grad", ("dy", "y"), "elementwise", _sigmoid_grad, "({dy} * ({y} * (1.0f - {y})))", r"{dy} \odot {y} \odot (1 - {y})",
-          description="dy * sigmoid'(x), from the output y", category="gradient"),
-    OpDef("tanh_grad", ("dy", "y"), "elementwise", _tanh_grad, "({dy} * (1.0f - {y} * {y}))", r"{dy} \odot (1 - {y}^2)",
-          description="dy * tanh'(x), from the output y", category="gradient"),
-    OpDef("relu_grad", ("dy", "y"), "elementwise", _relu_grad, "(({y} > 0.0f) ? {dy} : 0.0f)", r"{dy} \odot [{y} > 0]",
-          description="dy where y > 0, else 0 (relu'(0) = 0, as PyTorch)", category="gradient"),
-    OpDef("hard_sigmoid_grad", ("dy", "x"), "elementwise", _hard_sigmoid_grad,
-          "((({x} > -3.0f) && ({x} < 3.0f)) ? {dy} * (1.0f / 6.0f) : 0.0f)",
-          r"\tfrac{{1}}{{6}} {dy} \odot [-3 < {x} < 3]",
-          description="dy / 6 strictly inside (-3, 3), else 0 (as PyTorch)", category="gradient"),
+_STEP_GRAD_OPS = (
     OpDef("sum", ("terms",), "sum", _sum, None, r"\sum {terms}",
           description="the adjoint of a value read several times: the sum of its consumers' terms",
           category="gradient"),
@@ -171,21 +225,69 @@ GRAD_OPS: dict[str, OpDef] = {op.name: op for op in [
           category="gradient"),
     OpDef("batch_sum", ("dy",), "reduction", _batch_sum, None, r"\textstyle\sum_b {dy}",
           description="a bias's or vector's gradient: its adjoint summed over the batch", category="gradient"),
-]}
+)
+GRAD_OPS: dict[str, OpDef] = {grad.name: grad for op in OPS.values() for grad in op.grad_ops}
+GRAD_OPS.update((op.name, op) for op in _STEP_GRAD_OPS)
 
 
-# How tightly the infix renderings of ops bind, for the equations in LaTeX (engine/latex.py) and in plain text
-# (engine/codegen/equations.py): one table and one rule, so the two agree. A matmul is written W x (tightest).
-PRECEDENCE = {"add": 1, "sub": 1, "one_minus": 1, "mul": 2, "scale": 2, "neg": 2, "matmul": 3}
+# ---- views derived from the table: computed on use, so an op added by `register` is in every one ------------
+
+def activations() -> tuple[str, ...]:
+    """The activations, in table order: the designer's gate and candidate offer them, and the DSL names the
+    value an activation reads `<value>_pre`."""
+    return tuple(op.name for op in OPS.values() if op.is_activation)
+
+
+def dsl_functions() -> tuple[str, ...]:
+    """The names of engine.dsl's op functions, one per elementwise op without attributes."""
+    return tuple(op.dsl_function for op in OPS.values() if op.dsl_function)
+
+
+def cuda_helpers() -> frozenset[str]:
+    """The device helpers of kernels/cell_ops.cuh that ops' CUDA forms call: generated code never names a
+    variable like one of them."""
+    return frozenset(op.cuda_helper for op in [*OPS.values(), *GRAD_OPS.values()] if op.cuda_helper)
+
+
+_LISTENERS: list[Callable[[], None]] = []
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call `listener()` after every register/unregister: for lists built once from the table (engine.dsl's
+    functions, the designer's palette)."""
+    _LISTENERS.append(listener)
+
+
+def register(op: OpDef) -> None:
+    """Add `op` (and the backward ops in its grad_ops) to the tables; every derived view follows."""
+    taken = [name for name in (op.name, *(g.name for g in op.grad_ops))
+             if name in OPS or name in GRAD_OPS or name in LEAF_KINDS]
+    if taken:
+        raise ValueError(f"op name '{taken[0]}' is taken; hint: give the new op (or its backward op) another name")
+    OPS[op.name] = op
+    GRAD_OPS.update((grad.name, grad) for grad in op.grad_ops)
+    for listener in _LISTENERS:
+        listener()
+
+
+def unregister(name: str) -> OpDef:
+    """Remove op `name` (and its backward ops) from the tables again; returns its definition."""
+    op = OPS.pop(name)
+    for grad in op.grad_ops:
+        GRAD_OPS.pop(grad.name, None)
+    for listener in _LISTENERS:
+        listener()
+    return op
 
 
 def needs_parens(child: str, parent: str, right: bool = False) -> bool:
-    """Whether an inlined `child` expression must be parenthesised as an operand of `parent`: it binds less
-    tightly, or it is the right operand of a subtraction at the same level (a - (b - c), 1 - (a + b);
-    `one_minus` subtracts its operand). Function-style ops (sigmoid(...)) never need them."""
-    if child not in PRECEDENCE or parent not in PRECEDENCE:
+    """Whether an inlined `child` expression must be parenthesised as an operand of `parent` in the equations
+    (engine/equations.py, LaTeX and plain text alike): it binds less tightly (OpDef.precedence), or it is the
+    right operand of a subtraction at the same level (a - (b - c), 1 - (a + b); `one_minus` subtracts its
+    operand). Function-style ops (sigmoid(...)) never need them."""
+    mine, theirs = OPS[child].precedence if child in OPS else None, OPS[parent].precedence if parent in OPS else None
+    if mine is None or theirs is None:
         return False
-    mine, theirs = PRECEDENCE[child], PRECEDENCE[parent]
     subtracted = parent == "one_minus" or (right and parent == "sub")
     return mine < theirs or (subtracted and mine == theirs)
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CompileError
+from .flops import matmul_flops, statement_flops
 from .ir import CellGraph
 from .network import Network
 from .params import Params
@@ -279,7 +280,7 @@ class Kernel:
 
     @property
     def flops_per_element(self) -> int:
-        return sum(max(len(s.args) - 1, 1) if s.op == "sum" else 1 for s in self.statements)
+        return sum(statement_flops(s.op, len(s.args)) for s in self.statements)
 
 
 @dataclass(frozen=True)
@@ -451,11 +452,11 @@ def _gemm_shape(gemm: Gemm, network: Network, layer: int, T: int, B: int, chunk:
     sizes = network.layer_sizes(layer)
     n, k = gemm.n(sizes), gemm.k(sizes)
     if not gemm.hoisted:
-        return GemmShape(layer, B, n, k, "step", T, 2 * B * n * k)
+        return GemmShape(layer, B, n, k, "step", T, matmul_flops(n, k, B))
     if layer == 0 or num_chunks == 1:
-        return GemmShape(layer, T * B, n, k, "sequence", 1, 2 * T * B * n * k)
+        return GemmShape(layer, T * B, n, k, "sequence", 1, matmul_flops(n, k, T * B))
     # Chunks may be uneven (the last one shorter); the FLOPs per call are those of a full chunk.
-    return GemmShape(layer, chunk * B, n, k, "chunk", num_chunks, 2 * chunk * B * n * k)
+    return GemmShape(layer, chunk * B, n, k, "chunk", num_chunks, matmul_flops(n, k, chunk * B))
 
 
 def _layer_cost(program: Program, network: Network, layer: int, T: int, B: int, shapes: dict) -> LayerCost:
@@ -481,7 +482,7 @@ def _layer_cost(program: Program, network: Network, layer: int, T: int, B: int, 
         s = shapes[g.name][layer]
         rows = T * B
         hoisted_launches += s.calls * (2 if g.has_bias else 1)
-        hoisted_flops += 2 * rows * s.n * s.k
+        hoisted_flops += matmul_flops(s.n, s.k, rows)
         hoisted_bytes += FLOAT_BYTES * (rows * s.k + s.calls * s.n * s.k + rows * s.n)
         if g.has_bias:
             hoisted_bytes += FLOAT_BYTES * (rows * s.n + s.calls * s.n)

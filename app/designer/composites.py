@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ACTIVATIONS = ("sigmoid", "tanh", "hard_sigmoid", "relu", "identity")
+from engine.ops import activations
+
 GATE, CANDIDATE, LERP = "gate", "candidate", "lerp"
 
 
@@ -36,7 +37,8 @@ def ports(block_type: str) -> tuple[str, ...]:
 
 
 def expand(block_type: str, name: str, args: dict[str, str], options: dict) -> list[dict]:
-    """The primitive nodes of one composite block, in dependency order (the block's own value last)."""
+    """The primitive nodes of one composite block, in dependency order (the block's own value last). Its
+    activation is one of engine.ops.activations()."""""
     if block_type == LERP:
         z, a, b = (args.get(p, "") for p in ports(LERP))
         return [{"name": f"{name}_za", "op": "mul", "args": [z, a]},
@@ -45,7 +47,7 @@ def expand(block_type: str, name: str, args: dict[str, str], options: dict) -> l
                 {"name": name, "op": "add", "args": [f"{name}_za", f"{name}_omzb"]}]
     default = "tanh" if block_type == CANDIDATE else "sigmoid"
     activation = options.get("activation", default)
-    activation = activation if activation in ACTIVATIONS else default
+    activation = activation if activation in activations() else default
     x_size = options.get("x size", "I")
     x_size = x_size if x_size in ("I", "H") else "I"
     return [{"name": f"W_{name}", "op": "weight", "attrs": {"cols": x_size, "rows": "H"}},
@@ -74,7 +76,7 @@ def _match(nodes: dict[str, dict], head: dict) -> Group | None:
     if op == "add":
         block_type, options = LERP, {}
         ports_of = {"z": arg(f"{name}_za", 0), "a": arg(f"{name}_za", 1), "b": arg(f"{name}_omzb", 1)}
-    elif op in ACTIVATIONS:
+    elif op in activations():
         block_type = CANDIDATE if op == "tanh" else GATE
         attrs = (nodes.get(f"W_{name}") or {}).get("attrs")
         options = {"activation": op, "x size": attrs.get("cols") if isinstance(attrs, dict) else None}

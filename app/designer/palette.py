@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.ir import DIMS, STATE_DIMS
-from engine.ops import OPS
+from engine.ops import OPS, activations, on_change
+
+from .composites import CANDIDATE, GATE, LERP, ports
 
 OUTPUT = "value"                 # the one output port of every value block
 NEXT_STATE = "next state"        # the sink block that sets a state's next value
@@ -84,10 +86,8 @@ def _op_specs() -> list[BlockSpec]:
 
 def _composite_specs() -> list[BlockSpec]:
     """Composite blocks (app/designer/composites.py): one node on the canvas, primitives in the cell JSON."""
-    from .composites import ACTIVATIONS, CANDIDATE, GATE, LERP, ports
-
     def activation(default):
-        return OptionSpec("activation", "select", default, items=(default,) + tuple(a for a in ACTIVATIONS
+        return OptionSpec("activation", "select", default, items=(default,) + tuple(a for a in activations()
                                                                                     if a != default))
     x_size = OptionSpec("x size", "select", "I", items=("I", "H"))
     return [
@@ -101,8 +101,18 @@ def _composite_specs() -> list[BlockSpec]:
     ]
 
 
-SPECS: dict[str, BlockSpec] = {s.type: s for s in _leaf_specs() + _composite_specs() + _op_specs()}
+SPECS: dict[str, BlockSpec] = {}
 COMPOSITE_TYPES = frozenset(s.type for s in _composite_specs())
+
+
+def _make_specs() -> None:
+    """Fill SPECS in place (its importers keep one dict): again whenever engine.ops registers or removes an op."""
+    SPECS.clear()
+    SPECS.update((s.type, s) for s in _leaf_specs() + _composite_specs() + _op_specs())
+
+
+_make_specs()
+on_change(_make_specs)
 
 
 def interface_type() -> str:

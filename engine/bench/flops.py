@@ -1,44 +1,22 @@
 """Napkin math for a benchmark: FLOPs counted from the cell graph, and the floors a time is read
 against.
 
-Counting rule: a matmul of a (rows x cols) weight with a batch of B vectors is 2*rows*cols*B FLOPs;
-an elementwise op is 1 FLOP per element it produces (B x its size, or just its size when it reads
-no input and no state). `identity` only names a value and counts 0. Per step means one time step
-of the whole network (every layer once); total is T steps.
+The counting rule is engine/flops.py's (matmuls 2 * rows * cols * B, elementwise ops per element they
+produce, `identity` 0), the one the Plan's cost model uses too. Per step means one time step of the
+whole network (every layer once); total is T steps.
 """
 from __future__ import annotations
 
-import networkx as nx
-
-from ..ir import SCALAR, CellGraph
+from ..flops import cell_step_flops
+from ..ir import CellGraph
 from ..network import Network
-
-
-def batched_nodes(cell: CellGraph) -> frozenset[str]:
-    """Nodes whose value has a batch dimension: those that read the input or a state."""
-    roots = [n.name for n in cell.nodes if n.op in ("input", "state")]
-    batched: set[str] = set(roots)
-    for root in roots:
-        batched |= nx.descendants(cell.nx, root)
-    return frozenset(batched)
 
 
 def layer_step_flops(cell: CellGraph, input_size: int, hidden_size: int, batch: int,
                      proj_size: int | None = None) -> dict[str, int]:
     """FLOPs of one layer for one time step: {"matmul", "elementwise", "total"}."""
-    size = {"I": input_size, "H": hidden_size, "P": hidden_size if proj_size is None else proj_size, SCALAR: 1}
-    batched = batched_nodes(cell)
-    matmul = elementwise = 0
-    for node in cell.nodes:
-        if node.is_leaf or node.op == "identity":
-            continue
-        rows = 1 if node.name not in batched else batch
-        if node.op == "matmul":
-            weight = cell[node.args[0]]
-            matmul += 2 * size[weight.attr("rows")] * size[weight.attr("cols")] * rows
-        else:
-            elementwise += size[cell.dims[node.name]] * rows
-    return {"matmul": matmul, "elementwise": elementwise, "total": matmul + elementwise}
+    sizes = {"I": input_size, "H": hidden_size, "P": hidden_size if proj_size is None else proj_size}
+    return cell_step_flops(cell, sizes, batch)
 
 
 def network_flops(network: Network, steps: int, batch: int) -> dict[str, int]:

@@ -31,26 +31,19 @@ import warnings
 import numpy as np
 
 from ..errors import BackendError
+from ..flops import batched_nodes
 from ..ir import CellGraph
 from ..network import Network
 from ..ops import OPS, apply_elementwise
 from ..params import Params
 
-# The torch spelling of each elementwise op. The meaning is engine/ops.py's NumPy definition; the
-# CPU tests run every preset through this table against the NumPy reference.
-TORCH_EXPRESSIONS = {
-    "add": "({a} + {b})",
-    "sub": "({a} - {b})",
-    "mul": "({a} * {b})",
-    "neg": "(-{x})",
-    "one_minus": "(1.0 - {x})",
-    "scale": "({factor} * {x})",
-    "sigmoid": "torch.sigmoid({x})",
-    "tanh": "torch.tanh({x})",
-    "relu": "torch.relu({x})",
-    "hard_sigmoid": "F.hardsigmoid({x})",
-    "identity": "{x}",
-}
+
+def torch_expressions() -> dict[str, str]:
+    """The torch spelling of each op that has one (OpDef.torch, over the op's port names). The meaning is
+    engine/ops.py's NumPy definition; the CPU tests run every preset through these against the NumPy reference."""
+    return {name: op.torch for name, op in OPS.items() if op.torch is not None}
+
+
 MODES = ("eager", "compile", "script")
 _RESERVED = {"torch", "F", "xs", "outputs", "t", "self"}
 _counter = itertools.count()
@@ -85,10 +78,11 @@ def function_names(cell: CellGraph) -> tuple[str, str]:
 
 def torch_source(cell: CellGraph) -> str:
     """Python source of the step and layer functions of `cell` (see the module docstring)."""
+    spellings = torch_expressions()
     for node in cell.nodes:
-        if not node.is_leaf and node.op != "matmul" and node.op not in TORCH_EXPRESSIONS:
-            raise BackendError(f"node '{node.name}': op '{node.op}' has no torch spelling in "
-                               "engine.bench.torch_cell.TORCH_EXPRESSIONS. hint: add it there")
+        if not node.is_leaf and node.op not in spellings:
+            raise BackendError(f"node '{node.name}': op '{node.op}' has no torch spelling. hint: give its OpDef "
+                               "in engine/ops.py a `torch` form")
     step_name, layer_name = function_names(cell)
     var = _Names(_RESERVED | {step_name, layer_name})
     states = [var(s) for s in cell.state_names]
@@ -106,15 +100,10 @@ def torch_source(cell: CellGraph) -> str:
                                                       node.attr_dict))
             continue
         args = [repr(constants[a]) if a in constants else var(a) for a in node.args]
-        if node.op == "matmul":
-            expression = f"F.linear({args[1]}, {args[0]})"           # operand (B, cols) @ weight.T
-        else:
-            fields = dict(zip(OPS[node.op].ports, args))
-            if node.attr("factor") is not None:
-                fields["factor"] = repr(float(node.attr("factor")))
-            expression = TORCH_EXPRESSIONS[node.op].format(**fields)
-        body.append(f"    {var(name)} = {expression}")
-    from .flops import batched_nodes
+        fields = dict(zip(OPS[node.op].ports, args))
+        if node.attr("factor") is not None:
+            fields["factor"] = repr(float(node.attr("factor")))
+        body.append(f"    {var(name)} = {spellings[node.op].format(**fields)}")
     batched = batched_nodes(cell)
     results = []
     for s in cell.states:

@@ -14,19 +14,22 @@ the Plan's data (buffers, slots, kernel arguments). Rules:
 from __future__ import annotations
 
 from ..ir import CellGraph
+from ..ops import cuda_helpers
 from ..plan import (Access, Buffer, Kernel, KernelParam, Lin, Load, PassRecord, Program, Slot, StateHome,
                     Statement, Store)
 from .analysis import Value, consumers, num_stages, state_next_values, step_graph
 from .fusion import gemm_operands, native_homes
 from .lowering import Lowering, Region
 
+# C and CUDA names a generated variable must not take. The ops' device helpers (sigmoidf_, ...) are not listed:
+# _kernel adds engine.ops.cuda_helpers(), the table's own list.
 C_RESERVED = frozenset("""
 auto break case char const continue default do double else enum extern float for goto if inline int long register
 restrict return short signed sizeof static struct switch typedef union unsigned void volatile while bool true false
 class namespace template this new delete operator private public protected virtual friend using typename try catch
 throw explicit mutable static_cast dynamic_cast reinterpret_cast const_cast nullptr constexpr decltype noexcept
 alignas alignof and or not xor export main threadIdx blockIdx blockDim gridDim warpSize expf exp tanhf tanh fmaxf
-fminf fmax fmin sigmoidf_ hard_sigmoidf_ idx total b j t B I H row NAN INFINITY
+fminf fmax fmin idx total b j t B I H row NAN INFINITY
 L layer u0 tu e k smem grid layers T UNITS THREADS RB RC K_CHUNK SCRATCH NUM_LAYERS BLOCKS_PER_LAYER LayerArgs
 """.split())
 
@@ -190,7 +193,7 @@ def _kernel(region: Region, layout: _Layout) -> Kernel:
     param_names = {a: f"{a}_{values[a].op}" for a in reads if values[a].kind == "leaf" and values[a].op in
                    ("bias", "vector", "weight")}
     buffer_names = {b + s for b in layout.buffers for s in ("", "_cur", "_next")}
-    namer = _Namer(C_RESERVED | set(param_names.values()) | buffer_names)
+    namer = _Namer(C_RESERVED | cuda_helpers() | set(param_names.values()) | buffer_names)
 
     loads: list[Load] = []
     for name in reads:

@@ -20,7 +20,7 @@ from engine.codegen import text_equations
 from engine.dsl import W, b, tanh
 from engine.dsl_emit import emit_dsl
 from engine.ops import GRAD_OPS, OPS, OpDef, Vjp
-from engine.plan import compile_program
+from engine.compiler import compile_program
 from test_autodiff import check_by_finite_differences, make_case
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"

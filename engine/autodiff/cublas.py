@@ -1,5 +1,5 @@
-"""cuBLAS for the fused training step (engine/autodiff/fused.py): row-major GEMMs on raw pointers through ctypes, on
-a handle of its own, so they can be captured into CUDA graphs (CuPy's wrappers refuse every cuBLAS call during stream
+"""cuBLAS for the fused training step (engine/autodiff/fused_runner.py): row-major GEMMs on raw pointers through ctypes,
+on a handle of its own, so they can be captured into CUDA graphs (CuPy's wrappers refuse every cuBLAS call during stream
 capture); and the split-K policy for the step GEMMs, whose partial products kernels/splitk_reduce.cu sums.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Where a fused training step's time goes (bptt backend "fused", engine/autodiff/fused.py): the forward (record)
+"""Where a fused training step's time goes (bptt backend "fused", engine/autodiff/fused_tape.py): the forward (record)
 alone, the whole step, and the host's share (the time Python takes to issue the launches, measured with the GPU
 work already queued behind a long kernel would be another probe: here, GPU time vs wall time of one step).
 
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     parser.add_argument("--min-split-depth", type=int, default=None,
                         help="the least K a split part keeps (cublas.MIN_SPLIT_DEPTH; default: the engine's)")
     parser.add_argument("--layers", action="store_true",
-                        help="layer by layer instead of the default wavefront (fused.WAVEFRONT = False)")
+                        help="layer by layer instead of the default wavefront (fused_tape.WAVEFRONT = False)")
     parser.add_argument("--no-split-sums", action="store_true",
                         help="a split GEMM's parts summed by their own launch (stage_fusion.SPLIT_SUMS = False)")
     parser.add_argument("--in-place", action="store_true",
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
                         help="GPU time of each launch of one layer-step instead (comma-separated presets and configs; "
                              "default lstm,gru mid,blogB)")
     args = parser.parse_args(argv)
-    from engine.autodiff import cublas, fused, persistent, stage_fusion
+    from engine.autodiff import cublas, fused_tape, persistent, stage_fusion
     if args.persistent is not None:
         persistent.PERSISTENT = {"off": False, "auto": "auto", "on": True}[args.persistent]
     if args.tile:
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     if args.fuse_max_rows is not None:
         stage_fusion.FUSE_MAX_ROWS = args.fuse_max_rows
     if args.layers:
-        fused.WAVEFRONT = False
+        fused_tape.WAVEFRONT = False
     if args.max_splits is not None:
         cublas.MAX_SPLITS = args.max_splits
     if args.min_split_depth is not None:

@@ -1,4 +1,4 @@
-"""Host time of a fused training step's phases (engine/autodiff/fused.py), without a profiler: each phase's
+"""Host time of a fused training step's phases (engine/autodiff/fused_tape.py), without a profiler: each phase's
 function wrapped with time.perf_counter, medians over --steps steps after warm-up. The GPU runs behind the host; a
 phase's time is the host's alone (the launches it queues, not their GPU time).
 
@@ -20,13 +20,11 @@ import numpy as np  # noqa: E402
 
 import importlib  # noqa: E402
 
-from engine.autodiff import fused  # noqa: E402
+from engine.autodiff import fused_layer, fused_program, fused_runner, fused_tape  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
 from probe_fused_training import probe_case  # noqa: E402  (benchmarks/, the script's folder)
 
 bptt_module = importlib.import_module("engine.autodiff.bptt")
-
-checks_module = importlib.import_module("engine.autodiff.checks")
 
 PHASES = [(bptt_module, "record", "bptt.record (all of the forward call)"),
           (bptt_module, "check_network", "  check_network"),
@@ -36,20 +34,20 @@ PHASES = [(bptt_module, "record", "bptt.record (all of the forward call)"),
           (bptt_module, "FiniteCheck", "  FiniteCheck (launch)"),
           (bptt_module, "derived", "  derived (the backward split, cached)"),
           (bptt_module, "check_bptt_memory", "  check_bptt_memory"),
-          (fused, "record", "fused.record (after the checks)"),
-          (fused, "acquire", "acquire (program cache)"),
-          (fused.Program, "load", "Program.load (copies, layouts)"),
-          (fused.Runner, "copy", "Runner.copy (table, upload, launch)"),
-          (fused.Layer, "lay_out_weights", "Layer.lay_out_weights"),
-          (fused.Program, "forward", "Program.forward (graph launches)"),
-          (fused.FusedTape, "backward", "FusedTape.backward (all of it)"),
-          (checks_module, "start_backward", "  start_backward (checks, FiniteCheck)"),
-          (fused.FusedTape, "_seed_states", "  FusedTape._seed_states"),
-          (fused, "gradient_views", "  gradient_views"),
-          (fused.Program, "wavefront_backward", "Program.wavefront_backward (graph launches)"),
-          (fused.FusedTape, "_after", "FusedTape._after (gradient GEMMs, a layer)"),
-          (fused.Program, "after", "Program.after (the captured after part)"),
-          (fused, "zero_gradients", "zero_gradients")]
+          (fused_tape, "record", "fused_tape.record (after the checks)"),
+          (fused_tape, "acquire", "acquire (program cache)"),
+          (fused_program.Program, "load", "Program.load (copies, layouts)"),
+          (fused_runner.Runner, "copy", "Runner.copy (table, upload, launch)"),
+          (fused_layer.Layer, "lay_out_weights", "Layer.lay_out_weights"),
+          (fused_program.Program, "forward", "Program.forward (graph launches)"),
+          (fused_tape.FusedTape, "backward", "FusedTape.backward (all of it)"),
+          (fused_tape, "start_backward", "  start_backward (checks, FiniteCheck)"),
+          (fused_tape.FusedTape, "_seed_states", "  FusedTape._seed_states"),
+          (fused_tape, "gradient_views", "  gradient_views"),
+          (fused_program.Program, "wavefront_backward", "Program.wavefront_backward (graph launches)"),
+          (fused_tape.FusedTape, "_after", "FusedTape._after (gradient GEMMs, a layer)"),
+          (fused_program.Program, "after", "Program.after (the captured after part)"),
+          (fused_tape, "zero_gradients", "zero_gradients")]
 ORIGINALS: dict = {}         # (owner, attribute) -> the function before main wrapped it
 
 

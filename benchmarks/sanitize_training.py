@@ -18,7 +18,7 @@ import cupy  # noqa: E402
 import numpy as np  # noqa: E402
 
 import engine  # noqa: E402
-from engine.autodiff import bptt, fused, persistent  # noqa: E402
+from engine.autodiff import bptt, fused_tape, persistent  # noqa: E402
 
 
 def main(args: list[str]) -> int:
@@ -34,7 +34,7 @@ def main(args: list[str]) -> int:
             x = rng.standard_normal((4, B, 8))
             d_out = rng.standard_normal((4, B, network.output_size))
             want = bptt(network, params, x, None, d_out)
-            tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
+            tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
             if persistent.PERSISTENT and tape.program.persistent is None:
                 print(f"{name} B={B}: the forward did not run persistent")
                 bad += 1

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from engine.autodiff import fused
+    from engine.autodiff import fused_tape
     from engine.bench.implementations import tf32_flags
     for name in args.preset or ["lstm"]:
         preset = engine.preset(name)
@@ -115,12 +115,12 @@ def main(argv=None) -> int:
                 runs.append(("cudnn-fp32", CudnnTrain(), None))
             for label, impl, wave in runs:
                 if wave is not None:
-                    fused.WAVEFRONT = wave
+                    fused_tape.WAVEFRONT = wave
                 with tf32_flags(False):
                     events = trace_step(impl, case, out / f"{name}-{config.name}-{label}.json")
                 print("\n".join(summarize(events, f"{name} {config.name} {label}")), "\n", flush=True)
                 del events
-            fused.WAVEFRONT = True
+            fused_tape.WAVEFRONT = True
             torch.cuda.empty_cache()
     return 0
 

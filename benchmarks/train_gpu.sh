@@ -64,7 +64,7 @@ section "bench --train"
 train_rc=skipped
 [ "${TRAIN:-1}" = 0 ] && echo "bench --train skipped (TRAIN=0)" > "$OUT/train.log" || {
 WAVE=""
-[ "${WAVEFRONT:-1}" = 0 ] && WAVE="import engine.autodiff.fused as f; f.WAVEFRONT = False;"
+[ "${WAVEFRONT:-1}" = 0 ] && WAVE="import engine.autodiff.fused_tape as f; f.WAVEFRONT = False;"
 timeout "${TRAIN_BUDGET:-300}" "$PY" -c "$WAVE
 import sys; from engine.cli import main; sys.exit(main(sys.argv[1:]))" bench --train $PRESET_FLAGS \
   --config lat --config blogB --config mid --impl cudnn-fp32 --impl fused \

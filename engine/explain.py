@@ -128,7 +128,8 @@ def backward_to_json(cell: CellGraph) -> dict[str, Any]:
     except AutodiffError as e:
         return {"error": str(e)}
     split = split_backward(graph)
-    from .autodiff.fused_plan import describe as describe_fused, training_plan
+    from .autodiff.fused_describe import describe as describe_fused
+    from .autodiff.fused_planner import training_plan
     try:
         fused = training_plan(cell)
         launches = {"forward": [item.name for _, item in fused.forward.order],

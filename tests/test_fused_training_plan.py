@@ -14,7 +14,8 @@ import engine
 from engine.autodiff import bptt
 from engine.autodiff.errors import AutodiffError
 from engine.autodiff.fused_codegen import render_module
-from engine.autodiff.fused_plan import describe, training_plan
+from engine.autodiff.fused_describe import describe
+from engine.autodiff.fused_planner import training_plan
 from engine.errors import BackendError
 from test_autodiff import UNUSUAL
 from test_fuzz_cells import cell_designs
@@ -90,7 +91,8 @@ def _nvcc(sources: dict[str, str], tmp_path) -> None:
 def test_the_training_steps_hand_written_kernels_compile_with_nvcc(tmp_path):
     """kernels/all_finite.cu, copy_pieces.cu, splitk_reduce.cu, column_dots.cu and lay_out.cu, as the step loads
     them."""
-    from engine.autodiff.fused import COLUMN_DOTS_FILE, COPY_FILE, LAY_OUT_FILE, SPLIT_REDUCE_FILE
+    from engine.autodiff.cublas import SPLIT_REDUCE_FILE
+    from engine.autodiff.fused_runner import COLUMN_DOTS_FILE, COPY_FILE, LAY_OUT_FILE
     from engine.backends.common import ALL_FINITE_FILE
     _nvcc({path.name: path.read_text() for path in (ALL_FINITE_FILE, COPY_FILE, SPLIT_REDUCE_FILE,
                                                     COLUMN_DOTS_FILE, LAY_OUT_FILE)}, tmp_path)
@@ -142,7 +144,7 @@ def test_the_fused_backend_is_float32_and_says_so():
 
 def run_plan_on_numpy(cell, seed, layers=2, I=4, H=5, T=5, B=3, P=None, plan=None, wavefront=None):
     """Relative errors of every gradient of the plan run by NumPy (buffers poisoned) against float64 bptt."""
-    from engine.autodiff import fused
+    from engine.autodiff import fused_tape
     from engine.autodiff.fused_numpy import NumpyRunner
     if cell.input_is_hidden:
         I = H
@@ -154,7 +156,7 @@ def run_plan_on_numpy(cell, seed, layers=2, I=4, H=5, T=5, B=3, P=None, plan=Non
     d_out = rng.standard_normal((T, B, network.output_size))
     d_final = {s: rng.standard_normal((layers, B, network.state_size(s))) for s in cell.state_names}
     want = bptt(network, params, x, initial, d_out, d_final)
-    tape = fused.record(network, params, x.astype(np.float32), initial, poison=True,
+    tape = fused_tape.record(network, params, x.astype(np.float32), initial, poison=True,
                         runner=NumpyRunner(plan or training_plan(cell)), wavefront=wavefront)
     got = tape.backward(d_out.astype(np.float32), d_final)
     pairs = [("outputs", got.outputs, want.outputs), ("x", got.x, want.x)]
@@ -252,38 +254,38 @@ def test_programs_serve_one_live_tape_each_and_are_reused_and_dropped():
     """Two tapes alive at once get their own buffers; a finished or dropped tape frees its program for the next
     record; idle programs beyond CACHE_BYTES go, oldest first; outputs are copies the next step leaves alone."""
     import gc
-    from engine.autodiff import fused
+    from engine.autodiff import fused_cache, fused_tape
     cell, network, params, runner, x = small_numpy_case("gru")
-    fused.clear_cache()
-    first = fused.record(network, params, x, None, runner=runner)
-    second = fused.record(network, params, 2 * x, None, runner=runner)
+    fused_cache.clear_cache()
+    first = fused_tape.record(network, params, x, None, runner=runner)
+    second = fused_tape.record(network, params, 2 * x, None, runner=runner)
     assert first.program is not second.program and first.program.busy and second.program.busy
     outputs = first.outputs.copy()
     want = bptt(network, params, x.astype(np.float64), d_outputs=np.ones((5, 2, 4)))
     got = first.backward(np.ones((5, 2, 4), dtype=np.float32))
     assert np.abs(got.x - want.x).max() < 1e-5 and not first.program.busy
-    third = fused.record(network, params, 3 * x, None, runner=runner)
+    third = fused_tape.record(network, params, 3 * x, None, runner=runner)
     assert third.program is first.program                      # reused once released
     assert np.array_equal(first.outputs, outputs)               # the earlier tape's outputs are its own
     program = second.program
     del second
     gc.collect()
     assert not program.busy                                     # a dropped tape releases its program
-    assert fused.cached_bytes() == 2 * program.bytes > 0
-    saved = fused.CACHE_BYTES
+    assert fused_cache.cached_bytes() == 2 * program.bytes > 0
+    saved = fused_cache.CACHE_BYTES
     try:
-        fused.CACHE_BYTES = program.bytes                       # room for one: the idle one goes
+        fused_cache.CACHE_BYTES = program.bytes                       # room for one: the idle one goes
         other = engine.Network(cell, 3, 4, 1)
-        fourth = fused.record(other, engine.init_params(other, seed=1), x, None, runner=runner)
-        assert fused.cached_bytes() == third.program.bytes + fourth.program.bytes       # both busy: both stay
+        fourth = fused_tape.record(other, engine.init_params(other, seed=1), x, None, runner=runner)
+        assert fused_cache.cached_bytes() == third.program.bytes + fourth.program.bytes       # both busy: both stay
     finally:
-        fused.CACHE_BYTES = saved
-    fused.clear_cache()
-    assert fused.cached_bytes() == third.program.bytes + fourth.program.bytes
+        fused_cache.CACHE_BYTES = saved
+    fused_cache.clear_cache()
+    assert fused_cache.cached_bytes() == third.program.bytes + fourth.program.bytes
     third.backward(None)
     fourth.backward(None)
-    fused.clear_cache()
-    assert fused.cached_bytes() == 0
+    fused_cache.clear_cache()
+    assert fused_cache.cached_bytes() == 0
 
 
 def test_a_gemm_term_the_after_part_reads_is_not_absorbed_into_a_sum():
@@ -347,9 +349,9 @@ def test_the_wavefronts_run_by_numpy_equal_the_reference(name, monkeypatch):
     """The layers' forward in the wavefront's issue order (chunks of 2 steps, the input GEMM a chunk at a time) and
     their backward in the reverse wavefront's (the top layer first, each chunk's input adjoint into the layer below
     before that layer takes the chunk), on poisoned buffers: the same gradients as layer by layer."""
-    from engine.autodiff import fused
-    monkeypatch.setattr(fused, "WAVEFRONT", True)
-    monkeypatch.setattr(fused, "WAVEFRONT_CHUNK", 2)
+    from engine.autodiff import fused_program, fused_tape
+    monkeypatch.setattr(fused_tape, "WAVEFRONT", True)
+    monkeypatch.setattr(fused_program, "WAVEFRONT_CHUNK", 2)
     cell = engine.preset(name).cell
     errors = run_plan_on_numpy(cell, seed=7, layers=3, T=7, P=3 if cell.uses_projection else None)
     assert_close(errors)
@@ -358,9 +360,9 @@ def test_the_wavefronts_run_by_numpy_equal_the_reference(name, monkeypatch):
 def test_a_cell_without_an_input_gemm_keeps_the_layer_by_layer_backward(monkeypatch):
     """x met elementwise (x + h): the input's adjoint is not a GEMM, so the backward runs layer by layer (the forward
     still as a wavefront); the gradients are the same."""
-    from engine.autodiff import fused
-    monkeypatch.setattr(fused, "WAVEFRONT", True)
-    monkeypatch.setattr(fused, "WAVEFRONT_CHUNK", 2)
+    from engine.autodiff import fused_program, fused_tape
+    monkeypatch.setattr(fused_tape, "WAVEFRONT", True)
+    monkeypatch.setattr(fused_program, "WAVEFRONT_CHUNK", 2)
     cell = UNUSUAL["residual_gate"]
     assert training_plan(cell).input_gemm is None
     errors = run_plan_on_numpy(cell, seed=3, layers=3, T=5)
@@ -371,8 +373,8 @@ def test_a_cell_without_an_input_gemm_keeps_the_layer_by_layer_backward(monkeypa
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(cell_designs())
 def test_random_cells_through_the_wavefronts_and_layer_by_layer_equal_the_reference(monkeypatch, design):
-    from engine.autodiff import fused
-    monkeypatch.setattr(fused, "WAVEFRONT_CHUNK", 2)
+    from engine.autodiff import fused_program
+    monkeypatch.setattr(fused_program, "WAVEFRONT_CHUNK", 2)
     cell = engine.from_dict(design)
     try:
         training_plan(cell)
@@ -407,19 +409,20 @@ def test_a_bad_value_found_once_the_work_is_queued_is_named_and_nothing_is_lost(
     """The fused step asks its finiteness checks after queuing the work: a NaN in x is named and the program is
     free again; a tape given a NaN d_outputs names it and then takes a corrected one (the forward's values are
     intact), with the reference's gradients."""
-    from engine.autodiff import fused
+    from engine.autodiff import fused_cache, fused_tape
     from engine.backends.common import FiniteCheck, inputs_named
     from engine.errors import BackendError
     _, network, params, runner, x = small_numpy_case("lstm")
-    fused.clear_cache()
+    fused_cache.clear_cache()
     bad_x = x.copy()
     bad_x[1, 0, 2] = np.nan
     with pytest.raises(BackendError, match=r"^x has 1 NaN or Inf value\(s\), the first at index \(1, 0, 2\)"):
-        fused.record(network, params, bad_x, None, runner=runner,
+        fused_tape.record(network, params, bad_x, None, runner=runner,
                      finite=FiniteCheck(inputs_named(network, params, bad_x, None)))
-    tape = fused.record(network, params, x, None, runner=runner,
+    tape = fused_tape.record(network, params, x, None, runner=runner,
                         finite=FiniteCheck(inputs_named(network, params, x, None)))
-    assert len(fused._programs) == 1 and len(next(iter(fused._programs.values()))) == 1    # the first was freed
+    pools = fused_cache._programs
+    assert len(pools) == 1 and len(next(iter(pools.values()))) == 1    # the first was freed
     d_out = np.random.default_rng(1).standard_normal((5, 2, 4))
     bad_d = d_out.astype(np.float32)
     bad_d[4, 1, 3] = np.inf
@@ -433,16 +436,16 @@ def test_a_bad_value_found_once_the_work_is_queued_is_named_and_nothing_is_lost(
     for l in range(2):
         for p, value in want.params[l].items():
             assert np.abs(got.params[l][p] - value).max() < 1e-4, (l, p)
-    fused.clear_cache()
+    fused_cache.clear_cache()
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru", "peephole_lstm"])
 def test_the_gradients_come_in_the_cells_parameter_order(name):
     """The gradient buffer is laid out for the gradient GEMMs, but each layer's dict keeps the cell's parameter
     order, as every backend's does (CellRNN hands them to torch by position)."""
-    from engine.autodiff import fused
+    from engine.autodiff import fused_tape
     cell, network, params, runner, x = small_numpy_case(name, steps=4)
-    got = fused.record(network, params, x, None, runner=runner).backward(np.ones((4, 2, 4), dtype=np.float32))
+    got = fused_tape.record(network, params, x, None, runner=runner).backward(np.ones((4, 2, 4), dtype=np.float32))
     want = bptt(network, params, x.astype(np.float64), d_outputs=np.ones((4, 2, 4)))
     for l in range(2):
         assert list(got.params[l]) == [p.name for p in cell.params] == list(want.params[l])

@@ -8,7 +8,7 @@ import pytest
 
 import engine
 from engine.autodiff import persistent
-from engine.autodiff.fused_plan import training_plan
+from engine.autodiff.fused_planner import training_plan
 from engine.autodiff.stage_fusion import fused_stages
 from test_autodiff import UNUSUAL
 from test_fused_training_plan import PRESETS, _nvcc

@@ -8,7 +8,9 @@ import pytest
 
 import engine
 from engine.autodiff import fused_numpy
-from engine.autodiff.fused_plan import MAX_ZERO_SHARE, OUTPUT_BUFFER, describe, training_plan
+from engine.autodiff.fused_describe import describe
+from engine.autodiff.fused_plan import OUTPUT_BUFFER
+from engine.autodiff.fused_planner import MAX_ZERO_SHARE, training_plan
 from engine.autodiff.stage_fusion import fused_stages, lay_out
 from engine.dsl import W, b, cell, sigmoid, tanh
 from test_fused_training_plan import assert_close, run_plan_on_numpy

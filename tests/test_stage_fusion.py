@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import engine
-from engine.autodiff import fused, stage_fusion
+from engine.autodiff import fused_program, stage_fusion
 from engine.autodiff.fused_numpy import NumpyRunner
-from engine.autodiff.fused_plan import Place, training_plan
+from engine.autodiff.fused_plan import Place
+from engine.autodiff.fused_planner import training_plan
 from engine.autodiff.stage_fusion import fusible, fused_stages, launch_sequence, lay_out
 from test_autodiff import UNUSUAL
 from test_fused_training_plan import PRESETS, assert_close, run_plan_on_numpy
@@ -127,14 +128,14 @@ def test_every_presets_fused_launches_run_by_numpy_equal_the_reference(name, wav
     the kernel of step t), chunk by chunk, in their order."""
     monkeypatch.setattr(stage_fusion, "FUSE_MAX_ROWS", 64)
     cell = engine.preset(name).cell
-    monkeypatch.setattr(fused, "WAVEFRONT_CHUNK", 2)
+    monkeypatch.setattr(fused_program, "WAVEFRONT_CHUNK", 2)
     programs = []
-    real = fused.Program.__init__
+    real = fused_program.Program.__init__
 
     def spy(self, *args, **kwargs):
         real(self, *args, **kwargs)
         programs.append(self)
-    monkeypatch.setattr(fused.Program, "__init__", spy)
+    monkeypatch.setattr(fused_program.Program, "__init__", spy)
     assert_close(run_plan_on_numpy(cell, seed=len(name), H=8, I=4, T=5, P=4 if cell.uses_projection else None,
                                    wavefront=wavefront))
     assert programs and programs[-1].fused == bool(fused_stages(training_plan(cell)))

@@ -21,7 +21,7 @@ from probe_fused_training import probe_case, timed  # noqa: E402
 
 def main(argv=None) -> int:
     import cupy
-    from engine.autodiff import fused, persistent
+    from engine.autodiff import fused_cache, fused_tape, persistent
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", action="append", default=None)
     parser.add_argument("--config", action="append", default=None)
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
         for config in parse_configs(args.config or ["blogB"]):
             network, params, x, w = probe_case(cupy, name, config)
             for wavefront in (True, False):
-                fused.WAVEFRONT = wavefront
+                fused_tape.WAVEFRONT = wavefront
                 order = "wavefront" if wavefront else "layers"
                 for label in ("fused", "persistent"):
                     persistent.PERSISTENT = label == "persistent"
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
                     except Exception as e:  # noqa: BLE001 - a shape the GEMM refuses: say so, go on
                         print(f"| {name} | {config.name} | {order} | {label} | {type(e).__name__}: "
                               f"{str(e).splitlines()[0][:80]} |", flush=True)
-                    fused.clear_cache()
+                    fused_cache.clear_cache()
     return 0
 
 

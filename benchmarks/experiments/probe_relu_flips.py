@@ -14,7 +14,7 @@ import cupy  # noqa: E402
 import numpy as np  # noqa: E402
 
 import engine  # noqa: E402
-from engine.autodiff import fused  # noqa: E402
+from engine.autodiff import fused_cache, fused_tape  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
 from engine.bench.training import make_case  # noqa: E402
 
@@ -24,8 +24,8 @@ case = make_case("indrnn", p, p.cell, cfg, xp=cupy, device="cuda")
 x = cupy.asnumpy(case.inputs[0]).astype(np.float64)
 T, B, _ = x.shape
 for wave in (True, False):
-    fused.clear_cache()
-    tape = fused.record(case.network, case.params, case.inputs[0], None, poison=True, wavefront=wave)
+    fused_cache.clear_cache()
+    tape = fused_tape.record(case.network, case.params, case.inputs[0], None, poison=True, wavefront=wave)
     below = x.reshape(T * B, -1)
     flips = []
     for l, layer in enumerate(tape.program.layers):

@@ -15,7 +15,7 @@ import cupy  # noqa: E402
 import numpy as np  # noqa: E402
 
 import engine  # noqa: E402
-from engine.autodiff import fused  # noqa: E402
+from engine.autodiff import fused_cache, fused_tape  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
 from engine.bench.training import _grad_list, make_case, reference_gradients  # noqa: E402
 
@@ -36,8 +36,8 @@ def main(cases: list[str]) -> int:
         labels = [(l, p.name) for l in range(case.network.num_layers) for p in preset.cell.params]
         for wavefront in (True, False):
             for poison in (True, False):
-                fused.clear_cache()
-                tape = fused.record(case.network, case.params, case.inputs[0], None, poison=poison,
+                fused_cache.clear_cache()
+                tape = fused_tape.record(case.network, case.params, case.inputs[0], None, poison=poison,
                                     wavefront=wavefront)
                 got = tape.backward(case.weights)
                 errors = [relative(cupy.asnumpy(g), w) for g, w in zip(_grad_list(case.network, got.params), want)]

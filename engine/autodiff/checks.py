@@ -108,7 +108,7 @@ def saved_floats_per_row(network: Network, graph: BackwardGraph) -> int:
 def device_free_bytes() -> int | None:
     """Free memory of the current CUDA device plus what CuPy's pool holds and could reuse, or None."""
     try:
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         free, _ = cupy.cuda.runtime.memGetInfo()
         pool = cupy.get_default_memory_pool()
         return int(free + pool.total_bytes() - pool.used_bytes())

@@ -1,8 +1,11 @@
-"""cuBLAS for the fused training step (engine/autodiff/fused.py): row-major GEMMs on raw pointers through ctypes, on
-a handle of its own, so they can be captured into CUDA graphs (CuPy's wrappers refuse every cuBLAS call during stream
+"""cuBLAS for the fused training step (engine/autodiff/fused_runner.py): row-major GEMMs on raw pointers through ctypes,
+on a handle of its own, so they can be captured into CUDA graphs (CuPy's wrappers refuse every cuBLAS call during stream
 capture); and the split-K policy for the step GEMMs, whose partial products kernels/splitk_reduce.cu sums.
 """
 from __future__ import annotations
+
+import ctypes
+import ctypes.util
 
 from ..codegen.cuda import KERNELS_DIR
 
@@ -16,7 +19,6 @@ class Sgemm:
     WORKSPACE = 32 << 20
 
     def __init__(self, cupy):
-        import ctypes
         self.ctypes = ctypes
         lib = ctypes.CDLL(_libcublas_path(cupy))
         vp, i, fp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
@@ -82,8 +84,8 @@ class Sgemm:
 
 def _libcublas_path(cupy) -> str:
     """The libcublas that CuPy's cuBLAS module loaded (read from the process's memory map), else the loader's."""
-    import ctypes.util
-    from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas)
+    # deferred: CuPy is optional (no GPU in CI); importing it loads libcublas
+    from cupy_backends.cuda.libs import cublas  # noqa: F401
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:

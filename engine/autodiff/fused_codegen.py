@@ -55,7 +55,7 @@ def statement_expr(st: Statement) -> str:
     return spec.cuda.format(**fields)
 
 
-def _body(kernel: KernelPlan, columns: dict, indent: str) -> list[str]:
+def statement_body(kernel: KernelPlan, columns: dict, indent: str) -> list[str]:
     """The statements of element (b, j) at step t: loads, the math, stores."""
     lines = [f"{indent}const float {var(value)} = {element(place, columns)};" for value, place in kernel.loads]
     lines += [f"{indent}const float {var(st.var)} = {statement_expr(st)};" for st in kernel.statements]
@@ -63,7 +63,8 @@ def _body(kernel: KernelPlan, columns: dict, indent: str) -> list[str]:
     return lines
 
 
-def _declare(params: list[str], written: set) -> list[str]:
+def declare(params: list[str], written: set) -> list[str]:
+    """A kernel's buffer parameters, const where it does not write them (`written`)."""
     return [f"    {'' if p in written else 'const '}float* __restrict__ {p}," for p in params]
 
 
@@ -73,14 +74,14 @@ def render_kernel(kernel: KernelPlan, plan: TrainingPlan) -> str:
     lines = [f"// {kernel.name}: stage {kernel.stage}, one thread per (b, j), b < B, j < {kernel.dim}.",
              f"// Computes {', '.join(s.var for s in kernel.statements) or 'nothing (copies)'}."]
     lines.append(f'extern "C" __global__ void {kernel.name}(')
-    lines += _declare(kernel_params(kernel), written)
+    lines += declare(kernel_params(kernel), written)
     lines.append("    const int t, const int B, const int I, const int H, const int P)")
     lines += ["{", f"    const long total = (long)B * {kernel.dim};",
               "    for (long idx = (long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;"
               " idx += (long)gridDim.x * blockDim.x) {",
               f"        const long b = idx / {kernel.dim};",
               f"        const int j = (int)(idx - b * {kernel.dim});"]
-    lines += _body(kernel, columns, "        ")
+    lines += statement_body(kernel, columns, "        ")
     lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
 
@@ -90,7 +91,7 @@ def fused_params(stage: FusedStage) -> list[str]:
     return sorted(set(kernel_params(stage.kernel)) | {stage.gemm.operand.buffer, stage.gemm.out.buffer})
 
 
-def _gemm_loads(stage: FusedStage) -> dict:
+def gemm_loads(stage: FusedStage) -> dict:
     """The kernel's loads of the GEMM's output in the rows the launch writes: value -> member (all are at a member's
     own column: stage_fusion.fusible)."""
     out = stage.gemm.out
@@ -116,13 +117,13 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
     # the GEMV's row of column c (kernels/fused_stage.cuh): interleaved, the block's rows are one run from j0 * M;
     # else member c % M of unit j0 + c / M is row (c % M) * D + j0 + c / M of the stacked (or transposed) weight
     weight, row_map = ("W_stage + (long)j0 * M * K", "1, 0, 0") if interleaved else ("W_stage", "M, D, j0")
-    from_dots = _gemm_loads(stage)
+    from_dots = gemm_loads(stage)
     others = [(value, place) for value, place in kernel.loads if value not in from_dots]
     lines = [f"// {stage.variant(width)}: GEMM {gemm.name} of step tg ({', '.join(gemm.members)}; W {layout}),",
              f"// then kernel {kernel.name} of step t on the same units: "
              f"{', '.join(s.var for s in kernel.statements) or 'copies'}.",
              f'extern "C" __global__ void __launch_bounds__({STAGE_THREADS}) {stage.variant(width)}(']
-    lines += _declare(fused_params(stage), written)
+    lines += declare(fused_params(stage), written)
     lines.append("    const float* __restrict__ W_stage,")
     lines.append("    const int tg, const int t, const int B, const int I, const int H, const int P)")
     gemm_call = [f"        fused_stage_gemm<COLS, {STAGE_THREADS}, RB, RC, KC, STAGES, {'true' if tiled else 'false'}>(",
@@ -209,7 +210,7 @@ def render_summed(stage: FusedStage, plan: TrainingPlan) -> str:
     out = gemm.out
     lines = [f"// {stage.summed}: the split-K sums of GEMM {gemm.name} (step tg), then kernel {kernel.name} (step t).",
              f'extern "C" __global__ void {stage.summed}(']
-    lines += _declare(fused_params(stage), written)
+    lines += declare(fused_params(stage), written)
     lines.append("    const float* __restrict__ partials, const int splits,")
     lines.append("    const int tg, const int t, const int B, const int I, const int H, const int P)")
     lines += ["{", f"    constexpr int M = {stage.members}, SPLITS = {cublas.MAX_SPLITS};"
@@ -236,7 +237,7 @@ def render_summed(stage: FusedStage, plan: TrainingPlan) -> str:
               "                if (i < splits) sum += part[m][i];",
               "            *o = sum;",
               "        }"]
-    lines += _body(kernel, columns, "        ")
+    lines += statement_body(kernel, columns, "        ")
     lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
 

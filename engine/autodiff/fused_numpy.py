@@ -1,17 +1,19 @@
-"""The fused training step's plan run by NumPy: the same buffers, places, stages and GEMMs as engine/autodiff/fused.py
-on the GPU, each kernel interpreted statement by statement on (B, D) slices instead of launched. The CPU tests run
+"""The fused training step's plan run by NumPy: the same buffers, places, stages and GEMMs as
+engine/autodiff/fused_runner.py on the GPU, each kernel interpreted statement by statement on (B, D) slices instead of
+launched. The CPU tests run
 every cell through it against the float64 reference, so a wrong place, stage or GEMM in the plan fails without a GPU;
 the GPU tests then hold the generated CUDA to the same results.
 
-    tape = fused.record(network, params, x, initial_states, runner=NumpyRunner(training_plan(network.cell)))
+    tape = fused_tape.record(network, params, x, initial_states, runner=NumpyRunner(training_plan(network.cell)))
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..ops import apply_backward
-from .fused import Layer, Runner
+from .fused_layer import Layer
 from .fused_plan import GemmPlan, GradGemm, KernelPlan, Place, TrainingPlan
+from .fused_runner import Runner
 from .stage_fusion import FusedStage, fused_stages
 
 

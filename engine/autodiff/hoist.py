@@ -11,8 +11,10 @@ frozen split; it never edits the graph.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+from .derive import backward_graph
 from .graph import BackwardGraph, BackwardNode
 
 
@@ -53,3 +55,10 @@ def split_backward(graph: BackwardGraph) -> BackwardSplit:
     recorded = tuple(dict.fromkeys(a for a in reads if a in step_values))
     saved_after = tuple(dict.fromkeys(a for a in reads if a in graph.cell.by_name))
     return BackwardSplit(graph, per_step, after, recorded, saved_after)
+
+
+@functools.lru_cache(maxsize=64)
+def derived(cell) -> BackwardSplit:
+    """The cell's backward graph, split: a pure function of the frozen cell, so derived once, not at every training
+    step."""
+    return split_backward(backward_graph(cell))

@@ -3,7 +3,7 @@
 lstm_proj) whose blocks read little X a step (`lat`, `blogB`; not `mid`), where it measured 5-24 % faster than the
 fused launches; one-stage steps (the LSTM) came out even or slower (benchmarks/results/training-20261125-0628-H100/).
 
-The fused step (engine/autodiff/fused.py) launches each stage of each step: a GEMM (cuBLAS, or the fused GEMV at
+The fused step (engine/autodiff/fused_runner.py) launches each stage of each step: a GEMM (cuBLAS, or the fused GEMV at
 B <= 2) and a kernel, T x stages launches a layer and direction, each reading its weight rows from L2 again. Here a
 chunk of a layer's steps is one cooperative launch of at most one block an SM (Diamos et al., "Persistent RNNs", ICML
 2016): block g owns units [g * TU, (g + 1) * TU) of each item, loads its rows of the item's weight into shared memory
@@ -37,8 +37,9 @@ import numpy as np
 
 from ..codegen.cuda import CELL_HELPERS, helper_source
 from ..codegen.wavefront import TILE_GEMM_HELPER, gemv_ksteps
+from ..schedules.base import compile_kernel
 from .fused_plan import GemmPlan, KernelPlan, TrainingPlan
-from .fused_codegen import _body, _declare, _gemm_loads, element, kernel_params, statement_expr, var
+from .fused_codegen import declare, element, gemm_loads, kernel_params, statement_body, statement_expr, var
 from .stage_fusion import FusedStage, launch_sequence, lay_out as stage_lay_out
 
 THREADS = 256
@@ -230,7 +231,7 @@ def render(plan: TrainingPlan, layout: PersistentPlan) -> str:
              "#include <cooperative_groups.h>", helper_source(CELL_HELPERS), helper_source(TILE_GEMM_HELPER),
              helper_source(ROWS_GEMM), ""]
     lines.append(f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) {layout.name}(')
-    lines += _declare(params_of(layout), written)
+    lines += declare(params_of(layout), written)
     lines += [f"    const float* __restrict__ W_{n}," for n in range(len(layout.stages))]
     lines.append("    const int t0, const int t1, const int I, const int H, const int P)")
     lines += ["{", f"    constexpr int B = {B};                              // batch rows",
@@ -309,10 +310,10 @@ def _item(it: Item, columns: dict, B: int) -> list[str]:
         lines += [f"{pad}for (int e = threadIdx.x; e < B * nu; e += blockDim.x) {{",
                   f"{pad}    const long b = e / nu;",
                   f"{pad}    const int j = j0 + (int)(e - b * nu);"]
-        lines += _body(kernel, columns, pad + "    ")
+        lines += statement_body(kernel, columns, pad + "    ")
         return lines + [f"{pad}}}"] + close
     M, COLS = it.members, it.columns
-    from_dots = _gemm_loads(stage)
+    from_dots = gemm_loads(stage)
     early = [(value, place) for value, place in kernel.loads if value not in from_dots]
     gemm_values = [(value, place) for value, place in kernel.loads if value in from_dots]
 
@@ -349,7 +350,6 @@ class PersistentLaunch:
     """A layer's persistent launch of one direction on the GPU: the compiled kernel, its weights, the launch."""
 
     def __init__(self, runner, plan: TrainingPlan, layout: PersistentPlan):
-        from ..schedules.base import compile_kernel
         self.runner, self.plan, self.layout = runner, plan, layout
         self.source = render(plan, layout)
         self.kernel = compile_kernel(self.source, layout.name, True, layout.shared_bytes, plan.cell.name)

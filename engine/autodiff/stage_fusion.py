@@ -1,5 +1,5 @@
-"""Fused stages of the training step (engine/autodiff/fused.py): a step GEMM and the kernel that reads it as one launch,
-for batches of up to FUSE_MAX_ROWS rows; above that, where the GEMM splits K, the kernel sums the parts itself.
+"""Fused stages of the training step (engine/autodiff/fused_runner.py): a step GEMM and the kernel that reads it as one
+launch, for batches of up to FUSE_MAX_ROWS rows; above that, where the GEMM splits K, the kernel sums the parts itself.
 
 At small batch a step is a chain of short dependent launches (at `lat`, B = 1, a GEMV of ~3 us and a kernel of ~2 us,
 with ~1 us between graph nodes), so the launches, not the arithmetic, set the step's time. A fused stage computes, in

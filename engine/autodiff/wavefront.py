@@ -1,6 +1,6 @@
-"""The order the fused training step issues a network's layers in as a wavefront (engine/autodiff/fused.py): chunks
-of steps, a stream a layer, layer l's chunk c after layer l-1's (forward) or l+1's (backward), and the cut of that
-order into graphs of whole diagonals.
+"""The order the fused training step issues a network's layers in as a wavefront (engine/autodiff/fused_program.py):
+chunks of steps, a stream a layer, layer l's chunk c after layer l-1's (forward) or l+1's (backward), and the cut of
+that order into graphs of whole diagonals.
 """
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ def check_device(device, network: Network) -> object:
     if not ok:
         raise TrainingError(f"device='gpu' needs a CUDA GPU with CuPy: {why}", hint="device='cpu' trains on the CPU")
     from ..autodiff.errors import AutodiffError
-    from ..autodiff.fused_plan import training_plan
+    from ..autodiff.fused_planner import training_plan
     try:
         training_plan(network.cell)
     except AutodiffError as e:

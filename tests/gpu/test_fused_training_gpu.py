@@ -1,4 +1,4 @@
-"""The fused training step on the GPU (bptt backend "fused", engine/autodiff/fused.py) against the NumPy reference
+"""The fused training step on the GPU (bptt backend "fused", engine/autodiff/fused_tape.py) against the NumPy reference
 in float64, on fresh random inputs: every preset, the unusual cells, random cells; work buffers poisoned with NaN
 first; the backward ops' CUDA forms against their NumPy meanings; CellRNN on CUDA fp32 tensors runs it."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 
 import engine
 from engine.autodiff import bptt
-from engine.autodiff import fused
+from engine.autodiff import fused_cache, fused_planner, fused_runner, fused_tape
 from engine.ops import GRAD_OPS
 from test_autodiff import UNUSUAL
 from test_fuzz_cells import cell_designs
@@ -43,7 +43,7 @@ def check(cupy, cell, seed, poison=False, **sizes):
     on_gpu = {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}
     d_final_gpu = {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()}
     if poison:      # every work buffer NaN first: a value read before it is written shows in the result
-        tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), on_gpu, poison=True)
+        tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32), on_gpu, poison=True)
         got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32), d_final_gpu)
     else:
         got = bptt(network, params, cupy.asarray(x, dtype=cupy.float32), on_gpu,
@@ -169,7 +169,7 @@ def test_the_after_part_is_one_captured_graph_and_its_results_are_copies(cupy, n
     network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, seed=5, layers=2)
     want = bptt(network, params, x, initial, d_out, d_final)
     gpu = {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}
-    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), gpu, poison=True)
+    tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32), gpu, poison=True)
     program = tape.program
     assert program.captures_after()
     got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
@@ -177,7 +177,7 @@ def test_the_after_part_is_one_captured_graph_and_its_results_are_copies(cupy, n
     assert program.after_graph is not None and program.after_error is None
     kept = {p: v.copy() for p, v in got.params[0].items()}
     kept_initial = {s: v.copy() for s, v in got.initial_states.items()}
-    again = fused.record(network, params, cupy.asarray(x * 3.0, dtype=cupy.float32), gpu, poison=True)
+    again = fused_tape.record(network, params, cupy.asarray(x * 3.0, dtype=cupy.float32), gpu, poison=True)
     assert again.program is program                          # the same program (and graph), replayed
     again.backward(cupy.asarray(d_out * -2.0, dtype=cupy.float32))
     for p, v in kept.items():
@@ -197,7 +197,7 @@ def test_a_cell_with_after_part_nodes_keeps_the_uncaptured_after_part(cupy):
     gradients still equal the reference."""
     cell = UNUSUAL["every_op"]
     network, params, x, initial, d_out, d_final = case(cell, seed=3, layers=2)
-    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
+    tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
     assert not tape.program.captures_after()
     got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32))
     assert tape.program.after_graph is None
@@ -265,8 +265,8 @@ def test_the_finiteness_and_copy_tables_kept_by_address_read_the_values_of_each_
     """The finiteness check and the copy launch keep their uploaded tables by the arrays' addresses (a step checks and
     loads the same arrays every time): a value made bad in place after a clean check is still found, and a source
     changed in place is copied with its new values."""
-    from engine.autodiff.fused import gpu_runner
-    from engine.autodiff.fused_plan import training_plan
+    from engine.autodiff.fused_cache import gpu_runner
+    from engine.autodiff.fused_planner import training_plan
     from engine.backends.common import _launch_all_finite
     arrays = [cupy.arange(10, dtype=cupy.float32), cupy.ones(7, dtype=cupy.float32)]
     assert _launch_all_finite(arrays).all_finite()
@@ -321,12 +321,12 @@ def test_the_memory_check_refuses_a_new_program_and_a_cached_one_holds_its_memor
 
 def test_the_copy_launch_fills_every_destination(cupy):
     """Runner.copy: pieces across COPY_CHUNK boundaries, zero fills, a destination that is not contiguous."""
-    runner = fused.gpu_runner(fused.training_plan(engine.preset("lstm").cell))
+    runner = fused_cache.gpu_runner(fused_planner.training_plan(engine.preset("lstm").cell))
     rng = np.random.default_rng(6)
-    sizes = [1, fused.COPY_CHUNK - 1, fused.COPY_CHUNK, 3 * fused.COPY_CHUNK + 5, 1000]
+    sizes = [1, fused_runner.COPY_CHUNK - 1, fused_runner.COPY_CHUNK, 3 * fused_runner.COPY_CHUNK + 5, 1000]
     sources = [cupy.asarray(rng.standard_normal(n), dtype=cupy.float32) for n in sizes]
     targets = [cupy.full(n, cupy.nan, dtype=cupy.float32) for n in sizes]
-    zeros = cupy.full(2 * fused.COPY_CHUNK + 1, cupy.nan, dtype=cupy.float32)
+    zeros = cupy.full(2 * fused_runner.COPY_CHUNK + 1, cupy.nan, dtype=cupy.float32)
     strided = cupy.full((8, 6), cupy.nan, dtype=cupy.float32)
     block = cupy.asarray(rng.standard_normal((8, 3)), dtype=cupy.float32)
     # a block of a matrix over several pieces (pieces that start mid-row), a zero block, a destination that is not
@@ -353,7 +353,7 @@ def test_the_lay_out_launch_equals_stage_fusions_lay_out(cupy):
     and in a program the same arrays the NumPy assignment made, after a second load of new parameters."""
     from types import SimpleNamespace
     from engine.autodiff.stage_fusion import lay_out
-    runner = fused.gpu_runner(fused.training_plan(engine.preset("lstm").cell))
+    runner = fused_cache.gpu_runner(fused_planner.training_plan(engine.preset("lstm").cell))
     rng = np.random.default_rng(8)
     layers, wants = [], []
     for shape, layout, members in [((4 * 37, 45), "interleaved", 4), ((4 * 37, 45), "transposed", 1),
@@ -369,7 +369,7 @@ def test_the_lay_out_launch_equals_stage_fusions_lay_out(cupy):
 
     for name in ("lstm", "lstm_fgr", "gru_cho"):
         network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, 3, layers=2, I=5, H=36, B=2)
-        tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
+        tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
         program = tape.program
         assert program.lay_out is not None, name
         for seed in (4, 5):        # a second load with new parameters: the same table, the new values
@@ -401,12 +401,12 @@ def test_the_wavefronts_on_streams_and_layer_by_layer_equal_the_reference(cupy, 
     """The layers' forward as a wavefront and their backward as a reverse one (a stream a layer, events between
     chunks, each captured as one graph), or layer by layer (a graph a layer and direction): the same gradients;
     the graphs are captured, and replayed for a second step."""
-    from engine.autodiff import fused as fused_module
-    monkeypatch.setattr(fused_module, "WAVEFRONT_CHUNK", 3)
+    from engine.autodiff import fused_program
+    monkeypatch.setattr(fused_program, "WAVEFRONT_CHUNK", 3)
     network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, seed=13, layers=3, T=10)
     want = bptt(network, params, x, initial, d_out, d_final)
     for _ in range(2):
-        tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32),
+        tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32),
                             {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()},
                             wavefront=wavefront)
         forward, backward = (("forward", "wavefront", 0), ("backward", "wavefront", 0)) if wavefront else \
@@ -444,20 +444,20 @@ def test_the_training_loop_on_the_gpu_follows_the_cpu_and_repeats(cupy):
 def test_the_runner_cache_keeps_the_last_few_and_their_programs_go_with_them(cupy, monkeypatch):
     """Training cell after cell keeps MAX_RUNNERS runners (cuBLAS handles and workspaces), the most recently used;
     an evicted runner's idle programs are dropped with it, and a cell trained again gets a new runner that works."""
-    from engine.autodiff.fused_plan import training_plan
-    monkeypatch.setattr(fused, "MAX_RUNNERS", 3)
-    fused.clear_runners()
-    fused.clear_cache()
+    from engine.autodiff.fused_planner import training_plan
+    monkeypatch.setattr(fused_cache, "MAX_RUNNERS", 3)
+    fused_cache.clear_runners()
+    fused_cache.clear_cache()
     names = ["lstm", "gru", "mgu", "gru_cho", "elman_tanh"]
     for name in names:
         network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, seed=1)
-        fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None).backward(
+        fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32), None).backward(
             cupy.asarray(d_out, dtype=cupy.float32))
-    assert len(fused._runners) == 3
-    kept = {key[0].name for key in fused._runners}
+    assert len(fused_cache._runners) == 3
+    kept = {key[0].name for key in fused_cache._runners}
     assert kept == set(names[-3:])
-    held = {p.runner.plan.cell.name for pool in fused._programs.values() for p in pool}
+    held = {p.runner.plan.cell.name for pool in fused_cache._programs.values() for p in pool}
     assert held <= kept, held
-    runner = fused.gpu_runner(training_plan(engine.preset("lstm").cell))
-    assert runner.plan.cell.name == "lstm" and len(fused._runners) == 3
+    runner = fused_cache.gpu_runner(training_plan(engine.preset("lstm").cell))
+    assert runner.plan.cell.name == "lstm" and len(fused_cache._runners) == 3
     check(cupy, engine.preset("lstm").cell, seed=2)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine.autodiff import bptt, fused, persistent
+from engine.autodiff import bptt, fused_program, fused_tape, persistent
 from test_autodiff import UNUSUAL
 from test_fused_training_gpu import TOL, assert_equal_reference, case, relative
 
@@ -24,7 +24,7 @@ def persistent_on(monkeypatch):
 def check(cupy, cell, seed, wavefront=None, both=True, **sizes):
     network, params, x, initial, d_out, d_final = case(cell, seed, **sizes)
     want = bptt(network, params, x, initial, d_out, d_final)
-    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32),
+    tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32),
                         {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}, poison=True,
                         wavefront=wavefront)
     pairs = tape.program.persistent
@@ -64,7 +64,7 @@ def test_more_units_than_blocks_with_a_short_last_block(cupy, name):
 def test_a_long_sequence_in_chunks_and_layer_by_layer(cupy, name, wavefront):
     """T = 70: the wavefront's forward is a persistent launch a layer and chunk of WAVEFRONT_CHUNK steps (t0, t1),
     three layers at once on their share of the SMs; layer by layer, one launch a layer on all of them."""
-    assert 70 > fused.WAVEFRONT_CHUNK
+    assert 70 > fused_program.WAVEFRONT_CHUNK
     cell = engine.preset(name).cell
     check(cupy, cell, seed=6, wavefront=wavefront, layers=3, I=16, H=64, T=70, B=5,
           P=32 if cell.uses_projection else None)
@@ -73,7 +73,7 @@ def test_a_long_sequence_in_chunks_and_layer_by_layer(cupy, name, wavefront):
 def test_the_refused_cells_keep_the_fused_forward(cupy, monkeypatch):
     monkeypatch.setattr(persistent, "PERSISTENT", True)
     network, params, x, initial, d_out, d_final = case(UNUSUAL["shared_weight"], 2)
-    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
+    tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
     assert tape.program.persistent is None
     got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32))
     want = bptt(network, params, x, None, d_out)
@@ -90,7 +90,7 @@ def test_auto_runs_persistent_only_for_two_stages_where_a_block_reads_little_x(c
     for name in ("lstm", "lstm_fgr"):
         network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, 12, layers=2, I=16, H=256,
                                                            T=4, B=64)
-        tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
+        tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32), None, poison=True)
         assert tape.program.persistent is None, name
         got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32))
         assert relative(got.x.get(), bptt(network, params, x, None, d_out).x) < TOL, name

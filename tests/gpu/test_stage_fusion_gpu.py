@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine.autodiff import bptt, fused, stage_fusion
+from engine.autodiff import bptt, fused_tape, stage_fusion
 from test_fused_training_gpu import assert_equal_reference, case
 from test_stacks import CASES as STACK_CASES
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("release_gpu_memory")]
 
 
 def run(cupy, network, params, x, initial, d_out, d_final, wavefront=None):
-    tape = fused.record(network, params, cupy.asarray(x, dtype=cupy.float32),
+    tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32),
                         {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}, poison=True,
                         wavefront=wavefront)
     program = tape.program

@@ -3,11 +3,9 @@
 few output tiles may split K), its generated kernels and fused stages (engine/autodiff/fused_codegen.py,
 stage_fusion.py) and the table launches of kernels/ (copy_pieces.cu, lay_out.cu, column_dots.cu) for one layer at a
 time, on the current stream or a stream a layer (the wavefront). engine/autodiff/fused_numpy.py runs the same plan
-through NumPy for the CPU tests. module_for compiles a plan's kernels once (cached by source and device).
+through NumPy for the CPU tests. module_for compiles a plan's kernels (once: engine/codegen/nvrtc.py caches them).
 """
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 
@@ -21,30 +19,12 @@ from .fused_plan import GemmPlan, GradGemm, KernelPlan, TrainingPlan
 from .stage_fusion import FusedStage, fused_stages, launch_sequence
 
 MAX_BLOCKS = 65535
-_modules: dict = {}             # (source, device) -> the compiled module of a plan's kernels
-_lock = threading.Lock()
 
 
 def module_for(plan: TrainingPlan, tiled: bool = False):
-    """The compiled module of the plan's kernels (IEEE fp32 through engine/codegen/nvrtc.py), cached by source; tiled:
-    with the fused stages' tiled GEMM (batches over GEMV_MAX_ROWS rows)."""
-    import cupy  # deferred: CuPy is optional (no GPU in CI)
-
-    source = render_module(plan, tiled)
-    key = (source, cupy.cuda.Device().id)
-    with _lock:
-        module = _modules.get(key)
-    if module is None:
-        module = load_module(source)
-        for k in plan.forward.kernels + plan.backward.kernels:
-            module.get_function(k.name)
-        for stage in fused_stages(plan).values():
-            for width in stage_fusion.WIDTHS:
-                module.get_function(stage.variant(width))
-            module.get_function(stage.summed)
-        with _lock:
-            _modules[key] = module
-    return module
+    """The compiled module of the plan's kernels, IEEE fp32 (engine/codegen/nvrtc.py compiles it and keeps it by
+    source and device); tiled: with the fused stages' tiled GEMM (batches over GEMV_MAX_ROWS rows)."""
+    return load_module(render_module(plan, tiled))
 
 
 COPY_CHUNK = 8192               # elements a block of kernels/copy_pieces.cu copies

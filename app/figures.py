@@ -214,7 +214,7 @@ def timeline_figure(events: Sequence[Mapping]) -> go.Figure:
 
 def pipeline_figure(events: Sequence[Mapping], *, title: str = "Predicted pipeline: each GPU's work on each chunk"
                     ) -> go.Figure:
-    """A Gantt chart of a pipelined net (engine.pipeline.PipelinePlan.timeline()): one lane and colour per GPU,
+    """A Gantt chart of a pipelined net (engine.multigpu.PipelinePlan.timeline()): one lane and colour per GPU,
     one bar per chunk, {"lane", "chunk", "steps": (first, end), "start_ms", "end_ms"} per event."""
     fig = go.Figure()
     lanes = list(dict.fromkeys(e["lane"] for e in events))

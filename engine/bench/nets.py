@@ -2,7 +2,7 @@
 
     python -m engine bench --config deepspeech [--preset gru] [--impl cudnn-fp32 --impl persistent]
 
-A net configuration (configs.NetBenchConfig) names a preset network of engine/blocks.py and the sizes it runs at;
+A net configuration (configs.NetBenchConfig) names a preset network of engine/nets/presets.py and the sizes it runs at;
 `deepspeech` is the seed benchmark's block: 4 layers of the cell, max-pool over time by 2 (stride 2), 4 more layers,
 I = H = 512, T = 100, B = 64. Each --preset gives the cell of its layers (LSTM by default).
 
@@ -12,7 +12,7 @@ Rows (fp32 only: the engine rows run in IEEE fp32, cuDNN with TF32 off):
 - `fused`, `graph`, `persistent`, `auto`: the engine's `prepare_net(net, params, backend)`, prepared once and run as
   a user keeps it (each block of layers one program on the GPU; pools between them on CuPy arrays);
 - `persistent-fused-pools`, `graph-fused-pools`: the same with `fuse_pools=True` (blocks of one cell joined into one
-  wavefront through their pools, each pool folded into the layer below it: engine.blocks.fused_runs).
+  wavefront through their pools, each pool folded into the layer below it: engine.nets.fusion.fused_runs).
 Each row's output on input buffer 0 (NaN-poisoned buffers for the engine rows) is checked against the float64 NumPy
 reference of the whole net (run_net on the reference backend) and is timed only when it passes
 (engine/bench/divergence.py). Timing as for cells (engine/bench/timing.py): CUDA events around one whole forward
@@ -28,8 +28,10 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
-from ..blocks import Net, Pool, init_net_params, net_to_dict, prepare_net, run_net
 from ..errors import BackendError
+from ..nets.data import Net, Pool, init_net_params
+from ..nets.io import net_to_dict
+from ..nets.runner import prepare_net, run_net
 from ..network import Network
 from ..params import Params
 from .configs import NetBenchConfig

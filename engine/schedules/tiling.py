@@ -41,7 +41,7 @@ class DeviceLimits:
 
     @staticmethod
     def current() -> "DeviceLimits":
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         dev = cupy.cuda.Device()
         attrs = dev.attributes
         props = cupy.cuda.runtime.getDeviceProperties(dev.id)

@@ -23,7 +23,7 @@ SCHEDULE_BACKENDS = ("graph", "persistent")      # modules in engine/schedules
 def gpu_status() -> tuple[bool, str]:
     """(available, reason): whether CuPy sees a usable CUDA device, and why not."""
     try:
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
     except Exception as e:  # ImportError, or a broken CUDA install
         return False, f"CuPy is not importable ({type(e).__name__}: {e})"
     try:

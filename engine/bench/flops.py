@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import networkx as nx
 
+from ..autodiff.fused_plan import training_plan
 from ..ir import SCALAR, CellGraph
 from ..network import Network
 
@@ -75,7 +76,6 @@ def training_products(network: Network, steps: int, batch: int) -> dict[str, lis
     grid, zero blocks included, as the engine computes it; the weight gradients skip them, as the engine does.
     benchmarks/probe_gemm_floor.py times them through cuBLAS: the floor under which no fp32 schedule of these
     products on cuBLAS goes."""
-    from ..autodiff.fused_plan import training_plan
     plan = training_plan(network.cell)
     rows = steps * batch
     hoisted = list(plan.forward.hoisted) + list(plan.backward.hoisted) + ([plan.input_gemm] if plan.input_gemm else [])

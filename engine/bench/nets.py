@@ -29,11 +29,13 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 
 from ..errors import BackendError
+from ..gallery import presets as all_presets
 from ..nets.data import Net, Pool, init_net_params
 from ..nets.io import net_to_dict
 from ..nets.runner import prepare_net, run_net
 from ..network import Network
 from ..params import Params
+from ..torch_layout import to_torch_state_dict
 from .configs import NetBenchConfig
 from .divergence import error_summary, gate, step_curves
 from .flops import network_flops
@@ -72,8 +74,6 @@ def _tf32_off(torch):
 def cudnn_net(torch, net: Net, params, device: str):
     """The net as torch modules with the engine's weights, float32: forward(x (T, B, I) tensor) -> tensor. Raises
     Unavailable for a block cuDNN has no form of."""
-    from ..gallery import presets as all_presets
-    from ..torch_layout import to_torch_state_dict
     by_structure = {p.cell.structural_hash: p for p in all_presets().values() if p.cudnn and p.torch is not None}
     stages = []
     for k, block in enumerate(net.blocks):
@@ -148,13 +148,13 @@ def bench_net(name: str, cell, config: NetBenchConfig, implementations, *, reps:
     result["reference"] = {"implementation": "run_net on the NumPy reference backend, float64",
                            "seconds": time.perf_counter() - start}
     if device == "cuda":
-        import cupy as xp
+        import cupy as xp  # deferred: CuPy is optional (no GPU in CI)
         inputs = [xp.asarray(x) for x in host]
         reference = xp.asarray(reference)
     else:
         xp, inputs = np, host
     try:
-        import torch
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     except ImportError:
         torch = None
     cudnn_ms = None

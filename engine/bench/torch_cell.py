@@ -35,6 +35,7 @@ from ..ir import CellGraph
 from ..network import Network
 from ..ops import OPS, apply_elementwise
 from ..params import Params
+from .flops import batched_nodes
 
 # The torch spelling of each elementwise op. The meaning is engine/ops.py's NumPy definition; the
 # CPU tests run every preset through this table against the NumPy reference.
@@ -114,7 +115,6 @@ def torch_source(cell: CellGraph) -> str:
                 fields["factor"] = repr(float(node.attr("factor")))
             expression = TORCH_EXPRESSIONS[node.op].format(**fields)
         body.append(f"    {var(name)} = {expression}")
-    from .flops import batched_nodes
     batched = batched_nodes(cell)
     results = []
     for s in cell.states:
@@ -160,7 +160,7 @@ def load_functions(cell: CellGraph) -> dict:
 def layer_function(cell: CellGraph, mode: str = "eager", compile_options: dict | None = None):
     """The layer function (xs, *states, *params) -> (outputs (T, B, H), *final states), in a mode:
     'eager', 'compile' (torch.compile of the step; compiles lazily at the first call) or 'script'."""
-    import torch
+    import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     if mode not in MODES:
         raise BackendError(f"argument 'mode' must be one of {', '.join(MODES)}, got {mode!r}")
     namespace = load_functions(cell)
@@ -177,7 +177,7 @@ def layer_function(cell: CellGraph, mode: str = "eager", compile_options: dict |
 
 def torch_params(network: Network, params: Params, device, dtype) -> list[list]:
     """Per layer, the parameter tensors in the step's argument order (cell.params)."""
-    import torch
+    import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     return [[torch.as_tensor(np.asarray(params[layer][p.name]), dtype=dtype, device=device)
              for p in network.cell.params] for layer in range(network.num_layers)]
 
@@ -185,7 +185,7 @@ def torch_params(network: Network, params: Params, device, dtype) -> list[list]:
 def run_network(layer_fn, network: Network, layer_params: list[list], xs, initial_states: dict | None = None):
     """Layers in sequence. xs: (T, B, I) tensor; initial_states: name -> (L, B, H) tensor, zeros where
     not given. Returns (outputs (T, B, H), {state: (L, B, H)})."""
-    import torch
+    import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     cell = network.cell
     B = xs.shape[1]
     finals: dict[str, list] = {name: [] for name in cell.state_names}
@@ -207,7 +207,7 @@ def run_network(layer_fn, network: Network, layer_params: list[list], xs, initia
 def run_torch(network: Network, params: Params, x, initial_states: dict | None = None, *,
               device="cpu", dtype=None, mode: str = "eager"):
     """Convenience for tests: NumPy in, NumPy out. dtype defaults to torch.float64."""
-    import torch
+    import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     dtype = dtype or torch.float64
     xs = torch.as_tensor(np.asarray(x), dtype=dtype, device=device)
     states = None if initial_states is None else {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends import reference
 from ..export import program_name, write_export, write_run_files
 from ..explain import build_plan
 from ..network import Network
@@ -45,7 +46,6 @@ def main(args) -> int:
         rng = np.random.default_rng(args.seed + 1)
         x = rng.standard_normal((steps, batch, args.input_size))
         paths = write_run_files(args.output, plan.program, network, params, x)
-        from ..backends import reference
         ref = reference.run(network, params, x)
         expected = [ref.outputs] + [ref.final_states[s] for s in plan.program.cell.state_names]
         with open(paths["x"].with_name("expected.bin"), "wb") as f:

@@ -5,7 +5,12 @@
 - fused: cuBLAS GEMMs + generated fused kernels, hoisted input GEMM, layer wavefront on streams.
 - graph, persistent: the fast schedules of engine/schedules (one module each), selectable by name.
 
-'auto' picks the autotuned schedule on a GPU (engine.schedules.autotune) and the reference elsewhere.
+'auto' picks the autotuned schedule on a GPU (engine.schedules.autotune) and the reference elsewhere; the
+choice and the run are engine/execute.py's (it sits above both folders).
+
+May import: engine.plan, engine.codegen, engine.params, engine.network, engine.ops and lower modules; never
+engine.schedules (get() loads a schedule module by name at run time), engine.execute, engine.nets, engine.multigpu,
+engine.bench, engine.explain, engine.export or engine.api.
 """
 from __future__ import annotations
 

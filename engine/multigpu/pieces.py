@@ -51,7 +51,7 @@ def pieces_of(plan: PipelinePlan) -> list[list[Piece]]:
 def gpu_fused_runs(plan: PipelinePlan, precision: str = "float32") -> tuple[dict, dict]:
     """({GPU: (FusedRun, [(block, layer) of the net for each layer of the run])}, {GPU: why not}) for
     PipelineProgram(fuse_pools=True): a GPU whose pieces (layers of blocks of one cell and size, pools between or
-    after them) make one wavefront program (engine.nets.fusion.fused_runs over the GPU's pieces as a net of their own) runs
+    after them) make one wavefront program (nets.fusion.fused_runs over the GPU's pieces as a net of their own) runs
     each chunk as that one program, pools folded in: one run for the host to issue instead of one per piece. A GPU
     with one piece and no pool has nothing to fuse; a net whose length is not a multiple of its pools' strides would
     leave a tail chunk a pool cannot take whole, so no GPU fuses."""

@@ -58,7 +58,7 @@ def tune_pipeline(net: Net, params, gpus: int, steps: int, batch: int, *, backen
                   chunks: list[int] | None = None, splits: list[list[int]] | None = None, warmup: int = 1,
                   repeats: int = 3, seed: int = 0, fuse_pools: bool = False, use_cache: bool = True,
                   replay: bool = True, **plan_options) -> tuple[PipelinePlan, list[dict]]:
-    """Measure the pipeline on this host's GPUs and keep the fastest plan (see the module docstring): the planner's
+    """Measure the pipeline on this host's GPUs and keep the fastest plan (the model: plan.py): the planner's
     chunk and the powers of two from a quarter to four times it, over the planner's split, the FLOP-balanced one and
     each with its cuts at block boundaries (or the given chunks and splits). Returns the plan, with .measured set, and
     every candidate's row (split, chunk, ms, bubble, or the error that ruled it out). x: the input (else normal random

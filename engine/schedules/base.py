@@ -128,7 +128,7 @@ class WavefrontSchedule:
         self.precision = check_precision(precision)
         self.config = config or TileConfig()
         self.limits = limits or DeviceLimits.current()
-        # pools {layer: engine.nets.data.Pool}: a pool over time after those layers, folded into the layer's store of its
+        # pools {layer: nets.data.Pool}: a pool over time after those layers, folded into the layer's store of its
         # output (kernels/pool.cuh): the layers above read the pooled sequence, started as soon as their input is
         # (engine/schedules/steps.py), and a pool after the last layer pools the outputs. pool=P: pools={L - 1: P}.
         self.pools = pools

@@ -9,7 +9,6 @@ import numpy as np
 
 from . import execute
 from .backends.common import RunResult
-from .bench import run_bench
 from .export import export_cuda as render_export
 from .network import Network
 from .params import Params
@@ -42,4 +41,7 @@ def export_cuda(cell_or_preset, input_size: int, hidden_size: int, num_layers: i
 
 def bench(presets, configs=None, **options):
     """Time every implementation side by side on the GPU (see engine.bench.run_bench)."""
+    # deferred: `import engine` leaves the engine.bench package unloaded, so engine.bench names this function until
+    # the package is imported (as it always has); the harness loads on the first call
+    from .bench import run_bench
     return run_bench(presets, configs, **options)

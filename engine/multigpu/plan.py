@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..bench.flops import layer_step_flops
 from ..errors import BackendError
 from ..nets.data import Layers, Net, Pool
 from ..network import Network
@@ -130,6 +129,9 @@ class PipelinePlan:
 
 
 def units_of(net: Net, batch: int) -> list[Unit]:
+    # deferred: importing engine.bench.flops loads the engine.bench package, which `import engine` leaves unloaded
+    # (engine.bench names the api function until it is imported); flops.py's counting belongs below this layer
+    from ..bench.flops import layer_step_flops
     units, stride = [], 1
     for k, block in enumerate(net.blocks):
         if isinstance(block, Pool):

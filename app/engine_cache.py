@@ -15,7 +15,9 @@ import numpy as np
 import streamlit as st
 
 import engine
+from app import state
 from engine import backends
+from engine.schedule import wavefront as build_wavefront
 
 SIZE_FIELDS = ("input_size", "hidden_size", "num_layers", "steps", "batch")
 SIZE_LABELS = {"input_size": "input size (I)", "hidden_size": "hidden size (H)", "num_layers": "layers (L)",
@@ -65,7 +67,6 @@ def sizes_ui(page: str, fields: tuple[str, ...] = SIZE_FIELDS, defaults: Mapping
     them, so that the next run does not re-seed the fields from what this page itself just wrote (which
     would drop an edit made to another field in between)."""
     if defaults is None:
-        from app import state
         defaults = state.design_sizes()
     seed = {f: int(defaults[f]) for f in fields}
     seed_key = f"{page}.sizes_seed"
@@ -86,7 +87,6 @@ def sizes_ui(page: str, fields: tuple[str, ...] = SIZE_FIELDS, defaults: Mapping
         return None
     sizes = {k: int(v) for k, v in sizes.items()}
     if sets_design_sizes:
-        from app import state
         state.set_design_sizes(**sizes)
         st.session_state[seed_key] = dict(sizes)
     return sizes
@@ -127,8 +127,7 @@ def cell_from_json(cell_json: str) -> engine.CellGraph:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def wavefront(num_layers: int, num_steps: int) -> dict:
-    from engine.schedule import wavefront as build
-    return build(num_layers, num_steps).to_dict()
+    return build_wavefront(num_layers, num_steps).to_dict()
 
 
 @st.cache_data(show_spinner="Compiling the plan...", max_entries=32)

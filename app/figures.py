@@ -5,11 +5,15 @@ benchmark results, per-step error arrays) so the pages stay thin and the figures
 """
 from __future__ import annotations
 
+import csv
+import io
 import math
 from typing import Iterable, Mapping, Sequence
 
 import networkx as nx
 import plotly.graph_objects as go
+
+from engine.bench.nets import blocks_label
 
 # One colour per kind of node, so a cell's picture reads the same in every card.
 NODE_COLOURS = {
@@ -214,7 +218,7 @@ def timeline_figure(events: Sequence[Mapping]) -> go.Figure:
 
 def pipeline_figure(events: Sequence[Mapping], *, title: str = "Predicted pipeline: each GPU's work on each chunk"
                     ) -> go.Figure:
-    """A Gantt chart of a pipelined net (engine.pipeline.PipelinePlan.timeline()): one lane and colour per GPU,
+    """A Gantt chart of a pipelined net (engine.multigpu.PipelinePlan.timeline()): one lane and colour per GPU,
     one bar per chunk, {"lane", "chunk", "steps": (first, end), "start_ms", "end_ms"} per event."""
     fig = go.Figure()
     lanes = list(dict.fromkeys(e["lane"] for e in events))
@@ -393,7 +397,6 @@ NET_COLUMNS = ("preset", "net", "blocks", "I", "H", "T", "B", "implementation", 
 def net_results_table(results: Mapping) -> list[dict]:
     """One flat row per (cell, network configuration, implementation) of a harness run with `--config deepspeech`
     and the like (engine/bench/nets.py)."""
-    from engine.bench.nets import blocks_label
     rows = []
     for net in results.get("nets") or []:
         config = net.get("config", {})
@@ -410,8 +413,6 @@ def net_results_table(results: Mapping) -> list[dict]:
 
 
 def results_csv(rows: Sequence[Mapping]) -> str:
-    import csv
-    import io
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(RESULT_COLUMNS), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

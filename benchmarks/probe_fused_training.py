@@ -169,6 +169,7 @@ def host_profile(name: str = "lstm", config_name: str = "mid", steps: int = 20) 
     Python before the first launch is GPU idle time."""
     import cProfile
     import pstats
+
     import cupy
     network, gpu_params, x, w = probe_case(cupy, name, parse_configs([config_name])[0])
 

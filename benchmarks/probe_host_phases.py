@@ -16,13 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-
 import importlib  # noqa: E402
+
+import numpy as np  # noqa: E402
+from probe_fused_training import probe_case  # noqa: E402  (benchmarks/, the script's folder)
 
 from engine.autodiff import fused_layer, fused_program, fused_runner, fused_tape  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
-from probe_fused_training import probe_case  # noqa: E402  (benchmarks/, the script's folder)
 
 bptt_module = importlib.import_module("engine.autodiff.bptt")
 

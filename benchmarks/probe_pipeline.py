@@ -6,7 +6,7 @@
 Two nets: the issue's 16-layer LSTM stack (hidden 1024, batch 128, 200 steps; target 1.6x on 2 GPUs) and the
 DeepSpeech block (target: faster on 2 GPUs than on 1). For each: the one-GPU runs (engine.prepare_net, each backend,
 pools folded in or not), timed as a whole forward after warm-up (median of --repeats, all GPUs synchronised before
-and after); then, per backend, the planner's plan (engine/pipeline.py) and the tuner's (tune_pipeline: chunks and
+and after); then, per backend, the planner's plan (engine/multigpu) and the tuner's (tune_pipeline: chunks and
 splits measured), each pipelined output checked against the one-GPU output, each timed by PipelineProgram.measure
 (the same wall time, and each GPU's busy time from CUDA events: the measured bubble). --chunk / --split replace the
 tuner's candidates.
@@ -23,8 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
-from engine.blocks import Pool  # noqa: E402
-from engine.pipeline import PipelineProgram, plan_pipeline, tune_pipeline, wall_ms  # noqa: E402
+from engine.multigpu import PipelineProgram, plan_pipeline, tune_pipeline, wall_ms  # noqa: E402
+from engine.nets.data import Pool  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
             if sum(int(n) for n in text.split(",")) == len(planned.units)]
         chunks = None if not args.chunk else [planned.chunk] + args.chunk
         for backend in backends:
-            # The planner's plan as it is, then the tuner (engine.pipeline.tune_pipeline) over chunks and splits.
+            # The planner's plan as it is, then the tuner (engine.multigpu.tune_pipeline) over chunks and splits.
             replay = not args.no_replay
             program = PipelineProgram(net, params, planned, backend=backend, fuse_pools=args.fuse_pools, replay=replay)
             with cupy.cuda.Device(program.devices[-1]):

@@ -2,7 +2,7 @@
 
     python benchmarks/profile_host.py [--preset lstm] [-I 512] [-H 512] [-L 4] [-T 32] [-B 64] [--states]
 
-A pipelined net (engine/pipeline.py) runs each GPU's layers chunk by chunk, with the states carried over: when the
+A pipelined net (engine/multigpu) runs each GPU's layers chunk by chunk, with the states carried over: when the
 host takes longer to issue a chunk than the GPU takes to run it, the GPUs wait on Python. This prints the host time
 of a run (time.perf_counter around the call, nothing synchronised: what the caller waits for before it can issue the
 next thing), the GPU time of a run (CUDA events, median), and the top of cProfile's tables by cumulative and by

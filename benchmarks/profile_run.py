@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     parser.add_argument("--launches", type=int, default=2)
     args = parser.parse_args(argv)
     import cupy
+
     from engine.backends import fused
     cfg = parse_configs([args.config])[0]
     network = engine.Network(engine.preset(args.preset).cell, cfg.input_size, cfg.hidden_size, cfg.num_layers)

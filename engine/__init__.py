@@ -8,8 +8,6 @@
 from .api import bench, export_cuda, run
 from .autodiff import Gradients, backward_graph, bptt
 from .backends.common import RunResult
-from .blocks import (Layers, Net, NetParams, Pool, init_net_params, load_net, net_from_dict, net_from_json,
-                     net_preset, net_to_dict, net_to_json, prepare_net, run_net)
 from .dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
 from .errors import BackendError, CellGraphError, CompileError, EngineError, Problem
 from .explain import explain, explain_json, explain_text
@@ -17,6 +15,10 @@ from .gallery import Preset, TorchLayout, presets
 from .gallery import get as preset
 from .ir import CellGraph, Node, StateSpec
 from .latex import to_latex
+from .nets.data import Layers, Net, NetParams, Pool, init_net_params
+from .nets.io import load_net, net_from_dict, net_from_json, net_to_dict, net_to_json
+from .nets.presets import net_preset
+from .nets.runner import prepare_net, run_net
 from .network import Network
 from .params import Params, init_params
 from .serialize import from_dict, from_json, load, save, to_dict, to_json

@@ -1,17 +1,18 @@
-"""The headless API: everything the app and the CLI do goes through here."""
-from __future__ import annotations
+"""The headless API: everything the app and the CLI do goes through here.
 
-import logging
+The top of the engine: it may import any engine module; nothing in engine imports it but engine/__init__.py and
+the CLI commands.
+"""
+from __future__ import annotations
 
 import numpy as np
 
-from . import backends
+from . import execute
 from .backends.common import RunResult
-from .errors import BackendError
+from .bench import run_bench
+from .export import export_cuda as render_export
 from .network import Network
 from .params import Params
-
-log = logging.getLogger("engine")
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, *,
@@ -30,50 +31,15 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     check_finite=True first looks for NaN or Inf in x, the initial states and every parameter, and names the
     first it finds (BackendError), instead of letting it spread through the recurrence.
     """
-    from .backends.common import check_float32_only, check_precision
-    precision = check_precision(precision)
-    if check_finite:
-        from .backends.common import check_finite as find_non_finite, check_inputs
-        from .params import check_params
-        check_params(network, params)
-        check_inputs(network, x, initial_states, xp=np)        # shapes and dtypes only, NumPy or CuPy alike
-        find_non_finite(network, params, x, initial_states)
-    name, reason = backends.select(backend)
-    if name == "auto":
-        from .schedules import autotune
-        if np.dtype(dtype) != np.float32:
-            raise BackendError(f"the GPU schedules compute in float32, not {np.dtype(dtype).name}; hint: use "
-                               "dtype=np.float32, or backend='reference' for float64")
-        shape = getattr(x, "shape", None)
-        if shape is None or len(shape) != 3:
-            from .backends.common import check_inputs
-            check_inputs(network, x, initial_states, xp=np)      # raises the named error
-        choice = autotune.tune(network, params, int(shape[0]), int(shape[1]), precision=precision)
-        name, reason = choice.schedule, f"{reason}: {choice.why}"
-        log.info(reason)
-        result = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), network, params,
-                                  precision=precision).run(x, initial_states)
-    else:
-        if backend == "auto":
-            log.warning(reason)
-        module = backends.get(name)
-        if name in backends.SCHEDULE_BACKENDS or name == "reference":
-            result = module.run(network, params, x, initial_states, dtype=dtype, precision=precision)
-        else:
-            check_float32_only(f"backend '{name}'", precision)
-            result = module.run(network, params, x, initial_states, dtype=dtype)
-    result.backend = name
-    result.info = dict(result.info or {}, backend_reason=reason, precision=precision)
-    return result
+    return execute.run(network, params, x, initial_states, backend=backend, dtype=dtype, precision=precision,
+                       check_finite=check_finite)
 
 
 def export_cuda(cell_or_preset, input_size: int, hidden_size: int, num_layers: int = 1, **options) -> str:
     """The standalone .cu program for a cell (see engine.export); `python -m engine export` writes it."""
-    from .export import export_cuda as render
-    return render(cell_or_preset, input_size, hidden_size, num_layers, **options)
+    return render_export(cell_or_preset, input_size, hidden_size, num_layers, **options)
 
 
 def bench(presets, configs=None, **options):
     """Time every implementation side by side on the GPU (see engine.bench.run_bench)."""
-    from .bench import run_bench
     return run_bench(presets, configs, **options)

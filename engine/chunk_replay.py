@@ -1,4 +1,4 @@
-"""One GPU's work on a time chunk of a pipelined run, captured into CUDA graphs (engine/pipeline.py, issue #11).
+"""One GPU's work on a time chunk of a pipelined run, captured into CUDA graphs (engine/multigpu, issue #11).
 
 A pipelined run issues every GPU's work on every chunk from one Python thread. Issued directly, one schedule run is
 ~60 CuPy calls, 0.5-0.8 ms of host time (benchmarks/profile_host.py), as long as a GPU's work on a chunk of the

@@ -9,6 +9,7 @@ import importlib
 import pkgutil
 import sys
 
+from . import commands
 from .errors import EngineError
 
 
@@ -17,7 +18,6 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Design, validate, compile, run and benchmark recurrent cells.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from . import commands
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue

@@ -23,10 +23,11 @@ import keyword
 import math
 from collections import Counter
 
-from .errors import CellGraphError, Problem
 from .dsl import OPERATOR_OPS
+from .errors import CellGraphError, Problem
 from .ir import CellGraph
 from .ops import dsl_functions
+
 
 def _called_ops() -> tuple[str, ...]:
     """The ops written as a call of their engine.dsl function (sigmoid(...)); the others are written with the

@@ -17,15 +17,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from .autodiff import AutodiffError, backward_graph
+from .autodiff.fused_describe import describe as describe_fused
+from .autodiff.fused_planner import training_plan
+from .autodiff.hoist import split_backward
 from .codegen import text_equations
 from .compiler import make_plan
 from .errors import CompileError
 from .gallery import Preset
 from .gallery import get as get_preset
 from .ir import CellGraph
+from .multigpu.plan import PipelinePlan, plan_pipeline
+from .nets.data import Net
 from .network import Network
 from .plan import Plan, gemm_to_dict, human_count
 from .schedules.report import check_schedule, schedules_report
+from .serialize import from_dict
 
 DEFAULT_SIZES = {"input_size": 32, "hidden_size": 64, "num_layers": 1, "steps": 16, "batch": 8}
 
@@ -47,7 +54,6 @@ def resolve(cell_or_network, input_size: int | None = None, hidden_size: int | N
     if isinstance(cell_or_network, str):
         cell_or_network = get_preset(cell_or_network)
     if isinstance(cell_or_network, dict):
-        from .serialize import from_dict
         cell_or_network = from_dict(cell_or_network)
     if isinstance(cell_or_network, Preset):
         doc = cell_or_network.equations_doc
@@ -78,10 +84,8 @@ def explain(cell_or_network, input_size: int | None = None, hidden_size: int | N
             layout: str = "blocked", chunk_steps: int | None = None, as_json: bool = False,
             schedule: str | None = None, precision: str = "float32", gpus: int | None = None):
     """explain_text(...), or explain_json(...) with as_json=True. A network of blocks (engine.Net) or a pipeline
-    plan (engine.pipeline.PipelinePlan) is explained as its plan over `gpus` GPUs (default 1): which layers on which
+    plan (engine.multigpu.PipelinePlan) is explained as its plan over `gpus` GPUs (default 1): which layers on which
     GPU, the chunk size, the predicted bubble, and the measured one where the plan was measured (tune_pipeline)."""
-    from .blocks import Net
-    from .pipeline import PipelinePlan, plan_pipeline
     if isinstance(cell_or_network, (Net, PipelinePlan)):
         if isinstance(cell_or_network, PipelinePlan):
             plan = cell_or_network
@@ -121,15 +125,11 @@ def explain_json(cell_or_network, input_size: int | None = None, hidden_size: in
 def backward_to_json(cell: CellGraph) -> dict[str, Any]:
     """The cell's backward step (engine.autodiff) and how bptt splits it: the nodes of the reverse sweep, and those
     that run once a layer on T x B rows. {"error": ...} where the cell cannot be differentiated."""
-    from .autodiff import AutodiffError, backward_graph
-    from .autodiff.hoist import split_backward
     try:
         graph = backward_graph(cell)
     except AutodiffError as e:
         return {"error": str(e)}
     split = split_backward(graph)
-    from .autodiff.fused_describe import describe as describe_fused
-    from .autodiff.fused_planner import training_plan
     try:
         fused = training_plan(cell)
         launches = {"forward": [item.name for _, item in fused.forward.order],

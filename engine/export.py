@@ -23,9 +23,10 @@ import numpy as np
 from .codegen import GENERATOR_VERSION, helper_source, text_equations
 from .codegen.cuda import ROW_BIAS_HELPER, THREADS_PER_BLOCK
 from .errors import CompileError
-from .explain import build_plan
+from .explain import build_plan, resolve
 from .network import Network
 from .params import Params
+from .passes.fusion import kernel_prefix
 from .plan import Gemm, Plan, Program, pack_weights
 
 NVCC_FLAGS = ("-O2", "-std=c++17")
@@ -35,7 +36,6 @@ def export_plan(cell_or_preset, input_size: int, hidden_size: int, num_layers: i
                 layout: str = "blocked", chunk_steps: int | None = None) -> Plan:
     # T and B are run-time arguments of the program; the plan is bound to placeholders only to give
     # the chunk size (the program clips it to T).
-    from .explain import resolve
     cell = resolve(cell_or_preset, input_size, hidden_size, num_layers, 1, 1)[0].cell
     if cell.uses_projection:
         raise CompileError(f"cell '{cell.name}' has values of the projection size P: the exported program does not "
@@ -53,7 +53,6 @@ def export_cuda(cell_or_preset, input_size: int, hidden_size: int, num_layers: i
 
 
 def program_name(plan: Plan) -> str:
-    from .passes.fusion import kernel_prefix
     return f"{kernel_prefix(plan.program.source_cell.name)}_rnn"
 
 

@@ -9,13 +9,16 @@
 - on a cell graph, a value that reads no input and no state has no batch dimension: it counts once, not B
   times.
 
-May import: engine.ir, engine.ops (and networkx).
+Per step means one time step of the whole network (every layer once); total is T steps.
+
+May import: engine.ir, engine.ops, engine.network (and networkx).
 """
 from __future__ import annotations
 
 import networkx as nx
 
 from .ir import SCALAR, CellGraph
+from .network import Network
 from .ops import GRAD_OPS, OPS
 
 
@@ -61,3 +64,21 @@ def cell_step_flops(cell: CellGraph, sizes: dict[str, int], batch: int) -> dict[
         else:
             elementwise += op_flops(node.op, len(node.args)) * size[cell.dims[node.name]] * rows
     return {"matmul": matmul, "elementwise": elementwise, "total": matmul + elementwise}
+
+
+def layer_step_flops(cell: CellGraph, input_size: int, hidden_size: int, batch: int,
+                     proj_size: int | None = None) -> dict[str, int]:
+    """FLOPs of one layer for one time step: {"matmul", "elementwise", "total"}."""
+    sizes = {"I": input_size, "H": hidden_size, "P": hidden_size if proj_size is None else proj_size}
+    return cell_step_flops(cell, sizes, batch)
+
+
+def network_flops(network: Network, steps: int, batch: int) -> dict[str, int]:
+    """{"per_step": every layer once, "total": per_step * steps, "matmul_per_step", "elementwise_per_step"}."""
+    per_step = {"matmul": 0, "elementwise": 0, "total": 0}
+    for layer in range(network.num_layers):
+        counts = layer_step_flops(network.cell, network.layer_input_size(layer), network.hidden_size, batch)
+        for key in per_step:
+            per_step[key] += counts[key]
+    return {"per_step": per_step["total"], "total": per_step["total"] * steps,
+            "matmul_per_step": per_step["matmul"], "elementwise_per_step": per_step["elementwise"]}

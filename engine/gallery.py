@@ -7,11 +7,14 @@ PyTorch has the cell), as data: the gate order is written here once, never assum
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
 import pkgutil
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+import presets as preset_package
 
 from .errors import CellGraphError
 from .ir import CellGraph
@@ -61,9 +64,8 @@ class Preset:
 
 @lru_cache(maxsize=1)
 def _load_all() -> dict[str, Preset]:
-    import presets as package
     found: dict[str, Preset] = {}
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+    for info in sorted(pkgutil.iter_modules(preset_package.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"presets.{info.name}")
@@ -86,7 +88,6 @@ def presets() -> dict[str, Preset]:
 
 def closest_names(name: str, known) -> str:
     """'did you mean 'lstm'? ' for a near miss (difflib), else ''."""
-    import difflib
     close = difflib.get_close_matches(str(name).lower(), list(known), n=3, cutoff=0.6)
     return f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
 

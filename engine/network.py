@@ -1,7 +1,7 @@
 """A network: L stacked layers of one cell. Layer 0 reads the input (size I); layer l>0 reads layer
 l-1's output (size H, or P when the output state is a projected one: proj_size). "One layer of one
 cell" (CellGraph) and "a stack of layers" (Network) are distinct concepts; networks of several blocks
-(pooling over time, bidirectional layers) are engine/blocks.py's Net.
+(pooling over time, bidirectional layers) are engine/nets/data.py's Net.
 """
 from __future__ import annotations
 

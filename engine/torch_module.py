@@ -29,7 +29,7 @@ from .network import Network
 from .params import Params, init_params
 
 try:
-    import torch
+    import torch  # deferred: torch is optional (the cuDNN and torch baselines)
 except ImportError as e:       # the module cannot exist without torch: say so once, where it is imported
     raise ImportError("engine.torch_module needs PyTorch (pip install torch)") from e
 
@@ -122,7 +122,7 @@ def _array(t: torch.Tensor):
     """The tensor's memory as a CuPy array (CUDA, no copy: DLPack) or a NumPy array (CPU, no copy)."""
     t = t.detach()
     if t.is_cuda:
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         return cupy.from_dlpack(t.contiguous())
     return t.contiguous().numpy()
 
@@ -138,7 +138,7 @@ def _on(t: torch.Tensor):
     if not t.is_cuda:
         yield
         return
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     stream = torch.cuda.current_stream(t.device)
     from_external = getattr(cupy.cuda.Stream, "from_external", None)     # CuPy 14; ExternalStream before it
     with cupy.cuda.Device(t.device.index):

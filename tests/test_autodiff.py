@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from compiler_cells import CELLS
 from hypothesis import HealthCheck, given, settings
+from test_fuzz_cells import cell_designs
 
 import engine
-from compiler_cells import CELLS
 from engine.autodiff import Gradients, bptt
 from engine.dsl import W, cell, sigmoid, tanh
 from engine.errors import BackendError
-from test_fuzz_cells import cell_designs
 
 EPS = 1e-6
 RTOL, ATOL = 1e-6, 1e-8          # central differences in float64 are good to ~1e-9 at these sizes

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from compiler_cells import CELLS
 
 import engine
-from compiler_cells import CELLS
 from engine.autodiff import AutodiffError, BackwardGraph, backward_graph
 from engine.autodiff.graph import FLOWS, ROLES
 from engine.ops import GRAD_OPS, OPS, OpDef, apply_backward

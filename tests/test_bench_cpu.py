@@ -16,13 +16,35 @@ import pytest
 import engine
 from engine import backends
 from engine.backends import reference
-from engine.bench import (ANCHORS, BenchConfig, SCHEMA, SCHEMA_VERSION, floors, layer_step_flops, list_results,
-                          load_results, markdown_table, network_flops, parse_config, parse_configs, run_bench,
-                          save_results, text_summary)
+from engine.bench import (
+    ANCHORS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    BenchConfig,
+    floors,
+    layer_step_flops,
+    list_results,
+    load_results,
+    markdown_table,
+    network_flops,
+    parse_config,
+    parse_configs,
+    run_bench,
+    save_results,
+    text_summary,
+)
 from engine.bench.configs import load_config_file
 from engine.bench.divergence import TOLERANCE, error_summary, gate, step_curves
-from engine.bench.implementations import (AutoSchedule, Case, CompileBudget, Cudnn, EngineBackend, Implementation,
-                                          TorchCell, select)
+from engine.bench.implementations import (
+    AutoSchedule,
+    Case,
+    CompileBudget,
+    Cudnn,
+    EngineBackend,
+    Implementation,
+    TorchCell,
+    select,
+)
 from engine.bench.progress import TextProgress
 from engine.bench.results import new_results
 from engine.bench.runner import add_derived, measure_cell, merge_groups, resolve_settings

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 import engine
-from engine.bench import NET_ANCHORS, NetBenchConfig, parse_configs
-from engine.bench import nets
+from engine.bench import NET_ANCHORS, NetBenchConfig, nets, parse_configs
 from engine.bench.nets import bench_net, net_flops, net_implementations, net_markdown_table
 from engine.errors import BackendError
+from engine.flops import network_flops
+
 
 @pytest.fixture
 def no_gpu(monkeypatch):
@@ -43,8 +44,8 @@ def test_the_cli_lists_it_and_needs_a_gpu_to_run_it(no_gpu, capsys):
 
 def test_net_flops_count_each_block_at_its_steps():
     net = TINY.build("lstm")
-    first = engine.bench.network_flops(engine.Network(net.blocks[0].cell, 5, 7, 2), 8, 3)["total"]
-    second = engine.bench.network_flops(engine.Network(net.blocks[2].cell, 7, 7, 2), 4, 3)["total"]
+    first = network_flops(engine.Network(net.blocks[0].cell, 5, 7, 2), 8, 3)["total"]
+    second = network_flops(engine.Network(net.blocks[2].cell, 7, 7, 2), 4, 3)["total"]
     assert net_flops(net, 8, 3) == first + second
 
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import engine
-from engine.blocks import Layers, Net, Pool, pool_over_time
 from engine.errors import BackendError, CellGraphError
+from engine.nets.data import Layers, Net, Pool
+from engine.nets.pooling import pool_over_time
 from engine.network import Network
 from engine.params import Params
 from engine.torch_layout import to_torch_state_dict
@@ -190,17 +191,17 @@ def test_the_pipeline_flags_of_the_net_command_name_what_is_missing(capsys, monk
     assert main(["net", "deepspeech", "--gpus", "2", "-T", "100", "-B", "64", "--measure"]) == 1
     assert ("--measure runs the plan on 2 GPU(s), but this machine has none usable: CuPy sees no CUDA device"
             in capsys.readouterr().err)
-    # On a GPU machine the plan --tune kept (engine.pipeline.tuned_plan, by the machine's GPU name) is shown too.
-    from engine import pipeline
+    # On a GPU machine the plan --tune kept (engine.multigpu.tuner.tuned_plan, by the machine's GPU name) is shown too.
+    from engine import multigpu
     asked = []
 
     def cached(net, gpus, steps, batch, **options):
         asked.append((net.name, gpus, steps, batch, options))
-        plan = pipeline.plan_pipeline(net, gpus, steps, batch, split=[4, 4], chunk=32)
-        plan.measured = pipeline.PipelineMeasurement(7.1, [5.3, 3.0], 7)
+        plan = multigpu.plan_pipeline(net, gpus, steps, batch, split=[4, 4], chunk=32)
+        plan.measured = multigpu.PipelineMeasurement(7.1, [5.3, 3.0], 7)
         return plan
     monkeypatch.setattr(backends, "gpu_status", lambda: (True, "GPU Test"))
-    monkeypatch.setattr(pipeline, "tuned_plan", cached)
+    monkeypatch.setattr(multigpu.tuner, "tuned_plan", cached)
     assert main(["net", "deepspeech", "--gpus", "2", "-T", "100", "-B", "64"]) == 0
     out = capsys.readouterr().out
     assert "the tuned plan on this machine" in out and "chunks of 32 step(s)" in out and "measured: 7.10 ms" in out

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from compiler_cells import CELLS
 
 import engine
-from compiler_cells import CELLS
 from engine.codegen import GENERATOR_VERSION, text_equations, with_source
-from engine.explain import explain_text
 from engine.compiler import compile_program
+from engine.explain import explain_text
 
 GOLDEN = Path(__file__).parent / "golden"
 PRESETS = sorted(engine.presets())

@@ -122,7 +122,7 @@ def random_cell(rng: random.Random) -> engine.CellGraph:
             nodes.append(entry)
             dims[name] = "H"
         computed.append(name)
-    for state in states:
+    for _state in states:
         if not any(dims[c] == "H" for c in computed):
             name = next(names)
             nodes.append({"name": name, "op": "tanh", "args": ["h"]})

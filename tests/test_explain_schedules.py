@@ -7,13 +7,13 @@ import dataclasses
 import json
 
 import pytest
+from compiler_cells import input_sized
 
 import engine
-from compiler_cells import input_sized
 from engine import backends
 from engine.codegen.wavefront import entry_points, render_wavefront, stages
-from engine.explain import explain, explain_json, explain_text
 from engine.compiler import make_plan
+from engine.explain import explain, explain_json, explain_text
 from engine.schedules.autotune import Choice, cache_key, write_entry
 from engine.schedules.tiling import H100, TileConfig, make_tiling
 

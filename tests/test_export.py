@@ -17,13 +17,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from compiler_cells import CELLS
 
 import engine
-from compiler_cells import CELLS
 from engine.cli import main as cli_main
 from engine.errors import CompileError
-from engine.export import (cublas_location, export_cuda, export_plan, read_outputs, render_program, weight_order,
-                           write_export, write_run_files)
+from engine.export import (
+    cublas_location,
+    export_cuda,
+    export_plan,
+    read_outputs,
+    render_program,
+    weight_order,
+    write_export,
+    write_run_files,
+)
 
 EMULATION = Path(__file__).parent / "cuda_emulation"
 # Every preset the export takes: not LSTMP (values of size P), refused by name in test_projection.py.

@@ -9,6 +9,8 @@ import subprocess
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from test_autodiff import UNUSUAL
+from test_fuzz_cells import cell_designs
 
 import engine
 from engine.autodiff import bptt
@@ -17,8 +19,6 @@ from engine.autodiff.fused_codegen import render_module
 from engine.autodiff.fused_describe import describe
 from engine.autodiff.fused_planner import training_plan
 from engine.errors import BackendError
-from test_autodiff import UNUSUAL
-from test_fuzz_cells import cell_designs
 
 PRESETS = sorted(engine.presets())
 
@@ -254,6 +254,7 @@ def test_programs_serve_one_live_tape_each_and_are_reused_and_dropped():
     """Two tapes alive at once get their own buffers; a finished or dropped tape frees its program for the next
     record; idle programs beyond CACHE_BYTES go, oldest first; outputs are copies the next step leaves alone."""
     import gc
+
     from engine.autodiff import fused_cache, fused_tape
     cell, network, params, runner, x = small_numpy_case("gru")
     fused_cache.clear_cache()

@@ -11,16 +11,16 @@ h, dependent matmuls such as U(r * h), elementwise chains, parameters of every k
 """
 from __future__ import annotations
 
-import re
-
 import copy
 import json
+import re
 import shutil
 import subprocess
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import engine
 from engine.backends import plan_numpy

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_autodiff import check_by_finite_differences, make_case
 
 import engine
 from app.designer import composites, palette
@@ -17,11 +18,10 @@ from engine import dsl, ops
 from engine.bench.flops import layer_step_flops
 from engine.bench.torch_cell import torch_source
 from engine.codegen import text_equations
+from engine.compiler import compile_program
 from engine.dsl import W, b, tanh
 from engine.dsl_emit import emit_dsl
 from engine.ops import GRAD_OPS, OPS, OpDef, Vjp
-from engine.compiler import compile_program
-from test_autodiff import check_by_finite_differences, make_case
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 

@@ -13,9 +13,9 @@ import dataclasses
 
 import numpy as np
 import pytest
+from compiler_cells import CELLS
 
 import engine
-from compiler_cells import CELLS
 from engine.backends import plan_numpy
 from engine.compiler import compile_cell, make_plan
 from engine.errors import BackendError, CompileError

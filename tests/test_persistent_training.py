@@ -5,13 +5,13 @@ source of every qualifying preset and unusual cell, both directions, compiled by
 from __future__ import annotations
 
 import pytest
+from test_autodiff import UNUSUAL
+from test_fused_training_plan import PRESETS, _nvcc
 
 import engine
 from engine.autodiff import persistent
 from engine.autodiff.fused_planner import training_plan
 from engine.autodiff.stage_fusion import fused_stages
-from test_autodiff import UNUSUAL
-from test_fused_training_plan import PRESETS, _nvcc
 
 
 def stages_of(plan, forward):

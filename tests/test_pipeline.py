@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import engine
-from engine.blocks import Layers, Net, Pool
 from engine.errors import BackendError
-from engine.pipeline import (PipelineMeasurement, _linear_partition, block_boundary_split, layers_net,
-                             plan_pipeline, units_of)
+from engine.multigpu import PipelineMeasurement, block_boundary_split, layers_net, plan_pipeline, units_of
+from engine.multigpu.plan import linear_partition
+from engine.nets.data import Layers, Net, Pool
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -22,7 +22,7 @@ def test_the_split_is_the_best_contiguous_one(seed):
     rng = random.Random(seed)
     costs = [rng.uniform(0.1, 5.0) for _ in range(rng.randint(2, 9))]
     parts = rng.randint(1, len(costs))
-    runs = _linear_partition(costs, parts)
+    runs = linear_partition(costs, parts)
     assert [u for run in runs for u in run] == list(range(len(costs))) and all(runs)
     best = min(max(sum(costs[a:b]) for a, b in zip((0,) + cuts, cuts + (len(costs),)))
                for cuts in itertools.combinations(range(1, len(costs)), parts - 1))
@@ -124,7 +124,7 @@ def test_the_net_command_prints_the_plan(capsys):
 def test_the_pipelined_run_equals_the_one_piece_run(cell):
     """Chunks of the sequence flow through the GPUs' pieces with every layer's states carried from chunk to chunk,
     and the pool's windows cut at chunk boundaries: the result is the unchunked run's, bit for bit."""
-    from engine.pipeline import PipelineProgram
+    from engine.multigpu import PipelineProgram
     net = engine.net_preset("deepspeech", input_size=6, hidden_size=5, layers=2, cell=cell)
     params = engine.init_net_params(net, seed=1)
     x = np.random.default_rng(0).standard_normal((11, 3, 6))
@@ -138,13 +138,13 @@ def test_the_pipelined_run_equals_the_one_piece_run(cell):
 
 
 def test_the_pool_goes_with_the_gpu_that_feeds_it():
-    from engine.pipeline import Piece, pieces_of
+    from engine.multigpu import Piece, pieces_of
     plan = plan_pipeline(engine.net_preset("deepspeech", input_size=6, hidden_size=5, layers=2), 3, 8, 2, chunk=2)
     assert pieces_of(plan) == [[Piece(0, 0, 1)], [Piece(0, 1, 2), Piece(1)], [Piece(2, 0, 2)]]
 
 
 def test_what_cannot_be_cut_into_chunks_runs_as_one_chunk_with_a_note():
-    from engine.pipeline import PipelineProgram
+    from engine.multigpu import PipelineProgram
     for net in (Net(4, (Layers("lstm", 5, 2), Pool("max", 3, 2), Layers("gru", 5, 2))),
                 Net(4, (Layers("lstm", 5, 1, direction="bidirectional"), Layers("gru", 5, 2)))):
         plan = plan_pipeline(net, 2, 9, 2, chunk=2)
@@ -155,7 +155,7 @@ def test_what_cannot_be_cut_into_chunks_runs_as_one_chunk_with_a_note():
 
 
 def test_a_pipeline_checks_its_plan_and_input():
-    from engine.pipeline import PipelineProgram
+    from engine.multigpu import PipelineProgram
     net = engine.net_preset("deepspeech", input_size=6, hidden_size=5, layers=2)
     params = engine.init_net_params(net, seed=1)
     plan = plan_pipeline(net, 2, 8, 3)
@@ -200,7 +200,7 @@ def test_the_predicted_timeline_is_the_plans_stages():
 
 
 def test_which_gpus_run_their_pieces_as_one_fused_program():
-    from engine.pipeline import PipelineProgram, gpu_fused_runs
+    from engine.multigpu import PipelineProgram, gpu_fused_runs
     net = engine.net_preset("deepspeech")
     fused, why = gpu_fused_runs(plan_pipeline(net, 2, 100, 64, split=[3, 5]))
     (run, layers), = fused.values()
@@ -221,7 +221,7 @@ def test_which_gpus_run_their_pieces_as_one_fused_program():
 def test_a_tuned_plan_comes_back_from_the_cache(tmp_path, monkeypatch):
     """tune_pipeline writes its winner to pipelines.json (on a GPU machine: tests/gpu/test_pipeline_gpu.py); here an
     entry as it writes them, read back for the same net, sizes, backend and device only."""
-    from engine.pipeline import PIPELINE_CACHE, tuned_key, tuned_plan
+    from engine.multigpu import PIPELINE_CACHE, tuned_key, tuned_plan
     from engine.schedules.autotune import cache_path, write_entry
     monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
     net = engine.net_preset("stack")

@@ -9,13 +9,13 @@ import json
 
 import numpy as np
 import pytest
+from compiler_cells import CELLS
 
 import engine
-from compiler_cells import CELLS
 from engine.cli import main as cli_main
+from engine.compiler import make_plan
 from engine.errors import BackendError
 from engine.explain import explain_json, explain_text
-from engine.compiler import make_plan
 from engine.schedule import wavefront
 
 PRESETS = sorted(engine.presets())

@@ -1,7 +1,7 @@
 """A pool over time folded into the wavefront kernels (issue #11, kernels/pool.cuh), checked without a GPU.
 
 - kernels/pool.cuh's rnn_pool_step, compiled for the host with the machine's C++ compiler and driven over every step
-  of random sequences (NaN included), equals engine.blocks.pool_over_time for max and mean and windows that
+  of random sequences (NaN included), equals engine.nets.pooling.pool_over_time for max and mean and windows that
   overlap, tile or leave gaps;
 - the step timing of one wavefront through the pools (engine/schedules/steps.py) against a brute-force earliest
   schedule, and which blocks of a net fuse_pools joins into one program (fused_runs);
@@ -22,10 +22,13 @@ import numpy as np
 import pytest
 
 import engine
-from engine.blocks import Layers, Net, NetProgram, Pool, fused_runs, pool_over_time
 from engine.codegen.wavefront import TIMING_FIELDS, check_pool_fusable, layer_fields, render_wavefront
-from engine.errors import BackendError, CompileError
 from engine.compiler import compile_program, make_plan
+from engine.errors import BackendError, CompileError
+from engine.nets.data import Layers, Net, Pool
+from engine.nets.fusion import fused_runs
+from engine.nets.pooling import pool_over_time
+from engine.nets.runner import NetProgram
 from engine.schedules.base import WavefrontSchedule
 from engine.schedules.steps import layer_steps
 from engine.schedules.tiling import H100, TileConfig, make_tiling

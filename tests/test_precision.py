@@ -7,9 +7,10 @@ import pytest
 
 import engine
 from engine.backends import reference
-from engine.codegen.precision import PRECISIONS, precision as lookup
-from engine.errors import BackendError, CompileError
+from engine.codegen.precision import PRECISIONS
+from engine.codegen.precision import precision as lookup
 from engine.compiler import make_plan
+from engine.errors import BackendError, CompileError
 from engine.rounding import round_operand, weight_bits
 from engine.schedules.tiling import H100, TileConfig, make_tiling, weight_floats, weight_stride
 

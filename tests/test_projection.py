@@ -100,6 +100,7 @@ def test_the_compiled_plan_computes_it(num_layers, layout):
 def test_its_kernels_take_p_and_compile_with_nvcc(tmp_path):
     import shutil
     import subprocess
+
     from engine.compiler import compile_program
     sources = [compile_program(lstm_proj(), layout=layout).source for layout in ("blocked", "interleaved")]
     assert all("const int I, const int H, const int P)" in source for source in sources)
@@ -115,10 +116,10 @@ def test_its_kernels_take_p_and_compile_with_nvcc(tmp_path):
 
 
 def test_the_paths_that_do_not_take_it_yet_refuse_it_by_name():
-    from engine.export import export_plan
-    from engine.compiler import compile_program
-    from engine.schedules.tiling import eligibility
     from engine.backends import naive
+    from engine.compiler import compile_program
+    from engine.export import export_plan
+    from engine.schedules.tiling import eligibility
     assert "projection size P" in eligibility(compile_program(lstm_proj(), layout="interleaved"))
     net = engine.Network(lstm_proj(), 5, 8, proj_size=3)
     with pytest.raises(BackendError, match="backend 'naive' keeps every state H wide .*cell 'lstm_proj'"):

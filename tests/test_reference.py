@@ -197,6 +197,7 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_allocating(monkeypatc
 
 def test_available_host_memory_is_read_on_linux():
     import os
+
     from engine.backends.reference import available_host_bytes
     found = available_host_bytes()
     if not os.path.exists("/proc/meminfo"):

@@ -27,13 +27,13 @@ from multiprocessing.pool import ThreadPool
 
 import numpy as np
 import pytest
+from compiler_cells import CELLS
 
 import engine
-from compiler_cells import CELLS
 from engine.codegen import text_equations
 from engine.codegen.wavefront import HALF_SUFFIX, entry_points, half_copies, layer_fields, render_wavefront, stages
-from engine.errors import CompileError
 from engine.compiler import compile_program, make_plan
+from engine.errors import CompileError
 from engine.schedules import autotune
 from engine.schedules.tiling import H100, DeviceLimits, TileConfig, eligibility, make_tiling
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_fused_training_plan import assert_close, run_plan_on_numpy
 
 import engine
 from engine.autodiff import fused_numpy
@@ -13,7 +14,6 @@ from engine.autodiff.fused_plan import OUTPUT_BUFFER
 from engine.autodiff.fused_planner import MAX_ZERO_SHARE, training_plan
 from engine.autodiff.stage_fusion import fused_stages, lay_out
 from engine.dsl import W, b, cell, sigmoid, tanh
-from test_fused_training_plan import assert_close, run_plan_on_numpy
 
 
 @cell

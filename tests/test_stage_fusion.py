@@ -8,15 +8,15 @@ import dataclasses
 
 import numpy as np
 import pytest
+from test_autodiff import UNUSUAL
+from test_fused_training_plan import PRESETS, assert_close, run_plan_on_numpy
 
 import engine
 from engine.autodiff import fused_program, stage_fusion
 from engine.autodiff.fused_numpy import NumpyRunner
 from engine.autodiff.fused_plan import Place
 from engine.autodiff.fused_planner import training_plan
-from engine.autodiff.stage_fusion import fusible, fused_stages, launch_sequence, lay_out
-from test_autodiff import UNUSUAL
-from test_fused_training_plan import PRESETS, assert_close, run_plan_on_numpy
+from engine.autodiff.stage_fusion import fused_stages, fusible, launch_sequence, lay_out
 
 
 def stages_of(name: str) -> dict:

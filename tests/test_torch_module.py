@@ -10,8 +10,8 @@ import pytest
 import engine
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install -r requirements-test.txt)")
-from engine.torch_module import CellRNN  # noqa: E402
 from engine.torch_layout import from_torch_state_dict  # noqa: E402
+from engine.torch_module import CellRNN  # noqa: E402
 
 PRESETS = sorted(n for n, p in engine.presets().items() if not p.cell.uses_projection)
 

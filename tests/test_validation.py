@@ -351,6 +351,7 @@ def test_check_finite_passes_clean_inputs_and_the_cli_flag_works(tmp_path, capsy
 def test_gpu_status_says_when_the_driver_is_missing(monkeypatch):
     import sys
     import types
+
     from engine import backends
 
     def no_driver():

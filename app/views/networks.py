@@ -1,7 +1,7 @@
 """Networks: a net of blocks (cell layers, pooling over time), what each block reads, and its plan over N GPUs.
 
-The net comes from a preset (engine.blocks.NET_PRESETS, any gallery cell, your sizes) or from pasted JSON
-(engine.net_from_json); the plan from engine.pipeline.plan_pipeline: which layers on which GPU, the chunk size, the
+The net comes from a preset (engine.nets.presets.NET_PRESETS, any gallery cell, your sizes) or from pasted JSON
+(engine.net_from_json); the plan from engine.multigpu.plan_pipeline: which layers on which GPU, the chunk size, the
 predicted time and bubble, and the predicted schedule of each GPU's chunks (PipelinePlan.timeline). Measuring the
 plan needs the GPUs: `python -m engine net <net> --gpus N --tune` (the page says so).
 """
@@ -22,8 +22,11 @@ import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
 from app import engine_cache, figures  # noqa: E402
-from engine.blocks import NET_PRESETS, Layers, net_from_json, net_preset, net_to_json  # noqa: E402
-from engine.pipeline import measured_pipelines, plan_pipeline  # noqa: E402
+from engine.bench.pipelines import measured_pipelines  # noqa: E402
+from engine.multigpu import plan_pipeline  # noqa: E402
+from engine.nets.data import Layers  # noqa: E402
+from engine.nets.io import net_from_json, net_to_json  # noqa: E402
+from engine.nets.presets import NET_PRESETS, net_preset  # noqa: E402
 
 MAX_GPUS = 64
 MAX_TIMELINE_EVENTS = 2000      # bars in the schedule figure; past this the figure shows the first chunks only
@@ -113,7 +116,7 @@ def parse_split(text: str) -> list[int] | None:
 def pipeline_ui(net: engine.Net, steps: int, batch: int) -> None:
     st.subheader("Over several GPUs")
     st.caption("Each GPU owns a contiguous run of layers; the sequence flows through them in chunks of time steps, "
-               "so GPU g works on chunk k while GPU g + 1 works on chunk k - 1 (engine/pipeline.py).")
+               "so GPU g works on chunk k while GPU g + 1 works on chunk k - 1 (engine/multigpu/plan.py).")
     cols = st.columns(3)
     gpus = cols[0].number_input("GPUs", step=1, value=2, key="networks.gpus", help=f"from 1 to {MAX_GPUS}")
     split_text = cols[1].text_input("Layers per GPU", key="networks.split", placeholder="chosen, e.g. 4,4",

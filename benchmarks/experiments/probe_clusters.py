@@ -10,8 +10,8 @@ Prints, per cluster size, the largest grid that launches. (The question behind i
 each X chunk through one L2 read, benchmarks/NOTES.md, 2026-11-23 22:07.)"""
 from __future__ import annotations
 
-import numpy as np
 import cupy
+import numpy as np
 
 SRC = r'''
 #include <cooperative_groups.h>

@@ -20,11 +20,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: probe_schedules
 
+from probe_schedules import time_ms  # noqa: E402  (benchmarks/: CUDA events, median after warm-up)
+
 import engine  # noqa: E402
 from engine.backends.common import check_gpu_run_inputs  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
 from engine.schedules import schedule_class  # noqa: E402
-from probe_schedules import time_ms  # noqa: E402  (benchmarks/: CUDA events, median after warm-up)
 
 
 def host_ms(cupy, fn, repeats: int = 9) -> float:

@@ -13,14 +13,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: probe_fused_training
 
 import numpy as np  # noqa: E402
+from probe_fused_training import probe_case, timed  # noqa: E402
 
 from engine.autodiff.bptt import record  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
-from probe_fused_training import probe_case, timed  # noqa: E402
 
 
 def main(argv=None) -> int:
     import cupy
+
     from engine.autodiff import fused_cache, fused_tape, persistent
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", action="append", default=None)

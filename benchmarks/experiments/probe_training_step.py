@@ -14,7 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import engine  # noqa: E402
@@ -29,6 +28,7 @@ def time_ms(fn, warmup: int, repeats: int) -> float:
 
 def main(argv=None) -> int:
     import torch
+
     from engine.torch_layout import from_torch_state_dict
     from engine.torch_module import CellRNN
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

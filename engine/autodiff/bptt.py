@@ -19,7 +19,6 @@ from .gradients import Gradients
 from .hoist import derived
 from .tape import Tape, forward
 
-
 # NumPy on the host; the same interpreter on the GPU through CuPy, op by op; the generated training step (fp32, GPU:
 # engine/autodiff/fused_tape.py)
 BACKENDS = ("reference", "naive", "fused")

@@ -8,15 +8,15 @@ Sizes (B, I, H, P) and the step t are arguments, so one compiled module serves e
 """
 from __future__ import annotations
 
-from ..codegen.cuda import helper_source, literal, CELL_HELPERS
+from ..codegen.cuda import CELL_HELPERS, helper_source, literal
 from ..codegen.precision import precision
-from ..plan import Lin
-from ..ops import backward_op_def
-from . import cublas
 from ..codegen.wavefront import TILE_GEMM_HELPER
+from ..ops import backward_op_def
+from ..plan import Lin
+from . import cublas, stage_fusion
 from .fused_plan import KernelPlan, Place, Statement, TrainingPlan
-from . import stage_fusion
-from .stage_fusion import THREADS as STAGE_THREADS, WIDTHS, FusedStage, fused_stages
+from .stage_fusion import THREADS as STAGE_THREADS
+from .stage_fusion import WIDTHS, FusedStage, fused_stages
 
 FP32 = precision("fp32")
 THREADS = 256

@@ -16,7 +16,6 @@ from .fused_plan import GemmPlan, GradGemm, KernelPlan, Place, TrainingPlan
 from .fused_runner import Runner
 from .stage_fusion import FusedStage, fused_stages
 
-
 SPLIT = False            # NumpyRunner.splits: 2 for every step GEMM, so the "split" launches run (tests)
 
 

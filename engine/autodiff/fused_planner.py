@@ -11,8 +11,21 @@ from ..ir import SCALAR, CellGraph
 from ..ops import OPS
 from ..plan import Lin
 from .errors import AutodiffError
-from .fused_plan import (DIMS, INPUT_BUFFER, OUTPUT_BUFFER, Buffer, GemmPlan, KernelPlan, Place, Stack, Statement,
-                         StepPlan, TrainingPlan, adjoint_buffer, state_buffer)
+from .fused_plan import (
+    DIMS,
+    INPUT_BUFFER,
+    OUTPUT_BUFFER,
+    Buffer,
+    GemmPlan,
+    KernelPlan,
+    Place,
+    Stack,
+    Statement,
+    StepPlan,
+    TrainingPlan,
+    adjoint_buffer,
+    state_buffer,
+)
 from .fused_planner_backward import BackwardPlanner
 from .hoist import BackwardSplit, derived
 

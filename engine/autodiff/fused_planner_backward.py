@@ -9,8 +9,18 @@ import dataclasses
 
 from ..plan import Lin
 from .errors import AutodiffError
-from .fused_plan import (D_INPUT_BUFFER, D_OUTPUT_BUFFER, DIMS, ColumnDot, GemmPlan, GradGemm, Place, Stack, StepPlan,
-                         adjoint_buffer)
+from .fused_plan import (
+    D_INPUT_BUFFER,
+    D_OUTPUT_BUFFER,
+    DIMS,
+    ColumnDot,
+    GemmPlan,
+    GradGemm,
+    Place,
+    Stack,
+    StepPlan,
+    adjoint_buffer,
+)
 from .graph import BackwardNode
 
 

@@ -38,9 +38,10 @@ import numpy as np
 from ..codegen.cuda import CELL_HELPERS, helper_source
 from ..codegen.wavefront import TILE_GEMM_HELPER, gemv_ksteps
 from ..schedules.base import compile_kernel
-from .fused_plan import GemmPlan, KernelPlan, TrainingPlan
 from .fused_codegen import declare, element, gemm_loads, kernel_params, statement_body, statement_expr, var
-from .stage_fusion import FusedStage, launch_sequence, lay_out as stage_lay_out
+from .fused_plan import GemmPlan, KernelPlan, TrainingPlan
+from .stage_fusion import FusedStage, launch_sequence
+from .stage_fusion import lay_out as stage_lay_out
 
 THREADS = 256
 GEMV_MAX_ROWS = 4                  # rnn_warp_gemvs (kernels/tile_gemm.cuh) up to this many rows, rnn_rows_gemm above

@@ -5,7 +5,12 @@
 - fused: cuBLAS GEMMs + generated fused kernels, hoisted input GEMM, layer wavefront on streams.
 - graph, persistent: the fast schedules of engine/schedules (one module each), selectable by name.
 
-'auto' picks the autotuned schedule on a GPU (engine.schedules.autotune) and the reference elsewhere.
+'auto' picks the autotuned schedule on a GPU (engine.schedules.autotune) and the reference elsewhere; the
+choice and the run are engine/execute.py's (it sits above both folders).
+
+May import: engine.plan, engine.codegen, engine.params, engine.network, engine.ops and lower modules; never
+engine.schedules (get() loads a schedule module by name at run time), engine.execute, engine.nets, engine.multigpu,
+engine.bench, engine.explain, engine.export or engine.api.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ SCHEDULE_BACKENDS = ("graph", "persistent")      # modules in engine/schedules
 def gpu_status() -> tuple[bool, str]:
     """(available, reason): whether CuPy sees a usable CUDA device, and why not."""
     try:
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
     except Exception as e:  # ImportError, or a broken CUDA install
         return False, f"CuPy is not importable ({type(e).__name__}: {e})"
     try:

@@ -7,9 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError
+from .. import backends
 from ..codegen.cuda import KERNELS_DIR
+from ..codegen.nvrtc import load_module
+from ..codegen.precision import PRECISIONS
+from ..codegen.precision import precision as lookup
+from ..errors import BackendError, CompileError
 from ..network import Network
+from ..params import check_params
 
 
 @dataclass
@@ -22,8 +27,6 @@ class RunResult:
 
 def check_precision(precision) -> str:
     """The canonical name of a precision mode ("bf16" -> "bfloat16"); BackendError naming the flag otherwise."""
-    from ..codegen.precision import PRECISIONS, precision as lookup
-    from ..errors import CompileError
     try:
         return lookup(precision).name
     except CompileError:
@@ -41,15 +44,12 @@ def check_float32_only(what: str, precision) -> None:
 def check_float32_gpu_program(what: str, network: Network, params, dtype) -> None:
     """What every float32 GPU program checks before it builds anything: the dtype, a usable GPU, the
     network and its parameters. `what` names it in the messages ("backend 'fused'", "schedule 'graph'")."""
-    import numpy as np
-    from ..params import check_params
     if np.dtype(dtype) != np.float32:
         raise BackendError(f"{what} computes in float32 only, not {np.dtype(dtype).name}; "
                            "hint: use dtype=np.float32, or backend='reference' for float64")
     if not isinstance(network, Network):
         raise BackendError(f"argument 'network' must be an engine Network, got {type(network).__name__}")
-    from . import gpu_status
-    ok, why = gpu_status()
+    ok, why = backends.gpu_status()
     if not ok:
         raise BackendError(f"{what} needs a GPU: {why}. hint: use backend='reference' on the CPU")
     check_params(network, params)
@@ -69,7 +69,7 @@ def check_gpu_run_inputs(what: str, cupy, network: Network, x, initial_states) -
 def array_module_of(value):
     """numpy, or cupy for a CuPy array (the GPU backends and the GPU training loop return and take them)."""
     if type(value).__module__.split(".")[0] == "cupy":
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         return cupy
     return np
 
@@ -77,7 +77,7 @@ def array_module_of(value):
 def _first_bad(value) -> tuple[int, tuple] | None:
     """(count, index of the first) of the non-finite elements of a NumPy or CuPy array, or None."""
     if type(value).__module__.split(".")[0] == "cupy":
-        import cupy as xp
+        import cupy as xp  # deferred: CuPy is optional (no GPU in CI)
     else:
         xp, value = np, np.asarray(value, dtype=np.float64)
     bad = ~xp.isfinite(value)
@@ -136,7 +136,7 @@ def _launch_all_finite(values: list):
     and strides, launch with that check's kept _Flags: no per-array checks or uploads on the host."""
     if not values or any(type(v).__module__.split(".")[0] != "cupy" for v in values):
         return None                                   # NumPy values: looked at in raise_if_bad (no CuPy import)
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     device = cupy.cuda.runtime.getDevice()
     key = (device, tuple((v.data.ptr, v.size, v.dtype.char, v.strides) for v in values))
     with _FINITE_LOCK:
@@ -169,7 +169,6 @@ def _new_flags(cupy, device: int, values: list):
     its tables read the values themselves (no contiguous copy was made), so that a later check may reuse it."""
     kernels = _ALL_FINITE_KERNELS.get(device)
     if kernels is None:                               # compiled and loaded once a device
-        from ..codegen.nvrtc import load_module
         module = load_module(ALL_FINITE_FILE.read_text())
         kernels = _ALL_FINITE_KERNELS[device] = {np.dtype(np.float32): module.get_function("all_finite_f32"),
                                                  np.dtype(np.float64): module.get_function("all_finite_f64"),

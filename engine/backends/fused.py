@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from ..codegen import compile_module
 from ..compiler import make_plan
 from ..errors import BackendError
 from ..network import Network
@@ -274,7 +275,7 @@ class FusedProgram:
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, passes=None,
                  layout: str = "blocked", chunk_steps: int | None = None):
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         self.cupy, self.network, self.params = cupy, network, params
         self.options = dict(passes=passes, layout=layout, chunk_steps=chunk_steps)
         self._shape = None
@@ -292,7 +293,6 @@ class FusedProgram:
                 raise BackendError(f"backend 'fused' needs {needed:,} bytes of GPU memory for T={T}, B={B}, "
                                    f"L={network.num_layers}, H={network.hidden_size}, but only {available:,} are "
                                    "available; hint: run fewer steps or a smaller batch at a time")
-            from ..codegen import compile_module
             module = compile_module(plan.program)
             device = CupyDevice(cupy, module, network.num_layers,
                                 streams=network.num_layers > 1 and plan.num_chunks > 1,

@@ -111,7 +111,7 @@ def preamble() -> str:
 def _cupy():
     """CuPy, or a BackendError saying why the GPU backend cannot run here."""
     try:
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
     except Exception as e:  # ImportError, or a broken CUDA install
         raise BackendError(f"the naive backend needs CuPy and a CUDA GPU ({type(e).__name__}: {e}). "
                            "hint: use backend='reference' on the CPU") from e

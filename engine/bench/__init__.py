@@ -10,13 +10,27 @@ also timed against the cuDNN row of its own mode), and the cell graph in torch o
 faster of torch.compile and TorchScript). Each is checked against a float64 reference before it is
 timed; per-step error curves are kept for the app. A net configuration (`deepspeech`) times a whole network
 of blocks instead: cuDNN's modules against the engine's run_net (engine/bench/nets.py). `python -m engine bench`
-is the CLI.
+is the CLI. pipelines.py reads back the multi-GPU pipelines benchmarks/probe_pipeline.py measured.
+
+May import: engine.nets, engine.multigpu, engine.schedules, engine.backends, engine.autodiff and lower modules; never
+engine.api, engine.explain, engine.export or engine.commands. (flops.py is pure counting over the cell graph:
+engine.multigpu reads it.)
 """
+from ..flops import layer_step_flops, network_flops
 from .configs import ANCHORS, NET_ANCHORS, BenchConfig, NetBenchConfig, load_config_file, parse_config, parse_configs
 from .divergence import TOLERANCE, error_summary, step_curves
-from .flops import floors, layer_step_flops, network_flops
-from .results import (RESULTS_DIR, SCHEMA, SCHEMA_VERSION, list_results, load_results, markdown_table,
-                      save_results, text_summary, unreadable_results)
+from .flops import floors
+from .results import (
+                      RESULTS_DIR,
+                      SCHEMA,
+                      SCHEMA_VERSION,
+                      list_results,
+                      load_results,
+                      markdown_table,
+                      save_results,
+                      text_summary,
+                      unreadable_results,
+)
 from .runner import run_bench
 from .timeline import timeline
 

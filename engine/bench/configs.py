@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import BackendError
+from ..nets.presets import net_preset
 from ..network import Network
 
 FIELDS = ("input_size", "hidden_size", "num_layers", "steps", "batch")
@@ -81,11 +82,11 @@ ANCHORS: dict[str, BenchConfig] = {c.name: c for c in [
 
 @dataclass(frozen=True)
 class NetBenchConfig:
-    """A preset network of engine/blocks.py at fixed sizes (engine/bench/nets.py): `layers` layers a block of
+    """A preset network of engine/nets/presets.py at fixed sizes (engine/bench/nets.py): `layers` layers a block of
     layers, each --preset giving their cell."""
 
     name: str
-    net: str            # engine.blocks.NET_PRESETS
+    net: str            # engine.nets.presets.NET_PRESETS
     input_size: int     # I
     hidden_size: int    # H
     layers: int         # layers a block of layers
@@ -102,7 +103,6 @@ class NetBenchConfig:
                 f"B={self.batch}")
 
     def build(self, cell):
-        from ..blocks import net_preset
         return net_preset(self.net, input_size=self.input_size, hidden_size=self.hidden_size, layers=self.layers,
                           cell=cell)
 

@@ -1,33 +1,13 @@
 """Napkin math for a benchmark: FLOPs counted from the cell graph, and the floors a time is read
 against.
 
-The counting rule is engine/flops.py's (matmuls 2 * rows * cols * B, elementwise ops per element they
-produce, `identity` 0), the one the Plan's cost model uses too. Per step means one time step of the
-whole network (every layer once); total is T steps.
+The counts are engine/flops.py's (layer_step_flops, network_flops: the rule the Plan's cost model uses
+too); here are the floors a time is read against and the products of a training step.
 """
 from __future__ import annotations
 
-from ..flops import cell_step_flops
-from ..ir import CellGraph
+from ..autodiff.fused_planner import training_plan
 from ..network import Network
-
-
-def layer_step_flops(cell: CellGraph, input_size: int, hidden_size: int, batch: int,
-                     proj_size: int | None = None) -> dict[str, int]:
-    """FLOPs of one layer for one time step: {"matmul", "elementwise", "total"}."""
-    sizes = {"I": input_size, "H": hidden_size, "P": hidden_size if proj_size is None else proj_size}
-    return cell_step_flops(cell, sizes, batch)
-
-
-def network_flops(network: Network, steps: int, batch: int) -> dict[str, int]:
-    """{"per_step": every layer once, "total": per_step * steps, "matmul_per_step", "elementwise_per_step"}."""
-    per_step = {"matmul": 0, "elementwise": 0, "total": 0}
-    for layer in range(network.num_layers):
-        counts = layer_step_flops(network.cell, network.layer_input_size(layer), network.hidden_size, batch)
-        for key in per_step:
-            per_step[key] += counts[key]
-    return {"per_step": per_step["total"], "total": per_step["total"] * steps,
-            "matmul_per_step": per_step["matmul"], "elementwise_per_step": per_step["elementwise"]}
 
 
 def floors(flops_total: int, wavefront_steps: int, sgemm_tflops: float | None,
@@ -53,7 +33,6 @@ def training_products(network: Network, steps: int, batch: int) -> dict[str, lis
     grid, zero blocks included, as the engine computes it; the weight gradients skip them, as the engine does.
     benchmarks/probe_gemm_floor.py times them through cuBLAS: the floor under which no fp32 schedule of these
     products on cuBLAS goes."""
-    from ..autodiff.fused_planner import training_plan
     plan = training_plan(network.cell)
     rows = steps * batch
     hoisted = list(plan.forward.hoisted) + list(plan.backward.hoisted) + ([plan.input_gemm] if plan.input_gemm else [])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -29,11 +30,17 @@ import numpy as np
 
 from .. import backends
 from ..codegen.precision import SHORT_NAMES
+from ..compiler import compile_program
+from ..errors import BackendError
 from ..gallery import Preset
 from ..ir import CellGraph
 from ..network import Network
 from ..params import Params
+from ..schedules import autotune
+from ..schedules.tiling import eligibility
+from ..torch_layout import to_torch_state_dict
 from .configs import BenchConfig
+from .torch_cell import layer_function, run_network, torch_params
 
 
 class Unavailable(Exception):
@@ -58,7 +65,7 @@ class Case:
     def torch_inputs(self) -> list:
         """The same input buffers as torch tensors, sharing memory (DLPack) on the GPU."""
         if self._torch_inputs is None:
-            import torch
+            import torch  # deferred: torch is optional (the cuDNN and torch baselines)
             if self.device == "cpu":
                 self._torch_inputs = [torch.from_numpy(np.asarray(x)) for x in self.inputs]
             else:
@@ -78,7 +85,7 @@ def _torch_view(torch, array):
 def to_xp64(value, xp):
     """An output of any implementation (NumPy, CuPy or torch) as a float64 array of module xp."""
     if hasattr(value, "detach"):                         # a torch tensor
-        import torch
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         tensor = value.detach().to(torch.float64).contiguous()
         if tensor.is_cuda:
             torch.cuda.synchronize()
@@ -104,7 +111,7 @@ def short_reason(error: BaseException, limit: int = 300) -> str:
 def torch_or_reason():
     """(torch, None) or (None, why it cannot be used)."""
     try:
-        import torch
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     except Exception as e:
         return None, f"PyTorch is not importable ({short_reason(e)}); hint: pip install torch"
     return torch, None
@@ -219,8 +226,6 @@ class EngineBackend(Implementation):
         except Exception as e:
             return f"backend '{self.backend}' does not import ({short_reason(e)})"
         if self.backend in ("graph", "persistent"):        # cells the wavefront tiling does not take (e.g. LSTMP)
-            from ..compiler import compile_program
-            from ..schedules.tiling import eligibility
             why = eligibility(compile_program(case.cell, layout="interleaved"))
             if why:
                 return f"schedule '{self.backend}' cannot run cell '{case.cell.name}': {why}"
@@ -230,7 +235,6 @@ class EngineBackend(Implementation):
         return None
 
     def flags(self) -> dict:
-        import os
         return {"CUPY_TF32": os.environ.get("CUPY_TF32", "0")}
 
     def setup(self, case: Case) -> None:
@@ -275,7 +279,6 @@ class AutoSchedule(EngineBackend):
         return None if ok else f"backend 'auto' tunes on a GPU: {why}"
 
     def setup(self, case: Case) -> None:
-        from ..schedules import autotune
         self.inputs = case.inputs
         options = self.precision_options()
         choice = autotune.tune(case.network, case.params, case.config.steps, case.config.batch, **options)
@@ -325,8 +328,7 @@ class Cudnn(Implementation):
         return torch_tf32_state()
 
     def setup(self, case: Case) -> None:
-        import torch
-        from ..torch_layout import to_torch_state_dict
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         layout, network = case.preset.torch, case.network
         kwargs = dict(input_size=network.input_size, hidden_size=network.hidden_size,
                       num_layers=network.num_layers, bias=True, batch_first=False)
@@ -349,7 +351,7 @@ class Cudnn(Implementation):
                             "cudnn_mode": case.preset.cudnn})
 
     def forward(self, k: int, poison: bool = False):
-        import torch
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         with torch.no_grad():
             out, _ = self.module(self.inputs[k])
         return out
@@ -417,8 +419,7 @@ class TorchCell(Implementation):
         return torch_tf32_state()
 
     def setup(self, case: Case) -> None:
-        import torch
-        from .torch_cell import layer_function, run_network, torch_params
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         if self.mode == "compile":
             torch._dynamo.reset()           # a fresh cache: no recompile limits or memory from earlier cells
         self.layer_fn = layer_function(case.cell, self.mode, self.compile_options)
@@ -430,7 +431,7 @@ class TorchCell(Implementation):
             self.detail["options"] = {"mode": "default", **self.compile_options}
 
     def forward(self, k: int, poison: bool = False):
-        import torch
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         with torch.no_grad():
             out, _ = self.run_network(self.layer_fn, self.network, self.params, self.inputs[k])
         return out
@@ -448,7 +449,7 @@ class TorchCell(Implementation):
     def teardown(self) -> None:
         self.layer_fn = self.params = self.inputs = None
         if self.mode == "compile":
-            import torch
+            import torch  # deferred: torch is optional (the cuDNN and torch baselines)
             torch._dynamo.reset()
 
 
@@ -476,7 +477,6 @@ def implementation_choices() -> list[str]:
 def select(implementations: list[Implementation], names: list[str] | None) -> list[Implementation]:
     if not names:
         return implementations
-    from ..errors import BackendError
     known = implementation_choices()
     for name in names:
         if name not in known:

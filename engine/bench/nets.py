@@ -2,7 +2,7 @@
 
     python -m engine bench --config deepspeech [--preset gru] [--impl cudnn-fp32 --impl persistent]
 
-A net configuration (configs.NetBenchConfig) names a preset network of engine/blocks.py and the sizes it runs at;
+A net configuration (configs.NetBenchConfig) names a preset network of engine/nets/presets.py and the sizes it runs at;
 `deepspeech` is the seed benchmark's block: 4 layers of the cell, max-pool over time by 2 (stride 2), 4 more layers,
 I = H = 512, T = 100, B = 64. Each --preset gives the cell of its layers (LSTM by default).
 
@@ -12,7 +12,7 @@ Rows (fp32 only: the engine rows run in IEEE fp32, cuDNN with TF32 off):
 - `fused`, `graph`, `persistent`, `auto`: the engine's `prepare_net(net, params, backend)`, prepared once and run as
   a user keeps it (each block of layers one program on the GPU; pools between them on CuPy arrays);
 - `persistent-fused-pools`, `graph-fused-pools`: the same with `fuse_pools=True` (blocks of one cell joined into one
-  wavefront through their pools, each pool folded into the layer below it: engine.blocks.fused_runs).
+  wavefront through their pools, each pool folded into the layer below it: engine.nets.fusion.fused_runs).
 Each row's output on input buffer 0 (NaN-poisoned buffers for the engine rows) is checked against the float64 NumPy
 reference of the whole net (run_net on the reference backend) and is timed only when it passes
 (engine/bench/divergence.py). Timing as for cells (engine/bench/timing.py): CUDA events around one whole forward
@@ -28,13 +28,17 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
-from ..blocks import Net, Pool, init_net_params, net_to_dict, prepare_net, run_net
 from ..errors import BackendError
+from ..flops import network_flops
+from ..gallery import presets as all_presets
+from ..nets.data import Net, Pool, init_net_params
+from ..nets.io import net_to_dict
+from ..nets.runner import prepare_net, run_net
 from ..network import Network
 from ..params import Params
+from ..torch_layout import to_torch_state_dict
 from .configs import NetBenchConfig
 from .divergence import error_summary, gate, step_curves
-from .flops import network_flops
 from .implementations import Unavailable, short_reason
 from .timing import TIMERS, time_runs
 
@@ -70,8 +74,6 @@ def _tf32_off(torch):
 def cudnn_net(torch, net: Net, params, device: str):
     """The net as torch modules with the engine's weights, float32: forward(x (T, B, I) tensor) -> tensor. Raises
     Unavailable for a block cuDNN has no form of."""
-    from ..gallery import presets as all_presets
-    from ..torch_layout import to_torch_state_dict
     by_structure = {p.cell.structural_hash: p for p in all_presets().values() if p.cudnn and p.torch is not None}
     stages = []
     for k, block in enumerate(net.blocks):
@@ -146,13 +148,13 @@ def bench_net(name: str, cell, config: NetBenchConfig, implementations, *, reps:
     result["reference"] = {"implementation": "run_net on the NumPy reference backend, float64",
                            "seconds": time.perf_counter() - start}
     if device == "cuda":
-        import cupy as xp
+        import cupy as xp  # deferred: CuPy is optional (no GPU in CI)
         inputs = [xp.asarray(x) for x in host]
         reference = xp.asarray(reference)
     else:
         xp, inputs = np, host
     try:
-        import torch
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     except ImportError:
         torch = None
     cudnn_ms = None

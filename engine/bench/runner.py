@@ -14,9 +14,11 @@ An implementation that cannot run is reported with the reason; nothing here rais
 """
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -24,18 +26,22 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .. import backends
+from ..backends import naive
+from ..backends import reference as numpy_reference
+from ..backends.naive import estimate_bytes
 from ..errors import BackendError, EngineError
+from ..flops import network_flops
 from ..gallery import Preset
 from ..gallery import get as get_preset
 from ..ir import CellGraph
 from ..params import init_params
 from .configs import BenchConfig, NetBenchConfig, parse_configs
 from .divergence import error_summary, gate, step_curves
-from .flops import floors, network_flops
+from .flops import floors
 from .implementations import Case, Implementation, Unavailable, default_implementations, select, short_reason
 from .nets import bench_net, net_implementations
 from .results import RESULTS_DIR, new_results, results_filename, save_results
-from .timing import MEMORY, TIMERS, time_runs
+from .timing import MEMORY, TIMERS, cupy_timer, time_runs
 
 MIN_REPS = 20
 QUICK = {"reps": 20, "warmup": 3, "buffers": 3, "compile_budget_s": 60.0}
@@ -48,22 +54,20 @@ Progress = Callable[[int, int, str], None]
 
 def _sync(kind: str) -> None:
     if kind == "cupy":
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         cupy.cuda.Device().synchronize()
     elif kind == "torch":
-        import torch
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         torch.cuda.synchronize()
 
 
 def _free_device_memory() -> None:
-    import gc
     gc.collect()
     try:
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         cupy.get_default_memory_pool().free_all_blocks()
     except Exception:
         pass
-    import sys
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -217,7 +221,7 @@ def _command_output(args: list[str]) -> str | None:
 
 def environment() -> dict:
     """Device, driver and library versions, recorded with every result."""
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     device = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(device.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
@@ -231,13 +235,13 @@ def environment() -> dict:
            "git_commit": _command_output(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse",
                                           "HEAD"])}
     try:
-        import torch
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         env.update(torch=torch.__version__, torch_cuda=torch.version.cuda,
                    cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
     except Exception as e:
         env.update(torch=None, torch_unavailable=short_reason(e))
     try:
-        import triton
+        import triton  # deferred: triton is optional (torch.compile's backend)
         env["triton"] = triton.__version__
     except Exception:
         env["triton"] = None
@@ -246,7 +250,7 @@ def environment() -> dict:
 
 def measure_sgemm(size: int = 8192, reps: int = 5) -> dict:
     """The device's fp32 GEMM rate with TF32 off (CuPy uses TF32 only when CUPY_TF32=1)."""
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     free = cupy.cuda.runtime.memGetInfo()[0]
     while size > 1024 and 3 * size * size * 4 > free // 2:
         size //= 2
@@ -257,7 +261,6 @@ def measure_sgemm(size: int = 8192, reps: int = 5) -> dict:
 
 
 def _best_sgemm_ms(cupy, size: int, reps: int) -> float:
-    from .timing import cupy_timer
     rng = cupy.random.RandomState(1)
     a = rng.standard_normal((size, size), dtype=np.float32)
     b = rng.standard_normal((size, size), dtype=np.float32)
@@ -268,7 +271,7 @@ def _best_sgemm_ms(cupy, size: int, reps: int) -> float:
 
 def measure_launch(launches: int = 2000) -> dict:
     """The cost of one empty kernel launch, back to back from Python through CuPy."""
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     kernel = cupy.RawKernel('extern "C" __global__ void engine_bench_empty() {}', "engine_bench_empty")
     kernel((1,), (1,), ())
     cupy.cuda.Device().synchronize()
@@ -286,7 +289,6 @@ def estimate_cell_bytes(case_network, config: BenchConfig, buffers: int) -> int:
     """What one cell needs on the device at its peak, before anything is allocated: the input
     buffers, the float64 reference run, the kept reference outputs, and the largest implementation
     (bounded by twice the naive fp32 run plus converted input copies)."""
-    from ..backends.naive import estimate_bytes
     T, B, I, H = config.steps, config.batch, config.input_size, config.hidden_size
     inputs = buffers * T * B * I * 4
     reference = estimate_bytes(case_network, T, B, np.float64)
@@ -296,7 +298,7 @@ def estimate_cell_bytes(case_network, config: BenchConfig, buffers: int) -> int:
 
 
 def free_device_bytes() -> int:
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     _free_device_memory()
     return int(cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes())
 
@@ -323,7 +325,6 @@ def _cells(presets: Iterable) -> list[tuple[str, CellGraph, Preset | None]]:
 
 def _reference(case: Case) -> tuple[object, dict]:
     """The float64 output on buffer 0, computed on the GPU by the naive backend in float64."""
-    from ..backends import naive
     start = time.perf_counter()
     program = naive.prepare(case.network, case.params, dtype=np.float64)
     reference = program.run(case.inputs[0], poison=True).outputs
@@ -337,7 +338,6 @@ def _check_reference(case: Case, reference, flops_total: int) -> dict:
     """Compare the GPU float64 reference with the NumPy reference when that is cheap enough."""
     if flops_total > CPU_CHECK_FLOPS:
         return {"cpu_check": f"skipped: {flops_total:.2g} FLOPs is over the {CPU_CHECK_FLOPS:.0e} limit"}
-    from ..backends import reference as numpy_reference
     x = case.xp.asnumpy(case.inputs[0]).astype(np.float64)
     expected = numpy_reference.run(case.network, case.params, x).outputs
     got = case.xp.asnumpy(reference)
@@ -348,7 +348,7 @@ def _check_reference(case: Case, reference, flops_total: int) -> dict:
 def bench_cell(name: str, cell: CellGraph, preset: Preset | None, config: BenchConfig,
                implementations: list[Implementation], settings: dict, measurements: dict, *,
                deadline: float | None, progress: Progress | None, done: int, total: int) -> dict:
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     network = config.network(cell)
     flops = network_flops(network, config.steps, config.batch)
     floor = floors(flops["total"], config.wavefront_steps, measurements.get("sgemm_fp32_tflops"),

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import backends
+from ..backends import fused
 from ..errors import BackendError
-from ..gallery import Preset
+from ..gallery import Preset, get
 from ..ir import CellGraph
 from ..network import Network
 from ..params import init_params
@@ -21,9 +23,7 @@ def timeline(cell: CellGraph | Preset | str, input_size: int, hidden_size: int, 
              steps: int = 16, batch: int = 8, seed: int = 0, **_ignored) -> list[dict]:
     """Run the fused backend once (after a warm-up) with timing events; return one dict per stage:
     {"name": GEMM or kernel name, "lane": "layer l", "layer": l, "t": step, "start_ms", "end_ms"}."""
-    from ..backends import fused, gpu_status
-    from ..gallery import get
-    ok, why = gpu_status()
+    ok, why = backends.gpu_status()
     if not ok:
         raise BackendError(f"a measured timeline needs a GPU: {why}")
     if isinstance(cell, str):
@@ -33,7 +33,7 @@ def timeline(cell: CellGraph | Preset | str, input_size: int, hidden_size: int, 
     if num_layers * steps > MAX_LAYER_STEPS:
         raise BackendError(f"steps={steps} x num_layers={num_layers} gives {num_layers * steps} layer-steps; a "
                            f"timeline shows at most {MAX_LAYER_STEPS}. hint: measure fewer steps (e.g. 32)")
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     network = Network(cell, input_size, hidden_size, num_layers)
     params = init_params(network, seed=seed, dtype=np.float32)
     x = cupy.asarray(np.random.default_rng(seed + 1).standard_normal((steps, batch, input_size)),

@@ -43,7 +43,7 @@ def time_runs(forward: Callable[[int], object], timer: Callable[[Callable[[], ob
 # ---- timers ------------------------------------------------------------------------------------
 
 def cupy_timer(fn: Callable[[], object]) -> float:
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     start.record()
     fn()
@@ -54,7 +54,7 @@ def cupy_timer(fn: Callable[[], object]) -> float:
 
 
 def torch_timer(fn: Callable[[], object]) -> float:
-    import torch
+    import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -83,13 +83,13 @@ class CupyMemory:
     run (an upper bound: a cached block of one size may not serve a request of another)."""
 
     def reset(self) -> None:
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         pool = cupy.get_default_memory_pool()
         pool.free_all_blocks()
         self.base = pool.total_bytes()
 
     def peak(self) -> int:
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         return int(cupy.get_default_memory_pool().total_bytes() - self.base)
 
 
@@ -97,14 +97,14 @@ class TorchMemory:
     """Peak bytes from torch's caching allocator (max_memory_allocated), over what was allocated before."""
 
     def reset(self) -> None:
-        import torch
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         self.base = torch.cuda.memory_allocated()
 
     def peak(self) -> int:
-        import torch
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         return int(torch.cuda.max_memory_allocated() - self.base)
 
 

@@ -149,7 +149,7 @@ def load_functions(cell: CellGraph) -> dict:
 def layer_function(cell: CellGraph, mode: str = "eager", compile_options: dict | None = None):
     """The layer function (xs, *states, *params) -> (outputs (T, B, H), *final states), in a mode:
     'eager', 'compile' (torch.compile of the step; compiles lazily at the first call) or 'script'."""
-    import torch
+    import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     if mode not in MODES:
         raise BackendError(f"argument 'mode' must be one of {', '.join(MODES)}, got {mode!r}")
     namespace = load_functions(cell)
@@ -166,7 +166,7 @@ def layer_function(cell: CellGraph, mode: str = "eager", compile_options: dict |
 
 def torch_params(network: Network, params: Params, device, dtype) -> list[list]:
     """Per layer, the parameter tensors in the step's argument order (cell.params)."""
-    import torch
+    import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     return [[torch.as_tensor(np.asarray(params[layer][p.name]), dtype=dtype, device=device)
              for p in network.cell.params] for layer in range(network.num_layers)]
 
@@ -174,7 +174,7 @@ def torch_params(network: Network, params: Params, device, dtype) -> list[list]:
 def run_network(layer_fn, network: Network, layer_params: list[list], xs, initial_states: dict | None = None):
     """Layers in sequence. xs: (T, B, I) tensor; initial_states: name -> (L, B, H) tensor, zeros where
     not given. Returns (outputs (T, B, H), {state: (L, B, H)})."""
-    import torch
+    import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     cell = network.cell
     B = xs.shape[1]
     finals: dict[str, list] = {name: [] for name in cell.state_names}
@@ -196,7 +196,7 @@ def run_network(layer_fn, network: Network, layer_params: list[list], xs, initia
 def run_torch(network: Network, params: Params, x, initial_states: dict | None = None, *,
               device="cpu", dtype=None, mode: str = "eager"):
     """Convenience for tests: NumPy in, NumPy out. dtype defaults to torch.float64."""
-    import torch
+    import torch  # deferred: torch is optional (the cuDNN and torch baselines)
     dtype = dtype or torch.float64
     xs = torch.as_tensor(np.asarray(x), dtype=dtype, device=device)
     states = None if initial_states is None else {

@@ -25,15 +25,18 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import backends
 from ..autodiff import bptt, record
 from ..errors import BackendError
 from ..gallery import Preset
 from ..gallery import get as get_preset
 from ..network import Network
 from ..params import Params, init_params
+from ..torch_layout import from_torch_state_dict, to_torch_state_dict
 from .configs import BenchConfig, parse_configs
 from .implementations import tf32_flags
 from .results import read_document, readable_documents, results_filename, save_results
+from .runner import environment
 from .timing import TIMERS, time_runs
 
 SCHEMA = "cellforge/train-bench"
@@ -101,7 +104,7 @@ class CudnnTrain:
         if case.preset is None or not case.preset.cudnn or case.preset.torch is None:
             return f"cell '{case.name}' has no cuDNN equivalent"
         try:
-            import torch
+            import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         except ImportError as e:
             return f"torch is not importable ({e})"
         if not torch.cuda.is_available() or not torch.backends.cudnn.is_available():
@@ -112,8 +115,7 @@ class CudnnTrain:
         return tf32_flags(False)
 
     def setup(self, case: TrainCase) -> None:
-        import torch
-        from ..torch_layout import from_torch_state_dict, to_torch_state_dict
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         layout, network = case.preset.torch, case.network
         kwargs = {"nonlinearity": layout.nonlinearity} if layout.module == "RNN" else {}
         module = getattr(torch.nn, layout.module)(network.input_size, network.hidden_size, network.num_layers,
@@ -127,7 +129,6 @@ class CudnnTrain:
         self.case, self.layout, self.to_engine = case, layout, from_torch_state_dict
 
     def step(self, k: int):
-        import torch
         self.module.zero_grad(set_to_none=True)
         x = self.inputs[k].detach().requires_grad_()
         out, _ = self.module(x)
@@ -230,14 +231,12 @@ def bench_training(presets=("lstm",), configs=None, *, implementations=None, rep
     train-<date>-<device>.json in out_dir when given)."""
     configs = parse_configs(configs or ["blogB"])
     if device is None:
-        from .. import backends
         ok, why = backends.gpu_status()
         if not ok:
             raise BackendError(f"the training benchmark needs a CUDA GPU: {why}; hint: run it on a GPU machine")
         device = "cuda"
     if device == "cuda":
-        import cupy as xp
-        from .runner import environment
+        import cupy as xp  # deferred: CuPy is optional (no GPU in CI)
         env = environment()
     else:
         xp, env = np, {"device": "cpu"}

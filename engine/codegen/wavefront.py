@@ -345,7 +345,7 @@ def check_pool_fusable(program: Program, pool) -> None:
 
 def render_wavefront(program: Program, network: Network, tiling, doc: str = "", pools=None) -> str:
     """The CUDA module for one program, network, batch and tiling: the persistent kernel when
-    tiling.persistent, else the graph schedule's per-stage kernels. pools ({layer: engine.blocks.Pool}): a pool over
+    tiling.persistent, else the graph schedule's per-stage kernels. pools ({layer: engine.nets.data.Pool}): a pool over
     time after those layers, each folded into its layer's store of its output (kernels/pool.cuh), the layers above
     reading the pooled sequence; every layer then runs on its own step timing from its argument row
     (engine/schedules/steps.py: one wavefront through the pools)."""

@@ -4,7 +4,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .. import backends
+from ..bench import ANCHORS, NET_ANCHORS, markdown_table, parse_configs, run_bench, text_summary
+from ..bench import results as bench_results
+from ..bench.nets import net_markdown_table
+from ..bench.progress import TextProgress
+from ..bench.training import bench_training, training_table
 from ..errors import BackendError
+from ..gallery import get as get_preset
+from ..serialize import load
 
 
 def add_parser(subparsers) -> None:
@@ -44,8 +52,6 @@ def add_parser(subparsers) -> None:
 
 
 def _cells(values: list[str] | None) -> list:
-    from ..gallery import get as get_preset
-    from ..serialize import load
     cells = []
     for value in values or ["lstm"]:
         if value.endswith(".json"):
@@ -58,9 +64,6 @@ def _cells(values: list[str] | None) -> list:
 
 
 def main(args) -> int:
-    from .. import backends
-    from ..bench import ANCHORS, NET_ANCHORS, RESULTS_DIR, markdown_table, parse_configs, run_bench, text_summary
-    from ..bench.nets import net_markdown_table
     if args.list_configs:
         for config in [*ANCHORS.values(), *NET_ANCHORS.values()]:
             print(f"{config.name:<10} {config.shape}")
@@ -75,20 +78,18 @@ def main(args) -> int:
               "works without one", file=sys.stderr)
         return 2
     if args.train:
-        from ..bench.training import bench_training, training_table
         results = bench_training(cells, args.config or ["blogB"], implementations=args.impl, reps=args.reps or 5,
-                                 warmup=args.warmup or 1, seed=args.seed, out_dir=args.out or RESULTS_DIR)
+                                 warmup=args.warmup or 1, seed=args.seed, out_dir=args.out or bench_results.RESULTS_DIR)
         print(training_table(results))
         for path in results.get("saved_to", []):
             print(f"results: {path}")
         return 0
-    from ..bench.progress import TextProgress
     progress = None if args.no_progress else TextProgress()
     try:
         results = run_bench(cells, configs, implementations=args.impl, quick=args.quick, reps=args.reps,
                             warmup=args.warmup, buffers=args.buffers, compile_budget_s=args.compile_budget,
                             time_budget_s=args.time_budget, seed=args.seed,
-                            out_dir=args.out or RESULTS_DIR, copy_to=args.copy_to, progress=progress)
+                            out_dir=args.out or bench_results.RESULTS_DIR, copy_to=args.copy_to, progress=progress)
     finally:
         if progress is not None:
             progress.close()

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..export import program_name, write_export, write_run_files
+from ..backends import reference
 from ..explain import build_plan
+from ..export import program_name, write_export, write_run_files
 from ..network import Network
 from ..params import init_params
-from .explain import add_pass_args, resolve_target
 from ._common import add_size_args
+from .explain import add_pass_args, resolve_target
 
 
 def add_parser(sub) -> None:
@@ -45,7 +46,6 @@ def main(args) -> int:
         rng = np.random.default_rng(args.seed + 1)
         x = rng.standard_normal((steps, batch, args.input_size))
         paths = write_run_files(args.output, plan.program, network, params, x)
-        from ..backends import reference
         ref = reference.run(network, params, x)
         expected = [ref.outputs] + [ref.final_states[s] for s in plan.program.cell.state_names]
         with open(paths["x"].with_name("expected.bin"), "wb") as f:

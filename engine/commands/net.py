@@ -4,7 +4,7 @@
     python -m engine net deepspeech --json > ds.json      # its JSON, to edit
     python -m engine net ds.json --run -T 100 -B 4        # run it (NumPy reference), save the outputs
     python -m engine net deepspeech --run --backend persistent --fuse-pools   # on the GPU, pools folded in
-    python -m engine net deepspeech --gpus 2 -T 100 -B 64 # the pipeline plan over 2 GPUs (engine/pipeline.py)
+    python -m engine net deepspeech --gpus 2 -T 100 -B 64 # the pipeline plan over 2 GPUs (engine/multigpu)
     python -m engine net deepspeech --gpus 2 -T 100 -B 64 --measure   # ... run on the GPUs: time, measured bubble
     python -m engine net deepspeech --gpus 2 -T 100 -B 64 --tune      # ... try chunks and splits, keep the fastest
 """
@@ -14,8 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..blocks import NET_BACKENDS, NET_PRESETS, Layers, init_net_params, load_net, net_preset, net_to_json, prepare_net
+from .. import backends
 from ..errors import BackendError
+from ..multigpu import tuner
+from ..multigpu.plan import plan_pipeline
+from ..multigpu.program import PipelineProgram, wall_ms
+from ..nets.data import Layers, init_net_params
+from ..nets.io import load_net, net_to_json
+from ..nets.presets import NET_PRESETS, net_preset
+from ..nets.runner import NET_BACKENDS, prepare_net
 
 
 def add_parser(sub) -> None:
@@ -70,7 +77,6 @@ def main(args) -> int:
     steps = net.steps(args.steps)
     plan = None
     if args.gpus is not None:                  # planned first: a bad request is refused before anything prints
-        from ..pipeline import plan_pipeline
         split = None
         if args.split:
             try:
@@ -97,7 +103,7 @@ def main(args) -> int:
         if not (args.measure or args.tune):
             tuned = cached_tuned_plan(net, args)
             if tuned is not None:
-                print("the tuned plan on this machine (`--tune` found it fastest; engine.pipeline.tuned_plan):")
+                print("the tuned plan on this machine (`--tune` found it fastest; engine.multigpu.tuner.tuned_plan):")
                 print(tuned.describe())
     if not args.run:
         return 0
@@ -112,14 +118,12 @@ def main(args) -> int:
 
 
 def measure_plan(net, plan, args, split):
-    """--measure / --tune: the plan run on this host's GPUs (engine.pipeline), against the net in one piece on GPU 0."""
-    from ..backends import gpu_status
-    from ..pipeline import PipelineProgram, tune_pipeline, wall_ms
+    """--measure / --tune: the plan run on this host's GPUs (engine.multigpu), against the net in one piece on GPU 0."""
     flag = "--tune" if args.tune else "--measure"
-    ok, why = gpu_status()
+    ok, why = backends.gpu_status()
     if not ok:
         raise BackendError(f"{flag} runs the plan on {args.gpus} GPU(s), but this machine has none usable: {why}")
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     present = cupy.cuda.runtime.getDeviceCount()
     if args.gpus > present:
         raise BackendError(f"{flag} runs the plan on {args.gpus} GPUs, but this host has {present}; "
@@ -134,7 +138,7 @@ def measure_plan(net, plan, args, split):
                                                                                 net.input_size)), dtype=cupy.float32)
     if args.tune:
         chunks = None if args.chunk is None else [args.chunk]
-        plan, rows = tune_pipeline(net, params, args.gpus, args.steps, args.batch, backend=backend, x=x,
+        plan, rows = tuner.tune_pipeline(net, params, args.gpus, args.steps, args.batch, backend=backend, x=x,
                                    chunks=chunks, splits=None if split is None else [split],
                                    fuse_pools=args.fuse_pools)
         for row in rows:
@@ -154,9 +158,7 @@ def measure_plan(net, plan, args, split):
 
 def cached_tuned_plan(net, args):
     """The plan `--tune` kept for this net, sizes and backend on this machine's GPUs, or None (none tuned, no GPU)."""
-    from ..backends import gpu_status
-    from ..pipeline import tuned_plan
-    if not gpu_status()[0]:
+    if not backends.gpu_status()[0]:
         return None
     backend = "persistent" if args.backend == "reference" else args.backend
-    return tuned_plan(net, args.gpus, args.steps, args.batch, backend=backend, fuse_pools=args.fuse_pools)
+    return tuner.tuned_plan(net, args.gpus, args.steps, args.batch, backend=backend, fuse_pools=args.fuse_pools)

@@ -15,8 +15,20 @@ from __future__ import annotations
 
 from ..ir import CellGraph
 from ..ops import cuda_helpers
-from ..plan import (Access, Buffer, Kernel, KernelParam, Lin, Load, PassRecord, Program, Slot, StateHome,
-                    Statement, Store)
+from ..plan import (
+    Access,
+    Buffer,
+    Kernel,
+    KernelParam,
+    Lin,
+    Load,
+    PassRecord,
+    Program,
+    Slot,
+    StateHome,
+    Statement,
+    Store,
+)
 from .analysis import Value, consumers, num_stages, state_next_values, step_graph
 from .fusion import gemm_operands, native_homes
 from .lowering import Lowering, Region

@@ -10,18 +10,14 @@
 Shared pieces: tiling.py (which block owns which hidden units; shared-memory layout), base.py (host
 side: buffers, packed weights, the per-layer argument table, the run), and the CUDA generator
 engine/codegen/wavefront.py with the hand-written tile GEMM kernels/tile_gemm.cuh.
+
+Inside the folder imports go one way: report -> autotune -> registry -> graph, persistent -> base -> steps, project,
+tiling. The folder may import engine.backends, engine.codegen, engine.plan, engine.nets.data (the Pool type) and
+lower modules; never engine.nets' runner, engine.multigpu, engine.bench, engine.explain, engine.export or
+engine.api.
 """
 from __future__ import annotations
 
-SCHEDULES = ("graph", "persistent")
+from .registry import SCHEDULES, schedule_class
 
-
-def schedule_class(name: str):
-    if name == "graph":
-        from .graph import GraphSchedule
-        return GraphSchedule
-    if name == "persistent":
-        from .persistent import PersistentSchedule
-        return PersistentSchedule
-    from ..errors import BackendError
-    raise BackendError(f"unknown schedule '{name}'; choose one of: {', '.join(SCHEDULES)}")
+__all__ = ["SCHEDULES", "schedule_class"]

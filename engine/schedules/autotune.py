@@ -29,10 +29,20 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backends import fused
+from ..backends.common import check_float32_only, check_precision
+from ..codegen import GENERATOR_VERSION
+from ..compiler import compile_program
 from ..errors import BackendError, CompileError
 from ..network import Network
 from ..params import Params
+from .registry import schedule_class
 from .tiling import GEMV_MAX_ROWS, DeviceLimits, TileConfig, eligibility
+
+try:
+    import fcntl
+except ImportError:                        # pragma: no cover - Windows has no flock
+    fcntl = None
 
 log = logging.getLogger("engine.autotune")
 CACHE_VERSION = 1
@@ -86,7 +96,6 @@ def tile_shapes(batch: int, precision: str = "float32") -> list[tuple[int, int]]
 
 def candidates(network: Network, batch: int, limits: DeviceLimits, precision: str = "float32") -> list[Candidate]:
     """What tune() times. The fused backend is strict float32 only, so reduced precisions try the schedules."""
-    from ..compiler import compile_program
     program = compile_program(network.cell, layout="interleaved", precision=precision)
     found = [Candidate("fused")] if precision == "float32" else []
     why = eligibility(program)
@@ -119,15 +128,13 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
 
 
 def cache_path(name: str = "autotune.json") -> Path:
-    """The cache file `name` (autotune.json: the schedules' choices; pipelines.json: engine.pipeline's tuned plans)
+    """The cache file `name` (autotune.json: the schedules' choices; pipelines.json: engine.multigpu's tuned plans)
     in $CELLFORGE_CACHE_DIR, else ~/.cache/cellforge."""
     root = os.environ.get("CELLFORGE_CACHE_DIR")
     return (Path(root) if root else Path.home() / ".cache" / "cellforge") / name
 
 
 def cache_key(network: Network, steps: int, batch: int, device: str, precision: str = "float32") -> str:
-    from ..codegen import GENERATOR_VERSION
-    from ..compiler import compile_program
     program = compile_program(network.cell, layout="interleaved", precision=precision)
     return (f"{program.key}|gen{GENERATOR_VERSION}|I{network.input_size}|H{network.hidden_size}|"
             f"L{network.num_layers}|T{steps}|B{batch}|{precision}|{device}")
@@ -137,9 +144,7 @@ def cache_key(network: Network, steps: int, batch: int, device: str, precision: 
 def _locked(path: Path):
     """An exclusive lock beside the cache file (POSIX flock; a no-op where fcntl does not exist)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:                    # pragma: no cover - Windows
+    if fcntl is None:                      # pragma: no cover - Windows
         yield
         return
     with open(path.with_suffix(path.suffix + ".lock"), "w") as handle:
@@ -194,19 +199,15 @@ def write_entry(key: str, choice: "Choice | dict", path: Path | None = None) -> 
 def prepare(candidate: Candidate, network: Network, params: Params, precision: str = "float32"):
     """The candidate's runnable program (prepare(...).run(x))."""
     if candidate.schedule == "fused":
-        from ..backends import fused
-        from ..backends.common import check_float32_only
         check_float32_only("backend 'fused'", precision)
         return fused.prepare(network, params)
-    from . import schedule_class
     return schedule_class(candidate.schedule)(network, params, config=candidate.config, precision=precision)
 
 
 def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: int = 10, use_cache: bool = True,
          seed: int = 0, precision: str = "float32") -> Choice:
     """The fastest correct schedule for this network at (T=steps, B=batch) and precision on the current GPU."""
-    import cupy
-    from ..backends.common import check_precision
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     precision = check_precision(precision)
     limits = DeviceLimits.current()
     key = cache_key(network, steps, batch, limits.name, precision)

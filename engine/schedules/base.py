@@ -22,12 +22,20 @@ import threading
 import numpy as np
 
 from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
+from ..backends.fused import plan_bytes
+from ..chunk_replay import CaptureError, ChunkReplay
+from ..codegen import source_hash
+from ..codegen.nvrtc import load_module
+from ..codegen.wavefront import POOL_OPS, entry_points, half_copies, layer_fields, render_wavefront, stages
 from ..compiler import make_plan
 from ..errors import BackendError, CompileError
+from ..nets.data import check_pool
 from ..network import Network
 from ..params import Params
 from ..plan import Plan, pack_weights, slot_columns
 from ..rounding import weight_bits
+from .project import project, round_activations
+from .steps import WavefrontSteps, layer_steps
 from .tiling import DeviceLimits, TileConfig, Tiling, make_tiling
 
 _kernel_cache: dict[tuple, object] = {}
@@ -37,15 +45,12 @@ _lock = threading.Lock()
 def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, cell: str):
     """A cupy.RawKernel for one entry point, compiled now with NVRTC as IEEE fp32 (engine/codegen/nvrtc.py; errors
     become CompileError), cached."""
-    import cupy
-    from ..codegen import source_hash
-
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     key = (source_hash(source), name, cupy.cuda.Device().id)
     with _lock:
         kernel = _kernel_cache.get(key)
     if kernel is not None:
         return kernel
-    from ..codegen.nvrtc import load_module
     try:
         kernel = load_module(source, cooperative).get_function(name)     # IEEE fp32: no -ftz (engine/codegen/nvrtc.py)
         if smem_bytes > 48 * 1024:
@@ -84,7 +89,6 @@ def chunked_weight(bits: np.ndarray, rows_per_block: int, blocks: int, block_row
 
 def check_pools(schedule: str, network: Network, pool=None, pools=None) -> dict:
     """{layer: Pool} from a schedule's pool / pools arguments, each checked (BackendError naming the argument)."""
-    from ..blocks import check_pool
     if pool is not None and pools is not None:
         raise BackendError(f"schedule '{schedule}': give pool (after the last layer) or pools ({{layer: Pool}}), "
                            "not both")
@@ -120,12 +124,12 @@ class WavefrontSchedule:
                  replay: bool = True):
         pools = check_pools(self.name, network, pool, pools)   # first: a CPU-only machine says what is wrong too
         check_float32_gpu_program(f"schedule '{self.name}'", network, params, dtype)
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         self.cupy, self.network, self.params = cupy, network, params
         self.precision = check_precision(precision)
         self.config = config or TileConfig()
         self.limits = limits or DeviceLimits.current()
-        # pools {layer: engine.blocks.Pool}: a pool over time after those layers, folded into the layer's store of its
+        # pools {layer: nets.data.Pool}: a pool over time after those layers, folded into the layer's store of its
         # output (kernels/pool.cuh): the layers above read the pooled sequence, started as soon as their input is
         # (engine/schedules/steps.py), and a pool after the last layer pools the outputs. pool=P: pools={L - 1: P}.
         self.pools = pools
@@ -142,13 +146,11 @@ class WavefrontSchedule:
         return plan, tiling
 
     def source(self, T: int, B: int) -> str:
-        from ..codegen.wavefront import render_wavefront
         plan, tiling = self.plan(T, B)
         return render_wavefront(plan.program, self.network, tiling, pools=self.pools)
 
     # ---- build: once per (T, B) -------------------------------------------------------------------
     def _build(self, T: int, B: int) -> None:
-        from ..codegen.wavefront import entry_points, half_copies, layer_fields, render_wavefront
         cupy, network = self.cupy, self.network
         self._replays = {}                      # graphs captured on the buffers this build replaces go with them
         self._build_info = None                 # RunResult.info of this build (_info)
@@ -276,7 +278,6 @@ class WavefrontSchedule:
     def _layer_steps(self, T: int):
         """Each launch group's step timing (engine/schedules/steps.py), as one LayerSteps per layer: a group starts
         when the one before has finished, so its first layer starts at wavefront step 0."""
-        from .steps import layer_steps
         timing, steps = [], T
         group = self.launch_group()
         for first in range(0, self.network.num_layers, group):
@@ -300,11 +301,9 @@ class WavefrontSchedule:
 
     def wavefront_steps(self, first_layer: int) -> int:
         """Wavefront steps of the launch that starts at first_layer (with pools: from the layers' timing)."""
-        from .steps import WavefrontSteps
         return WavefrontSteps(tuple(self.steps_[first_layer:first_layer + self.launch_group()]), 0).wavefront
 
     def _timing_value(self, layer: int, name: str) -> int:
-        from ..codegen.wavefront import POOL_OPS
         pool = self.pools.get(layer)
         if name.startswith("pool_"):
             if pool is None:
@@ -314,7 +313,6 @@ class WavefrontSchedule:
         return getattr(self.steps_[layer], name)
 
     def _check_memory(self, plan: Plan) -> None:
-        from ..backends.fused import plan_bytes
         needed = plan_bytes(plan)
         free, _ = self.cupy.cuda.runtime.memGetInfo()
         available = free + self.cupy.get_default_memory_pool().free_bytes()
@@ -348,7 +346,6 @@ class WavefrontSchedule:
 
     def _capture(self, key):
         """The ChunkReplay of a whole run at (T, B) = key, or None (and replay off) where it cannot be captured."""
-        from ..chunk_replay import CaptureError, ChunkReplay
 
         def body(x, states):                    # the outputs as views of the program's buffers: copied out once
             result = self._run_direct(x, states.get("run"), copy_out=False)
@@ -443,7 +440,6 @@ class WavefrontSchedule:
     def _project(self, layer: int) -> None:
         """The layer's input projection for the whole sequence, one cuBLAS GEMM per hoisted GEMM (a launch that
         starts at this layer does not compute it), in the schedule's precision (engine/schedules/project.py)."""
-        from .project import project
         program = self.plan_.program
         source = self._layer_input(layer)
         for g in program.hoisted_gemms:
@@ -453,7 +449,6 @@ class WavefrontSchedule:
     def _write_half(self, target, values) -> None:
         """target (uint16) = values (float32, (rows, K) in blocks of B rows) as the kernels' 16-bit copies: fp16
         or bf16 bit patterns rounded to nearest even, in place, or chunked for the bulk pipeline."""
-        from .project import round_activations
         bits = round_activations(self.cupy, values, self.precision).view(self.cupy.uint16)
         if not self.tiling.bulk:
             target[...] = bits
@@ -494,7 +489,6 @@ class WavefrontSchedule:
                 self._write_half(_version0(self.half_buffers[layer][name]), _version0(bufs[name]))
 
     def stage_count(self) -> int:
-        from ..codegen.wavefront import stages
         return len(stages(self.plan_.program))
 
     # ---- what a subclass provides -----------------------------------------------------------------

@@ -57,7 +57,7 @@ def project(cupy, source, weight, bias, out, precision: str) -> None:
     if precision == "float32":
         cupy.matmul(source, weight.T, out=out)
     else:
-        from cupy.cuda import cublas
+        from cupy.cuda import cublas  # deferred: CuPy is optional (no GPU in CI)
         operand = round_activations(cupy, source, precision)
         data_type = {"tf32": CUDA_R_32F, "float16": CUDA_R_16F, "bfloat16": CUDA_R_16BF}[precision]
         compute = CUBLAS_COMPUTE_32F_FAST_TF32 if precision == "tf32" else CUBLAS_COMPUTE_32F

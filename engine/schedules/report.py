@@ -18,9 +18,12 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from .. import backends
 from ..codegen.precision import precision as lookup_precision
+from ..codegen.wavefront import render_wavefront, stages
 from ..errors import CompileError
 from ..plan import Plan
+from .autotune import Choice, cache_key, cache_path, read_cache
 from .tiling import H100, DeviceLimits, TileConfig, Tiling, eligibility, make_tiling
 
 SCHEDULE_CHOICES = ("fused", "graph", "persistent", "auto")
@@ -37,8 +40,7 @@ def check_schedule(schedule: str | None) -> str | None:
 
 def device_limits() -> tuple[DeviceLimits, dict]:
     """The limits tilings are computed with, and a description saying where they came from."""
-    from ..backends import gpu_status
-    ok, why = gpu_status()
+    ok, why = backends.gpu_status()
     if ok:
         try:
             limits = DeviceLimits.current()
@@ -57,7 +59,6 @@ def _limits_dict(limits: DeviceLimits, nominal: bool, why: str) -> dict:
 
 def cached_choices(plan: Plan) -> list[dict]:
     """The autotuner's cached choices for this network at (T, B), one per device that tuned it."""
-    from .autotune import Choice, cache_key, read_cache
     network = plan.network
     prefix = cache_key(network, plan.steps, plan.batch, "", plan.program.precision)
     found = []
@@ -162,7 +163,6 @@ def tuned_config(tuned: dict | None, name: str) -> TileConfig | None:
 def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits, config: TileConfig | None = None) -> dict:
     """A wavefront schedule ('graph' or 'persistent') for the interleaved plan: tiling, launches, barriers.
     config: the tiling to describe (the autotuner's choice), else the default TileConfig()."""
-    from ..codegen.wavefront import stages
     program, network = plan.program, plan.network
     persistent = name == "persistent"
     entry: dict[str, Any] = {"name": name, "eligible": False, "why_not": None, "tiling": None, "source": None,
@@ -216,7 +216,6 @@ def wavefront_source(name: str, plan: Plan, limits: DeviceLimits, doc: str = "",
                      config: TileConfig | None = None) -> str:
     """The generated CUDA of a wavefront schedule with `config` (default: TileConfig()); raises CompileError when
     it cannot run."""
-    from ..codegen.wavefront import render_wavefront
     program = plan.program
     why = eligibility(program)
     if why is not None:
@@ -275,5 +274,4 @@ def default_choice(report: dict, tuned: dict | None) -> dict:
 
 
 def _cache_path() -> str:
-    from .autotune import cache_path
     return str(cache_path())

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..codegen.precision import Precision, precision as lookup_precision
+from ..codegen.precision import Precision
+from ..codegen.precision import precision as lookup_precision
 from ..errors import CompileError
 from ..network import Network
 from ..plan import Program
@@ -41,7 +42,7 @@ class DeviceLimits:
 
     @staticmethod
     def current() -> "DeviceLimits":
-        import cupy
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
         dev = cupy.cuda.Device()
         attrs = dev.attributes
         props = cupy.cuda.runtime.getDeviceProperties(dev.id)

@@ -20,7 +20,10 @@ from typing import Callable
 
 import numpy as np
 
+from .. import backends
 from ..autodiff import record
+from ..autodiff.errors import AutodiffError
+from ..autodiff.fused_planner import training_plan
 from ..backends.common import array_module_of
 from ..backends.reference import run as reference_run
 from ..gallery import Preset
@@ -117,18 +120,15 @@ def check_device(device, network: Network) -> object:
                             hint="device='cpu' (float64, the default) or device='gpu' (float32, the fused step)")
     if device == "cpu":
         return np
-    from ..backends import gpu_status
-    ok, why = gpu_status()
+    ok, why = backends.gpu_status()
     if not ok:
         raise TrainingError(f"device='gpu' needs a CUDA GPU with CuPy: {why}", hint="device='cpu' trains on the CPU")
-    from ..autodiff.errors import AutodiffError
-    from ..autodiff.fused_planner import training_plan
     try:
         training_plan(network.cell)
     except AutodiffError as e:
         raise TrainingError(f"cell '{network.cell.name}' cannot train on the GPU: {e}",
                             hint="device='cpu' trains it in float64") from None
-    import cupy
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
     return cupy
 
 

@@ -148,7 +148,7 @@ def test_a_gru_is_seven_blocks_that_expand_into_primitives():
     sig = lambda v: 1 / (1 + np.exp(-v))                                                   # noqa: E731
     h = np.zeros((2, 4))
     for t in range(5):
-        def pre(g, operand):
+        def pre(g, operand, t=t):
             return x[t] @ params[0][f"W_{g}"].T + operand @ params[0][f"U_{g}"].T + params[0][f"b_{g}"]
         r, z = sig(pre("r", h)), sig(pre("z", h))
         h = z * h + (1 - z) * np.tanh(pre("n", r * h))

@@ -5,6 +5,7 @@ no page raises.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 from pathlib import Path
@@ -306,9 +307,8 @@ def test_schedule_starts_at_the_autotuners_choice(open_page, autotune_cache):
 
 
 def test_schedule_says_why_a_cell_cannot_use_the_wavefront_schedules(tmp_path, monkeypatch, autotune_cache):
-    from streamlit.testing.v1 import AppTest
-
     from compiler_cells import input_sized
+    from streamlit.testing.v1 import AppTest
     token = "0123456789abcdef0123456789abcdef"          # this session's working design: the input_sized cell
     sessions = tmp_path / "designs" / "sessions"
     sessions.mkdir(parents=True)
@@ -407,7 +407,7 @@ def test_divergence_demo_limits_name_the_field(open_page):
 def bench_available() -> bool:
     if not has_module("engine.bench"):
         return False
-    import engine.bench as bench
+    bench = importlib.import_module("engine.bench")   # the package: engine.bench is the api function
     return all(hasattr(bench, name) for name in ("run_bench", "list_results", "load_results"))
 
 
@@ -527,7 +527,7 @@ def test_benchmarks_show_networks(open_page, tmp_path, monkeypatch):
     networks table, and offers deepspeech among the configurations of a live run."""
     from engine.bench import results as results_module
     from engine.bench.configs import NET_ANCHORS
-    from engine.blocks import net_to_dict
+    from engine.nets.io import net_to_dict
     config = NET_ANCHORS["deepspeech"]
     rows = [("cudnn-fp32", 13.1), ("persistent", 8.14), ("fused", 52.6)]
     entries = [{"name": name, "family": "cudnn" if name.startswith("cudnn") else "engine", "precision": "fp32",
@@ -611,7 +611,7 @@ def test_every_page_takes_a_projected_cell(app, open_page, page):
 def test_networks_plans_the_deepspeech_block_over_two_gpus(open_page):
     """The default: DeepSpeech (4 LSTM 512, max-pool 2, 4 more) at T=100, B=64 on 2 GPUs; the blocks table, the
     metrics and the schedule figure are the planner's own numbers."""
-    from engine.pipeline import plan_pipeline
+    from engine.multigpu import plan_pipeline
     at = open_page("networks")
     plan = plan_pipeline(engine.net_preset("deepspeech"), 2, 100, 64)
     blocks = at.dataframe[0].value
@@ -655,7 +655,8 @@ def test_networks_name_what_is_wrong(open_page, field, value, message):
 
 
 def test_networks_reads_pasted_json(open_page):
-    from engine.blocks import Pool, net_to_json
+    from engine.nets.data import Pool
+    from engine.nets.io import net_to_json
     net = engine.Net(16, (engine.Layers("lstm", 8, 2), Pool("mean", 3, 3), engine.Layers("gru", 8, 1)), name="mine")
     at = open_page("networks")
     at.radio(key="networks.source").set_value("JSON").run()

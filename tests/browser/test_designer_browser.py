@@ -92,7 +92,7 @@ def add_block(page, frame, fx: float, fy: float, category: str, block: str):
     item = frame.get_by_role("menuitem", name=block, exact=True)
     # A click that lands while the app reruns (or scrolls the page) opens no menu, and a rerun that redraws the
     # canvas closes an open one: the whole pick is tried again, from an idle app, the pane measured afresh.
-    for attempt in range(6):
+    for _attempt in range(6):
         wait_until_idle(page)
         frame.locator(".react-flow__pane").scroll_into_view_if_needed()
         pane = frame.locator(".react-flow__pane").bounding_box()

@@ -11,7 +11,6 @@ Every wait polls for what should appear; nothing sleeps.
 from __future__ import annotations
 
 import pytest
-
 from test_designer_browser import RERUN_S, add_block, canvas, choose_option, connect, main_text, wait_until_idle
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "

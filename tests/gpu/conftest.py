@@ -28,6 +28,7 @@ def release_gpu_memory():
     3). Those modules use it for every test (pytest.mark.usefixtures)."""
     yield
     import cupy
+
     from engine.autodiff import fused_cache
     fused_cache.clear_cache()
     fused_cache.clear_runners()

@@ -7,7 +7,6 @@ against the float64 NumPy reference, so a disagreement says which side is wrong.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

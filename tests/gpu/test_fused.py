@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from compiler_cells import CELLS
 
 import engine
-from compiler_cells import CELLS
 from engine.backends import fused, reference
 from engine.errors import BackendError
 from engine.passes import PASS_NAMES

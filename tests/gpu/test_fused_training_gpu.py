@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-
-import engine
-from engine.autodiff import bptt
-from engine.autodiff import fused_cache, fused_planner, fused_runner, fused_tape
-from engine.ops import GRAD_OPS
 from test_autodiff import UNUSUAL
 from test_fuzz_cells import cell_designs
+
+import engine
+from engine.autodiff import bptt, fused_cache, fused_planner, fused_runner, fused_tape
+from engine.ops import GRAD_OPS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("release_gpu_memory")]
 
@@ -302,6 +301,7 @@ def test_the_memory_check_refuses_a_new_program_and_a_cached_one_holds_its_memor
     allocation): a new shape that cannot fit is refused before allocating, naming T, B and L; a shape whose program is
     cached runs without asking the driver again."""
     import importlib
+
     from engine.autodiff import checks
     record = importlib.import_module("engine.autodiff.bptt").record       # the package's `bptt` is the function
     network, params, x, initial, d_out, d_final = case(engine.preset("gru").cell, 4, T=9, B=5)
@@ -352,6 +352,7 @@ def test_the_lay_out_launch_equals_stage_fusions_lay_out(cupy):
     stage_fusion.lay_out (interleaved and transposed, sizes off the 32 x 32 tiles, 1 to 4 members, several layers),
     and in a program the same arrays the NumPy assignment made, after a second load of new parameters."""
     from types import SimpleNamespace
+
     from engine.autodiff.stage_fusion import lay_out
     runner = fused_cache.gpu_runner(fused_planner.training_plan(engine.preset("lstm").cell))
     rng = np.random.default_rng(8)

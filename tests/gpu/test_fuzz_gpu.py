@@ -10,13 +10,13 @@ import json
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from test_fused import relative_error
+from test_fuzz_cells import cell_designs
 
 import engine
 from engine.backends import fused, reference
 from engine.errors import CompileError
 from engine.schedules import schedule_class
-from test_fused import relative_error
-from test_fuzz_cells import cell_designs
 
 pytestmark = pytest.mark.gpu
 

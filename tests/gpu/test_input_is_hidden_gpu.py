@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_fused import assert_matches, make_case
+from test_input_is_hidden import mut1
+from test_precision_gpu import check_mode
 
 import engine
 from engine.backends import fused, reference
 from engine.dsl import W, b, cell, sigmoid, tanh
 from engine.schedules import schedule_class
-from test_fused import assert_matches, make_case
-from test_input_is_hidden import mut1
-from test_precision_gpu import check_mode
 
 pytestmark = pytest.mark.gpu
 

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine.backends import naive
-from engine.backends import reference
+from engine.backends import naive, reference
 from engine.dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
 from engine.errors import BackendError
 from engine.ops import OPS

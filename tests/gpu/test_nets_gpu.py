@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_fused import relative_error
 
 import engine
-from engine.blocks import Layers, Net, Pool, pool_over_time
-from test_fused import relative_error
+from engine.nets.data import Layers, Net, Pool
+from engine.nets.pooling import pool_over_time
 
 pytestmark = pytest.mark.gpu
 
@@ -34,7 +35,7 @@ def test_bidirectional_then_mean_pool_on_the_persistent_schedule(cupy):
 
 
 # ---- fuse_pools=True: pools folded into the layer below them, blocks joined into one wavefront -----------------
-# (kernels/pool.cuh, engine/schedules/steps.py, engine.blocks.fused_runs)
+# (kernels/pool.cuh, engine/schedules/steps.py, engine.nets.fusion.fused_runs)
 
 FOLDED = [("max", 2, 2), ("mean", 3, 2), ("max", 2, 3), ("mean", 1, 1)]
 

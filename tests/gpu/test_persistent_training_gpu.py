@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_autodiff import UNUSUAL
+from test_fused_training_gpu import TOL, assert_equal_reference, case, relative
 
 import engine
 from engine.autodiff import bptt, fused_program, fused_tape, persistent
-from test_autodiff import UNUSUAL
-from test_fused_training_gpu import TOL, assert_equal_reference, case, relative
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("release_gpu_memory")]
 

@@ -1,14 +1,14 @@
-"""The pipelined run of a net (engine/pipeline.py) on GPUs: two pipeline stages on one GPU (devices [0, 0]: the
+"""The pipelined run of a net (engine/multigpu) on GPUs: two pipeline stages on one GPU (devices [0, 0]: the
 chunking, the carried states and the hand-over on the GPU code path, on any GPU machine), and on two GPUs where the
 host has them (peer copies between devices). Outputs within float32 rounding of the one-piece reference run."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_fused import relative_error
 
 import engine
-from engine.pipeline import PipelineProgram, plan_pipeline, tune_pipeline
-from test_fused import relative_error
+from engine.multigpu import PipelineProgram, plan_pipeline, tune_pipeline
 
 pytestmark = pytest.mark.gpu
 
@@ -87,7 +87,7 @@ def test_a_measured_run_counts_each_gpus_busy_time(cupy):
 def test_the_tuner_keeps_the_fastest_candidate(cupy, tmp_path, monkeypatch):
     if cupy.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("this host has one GPU: the tuner runs plans over two GPUs on a two-GPU machine")
-    from engine.pipeline import tuned_plan
+    from engine.multigpu import tuned_plan
     monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
     net, params, _, _ = case()
     assert tuned_plan(net, 2, 20, 4) is None

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_fused import make_case, relative_error
 
 import engine
 from engine.backends import reference
 from engine.errors import BackendError
 from engine.schedules import autotune, schedule_class
 from engine.schedules.tiling import TileConfig
-from test_fused import make_case, relative_error
 
 pytestmark = pytest.mark.gpu
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_fused import relative_error
+from test_projection import lstm_proj
 
 import engine
 from engine.backends import fused, reference
-from test_fused import relative_error
-from test_projection import lstm_proj
 
 pytestmark = pytest.mark.gpu
 

@@ -13,15 +13,15 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from compiler_cells import CELLS
+from test_fused import assert_matches, make_case
 
 import engine
-from compiler_cells import CELLS
 from engine.backends import reference
 from engine.backends.common import RunResult
 from engine.errors import BackendError, CompileError
 from engine.schedules import autotune, schedule_class
 from engine.schedules.tiling import TileConfig, eligibility
-from test_fused import assert_matches, make_case
 
 pytestmark = pytest.mark.gpu
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_fused_training_gpu import assert_equal_reference, case
+from test_stacks import CASES as STACK_CASES
 
 import engine
 from engine.autodiff import bptt, fused_tape, stage_fusion
-from test_fused_training_gpu import assert_equal_reference, case
-from test_stacks import CASES as STACK_CASES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("release_gpu_memory")]
 

@@ -1,0 +1,59 @@
+"""Running one Network on a backend by name: the choice ('auto': the autotuned schedule on a GPU, the NumPy
+reference elsewhere), the checks every backend shares, and the run. engine.api.run, the net runner and the
+multi-GPU pipeline all run a Network through here.
+
+Sits above engine.backends and engine.schedules (it may import them); never imports engine.api, engine.nets,
+engine.multigpu, engine.bench, engine.explain or engine.export.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from . import backends
+from .backends.common import RunResult, check_float32_only, check_inputs, check_precision
+from .backends.common import check_finite as find_non_finite
+from .errors import BackendError
+from .network import Network
+from .params import Params, check_params
+from .schedules import autotune
+
+log = logging.getLogger("engine")
+
+
+def run(network: Network, params: Params, x, initial_states: dict | None = None, *,
+        backend: str = "auto", dtype=np.float32, precision: str = "float32", check_finite: bool = False) -> RunResult:
+    """Run the network over x (T, B, I) on `backend` (auto | reference | naive | fused | graph | persistent); see
+    engine.api.run for what each argument means. result.backend names the backend that ran, and
+    result.info["backend_reason"] why."""
+    precision = check_precision(precision)
+    if check_finite:
+        check_params(network, params)
+        check_inputs(network, x, initial_states, xp=np)        # shapes and dtypes only, NumPy or CuPy alike
+        find_non_finite(network, params, x, initial_states)
+    name, reason = backends.select(backend)
+    if name == "auto":
+        if np.dtype(dtype) != np.float32:
+            raise BackendError(f"the GPU schedules compute in float32, not {np.dtype(dtype).name}; hint: use "
+                               "dtype=np.float32, or backend='reference' for float64")
+        shape = getattr(x, "shape", None)
+        if shape is None or len(shape) != 3:
+            check_inputs(network, x, initial_states, xp=np)      # raises the named error
+        choice = autotune.tune(network, params, int(shape[0]), int(shape[1]), precision=precision)
+        name, reason = choice.schedule, f"{reason}: {choice.why}"
+        log.info(reason)
+        result = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), network, params,
+                                  precision=precision).run(x, initial_states)
+    else:
+        if backend == "auto":
+            log.warning(reason)
+        module = backends.get(name)
+        if name in backends.SCHEDULE_BACKENDS or name == "reference":
+            result = module.run(network, params, x, initial_states, dtype=dtype, precision=precision)
+        else:
+            check_float32_only(f"backend '{name}'", precision)
+            result = module.run(network, params, x, initial_states, dtype=dtype)
+    result.backend = name
+    result.info = dict(result.info or {}, backend_reason=reason, precision=precision)
+    return result

@@ -1,0 +1,99 @@
+"""A Net as JSON (schema "rnn-network", version 1): a block names its cell by preset or embeds the cell's JSON."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import BackendError, CellGraphError, Problem
+from ..gallery import presets
+from ..serialize import from_dict, to_dict
+from .data import NET_SCHEMA, NET_VERSION, Layers, Net, Pool, resolve_cell
+
+
+def net_to_dict(net: Net) -> dict:
+    blocks = []
+    for block in net.blocks:
+        if isinstance(block, Pool):
+            entry = {"kind": "pool", "op": block.op, "window": block.window, "stride": block.stride}
+        else:
+            known = presets().get(block.cell.name)
+            cell = block.cell.name if known is not None and known.cell == block.cell else to_dict(block.cell)
+            entry = {"kind": "layers", "cell": cell, "hidden_size": block.hidden_size, "num_layers": block.num_layers,
+                     "direction": block.direction}
+            if block.bidirectional:
+                entry["merge"] = block.merge
+            for key in ("proj_size", "input_size"):
+                if getattr(block, key) is not None:
+                    entry[key] = getattr(block, key)
+        if block.name:
+            entry["name"] = block.name
+        blocks.append(entry)
+    return {"schema": NET_SCHEMA, "version": NET_VERSION, "name": net.name, "doc": net.doc,
+            "input_size": net.input_size, "blocks": blocks}
+
+
+def net_from_dict(data) -> Net:
+    """A Net from its JSON dict. Errors are BackendError / CellGraphError naming the block and field."""
+    if not isinstance(data, dict):
+        raise BackendError(f"a network is a JSON object, got {type(data).__name__}")
+    if data.get("schema") != NET_SCHEMA:
+        raise BackendError(f"field 'schema' must be {NET_SCHEMA!r}, got {data.get('schema')!r}; hint: a cell's JSON "
+                           "(schema 'rnn-cell-graph') goes in a block's 'cell' field")
+    if data.get("version") != NET_VERSION:
+        raise BackendError(f"field 'version': this engine reads version {NET_VERSION}, got {data.get('version')!r}")
+    raw_blocks = data.get("blocks")
+    if not isinstance(raw_blocks, list) or not raw_blocks:
+        raise BackendError("field 'blocks' must be a non-empty list of {\"kind\": \"layers\" | \"pool\", ...}")
+    blocks = []
+    allowed = {"layers": {"kind", "cell", "hidden_size", "num_layers", "direction", "merge", "proj_size",
+                          "input_size", "name"},
+               "pool": {"kind", "op", "window", "stride", "name"}}
+    for k, raw in enumerate(raw_blocks):
+        where = f"blocks[{k}]"
+        if not isinstance(raw, dict) or raw.get("kind") not in allowed:
+            raise BackendError(f"field '{where}.kind' must be 'layers' or 'pool', got "
+                               f"{raw.get('kind') if isinstance(raw, dict) else raw!r}")
+        unknown = sorted(set(raw) - allowed[raw["kind"]])
+        if unknown:
+            raise BackendError(f"field '{where}.{unknown[0]}' is not a field of a {raw['kind']} block; hint: "
+                               f"{raw['kind']} blocks take {', '.join(sorted(allowed[raw['kind']] - {'kind'}))}")
+        if raw["kind"] == "pool":
+            blocks.append(Pool(raw.get("op", "max"), raw.get("window", 2), raw.get("stride", 2), raw.get("name", "")))
+            continue
+        cell = raw.get("cell")
+        try:
+            cell = from_dict(cell) if isinstance(cell, dict) else resolve_cell(cell)
+        except CellGraphError as e:      # the same findings, placed inside this block's 'cell' field
+            raise CellGraphError([Problem(p.message, node=p.node, hint=p.hint,
+                                          field=f"{where}.cell" + (f".{p.field}" if p.field and p.field != "preset"
+                                                                   else ""))
+                                  for p in e.problems]) from None
+        if "hidden_size" not in raw:
+            raise BackendError(f"field '{where}.hidden_size' is missing; hint: e.g. \"hidden_size\": 512")
+        blocks.append(Layers(cell, raw["hidden_size"], raw.get("num_layers", 1), raw.get("direction", "forward"),
+                             raw.get("merge", "concat"), raw.get("proj_size"), raw.get("input_size"),
+                             raw.get("name", "")))
+    return Net(data.get("input_size"), tuple(blocks), str(data.get("name", "net")), str(data.get("doc", "")))
+
+
+def net_to_json(net: Net) -> str:
+    return json.dumps(net_to_dict(net), indent=1)
+
+
+def net_from_json(text: str) -> Net:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BackendError(f"not JSON: {e}") from None
+    return net_from_dict(data)
+
+
+def load_net(path) -> Net:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise BackendError(f"cannot read network file {str(path)!r}: {e}") from None
+    try:
+        return net_from_json(text)
+    except (BackendError, CellGraphError) as e:
+        raise type(e)(f"{path}: {e}") from None

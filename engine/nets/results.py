@@ -1,0 +1,13 @@
+"""What running a net returns."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class NetResult:
+    outputs: np.ndarray                 # (T_out, B, output size)
+    block_outputs: list = field(default_factory=list)   # what each block produced (None: a block inside a run that
+                                                        # fuse_pools made one program, whose output never existed)

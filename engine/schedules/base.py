@@ -17,14 +17,12 @@ A subclass supplies `persistent` (which kernels to generate) and `_prepare_launc
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
 from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
 from ..backends.fused import plan_bytes
 from ..chunk_replay import CaptureError, ChunkReplay
-from ..codegen import source_hash
 from ..codegen.nvrtc import load_module
 from ..codegen.wavefront import POOL_OPS, entry_points, half_copies, layer_fields, render_wavefront, stages
 from ..compiler import make_plan
@@ -38,19 +36,10 @@ from .project import project, round_activations
 from .steps import WavefrontSteps, layer_steps
 from .tiling import DeviceLimits, TileConfig, Tiling, make_tiling
 
-_kernel_cache: dict[tuple, object] = {}
-_lock = threading.Lock()
-
 
 def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, cell: str):
-    """A cupy.RawKernel for one entry point, compiled now with NVRTC as IEEE fp32 (engine/codegen/nvrtc.py; errors
-    become CompileError), cached."""
-    import cupy  # deferred: CuPy is optional (no GPU in CI)
-    key = (source_hash(source), name, cupy.cuda.Device().id)
-    with _lock:
-        kernel = _kernel_cache.get(key)
-    if kernel is not None:
-        return kernel
+    """The kernel of one entry point, compiled now with NVRTC as IEEE fp32 (engine/codegen/nvrtc.py, which caches the
+    module by source and device; errors become CompileError)."""
     try:
         kernel = load_module(source, cooperative).get_function(name)     # IEEE fp32: no -ftz (engine/codegen/nvrtc.py)
         if smem_bytes > 48 * 1024:
@@ -59,8 +48,6 @@ def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, c
         raise CompileError(f"the wavefront kernel '{name}' for cell '{cell}' did not compile: {type(e).__name__}: "
                            f"{e}\nhint: this is a bug in engine.codegen.wavefront; `python -m engine explain "
                            "<cell> --schedule persistent` prints the source") from None
-    with _lock:
-        _kernel_cache[key] = kernel
     return kernel
 
 

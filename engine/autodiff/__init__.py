@@ -7,7 +7,7 @@ reference, through CuPy op by op ("naive") and as the generated fused training s
 
 May import: engine.ir, engine.ops, engine.plan (Lin), engine.codegen, engine.backends, engine.network, engine.params,
 engine.errors, engine.schedules.base (compile_kernel, for the persistent launches). Never: engine.api, engine.bench,
-engine.explain, engine.export, engine.training, engine.torch_module, engine.pipeline, engine.blocks, app. No module of
+engine.explain, engine.export, engine.training, engine.torch_module, engine.multigpu, engine.nets, app. No module of
 this folder imports the package itself (`engine.autodiff`) or bptt.py, which orchestrates them.
 
 What lives where:

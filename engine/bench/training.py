@@ -10,7 +10,7 @@ a float64 reference (engine.bptt in float64; through CuPy on the GPU): the norm-
 reported, and a row whose error is over TOLERANCE is marked "wrong" and not timed. Then the median of CUDA-event
 timed steps after warm-up. Rows:
 - cudnn-fp32: torch.nn.LSTM / GRU / RNN with TF32 off, its autograd (cuDNN's backward on the GPU);
-- engine-fused: the generated training step (bptt backend "fused", engine/autodiff/fused.py): cuBLAS GEMMs and
+- engine-fused: the generated training step (bptt backend "fused", engine/autodiff/fused_tape.py): cuBLAS GEMMs and
   generated kernels a step, the weight gradients as one GEMM over every step, fp32;
 - engine-naive: engine.autodiff.record + Tape.backward through CuPy (bptt backend "naive"), fp32;
 - engine-reference (CPU tests of the harness only): the same on the NumPy reference.

@@ -1,6 +1,6 @@
 """The training loop: any cell, stacked into a network, a linear readout on top, trained with Adam by
 backpropagation through time on a task's batches: on the CPU in float64 (device="cpu", the default), or on the GPU
-in float32 (device="gpu": the fused training step of engine/autodiff/fused.py, with the readout, the loss and Adam
+in float32 (device="gpu": the fused training step of engine/autodiff/fused_tape.py, with the readout, the loss and Adam
 in CuPy, so nothing leaves the GPU but the loss and the gradient norm a step).
 
     import engine

@@ -15,12 +15,12 @@ from test_autodiff import check_by_finite_differences, make_case
 import engine
 from app.designer import composites, palette
 from engine import dsl, ops
-from engine.bench.flops import layer_step_flops
 from engine.bench.torch_cell import torch_source
 from engine.codegen import text_equations
 from engine.compiler import compile_program
 from engine.dsl import W, b, tanh
 from engine.dsl_emit import emit_dsl
+from engine.flops import layer_step_flops
 from engine.ops import GRAD_OPS, OPS, OpDef, Vjp
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"

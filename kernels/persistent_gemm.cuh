@@ -13,7 +13,7 @@
 // 62 shuffles for 64 values, not 5 a value. The order of every sum is fixed, so results repeat bit for bit.
 // The generic tiled GEMM (rnn_tile_gemms) staged X chunk by chunk with a barrier each and split K between thread
 // groups: for a block of 8 columns it issued ~17x the instructions of its multiply-adds (benchmarks/NOTES.md,
-// fifteenth session).
+// 2026-11-25 03:39).
 #ifndef RNN_PERSISTENT_GEMM_CUH
 #define RNN_PERSISTENT_GEMM_CUH
 

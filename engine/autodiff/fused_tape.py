@@ -30,7 +30,7 @@ from .gradients import Gradients
 from .step import backward_step
 
 WAVEFRONT = True         # the layers as a wavefront both ways (Program(wavefront=...)): faster on the H100 at every
-                         # anchor timed (benchmarks/NOTES.md, twelfth session); False: layer by layer
+                         # anchor timed (benchmarks/NOTES.md, 2026-11-24 22:25); False: layer by layer
 
 
 class FusedTape:
@@ -101,7 +101,7 @@ class FusedTape:
         """The reverse wavefront, then the after part as one replayed graph (Program.after), its gradients and
         initial states' adjoints copied out of the program's buffers: one copy and a view a parameter instead of a
         cuBLAS call a GradGemm, a table upload a layer and a copy a state from Python (lstm_fgr at `lat`: 0.9 ms of
-        host time a step; benchmarks/NOTES.md, fourteenth session)."""
+        host time a step; benchmarks/NOTES.md, 2026-11-25 02:13)."""
         xp, program = self.xp, self.program
         T, B = program.T, program.B
         self._wavefront_sweep(d_above, d_final_states)

@@ -32,7 +32,7 @@ FUSE = True              # fuse stages where the batch allows (False: every GEMM
 SPLIT_SUMS = True        # where a stage is not fused and its GEMM splits K (engine/autodiff/cublas.py), the kernel
                          # sums the parts itself (FusedStage.summed): no reduce launch between them
 FUSE_MAX_ROWS = 2        # batches of more rows keep cuBLAS by default: at blogB (B = 64) the tiled form lost to it on
-                         # the H100 (LSTM 7.9 against 5.6 ms a step; benchmarks/NOTES.md, thirteenth session). Up to
+                         # the H100 (LSTM 7.9 against 5.6 ms a step; benchmarks/NOTES.md, 2026-11-25 00:55). Up to
                          # 64 rows work (the GPU tests run them).
 WIDTHS = (8, 16, 32)     # GEMM columns a block of a fused stage covers, one compiled variant each (a warp takes
                          # width / 8 of them at small batch): its units are width // members (at least 1), every
@@ -40,7 +40,7 @@ WIDTHS = (8, 16, 32)     # GEMM columns a block of a fused stage covers, one com
 WIDTH = None             # a width of WIDTHS for every fused launch (probes, tests); None: choose_width's
 INTERLEAVED = True       # True: the GEMV reads a copy of the weights with a unit's members interleaved, made each call;
                          # False: it reads them in place, row m * D + unit, no copy. Back to back on the H100 (same
-                         # machine, fourteenth session) in place was as fast for the LSTM and GRU-Cho and slower for
+                         # machine, 2026-11-25 02:13) in place was as fast for the LSTM and GRU-Cho and slower for
                          # lstm_fgr's forward (6.5 against 5.5 us: a block reads 4 runs of 64 KiB instead of one of
                          # 256 KiB). The tiled form always interleaves (it stages a block's rows as one run).
 THREADS = 256

@@ -219,7 +219,7 @@ def default_tile(program: Program, network: Network, batch: int, layers: int, un
       GRU, 48 columns), else 4x4. 8x8 tiles read half the shared memory per FMA and their split-K sums go through
       shared memory in rounds (rnn_store_tile), so the layers keep their weights resident: `mid` LSTM 4.29 ms against
       4.59 with 4x4; the GRU (48 tiles of 8x8, split 4 ways over 192 of 256 threads) ran 3.53 ms with 8x4 against
-      3.92 with 8x8 (H100, benchmarks/NOTES.md, ninth session);
+      3.92 with 8x8 (H100, benchmarks/NOTES.md, 2026-11-24 00:04);
     - one layer a launch (`large` layer by layer, `blogA`): 8x4 where (B / 8) x (W / 4) >= 48: LSTM `large` 12.9 ms
       against 14.1 with 4x4 (8x8: 13.1), `blogA` 38.5 against 39.9 (8x8: 43.2); GRU `large` 10.9 against 11.5,
       `blogA` 30.8 against 34.7 (8x8: 40.6; same H100 call). Narrower blocks keep 4x4 (not measured).
@@ -382,7 +382,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     if config.sync is None:
         # Arrival counters where a step is a chain of latencies (the warp GEMV): at `lat` on an H100 LSTM 0.491 ->
         # 0.448 ms, GRU-Cho 0.670 -> 0.614, peephole 0.534 -> 0.443; the grid barrier where the GEMMs are large
-        # enough to balance the layers (`blogB`: LSTM 1.32 against 1.43 ms; benchmarks/NOTES.md, eighth session).
+        # enough to balance the layers (`blogB`: LSTM 1.32 against 1.43 ms; benchmarks/NOTES.md, 2026-11-23 22:07).
         config = replace(config, sync="layer" if persistent and path == "gemv" and L > 1 else "grid")
     mma = path == "tiled" and prec.tensor_cores        # tensor-core MMA: 16-row x 8-column tiles per warp
     bp = round_up(B, 16) if mma else round_up(B, RB)
@@ -412,7 +412,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     if threads is None:
         # The warp GEMV: 4 warps where each then owns at most 8 columns of the widest GEMM, else 8. At `lat` (32
         # columns a block at most) 128 threads ran every preset faster on an H100: GRU-Cho 0.68 -> 0.59 ms, MGU 0.60
-        # -> 0.54, GRU 0.42 -> 0.40, LSTM 0.45 -> 0.44 (benchmarks/NOTES.md, eighth session); wider blocks keep 8
+        # -> 0.54, GRU 0.42 -> 0.40, LSTM 0.45 -> 0.44 (benchmarks/NOTES.md, 2026-11-23 22:07); wider blocks keep 8
         # warps, whose accumulators stay in registers.
         gemv_threads = 128 if max(ncps.values(), default=0) <= 32 else 256
         threads = (gemv_threads if path == "gemv" else 32 * mma_warps(max(groups.values(), default=1)) if mma

@@ -24,9 +24,22 @@ log = logging.getLogger("engine")
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, *,
         backend: str = "auto", dtype=np.float32, precision: str = "float32", check_finite: bool = False) -> RunResult:
-    """Run the network over x (T, B, I) on `backend` (auto | reference | naive | fused | graph | persistent); see
-    engine.api.run for what each argument means. result.backend names the backend that ran, and
-    result.info["backend_reason"] why."""
+    """Run the network over x (T, B, I). backend: auto | reference | naive | fused | graph | persistent.
+
+    'auto' runs the autotuned schedule when CuPy sees a GPU (engine.schedules.autotune: it times the
+    candidates once per cell, sizes, precision and device, and caches the choice on disk) and the NumPy
+    reference otherwise; the choice and its reason are logged and recorded in
+    result.info["backend_reason"].
+
+    precision: "float32" (strict, the default), "tf32", "float16" or "bfloat16" (engine.codegen.precision:
+    matmul operands rounded to that format, fp32 accumulation, cell math and states). The schedules run
+    every mode on the GPU; the reference emulates it on the CPU; naive and fused are float32 only.
+
+    result.backend names the backend that ran, and result.info["backend_reason"] why.
+
+    check_finite=True first looks for NaN or Inf in x, the initial states and every parameter, and names the
+    first it finds (BackendError), instead of letting it spread through the recurrence.
+    """
     precision = check_precision(precision)
     if check_finite:
         check_params(network, params)

@@ -13,8 +13,8 @@ of blocks instead: cuDNN's modules against the engine's run_net (engine/bench/ne
 is the CLI. pipelines.py reads back the multi-GPU pipelines benchmarks/probe_pipeline.py measured.
 
 May import: engine.nets, engine.multigpu, engine.schedules, engine.backends, engine.autodiff and lower modules; never
-engine.api, engine.explain, engine.export or engine.commands. (flops.py is pure counting over the cell graph:
-engine.multigpu reads it.)
+engine.api, engine.explain, engine.export or engine.commands. (The FLOP counts are engine/flops.py's; flops.py
+here holds the floors and a training step's products.)
 """
 from ..flops import layer_step_flops, network_flops
 from .configs import ANCHORS, NET_ANCHORS, BenchConfig, NetBenchConfig, load_config_file, parse_config, parse_configs

@@ -6,8 +6,8 @@
 - program.py: PipelineProgram, the chunks run diagonal by diagonal over the GPUs (or on the CPU, backend='reference').
 - tuner.py: tune_pipeline measures chunks and splits and keeps the fastest on disk; tuned_plan reads it back.
 
-May import: engine.nets, engine.execute, engine.schedules, engine.backends, engine.chunk_replay, engine.bench.flops
-(FLOP counting only) and lower modules; never engine.api, engine.explain, engine.export or the rest of engine.bench.
+May import: engine.nets, engine.execute, engine.schedules, engine.backends, engine.chunk_replay and lower modules
+(engine.flops for the cost model); never engine.bench, engine.api, engine.explain or engine.export.
 """
 from .pieces import Piece, gpu_fused_runs, pieces_of
 from .plan import PipelinePlan, Unit, chunk_steps, layers_net, plan_pipeline, units_of

@@ -1,5 +1,5 @@
-// Vector parameters' gradients of a layer (engine/autodiff/fused.py, plan.column_dots): for item i of the table and
-// column c < cols[i], out_i[c] += sum over the rows r < rows of a_i[r * lda_i + c] * b_i[r * ldb_i + c]
+// Vector parameters' gradients of a layer (engine/autodiff/fused_runner.py, plan.column_dots): for item i of the
+// table and column c < cols[i], out_i[c] += sum over the rows r < rows of a_i[r * lda_i + c] * b_i[r * ldb_i + c]
 // (a peephole's gradient: its gate's dy times the cell state, over every step and batch row).
 //
 // Two launches, so that the T x B rows (6,400 at `blogB`) are spread over the GPU, not walked by one block a column

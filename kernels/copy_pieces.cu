@@ -1,4 +1,5 @@
-// Many copies in one launch: block i copies piece i, a run of at most COPY_CHUNK floats (engine/autodiff/fused.py).
+// Many copies in one launch: block i copies piece i, a run of at most COPY_CHUNK floats
+// (engine/autodiff/fused_runner.py).
 // Table columns, `pieces` entries each: the piece's first source float (0: write zeros), the destination's first
 // float, the piece's count, its first element's index in the copy, the destination's row width and row stride.
 // Element e of a copy goes to dst[(e / width) * stride + e % width]: a contiguous destination has width = stride

@@ -1,4 +1,4 @@
-// The fused stages' copies of the stacked weights, every layer's in one launch (engine/autodiff/fused.py
+// The fused stages' copies of the stacked weights, every layer's in one launch (engine/autodiff/fused_runner.py
 // Runner.lay_out_weights; the same layouts as stage_fusion.lay_out, which the NumPy runner and the tests use).
 //
 // Target y of the launch reads a stacked weight S (rows x cols, row-major) and writes A, where A is S ("interleaved")

@@ -1,4 +1,4 @@
-// The sum of a split-K GEMM's partial products (engine/autodiff/fused.py, split_k): out[r, c] (+)= the sum over i of
+// The sum of a split-K GEMM's partial products (engine/autodiff/cublas.py, split_k): out[r, c] (+)= the sum over i of
 // part[i][r, c], part holding `splits` contiguous (m, n) products, out row-major with leading dimension ldc.
 extern "C" __global__ void splitk_reduce(float* __restrict__ out, const float* __restrict__ part, const int splits,
                                          const int m, const int n, const int ldc, const int accumulate)

@@ -55,7 +55,8 @@ def test_the_training_products_are_three_times_the_forwards_matmuls_where_nothin
     forward, input adjoint plus state adjoints, and weight gradients are each the forward's matmul FLOPs (counted
     from the cell graph by layer_step_flops), plus a bias GEMV a bias vector; lstm_proj has two GEMMs a step each
     way; lstm_fgr's step GEMMs are its stacked grid (K = 4H) with the zero blocks, its weight gradients without."""
-    from engine.bench.flops import network_flops, training_product_flops, training_products
+    from engine.bench.flops import training_product_flops, training_products
+    from engine.flops import network_flops
     T, B = 7, 3
     for name in ("lstm", "gru"):
         network = engine.Network(engine.preset(name).cell, 5, 8, 2)

@@ -25,7 +25,7 @@ import engine  # noqa: E402
 from app import engine_cache, figures, state  # noqa: E402
 
 BENCH_REQUEST = "benchmarks.request_presets"     # set by the Gallery's "Benchmark" button
-SESSION_RUN = "benchmarks.session_run"            # the results of this session's live run
+LIVE_RUN = "benchmarks.live_run"                # the results of the live run started in this browser tab
 CURRENT_DESIGN = "(current design)"
 DEFAULT_BASELINES = ("naive", "torch-eager", "cudnn-fp32")
 
@@ -111,18 +111,18 @@ def live_ui(api: dict) -> None:
     except engine.EngineError as e:
         st.error(f"The benchmark did not run: {e}")
         return
-    st.session_state[SESSION_RUN] = results
+    st.session_state[LIVE_RUN] = results
     bar.progress(1.0, text="done")
-    st.success("Done: the results are shown below as 'this session's run'.")
+    st.success("Done: the results are shown below as 'the live run'.")
 
 
 def pick_results_ui(api: dict) -> tuple[str, dict] | None:
-    """(file stem, results document) chosen among this session's run and the saved files."""
+    """(file stem, results document) chosen among the live run (this browser tab's) and the saved files."""
     available: dict[str, dict | str] = {}
     stems = {}
-    if SESSION_RUN in st.session_state:
-        available["this session's run"] = st.session_state[SESSION_RUN]
-        stems["this session's run"] = "session-run"
+    if LIVE_RUN in st.session_state:
+        available["the live run"] = st.session_state[LIVE_RUN]
+        stems["the live run"] = "live-run"
     for info in api["list_results"]():
         label = f"{Path(info['path']).name} ({info.get('device') or 'unknown device'}, {info.get('status')})"
         available[label] = info["path"]

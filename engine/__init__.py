@@ -9,7 +9,7 @@ from .api import bench, export_cuda, run
 from .autodiff import Gradients, backward_graph, bptt
 from .backends.common import RunResult
 from .dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
-from .errors import BackendError, CellGraphError, CompileError, EngineError, Problem
+from .errors import BackendError, CellGraphError, CompileError, EngineError, FileError, Problem
 from .explain import explain, explain_json, explain_text
 from .gallery import Preset, TorchLayout, presets
 from .gallery import get as preset
@@ -26,7 +26,7 @@ from .training import compare, tasks, train
 
 __all__ = [
     "run", "bench", "export_cuda", "RunResult", "W", "b", "cell", "const", "hard_sigmoid", "identity", "relu", "sigmoid", "tanh", "v",
-    "BackendError", "CellGraphError", "CompileError", "EngineError", "Problem", "Preset", "TorchLayout",
+    "BackendError", "CellGraphError", "CompileError", "EngineError", "FileError", "Problem", "Preset", "TorchLayout",
     "presets", "preset", "CellGraph", "Node", "StateSpec", "to_latex", "Network", "Params", "init_params",
     "from_dict", "from_json", "load", "save", "to_dict", "to_json", "explain", "explain_json", "explain_text",
     "Layers", "Net", "NetParams", "Pool", "init_net_params", "load_net", "net_from_dict", "net_from_json",

@@ -53,3 +53,7 @@ class CompileError(EngineError):
 
 class BackendError(EngineError):
     """A backend cannot run the request (wrong shapes, device, dtype, memory)."""
+
+
+class FileError(EngineError):
+    """A file or folder the engine was asked to read or write cannot serve (missing, a folder, not writable)."""

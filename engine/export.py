@@ -24,6 +24,7 @@ from .codegen import GENERATOR_VERSION, helper_source, text_equations
 from .codegen.cuda import ROW_BIAS_HELPER, THREADS_PER_BLOCK
 from .errors import CompileError
 from .explain import build_plan, resolve
+from .files import write_text, write_with
 from .network import Network
 from .params import Params
 from .passes.fusion import kernel_prefix
@@ -59,13 +60,7 @@ def program_name(plan: Plan) -> str:
 def write_export(directory, cell_or_preset, input_size: int, hidden_size: int, num_layers: int = 1, passes=None,
                  layout: str = "blocked", chunk_steps: int | None = None, arch: str = "sm_90") -> Path:
     plan = export_plan(cell_or_preset, input_size, hidden_size, num_layers, passes, layout, chunk_steps)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{program_name(plan)}.cu"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_program(plan, arch=arch))
-    tmp.replace(path)
-    return path
+    return write_text(Path(directory) / f"{program_name(plan)}.cu", render_program(plan, arch=arch), "CUDA program")
 
 
 # ---- the data files ---------------------------------------------------------------------------------
@@ -88,7 +83,6 @@ def write_run_files(directory, program: Program, network: Network, params: Param
                     initial_states: dict | None = None) -> dict[str, Path]:
     """weights.bin (packed as the program expects), x.bin and states.bin, raw float32 little-endian."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     chunks = []
     for layer in range(network.num_layers):
         packed = pack_weights(program, network, params, layer, dtype=np.float64)
@@ -99,21 +93,23 @@ def write_run_files(directory, program: Program, network: Network, params: Param
         for name in program.kernel_params:
             chunks.append(np.asarray(params[layer][name]))
     paths = {"weights": directory / "weights.bin", "x": directory / "x.bin", "states": directory / "states.bin"}
-    _write_f32(paths["weights"], chunks)
-    _write_f32(paths["x"], [np.asarray(x)])
+    write_f32(paths["weights"], chunks, "packed weights")
+    write_f32(paths["x"], [np.asarray(x)], "input x")
     T, B, _ = np.shape(x)
     states = []
     for name in program.cell.state_names:
         value = None if initial_states is None else initial_states.get(name)
         states.append(np.zeros((network.num_layers, B, network.hidden_size)) if value is None else np.asarray(value))
-    _write_f32(paths["states"], states)
+    write_f32(paths["states"], states, "initial states")
     return paths
 
 
-def _write_f32(path: Path, arrays) -> None:
-    with open(path, "wb") as f:
+def write_f32(path: Path, arrays, what: str = "float32 data") -> Path:
+    """Raw float32 little-endian, the arrays one after another; written atomically (engine/files.py)."""
+    def write(f) -> None:
         for a in arrays:
             f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())
+    return write_with(path, write, what)
 
 
 def read_outputs(path, program: Program, network: Network, steps: int, batch: int):

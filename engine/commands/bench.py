@@ -1,9 +1,6 @@
 """`python -m engine bench`: time the engine's backends against cuDNN and PyTorch on the GPU."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from .. import backends
 from ..bench import ANCHORS, NET_ANCHORS, markdown_table, parse_configs, run_bench, text_summary
 from ..bench import results as bench_results
@@ -12,7 +9,7 @@ from ..bench.progress import TextProgress
 from ..bench.training import bench_training, training_table
 from ..errors import BackendError
 from ..gallery import get as get_preset
-from ..serialize import load
+from ._common import add_seed_arg, check_output_folder, float_flag, int_flag, resolve_cell
 
 
 def add_parser(subparsers) -> None:
@@ -32,14 +29,14 @@ def add_parser(subparsers) -> None:
                              "torch-compile; with --train: cudnn-fp32, fused, naive)")
     parser.add_argument("--quick", action="store_true",
                         help="20 repetitions, 3 warm-ups, 3 input buffers, 60 s of compile budget (else 50, 5, 4, 300 s)")
-    parser.add_argument("--reps", type=int, help="timed repetitions (at least 20)")
-    parser.add_argument("--warmup", type=int, help="untimed runs first")
-    parser.add_argument("--buffers", type=int, help="input buffers the repetitions rotate among")
-    parser.add_argument("--compile-budget", type=float, metavar="SECONDS",
+    parser.add_argument("--reps", type=int_flag(1, 10**6), help="timed repetitions (at least 20)")
+    parser.add_argument("--warmup", type=int_flag(0, 10**6), help="untimed runs first")
+    parser.add_argument("--buffers", type=int_flag(1, 1024), help="input buffers the repetitions rotate among")
+    parser.add_argument("--compile-budget", type=float_flag(0), metavar="SECONDS",
                         help="seconds the whole run may spend compiling, for torch.compile and for TorchScript each")
-    parser.add_argument("--time-budget", type=float, metavar="SECONDS",
+    parser.add_argument("--time-budget", type=float_flag(0, low_inclusive=False), metavar="SECONDS",
                         help="stop starting new measurements after this long (the rest are reported skipped)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of parameters and inputs (default 0)")
+    add_seed_arg(parser, "parameters and inputs")
     parser.add_argument("--out", default=None, metavar="DIR", help="results folder (default: benchmarks/results)")
     parser.add_argument("--copy-to", default=None, metavar="DIR", help="also write the results JSON here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -51,16 +48,9 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=main)
 
 
-def _cells(values: list[str] | None) -> list:
-    cells = []
-    for value in values or ["lstm"]:
-        if value.endswith(".json"):
-            if not Path(value).exists():
-                raise BackendError(f"--preset {value}: no such file. hint: a preset name or a cell JSON file")
-            cells.append(load(value))
-        else:
-            cells.append(get_preset(value))
-    return cells
+def bench_cells(values: list[str] | None) -> list:
+    """Each --preset: a Preset by name (its documentation goes with the results), or a cell JSON file."""
+    return [resolve_cell(value) if value.endswith(".json") else get_preset(value) for value in values or ["lstm"]]
 
 
 def main(args) -> int:
@@ -69,14 +59,16 @@ def main(args) -> int:
             print(f"{config.name:<10} {config.shape}")
         return 0
     configs = parse_configs(args.config)      # bad input is reported before the GPU is looked for
-    cells = _cells(args.preset)
+    cells = bench_cells(args.preset)
+    check_output_folder(args.out or bench_results.RESULTS_DIR, "--out", "benchmark results")
+    if args.copy_to:
+        check_output_folder(args.copy_to, "--copy-to", "copy of the benchmark results")
     ok, why = backends.gpu_status()
     if not ok:
-        print(f"error: `python -m engine bench` needs a CUDA GPU: {why}", file=sys.stderr)
-        print("  hint: run it on a machine with an NVIDIA GPU, CuPy (`./run` installs it, and the CUDA wheels where "
-              "nvidia-smi lists a GPU) and, for the cuDNN and PyTorch baselines, torch with CUDA; `--list-configs` "
-              "works without one", file=sys.stderr)
-        return 2
+        raise BackendError(f"`python -m engine bench` needs a CUDA GPU: {why}\n  hint: run it on a machine with an "
+                           "NVIDIA GPU, CuPy (`./run` installs it, and the CUDA wheels where nvidia-smi lists a GPU) "
+                           "and, for the cuDNN and PyTorch baselines, torch with CUDA; `--list-configs` works "
+                           "without one")
     if args.train:
         results = bench_training(cells, args.config or ["blogB"], implementations=args.impl, reps=args.reps or 5,
                                  warmup=args.warmup or 1, seed=args.seed, out_dir=args.out or bench_results.RESULTS_DIR)

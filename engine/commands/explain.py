@@ -20,7 +20,7 @@ from ..network import Network
 from ..passes import PASS_NAMES
 from ..plan import LAYOUTS
 from ..schedules.report import SCHEDULE_CHOICES
-from ._common import add_size_args, resolve_cell
+from ._common import add_size_args, resolve_cell, steps_flag
 
 
 def add_parser(sub) -> None:
@@ -46,7 +46,7 @@ def add_pass_args(p) -> None:
     p.add_argument("--off", nargs="+", default=[], metavar="PASS", choices=PASS_NAMES,
                    help="switch passes off: " + ", ".join(PASS_NAMES))
     p.add_argument("--layout", choices=LAYOUTS, default="blocked", help="packed weight layout (default blocked)")
-    p.add_argument("--chunk-steps", type=int, default=None,
+    p.add_argument("--chunk-steps", type=steps_flag, default=None,
                    help="steps per input projection of layers > 0 in the wavefront (default: engine's choice)")
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import backends
 from ..errors import BackendError
+from ..files import check_destination, write_with
 from ..multigpu import tuner
 from ..multigpu.plan import plan_pipeline
 from ..multigpu.program import PipelineProgram, wall_ms
@@ -23,13 +24,15 @@ from ..nets.data import Layers, init_net_params
 from ..nets.io import load_net, net_to_json
 from ..nets.presets import NET_PRESETS, net_preset
 from ..nets.runner import NET_BACKENDS, prepare_net
+from ._common import add_seed_arg, batch_flag, check_array_fits, check_input_file, int_flag, size_flag, steps_flag
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("net", help="describe or run a network of blocks (cell layers, pooling over time)")
     p.add_argument("net", help=f"network preset ({', '.join(NET_PRESETS)}) or path to a network JSON file")
-    p.add_argument("--input-size", "-I", type=int, default=None, help="input size of a preset net (default its own)")
-    p.add_argument("--hidden-size", "-H", type=int, default=None, help="hidden size of a preset net")
+    p.add_argument("--input-size", "-I", type=size_flag, default=None,
+                   help="input size of a preset net (default its own)")
+    p.add_argument("--hidden-size", "-H", type=size_flag, default=None, help="hidden size of a preset net")
     p.add_argument("--json", action="store_true", help="print the network's JSON")
     p.add_argument("--run", action="store_true", help="run it on random inputs (the NumPy reference unless --backend)")
     p.add_argument("--backend", choices=NET_BACKENDS, default="reference",
@@ -37,14 +40,16 @@ def add_parser(sub) -> None:
     p.add_argument("--fuse-pools", action="store_true",
                    help="with --run on graph, persistent or auto: fold each pool into the kernel of the block before "
                         "it; with --gpus and --measure/--tune: run each GPU's pieces as one such program")
-    p.add_argument("--steps", "-T", type=int, default=20, help="time steps T (default 20)")
-    p.add_argument("--batch", "-B", type=int, default=4, help="batch size B (default 4)")
-    p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs (default 0)")
-    p.add_argument("-o", "--output", default="net_outputs.npz", help="where --run saves the outputs")
-    p.add_argument("--gpus", type=int, default=None,
+    p.add_argument("--steps", "-T", type=steps_flag, default=20, help="time steps T (default 20)")
+    p.add_argument("--batch", "-B", type=batch_flag, default=4, help="batch size B (default 4)")
+    add_seed_arg(p, "parameters and inputs")
+    p.add_argument("-o", "--output", default="net_outputs.npz",
+                   help="where --run saves the outputs (an .npz archive, written at exactly this path and replaced "
+                        "if it exists; checked before the run)")
+    p.add_argument("--gpus", type=int_flag(1, 1024), default=None,
                    help="plan pipelining the layers over this many GPUs (which layers where, chunk size, bubble)")
     p.add_argument("--split", default=None, help="with --gpus: layers per GPU, e.g. 4,4 (default: chosen)")
-    p.add_argument("--chunk", type=int, default=None, help="with --gpus: steps per chunk (default: chosen)")
+    p.add_argument("--chunk", type=steps_flag, default=None, help="with --gpus: steps per chunk (default: chosen)")
     p.add_argument("--measure", action="store_true",
                    help="with --gpus: run the plan on the GPUs (--backend graph or persistent; default persistent) and "
                         "show its time, the one-GPU time and the measured bubble")
@@ -61,8 +66,10 @@ def resolve(args):
     path = Path(args.net)
     if path.suffix == ".json" or path.exists():
         if args.input_size is not None or args.hidden_size is not None:
-            raise BackendError("--input-size and --hidden-size apply to preset nets; edit the sizes in the JSON file")
-        return load_net(path)
+            raise BackendError("--input-size and --hidden-size apply to preset nets; hint: edit the sizes in the JSON "
+                               "file")
+        return load_net(check_input_file(path, "net", "network", "give a network preset "
+                                         f"({', '.join(NET_PRESETS)}) or a network JSON file"))
     return net_preset(args.net)                # unknown: the error suggests the closest preset
 
 
@@ -71,9 +78,7 @@ def main(args) -> int:
     if args.json:
         print(net_to_json(net))
         return 0
-    for flag, value in (("--steps", args.steps), ("--batch", args.batch)):
-        if value < 1:
-            raise BackendError(f"{flag} must be at least 1, got {value}")
+    out = check_destination(args.output, "outputs", flag="--output", example="net_outputs.npz") if args.run else None   # before the work
     steps = net.steps(args.steps)
     plan = None
     if args.gpus is not None:                  # planned first: a bad request is refused before anything prints
@@ -82,10 +87,11 @@ def main(args) -> int:
             try:
                 split = [int(v) for v in args.split.split(",")]
             except ValueError:
-                raise BackendError(f"--split must be layer counts separated by commas, e.g. 4,4; got {args.split!r}") \
+                raise BackendError(f"--split must be layer counts separated by commas; got {args.split!r}; hint: e.g. "
+                                   "--split 4,4") \
                     from None
         if (args.measure or args.tune) and args.run:
-            raise BackendError("--measure and --tune run the pipeline themselves; leave out --run")
+            raise BackendError("--measure and --tune run the pipeline themselves; hint: leave out --run")
         plan = plan_pipeline(net, args.gpus, args.steps, args.batch, split=split, chunk=args.chunk)
         if args.measure or args.tune:
             plan = measure_plan(net, plan, args, split)
@@ -107,13 +113,15 @@ def main(args) -> int:
                 print(tuned.describe())
     if not args.run:
         return 0
+    check_array_fits("the random input x", (args.steps, args.batch, net.input_size), "--steps or --batch")
     x = np.random.default_rng(args.seed + 1).standard_normal((args.steps, args.batch, net.input_size))
     program = prepare_net(net, init_net_params(net, seed=args.seed), args.backend, fuse_pools=args.fuse_pools)
     result = program.run(x)
-    np.savez(args.output, outputs=result.outputs)
+    outputs = np.asarray(result.outputs.get() if hasattr(result.outputs, "get") else result.outputs)
+    write_with(out, lambda f: np.savez(f, outputs=outputs), "outputs", flag="--output")
     for k, why in sorted(program.fused.items()):
         print(f"  block {k}: {why}")
-    print(f"ran it on backend '{args.backend}': x {x.shape} -> outputs {result.outputs.shape}; saved to {args.output}")
+    print(f"ran it on backend '{args.backend}': x {x.shape} -> outputs {outputs.shape}; saved to {out}")
     return 0
 
 
@@ -122,7 +130,8 @@ def measure_plan(net, plan, args, split):
     flag = "--tune" if args.tune else "--measure"
     ok, why = backends.gpu_status()
     if not ok:
-        raise BackendError(f"{flag} runs the plan on {args.gpus} GPU(s), but this machine has none usable: {why}")
+        raise BackendError(f"{flag} runs the plan on {args.gpus} GPU(s), but this machine has none usable: {why}; "
+                           "hint: leave out --measure and --tune to see the plan without a GPU")
     import cupy  # deferred: CuPy is optional (no GPU in CI)
     present = cupy.cuda.runtime.getDeviceCount()
     if args.gpus > present:
@@ -131,7 +140,7 @@ def measure_plan(net, plan, args, split):
     backend = "persistent" if args.backend == "reference" else args.backend
     if backend not in ("graph", "persistent"):
         raise BackendError(f"{flag} pipelines with backend 'graph' or 'persistent' (their runs do not wait for the "
-                           f"GPU, so the GPUs overlap); got --backend {args.backend}")
+                           f"GPU, so the GPUs overlap); got --backend {args.backend}; hint: --backend persistent")
     params = init_net_params(net, seed=args.seed)
     with cupy.cuda.Device(0):
         x = cupy.asarray(np.random.default_rng(args.seed + 1).standard_normal((args.steps, args.batch,

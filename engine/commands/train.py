@@ -8,31 +8,45 @@ and compare them, each on the same data from the same seed.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
+from ..files import check_destination
 from ..training import compare, save_results
 from ..training.errors import TrainingError
 from ..training.tasks import get_task, tasks
-from ._common import resolve_cell
+from ._common import (
+    MAX_SEED,
+    batch_flag,
+    float_flag,
+    int_flag,
+    layers_flag,
+    resolve_cell,
+    seed_flag,
+    size_flag,
+    steps_flag,
+)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train cells on a generated sequence task and compare them (CPU)")
     p.add_argument("cells", nargs="*", metavar="cell", help="preset names or cell JSON files, one or more")
     p.add_argument("--task", default="adding", help=f"the task: {', '.join(tasks())} (default adding)")
-    p.add_argument("--steps", type=int, default=300, help="optimisation steps (default 300)")
-    p.add_argument("--hidden-size", "-H", type=int, default=16, help="hidden size H (default 16)")
-    p.add_argument("--layers", "-L", type=int, default=1, help="stacked layers (default 1)")
-    p.add_argument("--batch", "-B", type=int, default=16, help="sequences a step (default 16)")
-    p.add_argument("--seq-len", "-T", type=int, default=10, help="steps a sequence (default 10)")
-    p.add_argument("--lr", type=float, default=0.01, help="Adam's learning rate (default 0.01)")
-    p.add_argument("--clip", type=float, default=1.0, help="clip gradients to this global norm; 0: off (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the parameters and the data (default 0)")
-    p.add_argument("--eval-every", type=int, default=None, help="score the held-out set every N steps "
-                                                                 "(default: a tenth of the run)")
+    p.add_argument("--steps", type=int_flag(1, 10**7), default=300, help="optimisation steps (default 300)")
+    p.add_argument("--hidden-size", "-H", type=size_flag, default=16, help="hidden size H (default 16)")
+    p.add_argument("--layers", "-L", type=layers_flag, default=1, help="stacked layers (default 1)")
+    p.add_argument("--batch", "-B", type=batch_flag, default=16, help="sequences a step (default 16)")
+    p.add_argument("--seq-len", "-T", type=steps_flag, default=10, help="steps a sequence (default 10)")
+    p.add_argument("--lr", type=float_flag(0, low_inclusive=False), default=0.01,
+                   help="Adam's learning rate (default 0.01)")
+    p.add_argument("--clip", type=float_flag(0), default=1.0,
+                   help="clip gradients to this global norm; 0: off (default 1)")
+    p.add_argument("--seed", type=seed_flag, default=0,
+                   help=f"seed of the parameters and the data, 0 to {MAX_SEED} (default 0)")
+    p.add_argument("--eval-every", type=int_flag(1), default=None, help="score the held-out set every N steps "
+                                                                         "(default: a tenth of the run)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="cpu: float64 (default); gpu: float32, the fused training step on a CUDA GPU")
-    p.add_argument("--json", metavar="PATH", help="write the results (settings, curves, cells) to this JSON file")
+    p.add_argument("--json", metavar="PATH", help="write the results (settings, curves, cells) to this JSON file "
+                                                  "(checked before training starts; replaced if it exists)")
     p.add_argument("--list-tasks", action="store_true", help="list the tasks and exit")
     p.set_defaults(func=main)
 
@@ -85,16 +99,14 @@ def main(args) -> int:
                                                      "`python -m engine train lstm gru --task adding`")
     task = get_task(args.task)
     cells = [resolve_cell(spec) for spec in args.cells]        # every file read before any training starts
-    if args.clip < 0:
-        raise TrainingError(f"--clip must be 0 (off) or positive, got {args.clip:g}", hint="--clip 1.0")
-    if args.json and not Path(args.json).resolve().parent.is_dir():     # found out before training, not after
-        raise TrainingError(f"--json: the folder of '{args.json}' does not exist", hint="create it first")
+    if args.json:                                              # a bad destination found before training, not after
+        check_destination(args.json, "training results", flag="--json", example="results.json")
     results = compare(cells, task, hidden_size=args.hidden_size, num_layers=args.layers, steps=args.steps,
                       batch=args.batch, seq_len=args.seq_len, lr=args.lr, clip=args.clip or None, seed=args.seed,
                       eval_every=args.eval_every, device=args.device,
                       on_progress=progress_printer([c.name for c in cells], args.steps))
     print_table(results, task)
     if args.json:
-        save_results(results, args.json)
+        save_results(results, args.json, flag="--json")
         print(f"saved {len(results)} result(s) to {args.json}")
     return 0

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import write_text
 from ..params import Params
 from .errors import TrainingError
 
@@ -82,12 +83,10 @@ def results_to_json(results: list[TrainResult]) -> str:
     return json.dumps({"format": FORMAT, "results": [r.to_dict() for r in results]}, indent=1)
 
 
-def save_results(results: list[TrainResult], path: str | Path) -> None:
-    """Write atomically (a temporary file, then rename), so an interrupted run never leaves half a file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(results_to_json(results) + "\n")
-    tmp.replace(path)
+def save_results(results: list[TrainResult], path: str | Path, *, flag: str | None = None) -> Path:
+    """Write atomically (engine/files.py), so an interrupted run never leaves half a file nor a temporary;
+    a destination that cannot take the file is a FileError naming `flag` (the CLI option that gave it)."""
+    return write_text(path, results_to_json(results) + "\n", "training results", flag=flag)
 
 
 def load_results(path: str | Path) -> list[TrainResult]:

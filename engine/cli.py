@@ -26,13 +26,16 @@ HINT = re.compile(r"[\s;.,]*\bhint:\s*", re.IGNORECASE)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with usage errors in the CLI's own two-line form (exit status 2)."""
+    """argparse, with usage errors in the CLI's own two-line form (exit status 2). `command_parsers`: each
+    command's own parser, by name (on the top-level parser)."""
+
+    command_parsers: dict[str, argparse.ArgumentParser] = {}
 
     def error(self, message: str):
         self.exit(EXIT_REFUSED, f"error: {message}\n  hint: `{self.prog} --help` lists the options\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     parser = Parser(prog="python -m engine",
                     description="Design, validate, compile, run and benchmark recurrent cells.",
                     epilog="Exit status: 0 done, 2 refused (one 'error:' line and a hint on stderr), 1 internal "
@@ -48,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parser(sub)
     for command in sub.choices.values():     # `python -m engine run lstm --debug` works as well
         command.add_argument("--debug", dest="debug_command", action="store_true", help=argparse.SUPPRESS)
+    parser.command_parsers = dict(sub.choices)
     return parser
 
 
@@ -86,7 +90,9 @@ def report_internal(error: BaseException) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:                     # told by the command's parser, so that the hint names its --help
+            parser.command_parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as stop:          # --help (0) or a usage error (2, already printed)
         return stop.code if isinstance(stop.code, int) else EXIT_REFUSED
     debug = args.debug or getattr(args, "debug_command", False) or os.environ.get("ENGINE_DEBUG", "").strip() not in ("", "0")

@@ -67,7 +67,7 @@ def no_gpu(monkeypatch):
 def test_bench_needs_a_gpu(no_gpu, capsys):
     code = main(["bench", "--config", "mid", "--preset", "gru"])
     err = capsys.readouterr().err
-    assert code != 0
+    assert code == 2
     assert "needs a CUDA GPU" in err and "no CUDA device (test)" in err and "hint:" in err
 
 
@@ -86,7 +86,7 @@ def test_bench_command_without_gpu_exits_non_zero():
 
 
 def test_bad_config_is_reported_before_looking_for_a_gpu(no_gpu, capsys):
-    assert main(["bench", "--config", "1,2,3"]) == 1
+    assert main(["bench", "--config", "1,2,3"]) == 2
     assert "I,H,L,T,B" in capsys.readouterr().err
 
 

@@ -110,9 +110,9 @@ def test_the_net_command_prints_the_plan(capsys):
     assert main(["net", "deepspeech", "--gpus", "2", "-T", "100", "-B", "64"]) == 0
     out = capsys.readouterr().out
     assert "on 2 GPU(s), T=100, B=64" in out and "GPU 0: rnn_a[0], rnn_a[1], rnn_a[2]" in out
-    assert main(["net", "deepspeech", "--gpus", "2", "--split", "4,x"]) == 1
+    assert main(["net", "deepspeech", "--gpus", "2", "--split", "4,x"]) == 2
     assert "--split must be layer counts" in capsys.readouterr().err
-    assert main(["net", "deepspeech", "--gpus", "9"]) == 1
+    assert main(["net", "deepspeech", "--gpus", "9"]) == 2
     captured = capsys.readouterr()
     assert "9 GPUs would leave 1 without work" in captured.err and captured.out == ""
     assert Pool("max").label == "max-pool 2/2"

@@ -207,7 +207,7 @@ def test_explain_cli(capsys):
     assert data["schedule"] == "layers" and data["sizes"]["L"] == 2
     assert cli_main(["explain", "indrnn", "--no-source"]) == 0
     assert "indrnn_stage0" in capsys.readouterr().out
-    assert cli_main(["explain", "no_such_cell"]) == 1
+    assert cli_main(["explain", "no_such_cell"]) == 2
     assert "hint" in capsys.readouterr().err
 
 

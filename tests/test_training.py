@@ -372,24 +372,24 @@ def test_cli_lists_the_tasks(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["train", "lstm", "--task", "addng"], "error: unknown task 'addng'; hint: did you mean 'adding'?"),
+    (["train", "lstm", "--task", "addng"], "error: unknown task 'addng'\n  hint: did you mean 'adding'?"),
     (["train", "lstmm"], "'lstmm' is neither a preset nor a JSON file"),
-    (["train"], "error: no cell to train; hint:"),
-    (["train", "lstm", "--steps", "0"], "error: steps must be an integer of at least 1"),
-    (["train", "lstm", "--clip", "-1"], "error: --clip must be 0 (off) or positive"),
+    (["train"], "error: no cell to train\n  hint:"),
+    (["train", "lstm", "--steps", "0"], "error: argument --steps: must be at least 1, got 0"),
+    (["train", "lstm", "--clip", "-1"], "error: argument --clip: must be at least 0, got -1"),
     (["train", "lstm", "gru", "nope.json"], "file 'nope.json' does not exist"),
-    (["train", "lstm", "--json", "no/such/folder/r.json"], "--json: the folder of 'no/such/folder/r.json' does not"),
+    (["train", "lstm", "--json", "."], "error: --json (training results): '.' is a folder, not a file"),
 ])
 def test_cli_refuses_bad_input_in_one_line(argv, message, capsys):
-    assert main(argv) == 1
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
 
 def test_cli_bad_flag_exits_non_zero_without_a_traceback():
-    for argv, code, message in ((["--steps", "many"], 2, "invalid int value: 'many'"),
-                                (["--task", "adding", "--hidden-size", "0", "--steps", "1"], 1,
-                                 "hidden_size must be an integer of at least 1")):
+    for argv, code, message in ((["--steps", "many"], 2, "argument --steps: expected a whole number, got 'many'"),
+                                (["--task", "adding", "--hidden-size", "0", "--steps", "1"], 2,
+                                 "argument --hidden-size/-H: must be at least 1, got 0")):
         done = subprocess.run([sys.executable, "-m", "engine", "train", "lstm", *argv], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == code and message in done.stderr and "Traceback" not in done.stderr

@@ -73,13 +73,14 @@ def resolve_cell(spec: str) -> CellGraph:
     path = Path(spec)
     if path.suffix == ".json" or path.exists():
         return load(check_input_file(path, "cell", "cell graph", "give a preset name (see `python -m engine "
-                                     "presets`) or a cell JSON file"))
+                                     "presets`) or a cell JSON file", text=True))
     raise CellGraphError(f"'{spec}' is neither a preset nor a JSON file", field="cell",
                          hint=closest_names(spec, presets()) + "presets: " + ", ".join(presets()))
 
 
-def check_input_file(path: str | Path, flag: str, what: str, hint: str) -> Path:
-    """Refuse, naming the flag, an input path that is missing, a folder or unreadable, before anything reads it."""
+def check_input_file(path: str | Path, flag: str, what: str, hint: str, *, text: bool = False) -> Path:
+    """Refuse, naming the flag, an input path that is missing, a folder or unreadable (with text=True: not UTF-8
+    text), before anything reads it."""
     path = Path(path)
     if not path.exists():
         raise FileError(f"{flag}: the {what} file {str(path)!r} does not exist; hint: {hint}")
@@ -87,6 +88,15 @@ def check_input_file(path: str | Path, flag: str, what: str, hint: str) -> Path:
         raise FileError(f"{flag}: {str(path)!r} is a folder, not a file ({what}); hint: {hint}")
     if not os.access(path, os.R_OK):
         raise FileError(f"{flag}: the {what} file {str(path)!r} is not readable; hint: check its permissions")
+    if text:
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FileError(f"{flag}: the {what} file {str(path)!r} is not UTF-8 text (byte {e.start}); "
+                            f"hint: {hint}") from None
+        except OSError as e:
+            raise FileError(f"{flag}: cannot read the {what} file {str(path)!r}: {e.strerror or e}; "
+                            f"hint: {hint}") from None
     return path
 
 

@@ -9,7 +9,7 @@ from ..bench.progress import TextProgress
 from ..bench.training import bench_training, training_table
 from ..errors import BackendError
 from ..gallery import get as get_preset
-from ._common import add_seed_arg, check_output_folder, float_flag, int_flag, resolve_cell
+from ._common import add_seed_arg, check_input_file, check_output_folder, float_flag, int_flag, resolve_cell
 
 
 def add_parser(subparsers) -> None:
@@ -58,6 +58,10 @@ def main(args) -> int:
         for config in [*ANCHORS.values(), *NET_ANCHORS.values()]:
             print(f"{config.name:<10} {config.shape}")
         return 0
+    for value in args.config or []:
+        if value.endswith(".json"):
+            check_input_file(value, "--config", "configuration", "give an anchor name, I,H,L,T,B or a "
+                             "configuration JSON file (benchmarks/configs/)", text=True)
     configs = parse_configs(args.config)      # bad input is reported before the GPU is looked for
     cells = bench_cells(args.preset)
     check_output_folder(args.out or bench_results.RESULTS_DIR, "--out", "benchmark results")

@@ -69,7 +69,7 @@ def resolve(args):
             raise BackendError("--input-size and --hidden-size apply to preset nets; hint: edit the sizes in the JSON "
                                "file")
         return load_net(check_input_file(path, "net", "network", "give a network preset "
-                                         f"({', '.join(NET_PRESETS)}) or a network JSON file"))
+                                         f"({', '.join(NET_PRESETS)}) or a network JSON file", text=True))
     return net_preset(args.net)                # unknown: the error suggests the closest preset
 
 

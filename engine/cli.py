@@ -32,6 +32,7 @@ class Parser(argparse.ArgumentParser):
     command_parsers: dict[str, argparse.ArgumentParser] = {}
 
     def error(self, message: str):
+        message = " ".join(message.splitlines())        # a value given on the command line may hold line breaks
         self.exit(EXIT_REFUSED, f"error: {message}\n  hint: `{self.prog} --help` lists the options\n")
 
 

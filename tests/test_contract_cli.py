@@ -100,7 +100,7 @@ OUTPUT_PATHS = ["folder", "inside_file", "new_folder", "garbage", "fresh"]
 
 def value_strategy(kind: str, files: dict[str, Path]):
     """Values of one flag: a few valid ones (tiny), and every kind of wrong one."""
-    ints = st.one_of(st.integers(1, 4), st.integers(-10**13, 0), st.integers(10**8, 10**13))
+    ints = st.one_of(st.integers(1, 4), st.integers(-10**13, 0), st.integers(10**8, 10**13)).map(str)
     floats = st.one_of(st.floats(-1e3, 1e3, allow_nan=False).map(repr), st.sampled_from(["nan", "inf", "-inf", "1e400"]))
     words = st.one_of(st.sampled_from(["", "x", "1.5", "0x10", "-", "--", "1,2", "many", "lstm", "∞"]),
                       st.text(max_size=8))
@@ -158,14 +158,14 @@ def argv_of(draw, command: str, files: dict[str, Path]) -> list[str]:
     return argv
 
 
-def check_result(argv: list[str], out: str) -> None:
+def check_result(argv: list[str], out: str, cwd: Path) -> None:
     """Where `run` was accepted on the reference, its saved outputs are the reference's for the parsed flags."""
     if argv[0] != "run":
         return
     args = build_parser().parse_args(argv)
     if args.backend != "reference" or args.params or args.precision != "float32" or args.dtype != "float64":
         return
-    saved = np.load(out.strip().splitlines()[-1].rsplit(" to ", 1)[1])
+    saved = np.load(cwd / out.strip().splitlines()[-1].rsplit(" to ", 1)[1])
     cell = engine.preset(args.cell).cell if args.cell in engine.presets() else engine.load(args.cell)
     x = (np.load(args.input) if args.input else
          np.random.default_rng(args.seed + 1).standard_normal((args.steps, args.batch, args.input_size)))
@@ -183,7 +183,7 @@ def test_every_command_keeps_the_contract_on_generated_flags(command, files):
         code, out, err = run_cli(argv, cwd=files["root"])
         check_contract(argv, code, out, err)
         if code == 0:
-            check_result(argv, out)
+            check_result(argv, out, files["root"])
     check()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..api import run
+from ..backends import BACKENDS
 from ..errors import BackendError, FileError
 from ..files import check_destination, write_with
 from ..network import Network
@@ -20,7 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--input", help=".npy file with x of shape (T, B, I); random normal if omitted")
     p.add_argument("--params", help=".npz parameter file (keys layer<l>.<name>); seeded init if omitted")
     add_seed_arg(p, "the parameters and random inputs")
-    p.add_argument("--backend", default="reference", help="auto | reference | naive | fused | graph | persistent (default reference)")
+    p.add_argument("--backend", default="reference", choices=("auto", *BACKENDS),
+                   help="auto | reference | naive | fused | graph | persistent (default reference)")
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"], help="precision (default float64)")
     p.add_argument("--check-finite", action="store_true",
                    help="refuse NaN or Inf in the input, the initial states or the parameters, naming the first")

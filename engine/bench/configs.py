@@ -58,13 +58,14 @@ class BenchConfig:
     @staticmethod
     def from_dict(data: dict, where: str = "config") -> "BenchConfig":
         if not isinstance(data, dict):
-            raise BackendError(f"{where}: expected an object with {', '.join(FIELDS)}, got {data!r}")
+            raise BackendError(f"{where}: expected an object with {', '.join(FIELDS)}, got {data!r}; hint: or an "
+                               "anchor name")
         missing = [k for k in FIELDS if k not in data]
         if missing:
-            raise BackendError(f"{where}: missing field(s) {', '.join(missing)}",)
+            raise BackendError(f"{where}: missing field(s) {', '.join(missing)}; hint: give all of {', '.join(FIELDS)}")
         unknown = sorted(set(data) - set(FIELDS) - {"name"})
         if unknown:
-            raise BackendError(f"{where}: unknown field(s) {', '.join(unknown)}; fields are name, "
+            raise BackendError(f"{where}: unknown field(s) {', '.join(unknown)}; hint: fields are name, "
                                + ", ".join(FIELDS))
         values = {k: data[k] for k in FIELDS}
         name = data.get("name") or _shape_name(*values.values())
@@ -150,10 +151,12 @@ def load_config_file(path: str | Path) -> list[BenchConfig]:
     except FileNotFoundError:
         raise BackendError(f"config file {path} does not exist. hint: see benchmarks/configs/") from None
     except json.JSONDecodeError as e:
-        raise BackendError(f"config file {path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+        raise BackendError(f"config file {path}: invalid JSON at line {e.lineno}: {e.msg}; hint: see "
+                           "benchmarks/configs/") from None
     entries = data.get("configs") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
-        raise BackendError(f"config file {path}: expected a non-empty list under \"configs\"")
+        raise BackendError(f"config file {path}: expected a non-empty list under \"configs\"; hint: see "
+                           "benchmarks/configs/")
     configs = []
     for k, entry in enumerate(entries):
         where = f"config file {path}, configs[{k}]"

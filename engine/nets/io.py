@@ -32,18 +32,23 @@ def net_to_dict(net: Net) -> dict:
             "input_size": net.input_size, "blocks": blocks}
 
 
+NET_HINT = "start from a preset's JSON: `python -m engine net deepspeech --json > net.json`"
+
+
 def net_from_dict(data) -> Net:
     """A Net from its JSON dict. Errors are BackendError / CellGraphError naming the block and field."""
     if not isinstance(data, dict):
-        raise BackendError(f"a network is a JSON object, got {type(data).__name__}")
+        raise BackendError(f"a network is a JSON object, got {type(data).__name__}; hint: {NET_HINT}")
     if data.get("schema") != NET_SCHEMA:
         raise BackendError(f"field 'schema' must be {NET_SCHEMA!r}, got {data.get('schema')!r}; hint: a cell's JSON "
                            "(schema 'rnn-cell-graph') goes in a block's 'cell' field")
     if data.get("version") != NET_VERSION:
-        raise BackendError(f"field 'version': this engine reads version {NET_VERSION}, got {data.get('version')!r}")
+        raise BackendError(f"field 'version': this engine reads version {NET_VERSION}, got {data.get('version')!r}; "
+                           f"hint: {NET_HINT}")
     raw_blocks = data.get("blocks")
     if not isinstance(raw_blocks, list) or not raw_blocks:
-        raise BackendError("field 'blocks' must be a non-empty list of {\"kind\": \"layers\" | \"pool\", ...}")
+        raise BackendError("field 'blocks' must be a non-empty list of {\"kind\": \"layers\" | \"pool\", ...}; "
+                           f"hint: {NET_HINT}")
     blocks = []
     allowed = {"layers": {"kind", "cell", "hidden_size", "num_layers", "direction", "merge", "proj_size",
                           "input_size", "name"},
@@ -52,7 +57,7 @@ def net_from_dict(data) -> Net:
         where = f"blocks[{k}]"
         if not isinstance(raw, dict) or raw.get("kind") not in allowed:
             raise BackendError(f"field '{where}.kind' must be 'layers' or 'pool', got "
-                               f"{raw.get('kind') if isinstance(raw, dict) else raw!r}")
+                               f"{raw.get('kind') if isinstance(raw, dict) else raw!r}; hint: {NET_HINT}")
         unknown = sorted(set(raw) - allowed[raw["kind"]])
         if unknown:
             raise BackendError(f"field '{where}.{unknown[0]}' is not a field of a {raw['kind']} block; hint: "
@@ -84,7 +89,7 @@ def net_from_json(text: str) -> Net:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise BackendError(f"not JSON: {e}") from None
+        raise BackendError(f"not JSON: {e}; hint: {NET_HINT}") from None
     return net_from_dict(data)
 
 
@@ -92,7 +97,7 @@ def load_net(path) -> Net:
     try:
         text = Path(path).read_text()
     except OSError as e:
-        raise BackendError(f"cannot read network file {str(path)!r}: {e}") from None
+        raise BackendError(f"cannot read network file {str(path)!r}: {e}; hint: {NET_HINT}") from None
     try:
         return net_from_json(text)
     except (BackendError, CellGraphError) as e:

@@ -24,6 +24,14 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 START_TIMEOUT_S = 90
 
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (-n), every browser test runs on one worker: one app server, one Chromium."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

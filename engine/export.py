@@ -20,13 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .c_names import kernel_prefix
 from .codegen import GENERATOR_VERSION, helper_source, text_equations
 from .codegen.cuda import ROW_BIAS_HELPER, THREADS_PER_BLOCK
 from .errors import CompileError
 from .explain import build_plan, resolve
 from .network import Network
 from .params import Params
-from .passes.fusion import kernel_prefix
 from .plan import Gemm, Plan, Program, pack_weights
 
 NVCC_FLAGS = ("-O2", "-std=c++17")

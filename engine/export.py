@@ -229,11 +229,12 @@ def _header(plan: Plan, fields: _Fields, arch: str) -> str:
     name = program_name(plan)
     I, H, L = network.input_size, network.hidden_size, network.num_layers
     states = ", ".join(program.cell.state_names)
+    x, out = program.cell.input.name, program.cell.output
     lines = [
         f"{name}.cu: {L} layer(s) of the recurrent cell '{cell.name}', exported by engine.export",
         f"(generator version {GENERATOR_VERSION}, cell structure hash {cell.structural_hash}).",
         "",
-        "Equations, per layer (x is the layer input: the network input for layer 0, layer l-1's h above):",
+        f"Equations, per layer ({x} is the layer input: the network input for layer 0, layer l-1's {out} above):",
         *[f"  {eq}" for eq in text_equations(program.cell)],
         "",
         f"Sizes fixed at export: input size I = {I}, hidden size H = {H}, layers L = {L}.",
@@ -245,10 +246,10 @@ def _header(plan: Plan, fields: _Fields, arch: str) -> str:
         f"  ./{name} weights.bin x.bin T B out.bin [states.bin]",
         "",
         "Files are raw float32, little-endian, row-major (C order), no header:",
-        "  x.bin       (T, B, I): the input sequence",
+        f"  x.bin       (T, B, I): the input sequence ({x} of layer 0 at every step)",
         f"  states.bin  optional initial states: one (L, B, H) block per state, in the order {states}",
         "              (all zeros when the file is not given)",
-        "  out.bin     written: the last layer's output (T, B, H), then the final states, one (L, B, H)",
+        f"  out.bin     written: the last layer's output {out} (T, B, H), then the final states, one (L, B, H)",
         f"              block per state in the order {states}",
         "  weights.bin the packed weights, per layer l = 0..L-1 in this order",
         "              (I_l = I for layer 0 and H for the layers above):",

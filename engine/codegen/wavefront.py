@@ -147,7 +147,8 @@ def _struct(program: Program, tiling, pooled: bool = False) -> list[str]:
             ctype, doc = ("float", buf.doc) if f.kind == "buffer" else ("unsigned short", f"{f.source} in 16 bits")
             lines.append(f"    {ctype}* {f.name}{dims.rstrip()}".ljust(40) + f"// ({rows}, {buf.cols}) {doc}")
         elif f.kind == "input":
-            lines.append(f"    const float* {f.name};".ljust(40) + "// (T*B, I) x, or the output of the layer below")
+            lines.append(f"    const float* {f.name};".ljust(40)
+                         + f"// (T*B, I) {program.cell.input.name}, or the output of the layer below")
         elif f.kind == "input_half":
             lines.append(f"    const unsigned short* {f.name};".ljust(40) + f"// (T*B, I) {f.source} in 16 bits")
         elif f.kind == "weight":
@@ -196,7 +197,7 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
         out["X"] = f"L.{program.input_buffer}{half} + (long)t * B * K_{gemm.name}"
         out["Y"] = f"L.{gemm.out_buffer} + (long)t * B * N_{gemm.name} + (long)u0 * {nt}"
         out["bias"] = f"L.bias_{gemm.name} ? L.bias_{gemm.name} + (long)u0 * {nt} : nullptr"
-        out["what"] = "input projection of step t (x, or row block t of the layer below)"
+        out["what"] = f"input projection of step t ({program.cell.input.name}, or row block t of the layer below)"
     else:
         out["X"] = f"L.{gemm.in_buffer}{half}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
         out["Y"] = f"L.{gemm.out_buffer} + (long)u0 * {nt}"
@@ -297,7 +298,8 @@ def _pooled_store(kernel: Kernel, program: Program, precision, body: list[str], 
             raise CompileError(f"cell '{program.cell.name}': the store of the layer output {program.output_buffer!r} "
                                f"was not found in kernel {kernel.name}; hint: this is a bug in engine.codegen.wavefront, "
                                "run the net without fuse_pools meanwhile")
-        out += [f"{indent}if (L.pool_out)   // a pool follows this layer: h_t folded into it, the sequence never stored",
+        out += [f"{indent}if (L.pool_out)   // a pool follows this layer: {program.cell.output}[t] folded into it, the "
+                "sequence never stored",
                 f"{indent}    rnn_pool_step({pooled}, (long)B * {c_factor(store.access.ld)}, {precision.store(store.var)}, t,",
                 f"{indent}                  (int)L.pool_steps, (int)L.pool_op, (int)L.pool_window, (int)L.pool_stride);",
                 f"{indent}else",

@@ -56,7 +56,7 @@ class _Layout:
         cell = low.cell
         self.buffers: dict[str, Buffer] = {}
         self.input_buffer = self._add(f"{cell.input.name}_seq", "sequence", Lin(i=1), "input",
-                                      doc="layer input: x for layer 0, layer l-1's output for layer l")
+                                      doc=f"layer input: {cell.input.name} for layer 0, layer l-1's output for layer l")
         self.output_buffer = self._add(f"{cell.output}_seq", "sequence", Lin.of(cell.output_dim), "output",
                                        doc=f"layer output: state {cell.output} at every step")
         homes = native_homes(low)

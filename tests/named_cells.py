@@ -18,7 +18,7 @@ def reserved_list() -> list[str]:
 
 def named_cell(names: list[str], cell_name: str = "NULL") -> engine.CellGraph:
     """An LSTM whose input, states, weights, biases and gates carry names[0..], then a chain of ops over the rest of
-    `names` (alternating tanh and a product with a parameter vector, also named from the list) feeding the new h."""
+    `names` (alternating tanh and a sum with a parameter vector, also named from the list) feeding the new h."""
     it = iter(names)
     d = engine.to_dict(engine.preset("lstm").cell)
     rename = {old: next(it) for old in ("x", "h", "c", "W_ii", "b_ii", "W_hf", "b_hf", "i", "f", "g", "o", "i_pre",
@@ -29,8 +29,7 @@ def named_cell(names: list[str], cell_name: str = "NULL") -> engine.CellGraph:
     d["states"] = [{"name": rename.get(s["name"], s["name"]), "next": rename.get(s["next"], s["next"])}
                    for s in d["states"]]
     d["output"] = rename["h"]
-    # the chain: previous value -> tanh -> * vector -> tanh -> ... ; the last one is the new h
-    prev = "h_next"
+    # the chain: previous value -> tanh -> + vector -> tanh -> ... ; the last one is the new h
     d["nodes"] = [n if n["name"] != "h_next" else {**n, "name": "h_next0"} for n in d["nodes"]]
     prev, rest = "h_next0", list(it)
     for k, name in enumerate(rest):
@@ -38,7 +37,7 @@ def named_cell(names: list[str], cell_name: str = "NULL") -> engine.CellGraph:
             d["nodes"].append({"name": name, "op": "vector", "attrs": {"dim": "H"}})
             continue
         if k % 3 == 2:
-            d["nodes"].append({"name": name, "op": "mul", "args": [rest[k - 1], prev]})
+            d["nodes"].append({"name": name, "op": "add", "args": [rest[k - 1], prev]})
         else:
             d["nodes"].append({"name": name, "op": "tanh", "args": [prev]})
         prev = name

@@ -102,3 +102,19 @@ def kernel_prefix(cell_name: str) -> str:
     any character: spaces, punctuation and letters outside ASCII are respelled)."""
     prefix = _spelled(cell_name)
     return prefix if prefix[:1].isalpha() and prefix[:1] == cell_name[:1] else f"cell_{prefix}".rstrip("_")
+
+
+def ascii_identifiers(source: str) -> str:
+    """`source` with every identifier that holds a letter outside ASCII respelled (c_identifier), the same way at
+    each use and unlike any other identifier of the source: NVRTC takes only ASCII identifiers. For generators
+    that prefix the graph's names (v_<value>, param_<name>): a prefix keeps them clear of keywords and macros."""
+    found = set(re.findall(r"\w+", source))
+    odd = sorted(name for name in found if not name.isascii())
+    if not odd:
+        return source
+    taken = {name for name in found if name.isascii()}
+    spelled = {}
+    for name in odd:
+        spelled[name] = c_identifier(name, taken)
+        taken.add(spelled[name])
+    return re.sub(r"\w+", lambda m: spelled.get(m.group(0), m.group(0)), source)

@@ -180,3 +180,23 @@ def test_cells_named_after_every_reserved_name_compile_with_nvcc(toolchain, tmp_
     for job, what in running:
         output, _ = job.communicate(timeout=600)
         assert job.returncode == 0, f"nvcc failed on the {what}:\n{output[-4000:]}"
+
+
+@pytest.mark.nvcc
+def test_nvrtc_takes_the_training_and_graph_kernels_of_reserved_names():
+    """NVRTC, unlike nvcc, refuses identifiers outside ASCII: the kernels that load through it (the training step's,
+    the graph schedule's) of a cell with such names and reserved ones compile."""
+    from engine.codegen import nvrtc
+    try:
+        from cupy_backends.cuda.libs import nvrtc as library
+        library.getVersion()
+    except Exception as e:        # no CuPy, or no NVRTC library on this machine
+        pytest.skip(f"NVRTC is not available here: {type(e).__name__}: {e}")
+    cell = named_cell(["errno", "NULL", "EOF", "INT_MAX", "M_PI", "assert", "signed", "min", "max", "B", "smem",
+                       "threadIdx", "CUDART_VERSION", "main", *SPELLINGS], cell_name="π")
+    sources = artifacts(cell)
+    for what in ("training", "graph"):
+        try:
+            nvrtc.compile_cubin(sources[what], "90")
+        except nvrtc.NvrtcError as e:
+            pytest.fail(f"{what}: {nvrtc.compile_error(e, sources[what], '90', cell.name, None)}")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..c_names import kernel_prefix
+from ..c_names import ascii_identifiers, kernel_prefix
 from ..codegen.cuda import CELL_HELPERS, helper_source
 from ..codegen.wavefront import TILE_GEMM_HELPER, gemv_ksteps
 from ..schedules.base import compile_kernel
@@ -262,7 +262,7 @@ def render(plan: TrainingPlan, layout: PersistentPlan) -> str:
         lines += _item(layout.last, columns, B)
         lines.append("    }")
     lines += ["    (void)I; (void)H; (void)P;", "}"]
-    return "\n".join(lines) + "\n"
+    return ascii_identifiers("\n".join(lines) + "\n")
 
 
 def _gemm_lines(it: Item, columns: dict, B: int, tg: str, pad: str) -> list[str]:

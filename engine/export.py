@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .c_names import kernel_prefix
 from .codegen import GENERATOR_VERSION, helper_source, text_equations
 from .codegen.cuda import ROW_BIAS_HELPER, THREADS_PER_BLOCK
 from .errors import CompileError
@@ -27,7 +28,6 @@ from .explain import build_plan, resolve
 from .files import write_text, write_with
 from .network import Network
 from .params import Params
-from .passes.fusion import kernel_prefix
 from .plan import Gemm, Plan, Program, pack_weights
 
 NVCC_FLAGS = ("-O2", "-std=c++17")
@@ -225,11 +225,12 @@ def _header(plan: Plan, fields: _Fields, arch: str) -> str:
     name = program_name(plan)
     I, H, L = network.input_size, network.hidden_size, network.num_layers
     states = ", ".join(program.cell.state_names)
+    x, out = program.cell.input.name, program.cell.output
     lines = [
         f"{name}.cu: {L} layer(s) of the recurrent cell '{cell.name}', exported by engine.export",
         f"(generator version {GENERATOR_VERSION}, cell structure hash {cell.structural_hash}).",
         "",
-        "Equations, per layer (x is the layer input: the network input for layer 0, layer l-1's h above):",
+        f"Equations, per layer ({x} is the layer input: the network input for layer 0, layer l-1's {out} above):",
         *[f"  {eq}" for eq in text_equations(program.cell)],
         "",
         f"Sizes fixed at export: input size I = {I}, hidden size H = {H}, layers L = {L}.",
@@ -241,10 +242,10 @@ def _header(plan: Plan, fields: _Fields, arch: str) -> str:
         f"  ./{name} weights.bin x.bin T B out.bin [states.bin]",
         "",
         "Files are raw float32, little-endian, row-major (C order), no header:",
-        "  x.bin       (T, B, I): the input sequence",
+        f"  x.bin       (T, B, I): the input sequence ({x} of layer 0 at every step)",
         f"  states.bin  optional initial states: one (L, B, H) block per state, in the order {states}",
         "              (all zeros when the file is not given)",
-        "  out.bin     written: the last layer's output (T, B, H), then the final states, one (L, B, H)",
+        f"  out.bin     written: the last layer's output {out} (T, B, H), then the final states, one (L, B, H)",
         f"              block per state in the order {states}",
         "  weights.bin the packed weights, per layer l = 0..L-1 in this order",
         "              (I_l = I for layer 0 and H for the layers above):",

@@ -10,6 +10,7 @@ the real toolchain. tests/gpu/test_export_gpu.py builds and runs them on a GPU.
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -70,6 +71,22 @@ def test_header_documents_build_run_formats_and_layout():
                    "blocked: rows [i_pre_x (H)", "c[t] = f * c[t-1] + i * g"):
         assert needle in head, needle
     assert "static const int kLayers = 3;" in source and "int main(int argc, char** argv)" in source
+
+
+def test_header_names_the_cells_own_input_and_states():
+    """A cell whose input, output state and second state are not x, h and c: the header and the generated comments
+    speak of its names."""
+    d = engine.to_dict(engine.preset("lstm").cell)
+    rename = {"x": "u", "h": "y", "c": "cell_state"}
+    d = json.loads(re.sub(r'"(x|h|c)"', lambda m: f'"{rename[m.group(1)]}"', json.dumps(d)))
+    source = export_cuda(engine.from_dict(d), 5, 7, 2)
+    head = source.split("*/", 1)[0]
+    assert "(u is the layer input: the network input for layer 0, layer l-1's y above)" in head
+    assert "the input sequence (u of layer 0 at every step)" in head and "the last layer's output y (T, B, H)" in head
+    assert "in the order y, cell_state" in head and "cell_state[t] = f * cell_state[t-1] + i * g" in head
+    comments = "\n".join(re.findall(r"//[^\n]*|/\*.*?\*/", source, flags=re.S))
+    assert not re.search(r"\b(h|c)\[t|'s h\b|\bstate [hc]\b|\bx for layer", comments), \
+        re.findall(r"[^\n]*(?:\b(?:h|c)\[t|'s h\b|\bstate [hc]\b|\bx for layer)[^\n]*", comments)
 
 
 def test_weight_file_follows_the_documented_order(tmp_path):

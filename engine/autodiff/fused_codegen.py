@@ -8,6 +8,7 @@ Sizes (B, I, H, P) and the step t are arguments, so one compiled module serves e
 """
 from __future__ import annotations
 
+from ..c_names import ascii_identifiers
 from ..codegen.cuda import CELL_HELPERS, helper_source, literal
 from ..codegen.precision import precision
 from ..codegen.wavefront import TILE_GEMM_HELPER
@@ -264,4 +265,4 @@ def render_module(plan: TrainingPlan, tiled: bool | None = None) -> str:
         fused = [helper_source(TILE_GEMM_HELPER), helper_source("fused_stage.cuh")]
         fused += [render_fused(s, plan, w, tiled) for s in stages for w in WIDTHS]
         fused += [render_summed(s, plan) for s in stages]
-    return "\n".join(["\n".join(header), helper_source(CELL_HELPERS), *kernels, *fused])
+    return ascii_identifiers("\n".join(["\n".join(header), helper_source(CELL_HELPERS), *kernels, *fused]))

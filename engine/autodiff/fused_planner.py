@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from functools import lru_cache
 
+from ..c_names import c_identifier, kernel_prefix
 from ..ir import SCALAR, CellGraph
 from ..ops import OPS
 from ..plan import Lin
@@ -192,7 +193,7 @@ class Planner(BackwardPlanner):
                     self.places[m] = Place("literal", literal=0.0)
                 offset = offset + width
             gemm_plans[(0, f"stack_{st.dim}")] = GemmPlan(
-                f"{cell.name}_fwd_stack_{st.dim}_s0", 0, tuple(m for row in st.members for m in row if m), st.weights,
+                f"{kernel_prefix(cell.name)}_fwd_stack_{st.dim}_s0", 0, tuple(m for row in st.members for m in row if m), st.weights,
                 Place("row", self.state_places[st.states[0]].buffer), Place("row", out), st.k, st.n,
                 out_blocks=st.widths, grid=len(st.states), k_blocks=(Lin.of(st.dim),) * len(st.states))
         for (s, operand), members in groups.items():
@@ -205,7 +206,7 @@ class Planner(BackwardPlanner):
             for m in members:
                 self.places[m] = Place("row", out, offsets[m])
             gemm_plans[(s, operand)] = GemmPlan(
-                f"{cell.name}_fwd_{operand}_s{s}", s, tuple(members), tuple(cell[m].args[0] for m in members),
+                c_identifier(f"{kernel_prefix(cell.name)}_fwd_{operand}_s{s}"), s, tuple(members), tuple(cell[m].args[0] for m in members),
                 self.state_places[operand] if cell[operand].op == "state" else None, Place("row", out),
                 Lin.of(self._dim(operand)), cols, hoisted=hoisted,
                 out_blocks=tuple(Lin.of(cell[cell[m].args[0]].attr("rows")) for m in members))
@@ -249,7 +250,7 @@ class Planner(BackwardPlanner):
                 extra = copies.get((s, dim), [])
                 if not names and not extra:
                     continue
-                order.append(("kernel", self._kernel(f"{cell.name}_fwd_s{s}_{dim}", s, dim, names, needed, extra,
+                order.append(("kernel", self._kernel(f"{kernel_prefix(cell.name)}_fwd_s{s}_{dim}", s, dim, names, needed, extra,
                                                      forward=True)))
         hoisted = tuple(p for p in gemm_plans.values() if p.hoisted)
         return StepPlan(tuple(order), hoisted)

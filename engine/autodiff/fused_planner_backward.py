@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..c_names import c_identifier, kernel_prefix
 from ..plan import Lin
 from .errors import AutodiffError
 from .fused_plan import (
@@ -151,7 +152,7 @@ class BackwardPlanner:
             out = home(out_value)
             self.back_places[out_value] = out
             gemm_plans[key] = GemmPlan(
-                f"{cell.name}_bwd_{operand}_s{s}", s, tuple(members), tuple(nodes[m].args[0] for m in members),
+                c_identifier(f"{kernel_prefix(cell.name)}_bwd_{operand}_s{s}"), s, tuple(members), tuple(nodes[m].args[0] for m in members),
                 Place("row", dy_buffer), out, cols, Lin.of(dim_of[members[0]]),
                 accumulate=bool(total) and any(a not in members for a in total.args),
                 out_blocks=(Lin.of(dim_of[members[0]]),))
@@ -205,7 +206,7 @@ class BackwardPlanner:
                 names = elementwise.get((s, dim), [])
                 extra, parts = copies.get((s, dim), []), partials.get((s, dim), [])
                 if names or extra or parts:
-                    order.append(("kernel", self._kernel(f"{cell.name}_bwd_s{s}_{dim}", s, dim, names, needed,
+                    order.append(("kernel", self._kernel(f"{kernel_prefix(cell.name)}_bwd_s{s}_{dim}", s, dim, names, needed,
                                                          extra, forward=False, partials=tuple(parts))))
             order += [("gemm", gemm_plans[k]) for k in gemm_plans if k[0] == s]
         for s_name, adj in graph.state_adjoints:
@@ -237,7 +238,7 @@ class BackwardPlanner:
         buffer = self._buffer("dy_input", cols, doc="the dy of the matmuls of x, side by side")
         for t in terms:
             dy_places.setdefault(after[t].args[1], []).append(Place("row", buffer, offsets[t]))
-        gemm = GemmPlan(f"{self.cell.name}_bwd_input", 0, tuple(terms), tuple(after[t].args[0] for t in terms),
+        gemm = GemmPlan(f"{kernel_prefix(self.cell.name)}_bwd_input", 0, tuple(terms), tuple(after[t].args[0] for t in terms),
                         Place("row", buffer), Place("row", D_INPUT_BUFFER), cols, Lin.of(dim_of[total.name]),
                         hoisted=True, out_blocks=(Lin.of(dim_of[total.name]),))
         return gemm, tuple(terms)
@@ -285,7 +286,7 @@ class BackwardPlanner:
             offset = offset + width
         for name, value in totals.items():
             self.back_places[value] = self.adjoint_places[name]
-        return GemmPlan(f"{self.cell.name}_bwd_stack_{st.dim}_s{stage}", stage,
+        return GemmPlan(f"{kernel_prefix(self.cell.name)}_bwd_stack_{st.dim}_s{stage}", stage,
                         tuple(by_weight[w] for row in rows for w in row if w), st.weights, Place("row", dy_buffer),
                         Place("row", self.adjoint_places[st.states[0]].buffer), st.n, st.k,
                         accumulate=accumulate.pop(), out_blocks=(Lin.of(st.dim),) * count, grid=count,
@@ -376,7 +377,7 @@ class BackwardPlanner:
                 for n in chain:
                     rows = rows + Lin.of(dim_of[n.args[0]])
                 plans.append(GradGemm(
-                    f"{self.cell.name}_grad_{operand or 'biases'}_{buffer}" + (f"_{part}" if part else ""),
+                    c_identifier(f"{kernel_prefix(self.cell.name)}_grad_{operand or 'biases'}_{buffer}" + (f"_{part}" if part else "")),
                     tuple(n.param for n in chain), tuple(n.name for n in chain), Place("row", buffer, starts[0], shift),
                     rows, self.places[operand] if kind == "weights" else None,
                     Lin.of(self.cell.dims[operand]) if kind == "weights" else Lin()))

@@ -24,7 +24,7 @@ MAX_BLOCKS = 65535
 def module_for(plan: TrainingPlan, tiled: bool = False):
     """The compiled module of the plan's kernels, IEEE fp32 (engine/codegen/nvrtc.py compiles it and keeps it by
     source and device); tiled: with the fused stages' tiled GEMM (batches over GEMV_MAX_ROWS rows)."""
-    return load_module(render_module(plan, tiled))
+    return load_module(render_module(plan, tiled), cell=plan.cell.name)
 
 
 COPY_CHUNK = 8192               # elements a block of kernels/copy_pieces.cu copies

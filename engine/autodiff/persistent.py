@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..c_names import ascii_identifiers, kernel_prefix
 from ..codegen.cuda import CELL_HELPERS, helper_source
 from ..codegen.wavefront import TILE_GEMM_HELPER, gemv_ksteps
 from ..schedules.base import compile_kernel
@@ -166,7 +167,7 @@ def make_plan(plan: TrainingPlan, stages: dict, sizes: dict, B: int, blocks: int
         final = Item(None, last, twin.units, twin.dim, twin.k, twin.members, twin.offset, 0, twin.weight, True)
     dots = offset
     direction = "fwd" if forward else "bwd"
-    layout = PersistentPlan(f"{plan.cell.name}_persistent_{direction}".replace(" ", "_"), forward, tuple(items),
+    layout = PersistentPlan(f"{kernel_prefix(plan.cell.name)}_persistent_{direction}", forward, tuple(items),
                             final, tuple(weights), grid, B, (sizes.get("I", 0), sizes.get("H", 0), sizes.get("P", 0)),
                             dots, dots + _round(B * widest, 4))
     if layout.shared_bytes > MAX_SHARED_BYTES:
@@ -261,7 +262,7 @@ def render(plan: TrainingPlan, layout: PersistentPlan) -> str:
         lines += _item(layout.last, columns, B)
         lines.append("    }")
     lines += ["    (void)I; (void)H; (void)P;", "}"]
-    return "\n".join(lines) + "\n"
+    return ascii_identifiers("\n".join(lines) + "\n")
 
 
 def _gemm_lines(it: Item, columns: dict, B: int, tg: str, pad: str) -> list[str]:

@@ -53,14 +53,15 @@ def compile_module(program: Program):
     if not program.source:
         program = with_source(program)
     arch = cupy.cuda.Device().compute_capability
-    try:
-        module = load_module(program.source)     # IEEE fp32: NVRTC without CuPy's -ftz=true (codegen/nvrtc.py)
-        for kernel in program.kernels:
+    # IEEE fp32: NVRTC without CuPy's -ftz=true; NVRTC's refusal is a CompileError there (codegen/nvrtc.py)
+    module = load_module(program.source, cell=program.cell.name)
+    for kernel in program.kernels:
+        try:
             module.get_function(kernel.name)      # loads now, so errors surface here
-    except Exception as e:   # NvrtcError (with the log), or a driver error
-        raise CompileError(f"generated CUDA for cell '{program.cell.name}' did not compile for sm_{arch}: "
-                           f"{type(e).__name__}: {e}\nhint: this is a bug in engine.codegen; "
-                           "`python -m engine explain <cell>` prints the source") from None
+        except cupy.cuda.driver.CUDADriverError as e:
+            raise CompileError(f"kernel {kernel.name} of cell '{program.cell.name}' did not load for sm_{arch}: {e}"
+                               "\n  hint: this is a bug in engine.codegen; `python -m engine explain <cell>` prints "
+                               "the source") from None
     return module
 
 

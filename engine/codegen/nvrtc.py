@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 import threading
 from pathlib import Path
+
+from ..errors import CompileError
 
 OPTIONS = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true")
 
@@ -98,9 +101,10 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def load_module(source: str, cooperative: bool = False):
+def load_module(source: str, cooperative: bool = False, cell: str | None = None, kernel: str | None = None):
     """The cupy.RawModule of `source` for the current device, compiled with OPTIONS (IEEE fp32); loaded once a
-    process and device, the CUBIN compiled once a machine (cubin_path)."""
+    process and device, the CUBIN compiled once a machine (cubin_path). cell, kernel: what the source is, for the
+    CompileError raised when NVRTC refuses it."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
 
     device = cupy.cuda.Device()
@@ -108,8 +112,42 @@ def load_module(source: str, cooperative: bool = False):
     with _loaded_lock:
         module = _loaded.get(key)
     if module is None:
-        path = cubin_path(source, device.compute_capability)
+        try:
+            path = cubin_path(source, device.compute_capability)
+        except NvrtcError as e:
+            raise compile_error(e, source, device.compute_capability, cell, kernel) from None
         module = cupy.RawModule(path=str(path), enable_cooperative_groups=cooperative)
         with _loaded_lock:
             module = _loaded.setdefault(key, module)
     return module
+
+
+def first_error(log: str) -> str:
+    """The first line of a compiler log that reports an error (else its first non-empty line)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return next((line for line in lines if "error" in line), lines[0] if lines else "no log")
+
+
+def kernel_at(source: str, line: int) -> str | None:
+    """The kernel or device function whose definition the 1-based `line` of `source` falls in (the last one that
+    starts at or before it)."""
+    name = None
+    for text in source.splitlines()[:line]:
+        found = re.search(r"__(?:global|device)__.*?\b(\w+)\s*\(", re.sub(r"__launch_bounds__\([^)]*\)", "", text))
+        if found and not text.lstrip().startswith("//"):
+            name = found.group(1)
+    return name
+
+
+def compile_error(error: Exception, source: str, arch: str, cell: str | None, kernel: str | None) -> CompileError:
+    """NVRTC's refusal of a module as the engine's CompileError: what did not compile (the cell; the kernel named by
+    the caller, else the one the first error lies in) and the first error line."""
+    line = first_error(str(error))
+    at = re.search(r"\((\d+)\): error", line)
+    kernel = kernel or (kernel_at(source, int(at.group(1))) if at else None)
+    what = f"the CUDA of cell '{cell}'" if cell else "a CUDA module of the engine"
+    if kernel:
+        what += f", kernel {kernel},"
+    return CompileError(f"{what} did not compile with NVRTC for sm_{arch}: {line}\n  hint: this is "
+                        "a bug in the code generator; `python -m engine explain <cell>` prints the generated source, "
+                        "and renaming the node named in the error works around it")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..c_names import c_identifier, kernel_prefix
 from ..errors import CompileError
 from ..network import Network
 from ..plan import Gemm, Kernel, Program
@@ -96,13 +97,25 @@ def layer_fields(program: Program, tiling=None, pooled: bool = False) -> tuple[L
             fields.append(LayerField(name, "half", buf.name))
     for g in program.gemms:
         fields += [LayerField(f"W_{g.name}", "weight", g.name), LayerField(f"bias_{g.name}", "bias", g.name)]
-    for name in program.kernel_params:
-        fields.append(LayerField(f"p_{name}", "param", name))
+    for name, field in param_fields(program).items():
+        fields.append(LayerField(field, "param", name))
     fields.append(LayerField("I", "size", "I"))
     if pooled:
         fields.append(LayerField("pool_out", "pool", program.output_buffer))
         fields += [LayerField(name, "timing", name) for name in TIMING_FIELDS]
     return tuple(fields)
+
+
+def param_fields(program: Program) -> dict[str, str]:
+    """{parameter: its field of LayerArgs}: p_<parameter>, respelled where that is not a fit C name or is the name of
+    another field (engine/c_names.py)."""
+    taken = {b.name + suffix for b in program.buffers for suffix in ("", HALF_SUFFIX)} | {"I", "pool_out"}
+    taken |= {f"{prefix}_{g.name}" for g in program.gemms for prefix in ("W", "bias")} | set(TIMING_FIELDS)
+    fields = {}
+    for name in program.kernel_params:
+        fields[name] = c_identifier(f"p_{name}", taken)
+        taken.add(fields[name])
+    return fields
 
 
 # With pools (render_wavefront's `pools`): what each layer's row of the argument table adds beside the pooled output.
@@ -134,7 +147,8 @@ def _struct(program: Program, tiling, pooled: bool = False) -> list[str]:
             ctype, doc = ("float", buf.doc) if f.kind == "buffer" else ("unsigned short", f"{f.source} in 16 bits")
             lines.append(f"    {ctype}* {f.name}{dims.rstrip()}".ljust(40) + f"// ({rows}, {buf.cols}) {doc}")
         elif f.kind == "input":
-            lines.append(f"    const float* {f.name};".ljust(40) + "// (T*B, I) x, or the output of the layer below")
+            lines.append(f"    const float* {f.name};".ljust(40)
+                         + f"// (T*B, I) {program.cell.input.name}, or the output of the layer below")
         elif f.kind == "input_half":
             lines.append(f"    const unsigned short* {f.name};".ljust(40) + f"// (T*B, I) {f.source} in 16 bits")
         elif f.kind == "weight":
@@ -160,7 +174,7 @@ def _pointer(program: Program, param, suffix: str = "") -> str:
     """The C expression a kernel argument (or, with suffix HALF_SUFFIX, its 16-bit copy) becomes inside a
     wavefront stage."""
     if param.kind == "param":
-        return f"L.p_{param.source}"
+        return f"L.{param_fields(program)[param.source]}"
     buf = program.buffer(param.source)
     if buf.double:
         return f"L.{param.source}{suffix}[{'(t + 1) & 1' if param.version == 'next' else 't & 1'}]"
@@ -183,7 +197,7 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
         out["X"] = f"L.{program.input_buffer}{half} + (long)t * B * K_{gemm.name}"
         out["Y"] = f"L.{gemm.out_buffer} + (long)t * B * N_{gemm.name} + (long)u0 * {nt}"
         out["bias"] = f"L.bias_{gemm.name} ? L.bias_{gemm.name} + (long)u0 * {nt} : nullptr"
-        out["what"] = "input projection of step t (x, or row block t of the layer below)"
+        out["what"] = f"input projection of step t ({program.cell.input.name}, or row block t of the layer below)"
     else:
         out["X"] = f"L.{gemm.in_buffer}{half}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
         out["Y"] = f"L.{gemm.out_buffer} + (long)u0 * {nt}"
@@ -284,7 +298,8 @@ def _pooled_store(kernel: Kernel, program: Program, precision, body: list[str], 
             raise CompileError(f"cell '{program.cell.name}': the store of the layer output {program.output_buffer!r} "
                                f"was not found in kernel {kernel.name}; hint: this is a bug in engine.codegen.wavefront, "
                                "run the net without fuse_pools meanwhile")
-        out += [f"{indent}if (L.pool_out)   // a pool follows this layer: h_t folded into it, the sequence never stored",
+        out += [f"{indent}if (L.pool_out)   // a pool follows this layer: {program.cell.output}[t] folded into it, the "
+                "sequence never stored",
                 f"{indent}    rnn_pool_step({pooled}, (long)B * {c_factor(store.access.ld)}, {precision.store(store.var)}, t,",
                 f"{indent}                  (int)L.pool_steps, (int)L.pool_op, (int)L.pool_window, (int)L.pool_stride);",
                 f"{indent}else",
@@ -353,8 +368,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
         check_pool_fusable(program, pool)
     pooled = bool(pools)
     prec = lookup_precision(program.precision)
-    cell = program.cell.name.replace(" ", "_")
-    prefix = program.kernels[0].name.rsplit("_stage", 1)[0] if program.kernels else cell
+    prefix = program.kernels[0].name.rsplit("_stage", 1)[0] if program.kernels else kernel_prefix(program.cell.name)
     present = stages(program)
     lines = [f"// Generated by engine.codegen.wavefront for cell '{program.source_cell.name}' "
              f"(structure hash {program.source_cell.structural_hash}).",
@@ -533,5 +547,5 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
 
 
 def entry_points(program: Program) -> dict[str, object]:
-    prefix = program.kernels[0].name.rsplit("_stage", 1)[0] if program.kernels else program.cell.name
+    prefix = program.kernels[0].name.rsplit("_stage", 1)[0] if program.kernels else kernel_prefix(program.cell.name)
     return {"wave": tuple(f"{prefix}_wave_s{s}" for s in stages(program)), "persistent": f"{prefix}_persistent"}

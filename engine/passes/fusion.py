@@ -15,8 +15,8 @@ stage that needs them.
 from __future__ import annotations
 
 import dataclasses
-import re
 
+from ..c_names import c_identifier, kernel_prefix
 from .analysis import Value, consumers, num_stages, state_next_values, step_graph, value_stages
 from .lowering import Lowering, Region
 
@@ -55,14 +55,10 @@ def one_kernel_per_op(low: Lowering) -> tuple[Lowering, str]:
     for (stage, dim), names in sorted(copies.items()):
         regions.append(Region(f"{prefix}_copy{stage}_{dim}", stage, dim, (), tuple(dict.fromkeys(names))))
     for name, stage in placement.items():            # placement is in evaluation order
-        regions.append(Region(f"{prefix}_{name}", stage, values[name].dim, (name,)))
+        taken = {r.name for r in regions}
+        regions.append(Region(c_identifier(f"{prefix}_{name}", taken), stage, values[name].dim, (name,)))
     regions.sort(key=lambda r: r.stage)             # stable: evaluation order within a stage
     return dataclasses.replace(low, regions=tuple(regions)), f"{len(regions)} kernel(s), one per op"
-
-
-def kernel_prefix(cell_name: str) -> str:
-    prefix = re.sub(r"\W", "_", cell_name)
-    return prefix if prefix[:1].isalpha() else f"cell_{prefix}"
 
 
 def place_values(low: Lowering) -> tuple[dict[str, int], list[tuple[str, int]], dict[str, Value]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..c_names import c_identifier
 from ..plan import Gemm, Operand, Term
 from .analysis import graph_stages
 from .lowering import Lowering
@@ -138,8 +139,9 @@ def _gemm_name(component: list[Term], operands: list[str], stage, grouped: bool,
         if len(joined) > _MAX_NAME:
             joined = "input" if stage == "hoisted" else f"stage{stage}"
         base = joined + ("_proj" if stage == "hoisted" else "_gemm")
+    base = c_identifier(base)                  # GEMM names become C names (K_<gemm>, <gemm>_in, ...)
     name, k = base, 2
-    while name in names:
+    while name in names or c_identifier(name) != name:
         name = f"{base}{k}"
         k += 1
     names.add(name)

@@ -13,6 +13,7 @@ the Plan's data (buffers, slots, kernel arguments). Rules:
 """
 from __future__ import annotations
 
+from ..c_names import c_identifier
 from ..ir import CellGraph
 from ..ops import cuda_helpers
 from ..plan import (
@@ -32,18 +33,6 @@ from ..plan import (
 from .analysis import Value, consumers, num_stages, state_next_values, step_graph
 from .fusion import gemm_operands, native_homes
 from .lowering import Lowering, Region
-
-# C and CUDA names a generated variable must not take. The ops' device helpers (sigmoidf_, ...) are not listed:
-# _kernel adds engine.ops.cuda_helpers(), the table's own list.
-C_RESERVED = frozenset("""
-auto break case char const continue default do double else enum extern float for goto if inline int long register
-restrict return short signed sizeof static struct switch typedef union unsigned void volatile while bool true false
-class namespace template this new delete operator private public protected virtual friend using typename try catch
-throw explicit mutable static_cast dynamic_cast reinterpret_cast const_cast nullptr constexpr decltype noexcept
-alignas alignof and or not xor export main threadIdx blockIdx blockDim gridDim warpSize expf exp tanhf tanh fmaxf
-fminf fmax fmin idx total b j t B I H row NAN INFINITY
-L layer u0 tu e k smem grid layers T UNITS THREADS RB RC K_CHUNK SCRATCH NUM_LAYERS BLOCKS_PER_LAYER LayerArgs
-""".split())
 
 
 def lower(low: Lowering, records: tuple[PassRecord, ...], key: str) -> Program:
@@ -67,7 +56,7 @@ class _Layout:
         cell = low.cell
         self.buffers: dict[str, Buffer] = {}
         self.input_buffer = self._add(f"{cell.input.name}_seq", "sequence", Lin(i=1), "input",
-                                      doc="layer input: x for layer 0, layer l-1's output for layer l")
+                                      doc=f"layer input: {cell.input.name} for layer 0, layer l-1's output for layer l")
         self.output_buffer = self._add(f"{cell.output}_seq", "sequence", Lin.of(cell.output_dim), "output",
                                        doc=f"layer output: state {cell.output} at every step")
         homes = native_homes(low)
@@ -90,11 +79,17 @@ class _Layout:
                                 doc=f"state {s}")
                 self.state_home[s] = Slot(buf, Lin(), 1, "cur")
         self.region_of = {v: r for r in low.regions for v in r.values + r.passthrough}
+        # Parameter vectors are kernel arguments named <parameter>_<op>, one C name each in the whole program.
+        self.param_names: dict[str, str] = {}
+        for name, value in values.items():
+            if value.kind == "leaf" and value.op in ("bias", "vector", "weight"):
+                self.param_names[name] = c_identifier(f"{name}_{value.op}", set(self.param_names.values()))
         self.stores = self._stores(homes)
 
     def _add(self, base: str, rows: str, cols: Lin, role: str, double: bool = False, doc: str = "") -> str:
+        base = c_identifier(base)          # a struct member and kernel argument: e.g. no '__' from a node '_x'
         name, k = base, 2
-        while name in self.buffers:
+        while name in self.buffers or c_identifier(name) != name:
             name = f"{base}{k}"
             k += 1
         self.buffers[name] = Buffer(name, rows, cols, role, double, doc)
@@ -144,17 +139,16 @@ class _Layout:
 
 
 class _Namer:
-    """C identifiers: graph names where possible, renamed only on a clash with C or the kernel's own names."""
+    """C identifiers: graph names where possible, respelled only where C, the headers or the kernel's own names
+    reserve them (engine/c_names.py)."""
 
-    def __init__(self, reserved: set[str]):
-        self.taken = set(reserved)
+    def __init__(self, taken: set[str]):
+        self.taken = set(taken)
         self.names: dict[str, str] = {}
 
     def __call__(self, value: str) -> str:
         if value not in self.names:
-            name = value
-            while name in self.taken or name.startswith("__"):
-                name += "_v"
+            name = c_identifier(value, self.taken)
             self.taken.add(name)
             self.names[value] = name
         return self.names[value]
@@ -202,10 +196,10 @@ def _kernel(region: Region, layout: _Layout) -> Kernel:
             reads.append(name)
 
     # Parameter-vector arguments are named after the parameter; make sure no value takes those names.
-    param_names = {a: f"{a}_{values[a].op}" for a in reads if values[a].kind == "leaf" and values[a].op in
+    param_names = {a: layout.param_names[a] for a in reads if values[a].kind == "leaf" and values[a].op in
                    ("bias", "vector", "weight")}
     buffer_names = {b + s for b in layout.buffers for s in ("", "_cur", "_next")}
-    namer = _Namer(C_RESERVED | cuda_helpers() | set(param_names.values()) | buffer_names)
+    namer = _Namer(cuda_helpers() | set(layout.param_names.values()) | buffer_names)
 
     loads: list[Load] = []
     for name in reads:

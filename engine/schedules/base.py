@@ -39,15 +39,18 @@ from .tiling import DeviceLimits, TileConfig, Tiling, make_tiling
 
 def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, cell: str):
     """The kernel of one entry point, compiled now with NVRTC as IEEE fp32 (engine/codegen/nvrtc.py, which caches the
-    module by source and device; errors become CompileError)."""
+    module by source and device, and turns NVRTC's refusal into a CompileError)."""
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
+
+    module = load_module(source, cooperative, cell=cell)     # IEEE fp32: no -ftz (engine/codegen/nvrtc.py)
     try:
-        kernel = load_module(source, cooperative).get_function(name)     # IEEE fp32: no -ftz (engine/codegen/nvrtc.py)
+        kernel = module.get_function(name)
         if smem_bytes > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem_bytes
-    except Exception as e:
-        raise CompileError(f"the wavefront kernel '{name}' for cell '{cell}' did not compile: {type(e).__name__}: "
-                           f"{e}\nhint: this is a bug in engine.codegen.wavefront; `python -m engine explain "
-                           "<cell> --schedule persistent` prints the source") from None
+    except cupy.cuda.driver.CUDADriverError as e:
+        raise CompileError(f"the wavefront kernel '{name}' for cell '{cell}' did not load: {e}\n  hint: this is a bug "
+                           "in engine.codegen.wavefront; `python -m engine explain <cell> --schedule persistent` "
+                           "prints the source") from None
     return kernel
 
 

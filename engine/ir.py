@@ -177,7 +177,18 @@ class CellGraph:
         return tuple(topological_order(self.nodes)[0])
 
     def consumers(self, name: str) -> list[str]:
-        return list(self.nx.successors(name))
+        """The nodes that read `name`, in definition order (networkx's successors, without building networkx)."""
+        return list(self.readers.get(name, ()))
+
+    @cached_property
+    def readers(self) -> dict[str, tuple[str, ...]]:
+        """For each node, the nodes that read it, in definition order, each once."""
+        found: dict[str, list[str]] = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            for a in dict.fromkeys(n.args):
+                if a in found:
+                    found[a].append(n.name)
+        return {name: tuple(users) for name, users in found.items()}
 
     @cached_property
     def live_nodes(self) -> frozenset[str]:

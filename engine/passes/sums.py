@@ -25,16 +25,17 @@ def flatten_sums(low: Lowering) -> tuple[Lowering, str]:
             continue
         summands: list[str] = []
         absorbed: list[str] = [name]
+        absorbed_set = {name}
         stack = list(reversed(node.args))
         while stack:
             arg = stack.pop()
             if internal(arg):
-                if arg not in absorbed:
+                if arg not in absorbed_set:
                     absorbed.append(arg)
+                    absorbed_set.add(arg)
                 stack.extend(reversed(cell[arg].args))
             else:
                 summands.append(arg)
-        absorbed_set = set(absorbed)
         matmuls = tuple(a for a in summands if cell[a].op == "matmul" and a not in state_next
                         and set(consumers[a]) <= absorbed_set)
         if matmuls:   # add-trees without matmuls stay plain adds (one statement per op)

@@ -13,10 +13,12 @@ def flatten_sums(low: Lowering) -> tuple[Lowering, str]:
     consumers = {n.name: cell.consumers(n.name) for n in cell.nodes}
 
     def internal(name: str) -> bool:
-        # An add used only by one parent add is part of the parent's tree.
+        # An add used only by one parent add, once, is part of the parent's tree. Read twice (a + a), it stays
+        # a value of its own: flattened, a chain of n such doublings would be a sum of 2^n summands.
         node = cell[name]
         users = consumers[name]
-        return (node.op == "add" and name not in state_next and len(users) == 1 and cell[users[0]].op == "add")
+        return (node.op == "add" and name not in state_next and len(users) == 1 and cell[users[0]].op == "add"
+                and cell[users[0]].args.count(name) == 1)
 
     sums = []
     for name in cell.topo_order:

@@ -234,14 +234,14 @@ class _Writer:
         graph = self.graph
         lines: list[str] = []
         used = {a for n in graph.nodes for a in n.args}
-        for node in graph.nodes:
-            # A parameter nobody reads is never created by an expression; create it on its own.
-            if node.op in ("bias", "vector", "const") and node.name not in used:
-                lines.append(self.ref(node.name)[0])
-            elif node.op == "weight" and node.name not in used:
-                lines.append(f"# weight {_text(node.name)} is not used; the DSL creates weights only through @")
         for name in graph.topo_order:
             node = graph[name]
+            # A parameter nobody reads is never created by an expression; create it on its own, where the
+            # topological order (definition order among the ready values) meets it.
+            if node.op in ("bias", "vector", "const") and name not in used:
+                lines.append(self.ref(name)[0])
+            elif node.op == "weight" and name not in used:
+                lines.append(f"# weight {_text(name)} is not used; the DSL creates weights only through @")
             if node.is_leaf or name in self.inline:
                 continue
             text, precedence = self.expr(name)

@@ -350,8 +350,7 @@ print("built", len(rnn.nodes))
 '''
 
 
-@pytest.mark.parametrize("how", [["-m", "cProfile", "-o", "{out}"], ["-m", "profile", "-o", "{out}"], []],
-                         ids=["cProfile", "profile", "settrace"])
+@pytest.mark.parametrize("how", [["-m", "cProfile", "-o", "{out}"], []], ids=["cProfile", "settrace"])
 def test_a_cell_builds_under_a_profiler_and_a_debugger(tmp_path, how):
     script = tmp_path / "profiled.py"
     script.write_text(PROFILED)

@@ -132,9 +132,7 @@ def execute(steps, values: list, ops, returns: dict, ending: str):
             a, c = at(args[1]), at(args[2])
             values.append(a + c if args[0] == "add" else a - c if args[0] == "sub" else a * c)
         elif kind == "number":
-            a, n = at(args[1]), args[2]
-            values.append({"+": lambda: a + n, "r+": lambda: n + a, "*": lambda: a * n, "r*": lambda: n * a,
-                           "-": lambda: a - n, "r-": lambda: n - a}[args[0]]())
+            values.append(with_number(args[0], at(args[1]), args[2]))
         elif kind == "chain":
             a, c = at(args[0]), at(args[1])
             for _ in range(args[2]):
@@ -161,6 +159,19 @@ def execute(steps, values: list, ops, returns: dict, ending: str):
     elif ending == "leaf":
         result[next(iter(result))] = values[0]
     return result
+
+
+def with_number(operator: str, a, n):
+    """a combined with the number n by a Python operator ("r+": the number on the left)."""
+    if operator == "+":
+        return a + n
+    if operator == "r+":
+        return n + a
+    if operator == "*":
+        return a * n
+    if operator == "r*":
+        return n * a
+    return a - n if operator == "-" else n - a
 
 
 def invalid(kind, args, at):

@@ -2,8 +2,8 @@
 
 The shapes: a value read twice at each of n levels (a = a + a; a memo-less walk costs 2^n), 10,000 nodes side by
 side, and chains of 1,200 and 10,000 adds in a row (a recursive walk meets Python's recursion limit). Each step
-runs under contract.call's deadline; the bounds are generous (CI has 2 shared cores), the timings are recorded in
-docs/reliability.md's notes, not asserted here.
+runs under contract.call's deadline; the bounds are generous (CI has 2 shared cores): these tests assert that each
+step completes, not how fast.
 """
 from __future__ import annotations
 

@@ -23,23 +23,31 @@ added there is a DSL function here.
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 import sys
 from typing import Callable
 
 from .errors import CellGraphError, Problem
-from .ir import CellGraph, Node, StateSpec, make_node
+from .ir import DIMS, SCALAR, STATE_DIMS, UNKNOWN, CellGraph, Node, StateSpec, make_node
 from .ops import OPS, dsl_functions, on_change
 
 _BUILDERS: list["_Builder"] = []
 
 
 class _Builder:
-    def __init__(self, input_is_hidden: bool = False):
+    """The cell being built: its nodes in creation order, each value's size, and the frame of the cell function
+    (whose local variables name the nodes when it returns)."""
+
+    def __init__(self, code, input_is_hidden: bool = False):
+        self.code = code                           # the @cell function's code: its frame holds the local names
+        self.frame = None
         self.input_is_hidden = input_is_hidden     # x may meet H-sized values: their sum is H-sized
         self.nodes: list[Node] = []
         self.by_name: dict[str, Node] = {}
+        self.dims: dict[str, str] = {}             # each value's size, computed once when it is made
+        self.auto_consts: set[str] = set()         # consts named by the DSL from their value (`x + 0.5`)
         self.counter = 0
-        self.values: list["Value"] = []
         self.forced: dict[str, str] = {}
 
     def temp(self) -> str:
@@ -49,29 +57,132 @@ class _Builder:
     def add(self, node: Node) -> Node:
         self.nodes.append(node)
         self.by_name[node.name] = node
+        self.dims[node.name] = self._dim(node)
         return node
 
-    def leaf(self, name: str, op: str, **attrs) -> "Value":
+    def _dim(self, node: Node) -> str:
+        """The size of a new value from its arguments' sizes (known already: arguments are made first)."""
+        if node.op == "input":
+            return "I"
+        if node.op in ("state", "bias", "vector"):
+            return node.attr("dim", "H")
+        if node.op == "matmul":
+            return self.by_name[node.args[0]].attr("rows")
+        if node.op == "const":
+            return SCALAR
+        dims = {self.dims[a] for a in node.args} - {SCALAR}
+        if self.input_is_hidden and dims == {"I", "H"}:
+            return "H"
+        return dims.pop() if len(dims) == 1 else SCALAR if not dims else UNKNOWN
+
+    def leaf(self, name: str, op: str, auto: bool = False, **attrs) -> "Value":
         existing = self.by_name.get(name)
-        if existing is not None:
-            if existing.op != op:
-                raise CellGraphError(Problem(f"name used for a {existing.op} and a {op}", node=name, field="name",
-                                             hint="give each parameter its own name"))
+        if existing is None:
+            self.add(make_node(name, op, **attrs))
+            if auto:
+                self.auto_consts.add(name)
             return Value(self, name)
-        self.add(make_node(name, op, **attrs))
-        return Value(self, name)
+        wanted = make_node(name, op, **attrs)
+        if existing.op == op and existing.attrs == wanted.attrs:
+            return Value(self, name)
+        raise self._redeclared(existing, wanted, auto)
+
+    def _redeclared(self, existing: Node, wanted: Node, auto: bool) -> CellGraphError:
+        """The error for a name declared twice with another kind or other attributes."""
+        name = existing.name
+        if auto or name in self.auto_consts:
+            number = (wanted if auto else existing).attr("value")
+            other = existing if auto else wanted
+            what = (f"a const of value {other.attr('value')!r}" if other.op == "const" else
+                    f"the {other.op} '{name}'")
+            return CellGraphError(Problem(
+                f"the DSL names the number {number!r} '{name}' on its own, and {what} has that name too",
+                node=name, field="name",
+                hint=f"rename the {other.op}, or name the number yourself: const({number!r}, \"another_name\")"))
+        if existing.op != wanted.op:
+            return CellGraphError(Problem(f"name used for a {existing.op} and a {wanted.op}", node=name,
+                                          field="name", hint="give each parameter its own name"))
+        old, new = existing.attr_dict, wanted.attr_dict
+        key = next(k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
+        return CellGraphError(Problem(
+            f"{existing.op} declared again with {key}={new.get(key)!r}; it was declared with {key}={old.get(key)!r}",
+            node=name, field=f"attrs.{key}",
+            hint=f"declare each {existing.op} the same way every time it is used, or give the other one a new name"))
 
     def op(self, op: str, *args: "Value", **attrs) -> "Value":
+        self.check_active(op)
+        for arg in args:
+            if arg.builder is not self:
+                raise CellGraphError(Problem(f"'{op}' is given a value of another @cell function", node=arg.name,
+                                             field="args", hint="build each cell from its own input, states "
+                                                                "and parameters"))
+        if self.frame is None and self.code is not None:
+            self._find_frame()
         name = self.temp()
         self.add(make_node(name, op, [a.name for a in args], **attrs))
         return Value(self, name)
 
+    def check_active(self, what: str) -> None:
+        if not _BUILDERS or _BUILDERS[-1] is not self:
+            raise CellGraphError(Problem(f"'{what}' on a cell value outside the @cell function that made it",
+                                         field=what, hint="compute every value of a cell inside its @cell "
+                                                          "function"))
 
-def _current() -> _Builder:
+    def _find_frame(self) -> None:
+        """Find the cell function's frame on the stack (an op is made inside it, or in a function it calls).
+        Its local variables, read after it returns, name the nodes; reading them this way leaves any profiler
+        or debugger (sys.setprofile, sys.settrace) as it is."""
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code is not self.code:
+            frame = frame.f_back
+        self.frame = frame
+
+    def local_values(self) -> dict:
+        """The cell function's local variables when it returned (empty where its frame was never seen)."""
+        frame, self.frame = self.frame, None
+        return dict(frame.f_locals) if frame is not None else {}
+
+
+def _current(what: str = "DSL helpers (W, b, v, const, sigmoid, ...)") -> _Builder:
     if not _BUILDERS:
-        raise CellGraphError("DSL helpers (W, b, v, const, sigmoid, ...) are only usable inside an @cell function",
+        raise CellGraphError(f"{what} are only usable inside an @cell function",
                              hint="decorate the function with @engine.dsl.cell")
     return _BUILDERS[-1]
+
+
+def _check_name(name, helper: str, argument: str = "name") -> str:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise CellGraphError(Problem(f"{helper}() needs a name that is a Python identifier, got {name!r}",
+                                     field=argument, hint=f"e.g. {helper}(\"W_ih\"): letters, digits and '_', "
+                                                          "not starting with a digit"))
+    return name
+
+
+def _check_dim(dim, helper: str, argument: str, allowed: tuple[str, ...] = DIMS) -> str:
+    if not isinstance(dim, str) or dim not in allowed:
+        raise CellGraphError(Problem(f"{helper}() argument '{argument}' must be one of {allowed}, got {dim!r}",
+                                     field=argument, hint="'H' (hidden size) is the default; 'I' is the input "
+                                                          "size, 'P' the projection size"))
+    return dim
+
+
+def _number(value, where: str) -> float:
+    """A Python or NumPy real number as a finite float, else a CellGraphError naming `where`."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if math.isfinite(number):
+            return number
+        raise CellGraphError(Problem(f"{where} must be a finite number, got {value!r}", field=where,
+                                     hint="use a finite number such as 0.5"))
+    raise CellGraphError(Problem(f"{where} must be a number, got {type(value).__name__} {value!r}"[:200],
+                                 field=where, hint="use a number such as 0.5, or a cell value"))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 # The ops that Value's Python operators build (a + b, a - b, a * b, 2.0 * a, 1 - a, -a): engine/dsl_emit.py
@@ -83,54 +194,116 @@ class Value:
     """A vector value in the cell being built. Supports +, -, *, unary -, and numbers."""
 
     __array_priority__ = 1000
+    __hash__ = object.__hash__     # values stay usable as dict keys; == is refused (see __eq__)
 
     def __init__(self, builder: _Builder, name: str):
         self.builder = builder
         self.name = name
 
-    def _lift(self, other) -> "Value":
+    def _lift(self, other, operator: str) -> "Value":
         if isinstance(other, Value):
             return other
-        if isinstance(other, (int, float)) and not isinstance(other, bool):
-            return const(float(other))
-        raise CellGraphError(f"cannot combine a cell value with {type(other).__name__} {other!r}",
-                             hint="use cell values, numbers, or parameters created with W/b/v/const")
+        if _is_number(other):
+            return const(_number(other, f"the number in '{operator}'"))
+        raise CellGraphError(Problem(f"cannot combine a cell value with {type(other).__name__} {other!r}"[:200],
+                                     field=operator, hint="use cell values, numbers, or parameters created with "
+                                                          "W/b/v/const"))
 
     def __add__(self, other):
-        return self.builder.op("add", self, self._lift(other))
+        return self.builder.op("add", self, self._lift(other, "+"))
 
     def __radd__(self, other):
-        return self.builder.op("add", self._lift(other), self)
+        return self.builder.op("add", self._lift(other, "+"), self)
 
     def __sub__(self, other):
-        return self.builder.op("sub", self, self._lift(other))
+        return self.builder.op("sub", self, self._lift(other, "-"))
 
     def __rsub__(self, other):
-        if isinstance(other, (int, float)) and float(other) == 1.0:
+        if _is_number(other) and _number(other, "the number in '-'") == 1.0:
             return self.builder.op("one_minus", self)
-        return self.builder.op("sub", self._lift(other), self)
+        return self.builder.op("sub", self._lift(other, "-"), self)
 
     def __mul__(self, other):
-        if isinstance(other, (int, float)) and not isinstance(other, bool):
-            return self.builder.op("scale", self, factor=float(other))
-        return self.builder.op("mul", self, self._lift(other))
+        if _is_number(other):
+            return self.builder.op("scale", self, factor=_number(other, "the factor in '*'"))
+        return self.builder.op("mul", self, self._lift(other, "*"))
 
     def __rmul__(self, other):
-        if isinstance(other, (int, float)) and not isinstance(other, bool):
-            return self.builder.op("scale", self, factor=float(other))
-        return self.builder.op("mul", self._lift(other), self)
+        if _is_number(other):
+            return self.builder.op("scale", self, factor=_number(other, "the factor in '*'"))
+        return self.builder.op("mul", self._lift(other, "*"), self)
 
     def __neg__(self):
         return self.builder.op("neg", self)
 
     def named(self, name: str) -> "Value":
         """Give this value an explicit node name (otherwise the local variable name is used)."""
-        self.builder.forced[self.name] = name
+        self.builder.forced[self.name] = _check_name(name, "named")
         return self
 
+    # ---- what a cell value refuses: control flow and operators that are no op of the cell ----
+    def _refuse(self, what: str, hint: str):
+        node = None if self.name.startswith("%") else self.name
+        raise CellGraphError(Problem(f"{what} on a cell value: cells are dataflow, not Python values", node=node,
+                                     field=what, hint=hint))
+
     def __bool__(self):
-        raise CellGraphError("a cell value has no truth value: cells are dataflow, not control flow",
-                             hint="use ops such as relu or hard_sigmoid instead of if/else on values")
+        self._refuse("truth value (if/while/and/or)", "use ops such as relu or hard_sigmoid instead of if/else "
+                                                      "on values")
+
+    def _compare(self, operator: str):
+        self._refuse(f"'{operator}'", "a comparison of cell values has no op; use relu, hard_sigmoid or sigmoid "
+                                      "for a soft choice, and compare names (value.name) in Python code")
+
+    def __eq__(self, other):
+        self._compare("==")
+
+    def __ne__(self, other):
+        self._compare("!=")
+
+    def __lt__(self, other):
+        self._compare("<")
+
+    def __le__(self, other):
+        self._compare("<=")
+
+    def __gt__(self, other):
+        self._compare(">")
+
+    def __ge__(self, other):
+        self._compare(">=")
+
+    def __truediv__(self, other):
+        self._refuse("'/'", "the cell has no division; for a number write 0.5 * x")
+
+    __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __truediv__
+
+    def __pow__(self, other):
+        self._refuse("'**'", "the cell has no power op; write x * x")
+
+    __rpow__ = __pow__
+
+    def __matmul__(self, other):
+        self._refuse("'@'", "a matmul is W(\"name\") @ value: the weight comes first")
+
+    __rmatmul__ = __matmul__
+
+    def __float__(self):
+        self._refuse("float()", "a cell value has no number while the cell is built")
+
+    __int__ = __index__ = __complex__ = __float__
+
+    def __abs__(self):
+        self._refuse("abs()", "use relu, or the ops of engine.ops")
+
+    def __len__(self):
+        self._refuse("len()", "a cell value is one vector; its size is symbolic (I, H or P)")
+
+    def __iter__(self):
+        self._refuse("iteration", "a cell value is one vector; it has no elements while the cell is built")
+
+    def __getitem__(self, key):
+        self._refuse("indexing", "a cell value is one vector; it has no elements while the cell is built")
 
 
 class WeightRef:
@@ -141,10 +314,12 @@ class WeightRef:
 
     def __matmul__(self, operand: Value) -> Value:
         if not isinstance(operand, Value):
-            raise CellGraphError(f"W('{self.name}') @ ... needs a cell value, got {type(operand).__name__}",
-                                 node=self.name)
+            raise CellGraphError(Problem(f"W('{self.name}') @ ... needs a cell value, got "
+                                         f"{type(operand).__name__}", node=self.name, field="operand",
+                                         hint="multiply a weight by the input, a state or a computed value"))
         builder = operand.builder
-        cols = _dim_of(builder, operand.name)
+        builder.check_active("@")
+        cols = builder.dims[operand.name]
         existing = builder.by_name.get(self.name)
         if existing is not None and existing.op == "weight" and existing.attr("cols") != cols:
             raise CellGraphError(Problem(
@@ -153,54 +328,55 @@ class WeightRef:
         w = builder.leaf(self.name, "weight", rows=self.rows, cols=cols)
         return builder.op("matmul", w, operand)
 
-
-def _dim_of(builder: _Builder, name: str) -> str:
-    node = builder.by_name[name]
-    if node.op == "input":
-        return "I"
-    if node.op in ("state",):
-        return node.attr("dim", "H")
-    if node.op == "matmul":
-        return builder.by_name[node.args[0]].attr("rows")
-    if node.op in ("bias", "vector"):
-        return node.attr("dim", "H")
-    if node.op == "const":
-        return "1"
-    dims = {_dim_of(builder, a) for a in node.args} - {"1"}
-    if builder.input_is_hidden and dims == {"I", "H"}:
-        return "H"
-    return dims.pop() if len(dims) == 1 else "1" if not dims else "?"
+    def __rmatmul__(self, other):
+        raise CellGraphError(Problem(f"... @ W('{self.name}'): the weight comes first", node=self.name,
+                                     field="operand", hint=f"write W(\"{self.name}\") @ value"))
 
 
 def W(name: str, rows: str = "H") -> WeightRef:
-    return WeightRef(name, rows)
+    return WeightRef(_check_name(name, "W"), _check_dim(rows, "W", "rows"))
 
 
 def b(name: str, dim: str = "H") -> Value:
-    return _current().leaf(name, "bias", dim=dim)
+    return _current().leaf(_check_name(name, "b"), "bias", dim=_check_dim(dim, "b", "dim"))
 
 
 def v(name: str, dim: str = "H") -> Value:
-    return _current().leaf(name, "vector", dim=dim)
+    return _current().leaf(_check_name(name, "v"), "vector", dim=_check_dim(dim, "v", "dim"))
+
+
+def auto_const_name(value: float) -> str:
+    """The name const(value) gets without an explicit name (engine.dsl_emit writes such consts without one)."""
+    text = repr(float(value)).replace("-", "m").replace(".", "_").replace("+", "")
+    return f"c_{text}"
 
 
 def const(value: float, name: str | None = None) -> Value:
     builder = _current()
+    number = _number(value, "const() argument 'value'")
     if name is None:
-        text = repr(float(value)).replace("-", "m").replace(".", "_").replace("+", "")
-        name = f"c_{text}"
-    return builder.leaf(name, "const", value=float(value))
+        return builder.leaf(auto_const_name(number), "const", auto=True, value=number)
+    return builder.leaf(_check_name(name, "const"), "const", value=number)
 
 
 def op_function(op: str) -> Callable[..., Value]:
     """The DSL function of op `op` of engine.ops: it takes one cell value per port of the op."""
-    def fn(*args: Value) -> Value:
+    def fn(*args: Value, **kwargs) -> Value:
         spec = OPS[op]
+        if kwargs:
+            keyword = sorted(kwargs)[0]
+            raise CellGraphError(Problem(f"{op}() takes its cell values by position, got keyword '{keyword}'",
+                                         field=keyword, hint=f"write {op}({', '.join(spec.ports)})"))
         if len(args) != spec.arity:
-            raise CellGraphError(f"{op}() takes {spec.arity} cell value(s) ({', '.join(spec.ports)}), got {len(args)}")
-        for arg in args:
+            raise CellGraphError(Problem(f"{op}() takes {spec.arity} cell value(s) ({', '.join(spec.ports)}), "
+                                         f"got {len(args)}", field="args",
+                                         hint=f"write {op}({', '.join(spec.ports)})"))
+        for port, arg in zip(spec.ports, args):
             if not isinstance(arg, Value):
-                raise CellGraphError(f"{op}() needs a cell value, got {type(arg).__name__}")
+                raise CellGraphError(Problem(f"{op}() argument '{port}' needs a cell value, got "
+                                             f"{type(arg).__name__} {arg!r}"[:200], field=port,
+                                             hint="pass the input, a state, a parameter (b, v, const) or a "
+                                                  "computed value; numbers go through const(0.5)"))
         return args[0].builder.op(op, *args)
     fn.__name__ = fn.__qualname__ = op
     fn.__doc__ = f"The '{op}' op: {OPS[op].description} (see engine.ops)."
@@ -230,62 +406,76 @@ _make_op_functions()
 on_change(_make_op_functions)
 
 
-def _capture_locals(fn: Callable, args: list) -> tuple[object, dict]:
-    """Call fn and capture its local variables at return (to name nodes after them)."""
-    captured: dict = {}
-    code = fn.__code__
-
-    def profiler(frame, event, arg):
-        if event == "return" and frame.f_code is code:
-            captured.update(frame.f_locals)
-
-    old = sys.getprofile()
-    sys.setprofile(profiler)
+def _check_options(fn, name, output, doc, input_is_hidden, state_dims) -> list[str]:
+    """The @cell function's parameter names, once every option of cell() is of the right type."""
+    if not callable(fn):
+        raise CellGraphError(Problem(f"@cell needs a function, got {type(fn).__name__} {fn!r}"[:200], field="fn",
+                                     hint="def my_cell(x, h): ...; then cell(my_cell)"))
+    for option, value in (("name", name), ("doc", doc)):
+        if value is not None and not isinstance(value, str):
+            raise CellGraphError(Problem(f"cell() option '{option}' must be a string, got {value!r}"[:200],
+                                         field=option, hint=f"e.g. {option}=\"my_cell\""))
+    if not isinstance(output, str):
+        raise CellGraphError(Problem(f"cell() option 'output' must be a state name, got {output!r}"[:200],
+                                     field="output", hint="the state that is the layer's output, usually \"h\""))
+    if not isinstance(input_is_hidden, bool):
+        raise CellGraphError(Problem(f"cell() option 'input_is_hidden' must be True or False, got "
+                                     f"{input_is_hidden!r}"[:200], field="input_is_hidden",
+                                     hint="True when the cell adds x to hidden-sized values"))
+    if state_dims is not None and not isinstance(state_dims, dict):
+        raise CellGraphError(Problem(f"cell() option 'state_dims' must be a dict, got {state_dims!r}"[:200],
+                                     field="state_dims", hint="e.g. state_dims={\"h\": \"P\"}"))
     try:
-        result = fn(*args)
-    finally:
-        sys.setprofile(old)
-    return result, captured
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as e:          # builtins and some C callables have no signature
+        raise CellGraphError(Problem(f"@cell cannot read the parameters of {fn!r}: {e}"[:200], field="fn",
+                                     hint="decorate a plain Python function")) from None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = [p.name for p in signature.parameters.values() if p.kind in positional]
+    if len(params) < 2:
+        raise CellGraphError("an @cell function takes the input first, then one argument per state",
+                             field="signature", hint="e.g. def my_cell(x, h): ...")
+    for state, dim in (state_dims or {}).items():
+        if state not in params[1:]:
+            raise CellGraphError(Problem(f"state_dims names '{state}', which is not a state of the function",
+                                         node=str(state), field="state_dims", hint=f"states are {params[1:]}"))
+        _check_dim(dim, "cell", f"state_dims['{state}']", STATE_DIMS)
+    return params
 
 
 def build_cell(fn: Callable, name: str | None = None, output: str = "h", doc: str | None = None,
                input_is_hidden: bool = False, state_dims: dict[str, str] | None = None) -> CellGraph:
-    params = list(inspect.signature(fn).parameters)
-    if len(params) < 2:
-        raise CellGraphError("an @cell function takes the input first, then one argument per state",
-                             field="signature", hint="e.g. def my_cell(x, h): ...")
-    builder = _Builder(input_is_hidden)
+    params = _check_options(fn, name, output, doc, input_is_hidden, state_dims)
+    state_dims = dict(state_dims or {})
+    builder = _Builder(getattr(fn, "__code__", None), input_is_hidden)
     _BUILDERS.append(builder)
     try:
         x = builder.leaf(params[0], "input")
-        state_dims = dict(state_dims or {})
-        unknown = sorted(set(state_dims) - set(params[1:]))
-        if unknown:
-            raise CellGraphError(Problem(f"state_dims names '{unknown[0]}', which is not a state of the function",
-                                         node=unknown[0], field="state_dims", hint=f"states are {params[1:]}"))
         states = [builder.leaf(p, "state", **({"dim": state_dims[p]} if state_dims.get(p, "H") != "H" else {}))
                   for p in params[1:]]
-        result, local_vars = _capture_locals(fn, [x, *states])
+        result = fn(x, *states)
     finally:
         _BUILDERS.pop()
+    local_vars = builder.local_values()
     if isinstance(result, Value) and len(states) == 1:
         result = {params[1]: result}
     if not isinstance(result, dict):
         raise CellGraphError("an @cell function returns {state_name: next_value}", field="return",
                              hint=f"return {{'{params[1]}': ...}}")
     for key, val in result.items():
-        if key not in params[1:]:
-            raise CellGraphError(Problem("returned a next value for an unknown state", node=str(key),
+        if not isinstance(key, str) or key not in params[1:]:
+            raise CellGraphError(Problem("returned a next value for an unknown state", node=str(key)[:100],
                                          field="return", hint=f"states are {params[1:]}"))
-        if not isinstance(val, Value):
-            raise CellGraphError(Problem(f"next value must be a cell value, got {type(val).__name__}",
-                                         node=str(key), field="return"))
+        if not isinstance(val, Value) or val.builder is not builder:
+            what = "a value of another @cell function" if isinstance(val, Value) else type(val).__name__
+            raise CellGraphError(Problem(f"next value must be a cell value, got {what}", node=key, field="return",
+                                         hint="return a value computed from this cell's input and states"))
     names = _choose_names(builder, local_vars, result, params)
     nodes = tuple(Node(names.get(n.name, n.name), n.op, tuple(names.get(a, a) for a in n.args), n.attrs)
                   for n in builder.nodes)
     state_specs = tuple(StateSpec(k, names.get(v_.name, v_.name)) for k, v_ in result.items())
-    return CellGraph(name=name or fn.__name__, nodes=nodes, states=state_specs, output=output,
-                     doc=inspect.cleandoc(doc if doc is not None else (fn.__doc__ or "")),
+    return CellGraph(name=name or getattr(fn, "__name__", "designed_cell"), nodes=nodes, states=state_specs,
+                     output=output, doc=inspect.cleandoc(doc if doc is not None else (fn.__doc__ or "")),
                      input_is_hidden=input_is_hidden)
 
 
@@ -293,11 +483,16 @@ def _choose_names(builder: _Builder, local_vars: dict, result: dict, params: lis
     taken = {n.name for n in builder.nodes if not n.name.startswith("%")}
     names: dict[str, str] = {}
 
+    suffix: dict[str, int] = {}      # per wanted name, the first suffix not yet known to be taken
+
     def claim(temp: str, wanted: str):
-        base, k = wanted, 1
+        base, k = wanted, suffix.get(wanted, 1)
+        if k > 1:
+            wanted = f"{base}_{k - 1}"
         while wanted in taken:
             wanted = f"{base}_{k}"
             k += 1
+        suffix[base] = k
         taken.add(wanted)
         names[temp] = wanted
 

@@ -23,7 +23,7 @@ import keyword
 import math
 from collections import Counter
 
-from .dsl import OPERATOR_OPS
+from .dsl import OPERATOR_OPS, auto_const_name
 from .errors import CellGraphError, Problem
 from .ir import CellGraph
 from .ops import dsl_functions
@@ -45,12 +45,25 @@ def _helpers() -> tuple[str, ...]:
 _SUM, _PRODUCT, _UNARY, _ATOM = 1, 2, 3, 4
 
 
+# How much rebuilding the search for the most readable source may do, in nodes built (each check rebuilds the whole
+# graph): a preset of 50 nodes needs about 12 checks. A larger graph is written one statement per value, which
+# rebuilds the same graph by construction; the budget keeps emitting linear in the graph's size.
+CHECK_BUDGET_NODES = 15_000
+
+
 def emit_dsl(graph: CellGraph) -> str:
     """Python source that rebuilds `graph` through engine.dsl (see the module docstring)."""
+    budget = CHECK_BUDGET_NODES // max(len(graph.nodes), 1)     # how many checks may run
+    plain = _Choice(inline=set(), doc_as_docstring=_docstring(graph.doc) is not None)
+    if budget < 2:
+        return plain.source(graph)
     candidates = _inline_candidates(graph)
     choice = _Choice(inline=set(candidates))
     # Narrow down: each round turns the outermost misnamed values into named statements.
     for _ in range(len(graph.nodes) + 2):
+        if budget == 0:
+            return plain.source(graph)
+        budget -= 1
         verdict = choice.check(graph)
         if verdict is None:
             break
@@ -61,9 +74,12 @@ def emit_dsl(graph: CellGraph) -> str:
     # fine inline now. Try each one back, consumers first, and keep it when nothing breaks.
     order = {n.name: i for i, n in enumerate(graph.nodes)}
     widened = True
-    while widened:
+    while widened and budget > 0:
         widened = False
         for name in sorted(candidates - choice.inline, key=order.get, reverse=True):
+            if budget == 0:
+                break
+            budget -= 1
             wider = _Choice(choice.inline | {name}, choice.explicit_consts, choice.doc_as_docstring)
             if wider.check(graph) is None:
                 choice, widened = wider, True
@@ -98,18 +114,24 @@ class _Choice:
                        self.doc_as_docstring and doc_ok)
 
 
+# The deepest nesting of inlined values in one statement: a longer run (10,000 adds in a row) gets a statement every
+# this many levels, so the source stays readable and neither this module nor Python's compiler recurses deeply.
+MAX_INLINE_DEPTH = 24
+
+
 def _inline_candidates(graph: CellGraph) -> set[str]:
-    """Op values used exactly once, and not a state's next value: these may be written inline."""
+    """Op values used exactly once, and not a state's next value, at most MAX_INLINE_DEPTH inlined values deep:
+    these may be written inline. Decided in topological order, arguments first (no recursion)."""
     uses = Counter(a for n in graph.nodes for a in n.args)
     nexts = {s.next for s in graph.states}
-    return {n.name for n in graph.nodes
-            if not n.is_leaf and uses[n.name] == 1 and n.name not in nexts}
-
-
-def _auto_const_name(value: float) -> str:
-    # The name engine.dsl.const gives a const without an explicit name.
-    text = repr(float(value)).replace("-", "m").replace(".", "_").replace("+", "")
-    return f"c_{text}"
+    candidates: set[str] = set()
+    depth: dict[str, int] = {}
+    for name in graph.topo_order:
+        node = graph[name]
+        depth[name] = 1 + max((depth[a] for a in node.args if a in candidates), default=0)
+        if not node.is_leaf and uses[name] == 1 and name not in nexts and depth[name] <= MAX_INLINE_DEPTH:
+            candidates.add(name)
+    return candidates
 
 
 def _text(value: str) -> str:
@@ -160,7 +182,7 @@ class _Writer:
         if node.op == "const":
             value = node.attr("value")
             fn = self.helper("const")
-            if name == _auto_const_name(value) and name not in self.explicit_consts:
+            if name == auto_const_name(value) and name not in self.explicit_consts:
                 return f"{fn}({_number(value)})", _ATOM
             return f"{fn}({_number(value)}, {_text(name)})", _ATOM
         if name in self.variables:
@@ -212,14 +234,14 @@ class _Writer:
         graph = self.graph
         lines: list[str] = []
         used = {a for n in graph.nodes for a in n.args}
-        for node in graph.nodes:
-            # A parameter nobody reads is never created by an expression; create it on its own.
-            if node.op in ("bias", "vector", "const") and node.name not in used:
-                lines.append(self.ref(node.name)[0])
-            elif node.op == "weight" and node.name not in used:
-                lines.append(f"# weight {_text(node.name)} is not used; the DSL creates weights only through @")
         for name in graph.topo_order:
             node = graph[name]
+            # A parameter nobody reads is never created by an expression; create it on its own, where the
+            # topological order (definition order among the ready values) meets it.
+            if node.op in ("bias", "vector", "const") and name not in used:
+                lines.append(self.ref(name)[0])
+            elif node.op == "weight" and name not in used:
+                lines.append(f"# weight {_text(name)} is not used; the DSL creates weights only through @")
             if node.is_leaf or name in self.inline:
                 continue
             text, precedence = self.expr(name)
@@ -292,22 +314,20 @@ def _misnamed(graph: CellGraph, rebuilt: CellGraph, inline: set[str]) -> set[str
     """
     wrong: set[str] = set()
     seen: set[str] = set()
-
-    def walk(original: str, new: str) -> None:
-        if original in seen:
-            return
-        seen.add(original)
-        if original != new and (original in inline or graph[original].op == "const"):
-            # Names of inlined values derive from their consumer's name: fix the outermost
-            # misnamed value first, the ones below it may come right with it.
-            wrong.add(original)
-            return
-        if new not in rebuilt.by_name:
-            return
-        for a, b in zip(graph[original].args, rebuilt[new].args):
-            walk(a, b)
-
     for node in graph.nodes:
-        if not node.is_leaf and node.name not in inline:
-            walk(node.name, node.name)
+        if node.is_leaf or node.name in inline:
+            continue
+        stack = [(node.name, node.name)]          # depth first, arguments in order, without recursion
+        while stack:
+            original, new = stack.pop()
+            if original in seen:
+                continue
+            seen.add(original)
+            if original != new and (original in inline or graph[original].op == "const"):
+                # Names of inlined values derive from their consumer's name: fix the outermost
+                # misnamed value first, the ones below it may come right with it.
+                wrong.add(original)
+                continue
+            if new in rebuilt.by_name:
+                stack.extend(reversed(list(zip(graph[original].args, rebuilt[new].args))))
     return wrong

@@ -11,6 +11,7 @@ May import: engine.ir, engine.ops.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
@@ -44,6 +45,11 @@ class Spelling:
     state_lines: bool
 
 
+# The deepest nesting of inlined values in one equation: a longer run of auto-named values (10,000 adds in a row)
+# gets an equation every this many levels, so each line stays readable and the text grows linearly.
+MAX_INLINE_DEPTH = 24
+
+
 def equations(graph: CellGraph, spelling: Spelling) -> list[str]:
     """One equation per named value of one step, in topological order, spelled by `spelling`."""
     state_next: dict[str, str] = {}
@@ -52,12 +58,23 @@ def equations(graph: CellGraph, spelling: Spelling) -> list[str]:
             state_next.setdefault(s.next, s.name)
         else:
             state_next[s.next] = s.name
+    uses = Counter(a for n in graph.nodes for a in n.args)
 
-    def inlined(name: str) -> bool:
+    # Which values are inlined, decided in topological order (arguments first, no recursion): matmuls and
+    # auto-named values read once, unless the nesting below them is already MAX_INLINE_DEPTH deep. A value read
+    # twice gets its own equation: inlined, it would be written twice, and a chain of such values 2^n times.
+    inlined: set[str] = set()
+    depth: dict[str, int] = {}
+    for name in graph.topo_order:
         node = graph[name]
-        if node.is_leaf or name in state_next:
-            return False
-        return node.op == "matmul" or is_auto_name(name)
+        if node.is_leaf:
+            continue
+        depth[name] = 1 + max((depth[a] for a in node.args if a in inlined), default=0)
+        if (name not in state_next and (node.op == "matmul" or is_auto_name(name))
+                and uses[name] <= 1 and depth[name] <= MAX_INLINE_DEPTH):
+            inlined.add(name)
+
+    texts: dict[str, str] = {}      # each op value's right-hand side, made once, arguments before consumers
 
     def ref(name: str) -> str:
         node = graph[name]
@@ -69,11 +86,11 @@ def equations(graph: CellGraph, spelling: Spelling) -> list[str]:
             return f"{node.attr('value'):g}"
         if name in state_next:
             return spelling.after(state_next[name])
-        return expr(name) if inlined(name) else spelling.name(name)
+        return texts[name] if name in inlined else spelling.name(name)
 
     def wrap(arg: str, parent: str, right: bool) -> str:
         text = ref(arg)
-        return spelling.parens.format(text) if inlined(arg) and needs_parens(graph[arg].op, parent, right) else text
+        return spelling.parens.format(text) if arg in inlined and needs_parens(graph[arg].op, parent, right) else text
 
     def expr(name: str) -> str:
         node = graph[name]
@@ -85,10 +102,15 @@ def equations(graph: CellGraph, spelling: Spelling) -> list[str]:
 
     lines = []
     for name in graph.topo_order:
-        if graph[name].is_leaf or (inlined(name) and name not in state_next):
+        if graph[name].is_leaf:
             continue
+        texts[name] = expr(name)
+        if name in inlined:
+            continue
+        if uses[name] == 0 and name not in state_next and (graph[name].op == "matmul" or is_auto_name(name)):
+            continue                # a dead auto-named value: no equation, as before
         lhs = spelling.after(state_next[name]) if name in state_next else spelling.name(name)
-        lines.append(f"{lhs}{spelling.equals}{expr(name)}")
+        lines.append(f"{lhs}{spelling.equals}{texts[name]}")
     if spelling.state_lines:
         for s in graph.states:     # a state whose next value is another state's, or a leaf
             if state_next.get(s.next) != s.name:

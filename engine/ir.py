@@ -13,6 +13,7 @@ A CellGraph validates itself when built; an invalid one cannot exist. networkx i
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from dataclasses import dataclass
 from functools import cached_property
@@ -172,21 +173,27 @@ class CellGraph:
 
     @cached_property
     def topo_order(self) -> tuple[str, ...]:
-        return tuple(nx.lexicographical_topological_sort(self.nx, key=self._definition_index().get))
-
-    def _definition_index(self) -> dict[str, int]:
-        return {n.name: i for i, n in enumerate(self.nodes)}
+        """Arguments before their consumers; among the values ready at once, the one defined first."""
+        return tuple(topological_order(self.nodes)[0])
 
     def consumers(self, name: str) -> list[str]:
-        return list(self.nx.successors(name))
+        """The nodes that read `name`, in definition order (networkx's successors, without building networkx)."""
+        return list(self.readers.get(name, ()))
+
+    @cached_property
+    def readers(self) -> dict[str, tuple[str, ...]]:
+        """For each node, the nodes that read it, in definition order, each once."""
+        found: dict[str, list[str]] = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            for a in dict.fromkeys(n.args):
+                if a in found:
+                    found[a].append(n.name)
+        return {name: tuple(users) for name, users in found.items()}
 
     @cached_property
     def live_nodes(self) -> frozenset[str]:
         """Nodes that some state's next value depends on."""
-        live: set[str] = set()
-        for s in self.states:
-            live |= nx.ancestors(self.nx, s.next) | {s.next}
-        return frozenset(live)
+        return frozenset(ancestors(self.by_name, [s.next for s in self.states]))
 
     # ---- identity ------------------------------------------------------------------------
     def structure(self) -> dict[str, Any]:
@@ -235,6 +242,58 @@ def to_networkx(nodes: Iterable[Node]) -> nx.DiGraph:
             if a in g:
                 g.add_edge(a, n.name, port=port)
     return g
+
+
+def topological_order(nodes: Iterable[Node]) -> tuple[list[str], list[str]]:
+    """(order, cycle): every node after its arguments, the ready node defined first going first (networkx's
+    lexicographical_topological_sort keyed by definition order), and, where the nodes loop, one loop as the list
+    of its node names (first == last). Iterative and linear: a cell of 10,000 nodes in a row is no deep recursion."""
+    nodes = list(nodes)
+    index = {n.name: i for i, n in enumerate(nodes)}
+    waiting = [0] * len(nodes)                       # arguments not yet placed, per node
+    consumers: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        for a in n.args:
+            j = index.get(a)
+            if j is not None:
+                waiting[i] += 1
+                consumers[j].append(i)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i].name)
+        for j in consumers[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) == len(nodes):
+        return order, []
+    # Every node left waits on another node left: walk back along such arguments until a node repeats.
+    left = {nodes[i].name for i, count in enumerate(waiting) if count}
+    by_name = {n.name: n for n in nodes}
+    path, seen = [], {}
+    name = min(left, key=index.get)
+    while name not in seen:
+        seen[name] = len(path)
+        path.append(name)
+        name = next(a for a in by_name[name].args if a in left)
+    loop = path[seen[name]:] + [name]
+    return order, loop[::-1]                          # argument -> consumer, as data flows
+
+
+def ancestors(by_name: dict[str, Node], roots: Iterable[str]) -> set[str]:
+    """The roots and every node they depend on (iteratively: no recursion limit on deep cells)."""
+    found: set[str] = set()
+    stack = [r for r in roots if r in by_name]
+    while stack:
+        name = stack.pop()
+        if name in found:
+            continue
+        found.add(name)
+        stack.extend(a for a in by_name[name].args if a in by_name and a not in found)
+    return found
 
 
 # ---- validation ----------------------------------------------------------------------------
@@ -301,18 +360,13 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
     if problems:
         return problems, warnings
 
-    g = to_networkx(nodes)
-    try:
-        cycle = nx.find_cycle(g)
-        path = " -> ".join([e[0] for e in cycle] + [cycle[-1][1]])
-        problems.append(Problem(f"instantaneous loop within one step: {path}", node=cycle[0][0],
+    order, loop = topological_order(nodes)
+    if loop:
+        problems.append(Problem(f"instantaneous loop within one step: {' -> '.join(loop)}", node=loop[0],
                                 hint="a value can only feed back through a state (its value at t-1); "
                                      "add a state or break the loop"))
         return problems, warnings
-    except nx.NetworkXNoCycle:
-        pass
 
-    order = list(nx.topological_sort(g))
     if not isinstance(graph.input_is_hidden, bool):
         problems.append(Problem(f"input_is_hidden must be true or false, got {graph.input_is_hidden!r}",
                                 field="input_is_hidden", hint="true when the cell needs input size == hidden size"))
@@ -335,9 +389,7 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
     if problems:
         return problems, warnings
 
-    live: set[str] = set()
-    for s in graph.states:
-        live |= nx.ancestors(g, s.next) | {s.next}
+    live = ancestors(by_name, [s.next for s in graph.states])
     for n in nodes:
         if n.name not in live:
             what = {"input": "the input is not used", "state": "state value is never read"}.get(

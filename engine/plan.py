@@ -187,10 +187,16 @@ class Gemm:
         raise KeyError(name)
 
     def term_offset(self, index: int) -> Lin:
-        offset = Lin()
-        for term in self.terms[:index]:
+        return self._term_offsets[index]
+
+    @cached_property
+    def _term_offsets(self) -> tuple[Lin, ...]:
+        """Each term's offset (the sizes of the terms before it), summed once: a GEMM may have thousands of terms."""
+        offsets, offset = [], Lin()
+        for term in self.terms:
+            offsets.append(offset)
             offset = offset + Lin.of(term.dim)
-        return offset
+        return tuple(offsets)
 
     def term_slot(self, index: int) -> Slot:
         """Blocked: term k is the column block [offset_k, offset_k + D). Interleaved: unit j of

@@ -1,6 +1,10 @@
 """The Python DSL: node names from local variables, numbers as ops, and errors at definition time."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -224,3 +228,135 @@ def test_combining_with_a_string_is_an_error():
 def test_dsl_graph_round_trips_through_json():
     text = engine.to_json(numbers)
     assert engine.from_json(text) == numbers
+
+
+# ---- a name declared twice, wrong-type arguments, comparisons: each an error, never a silent wrong cell ----------
+
+def build_error(body) -> CellGraphError:
+    """The CellGraphError of building a cell whose step is `body(x, h)`."""
+    def step(x, h):
+        return {"h": body(x, h)}
+    with pytest.raises(CellGraphError) as info:
+        cell(step)
+    assert "hint:" in str(info.value)
+    return info.value
+
+
+@pytest.mark.parametrize("body, node, field", [
+    (lambda x, h: tanh(W("W") @ x + const(0.5, "k") * h + const(2.0, "k")), "k", "attrs.value"),
+    (lambda x, h: tanh(W("W") @ x + W("W", rows="P") @ x), "W", "attrs.rows"),
+    (lambda x, h: tanh(W("W") @ x + b("p") + b("p", dim="I")), "p", "attrs.dim"),
+    (lambda x, h: tanh(W("W") @ x + v("u") * h + v("u", dim="I")), "u", "attrs.dim"),
+], ids=["const-value", "weight-rows", "bias-dim", "vector-dim"])
+def test_a_parameter_declared_again_differently_is_an_error(body, node, field):
+    error = build_error(body)
+    assert (error.node, error.field) == (node, field)
+
+
+@pytest.mark.parametrize("body", [
+    lambda x, h: tanh(W("W") @ x + const(2.0, "c_0_5") + h + 0.5),      # the user's first, the number's second
+    lambda x, h: tanh(W("W") @ x + 0.5 + h + const(2.0, "c_0_5")),      # the number's first
+    lambda x, h: tanh(W("W") @ x + 0.5 + b("c_0_5")),                   # a parameter of another kind
+], ids=["user-first", "number-first", "bias"])
+def test_an_automatic_constant_name_taken_by_the_user_is_an_error(body):
+    error = build_error(body)
+    assert error.node == "c_0_5" and "on its own" in str(error)
+
+
+def test_the_same_parameter_declared_twice_alike_is_one_node():
+    @cell
+    def twice(x, h):
+        return {"h": tanh(W("W") @ x + b("p") + b("p") + const(0.5, "k") * h + const(0.5, "k") + 0.5 + 0.5)}
+    names = [n.name for n in twice.nodes]
+    assert names.count("p") == names.count("k") == names.count("c_0_5") == 1
+
+
+@pytest.mark.parametrize("compare", [
+    lambda a, h: a == h, lambda a, h: a != h, lambda a, h: a < h, lambda a, h: a >= 0.5, lambda a, h: bool(a),
+    lambda a, h: a if a else h, lambda a, h: a in [h],
+], ids=["==", "!=", "<", ">=", "bool", "if", "in"])
+def test_comparing_cell_values_is_an_error(compare):
+    build_error(lambda x, h: compare(tanh(W("W") @ x), h))
+
+
+@pytest.mark.parametrize("body, field", [
+    (lambda x, h: tanh(W(5) @ x), "name"),
+    (lambda x, h: tanh(W("W x") @ x), "name"),
+    (lambda x, h: tanh(W("W", rows="Q") @ x), "rows"),
+    (lambda x, h: tanh(W("W") @ x + b(None)), "name"),
+    (lambda x, h: tanh(W("W") @ x + v("u", dim=3) * h), "dim"),
+    (lambda x, h: tanh(W("W") @ x + const("a")), "const() argument 'value'"),
+    (lambda x, h: tanh(W("W") @ x + const(float("nan"))), "const() argument 'value'"),
+    (lambda x, h: tanh(W("W") @ x + const(1.0, name=3)), "name"),
+    (lambda x, h: tanh(W("W") @ x, h), "args"),
+    (lambda x, h: tanh(x=W("W") @ x), "x"),
+    (lambda x, h: tanh(1.0), "x"),
+    (lambda x, h: tanh(W("W") @ x) * 10 ** 400, "the factor in '*'"),
+    (lambda x, h: tanh(W("W") @ x) / 2, "'/'"),
+    (lambda x, h: x @ W("W"), "'@'"),
+    (lambda x, h: tanh(W("W") @ x).named(7), "name"),
+], ids=["W-int", "W-space", "W-rows", "b-None", "v-dim", "const-str", "const-nan", "const-name", "arity",
+        "keyword", "number-arg", "huge-factor", "division", "weight-second", "named-int"])
+def test_wrong_arguments_to_dsl_helpers_name_the_argument(body, field):
+    assert build_error(body).field == field
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"name": 5}, "name"), ({"output": None}, "output"), ({"input_is_hidden": "yes"}, "input_is_hidden"),
+    ({"state_dims": ["h"]}, "state_dims"), ({"state_dims": {"h": "Q"}}, "state_dims['h']"),
+    ({"state_dims": {"k": "P"}}, "state_dims"),
+])
+def test_wrong_cell_options_name_the_option(options, field):
+    with pytest.raises(CellGraphError) as info:
+        cell(lambda x, h: {"h": tanh(W("W") @ x)}, **options)
+    assert info.value.field == field and "hint:" in str(info.value)
+
+
+def test_a_value_of_another_cell_is_an_error():
+    leaked = []
+
+    @cell
+    def first(x, h):
+        leaked.append(h)
+        return {"h": tanh(W("W") @ x)}
+
+    with pytest.raises(CellGraphError, match="another @cell"):
+        @cell
+        def second(x, h):
+            return {"h": tanh(W("W") @ x) + leaked[0]}
+    with pytest.raises(CellGraphError, match="outside the @cell"):
+        leaked[0] + leaked[0]
+
+
+# ---- under a profiler or a debugger ------------------------------------------------------------------------------
+
+PROFILED = '''
+import sys
+from engine.dsl import W, b, cell, tanh
+seen = []
+def tracer(frame, event, arg):
+    seen.append(event)
+    return tracer
+if sys.argv[1:] == ["trace"]:
+    sys.settrace(tracer)
+@cell
+def rnn(x, h):
+    pre = W("W_x") @ x + W("W_h") @ h + b("b")
+    return {"h": tanh(pre)}
+assert sys.gettrace() is (tracer if sys.argv[1:] == ["trace"] else None)
+sys.settrace(None)
+assert "pre" in [n.name for n in rnn.nodes]
+print("built", len(rnn.nodes))
+'''
+
+
+@pytest.mark.parametrize("how", [["-m", "cProfile", "-o", "{out}"], []], ids=["cProfile", "settrace"])
+def test_a_cell_builds_under_a_profiler_and_a_debugger(tmp_path, how):
+    script = tmp_path / "profiled.py"
+    script.write_text(PROFILED)
+    args = [a.format(out=tmp_path / "profile.out") for a in how] + [str(script)] + ([] if how else ["trace"])
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=root,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert "built 10" in done.stdout

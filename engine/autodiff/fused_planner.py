@@ -81,7 +81,7 @@ class Planner(BackwardPlanner):
         """A Stack per state size whose states' matmuls qualify: two states or more; every matmul's add chain has at
         most one matmul of each state; no weight used twice; at most MAX_ZERO_SHARE of the grid zeros."""
         cell = self.cell
-        consumers = {n: [c for c in live if n in cell[c].args] for n in live}
+        consumers = readers(cell, live)
         by_dim: dict[str, list[str]] = {}
         for name in live:
             node = cell[name]
@@ -215,7 +215,7 @@ class Planner(BackwardPlanner):
         kernel_of = {n: key for key, names in elementwise.items() for n in names}
         needed: dict[str, list[Place]] = {}
         saved = set(self.graph.saved)
-        consumers = {n: [c for c in live if n in cell[c].args] for n in live}
+        consumers = readers(cell, live)
         next_of = {s.next: s.name for s in cell.states}
         for name in kernel_of:
             places = []
@@ -292,3 +292,13 @@ class Planner(BackwardPlanner):
         raise AutodiffError(f"value '{value}' is read by the fused training step but was never stored",
                             node=value, hint="this is a bug in engine/autodiff/fused_planner.py; "
                                              "backend='naive' trains the cell meanwhile")
+
+
+def readers(cell, live: list[str]) -> dict[str, list[str]]:
+    """For each value of `live`, the values of `live` that read it, in the order of `live` (one pass: linear)."""
+    consumers: dict[str, list[str]] = {n: [] for n in live}
+    for c in live:
+        for a in dict.fromkeys(cell[c].args):
+            if a in consumers:
+                consumers[a].append(c)
+    return consumers

@@ -51,14 +51,14 @@ class Value:
         return self.dim == SCALAR
 
 
-def remaining_summands(low: Lowering, root: str) -> list[str]:
-    """Summands of a sum that no GEMM term took (neither as matmul nor as folded bias)."""
+def remaining_summands(low: Lowering, root: str, terms: list | None = None) -> list[str]:
+    """Summands of a sum that no GEMM term took (neither as matmul nor as folded bias). terms: the GEMM terms
+    whose output is `root`, where the caller has them (else found in low.terms)."""
     s = low.sum_of(root)
     left = Counter(s.summands)
-    for term in low.terms:
-        if term.output == root:
-            left.subtract(term.matmuls)
-            left.subtract(term.biases)
+    for term in (terms if terms is not None else [t for t in low.terms if t.output == root]):
+        left.subtract(term.matmuls)
+        left.subtract(term.biases)
     out = []
     for name in s.summands:            # keep the summands' order
         if left[name] > 0:
@@ -76,7 +76,9 @@ def step_graph(low: Lowering) -> dict[str, Value]:
         if node.is_leaf:
             values[node.name] = Value(node.name, "leaf", node.op, (), node.attrs, dims[node.name], (node.name,))
     term_of_matmul = {}
+    terms_into: dict[str, list] = {}        # a sum's root -> the GEMM terms that write into it, in order
     for term in low.terms:
+        terms_into.setdefault(term.output, []).append(term)
         values[term.name] = Value(term.name, "term", "term", (), (), term.dim, term.matmuls)
         for m in term.matmuls:
             term_of_matmul[m] = term
@@ -95,7 +97,8 @@ def step_graph(low: Lowering) -> dict[str, Value]:
                 raise AssertionError(f"standalone matmul '{name}' has term '{term.name}'")
             continue
         if name in roots:
-            args = [t.name for t in low.terms if t.output == name] + remaining_summands(low, name)
+            terms = terms_into.get(name, [])
+            args = [t.name for t in terms] + remaining_summands(low, name, terms)
             values[name] = Value(name, "sum", "sum", tuple(args), (), dims[name], roots[name].absorbed)
         else:
             values[name] = Value(name, "op", node.op, node.args, node.attrs, dims[name], (name,))

@@ -14,8 +14,12 @@ def fold_biases(low: Lowering) -> tuple[Lowering, str]:
     cell = low.cell
     terms = list(low.terms)
     folded: list[str] = []
+    hoisted_into: dict[str, int] = {}         # a sum's root -> the index of the first hoisted term writing it
+    for i, t in enumerate(terms):
+        if t.stage == "hoisted":
+            hoisted_into.setdefault(t.output, i)
     for s in low.sums:
-        target = next((i for i, t in enumerate(terms) if t.output == s.root and t.stage == "hoisted"), None)
+        target = hoisted_into.get(s.root)
         if target is None:
             continue
         biases = tuple(a for a in s.summands if cell[a].op in FOLDABLE)

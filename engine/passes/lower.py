@@ -54,6 +54,10 @@ class _Layout:
     def __init__(self, low: Lowering, values: dict[str, Value]):
         self.low, self.values = low, values
         cell = low.cell
+        self.term_of = {}            # a GEMM term's name -> (its GEMM, its index): the first GEMM that has it
+        for g in reversed(low.gemms):
+            for index in reversed(range(len(g.terms))):
+                self.term_of[g.terms[index].name] = (g, index)
         self.buffers: dict[str, Buffer] = {}
         self.input_buffer = self._add(f"{cell.input.name}_seq", "sequence", Lin(i=1), "input",
                                       doc=f"layer input: {cell.input.name} for layer 0, layer l-1's output for layer l")
@@ -129,11 +133,9 @@ class _Layout:
             if value.op == "state":
                 return self.state_home[name], "batch"
             return None, value.op
-        if value.kind == "term":
-            for g in self.low.gemms:
-                for index, term in enumerate(g.terms):
-                    if term.name == name:
-                        return g.term_slot(index), "sequence" if g.hoisted else "batch"
+        if value.kind == "term" and name in self.term_of:
+            g, index = self.term_of[name]
+            return g.term_slot(index), "sequence" if g.hoisted else "batch"
         slot = self.stores[name][0][0]
         return slot, self.buffers[slot.buffer].rows
 
@@ -226,9 +228,9 @@ def _kernel(region: Region, layout: _Layout) -> Kernel:
         for slot, why in layout.stores.get(name, ()):
             stores.append(Store(namer(name), access(slot, writes=True), why))
 
-    nodes: list[str] = []
+    nodes: dict[str, None] = {}            # the graph nodes the kernel stands for, in order, each once
     for name in [v for v in values if v in inline] + computed:
-        nodes += [n for n in values[name].covers if n not in nodes]
+        nodes.update(dict.fromkeys(values[name].covers))
     inputs = tuple(load.value for load in loads if load.literal is None)
     outputs = tuple(dict.fromkeys(s_name for s_name in computed + list(region.passthrough)
                                   if layout.stores.get(s_name)))

@@ -6,6 +6,7 @@ Every field is frozen; a pass returns a new Lowering (dataclasses.replace) and n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..ir import CellGraph
 from ..plan import Gemm, Term
@@ -49,10 +50,14 @@ class Lowering:
     schedule: str = ""                         # set by the wavefront pass (or its "off" fallback)
 
     def sum_of(self, root: str) -> Sum | None:
+        return self._sums_by_root.get(root)
+
+    @cached_property
+    def _sums_by_root(self) -> dict[str, Sum]:
+        by_root: dict[str, Sum] = {}
         for s in self.sums:
-            if s.root == root:
-                return s
-        return None
+            by_root.setdefault(s.root, s)
+        return by_root
 
 
 def describe(low: Lowering) -> str:

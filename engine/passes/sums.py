@@ -13,10 +13,12 @@ def flatten_sums(low: Lowering) -> tuple[Lowering, str]:
     consumers = {n.name: cell.consumers(n.name) for n in cell.nodes}
 
     def internal(name: str) -> bool:
-        # An add used only by one parent add is part of the parent's tree.
+        # An add used only by one parent add, once, is part of the parent's tree. Read twice (a + a), it stays
+        # a value of its own: flattened, a chain of n such doublings would be a sum of 2^n summands.
         node = cell[name]
         users = consumers[name]
-        return (node.op == "add" and name not in state_next and len(users) == 1 and cell[users[0]].op == "add")
+        return (node.op == "add" and name not in state_next and len(users) == 1 and cell[users[0]].op == "add"
+                and cell[users[0]].args.count(name) == 1)
 
     sums = []
     for name in cell.topo_order:
@@ -25,16 +27,17 @@ def flatten_sums(low: Lowering) -> tuple[Lowering, str]:
             continue
         summands: list[str] = []
         absorbed: list[str] = [name]
+        absorbed_set = {name}
         stack = list(reversed(node.args))
         while stack:
             arg = stack.pop()
             if internal(arg):
-                if arg not in absorbed:
+                if arg not in absorbed_set:
                     absorbed.append(arg)
+                    absorbed_set.add(arg)
                 stack.extend(reversed(cell[arg].args))
             else:
                 summands.append(arg)
-        absorbed_set = set(absorbed)
         matmuls = tuple(a for a in summands if cell[a].op == "matmul" and a not in state_next
                         and set(consumers[a]) <= absorbed_set)
         if matmuls:   # add-trees without matmuls stay plain adds (one statement per op)

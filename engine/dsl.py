@@ -22,6 +22,7 @@ added there is a DSL function here.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
@@ -333,14 +334,34 @@ class WeightRef:
                                      field="operand", hint=f"write W(\"{self.name}\") @ value"))
 
 
+def _arguments_checked(fn: Callable) -> Callable:
+    """Refuse a call with arguments the helper does not take as a CellGraphError (not Python's TypeError)."""
+    signature = inspect.signature(fn)
+    usage = fn.__name__ + str(signature.replace(parameters=[p.replace(annotation=p.empty)
+                                                            for p in signature.parameters.values()],
+                                                return_annotation=signature.empty))
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise CellGraphError(Problem(f"{fn.__name__}(): {e}", field="args", hint=f"write {usage}")) from None
+        return fn(*args, **kwargs)
+    return checked
+
+
+@_arguments_checked
 def W(name: str, rows: str = "H") -> WeightRef:
     return WeightRef(_check_name(name, "W"), _check_dim(rows, "W", "rows"))
 
 
+@_arguments_checked
 def b(name: str, dim: str = "H") -> Value:
     return _current().leaf(_check_name(name, "b"), "bias", dim=_check_dim(dim, "b", "dim"))
 
 
+@_arguments_checked
 def v(name: str, dim: str = "H") -> Value:
     return _current().leaf(_check_name(name, "v"), "vector", dim=_check_dim(dim, "v", "dim"))
 
@@ -351,6 +372,7 @@ def auto_const_name(value: float) -> str:
     return f"c_{text}"
 
 
+@_arguments_checked
 def const(value: float, name: str | None = None) -> Value:
     builder = _current()
     number = _number(value, "const() argument 'value'")

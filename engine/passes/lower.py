@@ -85,9 +85,11 @@ class _Layout:
         self.region_of = {v: r for r in low.regions for v in r.values + r.passthrough}
         # Parameter vectors are kernel arguments named <parameter>_<op>, one C name each in the whole program.
         self.param_names: dict[str, str] = {}
+        taken: set[str] = set()
         for name, value in values.items():
             if value.kind == "leaf" and value.op in ("bias", "vector", "weight"):
-                self.param_names[name] = c_identifier(f"{name}_{value.op}", set(self.param_names.values()))
+                self.param_names[name] = c_identifier(f"{name}_{value.op}", taken)
+                taken.add(self.param_names[name])
         self.stores = self._stores(homes)
 
     def _add(self, base: str, rows: str, cols: Lin, role: str, double: bool = False, doc: str = "") -> str:

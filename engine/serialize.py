@@ -14,12 +14,24 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CellGraphError, Problem
+from .files import check_destination, parse_json, read_text, write_text
 from .ir import SCHEMA, VERSION, CellGraph, Node, StateSpec
 
 TOP_KEYS = ("schema", "version", "name", "doc", "output", "nodes", "states", "input_is_hidden")
 
 
+def check_graph(graph, what: str = "graph") -> CellGraph:
+    """A CellGraph as it is; anything else refused naming the argument, with the spelling that makes one."""
+    if isinstance(graph, CellGraph):
+        return graph
+    hint = (f"pass engine.preset({graph!r}).cell" if isinstance(graph, str) else
+            "pass its .cell" if isinstance(getattr(graph, "cell", None), CellGraph) else
+            "a cell from engine.preset(name).cell, engine.load(path) or the @engine.cell DSL")
+    raise _err(f"argument '{what}' must be a CellGraph, got {type(graph).__name__}", "(argument)", hint=hint)
+
+
 def to_dict(graph: CellGraph) -> dict[str, Any]:
+    graph = check_graph(graph)
     structure = graph.structure()
     out = {"schema": structure.pop("schema"), "version": structure.pop("version"), "name": graph.name,
            "doc": graph.doc}
@@ -111,27 +123,22 @@ def from_dict(data: Any) -> CellGraph:
                      input_is_hidden=tied)
 
 
+def file_error(message: str, hint: str) -> CellGraphError:
+    return _err(message, "(file)", hint=hint)
+
+
 def from_json(text: str) -> CellGraph:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise _err(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", "(file)",
-                   hint="check the file is a cell-graph JSON export") from None
-    return from_dict(data)
+    return from_dict(parse_json(text, "cell-graph JSON", error=file_error,
+                                hint="check the file is a cell-graph JSON export"))
 
 
 def load(path: str | Path) -> CellGraph:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise _err(f"cannot read {str(path)!r}: {type(e).__name__}: {e}", "(file)",
-                   hint="check the path, and that the file is a UTF-8 cell-graph JSON export") from None
+    text = read_text(path, "cell-graph file", error=file_error,
+                     hint="check the path, and that the file is a UTF-8 cell-graph JSON export")
     return from_json(text)
 
 
-def save(graph: CellGraph, path: str | Path) -> None:
-    """Atomic write: a crash mid-save never leaves a truncated design."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(to_json(graph))
-    tmp.replace(path)
+def save(graph: CellGraph, path: str | Path) -> Path:
+    """Atomic write (engine.files): a crash mid-save never leaves a truncated design, a failed one no temporary."""
+    check_destination(path, "cell-graph file", example=f"{getattr(graph, 'name', 'cell')}.json")
+    return write_text(path, to_json(graph), "cell-graph file")

@@ -1,0 +1,47 @@
+"""Arguments as they enter the engine: integer-like sizes normalised once, wrong kinds refused naming the argument.
+
+A size may come as a Python int, a NumPy integer (np.int64 from an array's shape) or anything else with
+`__index__`; it leaves as a Python int, so every later check and every dataclass holds one kind of value. A bool,
+a float (even 3.0) or a string is refused: silently truncating 2.5 layers, or reading True as 1, hides a mistake.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Callable
+
+from .errors import BackendError, EngineError
+
+SIZE_LIMIT = 1 << 20          # a sanity bound on one size (hidden_size, layers, a pool window): far past any real net
+
+
+def integer(value, name: str, *, low: int = 1, high: int | None = SIZE_LIMIT, where: str = "",
+            error: Callable[[str], EngineError] = BackendError) -> int:
+    """`value` as a Python int in [low, high]; `error` naming `name` (and `where`, e.g. "net 'n', block 0")
+    otherwise."""
+    prefix = f"{where}: " if where else ""
+    try:
+        number = None if type(value).__name__ in ("bool", "bool_") else operator.index(value)
+    except TypeError:
+        number = None
+    wanted = "a positive integer" if low == 1 else f"an integer of at least {low}"
+    if number is None:
+        raise error(f"{prefix}{name} must be {wanted}, got {type(value).__name__} {value!r:.60}; hint: pass a whole "
+                    f"number such as {max(low, 1) * 4}")
+    if number < low:
+        raise error(f"{prefix}{name} must be {wanted}, got {number}; hint: pass a whole number such as "
+                    f"{max(low, 1) * 4}")
+    if high is not None and number > high:
+        raise error(f"{prefix}{name}={number} is larger than the limit {high:,}; hint: sizes of a real network are "
+                    "far smaller; check the value")
+    return number
+
+
+def normalised(value):
+    """An integer-like value (np.int64, anything with __index__ but a bool) as a Python int; anything else as it is,
+    for a later check to refuse naming its argument."""
+    if type(value) is int or type(value).__name__ in ("bool", "bool_"):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value

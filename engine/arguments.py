@@ -9,6 +9,8 @@ from __future__ import annotations
 import operator
 from typing import Callable
 
+import numpy as np
+
 from .errors import BackendError, EngineError
 
 SIZE_LIMIT = 1 << 20          # a sanity bound on one size (hidden_size, layers, a pool window): far past any real net
@@ -45,3 +47,16 @@ def normalised(value):
         return operator.index(value)
     except TypeError:
         return value
+
+
+def float_dtype(dtype, name: str = "dtype", *, error: Callable[[str], EngineError] = BackendError):
+    """`dtype` as np.dtype when it is float32 or float64; `error` naming the argument otherwise."""
+    try:
+        value = np.dtype(dtype)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or value not in (np.float32, np.float64):
+        shown = value.name if value is not None else f"{dtype!r:.60}"
+        raise error(f"argument '{name}' must be float32 or float64, got {shown}; hint: {name}=np.float32 or "
+                    f"{name}=np.float64")
+    return value

@@ -26,6 +26,15 @@ def check_cell(cell) -> None:
                        f"hint: {hint}")
 
 
+def check_network(network) -> "Network":
+    """`network` as it is when it is a Network; anything else refused naming the argument."""
+    if isinstance(network, Network):
+        return network
+    hint = (f"engine.Network(engine.preset({network!r}).cell, input_size, hidden_size)" if isinstance(network, str)
+            else "engine.Network(cell, input_size, hidden_size, num_layers)")
+    raise BackendError(f"argument 'network' must be an engine.Network, got {type(network).__name__}; hint: {hint}")
+
+
 def tied_node(cell: CellGraph) -> str | None:
     """The first node where a cell declared input_is_hidden combines an I-sized value with an H-sized one."""
     _, problems = infer_dims(cell.by_name, cell.topo_order, input_is_hidden=False)

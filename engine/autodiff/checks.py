@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends import reference
+from .. import memory
 from ..backends.common import FiniteCheck
 from ..errors import BackendError
 from ..network import Network
@@ -107,13 +107,7 @@ def saved_floats_per_row(network: Network, graph: BackwardGraph) -> int:
 
 def device_free_bytes() -> int | None:
     """Free memory of the current CUDA device plus what CuPy's pool holds and could reuse, or None."""
-    try:
-        import cupy  # deferred: CuPy is optional (no GPU in CI)
-        free, _ = cupy.cuda.runtime.memGetInfo()
-        pool = cupy.get_default_memory_pool()
-        return int(free + pool.total_bytes() - pool.used_bytes())
-    except Exception:  # noqa: BLE001 - no device to ask: the allocation itself will say
-        return None
+    return memory.available_device_bytes()
 
 
 def check_bptt_memory(network: Network, split: BackwardSplit, steps: int, batch: int, itemsize: int,
@@ -127,7 +121,7 @@ def check_bptt_memory(network: Network, split: BackwardSplit, steps: int, batch:
     # their stacked copies: at most `widest` numbers each.
     kept = 2 * len(split.recorded) * widest
     needed = itemsize * steps * batch * (network.num_layers * per_step + 4 * widest + kept)
-    available = reference.available_host_bytes() if on == "host" else device_free_bytes()
+    available = memory.available_host_bytes() if on == "host" else device_free_bytes()
     if available is not None and needed > available:
         raise BackendError(f"bptt needs about {needed:,} bytes of {on} memory to keep the forward values of T={steps}, "
                            f"B={batch}, L={network.num_layers} ({per_step} numbers a row, a step and a layer), but "

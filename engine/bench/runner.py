@@ -28,12 +28,12 @@ import numpy as np
 from .. import backends
 from ..backends import naive
 from ..backends import reference as numpy_reference
-from ..backends.naive import estimate_bytes
 from ..errors import BackendError, EngineError
 from ..flops import network_flops
 from ..gallery import Preset
 from ..gallery import get as get_preset
 from ..ir import CellGraph
+from ..memory import run_bytes
 from ..params import init_params
 from .configs import BenchConfig, NetBenchConfig, parse_configs
 from .divergence import error_summary, gate, step_curves
@@ -291,9 +291,9 @@ def estimate_cell_bytes(case_network, config: BenchConfig, buffers: int) -> int:
     (bounded by twice the naive fp32 run plus converted input copies)."""
     T, B, I, H = config.steps, config.batch, config.input_size, config.hidden_size
     inputs = buffers * T * B * I * 4
-    reference = estimate_bytes(case_network, T, B, np.float64)
+    reference = run_bytes(case_network, T, B, 8, backend="naive")
     kept = 3 * T * B * H * 8                  # the reference, cuDNN fp32's output and the output being checked
-    largest = 2 * estimate_bytes(case_network, T, B, np.float32) + buffers * T * B * I * 4
+    largest = 2 * run_bytes(case_network, T, B, 4, backend="naive") + buffers * T * B * I * 4
     return inputs + reference + kept + largest + (64 << 20)
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 import json
 
 from ..errors import BackendError, CellGraphError, Problem
+from ..files import parse_json, read_text
 from ..gallery import presets
 from ..serialize import from_dict, to_dict
-from ..files import parse_json, read_text
 from .data import NET_SCHEMA, NET_VERSION, Layers, Net, Pool, resolve_cell
-
 
 NET_HINT = ('a network file looks like {"schema": "rnn-network", "version": 1, "input_size": 64, "blocks": '
             '[{"kind": "layers", "cell": "lstm", "hidden_size": 256}]} (engine.net_to_json writes one)')

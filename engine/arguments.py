@@ -6,6 +6,7 @@ a float (even 3.0) or a string is refused: silently truncating 2.5 layers, or re
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Callable
 
@@ -14,6 +15,27 @@ import numpy as np
 from .errors import BackendError, EngineError
 
 SIZE_LIMIT = 1 << 20          # a sanity bound on one size (hidden_size, layers, a pool window): far past any real net
+FLOAT32_MAX = float(np.finfo(np.float32).max)    # the GPU kernels hold every constant as a float
+
+
+def shown(value, width: int = 60) -> str:
+    """repr(value) cut to `width` characters, safe for integers longer than Python prints (int_max_str_digits)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an integer of {int(value.bit_length() * 0.30103) + 1} digits"
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def finite_float32(value) -> bool:
+    """A number (not a bool) that a float32 holds: finite, |value| <= 3.4e38."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:
+        return False
+    return math.isfinite(number) and abs(number) <= FLOAT32_MAX
 
 
 def integer(value, name: str, *, low: int = 1, high: int | None = SIZE_LIMIT, where: str = "",
@@ -27,13 +49,13 @@ def integer(value, name: str, *, low: int = 1, high: int | None = SIZE_LIMIT, wh
         number = None
     wanted = "a positive integer" if low == 1 else f"an integer of at least {low}"
     if number is None:
-        raise error(f"{prefix}{name} must be {wanted}, got {type(value).__name__} {value!r:.60}; hint: pass a whole "
+        raise error(f"{prefix}{name} must be {wanted}, got {type(value).__name__} {shown(value)}; hint: pass a whole "
                     f"number such as {max(low, 1) * 4}")
     if number < low:
-        raise error(f"{prefix}{name} must be {wanted}, got {number}; hint: pass a whole number such as "
+        raise error(f"{prefix}{name} must be {wanted}, got {shown(number)}; hint: pass a whole number such as "
                     f"{max(low, 1) * 4}")
     if high is not None and number > high:
-        raise error(f"{prefix}{name}={number} is larger than the limit {high:,}; hint: sizes of a real network are "
+        raise error(f"{prefix}{name}={shown(number)} is larger than the limit {high:,}; hint: sizes of a real network are "
                     "far smaller; check the value")
     return number
 
@@ -56,7 +78,7 @@ def float_dtype(dtype, name: str = "dtype", *, error: Callable[[str], EngineErro
     except (TypeError, ValueError):
         value = None
     if value is None or value not in (np.float32, np.float64):
-        shown = value.name if value is not None else f"{dtype!r:.60}"
-        raise error(f"argument '{name}' must be float32 or float64, got {shown}; hint: {name}=np.float32 or "
+        shown_dtype = value.name if value is not None else shown(dtype)
+        raise error(f"argument '{name}' must be float32 or float64, got {shown_dtype}; hint: {name}=np.float32 or "
                     f"{name}=np.float64")
     return value

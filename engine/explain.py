@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .arguments import SIZE_LIMIT, integer
 from .autodiff import AutodiffError, backward_graph
 from .autodiff.fused_describe import describe as describe_fused
 from .autodiff.fused_planner import training_plan
@@ -64,8 +65,9 @@ def resolve(cell_or_network, input_size: int | None = None, hidden_size: int | N
     elif isinstance(cell_or_network, CellGraph):
         cell = cell_or_network
     else:
-        raise CompileError(f"explain needs a cell, network, preset or preset name, got "
-                           f"{type(cell_or_network).__name__}")
+        raise CompileError(f"argument 'cell_or_network' must be a cell, network, preset or preset name, got "
+                           f"{type(cell_or_network).__name__}; hint: e.g. 'lstm', engine.preset('lstm').cell or "
+                           "engine.Network(cell, input_size, hidden_size)")
     sizes = dict(DEFAULT_SIZES)
     if network is not None:
         sizes.update(input_size=network.input_size, hidden_size=network.hidden_size,
@@ -73,7 +75,7 @@ def resolve(cell_or_network, input_size: int | None = None, hidden_size: int | N
     for key, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers),
                        ("steps", steps), ("batch", batch)):
         if value is not None:
-            sizes[key] = value
+            sizes[key] = integer(value, key, high=None if key in ("steps", "batch") else SIZE_LIMIT)
     proj_size = network.proj_size if network is not None else None      # a given Network keeps its P
     network = Network(cell, sizes["input_size"], sizes["hidden_size"], sizes["num_layers"], proj_size)
     return network, sizes["steps"], sizes["batch"], doc

@@ -102,8 +102,14 @@ def write_text(path: str | Path, text: str, what: str, *, flag: str | None = Non
 
 # ---- reading -----------------------------------------------------------------------------------------------
 
-def file_error(message: str, hint: str) -> EngineError:
-    return FileError(f"{message}; hint: {hint}")
+def error_of(kind: Callable[[str], EngineError]) -> MakeError:
+    """The MakeError of an error type whose one-line message carries the hint ("...; hint: ...")."""
+    def make(message: str, hint: str) -> EngineError:
+        return kind(f"{message}; hint: {hint}")
+    return make
+
+
+file_error = error_of(FileError)
 
 
 def as_path(path, what: str, *, error: MakeError = file_error) -> Path:

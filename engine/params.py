@@ -16,7 +16,7 @@ import numpy as np
 
 from .arguments import float_dtype, integer
 from .errors import BackendError
-from .files import check_destination, read_bytes, write_with
+from .files import check_destination, error_of, read_bytes, write_with
 from .memory import check_fits, parameter_bytes
 from .network import Network, check_network
 
@@ -52,7 +52,7 @@ class Params:
 
     @staticmethod
     def load(path: str | Path, network: Network | None = None) -> "Params":
-        data = read_bytes(path, "parameter file", error=backend_error, hint=PARAMS_HINT)
+        data = read_bytes(path, "parameter file", error=error_of(BackendError), hint=PARAMS_HINT)
         try:
             layers = read_npz(data)
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # a damaged or foreign file
@@ -86,14 +86,11 @@ def read_npz(data: bytes) -> dict[int, dict[str, np.ndarray]] | None:
             if not head.startswith("layer") or not head[5:].isdigit() or not name:
                 raise KeyError(f"key '{key}' is not 'layer<l>.<name>'")
             value = archive[key]
-            if value.dtype.kind not in "fiu":
-                raise ValueError(f"'{key}' holds {value.dtype} values, not numbers")
+            if not isinstance(value, np.ndarray) or value.dtype.kind not in "fiu":   # a member not in .npy form
+                raise ValueError(f"'{key}' holds {getattr(value, 'dtype', type(value).__name__)}, not an array of "
+                                 "numbers")
             layers.setdefault(int(head[5:]), {})[name] = value
     return layers
-
-
-def backend_error(message: str, hint: str) -> BackendError:
-    return BackendError(f"{message}; hint: {hint}")
 
 
 def init_params(network: Network, seed: int = 0, dtype=np.float64) -> Params:

@@ -215,8 +215,19 @@ def layer_networks(net: Net, k: int) -> list[Network]:
     return [block.layer_network(layer, net.sizes[k]) for layer in range(block.num_layers)]
 
 
+def check_net(net) -> Net:
+    """`net` as it is when it is an engine.Net; anything else refused naming the argument."""
+    if not isinstance(net, Net):
+        raise BackendError(f"argument 'net' must be an engine.Net, got {type(net).__name__}; hint: "
+                           "engine.Net(input_size, (engine.Layers('lstm', 256),)), engine.net_preset(name) or "
+                           "engine.load_net(path)")
+    return net
+
+
 def init_net_params(net: Net, seed: int = 0, dtype=np.float64) -> NetParams:
     """Every block's parameters, seeded per block and direction (uniform in +-1/sqrt(H), as init_params)."""
+    check_net(net)
+    seed = integer(seed, "seed", low=0, high=None)
     out = []
     for k, block in enumerate(net.blocks):
         if not isinstance(block, Layers):
@@ -233,6 +244,7 @@ def init_net_params(net: Net, seed: int = 0, dtype=np.float64) -> NetParams:
 
 
 def check_net_params(net: Net, params: NetParams) -> None:
+    check_net(net)
     if not isinstance(params, NetParams) or len(params.blocks) != len(net.blocks):
         raise BackendError(f"net '{net.name}' has {len(net.blocks)} blocks; the parameters must be a NetParams with "
                            "one entry per block; hint: make them with engine.init_net_params(net)")

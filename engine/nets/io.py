@@ -7,7 +7,7 @@ from ..errors import BackendError, CellGraphError, Problem
 from ..files import parse_json, read_text
 from ..gallery import presets
 from ..serialize import from_dict, to_dict
-from .data import NET_SCHEMA, NET_VERSION, Layers, Net, Pool, resolve_cell
+from .data import NET_SCHEMA, NET_VERSION, Layers, Net, Pool, check_net, resolve_cell
 
 NET_HINT = ('a network file looks like {"schema": "rnn-network", "version": 1, "input_size": 64, "blocks": '
             '[{"kind": "layers", "cell": "lstm", "hidden_size": 256}]} (engine.net_to_json writes one)')
@@ -15,6 +15,7 @@ TOP_KEYS = {"schema", "version", "name", "doc", "input_size", "blocks"}
 
 
 def net_to_dict(net: Net) -> dict:
+    check_net(net)
     blocks = []
     for block in net.blocks:
         if isinstance(block, Pool):

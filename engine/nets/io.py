@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from ..errors import BackendError, CellGraphError, Problem
-from ..files import parse_json, read_text
+from ..files import error_of, load_json, parse_json
 from ..gallery import presets
 from ..serialize import from_dict, to_dict
 from .data import NET_SCHEMA, NET_VERSION, Layers, Net, Pool, check_net, resolve_cell
@@ -105,8 +105,8 @@ def net_from_json(text: str) -> Net:
 
 
 def load_net(path) -> Net:
-    text = read_text(path, "network file", error=backend_error, hint="check the path; " + NET_HINT)
+    data = load_json(path, "network file", error=error_of(BackendError), hint="check the path; " + NET_HINT)
     try:
-        return net_from_json(text)
+        return net_from_dict(data)
     except (BackendError, CellGraphError) as e:
         raise type(e)(f"{path}: {e}") from None

@@ -96,12 +96,8 @@ def net_to_json(net: Net) -> str:
     return json.dumps(net_to_dict(net), indent=1)
 
 
-def backend_error(message: str, hint: str) -> BackendError:
-    return BackendError(f"{message}; hint: {hint}")
-
-
 def net_from_json(text: str) -> Net:
-    return net_from_dict(parse_json(text, "network JSON", error=backend_error, hint=NET_HINT))
+    return net_from_dict(parse_json(text, "network JSON", error=error_of(BackendError), hint=NET_HINT))
 
 
 def load_net(path) -> Net:

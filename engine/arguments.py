@@ -19,9 +19,12 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)    # the GPU kernels hold every co
 
 
 def shown(value, width: int = 60) -> str:
-    """repr(value) cut to `width` characters, safe for integers longer than Python prints (int_max_str_digits)."""
+    """repr(value) cut to `width` characters, safe for integers longer than Python prints (int_max_str_digits)
+    and for values nested deeper than repr recurses."""
     try:
         text = repr(value)
+    except RecursionError:
+        return f"a {type(value).__name__} nested too deeply to show"
     except ValueError:
         return f"an integer of {int(value.bit_length() * 0.30103) + 1} digits"
     return text if len(text) <= width else text[:width - 3] + "..."

@@ -12,7 +12,7 @@ import logging
 import numpy as np
 
 from . import backends
-from .arguments import float_dtype
+from .arguments import float_dtype, shown
 from .backends.common import RunResult, check_float32_only, check_inputs, check_precision
 from .backends.common import check_finite as find_non_finite
 from .errors import BackendError
@@ -45,7 +45,7 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     name, reason = backends.select(backend)
     check_params(network, params)
     if not isinstance(check_finite, bool):
-        raise BackendError(f"argument 'check_finite' must be True or False, got {check_finite!r:.60}; hint: "
+        raise BackendError(f"argument 'check_finite' must be True or False, got {shown(check_finite)}; hint: "
                            "check_finite=True looks for NaN and Inf in the inputs first")
     dtype = float_dtype(dtype)
     precision = check_precision(precision)
@@ -57,7 +57,7 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
             raise BackendError(f"the GPU schedules compute in float32, not {np.dtype(dtype).name}; hint: use "
                                "dtype=np.float32, or backend='reference' for float64")
         shape = getattr(x, "shape", None)
-        if shape is None or len(shape) != 3:
+        if not isinstance(shape, tuple) or len(shape) != 3:
             check_inputs(network, x, initial_states, xp=np)      # raises the named error
         choice = autotune.tune(network, params, int(shape[0]), int(shape[1]), precision=precision)
         name, reason = choice.schedule, f"{reason}: {choice.why}"

@@ -38,6 +38,18 @@ from .serialize import from_dict
 DEFAULT_SIZES = {"input_size": 32, "hidden_size": 64, "num_layers": 1, "steps": 16, "batch": 8}
 
 
+GRID_LIMIT = 1 << 18     # layer-steps of the wavefront grid explain lays out, one by one (about 6 s at the limit)
+
+
+def check_grid(num_layers: int, steps: int) -> None:
+    """Refuse a wavefront grid too large to lay out: explain describes every layer-step of it."""
+    if num_layers * steps > GRID_LIMIT:
+        raise CompileError(f"argument 'steps': explain lays out every layer-step of the wavefront, and "
+                           f"{num_layers} layer(s) x {steps:,} steps is more than {GRID_LIMIT:,}; hint: explain "
+                           f"at most {max(GRID_LIMIT // num_layers, 1):,} steps (the plan is the same for any T, "
+                           "only the grid grows)")
+
+
 def build_plan(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
                num_layers: int | None = None, steps: int | None = None, batch: int | None = None, passes=None,
                layout: str = "blocked", chunk_steps: int | None = None) -> Plan:
@@ -117,6 +129,7 @@ def explain_json(cell_or_network, input_size: int | None = None, hidden_size: in
     (tf32/float16/bfloat16 tile their GEMMs for tensor cores; the fused backend is float32 only)."""
     check_schedule(schedule)
     network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
+    check_grid(network.num_layers, steps)
     plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
     data = plan_to_json(plan)
     data["backward"] = backward_to_json(plan.program.source_cell)
@@ -205,6 +218,7 @@ def explain_text(cell_or_network, input_size: int | None = None, hidden_size: in
     (sources=True) the generated CUDA of the graph or persistent schedule at the end."""
     check_schedule(schedule)
     network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
+    check_grid(network.num_layers, steps)
     plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
     report = None if schedule is None else explain_schedules(plan, passes, schedule, doc, precision)
     return plan_to_text(plan, sources=sources, schedules=report)

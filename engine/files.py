@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from .arguments import shown
 from .errors import EngineError, FileError
 
 MakeError = Callable[[str, str], EngineError]     # (message, hint) -> the loader's own error
@@ -116,7 +117,7 @@ def as_path(path, what: str, *, error: MakeError = file_error) -> Path:
     """`path` as a Path; a value that is not a path (None, a number, a list) is refused naming `what`."""
     if isinstance(path, (str, os.PathLike)) and str(path):
         return Path(path)
-    raise error(f"{what}: the path must be a str or a pathlib.Path, got {type(path).__name__} {path!r:.60}",
+    raise error(f"{what}: the path must be a str or a pathlib.Path, got {type(path).__name__} {shown(path)}",
                 "pass the file's path, e.g. 'designs/my_cell.json'")
 
 

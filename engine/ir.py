@@ -110,12 +110,12 @@ class CellGraph:
             object.__setattr__(self, field, tuple(value))
         for n in self.nodes:
             if not well_typed(n):
-                raise CellGraphError(f"node {n.name!r:.60}: name and op must be strings, args a tuple of node names "
+                raise CellGraphError(f"node {shown(n.name)}: name and op must be strings, args a tuple of node names "
                                      "and attrs a tuple of (name, value) pairs", node=str(n.name)[:60], field="nodes",
                                      hint="make nodes with engine.ir.make_node(name, op, args, **attrs)")
         for s in self.states:
             if not isinstance(s.name, str) or not isinstance(s.next, str):
-                raise CellGraphError(f"state {s.name!r:.60}: name and next must be node names (strings)",
+                raise CellGraphError(f"state {shown(s.name)}: name and next must be node names (strings)",
                                      field="states", hint="e.g. StateSpec('h', 'h_next')")
         for field, kind in (("name", str), ("output", str), ("doc", str), ("input_is_hidden", bool)):
             if not isinstance(getattr(self, field), kind):
@@ -279,7 +279,7 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
     seen: dict[str, Node] = {}
     for n in nodes:
         if not isinstance(n.name, str) or not n.name.isidentifier():
-            problems.append(Problem(f"name {n.name!r} is not a valid identifier", node=str(n.name), field="name",
+            problems.append(Problem(f"name {shown(n.name)} is not a valid identifier", node=str(n.name), field="name",
                                     hint="use letters, digits and '_', not starting with a digit"))
         if n.name in seen:
             problems.append(Problem("duplicate name: two nodes are called this", node=n.name, field="name",
@@ -342,7 +342,7 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
 
     order = list(nx.topological_sort(g))
     if not isinstance(graph.input_is_hidden, bool):
-        problems.append(Problem(f"input_is_hidden must be true or false, got {graph.input_is_hidden!r}",
+        problems.append(Problem(f"input_is_hidden must be true or false, got {shown(graph.input_is_hidden)}",
                                 field="input_is_hidden", hint="true when the cell needs input size == hidden size"))
         return problems, warnings
     dims, dim_problems = infer_dims(by_name, order, graph.input_is_hidden)
@@ -395,15 +395,15 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
         if n.op == "weight":
             for key in ("rows", "cols"):
                 if n.attr(key) not in DIMS:
-                    out.append(Problem(f"weight {key} must be one of {DIMS}, got {n.attr(key)!r}", node=n.name,
+                    out.append(Problem(f"weight {key} must be one of {DIMS}, got {shown(n.attr(key))}", node=n.name,
                                        field=f"attrs.{key}", hint="rows is usually 'H'; cols is the size of the "
                                        "value it multiplies"))
         if n.op == "state" and n.attr("dim", "H") not in STATE_DIMS:
-            out.append(Problem(f"a state's dim must be one of {STATE_DIMS}, got {n.attr('dim')!r}", node=n.name,
+            out.append(Problem(f"a state's dim must be one of {STATE_DIMS}, got {shown(n.attr('dim'))}", node=n.name,
                                field="attrs.dim", hint="'H' (the default), or 'P' for a projected state such as "
                                                        "the h of an LSTM with proj_size"))
         if n.op in ("bias", "vector") and n.attr("dim", "H") not in DIMS:
-            out.append(Problem(f"dim must be one of {DIMS}, got {n.attr('dim')!r}", node=n.name, field="attrs.dim",
+            out.append(Problem(f"dim must be one of {DIMS}, got {shown(n.attr('dim'))}", node=n.name, field="attrs.dim",
                                hint="'H' for hidden-size vectors (almost always), 'I' for input-size ones"))
         if n.op == "const":
             v = n.attr("value")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .arguments import integer
+from .arguments import integer, shown
 from .errors import BackendError
 from .ir import CellGraph, infer_dims
 
@@ -22,7 +22,7 @@ def check_cell(cell) -> None:
         hint = "pass the preset's .cell: engine.Network(preset.cell, ...)"
     else:
         hint = "a cell from engine.preset(name).cell, engine.load(path) or the @engine.cell DSL"
-    raise BackendError(f"argument 'cell' of Network must be a CellGraph, got {type(cell).__name__} {cell!r:.60}; "
+    raise BackendError(f"argument 'cell' of Network must be a CellGraph, got {type(cell).__name__} {shown(cell)}; "
                        f"hint: {hint}")
 
 

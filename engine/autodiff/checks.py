@@ -14,9 +14,13 @@ from .hoist import BackwardSplit
 
 
 def check_dtype(dtype) -> type:
-    dtype = np.dtype(dtype).type
+    try:
+        dtype = np.dtype(dtype).type
+    except (TypeError, ValueError):
+        dtype = None
     if dtype not in (np.float64, np.float32):
-        raise BackendError(f"argument 'dtype': bptt computes in float64 or float32, not {np.dtype(dtype).name}; "
+        raise BackendError(f"argument 'dtype': bptt computes in float64 or float32, not "
+                           f"{np.dtype(dtype).name if dtype is not None else 'a dtype'}; "
                            "hint: dtype=np.float64 (the default) for gradient checks, np.float32 for speed")
     return dtype
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import backends
+from ..arguments import shown
 from ..codegen.cuda import KERNELS_DIR
 from ..codegen.nvrtc import load_module
 from ..codegen.precision import PRECISIONS
@@ -235,7 +236,7 @@ def check_finite(network: Network, params, x, initial_states) -> None:
 def check_inputs(network: Network, x, initial_states, xp) -> Any:
     """Validate x (T, B, I) and initial states (L, B, H) before any work; errors name the argument."""
     shape = getattr(x, "shape", None)
-    if shape is None:
+    if not isinstance(shape, tuple):          # not an array (a class has a 'shape' descriptor, not a tuple)
         raise BackendError(f"argument 'x' must be an array of shape (T, B, {network.input_size}), "
                            f"got {type(x).__name__}; hint: np.asarray(x, dtype=np.float32)")
     if len(shape) != 3:
@@ -259,7 +260,7 @@ def check_inputs(network: Network, x, initial_states, xp) -> Any:
                                "for zeros")
         for name, value in initial_states.items():
             if not isinstance(name, str) or name not in network.cell.state_names:
-                raise BackendError(f"initial_states: {name!r:.60} is not a state of cell '{network.cell.name}'; "
+                raise BackendError(f"initial_states: {shown(name)} is not a state of cell '{network.cell.name}'; "
                                    f"hint: its states are {', '.join(network.cell.state_names)}")
             want = (network.num_layers, B, network.state_size(name))
             if tuple(getattr(value, "shape", ())) != want:

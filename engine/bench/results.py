@@ -37,6 +37,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..arguments import shown
 from ..errors import BackendError
 from ..files import error_of, load_json, write_text
 
@@ -72,10 +73,10 @@ def read_document(path: str | Path, schema: str, label: str, kind: str, *, missi
     data = load_json(path, label, error=error_of(BackendError), hint=hint)
     if not isinstance(data, dict) or data.get("schema") != schema:
         raise BackendError(f"{label} {path} is not {kind} (schema "
-                           f"{data.get('schema') if isinstance(data, dict) else None!r:.60}, expected {schema!r}); "
+                           f"{shown(data.get('schema') if isinstance(data, dict) else None)}, expected {schema!r}); "
                            f"hint: {hint}")
     if version is not None and (type(data.get("version")) is not int or data["version"] != version):
-        raise BackendError(f"{label} {path} has schema version {data.get('version')!r:.60}; this engine reads "
+        raise BackendError(f"{label} {path} has schema version {shown(data.get('version'))}; this engine reads "
                            f"version {version}. hint: re-run the benchmark")
     if not isinstance(data.get("cells"), list):
         raise BackendError(f"{label} {path}: field 'cells' must be a list; hint: {hint}")

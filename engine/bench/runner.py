@@ -26,6 +26,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .. import backends
+from ..arguments import shown
 from ..backends import naive
 from ..backends import reference as numpy_reference
 from ..errors import BackendError, EngineError
@@ -412,12 +413,12 @@ def resolve_settings(*, quick: bool, reps, warmup, buffers, compile_budget_s, se
     for key, low in (("reps", MIN_REPS), ("warmup", 1), ("buffers", 2)):
         value = settings[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise BackendError(f"argument '{key}' must be an integer >= {low}, got {value!r:.60}; hint: leave it out "
+            raise BackendError(f"argument '{key}' must be an integer >= {low}, got {shown(value)}; hint: leave it out "
                                "for the default")
     for key in ("compile_budget_s", "time_budget_s"):
         value = settings[key]
         if value is not None and (not isinstance(value, (int, float)) or value < 0):
-            raise BackendError(f"argument '{key}' must be a number of seconds >= 0, got {value!r:.60}; hint: leave it "
+            raise BackendError(f"argument '{key}' must be a number of seconds >= 0, got {shown(value)}; hint: leave it "
                                "out for no limit")
     return settings
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..arguments import integer, normalised
+from ..arguments import integer, normalised, shown
 from ..errors import BackendError, CellGraphError
 from ..gallery import get as get_preset
 from ..ir import CellGraph
@@ -45,7 +45,7 @@ def check_pool(pool, where: str) -> None:
         raise BackendError(f"{where}: a pool is an engine.Pool(op, window, stride), got {type(pool).__name__}; "
                            "hint: e.g. engine.Pool('max', 2, 2)")
     if not isinstance(pool.op, str) or pool.op not in POOLS:
-        raise BackendError(f"{where}: op must be one of {', '.join(POOLS)}, got {pool.op!r:.60}; "
+        raise BackendError(f"{where}: op must be one of {', '.join(POOLS)}, got {shown(pool.op)}; "
                            "hint: 'max' or 'mean'")
     _positive(pool.window, "window", where)
     _positive(pool.stride, "stride", where)
@@ -154,9 +154,9 @@ class Net:
                 _positive(block.num_layers, "num_layers", where)
                 if not isinstance(block.direction, str) or block.direction not in DIRECTIONS:
                     raise BackendError(f"{where}: direction must be one of {', '.join(DIRECTIONS)}, got "
-                                       f"{block.direction!r:.60}; hint: 'forward' or 'bidirectional'")
+                                       f"{shown(block.direction)}; hint: 'forward' or 'bidirectional'")
                 if not isinstance(block.merge, str) or block.merge not in MERGES:
-                    raise BackendError(f"{where}: merge must be one of {', '.join(MERGES)}, got {block.merge!r:.60}; "
+                    raise BackendError(f"{where}: merge must be one of {', '.join(MERGES)}, got {shown(block.merge)}; "
                                        "hint: 'concat' or 'sum'")
                 if block.input_size is not None:
                     integer(block.input_size, "input_size", where=where)

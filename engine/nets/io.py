@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from ..arguments import shown
 from ..errors import BackendError, CellGraphError, Problem
 from ..files import error_of, load_json, parse_json
 from ..gallery import presets
@@ -42,11 +43,11 @@ def net_from_dict(data) -> Net:
     if not isinstance(data, dict):
         raise BackendError(f"a network is a JSON object, got {type(data).__name__}; hint: {NET_HINT}")
     if data.get("schema") != NET_SCHEMA:
-        raise BackendError(f"field 'schema' must be {NET_SCHEMA!r}, got {data.get('schema')!r:.60}; hint: a cell's JSON "
+        raise BackendError(f"field 'schema' must be {shown(NET_SCHEMA)}, got {shown(data.get('schema'))}; hint: a cell's JSON "
                            "(schema 'rnn-cell-graph') goes in a block's 'cell' field")
     if type(data.get("version")) is not int or data["version"] != NET_VERSION:    # not True, not 1.0
         raise BackendError(f"field 'version': this engine reads version {NET_VERSION}, got "
-                           f"{data.get('version')!r:.60}; hint: re-export the network with this engine")
+                           f"{shown(data.get('version'))}; hint: re-export the network with this engine")
     raw_blocks = data.get("blocks")
     if not isinstance(raw_blocks, list) or not raw_blocks:
         raise BackendError("field 'blocks' must be a non-empty list of {\"kind\": \"layers\" | \"pool\", ...}; "
@@ -59,7 +60,7 @@ def net_from_dict(data) -> Net:
         where = f"blocks[{k}]"
         if not isinstance(raw, dict) or not isinstance(raw.get("kind"), str) or raw["kind"] not in allowed:
             got = raw.get("kind") if isinstance(raw, dict) else raw
-            raise BackendError(f"field '{where}.kind' must be 'layers' or 'pool', got {got!r:.60}; hint: e.g. "
+            raise BackendError(f"field '{where}.kind' must be 'layers' or 'pool', got {shown(got)}; hint: e.g. "
                                '{"kind": "layers", "cell": "lstm", "hidden_size": 256}')
         unknown = sorted(str(key) for key in set(raw) - allowed[raw["kind"]])
         if unknown:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arguments import float_dtype
+from ..arguments import float_dtype, shown
 from ..backends.common import array_module_of
 from ..errors import BackendError
 from ..execute import run
@@ -41,7 +41,7 @@ class NetProgram:
     def __init__(self, net: Net, params: NetParams, backend: str = "reference", *, dtype=None,
                  precision: str = "float32", fuse_pools: bool = False):
         if not isinstance(backend, str) or backend not in NET_BACKENDS:
-            raise BackendError(f"a net runs on one of {', '.join(NET_BACKENDS)}, not {backend!r:.60}; hint: "
+            raise BackendError(f"a net runs on one of {', '.join(NET_BACKENDS)}, not {shown(backend)}; hint: "
                                "backend='reference' runs NumPy on the CPU")
         if fuse_pools and backend not in FUSED_POOL_BACKENDS:
             raise BackendError(f"fuse_pools=True folds a pool into a wavefront schedule's kernel: backend must be one "
@@ -100,9 +100,10 @@ class NetProgram:
         part of a fused run (fuse_pools) has None in block_outputs but the run's last: what it produced never existed."""
         net, params = self.net, self.params
         shape = getattr(x, "shape", None)
-        if shape is None or len(shape) != 3 or shape[2] != net.input_size:
+        if not isinstance(shape, tuple) or len(shape) != 3 or shape[2] != net.input_size:
             raise BackendError(f"argument 'x' must have shape (T, B, {net.input_size}) for net '{net.name}', got "
-                               f"{tuple(shape) if shape is not None else type(x).__name__}")
+                               f"{shape if isinstance(shape, tuple) else type(x).__name__}; hint: steps first, "
+                               "then the batch, then the features")
         net.steps(shape[0])                    # pools that do not fit are refused before any work
         value = x if array_module_of(x) is not np else np.asarray(x)
         produced = []

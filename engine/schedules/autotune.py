@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arguments import shown
 from ..backends import fused
 from ..backends.common import check_float32_only, check_precision
 from ..codegen import GENERATOR_VERSION
@@ -164,7 +165,7 @@ def read_cache(path: Path | None = None) -> dict:
         data = load_json(path, "autotune cache", hint="it is rebuilt")   # FileError: unreadable, not JSON, too deep
         if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(
                 data.get("entries"), dict):
-            raise ValueError(f"version {data.get('version') if isinstance(data, dict) else None!r:.60}, expected "
+            raise ValueError(f"version {shown(data.get('version') if isinstance(data, dict) else None)}, expected "
                              f"{CACHE_VERSION}")
         return data["entries"]
     except (ValueError, FileError) as e:

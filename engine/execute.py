@@ -12,10 +12,11 @@ import logging
 import numpy as np
 
 from . import backends
+from .arguments import float_dtype, shown
 from .backends.common import RunResult, check_float32_only, check_inputs, check_precision
 from .backends.common import check_finite as find_non_finite
 from .errors import BackendError
-from .network import Network
+from .network import Network, check_network
 from .params import Params, check_params
 from .schedules import autotune
 
@@ -40,18 +41,23 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     check_finite=True first looks for NaN or Inf in x, the initial states and every parameter, and names the
     first it finds (BackendError), instead of letting it spread through the recurrence.
     """
+    check_network(network)
+    name, reason = backends.select(backend)
+    check_params(network, params)
+    if not isinstance(check_finite, bool):
+        raise BackendError(f"argument 'check_finite' must be True or False, got {shown(check_finite)}; hint: "
+                           "check_finite=True looks for NaN and Inf in the inputs first")
+    dtype = float_dtype(dtype)
     precision = check_precision(precision)
     if check_finite:
-        check_params(network, params)
         check_inputs(network, x, initial_states, xp=np)        # shapes and dtypes only, NumPy or CuPy alike
         find_non_finite(network, params, x, initial_states)
-    name, reason = backends.select(backend)
     if name == "auto":
         if np.dtype(dtype) != np.float32:
             raise BackendError(f"the GPU schedules compute in float32, not {np.dtype(dtype).name}; hint: use "
                                "dtype=np.float32, or backend='reference' for float64")
         shape = getattr(x, "shape", None)
-        if shape is None or len(shape) != 3:
+        if not isinstance(shape, tuple) or len(shape) != 3:
             check_inputs(network, x, initial_states, xp=np)      # raises the named error
         choice = autotune.tune(network, params, int(shape[0]), int(shape[1]), precision=precision)
         name, reason = choice.schedule, f"{reason}: {choice.why}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .arguments import SIZE_LIMIT, integer
 from .autodiff import AutodiffError, backward_graph
 from .autodiff.fused_describe import describe as describe_fused
 from .autodiff.fused_planner import training_plan
@@ -35,6 +36,18 @@ from .schedules.report import check_schedule, schedules_report
 from .serialize import from_dict
 
 DEFAULT_SIZES = {"input_size": 32, "hidden_size": 64, "num_layers": 1, "steps": 16, "batch": 8}
+
+
+GRID_LIMIT = 1 << 18     # layer-steps of the wavefront grid explain lays out, one by one (about 6 s at the limit)
+
+
+def check_grid(num_layers: int, steps: int) -> None:
+    """Refuse a wavefront grid too large to lay out: explain describes every layer-step of it."""
+    if num_layers * steps > GRID_LIMIT:
+        raise CompileError(f"argument 'steps': explain lays out every layer-step of the wavefront, and "
+                           f"{num_layers} layer(s) x {steps:,} steps is more than {GRID_LIMIT:,}; hint: explain "
+                           f"at most {max(GRID_LIMIT // num_layers, 1):,} steps (the plan is the same for any T, "
+                           "only the grid grows)")
 
 
 def build_plan(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
@@ -64,8 +77,9 @@ def resolve(cell_or_network, input_size: int | None = None, hidden_size: int | N
     elif isinstance(cell_or_network, CellGraph):
         cell = cell_or_network
     else:
-        raise CompileError(f"explain needs a cell, network, preset or preset name, got "
-                           f"{type(cell_or_network).__name__}")
+        raise CompileError(f"argument 'cell_or_network' must be a cell, network, preset or preset name, got "
+                           f"{type(cell_or_network).__name__}; hint: e.g. 'lstm', engine.preset('lstm').cell or "
+                           "engine.Network(cell, input_size, hidden_size)")
     sizes = dict(DEFAULT_SIZES)
     if network is not None:
         sizes.update(input_size=network.input_size, hidden_size=network.hidden_size,
@@ -73,7 +87,7 @@ def resolve(cell_or_network, input_size: int | None = None, hidden_size: int | N
     for key, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers),
                        ("steps", steps), ("batch", batch)):
         if value is not None:
-            sizes[key] = value
+            sizes[key] = integer(value, key, high=None if key in ("steps", "batch") else SIZE_LIMIT)
     proj_size = network.proj_size if network is not None else None      # a given Network keeps its P
     network = Network(cell, sizes["input_size"], sizes["hidden_size"], sizes["num_layers"], proj_size)
     return network, sizes["steps"], sizes["batch"], doc
@@ -115,6 +129,7 @@ def explain_json(cell_or_network, input_size: int | None = None, hidden_size: in
     (tf32/float16/bfloat16 tile their GEMMs for tensor cores; the fused backend is float32 only)."""
     check_schedule(schedule)
     network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
+    check_grid(network.num_layers, steps)
     plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
     data = plan_to_json(plan)
     data["backward"] = backward_to_json(plan.program.source_cell)
@@ -203,6 +218,7 @@ def explain_text(cell_or_network, input_size: int | None = None, hidden_size: in
     (sources=True) the generated CUDA of the graph or persistent schedule at the end."""
     check_schedule(schedule)
     network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
+    check_grid(network.num_layers, steps)
     plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
     report = None if schedule is None else explain_schedules(plan, passes, schedule, doc, precision)
     return plan_to_text(plan, sources=sources, schedules=report)

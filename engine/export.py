@@ -25,7 +25,7 @@ from .codegen import GENERATOR_VERSION, helper_source, text_equations
 from .codegen.cuda import ROW_BIAS_HELPER, THREADS_PER_BLOCK
 from .errors import CompileError
 from .explain import build_plan, resolve
-from .files import write_text, write_with
+from .files import as_path, check_destination, write_text, write_with
 from .network import Network
 from .params import Params
 from .plan import Gemm, Plan, Program, pack_weights
@@ -59,8 +59,10 @@ def program_name(plan: Plan) -> str:
 
 def write_export(directory, cell_or_preset, input_size: int, hidden_size: int, num_layers: int = 1, passes=None,
                  layout: str = "blocked", chunk_steps: int | None = None, arch: str = "sm_90") -> Path:
+    directory = as_path(directory, "export folder")
+    check_destination(directory / "program.cu", "exported CUDA program")     # before the work: a file, read-only
     plan = export_plan(cell_or_preset, input_size, hidden_size, num_layers, passes, layout, chunk_steps)
-    return write_text(Path(directory) / f"{program_name(plan)}.cu", render_program(plan, arch=arch), "CUDA program")
+    return write_text(directory / f"{program_name(plan)}.cu", render_program(plan, arch=arch), "exported CUDA program")
 
 
 # ---- the data files ---------------------------------------------------------------------------------
@@ -82,7 +84,8 @@ def weight_order(program: Program, network: Network) -> list[tuple[int, str, str
 def write_run_files(directory, program: Program, network: Network, params: Params, x,
                     initial_states: dict | None = None) -> dict[str, Path]:
     """weights.bin (packed as the program expects), x.bin and states.bin, raw float32 little-endian."""
-    directory = Path(directory)
+    directory = as_path(directory, "run-files folder")
+    check_destination(directory / "weights.bin", "program data")
     chunks = []
     for layer in range(network.num_layers):
         packed = pack_weights(program, network, params, layer, dtype=np.float64)

@@ -94,6 +94,9 @@ def closest_names(name: str, known) -> str:
 
 def get(name: str) -> Preset:
     table = _load_all()
+    if not isinstance(name, str):
+        raise CellGraphError(f"a preset is named by a string, got {type(name).__name__}", field="preset",
+                             hint="e.g. engine.preset('lstm'); known presets: " + ", ".join(table))
     if name not in table:
         raise CellGraphError(f"unknown preset '{name}'", field="preset",
                              hint=closest_names(name, table) + "known presets: " + ", ".join(table))

@@ -21,6 +21,7 @@ from typing import Any, Iterable
 
 import networkx as nx
 
+from .arguments import finite_float32, shown
 from .errors import CellGraphError, Problem
 from .ops import LEAF_KINDS, OPS, PARAM_KINDS
 
@@ -67,6 +68,13 @@ def make_node(name: str, op: str, args: Iterable[str] = (), **attrs: Any) -> Nod
     return Node(name, op, tuple(args), tuple(sorted(attrs.items())))
 
 
+def well_typed(node: Node) -> bool:
+    """Node's fields have the types the checks read (strings; a tuple of names; a tuple of (name, value) pairs)."""
+    return (isinstance(node.name, str) and isinstance(node.op, str) and isinstance(node.args, tuple)
+            and all(isinstance(a, str) for a in node.args) and isinstance(node.attrs, tuple)
+            and all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in node.attrs))
+
+
 @dataclass(frozen=True)
 class StateSpec:
     """A recurrent state: its value at t-1 is the leaf node `name`; its value at t is node `next`."""
@@ -94,6 +102,26 @@ class CellGraph:
     input_is_hidden: bool = False   # the cell needs input size == hidden size: x may meet H-sized values elementwise
 
     def __post_init__(self):
+        for field, kind, example in (("nodes", Node, "Node('x', 'input')"), ("states", StateSpec, "StateSpec('h', 'h_next')")):
+            value = getattr(self, field)
+            if not isinstance(value, (tuple, list)) or not all(isinstance(v, kind) for v in value):
+                raise CellGraphError(f"'{field}' must be a tuple of {kind.__name__}, got {type(value).__name__}",
+                                     field=field, hint=f"e.g. ({example}, ...), or build the cell with the "
+                                                       "@engine.cell DSL or engine.from_dict")
+            object.__setattr__(self, field, tuple(value))
+        for n in self.nodes:
+            if not well_typed(n):
+                raise CellGraphError(f"node {shown(n.name)}: name and op must be strings, args a tuple of node names "
+                                     "and attrs a tuple of (name, value) pairs", node=str(n.name)[:60], field="nodes",
+                                     hint="make nodes with engine.ir.make_node(name, op, args, **attrs)")
+        for s in self.states:
+            if not isinstance(s.name, str) or not isinstance(s.next, str):
+                raise CellGraphError(f"state {shown(s.name)}: name and next must be node names (strings)",
+                                     field="states", hint="e.g. StateSpec('h', 'h_next')")
+        for field, kind in (("name", str), ("output", str), ("doc", str), ("input_is_hidden", bool)):
+            if not isinstance(getattr(self, field), kind):
+                raise CellGraphError(f"'{field}' must be a {kind.__name__}, got {type(getattr(self, field)).__name__}",
+                                     field=field, hint="build the cell with the @engine.cell DSL or engine.from_dict")
         problems, warnings = diagnose(self)
         if problems:
             raise CellGraphError(problems)
@@ -310,7 +338,7 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
     seen: dict[str, Node] = {}
     for n in nodes:
         if not isinstance(n.name, str) or not n.name.isidentifier():
-            problems.append(Problem(f"name {n.name!r} is not a valid identifier", node=str(n.name), field="name",
+            problems.append(Problem(f"name {shown(n.name)} is not a valid identifier", node=str(n.name), field="name",
                                     hint="use letters, digits and '_', not starting with a digit"))
         if n.name in seen:
             problems.append(Problem("duplicate name: two nodes are called this", node=n.name, field="name",
@@ -368,7 +396,7 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
         return problems, warnings
 
     if not isinstance(graph.input_is_hidden, bool):
-        problems.append(Problem(f"input_is_hidden must be true or false, got {graph.input_is_hidden!r}",
+        problems.append(Problem(f"input_is_hidden must be true or false, got {shown(graph.input_is_hidden)}",
                                 field="input_is_hidden", hint="true when the cell needs input size == hidden size"))
         return problems, warnings
     dims, dim_problems = infer_dims(by_name, order, graph.input_is_hidden)
@@ -419,20 +447,21 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
         if n.op == "weight":
             for key in ("rows", "cols"):
                 if n.attr(key) not in DIMS:
-                    out.append(Problem(f"weight {key} must be one of {DIMS}, got {n.attr(key)!r}", node=n.name,
+                    out.append(Problem(f"weight {key} must be one of {DIMS}, got {shown(n.attr(key))}", node=n.name,
                                        field=f"attrs.{key}", hint="rows is usually 'H'; cols is the size of the "
                                        "value it multiplies"))
         if n.op == "state" and n.attr("dim", "H") not in STATE_DIMS:
-            out.append(Problem(f"a state's dim must be one of {STATE_DIMS}, got {n.attr('dim')!r}", node=n.name,
+            out.append(Problem(f"a state's dim must be one of {STATE_DIMS}, got {shown(n.attr('dim'))}", node=n.name,
                                field="attrs.dim", hint="'H' (the default), or 'P' for a projected state such as "
                                                        "the h of an LSTM with proj_size"))
         if n.op in ("bias", "vector") and n.attr("dim", "H") not in DIMS:
-            out.append(Problem(f"dim must be one of {DIMS}, got {n.attr('dim')!r}", node=n.name, field="attrs.dim",
+            out.append(Problem(f"dim must be one of {DIMS}, got {shown(n.attr('dim'))}", node=n.name, field="attrs.dim",
                                hint="'H' for hidden-size vectors (almost always), 'I' for input-size ones"))
         if n.op == "const":
             v = n.attr("value")
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v in (float("inf"), float("-inf")):
-                out.append(Problem(f"const needs a finite number 'value', got {v!r}", node=n.name,
+            if not finite_float32(v):
+                out.append(Problem(f"const needs a finite number 'value' within float32 range (|value| <= 3.4e38), "
+                                   f"got {shown(v)}", node=n.name,
                                    field="attrs.value", hint="e.g. \"attrs\": {\"value\": 1.0}"))
         return out
     spec = OPS.get(n.op)
@@ -451,8 +480,9 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
                                hint="connect the port to an existing node"))
     for key in spec.attrs:
         v = n.attr(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v in (float("inf"), float("-inf")):
-            out.append(Problem(f"op '{n.op}' needs a finite number attribute '{key}', got {v!r}", node=n.name,
+        if not finite_float32(v):
+            out.append(Problem(f"op '{n.op}' needs a finite number attribute '{key}' within float32 range "
+                               f"(|{key}| <= 3.4e38), got {shown(v)}", node=n.name,
                                field=f"attrs.{key}", hint=f"e.g. \"attrs\": {{\"{key}\": 0.5}}"))
     if out:
         return out

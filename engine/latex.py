@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .equations import Spelling
 from .equations import equations as render_equations
+from .errors import CellGraphError
 from .ir import CellGraph
 
 
@@ -45,4 +46,7 @@ def equations(graph: CellGraph) -> list[str]:
 
 def to_latex(graph: CellGraph) -> str:
     """One aligned block, ready for st.latex or a paper."""
+    if not isinstance(graph, CellGraph):
+        raise CellGraphError(f"argument 'graph' must be a CellGraph, got {type(graph).__name__}", field="(argument)",
+                             hint="e.g. engine.to_latex(engine.preset('lstm').cell)")
     return "\\begin{aligned}\n" + " \\\\\n".join(equations(graph)) + "\n\\end{aligned}"

@@ -7,8 +7,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .arguments import integer, shown
 from .errors import BackendError
 from .ir import CellGraph, infer_dims
+
+
+def check_cell(cell) -> None:
+    """A Network's cell is a CellGraph; a preset name or a Preset is refused with the spelling that works."""
+    if isinstance(cell, CellGraph):
+        return
+    if isinstance(cell, str):
+        hint = f"pass the preset's cell: engine.Network(engine.preset({cell!r}).cell, ...)"
+    elif isinstance(getattr(cell, "cell", None), CellGraph):
+        hint = "pass the preset's .cell: engine.Network(preset.cell, ...)"
+    else:
+        hint = "a cell from engine.preset(name).cell, engine.load(path) or the @engine.cell DSL"
+    raise BackendError(f"argument 'cell' of Network must be a CellGraph, got {type(cell).__name__} {shown(cell)}; "
+                       f"hint: {hint}")
+
+
+def check_network(network) -> "Network":
+    """`network` as it is when it is a Network; anything else refused naming the argument."""
+    if isinstance(network, Network):
+        return network
+    hint = (f"engine.Network(engine.preset({network!r}).cell, input_size, hidden_size)" if isinstance(network, str)
+            else "engine.Network(cell, input_size, hidden_size, num_layers)")
+    raise BackendError(f"argument 'network' must be an engine.Network, got {type(network).__name__}; hint: {hint}")
 
 
 def tied_node(cell: CellGraph) -> str | None:
@@ -26,16 +50,12 @@ class Network:
     proj_size: int | None = None       # the size P of projected states (torch.nn.LSTM's proj_size); None: P = H
 
     def __post_init__(self):
-        for field, value, lo in (("input_size", self.input_size, 1), ("hidden_size", self.hidden_size, 1),
-                                 ("num_layers", self.num_layers, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-                raise BackendError(f"{field} must be a positive integer, got {value!r}")
-            if value > 1 << 20:
-                raise BackendError(f"{field}={value} is absurdly large (limit {1 << 20})",)
+        check_cell(self.cell)
+        for field in ("input_size", "hidden_size", "num_layers"):       # np.int64 from a shape becomes an int here
+            object.__setattr__(self, field, integer(getattr(self, field), field))
         if self.proj_size is not None:
-            value = self.proj_size
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1 or value > 1 << 20:
-                raise BackendError(f"proj_size must be a positive integer (or None), got {value!r}")
+            value = integer(self.proj_size, "proj_size")
+            object.__setattr__(self, "proj_size", value)
             if not getattr(self.cell, "uses_projection", False):
                 raise BackendError(f"proj_size={value} was given, but cell '{self.cell.name}' has no value of size P; "
                                    "hint: leave proj_size out, or give the cell a projected state (a state with dim "

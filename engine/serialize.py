@@ -13,13 +13,26 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .arguments import shown
 from .errors import CellGraphError, Problem
+from .files import check_destination, parse_json, read_text, write_text
 from .ir import SCHEMA, VERSION, CellGraph, Node, StateSpec
 
 TOP_KEYS = ("schema", "version", "name", "doc", "output", "nodes", "states", "input_is_hidden")
 
 
+def check_graph(graph, what: str = "graph") -> CellGraph:
+    """A CellGraph as it is; anything else refused naming the argument, with the spelling that makes one."""
+    if isinstance(graph, CellGraph):
+        return graph
+    hint = (f"pass engine.preset({shown(graph)}).cell" if isinstance(graph, str) else
+            "pass its .cell" if isinstance(getattr(graph, "cell", None), CellGraph) else
+            "a cell from engine.preset(name).cell, engine.load(path) or the @engine.cell DSL")
+    raise _err(f"argument '{what}' must be a CellGraph, got {type(graph).__name__}", "(argument)", hint=hint)
+
+
 def to_dict(graph: CellGraph) -> dict[str, Any]:
+    graph = check_graph(graph)
     structure = graph.structure()
     out = {"schema": structure.pop("schema"), "version": structure.pop("version"), "name": graph.name,
            "doc": graph.doc}
@@ -40,11 +53,11 @@ def from_dict(data: Any) -> CellGraph:
         raise _err(f"a cell graph is a JSON object, got {type(data).__name__}", "(root)",
                    hint='the file should start with {"schema": "rnn-cell-graph", ...}')
     if data.get("schema") != SCHEMA:
-        raise _err(f"'schema' must be '{SCHEMA}', got {data.get('schema')!r}", "schema",
+        raise _err(f"'schema' must be '{SCHEMA}', got {shown(data.get('schema'))}", "schema",
                    hint="is this a cell-graph file? export one with `python -m engine show --json`")
     version = data.get("version")
     if type(version) is not int or version != VERSION:   # True == 1 and 1.0 == 1 in Python; neither is a version
-        raise _err(f"unsupported version {version!r}; this engine reads version {VERSION}", "version",
+        raise _err(f"unsupported version {shown(version)}; this engine reads version {VERSION}", "version",
                    hint="re-export the design with this version of the engine")
     unknown = sorted(str(k) for k in set(data) - set(TOP_KEYS))
     if unknown:
@@ -104,34 +117,29 @@ def from_dict(data: Any) -> CellGraph:
         raise _err("'output' must be a state name", "output", hint='usually "h"')
     tied = data.get("input_is_hidden", False)
     if not isinstance(tied, bool):
-        raise _err(f"'input_is_hidden' must be true or false, got {tied!r}", "input_is_hidden",
+        raise _err(f"'input_is_hidden' must be true or false, got {shown(tied)}", "input_is_hidden",
                    hint="true when the cell combines x with hidden-sized values (it then needs input size == "
                         "hidden size)")
     return CellGraph(name=name, nodes=tuple(nodes), states=tuple(states), output=output, doc=doc,
                      input_is_hidden=tied)
 
 
+def file_error(message: str, hint: str) -> CellGraphError:
+    return _err(message, "(file)", hint=hint)
+
+
 def from_json(text: str) -> CellGraph:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise _err(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", "(file)",
-                   hint="check the file is a cell-graph JSON export") from None
-    return from_dict(data)
+    return from_dict(parse_json(text, "cell-graph JSON", error=file_error,
+                                hint="check the file is a cell-graph JSON export"))
 
 
 def load(path: str | Path) -> CellGraph:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise _err(f"cannot read {str(path)!r}: {type(e).__name__}: {e}", "(file)",
-                   hint="check the path, and that the file is a UTF-8 cell-graph JSON export") from None
+    text = read_text(path, "cell-graph file", error=file_error,
+                     hint="check the path, and that the file is a UTF-8 cell-graph JSON export")
     return from_json(text)
 
 
-def save(graph: CellGraph, path: str | Path) -> None:
-    """Atomic write: a crash mid-save never leaves a truncated design."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(to_json(graph))
-    tmp.replace(path)
+def save(graph: CellGraph, path: str | Path) -> Path:
+    """Atomic write (engine.files): a crash mid-save never leaves a truncated design, a failed one no temporary."""
+    check_destination(path, "cell-graph file", example=f"{getattr(graph, 'name', 'cell')}.json")
+    return write_text(path, to_json(graph), "cell-graph file")

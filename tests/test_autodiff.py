@@ -263,12 +263,12 @@ def test_a_network_that_is_not_one_is_refused():
 
 
 def test_saved_values_that_cannot_fit_are_refused_before_allocating(monkeypatch):
-    from engine.backends import reference
+    from engine import memory
     case = make_case(engine.preset("lstm").cell)
-    monkeypatch.setattr(reference, "available_host_bytes", lambda: 1_000)
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 1_000)
     with pytest.raises(BackendError, match=r"bptt needs about [\d,]+ bytes .* T=4, B=2, L=2 .*hint: truncate"):
         case.gradients()
-    monkeypatch.setattr(reference, "available_host_bytes", lambda: 10**9)
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 10**9)
     case.gradients()
 
 

@@ -131,7 +131,7 @@ def test_bad_nets_name_the_block_and_field(tmp_path):
     with pytest.raises(BackendError, match=r"'blocks\[0\]\.windw' is not a field of a pool block"):
         engine.net_from_dict(data)
     (tmp_path / "net.json").write_text("{not json")
-    with pytest.raises(BackendError, match="net.json: not JSON"):
+    with pytest.raises(BackendError, match="net.json' is not valid JSON"):
         engine.load_net(tmp_path / "net.json")
     with pytest.raises(BackendError, match="unknown network preset 'deepspeach'; hint: did you mean 'deepspeech'"):
         engine.net_preset("deepspeach")

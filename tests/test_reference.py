@@ -183,22 +183,24 @@ def test_unknown_backend_is_named():
 
 
 def test_a_run_that_cannot_fit_in_memory_is_refused_before_allocating(monkeypatch):
+    from engine import memory
     from engine.backends import reference as ref_backend
     from engine.errors import BackendError
     network = engine.Network(engine.preset("lstm").cell, input_size=3, hidden_size=4, num_layers=1)
     params = engine.init_params(network, seed=0)
     x = np.zeros((6, 2, 3))
-    monkeypatch.setattr(ref_backend, "available_host_bytes", lambda: 1000)       # a tiny machine
-    with pytest.raises(BackendError, match=r"needs about [\d,]+ bytes .* only 1,000 are available; hint: "):
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 1000)       # a tiny machine
+    with pytest.raises(BackendError, match=r"needs [\d.,]+ \w+, the limit is 1,000 bytes \(available host memory now\); "
+                                           "hint: "):
         ref_backend.run(network, params, x)
-    monkeypatch.setattr(ref_backend, "available_host_bytes", lambda: 10**9)
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 10**9)
     assert ref_backend.run(network, params, x).outputs.shape == (6, 2, 4)
 
 
 def test_available_host_memory_is_read_on_linux():
     import os
 
-    from engine.backends.reference import available_host_bytes
+    from engine.memory import available_host_bytes
     found = available_host_bytes()
     if not os.path.exists("/proc/meminfo"):
         assert found is None

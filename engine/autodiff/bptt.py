@@ -77,7 +77,8 @@ def array_module(backend: str):
     if backend == "reference":
         return np
     if backend not in BACKENDS:
-        raise BackendError(f"argument 'backend' of bptt must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise BackendError(f"argument 'backend' of bptt must be one of {', '.join(BACKENDS)}, got {backend!r:.60}; "
+                           "hint: backend='reference' runs NumPy on the CPU")
     ok, reason = backends.gpu_status()       # looked up at call time (tests stand in a GPU)
     if not ok:
         raise BackendError(f"bptt(backend={backend!r}) needs a CUDA GPU with CuPy: {reason}; hint: backend='reference'")

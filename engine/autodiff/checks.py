@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends import reference
+from .. import memory
 from ..backends.common import FiniteCheck
 from ..errors import BackendError
 from ..network import Network
@@ -14,9 +14,13 @@ from .hoist import BackwardSplit
 
 
 def check_dtype(dtype) -> type:
-    dtype = np.dtype(dtype).type
+    try:
+        dtype = np.dtype(dtype).type
+    except (TypeError, ValueError):
+        dtype = None
     if dtype not in (np.float64, np.float32):
-        raise BackendError(f"argument 'dtype': bptt computes in float64 or float32, not {np.dtype(dtype).name}; "
+        raise BackendError(f"argument 'dtype': bptt computes in float64 or float32, not "
+                           f"{np.dtype(dtype).name if dtype is not None else 'a dtype'}; "
                            "hint: dtype=np.float64 (the default) for gradient checks, np.float32 for speed")
     return dtype
 
@@ -107,13 +111,7 @@ def saved_floats_per_row(network: Network, graph: BackwardGraph) -> int:
 
 def device_free_bytes() -> int | None:
     """Free memory of the current CUDA device plus what CuPy's pool holds and could reuse, or None."""
-    try:
-        import cupy  # deferred: CuPy is optional (no GPU in CI)
-        free, _ = cupy.cuda.runtime.memGetInfo()
-        pool = cupy.get_default_memory_pool()
-        return int(free + pool.total_bytes() - pool.used_bytes())
-    except Exception:  # noqa: BLE001 - no device to ask: the allocation itself will say
-        return None
+    return memory.available_device_bytes()
 
 
 def check_bptt_memory(network: Network, split: BackwardSplit, steps: int, batch: int, itemsize: int,
@@ -127,7 +125,7 @@ def check_bptt_memory(network: Network, split: BackwardSplit, steps: int, batch:
     # their stacked copies: at most `widest` numbers each.
     kept = 2 * len(split.recorded) * widest
     needed = itemsize * steps * batch * (network.num_layers * per_step + 4 * widest + kept)
-    available = reference.available_host_bytes() if on == "host" else device_free_bytes()
+    available = memory.available_host_bytes() if on == "host" else device_free_bytes()
     if available is not None and needed > available:
         raise BackendError(f"bptt needs about {needed:,} bytes of {on} memory to keep the forward values of T={steps}, "
                            f"B={batch}, L={network.num_layers} ({per_step} numbers a row, a step and a layer), but "

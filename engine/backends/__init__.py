@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 from functools import lru_cache
 
+from ..arguments import shown
 from ..errors import BackendError
 
 BACKENDS = ("reference", "naive", "fused", "graph", "persistent")
@@ -46,12 +47,13 @@ def gpu_status() -> tuple[bool, str]:
 
 def select(name: str = "auto") -> tuple[str, str]:
     """Resolve 'auto' to a backend name, with the reason (the caller shows it)."""
+    if not isinstance(name, str) or (name != "auto" and name not in BACKENDS):
+        raise BackendError(f"unknown backend {shown(name)}; choose one of: auto, {', '.join(BACKENDS)}; hint: "
+                           "backend='auto' picks the fastest where there is a GPU, 'reference' runs NumPy")
     if name == "auto":
         ok, why = gpu_status()
         return ("auto", f"using the autotuned schedule on {why}") if ok else (
             "reference", f"using backend 'reference' (NumPy on the CPU): {why}")
-    if name not in BACKENDS:
-        raise BackendError(f"unknown backend '{name}'; choose one of: auto, {', '.join(BACKENDS)}")
     if name in GPU_BACKENDS:
         ok, why = gpu_status()
         if not ok:
@@ -62,7 +64,8 @@ def select(name: str = "auto") -> tuple[str, str]:
 def get(name: str):
     """The backend module, which has run(network, params, x, initial_states=None, dtype=...)."""
     if name not in BACKENDS:
-        raise BackendError(f"unknown backend '{name}'; choose one of: {', '.join(BACKENDS)}")
+        raise BackendError(f"unknown backend {shown(name)}; choose one of: {', '.join(BACKENDS)}; hint: "
+                           "backend='reference' runs NumPy on the CPU")
     if name in SCHEDULE_BACKENDS:
         return importlib.import_module(f"engine.schedules.{name}")
     return importlib.import_module(f"engine.backends.{name}")

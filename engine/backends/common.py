@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import backends
+from ..arguments import shown
 from ..codegen.cuda import KERNELS_DIR
 from ..codegen.nvrtc import load_module
 from ..codegen.precision import PRECISIONS
@@ -235,28 +236,37 @@ def check_finite(network: Network, params, x, initial_states) -> None:
 def check_inputs(network: Network, x, initial_states, xp) -> Any:
     """Validate x (T, B, I) and initial states (L, B, H) before any work; errors name the argument."""
     shape = getattr(x, "shape", None)
-    if shape is None:
+    if not isinstance(shape, tuple):          # not an array (a class has a 'shape' descriptor, not a tuple)
         raise BackendError(f"argument 'x' must be an array of shape (T, B, {network.input_size}), "
-                           f"got {type(x).__name__}")
+                           f"got {type(x).__name__}; hint: np.asarray(x, dtype=np.float32)")
     if len(shape) != 3:
-        raise BackendError(f"argument 'x' must have 3 dimensions (T, B, I), got shape {tuple(shape)}")
+        raise BackendError(f"argument 'x' must have 3 dimensions (T, B, I), got shape {tuple(shape)}; hint: "
+                           "steps first, then the batch, then the features (x[:, None, :] for a batch of one)")
     T, B, I = shape
     if I != network.input_size:
-        raise BackendError(f"argument 'x' has input size {I}, the network expects {network.input_size}",)
+        raise BackendError(f"argument 'x' has input size {I}, the network expects {network.input_size}; hint: "
+                           "x's last axis is the network's input_size")
     if T < 1 or B < 1:
-        raise BackendError(f"argument 'x' has shape {tuple(shape)}: T and B must be at least 1")
+        raise BackendError(f"argument 'x' has shape {tuple(shape)}: T and B must be at least 1; hint: give at least "
+                           "one step of one sequence")
     kind = getattr(x, "dtype", None)
-    if kind is None or kind.kind != "f":
-        raise BackendError(f"argument 'x' must be a floating-point array, got dtype {kind}")
+    if getattr(kind, "kind", None) != "f":
+        raise BackendError(f"argument 'x' must be a floating-point array, got dtype {kind}; hint: "
+                           "x.astype(np.float32)")
     if initial_states is not None:
         if not isinstance(initial_states, dict):
-            raise BackendError("argument 'initial_states' must be a dict {state name: (L, B, H) array}")
+            raise BackendError("argument 'initial_states' must be a dict {state name: (L, B, H) array}, got "
+                               f"{type(initial_states).__name__}; hint: e.g. {{'h': np.zeros((L, B, H))}}, or None "
+                               "for zeros")
         for name, value in initial_states.items():
-            if name not in network.cell.state_names:
-                raise BackendError(f"initial_states: '{name}' is not a state of cell '{network.cell.name}' "
-                                   f"(states: {', '.join(network.cell.state_names)})")
+            if not isinstance(name, str) or name not in network.cell.state_names:
+                raise BackendError(f"initial_states: {shown(name)} is not a state of cell '{network.cell.name}'; "
+                                   f"hint: its states are {', '.join(network.cell.state_names)}")
             want = (network.num_layers, B, network.state_size(name))
             if tuple(getattr(value, "shape", ())) != want:
                 raise BackendError(f"initial_states['{name}'] has shape {tuple(getattr(value, 'shape', ()))}, "
-                                   f"expected {want}")
+                                   f"expected {want}; hint: (num_layers, batch, state size) arrays")
+            if getattr(getattr(value, "dtype", None), "kind", None) not in ("f", "i", "u"):
+                raise BackendError(f"initial_states['{name}'] must be an array of numbers, got dtype "
+                                   f"{getattr(value, 'dtype', None)}; hint: a float array")
     return x

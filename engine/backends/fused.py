@@ -23,7 +23,7 @@ import numpy as np
 
 from ..codegen import compile_module
 from ..compiler import make_plan
-from ..errors import BackendError
+from ..memory import available_device_bytes, check_fits
 from ..network import Network
 from ..params import Params
 from ..plan import FLOAT_BYTES, Plan, pack_weights, slot_columns
@@ -287,12 +287,9 @@ class FusedProgram:
             plan = make_plan(network, T, B, self.options["passes"], layout=self.options["layout"],
                              chunk_steps=self.options["chunk_steps"])
             needed = plan_bytes(plan)
-            free, _total = cupy.cuda.runtime.memGetInfo()
-            available = free + cupy.get_default_memory_pool().free_bytes()
-            if needed > available:
-                raise BackendError(f"backend 'fused' needs {needed:,} bytes of GPU memory for T={T}, B={B}, "
-                                   f"L={network.num_layers}, H={network.hidden_size}, but only {available:,} are "
-                                   "available; hint: run fewer steps or a smaller batch at a time")
+            check_fits(needed, f"backend 'fused' with T={T}, B={B}, L={network.num_layers}, "
+                       f"H={network.hidden_size}", "x's steps and batch, hidden_size", on="device",
+                       limit=available_device_bytes(cupy), hint="run fewer steps or a smaller batch at a time")
             module = compile_module(plan.program)
             device = CupyDevice(cupy, module, network.num_layers,
                                 streams=network.num_layers > 1 and plan.num_chunks > 1,

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import BackendError
 from ..ir import CellGraph
+from ..memory import available_device_bytes, check_fits, parameter_bytes, run_bytes
 from ..network import Network
 from ..ops import OPS, apply_elementwise
 from ..params import Params, check_params
@@ -173,29 +174,15 @@ def launches_per_step(cell: CellGraph) -> int:
 # ---- memory ----------------------------------------------------------------------------------
 
 def estimate_bytes(network: Network, steps: int, batch: int, dtype) -> int:
-    """An upper bound of the device memory one run needs (parameters, input, two layers' outputs,
-    states and one step's temporaries)."""
-    item = np.dtype(dtype).itemsize
-    H, widest = network.hidden_size, max(network.input_size, network.hidden_size)
-    num_states = len(network.cell.states)
-    num_ops = sum(1 for n in network.cell.nodes if not n.is_leaf)
-    elements = (network.num_params()
-                + steps * batch * network.input_size                  # x, converted to dtype
-                + 2 * steps * batch * H                               # this layer's and the previous layer's outputs
-                + (2 + network.num_layers) * num_states * batch * H   # states now and next, final states
-                + num_ops * batch * widest)                           # one step's temporaries
-    return elements * item
+    """An upper bound of the device memory one run needs (engine.memory.run_bytes of a GPU backend: parameters,
+    input, two layers' outputs, states and one step's temporaries)."""
+    return run_bytes(network, steps, batch, np.dtype(dtype).itemsize, backend="naive")
 
 
 def check_memory(need: int, what: str) -> None:
     """Raise BackendError before allocating if the device cannot hold `need` bytes."""
-    cupy = _cupy()
-    free, total = cupy.cuda.runtime.memGetInfo()
-    reusable = cupy.get_default_memory_pool().free_bytes()
-    if need > free + reusable:
-        raise BackendError(f"{what} needs about {need / 2**20:.0f} MiB of GPU memory, but only "
-                           f"{(free + reusable) / 2**20:.0f} MiB of {total / 2**20:.0f} MiB are free. "
-                           "hint: reduce the batch, the number of steps or the hidden size")
+    check_fits(need, what, "x's steps and batch, hidden_size", on="device", limit=available_device_bytes(_cupy()),
+               hint="reduce the batch, the number of steps or the hidden size")
 
 
 # ---- running -----------------------------------------------------------------------------------
@@ -231,7 +218,7 @@ class NaiveProgram:
         cupy = self._cupy = _cupy()
         self.network = network
         self.program = step_program(network.cell, self.dtype)
-        check_memory(network.num_params() * self.dtype.itemsize, "the naive backend's parameters")
+        check_memory(parameter_bytes(network, self.dtype.itemsize), "the naive backend's parameters")
         self.layers: list[dict] = []
         for layer in range(network.num_layers):
             values = {}
@@ -250,7 +237,7 @@ class NaiveProgram:
         x = check_inputs(network, x, initial_states, xp=cupy)
         T, B, _ = x.shape
         H = network.hidden_size
-        check_memory(estimate_bytes(network, T, B, self.dtype) - network.num_params() * self.dtype.itemsize,
+        check_memory(estimate_bytes(network, T, B, self.dtype) - parameter_bytes(network, self.dtype.itemsize),
                      f"the naive backend with T={T}, B={B}")
         layer_in = cupy.asarray(x, dtype=self.dtype)                    # (T, B, I)
         finals: dict[str, list] = {name: [] for name in cell.state_names}

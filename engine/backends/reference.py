@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
+from ..memory import check_run
 from ..network import Network
 from ..ops import apply_elementwise
 from ..params import Params, check_params
@@ -43,30 +44,6 @@ def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dic
     return next_states, env
 
 
-def available_host_bytes() -> int | None:
-    """Memory the OS says is available now (Linux: MemAvailable), or None where it cannot tell."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def check_host_memory(network: Network, steps: int, batch: int, itemsize: int) -> None:
-    """Refuse, before allocating, a run whose arrays cannot fit: the input in the run's dtype, one (T, B, H)
-    output per layer alive at a time (two), and the cell's values of one step."""
-    H, I = max(network.hidden_size, network.projection_size), network.input_size
-    needed = itemsize * (steps * batch * (I + 2 * H) + 4 * len(network.cell.nodes) * batch * max(H, I))
-    available = available_host_bytes()
-    if available is not None and needed > available:
-        raise BackendError(f"the reference run needs about {needed:,} bytes of memory for T={steps}, B={batch}, "
-                           f"I={I}, H={H}, but only {available:,} are available; hint: run fewer steps or a "
-                           "smaller batch at a time, or dtype=np.float32")
-
-
 def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | None = None,
         dtype=np.float64, precision: str = "float32") -> RunResult:
     """x: (T, B, I). initial_states: name -> (L, B, size of the state: H, or P), zeros where not given. precision: the mode whose
@@ -78,7 +55,7 @@ def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | 
     check_params(network, params)
     x = check_inputs(network, x, initial_states, xp=np)
     T, B, _ = x.shape
-    check_host_memory(network, T, B, np.dtype(dtype).itemsize)
+    check_run(network, T, B, np.dtype(dtype).itemsize, backend="reference")   # before anything (T, B)-sized
     cell = network.cell
     states = []
     for layer in range(network.num_layers):

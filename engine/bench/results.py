@@ -33,12 +33,13 @@ The app reads it through load_results / list_results and draws it; it never reco
 from __future__ import annotations
 
 import json
-import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..arguments import shown
 from ..errors import BackendError
+from ..files import error_of, load_json, write_text
 
 SCHEMA = "rnn-engine/bench-results"
 SCHEMA_VERSION = 1
@@ -59,34 +60,26 @@ def results_filename(results: dict, kind: str = "bench") -> str:
 
 
 def save_results(results: dict, path: str | Path) -> Path:
-    """Write atomically (a reader never sees half a file); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")          # two writers never share a temporary
-    tmp.write_text(json.dumps(results, separators=(",", ":"), allow_nan=False))
-    os.replace(tmp, path)
-    return path
+    """Write atomically (engine.files: a reader never sees half a file, a failed write leaves no temporary);
+    returns the path."""
+    return write_text(path, json.dumps(results, separators=(",", ":"), allow_nan=False), "benchmark results")
 
 
 def read_document(path: str | Path, schema: str, label: str, kind: str, *, missing_hint: str = "",
                   version: int | None = None) -> dict:
     """A JSON document of `schema` (and `version`, when given) with a list of 'cells'; BackendError naming the file
     as `label` ("results file") and what it is not (`kind`: "a benchmark result")."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BackendError(f"{label} {path} does not exist{missing_hint}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BackendError(f"{label} {path} is not valid JSON ({e})") from None
+    hint = missing_hint.removeprefix(". hint: ") or f"pass {kind} file written by the benchmark"
+    data = load_json(path, label, error=error_of(BackendError), hint=hint)
     if not isinstance(data, dict) or data.get("schema") != schema:
         raise BackendError(f"{label} {path} is not {kind} (schema "
-                           f"{data.get('schema') if isinstance(data, dict) else None!r}, expected {schema!r})")
-    if version is not None and data.get("version") != version:
-        raise BackendError(f"{label} {path} has schema version {data.get('version')!r}; this engine reads "
+                           f"{shown(data.get('schema') if isinstance(data, dict) else None)}, expected {schema!r}); "
+                           f"hint: {hint}")
+    if version is not None and (type(data.get("version")) is not int or data["version"] != version):
+        raise BackendError(f"{label} {path} has schema version {shown(data.get('version'))}; this engine reads "
                            f"version {version}. hint: re-run the benchmark")
     if not isinstance(data.get("cells"), list):
-        raise BackendError(f"{label} {path}: field 'cells' must be a list")
+        raise BackendError(f"{label} {path}: field 'cells' must be a list; hint: {hint}")
     return data
 
 

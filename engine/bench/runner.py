@@ -26,14 +26,16 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .. import backends
+from ..arguments import shown
 from ..backends import naive
 from ..backends import reference as numpy_reference
-from ..backends.naive import estimate_bytes
 from ..errors import BackendError, EngineError
+from ..files import as_path, check_destination
 from ..flops import network_flops
 from ..gallery import Preset
 from ..gallery import get as get_preset
 from ..ir import CellGraph
+from ..memory import run_bytes
 from ..params import init_params
 from .configs import BenchConfig, NetBenchConfig, parse_configs
 from .divergence import error_summary, gate, step_curves
@@ -291,9 +293,9 @@ def estimate_cell_bytes(case_network, config: BenchConfig, buffers: int) -> int:
     (bounded by twice the naive fp32 run plus converted input copies)."""
     T, B, I, H = config.steps, config.batch, config.input_size, config.hidden_size
     inputs = buffers * T * B * I * 4
-    reference = estimate_bytes(case_network, T, B, np.float64)
+    reference = run_bytes(case_network, T, B, 8, backend="naive")
     kept = 3 * T * B * H * 8                  # the reference, cuDNN fp32's output and the output being checked
-    largest = 2 * estimate_bytes(case_network, T, B, np.float32) + buffers * T * B * I * 4
+    largest = 2 * run_bytes(case_network, T, B, 4, backend="naive") + buffers * T * B * I * 4
     return inputs + reference + kept + largest + (64 << 20)
 
 
@@ -306,6 +308,11 @@ def free_device_bytes() -> int:
 # ---- the run ----------------------------------------------------------------------------------------------
 
 def _cells(presets: Iterable) -> list[tuple[str, CellGraph, Preset | None]]:
+    if isinstance(presets, (str, Preset, CellGraph)):           # one cell: bench("lstm") times the LSTM
+        presets = [presets]
+    if not isinstance(presets, Iterable):
+        raise BackendError(f"argument 'presets' must be preset names, Presets or CellGraphs, got "
+                           f"{type(presets).__name__}; hint: e.g. presets=['lstm', 'gru']")
     cells = []
     for item in presets:
         if isinstance(item, str):
@@ -317,7 +324,7 @@ def _cells(presets: Iterable) -> list[tuple[str, CellGraph, Preset | None]]:
             cells.append((item.name, item, None))
         else:
             raise BackendError(f"argument 'presets': expected preset names, Presets or CellGraphs, got "
-                               f"{type(item).__name__}")
+                               f"{type(item).__name__}; hint: e.g. presets=['lstm', 'gru']")
     if not cells:
         raise BackendError("argument 'presets' is empty. hint: e.g. presets=['lstm']")
     return cells
@@ -406,11 +413,13 @@ def resolve_settings(*, quick: bool, reps, warmup, buffers, compile_budget_s, se
     for key, low in (("reps", MIN_REPS), ("warmup", 1), ("buffers", 2)):
         value = settings[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise BackendError(f"argument '{key}' must be an integer >= {low}, got {value!r}")
+            raise BackendError(f"argument '{key}' must be an integer >= {low}, got {shown(value)}; hint: leave it out "
+                               "for the default")
     for key in ("compile_budget_s", "time_budget_s"):
         value = settings[key]
         if value is not None and (not isinstance(value, (int, float)) or value < 0):
-            raise BackendError(f"argument '{key}' must be a number of seconds >= 0, got {value!r}")
+            raise BackendError(f"argument '{key}' must be a number of seconds >= 0, got {shown(value)}; hint: leave it "
+                               "out for no limit")
     return settings
 
 
@@ -425,6 +434,14 @@ def run_bench(presets: Iterable = ("lstm",), configs: Iterable[BenchConfig | str
 
     progress(done, total, label) is called before each step (the app draws a bar from it).
     """
+    if isinstance(configs, (str, BenchConfig, NetBenchConfig)):
+        configs = [configs]
+    if configs is not None and not isinstance(configs, Iterable):
+        raise BackendError(f"argument 'configs' must be BenchConfigs or config names, got {type(configs).__name__}; "
+                           "hint: e.g. configs=['small'], or leave it out for every anchor")
+    for folder, name in ((out_dir, "out_dir"), (copy_to, "copy_to")):   # before the work, not after the first cell
+        if folder is not None:
+            check_destination(as_path(folder, name) / "bench.json", "benchmark results", flag=name)
     configs = [c for item in configs
                for c in ([item] if isinstance(item, (BenchConfig, NetBenchConfig)) else parse_configs([item]))] \
         if configs is not None else parse_configs(None)

@@ -65,7 +65,7 @@ SHORT_NAMES = {p.short: p.name for p in PRECISIONS.values()}
 
 def precision(name: str) -> Precision:
     """The mode by name ("float32", "tf32", "float16", "bfloat16"; the short names fp32/fp16/bf16 too)."""
-    name = SHORT_NAMES.get(name, name) if isinstance(name, str) else name
-    if name not in PRECISIONS:
-        raise CompileError(f"precision {name!r} is not supported; hint: use one of {', '.join(PRECISIONS)}")
+    if not isinstance(name, str) or SHORT_NAMES.get(name, name) not in PRECISIONS:
+        raise CompileError(f"precision {repr(name)[:60]} is not supported; hint: use one of {', '.join(PRECISIONS)}")
+    name = SHORT_NAMES.get(name, name)
     return PRECISIONS[name]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..arguments import integer, normalised, shown
 from ..errors import BackendError, CellGraphError
 from ..gallery import get as get_preset
 from ..ir import CellGraph
@@ -35,16 +36,17 @@ POOLS = ("max", "mean")
 
 
 def _positive(value, what: str, where: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise BackendError(f"{where}: {what} must be a positive integer, got {value!r}")
+    integer(value, what, where=where)
 
 
 def check_pool(pool, where: str) -> None:
     """A Pool's fields: op max or mean, window and stride positive integers (BackendError naming `where`)."""
     if not isinstance(pool, Pool):
-        raise BackendError(f"{where}: a pool is an engine.Pool(op, window, stride), got {type(pool).__name__}")
-    if pool.op not in POOLS:
-        raise BackendError(f"{where}: op must be one of {', '.join(POOLS)}, got {pool.op!r}")
+        raise BackendError(f"{where}: a pool is an engine.Pool(op, window, stride), got {type(pool).__name__}; "
+                           "hint: e.g. engine.Pool('max', 2, 2)")
+    if not isinstance(pool.op, str) or pool.op not in POOLS:
+        raise BackendError(f"{where}: op must be one of {', '.join(POOLS)}, got {shown(pool.op)}; "
+                           "hint: 'max' or 'mean'")
     _positive(pool.window, "window", where)
     _positive(pool.stride, "stride", where)
 
@@ -74,6 +76,8 @@ class Layers:
 
     def __post_init__(self):
         object.__setattr__(self, "cell", resolve_cell(self.cell))
+        for key in ("hidden_size", "num_layers", "proj_size", "input_size"):   # np.int64 -> int; Net checks them
+            object.__setattr__(self, key, normalised(getattr(self, key)))
 
     @property
     def label(self) -> str:
@@ -113,6 +117,10 @@ class Pool:
     stride: int = 2
     name: str = ""
 
+    def __post_init__(self):
+        for key in ("window", "stride"):            # np.int64 -> int; Net checks them
+            object.__setattr__(self, key, normalised(getattr(self, key)))
+
     @property
     def label(self) -> str:
         return self.name or f"{self.op}-pool {self.window}/{self.stride}"
@@ -130,8 +138,11 @@ class Net:
     sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)   # the input size of every block
 
     def __post_init__(self):
+        if isinstance(self.blocks, (str, bytes)) or not hasattr(self.blocks, "__iter__"):
+            raise BackendError(f"net '{self.name}': blocks must be a sequence of Layers and Pool blocks, got "
+                               f"{type(self.blocks).__name__}; hint: blocks=(Layers('lstm', 256),)")
         object.__setattr__(self, "blocks", tuple(self.blocks))
-        _positive(self.input_size, "input_size", f"net '{self.name}'")
+        object.__setattr__(self, "input_size", integer(self.input_size, "input_size", where=f"net '{self.name}'"))
         if not self.blocks:
             raise BackendError(f"net '{self.name}' has no blocks; hint: blocks=(Layers('lstm', 256),)")
         sizes, size = [], self.input_size
@@ -141,11 +152,14 @@ class Net:
                 where += f" ('{block.label}')"
                 _positive(block.hidden_size, "hidden_size", where)
                 _positive(block.num_layers, "num_layers", where)
-                if block.direction not in DIRECTIONS:
+                if not isinstance(block.direction, str) or block.direction not in DIRECTIONS:
                     raise BackendError(f"{where}: direction must be one of {', '.join(DIRECTIONS)}, got "
-                                       f"{block.direction!r}")
-                if block.merge not in MERGES:
-                    raise BackendError(f"{where}: merge must be one of {', '.join(MERGES)}, got {block.merge!r}")
+                                       f"{shown(block.direction)}; hint: 'forward' or 'bidirectional'")
+                if not isinstance(block.merge, str) or block.merge not in MERGES:
+                    raise BackendError(f"{where}: merge must be one of {', '.join(MERGES)}, got {shown(block.merge)}; "
+                                       "hint: 'concat' or 'sum'")
+                if block.input_size is not None:
+                    integer(block.input_size, "input_size", where=where)
                 if block.input_size is not None and block.input_size != size:
                     before = "the net's input" if k == 0 else f"block {k - 1} ('{self.blocks[k - 1].label}')"
                     raise BackendError(f"{where} expects input size {block.input_size}, but {before} gives {size}; "
@@ -159,7 +173,8 @@ class Net:
             elif isinstance(block, Pool):
                 check_pool(block, where + f" ('{block.label}')")
             else:
-                raise BackendError(f"{where}: a block is a Layers or a Pool, got {type(block).__name__}")
+                raise BackendError(f"{where}: a block is a Layers or a Pool, got {type(block).__name__}; "
+                                   "hint: e.g. Layers('lstm', 256) or Pool('max', 2, 2)")
             sizes.append(size)
             size = block.output_size if isinstance(block, Layers) else size
         object.__setattr__(self, "sizes", tuple(sizes))
@@ -200,8 +215,19 @@ def layer_networks(net: Net, k: int) -> list[Network]:
     return [block.layer_network(layer, net.sizes[k]) for layer in range(block.num_layers)]
 
 
+def check_net(net) -> Net:
+    """`net` as it is when it is an engine.Net; anything else refused naming the argument."""
+    if not isinstance(net, Net):
+        raise BackendError(f"argument 'net' must be an engine.Net, got {type(net).__name__}; hint: "
+                           "engine.Net(input_size, (engine.Layers('lstm', 256),)), engine.net_preset(name) or "
+                           "engine.load_net(path)")
+    return net
+
+
 def init_net_params(net: Net, seed: int = 0, dtype=np.float64) -> NetParams:
     """Every block's parameters, seeded per block and direction (uniform in +-1/sqrt(H), as init_params)."""
+    check_net(net)
+    seed = integer(seed, "seed", low=0, high=None)
     out = []
     for k, block in enumerate(net.blocks):
         if not isinstance(block, Layers):
@@ -218,9 +244,10 @@ def init_net_params(net: Net, seed: int = 0, dtype=np.float64) -> NetParams:
 
 
 def check_net_params(net: Net, params: NetParams) -> None:
+    check_net(net)
     if not isinstance(params, NetParams) or len(params.blocks) != len(net.blocks):
         raise BackendError(f"net '{net.name}' has {len(net.blocks)} blocks; the parameters must be a NetParams with "
-                           "one entry per block (init_net_params)")
+                           "one entry per block; hint: make them with engine.init_net_params(net)")
     for k, block in enumerate(net.blocks):
         if not isinstance(block, Layers):
             continue
@@ -230,7 +257,8 @@ def check_net_params(net: Net, params: NetParams) -> None:
             p = entry.get(direction) if isinstance(entry, dict) else None
             if not isinstance(p, Params) or len(p.layers) != block.num_layers:
                 raise BackendError(f"net '{net.name}', block {k} ('{block.label}'): parameters for the {direction} "
-                                   f"direction must be Params of {block.num_layers} layer(s)")
+                                   f"direction must be Params of {block.num_layers} layer(s); hint: make them with "
+                                   "engine.init_net_params(net)")
             for layer, network in enumerate(layer_networks(net, k)):
                 try:
                     check_params(network, Params([p.layers[layer]]))

@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+from ..arguments import shown
 from ..errors import BackendError, CellGraphError, Problem
+from ..files import error_of, load_json, parse_json
 from ..gallery import presets
 from ..serialize import from_dict, to_dict
-from .data import NET_SCHEMA, NET_VERSION, Layers, Net, Pool, resolve_cell
+from .data import NET_SCHEMA, NET_VERSION, Layers, Net, Pool, check_net, resolve_cell
+
+NET_HINT = ('a network file looks like {"schema": "rnn-network", "version": 1, "input_size": 64, "blocks": '
+            '[{"kind": "layers", "cell": "lstm", "hidden_size": 256}]} (engine.net_to_json writes one)')
+TOP_KEYS = {"schema", "version", "name", "doc", "input_size", "blocks"}
 
 
 def net_to_dict(net: Net) -> dict:
+    check_net(net)
     blocks = []
     for block in net.blocks:
         if isinstance(block, Pool):
@@ -40,11 +46,11 @@ def net_from_dict(data) -> Net:
     if not isinstance(data, dict):
         raise BackendError(f"a network is a JSON object, got {type(data).__name__}; hint: {NET_HINT}")
     if data.get("schema") != NET_SCHEMA:
-        raise BackendError(f"field 'schema' must be {NET_SCHEMA!r}, got {data.get('schema')!r}; hint: a cell's JSON "
+        raise BackendError(f"field 'schema' must be {shown(NET_SCHEMA)}, got {shown(data.get('schema'))}; hint: a cell's JSON "
                            "(schema 'rnn-cell-graph') goes in a block's 'cell' field")
-    if data.get("version") != NET_VERSION:
-        raise BackendError(f"field 'version': this engine reads version {NET_VERSION}, got {data.get('version')!r}; "
-                           f"hint: {NET_HINT}")
+    if type(data.get("version")) is not int or data["version"] != NET_VERSION:    # not True, not 1.0
+        raise BackendError(f"field 'version': this engine reads version {NET_VERSION}, got "
+                           f"{shown(data.get('version'))}; hint: re-export the network with this engine")
     raw_blocks = data.get("blocks")
     if not isinstance(raw_blocks, list) or not raw_blocks:
         raise BackendError("field 'blocks' must be a non-empty list of {\"kind\": \"layers\" | \"pool\", ...}; "
@@ -55,10 +61,11 @@ def net_from_dict(data) -> Net:
                "pool": {"kind", "op", "window", "stride", "name"}}
     for k, raw in enumerate(raw_blocks):
         where = f"blocks[{k}]"
-        if not isinstance(raw, dict) or raw.get("kind") not in allowed:
-            raise BackendError(f"field '{where}.kind' must be 'layers' or 'pool', got "
-                               f"{raw.get('kind') if isinstance(raw, dict) else raw!r}; hint: {NET_HINT}")
-        unknown = sorted(set(raw) - allowed[raw["kind"]])
+        if not isinstance(raw, dict) or not isinstance(raw.get("kind"), str) or raw["kind"] not in allowed:
+            got = raw.get("kind") if isinstance(raw, dict) else raw
+            raise BackendError(f"field '{where}.kind' must be 'layers' or 'pool', got {shown(got)}; hint: e.g. "
+                               '{"kind": "layers", "cell": "lstm", "hidden_size": 256}')
+        unknown = sorted(str(key) for key in set(raw) - allowed[raw["kind"]])
         if unknown:
             raise BackendError(f"field '{where}.{unknown[0]}' is not a field of a {raw['kind']} block; hint: "
                                f"{raw['kind']} blocks take {', '.join(sorted(allowed[raw['kind']] - {'kind'}))}")
@@ -78,7 +85,15 @@ def net_from_dict(data) -> Net:
         blocks.append(Layers(cell, raw["hidden_size"], raw.get("num_layers", 1), raw.get("direction", "forward"),
                              raw.get("merge", "concat"), raw.get("proj_size"), raw.get("input_size"),
                              raw.get("name", "")))
-    return Net(data.get("input_size"), tuple(blocks), str(data.get("name", "net")), str(data.get("doc", "")))
+    for key in ("name", "doc"):
+        if not isinstance(data.get(key, ""), str):
+            raise BackendError(f"field '{key}' must be a string, got {type(data[key]).__name__}; hint: e.g. "
+                               f'"{key}": "my_net", or leave it out')
+    unknown = sorted(str(key) for key in set(data) - TOP_KEYS)
+    if unknown:
+        raise BackendError(f"field '{unknown[0]}' is not a field of a network; hint: a network has "
+                           f"{', '.join(sorted(TOP_KEYS))}")
+    return Net(data.get("input_size"), tuple(blocks), data.get("name", "net"), data.get("doc", ""))
 
 
 def net_to_json(net: Net) -> str:
@@ -86,19 +101,12 @@ def net_to_json(net: Net) -> str:
 
 
 def net_from_json(text: str) -> Net:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BackendError(f"not JSON: {e}; hint: {NET_HINT}") from None
-    return net_from_dict(data)
+    return net_from_dict(parse_json(text, "network JSON", error=error_of(BackendError), hint=NET_HINT))
 
 
 def load_net(path) -> Net:
+    data = load_json(path, "network file", error=error_of(BackendError), hint="check the path; " + NET_HINT)
     try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise BackendError(f"cannot read network file {str(path)!r}: {e}; hint: {NET_HINT}") from None
-    try:
-        return net_from_json(text)
+        return net_from_dict(data)
     except (BackendError, CellGraphError) as e:
         raise type(e)(f"{path}: {e}") from None

@@ -1,6 +1,7 @@
 """Preset networks: the seed benchmark's DeepSpeech block and a deep stack of one cell."""
 from __future__ import annotations
 
+from ..arguments import shown
 from ..errors import BackendError
 from ..gallery import closest_names
 from .data import Layers, Net, Pool
@@ -25,7 +26,7 @@ NET_PRESETS = {"deepspeech": deepspeech, "stack": stack}
 
 
 def net_preset(name: str, **sizes) -> Net:
-    if name not in NET_PRESETS:
-        raise BackendError(f"unknown network preset '{name}'; hint: {closest_names(name, NET_PRESETS)}known: "
+    if not isinstance(name, str) or name not in NET_PRESETS:
+        raise BackendError(f"unknown network preset {shown(name)}; hint: {closest_names(name, NET_PRESETS)}known: "
                            + ", ".join(NET_PRESETS))
     return NET_PRESETS[name](**sizes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arguments import float_dtype, shown
 from ..backends.common import array_module_of
 from ..errors import BackendError
 from ..execute import run
@@ -39,15 +40,16 @@ class NetProgram:
 
     def __init__(self, net: Net, params: NetParams, backend: str = "reference", *, dtype=None,
                  precision: str = "float32", fuse_pools: bool = False):
-        if backend not in NET_BACKENDS:
-            raise BackendError(f"a net runs on one of {', '.join(NET_BACKENDS)}, not {backend!r}")
+        if not isinstance(backend, str) or backend not in NET_BACKENDS:
+            raise BackendError(f"a net runs on one of {', '.join(NET_BACKENDS)}, not {shown(backend)}; hint: "
+                               "backend='reference' runs NumPy on the CPU")
         if fuse_pools and backend not in FUSED_POOL_BACKENDS:
             raise BackendError(f"fuse_pools=True folds a pool into a wavefront schedule's kernel: backend must be one "
                                f"of {', '.join(FUSED_POOL_BACKENDS)}, not {backend!r}; hint: fuse_pools=False")
         check_net_params(net, params)
         self.net, self.params, self.backend, self.precision = net, params, backend, precision
         self.fuse_pools = fuse_pools
-        self.dtype = (np.float64 if backend == "reference" else np.float32) if dtype is None else dtype
+        self.dtype = (np.float64 if backend == "reference" else np.float32) if dtype is None else float_dtype(dtype)
         self.programs: dict[tuple, object] = {}
         self.runs = {r.first: r for r in fused_runs(net, precision)} if fuse_pools else {}
         self.fused: dict[int, str] = {}          # first block of a run -> what was joined, or why it was not
@@ -98,9 +100,10 @@ class NetProgram:
         part of a fused run (fuse_pools) has None in block_outputs but the run's last: what it produced never existed."""
         net, params = self.net, self.params
         shape = getattr(x, "shape", None)
-        if shape is None or len(shape) != 3 or shape[2] != net.input_size:
+        if not isinstance(shape, tuple) or len(shape) != 3 or shape[2] != net.input_size:
             raise BackendError(f"argument 'x' must have shape (T, B, {net.input_size}) for net '{net.name}', got "
-                               f"{tuple(shape) if shape is not None else type(x).__name__}")
+                               f"{shape if isinstance(shape, tuple) else type(x).__name__}; hint: steps first, "
+                               "then the batch, then the features")
         net.steps(shape[0])                    # pools that do not fit are refused before any work
         value = x if array_module_of(x) is not np else np.asarray(x)
         produced = []

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -29,11 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arguments import shown
 from ..backends import fused
 from ..backends.common import check_float32_only, check_precision
 from ..codegen import GENERATOR_VERSION
 from ..compiler import compile_program
-from ..errors import BackendError, CompileError
+from ..errors import BackendError, CompileError, FileError
+from ..files import load_json, write_text
 from ..network import Network
 from ..params import Params
 from .registry import schedule_class
@@ -161,11 +162,13 @@ def read_cache(path: Path | None = None) -> dict:
     if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text())
-        if data.get("version") != CACHE_VERSION or not isinstance(data.get("entries"), dict):
-            raise ValueError(f"version {data.get('version')!r}, expected {CACHE_VERSION}")
+        data = load_json(path, "autotune cache", hint="it is rebuilt")   # FileError: unreadable, not JSON, too deep
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(
+                data.get("entries"), dict):
+            raise ValueError(f"version {shown(data.get('version') if isinstance(data, dict) else None)}, expected "
+                             f"{CACHE_VERSION}")
         return data["entries"]
-    except (ValueError, AttributeError, OSError) as e:
+    except (ValueError, FileError) as e:
         stamp = int(time.time())
         aside = path.with_name(f"{path.name}.corrupt-{stamp}")
         copies = 0
@@ -186,14 +189,8 @@ def write_entry(key: str, choice: "Choice | dict", path: Path | None = None) -> 
     with _locked(path):
         entries = read_cache(path)
         entries[key] = choice if isinstance(choice, dict) else choice.to_dict()
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump({"version": CACHE_VERSION, "entries": entries}, handle, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text(path, json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1, sort_keys=True),
+                   "autotune cache")
 
 
 def prepare(candidate: Candidate, network: Network, params: Params, precision: str = "float32"):

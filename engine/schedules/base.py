@@ -27,6 +27,7 @@ from ..codegen.nvrtc import load_module
 from ..codegen.wavefront import POOL_OPS, entry_points, half_copies, layer_fields, render_wavefront, stages
 from ..compiler import make_plan
 from ..errors import BackendError, CompileError
+from ..memory import available_device_bytes, check_fits
 from ..nets.data import check_pool
 from ..network import Network
 from ..params import Params
@@ -304,12 +305,9 @@ class WavefrontSchedule:
 
     def _check_memory(self, plan: Plan) -> None:
         needed = plan_bytes(plan)
-        free, _ = self.cupy.cuda.runtime.memGetInfo()
-        available = free + self.cupy.get_default_memory_pool().free_bytes()
-        if needed > available:
-            raise BackendError(f"schedule '{self.name}' needs {needed:,} bytes of GPU memory for T={plan.steps}, "
-                               f"B={plan.batch}, L={self.network.num_layers}, H={self.network.hidden_size}, but "
-                               f"only {available:,} are available; hint: run fewer steps or a smaller batch at a time")
+        check_fits(needed, f"schedule '{self.name}' with T={plan.steps}, B={plan.batch}, L={self.network.num_layers}, "
+                   f"H={self.network.hidden_size}", "x's steps and batch, hidden_size", on="device",
+                   limit=available_device_bytes(self.cupy), hint="run fewer steps or a smaller batch at a time")
         self.bytes = needed
 
     # ---- the run ----------------------------------------------------------------------------------

@@ -14,11 +14,30 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import write_text
+from ..files import load_json, write_text
 from ..params import Params
 from .errors import TrainingError
 
 FORMAT = "cellforge.train_results/1"
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _numbers(value, at_least: int = 0) -> bool:
+    return isinstance(value, list) and len(value) >= at_least and all(_number(v) for v in value)
+
+
+FIELD_KINDS = {    # what from_dict accepts in each field of a stored result
+    "cell": lambda v: isinstance(v, str), "cell_hash": lambda v: isinstance(v, str),
+    "task": lambda v: isinstance(v, str), "metric": lambda v: isinstance(v, str),
+    "cell_json": lambda v: isinstance(v, dict), "settings": lambda v: isinstance(v, dict),
+    "environment": lambda v: isinstance(v, dict), "baseline": _number, "seconds": _number,
+    "num_params": lambda v: isinstance(v, int) and not isinstance(v, bool), "losses": _numbers,
+    "eval_steps": lambda v: _numbers(v) and all(isinstance(s, int) for s in v),
+    "eval_losses": lambda v: _numbers(v, 1), "eval_metrics": lambda v: _numbers(v, 1),
+}
 
 
 @dataclass
@@ -64,6 +83,14 @@ class TrainResult:
 
     @staticmethod
     def from_dict(data: dict) -> "TrainResult":
+        if not isinstance(data, dict):
+            raise TrainingError(f"not a training result: a result is a JSON object, got {type(data).__name__}",
+                                hint="pass a file written by save_results or `python -m engine train --json`")
+        for key, kind in FIELD_KINDS.items():
+            if key in data and not kind(data[key]):
+                raise TrainingError(f"not a training result: field '{key}' has the wrong type "
+                                    f"({type(data[key]).__name__})",
+                                    hint="pass a file written by save_results or `python -m engine train --json`")
         try:
             return TrainResult(**{k: data[k] for k in (
                 "cell", "cell_hash", "cell_json", "task", "metric", "baseline", "settings", "losses", "eval_steps",
@@ -89,13 +116,15 @@ def save_results(results: list[TrainResult], path: str | Path, *, flag: str | No
     return write_text(path, results_to_json(results) + "\n", "training results", flag=flag)
 
 
+def training_error(message: str, hint: str) -> TrainingError:
+    return TrainingError(message, hint=hint)
+
+
 def load_results(path: str | Path) -> list[TrainResult]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise TrainingError(f"cannot read training results {str(path)!r}: {e}",
-                            hint="pass a file written by `python -m engine train --json`") from None
+    hint = "pass a file written by `python -m engine train --json`"
+    data = load_json(path, "training results", error=training_error, hint=hint)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise TrainingError(f"{str(path)!r} is not a training results file (format {FORMAT!r})",
-                            hint="pass a file written by `python -m engine train --json`")
+        raise TrainingError(f"{str(path)!r} is not a training results file (format {FORMAT!r})", hint=hint)
+    if not isinstance(data.get("results"), list):
+        raise TrainingError(f"{str(path)!r}: field 'results' must be a list of training results", hint=hint)
     return [TrainResult.from_dict(r) for r in data["results"]]

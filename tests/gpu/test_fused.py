@@ -131,7 +131,7 @@ def test_memory_is_checked_before_allocating(cupy):
     params = engine.init_params(network)
     huge = cupy.broadcast_to(cupy.zeros((1, 1, 8), dtype=cupy.float32), (1_000_000, 256, 8))
     before = cupy.get_default_memory_pool().used_bytes()
-    with pytest.raises(BackendError, match=r"needs [\d,]+ bytes of GPU memory.*available.*hint"):
+    with pytest.raises(BackendError, match=r"needs [\d.,]+ \w+, the limit is .*free GPU memory.*hint"):
         fused.run(network, params, huge)
     assert cupy.get_default_memory_pool().used_bytes() == before
 

@@ -22,7 +22,7 @@ import json  # noqa: E402
 import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
-from app import engine_cache, figures, state  # noqa: E402
+from app import engine_cache, figures, page, state  # noqa: E402
 
 BENCH_REQUEST = "benchmarks.request_presets"     # set by the Gallery's "Benchmark" button
 LIVE_RUN = "benchmarks.live_run"                # the results of the live run started in this browser tab
@@ -236,7 +236,7 @@ def training_ui() -> None:
     st.dataframe(rows, hide_index=True, key="benchmarks.train_table")
 
 
-st.title("Benchmarks")
+page.header("benchmarks")
 api = bench_api()
 if api is None:
     st.info("The benchmark harness (engine.bench) is not part of this engine yet.")

@@ -301,22 +301,22 @@ def test_a_link_with_a_foreign_design_id_starts_a_new_design(designs):
 
 def test_two_size_edits_in_a_row_both_stick(designer):
     at = designer
-    at.number_input(key="designer.hidden_size").set_value(12).run()
-    at.number_input(key="designer.input_size").set_value(5).run()       # was reset to the old 64 before
-    assert at.number_input(key="designer.input_size").value == 5
-    assert at.number_input(key="designer.hidden_size").value == 12
+    at.text_input(key="designer.hidden_size").set_value(str(12)).run()
+    at.text_input(key="designer.input_size").set_value(str(5)).run()       # was reset to the old 64 before
+    assert at.text_input(key="designer.input_size").value == "5"
+    assert at.text_input(key="designer.hidden_size").value == "12"
     assert {k: at.session_state["state.sizes"][k] for k in ("input_size", "hidden_size")} == \
         {"input_size": 5, "hidden_size": 12}
 
 
 def test_the_sample_run_is_a_real_reference_run_of_the_current_cell(designer):
     at = designer
-    at.number_input(key="designer.hidden_size").set_value(12).run()
+    at.text_input(key="designer.hidden_size").set_value(str(12)).run()
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["outputs (T, B, H)"] == "3 x 2 x 12"
     sizes = at.session_state["state.sizes"]                             # the plan's sizes, which the run uses
     assert f"shape (3, 2, {sizes['input_size']}) (T, B, I)" in "\n".join(c.value for c in at.caption)
-    cell = engine.from_json(at.session_state["state.design"])          # the designer's own copy of the LSTM
+    cell = engine.from_json(at.session_state["state.store"]["design"])          # the designer's own copy of the LSTM
     network = engine.Network(cell, sizes["input_size"], 12, sizes["num_layers"])
     params = engine.init_params(network, seed=0)
     x = np.random.default_rng(1).standard_normal((3, 2, sizes["input_size"]))
@@ -352,14 +352,14 @@ def test_plan_not_available_without_engine_explain(designer, monkeypatch):
     monkeypatch.setitem(sys.modules, "engine.explain", None)     # import engine.explain now fails
     st.cache_data.clear()
     at = designer
-    at.number_input(key="designer.batch").set_value(3).run()
+    at.text_input(key="designer.batch").set_value(str(3)).run()
     assert not at.exception
     assert any("plan not available yet" in i.value for i in at.info)
 
 
 def test_bad_sizes_name_the_field(designer):
     at = designer
-    at.number_input(key="designer.hidden_size").set_value(0).run()
+    at.text_input(key="designer.hidden_size").set_value(str(0)).run()
     assert "hidden_size: must be at least 1" in texts(at.error)
 
 
@@ -507,7 +507,7 @@ def test_a_cell_with_a_projected_state_opens_validates_plans_and_runs(designer):
     drawn = {n["label"]: n for n in at.session_state["designer.canvas"]["schema"]["nodes"]}
     assert {o["name"]: o["value"] for o in drawn["h · state"]["options"]}["dim"] == "P"
     assert any(m.label == "outputs (T, B, P)" and m.value == "3 x 2 x 128" for m in at.metric)   # P = 128
-    at.number_input(key="designer.proj_size").set_value(5).run()         # the plan's sizes: P too
+    at.text_input(key="designer.proj_size").set_value(str(5)).run()         # the plan's sizes: P too
     assert not at.exception and not at.error, texts(at.error)
     assert any(m.label == "outputs (T, B, P)" and m.value == "3 x 2 x 5" for m in at.metric)
 

@@ -9,6 +9,8 @@ engine.export, engine.bench, engine.dsl_emit) are looked up with `optional()`, s
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
@@ -168,6 +170,13 @@ def optional(module: str, attr: str) -> Callable | None:
             return None
         raise
     return getattr(found, attr, None)
+
+
+def bench_results_dir() -> Path | None:
+    """The folder of saved benchmark results the Benchmarks page reads: RNN_RESULTS_DIR (the README's pictures
+    read docs/demo/results), else None (engine.bench's benchmarks/results/)."""
+    folder = os.environ.get("RNN_RESULTS_DIR")
+    return Path(folder) if folder else None
 
 
 def gpu_status() -> tuple[bool, str]:

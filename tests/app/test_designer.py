@@ -554,3 +554,85 @@ def test_undo_and_redo_from_the_canvas_keys(designer):
                                            "command": "redo"}
     at.run()
     assert "relu_1" in texts(at.error)
+
+
+# ---- the designer's traps ----------------------------------------------------------------------------
+
+def rename(schema: dict, block_id: str, field: str, value: str) -> dict:
+    node = next(n for n in schema["nodes"] if n["id"] == block_id)
+    node["options"] = [o for o in node["options"] if o["name"] != field] + [{"name": field, "value": value}]
+    return schema
+
+
+@pytest.mark.parametrize("preset,old,new,by", [("gru", "h", "s", "state"), ("lstm", "c", "cell_c", "state"),
+                                              ("lstm", "c", "cell_c", "next state"), ("lstm", "x", "u", "input")])
+def test_a_rename_on_the_canvas_carries_through_and_is_drawn_at_once(designs, preset, old, new, by):
+    """Renaming a state (its block, or its next-value block's field), or any other node, keeps the cell valid: the
+    next-value block, the output and the wires follow, and the canvas is drawn again with the new labels."""
+    at = AppTest.from_file(str(PAGE), default_timeout=60)
+    at.run()
+    at.selectbox(key="designer.preset").set_value(preset)
+    at.button(key="designer.load_preset").click().run()
+    canvas = at.session_state["designer.canvas"]
+    schema = copy.deepcopy(canvas["schema"])
+    block = canvas["ids"][adapter.sink_key(old) if by == "next state" else old]
+    send(at, rename(schema, block, "state" if by == "next state" else "name", new))
+    assert not at.error, texts(at.error)
+    design = json.loads(at.session_state["state.store"]["design"])
+    cell = engine.from_dict(design)
+    want = engine.to_dict(engine.preset(preset).cell)
+    assert len(cell.nodes) == len(want["nodes"]) and new in {n.name for n in cell.nodes}
+    if by != "input":
+        assert new in cell.state_names and old not in cell.state_names
+    labels = [n["label"] for n in at.session_state["designer.canvas"]["schema"]["nodes"]]
+    assert at.session_state["designer.canvas"]["revision"] > canvas["revision"]       # drawn afresh: new labels
+    assert any(label.startswith(f"{new} · ") for label in labels) and not any(
+        label.startswith(f"{old} · ") for label in labels)
+    if by != "input":
+        assert f"{new} at t" in labels
+
+
+def test_an_edit_is_taken_and_applied_as_one_step(designer):
+    """The canvas's value is marked as taken only together with the design change it brings: the canvas state
+    and the design's state change with no st.session_state access in between (a rerun cannot land inside)."""
+    body = PAGE.read_text().split("def take_canvas_edit(")[1].split("\ndef ")[0]
+    after = body.split("# ---- no st.session_state access below this line")[1]
+    assert "st.session_state" not in after and "state." not in after.replace("change.", "")
+
+
+def test_the_sample_run_refuses_a_size_too_big_and_the_files_tab_stays(designer):
+    at = designer
+    at.text_input(key="designer.hidden_size").set_value("65536").run()
+    assert not at.exception
+    refusal = next(e.value for e in at.error if "the sample run" in e.value)
+    assert "more than the app's limit of 4.0 GiB" in refusal and "GiB (parameters" in refusal
+    assert at.button(key="designer.save") is not None and at.text_input(key="designer.save_name") is not None
+
+
+def test_a_bad_size_is_refused_whole_and_kept_across_a_page_change(designs):
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=60)
+    at.run()
+    for typed in ("abc", "12abc", "2.5", "-3"):
+        at.text_input(key="designer.hidden_size").set_value(typed).run()
+        assert at.session_state["state.sizes"].get("hidden_size", 256) == 256      # never 0, 12 or 2
+        assert any(e.value.startswith("hidden_size:") and repr(typed) in e.value or
+                   e.value.startswith("hidden_size: must be at least 1") for e in at.error), texts(at.error)
+    assert any("this sample run is for the previous sizes" in w.value for w in at.warning)
+    at.switch_page("views/schedule.py").run()
+    at.switch_page("views/designer.py").run()
+    assert at.text_input(key="designer.hidden_size").value == "-3"
+    assert any(e.value.startswith("hidden_size:") for e in at.error)
+
+
+def test_save_is_a_callback_and_a_fresh_visit_offers_the_last_design(designer, designs):
+    at = designer
+    at.selectbox(key="designer.preset").set_value("gru")
+    at.button(key="designer.load_preset").click().run()
+    at.text_input(key="designer.save_name").set_value("my_gru")
+    at.button(key="designer.save").click().run()
+    assert (designs / "my_gru.json").exists() and "Saved" in texts(at.success)
+    fresh = session_with()                                      # the app's address without ?design=
+    assert fresh.text_input(key="designer.name").value == "lstm"
+    fresh.button(key="designer.reopen").click().run()
+    assert fresh.text_input(key="designer.name").value == "gru"
+    assert "Reopened the last design 'gru'" in texts(fresh.success)

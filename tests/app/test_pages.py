@@ -687,3 +687,23 @@ def test_networks_show_the_measured_pipelines(open_page, tmp_path, monkeypatch):
     assert list(table["speedup"]) == pytest.approx([1.1, 7.7 / 8.0])
     assert list(table["chunks run"]) == ["replayed", "run by run, pools fused"]      # older rows: run by run
     assert "Skipped pipeline-a.json, left as it is" in texts(at.caption)
+
+
+def test_benchmarks_lead_with_the_chart_and_fold_what_did_not_run(open_page, saved_results, tmp_path):
+    """Cases the run skipped are one folded line after the charts, not a column of warnings before them; the
+    implementation picker spells each implementation once."""
+    if not bench_available():
+        pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")
+    from engine.bench.results import save_results
+    budget = "the run's time budget was spent"
+    for k in range(12):
+        saved_results["cells"].append({"preset": "gru", "status": "skipped", "reason": budget, "implementations": [],
+                                       "config": {"name": f"case{k}", "input_size": 8, "hidden_size": 16,
+                                                  "num_layers": 1, "steps": 4, "batch": 2}})
+    save_results(saved_results, tmp_path / "bench-test.json")
+    at = open_page("benchmarks")
+    assert not at.warning, texts(at.warning)
+    assert "benchmarks.speedup" in chart_keys(at)
+    assert [e.label for e in at.expander if "skipped" in e.label] == [f"12 cases skipped: {budget}"]
+    picker = at.multiselect(key="benchmarks.implementations").options
+    assert "torch-compile" in picker and "torch.compile" not in picker

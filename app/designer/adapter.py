@@ -398,6 +398,27 @@ def block_names(schema: dict) -> dict[str, tuple[str, str]]:
     return out
 
 
+def stale_labels(schema: dict) -> bool:
+    """True when a block's label no longer says its name (the canvas draws the label the app gave it): a named block
+    whose label is of another name, or a next-state block whose label is of another state. A block just added from
+    the palette keeps its label ("relu-1") until it is named."""
+    nodes = schema.get("nodes") if isinstance(schema, dict) else None
+    for raw in nodes if isinstance(nodes, list) else []:
+        if not isinstance(raw, dict):
+            continue
+        block_type = str(raw.get("type", raw.get("name")))
+        label = str(raw.get("label", "")).removeprefix(WARNING_MARK)
+        if block_type == NEXT_STATE:
+            state = _options_of(raw).get("state")
+            if isinstance(state, str) and state and label != f"{state} at t":
+                return True
+            continue
+        name = _options_of(raw).get("name")
+        if isinstance(name, str) and name and not label.startswith(f"{name} · "):
+            return True
+    return False
+
+
 def carry_renames(previous: dict[str, tuple[str, str]], schema: dict) -> tuple[dict, dict[str, str]]:
     """Carry a rename made on the canvas through everything that names the old name. `previous`: block_names() of
     the canvas before the edit. Wires join blocks, not names, so arguments follow by themselves; a state is named

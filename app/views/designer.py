@@ -269,7 +269,7 @@ def take_canvas_edit(design: dict) -> None:
     canvas.update(applied=fingerprint, positions=reading.positions, ids=adapter.block_ids(payload),
                   names=adapter.block_names(payload), problems=(design_text(reading.design), reading.problems))
     change.set_design(reading.design, source="canvas")
-    if not renames:
+    if not renames and not adapter.stale_labels(payload):
         canvas["graph"] = graph_text(reading.design)   # the canvas shows this graph already: only new marks
     # else the canvas is drawn afresh (its places kept): its labels, and the next-state blocks' fields, show the
     # new names at once

@@ -80,6 +80,14 @@ def demo_ui(cell: engine.CellGraph) -> None:
                                  "fp32 accumulation and cell math")
     if sizes is None or not chosen:
         return
+    try:
+        problem = engine_cache.memory_problem(cell, "the divergence run", **sizes)
+    except engine.EngineError as e:
+        st.error(f"The reference run of cell '{cell.name}' cannot run at these sizes: {e}")
+        return
+    if problem:
+        st.error(problem)
+        return
     curves = {}
     for precision in chosen:
         try:

@@ -257,6 +257,9 @@ def take_canvas_edit(design: dict) -> None:
         if value.get("command") in ("undo", "redo"):
             getattr(change, value["command"])()
             return
+        if isinstance(value.get("refused"), dict):
+            canvas["refused"] = refused_wire(canvas, value["refused"])
+            return
         payload = value.get("schema")
     payload, renames = adapter.carry_renames(canvas["names"], payload)
     fingerprint = adapter.canvas_fingerprint(payload)
@@ -266,6 +269,7 @@ def take_canvas_edit(design: dict) -> None:
         return
     reading = adapter.schema_to_design(payload, name=str(design.get("name", "")), doc=str(design.get("doc", "")),
                                        input_is_hidden=design.get("input_is_hidden") is True)
+    canvas.pop("refused", None)
     canvas.update(applied=fingerprint, positions=reading.positions, ids=adapter.block_ids(payload),
                   names=adapter.block_names(payload), problems=(design_text(reading.design), reading.problems))
     change.set_design(reading.design, source="canvas")
@@ -275,12 +279,23 @@ def take_canvas_edit(design: dict) -> None:
     # new names at once
 
 
+def refused_wire(canvas: dict, refused: dict) -> str:
+    """What the canvas refused to draw (a wire from a block to its own port), in words naming the node."""
+    block, port = str(refused.get("block", "")), str(refused.get("port") or "")
+    name = {block_id: name for name, block_id in canvas["ids"].items()}.get(block, block)
+    return (f"node '{name}': a wire from '{name}' to its own port{f' {port!r}' if port else ''} is refused: a value "
+            "cannot be computed from itself within one step. hint: feed it back through a state (its value at t-1): "
+            "wire the state's block to this port, and this block to the state's next-state block")
+
+
 def canvas_ui(design: dict, check: checks.Check) -> None:
     canvas = canvas_for(design)
     canvas["marks"] = adapter.marks(check.problems, canvas["ids"])
     cell_canvas(canvas["schema"], revision=canvas["revision"], marks=canvas["marks"], height=620, key=_EDITOR)
     if canvas["skipped"]:
         st.warning("Not drawn (no block for them): " + ", ".join(canvas["skipped"]))
+    if canvas.get("refused"):                  # until the next edit
+        st.warning(canvas["refused"])
 
 
 def canvas_problems(design: dict) -> list:

@@ -636,3 +636,14 @@ def test_save_is_a_callback_and_a_fresh_visit_offers_the_last_design(designer, d
     fresh.button(key="designer.reopen").click().run()
     assert fresh.text_input(key="designer.name").value == "gru"
     assert "Reopened the last design 'gru'" in texts(fresh.success)
+
+
+def test_a_wire_the_canvas_refused_is_said_in_words(designer):
+    at = designer
+    canvas = at.session_state["designer.canvas"]
+    block = canvas["ids"]["g"]
+    at.session_state["designer.editor"] = {"revision": canvas["revision"], "edit": canvas["edit"] + 1,
+                                           "refused": {"block": block, "port": "x"}}
+    at.run()
+    assert "node 'g': a wire from 'g' to its own port 'x' is refused" in texts(at.warning)
+    assert "lstm" in texts(at.success)                           # the design is unchanged

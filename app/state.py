@@ -12,9 +12,11 @@ designs/sessions/<id>.json (a temporary file, then os.replace: a crash never lea
 reload keeps the URL, so it finds the design again; another user (another URL) never sees it. A new
 session starts from the "lstm" preset. A working file that does not parse is reported with its path,
 moved aside (never overwritten) and the session starts from the preset. RNN_DESIGNS_DIR moves the
-designs folder (the tests point it at a temporary one).
+designs folder (the tests point it at a temporary one). A fresh visit (no id in the URL) starts a new
+session; last_design() finds the design last autosaved, for the Designer to offer.
 
-Snapshots are kept as JSON text: immutable, cheap to compare, and exactly what is saved.
+The state lives in one dict (see _store): a change is made with no st.session_state access in between, so
+a rerun that Streamlit starts at such an access never cuts it in half. Snapshots are kept as JSON text: immutable, cheap to compare, and exactly what is saved.
 """
 from __future__ import annotations
 

@@ -79,8 +79,10 @@ def test_every_page_renders_under_its_own_tab_title(page, app_url):
     nav = page.locator('[data-testid="stSidebarNav"]')
     for title in PAGES:
         expect(nav.get_by_text(title, exact=True)).to_have_count(1)
-    for title in PAGES:
-        open_page(page, app_url, title)
+    for title in PAGES:                 # from page to page through the sidebar, in one session
+        wait_until_idle(page)
+        nav.get_by_text(title, exact=True).click()
+        page.locator('[data-testid="stMain"] h1').filter(has_text=title).first.wait_for()
         expect(page).to_have_title(f"{title} · cellforge", timeout=30_000)
         settle(page)
         assert_no_exception(page)

@@ -9,6 +9,8 @@ engine.export, engine.bench, engine.dsl_emit) are looked up with `optional()`, s
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
@@ -58,38 +60,99 @@ def plan_problems(sizes: Mapping[str, int]) -> list[str]:
             "same GEMMs and kernels"]
 
 
+def typed_size(name: str, text: str, limit: int) -> tuple[int | None, str | None]:
+    """(value, None) for a whole number from 1 to `limit` typed into the field `name`, else (None, why, naming the
+    field): text, "12abc" and 2.5 are refused, never read as 0, 12 or 2."""
+    typed = text.strip().replace("_", "")
+    if not typed.isascii() or not typed.isdigit():
+        return None, (f"{name}: {text!r} typed in '{SIZE_LABELS.get(name, name)}' is not a whole number. hint: type "
+                      "digits only, such as 64 (the field keeps what you typed until you fix it)")
+    value = int(typed)
+    problems = size_problems({name: value}, {name: limit})
+    return (None, problems[0]) if problems else (value, None)
+
+
+_TYPED = "sizes.typed"          # page -> field -> the text last typed: kept while the field is not on screen
+
+
 def sizes_ui(page: str, fields: tuple[str, ...] = SIZE_FIELDS, defaults: Mapping[str, int] | None = None,
              limits: Mapping[str, int] = SIZE_LIMITS, sets_design_sizes: bool = False) -> dict[str, int] | None:
-    """A row of size inputs, seeded from the design (state.design_sizes()) and re-seeded when the
+    """A row of size fields, seeded from the design (state.design_sizes()) and re-seeded when the
     design's sizes change. Returns the sizes, or None after showing an st.error per bad field.
 
-    sets_design_sizes=True (the Designer): valid sizes become the design's sizes, and the seed follows
-    them, so that the next run does not re-seed the fields from what this page itself just wrote (which
-    would drop an edit made to another field in between)."""
+    The fields are text: what is typed is read whole or refused with a message naming the field, and stays in
+    the field (also when the user visits another page and comes back: Streamlit forgets a widget that is not
+    drawn, so the text is kept beside it). sets_design_sizes=True (the Designer): valid sizes become the design's
+    sizes, and the seed follows them, so that the next run does not re-seed the fields from what this page itself
+    just wrote (which would drop an edit made to another field in between)."""
     if defaults is None:
         defaults = state.design_sizes()
     seed = {f: int(defaults[f]) for f in fields}
     seed_key = f"{page}.sizes_seed"
     reseed = st.session_state.get(seed_key) != seed
     st.session_state[seed_key] = seed
+    typed = st.session_state.setdefault(_TYPED, {}).setdefault(page, {})
     sizes: dict[str, int] = {}
+    problems = []
     for column, name in zip(st.columns(len(fields)), fields):
         key = f"{page}.{name}"
+        if reseed:
+            typed[name] = str(seed[name])
         if reseed or key not in st.session_state:
-            st.session_state[key] = seed[name]
-        # no min/max on the widget: a bad value gets a message naming the field, not a silent clamp
-        sizes[name] = column.number_input(SIZE_LABELS[name], step=1, key=key,
-                                          help=f"{name}, from 1 to {limits[name]}")
-    problems = size_problems(sizes, limits)
+            st.session_state[key] = typed.get(name, str(seed[name]))
+        text = column.text_input(SIZE_LABELS[name], key=key, help=f"{name}: a whole number from 1 to {limits[name]}")
+        typed[name] = text
+        value, problem = typed_size(name, text, limits[name])
+        if problem:
+            problems.append(problem)
+        else:
+            sizes[name] = value
     for problem in problems:
         st.error(problem)
     if problems:
         return None
-    sizes = {k: int(v) for k, v in sizes.items()}
     if sets_design_sizes:
         state.set_design_sizes(**sizes)
         st.session_state[seed_key] = dict(sizes)
     return sizes
+
+
+# ---- memory ------------------------------------------------------------------------------------
+
+# What one run of the NumPy reference inside the app may take (parameters and values, float64). The CPU and
+# the server are shared by every session; beyond this a run would swap or be killed, and the page with it.
+MEMORY_LIMIT_BYTES = 4 << 30
+FLOAT64_BYTES = 8
+
+
+def memory_estimate(cell: engine.CellGraph, input_size: int, hidden_size: int, num_layers: int, steps: int,
+                    batch: int, proj_size: int | None = None) -> dict[str, int]:
+    """Bytes a reference run of `cell` at these sizes needs: its parameters (float64) and its values (every node's
+    value of every layer-step, the input and the outputs). The app's one estimate: every page that runs the
+    reference asks memory_problem first. Raises engine.EngineError for sizes the network refuses."""
+    network = engine.Network(cell, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers,
+                             proj_size=proj_size if cell.uses_projection else None)
+    widest = max(input_size, hidden_size, network.projection_size)
+    parameters = network.num_params() * FLOAT64_BYTES
+    values = (len(cell.nodes) * num_layers * (steps + 1) + 2 * steps) * batch * widest * FLOAT64_BYTES
+    return {"parameters": parameters, "values": values, "total": parameters + values}
+
+
+def gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def memory_problem(cell: engine.CellGraph, what: str, **sizes) -> str | None:
+    """Why the reference run `what` of `cell` at these sizes is refused (its memory figure and the limit), or None.
+    Raises engine.EngineError for sizes the network refuses."""
+    estimate = memory_estimate(cell, **sizes)
+    if estimate["total"] <= MEMORY_LIMIT_BYTES:
+        return None
+    shown = ", ".join(f"{k} {v}" for k, v in sizes.items() if v is not None)
+    return (f"sizes ({shown}): {what} of cell '{cell.name}' would need about {gib(estimate['total'])} (parameters "
+            f"{gib(estimate['parameters'])}, values {gib(estimate['values'])}), more than the app's limit of "
+            f"{gib(MEMORY_LIMIT_BYTES)}. hint: use a smaller hidden_size or input_size here; the plan and the CUDA "
+            "export take any size")
 
 
 # ---- optional engine parts ---------------------------------------------------------------------
@@ -107,6 +170,13 @@ def optional(module: str, attr: str) -> Callable | None:
             return None
         raise
     return getattr(found, attr, None)
+
+
+def bench_results_dir() -> Path | None:
+    """The folder of saved benchmark results the Benchmarks page reads: RNN_RESULTS_DIR (the README's pictures
+    read docs/demo/results), else None (engine.bench's benchmarks/results/)."""
+    folder = os.environ.get("RNN_RESULTS_DIR")
+    return Path(folder) if folder else None
 
 
 def gpu_status() -> tuple[bool, str]:

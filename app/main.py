@@ -21,18 +21,10 @@ if str(ROOT) not in sys.path:
 import pandas  # noqa: E402, F401
 import streamlit as st  # noqa: E402
 
-from app import engine_cache  # noqa: E402
+from app import engine_cache, page  # noqa: E402
 
-PAGES = [
-    st.Page("views/designer.py", title="Designer", icon=":material/schema:", default=True),
-    st.Page("views/gallery.py", title="Gallery", icon=":material/grid_view:"),
-    st.Page("views/schedule.py", title="Schedule", icon=":material/view_timeline:"),
-    st.Page("views/networks.py", title="Networks", icon=":material/stacks:"),
-    st.Page("views/benchmarks.py", title="Benchmarks", icon=":material/speed:"),
-    st.Page("views/divergence.py", title="Divergence", icon=":material/show_chart:"),
-    st.Page("views/train.py", title="Train", icon=":material/model_training:"),
-    st.Page("views/export.py", title="Export", icon=":material/download:"),
-]
+PAGES = [st.Page(f"views/{stem}.py", title=title, icon=icon, default=stem == "designer")
+         for stem, (title, icon) in page.PAGES.items()]
 
 
 def gpu_sidebar_ui() -> bool:
@@ -47,7 +39,7 @@ def gpu_sidebar_ui() -> bool:
     return ok
 
 
-st.set_page_config(page_title="RNN cell engine", page_icon=":material/memory:", layout="wide")
-page = st.navigation(PAGES)
+st.set_page_config(page_title=page.APP, page_icon=":material/memory:", layout="wide")
+chosen = st.navigation(PAGES)
 gpu_sidebar_ui()
-page.run()
+chosen.run()

@@ -12,9 +12,11 @@ designs/sessions/<id>.json (a temporary file, then os.replace: a crash never lea
 reload keeps the URL, so it finds the design again; another user (another URL) never sees it. A new
 session starts from the "lstm" preset. A working file that does not parse is reported with its path,
 moved aside (never overwritten) and the session starts from the preset. RNN_DESIGNS_DIR moves the
-designs folder (the tests point it at a temporary one).
+designs folder (the tests point it at a temporary one). A fresh visit (no id in the URL) starts a new
+session; last_design() finds the design last autosaved, for the Designer to offer.
 
-Snapshots are kept as JSON text: immutable, cheap to compare, and exactly what is saved.
+The state lives in one dict (see _store): a change is made with no st.session_state access in between, so
+a rerun that Streamlit starts at such an access never cuts it in half. Snapshots are kept as JSON text: immutable, cheap to compare, and exactly what is saved.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from pathlib import Path
 import streamlit as st
 
 import engine
+from engine.errors import FileError
+from engine.files import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSION_PARAM = "design"              # the URL query parameter naming a session's working design
@@ -37,14 +41,13 @@ HISTORY_LIMIT = 200
 DEFAULT_SIZES = {"input_size": 64, "hidden_size": 256, "num_layers": 2, "steps": 50, "batch": 16,
                  "proj_size": 128}      # P: used by cells with projected states only
 
-_DESIGN = "state.design"              # JSON text of the current design
-_HISTORY = "state.history"            # list of JSON texts, oldest first
-_CURSOR = "state.cursor"              # index of the current design in the history
-_SOURCE = "state.source"
-_SIZES = "state.sizes"
-_CELL = "state.cell"                  # (JSON text, CellGraph | None): the validation of the current text
-_NOTICE = "state.notice"              # what the start-up or the last autosave has to tell the user
+_STORE = "state.store"                # the session's design state: one dict, changed in place (see _store)
 _TOKEN = "state.token"                # this session's working-design id
+_SIZES = "state.sizes"
+# Keys of the store: the design (JSON text), its undo history (texts, oldest first) and where in it we are, where
+# the design came from, the validation of the current text ((text, CellGraph | None)), and what the start-up or
+# the last autosave has to tell the user.
+DESIGN, HISTORY, CURSOR, SOURCE, CELL, NOTICE = "design", "history", "cursor", "source", "cell", "notice"
 
 
 def designs_dir() -> Path:
@@ -55,18 +58,24 @@ def _canonical(text: str) -> str:
     return json.dumps(json.loads(text), sort_keys=True)
 
 
-def _session() -> dict:
+def _store() -> dict:
+    """The session's design state, a plain dict.
+
+    Every read or write of st.session_state is a point where Streamlit may stop the script for a rerun that the
+    browser asked for meanwhile (a canvas edit, a click). A change made of several session_state writes could
+    be cut in half there (a new design without its history entry, an edit marked as taken but never applied).
+    So the state lives in one dict, fetched once, and every change to it is made with no session_state access
+    in between: a rerun lands before the change or after it, never inside.
+    """
     ss = st.session_state
     if _TOKEN in ss and st.query_params.get(SESSION_PARAM) != ss[_TOKEN]:
         st.query_params[SESSION_PARAM] = ss[_TOKEN]      # a page switch may drop it: a reload must find the design
-    if _DESIGN not in ss:
+    store = ss.get(_STORE)
+    if store is None:
         text, source, notice = _first_design()
-        ss[_DESIGN] = text
-        ss[_HISTORY] = [text]
-        ss[_CURSOR] = 0
-        ss[_SOURCE] = source
-        ss[_NOTICE] = notice
-    return ss
+        store = {DESIGN: text, HISTORY: [text], CURSOR: 0, SOURCE: source, NOTICE: notice, CELL: None}
+        ss[_STORE] = store
+    return store
 
 
 def session_token() -> str:
@@ -81,7 +90,7 @@ def session_token() -> str:
             ss[_TOKEN] = uuid.uuid4().hex
             st.query_params[SESSION_PARAM] = ss[_TOKEN]
             if given:
-                ss[_NOTICE] = (f"the link's design id {given!r} is not one this app makes (32 hex digits); "
+                ss["state.link_notice"] = (f"the link's design id {given!r} is not one this app makes (32 hex digits); "
                                "started a new design from the LSTM preset")
     return ss[_TOKEN]
 
@@ -95,7 +104,7 @@ def _first_design() -> tuple[str, str, str | None]:
     """(JSON text, source, notice): the session's working design when it is readable, else the LSTM preset.
     An unreadable file is moved aside, not overwritten, and the notice names where it went."""
     path = working_path()
-    notice = st.session_state.get(_NOTICE)
+    notice = st.session_state.get("state.link_notice")
     if path.exists():
         try:
             data = json.loads(path.read_text())
@@ -114,97 +123,137 @@ def _first_design() -> tuple[str, str, str | None]:
     return json.dumps(engine.to_dict(engine.preset("lstm").cell)), "preset", notice
 
 
-def _autosave(text: str) -> None:
-    path = working_path()
+def _autosave(store: dict, path: Path) -> None:
+    # engine.files writes through a temporary file named by process and thread: two sessions of one server may
+    # write the same working design at once (a reload while the old session's run still finishes).
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-        st.session_state[_NOTICE] = None
-    except OSError as e:
-        st.session_state[_NOTICE] = f"autosave to {path} failed: {e}"
+        write_text(path, store[DESIGN], "the working design")
+        store[NOTICE] = None
+    except FileError as e:
+        store[NOTICE] = f"autosave failed: {e}"
 
 
 def current_design() -> dict:
     """A fresh copy of the current design (edit it freely; call set_current_design to keep changes)."""
-    return json.loads(_session()[_DESIGN])
+    return json.loads(_store()[DESIGN])
 
 
 def current_cell() -> engine.CellGraph | None:
     """The current design as a validated CellGraph, or None while it has problems."""
-    ss = _session()
-    text = ss[_DESIGN]
-    cached = ss.get(_CELL)
+    store = _store()
+    text = store[DESIGN]
+    cached = store.get(CELL)
     if cached is not None and cached[0] == text:
         return cached[1]
     try:
         cell = engine.from_dict(json.loads(text))
     except engine.CellGraphError:
         cell = None
-    ss[_CELL] = (text, cell)
+    store[CELL] = (text, cell)
     return cell
 
 
+class Transaction:
+    """A change to the design made without touching st.session_state (see _store): take one with transaction()
+    before the change, while a rerun may still stop the script, then call its methods."""
+
+    def __init__(self, store: dict, path: Path):
+        self.store, self.path = store, path
+
+    def set_design(self, d: dict, source: str) -> bool:
+        """Make `d` the current design: a new undo snapshot (the redo tail is dropped) and an autosave.
+        Returns False (and records nothing) when `d` equals the current design."""
+        store = self.store
+        text = json.dumps(d)
+        if _canonical(text) == _canonical(store[DESIGN]):
+            return False
+        history = (store[HISTORY][: store[CURSOR] + 1] + [text])[-HISTORY_LIMIT:]
+        store.update({HISTORY: history, CURSOR: len(history) - 1})
+        self._become(text, source)
+        return True
+
+    def undo(self) -> bool:
+        if self.store[CURSOR] <= 0:
+            return False
+        self.store[CURSOR] -= 1
+        self._become(self.store[HISTORY][self.store[CURSOR]], "undo")
+        return True
+
+    def redo(self) -> bool:
+        if self.store[CURSOR] >= len(self.store[HISTORY]) - 1:
+            return False
+        self.store[CURSOR] += 1
+        self._become(self.store[HISTORY][self.store[CURSOR]], "redo")
+        return True
+
+    def _become(self, text: str, source: str) -> None:
+        self.store.update({DESIGN: text, SOURCE: source})
+        _autosave(self.store, self.path)
+
+
+def transaction() -> Transaction:
+    return Transaction(_store(), working_path())
+
+
 def set_current_design(d: dict, source: str) -> bool:
-    """Make `d` the current design: a new undo snapshot (the redo tail is dropped) and an autosave.
-
-    source says where it came from ("canvas", "gallery", "preset", "upload", ...). Returns False
-    (and records nothing) when `d` equals the current design.
-    """
-    ss = _session()
-    text = json.dumps(d)
-    if _canonical(text) == _canonical(ss[_DESIGN]):
-        return False
-    history = ss[_HISTORY][: ss[_CURSOR] + 1] + [text]
-    history = history[-HISTORY_LIMIT:]
-    ss[_HISTORY] = history
-    ss[_CURSOR] = len(history) - 1
-    _become(text, source)
-    return True
-
-
-def _become(text: str, source: str) -> None:
-    ss = st.session_state
-    ss[_DESIGN] = text
-    ss[_SOURCE] = source
-    _autosave(text)
+    """Make `d` the current design (Transaction.set_design). source says where it came from ("canvas", "gallery",
+    "preset", "upload", ...)."""
+    return transaction().set_design(d, source)
 
 
 def can_undo() -> bool:
-    return _session()[_CURSOR] > 0
+    return _store()[CURSOR] > 0
 
 
 def can_redo() -> bool:
-    ss = _session()
-    return ss[_CURSOR] < len(ss[_HISTORY]) - 1
+    store = _store()
+    return store[CURSOR] < len(store[HISTORY]) - 1
 
 
 def undo() -> bool:
-    ss = _session()
-    if not can_undo():
-        return False
-    ss[_CURSOR] -= 1
-    _become(ss[_HISTORY][ss[_CURSOR]], "undo")
-    return True
+    return transaction().undo()
 
 
 def redo() -> bool:
-    ss = _session()
-    if not can_redo():
-        return False
-    ss[_CURSOR] += 1
-    _become(ss[_HISTORY][ss[_CURSOR]], "redo")
-    return True
+    return transaction().redo()
+
+
+def untouched() -> bool:
+    """True while the session still shows the design it started from the preset: nothing edited or loaded."""
+    store = _store()
+    return store[SOURCE] == "preset" and len(store[HISTORY]) == 1
 
 
 def design_source() -> str:
-    return _session()[_SOURCE]
+    return _store()[SOURCE]
 
 
 def notice() -> str | None:
     """A problem with the autosave (unreadable at start, or a failed write), for the page to show."""
-    return _session().get(_NOTICE)
+    return _store().get(NOTICE)
+
+
+def last_design(exclude: Path | None = None) -> tuple[Path, dict, float] | None:
+    """The most recently autosaved working design of the designs folder other than `exclude` (this session's),
+    as (path, design, its modification time), or None. A fresh visit (no ?design= in the address) starts a new session: the Designer
+    offers this one to reopen."""
+    folder = designs_dir() / SESSIONS
+    found = []
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            found.append((path.stat().st_mtime, path))
+        except OSError:                  # deleted meanwhile
+            continue
+    for mtime, path in sorted(found, reverse=True):
+        if exclude is not None and path == exclude:
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("nodes"), list):
+            return path, data, mtime
+    return None
 
 
 def design_sizes() -> dict[str, int]:

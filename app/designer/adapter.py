@@ -267,6 +267,7 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "", input_is_hidden:
 
     # (target id, port) -> source ids
     wires: dict[tuple[str, str], list[str]] = {}
+    refused: set[tuple[str, str]] = set()           # ports whose only wire came from their own block: said once
     for raw in raw_connections:
         source, target = raw.get("outputNode"), raw.get("inputNode")
         port = raw.get("inputNodeInterface")
@@ -280,10 +281,20 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "", input_is_hidden:
         if raw.get("outputNodeInterface", OUTPUT) != OUTPUT or blocks[source][1] == NEXT_STATE:
             reader.problem(blocks[source][2], "port", "a wire starts from a block without an output")
             continue
+        if source == target:
+            who = blocks[target][0] or target_label
+            reader.problem(who, f"args.{port}", f"the wire from '{who}' to its own port '{port}' is refused: a value "
+                           "cannot be computed from itself within one step",
+                           hint="feed a value back through a state (its value at t-1): wire the state's block to "
+                                "this port, and this block to the state's next-state block")
+            refused.add((target, port))
+            continue
         wires.setdefault((target, port), []).append(source)
 
     def argument(node_id: str, port: str, who: str) -> str:
         sources = wires.get((node_id, port), [])
+        if not sources and (node_id, port) in refused:
+            return ""
         if not sources:
             reader.problem(who, f"args.{port}", f"port '{port}' is not connected",
                            hint="drag a wire from a value's output to this port")
@@ -371,6 +382,75 @@ def block_ids(schema: dict) -> dict[str, str]:
         if name:
             ids.setdefault(name, raw["id"])
     return ids
+
+
+def block_names(schema: dict) -> dict[str, tuple[str, str]]:
+    """Block id -> (its type, the name it stands for): a value block's `name` field, a next-state block's `state`."""
+    out = {}
+    nodes = schema.get("nodes") if isinstance(schema, dict) else None
+    for raw in nodes if isinstance(nodes, list) else []:
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+            continue
+        block_type = str(raw.get("type", raw.get("name")))
+        value = _options_of(raw).get("state" if block_type == NEXT_STATE else "name")
+        if isinstance(value, str) and value:
+            out[raw["id"]] = (block_type, value)
+    return out
+
+
+def stale_labels(schema: dict) -> bool:
+    """True when a block's label no longer says its name (the canvas draws the label the app gave it): a named block
+    whose label is of another name, or a next-state block whose label is of another state. A block just added from
+    the palette keeps its label ("relu-1") until it is named."""
+    nodes = schema.get("nodes") if isinstance(schema, dict) else None
+    for raw in nodes if isinstance(nodes, list) else []:
+        if not isinstance(raw, dict):
+            continue
+        block_type = str(raw.get("type", raw.get("name")))
+        label = str(raw.get("label", "")).removeprefix(WARNING_MARK)
+        if block_type == NEXT_STATE:
+            state = _options_of(raw).get("state")
+            if isinstance(state, str) and state and label != f"{state} at t":
+                return True
+            continue
+        name = _options_of(raw).get("name")
+        if isinstance(name, str) and name and not label.startswith(f"{name} · "):
+            return True
+    return False
+
+
+def carry_renames(previous: dict[str, tuple[str, str]], schema: dict) -> tuple[dict, dict[str, str]]:
+    """Carry a rename made on the canvas through everything that names the old name. `previous`: block_names() of
+    the canvas before the edit. Wires join blocks, not names, so arguments follow by themselves; a state is named
+    twice, by its state block and by its next-state block's `state` field (which also carries the layer output):
+    renaming either renames the other. Returns (schema, {old: new} of the renamed blocks); the schema is a new
+    dict when a rename was carried, else the one given."""
+    now = block_names(schema)
+    renames = {old: now[block][1] for block, (_, old) in previous.items()
+               if block in now and now[block][1] != old}
+    still = {name for _, name in now.values()}
+    carry: dict[tuple[str, str], str] = {}       # (the other side's type, old name) -> new name
+    for block, (block_type, old) in previous.items():
+        new = renames.get(old) if block in now and now[block][1] != old else None
+        if new is None or old in {n for b, (t, n) in now.items() if t == block_type}:
+            continue                                 # not renamed, or the old name is still drawn by another block
+        if block_type == "state":
+            carry[(NEXT_STATE, old)] = new
+        elif block_type == NEXT_STATE:
+            carry[("state", old)] = new
+    carry = {k: v for k, v in carry.items() if (k[0], v) not in {(t, n) for t, n in now.values()}}
+    if not carry:
+        return schema, {k: v for k, v in renames.items() if k not in still}
+    schema = json.loads(json.dumps(schema))
+    for raw in schema["nodes"]:
+        if not isinstance(raw, dict) or not isinstance(raw.get("options"), list):
+            continue
+        block_type = str(raw.get("type", raw.get("name")))
+        field_name = "state" if block_type == NEXT_STATE else "name"
+        for option in raw["options"]:
+            if isinstance(option, dict) and option.get("name") == field_name and (block_type, option.get("value")) in carry:
+                option["value"] = carry[(block_type, option["value"])]
+    return schema, {k: v for k, v in renames.items() if k not in still} | {old: new for (_, old), new in carry.items()}
 
 
 SINK_FIELDS = ("args.next", "states.next", "state")      # a state's problems that belong to its next-state block

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import engine
 from engine.errors import Problem
+from engine.files import write_text
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 RESERVED = ("autosave",)
@@ -70,9 +71,7 @@ def save_design(folder: Path, name: str, cell: engine.CellGraph) -> Path:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text(path, text, "the design")
 
 
 def duplicate_design(folder: Path, name: str) -> str:

@@ -22,7 +22,7 @@ import json  # noqa: E402
 import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
-from app import engine_cache, figures, state  # noqa: E402
+from app import engine_cache, figures, page, state  # noqa: E402
 
 BENCH_REQUEST = "benchmarks.request_presets"     # set by the Gallery's "Benchmark" button
 LIVE_RUN = "benchmarks.live_run"                # the results of the live run started in this browser tab
@@ -93,7 +93,7 @@ def choices_ui(anchors: dict, implementations: list[str]) -> tuple[list, list, b
 def live_ui(api: dict) -> None:
     st.subheader("Run live")
     ok, reason = engine_cache.gpu_status()
-    picked = choices_ui(api["anchors"], api["implementations"]())
+    picked = choices_ui(api["anchors"], picker_names(api["implementations"]()))
     if not ok:
         st.info(f"Live runs need a GPU: {reason}. The saved results below work without one.")
     if not st.button("Run the benchmark", key="benchmarks.run", type="primary", disabled=not ok or picked is None,
@@ -123,12 +123,13 @@ def pick_results_ui(api: dict) -> tuple[str, dict] | None:
     if LIVE_RUN in st.session_state:
         available["the live run"] = st.session_state[LIVE_RUN]
         stems["the live run"] = "live-run"
-    for info in api["list_results"]():
+    folder = engine_cache.bench_results_dir()
+    for info in api["list_results"](folder):
         label = f"{Path(info['path']).name} ({info.get('device') or 'unknown device'}, {info.get('status')})"
         available[label] = info["path"]
         stems[label] = Path(info["path"]).stem
     unreadable = engine_cache.optional("engine.bench", "unreadable_results")
-    for path, why in (unreadable() if unreadable else []):
+    for path, why in (unreadable(folder) if unreadable else []):
         st.warning(f"Skipped {path}, left as it is: {why}")
     if not available:
         st.info("No saved results yet: benchmarks/results/ holds no results file. Run "
@@ -163,6 +164,34 @@ def speedup_ui(results: dict) -> None:
                     key="benchmarks.speedup")
 
 
+def not_run_ui(results: dict) -> None:
+    """The cases that did not run, after the charts: one folded line per reason ("12 cases skipped: the run's
+    time budget was spent"), the cases inside."""
+    by_reason: dict[tuple[str, str], list[str]] = {}
+    for cell in results.get("cells", []):
+        if cell.get("status") != "ok":
+            by_reason.setdefault((str(cell.get("status")), str(cell.get("reason"))), []).append(figures.cell_label(cell))
+    for (status, reason), cases in by_reason.items():
+        with st.expander(f"{len(cases)} case{'s' if len(cases) != 1 else ''} {status}: {reason}",
+                         icon=":material/info:"):
+            st.write(", ".join(cases))
+
+
+def picker_names(implementations: list[str]) -> list[str]:
+    """The harness's implementation names, each spelled once: engine.bench lists the torch.compile candidate as
+    'torch.compile' and its group (the faster of torch.compile and TorchScript) as 'torch-compile'; the picker
+    offers the group."""
+    seen = set()
+    out = []
+    for name in implementations:
+        spelled = name.replace(".", "-")
+        if spelled in seen or (spelled != name and spelled in implementations):
+            continue
+        seen.add(spelled)
+        out.append(name)
+    return out
+
+
 def results_ui(api: dict) -> None:
     st.subheader("Results")
     picked = pick_results_ui(api)
@@ -172,15 +201,13 @@ def results_ui(api: dict) -> None:
     environment = results.get("environment", {})
     st.caption(f"{environment.get('device', 'unknown device')} · created {results.get('created', '?')} · "
                f"status {results.get('status', '?')} · {results.get('settings', {}).get('reps', '?')} repetitions")
-    for cell in results.get("cells", []):
-        if cell.get("status") != "ok":
-            st.warning(f"{figures.cell_label(cell)}: {cell.get('status')}: {cell.get('reason')}")
     left, right = st.columns(2)
     if results.get("cells"):
         speedup_ui(results)
         engine_bars = figures.engine_time_bars(results)
         if len(engine_bars.data) > 1:               # one engine implementation alone compares with nothing
             st.plotly_chart(engine_bars, key="benchmarks.engine")
+        not_run_ui(results)
         rows = figures.results_table(results)
         st.dataframe(rows, hide_index=True, key="benchmarks.table")
         left.download_button("Download CSV", figures.results_csv(rows), file_name=f"{stem}.csv", mime="text/csv",
@@ -236,7 +263,7 @@ def training_ui() -> None:
     st.dataframe(rows, hide_index=True, key="benchmarks.train_table")
 
 
-st.title("Benchmarks")
+page.header("benchmarks")
 api = bench_api()
 if api is None:
     st.info("The benchmark harness (engine.bench) is not part of this engine yet.")

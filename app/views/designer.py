@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 # `streamlit run app/views/designer.py` (the page alone) puts only app/views/ on sys.path.
@@ -23,17 +24,15 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
-from app import engine_cache, state  # noqa: E402
+from app import engine_cache, page, state  # noqa: E402
 from app.designer import adapter, checks, figures, files, palette  # noqa: E402
 from app.designer.canvas import cell_canvas  # noqa: E402
 
 PAYLOAD = "designer_payload"          # an editor schema dict standing in for the canvas's reply
-_CANVAS = "designer.canvas"           # the drawn canvas: revision, schema, graph it shows, block ids, last edit applied
+_CANVAS = "designer.canvas"           # the drawn canvas (see mount): its revision, schema, edits taken, places, ...
 _EDITOR = "designer.editor"           # the canvas component's key (its value: the last edit on it)
-_POSITIONS = "designer.positions"     # where the researcher put blocks (IR name -> x, y): kept when the canvas is
-#                                       drawn again for an undo or redo; a new design or "Redraw" lays it out afresh
-_CANVAS_PROBLEMS = "designer.canvas_problems"   # (design text, problems) of the last read-back
 _FLASH = "designer.flash"             # messages from callbacks, shown once at the top
+_FILES_FLASH = "designer.files_flash"  # the same, shown once in the Files tab
 _UPLOADED = "designer.uploaded"       # file_id of the last upload handled
 
 
@@ -55,12 +54,12 @@ def problem_markdown(problem) -> str:
     return text.replace("\n  hint: ", "  \nhint: ")
 
 
-def flash(kind: str, message: str) -> None:
-    st.session_state.setdefault(_FLASH, []).append((kind, message))
+def flash(kind: str, message: str, where: str = _FLASH) -> None:
+    st.session_state.setdefault(where, []).append((kind, message))
 
 
-def flash_ui() -> None:
-    for kind, message in st.session_state.pop(_FLASH, []):
+def flash_ui(where: str = _FLASH) -> None:
+    for kind, message in st.session_state.pop(where, []):
         getattr(st, kind)(message)
 
 
@@ -113,7 +112,6 @@ def set_input_is_hidden() -> None:
 def redraw() -> None:
     """Draw the canvas afresh with the automatic layout."""
     st.session_state.pop(_CANVAS, None)
-    st.session_state.pop(_POSITIONS, None)
 
 
 def upload() -> None:
@@ -127,7 +125,6 @@ def upload() -> None:
               + "\n".join(f"- {problem_markdown(p)}" for p in problems))
         return
     state.set_current_design(design, source="upload")
-    st.session_state.pop(_POSITIONS, None)
     flash("success", f"Opened {uploaded.name} ('{design['name']}').")
 
 
@@ -141,7 +138,6 @@ def load_saved() -> None:
               + "\n".join(f"- {problem_markdown(p)}" for p in problems))
         return
     state.set_current_design(design, source="file")
-    st.session_state.pop(_POSITIONS, None)
     flash("success", f"Opened the saved design '{name}'.")
 
 
@@ -152,7 +148,7 @@ def _on_saved(verb: str, action) -> tuple[str, object] | None:
         return None
     try:
         return name, action(state.designs_dir(), name)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, engine.EngineError) as e:
         flash("error", f"Could not {verb} '{name}': {e}")
         return None
 
@@ -165,6 +161,35 @@ def duplicate_saved() -> None:
         flash("success", f"Saved a copy of '{name}' as '{copy}'.")
 
 
+def reopen_last(path: str) -> None:
+    design = None
+    try:
+        design = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        flash("error", f"Could not reopen {path}: {e}; the current design is kept.")
+    if isinstance(design, dict):
+        state.set_current_design(design, source="reopen")
+        flash("success", f"Reopened the last design '{design.get('name', '?')}' ({path}). Undo goes back to the "
+              "LSTM preset.")
+
+
+def reopen_ui() -> None:
+    """A fresh visit (the app's address without ?design=) starts a new session from the LSTM preset: offer the
+    design last autosaved in the designs folder."""
+    if not state.untouched():
+        return
+    last = state.last_design(exclude=state.working_path())
+    if last is None:
+        return
+    path, design, mtime = last
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime))
+    info, button = st.columns([4, 1], vertical_alignment="center")
+    info.info(f"A new session starts from the LSTM preset. The last design worked on here, "
+              f"**{design.get('name', '?')}** (autosaved {when}), can be reopened.", icon=":material/history:")
+    button.button("Reopen the last design", key="designer.reopen", on_click=reopen_last, args=(str(path),),
+                  icon=":material/restore:")
+
+
 def delete_saved() -> None:
     done = _on_saved("delete", files.delete_design)
     if done:
@@ -174,16 +199,25 @@ def delete_saved() -> None:
 
 
 # ---- the canvas ------------------------------------------------------------------------------------
+#
+# The canvas's state is one plain dict in st.session_state[_CANVAS]: the revision drawn, its schema, the graph it
+# shows, the last edit taken and applied, the blocks' names and places, and the canvas's own problems. Every read
+# or write of st.session_state is a point where Streamlit may stop the script for the next rerun the browser
+# asked for; so taking an edit fetches what it needs first, then marks the edit taken and applies it to the
+# design with no session_state access in between (see app.state._store). An edit is never marked taken without
+# being applied, and the design never changes without the canvas knowing it already shows that graph.
 
-def mount(design: dict, positions: dict | None = None) -> dict:
+def mount(design: dict, positions: dict | None = None, problems: tuple | None = None) -> dict:
     """Draw `design` afresh: a new revision of the canvas (the component replaces its graph). positions: where
     the researcher had put blocks (kept), else the automatic layout."""
     number = st.session_state.get("designer.mounts", 0) + 1
-    st.session_state["designer.mounts"] = number
-    schema, skipped = adapter.design_to_schema(design, blocks=st.session_state.get("designer.building_blocks", True),
-                                               positions=positions)
+    blocks = st.session_state.get("designer.building_blocks", True)
+    schema, skipped = adapter.design_to_schema(design, blocks=blocks, positions=positions)
     canvas = {"revision": number, "schema": schema, "graph": graph_text(design), "edit": 0,
-              "applied": adapter.canvas_fingerprint(schema), "skipped": skipped, "ids": adapter.block_ids(schema)}
+              "applied": adapter.canvas_fingerprint(schema), "skipped": skipped, "ids": adapter.block_ids(schema),
+              "names": adapter.block_names(schema), "positions": dict(positions or {}),
+              "problems": problems or (None, [])}
+    st.session_state["designer.mounts"] = number
     st.session_state[_CANVAS] = canvas
     return canvas
 
@@ -193,66 +227,65 @@ def canvas_for(design: dict) -> dict:
     if canvas is None or canvas["graph"] != graph_text(design):
         # Blocks keep their places through undo and redo (and edits on the canvas); a design from elsewhere (the
         # Gallery, a file) is laid out afresh.
-        kept = state.design_source() in ("canvas", "undo", "redo", "name", "input_is_hidden")
-        canvas = mount(design, st.session_state.get(_POSITIONS) if kept else None)
+        kept = canvas is not None and state.design_source() in ("canvas", "undo", "redo", "name", "input_is_hidden")
+        canvas = mount(design, canvas["positions"] if kept else None, canvas["problems"] if kept else None)
     return canvas
 
 
-def new_canvas_value(canvas: dict | None) -> dict | None:
+def news(canvas: dict, value) -> dict | None:
     """The canvas component's value when it is news: sent by the canvas drawn now (its revision), after the last
-    one taken (its edit count). Taking it marks it taken."""
-    value = st.session_state.get(_EDITOR)
-    if (canvas is None or not isinstance(value, dict) or value.get("revision") != canvas["revision"]
+    one taken (its edit count)."""
+    if (not isinstance(value, dict) or value.get("revision") != canvas["revision"]
             or not isinstance(value.get("edit"), int) or value["edit"] <= canvas["edit"]):
         return None
-    canvas["edit"] = value["edit"]
     return value
 
 
-def canvas_command() -> None:
-    """Undo or redo asked for on the canvas (Ctrl+Z, Ctrl+Shift+Z or Ctrl+Y), once per keypress."""
-    canvas, value = st.session_state.get(_CANVAS), st.session_state.get(_EDITOR)
-    if not isinstance(value, dict) or value.get("command") not in ("undo", "redo"):
-        return
-    value = new_canvas_value(canvas)
-    if value is None:
-        return
-    if value["command"] == "undo" and state.can_undo():
-        state.undo()
-    elif value["command"] == "redo" and state.can_redo():
-        state.redo()
-
-
-def read_canvas(design: dict) -> dict | None:
-    """The edit that came back from the canvas since the last run (an editor schema), or None."""
+def take_canvas_edit(design: dict) -> None:
+    """Apply what came back from the canvas since the last run: an edit (an editor schema) becomes the design; an
+    undo or redo asked for on the canvas (Ctrl+Z, Ctrl+Shift+Z or Ctrl+Y) moves through the history."""
     canvas = canvas_for(design)
     payload = st.session_state.pop(PAYLOAD, None)
-    if payload is None and "command" not in (st.session_state.get(_EDITOR) or {}):
-        value = new_canvas_value(canvas)
-        payload = value.get("schema") if value else None
+    value = st.session_state.get(_EDITOR)
+    change = state.transaction()
+    # ---- no st.session_state access below this line: the edit is taken and applied as one step ----
     if payload is None:
-        return None
+        value = news(canvas, value)
+        if value is None:
+            return
+        canvas["edit"] = value["edit"]
+        if value.get("command") in ("undo", "redo"):
+            getattr(change, value["command"])()
+            return
+        if isinstance(value.get("refused"), dict):
+            canvas["refused"] = refused_wire(canvas, value["refused"])
+            return
+        payload = value.get("schema")
+    payload, renames = adapter.carry_renames(canvas["names"], payload)
     fingerprint = adapter.canvas_fingerprint(payload)
     if fingerprint == canvas["applied"]:
         if isinstance(payload, dict):              # blocks moved, the graph unchanged: only remember where
-            st.session_state[_POSITIONS] = adapter.schema_to_design(payload, name="").positions
-        return None
-    canvas["applied"] = fingerprint
-    return payload
+            canvas["positions"] = adapter.schema_to_design(payload, name="").positions
+        return
+    reading = adapter.schema_to_design(payload, name=str(design.get("name", "")), doc=str(design.get("doc", "")),
+                                       input_is_hidden=design.get("input_is_hidden") is True)
+    canvas.pop("refused", None)
+    canvas.update(applied=fingerprint, positions=reading.positions, ids=adapter.block_ids(payload),
+                  names=adapter.block_names(payload), problems=(design_text(reading.design), reading.problems))
+    change.set_design(reading.design, source="canvas")
+    if not renames and not adapter.stale_labels(payload):
+        canvas["graph"] = graph_text(reading.design)   # the canvas shows this graph already: only new marks
+    # else the canvas is drawn afresh (its places kept): its labels, and the next-state blocks' fields, show the
+    # new names at once
 
 
-def apply_canvas(payload: dict) -> adapter.Reading:
-    current = state.current_design()
-    reading = adapter.schema_to_design(payload, name=str(current.get("name", "")), doc=str(current.get("doc", "")),
-                                       input_is_hidden=current.get("input_is_hidden") is True)
-    st.session_state[_CANVAS_PROBLEMS] = (design_text(reading.design), reading.problems)
-    st.session_state[_POSITIONS] = reading.positions
-    state.set_current_design(reading.design, source="canvas")
-    # The canvas already shows this graph: no new revision, only new marks.
-    canvas = st.session_state[_CANVAS]
-    canvas["graph"] = graph_text(reading.design)
-    canvas["ids"] = adapter.block_ids(payload)
-    return reading
+def refused_wire(canvas: dict, refused: dict) -> str:
+    """What the canvas refused to draw (a wire from a block to its own port), in words naming the node."""
+    block, port = str(refused.get("block", "")), str(refused.get("port") or "")
+    name = {block_id: name for name, block_id in canvas["ids"].items()}.get(block, block)
+    return (f"node '{name}': a wire from '{name}' to its own port{f' {port!r}' if port else ''} is refused: a value "
+            "cannot be computed from itself within one step. hint: feed it back through a state (its value at t-1): "
+            "wire the state's block to this port, and this block to the state's next-state block")
 
 
 def canvas_ui(design: dict, check: checks.Check) -> None:
@@ -261,10 +294,12 @@ def canvas_ui(design: dict, check: checks.Check) -> None:
     cell_canvas(canvas["schema"], revision=canvas["revision"], marks=canvas["marks"], height=620, key=_EDITOR)
     if canvas["skipped"]:
         st.warning("Not drawn (no block for them): " + ", ".join(canvas["skipped"]))
+    if canvas.get("refused"):                  # until the next edit
+        st.warning(canvas["refused"])
 
 
 def canvas_problems(design: dict) -> list:
-    text, problems = st.session_state.get(_CANVAS_PROBLEMS, (None, []))
+    text, problems = st.session_state[_CANVAS]["problems"]
     return problems if text == design_text(design) else []
 
 
@@ -337,23 +372,24 @@ def code_ui(cell: engine.CellGraph | None) -> None:
     st.code(source, language="python")
 
 
-def plan_ui(cell: engine.CellGraph | None) -> dict | None:
-    """The compiled plan: which nodes form each grouped GEMM and each fused kernel. Returns it."""
+def plan_ui(cell: engine.CellGraph | None) -> tuple[dict | None, bool]:
+    """The compiled plan: which nodes form each grouped GEMM and each fused kernel. Returns (the plan or None,
+    whether the sizes typed are valid)."""
     if cell is None:
         st.info("The plan appears when the cell is valid.")
-        return None
+        return None, True
     fields = engine_cache.SIZE_FIELDS + (("proj_size",) if cell.uses_projection else ())
     sizes = engine_cache.sizes_ui("designer", fields, sets_design_sizes=True)
     if sizes is None:
-        return None
+        return None, False
     try:
         plan = engine_cache.plan(engine.to_json(cell), **sizes)
     except engine.EngineError as e:
         st.error(f"The compiler cannot plan this cell: {e}")
-        return None
+        return None, True
     if plan is None:
         st.info("plan not available yet: this engine has no engine.explain module.")
-        return None
+        return None, True
     a, b, c = st.columns(3)
     a.metric("grouped GEMMs", len(plan.get("gemms", [])))
     b.metric("fused kernels", len(plan.get("kernels", [])))
@@ -367,18 +403,32 @@ def plan_ui(cell: engine.CellGraph | None) -> dict | None:
                     "nodes": ", ".join(str(n) for n in k.get("nodes", []))} for k in plan.get("kernels", [])]
     st.dataframe(gemm_rows, hide_index=True, key="designer.plan_gemms")
     st.dataframe(kernel_rows, hide_index=True, key="designer.plan_kernels")
-    return plan
+    return plan, True
 
 
-def try_ui(cell: engine.CellGraph | None) -> None:
+SAMPLE_STEPS, SAMPLE_BATCH = 3, 2       # the sample run: a few steps of a small batch
+
+
+def try_ui(cell: engine.CellGraph | None, sizes_valid: bool = True) -> None:
     """A small reference run of the current cell: what goes in, what comes out."""
     if cell is None:
         st.info("A sample run appears when the cell is valid.")
         return
     sizes = state.design_sizes()
+    shape = {"input_size": int(sizes["input_size"]), "hidden_size": int(sizes["hidden_size"]),
+             "num_layers": int(sizes["num_layers"])}
+    if not sizes_valid:
+        st.warning("The sizes typed in the Plan tab are not valid (see there): this sample run is for the previous "
+                   "sizes, " + ", ".join(f"{k} {v}" for k, v in shape.items()) + ".")
+    proj_size = int(sizes["proj_size"]) if cell.uses_projection else None
     try:
-        sample = engine_cache.reference_sample(engine.to_json(cell), sizes["input_size"], sizes["hidden_size"],
-                                               sizes["num_layers"], proj_size=int(sizes["proj_size"]))
+        problem = engine_cache.memory_problem(cell, "the sample run", **shape, steps=SAMPLE_STEPS,
+                                              batch=SAMPLE_BATCH, proj_size=proj_size)
+        if problem:
+            st.error(problem)
+            return
+        sample = engine_cache.reference_sample(engine.to_json(cell), **shape, steps=SAMPLE_STEPS,
+                                               batch=SAMPLE_BATCH, proj_size=proj_size)
     except engine.EngineError as e:
         st.error(f"The reference run of cell '{cell.name}' failed: {e}")
         return
@@ -395,7 +445,28 @@ def try_ui(cell: engine.CellGraph | None) -> None:
         st.error("The sample run produced NaN or Inf: check divisions, logs and exponentials in the cell.")
 
 
+def save_to_designs() -> None:
+    """The Save button's action (a callback: it runs before the script, so no rerun can lose the click)."""
+    design, cell = state.current_design(), state.current_cell()
+    name = str(st.session_state.get("designer.save_name") or "").strip() or str(design.get("name", ""))
+    if cell is None:
+        flash("error", "field 'Save as': the design is not a valid cell; fix it first (it is autosaved meanwhile)",
+              where=_FILES_FLASH)
+        return
+    problem = files.name_problem(name)
+    if problem:
+        flash("error", f"field 'Save as': {problem}", where=_FILES_FLASH)
+        return
+    try:
+        path = files.save_design(state.designs_dir(), name, cell)
+    except (ValueError, engine.EngineError) as e:
+        flash("error", f"Could not save '{name}': {e}", where=_FILES_FLASH)
+        return
+    flash("success", f"Saved {path}.", where=_FILES_FLASH)
+
+
 def files_ui(design: dict, cell: engine.CellGraph | None) -> None:
+    flash_ui(_FILES_FLASH)
     save_col, open_col = st.columns(2)
     with save_col:
         st.markdown("**Save**")
@@ -405,19 +476,10 @@ def files_ui(design: dict, cell: engine.CellGraph | None) -> None:
         st.download_button("Download JSON", data=engine.to_json(cell) if cell else "",
                            file_name=f"{design.get('name') or 'cell'}.json", mime="application/json",
                            disabled=cell is None, key="designer.download", icon=":material/download:")
-        name = st.text_input("Save as", key="designer.save_name", placeholder=str(design.get("name", "")),
-                             help="a file name in the designs folder; empty: the cell's name")
-        name = name.strip() or str(design.get("name", ""))
-        if st.button("Save to designs/", key="designer.save", disabled=cell is None, icon=":material/save:"):
-            problem = files.name_problem(name)
-            if problem:
-                st.error(f"field 'Save as': {problem}")
-            else:
-                try:
-                    path = files.save_design(state.designs_dir(), name, cell)
-                    st.success(f"Saved {path}.")
-                except (OSError, ValueError) as e:
-                    st.error(f"Could not save '{name}': {e}")
+        st.text_input("Save as", key="designer.save_name", placeholder=str(design.get("name", "")),
+                      help="a file name in the designs folder; empty: the cell's name")
+        st.button("Save to designs/", key="designer.save", disabled=cell is None, icon=":material/save:",
+                  on_click=save_to_designs)
     with open_col:
         st.markdown("**Open**")
         st.file_uploader("Upload a cell JSON", type=["json"], key="designer.upload", on_change=upload)
@@ -459,22 +521,18 @@ def palette_help_ui() -> None:
 # ---- the page --------------------------------------------------------------------------------------
 
 def main() -> None:
-    st.title("Designer")
+    page.header("designer")
     # Elements that come and go live inside containers: the canvas must keep its place in the page
     # from one run to the next, or the browser reloads it and the edits not yet sent are lost.
     with st.container():
         flash_ui()
         if state.notice():
             st.warning(state.notice())
-    canvas_command()
-    design = state.current_design()
+        reopen_ui()
     # Filled after the canvas is read back, so undo/redo and the name reflect this run's edit.
     toolbar = st.container()
-
-    payload = read_canvas(design)
-    if payload is not None:
-        apply_canvas(payload)
-        design = state.current_design()
+    take_canvas_edit(state.current_design())
+    design = state.current_design()
     check = checks.check_design(design, canvas_problems(design))
     canvas_ui(design, check)                  # the whole width: the LSTM's 12 columns of blocks stay legible
     editor_col, plan_col = st.columns([3, 2])
@@ -490,16 +548,16 @@ def main() -> None:
 
     equations_tab, code_tab, plan_tab, try_tab, files_tab = st.tabs(
         ["Equations", "DSL code", "Plan", "Sample run", "Files"])
+    with files_tab:             # first: nothing the other tabs meet can leave the Files tab empty
+        files_ui(design, check.cell)
     with equations_tab:
         equations_ui(check.cell)
     with code_tab:
         code_ui(check.cell)
     with plan_tab:
-        plan = plan_ui(check.cell)
+        plan, sizes_valid = plan_ui(check.cell)
     with try_tab:
-        try_ui(check.cell)
-    with files_tab:
-        files_ui(design, check.cell)
+        try_ui(check.cell, sizes_valid)
     with toolbar:
         toolbar_ui(design)
     with plan_col:

@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
-from app import engine_cache, figures, state  # noqa: E402
+from app import engine_cache, figures, page, state  # noqa: E402
 
 # The live demo runs the NumPy reference twice on the CPU, inside a page rerun: keep it small.
 DEMO_LIMITS = {"input_size": 1024, "hidden_size": 1024, "num_layers": 8, "steps": 2000, "batch": 64, "proj_size": 1024}
@@ -80,6 +80,14 @@ def demo_ui(cell: engine.CellGraph) -> None:
                                  "fp32 accumulation and cell math")
     if sizes is None or not chosen:
         return
+    try:
+        problem = engine_cache.memory_problem(cell, "the divergence run", **sizes)
+    except engine.EngineError as e:
+        st.error(f"The reference run of cell '{cell.name}' cannot run at these sizes: {e}")
+        return
+    if problem:
+        st.error(problem)
+        return
     curves = {}
     for precision in chosen:
         try:
@@ -102,7 +110,7 @@ def demo_ui(cell: engine.CellGraph) -> None:
                                               title="Error per time step, by precision"), key="divergence.demo")
 
 
-st.title("Divergence")
+page.header("divergence")
 shown = results_ui()
 if not shown:
     st.info("No saved benchmark results with per-step errors were found; the curves below are a live CPU run.")

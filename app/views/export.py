@@ -10,13 +10,24 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import json  # noqa: E402
+import re  # noqa: E402
 
 import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
-from app import engine_cache, state  # noqa: E402
+from app import engine_cache, page, state  # noqa: E402
 
 EXPORT_SIZES = ("input_size", "hidden_size", "num_layers")
+
+
+BUILD_LINE = re.compile(r"nvcc\b[^\n]*?-o\s+(\S+)\s+(\S+\.cu)\b")
+
+
+def cuda_file_name(source: str, cell: engine.CellGraph) -> str:
+    """The name the .cu's own build line compiles (`nvcc ... -o lstm_rnn lstm_rnn.cu`), so the downloaded file
+    builds with the command written inside it; the cell's name when the source has no build line."""
+    found = BUILD_LINE.search(source)
+    return found.group(2) if found else f"{cell.name}.cu"
 
 
 def cuda_ui(cell: engine.CellGraph, cell_json: str, sizes: dict[str, int]) -> None:
@@ -29,7 +40,7 @@ def cuda_ui(cell: engine.CellGraph, cell_json: str, sizes: dict[str, int]) -> No
     if source is None:
         st.info("CUDA export is not available: engine.export is not part of this engine yet.")
         return
-    st.download_button("Download .cu", source, file_name=f"{cell.name}.cu", mime="text/x-cuda",
+    st.download_button("Download .cu", source, file_name=cuda_file_name(source, cell), mime="text/x-cuda",
                        key="export.cu", icon=":material/download:", type="primary")
     st.code(source, language="cpp", line_numbers=True, height=600)
 
@@ -75,7 +86,7 @@ def plan_download_ui(column, cell: engine.CellGraph, cell_json: str, sizes: dict
                            mime="application/json", key="export.plan_json", icon=":material/download:")
 
 
-st.title("Export")
+page.header("export")
 cell = state.current_cell()
 if cell is None:
     st.warning("The current design is not a valid cell; fix it in the Designer to export it.")

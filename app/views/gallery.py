@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
-from app import engine_cache, figures, state  # noqa: E402
+from app import engine_cache, figures, page, state  # noqa: E402
 
 CARDS_PER_ROW = 2
 # The Benchmarks page reads this request once, to pre-select presets in its own widget.
@@ -68,7 +68,7 @@ def benchmark(preset: engine.Preset) -> None:
     st.switch_page("views/benchmarks.py")
 
 
-st.title("Gallery")
+page.header("gallery")
 st.caption("Every preset cell: the equations are generated from the graph, so they are what runs.")
 all_presets = engine_cache.presets()
 families, text = filter_ui(all_presets)

@@ -21,7 +21,7 @@ import json  # noqa: E402
 import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
-from app import engine_cache, figures  # noqa: E402
+from app import engine_cache, figures, page  # noqa: E402
 from engine.bench.pipelines import measured_pipelines  # noqa: E402
 from engine.multigpu import plan_pipeline  # noqa: E402
 from engine.nets.data import Layers  # noqa: E402
@@ -203,7 +203,7 @@ def measured_ui() -> None:
         st.caption(f"Skipped {name}, left as it is: {why}")
 
 
-st.title("Networks")
+page.header("networks")
 st.caption("Networks of blocks: cell layers and pooling over time, run block by block or as one wavefront, and "
            "pipelined over several GPUs.")
 net = net_ui()

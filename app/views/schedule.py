@@ -20,7 +20,7 @@ import json  # noqa: E402
 import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
-from app import engine_cache, figures, state  # noqa: E402
+from app import engine_cache, figures, page, state  # noqa: E402
 
 HEATMAP_STEPS = 48   # the diagonals are the same for every window; a wider grid is unreadable
 
@@ -230,8 +230,13 @@ def timeline_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> None:
     st.plotly_chart(figures.timeline_figure(events), key="schedule.timeline")
 
 
-st.title("Schedule")
+page.header("schedule")
 cell = state.current_cell()
+if cell is not None:
+    st.caption(f"The current design: cell **{cell.name}** ({len(cell.nodes)} nodes, states "
+               f"{', '.join(cell.state_names)}); change it in the Designer or the Gallery.")
+else:
+    st.caption(f"The current design ('{state.current_design().get('name', '?')}') is not a valid cell yet.")
 sizes = engine_cache.sizes_ui("schedule")
 if sizes is not None:
     wavefront_ui(sizes)

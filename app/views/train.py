@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
-from app import engine_cache, figures, state  # noqa: E402
+from app import engine_cache, figures, page, state  # noqa: E402
 from app.designer import files  # noqa: E402
 from engine.training import TrainingError, TrainResult, get_task, load_results, save_results  # noqa: E402
 from engine.training.results import results_to_json  # noqa: E402
@@ -164,7 +164,7 @@ def results_ui(results: list[dict]) -> None:
         file_name=f"train-{results[0]['task']}.json", mime="application/json", key="train.download")
 
 
-st.title("Train")
+page.header("train")
 st.caption("Train cells side by side on a task the project generates: same data, same seed, same settings; "
            "backpropagation through time on the CPU in float64 (the NumPy reference), or on the GPU in float32 (the "
            "fused training step) where there is one.")

@@ -465,3 +465,32 @@ def test_a_projected_state_round_trips_through_the_canvas():
     problems = checks.check_design(read(schema, name="lstm_proj").design).problems
     assert problems and all("P columns but operand 'h' has size H" in p.message for p in problems)
     assert {p.node for p in problems} == {"W_hi_h", "W_hf_h", "W_hg_h", "W_ho_h"}
+
+
+def test_a_self_loop_wire_is_refused_in_words_once():
+    design = {"schema": "rnn-cell-graph", "version": 1, "name": "c", "doc": "", "output": "h",
+              "nodes": [{"name": "x", "op": "input"}, {"name": "h", "op": "state"},
+                        {"name": "r", "op": "relu", "args": ["h"]}], "states": [{"name": "h", "next": "r"}]}
+    schema, _ = adapter.design_to_schema(design)
+    schema["connections"] = [c for c in schema["connections"] if c["inputNode"] != "node-2"] + [
+        {"id": "loop", "outputNode": "node-2", "outputNodeInterface": "value", "inputNode": "node-2",
+         "inputNodeInterface": "x"}]
+    reading = adapter.schema_to_design(schema, name="c")
+    problems = checks.check_design(reading.design, reading.problems).problems
+    assert [(p.node, p.field) for p in problems] == [("r", "args.x")]
+    assert "the wire from 'r' to its own port 'x' is refused" in problems[0].message and problems[0].hint
+
+
+def test_renames_carry_between_a_state_and_its_next_state_block_and_labels_go_stale():
+    schema, _ = adapter.design_to_schema(engine.to_dict(engine.preset("lstm").cell))
+    before = adapter.block_names(schema)
+    assert not adapter.stale_labels(schema)
+    sink = adapter.block_ids(schema)[adapter.sink_key("c")]
+    for raw in schema["nodes"]:
+        if raw["id"] == sink:
+            raw["options"] = [{**o, "value": "cell"} if o["name"] == "state" else o for o in raw["options"]]
+    carried, renames = adapter.carry_renames(before, schema)
+    assert renames == {"c": "cell"} and adapter.stale_labels(carried)
+    reading = adapter.schema_to_design(carried, name="lstm")
+    cell = engine.from_dict(reading.design)                  # valid: the state block followed its sink
+    assert set(cell.state_names) == {"h", "cell"}

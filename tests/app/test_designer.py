@@ -301,22 +301,22 @@ def test_a_link_with_a_foreign_design_id_starts_a_new_design(designs):
 
 def test_two_size_edits_in_a_row_both_stick(designer):
     at = designer
-    at.number_input(key="designer.hidden_size").set_value(12).run()
-    at.number_input(key="designer.input_size").set_value(5).run()       # was reset to the old 64 before
-    assert at.number_input(key="designer.input_size").value == 5
-    assert at.number_input(key="designer.hidden_size").value == 12
+    at.text_input(key="designer.hidden_size").set_value(str(12)).run()
+    at.text_input(key="designer.input_size").set_value(str(5)).run()       # was reset to the old 64 before
+    assert at.text_input(key="designer.input_size").value == "5"
+    assert at.text_input(key="designer.hidden_size").value == "12"
     assert {k: at.session_state["state.sizes"][k] for k in ("input_size", "hidden_size")} == \
         {"input_size": 5, "hidden_size": 12}
 
 
 def test_the_sample_run_is_a_real_reference_run_of_the_current_cell(designer):
     at = designer
-    at.number_input(key="designer.hidden_size").set_value(12).run()
+    at.text_input(key="designer.hidden_size").set_value(str(12)).run()
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["outputs (T, B, H)"] == "3 x 2 x 12"
     sizes = at.session_state["state.sizes"]                             # the plan's sizes, which the run uses
     assert f"shape (3, 2, {sizes['input_size']}) (T, B, I)" in "\n".join(c.value for c in at.caption)
-    cell = engine.from_json(at.session_state["state.design"])          # the designer's own copy of the LSTM
+    cell = engine.from_json(at.session_state["state.store"]["design"])          # the designer's own copy of the LSTM
     network = engine.Network(cell, sizes["input_size"], 12, sizes["num_layers"])
     params = engine.init_params(network, seed=0)
     x = np.random.default_rng(1).standard_normal((3, 2, sizes["input_size"]))
@@ -352,14 +352,14 @@ def test_plan_not_available_without_engine_explain(designer, monkeypatch):
     monkeypatch.setitem(sys.modules, "engine.explain", None)     # import engine.explain now fails
     st.cache_data.clear()
     at = designer
-    at.number_input(key="designer.batch").set_value(3).run()
+    at.text_input(key="designer.batch").set_value(str(3)).run()
     assert not at.exception
     assert any("plan not available yet" in i.value for i in at.info)
 
 
 def test_bad_sizes_name_the_field(designer):
     at = designer
-    at.number_input(key="designer.hidden_size").set_value(0).run()
+    at.text_input(key="designer.hidden_size").set_value(str(0)).run()
     assert "hidden_size: must be at least 1" in texts(at.error)
 
 
@@ -507,7 +507,7 @@ def test_a_cell_with_a_projected_state_opens_validates_plans_and_runs(designer):
     drawn = {n["label"]: n for n in at.session_state["designer.canvas"]["schema"]["nodes"]}
     assert {o["name"]: o["value"] for o in drawn["h · state"]["options"]}["dim"] == "P"
     assert any(m.label == "outputs (T, B, P)" and m.value == "3 x 2 x 128" for m in at.metric)   # P = 128
-    at.number_input(key="designer.proj_size").set_value(5).run()         # the plan's sizes: P too
+    at.text_input(key="designer.proj_size").set_value(str(5)).run()         # the plan's sizes: P too
     assert not at.exception and not at.error, texts(at.error)
     assert any(m.label == "outputs (T, B, P)" and m.value == "3 x 2 x 5" for m in at.metric)
 
@@ -554,3 +554,96 @@ def test_undo_and_redo_from_the_canvas_keys(designer):
                                            "command": "redo"}
     at.run()
     assert "relu_1" in texts(at.error)
+
+
+# ---- the designer's traps ----------------------------------------------------------------------------
+
+def rename(schema: dict, block_id: str, field: str, value: str) -> dict:
+    node = next(n for n in schema["nodes"] if n["id"] == block_id)
+    node["options"] = [o for o in node["options"] if o["name"] != field] + [{"name": field, "value": value}]
+    return schema
+
+
+@pytest.mark.parametrize("preset,old,new,by", [("gru", "h", "s", "state"), ("lstm", "c", "cell_c", "state"),
+                                              ("lstm", "c", "cell_c", "next state"), ("lstm", "x", "u", "input")])
+def test_a_rename_on_the_canvas_carries_through_and_is_drawn_at_once(designs, preset, old, new, by):
+    """Renaming a state (its block, or its next-value block's field), or any other node, keeps the cell valid: the
+    next-value block, the output and the wires follow, and the canvas is drawn again with the new labels."""
+    at = AppTest.from_file(str(PAGE), default_timeout=60)
+    at.run()
+    at.selectbox(key="designer.preset").set_value(preset)
+    at.button(key="designer.load_preset").click().run()
+    canvas = at.session_state["designer.canvas"]
+    schema = copy.deepcopy(canvas["schema"])
+    block = canvas["ids"][adapter.sink_key(old) if by == "next state" else old]
+    send(at, rename(schema, block, "state" if by == "next state" else "name", new))
+    assert not at.error, texts(at.error)
+    design = json.loads(at.session_state["state.store"]["design"])
+    cell = engine.from_dict(design)
+    want = engine.to_dict(engine.preset(preset).cell)
+    assert len(cell.nodes) == len(want["nodes"]) and new in {n.name for n in cell.nodes}
+    if by != "input":
+        assert new in cell.state_names and old not in cell.state_names
+    labels = [n["label"] for n in at.session_state["designer.canvas"]["schema"]["nodes"]]
+    assert at.session_state["designer.canvas"]["revision"] > canvas["revision"]       # drawn afresh: new labels
+    assert any(label.startswith(f"{new} · ") for label in labels) and not any(
+        label.startswith(f"{old} · ") for label in labels)
+    if by != "input":
+        assert f"{new} at t" in labels
+
+
+def test_an_edit_is_taken_and_applied_as_one_step(designer):
+    """The canvas's value is marked as taken only together with the design change it brings: the canvas state
+    and the design's state change with no st.session_state access in between (a rerun cannot land inside)."""
+    body = PAGE.read_text().split("def take_canvas_edit(")[1].split("\ndef ")[0]
+    after = body.split("# ---- no st.session_state access below this line")[1]
+    assert "st.session_state" not in after and "state." not in after.replace("change.", "")
+
+
+def test_the_sample_run_refuses_a_size_too_big_and_the_files_tab_stays(designer):
+    at = designer
+    at.text_input(key="designer.hidden_size").set_value("65536").run()
+    assert not at.exception
+    refusal = next(e.value for e in at.error if "the sample run" in e.value)
+    assert "more than the app's limit of 4.0 GiB" in refusal and "GiB (parameters" in refusal
+    assert at.button(key="designer.save") is not None and at.text_input(key="designer.save_name") is not None
+
+
+def test_a_bad_size_is_refused_whole_and_kept_across_a_page_change(designs):
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=60)
+    at.run()
+    for typed in ("abc", "12abc", "2.5", "-3"):
+        at.text_input(key="designer.hidden_size").set_value(typed).run()
+        assert at.session_state["state.sizes"].get("hidden_size", 256) == 256      # never 0, 12 or 2
+        assert any(e.value.startswith("hidden_size:") and repr(typed) in e.value or
+                   e.value.startswith("hidden_size: must be at least 1") for e in at.error), texts(at.error)
+    assert any("this sample run is for the previous sizes" in w.value for w in at.warning)
+    at.switch_page("views/schedule.py").run()
+    at.switch_page("views/designer.py").run()
+    assert at.text_input(key="designer.hidden_size").value == "-3"
+    assert any(e.value.startswith("hidden_size:") for e in at.error)
+
+
+def test_save_is_a_callback_and_a_fresh_visit_offers_the_last_design(designer, designs):
+    at = designer
+    at.selectbox(key="designer.preset").set_value("gru")
+    at.button(key="designer.load_preset").click().run()
+    at.text_input(key="designer.save_name").set_value("my_gru")
+    at.button(key="designer.save").click().run()
+    assert (designs / "my_gru.json").exists() and "Saved" in texts(at.success)
+    fresh = session_with()                                      # the app's address without ?design=
+    assert fresh.text_input(key="designer.name").value == "lstm"
+    fresh.button(key="designer.reopen").click().run()
+    assert fresh.text_input(key="designer.name").value == "gru"
+    assert "Reopened the last design 'gru'" in texts(fresh.success)
+
+
+def test_a_wire_the_canvas_refused_is_said_in_words(designer):
+    at = designer
+    canvas = at.session_state["designer.canvas"]
+    block = canvas["ids"]["g"]
+    at.session_state["designer.editor"] = {"revision": canvas["revision"], "edit": canvas["edit"] + 1,
+                                           "refused": {"block": block, "port": "x"}}
+    at.run()
+    assert "node 'g': a wire from 'g' to its own port 'x' is refused" in texts(at.warning)
+    assert "lstm" in texts(at.success)                           # the design is unchanged

@@ -109,18 +109,18 @@ ABSURD = [("input_size", 0), ("hidden_size", -3), ("num_layers", 65), ("steps", 
 @pytest.mark.parametrize("field,value", ABSURD)
 def test_schedule_names_the_absurd_size(open_page, field, value):
     at = open_page("schedule")
-    at.number_input(key=f"schedule.{field}").set_value(value).run()
+    at.text_input(key=f"schedule.{field}").set_value(str(value)).run()
     assert not at.exception, texts(at.exception)
     assert len(at.error) == 1 and at.error[0].value.startswith(f"{field}:"), texts(at.error)
     assert "schedule.heatmap" not in chart_keys(at)
-    at.number_input(key=f"schedule.{field}").set_value(3).run()        # fixing it brings the page back
+    at.text_input(key=f"schedule.{field}").set_value(str(3)).run()        # fixing it brings the page back
     assert not at.error and "schedule.heatmap" in chart_keys(at)
 
 
 @pytest.mark.parametrize("field,value", [("hidden_size", 0), ("num_layers", 100)])
 def test_export_names_the_absurd_size(open_page, field, value):
     at = open_page("export")
-    at.number_input(key=f"export.{field}").set_value(value).run()
+    at.text_input(key=f"export.{field}").set_value(str(value)).run()
     assert not at.exception, texts(at.exception)
     assert [e.value.split(":")[0] for e in at.error] == [field]
 
@@ -129,8 +129,8 @@ def test_export_names_the_absurd_size(open_page, field, value):
 
 def test_schedule_heatmap_is_the_engines_wavefront(open_page):
     at = open_page("schedule")
-    at.number_input(key="schedule.num_layers").set_value(3).run()
-    at.number_input(key="schedule.steps").set_value(7).run()
+    at.text_input(key="schedule.num_layers").set_value(str(3)).run()
+    at.text_input(key="schedule.steps").set_value(str(7)).run()
     heatmap = chart_spec(at, "schedule.heatmap")["data"][0]
     grid = wavefront(3, 7).step_of()
     assert heatmap["z"] == grid
@@ -139,13 +139,13 @@ def test_schedule_heatmap_is_the_engines_wavefront(open_page):
 
 def test_schedule_steps_through_the_wavefront(open_page):
     at = open_page("schedule")
-    at.number_input(key="schedule.num_layers").set_value(3).run()
-    at.number_input(key="schedule.steps").set_value(7).run()
+    at.text_input(key="schedule.num_layers").set_value(str(3)).run()
+    at.text_input(key="schedule.steps").set_value(str(7)).run()
     at.slider(key="schedule.wave_step").set_value(4).run()
     rings = chart_spec(at, "schedule.heatmap")["data"][1]
     assert sorted(zip(rings["y"], rings["x"])) == [(0, 4), (1, 3), (2, 2)]      # layer l at t = 4 - l
     assert "Wavefront step 4 runs layer 0 at t=4, layer 1 at t=3, layer 2 at t=2 together" in texts(at.caption)
-    at.number_input(key="schedule.steps").set_value(2).run()                 # 4 wavefront steps now: clamped
+    at.text_input(key="schedule.steps").set_value(str(2)).run()                 # 4 wavefront steps now: clamped
     assert at.slider(key="schedule.wave_step").value == 3 and not at.exception
     rings = chart_spec(at, "schedule.heatmap")["data"][1]
     assert sorted(zip(rings["y"], rings["x"])) == [(2, 1)]
@@ -153,7 +153,7 @@ def test_schedule_steps_through_the_wavefront(open_page):
 
 def test_schedule_long_sequences_show_a_window(open_page):
     at = open_page("schedule")
-    at.number_input(key="schedule.steps").set_value(5000).run()
+    at.text_input(key="schedule.steps").set_value(str(5000)).run()
     heatmap = chart_spec(at, "schedule.heatmap")["data"][0]
     assert 0 < len(heatmap["z"][0]) < 5000
     assert "of 5000" in texts(at.caption)
@@ -161,8 +161,8 @@ def test_schedule_long_sequences_show_a_window(open_page):
 
 def test_schedule_refuses_a_plan_too_big_to_build_in_a_page(open_page):
     at = open_page("schedule")
-    at.number_input(key="schedule.num_layers").set_value(64).run()
-    at.number_input(key="schedule.steps").set_value(65536).run()      # each within its own limit
+    at.text_input(key="schedule.num_layers").set_value(str(64)).run()
+    at.text_input(key="schedule.steps").set_value(str(65536)).run()      # each within its own limit
     assert not at.exception
     assert [e.value.split(":")[0] for e in at.error] == ["steps"]
     assert "layer-steps" in at.error[0].value
@@ -177,7 +177,7 @@ def test_schedule_shows_the_plan_or_says_it_is_missing(open_page):
         assert "launches per step" not in metrics
         return
     from engine.explain import explain_json
-    sizes = {k: at.number_input(key=f"schedule.{k}").value for k in
+    sizes = {k: int(at.text_input(key=f"schedule.{k}").value) for k in
              ("input_size", "hidden_size", "num_layers", "steps", "batch")}
     plan = explain_json(engine.from_json(next(c.value for c in _export_json(at))), **sizes)
     assert metrics["launches per step"] == str(plan["launches_per_step"])
@@ -217,7 +217,7 @@ def autotune_cache(tmp_path, monkeypatch):
 
 
 def _sizes(at) -> dict:
-    return {k: at.number_input(key=f"schedule.{k}").value for k in
+    return {k: int(at.text_input(key=f"schedule.{k}").value) for k in
             ("input_size", "hidden_size", "num_layers", "steps", "batch")}
 
 
@@ -272,7 +272,7 @@ def test_schedule_selector_switches_what_is_drawn(open_page, autotune_cache):
 
 def test_schedule_precision_plans_tensor_core_tiles(open_page, autotune_cache):
     at = open_page("schedule")
-    at.number_input(key="schedule.batch").set_value(32).run()          # many rows: the tiled path
+    at.text_input(key="schedule.batch").set_value(str(32)).run()          # many rows: the tiled path
     assert at.radio(key="schedule.precision").value == "float32"
     metrics = {m.label: m.value for m in at.metric}
     assert "accumulators per warp" not in metrics and "registers per thread" in metrics
@@ -358,7 +358,7 @@ def test_export_shows_the_generated_cuda(open_page):
 
 def test_divergence_live_demo_is_a_real_float32_run(open_page):
     at = open_page("divergence")
-    at.number_input(key="divergence.steps").set_value(30).run()
+    at.text_input(key="divergence.steps").set_value(str(30)).run()
     series = {t["name"]: t["y"] for t in chart_spec(at, "divergence.demo")["data"]}
     worst = series["float32 max |error|"]
     mean = series["float32 mean |error|"]
@@ -371,7 +371,7 @@ def test_divergence_live_demo_is_a_real_float32_run(open_page):
 
 def test_divergence_demo_plots_every_precision_mode(open_page):
     at = open_page("divergence")
-    at.number_input(key="divergence.steps").set_value(20).run()
+    at.text_input(key="divergence.steps").set_value(str(20)).run()
     series = {t["name"]: [e for e in t["y"] if e is not None] for t in chart_spec(at, "divergence.demo")["data"]}
     assert set(series) == {f"{p} {s} |error|" for p in ("float32", "tf32", "float16", "bfloat16")
                            for s in ("max", "mean")}
@@ -388,7 +388,7 @@ def test_divergence_demo_plots_every_precision_mode(open_page):
 
 def test_divergence_seed_draws_a_fresh_input(open_page):
     at = open_page("divergence")
-    at.number_input(key="divergence.steps").set_value(10).run()
+    at.text_input(key="divergence.steps").set_value(str(10)).run()
     before = chart_spec(at, "divergence.demo")["data"][0]["y"]
     at.number_input(key="divergence.seed").set_value(7).run()
     assert chart_spec(at, "divergence.demo")["data"][0]["y"] != before
@@ -396,7 +396,7 @@ def test_divergence_seed_draws_a_fresh_input(open_page):
 
 def test_divergence_demo_limits_name_the_field(open_page):
     at = open_page("divergence")
-    at.number_input(key="divergence.steps").set_value(100_000).run()
+    at.text_input(key="divergence.steps").set_value(str(100_000)).run()
     assert not at.exception
     assert [e.value.split(":")[0] for e in at.error] == ["steps"]
     assert "divergence.demo" not in chart_keys(at)
@@ -491,7 +491,7 @@ def test_benchmarks_custom_sizes_name_the_absurd_field(open_page):
         pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")
     at = open_page("benchmarks")
     at.toggle(key="benchmarks.custom").set_value(True).run()
-    at.number_input(key="benchmarks.batch").set_value(0).run()
+    at.text_input(key="benchmarks.batch").set_value(str(0)).run()
     assert not at.exception
     assert [e.value.split(":")[0] for e in at.error] == ["batch"]
     assert at.button(key="benchmarks.run").disabled
@@ -590,8 +590,8 @@ def test_divergence_demo_of_a_projected_cell_asks_for_p(app, open_page):
     app.selectbox(key="designer.preset").set_value("lstm_proj").run()
     app.button(key="designer.load_preset").click().run()
     at = open_page("divergence")
-    at.number_input(key="divergence.steps").set_value(12).run()
-    at.number_input(key="divergence.proj_size").set_value(5).run()
+    at.text_input(key="divergence.steps").set_value(str(12)).run()
+    at.text_input(key="divergence.proj_size").set_value(str(5)).run()
     series = {t["name"]: t["y"] for t in chart_spec(at, "divergence.demo")["data"]}
     assert len(series["float32 max |error|"]) == 12
     assert not at.exception and not at.error
@@ -649,8 +649,9 @@ def test_networks_takes_a_cell_sizes_and_a_split(open_page):
 ])
 def test_networks_name_what_is_wrong(open_page, field, value, message):
     at = open_page("networks")
-    widget = at.text_input(key=field) if field == "networks.split" else at.number_input(key=field)
-    (widget.input(value) if field == "networks.split" else widget.set_value(value)).run()
+    text = field in ("networks.split", "networks.steps", "networks.batch")       # text fields; steps: a size field
+    widget = at.text_input(key=field) if text else at.number_input(key=field)
+    (widget.input(str(value)) if text else widget.set_value(value)).run()
     assert message in texts(at.error) and not at.exception
 
 
@@ -686,3 +687,23 @@ def test_networks_show_the_measured_pipelines(open_page, tmp_path, monkeypatch):
     assert list(table["speedup"]) == pytest.approx([1.1, 7.7 / 8.0])
     assert list(table["chunks run"]) == ["replayed", "run by run, pools fused"]      # older rows: run by run
     assert "Skipped pipeline-a.json, left as it is" in texts(at.caption)
+
+
+def test_benchmarks_lead_with_the_chart_and_fold_what_did_not_run(open_page, saved_results, tmp_path):
+    """Cases the run skipped are one folded line after the charts, not a column of warnings before them; the
+    implementation picker spells each implementation once."""
+    if not bench_available():
+        pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")
+    from engine.bench.results import save_results
+    budget = "the run's time budget was spent"
+    for k in range(12):
+        saved_results["cells"].append({"preset": "gru", "status": "skipped", "reason": budget, "implementations": [],
+                                       "config": {"name": f"case{k}", "input_size": 8, "hidden_size": 16,
+                                                  "num_layers": 1, "steps": 4, "batch": 2}})
+    save_results(saved_results, tmp_path / "bench-test.json")
+    at = open_page("benchmarks")
+    assert not at.warning, texts(at.warning)
+    assert "benchmarks.speedup" in chart_keys(at)
+    assert [e.label for e in at.expander if "skipped" in e.label] == [f"12 cases skipped: {budget}"]
+    picker = at.multiselect(key="benchmarks.implementations").options
+    assert "torch-compile" in picker and "torch.compile" not in picker

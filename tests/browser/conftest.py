@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
 START_TIMEOUT_S = 90
+# SCREENSHOTS=1: the README's pictures are taken (tests/browser/test_screenshots.py), of the app reading the fixed
+# demo folder docs/demo/ (relative paths: the pictures show "docs/demo/...", not a temporary folder)
+SCREENSHOTS = os.environ.get("SCREENSHOTS") == "1"
+DEMO = Path("docs") / "demo"
 
 
 def pytest_collection_modifyitems(items):
@@ -56,6 +60,8 @@ def app_url(tmp_path_factory):
                "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     # a temporary designs folder: each session starts from the LSTM preset; the user's designs/ is never touched
     env = dict(os.environ, RNN_DESIGNS_DIR=str(tmp_path_factory.mktemp("designs")))
+    if SCREENSHOTS:
+        env.update(RNN_DESIGNS_DIR=str(DEMO / "designs"), RNN_RESULTS_DIR=str(DEMO / "results"))
     with open(log_path, "w") as log:
         server = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
                                   start_new_session=True)

@@ -186,3 +186,94 @@ def test_a_building_blocks_field_changes_the_cell(page, app_url):
     expect(page.locator('[data-testid="stMain"] [data-testid="stCode"]').first).to_contain_text(
         "gate_1 = hard_sigmoid(", timeout=RERUN_S * 1000)
     assert page.locator('[data-testid="stException"]').count() == 0
+
+
+def test_rename_a_state_refuse_a_self_loop_bad_sizes_and_reopen_the_last_design(page, app_url, browser):
+    """The designer's traps, one journey: a state renamed on the canvas carries through (its next-value block
+    follows, the labels change without Redraw, the cell stays valid); a wire from a block to its own port is
+    refused in words; a size typed wrong is refused naming the field and kept across a page change, the sample run
+    saying it is for the previous sizes; a size too big for the sample run is refused with its memory figure and
+    the Files tab stays whole; a fresh visit offers to reopen the last design."""
+    frame, x, h, sink = start_empty_cell(page, app_url)
+    relu = add_block(page, frame, 0.75, 0.4, "ops", "relu")
+    for source, target, name in [(h, relu, "x"), (relu, sink, "next")]:
+        connect(page, frame, output(source), port(target, name))
+    expect(page.get_by_text("my_cell is a valid cell")).to_be_visible(timeout=RERUN_S * 1000)
+
+    h.click()                                           # rename the state h to s in its name field
+    h.locator("input#name").fill("s")
+    h.locator("input#name").press("Enter")
+    nodes = canvas(page).locator(".react-flow__node")
+    expect(nodes.filter(has_text="s · state")).to_have_count(1, timeout=RERUN_S * 1000)    # no Redraw needed
+    expect(nodes.filter(has_text="s at t")).to_have_count(1, timeout=RERUN_S * 1000)
+    expect(page.get_by_text("my_cell is a valid cell: 3 nodes, states s, output s")).to_be_visible(
+        timeout=RERUN_S * 1000)
+    open_tab(page, "DSL code")
+    expect(page.locator('[data-testid="stMain"] [data-testid="stCode"]').first).to_contain_text(
+        "def my_cell(x, s):", timeout=RERUN_S * 1000)
+
+    wait_until_idle(page)
+    frame = canvas(page)
+    relu = frame.locator(".react-flow__node", has_text="relu_1")
+    refused = page.get_by_text("a wire from 'relu_1' to its own port 'x' is refused")
+    for _ in range(3):                                  # a wire from the relu to its own port (a drag may miss it)
+        wait_until_idle(page)
+        frame.locator(".react-flow__pane").evaluate("e => e.scrollIntoView({block: 'center'})")   # the tab scrolled
+        a, b = output(relu).bounding_box(), port(relu, "x").bounding_box()
+        page.mouse.move(a["x"] + a["width"] / 2, a["y"] + a["height"] / 2)
+        page.mouse.down()
+        page.mouse.move(a["x"] + 40, a["y"] - 60, steps=5)
+        page.mouse.move(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2, steps=5)
+        page.mouse.up()
+        try:
+            expect(refused).to_be_visible(timeout=RERUN_S * 1000 // 3)
+            break
+        except AssertionError:
+            continue
+    expect(refused).to_be_visible()
+    expect(frame.locator(".react-flow__edge")).to_have_count(2)               # not drawn
+    expect(page.get_by_text("my_cell is a valid cell")).to_be_visible()
+
+    fresh = browser.new_context(viewport={"width": 1920, "height": 1080})     # the app's address, a new visit
+    try:
+        other = fresh.new_page()
+        other.set_default_timeout(60_000)
+        other.goto(app_url)
+        other.locator('[data-testid="stMain"] h1').filter(has_text="Designer").first.wait_for()
+        wait_until_idle(other)
+        expect(other.get_by_text("my_cell", exact=False).first).to_be_visible(timeout=RERUN_S * 1000)
+        other.locator(".st-key-designer-reopen").get_by_role("button").click()
+        expect(other.get_by_text("my_cell is a valid cell: 3 nodes, states s, output s")).to_be_visible(
+            timeout=RERUN_S * 1000)
+    finally:
+        fresh.close()
+
+    choose_option(page, "designer-preset", "lstm: LSTM (cuDNN / PyTorch)")       # a cell with weights
+    page.locator(".st-key-designer-load_preset").get_by_role("button").click()
+    expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
+    wait_until_idle(page)
+    hidden = page.locator(".st-key-designer-hidden_size").get_by_role("textbox")
+    open_tab(page, "Plan")
+    hidden.fill("65536")
+    hidden.press("Enter")
+    open_tab(page, "Sample run")
+    expect(page.get_by_text("more than the app's limit of 4.0 GiB")).to_be_visible(timeout=RERUN_S * 1000)
+    open_tab(page, "Files")
+    expect(page.locator(".st-key-designer-save").get_by_role("button")).to_be_visible()
+    open_tab(page, "Plan")
+    hidden.fill("12abc")
+    hidden.press("Enter")
+    expect(page.get_by_text("hidden_size: '12abc' typed in 'hidden size (H)' is not a whole number")).to_be_visible(
+        timeout=RERUN_S * 1000)
+    open_tab(page, "Sample run")
+    expect(page.get_by_text("this sample run is for the previous sizes")).to_be_visible(timeout=RERUN_S * 1000)
+    page.locator('[data-testid="stSidebarNav"]').get_by_text("Schedule", exact=True).click()
+    page.locator('[data-testid="stMain"] h1').filter(has_text="Schedule").first.wait_for()
+    wait_until_idle(page)
+    page.locator('[data-testid="stSidebarNav"]').get_by_text("Designer", exact=True).click()
+    page.locator('[data-testid="stMain"] h1').filter(has_text="Designer").first.wait_for()
+    wait_until_idle(page)
+    open_tab(page, "Plan")
+    expect(page.locator(".st-key-designer-hidden_size").get_by_role("textbox")).to_have_value("12abc")
+    assert page.locator('[data-testid="stException"]').count() == 0
+

@@ -4,7 +4,7 @@
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
 import {
   ReactFlow, Background, Controls, MiniMap, useReactFlow, addEdge, applyEdgeChanges, applyNodeChanges,
-  type Connection, type Edge, type EdgeChange, type FitViewOptions, type NodeChange,
+  type Connection, type Edge, type EdgeChange, type FinalConnectionState, type FitViewOptions, type NodeChange,
 } from "@xyflow/react";
 import CellNode, { type CellNodeData, type CellNodeType } from "./CellNode";
 import { setComponentValue } from "./streamlit";
@@ -118,7 +118,25 @@ export default function Canvas({ args }: { args: CanvasArgs }) {
     if (changes.some((c) => c.type === "remove")) pending.current = true;
     setEdges((es) => applyEdgeChanges(changes, es));
   }, []);
+  // A wire dropped on the block it starts from makes no edge here: tell the app, which says why in words (a value
+  // cannot be computed from itself within one step) instead of the wire vanishing without one.
+  const onConnectEnd = useCallback((event: MouseEvent | TouchEvent, state: FinalConnectionState) => {
+    const from = state.fromNode?.id;
+    if (!from || state.isValid) return;
+    const handle = event.target instanceof Element ? event.target.closest(".react-flow__handle.target") : null;
+    const onTarget = state.toHandle?.type === "target";
+    const dropped = onTarget ? state.toNode?.id : handle?.closest(".react-flow__node")?.getAttribute("data-id");
+    if (dropped !== from) return;
+    const port = onTarget ? state.toHandle?.id : handle?.getAttribute("data-handleid");
+    edit.current += 1;
+    setComponentValue({ revision: revision.current, edit: edit.current, refused: { block: from, port: port ?? "" } });
+  }, []);
   const onConnect = useCallback((c: Connection) => {
+    if (c.source === c.target) {           // the same: said in words by the app, never drawn
+      edit.current += 1;
+      setComponentValue({ revision: revision.current, edit: edit.current, refused: { block: c.source, port: c.targetHandle ?? "" } });
+      return;
+    }
     pending.current = true;
     const id = `edge__${Date.now().toString(36)}${Math.random().toString(36).slice(2, 7)}`;
     setEdges((es) => addEdge({ ...c, id }, es));
@@ -179,7 +197,7 @@ export default function Canvas({ args }: { args: CanvasArgs }) {
          onKeyDown={(e) => { if (e.key === "Escape") setMenu(null); }}>
       <ReactFlow<CellNodeType, Edge>
         nodes={nodes} edges={edges} nodeTypes={nodeTypes}
-        onNodesChange={onNodesChange} onEdgesChange={onEdgesChange} onConnect={onConnect}
+        onNodesChange={onNodesChange} onEdgesChange={onEdgesChange} onConnect={onConnect} onConnectEnd={onConnectEnd}
         onPaneContextMenu={onPaneContextMenu} onPaneClick={() => setMenu(null)} onNodeClick={() => setMenu(null)}
         onNodeDragStop={() => { pending.current = true; setNodes((ns) => [...ns]); }}
         deleteKeyCode={["Backspace", "Delete"]} minZoom={0.05} maxZoom={2.5} fitView

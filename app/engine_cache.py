@@ -18,7 +18,7 @@ import streamlit as st
 
 import engine
 from app import state
-from engine import backends
+from engine import backends, memory
 from engine.schedule import wavefront as build_wavefront
 
 SIZE_FIELDS = ("input_size", "hidden_size", "num_layers", "steps", "batch")
@@ -121,38 +121,41 @@ def sizes_ui(page: str, fields: tuple[str, ...] = SIZE_FIELDS, defaults: Mapping
 
 # What one run of the NumPy reference inside the app may take (parameters and values, float64). The CPU and
 # the server are shared by every session; beyond this a run would swap or be killed, and the page with it.
-MEMORY_LIMIT_BYTES = 4 << 30
-FLOAT64_BYTES = 8
+MEMORY_LIMIT_BYTES = 4 << 30          # the app's own cap on one reference run, below the host's available memory
 
 
 def memory_estimate(cell: engine.CellGraph, input_size: int, hidden_size: int, num_layers: int, steps: int,
                     batch: int, proj_size: int | None = None) -> dict[str, int]:
-    """Bytes a reference run of `cell` at these sizes needs: its parameters (float64) and its values (every node's
-    value of every layer-step, the input and the outputs). The app's one estimate: every page that runs the
-    reference asks memory_problem first. Raises engine.EngineError for sizes the network refuses."""
+    """Bytes a reference run of `cell` at these sizes needs in the app: its parameters (engine.memory's count, float64)
+    and its values (the app keeps every node's value of every layer-step for its plots, plus the input and the
+    outputs). The app's one estimate: every page that runs the reference asks memory_problem first. Raises
+    engine.EngineError for sizes the network refuses."""
     network = engine.Network(cell, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers,
                              proj_size=proj_size if cell.uses_projection else None)
     widest = max(input_size, hidden_size, network.projection_size)
-    parameters = network.num_params() * FLOAT64_BYTES
-    values = (len(cell.nodes) * num_layers * (steps + 1) + 2 * steps) * batch * widest * FLOAT64_BYTES
+    parameters = memory.parameter_bytes(network, itemsize=8)
+    values = (len(cell.nodes) * num_layers * (steps + 1) + 2 * steps) * batch * widest * 8
     return {"parameters": parameters, "values": values, "total": parameters + values}
 
 
-def gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+def memory_limit() -> int:
+    """The app's cap, or the host memory available now where that is less (engine.memory.limit_bytes)."""
+    available = memory.limit_bytes("host")
+    return MEMORY_LIMIT_BYTES if available is None else min(MEMORY_LIMIT_BYTES, available)
 
 
 def memory_problem(cell: engine.CellGraph, what: str, **sizes) -> str | None:
     """Why the reference run `what` of `cell` at these sizes is refused (its memory figure and the limit), or None.
     Raises engine.EngineError for sizes the network refuses."""
     estimate = memory_estimate(cell, **sizes)
-    if estimate["total"] <= MEMORY_LIMIT_BYTES:
+    limit = memory_limit()
+    if estimate["total"] <= limit:
         return None
     shown = ", ".join(f"{k} {v}" for k, v in sizes.items() if v is not None)
-    return (f"sizes ({shown}): {what} of cell '{cell.name}' would need about {gib(estimate['total'])} (parameters "
-            f"{gib(estimate['parameters'])}, values {gib(estimate['values'])}), more than the app's limit of "
-            f"{gib(MEMORY_LIMIT_BYTES)}. hint: use a smaller hidden_size or input_size here; the plan and the CUDA "
-            "export take any size")
+    return (f"sizes ({shown}): {what} of cell '{cell.name}' would need about {memory.size_text(estimate['total'])} "
+            f"(parameters {memory.size_text(estimate['parameters'])}, values {memory.size_text(estimate['values'])}), "
+            f"more than the limit of {memory.size_text(limit)}. hint: use a smaller hidden_size or input_size here; "
+            "the plan and the CUDA export take any size")
 
 
 # ---- optional engine parts ---------------------------------------------------------------------

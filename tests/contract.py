@@ -4,8 +4,8 @@
 `EngineError` it raised (its message names what is wrong and carries a hint), `result` what it returned. Any other
 exception, a call past its deadline, or an `EngineError` without a hint fails the test with the input that caused it.
 
-The number of hypothesis examples per test is `examples(n)`: n in the default run (CI), or the value of the
-environment variable CONTRACT_EXAMPLES for the long run recorded in docs/reliability.md:
+The number of hypothesis examples per test is `examples(n)`: n in the default run (CI); for the long run recorded in
+docs/reliability.md, the environment variable CONTRACT_EXAMPLES gives the examples per entry family:
 
     CONTRACT_EXAMPLES=10000 ./run test tests/test_contract_*.py -q
 """
@@ -27,10 +27,12 @@ from engine.errors import EngineError
 DEADLINE_S = float(os.environ.get("CONTRACT_DEADLINE_S", "20"))
 
 
-def examples(default: int) -> int:
-    """How many hypothesis examples a contract test draws: `default`, or CONTRACT_EXAMPLES when set."""
+def examples(default: int, share: int = 1) -> int:
+    """How many hypothesis examples a contract test draws: `default` in the default run; in the long run,
+    CONTRACT_EXAMPLES per entry family, split over the `share` tests that make up the family (a test parametrized
+    over 8 commands draws CONTRACT_EXAMPLES / 8 for each)."""
     value = os.environ.get("CONTRACT_EXAMPLES", "").strip()
-    return int(value) if value else default
+    return -(-int(value) // share) if value else default
 
 
 @dataclass

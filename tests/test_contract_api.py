@@ -196,7 +196,7 @@ def arguments(name: str):
 
 
 @pytest.mark.parametrize("name", sorted(ENTRIES))
-@settings(max_examples=examples(20), **SETTINGS)
+@settings(max_examples=examples(20, share=len(ENTRIES)), **SETTINGS)
 @given(data=st.data())
 def test_every_entry_answers_a_bad_argument_with_its_own_error(name, data):
     fn, args, kwargs = ENTRIES[name]

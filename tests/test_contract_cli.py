@@ -176,7 +176,8 @@ def check_result(argv: list[str], out: str, cwd: Path) -> None:
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_command_keeps_the_contract_on_generated_flags(command, files):
-    @settings(max_examples=examples(6 if command in ("train", "net", "explain") else 10), deadline=None,
+    @settings(max_examples=examples(6 if command in ("train", "net", "explain") else 10, share=len(COMMANDS)),
+              deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     @given(argv=argv_of(command, files))
     def check(argv):

@@ -180,8 +180,8 @@ def garbage(draw, kind: str) -> bytes:
 
 
 @pytest.mark.parametrize("kind", sorted(LOADERS))
-@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                            HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25, share=len(LOADERS)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_every_loader_answers_garbage_with_its_own_error(kind, data, tmp_path):
     path = tmp_path / f"file.{kind}"

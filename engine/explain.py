@@ -38,7 +38,15 @@ from .serialize import from_dict
 DEFAULT_SIZES = {"input_size": 32, "hidden_size": 64, "num_layers": 1, "steps": 16, "batch": 8}
 
 
+RUN_LIMIT = 1 << 40      # steps or batch of a plan: far past any run, small enough for every count to stay exact
 GRID_LIMIT = 1 << 18     # layer-steps of the wavefront grid explain lays out, one by one (about 6 s at the limit)
+
+
+def flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise CompileError(f"argument '{name}' must be True or False, got {type(value).__name__}; hint: "
+                           f"{name}=True or {name}=False")
+    return value
 
 
 def check_grid(num_layers: int, steps: int) -> None:
@@ -87,7 +95,7 @@ def resolve(cell_or_network, input_size: int | None = None, hidden_size: int | N
     for key, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers),
                        ("steps", steps), ("batch", batch)):
         if value is not None:
-            sizes[key] = integer(value, key, high=None if key in ("steps", "batch") else SIZE_LIMIT)
+            sizes[key] = integer(value, key, high=RUN_LIMIT if key in ("steps", "batch") else SIZE_LIMIT)
     proj_size = network.proj_size if network is not None else None      # a given Network keeps its P
     network = Network(cell, sizes["input_size"], sizes["hidden_size"], sizes["num_layers"], proj_size)
     return network, sizes["steps"], sizes["batch"], doc
@@ -112,7 +120,7 @@ def explain(cell_or_network, input_size: int | None = None, hidden_size: int | N
         raise CompileError("explain(gpus=N) plans a network of blocks (engine.Net) over N GPUs; a single cell runs on "
                            "one; hint: engine.Net(input_size, (engine.Layers(cell, hidden_size, num_layers),))")
     args = (cell_or_network, input_size, hidden_size, num_layers, steps, batch, passes, layout, chunk_steps)
-    if as_json:
+    if flag(as_json, "as_json"):
         return explain_json(*args, schedule=schedule, precision=precision)
     return explain_text(*args, schedule=schedule, precision=precision)
 
@@ -221,7 +229,7 @@ def explain_text(cell_or_network, input_size: int | None = None, hidden_size: in
     check_grid(network.num_layers, steps)
     plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
     report = None if schedule is None else explain_schedules(plan, passes, schedule, doc, precision)
-    return plan_to_text(plan, sources=sources, schedules=report)
+    return plan_to_text(plan, sources=flag(sources, "sources"), schedules=report)
 
 
 def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None) -> str:

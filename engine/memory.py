@@ -126,12 +126,12 @@ def estimate(network: Network, steps: int = 1, batch: int = 1, *, dtype=np.float
 
 def check_fits(needed: int, what: str, argument: str, *, on: str = "host", limit: int | None = None,
                hint: str = "smaller sizes") -> None:
-    """BackendError before allocating when `needed` bytes cannot fit: what needs it, the arguments that set the
-    size, the figure and the limit. `limit` overrides the memory available now (None: read it)."""
+    """BackendError before allocating when `needed` bytes cannot fit: the arguments that set the size, what needs
+    it, the figure and the limit. `limit` overrides the memory available now (None: read it)."""
     limit = limit_bytes(on) if limit is None else limit
     if limit is not None and needed > limit:
         where = "available host memory" if on == "host" else "free GPU memory"
-        raise BackendError(f"{what} ({argument}) needs {size_text(needed)}, the limit is {size_text(limit)} "
+        raise BackendError(f"{argument}: {what} needs {size_text(needed)}, the limit is {size_text(limit)} "
                            f"({where} now); hint: {hint}")
 
 

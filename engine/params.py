@@ -99,8 +99,9 @@ def init_params(network: Network, seed: int = 0, dtype=np.float64) -> Params:
     check_network(network)
     seed = integer(seed, "seed", low=0, high=None)
     dtype = float_dtype(dtype, "dtype")
-    check_fits(parameter_bytes(network, dtype.itemsize), "the parameters", "hidden_size/num_layers",
-               on="host", hint="a smaller hidden_size or fewer layers")
+    check_fits(parameter_bytes(network, dtype.itemsize),
+               f"storing the parameters of {network.num_layers} layer(s) of hidden_size {network.hidden_size}",
+               "hidden_size, num_layers", on="host", hint="a smaller hidden_size or fewer layers, or dtype=np.float32")
     rng = np.random.default_rng(seed)
     k = 1.0 / np.sqrt(network.hidden_size)
     layers = []

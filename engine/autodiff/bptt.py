@@ -45,6 +45,7 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     values are freed as it goes). What a torch.autograd.Function needs: forward now, backward when asked."""
     dtype = check_dtype(dtype)
     network = check_network(network)
+    check_backend(backend)
     if backend == "fused" and dtype != np.float32:
         raise BackendError(f"bptt(backend='fused') runs in float32, got dtype={np.dtype(dtype).name}; "
                            "hint: dtype=np.float32, or backend='naive' for float64 on the GPU")
@@ -72,13 +73,17 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     return forward(network, split, layer_params, xp.asarray(x, dtype=dtype), states, dtype, xp)
 
 
+def check_backend(backend) -> str:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise BackendError(f"argument 'backend' of bptt must be one of {', '.join(BACKENDS)}, got "
+                           f"{repr(backend)[:60]}; hint: backend='reference' runs NumPy on the CPU")
+    return backend
+
+
 def array_module(backend: str):
     """NumPy for "reference", CuPy for "naive" and "fused"; BackendError saying why the GPU cannot be used."""
-    if backend == "reference":
+    if check_backend(backend) == "reference":
         return np
-    if backend not in BACKENDS:
-        raise BackendError(f"argument 'backend' of bptt must be one of {', '.join(BACKENDS)}, got {backend!r:.60}; "
-                           "hint: backend='reference' runs NumPy on the CPU")
     ok, reason = backends.gpu_status()       # looked up at call time (tests stand in a GPU)
     if not ok:
         raise BackendError(f"bptt(backend={backend!r}) needs a CUDA GPU with CuPy: {reason}; hint: backend='reference'")

@@ -85,7 +85,7 @@ class Layers:
 
     @property
     def bidirectional(self) -> bool:
-        return self.direction == "bidirectional"
+        return isinstance(self.direction, str) and self.direction == "bidirectional"
 
     def layer_network(self, layer: int, input_size: int) -> Network:
         """The one-layer Network of layer `layer` (one direction) when the block's input has size input_size."""

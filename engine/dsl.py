@@ -176,10 +176,19 @@ def _number(value, where: str) -> float:
             number = math.inf
         if math.isfinite(number):
             return number
-        raise CellGraphError(Problem(f"{where} must be a finite number, got {value!r}", field=where,
-                                     hint="use a finite number such as 0.5"))
-    raise CellGraphError(Problem(f"{where} must be a number, got {type(value).__name__} {value!r}"[:200],
+        shown = (f"an integer of {abs(int(value)).bit_length()} bits" if isinstance(value, numbers.Integral)
+                 else _shown(value))
+        raise CellGraphError(Problem(f"{where} must be a finite number, got {shown}"[:200], field=where,
+                                     hint="use a finite number within float range, such as 0.5"))
+    raise CellGraphError(Problem(f"{where} must be a number, got {type(value).__name__} {_shown(value)}"[:200],
                                  field=where, hint="use a number such as 0.5, or a cell value"))
+
+
+def _shown(value) -> str:
+    try:
+        return repr(value)[:120]
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__}>"
 
 
 def _is_number(value) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import reprlib
 import signal
 import threading
 import traceback
@@ -68,10 +69,19 @@ def deadline(seconds: float, what: str):
         signal.signal(signal.SIGALRM, previous)
 
 
+def shown(value) -> str:
+    """repr(value), cut to 200 characters; a value too deep or too long to repr (nested 1,000 deep, an int of
+    5,000 digits) is named by its type."""
+    try:
+        return reprlib.repr(value) if isinstance(value, (list, dict, tuple, set)) else repr(value)[:200]
+    except (RecursionError, ValueError):
+        return f"<{type(value).__name__} too deep or too long to show>"
+
+
 def describe(fn: Callable, args: tuple, kwargs: dict) -> str:
-    name = getattr(fn, "__qualname__", repr(fn))
-    shown = [repr(a)[:200] for a in args] + [f"{k}={v!r}"[:200] for k, v in kwargs.items()]
-    return f"{name}({', '.join(shown)})"
+    name = getattr(fn, "__qualname__", None) or shown(fn)
+    parts = [shown(a) for a in args] + [f"{k}={shown(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
 
 
 def check_error(error: EngineError, what: str) -> None:

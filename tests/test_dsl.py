@@ -371,3 +371,11 @@ def test_a_helper_called_with_arguments_it_does_not_take_names_them(call):
         return {"h": h}
     with pytest.raises(CellGraphError, match=r"field 'args'.*\n  hint: write "):
         cell(bad)
+
+
+@pytest.mark.parametrize("number", [10**400, 10**5000, -(10**400)], ids=["1e400", "5000-digits", "-1e400"])
+def test_an_integer_beyond_float_range_is_refused_by_its_size(number):
+    with pytest.raises(CellGraphError, match=r"must be a finite number, got an integer of \d+ bits"):
+        cell(lambda x, h: {"h": W("w") @ x + const(number)})
+    with pytest.raises(CellGraphError, match=r"must be a finite number, got an integer of \d+ bits"):
+        cell(lambda x, h: {"h": (W("w") @ x) * number})

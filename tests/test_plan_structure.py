@@ -182,7 +182,7 @@ def test_explain_accepts_networks_cells_presets_and_dicts():
     by_network = explain_json(network, steps=4, batch=2)
     assert by_network["sizes"] == {"I": 9, "H": 11, "L": 3, "T": 4, "B": 2}
     assert explain_json(engine.to_dict(cell))["hash"] == explain_json(cell)["hash"] == by_network["hash"]
-    with pytest.raises(engine.CompileError, match="explain needs"):
+    with pytest.raises(engine.CompileError, match="argument .cell_or_network. must be a cell, network, preset"):
         explain_json(42)
 
 

@@ -177,5 +177,5 @@ def test_the_cli_takes_the_projection_size(tmp_path, capsys):
     capsys.readouterr()
     assert main(["explain", str(path), "-I", "5", "-H", "8", "-P", "3", "--no-source"]) == 0
     assert "sizes: I=5 H=8 P=3 L=1" in capsys.readouterr().out
-    assert main(["show", "lstm", "-P", "3"]) == 1
+    assert main(["show", "lstm", "-P", "3"]) == 2
     assert "proj_size=3 was given, but cell 'lstm' has no value of size P" in capsys.readouterr().err

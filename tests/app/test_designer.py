@@ -160,7 +160,7 @@ def test_loading_a_preset_and_renaming_the_cell(designer):
 
 
 @pytest.mark.parametrize("content, expected", [
-    (b"{ not json", "field '(file)': not valid JSON"),
+    (b"{ not json", "field '(file)': cell-graph JSON is not valid JSON"),
     (b'{"schema": "rnn-cell-graph", "version": 7}', "field 'version': unsupported version 7"),
     (b'{"schema": "rnn-cell-graph", "version": 1, "name": "x", "nodes": [{"name": "x", "op": "input", '
      b'"colour": 3}], "states": []}', "unknown key(s) ['colour']"),

@@ -61,21 +61,9 @@ def limit_bytes(on: str = "host") -> int | None:
     return available_host_bytes() if on == "host" else available_device_bytes()
 
 
-def layer_parameter_count(network: Network, layer: int) -> int:
-    total = 0
-    for p in network.cell.params:
-        n = 1
-        for s in network.param_shape(layer, p.name):
-            n *= s
-        total += n
-    return total
-
-
 def parameter_bytes(network: Network, itemsize: int = 8) -> int:
-    """Bytes of every parameter of the network (layers after the first all have the same shapes)."""
-    first = layer_parameter_count(network, 0)
-    rest = layer_parameter_count(network, 1) * (network.num_layers - 1) if network.num_layers > 1 else 0
-    return (first + rest) * itemsize
+    """Bytes of every parameter of the network."""
+    return network.num_params() * itemsize
 
 
 def run_bytes(network: Network, steps: int, batch: int, itemsize: int, backend: str = "reference") -> int:

@@ -5,6 +5,7 @@ cell" (CellGraph) and "a stack of layers" (Network) are distinct concepts; netwo
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .arguments import integer, shown
@@ -95,12 +96,10 @@ class Network:
     def param_shape(self, layer: int, name: str) -> tuple[int, ...]:
         return self.cell.param_shape(name, self.layer_input_size(layer), self.hidden_size, self.projection_size)
 
+    def layer_num_params(self, layer: int) -> int:
+        """Parameters of one layer (every layer after the first has the same shapes)."""
+        return sum(math.prod(self.param_shape(layer, p.name)) for p in self.cell.params)
+
     def num_params(self) -> int:
-        total = 0
-        for layer in range(self.num_layers):
-            for p in self.cell.params:
-                n = 1
-                for s in self.param_shape(layer, p.name):
-                    n *= s
-                total += n
-        return total
+        rest = self.layer_num_params(1) * (self.num_layers - 1) if self.num_layers > 1 else 0
+        return self.layer_num_params(0) + rest

@@ -35,14 +35,14 @@ from engine.files import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSION_PARAM = "design"              # the URL query parameter naming a session's working design
-SESSIONS = "sessions"                 # designs/sessions/<id>.json: each session's working design
+SESSIONS = "sessions"                 # designs/sessions/<id>.json: each browser session's working design
 TOKEN_PATTERN = re.compile(r"[0-9a-f]{32}")
 HISTORY_LIMIT = 200
 DEFAULT_SIZES = {"input_size": 64, "hidden_size": 256, "num_layers": 2, "steps": 50, "batch": 16,
                  "proj_size": 128}      # P: used by cells with projected states only
 
 _STORE = "state.store"                # the session's design state: one dict, changed in place (see _store)
-_TOKEN = "state.token"                # this session's working-design id
+_TOKEN = "state.token"                # this browser session's working-design id
 _SIZES = "state.sizes"
 # Keys of the store: the design (JSON text), its undo history (texts, oldest first) and where in it we are, where
 # the design came from, the validation of the current text ((text, CellGraph | None)), and what the start-up or
@@ -79,7 +79,7 @@ def _store() -> dict:
 
 
 def session_token() -> str:
-    """This session's working-design id: the URL's `design` parameter when it is one this app made, else a
+    """This browser session's working-design id: the URL's `design` parameter when it is one this app made, else a
     new one, which goes into the URL so that a reload comes back to it."""
     ss = st.session_state
     if _TOKEN not in ss:
@@ -96,7 +96,7 @@ def session_token() -> str:
 
 
 def working_path() -> Path:
-    """Where this session's working design is autosaved."""
+    """Where this browser session's working design is autosaved."""
     return designs_dir() / SESSIONS / f"{session_token()}.json"
 
 

@@ -8,12 +8,15 @@ several conftest.py files can coexist under tests/.
 from __future__ import annotations
 
 import copy
+import shutil
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 import engine
+from engine.errors import CompileError
+from engine.export import cublas_location
 
 
 @dataclass
@@ -69,3 +72,16 @@ def run_reference():
 def preset_dict():
     """preset_dict(name='lstm') -> a fresh JSON dict of a valid preset, to edit into a bad one."""
     return _preset_dict
+
+
+@pytest.fixture(scope="session")
+def nvcc_include_flags():
+    """The -I flag for cuBLAS's headers that nvcc needs to compile an exported program (none where the CUDA toolkit
+    has them); skips without nvcc or without the headers."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    try:
+        include, _ = cublas_location()
+    except CompileError as e:
+        pytest.skip(f"cuBLAS headers not found: {e}")
+    return [f"-I{include}"] if include else []

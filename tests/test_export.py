@@ -24,7 +24,6 @@ import engine
 from engine.cli import main as cli_main
 from engine.errors import CompileError
 from engine.export import (
-    cublas_location,
     export_cuda,
     export_plan,
     read_outputs,
@@ -218,19 +217,9 @@ def test_the_emulated_program_rejects_wrong_files(exports, tmp_path):
 
 # ---- the real toolchain -------------------------------------------------------------------------------
 
-def _cublas_include():
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not on PATH")
-    try:
-        include, _ = cublas_location()
-    except CompileError as e:
-        pytest.skip(f"cuBLAS headers not found: {e}")
-    return [f"-I{include}"] if include else []
-
-
 @pytest.mark.nvcc
-def test_every_exported_program_compiles_with_nvcc(exports, tmp_path):
-    include = _cublas_include()
+def test_every_exported_program_compiles_with_nvcc(exports, tmp_path, nvcc_include_flags):
+    include = nvcc_include_flags
     sources = {name: src for name, (_, src) in exports.items()}
     combined = tmp_path / "programs.cu"
     combined.write_text(combined_program(sources, emulate=False))

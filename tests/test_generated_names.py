@@ -10,7 +10,6 @@ tests/gpu/test_generated_names_gpu.py runs such a cell on the GPU against the re
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from engine.c_names import c_identifier, header_macros, kernel_prefix, reserved,
 from engine.codegen.wavefront import render_wavefront
 from engine.compiler import make_plan
 from engine.errors import CompileError
-from engine.export import cublas_location, export_plan, render_program
+from engine.export import export_plan, render_program
 from engine.schedules.tiling import H100, TileConfig, eligibility, make_tiling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,15 +138,9 @@ def test_nvrtc_refusal_is_a_compile_error_naming_cell_and_kernel():
 
 # ---- the real toolchain -------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def toolchain():
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not on PATH")
-    try:
-        include, _ = cublas_location()
-    except CompileError as e:
-        pytest.skip(f"cuBLAS headers not found: {e}")
-    return [f"-I{include}"] if include else []
+@pytest.fixture
+def toolchain(nvcc_include_flags):
+    return nvcc_include_flags
 
 
 @pytest.mark.nvcc

@@ -122,6 +122,23 @@ def add_block(page, frame, fx: float, fy: float, category: str, block: str):
     return node
 
 
+def _under(page, frame, point) -> str:
+    """What a press at `point` (page coordinates) would reach: the page's element there and, inside the canvas's
+    iframe, the element there with its classes (e.g. "IFRAME > DIV.react-flow__handle target open")."""
+    top = _top_element(page, point)
+    if top != "IFRAME":
+        return str(top)
+    box = page.locator('.st-key-designer-editor iframe[title*="cell_canvas"]').bounding_box()
+    inner = frame.locator(":root").evaluate(
+        "(root, [x, y]) => { const e = document.elementFromPoint(x, y); return e ? `${e.tagName}.${e.className}` : null; }",
+        [point[0] - box["x"], point[1] - box["y"]])
+    return f"IFRAME > {inner}"
+
+
+def _centre(box) -> list[float]:
+    return [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2]
+
+
 def connect(page, frame, source, target, attempts: int = 3) -> None:
     """Drag a wire from one handle to another, as a person does with the mouse, and check it ended on `target`.
 
@@ -130,24 +147,44 @@ def connect(page, frame, source, target, attempts: int = 3) -> None:
     Each drag starts with the app idle (a rerun that changes the page above the canvas would move the
     port under the mouse), and the port is measured again halfway: a wire dropped on a neighbouring port
     would make a different cell than the test means (a port with a wire has the class "wired").
+    Before pressing, the test looks at what is under the mouse, as a person sees it: a handle under the page's
+    sticky header is scrolled into view, and one covered by another block (a selected block grows by its fields)
+    is uncovered by clicking an empty place of the canvas, which clears the selection.
     """
     edges = frame.locator(".react-flow__edge")
     before = edges.count()
+    seen = []
     for _ in range(attempts):
         wait_until_idle(page)
-        a, b = source.bounding_box(), target.bounding_box()
-        page.mouse.move(a["x"] + a["width"] / 2, a["y"] + a["height"] / 2)
+        for _look in range(3):
+            a, b = _centre(source.bounding_box()), _centre(target.bounding_box())
+            under = _under(page, frame, a), _under(page, frame, b)
+            if all("react-flow__handle" in u for u in under):
+                break
+            if any(not u.startswith("IFRAME") for u in under):
+                frame.locator(".react-flow__pane").evaluate("e => e.scrollIntoView({block: 'center'})")
+            else:
+                pane = frame.locator(".react-flow__pane").bounding_box()
+                page.mouse.click(*_free_point(frame, pane, 0.5, 0.03))   # clear of the controls and the map
+            wait_until_idle(page)
+        seen.append(under)
+        page.mouse.move(*a)
         page.mouse.down()
-        page.mouse.move((a["x"] + b["x"]) / 2, (a["y"] + b["y"]) / 2, steps=5)
-        b = target.bounding_box()
-        page.mouse.move(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2, steps=5)
+        page.mouse.move((a[0] + b[0]) / 2, (a[1] + b[1]) / 2, steps=5)
+        b = _centre(target.bounding_box())
+        page.mouse.move(*b, steps=5)
         page.mouse.up()
         try:
             expect(edges).to_have_count(before + 1, timeout=2_000)
             break
         except AssertionError:
             continue
-    expect(edges).to_have_count(before + 1)
+    else:
+        shot = Path(tempfile.mkdtemp(prefix="wire-")) / "page.png"
+        page.screenshot(path=str(shot), full_page=True)
+        labels = frame.locator(".react-flow__node").all_inner_texts()
+        pytest.fail(f"no wire from {source} to {target} in {attempts} drags: under the press and the drop "
+                    f"{seen}; {edges.count()} wires, blocks {labels}; the page: {shot}")
     expect(target).to_have_class(re.compile(r"\bwired\b"))
 
 

@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .. import backends
-from ..arguments import shown
+from ..arguments import integer, shown
 from ..backends import naive
 from ..backends import reference as numpy_reference
 from ..errors import BackendError, EngineError
@@ -403,13 +403,31 @@ def bench_cell(name: str, cell: CellGraph, preset: Preset | None, config: BenchC
     return result
 
 
+def implementation_names(value) -> list[str] | None:
+    """`implementations` as given to run_bench: None (every one), one name, or a list of names."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(name, str) for name in value):
+        return list(value)
+    raise BackendError(f"argument 'implementations' must be implementation names, got {type(value).__name__} "
+                       f"{shown(value)}; hint: e.g. implementations=['cudnn-fp32', 'auto'], or leave it out for every "
+                       "one")
+
+
 def resolve_settings(*, quick: bool, reps, warmup, buffers, compile_budget_s, seed, time_budget_s) -> dict:
+    if not isinstance(quick, (bool, np.bool_)):
+        raise BackendError(f"argument 'quick' must be True or False, got {shown(quick)}; hint: quick=True for the "
+                           "short settings")
     base = QUICK if quick else FULL
     settings = {"reps": base["reps"] if reps is None else reps,
                 "warmup": base["warmup"] if warmup is None else warmup,
                 "buffers": base["buffers"] if buffers is None else buffers,
                 "compile_budget_s": base["compile_budget_s"] if compile_budget_s is None else compile_budget_s,
                 "seed": seed, "quick": quick, "time_budget_s": time_budget_s}
+    settings["quick"] = bool(quick)
+    settings["seed"] = integer(seed, "argument 'seed'", low=0, high=2**32 - 1)
     for key, low in (("reps", MIN_REPS), ("warmup", 1), ("buffers", 2)):
         value = settings[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -442,6 +460,10 @@ def run_bench(presets: Iterable = ("lstm",), configs: Iterable[BenchConfig | str
     for folder, name in ((out_dir, "out_dir"), (copy_to, "copy_to")):   # before the work, not after the first cell
         if folder is not None:
             check_destination(as_path(folder, name) / "bench.json", "benchmark results", flag=name)
+    implementations = implementation_names(implementations)
+    if progress is not None and not callable(progress):
+        raise BackendError(f"argument 'progress' must be a function progress(done, total, label), got "
+                           f"{type(progress).__name__}; hint: leave it out for no progress reports")
     configs = [c for item in configs
                for c in ([item] if isinstance(item, (BenchConfig, NetBenchConfig)) else parse_configs([item]))] \
         if configs is not None else parse_configs(None)

@@ -116,6 +116,8 @@ file_error = error_of(FileError)
 def as_path(path, what: str, *, error: MakeError = file_error) -> Path:
     """`path` as a Path; a value that is not a path (None, a number, a list) is refused naming `what`."""
     if isinstance(path, (str, os.PathLike)) and str(path):
+        if "\x00" in str(path):           # no file system takes one; os calls raise ValueError on it
+            raise error(f"{what}: the path {str(path)!r} holds a NUL character", "remove it from the path")
         return Path(path)
     raise error(f"{what}: the path must be a str or a pathlib.Path, got {type(path).__name__} {shown(path)}",
                 "pass the file's path, e.g. 'designs/my_cell.json'")

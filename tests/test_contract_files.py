@@ -77,6 +77,13 @@ def test_a_writer_refuses_a_path_that_is_not_a_path(writer):
     assert isinstance(outcome.error, FileError) and "must be a str or a pathlib.Path" in str(outcome.error)
 
 
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_a_writer_refuses_a_path_with_a_nul_character(writer, tmp_path):
+    outcome = call(WRITERS[writer], str(tmp_path / "new\x00folder" / "out.json"))
+    assert isinstance(outcome.error, FileError) and "NUL character" in str(outcome.error)
+    assert sorted(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_a_writer_refuses_a_read_only_folder(writer, tmp_path):
@@ -198,6 +205,7 @@ def test_every_loader_reads_its_valid_file_and_names_a_folder(kind, tmp_path):
         outcome = call(LOADERS[kind], tmp_path)
         assert outcome.error is not None and "folder" in str(outcome.error)
         assert call(LOADERS[kind], None).error is not None
+        assert "NUL character" in str(call(LOADERS[kind], str(tmp_path / "a\x00b")).error)
 
 
 @pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "1" * 5000, b"\xff\xfe", None, 5])

@@ -176,7 +176,7 @@ def _number(value, where: str) -> float:
             number = math.inf
         if math.isfinite(number):
             return number
-        shown = (f"an integer of {abs(int(value)).bit_length()} bits" if isinstance(value, numbers.Integral)
+        shown = (f"an integer of {int(value).bit_length()} bits" if isinstance(value, numbers.Integral)
                  else _shown(value))
         raise CellGraphError(Problem(f"{where} must be a finite number, got {shown}"[:200], field=where,
                                      hint="use a finite number within float range, such as 0.5"))
@@ -197,11 +197,11 @@ def _is_number(value) -> bool:
 
 # The ops that Value's Python operators build (a + b, a - b, a * b, 2.0 * a, 1 - a, -a): engine/dsl_emit.py
 # writes these with the operator, every other op as a call of its function.
-OPERATOR_OPS = frozenset({"add", "sub", "mul", "scale", "one_minus", "neg"})
+OPERATOR_OPS = frozenset({"add", "sub", "mul", "div", "scale", "one_minus", "neg"})
 
 
 class Value:
-    """A vector value in the cell being built. Supports +, -, *, unary -, and numbers."""
+    """A vector value in the cell being built. Supports +, -, *, /, unary -, abs() and numbers."""
 
     __array_priority__ = 1000
     __hash__ = object.__hash__     # values stay usable as dict keys; == is refused (see __eq__)
@@ -284,12 +284,18 @@ class Value:
         self._compare(">=")
 
     def __truediv__(self, other):
-        self._refuse("'/'", "the cell has no division; for a number write 0.5 * x")
+        return self.builder.op("div", self, self._lift(other, "/"))
 
-    __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __truediv__
+    def __rtruediv__(self, other):
+        return self.builder.op("div", self._lift(other, "/"), self)
+
+    def __floordiv__(self, other):
+        self._refuse("'//'", "the cell has no integer division; write a / b")
+
+    __rfloordiv__ = __mod__ = __rmod__ = __floordiv__
 
     def __pow__(self, other):
-        self._refuse("'**'", "the cell has no power op; write x * x")
+        self._refuse("'**'", "the cell has no power op; write x * x, sqrt(x) or rsqrt(x)")
 
     __rpow__ = __pow__
 
@@ -304,7 +310,7 @@ class Value:
     __int__ = __index__ = __complex__ = __float__
 
     def __abs__(self):
-        self._refuse("abs()", "use relu, or the ops of engine.ops")
+        return self.builder.op("abs", self)
 
     def __len__(self):
         self._refuse("len()", "a cell value is one vector; its size is symbolic (I, H or P)")

@@ -209,8 +209,9 @@ class _Writer:
             sign = "+" if node.op == "add" else "-"
             return (f"{self.operand(args[0], _SUM, right=False)} {sign} "
                     f"{self.operand(args[1], _SUM, right=True)}"), _SUM
-        if node.op == "mul":
-            return (f"{self.operand(args[0], _PRODUCT, right=False)} * "
+        if node.op in ("mul", "div"):
+            sign = "*" if node.op == "mul" else "/"
+            return (f"{self.operand(args[0], _PRODUCT, right=False)} {sign} "
                     f"{self.operand(args[1], _PRODUCT, right=True)}"), _PRODUCT
         if node.op == "scale":
             return f"{_number(node.attr('factor'))} * {self.operand(args[0], _PRODUCT, right=True)}", _PRODUCT

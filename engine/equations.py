@@ -90,7 +90,9 @@ def equations(graph: CellGraph, spelling: Spelling) -> list[str]:
 
     def wrap(arg: str, parent: str, right: bool) -> str:
         text = ref(arg)
-        return spelling.parens.format(text) if arg in inlined and needs_parens(graph[arg].op, parent, right) else text
+        grouped = spelling.template == "latex" and OPS[parent].latex_groups       # \frac{a}{b}: no parentheses
+        return spelling.parens.format(text) if (arg in inlined and not grouped
+                                                and needs_parens(graph[arg].op, parent, right)) else text
 
     def expr(name: str) -> str:
         node = graph[name]

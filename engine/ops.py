@@ -90,6 +90,58 @@ def _sum(*terms):
     return total
 
 
+# ---- the functions of cells after 2017 (exponential gates, LayerNorm, min-RNNs): NumPy meanings -----------------
+# Each is the float64 definition the kernels are checked against; where a naive formula overflows, the form here
+# does not (softplus and log_sigmoid through logaddexp; x * sigmoid(x) is finite for every finite x).
+
+GELU_C = 0.7978845608028654          # sqrt(2 / pi): GELU's tanh form (Hendrycks & Gimpel 2016, eq. 2)
+GELU_K = 0.044715
+
+
+def _softplus(x):
+    return np.logaddexp(0.0, x)                          # log(1 + e^x), without overflow for large x
+
+
+def _log_sigmoid(x):
+    return -np.logaddexp(0.0, -x)                        # log(sigmoid(x)) = -softplus(-x)
+
+
+def _silu(x):
+    return x * _sigmoid(x)
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + GELU_K * x * x * x)))
+
+
+def _silu_grad(dy, x):
+    s = _sigmoid(x)
+    return dy * (s * (1.0 + x * (1.0 - s)))
+
+
+def _gelu_grad(dy, x):
+    t = np.tanh(GELU_C * (x + GELU_K * x * x * x))
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_K * x * x))
+
+
+def _max_grad(dy, a, b):
+    # The adjoint of max(a, b) towards a: all of dy where a > b, half where a == b (the other half goes to b), as
+    # PyTorch's torch.maximum backward. A tie splits evenly so that max(a, a) = a keeps its gradient dy.
+    return np.where(a > b, dy, np.where(a == b, 0.5 * dy, np.zeros_like(dy)))
+
+
+def _min_grad(dy, a, b):
+    return np.where(a < b, dy, np.where(a == b, 0.5 * dy, np.zeros_like(dy)))
+
+
+def _nan_max(a, b):
+    return np.maximum(a, b)                              # NaN in either operand gives NaN (check_finite sees it)
+
+
+def _nan_min(a, b):
+    return np.minimum(a, b)
+
+
 @dataclass(frozen=True)
 class Vjp:
     """One port's vector-Jacobian product: the backward op `op` applied to `args`, names in the op's frame:
@@ -133,6 +185,9 @@ class OpDef:
     cuda_helper: str | None = None     # the device helper of kernels/cell_ops.cuh that `cuda` calls, if any
     flops: int = 1                     # FLOPs per element produced (engine/flops.py)
     precedence: int | None = None      # how tightly its infix form binds in the equations (matmul's W x: 3)
+    latex_groups: bool = False         # its LaTeX form groups its operands itself (\frac): no parentheses there
+    domain: str = "real"               # where its NumPy meaning is finite: "real", "positive" (log, sqrt), or
+                                       # "nonzero_b" (div): the tests draw operands from it
 
     @property
     def arity(self) -> int:
@@ -207,6 +262,83 @@ OPS: dict[str, OpDef] = {op.name: op for op in [
     OpDef("identity", ("x",), "elementwise", lambda x: x, "{x}", r"{x}",
           description="x unchanged (names a value, or drops an activation)", category="activation", vjp=(PASS,),
           torch="{x}", flops=0),
+    OpDef("exp", ("x",), "elementwise", np.exp, "expf({x})", r"\exp({x})",
+          description="e^x (the exponential gate of sLSTM; overflows to inf past x = 88 in float32)",
+          category="activation", vjp=(Vjp("mul", ("dy", "y")),), torch="torch.exp({x})"),
+    OpDef("softplus", ("x",), "elementwise", _softplus, "softplusf_({x})", r"\mathrm{{softplus}}({x})",
+          description="log(1 + e^x), computed as max(x, 0) + log1p(e^-|x|): no overflow",
+          category="activation", vjp=(Vjp("softplus_grad", ("dy", "x")),),
+          grad_ops=(OpDef("softplus_grad", ("dy", "x"), "elementwise", lambda dy, x: dy * _sigmoid(x),
+                          "({dy} * sigmoidf_({x}))", r"{dy} \odot \sigma({x})", description="dy * sigmoid(x)",
+                          category="gradient", cuda_helper="sigmoidf_"),),
+          torch="(torch.clamp({x}, min=0) + torch.log1p(torch.exp(-torch.abs({x}))))",
+          cuda_helper="softplusf_", flops=3),
+    OpDef("log_sigmoid", ("x",), "elementwise", _log_sigmoid, "log_sigmoidf_({x})", r"\log\sigma({x})",
+          description="log(sigmoid(x)) = -softplus(-x), without overflow (sLSTM's log-space forget gate)",
+          category="activation", vjp=(Vjp("log_sigmoid_grad", ("dy", "x")),),
+          grad_ops=(OpDef("log_sigmoid_grad", ("dy", "x"), "elementwise", lambda dy, x: dy * _sigmoid(-x),
+                          "({dy} * sigmoidf_(-{x}))", r"{dy} \odot \sigma(-{x})", description="dy * sigmoid(-x)",
+                          category="gradient", cuda_helper="sigmoidf_"),),
+          torch="F.logsigmoid({x})", cuda_helper="log_sigmoidf_", flops=3),
+    OpDef("silu", ("x",), "elementwise", _silu, "siluf_({x})", r"\mathrm{{silu}}({x})",
+          description="x * sigmoid(x) (SiLU, swish)", category="activation",
+          vjp=(Vjp("silu_grad", ("dy", "x")),),
+          grad_ops=(OpDef("silu_grad", ("dy", "x"), "elementwise", _silu_grad, "({dy} * silu_gradf_({x}))",
+                          r"{dy} \odot \sigma({x}) (1 + {x} (1 - \sigma({x})))",
+                          description="dy * (s + x s (1 - s)), s = sigmoid(x)", category="gradient",
+                          cuda_helper="silu_gradf_"),),
+          torch="F.silu({x})", cuda_helper="siluf_", flops=2),
+    OpDef("gelu", ("x",), "elementwise", _gelu, "geluf_({x})", r"\mathrm{{gelu}}({x})",
+          description="GELU, tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))", category="activation",
+          vjp=(Vjp("gelu_grad", ("dy", "x")),),
+          grad_ops=(OpDef("gelu_grad", ("dy", "x"), "elementwise", _gelu_grad, "({dy} * gelu_gradf_({x}))",
+                          r"{dy} \odot \mathrm{{gelu}}'({x})", description="dy * gelu'(x) (tanh form)",
+                          category="gradient", cuda_helper="gelu_gradf_"),),
+          torch="F.gelu({x}, approximate='tanh')", cuda_helper="geluf_", flops=6),
+    OpDef("log", ("x",), "elementwise", np.log, "logf({x})", r"\log({x})",
+          description="natural logarithm (-inf at 0, NaN below)", category="math",
+          vjp=(Vjp("div", ("dy", "x")),), torch="torch.log({x})", domain="positive"),
+    OpDef("sqrt", ("x",), "elementwise", np.sqrt, "sqrtf({x})", r"\sqrt{{{x}}}",
+          description="square root (NaN below 0)", category="math", vjp=(Vjp("sqrt_grad", ("dy", "y")),),
+          grad_ops=(OpDef("sqrt_grad", ("dy", "y"), "elementwise", lambda dy, y: dy * 0.5 / y,
+                          "({dy} * 0.5f / {y})", r"\tfrac{{1}}{{2}} {dy} / {y}", description="dy / (2 sqrt(x))",
+                          category="gradient"),),
+          torch="torch.sqrt({x})", domain="positive"),
+    OpDef("rsqrt", ("x",), "elementwise", lambda x: 1.0 / np.sqrt(x), "rsqrtf({x})", r"\frac{{1}}{{\sqrt{{{x}}}}}",
+          description="1 / sqrt(x) (LayerNorm's scale)", category="math", vjp=(Vjp("rsqrt_grad", ("dy", "y")),),
+          grad_ops=(OpDef("rsqrt_grad", ("dy", "y"), "elementwise", lambda dy, y: -0.5 * dy * y * y * y,
+                          "(-0.5f * {dy} * {y} * {y} * {y})", r"-\tfrac{{1}}{{2}} {dy} \odot {y}^3",
+                          description="-dy x^(-3/2) / 2, from the output y", category="gradient"),),
+          torch="torch.rsqrt({x})", domain="positive"),
+    OpDef("abs", ("x",), "elementwise", np.abs, "fabsf({x})", r"\lvert {x} \rvert",
+          description="|x|", category="math", vjp=(Vjp("abs_grad", ("dy", "x")),),
+          grad_ops=(OpDef("abs_grad", ("dy", "x"), "elementwise", lambda dy, x: dy * np.sign(x),
+                          "(({x} > 0.0f) ? {dy} : (({x} < 0.0f) ? -{dy} : 0.0f))", r"{dy} \odot \mathrm{{sign}}({x})",
+                          description="dy * sign(x) (0 at 0, as PyTorch)", category="gradient"),),
+          torch="torch.abs({x})"),
+    OpDef("div", ("a", "b"), "elementwise", np.divide, "({a} / {b})", r"\frac{{{a}}}{{{b}}}",
+          description="a / b (inf or NaN where b = 0)", category="arithmetic",
+          vjp=(Vjp("div", ("dy", "b")), Vjp("div_grad_b", ("dy", "y", "b"))),
+          grad_ops=(OpDef("div_grad_b", ("dy", "y", "b"), "elementwise", lambda dy, y, b: -dy * y / b,
+                          "(-{dy} * {y} / {b})", r"-{dy} \odot {y} / {b}", description="-dy a / b^2 = -dy y / b",
+                          category="gradient"),),
+          text="{a} / {b}", torch="({a} / {b})", precedence=2, latex_groups=True, domain="nonzero_b"),
+    OpDef("max", ("a", "b"), "elementwise", _nan_max, "maxf_({a}, {b})", r"\max({a}, {b})",
+          description="the larger of a and b; at a tie the gradient splits evenly (as torch.maximum)",
+          category="arithmetic", vjp=(Vjp("max_grad", ("dy", "a", "b")), Vjp("max_grad", ("dy", "b", "a"))),
+          grad_ops=(OpDef("max_grad", ("dy", "a", "b"), "elementwise", _max_grad,
+                          "(({a} > {b}) ? {dy} : (({a} == {b}) ? 0.5f * {dy} : 0.0f))",
+                          r"{dy} \odot [{a} > {b}]", description="dy where a > b, dy / 2 where a == b, else 0",
+                          category="gradient"),),
+          torch="torch.maximum({a}, {b})", cuda_helper="maxf_"),
+    OpDef("min", ("a", "b"), "elementwise", _nan_min, "minf_({a}, {b})", r"\min({a}, {b})",
+          description="the smaller of a and b; at a tie the gradient splits evenly (as torch.minimum)",
+          category="arithmetic", vjp=(Vjp("min_grad", ("dy", "a", "b")), Vjp("min_grad", ("dy", "b", "a"))),
+          grad_ops=(OpDef("min_grad", ("dy", "a", "b"), "elementwise", _min_grad,
+                          "(({a} < {b}) ? {dy} : (({a} == {b}) ? 0.5f * {dy} : 0.0f))",
+                          r"{dy} \odot [{a} < {b}]", description="dy where a < b, dy / 2 where a == b, else 0",
+                          category="gradient"),),
+          torch="torch.minimum({a}, {b})", cuda_helper="minf_"),
 ]}
 
 
@@ -283,12 +415,12 @@ def unregister(name: str) -> OpDef:
 def needs_parens(child: str, parent: str, right: bool = False) -> bool:
     """Whether an inlined `child` expression must be parenthesised as an operand of `parent` in the equations
     (engine/equations.py, LaTeX and plain text alike): it binds less tightly (OpDef.precedence), or it is the
-    right operand of a subtraction at the same level (a - (b - c), 1 - (a + b); `one_minus` subtracts its
-    operand). Function-style ops (sigmoid(...)) never need them."""
+    right operand of a subtraction or division at the same level (a - (b - c), 1 - (a + b), a / (b * c);
+    `one_minus` subtracts its operand). Function-style ops (sigmoid(...)) never need them."""
     mine, theirs = OPS[child].precedence if child in OPS else None, OPS[parent].precedence if parent in OPS else None
     if mine is None or theirs is None:
         return False
-    subtracted = parent == "one_minus" or (right and parent == "sub")
+    subtracted = parent == "one_minus" or (right and parent in ("sub", "div"))
     return mine < theirs or (subtracted and mine == theirs)
 
 

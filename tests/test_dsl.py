@@ -292,11 +292,12 @@ def test_comparing_cell_values_is_an_error(compare):
     (lambda x, h: tanh(x=W("W") @ x), "x"),
     (lambda x, h: tanh(1.0), "x"),
     (lambda x, h: tanh(W("W") @ x) * 10 ** 400, "the factor in '*'"),
-    (lambda x, h: tanh(W("W") @ x) / 2, "'/'"),
+    (lambda x, h: tanh(W("W") @ x) // 2, "'//'"),
+    (lambda x, h: tanh(W("W") @ x) / "2", "/"),
     (lambda x, h: x @ W("W"), "'@'"),
     (lambda x, h: tanh(W("W") @ x).named(7), "name"),
 ], ids=["W-int", "W-space", "W-rows", "b-None", "v-dim", "const-str", "const-nan", "const-name", "arity",
-        "keyword", "number-arg", "huge-factor", "division", "weight-second", "named-int"])
+        "keyword", "number-arg", "huge-factor", "floor-division", "divide-by-text", "weight-second", "named-int"])
 def test_wrong_arguments_to_dsl_helpers_name_the_argument(body, field):
     assert build_error(body).field == field
 

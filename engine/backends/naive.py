@@ -44,7 +44,8 @@ C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 # the only place that knows how to respell them (the GPU tests compare every op in float64 against
 # NumPy, so a missed function shows up as float-sized error).
 _DOUBLE_FUNCTIONS = (("tanhf(", "tanh("), ("fmaxf(", "fmax("), ("fminf(", "fmin("), ("expf(", "exp("),
-                     ("logf(", "log("), ("fabsf(", "fabs("), ("sqrtf(", "sqrt("))
+                     ("logf(", "log("), ("fabsf(", "fabs("), ("rsqrtf(", "rsqrt("), ("sqrtf(", "sqrt("),
+                     ("log1pf(", "log1p("))
 _FLOAT_LITERAL = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)f\b")
 
 

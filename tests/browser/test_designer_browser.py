@@ -29,24 +29,23 @@ def wait_until_idle(page) -> None:
         " && !document.querySelector('[data-stale=\"true\"]')")
 
 
-def choose_option(page, key: str, option: str, attempts: int = 4) -> None:
-    """Open the selectbox of widget `key` and click `option`. A rerun that lands while the list is open (the
-    canvas component reports its value on mount) closes it: wait for the run to end and open it again."""
+def choose_option(page, key: str, option: str, attempts: int = 5) -> None:
+    """Open the selectbox of widget `key` and click `option`, until the box shows it. A rerun that lands while the
+    list is open (the canvas component reports its value when it mounts, late on a busy machine) closes it or
+    draws it afresh under the mouse: then wait for the run to end and open it again, as a person would."""
     combobox = page.locator(f".st-key-{key}").get_by_role("combobox")
     choice = page.get_by_role("option", name=option)
-    for _ in range(attempts - 1):
+    for _ in range(attempts):
         wait_until_idle(page)
         combobox.click()
         try:
-            choice.wait_for(state="visible", timeout=5_000)
-            break
-        except sync_api.Error:
+            choice.click(timeout=5_000)
+            expect(combobox).to_have_value(option, timeout=RERUN_S * 1000)
+            return
+        except (AssertionError, sync_api.Error):
             page.keyboard.press("Escape")
-    else:
-        wait_until_idle(page)
-        combobox.click()
-    expect(choice).to_be_visible(timeout=RERUN_S * 1000)
-    choice.click()
+    pytest.fail(f"the selectbox '{key}' did not take '{option}' in {attempts} tries; it shows "
+                f"{combobox.input_value()!r}")
 
 
 def main_text(page) -> str:

@@ -6,7 +6,27 @@ test_codegen.py and test_export.py (pytest puts tests/ on sys.path).
 """
 from __future__ import annotations
 
-from engine.dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
+from engine import dsl
+from engine.dsl import (
+    W,
+    b,
+    cell,
+    const,
+    exp,
+    gelu,
+    hard_sigmoid,
+    identity,
+    log,
+    log_sigmoid,
+    relu,
+    rsqrt,
+    sigmoid,
+    silu,
+    softplus,
+    sqrt,
+    tanh,
+    v,
+)
 
 
 @cell
@@ -108,11 +128,15 @@ def clashing_names(x, h):
 @cell
 def every_op(x, h, k):
     """Every op of the op table, a subtraction of a matmul, constants in and out of sums, and a next
-    state computed from a parameter alone."""
+    state computed from a parameter alone. The ops with a restricted domain (log, sqrt, rsqrt, div) get
+    operands inside it, so random parameters give finite values."""
     a = W("W_x") @ x + b("b_a") - W("W_h") @ h
     gate = hard_sigmoid(3.0 * a) * sigmoid(const(0.5))
     mix = (1 - gate) * tanh(identity(a)) + gate * relu(-a)
-    h_next = mix - 0.25 * (v("p") * k) + 1.5
+    smooth = silu(a) + gelu(a) - log_sigmoid(a) + softplus(-a) + exp(-abs(a))
+    ratio = dsl.max(a, h) / (2 + abs(dsl.min(a, k)))
+    roots = sqrt(abs(h) + 0.5) * rsqrt(1 + abs(k)) + log(2 + abs(a))
+    h_next = mix - 0.25 * (v("p") * k) + 1.5 + 0.125 * (smooth * ratio - roots)
     k_next = sigmoid(b("b_k"))
     return {"h": h_next, "k": k_next}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from compiler_cells import every_op
 
 import engine
 from engine import backends
@@ -50,7 +51,7 @@ from engine.bench.results import new_results
 from engine.bench.runner import add_derived, measure_cell, merge_groups, resolve_settings
 from engine.bench.timing import time_runs, wall_timer
 from engine.cli import main
-from engine.dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
+from engine.dsl import W, b, cell, identity, sigmoid, tanh
 from engine.errors import BackendError
 from engine.ops import OPS
 
@@ -367,15 +368,6 @@ def test_text_progress_in_a_log():
 
 
 # ---- the torch cell interpreter ---------------------------------------------------------------------------
-
-@cell
-def every_op(x, h, k):
-    a = W("W_x") @ x + b("b_a") - W("W_h") @ h
-    gate = hard_sigmoid(3.0 * a) * sigmoid(const(0.5))
-    mix = (1 - gate) * tanh(identity(a)) + gate * relu(-a)
-    h_next = mix - 0.25 * (v("p") * k) + 1.5
-    k_next = sigmoid(b("b_k"))
-    return {"h": h_next, "k": k_next}
 
 
 def test_every_op_has_a_torch_spelling():

@@ -14,6 +14,9 @@
 #define __device__
 #define __forceinline__ inline
 
+// CUDA's math functions that the C library lacks.
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
 struct emu_dim3 { unsigned int x = 0, y = 0, z = 0; };
 inline emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 

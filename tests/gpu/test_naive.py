@@ -12,28 +12,16 @@ import subprocess
 
 import numpy as np
 import pytest
+from compiler_cells import every_op
 
 import engine
 from engine.backends import naive, reference
-from engine.dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
 from engine.errors import BackendError
 from engine.ops import OPS
 
 # Every preset the naive backend takes: not LSTMP (values of size P), refused by name (tests/test_projection.py).
 PRESETS = sorted(n for n, p in engine.presets().items() if not p.cell.uses_projection)
 SIZES = {"input_size": 37, "hidden_size": 129, "batch": 3, "steps": 17}
-
-
-@cell
-def every_op(x, h, k):
-    """Every op of engine/ops.py, a folded constant (sigmoid of a number), a next state computed
-    from a parameter only (k), and constants baked into kernels."""
-    a = W("W_x") @ x + b("b_a") - W("W_h") @ h
-    gate = hard_sigmoid(3.0 * a) * sigmoid(const(0.5))
-    mix = (1 - gate) * tanh(identity(a)) + gate * relu(-a)
-    h_next = mix - 0.25 * (v("p") * k) + 1.5
-    k_next = sigmoid(b("b_k"))
-    return {"h": h_next, "k": k_next}
 
 
 def make_case(cell_graph, num_layers, seed, sizes=SIZES):

@@ -32,7 +32,7 @@ def operands(op: str, rng, n: int = 64) -> list[np.ndarray]:
     if spec.domain == "positive":
         values = [np.abs(v) + 0.2 for v in values]
     if spec.domain == "nonzero_b":
-        values[1] = np.sign(values[1]) * (np.abs(values[1]) + 0.5)
+        values[1] = np.where(values[1] < 0, -1.0, 1.0) * (np.abs(values[1]) + 0.5)
     if op in ("max", "min"):
         values[1] = values[0] + np.where(rng.random(n) < 0.5, -1.0, 1.0) * rng.uniform(0.1, 1.0, n)
     if op == "abs":
@@ -179,3 +179,50 @@ def test_the_exported_program_of_every_new_op_compiles(tmp_path, nvcc_include_fl
                            *nvcc_include_flags, "-c", str(source), "-o", str(tmp_path / "program.o")],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@cell
+def overflowing(x, h):
+    """exp of a growing state: finite for the first steps, Inf in float32 once its exponent passes 88.7."""
+    a = W("W") @ x
+    grown = h + 30.0 + 0 * a
+    return {"h": exp(grown) / exp(grown) * grown}
+
+
+@pytest.mark.parametrize("body, op, kind", [
+    (lambda x, h: sqrt(W("W") @ x - 100.0), "sqrt", "NaN"),
+    (lambda x, h: (W("W") @ x) / (h - h), "div", "Inf"),
+    (lambda x, h: log(abs(W("W") @ x) * 0 + h * h), "log", "Inf"),
+], ids=["sqrt-negative", "divide-by-zero", "log-zero"])
+def test_check_finite_names_the_node_that_made_the_first_nan_or_inf(body, op, kind):
+    graph = cell(lambda x, h: {"h": body(x, h)}, name="broken")
+    network = engine.Network(graph, 3, 4, 2)
+    params = engine.init_params(network, seed=0)
+    x = np.random.default_rng(0).standard_normal((5, 2, 3))
+    with np.errstate(all="ignore"):
+        quiet = engine.run(network, params, x, backend="reference", dtype=np.float32)     # off: no check, no error
+        assert not np.all(np.isfinite(quiet.outputs))
+        error = call_error(lambda: engine.run(network, params, x, backend="reference", dtype=np.float32,
+                                              check_finite=True))
+    made = next(n.name for n in graph.nodes if n.op == op)
+    assert f"node '{made}' ({op}) made the first {kind} of the run at layer 0, step 0" in error, error
+    assert "hint:" in error
+
+
+def test_check_finite_finds_an_exp_overflow_at_the_step_where_float32_overflows():
+    network = engine.Network(overflowing, 2, 3, 1)
+    params = engine.init_params(network, seed=1)
+    x = np.zeros((6, 1, 2))
+    with np.errstate(all="ignore"):
+        error = call_error(lambda: engine.run(network, params, x, backend="reference", dtype=np.float32,
+                                              check_finite=True))
+    # the exponent h + 30 is 30, 60, 90 at steps 0, 1, 2: exp(90) overflows float32 (past 88.7); float64 would not
+    assert "(exp) made the first Inf of the run at layer 0, step 2" in error and "stabilizer" in error, error
+    assert np.all(np.isfinite(engine.run(network, params, x, backend="reference", dtype=np.float64,
+                                         check_finite=True).outputs))
+
+
+def call_error(run) -> str:
+    with pytest.raises(engine.EngineError) as info:
+        run()
+    return str(info.value)

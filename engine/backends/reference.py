@@ -75,3 +75,66 @@ def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | 
         layer_in = out
     final = {name: np.stack([states[l][name] for l in range(network.num_layers)]) for name in cell.state_names}
     return RunResult(outputs=layer_in, final_states=final)
+
+
+# What a value that turned NaN or Inf inside a cell most likely needs, by the op that made it.
+NON_FINITE_HINTS = {
+    "exp": "exp overflows float32 past x = 88: subtract a stabilizer first (sLSTM keeps one as its state m), or "
+           "use sigmoid or softplus",
+    "log": "log of 0 is -Inf and of a negative value NaN: apply softplus or abs first, or add a small positive "
+           "offset",
+    "sqrt": "sqrt of a negative value is NaN: apply abs or softplus first, or add a small positive offset",
+    "rsqrt": "rsqrt of 0 is Inf and of a negative value NaN: add a positive epsilon (LayerNorm adds eps to the "
+             "variance)",
+    "div": "a division by 0 (or by a value that rounds to it): add a positive epsilon to the denominator",
+    "matmul": "the product overflows: scale the weights or the inputs down",
+}
+
+
+def first_non_finite(network: Network, params: Params, x, initial_states: dict | None, dtype=np.float32,
+                     precision: str = "float32") -> tuple[int, int, str, str] | None:
+    """Where a run that started from finite values first made a NaN or an Inf: (layer, step, node, "NaN"/"Inf")
+    of the first node, in the order the cell computes, whose value is not finite. The run is replayed step by
+    step on this backend in `dtype` (float32 overflows where float64 would not), so what the GPU made is found
+    where the same arithmetic makes it; None when the replay stays finite."""
+    dtype = np.dtype(dtype).type
+    x = np.asarray(check_inputs(network, x, initial_states, xp=np).get() if hasattr(x, "get") else x, dtype=dtype)
+    T, B, _ = x.shape
+    cell = network.cell
+    layer_in = x
+    with np.errstate(all="ignore"):
+        for layer in range(network.num_layers):
+            states = {}
+            for name in cell.state_names:
+                given = None if initial_states is None else initial_states.get(name)
+                given = given.get() if hasattr(given, "get") else given
+                states[name] = (np.asarray(given, dtype=dtype)[layer].copy() if given is not None
+                                else np.zeros((B, network.state_size(name)), dtype=dtype))
+            out = np.empty((T, B, network.output_size), dtype=dtype)
+            for t in range(T):
+                states, env = step(cell, params[layer], layer_in[t], states, dtype, precision)
+                for name in cell.topo_order:
+                    value = env[name]
+                    if not np.all(np.isfinite(value)):
+                        return layer, t, name, "NaN" if np.any(np.isnan(value)) else "Inf"
+                out[t] = states[cell.output]
+            layer_in = out
+    return None
+
+
+def non_finite_error(network: Network, params: Params, x, initial_states: dict | None, dtype=np.float32,
+                     precision: str = "float32") -> BackendError:
+    """The error of a run whose inputs were finite and whose result is not: which node made the first NaN or
+    Inf, at which layer and step, and what to do about it."""
+    found = first_non_finite(network, params, x, initial_states, dtype, precision)
+    if found is None:
+        return BackendError("the run's outputs or final states hold NaN or Inf, though its inputs are finite and a "
+                            f"{np.dtype(dtype).name} replay on the NumPy reference stays finite; hint: compare "
+                            "backend='reference' with this backend on the same inputs, and report the cell if they "
+                            "differ")
+    layer, t, name, kind = found
+    op = network.cell[name].op
+    hint = NON_FINITE_HINTS.get(op, "look at this node's arguments at that step (engine.bptt's record keeps "
+                                    "every value)")
+    return BackendError(f"node '{name}' ({op}) made the first {kind} of the run at layer {layer}, step {t}, from "
+                        f"finite inputs; hint: {hint}")

@@ -93,7 +93,8 @@ def test_larger_sizes_where_the_gemms_tile(cupy):
 
 
 def test_backward_ops_cuda_forms_equal_their_numpy_meaning(cupy):
-    """Each op of GRAD_OPS with a CUDA form, on random values and on its kinks (relu at 0, hard sigmoid at +-3)."""
+    """Each op of GRAD_OPS with a CUDA form, on random values and on its kinks (relu at 0, hard sigmoid at +-3, abs
+    at 0, max and min at ties: the third operand equals the second at a quarter of the points)."""
     from engine.autodiff.fused_codegen import statement_expr
     from engine.autodiff.fused_plan import Statement
     from engine.codegen.nvrtc import load_module
@@ -101,22 +102,36 @@ def test_backward_ops_cuda_forms_equal_their_numpy_meaning(cupy):
     kinks_a, kinks_b = [0.0, -0.0, 3.0, -3.0, 2.9999998, -2.9999998], [0.0, 1.0, 3.0, -3.0, 3.0, -3.0]
     a = np.concatenate([rng.standard_normal(1000) * 4, kinks_a]).astype(np.float32)
     b = np.concatenate([rng.standard_normal(1000) * 4, kinks_b]).astype(np.float32)
+    c = np.where(rng.random(a.size) < 0.25, b, rng.standard_normal(a.size) * 4).astype(np.float32)
+    operands = (a, b, c)
     for name, spec in GRAD_OPS.items():
         if spec.cuda is None:
             continue
-        expr = statement_expr(Statement("r", name, ("a", "b")))
-        source = ('extern "C" __global__ void f(const float* a, const float* b, float* r, int n) {'
+        ports = ("a", "b", "c")[:spec.arity]
+        expr = statement_expr(Statement("r", name, ports))
+        source = ('extern "C" __global__ void f(const float* a, const float* b, const float* c, float* r, int n) {'
                   ' int i = blockIdx.x * blockDim.x + threadIdx.x; if (i >= n) return;'
-                  f' const float v_a = a[i]; const float v_b = b[i]; r[i] = {expr}; }}')
-        kernel = load_module(source).get_function("f")
+                  f' const float v_a = a[i]; const float v_b = b[i]; const float v_c = c[i]; r[i] = {expr}; }}')
+        kernel = load_module(cuda_helpers_source() + source).get_function("f")
         out = cupy.full(a.shape, np.nan, dtype=cupy.float32)
-        kernel(((a.size + 255) // 256,), (256,), (cupy.asarray(a), cupy.asarray(b), out, np.int32(a.size)))
-        want = spec.numpy(a, b)
-        # NVRTC may contract 1 - y * y into one FMA (more exact than NumPy's two roundings): the bound is the
-        # rounding of the terms, not of the result
-        bound = 4e-7 * np.abs(want) + 2e-7 * np.abs(a) * (1.0 + b.astype(np.float64) ** 2)
+        kernel(((a.size + 255) // 256,), (256,), (*(cupy.asarray(v) for v in operands), out, np.int32(a.size)))
+        args = operands[:spec.arity]
+        if spec.cuda_helper:       # a helper computes several roundings (tanh, exp): held to the float64 meaning
+            want = spec.numpy(*(v.astype(np.float64) for v in args))
+            bound = 2e-6 * np.abs(want) + 1e-6 * np.abs(a)
+        else:
+            want = spec.numpy(*args)
+            # NVRTC may contract 1 - y * y into one FMA (more exact than NumPy's two roundings): the bound is the
+            # rounding of the terms, not of the result
+            bound = 4e-7 * np.abs(want) + 2e-7 * np.abs(a) * (1.0 + b.astype(np.float64) ** 2)
         wrong = np.nonzero(np.abs(out.get() - want) > bound)[0]
         assert not wrong.size, (name, a[wrong[:3]], b[wrong[:3]], out.get()[wrong[:3]], want[wrong[:3]])
+
+
+def cuda_helpers_source() -> str:
+    """kernels/cell_ops.cuh, which the generated training kernels inline: the helpers the CUDA forms call."""
+    from engine.codegen.cuda import helper_source
+    return helper_source("cell_ops.cuh") + "\n"
 
 
 def test_cell_rnn_float32_on_cuda_runs_the_fused_step(cupy):

@@ -419,6 +419,8 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
 
     live = ancestors(by_name, [s.next for s in graph.states])
     for n in nodes:
+        if n.op == "state" and n.name == graph.output:
+            continue            # an output-only state (QRNN's h = o * c): the next layer reads it, the cell need not
         if n.name not in live:
             what = {"input": "the input is not used", "state": "state value is never read"}.get(
                 n.op, "parameter is not used" if n.is_param else "value is computed but never used")

@@ -74,6 +74,35 @@ def indrnn(p, x, s):
     return {"h": np.maximum(lin(p, "W", x) + p["u"] * s["h"] + p["b"], 0.0)}
 
 
+def mingru(p, x, s):
+    """Feng et al. 2024, Algorithm 2 (sequential): gate and candidate from the input only."""
+    z = sigmoid(lin(p, "W_z", x) + p["b_z"])
+    return {"h": (1.0 - z) * s["h"] + z * (lin(p, "W_h", x) + p["b_h"])}
+
+
+def minlstm(p, x, s):
+    """Feng et al. 2024, Algorithm 4 (sequential): forget and input gates normalised to sum to one."""
+    f, i = sigmoid(lin(p, "W_f", x) + p["b_f"]), sigmoid(lin(p, "W_i", x) + p["b_i"])
+    return {"h": (f * s["h"] + i * (lin(p, "W_h", x) + p["b_h"])) / (f + i)}
+
+
+def qrnn_f(p, x, s):
+    """Bradbury et al. 2017, fo-pooling (eq. 4) with width-1 convolutions."""
+    z = np.tanh(lin(p, "W_z", x) + p["b_z"])
+    f, o = sigmoid(lin(p, "W_f", x) + p["b_f"]), sigmoid(lin(p, "W_o", x) + p["b_o"])
+    c = f * s["c"] + (1.0 - f) * z
+    return {"c": c, "h": o * c}
+
+
+def mi_lstm(p, x, s):
+    """Wu et al. 2016, MI-LSTM: alpha * Wx * Uh + beta1 * Uh + beta2 * Wx + b for each gate."""
+    def pre(k):
+        wx, uh = lin(p, f"W_{k}", x), lin(p, f"U_{k}", s["h"])
+        return p[f"alpha_{k}"] * wx * uh + p[f"beta1_{k}"] * uh + p[f"beta2_{k}"] * wx + p[f"b_{k}"]
+    c = sigmoid(pre("f")) * s["c"] + sigmoid(pre("i")) * np.tanh(pre("g"))
+    return {"c": c, "h": sigmoid(pre("o")) * np.tanh(c)}
+
+
 def greff(variant):
     """Greff et al.'s vanilla LSTM (Sec. II) with one of the paper's eight modifications switched on."""
     def step(p, x, s):
@@ -139,6 +168,10 @@ FORMULAS = {
     "gru_cho": gru_cho,
     "mgu": mgu,
     "indrnn": indrnn,
+    "mingru": mingru,
+    "minlstm": minlstm,
+    "qrnn_f": qrnn_f,
+    "mi_lstm": mi_lstm,
     "lstm_cifg": lstm_cifg,
     "lstm_fgr": lstm_fgr,
     "vanilla_lstm": greff("vanilla"),

@@ -31,6 +31,7 @@ from .ir import CellGraph
 from .multigpu.plan import PipelinePlan, plan_pipeline
 from .nets.data import Net
 from .network import Network
+from .passes.scan import analyse_scan
 from .plan import Plan, gemm_to_dict, human_count
 from .schedules.report import check_schedule, schedules_report
 from .serialize import from_dict
@@ -141,8 +142,19 @@ def explain_json(cell_or_network, input_size: int | None = None, hidden_size: in
     plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
     data = plan_to_json(plan)
     data["backward"] = backward_to_json(plan.program.source_cell)
+    data["scan"] = scan_to_json(plan.program.source_cell)
     data["schedules"] = explain_schedules(plan, passes, schedule, doc, precision)
     return data
+
+
+def scan_to_json(cell: CellGraph) -> dict[str, Any]:
+    """Whether the cell runs as a parallel scan over time (engine/passes/scan.py): why, or the node that stops it;
+    and each scanned state's coefficients a and b (s[t] = a[t] * s[t-1] + b[t])."""
+    found = analyse_scan(cell)
+    return {"qualifies": found.qualifies, "reason": found.reason, "node": found.node,
+            "states": {state: {"a": None if f.a is None else f.a.text, "b": None if f.b is None else f.b.text}
+                       for state, f in found.scanned.items()},
+            "after": list(found.after)}
 
 
 def backward_to_json(cell: CellGraph) -> dict[str, Any]:
@@ -284,6 +296,8 @@ def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None
         out.append("wavefront step of each (layer, t):")
         for layer, row in enumerate(grid):
             out.append(f"  layer {layer}: " + " ".join(f"{k:2d}" for k in row))
+    out += ["", "linear recurrence (schedule 'scan', engine/passes/scan.py):"]
+    out += ["  " + line for line in analyse_scan(cell).describe().splitlines()]
     backward = backward_to_json(cell)
     out += ["", "backward step (training: engine.autodiff; the gradients of bptt, CellRNN and engine.train):"]
     out += ["  " + line for line in (backward.get("text") or backward["error"]).rstrip("\n").splitlines()]

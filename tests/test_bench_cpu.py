@@ -324,7 +324,7 @@ def test_select_implementations():
     assert names[0] == "cudnn-fp32" and {"naive", "cudnn-tf32", "cudnn-fp16", "cudnn-bf16", "torch-eager",
                                          "torch.compile", "torchscript"} <= set(names)
     # the engine's schedules are rows of their own, right after the backends they are compared with
-    assert names[1:6] == ["naive", "fused", "graph", "persistent", "auto"]
+    assert names[1:7] == ["naive", "fused", "graph", "persistent", "scan", "auto"]
     assert [i.name for i in select(everything, ["graph", "persistent", "auto"])] == ["graph", "persistent", "auto"]
     assert all(i.family == "engine" for i in select(everything, ["fused", "graph", "persistent", "auto"]))
     assert [i.name for i in select(everything, ["torch-compile"])] == ["torch.compile", "torchscript"]
@@ -635,8 +635,8 @@ def test_reduced_precision_rows_are_named_and_ordered():
     everything = default_implementations(1.0)
     names = [i.name for i in everything]
     # after the fp32 rows, each reduced mode: cuDNN first, then the engine's schedules and auto in that mode
-    assert names[6:18] == [f"{base}-{mode}" for mode in REDUCED for base in ("cudnn", "graph", "persistent", "auto")]
-    assert not {"naive-bf16", "fused-fp16", "fused-tf32"} & set(names)     # strict fp32 backends only
+    assert names[7:19] == [f"{base}-{mode}" for mode in REDUCED for base in ("cudnn", "graph", "persistent", "auto")]
+    assert not {"naive-bf16", "fused-fp16", "fused-tf32", "scan-bf16"} & set(names)     # strict fp32 backends only
     by_name = {i.name: i for i in everything}
     for mode in REDUCED:
         for base in ("graph", "persistent", "auto"):

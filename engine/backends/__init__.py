@@ -4,6 +4,8 @@
 - naive: CuPy, one kernel per IR op (the baseline that shows what the passes buy).
 - fused: cuBLAS GEMMs + generated fused kernels, hoisted input GEMM, layer wavefront on streams.
 - graph, persistent: the fast schedules of engine/schedules (one module each), selectable by name.
+- scan: a cell whose recurrence is linear (minGRU, minLSTM, QRNN) as a parallel scan over time
+  (engine/schedules/scan.py).
 
 'auto' picks the autotuned schedule on a GPU (engine.schedules.autotune) and the reference elsewhere; the
 choice and the run are engine/execute.py's (it sits above both folders).
@@ -20,9 +22,10 @@ from functools import lru_cache
 from ..arguments import shown
 from ..errors import BackendError
 
-BACKENDS = ("reference", "naive", "fused", "graph", "persistent")
-GPU_BACKENDS = ("naive", "fused", "graph", "persistent")
-SCHEDULE_BACKENDS = ("graph", "persistent")      # modules in engine/schedules
+BACKENDS = ("reference", "naive", "fused", "graph", "persistent", "scan")
+GPU_BACKENDS = ("naive", "fused", "graph", "persistent", "scan")
+SCHEDULE_BACKENDS = ("graph", "persistent", "scan")      # modules in engine/schedules
+PRECISION_BACKENDS = ("graph", "persistent")             # the ones that also run tf32, float16 and bfloat16
 
 
 @lru_cache(maxsize=1)

@@ -36,6 +36,7 @@ from ..gallery import Preset
 from ..ir import CellGraph
 from ..network import Network
 from ..params import Params
+from ..passes.scan import analyse_scan
 from ..schedules import autotune
 from ..schedules.tiling import eligibility
 from ..torch_layout import to_torch_state_dict
@@ -229,6 +230,10 @@ class EngineBackend(Implementation):
             why = eligibility(compile_program(case.cell, layout="interleaved"))
             if why:
                 return f"schedule '{self.backend}' cannot run cell '{case.cell.name}': {why}"
+        if self.backend == "scan":
+            found = analyse_scan(case.cell)
+            if not found.qualifies:
+                return f"schedule 'scan' cannot run cell '{case.cell.name}': {found.reason}"
         if self.backend == "naive" and case.cell.uses_projection:
             return (f"backend 'naive' keeps every state H wide and does not take cell '{case.cell.name}' (values of "
                     "size P); the fused backend does")
@@ -461,7 +466,7 @@ def default_implementations(compile_budget_s: float) -> list[Implementation]:
     gpu_backends = getattr(backends, "GPU_BACKENDS", tuple(b for b in backends.BACKENDS if b != "reference"))
     reduced = []
     for precision in PRECISIONS[1:]:
-        schedules = [EngineBackend(name, precision=precision) for name in backends.SCHEDULE_BACKENDS]
+        schedules = [EngineBackend(name, precision=precision) for name in backends.PRECISION_BACKENDS]
         reduced += [Cudnn(precision), *schedules, AutoSchedule(precision=precision)]
     return [Cudnn("fp32"), *[EngineBackend(name) for name in gpu_backends], AutoSchedule(), *reduced,
             TorchCell("eager"), TorchCell("compile", CompileBudget(compile_budget_s)),

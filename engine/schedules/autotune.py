@@ -37,6 +37,8 @@ from ..errors import BackendError, CompileError, FileError
 from ..files import load_json, write_text
 from ..network import Network
 from ..params import Params
+from ..passes.scan import analyse_scan
+from . import scan
 from .registry import schedule_class
 from .tiling import GEMV_MAX_ROWS, DeviceLimits, TileConfig, eligibility
 
@@ -55,7 +57,7 @@ DISQUALIFY_REL_ERR_REDUCED = 1e-2
 
 @dataclass(frozen=True)
 class Candidate:
-    schedule: str                      # "fused", "graph" or "persistent"
+    schedule: str                      # "fused", "graph", "persistent" or "scan"
     config: TileConfig | None = None
 
     def label(self) -> str:
@@ -80,7 +82,7 @@ class Choice:
         config = None if data.get("config") is None else TileConfig(**data["config"])
         if config is not None and config.warp_tile is not None:       # JSON has lists, TileConfig hashes tuples
             config = replace(config, warp_tile=tuple(config.warp_tile))
-        if data["schedule"] not in ("fused", "graph", "persistent"):
+        if data["schedule"] not in ("fused", "graph", "persistent", "scan"):
             raise ValueError(f"unknown schedule {data['schedule']!r}")
         return Choice(data["schedule"], config, data["why"], key, list(data.get("timings", [])), cached=True)
 
@@ -99,6 +101,8 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
     """What tune() times. The fused backend is strict float32 only, so reduced precisions try the schedules."""
     program = compile_program(network.cell, layout="interleaved", precision=precision)
     found = [Candidate("fused")] if precision == "float32" else []
+    if precision == "float32" and analyse_scan(network.cell).qualifies:      # a linear recurrence: one scan
+        found.append(Candidate("scan"))
     why = eligibility(program)
     if why is not None:
         if not found:
@@ -198,6 +202,8 @@ def prepare(candidate: Candidate, network: Network, params: Params, precision: s
     if candidate.schedule == "fused":
         check_float32_only("backend 'fused'", precision)
         return fused.prepare(network, params)
+    if candidate.schedule == "scan":
+        return scan.prepare(network, params, precision=precision)
     return schedule_class(candidate.schedule)(network, params, config=candidate.config, precision=precision)
 
 

@@ -1,0 +1,129 @@
+"""minGRU as a scan (issue #33's target): the scan schedule against the engine's sequential schedules for the same
+cell and against the paper's log-space parallel scan written in plain PyTorch.
+
+One layer, I = H = 512, B = 8, T = 4096 by default (--steps, --batch, --hidden), float32 (CuPy's and torch's TF32 off).
+Every time is a median of CUDA-event intervals after warm-up, on random inputs; every engine output is checked
+against the float64 reference first (poisoned where the schedule takes it). The PyTorch rows compute the paper's
+log-space form (Feng et al. 2024, Sec. 3.1.3 and Appendix: g(h_tilde), log-space coefficients, logcumsumexp), which
+is a different function from the sequential minGRU (the g), timed as what a researcher would otherwise run:
+forward, and forward + backward of the sum of the outputs.
+
+    python3 benchmarks/scan_bench.py --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402
+from engine.backends import fused  # noqa: E402
+from engine.schedules import scan  # noqa: E402
+from engine.schedules.registry import schedule_class  # noqa: E402
+
+
+def median_ms(run, cupy, warmup=3, reps=20) -> float:
+    for _ in range(warmup):
+        run()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(reps):
+        start.record()
+        run()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def torch_log_space(torch, F, x, params, h0):
+    """The paper's minGRU in log space (parallel mode): h = exp(parallel_scan_log(...))."""
+    def log_g(v):
+        return torch.where(v >= 0, (F.relu(v) + 0.5).log(), -F.softplus(-v))
+    k = F.linear(x, params["W_z"], params["b_z"])
+    h_tilde = F.linear(x, params["W_h"], params["b_h"])
+    log_coeffs = -F.softplus(k)                              # log(1 - z)
+    log_values = torch.cat([log_g(h0)[:, None], -F.softplus(-k) + log_g(h_tilde)], dim=1)   # log z + log g(h~)
+    a_star = F.pad(torch.cumsum(log_coeffs, dim=1), (0, 0, 1, 0))
+    log_h = a_star + torch.logcumsumexp(log_values - a_star, dim=1)
+    return torch.exp(log_h)[:, 1:]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    import cupy
+    os.environ.setdefault("CUPY_TF32", "0")
+    T, B, H = args.steps, args.batch, args.hidden
+    cell = engine.preset("mingru").cell
+    network = engine.Network(cell, H, H, 1)
+    params = engine.init_params(network, seed=0)
+    rng = np.random.default_rng(1)
+    x_host = rng.standard_normal((T, B, H)).astype(np.float32)
+    x = cupy.asarray(x_host)
+    want = engine.run(network, params, x_host.astype(np.float64), backend="reference", dtype=np.float64).outputs
+    scale = float(np.abs(want).max())
+    rows, results = [], {"device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                         "cupy": cupy.__version__, "T": T, "B": B, "H": H, "I": H, "rows": rows}
+
+    programs = {"scan": scan.prepare(network, params), "fused": fused.prepare(network, params)}
+    for name in ("persistent", "graph"):
+        try:
+            programs[name] = schedule_class(name)(network, params)
+        except engine.EngineError as e:
+            rows.append({"name": name, "error": str(e).splitlines()[0]})
+    for name, program in programs.items():
+        try:
+            out = program.run(x, poison=True) if name != "fused" else program.run(x)
+            error = float(cupy.abs(out.outputs - cupy.asarray(want)).max().get()) / scale
+            ms = median_ms(lambda: program.run(x), cupy)
+            rows.append({"name": f"engine {name}", "ms": ms, "rel_err_vs_float64": error})
+        except engine.EngineError as e:
+            rows.append({"name": f"engine {name}", "error": str(e).splitlines()[0]})
+    try:
+        import torch
+        import torch.nn.functional as F  # noqa: N812
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        tp = {k: torch.tensor(v, device="cuda", dtype=torch.float32) for k, v in params[0].items()}
+        tx = torch.tensor(x_host, device="cuda").transpose(0, 1).contiguous()          # (B, T, H)
+        h0 = torch.zeros(B, H, device="cuda")
+        rows.append({"name": "torch log-space scan, forward (paper's form)",
+                     "ms": median_ms(lambda: torch_log_space(torch, F, tx, tp, h0), cupy)})
+        leaf = {k: v.clone().requires_grad_(True) for k, v in tp.items()}
+
+        def forward_backward():
+            torch_log_space(torch, F, tx, leaf, h0).sum().backward()
+        rows.append({"name": "torch log-space scan, forward + backward", "ms": median_ms(forward_backward, cupy)})
+        results["torch"] = torch.__version__
+    except ImportError as e:
+        rows.append({"name": "torch", "error": f"not installed ({e})"})
+    by_name = {r["name"]: r.get("ms") for r in rows}
+    scan_ms = by_name.get("engine scan")
+    print(f"minGRU, I = H = {H}, B = {B}, T = {T}, float32 (TF32 off), {results['device']}")
+    print(f"{'row':48s} {'median ms':>10s} {'scan speedup':>13s} {'rel err':>10s}")
+    for r in rows:
+        if "ms" in r:
+            speed = f"{r['ms'] / scan_ms:.1f}x" if scan_ms else "-"
+            err = f"{r['rel_err_vs_float64']:.2e}" if "rel_err_vs_float64" in r else "-"
+            print(f"{r['name']:48s} {r['ms']:10.3f} {speed:>13s} {err:>10s}")
+        else:
+            print(f"{r['name']:48s} {r['error']}")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "scan_bench.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

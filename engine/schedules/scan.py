@@ -1,0 +1,201 @@
+"""Schedule 'scan': a cell whose recurrence is linear runs as a parallel scan over time, not T dependent steps.
+
+engine/passes/scan.py decides whether a cell qualifies: every state it reads has a next value a[t] * s[t-1] + b[t]
+with a and b computed from the input and the parameters alone (minGRU, minLSTM, QRNN fo-pooling, a diagonal linear
+RNN). Then, layer by layer:
+
+1. every value that reads no state is computed for the whole sequence at once, on T x B rows (the input
+   projections are one GEMM each; each elementwise op is one launch over the sequence);
+2. the coefficients a and b are formed from those values (the cell's own products: minGRU's 1 - z and z * h_tilde);
+3. the recurrence runs as a chunked scan (kernels/scan.cu): each chunk of CHUNK steps is reduced to one affine map,
+   the maps carry the state from chunk to chunk, and each chunk is replayed from its entering state, every chain
+   (batch row x hidden unit) in its own thread. It reads a and b twice and writes s once: bandwidth-bound, with no
+   step-by-step launch or synchronisation;
+4. what the scanned states feed and nothing reads back (QRNN's h = o * c) is computed for the whole sequence at
+   once, from the scanned sequences.
+
+The same steps run on NumPy (`run_arrays(..., xp=numpy)`, with a sequential loop as the scan): the CPU tests hold
+the executor to the reference there, and the GPU suite holds the CUDA scan to it. The scan reassociates the
+recurrence (chunk maps multiply the a's of a chunk first); against float64 its float32 error stays within
+what the step-by-step float32 run has, measured in tests/gpu/test_scan_gpu.py. Forward only: engine.bptt and
+training use the step-by-step backends.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from ..backends.common import RunResult, check_float32_only, check_inputs
+from ..codegen.nvrtc import load_module
+from ..errors import BackendError
+from ..ir import CellGraph
+from ..ops import apply_elementwise
+from ..params import check_params
+from ..passes.scan import ScanAnalysis, analyse_scan
+
+KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "scan.cu"
+CHUNK = 64                 # steps per chunk: T / CHUNK maps per chain to carry, CHUNK dependent FMAs a thread
+THREADS = 256
+
+
+def analysis_or_refusal(cell: CellGraph) -> ScanAnalysis:
+    found = analyse_scan(cell)
+    if not found.qualifies:
+        raise BackendError(f"schedule 'scan' cannot run cell '{cell.name}': {found.reason}; hint: use "
+                           "backend='auto' (it picks the scan only for cells that qualify), or make each state's "
+                           "update a[t] * s[t-1] + b[t] with a and b computed from the input (minGRU, minLSTM)")
+    return found
+
+
+def evaluate(cell: CellGraph, names, env: dict, layer_params: dict, xp) -> None:
+    """Compute the op nodes `names` (in topological order) into env, every value on all rows at once."""
+    for name in names:
+        if name in env:
+            continue
+        node = cell[name]
+        if node.is_param:
+            env[name] = layer_params[name]
+        elif node.op == "const":
+            env[name] = node.attr("value")
+        elif node.op == "matmul":
+            weight, operand = env[node.args[0]], env[node.args[1]]
+            env[name] = operand @ weight.T
+        elif not node.is_leaf:
+            env[name] = apply_elementwise(node.op, [env[a] for a in node.args], node.attr_dict)
+
+
+def sequential_scan(a, b, initial, xp):
+    """The recurrence step by step (NumPy): a, b (T, B, n), initial (B, n) -> s (T, B, n)."""
+    out = xp.empty_like(b)
+    s = initial
+    for t in range(b.shape[0]):
+        s = a[t] * s + b[t]
+        out[t] = s
+    return out
+
+
+class CudaScan:
+    """The three kernels of kernels/scan.cu for one dtype."""
+
+    def __init__(self, dtype):
+        c_type = "double" if np.dtype(dtype) == np.float64 else "float"
+        module = load_module(f"#define SCAN_T {c_type}\n" + KERNEL.read_text(), cell="scan", kernel="scan")
+        self.chunks, self.carry, self.apply = (module.get_function(k) for k in ("scan_chunks", "scan_carry",
+                                                                                "scan_apply"))
+
+    def __call__(self, a, b, initial, xp, poison: bool = False):
+        T = b.shape[0]
+        chains = int(np.prod(b.shape[1:]))
+        count = -(-T // CHUNK)
+        map_a = xp.empty((count, chains), dtype=b.dtype)
+        map_b = xp.empty_like(map_a)
+        entering = xp.empty_like(map_a)
+        out = xp.full_like(b, np.nan) if poison else xp.empty_like(b)    # poison: every element must be written
+        blocks = -(-chains // THREADS)
+        steps, n, chunk = np.int32(T), np.int64(chains), np.int32(CHUNK)
+        self.chunks((blocks, count), (THREADS,), (a, b, map_a, map_b, steps, n, chunk))
+        self.carry((blocks,), (THREADS,), (map_a, map_b, xp.ascontiguousarray(initial), entering, np.int32(count), n))
+        self.apply((blocks, count), (THREADS,), (a, b, entering, out, steps, n, chunk))
+        return out
+
+
+_cuda_scans: dict = {}
+
+
+def cuda_scan(dtype) -> CudaScan:
+    key = np.dtype(dtype).name
+    if key not in _cuda_scans:
+        _cuda_scans[key] = CudaScan(dtype)
+    return _cuda_scans[key]
+
+
+def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=None, poison: bool = False) -> RunResult:
+    """The scan schedule on arrays of module xp (NumPy or CuPy). scan(a, b, initial, xp): the recurrence (default:
+    step by step on NumPy, kernels/scan.cu on CuPy, whose output starts as NaN with poison=True)."""
+    cell = network.cell
+    found = analysis_or_refusal(cell)
+    if scan is None:
+        scan = sequential_scan if xp is np else functools.partial(cuda_scan(dtype), poison=poison)
+    T, B, _ = x.shape
+    rows = T * B
+    live = cell.live_nodes
+    nexts = {s.name: s.next for s in cell.states}
+    order = [n for n in cell.topo_order if n in live]
+    free = [n for n in order if n in found.free]
+    rest = [n for n in order if n not in found.free]
+    layer_in = xp.asarray(x, dtype=dtype)
+    finals: dict[str, list] = {s: [] for s in cell.state_names}
+    for layer in range(network.num_layers):
+        layer_params = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
+        env = {}
+        for node in cell.nodes:
+            if node.op == "input":
+                env[node.name] = layer_in.reshape(rows, -1)
+        evaluate(cell, free, env, layer_params, xp)
+        sequences = {}
+        for state, affine in found.scanned.items():
+            size = network.state_size(state)
+            initial = _initial(initial_states, state, layer, (B, size), dtype, xp)
+            a = _full(affine.a.compute(env) if affine.a is not None else 0.0, (T, B, size), dtype, xp)
+            b = _full(affine.b.compute(env) if affine.b is not None else 0.0, (T, B, size), dtype, xp)
+            sequence = scan(a, b, initial, xp)
+            sequences[state] = sequence
+            env[state] = xp.concatenate([initial[None], sequence[:-1]]).reshape(rows, size)
+            env[nexts[state]] = sequence.reshape(rows, size)
+        evaluate(cell, rest, env, layer_params, xp)
+        for state in found.after:
+            size = network.state_size(state)
+            sequences[state] = _full(env[nexts[state]], (rows, size), dtype, xp).reshape(T, B, size)
+        for state in cell.state_names:
+            finals[state].append(sequences[state][-1])
+        layer_in = sequences[cell.output]
+    final_states = {s: xp.stack(v) for s, v in finals.items()}
+    return RunResult(outputs=layer_in, final_states=final_states, backend="scan")
+
+
+def _initial(initial_states, state, layer, shape, dtype, xp):
+    if initial_states is not None and state in initial_states:
+        return xp.ascontiguousarray(xp.asarray(initial_states[state], dtype=dtype)[layer])
+    return xp.zeros(shape, dtype=dtype)
+
+
+def _full(value, shape, dtype, xp):
+    """`value` (a number, a (rows, n) or (n,) array) as a contiguous array of `shape` (steps, batch, n) or (rows, n)."""
+    array = xp.asarray(value, dtype=dtype)
+    if array.ndim == 2 and len(shape) == 3:
+        array = array.reshape(shape)
+    return xp.ascontiguousarray(xp.broadcast_to(array, shape))
+
+
+class ScanProgram:
+    """The scan schedule for one network and its parameters, uploaded once (what the autotuner times and
+    engine.run(backend="auto") runs when it picks the scan)."""
+
+    def __init__(self, network, params, dtype=np.float32, precision: str = "float32"):
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
+        check_float32_only("schedule 'scan'", precision)
+        if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise BackendError(f"schedule 'scan' runs in float32 or float64, not {np.dtype(dtype).name}; hint: "
+                               "dtype=np.float32")
+        check_params(network, params)
+        analysis_or_refusal(network.cell)
+        self.network, self.dtype, self.cupy = network, np.dtype(dtype), cupy
+        self.params = [{k: cupy.asarray(v, dtype=self.dtype) for k, v in params[layer].items()}
+                       for layer in range(network.num_layers)]
+        cuda_scan(self.dtype)                                  # compiled (or loaded) now, not in the first run
+
+    def run(self, x, initial_states=None, poison: bool = False) -> RunResult:
+        x = check_inputs(self.network, x, initial_states, xp=self.cupy)
+        return run_arrays(self.network, self.params, self.cupy.asarray(x), initial_states, self.dtype, self.cupy,
+                          poison=poison)
+
+
+def prepare(network, params, dtype=np.float32, precision: str = "float32") -> ScanProgram:
+    return ScanProgram(network, params, dtype, precision)
+
+
+def run(network, params, x, initial_states=None, dtype=np.float32, precision: str = "float32") -> RunResult:
+    """backend='scan' on the GPU (CuPy arrays or NumPy arrays, which are copied over). float32 (strict) or float64."""
+    return prepare(network, params, dtype, precision).run(x, initial_states)

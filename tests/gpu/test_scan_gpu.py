@@ -1,0 +1,69 @@
+"""Schedule 'scan' on the GPU (engine/schedules/scan.py, kernels/scan.cu) against the float64 reference: every cell
+that qualifies, odd sizes (T below, at and past one chunk, chains not a multiple of a block), float32 and float64,
+poisoned outputs; the float32 error at T = 4096 against what the step-by-step float32 run has; and the autotuner
+timing it beside the sequential schedules."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_scan import CASES, diagonal_linear
+
+import engine
+from engine.schedules import scan
+
+pytestmark = pytest.mark.gpu
+
+
+def relative(got, want) -> float:
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+
+
+def case(graph, I=5, H=37, L=2, T=130, B=3, seed=0):
+    network = engine.Network(graph, I, H, L)
+    params = engine.init_params(network, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal((T, B, I))
+    initial = {s: rng.uniform(-0.8, 0.8, (L, B, H)) for s in graph.state_names}
+    return network, params, x, initial
+
+
+@pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("T", [1, 5, scan.CHUNK, 130])
+def test_scan_equals_the_reference(cupy, graph, T):
+    network, params, x, initial = case(graph, T=T)
+    want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64)
+    got = scan.prepare(network, params).run(x.astype(np.float32), initial, poison=True)
+    assert relative(cupy.asnumpy(got.outputs), want.outputs) <= 1e-5
+    for s in graph.state_names:
+        assert relative(cupy.asnumpy(got.final_states[s]), want.final_states[s]) <= 1e-5, s
+    exact = engine.run(network, params, x, initial, backend="scan", dtype=np.float64)
+    assert relative(cupy.asnumpy(exact.outputs), want.outputs) <= 1e-12
+
+
+def test_a_long_sequence_stays_within_the_float32_error_of_the_step_by_step_run(cupy):
+    """T = 4096: the scan reassociates the recurrence (chunk maps), the step-by-step float32 run does not. Against
+    float64, the scan's error is at most twice the step-by-step run's, plus one float32 rounding of the result."""
+    network, params, x, initial = case(engine.preset("mingru").cell, I=16, H=64, L=1, T=4096, B=4, seed=3)
+    want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64).outputs
+    steps = engine.run(network, params, x, initial, backend="reference", dtype=np.float32).outputs
+    got = cupy.asnumpy(engine.run(network, params, x.astype(np.float32), initial, backend="scan").outputs)
+    step_error, scan_error = relative(steps, want), relative(got, want)
+    assert scan_error <= 2 * step_error + 6e-8, (scan_error, step_error)
+
+
+def test_the_autotuner_times_the_scan_for_a_cell_that_qualifies(cupy, tmp_path, monkeypatch):
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
+    from engine.schedules import autotune
+    network, params, x, _ = case(engine.preset("mingru").cell, L=1, T=256, B=4)
+    choice = autotune.tune(network, params, 256, 4, repeats=3)
+    assert any(t["candidate"] == "scan" and "ms" in t for t in choice.timings), choice.timings
+    result = engine.run(network, params, x.astype(np.float32))
+    want = engine.run(network, params, x, backend="reference", dtype=np.float64).outputs
+    assert relative(cupy.asnumpy(result.outputs), want) <= 1e-5
+
+
+def test_a_diagonal_linear_rnn_scans_with_a_parameter_as_its_coefficient(cupy):
+    network, params, x, initial = case(diagonal_linear, T=300)
+    want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64)
+    got = engine.run(network, params, x.astype(np.float32), initial, backend="scan")
+    assert relative(cupy.asnumpy(got.outputs), want.outputs) <= 1e-5

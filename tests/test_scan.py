@@ -1,0 +1,134 @@
+"""The scan schedule's analysis (engine/passes/scan.py) and its executor on NumPy (engine/schedules/scan.py): which
+cells are a linear recurrence, which node stops the others and why, and the executor against the reference. The CUDA
+scan is held to the reference in tests/gpu/test_scan_gpu.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import engine
+from engine.dsl import W, b, cell, sigmoid, tanh, v
+from engine.errors import BackendError
+from engine.passes.scan import analyse_scan
+from engine.schedules.scan import run_arrays
+
+
+@cell
+def diagonal_linear(x, h):
+    """A diagonal linear RNN: h[t] = lam * h[t-1] + B x[t] + b."""
+    return {"h": v("lam") * h + W("B") @ x + b("b")}
+
+
+@cell
+def decaying(x, h):
+    """a = 0.5 * sigmoid(...) through a scale and a subtraction: h - 0.5 * g * h + ..."""
+    g = sigmoid(W("W_g") @ x)
+    return {"h": h - 0.5 * (g * h) + (-tanh(W("W_u") @ x))}
+
+
+@cell
+def coupled(x, h, c):
+    return {"h": 0.5 * c + W("W") @ x, "c": 0.5 * h}
+
+
+@cell
+def quadratic(x, h):
+    return {"h": h * h + W("W") @ x}
+
+
+@cell
+def divided(x, h):
+    return {"h": (W("W") @ x) / (h + 2.0)}
+
+
+QUALIFYING = {"mingru", "minlstm", "qrnn_f"}
+
+
+def test_exactly_the_linear_recurrences_among_the_presets_qualify():
+    found = {name for name in engine.presets() if analyse_scan(engine.preset(name).cell).qualifies}
+    assert found == QUALIFYING
+
+
+@pytest.mark.parametrize("graph, node, words", [
+    (engine.preset("lstm").cell, "W_hi_h", "by the matrix 'W_hi': a matrix mixes the hidden units"),
+    (engine.preset("indrnn").cell, "h_next", "applies relu to a value that depends on state 'h'"),
+    (coupled, "h_next", "depends on state 'c': the states are coupled"),
+    (quadratic, "h_next_mul", "multiplies two values that depend on state 'h'"),
+    (divided, "h_next", "divides by a value that depends on state 'h'"),
+], ids=["lstm", "indrnn", "coupled", "quadratic", "divided"])
+def test_the_node_that_stops_the_scan_is_named_with_the_reason(graph, node, words):
+    found = analyse_scan(graph)
+    assert not found.qualifies and found.node == node and words in found.reason, found.reason
+    assert f"node '{node}'" in found.describe()
+
+
+def test_the_coefficients_are_the_cells_own_values():
+    found = analyse_scan(engine.preset("mingru").cell)
+    h = found.scanned["h"]
+    assert (h.a.text, h.b.text) == ("h_next_one_minus", "h_next_mul")
+    qrnn = analyse_scan(engine.preset("qrnn_f").cell)
+    assert set(qrnn.scanned) == {"c"} and qrnn.after == ("h",) and qrnn.scanned["c"].a.text == "f"
+    diag = analyse_scan(diagonal_linear).scanned["h"]
+    assert diag.a.text == "lam" and diag.b.text == "B_x + b"
+    assert analyse_scan(decaying).scanned["h"].a.text == "1 - 0.5 * g"
+
+
+CASES = [engine.preset(name).cell for name in sorted(QUALIFYING)] + [diagonal_linear, decaying]
+
+
+@pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
+def test_the_executor_on_numpy_equals_the_reference(graph):
+    network = engine.Network(graph, 3, 5, 3)
+    params = engine.init_params(network, seed=1)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((37, 4, 3))
+    initial = {s: rng.standard_normal((3, 4, 5)) for s in graph.state_names}
+    want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64)
+    got = run_arrays(network, params, x, initial, np.float64, np)
+    np.testing.assert_allclose(got.outputs, want.outputs, rtol=1e-13, atol=1e-13)
+    for s in graph.state_names:
+        np.testing.assert_allclose(got.final_states[s], want.final_states[s], rtol=1e-13, atol=1e-13)
+    # and with the chunked order of the CUDA scan (maps per chunk, carried, replayed), written here in NumPy
+    chunked = run_arrays(network, params, x, initial, np.float64, np, scan=chunked_scan)
+    np.testing.assert_allclose(chunked.outputs, want.outputs, rtol=1e-12, atol=1e-12)
+
+
+def chunked_scan(a, b, initial, xp, chunk=8):
+    """kernels/scan.cu's three passes, in NumPy: the order of its products and sums, for the CPU test."""
+    T = b.shape[0]
+    starts = range(0, T, chunk)
+    maps = []
+    for t0 in starts:
+        pa, pb = np.ones_like(initial), np.zeros_like(initial)
+        for t in range(t0, min(t0 + chunk, T)):
+            pb = a[t] * pb + b[t]
+            pa = pa * a[t]
+        maps.append((pa, pb))
+    out, s = np.empty_like(b), initial
+    for t0, (pa, pb) in zip(starts, maps):
+        entering, s = s, pa * s + pb
+        for t in range(t0, min(t0 + chunk, T)):
+            entering = a[t] * entering + b[t]
+            out[t] = entering
+    return out
+
+
+def test_a_cell_that_does_not_qualify_is_refused_naming_the_node():
+    network = engine.Network(engine.preset("gru").cell, 3, 4, 1)
+    with pytest.raises(BackendError, match=r"schedule 'scan' cannot run cell 'gru': node 'W_hr_h'.*hint:"):
+        run_arrays(network, engine.init_params(network), np.zeros((2, 1, 3)), None, np.float64, np)
+
+
+def test_explain_says_whether_and_why():
+    data = engine.explain_json("qrnn_f", 3, 4, 1, 5, 2)["scan"]
+    assert data["qualifies"] and data["states"] == {"c": {"a": "f", "b": "c_next_mul"}} and data["after"] == ["h"]
+    text = engine.explain_text("lstm", 3, 4, 1, 5, 2, sources=False)
+    assert "scan: no: node 'W_hi_h' multiplies state 'h' by the matrix 'W_hi'" in text
+
+
+def test_backend_scan_needs_a_gpu_and_says_so(monkeypatch):
+    from engine import backends
+    monkeypatch.setattr(backends, "gpu_status", lambda: (False, "no GPU here"))
+    network = engine.Network(engine.preset("mingru").cell, 3, 4, 1)
+    with pytest.raises(BackendError, match="backend 'scan' needs a GPU: no GPU here"):
+        engine.run(network, engine.init_params(network), np.zeros((2, 1, 3)), backend="scan")

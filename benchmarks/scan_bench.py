@@ -73,8 +73,9 @@ def main(argv=None) -> int:
     x = cupy.asarray(x_host)
     want = engine.run(network, params, x_host.astype(np.float64), backend="reference", dtype=np.float64).outputs
     scale = float(np.abs(want).max())
-    rows, results = [], {"device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                         "cupy": cupy.__version__, "T": T, "B": B, "H": H, "I": H, "rows": rows}
+    rows: list[dict] = []
+    results = {"device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cupy": cupy.__version__,
+               "T": T, "B": B, "H": H, "I": H, "rows": rows}
 
     programs = {"scan": scan.prepare(network, params), "fused": fused.prepare(network, params)}
     for name in ("persistent", "graph"):
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
             rows.append({"name": name, "error": str(e).splitlines()[0]})
     for name, program in programs.items():
         try:
-            out = program.run(x, poison=True) if name != "fused" else program.run(x)
+            out = program.run(x, poison=True)
             error = float(cupy.abs(out.outputs - cupy.asarray(want)).max().get()) / scale
             ms = median_ms(lambda: program.run(x), cupy)
             rows.append({"name": f"engine {name}", "ms": ms, "rel_err_vs_float64": error})

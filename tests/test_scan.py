@@ -132,3 +132,49 @@ def test_backend_scan_needs_a_gpu_and_says_so(monkeypatch):
     network = engine.Network(engine.preset("mingru").cell, 3, 4, 1)
     with pytest.raises(BackendError, match="backend 'scan' needs a GPU: no GPU here"):
         engine.run(network, engine.init_params(network), np.zeros((2, 1, 3)), backend="scan")
+
+
+@pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
+def test_the_executor_with_every_matmul_grouped_equals_the_op_by_op_run(graph):
+    """run_arrays stacks the weights that multiply the same value into one GEMM; the NumPy run checks its slicing."""
+    from engine.schedules.scan import grouped_matmuls
+    network = engine.Network(graph, 3, 5, 1)
+    params = engine.init_params(network, seed=4)
+    x = np.random.default_rng(5).standard_normal((6 * 2, 3))
+    found = analyse_scan(graph)
+    env = {n.name: x for n in graph.nodes if n.op == "input"}
+    grouped_matmuls(graph, found.free, env, params[0], np)
+    for node in graph.nodes:
+        if node.op == "matmul" and node.name in found.free:
+            np.testing.assert_allclose(env[node.name], x @ params[0][node.args[0]].T, rtol=1e-14)
+
+
+@pytest.mark.nvcc
+def test_the_generated_state_free_kernels_compile(tmp_path):
+    """engine/schedules/scan_kernel.py's ElementwiseKernel bodies of every case, float32 and float64, each wrapped in
+    a __global__ function as CuPy wraps it, through nvcc in one translation unit with every warning an error."""
+    import shutil
+    import subprocess
+    from engine.backends.naive import preamble
+    from engine.schedules.scan_kernel import free_kernel
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH: the generated kernels are not compile-checked here")
+    source = [preamble()]
+    for graph in CASES:
+        found = analyse_scan(graph)
+        for dtype, c_type in ((np.float32, "float"), (np.float64, "double")):
+            spec = free_kernel(graph, found, (), dtype)
+            assert spec.outputs == tuple(f"{part}:{s}" for s in found.scanned for part in "ab")
+            ins = [p.split()[1] for p in spec.in_params.split(", ") if p]
+            outs = [p.split()[1] for p in spec.out_params.split(", ")]
+            params = ", ".join([f"const {c_type}* p_{n}" for n in ins] + [f"{c_type}* p_{n}" for n in outs])
+            loads = "".join(f"const {c_type} {n} = p_{n}[i]; " for n in ins) + "".join(f"{c_type} {n}; " for n in outs)
+            stores = "".join(f"p_{n}[i] = {n}; " for n in outs)
+            source.append(f'extern "C" __global__ void {graph.name}_{c_type}({params}) {{ const int i = threadIdx.x; '
+                          f"{loads}\n{spec.operation}\n{stores}}}")
+    path = tmp_path / "free.cu"
+    path.write_text("\n".join(source))
+    done = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-Werror", "all-warnings", "-c", str(path), "-o",
+                           str(tmp_path / "free.o")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -23,9 +23,11 @@ from typing import Callable
 
 from ..ir import CellGraph
 
-# An expression over the free values of one step: its text (for explain) and how to compute it from an
-# environment of arrays (NumPy or CuPy alike: only +, -, *, / and numbers).
+# An expression over the free values of one step: its text (for explain), how to compute it from an environment of
+# arrays (NumPy or CuPy alike: only +, -, *, / and numbers), and its C spelling over a kernel's variables
+# (engine/schedules/scan_kernel.py: c(ids, literal), ids naming each value's variable, literal spelling a number).
 Compute = Callable[[dict], object]
+Spell = Callable[[dict, Callable[[float], str]], str]
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,11 @@ class Expr:
     text: str
     compute: Compute
     precedence: int = 3              # 1: a sum, 2: a product, 3: a name or a number
+    c: Spell = lambda ids, literal: ""
+    names: frozenset = frozenset()   # the values it reads
 
 
-ONE = Expr("1", lambda env: 1.0)
+ONE = Expr("1", lambda env: 1.0, c=lambda ids, literal: literal(1.0))
 
 
 def _wrap(e: Expr, level: int) -> str:
@@ -48,13 +52,15 @@ def _sum(x: Expr | None, y: Expr | None, sign: float = 1.0) -> Expr | None:
     if x is None:
         return y if sign > 0 else _neg(y)
     op = "+" if sign > 0 else "-"
-    return Expr(f"{x.text} {op} {_wrap(y, 2 if sign > 0 else 2)}",
+    return Expr(f"{x.text} {op} {_wrap(y, 2)}",
                 (lambda env: x.compute(env) + y.compute(env)) if sign > 0 else
-                (lambda env: x.compute(env) - y.compute(env)), 1)
+                (lambda env: x.compute(env) - y.compute(env)), 1,
+                lambda ids, literal: f"({x.c(ids, literal)} {op} {y.c(ids, literal)})", x.names | y.names)
 
 
 def _neg(x: Expr | None) -> Expr | None:
-    return None if x is None else Expr(f"-{_wrap(x, 3)}", lambda env: -x.compute(env), 2)
+    return None if x is None else Expr(f"-{_wrap(x, 3)}", lambda env: -x.compute(env), 2,
+                                       lambda ids, literal: f"(-{x.c(ids, literal)})", x.names)
 
 
 def _product(x: Expr | None, y: Expr) -> Expr | None:
@@ -64,23 +70,26 @@ def _product(x: Expr | None, y: Expr) -> Expr | None:
         return y
     if y is ONE:
         return x
-    return Expr(f"{_wrap(x, 2)} * {_wrap(y, 3)}", lambda env: x.compute(env) * y.compute(env), 2)
+    return Expr(f"{_wrap(x, 2)} * {_wrap(y, 3)}", lambda env: x.compute(env) * y.compute(env), 2,
+                lambda ids, literal: f"({x.c(ids, literal)} * {y.c(ids, literal)})", x.names | y.names)
 
 
 def _quotient(x: Expr | None, y: Expr) -> Expr | None:
     if x is None:
         return None
-    return Expr(f"{_wrap(x, 2)} / {_wrap(y, 3)}", lambda env: x.compute(env) / y.compute(env), 2)
+    return Expr(f"{_wrap(x, 2)} / {_wrap(y, 3)}", lambda env: x.compute(env) / y.compute(env), 2,
+                lambda ids, literal: f"({x.c(ids, literal)} / {y.c(ids, literal)})", x.names | y.names)
 
 
 def _scaled(x: Expr | None, factor: float) -> Expr | None:
     if x is None:
         return None
-    return Expr(f"{factor:g} * {_wrap(x, 3)}", lambda env: factor * x.compute(env), 2)
+    return Expr(f"{factor:g} * {_wrap(x, 3)}", lambda env: factor * x.compute(env), 2,
+                lambda ids, literal: f"({literal(factor)} * {x.c(ids, literal)})", x.names)
 
 
 def _value(name: str) -> Expr:
-    return Expr(name, lambda env: env[name])
+    return Expr(name, lambda env: env[name], c=lambda ids, literal: ids[name], names=frozenset({name}))
 
 
 @dataclass(frozen=True)

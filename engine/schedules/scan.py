@@ -34,6 +34,7 @@ from ..ir import CellGraph
 from ..ops import apply_elementwise
 from ..params import check_params
 from ..passes.scan import ScanAnalysis, analyse_scan
+from . import scan_kernel
 
 KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "scan.cu"
 CHUNK = 64                 # steps per chunk: T / CHUNK maps per chain to carry, CHUNK dependent FMAs a thread
@@ -111,40 +112,56 @@ def cuda_scan(dtype) -> CudaScan:
     return _cuda_scans[key]
 
 
-def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=None, poison: bool = False) -> RunResult:
+def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=None, poison: bool = False,
+               fuse: bool | None = None) -> RunResult:
     """The scan schedule on arrays of module xp (NumPy or CuPy). scan(a, b, initial, xp): the recurrence (default:
-    step by step on NumPy, kernels/scan.cu on CuPy, whose output starts as NaN with poison=True)."""
+    step by step on NumPy, kernels/scan.cu on CuPy, whose output starts as NaN with poison=True). fuse: the
+    state-free elementwise math as one generated kernel (engine/schedules/scan_kernel.py; default on CuPy) or op by
+    op through the ops' NumPy meanings."""
     cell = network.cell
     found = analysis_or_refusal(cell)
+    fuse = xp is not np if fuse is None else fuse
     if scan is None:
         scan = sequential_scan if xp is np else functools.partial(cuda_scan(dtype), poison=poison)
     T, B, _ = x.shape
     rows = T * B
-    live = cell.live_nodes
     nexts = {s.name: s.next for s in cell.states}
-    order = [n for n in cell.topo_order if n in live]
-    free = [n for n in order if n in found.free]
-    rest = [n for n in order if n not in found.free]
+    post = _after_the_scan(cell, found)
+    wanted = tuple(dict.fromkeys(a for n in post for a in cell[n].args if a in found.free and not cell[a].is_leaf
+                                 and cell[a].op != "matmul"))
+    kernel = scan_kernel.free_kernel(cell, found, wanted, dtype) if fuse else None
     layer_in = xp.asarray(x, dtype=dtype)
     finals: dict[str, list] = {s: [] for s in cell.state_names}
     for layer in range(network.num_layers):
         layer_params = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
-        env = {}
-        for node in cell.nodes:
-            if node.op == "input":
-                env[node.name] = layer_in.reshape(rows, -1)
-        evaluate(cell, free, env, layer_params, xp)
+        env = {n.name: layer_in.reshape(rows, -1) for n in cell.nodes if n.op == "input"}
+        grouped_matmuls(cell, found.free, env, layer_params, xp)
+        coefficients = {}
+        if kernel is not None:
+            size = {state: network.state_size(state) for state in found.scanned}
+            outs = [xp.empty((rows, size[o.split(":")[1]] if ":" in o else network.hidden_size), dtype=dtype)
+                    for o in kernel.outputs]
+            inputs = [env[n] if n in env else layer_params.get(n, None) for n in kernel.inputs]
+            scan_kernel.compiled(kernel)(*inputs, *outs)
+            coefficients = dict(zip(kernel.outputs, outs))
+            env.update((o, v) for o, v in coefficients.items() if ":" not in o)
+        else:
+            evaluate(cell, [n for n in cell.topo_order if n in found.free], env, layer_params, xp)
         sequences = {}
         for state, affine in found.scanned.items():
             size = network.state_size(state)
             initial = _initial(initial_states, state, layer, (B, size), dtype, xp)
-            a = _full(affine.a.compute(env) if affine.a is not None else 0.0, (T, B, size), dtype, xp)
-            b = _full(affine.b.compute(env) if affine.b is not None else 0.0, (T, B, size), dtype, xp)
+            if kernel is not None:
+                a, b = (coefficients[f"{part}:{state}"].reshape(T, B, size) for part in "ab")
+            else:
+                a = _full(affine.a.compute(env) if affine.a is not None else 0.0, (T, B, size), dtype, xp)
+                b = _full(affine.b.compute(env) if affine.b is not None else 0.0, (T, B, size), dtype, xp)
             sequence = scan(a, b, initial, xp)
             sequences[state] = sequence
-            env[state] = xp.concatenate([initial[None], sequence[:-1]]).reshape(rows, size)
+            if any(state in cell[n].args for n in post):          # read after the scan: its value at t - 1
+                env[state] = xp.concatenate([initial[None], sequence[:-1]]).reshape(rows, size)
             env[nexts[state]] = sequence.reshape(rows, size)
-        evaluate(cell, rest, env, layer_params, xp)
+        evaluate(cell, post, env, layer_params, xp)
         for state in found.after:
             size = network.state_size(state)
             sequences[state] = _full(env[nexts[state]], (rows, size), dtype, xp).reshape(T, B, size)
@@ -153,6 +170,50 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
         layer_in = sequences[cell.output]
     final_states = {s: xp.stack(v) for s, v in finals.items()}
     return RunResult(outputs=layer_in, final_states=final_states, backend="scan")
+
+
+def _after_the_scan(cell: CellGraph, found: ScanAnalysis) -> list[str]:
+    """The values computed after the scan, in order: what the unread states' next values need that is neither
+    state-free nor a scanned state's next value (known from the scan)."""
+    known = set(found.free) | {s.next for s in cell.states if s.name in found.scanned}
+    needed, stack = set(), [s.next for s in cell.states if s.name in found.after]
+    while stack:
+        name = stack.pop()
+        if name in needed or name in known or cell[name].is_leaf:
+            continue
+        needed.add(name)
+        stack.extend(cell[name].args)
+    return [n for n in cell.topo_order if n in needed]
+
+
+def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) -> None:
+    """The state-free matmuls, one GEMM per operand: the weights that multiply the same value stacked, its
+    result's column blocks (strided views) the matmuls' values. minGRU's W_z x and W_h x are one GEMM."""
+    by_operand: dict[str, list[str]] = {}
+    for name in cell.topo_order:
+        if name in free and cell[name].op == "matmul":
+            by_operand.setdefault(cell[name].args[1], []).append(name)
+    for operand, names in by_operand.items():
+        if operand not in env:
+            evaluate(cell, [n for n in cell.topo_order if n in free and n != operand and n in _upstream(cell, operand)]
+                     + [operand], env, layer_params, xp)
+        weights = [layer_params[cell[n].args[0]] for n in names]
+        stacked = weights[0] if len(weights) == 1 else xp.concatenate(weights)
+        product = env[operand] @ stacked.T
+        offset = 0
+        for name, weight in zip(names, weights):
+            env[name] = product[:, offset:offset + weight.shape[0]]
+            offset += weight.shape[0]
+
+
+def _upstream(cell: CellGraph, name: str) -> set[str]:
+    found, stack = set(), [name]
+    while stack:
+        n = stack.pop()
+        if n not in found:
+            found.add(n)
+            stack.extend(cell[n].args)
+    return found
 
 
 def _initial(initial_states, state, layer, shape, dtype, xp):

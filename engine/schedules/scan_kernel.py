@@ -1,0 +1,94 @@
+"""The scan schedule's state-free math for the whole sequence in one launch: a CuPy ElementwiseKernel generated from
+the cell (engine/schedules/scan.py, step 2).
+
+Every elementwise value that reads no state is one statement of the kernel, in the order the cell computes them,
+each spelled by its op's CUDA form (engine/ops.py) over the kernel's local variables; the kernel writes only what
+the rest of the schedule reads: each scanned state's coefficients a and b, and the state-free values that the
+values computed after the scan read. Its inputs are the GEMM outputs (strided column blocks of one grouped GEMM),
+the parameters (broadcast over the rows) and the layer input where the cell reads it elementwise. One launch reads
+each input once and writes each output once: the floor of this step is that traffic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..backends.naive import c_literal, double_spelling, preamble
+from ..ir import CellGraph
+from ..ops import OPS
+from ..passes.scan import Expr, ScanAnalysis
+
+
+@dataclass(frozen=True)
+class FreeKernel:
+    inputs: tuple[str, ...]        # node names, in the kernel's parameter order
+    outputs: tuple[str, ...]       # "a:<state>", "b:<state>" or a node name
+    in_params: str
+    out_params: str
+    operation: str
+    name: str
+
+
+def render(expr: Expr, ids: dict[str, str], dtype) -> str:
+    """An affine coefficient (engine/passes/scan.py Expr) in C over the kernel's variables."""
+    return expr.c(ids, lambda value: c_literal(value, dtype))
+
+
+def free_kernel(cell: CellGraph, found: ScanAnalysis, wanted: tuple[str, ...], dtype) -> FreeKernel:
+    """The kernel computing the state-free elementwise values of `cell` and writing the coefficients of every
+    scanned state and the values `wanted` (node names)."""
+    dtype = np.dtype(dtype)
+    c_type = "double" if dtype == np.dtype(np.float64) else "float"
+    elementwise = [n for n in cell.topo_order if n in found.free and not cell[n].is_leaf and cell[n].op != "matmul"]
+    local = set(elementwise)
+    ids: dict[str, str] = {}
+    inputs: list[str] = []
+    for name in elementwise:
+        for arg in cell[name].args:
+            node = cell[arg]
+            if arg not in local and arg not in inputs and node.op != "const":
+                inputs.append(arg)
+    for affine in found.scanned.values():         # a coefficient may be a parameter or a GEMM output itself
+        for expr in (affine.a, affine.b):
+            for name in (expr.names if expr is not None else ()):
+                if name not in local and name not in inputs:
+                    inputs.append(name)
+    for name in wanted:
+        if name not in local and name not in inputs:
+            inputs.append(name)
+    for k, name in enumerate(inputs):
+        ids[name] = f"in{k}"
+    lines = []
+    for k, name in enumerate(elementwise):
+        node = cell[name]
+        ids[name] = f"v{k}"
+        spec = OPS[node.op]
+        fields = {port: (c_literal(cell[arg].attr("value"), dtype) if cell[arg].op == "const" else ids[arg])
+                  for port, arg in zip(spec.ports, node.args)}
+        if "factor" in spec.attrs:
+            fields["factor"] = c_literal(node.attr("factor"), dtype)
+        expression = spec.cuda.format(**fields)
+        lines.append(f"const {c_type} {ids[name]} = {double_spelling(expression) if c_type == 'double' else expression};")
+    outputs, writes = [], []
+    for state, affine in found.scanned.items():
+        for part, expr in (("a", affine.a), ("b", affine.b)):
+            outputs.append(f"{part}:{state}")
+            value = render(expr, ids, dtype) if expr is not None else c_literal(0.0, dtype)
+            writes.append(f"out{len(writes)} = {double_spelling(value) if c_type == 'double' else value};")
+    for name in wanted:
+        outputs.append(name)
+        writes.append(f"out{len(writes)} = {ids[name]};")
+    return FreeKernel(inputs=tuple(inputs), outputs=tuple(outputs),
+                      in_params=", ".join(f"{dtype.name} {ids[n]}" for n in inputs),
+                      out_params=", ".join(f"{dtype.name} out{k}" for k in range(len(outputs))),
+                      operation="\n".join(lines + writes),
+                      name=f"scan_free_{dtype.name}")
+
+
+@lru_cache(maxsize=64)
+def compiled(spec: FreeKernel):
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
+    return cupy.ElementwiseKernel(spec.in_params, spec.out_params, spec.operation, name=spec.name,
+                                  preamble=preamble())

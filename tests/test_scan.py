@@ -3,14 +3,19 @@ cells are a linear recurrence, which node stops the others and why, and the exec
 scan is held to the reference in tests/gpu/test_scan_gpu.py."""
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
 import engine
+from engine.backends.naive import preamble
 from engine.dsl import W, b, cell, sigmoid, tanh, v
 from engine.errors import BackendError
 from engine.passes.scan import analyse_scan
-from engine.schedules.scan import run_arrays
+from engine.schedules.scan import grouped_matmuls, run_arrays
+from engine.schedules.scan_kernel import free_kernel
 
 
 @cell
@@ -137,7 +142,6 @@ def test_backend_scan_needs_a_gpu_and_says_so(monkeypatch):
 @pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
 def test_the_executor_with_every_matmul_grouped_equals_the_op_by_op_run(graph):
     """run_arrays stacks the weights that multiply the same value into one GEMM; the NumPy run checks its slicing."""
-    from engine.schedules.scan import grouped_matmuls
     network = engine.Network(graph, 3, 5, 1)
     params = engine.init_params(network, seed=4)
     x = np.random.default_rng(5).standard_normal((6 * 2, 3))
@@ -153,10 +157,6 @@ def test_the_executor_with_every_matmul_grouped_equals_the_op_by_op_run(graph):
 def test_the_generated_state_free_kernels_compile(tmp_path):
     """engine/schedules/scan_kernel.py's ElementwiseKernel bodies of every case, float32 and float64, each wrapped in
     a __global__ function as CuPy wraps it, through nvcc in one translation unit with every warning an error."""
-    import shutil
-    import subprocess
-    from engine.backends.naive import preamble
-    from engine.schedules.scan_kernel import free_kernel
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH: the generated kernels are not compile-checked here")

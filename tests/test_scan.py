@@ -15,7 +15,7 @@ from engine.dsl import W, b, cell, sigmoid, tanh, v
 from engine.errors import BackendError
 from engine.passes.scan import analyse_scan
 from engine.schedules.scan import grouped_matmuls, run_arrays
-from engine.schedules.scan_kernel import free_kernel
+from engine.schedules.scan_kernel import Layout, free_kernel, fused_scan_source
 
 
 @cell
@@ -160,7 +160,7 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH: the generated kernels are not compile-checked here")
-    source = [preamble()]
+    source, fused_sources = [preamble()], []
     for graph in CASES:
         found = analyse_scan(graph)
         for dtype, c_type in ((np.float32, "float"), (np.float64, "double")):
@@ -173,8 +173,16 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
             stores = "".join(f"p_{n}[i] = {n}; " for n in outs)
             source.append(f'extern "C" __global__ void {graph.name}_{c_type}({params}) {{ const int i = threadIdx.x; '
                           f"{loads}\n{spec.operation}\n{stores}}}")
+            if len(found.scanned) == 1 and not found.after:          # the scan that forms a and b itself
+                layouts = tuple(Layout("vector") if graph[n].is_param else Layout("rows", 10, 2) for n in spec.inputs)
+                fused = fused_scan_source(spec, layouts, dtype)
+                fused_sources.append(fused.replace('extern "C" __global__ void scan_',
+                                                   f'extern "C" __global__ void {graph.name}_{c_type}_scan_')
+                                     .replace("coefficients(", f"{graph.name}_{c_type}_coefficients(")
+                                     .replace("#define SCAN_T", "#undef SCAN_T\n#define SCAN_T"))
+    assert len(fused_sources) == 8          # mingru, minlstm, diagonal_linear, decaying; float32 and float64
     path = tmp_path / "free.cu"
-    path.write_text("\n".join(source))
+    path.write_text("\n".join(source + [f.replace(preamble(), "") for f in fused_sources]))
     done = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-Werror", "all-warnings", "-c", str(path), "-o",
                            str(tmp_path / "free.o")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -130,13 +130,23 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
     wanted = tuple(dict.fromkeys(a for n in post for a in cell[n].args if a in found.free and not cell[a].is_leaf
                                  and cell[a].op != "matmul"))
     kernel = scan_kernel.free_kernel(cell, found, wanted, dtype) if fuse else None
+    inline = (kernel is not None and len(found.scanned) == 1 and not found.after and not wanted
+              and scan is not sequential_scan and xp is not np)
     layer_in = xp.asarray(x, dtype=dtype)
     finals: dict[str, list] = {s: [] for s in cell.state_names}
     for layer in range(network.num_layers):
         layer_params = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
         env = {n.name: layer_in.reshape(rows, -1) for n in cell.nodes if n.op == "input"}
-        grouped_matmuls(cell, found.free, env, layer_params, xp)
+        blocks = grouped_matmuls(cell, found.free, env, layer_params, xp)
         coefficients = {}
+        if inline:                  # a and b formed inside the scan (scan_kernel.fused_scan_source)
+            (state,) = found.scanned
+            sequence = _inline_scan(cell, kernel, env, blocks, layer_params, T, B, network.state_size(state),
+                                    _initial(initial_states, state, layer, (B, network.state_size(state)), dtype, xp),
+                                    dtype, xp, poison)
+            finals[state].append(sequence[-1])
+            layer_in = sequence
+            continue
         if kernel is not None:
             size = {state: network.state_size(state) for state in found.scanned}
             outs = [xp.empty((rows, size[o.split(":")[1]] if ":" in o else network.hidden_size), dtype=dtype)
@@ -172,6 +182,36 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
     return RunResult(outputs=layer_in, final_states=final_states, backend="scan")
 
 
+def _inline_scan(cell, kernel, env, blocks, layer_params, T, B, n, initial, dtype, xp, poison):
+    """The one scanned state's sequence, its coefficients formed in the scan's passes from the GEMM output and
+    the parameters (no a and b arrays)."""
+    layouts, pointers = [], []
+    for name in kernel.inputs:
+        if name in blocks:
+            product, offset = blocks[name]
+            layouts.append(scan_kernel.Layout("rows", product.shape[1], offset))
+            pointers.append(product)
+        elif name in env:                           # the layer input, read elementwise (rows, n)
+            layouts.append(scan_kernel.Layout("rows", env[name].shape[1], 0))
+            pointers.append(xp.ascontiguousarray(env[name]))
+        else:
+            layouts.append(scan_kernel.Layout("vector"))
+            pointers.append(xp.ascontiguousarray(xp.broadcast_to(layer_params[name], (n,))))
+    source = scan_kernel.fused_scan_source(kernel, tuple(layouts), dtype)
+    module = load_module(source, cell=cell.name, kernel="scan")
+    chains, count = B * n, -(-T // CHUNK)
+    map_a = xp.empty((count, chains), dtype=dtype)
+    map_b, entering = xp.empty_like(map_a), xp.empty_like(map_a)
+    out = xp.full((T, B, n), np.nan, dtype=dtype) if poison else xp.empty((T, B, n), dtype=dtype)
+    blocks_x = -(-chains // THREADS)
+    sizes = (np.int32(T), np.int32(B), np.int64(n), np.int32(CHUNK))
+    module.get_function("scan_chunks")((blocks_x, count), (THREADS,), (*pointers, map_a, map_b, *sizes))
+    module.get_function("scan_carry")((blocks_x,), (THREADS,), (map_a, map_b, xp.ascontiguousarray(initial),
+                                                                 entering, np.int32(count), np.int64(chains)))
+    module.get_function("scan_apply")((blocks_x, count), (THREADS,), (*pointers, entering, out, *sizes))
+    return out
+
+
 def _after_the_scan(cell: CellGraph, found: ScanAnalysis) -> list[str]:
     """The values computed after the scan, in order: what the unread states' next values need that is neither
     state-free nor a scanned state's next value (known from the scan)."""
@@ -186,9 +226,11 @@ def _after_the_scan(cell: CellGraph, found: ScanAnalysis) -> list[str]:
     return [n for n in cell.topo_order if n in needed]
 
 
-def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) -> None:
+def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) -> dict:
     """The state-free matmuls, one GEMM per operand: the weights that multiply the same value stacked, its
-    result's column blocks (strided views) the matmuls' values. minGRU's W_z x and W_h x are one GEMM."""
+    result's column blocks (strided views) the matmuls' values. minGRU's W_z x and W_h x are one GEMM.
+    Returns {matmul: (the GEMM's whole output, its column offset)}."""
+    blocks = {}
     by_operand: dict[str, list[str]] = {}
     for name in cell.topo_order:
         if name in free and cell[name].op == "matmul":
@@ -203,7 +245,9 @@ def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) ->
         offset = 0
         for name, weight in zip(names, weights):
             env[name] = product[:, offset:offset + weight.shape[0]]
+            blocks[name] = (product, offset)
             offset += weight.shape[0]
+    return blocks
 
 
 def _upstream(cell: CellGraph, name: str) -> set[str]:

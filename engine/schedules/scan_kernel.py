@@ -92,3 +92,86 @@ def compiled(spec: FreeKernel):
     import cupy  # deferred: CuPy is optional (no GPU in CI)
     return cupy.ElementwiseKernel(spec.in_params, spec.out_params, spec.operation, name=spec.name,
                                   preamble=preamble())
+
+
+# ---- the coefficients formed inside the scan: one source for the three passes ------------------------------------
+#
+# Where one state is scanned and nothing after the scan reads a state-free value, the scan's first and third passes
+# form a[t] and b[t] themselves from the GEMM output and the parameters, so a and b are never written to memory:
+# the traffic of the whole step is the GEMM output read twice and the sequence written once
+# (benchmarks/results/scan-20261126-H200/README.md has the floor arithmetic).
+
+@dataclass(frozen=True)
+class Layout:
+    """Where input k of the statements lives: a row-major (rows, >= n) array read at [row * ld + offset + j]
+    (a GEMM output's column block, the layer input), or a vector read at [j] (a parameter)."""
+    kind: str                       # "rows" or "vector"
+    ld: int = 0
+    offset: int = 0
+
+
+def fused_scan_source(spec: FreeKernel, layouts: tuple[Layout, ...], dtype) -> str:
+    """CUDA source of scan_chunks, scan_carry and scan_apply (kernels/scan.cu's passes) with the statements of
+    `spec` (free_kernel of a cell with one scanned state and nothing wanted) computing a[t] and b[t] in place."""
+    c_type = "double" if np.dtype(dtype) == np.dtype(np.float64) else "float"
+    params = "".join(f"const {c_type}* __restrict__ p{k}, " for k in range(len(layouts)))
+
+    def loads(row: str) -> str:
+        out = []
+        for k, layout in enumerate(layouts):
+            index = f"{row} * {layout.ld}LL + {layout.offset} + j" if layout.kind == "rows" else "j"
+            out.append(f"const {c_type} in{k} = p{k}[{index}];")
+        return " ".join(out)
+
+    coefficients = (f"{c_type} out0, out1;\n" + spec.operation)
+    body = f"""
+#define SCAN_T {c_type}
+__device__ __forceinline__ void coefficients(SCAN_T& a, SCAN_T& b, {params}long long row, long long j) {{
+  {loads("row")}
+  {coefficients}
+  a = out0; b = out1;
+}}
+
+extern "C" __global__ void scan_chunks({params}SCAN_T* __restrict__ map_a, SCAN_T* __restrict__ map_b, int steps,
+                                       int batch, long long n, int chunk) {{
+  const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= batch * n) return;
+  const long long bi = c / n, j = c % n;
+  const int t0 = blockIdx.y * chunk, t1 = min(t0 + chunk, steps);
+  SCAN_T pa = 1, pb = 0, a, b;
+  for (int t = t0; t < t1; ++t) {{
+    coefficients(a, b, {"".join(f"p{k}, " for k in range(len(layouts)))}(long long)t * batch + bi, j);
+    pb = a * pb + b;
+    pa *= a;
+  }}
+  map_a[blockIdx.y * batch * n + c] = pa;
+  map_b[blockIdx.y * batch * n + c] = pb;
+}}
+
+extern "C" __global__ void scan_carry(const SCAN_T* __restrict__ map_a, const SCAN_T* __restrict__ map_b,
+                                      const SCAN_T* __restrict__ initial, SCAN_T* __restrict__ entering,
+                                      int chunks, long long chains) {{
+  const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= chains) return;
+  SCAN_T s = initial[c];
+  for (int k = 0; k < chunks; ++k) {{
+    entering[k * chains + c] = s;
+    s = map_a[k * chains + c] * s + map_b[k * chains + c];
+  }}
+}}
+
+extern "C" __global__ void scan_apply({params}const SCAN_T* __restrict__ entering, SCAN_T* __restrict__ out,
+                                      int steps, int batch, long long n, int chunk) {{
+  const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= batch * n) return;
+  const long long bi = c / n, j = c % n;
+  const int t0 = blockIdx.y * chunk, t1 = min(t0 + chunk, steps);
+  SCAN_T s = entering[blockIdx.y * batch * n + c], a, b;
+  for (int t = t0; t < t1; ++t) {{
+    coefficients(a, b, {"".join(f"p{k}, " for k in range(len(layouts)))}(long long)t * batch + bi, j);
+    s = a * s + b;
+    out[(long long)t * batch * n + c] = s;
+  }}
+}}
+"""
+    return preamble() + body

@@ -41,6 +41,7 @@ CHUNK = 64                 # steps per chunk: T / CHUNK maps per chain to carry,
 THREADS = 256
 
 
+@functools.lru_cache(maxsize=64)
 def analysis_or_refusal(cell: CellGraph) -> ScanAnalysis:
     found = analyse_scan(cell)
     if not found.qualifies:
@@ -129,13 +130,14 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
     post = _after_the_scan(cell, found)
     wanted = tuple(dict.fromkeys(a for n in post for a in cell[n].args if a in found.free and not cell[a].is_leaf
                                  and cell[a].op != "matmul"))
-    kernel = scan_kernel.free_kernel(cell, found, wanted, dtype) if fuse else None
+    kernel = scan_kernel.free_kernel_of(cell, wanted, np.dtype(dtype).name) if fuse else None
     inline = (kernel is not None and len(found.scanned) == 1 and not found.after and not wanted
               and scan is not sequential_scan and xp is not np)
     layer_in = xp.asarray(x, dtype=dtype)
     finals: dict[str, list] = {s: [] for s in cell.state_names}
     for layer in range(network.num_layers):
-        layer_params = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
+        layer_params = (params[layer] if isinstance(params, list) else     # a ScanProgram's, uploaded once
+                        {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()})
         env = {n.name: layer_in.reshape(rows, -1) for n in cell.nodes if n.op == "input"}
         blocks = grouped_matmuls(cell, found.free, env, layer_params, xp)
         coefficients = {}
@@ -182,6 +184,9 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
     return RunResult(outputs=layer_in, final_states=final_states, backend="scan")
 
 
+_modules: dict = {}
+
+
 def _inline_scan(cell, kernel, env, blocks, layer_params, T, B, n, initial, dtype, xp, poison):
     """The one scanned state's sequence, its coefficients formed in the scan's passes from the GEMM output and
     the parameters (no a and b arrays)."""
@@ -197,8 +202,10 @@ def _inline_scan(cell, kernel, env, blocks, layer_params, T, B, n, initial, dtyp
         else:
             layouts.append(scan_kernel.Layout("vector"))
             pointers.append(xp.ascontiguousarray(xp.broadcast_to(layer_params[name], (n,))))
-    source = scan_kernel.fused_scan_source(kernel, tuple(layouts), dtype)
-    module = load_module(source, cell=cell.name, kernel="scan")
+    source = scan_kernel.fused_scan_source(kernel, tuple(layouts), np.dtype(dtype))
+    module = _modules.get(source)               # the same str from the lru_cache: its hash is computed once
+    if module is None:
+        module = _modules[source] = load_module(source, cell=cell.name, kernel="scan")
     chains, count = B * n, -(-T // CHUNK)
     map_a = xp.empty((count, chains), dtype=dtype)
     map_b, entering = xp.empty_like(map_a), xp.empty_like(map_a)
@@ -240,7 +247,10 @@ def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) ->
             evaluate(cell, [n for n in cell.topo_order if n in free and n != operand and n in _upstream(cell, operand)]
                      + [operand], env, layer_params, xp)
         weights = [layer_params[cell[n].args[0]] for n in names]
-        stacked = weights[0] if len(weights) == 1 else xp.concatenate(weights)
+        key = "+".join(cell[n].args[0] for n in names)         # kept with the parameters: stacked once a program
+        stacked = weights[0] if len(weights) == 1 else layer_params.get(key)
+        if stacked is None:
+            stacked = layer_params[key] = xp.concatenate(weights)
         product = env[operand] @ stacked.T
         offset = 0
         for name, weight in zip(names, weights):

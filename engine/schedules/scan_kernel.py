@@ -18,7 +18,7 @@ import numpy as np
 from ..backends.naive import c_literal, double_spelling, preamble
 from ..ir import CellGraph
 from ..ops import OPS
-from ..passes.scan import Expr, ScanAnalysis
+from ..passes.scan import Expr, ScanAnalysis, analyse_scan
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,12 @@ def free_kernel(cell: CellGraph, found: ScanAnalysis, wanted: tuple[str, ...], d
 
 
 @lru_cache(maxsize=64)
+def free_kernel_of(cell: CellGraph, wanted: tuple[str, ...], dtype_name: str) -> FreeKernel:
+    """free_kernel, made once per cell, wanted values and dtype."""
+    return free_kernel(cell, analyse_scan(cell), wanted, np.dtype(dtype_name))
+
+
+@lru_cache(maxsize=64)
 def compiled(spec: FreeKernel):
     import cupy  # deferred: CuPy is optional (no GPU in CI)
     return cupy.ElementwiseKernel(spec.in_params, spec.out_params, spec.operation, name=spec.name,
@@ -110,6 +116,7 @@ class Layout:
     offset: int = 0
 
 
+@lru_cache(maxsize=64)
 def fused_scan_source(spec: FreeKernel, layouts: tuple[Layout, ...], dtype) -> str:
     """CUDA source of scan_chunks, scan_carry and scan_apply (kernels/scan.cu's passes) with the statements of
     `spec` (free_kernel of a cell with one scanned state and nothing wanted) computing a[t] and b[t] in place."""

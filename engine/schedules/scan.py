@@ -127,9 +127,7 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
     T, B, _ = x.shape
     rows = T * B
     nexts = {s.name: s.next for s in cell.states}
-    post = _after_the_scan(cell, found)
-    wanted = tuple(dict.fromkeys(a for n in post for a in cell[n].args if a in found.free and not cell[a].is_leaf
-                                 and cell[a].op != "matmul"))
+    post, wanted = _after_the_scan(cell)
     kernel = scan_kernel.free_kernel_of(cell, wanted, np.dtype(dtype).name) if fuse else None
     inline = (kernel is not None and len(found.scanned) == 1 and not found.after and not wanted
               and scan is not sequential_scan and xp is not np)
@@ -219,9 +217,11 @@ def _inline_scan(cell, kernel, env, blocks, layer_params, T, B, n, initial, dtyp
     return out
 
 
-def _after_the_scan(cell: CellGraph, found: ScanAnalysis) -> list[str]:
+@functools.lru_cache(maxsize=64)
+def _after_the_scan(cell: CellGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The values computed after the scan, in order: what the unread states' next values need that is neither
-    state-free nor a scanned state's next value (known from the scan)."""
+    state-free nor a scanned state's next value (known from the scan); and the state-free values they read."""
+    found = analysis_or_refusal(cell)
     known = set(found.free) | {s.next for s in cell.states if s.name in found.scanned}
     needed, stack = set(), [s.next for s in cell.states if s.name in found.after]
     while stack:
@@ -230,7 +230,10 @@ def _after_the_scan(cell: CellGraph, found: ScanAnalysis) -> list[str]:
             continue
         needed.add(name)
         stack.extend(cell[name].args)
-    return [n for n in cell.topo_order if n in needed]
+    post = tuple(n for n in cell.topo_order if n in needed)
+    wanted = tuple(dict.fromkeys(a for n in post for a in cell[n].args if a in found.free and not cell[a].is_leaf
+                                 and cell[a].op != "matmul"))
+    return post, wanted
 
 
 def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) -> dict:
@@ -238,11 +241,7 @@ def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) ->
     result's column blocks (strided views) the matmuls' values. minGRU's W_z x and W_h x are one GEMM.
     Returns {matmul: (the GEMM's whole output, its column offset)}."""
     blocks = {}
-    by_operand: dict[str, list[str]] = {}
-    for name in cell.topo_order:
-        if name in free and cell[name].op == "matmul":
-            by_operand.setdefault(cell[name].args[1], []).append(name)
-    for operand, names in by_operand.items():
+    for operand, names in _by_operand(cell, frozenset(free)):
         if operand not in env:
             evaluate(cell, [n for n in cell.topo_order if n in free and n != operand and n in _upstream(cell, operand)]
                      + [operand], env, layer_params, xp)
@@ -258,6 +257,16 @@ def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) ->
             blocks[name] = (product, offset)
             offset += weight.shape[0]
     return blocks
+
+
+@functools.lru_cache(maxsize=64)
+def _by_operand(cell: CellGraph, free: frozenset) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The state-free matmuls grouped by the value they multiply, in the order the cell computes them."""
+    by_operand: dict[str, list[str]] = {}
+    for name in cell.topo_order:
+        if name in free and cell[name].op == "matmul":
+            by_operand.setdefault(cell[name].args[1], []).append(name)
+    return tuple((operand, tuple(names)) for operand, names in by_operand.items())
 
 
 def _upstream(cell: CellGraph, name: str) -> set[str]:

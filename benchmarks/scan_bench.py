@@ -91,6 +91,14 @@ def main(argv=None) -> int:
             rows.append({"name": f"engine {name}", "ms": ms, "rel_err_vs_float64": error})
         except engine.EngineError as e:
             rows.append({"name": f"engine {name}", "error": str(e).splitlines()[0]})
+    from engine.schedules.scan_grad import scan_gradients
+    d_out = cupy.asarray(rng.standard_normal((T, B, H)), dtype=cupy.float32)
+    try:
+        rows.append({"name": "engine scan, forward + backward (scan_gradients)",
+                     "ms": median_ms(lambda: scan_gradients(network, params, x, None, d_out, dtype=np.float32,
+                                                            xp=cupy), cupy)})
+    except engine.EngineError as e:
+        rows.append({"name": "engine scan, forward + backward", "error": str(e).splitlines()[0]})
     try:
         import torch
         import torch.nn.functional as F  # noqa: N812
@@ -110,12 +118,16 @@ def main(argv=None) -> int:
     except ImportError as e:
         rows.append({"name": "torch", "error": f"not installed ({e})"})
     by_name = {r["name"]: r.get("ms") for r in rows}
+    both = by_name.get("engine scan, forward + backward (scan_gradients)")
+    torch_both = by_name.get("torch log-space scan, forward + backward")
+    if both and torch_both:
+        print(f"forward + backward: PyTorch's log-space scan / the engine's scan = {torch_both / both:.2f}x")
     scan_ms = by_name.get("engine scan")
     print(f"minGRU, I = H = {H}, B = {B}, T = {T}, float32 (TF32 off), {results['device']}")
     print(f"{'row':48s} {'median ms':>10s} {'scan speedup':>13s} {'rel err':>10s}")
     for r in rows:
         if "ms" in r:
-            speed = f"{r['ms'] / scan_ms:.1f}x" if scan_ms else "-"
+            speed = f"{r['ms'] / scan_ms:.1f}x" if scan_ms and "backward" not in r["name"] else "-"
             err = f"{r['rel_err_vs_float64']:.2e}" if "rel_err_vs_float64" in r else "-"
             print(f"{r['name']:48s} {r['ms']:10.3f} {speed:>13s} {err:>10s}")
         else:

@@ -15,6 +15,7 @@ from engine.dsl import W, b, cell, sigmoid, tanh, v
 from engine.errors import BackendError
 from engine.passes.scan import analyse_scan
 from engine.schedules.scan import grouped_matmuls, run_arrays
+from engine.schedules.scan_grad import scan_gradients
 from engine.schedules.scan_kernel import Layout, free_kernel, fused_scan_source
 
 
@@ -186,3 +187,27 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
     done = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-Werror", "all-warnings", "-c", str(path), "-o",
                            str(tmp_path / "free.o")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
+def test_the_gradients_as_scans_equal_bptt(graph):
+    """engine/schedules/scan_grad.py (a reverse scan, then the state-free part over all steps at once) against the
+    step-by-step engine.bptt: every parameter, the input and the initial states, three layers."""
+    network = engine.Network(graph, 3, 5, 3)
+    params = engine.init_params(network, seed=6)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((23, 4, 3))
+    initial = {s: rng.standard_normal((3, 4, 5)) for s in graph.state_names}
+    d_out = rng.standard_normal((23, 4, 5))
+    d_final = {s: rng.standard_normal((3, 4, 5)) for s in graph.state_names}
+    want = engine.bptt(network, params, x, initial, d_outputs=d_out, d_final_states=d_final)
+    got = scan_gradients(network, params, x, initial, d_out, d_final)
+    np.testing.assert_allclose(got.outputs, want.outputs, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got.x, want.x, rtol=1e-10, atol=1e-12)
+    for s in graph.state_names:
+        np.testing.assert_allclose(got.initial_states[s], want.initial_states[s], rtol=1e-10, atol=1e-12, err_msg=s)
+        np.testing.assert_allclose(got.final_states[s], want.final_states[s], rtol=1e-12, atol=1e-12, err_msg=s)
+    for layer in range(3):
+        for name, value in want.params[layer].items():
+            np.testing.assert_allclose(got.params[layer][name], value, rtol=1e-10, atol=1e-12,
+                                       err_msg=f"layer {layer} '{name}'")

@@ -37,6 +37,9 @@ class Expr:
     precedence: int = 3              # 1: a sum, 2: a product, 3: a name or a number
     c: Spell = lambda ids, literal: ""
     names: frozenset = frozenset()   # the values it reads
+    # its reverse mode: grad(adjoint, env, add) calls add(value, term) for each value it reads (the scan's backward,
+    # engine/schedules/scan_grad.py)
+    grad: Callable[[object, dict, Callable], None] = lambda adjoint, env, add: None
 
 
 ONE = Expr("1", lambda env: 1.0, c=lambda ids, literal: literal(1.0))
@@ -52,15 +55,19 @@ def _sum(x: Expr | None, y: Expr | None, sign: float = 1.0) -> Expr | None:
     if x is None:
         return y if sign > 0 else _neg(y)
     op = "+" if sign > 0 else "-"
+    def grad(adjoint, env, add):
+        x.grad(adjoint, env, add)
+        y.grad(adjoint if sign > 0 else -adjoint, env, add)
     return Expr(f"{x.text} {op} {_wrap(y, 2)}",
                 (lambda env: x.compute(env) + y.compute(env)) if sign > 0 else
                 (lambda env: x.compute(env) - y.compute(env)), 1,
-                lambda ids, literal: f"({x.c(ids, literal)} {op} {y.c(ids, literal)})", x.names | y.names)
+                lambda ids, literal: f"({x.c(ids, literal)} {op} {y.c(ids, literal)})", x.names | y.names, grad)
 
 
 def _neg(x: Expr | None) -> Expr | None:
     return None if x is None else Expr(f"-{_wrap(x, 3)}", lambda env: -x.compute(env), 2,
-                                       lambda ids, literal: f"(-{x.c(ids, literal)})", x.names)
+                                       lambda ids, literal: f"(-{x.c(ids, literal)})", x.names,
+                                       lambda adjoint, env, add: x.grad(-adjoint, env, add))
 
 
 def _product(x: Expr | None, y: Expr) -> Expr | None:
@@ -70,26 +77,35 @@ def _product(x: Expr | None, y: Expr) -> Expr | None:
         return y
     if y is ONE:
         return x
+    def grad(adjoint, env, add):
+        x.grad(adjoint * y.compute(env), env, add)
+        y.grad(adjoint * x.compute(env), env, add)
     return Expr(f"{_wrap(x, 2)} * {_wrap(y, 3)}", lambda env: x.compute(env) * y.compute(env), 2,
-                lambda ids, literal: f"({x.c(ids, literal)} * {y.c(ids, literal)})", x.names | y.names)
+                lambda ids, literal: f"({x.c(ids, literal)} * {y.c(ids, literal)})", x.names | y.names, grad)
 
 
 def _quotient(x: Expr | None, y: Expr) -> Expr | None:
     if x is None:
         return None
+    def grad(adjoint, env, add):
+        yv = y.compute(env)
+        x.grad(adjoint / yv, env, add)
+        y.grad(-adjoint * x.compute(env) / (yv * yv), env, add)
     return Expr(f"{_wrap(x, 2)} / {_wrap(y, 3)}", lambda env: x.compute(env) / y.compute(env), 2,
-                lambda ids, literal: f"({x.c(ids, literal)} / {y.c(ids, literal)})", x.names | y.names)
+                lambda ids, literal: f"({x.c(ids, literal)} / {y.c(ids, literal)})", x.names | y.names, grad)
 
 
 def _scaled(x: Expr | None, factor: float) -> Expr | None:
     if x is None:
         return None
     return Expr(f"{factor:g} * {_wrap(x, 3)}", lambda env: factor * x.compute(env), 2,
-                lambda ids, literal: f"({literal(factor)} * {x.c(ids, literal)})", x.names)
+                lambda ids, literal: f"({literal(factor)} * {x.c(ids, literal)})", x.names,
+                lambda adjoint, env, add: x.grad(factor * adjoint, env, add))
 
 
 def _value(name: str) -> Expr:
-    return Expr(name, lambda env: env[name], c=lambda ids, literal: ids[name], names=frozenset({name}))
+    return Expr(name, lambda env: env[name], c=lambda ids, literal: ids[name], names=frozenset({name}),
+                grad=lambda adjoint, env, add: add(name, adjoint))
 
 
 @dataclass(frozen=True)

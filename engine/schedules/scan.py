@@ -127,7 +127,7 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
     T, B, _ = x.shape
     rows = T * B
     nexts = {s.name: s.next for s in cell.states}
-    post, wanted = _after_the_scan(cell)
+    post, wanted = after_the_scan(cell)
     kernel = scan_kernel.free_kernel_of(cell, wanted, np.dtype(dtype).name) if fuse else None
     inline = (kernel is not None and len(found.scanned) == 1 and not found.after and not wanted
               and scan is not sequential_scan and xp is not np)
@@ -142,7 +142,7 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
         if inline:                  # a and b formed inside the scan (scan_kernel.fused_scan_source)
             (state,) = found.scanned
             sequence = _inline_scan(cell, kernel, env, blocks, layer_params, T, B, network.state_size(state),
-                                    _initial(initial_states, state, layer, (B, network.state_size(state)), dtype, xp),
+                                    initial_state(initial_states, state, layer, (B, network.state_size(state)), dtype, xp),
                                     dtype, xp, poison)
             finals[state].append(sequence[-1])
             layer_in = sequence
@@ -160,7 +160,7 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
         sequences = {}
         for state, affine in found.scanned.items():
             size = network.state_size(state)
-            initial = _initial(initial_states, state, layer, (B, size), dtype, xp)
+            initial = initial_state(initial_states, state, layer, (B, size), dtype, xp)
             if kernel is not None:
                 a, b = (coefficients[f"{part}:{state}"].reshape(T, B, size) for part in "ab")
             else:
@@ -218,7 +218,7 @@ def _inline_scan(cell, kernel, env, blocks, layer_params, T, B, n, initial, dtyp
 
 
 @functools.lru_cache(maxsize=64)
-def _after_the_scan(cell: CellGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def after_the_scan(cell: CellGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The values computed after the scan, in order: what the unread states' next values need that is neither
     state-free nor a scanned state's next value (known from the scan); and the state-free values they read."""
     found = analysis_or_refusal(cell)
@@ -279,7 +279,7 @@ def _upstream(cell: CellGraph, name: str) -> set[str]:
     return found
 
 
-def _initial(initial_states, state, layer, shape, dtype, xp):
+def initial_state(initial_states, state, layer, shape, dtype, xp):
     if initial_states is not None and state in initial_states:
         return xp.ascontiguousarray(xp.asarray(initial_states[state], dtype=dtype)[layer])
     return xp.zeros(shape, dtype=dtype)

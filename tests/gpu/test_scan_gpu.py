@@ -67,3 +67,21 @@ def test_a_diagonal_linear_rnn_scans_with_a_parameter_as_its_coefficient(cupy):
     want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64)
     got = engine.run(network, params, x.astype(np.float32), initial, backend="scan")
     assert relative(cupy.asnumpy(got.outputs), want.outputs) <= 1e-5
+
+
+@pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("dtype, tolerance", [(np.float64, 1e-10), (np.float32, 2e-5)])
+def test_the_gradients_as_scans_on_the_gpu_equal_bptt(cupy, graph, dtype, tolerance):
+    from engine.schedules.scan_grad import scan_gradients
+    network, params, x, initial = case(graph, T=150, L=2)
+    rng = np.random.default_rng(9)
+    d_out = rng.standard_normal((150, 3, 37))
+    want = engine.bptt(network, params, x, initial, d_outputs=d_out)
+    got = scan_gradients(network, params, cupy.asarray(x, dtype=dtype), initial, cupy.asarray(d_out, dtype=dtype),
+                         dtype=dtype, xp=cupy)
+    assert relative(cupy.asnumpy(got.x), want.x) <= tolerance
+    for s in graph.state_names:
+        assert relative(cupy.asnumpy(got.initial_states[s]), want.initial_states[s]) <= tolerance, s
+    for layer in range(2):
+        for name, value in want.params[layer].items():
+            assert relative(cupy.asnumpy(got.params[layer][name]), value) <= tolerance, (layer, name)

@@ -1,0 +1,152 @@
+"""The scan schedule's gradients: backpropagation through a linear recurrence without stepping through time.
+
+For a scanned state s[t] = a[t] * s[t-1] + b[t] (engine/passes/scan.py), the adjoint g[t] = dL/ds[t] obeys the same
+recurrence backwards, g[t] = d[t] + a[t+1] * g[t+1], where d[t] is what reads s[t] directly (the outputs, the final
+state, the values computed after the scan, s[t] read at t+1 by those). So the backward is one more scan, run on
+reversed arrays, and then
+
+    da[t] = g[t] * s[t-1],   db[t] = g[t],   d initial = a[0] * g[0],
+
+after which every state-free value is differentiated for the whole sequence at once: the coefficients' expressions
+(Expr.grad), then the cell's state-free nodes in reverse order through their ops' gradient rules (engine/ops.py,
+the same rules the step-by-step backward uses), each on T x B rows; a weight's gradient is one GEMM over all rows,
+a bias's a sum over them. Layers go top to bottom; a layer's input adjoint is the next lower layer's output adjoint.
+
+NumPy or CuPy alike (xp); the forward keeps every state-free value of the sequence (the memory of one forward's
+values, as the step-by-step tape keeps). Checked against engine.bptt in tests/test_scan.py and on the GPU in
+tests/gpu/test_scan_gpu.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autodiff.gradients import Gradients
+from ..ops import OPS, apply_backward
+from .scan import after_the_scan, analysis_or_refusal, cuda_scan, evaluate, initial_state, sequential_scan
+
+
+def _reduce_to(term, shape, xp):
+    """`term` summed over the rows it was broadcast to (a bias or vector read by every row, a number)."""
+    term = xp.asarray(term)
+    if term.shape == tuple(shape):
+        return term
+    if len(shape) == 0:
+        return term.sum()
+    return term.reshape(-1, shape[-1]).sum(axis=0).reshape(shape)
+
+
+def scan_gradients(network, params, x, initial_states: dict | None = None, d_outputs=None,
+                   d_final_states: dict | None = None, dtype=np.float64, xp=np, scan=None) -> Gradients:
+    """engine.bptt's result for a cell that runs as a scan, computed as scans (see the module docstring)."""
+    cell = network.cell
+    found = analysis_or_refusal(cell)
+    if scan is None:
+        scan = sequential_scan if xp is np else cuda_scan(dtype)
+    T, B, _ = x.shape
+    rows = T * B
+    nexts = {s.name: s.next for s in cell.states}
+    post, _ = after_the_scan(cell)
+    free = [n for n in cell.topo_order if n in found.free]
+    layer_in = xp.asarray(x, dtype=dtype)
+    tapes = []
+    for layer in range(network.num_layers):                    # forward, keeping the sequence's values
+        lp = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
+        env = {n.name: layer_in.reshape(rows, -1) for n in cell.nodes if n.op == "input"}
+        evaluate(cell, free, env, lp, xp)
+        tape = {"env": env, "params": lp, "input": layer_in, "scanned": {}}
+        for state, affine in found.scanned.items():
+            n = network.state_size(state)
+            initial = initial_state(initial_states, state, layer, (B, n), dtype, xp)
+            a = _as_steps(affine.a.compute(env) if affine.a is not None else 0.0, T, B, n, dtype, xp)
+            b = _as_steps(affine.b.compute(env) if affine.b is not None else 0.0, T, B, n, dtype, xp)
+            sequence = scan(a, b, initial, xp)
+            previous = xp.concatenate([initial[None], sequence[:-1]])
+            tape["scanned"][state] = (a, previous)
+            env[state] = previous.reshape(rows, n)
+            env[nexts[state]] = sequence.reshape(rows, n)
+        evaluate(cell, post, env, lp, xp)
+        tapes.append(tape)
+        layer_in = env[nexts[cell.output]].reshape(T, B, -1)
+    outputs = layer_in
+    final_states = {s: xp.stack([t["env"][nexts[s]].reshape(T, B, -1)[-1] for t in tapes]) for s in cell.state_names}
+
+    d_out = xp.zeros_like(outputs) if d_outputs is None else xp.asarray(d_outputs, dtype=dtype)
+    param_grads, initial_grads = [None] * network.num_layers, {s: [None] * network.num_layers for s in cell.state_names}
+    for layer in reversed(range(network.num_layers)):
+        tape = tapes[layer]
+        env, lp = tape["env"], tape["params"]
+        adj: dict = {}
+        add = _accumulator(adj)
+
+        add(nexts[cell.output], d_out.reshape(rows, -1))
+        for state in cell.state_names:
+            given = (d_final_states or {}).get(state)
+            if given is not None:
+                last = xp.zeros((T, B, network.state_size(state)), dtype=dtype)
+                last[-1] = xp.asarray(given, dtype=dtype)[layer]
+                add(nexts[state], last.reshape(rows, -1))
+        for name in reversed(post):                              # the values computed after the scan
+            _backward_node(cell, name, adj.pop(name, None), env, add)
+        for state, (a, previous) in tape["scanned"].items():
+            n = network.state_size(state)
+            direct = _as_steps(adj.pop(nexts[state], 0.0), T, B, n, dtype, xp)
+            read = adj.pop(state, None)                           # s[t-1] read after the scan, at step t
+            d_initial = xp.zeros((B, n), dtype=dtype)
+            if read is not None:
+                read = _as_steps(read, T, B, n, dtype, xp)
+                direct[:-1] += read[1:]
+                d_initial += read[0]
+            shifted = xp.concatenate([a[1:], xp.zeros_like(a[:1])])          # a[t+1], 0 past the end
+            g = scan(xp.ascontiguousarray(shifted[::-1]), xp.ascontiguousarray(direct[::-1]),
+                     xp.zeros((B, n), dtype=dtype), xp)[::-1]
+            d_initial += a[0] * g[0]
+            initial_grads[state][layer] = d_initial
+            affine = found.scanned[state]
+            if affine.a is not None:
+                affine.a.grad((g * previous).reshape(rows, n), env, add)
+            if affine.b is not None:
+                affine.b.grad(g.reshape(rows, n), env, add)
+        for state in found.after:                                 # nothing reads them back: their initial value
+            initial_grads[state][layer] = xp.zeros((B, network.state_size(state)), dtype=dtype)
+        for name in reversed(free):
+            node = cell[name]
+            if node.is_leaf:
+                continue
+            _backward_node(cell, name, adj.pop(name, None), env, add)
+        param_grads[layer] = {p.name: _reduce_to(adj[p.name], lp[p.name].shape, xp) if p.name in adj
+                              else xp.zeros_like(lp[p.name]) for p in cell.params}
+        inputs = [n.name for n in cell.nodes if n.op == "input"]
+        d_in = sum((adj[i] for i in inputs if i in adj), xp.zeros((rows, tape["input"].shape[-1]), dtype=dtype))
+        d_out = xp.asarray(d_in).reshape(T, B, -1)
+    return Gradients(params=param_grads, x=d_out,
+                     initial_states={s: xp.stack(v) for s, v in initial_grads.items()},
+                     outputs=outputs, final_states=final_states)
+
+
+def _accumulator(adj: dict):
+    """add(name, term): the adjoint of `name` in `adj` grows by `term`."""
+    def add(name, term):
+        adj[name] = term if name not in adj else adj[name] + term
+    return add
+
+
+def _backward_node(cell, name: str, dy, env: dict, add) -> None:
+    """Push the adjoint dy of op node `name` to its arguments through the op's gradient rules (engine/ops.py)."""
+    if dy is None:
+        return
+    node = cell[name]
+    spec = OPS[node.op]
+    frame = {"dy": dy, "y": env[name], **{port: env.get(arg) for port, arg in zip(spec.ports, node.args)}}
+    for arg, rule in zip(node.args, spec.vjp):
+        if cell[arg].op == "const":
+            continue
+        term = dy if rule.passes_through else apply_backward(rule.op, [frame[a] for a in rule.args], node.attr_dict)
+        add(arg, term)
+
+
+def _as_steps(value, T, B, n, dtype, xp):
+    """A coefficient or adjoint (a number, (n,), (T * B, n)) as a contiguous (T, B, n) array of its own."""
+    array = xp.asarray(value, dtype=dtype)
+    if array.ndim == 2:
+        array = array.reshape(T, B, n)
+    return xp.array(xp.broadcast_to(array, (T, B, n)), dtype=dtype, copy=True)

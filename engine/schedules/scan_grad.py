@@ -149,4 +149,6 @@ def _as_steps(value, T, B, n, dtype, xp):
     array = xp.asarray(value, dtype=dtype)
     if array.ndim == 2:
         array = array.reshape(T, B, n)
-    return xp.array(xp.broadcast_to(array, (T, B, n)), dtype=dtype, copy=True)
+    out = xp.empty((T, B, n), dtype=dtype)      # C order, whatever the value's strides: the scan kernel indexes it
+    out[...] = array                            # so (a copy of a broadcast keeps its zero strides in CuPy)
+    return out

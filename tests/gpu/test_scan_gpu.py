@@ -79,9 +79,11 @@ def test_the_gradients_as_scans_on_the_gpu_equal_bptt(cupy, graph, dtype, tolera
     want = engine.bptt(network, params, x, initial, d_outputs=d_out)
     got = scan_gradients(network, params, cupy.asarray(x, dtype=dtype), initial, cupy.asarray(d_out, dtype=dtype),
                          dtype=dtype, xp=cupy)
+    assert relative(cupy.asnumpy(got.outputs), want.outputs) <= tolerance
     assert relative(cupy.asnumpy(got.x), want.x) <= tolerance
     for s in graph.state_names:
         assert relative(cupy.asnumpy(got.initial_states[s]), want.initial_states[s]) <= tolerance, s
+        assert relative(cupy.asnumpy(got.final_states[s]), want.final_states[s]) <= tolerance, s
     for layer in range(2):
         for name, value in want.params[layer].items():
             assert relative(cupy.asnumpy(got.params[layer][name]), value) <= tolerance, (layer, name)

@@ -88,6 +88,7 @@ class CudaScan:
                                                                                 "scan_apply"))
 
     def __call__(self, a, b, initial, xp, poison: bool = False):
+        a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)      # the kernels index (steps, chains) in C order
         T = b.shape[0]
         chains = int(np.prod(b.shape[1:]))
         count = -(-T // CHUNK)

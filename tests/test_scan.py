@@ -15,6 +15,7 @@ from engine.dsl import W, b, cell, sigmoid, tanh, v
 from engine.errors import BackendError
 from engine.passes.scan import analyse_scan
 from engine.schedules.scan import grouped_matmuls, run_arrays
+from engine.schedules.scan_backward_kernel import backward_source
 from engine.schedules.scan_grad import scan_gradients
 from engine.schedules.scan_kernel import Layout, free_kernel, fused_scan_source
 
@@ -181,7 +182,10 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
                                                    f'extern "C" __global__ void {graph.name}_{c_type}_scan_')
                                      .replace("coefficients(", f"{graph.name}_{c_type}_coefficients(")
                                      .replace("#define SCAN_T", "#undef SCAN_T\n#define SCAN_T"))
-    assert len(fused_sources) == 8          # mingru, minlstm, diagonal_linear, decaying; float32 and float64
+                (state,) = found.scanned                                # and its backward's state-free part
+                backward = backward_source(graph, spec, state, layouts, np.dtype(dtype))
+                fused_sources.append(backward.replace("scan_free_backward", f"{graph.name}_{c_type}_backward"))
+    assert len(fused_sources) == 16         # mingru, minlstm, diagonal_linear, decaying; float32 and float64
     path = tmp_path / "free.cu"
     path.write_text("\n".join(source + [f.replace(preamble(), "") for f in fused_sources]))
     done = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-Werror", "all-warnings", "-c", str(path), "-o",

@@ -242,7 +242,7 @@ def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) ->
     result's column blocks (strided views) the matmuls' values. minGRU's W_z x and W_h x are one GEMM.
     Returns {matmul: (the GEMM's whole output, its column offset)}."""
     blocks = {}
-    for operand, names in _by_operand(cell, frozenset(free)):
+    for operand, names in matmuls_by_operand(cell, frozenset(free)):
         if operand not in env:
             evaluate(cell, [n for n in cell.topo_order if n in free and n != operand and n in _upstream(cell, operand)]
                      + [operand], env, layer_params, xp)
@@ -261,7 +261,7 @@ def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) ->
 
 
 @functools.lru_cache(maxsize=64)
-def _by_operand(cell: CellGraph, free: frozenset) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def matmuls_by_operand(cell: CellGraph, free: frozenset) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The state-free matmuls grouped by the value they multiply, in the order the cell computes them."""
     by_operand: dict[str, list[str]] = {}
     for name in cell.topo_order:

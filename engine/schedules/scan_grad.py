@@ -21,8 +21,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff.gradients import Gradients
+from ..codegen.nvrtc import load_module
 from ..ops import OPS, apply_backward
-from .scan import after_the_scan, analysis_or_refusal, cuda_scan, evaluate, initial_state, sequential_scan
+from . import scan_kernel
+from .scan import (
+    after_the_scan,
+    analysis_or_refusal,
+    cuda_scan,
+    evaluate,
+    grouped_matmuls,
+    initial_state,
+    matmuls_by_operand,
+    sequential_scan,
+)
+from .scan_backward_kernel import backward_source
 
 
 def _reduce_to(term, shape, xp):
@@ -40,6 +52,8 @@ def scan_gradients(network, params, x, initial_states: dict | None = None, d_out
     """engine.bptt's result for a cell that runs as a scan, computed as scans (see the module docstring)."""
     cell = network.cell
     found = analysis_or_refusal(cell)
+    if scan is None and xp is not np and fast_path_fits(cell):
+        return fast_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp)
     if scan is None:
         scan = sequential_scan if xp is np else cuda_scan(dtype)
     T, B, _ = x.shape
@@ -152,3 +166,113 @@ def _as_steps(value, T, B, n, dtype, xp):
     out = xp.empty((T, B, n), dtype=dtype)      # C order, whatever the value's strides: the scan kernel indexes it
     out[...] = array                            # so (a copy of a broadcast keeps its zero strides in CuPy)
     return out
+
+
+# ---- the fast path on the GPU: generated kernels, one GEMM each way -------------------------------------------------
+
+def fast_path_fits(cell) -> bool:
+    """One scanned state, nothing computed after the scan, and every state-free matmul multiplies the layer input:
+    then the forward is one GEMM, one generated kernel and the scan, and the backward one generated kernel
+    (scan_backward_kernel.py) and two GEMMs."""
+    found = analysis_or_refusal(cell)
+    if len(found.scanned) != 1 or found.after:
+        return False
+    inputs = {n.name for n in cell.nodes if n.op == "input"}
+    return all(cell[n].args[1] in inputs for n in found.free if cell[n].op == "matmul")
+
+
+def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp) -> Gradients:
+    cell = network.cell
+    found = analysis_or_refusal(cell)
+    (state,) = found.scanned
+    n = network.state_size(state)
+    T, B, _ = x.shape
+    rows = T * B
+    spec = scan_kernel.free_kernel_of(cell, (), np.dtype(dtype).name)
+    scan = cuda_scan(dtype)
+    layer_in = xp.asarray(x, dtype=dtype)
+    tapes, lasts = [], []
+    for layer in range(network.num_layers):
+        lp = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
+        env = {node.name: layer_in.reshape(rows, -1) for node in cell.nodes if node.op == "input"}
+        blocks = grouped_matmuls(cell, found.free, env, lp, xp)
+        a, b = xp.empty((rows, n), dtype=dtype), xp.empty((rows, n), dtype=dtype)
+        scan_kernel.compiled(spec)(*[env[i] if i in env else lp[i] for i in spec.inputs], a, b)
+        a, b = a.reshape(T, B, n), b.reshape(T, B, n)
+        initial = initial_state(initial_states, state, layer, (B, n), dtype, xp)
+        sequence = scan(a, b, initial, xp)
+        tapes.append((layer_in, lp, env, blocks, a, xp.concatenate([initial[None], sequence[:-1]])))
+        lasts.append(sequence[-1])
+        layer_in = sequence
+    outputs = layer_in
+    final_states = {state: xp.stack(lasts)}
+    d_out = xp.zeros_like(outputs) if d_outputs is None else xp.asarray(d_outputs, dtype=dtype)
+    param_grads, d_initial = [None] * network.num_layers, [None] * network.num_layers
+    for layer in reversed(range(network.num_layers)):
+        layer_input, lp, env, blocks, a, previous = tapes[layer]
+        direct = xp.array(d_out, dtype=dtype, copy=True)
+        given = (d_final_states or {}).get(state)
+        if given is not None:
+            direct[-1] += xp.asarray(given, dtype=dtype)[layer]
+        shifted = xp.concatenate([a[1:], xp.zeros_like(a[:1])])
+        g = scan(shifted[::-1], direct[::-1], xp.zeros((B, n), dtype=dtype), xp)[::-1]
+        d_initial[layer] = a[0] * g[0]
+        layouts, pointers, outs, products = [], [], [], {}
+        for name in spec.inputs:
+            if name in blocks:
+                product, offset = blocks[name]
+                key = id(product)
+                if key not in products:
+                    products[key] = (product, xp.zeros_like(product))
+                layouts.append(scan_kernel.Layout("rows", product.shape[1], offset))
+                pointers.append(product)
+                outs.append(products[key][1])
+            elif name in env:
+                layouts.append(scan_kernel.Layout("rows", env[name].shape[1], 0))
+                pointers.append(xp.ascontiguousarray(env[name]))
+                outs.append(xp.zeros_like(pointers[-1]))
+            else:
+                layouts.append(scan_kernel.Layout("vector"))
+                pointers.append(xp.ascontiguousarray(xp.broadcast_to(lp[name], (n,))))
+                outs.append(xp.empty((rows, n), dtype=dtype))
+        module = _backward_module(backward_source(cell, spec, state, tuple(layouts), np.dtype(dtype)), cell.name)
+        kernel = module.get_function("scan_free_backward")
+        threads = 256
+        kernel((-(-rows * n // threads),), (threads,),
+               (*pointers, xp.ascontiguousarray(g).reshape(rows, n), previous.reshape(rows, n), *outs,
+                np.int64(rows), np.int64(n)))
+        grads = {p.name: xp.zeros_like(lp[p.name]) for p in cell.params}
+        d_in = xp.zeros((rows, layer_input.shape[-1]), dtype=dtype)
+        for name, out in zip(spec.inputs, outs):
+            if name in blocks:
+                continue
+            if name in env:
+                d_in += out
+            else:
+                grads[name] += _reduce_to(out, lp[name].shape, xp)
+        for operand, names in matmuls_by_operand(cell, frozenset(found.free)):
+            product, gradient = products[id(blocks[names[0]][0])] if names[0] in blocks else (None, None)
+            if gradient is None:
+                continue
+            weights = [cell[m].args[0] for m in names]
+            stacked = xp.concatenate([lp[w] for w in weights]) if len(weights) > 1 else lp[weights[0]]
+            d_in += gradient @ stacked
+            d_stacked = gradient.T @ env[operand]
+            offset = 0
+            for w in weights:
+                grads[w] += d_stacked[offset:offset + lp[w].shape[0]]
+                offset += lp[w].shape[0]
+        param_grads[layer] = grads
+        d_out = d_in.reshape(T, B, -1)
+    return Gradients(params=param_grads, x=d_out, initial_states={state: xp.stack(d_initial)},
+                     outputs=outputs, final_states=final_states)
+
+
+_backward_modules: dict = {}
+
+
+def _backward_module(source: str, cell_name: str):
+    module = _backward_modules.get(source)
+    if module is None:
+        module = _backward_modules[source] = load_module(source, cell=cell_name, kernel="scan_free_backward")
+    return module

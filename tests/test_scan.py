@@ -215,3 +215,20 @@ def test_the_gradients_as_scans_equal_bptt(graph):
         for name, value in want.params[layer].items():
             np.testing.assert_allclose(got.params[layer][name], value, rtol=1e-10, atol=1e-12,
                                        err_msg=f"layer {layer} '{name}'")
+
+
+def test_coefficients_that_would_grow_without_bound_stop_the_analysis_at_once():
+    """A state read twice at each of 40 levels is linear, but its coefficients would have 2^40 terms: refused, naming
+    the node, in well under a second."""
+    import time
+
+    @cell
+    def doubling(x, h):
+        value = h
+        for _ in range(40):
+            value = 0.5 * value + 0.5 * value
+        return {"h": value + W("W") @ x}
+    start = time.perf_counter()
+    found = analyse_scan(doubling)
+    assert time.perf_counter() - start < 1.0
+    assert not found.qualifies and "longer than 256 terms" in found.reason and found.node

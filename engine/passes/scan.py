@@ -40,9 +40,14 @@ class Expr:
     # its reverse mode: grad(adjoint, env, add) calls add(value, term) for each value it reads (the scan's backward,
     # engine/schedules/scan_grad.py)
     grad: Callable[[object, dict, Callable], None] = lambda adjoint, env, add: None
+    size: int = 1                    # its terms, a shared one counted each time it is read: bounded by MAX_TERMS
 
 
 ONE = Expr("1", lambda env: 1.0, c=lambda ids, literal: literal(1.0))
+# The largest coefficient expression the analysis builds. A state read at many places of a deep cell (a value read
+# twice at each of n levels) would give coefficients of 2^n terms; such a cell is refused, naming the node, instead
+# of the analysis growing without bound.
+MAX_TERMS = 256
 
 
 def _wrap(e: Expr, level: int) -> str:
@@ -61,13 +66,14 @@ def _sum(x: Expr | None, y: Expr | None, sign: float = 1.0) -> Expr | None:
     return Expr(f"{x.text} {op} {_wrap(y, 2)}",
                 (lambda env: x.compute(env) + y.compute(env)) if sign > 0 else
                 (lambda env: x.compute(env) - y.compute(env)), 1,
-                lambda ids, literal: f"({x.c(ids, literal)} {op} {y.c(ids, literal)})", x.names | y.names, grad)
+                lambda ids, literal: f"({x.c(ids, literal)} {op} {y.c(ids, literal)})", x.names | y.names, grad,
+                x.size + y.size + 1)
 
 
 def _neg(x: Expr | None) -> Expr | None:
     return None if x is None else Expr(f"-{_wrap(x, 3)}", lambda env: -x.compute(env), 2,
                                        lambda ids, literal: f"(-{x.c(ids, literal)})", x.names,
-                                       lambda adjoint, env, add: x.grad(-adjoint, env, add))
+                                       lambda adjoint, env, add: x.grad(-adjoint, env, add), x.size + 1)
 
 
 def _product(x: Expr | None, y: Expr) -> Expr | None:
@@ -81,7 +87,8 @@ def _product(x: Expr | None, y: Expr) -> Expr | None:
         x.grad(adjoint * y.compute(env), env, add)
         y.grad(adjoint * x.compute(env), env, add)
     return Expr(f"{_wrap(x, 2)} * {_wrap(y, 3)}", lambda env: x.compute(env) * y.compute(env), 2,
-                lambda ids, literal: f"({x.c(ids, literal)} * {y.c(ids, literal)})", x.names | y.names, grad)
+                lambda ids, literal: f"({x.c(ids, literal)} * {y.c(ids, literal)})", x.names | y.names, grad,
+                x.size + y.size + 1)
 
 
 def _quotient(x: Expr | None, y: Expr) -> Expr | None:
@@ -92,7 +99,8 @@ def _quotient(x: Expr | None, y: Expr) -> Expr | None:
         x.grad(adjoint / yv, env, add)
         y.grad(-adjoint * x.compute(env) / (yv * yv), env, add)
     return Expr(f"{_wrap(x, 2)} / {_wrap(y, 3)}", lambda env: x.compute(env) / y.compute(env), 2,
-                lambda ids, literal: f"({x.c(ids, literal)} / {y.c(ids, literal)})", x.names | y.names, grad)
+                lambda ids, literal: f"({x.c(ids, literal)} / {y.c(ids, literal)})", x.names | y.names, grad,
+                x.size + y.size + 1)
 
 
 def _scaled(x: Expr | None, factor: float) -> Expr | None:
@@ -100,7 +108,7 @@ def _scaled(x: Expr | None, factor: float) -> Expr | None:
         return None
     return Expr(f"{factor:g} * {_wrap(x, 3)}", lambda env: factor * x.compute(env), 2,
                 lambda ids, literal: f"({literal(factor)} * {x.c(ids, literal)})", x.names,
-                lambda adjoint, env, add: x.grad(factor * adjoint, env, add))
+                lambda adjoint, env, add: x.grad(factor * adjoint, env, add), x.size + 1)
 
 
 def _value(name: str) -> Expr:
@@ -156,7 +164,10 @@ def analyse_scan(cell: CellGraph) -> ScanAnalysis:
         for name in cell.topo_order:
             if name not in live:
                 continue
-            forms[name] = _form(cell, name, forms, read)
+            form = forms[name] = _form(cell, name, forms, read)
+            if form is not None and max(e.size if e is not None else 0 for e in (form.a, form.b)) > MAX_TERMS:
+                raise _Stop(name, f"makes the coefficients of state '{form.state}' longer than {MAX_TERMS} terms (a "
+                                  "state read at many places): the scan takes cells whose update stays short")
     except _Stop as stop:
         return ScanAnalysis(False, f"node '{stop.node}' {stop.reason}", node=stop.node)
     scanned = {}

@@ -149,8 +149,9 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
             layer_in = sequence
             continue
         if kernel is not None:
-            size = {state: network.state_size(state) for state in found.scanned}
-            outs = [xp.empty((rows, size[o.split(":")[1]] if ":" in o else network.hidden_size), dtype=dtype)
+            sizes = network.layer_sizes(layer)                 # a wanted value is I, H or P wide (cell.dims)
+            outs = [xp.empty((rows, network.state_size(o.split(":")[1]) if ":" in o
+                              else sizes.get(cell.dims.get(o, "H"), network.hidden_size)), dtype=dtype)
                     for o in kernel.outputs]
             inputs = [env[n] if n in env else layer_params.get(n, None) for n in kernel.inputs]
             scan_kernel.compiled(kernel)(*inputs, *outs)

@@ -143,7 +143,22 @@ def schedule_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> None:
         else:
             st.caption(f"{entry['how']}. Its GEMMs and kernels are the table above.")
     st.dataframe(figures.schedule_comparison_table(report), hide_index=True, key="schedule.compare")
+    scan_ui(explained.get("scan"))
     autotune_ui(report["autotune"])
+
+
+def scan_ui(scan: dict | None) -> None:
+    """Whether the cell is a linear recurrence that schedule 'scan' runs as one parallel scan (engine/passes/scan.py),
+    and why, or which node stops it."""
+    if not scan:
+        return
+    if scan["qualifies"]:
+        lines = [f"- {state}[t] = a[t] * {state}[t-1] + b[t], a = `{c['a'] or 0}`, b = `{c['b'] or 0}`"
+                 for state, c in scan["states"].items()]
+        st.success("Schedule 'scan' runs this cell as one parallel scan over time, not step by step: "
+                   f"{scan['reason']}.\n\n" + "\n".join(lines))
+    else:
+        st.caption(f"Schedule 'scan' (linear recurrences such as minGRU) does not take this cell: {scan['reason']}.")
 
 
 def schedule_metrics_ui(entry: dict) -> None:

@@ -707,3 +707,14 @@ def test_benchmarks_lead_with_the_chart_and_fold_what_did_not_run(open_page, sav
     assert [e.label for e in at.expander if "skipped" in e.label] == [f"12 cases skipped: {budget}"]
     picker = at.multiselect(key="benchmarks.implementations").options
     assert "torch-compile" in picker and "torch.compile" not in picker
+
+
+def test_schedule_says_whether_the_scan_takes_the_cell(open_page):
+    at = open_page("schedule")
+    assert "does not take this cell: node 'W_hi_h' multiplies state 'h' by the matrix 'W_hi'" in texts(at.caption)
+    at.switch_page("views/gallery.py").run()
+    at.button(key="gallery.open.mingru").click().run()          # a linear recurrence
+    at.switch_page("views/schedule.py").run()
+    assert not at.exception, texts(at.exception)
+    assert "runs this cell as one parallel scan" in texts(at.success)
+    assert "a = `h_next_one_minus`, b = `h_next_mul`" in texts(at.success)

@@ -98,19 +98,31 @@ def test_the_training_steps_hand_written_kernels_compile_with_nvcc(tmp_path):
                                                     COLUMN_DOTS_FILE, LAY_OUT_FILE)}, tmp_path)
 
 
+# The cells in a few translation units, one test each: one unit of every cell took nvcc (single-threaded) about
+# 2 minutes on the 2-core CI machine, the longest test of the suite; in parts, xdist spreads them over its workers.
+NVCC_PARTS = 3
+
+
 @pytest.mark.nvcc
-def test_every_preset_and_unusual_cell_plans_and_compiles_with_nvcc(tmp_path):
+@pytest.mark.parametrize("part", range(NVCC_PARTS))
+def test_every_preset_and_unusual_cell_plans_and_compiles_with_nvcc(part, tmp_path):
     cells = {**{n: engine.preset(n).cell for n in PRESETS}, **UNUSUAL}
     sources = {}
-    for name, cell in cells.items():
+    for k, (name, cell) in enumerate(cells.items()):
+        if k % NVCC_PARTS != part:
+            continue
         plan = training_plan(cell)
         assert plan.forward.order or plan.forward.hoisted, name
         sources[name] = render_module(plan)
+    assert sources
     _nvcc(sources, tmp_path)
-    tiled = tmp_path / "tiled"                         # the fused stages' tiled GEMM (FUSE_MAX_ROWS > 2), apart
-    tiled.mkdir()
+
+
+@pytest.mark.nvcc
+def test_the_fused_stages_tiled_gemm_compiles_with_nvcc(tmp_path):
+    """The fused stages' tiled GEMM (FUSE_MAX_ROWS > 2), apart from the cells' units."""
     _nvcc({name: render_module(training_plan(engine.preset(name).cell), tiled=True)
-           for name in ("lstm", "gru_cho", "lstm_proj", "lstm_fgr")}, tiled)
+           for name in ("lstm", "gru_cho", "lstm_proj", "lstm_fgr")}, tmp_path)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

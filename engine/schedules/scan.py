@@ -23,6 +23,7 @@ engine/schedules/scan_grad.py's; engine.bptt and training still use the step-by-
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -114,35 +115,54 @@ def cuda_scan(dtype) -> CudaScan:
     return _cuda_scans[key]
 
 
+@dataclass
+class ScanPlan:
+    """What run_arrays works out once per cell and dtype (a ScanProgram keeps it): the analysis, the values after the
+    scan, the generated kernel and whether the coefficients are formed inside the scan."""
+    found: ScanAnalysis
+    nexts: dict
+    post: tuple
+    kernel: object
+    inline: bool
+    groups: tuple
+    launches: dict = field(default_factory=dict)       # layouts -> the inline scan's kernels
+
+
+def scan_plan(cell: CellGraph, dtype, fuse: bool, on_gpu: bool) -> ScanPlan:
+    found = analysis_or_refusal(cell)
+    post, wanted = after_the_scan(cell)
+    kernel = scan_kernel.free_kernel_of(cell, wanted, np.dtype(dtype).name) if fuse else None
+    inline = kernel is not None and len(found.scanned) == 1 and not found.after and not wanted and on_gpu
+    return ScanPlan(found, {s.name: s.next for s in cell.states}, post, kernel, inline,
+                    matmuls_by_operand(cell, frozenset(found.free)))
+
+
 def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=None, poison: bool = False,
-               fuse: bool | None = None) -> RunResult:
+               fuse: bool | None = None, plan: ScanPlan | None = None) -> RunResult:
     """The scan schedule on arrays of module xp (NumPy or CuPy). scan(a, b, initial, xp): the recurrence (default:
     step by step on NumPy, kernels/scan.cu on CuPy, whose output starts as NaN with poison=True). fuse: the
     state-free elementwise math as one generated kernel (engine/schedules/scan_kernel.py; default on CuPy) or op by
-    op through the ops' NumPy meanings."""
+    op through the ops' NumPy meanings. plan: scan_plan(...) made before (a ScanProgram's)."""
     cell = network.cell
-    found = analysis_or_refusal(cell)
-    fuse = xp is not np if fuse is None else fuse
+    if plan is None:
+        fuse = xp is not np if fuse is None else fuse
+        plan = scan_plan(cell, dtype, fuse, on_gpu=xp is not np and scan is None)
+    found, nexts, post, kernel, inline = plan.found, plan.nexts, plan.post, plan.kernel, plan.inline
     if scan is None:
         scan = sequential_scan if xp is np else functools.partial(cuda_scan(dtype), poison=poison)
     T, B, _ = x.shape
     rows = T * B
-    nexts = {s.name: s.next for s in cell.states}
-    post, wanted = after_the_scan(cell)
-    kernel = scan_kernel.free_kernel_of(cell, wanted, np.dtype(dtype).name) if fuse else None
-    inline = (kernel is not None and len(found.scanned) == 1 and not found.after and not wanted
-              and scan is not sequential_scan and xp is not np)
     layer_in = xp.asarray(x, dtype=dtype)
     finals: dict[str, list] = {s: [] for s in cell.state_names}
     for layer in range(network.num_layers):
         layer_params = (params[layer] if isinstance(params, list) else     # a ScanProgram's, uploaded once
                         {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()})
         env = {n.name: layer_in.reshape(rows, -1) for n in cell.nodes if n.op == "input"}
-        blocks = grouped_matmuls(cell, found.free, env, layer_params, xp)
+        blocks = grouped_matmuls(cell, found.free, env, layer_params, xp, plan.groups)
         coefficients = {}
         if inline:                  # a and b formed inside the scan (scan_kernel.fused_scan_source)
             (state,) = found.scanned
-            sequence = _inline_scan(cell, kernel, env, blocks, layer_params, T, B, network.state_size(state),
+            sequence = _inline_scan(plan, cell, env, blocks, layer_params, T, B, network.state_size(state),
                                     initial_state(initial_states, state, layer, (B, network.state_size(state)), dtype, xp),
                                     dtype, xp, poison)
             finals[state].append(sequence[-1])
@@ -187,9 +207,10 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
 _modules: dict = {}
 
 
-def _inline_scan(cell, kernel, env, blocks, layer_params, T, B, n, initial, dtype, xp, poison):
+def _inline_scan(plan, cell, env, blocks, layer_params, T, B, n, initial, dtype, xp, poison):
     """The one scanned state's sequence, its coefficients formed in the scan's passes from the GEMM output and
     the parameters (no a and b arrays)."""
+    kernel = plan.kernel
     layouts, pointers = [], []
     for name in kernel.inputs:
         if name in blocks:
@@ -202,20 +223,26 @@ def _inline_scan(cell, kernel, env, blocks, layer_params, T, B, n, initial, dtyp
         else:
             layouts.append(scan_kernel.Layout("vector"))
             pointers.append(xp.ascontiguousarray(xp.broadcast_to(layer_params[name], (n,))))
-    source = scan_kernel.fused_scan_source(kernel, tuple(layouts), np.dtype(dtype))
-    module = _modules.get(source)               # the same str from the lru_cache: its hash is computed once
-    if module is None:
-        module = _modules[source] = load_module(source, cell=cell.name, kernel="scan")
+    layouts = tuple(layouts)
+    functions = plan.launches.get(layouts)
+    if functions is None:
+        source = scan_kernel.fused_scan_source(kernel, layouts, np.dtype(dtype))
+        module = _modules.get(source)
+        if module is None:
+            module = _modules[source] = load_module(source, cell=cell.name, kernel="scan")
+        functions = plan.launches[layouts] = tuple(module.get_function(k) for k in ("scan_chunks", "scan_carry",
+                                                                                    "scan_apply"))
+    chunks, carry, apply = functions
     chains, count = B * n, -(-T // CHUNK)
     map_a = xp.empty((count, chains), dtype=dtype)
     map_b, entering = xp.empty_like(map_a), xp.empty_like(map_a)
     out = xp.full((T, B, n), np.nan, dtype=dtype) if poison else xp.empty((T, B, n), dtype=dtype)
     blocks_x = -(-chains // THREADS)
     sizes = (np.int32(T), np.int32(B), np.int64(n), np.int32(CHUNK))
-    module.get_function("scan_chunks")((blocks_x, count), (THREADS,), (*pointers, map_a, map_b, *sizes))
-    module.get_function("scan_carry")((blocks_x,), (THREADS,), (map_a, map_b, xp.ascontiguousarray(initial),
-                                                                 entering, np.int32(count), np.int64(chains)))
-    module.get_function("scan_apply")((blocks_x, count), (THREADS,), (*pointers, entering, out, *sizes))
+    chunks((blocks_x, count), (THREADS,), (*pointers, map_a, map_b, *sizes))
+    carry((blocks_x,), (THREADS,), (map_a, map_b, xp.ascontiguousarray(initial), entering, np.int32(count),
+                                    np.int64(chains)))
+    apply((blocks_x, count), (THREADS,), (*pointers, entering, out, *sizes))
     return out
 
 
@@ -238,12 +265,12 @@ def after_the_scan(cell: CellGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return post, wanted
 
 
-def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp) -> dict:
+def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp, groups=None) -> dict:
     """The state-free matmuls, one GEMM per operand: the weights that multiply the same value stacked, its
     result's column blocks (strided views) the matmuls' values. minGRU's W_z x and W_h x are one GEMM.
     Returns {matmul: (the GEMM's whole output, its column offset)}."""
     blocks = {}
-    for operand, names in matmuls_by_operand(cell, frozenset(free)):
+    for operand, names in groups if groups is not None else matmuls_by_operand(cell, frozenset(free)):
         if operand not in env:
             evaluate(cell, [n for n in cell.topo_order if n in free and n != operand and n in _upstream(cell, operand)]
                      + [operand], env, layer_params, xp)
@@ -310,12 +337,13 @@ class ScanProgram:
         self.network, self.dtype, self.cupy = network, np.dtype(dtype), cupy
         self.params = [{k: cupy.asarray(v, dtype=self.dtype) for k, v in params[layer].items()}
                        for layer in range(network.num_layers)]
+        self.plan = scan_plan(network.cell, self.dtype, True, on_gpu=True)     # worked out once
         cuda_scan(self.dtype)                                  # compiled (or loaded) now, not in the first run
 
     def run(self, x, initial_states=None, poison: bool = False) -> RunResult:
         x = check_inputs(self.network, x, initial_states, xp=self.cupy)
         return run_arrays(self.network, self.params, self.cupy.asarray(x), initial_states, self.dtype, self.cupy,
-                          poison=poison)
+                          poison=poison, plan=self.plan)
 
 
 def prepare(network, params, dtype=np.float32, precision: str = "float32") -> ScanProgram:

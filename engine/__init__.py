@@ -5,8 +5,8 @@
     params = engine.init_params(net, seed=0)
     result = engine.run(net, params, x)          # x: (T, B, 64); result.outputs: (T, B, 256)
 """
-from .api import bench, export_cuda, run
-from .autodiff import Gradients, backward_graph, bptt
+from .api import bench, bptt, export_cuda, run
+from .autodiff import Gradients, backward_graph
 from .backends.common import RunResult
 from .dsl import W, b, cell, const, hard_sigmoid, identity, relu, sigmoid, tanh, v
 from .errors import BackendError, CellGraphError, CompileError, EngineError, FileError, Problem

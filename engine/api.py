@@ -7,12 +7,21 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
+
+from . import backends
+from .autodiff import bptt as step_bptt
+from .autodiff.checks import check_dtype, check_network
+from .backends.common import check_finite, check_inputs
 from .bench import run_bench
 from .errors import BackendError
 from .execute import run  # engine.run: the backend choice and the run live below the networks that call it too
 from .export import export_cuda as render_export
+from .params import check_params
+from .schedules.scan import analysis_or_refusal
+from .schedules.scan_grad import scan_gradients
 
-__all__ = ["run", "export_cuda", "bench"]
+__all__ = ["run", "export_cuda", "bench", "bptt"]
 
 
 def check_options(function, options: dict, what: str) -> None:
@@ -36,3 +45,26 @@ def bench(presets, configs=None, **options):
     name, Preset or CellGraph, or a list of them."""
     check_options(run_bench, options, "bench")
     return run_bench(presets, configs, **options)
+
+
+def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None, d_final_states: dict | None = None,
+         dtype=np.float64, backend: str = "reference"):
+    """engine.autodiff.bptt (backend "reference", "naive" or "fused": step by step), or backend="scan" for a cell
+    whose recurrence is linear (engine/passes/scan.py): the gradients as scans over the whole sequence
+    (engine/schedules/scan_grad.py) on the GPU, CuPy arrays out. A d_outputs given as a function of the outputs
+    costs the scan one forward pass more."""
+    if backend != "scan":
+        return step_bptt(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, backend=backend)
+    network, dtype = check_network(network), check_dtype(dtype)
+    ok, why = backends.gpu_status()
+    if not ok:
+        raise BackendError(f"bptt(backend='scan') needs a GPU: {why}. hint: backend='reference' on the CPU")
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
+    analysis_or_refusal(network.cell)
+    check_params(network, params)
+    x = check_inputs(network, x, initial_states, xp=cupy)
+    check_finite(network, params, x, initial_states)
+    x = cupy.asarray(x, dtype=dtype)
+    if callable(d_outputs):
+        d_outputs = d_outputs(run(network, params, x, initial_states, backend="scan", dtype=dtype).outputs)
+    return scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, xp=cupy)

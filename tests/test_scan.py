@@ -232,3 +232,13 @@ def test_coefficients_that_would_grow_without_bound_stop_the_analysis_at_once():
     found = analyse_scan(doubling)
     assert time.perf_counter() - start < 1.0
     assert not found.qualifies and "longer than 256 terms" in found.reason and found.node
+
+
+def test_bptt_with_the_scan_needs_a_gpu_and_says_so(monkeypatch):
+    from engine import backends
+    monkeypatch.setattr(backends, "gpu_status", lambda: (False, "no GPU here"))
+    network = engine.Network(engine.preset("mingru").cell, 3, 4, 1)
+    with pytest.raises(BackendError, match=r"bptt\(backend='scan'\) needs a GPU: no GPU here"):
+        engine.bptt(network, engine.init_params(network), np.zeros((2, 1, 3)), backend="scan")
+    grads = engine.bptt(network, engine.init_params(network), np.ones((2, 1, 3)), d_outputs=np.ones((2, 1, 4)))
+    assert grads.x.shape == (2, 1, 3)                         # the other backends as before

@@ -87,3 +87,16 @@ def test_the_gradients_as_scans_on_the_gpu_equal_bptt(cupy, graph, dtype, tolera
     for layer in range(2):
         for name, value in want.params[layer].items():
             assert relative(cupy.asnumpy(got.params[layer][name]), value) <= tolerance, (layer, name)
+
+
+@pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
+def test_engine_bptt_with_the_scan_equals_the_step_by_step_bptt(cupy, graph):
+    network, params, x, initial = case(graph, T=64, L=2)
+    weights = np.random.default_rng(11).standard_normal((64, 3, 37))
+    want = engine.bptt(network, params, x, initial, d_outputs=weights)
+    got = engine.bptt(network, params, x, initial, d_outputs=lambda out: cupy.asarray(weights) + 0 * out,
+                      backend="scan")
+    assert relative(cupy.asnumpy(got.x), want.x) <= 1e-10
+    for layer in range(2):
+        for name, value in want.params[layer].items():
+            assert relative(cupy.asnumpy(got.params[layer][name]), value) <= 1e-10, (layer, name)

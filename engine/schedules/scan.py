@@ -18,7 +18,7 @@ The same steps run on NumPy (`run_arrays(..., xp=numpy)`, with a sequential loop
 the executor to the reference there, and the GPU suite holds the CUDA scan to it. The scan reassociates the
 recurrence (chunk maps multiply the a's of a chunk first); against float64 its float32 error stays within
 what the step-by-step float32 run has, measured in tests/gpu/test_scan_gpu.py. The gradients, as scans too, are
-engine/schedules/scan_grad.py's; engine.bptt and training still use the step-by-step backends.
+engine/schedules/scan_grad.py's (engine.bptt(backend="scan")); training still steps through time.
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None,
     whose recurrence is linear (engine/passes/scan.py): the gradients as scans over the whole sequence
     (engine/schedules/scan_grad.py) on the GPU, CuPy arrays out. A d_outputs given as a function of the outputs
     costs the scan one forward pass more."""
-    if backend != "scan":
+    if not (isinstance(backend, str) and backend == "scan"):
         return step_bptt(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, backend=backend)
     network, dtype = check_network(network), check_dtype(dtype)
     ok, why = backends.gpu_status()

@@ -234,7 +234,7 @@ def notice() -> str | None:
 
 
 def last_design(exclude: Path | None = None) -> tuple[Path, dict, float] | None:
-    """The most recently autosaved working design of the designs folder other than `exclude` (this session's),
+    """The most recently autosaved working design of the designs folder other than `exclude` (this browser session's),
     as (path, design, its modification time), or None. A fresh visit (no ?design= in the address) starts a new session: the Designer
     offers this one to reopen."""
     folder = designs_dir() / SESSIONS

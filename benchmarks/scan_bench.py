@@ -24,22 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
 from engine.backends import fused  # noqa: E402
+from engine.bench.timing import cupy_timer, time_runs  # noqa: E402
 from engine.schedules import scan  # noqa: E402
 from engine.schedules.registry import schedule_class  # noqa: E402
 
 
-def median_ms(run, cupy, warmup=3, reps=20) -> float:
-    for _ in range(warmup):
-        run()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(reps):
-        start.record()
-        run()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
+def median_ms(run, warmup=3, reps=20) -> float:
+    """The median of CUDA-event intervals after warm-up (engine.bench's timing, as the harness times every row)."""
+    return time_runs(lambda k: run(), cupy_timer, buffers=1, warmup=warmup, reps=reps).median_ms
 
 
 def torch_log_space(torch, F, x, params, h0):
@@ -87,7 +79,7 @@ def main(argv=None) -> int:
         try:
             out = program.run(x, poison=True)
             error = float(cupy.abs(out.outputs - cupy.asarray(want)).max().get()) / scale
-            ms = median_ms(lambda: program.run(x), cupy)
+            ms = median_ms(lambda: program.run(x))
             rows.append({"name": f"engine {name}", "ms": ms, "rel_err_vs_float64": error})
         except engine.EngineError as e:
             rows.append({"name": f"engine {name}", "error": str(e).splitlines()[0]})
@@ -96,7 +88,7 @@ def main(argv=None) -> int:
     try:
         rows.append({"name": "engine scan, forward + backward (scan_gradients)",
                      "ms": median_ms(lambda: scan_gradients(network, params, x, None, d_out, dtype=np.float32,
-                                                            xp=cupy), cupy)})
+                                                            xp=cupy))})
     except engine.EngineError as e:
         rows.append({"name": "engine scan, forward + backward", "error": str(e).splitlines()[0]})
     try:
@@ -108,12 +100,12 @@ def main(argv=None) -> int:
         tx = torch.tensor(x_host, device="cuda").transpose(0, 1).contiguous()          # (B, T, H)
         h0 = torch.zeros(B, H, device="cuda")
         rows.append({"name": "torch log-space scan, forward (paper's form)",
-                     "ms": median_ms(lambda: torch_log_space(torch, F, tx, tp, h0), cupy)})
+                     "ms": median_ms(lambda: torch_log_space(torch, F, tx, tp, h0))})
         leaf = {k: v.clone().requires_grad_(True) for k, v in tp.items()}
 
         def forward_backward():
             torch_log_space(torch, F, tx, leaf, h0).sum().backward()
-        rows.append({"name": "torch log-space scan, forward + backward", "ms": median_ms(forward_backward, cupy)})
+        rows.append({"name": "torch log-space scan, forward + backward", "ms": median_ms(forward_backward)})
         results["torch"] = torch.__version__
     except ImportError as e:
         rows.append({"name": "torch", "error": f"not installed ({e})"})

@@ -14,7 +14,7 @@ import numpy as np
 from . import backends
 from .arguments import float_dtype, shown
 from .backends import reference
-from .backends.common import RunResult, check_float32_only, check_inputs, check_precision
+from .backends.common import FiniteCheck, RunResult, check_float32_only, check_inputs, check_precision
 from .backends.common import check_finite as find_non_finite
 from .errors import BackendError
 from .network import Network, check_network
@@ -78,21 +78,9 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
             result = module.run(network, params, x, initial_states, dtype=dtype)
     result.backend = name
     result.info = dict(result.info or {}, backend_reason=reason, precision=precision)
-    if check_finite and not all_finite(result.outputs, *result.final_states.values()):
+    if check_finite and not FiniteCheck([("outputs", result.outputs), *result.final_states.items()]).all_finite():
         raise reference.non_finite_error(network, params, x, initial_states,
                                          dtype=np.float64 if np.dtype(dtype) == np.float64 else np.float32,
                                          precision=precision)
     return result
 
-
-def all_finite(*arrays) -> bool:
-    """Whether NumPy or CuPy arrays hold only finite numbers (one reduction each, read once)."""
-    for array in arrays:
-        if type(array).__module__.split(".")[0] == "cupy":
-            import cupy  # deferred: CuPy is optional (no GPU in CI)
-            finite = bool(cupy.isfinite(array).all())
-        else:
-            finite = bool(np.isfinite(array).all())
-        if not finite:
-            return False
-    return True

@@ -131,15 +131,7 @@ def _max_grad(dy, a, b):
 
 
 def _min_grad(dy, a, b):
-    return np.where(a < b, dy, np.where(a == b, 0.5 * dy, np.zeros_like(dy)))
-
-
-def _nan_max(a, b):
-    return np.maximum(a, b)                              # NaN in either operand gives NaN (check_finite sees it)
-
-
-def _nan_min(a, b):
-    return np.minimum(a, b)
+    return _max_grad(dy, b, a)                           # a < b is b > a; a tie splits the same way
 
 
 @dataclass(frozen=True)
@@ -323,16 +315,16 @@ OPS: dict[str, OpDef] = {op.name: op for op in [
                           "(-{dy} * {y} / {b})", r"-{dy} \odot {y} / {b}", description="-dy a / b^2 = -dy y / b",
                           category="gradient"),),
           text="{a} / {b}", torch="({a} / {b})", precedence=2, latex_groups=True, domain="nonzero_b"),
-    OpDef("max", ("a", "b"), "elementwise", _nan_max, "maxf_({a}, {b})", r"\max({a}, {b})",
-          description="the larger of a and b; at a tie the gradient splits evenly (as torch.maximum)",
+    OpDef("max", ("a", "b"), "elementwise", np.maximum, "maxf_({a}, {b})", r"\max({a}, {b})",
+          description="the larger of a and b (NaN if either is, as np.maximum); at a tie the gradient splits evenly",
           category="arithmetic", vjp=(Vjp("max_grad", ("dy", "a", "b")), Vjp("max_grad", ("dy", "b", "a"))),
           grad_ops=(OpDef("max_grad", ("dy", "a", "b"), "elementwise", _max_grad,
                           "(({a} > {b}) ? {dy} : (({a} == {b}) ? 0.5f * {dy} : 0.0f))",
                           r"{dy} \odot [{a} > {b}]", description="dy where a > b, dy / 2 where a == b, else 0",
                           category="gradient"),),
           torch="torch.maximum({a}, {b})", cuda_helper="maxf_"),
-    OpDef("min", ("a", "b"), "elementwise", _nan_min, "minf_({a}, {b})", r"\min({a}, {b})",
-          description="the smaller of a and b; at a tie the gradient splits evenly (as torch.minimum)",
+    OpDef("min", ("a", "b"), "elementwise", np.minimum, "minf_({a}, {b})", r"\min({a}, {b})",
+          description="the smaller of a and b (NaN if either is, as np.minimum); at a tie the gradient splits evenly",
           category="arithmetic", vjp=(Vjp("min_grad", ("dy", "a", "b")), Vjp("min_grad", ("dy", "b", "a"))),
           grad_ops=(OpDef("min_grad", ("dy", "a", "b"), "elementwise", _min_grad,
                           "(({a} < {b}) ? {dy} : (({a} == {b}) ? 0.5f * {dy} : 0.0f))",

@@ -5,7 +5,8 @@
 //   2. scan_carry: per chain, the state entering each chunk, from the initial state through the chunks' maps;
 //   3. scan_apply: per chain and chunk, the recurrence again from that state, writing every step.
 // Arrays are (steps, chains) with chains contiguous: consecutive threads read consecutive addresses. SCAN_T is
-// float or double (engine/schedules/scan.py defines it before this file).
+// float or double (engine/schedules/scan.py defines it before this file and kernels/scan_carry.cuh, pass 2,
+// which the scan that forms its coefficients itself shares: engine/schedules/scan_kernel.py).
 
 extern "C" __global__ void scan_chunks(const SCAN_T* __restrict__ a, const SCAN_T* __restrict__ b,
                                        SCAN_T* __restrict__ map_a, SCAN_T* __restrict__ map_b,
@@ -21,18 +22,6 @@ extern "C" __global__ void scan_chunks(const SCAN_T* __restrict__ a, const SCAN_
   }
   map_a[blockIdx.y * chains + c] = pa;
   map_b[blockIdx.y * chains + c] = pb;
-}
-
-extern "C" __global__ void scan_carry(const SCAN_T* __restrict__ map_a, const SCAN_T* __restrict__ map_b,
-                                      const SCAN_T* __restrict__ initial, SCAN_T* __restrict__ entering,
-                                      int chunks, long long chains) {
-  const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= chains) return;
-  SCAN_T s = initial[c];
-  for (int k = 0; k < chunks; ++k) {
-    entering[k * chains + c] = s;
-    s = map_a[k * chains + c] * s + map_b[k * chains + c];
-  }
 }
 
 extern "C" __global__ void scan_apply(const SCAN_T* __restrict__ a, const SCAN_T* __restrict__ b,

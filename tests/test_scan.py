@@ -14,10 +14,10 @@ from engine.backends.naive import preamble
 from engine.dsl import W, b, cell, sigmoid, tanh, v
 from engine.errors import BackendError
 from engine.passes.scan import analyse_scan
-from engine.schedules.scan import grouped_matmuls, run_arrays
+from engine.schedules.scan import KERNEL, grouped_matmuls, run_arrays
 from engine.schedules.scan_backward_kernel import backward_source
 from engine.schedules.scan_grad import scan_gradients
-from engine.schedules.scan_kernel import Layout, free_kernel, fused_scan_source
+from engine.schedules.scan_kernel import CARRY, Layout, free_kernel, fused_scan_source
 
 
 @cell
@@ -186,6 +186,9 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
                 backward = backward_source(graph, spec, state, layouts, np.dtype(dtype))
                 fused_sources.append(backward.replace("scan_free_backward", f"{graph.name}_{c_type}_backward"))
     assert len(fused_sources) == 16         # mingru, minlstm, diagonal_linear, decaying; float32 and float64
+    for c_type in ("float", "double"):          # and the plain scan's kernels (CudaScan), as it composes them
+        plain = f"#undef SCAN_T\n#define SCAN_T {c_type}\n" + CARRY.read_text() + KERNEL.read_text()
+        fused_sources.append(plain.replace('void scan_', f'void plain_{c_type}_scan_'))
     path = tmp_path / "free.cu"
     path.write_text("\n".join(source + [f.replace(preamble(), "") for f in fused_sources]))
     done = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-Werror", "all-warnings", "-c", str(path), "-o",

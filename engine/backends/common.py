@@ -208,6 +208,11 @@ class FiniteCheck:
         self.named, self.hint = named, hint
         self.pending = _launch_all_finite([value for _, value in named])
 
+    def all_finite(self) -> bool:
+        if self.pending is not None:
+            return self.pending.all_finite()
+        return all(_first_bad(value) is None for _, value in self.named)
+
     def raise_if_bad(self) -> None:
         if self.pending is not None and self.pending.all_finite():
             return

@@ -45,9 +45,10 @@ def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dic
 
 
 def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | None = None,
-        dtype=np.float64, precision: str = "float32") -> RunResult:
+        dtype=np.float64, precision: str = "float32", observe=None) -> RunResult:
     """x: (T, B, I). initial_states: name -> (L, B, size of the state: H, or P), zeros where not given. precision: the mode whose
-    matmul rounding to emulate ("float32": none)."""
+    matmul rounding to emulate ("float32": none). observe(layer, t, env): called with every node's value after each
+    step (first_non_finite looks for the first NaN or Inf)."""
     dtype = np.dtype(dtype).type
     if dtype not in (np.float64, np.float32):
         raise BackendError(f"reference backend supports float64 and float32, not {np.dtype(dtype).name}")
@@ -70,7 +71,9 @@ def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | 
     for layer in range(network.num_layers):
         out = np.empty((T, B, network.output_size), dtype=dtype)
         for t in range(T):
-            states[layer], _ = step(cell, params[layer], layer_in[t], states[layer], dtype, precision)
+            states[layer], env = step(cell, params[layer], layer_in[t], states[layer], dtype, precision)
+            if observe is not None:
+                observe(layer, t, env)
             out[t] = states[layer][cell.output]
         layer_in = out
     final = {name: np.stack([states[l][name] for l in range(network.num_layers)]) for name in cell.state_names}
@@ -97,29 +100,29 @@ def first_non_finite(network: Network, params: Params, x, initial_states: dict |
     of the first node, in the order the cell computes, whose value is not finite. The run is replayed step by
     step on this backend in `dtype` (float32 overflows where float64 would not), so what the GPU made is found
     where the same arithmetic makes it; None when the replay stays finite."""
-    dtype = np.dtype(dtype).type
-    x = np.asarray(check_inputs(network, x, initial_states, xp=np).get() if hasattr(x, "get") else x, dtype=dtype)
-    T, B, _ = x.shape
-    cell = network.cell
-    layer_in = x
-    with np.errstate(all="ignore"):
-        for layer in range(network.num_layers):
-            states = {}
-            for name in cell.state_names:
-                given = None if initial_states is None else initial_states.get(name)
-                given = given.get() if hasattr(given, "get") else given
-                states[name] = (np.asarray(given, dtype=dtype)[layer].copy() if given is not None
-                                else np.zeros((B, network.state_size(name)), dtype=dtype))
-            out = np.empty((T, B, network.output_size), dtype=dtype)
-            for t in range(T):
-                states, env = step(cell, params[layer], layer_in[t], states, dtype, precision)
-                for name in cell.topo_order:
-                    value = env[name]
-                    if not np.all(np.isfinite(value)):
-                        return layer, t, name, "NaN" if np.any(np.isnan(value)) else "Inf"
-                out[t] = states[cell.output]
-            layer_in = out
+    def host(value):
+        return value.get() if hasattr(value, "get") else value       # CuPy arrays: the replay runs on NumPy
+
+    def look(layer, t, env):
+        for name in network.cell.topo_order:
+            if not np.all(np.isfinite(env[name])):
+                raise _Found((layer, t, name, "NaN" if np.any(np.isnan(env[name])) else "Inf"))
+
+    states = None if initial_states is None else {k: host(v) for k, v in initial_states.items()}
+    try:
+        with np.errstate(all="ignore"):
+            run(network, params, host(x), states, dtype=dtype, precision=precision, observe=look)
+    except _Found as found:
+        return found.where
     return None
+
+
+class _Found(Exception):
+    """first_non_finite's stop: where the replay met the first NaN or Inf."""
+
+    def __init__(self, where):
+        super().__init__(where)
+        self.where = where
 
 
 def non_finite_error(network: Network, params: Params, x, initial_states: dict | None, dtype=np.float32,

@@ -19,6 +19,7 @@ a = 1 - z and b = z * h_tilde, the same products the step computes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable
 
 from ..ir import CellGraph
@@ -152,8 +153,10 @@ class _Stop(Exception):
         self.node, self.reason = node, reason
 
 
+@lru_cache(maxsize=128)
 def analyse_scan(cell: CellGraph) -> ScanAnalysis:
-    """Whether `cell` runs as a scan over time (see the module docstring), and why or why not."""
+    """Whether `cell` runs as a scan over time (see the module docstring), and why or why not. Made once per cell
+    (explain, the autotuner's candidates, the schedule and its gradients all ask)."""
     live = cell.live_nodes
     read = tuple(s.name for s in cell.states if s.name in live)
     after = tuple(s.name for s in cell.states if s.name not in live)

@@ -42,7 +42,6 @@ CHUNK = 64                 # steps per chunk: T / CHUNK maps per chain to carry,
 THREADS = 256
 
 
-@functools.lru_cache(maxsize=64)
 def analysis_or_refusal(cell: CellGraph) -> ScanAnalysis:
     found = analyse_scan(cell)
     if not found.qualifies:
@@ -84,7 +83,8 @@ class CudaScan:
 
     def __init__(self, dtype):
         c_type = "double" if np.dtype(dtype) == np.float64 else "float"
-        module = load_module(f"#define SCAN_T {c_type}\n" + KERNEL.read_text(), cell="scan", kernel="scan")
+        source = f"#define SCAN_T {c_type}\n" + scan_kernel.CARRY.read_text() + KERNEL.read_text()
+        module = load_module(source, cell="scan", kernel="scan")
         self.chunks, self.carry, self.apply = (module.get_function(k) for k in ("scan_chunks", "scan_carry",
                                                                                 "scan_apply"))
 
@@ -186,8 +186,8 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
             if kernel is not None:
                 a, b = (coefficients[f"{part}:{state}"].reshape(T, B, size) for part in "ab")
             else:
-                a = _full(affine.a.compute(env) if affine.a is not None else 0.0, (T, B, size), dtype, xp)
-                b = _full(affine.b.compute(env) if affine.b is not None else 0.0, (T, B, size), dtype, xp)
+                a = full_array(affine.a.compute(env) if affine.a is not None else 0.0, (T, B, size), dtype, xp)
+                b = full_array(affine.b.compute(env) if affine.b is not None else 0.0, (T, B, size), dtype, xp)
             sequence = scan(a, b, initial, xp)
             sequences[state] = sequence
             if any(state in cell[n].args for n in post):          # read after the scan: its value at t - 1
@@ -196,7 +196,7 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
         evaluate(cell, post, env, layer_params, xp)
         for state in found.after:
             size = network.state_size(state)
-            sequences[state] = _full(env[nexts[state]], (rows, size), dtype, xp).reshape(T, B, size)
+            sequences[state] = full_array(env[nexts[state]], (rows, size), dtype, xp).reshape(T, B, size)
         for state in cell.state_names:
             finals[state].append(sequences[state][-1])
         layer_in = sequences[cell.output]
@@ -207,12 +207,11 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
 _modules: dict = {}
 
 
-def _inline_scan(plan, cell, env, blocks, layer_params, T, B, n, initial, dtype, xp, poison):
-    """The one scanned state's sequence, its coefficients formed in the scan's passes from the GEMM output and
-    the parameters (no a and b arrays)."""
-    kernel = plan.kernel
+def kernel_inputs(names, env: dict, blocks: dict, layer_params: dict, n: int, xp) -> tuple[tuple, list]:
+    """Where a generated kernel reads each of its inputs (scan_kernel.Layout) and the array it reads it from: a GEMM
+    output's column block in the whole output, the layer input read elementwise, a parameter vector."""
     layouts, pointers = [], []
-    for name in kernel.inputs:
+    for name in names:
         if name in blocks:
             product, offset = blocks[name]
             layouts.append(scan_kernel.Layout("rows", product.shape[1], offset))
@@ -223,7 +222,14 @@ def _inline_scan(plan, cell, env, blocks, layer_params, T, B, n, initial, dtype,
         else:
             layouts.append(scan_kernel.Layout("vector"))
             pointers.append(xp.ascontiguousarray(xp.broadcast_to(layer_params[name], (n,))))
-    layouts = tuple(layouts)
+    return tuple(layouts), pointers
+
+
+def _inline_scan(plan, cell, env, blocks, layer_params, T, B, n, initial, dtype, xp, poison):
+    """The one scanned state's sequence, its coefficients formed in the scan's passes from the GEMM output and
+    the parameters (no a and b arrays)."""
+    kernel = plan.kernel
+    layouts, pointers = kernel_inputs(kernel.inputs, env, blocks, layer_params, n, xp)
     functions = plan.launches.get(layouts)
     if functions is None:
         source = scan_kernel.fused_scan_source(kernel, layouts, np.dtype(dtype))
@@ -275,10 +281,7 @@ def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp, gr
             evaluate(cell, [n for n in cell.topo_order if n in free and n != operand and n in _upstream(cell, operand)]
                      + [operand], env, layer_params, xp)
         weights = [layer_params[cell[n].args[0]] for n in names]
-        key = "+".join(cell[n].args[0] for n in names)         # kept with the parameters: stacked once a program
-        stacked = weights[0] if len(weights) == 1 else layer_params.get(key)
-        if stacked is None:
-            stacked = layer_params[key] = xp.concatenate(weights)
+        stacked = stacked_weights(layer_params, [cell[n].args[0] for n in names], xp)
         product = env[operand] @ stacked.T
         offset = 0
         for name, weight in zip(names, weights):
@@ -286,6 +289,17 @@ def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp, gr
             blocks[name] = (product, offset)
             offset += weight.shape[0]
     return blocks
+
+
+def stacked_weights(layer_params: dict, names: list[str], xp):
+    """The weights `names` stacked by rows, for one GEMM; kept with the parameters under "W_a+W_b" (a program's
+    are uploaded once, so they are stacked once)."""
+    if len(names) == 1:
+        return layer_params[names[0]]
+    key = "+".join(names)
+    if key not in layer_params:
+        layer_params[key] = xp.concatenate([layer_params[w] for w in names])
+    return layer_params[key]
 
 
 @functools.lru_cache(maxsize=64)
@@ -314,7 +328,7 @@ def initial_state(initial_states, state, layer, shape, dtype, xp):
     return xp.zeros(shape, dtype=dtype)
 
 
-def _full(value, shape, dtype, xp):
+def full_array(value, shape, dtype, xp):
     """`value` (a number, a (rows, n) or (n,) array) as a contiguous array of `shape` (steps, batch, n) or (rows, n)."""
     array = xp.asarray(value, dtype=dtype)
     if array.ndim == 2 and len(shape) == 3:

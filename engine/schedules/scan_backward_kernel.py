@@ -23,6 +23,14 @@ from ..passes.scan import analyse_scan
 from .scan_kernel import FreeKernel, Layout
 
 
+def _operator(symbol: str, reflected: bool = False):
+    """Sym's method for `symbol`: (self op other), or (other op self) for the reflected one."""
+    def method(self, other):
+        left, right = (self._of(other), self.text) if reflected else (self.text, self._of(other))
+        return Sym(f"({left} {symbol} {right})", self.literal)
+    return method
+
+
 class Sym:
     """A C expression that Expr.compute and Expr.grad can run on: +, -, *, / and numbers build its text."""
 
@@ -32,29 +40,10 @@ class Sym:
     def _of(self, other) -> str:
         return other.text if isinstance(other, Sym) else self.literal(float(other))
 
-    def __add__(self, other):
-        return Sym(f"({self.text} + {self._of(other)})", self.literal)
-
-    def __radd__(self, other):
-        return Sym(f"({self._of(other)} + {self.text})", self.literal)
-
-    def __sub__(self, other):
-        return Sym(f"({self.text} - {self._of(other)})", self.literal)
-
-    def __rsub__(self, other):
-        return Sym(f"({self._of(other)} - {self.text})", self.literal)
-
-    def __mul__(self, other):
-        return Sym(f"({self.text} * {self._of(other)})", self.literal)
-
-    def __rmul__(self, other):
-        return Sym(f"({self._of(other)} * {self.text})", self.literal)
-
-    def __truediv__(self, other):
-        return Sym(f"({self.text} / {self._of(other)})", self.literal)
-
-    def __rtruediv__(self, other):
-        return Sym(f"({self._of(other)} / {self.text})", self.literal)
+    __add__, __radd__ = _operator("+"), _operator("+", reflected=True)
+    __sub__, __rsub__ = _operator("-"), _operator("-", reflected=True)
+    __mul__, __rmul__ = _operator("*"), _operator("*", reflected=True)
+    __truediv__, __rtruediv__ = _operator("/"), _operator("/", reflected=True)
 
     def __neg__(self):
         return Sym(f"(-{self.text})", self.literal)

@@ -29,10 +29,13 @@ from .scan import (
     analysis_or_refusal,
     cuda_scan,
     evaluate,
+    full_array,
     grouped_matmuls,
     initial_state,
+    kernel_inputs,
     matmuls_by_operand,
     sequential_scan,
+    stacked_weights,
 )
 from .scan_backward_kernel import backward_source
 
@@ -71,8 +74,8 @@ def scan_gradients(network, params, x, initial_states: dict | None = None, d_out
         for state, affine in found.scanned.items():
             n = network.state_size(state)
             initial = initial_state(initial_states, state, layer, (B, n), dtype, xp)
-            a = _as_steps(affine.a.compute(env) if affine.a is not None else 0.0, T, B, n, dtype, xp)
-            b = _as_steps(affine.b.compute(env) if affine.b is not None else 0.0, T, B, n, dtype, xp)
+            a = full_array(affine.a.compute(env) if affine.a is not None else 0.0, (T, B, n), dtype, xp)
+            b = full_array(affine.b.compute(env) if affine.b is not None else 0.0, (T, B, n), dtype, xp)
             sequence = scan(a, b, initial, xp)
             previous = xp.concatenate([initial[None], sequence[:-1]])
             tape["scanned"][state] = (a, previous)
@@ -103,11 +106,11 @@ def scan_gradients(network, params, x, initial_states: dict | None = None, d_out
             _backward_node(cell, name, adj.pop(name, None), env, add)
         for state, (a, previous) in tape["scanned"].items():
             n = network.state_size(state)
-            direct = _as_steps(adj.pop(nexts[state], 0.0), T, B, n, dtype, xp)
+            direct = full_array(adj.pop(nexts[state], 0.0), (T, B, n), dtype, xp).copy()     # added to below
             read = adj.pop(state, None)                           # s[t-1] read after the scan, at step t
             d_initial = xp.zeros((B, n), dtype=dtype)
             if read is not None:
-                read = _as_steps(read, T, B, n, dtype, xp)
+                read = full_array(read, (T, B, n), dtype, xp)
                 direct[:-1] += read[1:]
                 d_initial += read[0]
             shifted = xp.concatenate([a[1:], xp.zeros_like(a[:1])])          # a[t+1], 0 past the end
@@ -156,16 +159,6 @@ def _backward_node(cell, name: str, dy, env: dict, add) -> None:
             continue
         term = dy if rule.passes_through else apply_backward(rule.op, [frame[a] for a in rule.args], node.attr_dict)
         add(arg, term)
-
-
-def _as_steps(value, T, B, n, dtype, xp):
-    """A coefficient or adjoint (a number, (n,), (T * B, n)) as a contiguous (T, B, n) array of its own."""
-    array = xp.asarray(value, dtype=dtype)
-    if array.ndim == 2:
-        array = array.reshape(T, B, n)
-    out = xp.empty((T, B, n), dtype=dtype)      # C order, whatever the value's strides: the scan kernel indexes it
-    out[...] = array                            # so (a copy of a broadcast keeps its zero strides in CuPy)
-    return out
 
 
 # ---- the fast path on the GPU: generated kernels, one GEMM each way -------------------------------------------------
@@ -217,25 +210,14 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
         shifted = xp.concatenate([a[1:], xp.zeros_like(a[:1])])
         g = scan(shifted[::-1], direct[::-1], xp.zeros((B, n), dtype=dtype), xp)[::-1]
         d_initial[layer] = a[0] * g[0]
-        layouts, pointers, outs, products = [], [], [], {}
-        for name in spec.inputs:
+        layouts, pointers = kernel_inputs(spec.inputs, env, blocks, lp, n, xp)
+        products, outs = {}, []                    # each input's adjoint: a GEMM output's in one buffer like it
+        for name, pointer in zip(spec.inputs, pointers):
             if name in blocks:
-                product, offset = blocks[name]
-                key = id(product)
-                if key not in products:
-                    products[key] = (product, xp.zeros_like(product))
-                layouts.append(scan_kernel.Layout("rows", product.shape[1], offset))
-                pointers.append(product)
-                outs.append(products[key][1])
-            elif name in env:
-                layouts.append(scan_kernel.Layout("rows", env[name].shape[1], 0))
-                pointers.append(xp.ascontiguousarray(env[name]))
-                outs.append(xp.zeros_like(pointers[-1]))
+                outs.append(products.setdefault(id(pointer), (pointer, xp.zeros_like(pointer)))[1])
             else:
-                layouts.append(scan_kernel.Layout("vector"))
-                pointers.append(xp.ascontiguousarray(xp.broadcast_to(lp[name], (n,))))
-                outs.append(xp.empty((rows, n), dtype=dtype))
-        module = _backward_module(backward_source(cell, spec, state, tuple(layouts), np.dtype(dtype)), cell.name)
+                outs.append(xp.zeros_like(pointer) if name in env else xp.empty((rows, n), dtype=dtype))
+        module = _backward_module(backward_source(cell, spec, state, layouts, np.dtype(dtype)), cell.name)
         kernel = module.get_function("scan_free_backward")
         threads = 256
         kernel((-(-rows * n // threads),), (threads,),
@@ -255,7 +237,7 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
             if gradient is None:
                 continue
             weights = [cell[m].args[0] for m in names]
-            stacked = xp.concatenate([lp[w] for w in weights]) if len(weights) > 1 else lp[weights[0]]
+            stacked = stacked_weights(lp, weights, xp)            # the forward's GEMM stacked them
             d_in += gradient @ stacked
             d_stacked = gradient.T @ env[operand]
             offset = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from ..backends.naive import c_literal, double_spelling, preamble
 from ..ir import CellGraph
 from ..ops import OPS
 from ..passes.scan import Expr, ScanAnalysis, analyse_scan
+
+CARRY = Path(__file__).resolve().parents[2] / "kernels" / "scan_carry.cuh"
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,9 @@ class Layout:
 
 @lru_cache(maxsize=64)
 def fused_scan_source(spec: FreeKernel, layouts: tuple[Layout, ...], dtype) -> str:
-    """CUDA source of scan_chunks, scan_carry and scan_apply (kernels/scan.cu's passes) with the statements of
-    `spec` (free_kernel of a cell with one scanned state and nothing wanted) computing a[t] and b[t] in place."""
+    """CUDA source of scan_chunks and scan_apply (kernels/scan.cu's passes 1 and 3) with the statements of `spec`
+    (free_kernel of a cell with one scanned state and nothing wanted) computing a[t] and b[t] in place, and
+    kernels/scan_carry.cuh (pass 2) as it is."""
     c_type = "double" if np.dtype(dtype) == np.dtype(np.float64) else "float"
     params = "".join(f"const {c_type}* __restrict__ p{k}, " for k in range(len(layouts)))
 
@@ -155,18 +159,7 @@ extern "C" __global__ void scan_chunks({params}SCAN_T* __restrict__ map_a, SCAN_
   map_b[blockIdx.y * batch * n + c] = pb;
 }}
 
-extern "C" __global__ void scan_carry(const SCAN_T* __restrict__ map_a, const SCAN_T* __restrict__ map_b,
-                                      const SCAN_T* __restrict__ initial, SCAN_T* __restrict__ entering,
-                                      int chunks, long long chains) {{
-  const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= chains) return;
-  SCAN_T s = initial[c];
-  for (int k = 0; k < chunks; ++k) {{
-    entering[k * chains + c] = s;
-    s = map_a[k * chains + c] * s + map_b[k * chains + c];
-  }}
-}}
-
+// @CARRY
 extern "C" __global__ void scan_apply({params}const SCAN_T* __restrict__ entering, SCAN_T* __restrict__ out,
                                       int steps, int batch, long long n, int chunk) {{
   const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -181,4 +174,4 @@ extern "C" __global__ void scan_apply({params}const SCAN_T* __restrict__ enterin
   }}
 }}
 """
-    return preamble() + body
+    return preamble() + body.replace("// @CARRY", CARRY.read_text())

@@ -46,7 +46,7 @@ invalid_step = st.one_of(
     st.tuples(st.just("bad_combine"), index, st.sampled_from(BAD_THINGS)),
     st.tuples(st.just("bad_number"), index, st.sampled_from(BAD_NUMBERS)),
     st.tuples(st.just("compare"), index, index, st.sampled_from(("==", "!=", "<", "bool"))),
-    st.tuples(st.just("divide"), index),
+    st.tuples(st.just("floor_divide"), index),        # `/` builds a div op; `//` has no op
     st.tuples(st.just("bad_name"), st.sampled_from(("W", "b", "v", "const", "named")),
               st.sampled_from((5, None, "", "two words"))),
     st.tuples(st.just("weight_second"), index),
@@ -190,8 +190,8 @@ def invalid(kind, args, at):
         a, c = at(args[0]), at(args[1])
         if {"==": lambda: a == c, "!=": lambda: a != c, "<": lambda: a < c, "bool": lambda: bool(a)}[args[2]]():
             pass
-    elif kind == "divide":
-        at(args[0]) / 2
+    elif kind == "floor_divide":
+        at(args[0]) // 2
     elif kind == "bad_name":
         helper, name = args
         {"W": lambda: W(name) @ at(0), "b": lambda: b(name), "v": lambda: v(name), "const": lambda: const(1.0, 5 if name is None else name),

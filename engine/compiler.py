@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from . import codegen
 from .codegen.precision import precision as lookup_precision
+from .dense import dense_form
 from .errors import BackendError, CompileError
 from .ir import CellGraph
 from .network import Network
@@ -36,6 +37,7 @@ def compile_cell(cell: CellGraph, passes=None, *, layout: str = "blocked", preci
         raise CompileError(f"unknown weight layout '{layout}'; hint: use one of {', '.join(LAYOUTS)}")
     precision = lookup_precision(precision).name     # raises CompileError naming the supported ones
     chosen = enabled_passes(passes)
+    cell = dense_form(cell).cell         # heads weights as block-diagonal ones, sum_h/mean_h as matmuls (engine.dense)
     return _compile(cell, tuple(sorted(chosen.items())), layout, precision)
 
 

@@ -34,6 +34,7 @@ from .ir import DIMS, SCALAR, STATE_DIMS, UNKNOWN, CellGraph, Node, StateSpec, m
 from .ops import OPS, dsl_functions, on_change
 
 _BUILDERS: list["_Builder"] = []
+MAX_HEADS = 4096
 
 
 class _Builder:
@@ -71,6 +72,8 @@ class _Builder:
             return self.by_name[node.args[0]].attr("rows")
         if node.op == "const":
             return SCALAR
+        if node.op in OPS and OPS[node.op].kind == "reduction":      # a row's sum or mean, at every unit: H (ir checks the operand)
+            return "H"
         dims = {self.dims[a] for a in node.args} - {SCALAR}
         if self.input_is_hidden and dims == {"I", "H"}:
             return "H"
@@ -323,10 +326,12 @@ class Value:
 
 
 class WeightRef:
-    """A weight matrix; `W(name) @ value` applies it. Rows default to H; columns follow the operand."""
+    """A weight matrix; `W(name) @ value` applies it. Rows default to H; columns follow the operand. heads=k makes
+    it block-diagonal: k independent (rows/k x cols/k) blocks, head j's block reading and writing the j-th k-th of
+    the units (the multi-head recurrence of sLSTM); stored as (k, rows/k, cols/k)."""
 
-    def __init__(self, name: str, rows: str = "H"):
-        self.name, self.rows = name, rows
+    def __init__(self, name: str, rows: str = "H", heads: int = 1):
+        self.name, self.rows, self.heads = name, rows, heads
 
     def __matmul__(self, operand: Value) -> Value:
         if not isinstance(operand, Value):
@@ -341,7 +346,12 @@ class WeightRef:
             raise CellGraphError(Problem(
                 f"weight has {existing.attr('cols')} columns but is applied to a value of size {cols}",
                 node=self.name, field="attrs.cols", hint="use a separate weight for each operand size"))
-        w = builder.leaf(self.name, "weight", rows=self.rows, cols=cols)
+        if existing is not None and existing.op == "weight" and existing.attr("heads", 1) != self.heads:
+            raise CellGraphError(Problem(
+                f"weight is used with heads={existing.attr('heads', 1)} and heads={self.heads}", node=self.name,
+                field="attrs.heads", hint="give the weight one heads count, or use a separate weight"))
+        heads = {} if self.heads == 1 else {"heads": self.heads}
+        w = builder.leaf(self.name, "weight", rows=self.rows, cols=cols, **heads)
         return builder.op("matmul", w, operand)
 
     def __rmatmul__(self, other):
@@ -367,8 +377,12 @@ def _arguments_checked(fn: Callable) -> Callable:
 
 
 @_arguments_checked
-def W(name: str, rows: str = "H") -> WeightRef:
-    return WeightRef(_check_name(name, "W"), _check_dim(rows, "W", "rows"))
+def W(name: str, rows: str = "H", heads: int = 1) -> WeightRef:
+    if isinstance(heads, bool) or not isinstance(heads, numbers.Integral) or not 1 <= heads <= MAX_HEADS:
+        raise CellGraphError(Problem(f"W('{name}'): heads must be a whole number from 1 to {MAX_HEADS}, got "
+                                     f"{_shown(heads)}", node=str(name)[:60], field="heads",
+                                     hint="e.g. W(\"R\", heads=4): four blocks; hidden_size must be a multiple"))
+    return WeightRef(_check_name(name, "W"), _check_dim(rows, "W", "rows"), int(heads))
 
 
 @_arguments_checked
@@ -379,6 +393,45 @@ def b(name: str, dim: str = "H") -> Value:
 @_arguments_checked
 def v(name: str, dim: str = "H") -> Value:
     return _current().leaf(_check_name(name, "v"), "vector", dim=_check_dim(dim, "v", "dim"))
+
+
+@_arguments_checked
+def layer_norm(value, gain=None, bias=None, eps: float = 1e-5):
+    """Layer normalization over the H units of each row (Ba, Kiros & Hinton 2016): (value - mean) / sqrt(var + eps),
+    times gain, plus bias (`v(...)`, `b(...)` vectors, or None). Given a list of H-sized values, it normalizes them
+    jointly, as one row of len(list) * H units (the 4H gate pre-activations of Haste's LayerNormLSTM), and returns
+    the list; gain and bias are then lists too. Built from mean_h, sub, mul, add and rsqrt: every backend runs it
+    and its gradient follows from theirs."""
+    many = isinstance(value, (list, tuple))
+    values, gains, biases = ((list(a) if isinstance(a, (list, tuple)) else [a] * len(value)) if many else [a]
+                             for a in (value, gain, bias))
+    for label, items in (("value", values), ("gain", gains), ("bias", biases)):
+        bad = [item for item in items if not (isinstance(item, Value) or (item is None and label != "value"))]
+        if bad or not items or len(items) != len(values):
+            raise CellGraphError(Problem(f"layer_norm(): '{label}' needs {len(values)} cell value(s), got "
+                                         f"{_shown(bad[0] if bad else items)}", field=label,
+                                         hint="layer_norm(v, gain=v('g'), bias=b('beta')), or lists of equal "
+                                              "length to normalize several values jointly"))
+    eps = _number(eps, "layer_norm() argument 'eps'")
+    if not eps > 0:
+        raise CellGraphError(Problem(f"layer_norm(): eps must be > 0, got {eps}", field="eps",
+                                     hint="a small positive number such as 1e-5 keeps rsqrt finite"))
+    mean_h, rsqrt = op_function("mean_h"), op_function("rsqrt")
+
+    def mean(parts):                  # the mean over every unit of the parts: the mean of their means
+        total = mean_h(parts[0])
+        for part in parts[1:]:
+            total = total + mean_h(part)
+        return total if len(parts) == 1 else total * (1.0 / len(parts))
+
+    mu = mean(values)
+    centred = [part - mu for part in values]
+    scale = rsqrt(mean([d * d for d in centred]) + eps)
+    out = []
+    for d, g, beta in zip(centred, gains, biases):
+        y = d * scale if g is None else d * scale * g
+        out.append(y if beta is None else y + beta)
+    return out if many else out[0]
 
 
 def auto_const_name(value: float) -> str:

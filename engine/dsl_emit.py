@@ -202,8 +202,9 @@ class _Writer:
         if node.op == "matmul":
             weight = self.graph[args[0]]
             rows = weight.attr("rows")
-            w = f"{self.helper('W')}({_text(weight.name)})" if rows == "H" else \
-                f"{self.helper('W')}({_text(weight.name)}, rows={_text(rows)})"
+            heads = weight.attr("heads", 1)
+            w = (f"{self.helper('W')}({_text(weight.name)}" + ("" if rows == "H" else f", rows={_text(rows)}")
+                 + ("" if heads == 1 else f", heads={heads}") + ")")
             return f"{w} @ {self.operand(args[1], _PRODUCT, right=True)}", _PRODUCT
         if node.op in ("add", "sub"):
             sign = "+" if node.op == "add" else "-"

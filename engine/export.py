@@ -23,6 +23,7 @@ import numpy as np
 from .c_names import kernel_prefix
 from .codegen import GENERATOR_VERSION, helper_source, text_equations
 from .codegen.cuda import ROW_BIAS_HELPER, THREADS_PER_BLOCK
+from .dense import dense
 from .errors import CompileError
 from .explain import build_plan, resolve
 from .files import as_path, check_destination, write_text, write_with
@@ -86,6 +87,7 @@ def write_run_files(directory, program: Program, network: Network, params: Param
     """weights.bin (packed as the program expects), x.bin and states.bin, raw float32 little-endian."""
     directory = as_path(directory, "run-files folder")
     check_destination(directory / "weights.bin", "program data")
+    network, params = dense(network, params)      # the program's weights: heads block-diagonal, reductions' matrices
     chunks = []
     for layer in range(network.num_layers):
         packed = pack_weights(program, network, params, layer, dtype=np.float64)

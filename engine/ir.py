@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterable
@@ -29,6 +30,7 @@ DIMS = ("I", "H", "P")
 STATE_DIMS = ("H", "P")   # the sizes a state may have
 SCALAR = "1"  # the dim of a const: broadcasts against any vector
 UNKNOWN = "?"  # the dim of a value downstream of a reported mismatch (not reported again)
+MAX_HEADS = 4096   # a weight's block count (W("R", heads=k)); the network checks that k divides its sizes
 
 # The cell graph's format: its name and version head every saved graph (engine.serialize) and are part of
 # the structural hash. Bump VERSION when what a node means changes.
@@ -182,6 +184,17 @@ class CellGraph:
         return self.state_dim(self.output)
 
     @property
+    def size_multiple(self) -> int:
+        """What every size a weight of heads spans must be a multiple of (the lcm of the heads counts; 1 without
+        heads): engine.Network refuses other sizes by name."""
+        return math.lcm(1, *(n.attr("heads", 1) for n in self.nodes if n.op == "weight"))
+
+    def fit_size(self, size: int) -> int:
+        """The smallest multiple of size_multiple that is at least `size` (a size this cell's heads can take)."""
+        k = self.size_multiple
+        return -(-size // k) * k
+
+    @property
     def uses_projection(self) -> bool:
         """Whether any value has size P: the network then has a projection size (Network.proj_size)."""
         return any(n.attr("dim") == "P" or "P" in (n.attr("rows"), n.attr("cols")) for n in self.nodes)
@@ -191,6 +204,9 @@ class CellGraph:
         node = self[name]
         size = {"I": input_size, "H": hidden_size, "P": hidden_size if proj_size is None else proj_size}
         if node.op == "weight":
+            heads = node.attr("heads", 1)
+            if heads > 1:                     # k blocks of (rows/k, cols/k); engine.network checks k divides both
+                return (heads, size[node.attr("rows")] // heads, size[node.attr("cols")] // heads)
             return (size[node.attr("rows")], size[node.attr("cols")])
         return (size[node.attr("dim", "H")],)
 
@@ -429,7 +445,7 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
 
 
 # The attributes each leaf kind reads; an op reads the ones its OpDef lists.
-LEAF_ATTRS = {"input": (), "state": ("dim",), "weight": ("rows", "cols"), "bias": ("dim",), "vector": ("dim",),
+LEAF_ATTRS = {"input": (), "state": ("dim",), "weight": ("rows", "cols", "heads"), "bias": ("dim",), "vector": ("dim",),
               "const": ("value",)}
 
 
@@ -452,6 +468,12 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
                     out.append(Problem(f"weight {key} must be one of {DIMS}, got {shown(n.attr(key))}", node=n.name,
                                        field=f"attrs.{key}", hint="rows is usually 'H'; cols is the size of the "
                                        "value it multiplies"))
+            heads = n.attr("heads", 1)
+            if isinstance(heads, bool) or not isinstance(heads, int) or not 1 <= heads <= MAX_HEADS:
+                out.append(Problem(f"weight heads must be a whole number from 1 to {MAX_HEADS}, got {shown(heads)}",
+                                   node=n.name, field="attrs.heads",
+                                   hint="1 for a dense weight; k for k independent blocks (hidden_size a multiple "
+                                        "of k)"))
         if n.op == "state" and n.attr("dim", "H") not in STATE_DIMS:
             out.append(Problem(f"a state's dim must be one of {STATE_DIMS}, got {shown(n.attr('dim'))}", node=n.name,
                                field="attrs.dim", hint="'H' (the default), or 'P' for a projected state such as "
@@ -529,6 +551,14 @@ def infer_dims(by_name: dict[str, Node], order: Iterable[str],
             dims[name] = size(n.attr("dim", "H"))
         elif n.op == "const":
             dims[name] = SCALAR
+        elif OPS[n.op].kind == "reduction":
+            (operand,) = n.args
+            if dims[operand] not in ("H", UNKNOWN):
+                problems.append(Problem(f"'{n.op}' reduces over the H hidden units, but '{operand}' has size "
+                                        f"{dims[operand]}", node=name, field="args.x",
+                                        hint="reduce an H-sized value (a gate, a state, a W @ h); project an input "
+                                             "or P-sized value to H first with a weight"))
+            dims[name] = "H" if dims[operand] != UNKNOWN else UNKNOWN
         elif n.op == "matmul":
             w, operand = (by_name[a] for a in n.args)
             od = dims[operand.name]

@@ -74,6 +74,21 @@ class Network:
                                f"got input_size={self.input_size}, hidden_size={self.hidden_size}; hint: use "
                                "input_size == hidden_size, or project x with a weight first")
 
+        for w in self.cell.params:
+            heads = w.attr("heads", 1) if w.op == "weight" else 1
+            if heads == 1:
+                continue
+            for layer in range(min(self.num_layers, 2)):          # every layer after the first has layer 1's sizes
+                sizes = self.layer_sizes(layer)
+                for side in ("rows", "cols"):
+                    dim = w.attr(side)
+                    if sizes[dim] % heads:
+                        size_name = {"I": "input_size" if layer == 0 else "the layer input size (the output size)",
+                                     "H": "hidden_size", "P": "proj_size"}[dim]
+                        raise BackendError(f"weight '{w.name}' of cell '{self.cell.name}' has heads={heads}, which "
+                                           f"does not divide its {side} ({size_name} = {sizes[dim]}); hint: make "
+                                           f"{size_name} a multiple of {heads}, or give the weight fewer heads")
+
     @property
     def projection_size(self) -> int:
         """P: proj_size, or the hidden size when it is not given."""

@@ -74,6 +74,53 @@ def _outer(dy, operand):
     return dy.T @ np.broadcast_to(operand, (dy.shape[0], operand.shape[-1]))
 
 
+def matmul_apply(weight, operand):
+    """weight times each row of operand: (B, cols) -> (B, rows). A weight of heads (heads, rows/heads, cols/heads) is
+    block-diagonal: head k's block multiplies columns k*cols/heads.. of the operand and gives the same rows' block."""
+    if weight.ndim == 3:
+        heads, rows, cols = weight.shape
+        lead = operand.shape[:-1]
+        blocks = operand.reshape(lead + (heads, cols))
+        return _einsum(operand)("...hc,hrc->...hr", blocks, weight).reshape(lead + (heads * rows,))
+    return operand @ weight.T                            # (B, cols) @ (cols, rows) -> (B, rows)
+
+
+def _einsum(array):
+    """np.einsum or cupy.einsum, as `array` lives."""
+    if type(array).__module__.split(".")[0] == "cupy":
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
+        return cupy.einsum
+    return np.einsum
+
+
+def _matmul_t(weight, dy):
+    """The operand's adjoint term W^T dy, (B, rows) -> (B, cols); block by block for a weight of heads."""
+    if weight.ndim == 3:
+        heads, rows, cols = weight.shape
+        return _einsum(dy)("bhr,hrc->bhc", dy.reshape(-1, heads, rows), weight).reshape(-1, heads * cols)
+    return dy @ weight
+
+
+def outer_heads(dy, operand, heads: int):
+    """A weight's gradient dy^T operand summed over the batch; for a weight of `heads` blocks, only the blocks:
+    (heads, rows/heads, cols/heads)."""
+    if heads == 1:
+        return _outer(dy, operand)
+    if operand.ndim != 2 or operand.shape[0] != dy.shape[0]:
+        operand = np.broadcast_to(operand, (dy.shape[0], operand.shape[-1]))
+    b = dy.shape[0]
+    return _einsum(dy)("bhr,bhc->hrc", dy.reshape(b, heads, -1), operand.reshape(b, heads, -1))
+
+
+def _sum_h(x):
+    """The sum over the hidden units of each row, broadcast back to every unit (the row's sum at each position)."""
+    return x.sum(axis=-1, keepdims=True).repeat(x.shape[-1], axis=-1)
+
+
+def _mean_h(x):
+    return x.mean(axis=-1, keepdims=True).repeat(x.shape[-1], axis=-1)
+
+
 def _batch_sum(dy):
     """dy summed over its rows. On the GPU a (rows, n) array with many rows is summed as ones(rows) @ dy, a cuBLAS
     GEMV: CuPy's reduction over the first axis took 160 us for 6400 x 512 floats, the GEMV a few."""
@@ -197,7 +244,7 @@ class OpDef:
     def dsl_function(self) -> str | None:
         """The engine.dsl function that builds this op, or None: a matmul is written `W(...) @ x` and an op with
         attributes through Python (scale: `0.5 * x`)."""
-        return self.name if self.kind == "elementwise" and not self.attrs else None
+        return self.name if self.kind in ("elementwise", "reduction") and not self.attrs else None
 
 
 OPS: dict[str, OpDef] = {op.name: op for op in [
@@ -331,7 +378,16 @@ OPS: dict[str, OpDef] = {op.name: op for op in [
                           r"{dy} \odot [{a} < {b}]", description="dy where a < b, dy / 2 where a == b, else 0",
                           category="gradient"),),
           torch="torch.minimum({a}, {b})", cuda_helper="minf_"),
+    # Reductions over the hidden units of each batch row, broadcast back: every unit of the result holds its row's
+    # sum (mean). The adjoint of a broadcast sum is the broadcast sum of the adjoint: each rule is its own op.
+    OpDef("sum_h", ("x",), "reduction", _sum_h, None, r"\mathrm{{sum}}_H({x})",
+          description="the sum over the H units of each row, at every unit (a row's total)", category="reduction",
+          vjp=(Vjp("sum_h", ("dy",)),), torch="{x}.sum(-1, keepdim=True).expand_as({x})"),
+    OpDef("mean_h", ("x",), "reduction", _mean_h, None, r"\mathrm{{mean}}_H({x})",
+          description="the mean over the H units of each row, at every unit (LayerNorm's mean and variance)",
+          category="reduction", vjp=(Vjp("mean_h", ("dy",)),), torch="{x}.mean(-1, keepdim=True).expand_as({x})"),
 ]}
+
 
 
 # The ops only a backward step uses: those the forward ops' rules name (their `grad_ops`), then the ones the
@@ -342,7 +398,7 @@ _STEP_GRAD_OPS = (
     OpDef("sum", ("terms",), "sum", _sum, None, r"\sum {terms}",
           description="the adjoint of a value read several times: the sum of its consumers' terms",
           category="gradient"),
-    OpDef("matmul_t", ("weight", "dy"), "matmul", lambda weight, dy: dy @ weight, None, r"{weight}^\top {dy}",
+    OpDef("matmul_t", ("weight", "dy"), "matmul", _matmul_t, None, r"{weight}^\top {dy}",
           description="the operand's adjoint term W^T dy: (B, rows) @ (rows, cols)", category="gradient"),
     OpDef("outer", ("dy", "operand"), "matmul", _outer, None, r"{dy}^\top {operand}",
           description="a weight's gradient dy^T operand, summed over the batch (rows x cols)",
@@ -360,6 +416,12 @@ def activations() -> tuple[str, ...]:
     """The activations, in table order: the designer's gate and candidate offer them, and the DSL names the
     value an activation reads `<value>_pre`."""
     return tuple(op.name for op in OPS.values() if op.is_activation)
+
+
+def reductions() -> tuple[str, ...]:
+    """The ops over the hidden units of a row (kind "reduction": sum_h, mean_h). The compiled paths run each as a
+    matmul by a fixed matrix (engine/dense.py); the NumPy reference and the naive backend run them directly."""
+    return tuple(op.name for op in OPS.values() if op.kind == "reduction")
 
 
 def dsl_functions() -> tuple[str, ...]:
@@ -428,7 +490,10 @@ def apply_elementwise(op: str, args: list, attrs: dict):
 
 
 def apply_backward(op: str, args: list, attrs: dict):
-    """The reference meaning of a backward op: one of GRAD_OPS, or a forward elementwise op (mul, neg, scale)."""
+    """The reference meaning of a backward op: one of GRAD_OPS, or a forward elementwise op (mul, neg, scale). A
+    weight's gradient (outer) of a weight of heads keeps only its blocks (attrs["heads"])."""
+    if op == "outer":
+        return outer_heads(*args, attrs.get("heads", 1))
     if op in GRAD_OPS:
         return GRAD_OPS[op].numpy(*args)
     return apply_elementwise(op, args, attrs)

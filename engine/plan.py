@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .dense import dense
 from .errors import CompileError
 from .flops import matmul_flops, statement_flops
 from .ir import CellGraph
@@ -506,7 +507,9 @@ class PackedGemm:
 
 def pack_weights(program: Program, network: Network, params: Params, layer: int,
                  dtype=np.float64) -> dict[str, PackedGemm]:
-    """Pack one layer's parameters into the GEMM matrices, following each Gemm's recorded layout."""
+    """Pack one layer's parameters into the GEMM matrices, following each Gemm's recorded layout. A network whose
+    cell has heads or reductions is packed in its dense form (the Program's; engine/dense.py)."""
+    network, params = dense(network, params)
     sizes = network.layer_sizes(layer)
     values = params[layer]
     cell = program.cell

@@ -136,7 +136,9 @@ def every_op(x, h, k):
     smooth = silu(a) + gelu(a) - log_sigmoid(a) + softplus(-a) + exp(-abs(a))
     ratio = dsl.max(a, h) / (2 + abs(dsl.min(a, k)))
     roots = sqrt(abs(h) + 0.5) * rsqrt(1 + abs(k)) + log(2 + abs(a))
-    h_next = mix - 0.25 * (v("p") * k) + 1.5 + 0.125 * (smooth * ratio - roots)
+    centred = mix - dsl.mean_h(mix)                     # the reductions over H: a row's mean and sum
+    spread = centred * rsqrt(1 + dsl.sum_h(centred * centred))
+    h_next = mix - 0.25 * (v("p") * k) + 1.5 + 0.125 * (smooth * ratio - roots) + 0.5 * spread
     k_next = sigmoid(b("b_k"))
     return {"h": h_next, "k": k_next}
 

@@ -392,11 +392,12 @@ def torch():
 
 
 def torch_case(cell_graph, num_layers=2, seed=0):
-    net = engine.Network(cell_graph, 5, 7, num_layers)
+    hidden = cell_graph.fit_size(7)                  # 8 for a cell of 4 heads
+    net = engine.Network(cell_graph, 5, hidden, num_layers)
     params = engine.init_params(net, seed=seed)
     rng = np.random.default_rng(seed + 50)
     x = rng.standard_normal((6, 3, 5))
-    states = {s: rng.uniform(-0.8, 0.8, (num_layers, 3, 7)) for s in cell_graph.state_names}
+    states = {s: rng.uniform(-0.8, 0.8, (num_layers, 3, hidden)) for s in cell_graph.state_names}
     return net, params, x, states
 
 

@@ -363,7 +363,7 @@ def test_a_cell_builds_under_a_profiler_and_a_debugger(tmp_path, how):
     assert "built 10" in done.stdout
 
 
-@pytest.mark.parametrize("call", [lambda: W("w", "H", 3), lambda: W(rows="H"), lambda: b("b", foo=1),
+@pytest.mark.parametrize("call", [lambda: W("w", "H", 3, 5), lambda: W(rows="H"), lambda: b("b", foo=1),
                                   lambda: v(), lambda: const()], ids=["W-extra", "W-missing", "b-keyword",
                                                                       "v-missing", "const-missing"])
 def test_a_helper_called_with_arguments_it_does_not_take_names_them(call):

@@ -54,7 +54,8 @@ VARIANTS.update({
 
 
 def _export(cell, passes=None, layout="blocked"):
-    plan = export_plan(cell, passes=passes, layout=layout, chunk_steps=2, **SIZES)
+    sizes = dict(SIZES, hidden_size=cell.fit_size(SIZES["hidden_size"]))      # a multiple of a cell's heads
+    plan = export_plan(cell, passes=passes, layout=layout, chunk_steps=2, **sizes)
     return plan, render_program(plan)
 
 

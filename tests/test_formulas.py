@@ -103,6 +103,49 @@ def mi_lstm(p, x, s):
     return {"c": c, "h": sigmoid(pre("o")) * np.tanh(c)}
 
 
+def layer_norm(parts, eps=1e-5):
+    """Ba et al. 2016: each row of the parts side by side, minus its mean, over its standard deviation (biased)."""
+    joined = np.concatenate(parts, axis=-1)
+    mean = joined.mean(axis=-1, keepdims=True)
+    normed = (joined - mean) / np.sqrt(joined.var(axis=-1, keepdims=True) + eps)
+    return np.split(normed, len(parts), axis=-1)
+
+
+def ln_lstm(p, x, s):
+    """Haste's LayerNormLSTM: LN over the 4H input and recurrent pre-activations (gains), LN of c (gain, bias)."""
+    gates = ("i", "g", "f", "o")
+    wx = layer_norm([lin(p, f"W_{k}", x) for k in gates])
+    rh = layer_norm([lin(p, f"R_{k}", s["h"]) for k in gates])
+    i, g, f, o = (a * p[f"gx_{k}"] + r * p[f"gh_{k}"] + p[f"b_{k}"] for a, r, k in zip(wx, rh, gates))
+    c = sigmoid(f) * s["c"] + sigmoid(i) * np.tanh(g)
+    return {"c": c, "h": sigmoid(o) * np.tanh(layer_norm([c])[0] * p["g_c"] + p["beta_c"])}
+
+
+def ln_gru(p, x, s):
+    """Haste's LayerNormGRU: LN over the 3H projections of x and of h (gains), each plus its own bias."""
+    gates = ("z", "r", "g")
+    wx = [a * p[f"gx_{k}"] + p[f"bx_{k}"] for a, k in zip(layer_norm([lin(p, f"W_{k}", x) for k in gates]), gates)]
+    rh = [a * p[f"gh_{k}"] + p[f"bh_{k}"] for a, k in zip(layer_norm([lin(p, f"R_{k}", s["h"]) for k in gates]),
+                                                          gates)]
+    z, r = sigmoid(wx[0] + rh[0]), sigmoid(wx[1] + rh[1])
+    return {"h": z * s["h"] + (1 - z) * np.tanh(wx[2] + r * rh[2])}
+
+
+def slstm(p, x, s):
+    """xLSTM's sLSTM (Beck et al. 2024, eqs. 8-17), 4 heads (block-diagonal R), with FlashRNN's n >= 1 floor and
+    its first step: m = i~ where n < 1/2 (the zero start; n >= 1 after any step)."""
+    def heads(name, value):
+        k, r, c = p[name].shape
+        return np.einsum("bhc,hrc->bhr", value.reshape(-1, k, c), p[name]).reshape(-1, k * r)
+    pre = {k: lin(p, f"W_{k}", x) + heads(f"R_{k}", s["h"]) + p[f"b_{k}"] for k in "ifzo"}
+    log_f_m = -np.logaddexp(0.0, -pre["f"]) + s["m"]
+    m = np.where(s["n"] < 0.5, pre["i"], np.maximum(pre["i"], log_f_m))
+    i, f = np.exp(pre["i"] - m), np.exp(log_f_m - m)
+    c = f * s["c"] + i * np.tanh(pre["z"])
+    n = np.maximum(f * s["n"] + i, 1.0)
+    return {"h": sigmoid(pre["o"]) * c / n, "c": c, "n": n, "m": m}
+
+
 def greff(variant):
     """Greff et al.'s vanilla LSTM (Sec. II) with one of the paper's eight modifications switched on."""
     def step(p, x, s):
@@ -172,6 +215,9 @@ FORMULAS = {
     "minlstm": minlstm,
     "qrnn_f": qrnn_f,
     "mi_lstm": mi_lstm,
+    "ln_lstm": ln_lstm,
+    "ln_gru": ln_gru,
+    "slstm": slstm,
     "lstm_cifg": lstm_cifg,
     "lstm_fgr": lstm_fgr,
     "vanilla_lstm": greff("vanilla"),

@@ -158,6 +158,7 @@ def run_plan_on_numpy(cell, seed, layers=2, I=4, H=5, T=5, B=3, P=None, plan=Non
     """Relative errors of every gradient of the plan run by NumPy (buffers poisoned) against float64 bptt."""
     from engine.autodiff import fused_tape
     from engine.autodiff.fused_numpy import NumpyRunner
+    H = cell.fit_size(H)                   # a cell of heads takes the next multiple of its heads
     if cell.input_is_hidden:
         I = H
     network = engine.Network(cell, I, H, layers, proj_size=P)

@@ -28,6 +28,7 @@ PASS_CHOICES = [None, []] + [{name: False} for name in PASS_NAMES]
 
 
 def _case(cell, num_layers, seed=0, steps=5, batch=3, input_size=5, hidden_size=7):
+    hidden_size = cell.fit_size(hidden_size)          # a cell of heads takes the next multiple of its heads
     network = engine.Network(cell, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
     params = engine.init_params(network, seed=seed)
     rng = np.random.default_rng(100 + seed)

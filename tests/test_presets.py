@@ -53,7 +53,7 @@ def test_cudnn_presets_have_a_matching_torch_layout(name):
 def test_metadata(name):
     p = PRESETS[name]
     assert p.name == name == p.cell.name
-    assert p.family in {"LSTM", "GRU", "RNN", "min-RNN"}
+    assert p.family in {"LSTM", "GRU", "RNN", "min-RNN", "xLSTM", "LayerNorm"}
     assert p.title.strip()
     assert re.search(r"\b(19|20)\d\d\b", p.citation), "the citation names the year of the paper"
     assert p.latex.strip()

@@ -289,7 +289,8 @@ LAYER_SYNC_CASES = [("lstm", 37, 129, 3, 3, TileConfig(sync="layer")),
 
 
 def render(name, input_size, hidden_size, num_layers, batch, config, persistent, precision="float32"):
-    network = engine.Network(engine.preset(name).cell, input_size=input_size, hidden_size=hidden_size,
+    cell = engine.preset(name).cell            # a cell of heads (slstm) takes the next multiple of its heads
+    network = engine.Network(cell, input_size=input_size, hidden_size=cell.fit_size(hidden_size),
                              num_layers=num_layers)
     program = make_plan(network, 17, batch, layout="interleaved", precision=precision).program
     tiling = make_tiling(program, network, batch, config, H100, persistent=persistent)

@@ -161,9 +161,10 @@ class _Derivation:
         for arg, rule in zip(node.args, spec.vjp):
             if arg not in self.active:
                 continue
-            if rule.role == "weight_grad":
+            if rule.role == "weight_grad":      # a weight of heads keeps its blocks' gradient only
+                heads = self.cell[arg].attr("heads", 1)
                 self._emit(f"grad_{arg}", rule.op, _frame_args(rule, frame), node.name, role="weight_grad",
-                           param=arg)
+                           param=arg, attrs=(("heads", heads),) if heads > 1 else ())
             elif rule.passes_through:
                 self.terms[arg].append(adjoint)
             else:

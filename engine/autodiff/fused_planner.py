@@ -8,6 +8,7 @@ import dataclasses
 from functools import lru_cache
 
 from ..c_names import c_identifier, kernel_prefix
+from ..dense import dense_form
 from ..ir import SCALAR, CellGraph
 from ..ops import OPS
 from ..plan import Lin
@@ -37,7 +38,9 @@ MAX_ZERO_SHARE = 0.25    # a Stack whose grid is more zeros than this is not mad
 @lru_cache(maxsize=64)
 def training_plan(cell: CellGraph) -> TrainingPlan:
     """The fused training plan of `cell` (cached: a pure function of the frozen cell). AutodiffError if the cell has
-    a value the fused path cannot place (named)."""
+    a value the fused path cannot place (named). A cell of heads or reductions is planned in its dense form
+    (engine/dense.py): the parameters it runs on are dense_params'."""
+    cell = dense_form(cell).cell
     return Planner(cell, derived(cell)).run()
 
 

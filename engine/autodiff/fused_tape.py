@@ -17,6 +17,7 @@ import weakref
 
 import numpy as np
 
+from ..dense import compact_gradients, dense
 from ..errors import BackendError
 from ..ir import SCALAR
 from .checks import start_backward
@@ -37,8 +38,9 @@ class FusedTape:
     """What record(backend="fused") returns: the outputs and final states now (copies: the program's buffers are
     reused by the next record), the gradients from backward()."""
 
-    def __init__(self, network, program: Program, outputs, final_states: dict):
+    def __init__(self, network, program: Program, outputs, final_states: dict, source=None):
         self.network, self.program, self.plan = network, program, program.runner.plan
+        self.source = network if source is None else source      # the network whose parameters the gradients are of
         self.split = self.plan.split
         self.outputs, self.final_states = outputs, final_states
         self.dtype, self.xp, self.used = np.float32, program.runner.xp, False
@@ -49,6 +51,8 @@ class FusedTape:
         release = True
         try:
             gradients = self._backward(d_outputs, d_final_states)
+            if self.source is not self.network:      # the dense form's: back to the cell's own parameters and shapes
+                gradients.params = compact_gradients(self.source, gradients.params)
             try:                   # asked once the backward is queued: the GPU runs it meanwhile
                 finite.raise_if_bad()
             except BackendError:   # the forward's values are intact: the tape can take a corrected gradient
@@ -168,7 +172,10 @@ def record(network, params, x, initial_states: dict | None, poison: bool = False
     """The forward pass on the fused training step (fp32, the GPU; runner: fused_numpy.NumpyRunner runs the same plan
     through NumPy). wavefront: the layers' forward as a wavefront of chunks on a stream a layer (default WAVEFRONT).
     Inputs already checked by bptt.record but for finite, their FiniteCheck, asked once the forward is queued;
-    check_memory, called before a new program is made (bptt.record's memory check)."""
+    check_memory, called before a new program is made (bptt.record's memory check). A cell of heads or reductions
+    runs in its dense form (engine/dense.py); the gradients come back in the cell's own parameters and shapes."""
+    source = network
+    network, params = dense(network, params)
     if runner is None:
         runner = gpu_runner(training_plan(network.cell))
     xp, cell = runner.xp, network.cell
@@ -184,4 +191,4 @@ def record(network, params, x, initial_states: dict | None, poison: bool = False
         raise
     outputs = xp.array(program.layers[-1].output()).reshape(T, B, -1)   # copies: the buffers serve the next record
     final_states = {s: xp.stack([layer.state(s, T) for layer in program.layers]) for s in cell.state_names}
-    return FusedTape(network, program, outputs, final_states)
+    return FusedTape(network, program, outputs, final_states, source)

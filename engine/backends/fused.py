@@ -23,6 +23,7 @@ import numpy as np
 
 from ..codegen import compile_module
 from ..compiler import make_plan
+from ..dense import dense
 from ..memory import available_device_bytes, check_fits
 from ..network import Network
 from ..params import Params
@@ -275,6 +276,7 @@ class FusedProgram:
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, passes=None,
                  layout: str = "blocked", chunk_steps: int | None = None):
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
+        network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
         import cupy  # deferred: CuPy is optional (no GPU in CI)
         self.cupy, self.network, self.params = cupy, network, params
         self.options = dict(passes=passes, layout=layout, chunk_steps=chunk_steps)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..dense import block_diagonal
 from ..errors import BackendError
 from ..ir import CellGraph
 from ..memory import available_device_bytes, check_fits, parameter_bytes, run_bytes
@@ -132,7 +133,8 @@ def _kernel(source: KernelSource):
 @dataclass(frozen=True)
 class Instruction:
     """One op of the step. kind: 'matmul' (args: operand, weight), 'elementwise' (args: the array
-    arguments, in port order) or 'const' (a value computed from consts only, baked into users)."""
+    arguments, in port order), 'reduction' (sum_h, mean_h: args, the operand) or 'const' (a value computed from
+    consts only, baked into users)."""
 
     node: str
     kind: str
@@ -152,6 +154,9 @@ def step_program(cell: CellGraph, dtype) -> tuple[Instruction, ...]:
         if node.op == "matmul":
             weight, operand = node.args
             program.append(Instruction(name, "matmul", (operand, weight)))
+            continue
+        if OPS[node.op].kind == "reduction":       # a row's sum or mean: CuPy's reduction, then repeat across H
+            program.append(Instruction(name, "reduction", node.args))
             continue
         if all(a in constants for a in node.args):
             # Only numbers go in: one number comes out, the same at every step.
@@ -226,7 +231,7 @@ class NaiveProgram:
             for p in network.cell.params:
                 host = np.asarray(params[layer][p.name])
                 if p.op == "weight":
-                    host = np.ascontiguousarray(host.T)               # (cols, rows)
+                    host = np.ascontiguousarray(block_diagonal(host).T)        # (cols, rows); heads as blocks
                 values[p.name] = cupy.asarray(host, dtype=self.dtype)
             self.layers.append(values)
 
@@ -271,6 +276,8 @@ class NaiveProgram:
                 env[instruction.node] = cupy.matmul(operand, weight)       # (B, cols) @ (cols, rows)
             elif instruction.kind == "elementwise":
                 env[instruction.node] = _kernel(instruction.kernel)(*(env[a] for a in instruction.args))
+            elif instruction.kind == "reduction":
+                env[instruction.node] = OPS[cell[instruction.node].op].numpy(env[instruction.args[0]])
         shape = (batch, self.network.hidden_size)
         next_states = {}
         for s in cell.states:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..compiler import make_plan
+from ..dense import dense
 from ..errors import BackendError
 from ..network import Network
 from ..ops import apply_elementwise
-from ..params import Params, check_params
+from ..params import Params
 from ..plan import Kernel, slot_columns
 from .common import RunResult, check_inputs
 from .fused import Executor
@@ -111,8 +112,8 @@ def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | 
     """Execute the Plan in NumPy. dtype float64 (exact comparison with the reference) or float32."""
     if np.dtype(dtype) not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise BackendError(f"the plan interpreter runs float64 or float32, not {np.dtype(dtype).name}")
-    check_params(network, params)
     check_inputs(network, x, initial_states, xp=np)
+    network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
     T, B, _ = x.shape
     plan = make_plan(network, int(T), int(B), passes, layout=layout, chunk_steps=chunk_steps)
     device = NumpyDevice(dtype)

@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import BackendError
 from ..memory import check_run
 from ..network import Network
-from ..ops import apply_elementwise
+from ..ops import apply_elementwise, matmul_apply
 from ..params import Params, check_params
 from ..rounding import round_operand
 from .common import RunResult, check_inputs, check_precision
@@ -36,7 +36,7 @@ def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dic
             weight, operand = (env[a] for a in node.args)
             if precision != "float32":
                 weight, operand = (round_operand(v, precision).astype(dtype, copy=False) for v in (weight, operand))
-            env[name] = operand @ weight.T                    # (B, cols) @ (cols, rows) -> (B, rows)
+            env[name] = matmul_apply(weight, operand)         # (B, cols) @ (cols, rows) -> (B, rows), or per head
         else:
             env[name] = apply_elementwise(node.op, [env[a] for a in node.args], node.attr_dict).astype(
                 dtype, copy=False)

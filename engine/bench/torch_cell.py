@@ -100,9 +100,18 @@ def torch_source(cell: CellGraph) -> str:
                                                       node.attr_dict))
             continue
         args = [repr(constants[a]) if a in constants else var(a) for a in node.args]
+        if node.op in ("max", "min"):           # torch.maximum/minimum take tensors only: a number as a full tensor
+            tensor = next(var(a) for a in node.args if a not in constants)
+            args = [f"torch.full_like({tensor}, {constants[a]!r})" if a in constants else var(a) for a in node.args]
         fields = dict(zip(OPS[node.op].ports, args))
         if node.attr("factor") is not None:
             fields["factor"] = repr(float(node.attr("factor")))
+        heads = cell[node.args[0]].attr("heads", 1) if node.op == "matmul" else 1
+        if heads > 1:      # a block-diagonal weight (heads, r, c): one batched product of the heads, (k, B, c) @ (k, c, r)
+            operand = fields["operand"]
+            body.append(f"    {var(name)} = torch.bmm({operand}.reshape({operand}.shape[0], {heads}, -1).transpose(0, 1), "
+                        f"{fields['weight']}.transpose(1, 2)).transpose(0, 1).reshape({operand}.shape[0], -1)")
+            continue
         body.append(f"    {var(name)} = {spellings[node.op].format(**fields)}")
     batched = batched_nodes(cell)
     results = []

@@ -30,10 +30,10 @@ import numpy as np
 
 from ..backends.common import RunResult, check_float32_only, check_inputs
 from ..codegen.nvrtc import load_module
+from ..dense import dense
 from ..errors import BackendError
 from ..ir import CellGraph
 from ..ops import apply_elementwise
-from ..params import check_params
 from ..passes.scan import ScanAnalysis, analyse_scan
 from . import scan_kernel
 
@@ -346,7 +346,7 @@ class ScanProgram:
         if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise BackendError(f"schedule 'scan' runs in float32 or float64, not {np.dtype(dtype).name}; hint: "
                                "dtype=np.float32")
-        check_params(network, params)
+        network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
         analysis_or_refusal(network.cell)
         self.network, self.dtype, self.cupy = network, np.dtype(dtype), cupy
         self.params = [{k: cupy.asarray(v, dtype=self.dtype) for k, v in params[layer].items()}

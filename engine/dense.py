@@ -1,0 +1,153 @@
+"""A cell in dense form: what the compiled paths run (the Plan and its fused kernels, the wavefront schedules, the
+generated training step, the exported program).
+
+Two things a cell may hold that those paths do not take as they are; the dense form rewrites both into what they
+take, a matmul by a plain (rows x cols) weight:
+- a weight of heads, `W("R", heads=k)`, stored as k blocks (k, rows/k, cols/k): in dense form one block-diagonal
+  (rows x cols) weight, the blocks placed on its diagonal at upload and its gradient read back from them. It costs
+  k times the block FLOPs (the zeros are multiplied too); correct on every compiled path as it is.
+- a reduction over the hidden units, `sum_h(v)` or `mean_h(v)`: every unit of its result holds the row's sum
+  (mean), which is the matmul of v by the fixed H x H matrix of ones (of 1/H). The fixed matrix is a weight of the
+  dense cell only (named `J_sum_h` / `J_mean_h`, or with a suffix where the cell uses that name), filled here; its
+  gradient, which the training step computes with the others, is dropped. A reduction then costs what a GEMM of
+  H x H does, and on the wavefront schedules a stage of its own: the cross-block step is the stage barrier that
+  every in-step matmul already has (the blocks own slices of H; the matmul reads the whole row).
+
+The NumPy reference and the naive backend run the cell as it is (einsum per head, a row reduction): they are what
+the dense form is checked against. Pure functions of frozen data, cached: the rewrite happens once per cell.
+
+    form = dense_form(cell)                        # .cell, .fixed {name: "sum_h" | "mean_h"}, .heads {name: k}
+    net, p = dense_network(network), dense_params(network, params)
+    grads = compact_gradients(network, dense_grads)   # per layer: the cell's own parameters and shapes again
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .ir import CellGraph, Node, make_node
+from .network import Network
+from .ops import OPS
+from .params import Params, check_params
+
+
+@dataclass(frozen=True)
+class DenseForm:
+    cell: CellGraph                              # the dense cell (the cell itself when there is nothing to rewrite)
+    fixed: tuple[tuple[str, str], ...] = ()      # (weight name, "sum_h" | "mean_h"): the fixed matrices added
+    heads: tuple[tuple[str, int], ...] = ()      # (weight name, k): weights stored as k blocks
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.fixed or self.heads)
+
+
+def needs_dense(cell: CellGraph) -> bool:
+    """Whether the cell has a weight of heads or a reduction (what the compiled paths take only in dense form)."""
+    return dense_form(cell).changed
+
+
+@lru_cache(maxsize=256)
+def dense_form(cell: CellGraph) -> DenseForm:
+    heads = tuple((n.name, n.attr("heads")) for n in cell.nodes if n.op == "weight" and n.attr("heads", 1) > 1)
+    used = sorted({n.op for n in cell.nodes if n.op in OPS and OPS[n.op].kind == "reduction"})
+    if not heads and not used:
+        return DenseForm(cell)
+    taken = set(cell.by_name)
+    fixed: dict[str, str] = {}
+    for op in used:
+        name, k = f"J_{op}", 1
+        while name in taken:
+            k += 1
+            name = f"J_{op}_{k}"
+        taken.add(name)
+        fixed[op] = name
+    nodes: list[Node] = [make_node(name, "weight", rows="H", cols="H") for name in fixed.values()]
+    for n in cell.nodes:
+        if n.op == "weight" and n.attr("heads", 1) > 1:
+            nodes.append(make_node(n.name, "weight", rows=n.attr("rows"), cols=n.attr("cols")))
+        elif n.op in fixed:
+            nodes.append(make_node(n.name, "matmul", (fixed[n.op], n.args[0])))
+        else:
+            nodes.append(n)
+    dense = CellGraph(cell.name, tuple(nodes), cell.states, cell.output, cell.doc, cell.input_is_hidden)
+    return DenseForm(dense, tuple((name, op) for op, name in fixed.items()), heads)
+
+
+@lru_cache(maxsize=64)
+def dense_network(network: Network) -> Network:
+    """The network with its cell in dense form (the network itself when there is nothing to rewrite)."""
+    form = dense_form(network.cell)
+    if not form.changed:
+        return network
+    return Network(form.cell, network.input_size, network.hidden_size, network.num_layers, network.proj_size)
+
+
+def _xp(array):
+    if type(array).__module__.split(".")[0] == "cupy":
+        import cupy  # deferred: CuPy is optional (no GPU in CI)
+        return cupy
+    return np
+
+
+def block_diagonal(weight):
+    """The dense (rows x cols) matrix of a weight: a weight of heads (k, r, c) placed block by block on the diagonal
+    of a (k r x k c) matrix of zeros; a 2-D weight as it is."""
+    if weight.ndim != 3:
+        return weight
+    xp = _xp(weight)
+    k, r, c = weight.shape
+    dense = xp.zeros((k * r, k * c), dtype=weight.dtype)
+    for j in range(k):
+        dense[j * r:(j + 1) * r, j * c:(j + 1) * c] = weight[j]
+    return dense
+
+
+def diagonal_blocks(dense, heads: int):
+    """The k diagonal blocks (k, rows/k, cols/k) of a dense (rows x cols) matrix: a heads weight's gradient."""
+    xp = _xp(dense)
+    rows, cols = dense.shape
+    r, c = rows // heads, cols // heads
+    return xp.stack([dense[j * r:(j + 1) * r, j * c:(j + 1) * c] for j in range(heads)])
+
+
+def fixed_matrix(op: str, hidden: int, dtype, xp=np):
+    """The H x H matrix a reduction multiplies by: ones for sum_h, 1/H for mean_h."""
+    return xp.full((hidden, hidden), 1.0 if op == "sum_h" else 1.0 / hidden, dtype=dtype)
+
+
+def dense_params(network: Network, params: Params) -> Params:
+    """The parameters of dense_network(network): heads weights as block-diagonal matrices, the fixed matrices
+    added (in the dtype of the layer's other parameters, on the same device)."""
+    form = dense_form(network.cell)
+    if not form.changed:
+        return params
+    heads = dict(form.heads)
+    layers = []
+    for layer in params.layers:
+        values = {name: block_diagonal(value) if name in heads else value for name, value in layer.items()}
+        sample = next(iter(layer.values()))
+        for name, op in form.fixed:
+            values[name] = fixed_matrix(op, network.hidden_size, sample.dtype, _xp(sample))
+        layers.append(values)
+    return Params(layers)
+
+
+def compact_gradients(network: Network, grads: list[dict]) -> list[dict]:
+    """Per layer, the gradients of dense_network(network)'s parameters as the cell's own: the fixed matrices'
+    dropped, each heads weight's read back from its diagonal blocks."""
+    form = dense_form(network.cell)
+    if not form.changed:
+        return grads
+    fixed, heads = {name for name, _ in form.fixed}, dict(form.heads)
+    return [{name: diagonal_blocks(g, heads[name]) if name in heads else g for name, g in layer.items()
+             if name not in fixed} for layer in grads]
+
+
+def dense(network: Network, params: Params) -> tuple[Network, Params]:
+    """(dense_network(network), dense_params(network, params)), the parameters checked against the cell's own shapes
+    first (check_params names what is wrong). What each compiled path does where its network and parameters enter."""
+    check_params(network, params)
+    return dense_network(network), dense_params(network, params)

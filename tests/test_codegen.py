@@ -50,7 +50,8 @@ def test_kernels_use_only_the_ops_present(name):
         ops = {st.op for st in kernel.statements}
         body = kernel.source.split("{", 1)[1]
         for op, function in OP_FUNCTIONS.items():
-            assert (function in body) == (op in ops), f"{kernel.name}: {function} vs ops {sorted(ops)}"
+            called = re.search(r"(?<!\w)" + re.escape(function), body) is not None   # not hard_sigmoidf_ for sigmoidf_
+            assert called == (op in ops), f"{kernel.name}: {function} vs ops {sorted(ops)}"
         assert "switch" not in body and "if (" not in body
 
 

@@ -119,3 +119,13 @@ def test_auto_takes_a_launch_where_a_step_has_two_stages_and_a_block_reads_littl
     assert x_kib("gru_cho", 64, 512, 512, 33, True)[1] is False          # `mid`: X re-read every CG columns
     assert x_kib("lstm", 64, 512, 512, 33, True) == (1024, False)
     assert x_kib("lstm_fgr", 64, 256, 64, 44, True) == (768, False)
+
+
+def test_the_layer_norm_presets_are_refused_by_name():
+    """ln_lstm and ln_gru train on the fused launches: their reductions' GEMMs (engine/dense.py) read values no kernel
+    of the step fuses with. tests/gpu/test_persistent_training_gpu.py holds them to the reference that way."""
+    for name in ("ln_lstm", "ln_gru"):
+        plan = training_plan(engine.preset(name).cell)
+        for forward in (True, False):
+            why = persistent.refusal(plan, stages_of(plan, forward), {"I": 8, "H": 12, "P": 12}, 1, 132, forward)
+            assert why is not None and "does not fuse with a kernel" in why, (name, forward, why)

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from engine.errors import Problem
 
-from .composites import collapse, expand
+from . import composites
+from .composites import collapse, expand, whole
 from .layout import layout
 from .palette import COMPOSITE_TYPES, NEXT_PORT, NEXT_STATE, OUTPUT, SPECS, interface_type
 
@@ -80,12 +81,12 @@ def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset(),
     nodes: list[dict] = []
     connections: list[dict] = []
     skipped: list[str] = []
-    ids: dict[str, str] = {}
+    ids: dict[str, tuple[str, str]] = {}             # a value's name -> (the block drawing it, its output port)
     raw_nodes = design.get("nodes") if isinstance(design, dict) else None
     raw_nodes = raw_nodes if isinstance(raw_nodes, list) else []
-    # Composites drawn as one block (at the place of their own value); their inner nodes are not drawn.
-    groups = {g.name: g for g in collapse(design)} if blocks else {}
-    inner = {m for g in groups.values() for m in g.members if m != g.name}
+    # Composites drawn as one block (at the place of their first output's value); their other nodes are not drawn.
+    groups = {g.head: g for g in collapse(design)} if blocks else {}
+    inner = {m for g in groups.values() for m in g.members if m != g.head}
 
     drawn: list[tuple[int, dict]] = []
     for i, entry in enumerate(raw_nodes):
@@ -97,12 +98,13 @@ def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset(),
             skipped.append(f"{name!r} ({op!r})" if isinstance(entry, dict) else f"nodes[{i}]")
             continue
         node_id = f"node-{i}"
-        ids.setdefault(name, node_id)
+        for port, value in (groups[name].values if name in groups else {OUTPUT: name}).items():
+            ids.setdefault(value, (node_id, port))
         drawn.append((i, entry))
 
     for i, entry in drawn:
-        name = entry["name"]
-        group = groups.get(name)
+        group = groups.get(entry["name"])
+        name = group.name if group else entry["name"]
         spec = SPECS[group.type if group else entry["op"]]
         attrs = entry.get("attrs") if isinstance(entry.get("attrs"), dict) else {}
         values = {"name": name}
@@ -123,7 +125,8 @@ def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset(),
         args = entry.get("args") if isinstance(entry.get("args"), list) else []
         for port, arg in zip(spec.inputs, args):
             if isinstance(arg, str) and arg in ids:
-                connections.append({"id": f"edge-{i}-{port}", "outputNode": ids[arg], "outputNodeInterface": OUTPUT,
+                source, out_port = ids[arg]
+                connections.append({"id": f"edge-{i}-{port}", "outputNode": source, "outputNodeInterface": out_port,
                                     "inputNode": f"node-{i}", "inputNodeInterface": port})
 
     states = design.get("states") if isinstance(design, dict) else None
@@ -146,7 +149,8 @@ def design_to_schema(design: dict, marked: set[str] | frozenset = frozenset(),
             "measured": {"width": 0, "height": 0},
         })
         if isinstance(nxt, str) and nxt in ids:
-            connections.append({"id": f"edge-next-{k}", "outputNode": ids[nxt], "outputNodeInterface": OUTPUT,
+            source, out_port = ids[nxt]
+            connections.append({"id": f"edge-next-{k}", "outputNode": source, "outputNodeInterface": out_port,
                                 "inputNode": node_id, "inputNodeInterface": NEXT_PORT})
 
     schema = {"version": SCHEMA_VERSION, "nodes": nodes, "connections": connections,
@@ -265,8 +269,8 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "", input_is_hidden:
                 isinstance(position.get(k), (int, float)) for k in "xy"):
             positions.setdefault(key, (float(position["x"]), float(position["y"])))
 
-    # (target id, port) -> source ids
-    wires: dict[tuple[str, str], list[str]] = {}
+    # (target id, port) -> (source id, its output port) of each wire
+    wires: dict[tuple[str, str], list[tuple[str, str]]] = {}
     refused: set[tuple[str, str]] = set()           # ports whose only wire came from their own block: said once
     for raw in raw_connections:
         source, target = raw.get("outputNode"), raw.get("inputNode")
@@ -278,8 +282,15 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "", input_is_hidden:
         if port not in SPECS[blocks[target][1]].inputs:
             reader.problem(target_label, "port", f"a wire ends on unknown port {port!r}")
             continue
-        if raw.get("outputNodeInterface", OUTPUT) != OUTPUT or blocks[source][1] == NEXT_STATE:
+        out_port = raw.get("outputNodeInterface", OUTPUT)
+        source_outputs = SPECS[blocks[source][1]].outputs
+        if not source_outputs:
             reader.problem(blocks[source][2], "port", "a wire starts from a block without an output")
+            continue
+        if out_port not in source_outputs:
+            reader.problem(blocks[source][0] or blocks[source][2], "port",
+                           f"a wire starts from unknown output {out_port!r}",
+                           hint=f"draw it from one of the block's outputs: {', '.join(source_outputs)}")
             continue
         if source == target:
             who = blocks[target][0] or target_label
@@ -289,7 +300,13 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "", input_is_hidden:
                                 "this port, and this block to the state's next-state block")
             refused.add((target, port))
             continue
-        wires.setdefault((target, port), []).append(source)
+        wires.setdefault((target, port), []).append((source, out_port))
+
+    def value(source: str, out_port: str) -> str:
+        ir_name, block_type = blocks[source][:2]
+        if not ir_name or block_type not in COMPOSITE_TYPES:
+            return ir_name or ""
+        return composites.values(block_type, ir_name)[out_port]
 
     def argument(node_id: str, port: str, who: str) -> str:
         sources = wires.get((node_id, port), [])
@@ -300,10 +317,10 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "", input_is_hidden:
                            hint="drag a wire from a value's output to this port")
             return ""
         if len(sources) > 1:
-            names = ", ".join(repr(blocks[s][0] or blocks[s][2]) for s in sources)
+            names = ", ".join(repr(value(*s) or blocks[s[0]][2]) for s in sources)
             reader.problem(who, f"args.{port}", f"port '{port}' has {len(sources)} wires ({names})",
                            hint="a port takes one value: delete the extra wires")
-        return blocks[sources[0]][0] or ""
+        return value(*sources[0])
 
     nodes: list[dict] = []
     states: list[dict] = []
@@ -323,16 +340,20 @@ def schema_to_design(schema: dict, *, name: str, doc: str = "", input_is_hidden:
             continue
         if ir_name is None:
             continue
-        if block_type in COMPOSITE_TYPES:             # its primitives, the block's own value last
-            nodes += expand(block_type, ir_name, {p: argument(node_id, p, ir_name) for p in spec.inputs},
-                            {o.name: options.get(o.name, o.default) for o in spec.options})
+        if block_type in COMPOSITE_TYPES:             # its primitives, its outputs' values last
+            values = {o.name: options.get(o.name, o.default) for o in spec.options}
+            nodes += expand(block_type, ir_name, {p: argument(node_id, p, ir_name) for p in spec.inputs}, values)
+            reader.problems += composites.problems(block_type, ir_name, values)
             continue
         entry: dict = {"name": ir_name, "op": block_type}
         if spec.inputs:
             entry["args"] = [argument(node_id, port, ir_name) for port in spec.inputs]
-        attrs = {o.attr: _number(options.get(o.name, o.default)) for o in spec.options if o.attr}
-        if block_type == "state" and attrs.get("dim") == "H":
-            del attrs["dim"]                         # the default size: the cell JSON says nothing
+        attrs = {}
+        for o in (o for o in spec.options if o.attr):
+            attr_value = _number(options.get(o.name, o.default))
+            attr_value = whole(attr_value) if o.whole else attr_value
+            if o.implicit is None or attr_value != o.implicit:    # a state of size H: the cell JSON says nothing
+                attrs[o.attr] = attr_value
         attrs = dict(sorted(attrs.items()))          # engine.to_dict's order, so equal designs read equal
         if attrs:
             entry["attrs"] = attrs
@@ -363,8 +384,10 @@ def _output(reader: _Reader, outputs: list[str], states: list[dict]) -> str:
 
 def block_ids(schema: dict) -> dict[str, str]:
     """Which block of a canvas draws which value: IR name (or sink_key(state) for a next-state block) -> block id.
-    A composite block is found under its own name; what it expands into is not drawn."""
+    A composite block is found under its own name, and then under each node it expands into (its weights, its
+    outputs' values: a problem there marks the block); every block's own name comes before those."""
     ids: dict[str, str] = {}
+    members: list[tuple[str, str]] = []
     nodes = schema.get("nodes") if isinstance(schema, dict) else None
     for raw in nodes if isinstance(nodes, list) else []:
         if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
@@ -381,6 +404,10 @@ def block_ids(schema: dict) -> dict[str, str]:
             name = _new_block_name(label.removeprefix(WARNING_MARK), str(block_type))
         if name:
             ids.setdefault(name, raw["id"])
+        if name and block_type in COMPOSITE_TYPES:
+            members += [(n["name"], raw["id"]) for n in expand(block_type, name, {}, options)]
+    for member, block in members:
+        ids.setdefault(member, block)
     return ids
 
 

@@ -7,6 +7,8 @@ import engine
 from engine.errors import Problem
 from engine.ops import OPS
 
+from .composites import collapse
+
 
 @dataclass
 class Check:
@@ -20,9 +22,8 @@ class Check:
         return list(dict.fromkeys(p.node for p in self.problems if p.node))
 
 
-def unconnected_ports(design: dict) -> list[Problem]:
-    """The canvas writes an unconnected port as an empty argument: say so in the canvas's words
-    (also for a design restored from the autosave, where the canvas's own reading is gone)."""
+def _empty_ports(design: dict) -> list[tuple[str, str]]:
+    """(node, port) of every argument left empty: the canvas writes an unconnected port so."""
     found = []
     nodes = design.get("nodes") if isinstance(design, dict) else None
     for entry in nodes if isinstance(nodes, list) else []:
@@ -31,9 +32,28 @@ def unconnected_ports(design: dict) -> list[Problem]:
         spec = OPS.get(entry.get("op"))
         for k, arg in enumerate(entry["args"]):
             if arg == "" and spec is not None and k < len(spec.ports):
-                port = spec.ports[k]
-                found.append(Problem(f"port '{port}' is not connected", node=str(entry.get("name")),
-                                     field=f"args.{port}", hint="drag a wire from a value's output to this port"))
+                found.append((str(entry.get("name")), spec.ports[k]))
+    return found
+
+
+def unconnected_ports(design: dict, said: set[tuple[str, str]] | frozenset = frozenset()) -> list[Problem]:
+    """Each unconnected port, in the canvas's words (also for a design restored from the autosave, where the
+    canvas's own reading is gone). A port left empty inside a composite building block is said once, as the
+    block's port, unless the canvas already said it of the inner node (`said`: its (node, field) pairs; the canvas
+    then draws every primitive)."""
+    inside = {member: group for group in collapse(design) for member in group.members}
+    found, places = [], set()
+    for node, port in _empty_ports(design):
+        group = inside.get(node)
+        if group is None or (node, f"args.{port}") in said:
+            where = [(node, port)]
+        else:
+            where = [(group.name, p) for p, arg in group.args.items() if arg == ""]
+        for place in where:
+            if place not in places:
+                places.add(place)
+                found.append(Problem(f"port '{place[1]}' is not connected", node=place[0], field=f"args.{place[1]}",
+                                     hint="drag a wire from a value's output to this port"))
     return found
 
 
@@ -41,11 +61,13 @@ def check_design(design: dict, canvas_problems: list[Problem] = ()) -> Check:
     """Validate `design` with the engine; canvas problems come first, engine problems at the same
     node and field (e.g. the empty argument of an unconnected port) are left out as repeats."""
     said = {(p.node, p.field) for p in canvas_problems}
-    canvas_problems = list(canvas_problems) + [p for p in unconnected_ports(design) if (p.node, p.field) not in said]
+    canvas_problems = list(canvas_problems) + [p for p in unconnected_ports(design, said)
+                                               if (p.node, p.field) not in said]
     try:
         cell = engine.from_dict(design)
     except engine.CellGraphError as e:
-        said = {(p.node, p.field) for p in canvas_problems}
+        # the graph's "unknown node ''" at an empty argument repeats an unconnected port said above
+        said = {(p.node, p.field) for p in canvas_problems} | {(n, f"args.{port}") for n, port in _empty_ports(design)}
         # An unwired next-state block is the graph's state without a next value: said once, in the canvas's words.
         said |= {(node, "states.next") for node, field in said if field == "args.next"}
         problems = list(canvas_problems) + [p for p in e.problems if (p.node, p.field) not in said]

@@ -282,7 +282,10 @@ def take_canvas_edit(design: dict) -> None:
 def refused_wire(canvas: dict, refused: dict) -> str:
     """What the canvas refused to draw (a wire from a block to its own port), in words naming the node."""
     block, port = str(refused.get("block", "")), str(refused.get("port") or "")
-    name = {block_id: name for name, block_id in canvas["ids"].items()}.get(block, block)
+    names: dict[str, str] = {}
+    for name, block_id in canvas["ids"].items():       # a block's own name comes first (adapter.block_ids)
+        names.setdefault(block_id, name)
+    name = names.get(block, block)
     return (f"node '{name}': a wire from '{name}' to its own port{f' {port!r}' if port else ''} is refused: a value "
             "cannot be computed from itself within one step. hint: feed it back through a state (its value at t-1): "
             "wire the state's block to this port, and this block to the state's next-state block")
@@ -501,8 +504,12 @@ def palette_help_ui() -> None:
             "- **Right-click** the canvas for the palette: *inputs*, *states* (a state and its *next state* sink), "
             "*parameters* (weight, bias, vector, const), *building blocks* and *ops*.\n"
             "- *Building blocks* are one node each on the canvas: **gate** sigmoid(W x + U h + b) and **candidate** "
-            "tanh(W x + U h + b) bring their own weights `W_<name>`, `U_<name>` and bias `b_<name>`; **lerp** is "
-            "z * a + (1 - z) * b. A GRU is x, h, two gates, r * h, a candidate and a lerp. In the cell they are "
+            "tanh(W x + U h + b) bring their own weights `W_<name>`, `U_<name>` and bias `b_<name>` (*heads* k: U "
+            "as k blocks on its diagonal); **lerp** is z * a + (1 - z) * b; **layer norm** normalizes a value over "
+            "the H units, with its gain `g_<name>` and bias `b_<name>`; **exp gates** are sLSTM's exponential "
+            "input and forget gates with their stabilizer, three outputs `m_next`, `i`, `f`. A GRU is x, h, two "
+            "gates, r * h, a candidate and a lerp; an sLSTM is x, four states, two gates with the identity (its "
+            "pre-activations), a candidate, a gate, exp gates and the few ops of c, n and h. In the cell they are "
             "primitive ops (the equations and kernels show them), and they are drawn as one block again.\n"
             "- Drag from a block's output (right) to another block's port (left) to wire it; select a wire or a "
             "block and press Backspace/Delete to remove it; Ctrl+Z / Ctrl+Shift+Z (or Ctrl+Y) on the canvas undo "
@@ -513,7 +520,8 @@ def palette_help_ui() -> None:
             "- Every edit is checked at once: blocks at fault turn orange with the message, and the checks, "
             "equations, code and plan below update; the design is autosaved. The buttons at the canvas's bottom "
             "left zoom and fit the whole cell in view; the minimap (bottom right) pans.")
-        st.dataframe([{"block": s.type, "group": s.category, "ports": ", ".join(s.inputs) or "-",
+        st.dataframe([{"block": s.type, "group": s.group, "ports": ", ".join(s.inputs) or "-",
+                       "outputs": ", ".join(s.outputs) or "-",
                        "fields": ", ".join(o.name for o in s.options), "meaning": s.description}
                       for s in palette.SPECS.values()], hide_index=True, key="designer.palette_table")
 
@@ -541,8 +549,8 @@ def main() -> None:
         buttons[0].button("Redraw the canvas (automatic layout)", key="designer.redraw", on_click=redraw,
                           icon=":material/auto_fix_high:")
         buttons[1].toggle("Draw building blocks as one node", value=True, key="designer.building_blocks",
-                          on_change=redraw, help="gate, candidate and lerp blocks (and the same patterns written by "
-                                                 "hand) as one node each; off: every primitive op")
+                          on_change=redraw, help="the building blocks (and the same patterns written by hand) as "
+                                                 "one node each; off: every primitive op")
         palette_help_ui()
         problems_ui(check)
 

@@ -63,7 +63,7 @@ def read(schema: dict, name: str = "lstm") -> adapter.Reading:
 def test_palette_has_every_op_and_leaf_kind_in_its_category():
     specs = palette.SPECS
     assert set(OPS) | set(LEAF_KINDS) | {palette.NEXT_STATE} | palette.COMPOSITE_TYPES == set(specs)
-    assert palette.COMPOSITE_TYPES == {"gate", "candidate", "lerp"}
+    assert palette.COMPOSITE_TYPES == {"gate", "candidate", "lerp", "layer norm", "exp gates"}
     assert all(specs[t].category == "building blocks" for t in palette.COMPOSITE_TYPES)
     for op, definition in OPS.items():
         assert specs[op].category == "ops" and specs[op].inputs == definition.ports
@@ -165,7 +165,8 @@ def test_composites_draw_as_one_block_and_round_trip():
     assert again.problems == []
     assert json.dumps(again.design, sort_keys=True) == json.dumps(reading.design, sort_keys=True)
     gate = block(schema, "n")
-    assert {o["name"]: o["value"] for o in gate["options"]} == {"name": "n", "activation": "tanh", "x size": "I"}
+    assert {o["name"]: o["value"] for o in gate["options"]} == {"name": "n", "activation": "tanh", "x size": "I",
+                                                               "heads": 1}
     primitive, skipped = adapter.design_to_schema(reading.design, blocks=False)      # the toggle off
     assert skipped == [] and not {n["type"] for n in primitive["nodes"]} & palette.COMPOSITE_TYPES
     assert len(primitive["nodes"]) == len(reading.design["nodes"]) + len(reading.design["states"])

@@ -71,6 +71,23 @@ def test_gallery_has_a_card_per_preset(open_page):
     assert cudnn_cards == sum(1 for p in presets.values() if p.cudnn)
 
 
+def test_gallery_cards_show_every_presets_family_and_citation(open_page):
+    at = open_page("gallery")
+    presets = engine.presets()
+    captions = [c.value for c in at.caption]
+    for name, preset in presets.items():
+        assert preset.citation in captions, name
+        assert f"`{name}` · family {preset.family}" in captions
+    assert {"xLSTM", "LayerNorm"} <= set(at.multiselect(key="gallery.families").options)
+    at.multiselect(key="gallery.families").set_value(["xLSTM", "LayerNorm"]).run()
+    assert not at.exception, texts(at.exception)
+    shown = {b.key.removeprefix("gallery.open.") for b in at.button if b.key.startswith("gallery.open.")}
+    assert shown == {name for name, p in presets.items() if p.family in ("xLSTM", "LayerNorm")}
+    assert {"slstm", "ln_lstm", "ln_gru"} <= shown
+    assert "xLSTM: Extended Long Short-Term Memory" in presets["slstm"].citation
+    assert "Layer Normalization" in presets["ln_lstm"].citation and "Layer Normalization" in presets["ln_gru"].citation
+
+
 def test_gallery_filters_by_family_and_text(open_page):
     at = open_page("gallery")
     at.multiselect(key="gallery.families").set_value(["GRU"]).run()

@@ -174,7 +174,8 @@ def test_the_lstm_is_legible_after_fit_view(page, app_url):
 
 
 def test_a_building_blocks_field_changes_the_cell(page, app_url):
-    """One gate between x, h and h's next value, then its activation picked in its field: the DSL code follows."""
+    """One gate between x, h and h's next value, then its activation picked in its field: the DSL code follows. An
+    exp gates block draws its three outputs as rows of their own, each on the block's right edge."""
     frame, x, h, sink = start_empty_cell(page, app_url)
     gate = add_block(page, frame, 0.2, 0.1, "building blocks", "gate")
     for source, target, name in [(x, gate, "x"), (h, gate, "h"), (gate, sink, "next")]:
@@ -186,6 +187,13 @@ def test_a_building_blocks_field_changes_the_cell(page, app_url):
     expect(page.locator('[data-testid="stMain"] [data-testid="stCode"]').first).to_contain_text(
         "gate_1 = hard_sigmoid(", timeout=RERUN_S * 1000)
     assert page.locator('[data-testid="stException"]').count() == 0
+    gates = add_block(page, frame, 0.75, 0.15, "building blocks", "exp gates")
+    box = gates.bounding_box()
+    handles = [gates.locator(f'.react-flow__handle.source[data-handleid="{name}"]').bounding_box()
+               for name in ("m_next", "i", "f")]
+    assert all(h and abs(h["x"] + h["width"] / 2 - (box["x"] + box["width"])) < 3 for h in handles), (box, handles)
+    rows = [h["y"] for h in handles]
+    assert rows == sorted(rows) and min(b - a for a, b in zip(rows, rows[1:])) >= 8, rows
 
 
 def test_rename_a_state_refuse_a_self_loop_bad_sizes_and_reopen_the_last_design(page, app_url, browser):

@@ -20,6 +20,7 @@ def relative(got, want) -> float:
 
 
 def case(cell, seed, layers=2, I=5, H=6, T=7, B=3):
+    H = cell.fit_size(H)                     # a multiple of a cell's heads (slstm: 8)
     network = engine.Network(cell, I, H, layers)
     rng = np.random.default_rng(seed)
     return (network, engine.init_params(network, seed=seed), rng.standard_normal((T, B, I)),

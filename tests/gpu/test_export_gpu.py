@@ -40,7 +40,8 @@ def programs(cupy, tmp_path_factory):
         pytest.skip(str(e))
     root = tmp_path_factory.mktemp("exports")
     arch = _arch(cupy)
-    plans = {name: export_plan(engine.preset(name), I, H, L, chunk_steps=5) for name in PRESETS}
+    plans = {name: export_plan(engine.preset(name), I, engine.preset(name).cell.fit_size(H), L, chunk_steps=5)
+             for name in PRESETS}
 
     def build(name):
         plan = plans[name]
@@ -64,7 +65,7 @@ def test_exported_program_matches_the_engine(cupy, programs, name, tmp_path):
     params = engine.init_params(network, seed=5)
     rng = np.random.default_rng(9)
     x = rng.standard_normal((T, B, I))
-    states = {s: rng.uniform(-0.8, 0.8, (L, B, H)) for s in network.cell.state_names}
+    states = {s: rng.uniform(-0.8, 0.8, (L, B, network.hidden_size)) for s in network.cell.state_names}
     paths = write_run_files(tmp_path, plan.program, network, params, x, states)
     run = subprocess.run([str(binary), str(paths["weights"]), str(paths["x"]), str(T), str(B),
                           str(tmp_path / "out.bin"), str(paths["states"])], capture_output=True, text=True, timeout=300)

@@ -23,6 +23,7 @@ TOLERANCE = 1e-5
 
 
 def make_case(cell, num_layers, seed=0, sizes=SIZES):
+    sizes = dict(sizes, hidden_size=cell.fit_size(sizes["hidden_size"]))    # a multiple of a cell's heads (slstm)
     network = engine.Network(cell, sizes["input_size"], sizes["hidden_size"], num_layers)
     params = engine.init_params(network, seed=seed)
     rng = np.random.default_rng(100 + seed)

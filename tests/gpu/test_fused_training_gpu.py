@@ -26,6 +26,7 @@ def relative(got, want) -> float:
 
 
 def case(cell, seed, layers=2, I=5, H=6, T=7, B=3, P=None):
+    H = cell.fit_size(H)                     # a multiple of a cell's heads (slstm: 8)
     if cell.input_is_hidden:
         I = H
     network = engine.Network(cell, I, H, layers, proj_size=P)

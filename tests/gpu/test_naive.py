@@ -25,6 +25,7 @@ SIZES = {"input_size": 37, "hidden_size": 129, "batch": 3, "steps": 17}
 
 
 def make_case(cell_graph, num_layers, seed, sizes=SIZES):
+    sizes = dict(sizes, hidden_size=cell_graph.fit_size(sizes["hidden_size"]))   # a multiple of a cell's heads
     network = engine.Network(cell_graph, sizes["input_size"], sizes["hidden_size"], num_layers)
     params = engine.init_params(network, seed=seed)
     rng = np.random.default_rng(100 + seed)

@@ -1,5 +1,6 @@
 // One block on the canvas: a header with its label and output, one row per input port, and (while selected) its
-// fields. Compact on purpose: the 48 nodes of the LSTM must stay legible when the whole cell is in view.
+// fields. Compact on purpose: the 48 nodes of the LSTM must stay legible when the whole cell is in view. A block of
+// several outputs (exp gates: m_next, i, f) draws them as rows of their own on the right, each with its name.
 import { memo, useState } from "react";
 import { Handle, Position, useNodeConnections, type Node, type NodeProps } from "@xyflow/react";
 import type { Option, OptionSpec, OptionValue, Port } from "./types";
@@ -65,12 +66,13 @@ function CellNode({ id, data, selected }: NodeProps<CellNodeType>) {
   const wired = new Set(useNodeConnections({ handleType: "target" }).map((c) => c.targetHandle));
   const [name, op] = data.label.includes(" · ") ? data.label.split(" · ", 2) : [data.label, ""];
   const values = Object.fromEntries(data.options.map((o) => [o.name, o.value]));
+  const named = data.outputs.length > 1;       // outputs drawn as rows with their names, not in the header
   return (
     <div className={`cell-node kind-${data.blockType.replace(/\W/g, "-")}${data.mark ? " marked" : ""}${selected ? " selected" : ""}`}
          title={data.mark ? `${data.mark}` : data.description}>
       <div className="header">
         <span className="label">{data.mark ? WARNING : ""}{name}{op ? <span className="op"> · {op}</span> : null}</span>
-        {data.outputs.map((p) => <Handle key={p.name} type="source" position={Position.Right} id={p.name} />)}
+        {named ? null : data.outputs.map((p) => <Handle key={p.name} type="source" position={Position.Right} id={p.name} />)}
       </div>
       {data.inputs.map((p) => (
         <div className="port" key={p.name}>
@@ -78,6 +80,12 @@ function CellNode({ id, data, selected }: NodeProps<CellNodeType>) {
           <span>{p.name}</span>
         </div>
       ))}
+      {named ? data.outputs.map((p) => (
+        <div className="port output" key={`output-${p.name}`}>
+          <span>{p.name}</span>
+          <Handle type="source" position={Position.Right} id={p.name} />
+        </div>
+      )) : null}
       {data.mark ? <div className="mark">{data.mark}</div> : null}
       {selected && data.specs.length > 0 ? (
         <div className="fields">

@@ -408,8 +408,9 @@ def layer_norm(value, gain=None, bias=None, eps: float = 1e-5):
     for label, items in (("value", values), ("gain", gains), ("bias", biases)):
         bad = [item for item in items if not (isinstance(item, Value) or (item is None and label != "value"))]
         if bad or not items or len(items) != len(values):
-            raise CellGraphError(Problem(f"layer_norm(): '{label}' needs {len(values)} cell value(s), got "
-                                         f"{_shown(bad[0] if bad else items)}", field=label,
+            got = (_shown(bad[0]) if bad else f"a list of {len(items)}")
+            raise CellGraphError(Problem(f"layer_norm(): '{label}' needs {len(values) or 1} cell value(s), got "
+                                         f"{got}", field=label,
                                          hint="layer_norm(v, gain=v('g'), bias=b('beta')), or lists of equal "
                                               "length to normalize several values jointly"))
     eps = _number(eps, "layer_norm() argument 'eps'")

@@ -24,6 +24,7 @@ from .autodiff.fused_planner import training_plan
 from .autodiff.hoist import split_backward
 from .codegen import text_equations
 from .compiler import make_plan
+from .dense import dense_form
 from .errors import CompileError
 from .gallery import Preset
 from .gallery import get as get_preset
@@ -141,10 +142,31 @@ def explain_json(cell_or_network, input_size: int | None = None, hidden_size: in
     check_grid(network.num_layers, steps)
     plan = make_plan(network, steps, batch, passes, layout=layout, chunk_steps=chunk_steps, doc=doc)
     data = plan_to_json(plan)
-    data["backward"] = backward_to_json(plan.program.source_cell)
-    data["scan"] = scan_to_json(plan.program.source_cell)
+    data["backward"] = backward_to_json(network.cell)
+    data["scan"] = scan_to_json(network.cell)
+    data["dense_form"] = dense_to_json(network, plan)
     data["schedules"] = explain_schedules(plan, passes, schedule, doc, precision)
     return data
+
+
+def dense_to_json(network: Network, plan: Plan) -> dict[str, Any]:
+    """What the compiled paths run in place of the cell's reductions and heads (engine/dense.py), and what it costs
+    per step and layer: a reduction is a GEMM by a fixed H x H matrix (2 B H^2 FLOPs) that reads a value of the step,
+    so it starts a stage of its own (on the wavefront schedules, one more barrier); a weight of k heads is multiplied
+    as its dense block-diagonal matrix (k times the FLOPs of its blocks)."""
+    form = dense_form(network.cell)
+    fixed = dict(form.fixed)
+    matrix = {op: name for name, op in fixed.items()}
+    stage_of = {m: g.stage for g in plan.program.gemms for t in g.terms for m in t.matmuls}   # the dense cell's matmuls
+    reductions = [{"node": n.name, "op": n.op, "matrix": matrix[n.op], "stage": stage_of.get(n.name)}
+                  for n in network.cell.nodes if n.op in matrix and n.name in stage_of]
+    H, B = network.hidden_size, plan.batch
+    stages = [g.stage for g in plan.program.gemms if g.stage != "hoisted"]
+    in_step = sum(1 for r in reductions if r["stage"] != "hoisted")      # the input side's run once, over all steps
+    return {"changed": form.changed, "reductions": reductions,
+            "heads": [{"weight": name, "heads": k} for name, k in form.heads],
+            "reduction_flops_per_step": 2 * B * H * H * in_step,
+            "stages_per_step": max(stages, default=1)}        # step stages are numbered from 1
 
 
 def scan_to_json(cell: CellGraph) -> dict[str, Any]:

@@ -143,8 +143,27 @@ def schedule_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> None:
         else:
             st.caption(f"{entry['how']}. Its GEMMs and kernels are the table above.")
     st.dataframe(figures.schedule_comparison_table(report), hide_index=True, key="schedule.compare")
+    dense_ui(explained.get("dense_form"))
     scan_ui(explained.get("scan"))
     autotune_ui(report["autotune"])
+
+
+def dense_ui(dense: dict | None) -> None:
+    """What the compiled paths run for this cell's reductions over H and weights of heads (engine/dense.py), and what
+    it costs per step and layer."""
+    if not dense or not dense["changed"]:
+        return
+    lines = []
+    if dense["reductions"]:
+        lines.append(f"- {len(dense['reductions'])} reduction(s) over H ("
+                     + ", ".join(sorted({r['op'] for r in dense["reductions"]})) + ") run as GEMMs by a fixed H x H "
+                     f"matrix: {engine.plan.human_count(dense['reduction_flops_per_step'])}FLOP more per step and "
+                     f"layer; the step has {dense['stages_per_step']} stage(s), each one barrier on the wavefront "
+                     "schedules (the cross-block step: a reduction reads the whole row, which other blocks wrote).")
+    for w in dense["heads"]:
+        lines.append(f"- weight '{w['weight']}' has {w['heads']} heads: multiplied as its block-diagonal matrix, "
+                     f"{w['heads']}x the FLOPs of its blocks.")
+    st.info("**Reductions and heads, as the GPU runs them**\n\n" + "\n".join(lines))
 
 
 def scan_ui(scan: dict | None) -> None:

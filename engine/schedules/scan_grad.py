@@ -22,6 +22,7 @@ import numpy as np
 
 from ..autodiff.gradients import Gradients
 from ..codegen.nvrtc import load_module
+from ..dense import compact_gradients, dense
 from ..ops import OPS, apply_backward
 from . import scan_kernel
 from .scan import (
@@ -52,7 +53,16 @@ def _reduce_to(term, shape, xp):
 
 def scan_gradients(network, params, x, initial_states: dict | None = None, d_outputs=None,
                    d_final_states: dict | None = None, dtype=np.float64, xp=np, scan=None) -> Gradients:
-    """engine.bptt's result for a cell that runs as a scan, computed as scans (see the module docstring)."""
+    """engine.bptt's result for a cell that runs as a scan, computed as scans (see the module docstring). A cell of
+    heads or reductions runs in its dense form (engine/dense.py); its gradients come back in the cell's own shapes."""
+    source = network
+    network, params = dense(network, params)
+    grads = _scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, scan)
+    grads.params = compact_gradients(source, grads.params)
+    return grads
+
+
+def _scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, scan) -> Gradients:
     cell = network.cell
     found = analysis_or_refusal(cell)
     if scan is None and xp is not np and fast_path_fits(cell):

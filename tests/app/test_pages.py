@@ -735,3 +735,15 @@ def test_schedule_says_whether_the_scan_takes_the_cell(open_page):
     assert not at.exception, texts(at.exception)
     assert "runs this cell as one parallel scan" in texts(at.success)
     assert "a = `h_next_one_minus`, b = `h_next_mul`" in texts(at.success)
+
+
+def test_schedule_says_what_reductions_and_heads_cost(open_page):
+    at = open_page("schedule")
+    assert "Reductions and heads" not in texts(at.info)                 # the LSTM has neither
+    for name, says in (("ln_lstm", "reduction(s) over H (mean_h) run as GEMMs by a fixed H x H matrix"),
+                       ("slstm", "weight 'R_i' has 4 heads: multiplied as its block-diagonal matrix")):
+        at.switch_page("views/gallery.py").run()
+        at.button(key=f"gallery.open.{name}").click().run()
+        at.switch_page("views/schedule.py").run()
+        assert not at.exception, texts(at.exception)
+        assert says in texts(at.info), texts(at.info)

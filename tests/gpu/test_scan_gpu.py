@@ -100,3 +100,20 @@ def test_engine_bptt_with_the_scan_equals_the_step_by_step_bptt(cupy, graph):
     for layer in range(2):
         for name, value in want.params[layer].items():
             assert relative(cupy.asnumpy(got.params[layer][name]), value) <= 1e-10, (layer, name)
+
+
+def test_a_layer_normed_min_gru_with_heads_scans_on_the_gpu(cupy):
+    """Reductions and heads in the state-free part: the scan runs the dense form (engine/dense.py), forward and the
+    gradients, which come back in the cell's own shapes (W_h as its 2 blocks)."""
+    from test_heads_reductions import ln_mingru
+    network, params, x, initial = case(ln_mingru, I=6, H=38)
+    want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64)
+    got = scan.prepare(network, params).run(x.astype(np.float32), initial, poison=True)
+    assert relative(cupy.asnumpy(got.outputs), want.outputs) <= 1e-5
+    d_out = np.random.default_rng(3).standard_normal(want.outputs.shape)
+    grads = engine.bptt(network, params, x, initial, d_outputs=d_out, backend="scan")
+    step = engine.bptt(network, params, x, initial, d_outputs=d_out)
+    for layer in range(network.num_layers):
+        for name, value in step.params[layer].items():
+            assert grads.params[layer][name].shape == value.shape, name
+            assert relative(cupy.asnumpy(grads.params[layer][name]), value) <= 1e-9, name

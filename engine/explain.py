@@ -214,7 +214,7 @@ def explain_schedules(plan: Plan, passes=None, schedule: str | None = None, doc:
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:
     program, network = plan.program, plan.network
-    cell = program.source_cell
+    cell = network.cell                  # the cell as given (the program's is its dense form, engine/dense.py)
     return {
         "cell": cell.name,
         "hash": cell.structural_hash,
@@ -268,7 +268,7 @@ def explain_text(cell_or_network, input_size: int | None = None, hidden_size: in
 
 def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None) -> str:
     program, network = plan.program, plan.network
-    cell = program.source_cell
+    cell = network.cell                  # the cell as given (the program's is its dense form, engine/dense.py)
     out = [f"cell '{cell.name}' (structure hash {cell.structural_hash})",
            f"sizes: I={network.input_size} H={network.hidden_size}"
            + (f" P={network.projection_size}" if network.cell.uses_projection else "")
@@ -318,6 +318,17 @@ def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None
         out.append("wavefront step of each (layer, t):")
         for layer, row in enumerate(grid):
             out.append(f"  layer {layer}: " + " ".join(f"{k:2d}" for k in row))
+    dense = dense_to_json(network, plan)
+    if dense["changed"]:
+        out += ["", "dense form (engine/dense.py; what the GPU paths run; the equations above are of it):"]
+        if dense["reductions"]:
+            in_step = sum(1 for r in dense["reductions"] if r["stage"] != "hoisted")
+            out.append(f"  {len(dense['reductions'])} reduction(s) over H as GEMMs by a fixed H x H matrix, {in_step} "
+                       f"in the step: {human_count(dense['reduction_flops_per_step'])} FLOP more per step and layer; "
+                       f"{dense['stages_per_step']} stage(s) a step, each a barrier on the wavefront schedules")
+        for w in dense["heads"]:
+            out.append(f"  weight {w['weight']}: {w['heads']} heads, multiplied as its block-diagonal matrix "
+                       f"({w['heads']}x the FLOPs of its blocks)")
     out += ["", "linear recurrence (schedule 'scan', engine/passes/scan.py):"]
     out += ["  " + line for line in analyse_scan(cell).describe().splitlines()]
     backward = backward_to_json(cell)

@@ -206,15 +206,21 @@ class FiniteCheck:
 
     def __init__(self, named: list[tuple[str, Any]], hint: str = INPUT_HINT):
         self.named, self.hint = named, hint
-        self.pending = _launch_all_finite([value for _, value in named])
+        # The CuPy values in one launch; NumPy ones (parameters kept on the host beside x on the GPU) on the host,
+        # so that a mix does not send the GPU's arrays through a reduction each with a synchronisation.
+        on_gpu = [value for _, value in named if type(value).__module__.split(".")[0] == "cupy"]
+        self.host = [(name, value) for name, value in named if type(value).__module__.split(".")[0] != "cupy"]
+        self.pending = _launch_all_finite(on_gpu)
+        if self.pending is None:
+            self.host = named
 
     def all_finite(self) -> bool:
-        if self.pending is not None:
-            return self.pending.all_finite()
-        return all(_first_bad(value) is None for _, value in self.named)
+        if self.pending is not None and not self.pending.all_finite():
+            return False
+        return all(_first_bad(value) is None for _, value in self.host)
 
     def raise_if_bad(self) -> None:
-        if self.pending is not None and self.pending.all_finite():
+        if self.all_finite():
             return
         for name, value in self.named:
             found = _first_bad(value)

@@ -88,7 +88,9 @@ class CudaScan:
         self.chunks, self.carry, self.apply = (module.get_function(k) for k in ("scan_chunks", "scan_carry",
                                                                                 "scan_apply"))
 
-    def __call__(self, a, b, initial, xp, poison: bool = False):
+    def __call__(self, a, b, initial, xp, poison: bool = False, reverse: bool = False, a_shift: int = 0):
+        """s[t] = a[t] s[t-1] + b[t] from `initial`, every step out (in time order). reverse=True runs from the last
+        step back (s[t] = a[t] s[t+1] + b[t]); a_shift=1 reads time t's coefficient from a[t + 1], 0 past the end."""
         a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)      # the kernels index (steps, chains) in C order
         T = b.shape[0]
         chains = int(np.prod(b.shape[1:]))
@@ -99,9 +101,10 @@ class CudaScan:
         out = xp.full_like(b, np.nan) if poison else xp.empty_like(b)    # poison: every element must be written
         blocks = -(-chains // THREADS)
         steps, n, chunk = np.int32(T), np.int64(chains), np.int32(CHUNK)
-        self.chunks((blocks, count), (THREADS,), (a, b, map_a, map_b, steps, n, chunk))
+        order = (np.int32(1 if reverse else 0), np.int32(a_shift))
+        self.chunks((blocks, count), (THREADS,), (a, b, map_a, map_b, steps, n, chunk, *order))
         self.carry((blocks,), (THREADS,), (map_a, map_b, xp.ascontiguousarray(initial), entering, np.int32(count), n))
-        self.apply((blocks, count), (THREADS,), (a, b, entering, out, steps, n, chunk))
+        self.apply((blocks, count), (THREADS,), (a, b, entering, out, steps, n, chunk, *order))
         return out
 
 

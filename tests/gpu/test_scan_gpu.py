@@ -117,3 +117,19 @@ def test_a_layer_normed_min_gru_with_heads_scans_on_the_gpu(cupy):
         for name, value in step.params[layer].items():
             assert grads.params[layer][name].shape == value.shape, name
             assert relative(cupy.asnumpy(grads.params[layer][name]), value) <= 1e-9, name
+
+
+@pytest.mark.parametrize("T", [1, 5, scan.CHUNK, 130])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_reverse_scan_with_the_shifted_coefficient(cupy, T, dtype):
+    """kernels/scan.cu with reverse=1, a_shift=1: g[t] = b[t] + a[t+1] g[t+1] from g[T] = initial, the adjoint's scan,
+    on the forward's arrays as they are (poisoned output)."""
+    rng = np.random.default_rng(T)
+    a, b, initial = rng.uniform(-1, 1, (T, 3, 7)), rng.standard_normal((T, 3, 7)), rng.standard_normal((3, 7))
+    want, g = np.empty_like(b), initial
+    for t in reversed(range(T)):
+        g = b[t] + (a[t + 1] * g if t + 1 < T else 0.0 * g)
+        want[t] = g
+    got = scan.cuda_scan(dtype)(*(cupy.asarray(v, dtype=dtype) for v in (a, b, initial)), cupy, poison=True,
+                                reverse=True, a_shift=1)
+    assert relative(cupy.asnumpy(got), want) <= (1e-12 if dtype == np.float64 else 1e-5)

@@ -110,16 +110,44 @@ def slstm_rows(H: int, cupy, rows: list, T=1024, B=16) -> None:
         except engine.EngineError as e:
             rows.append({"case": where, "row": f"engine forward {precision}", "error": str(e).splitlines()[0]})
     d_out = cupy.asarray(rng.standard_normal((T, B, H)), dtype=cupy.float32)
+    engine_grads = None
     try:
+        engine_grads = engine.bptt(network, params, x, d_outputs=d_out, dtype=np.float32, backend="fused").params[0]
         rows.append({"case": where, "row": "engine forward + backward float32 (bptt fused)",
                      "ms": median_ms(lambda: engine.bptt(network, params, x, d_outputs=d_out, dtype=np.float32,
                                                          backend="fused"), warmup=2, reps=10)})
     except engine.EngineError as e:
         rows.append({"case": where, "row": "engine forward + backward float32", "error": str(e).splitlines()[0]})
-    flashrnn_rows(network, params, x_host, d_out, engine_out, where, rows)
+    flashrnn_rows(network, params, x_host, d_out, engine_out, where, rows, engine_grads)
 
 
-def flashrnn_rows(network, params, x_host, d_out, engine_out, where, rows) -> None:
+def gradient_differences(torch_grads: dict, engine_grads: dict) -> dict:
+    """For each parameter of the cell: ||FlashRNN's - the engine's|| / ||the engine's||, and the engine's norm over
+    the largest gradient's (a gradient near 0, a sum that cancels, shows a large relative difference from rounding
+    alone). float64 on the host."""
+    wants = {name: want.get().astype(np.float64) for name, want in engine_grads.items()}
+    largest = max(np.linalg.norm(w) for w in wants.values())
+    out = {}
+    for name, want in wants.items():
+        got = torch_grads[name].reshape(want.shape)
+        out[name] = {"rel_diff": float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)),
+                     "norm_vs_largest": float(np.linalg.norm(want) / largest)}
+    return out
+
+
+def flashrnn_gradients(w_leaf, r, bias, heads, d) -> dict:
+    """FlashRNN's gradients in the cell's parameter names and shapes: W_* rows of the stacked (4H, I), R_* as the
+    (heads, D, D) blocks (the layout both use), b_* flattened."""
+    out = {}
+    for g, k in enumerate("ifzo"):
+        rows_ = w_leaf.grad[g * heads * d:(g + 1) * heads * d]
+        out[f"W_{k}"] = rows_.double().cpu().numpy()
+        out[f"R_{k}"] = r.grad[g].double().cpu().numpy()
+        out[f"b_{k}"] = bias.grad[g].reshape(-1).double().cpu().numpy()
+    return out
+
+
+def flashrnn_rows(network, params, x_host, d_out, engine_out, where, rows, engine_grads=None) -> None:
     try:
         import torch
         if os.environ.get("FLASHRNN_PATH"):
@@ -158,6 +186,11 @@ def flashrnn_rows(network, params, x_host, d_out, engine_out, where, rows) -> No
                 got = y.float().transpose(0, 1).reshape(T, B, H).detach().cpu().numpy()
                 want = engine_out.get()
                 row["rel_diff_vs_engine_fp32"] = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+            if dtype_name == "float32" and engine_grads is not None:     # the gradients, before the timed runs
+                forward_backward()
+                row["grad_rel_diff_vs_engine_fp32"] = gradient_differences(
+                    flashrnn_gradients(w_leaf, r, bias, heads, d), engine_grads)
+                w_leaf.grad = r.grad = bias.grad = None
             with torch.no_grad():
                 row["ms"] = median_ms(forward, torch_timer)
             rows.append(row)

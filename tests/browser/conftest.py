@@ -28,8 +28,10 @@ SCREENSHOTS = os.environ.get("SCREENSHOTS") == "1"
 DEMO = Path("docs") / "demo"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (-n), every browser test runs on one worker: one app server, one Chromium."""
+    """Under pytest-xdist (-n), every browser test runs on one worker: one app server, one Chromium. First among the
+    hooks: xdist's own (in each worker) turns the mark into the group it schedules by, and must see it."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(item.path).parents:

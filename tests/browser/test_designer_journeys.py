@@ -11,7 +11,16 @@ Every wait polls for what should appear; nothing sleeps.
 from __future__ import annotations
 
 import pytest
-from test_designer_browser import RERUN_S, add_block, canvas, choose_option, connect, main_text, wait_until_idle
+from test_designer_browser import (
+    RERUN_S,
+    add_block,
+    canvas,
+    choose_option,
+    connect,
+    load_preset,
+    main_text,
+    wait_until_idle,
+)
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
                                "(pip install -r requirements-test.txt)")
@@ -31,8 +40,7 @@ def open_designer(page, app_url) -> None:
 def open_the_lstm(page, app_url):
     """The Designer with the LSTM preset loaded onto a fresh canvas; the canvas's frame."""
     open_designer(page, app_url)
-    choose_option(page, "designer-preset", "lstm: LSTM (cuDNN / PyTorch)")
-    page.locator(".st-key-designer-load_preset").get_by_role("button").click()
+    load_preset(page, "lstm: LSTM (cuDNN / PyTorch)")
     expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
     wait_until_idle(page)
     return canvas(page)
@@ -256,8 +264,7 @@ def test_rename_a_state_refuse_a_self_loop_bad_sizes_and_reopen_the_last_design(
     finally:
         fresh.close()
 
-    choose_option(page, "designer-preset", "lstm: LSTM (cuDNN / PyTorch)")       # a cell with weights
-    page.locator(".st-key-designer-load_preset").get_by_role("button").click()
+    load_preset(page, "lstm: LSTM (cuDNN / PyTorch)")                             # a cell with weights
     expect(page.get_by_text("Loaded the 'lstm' preset.")).to_be_visible(timeout=RERUN_S * 1000)
     wait_until_idle(page)
     hidden = page.locator(".st-key-designer-hidden_size").get_by_role("textbox")

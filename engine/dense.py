@@ -29,7 +29,7 @@ import numpy as np
 
 from .ir import CellGraph, Node, make_node
 from .network import Network
-from .ops import OPS
+from .ops import OPS, array_module
 from .params import Params, check_params
 
 
@@ -85,19 +85,12 @@ def dense_network(network: Network) -> Network:
     return Network(form.cell, network.input_size, network.hidden_size, network.num_layers, network.proj_size)
 
 
-def _xp(array):
-    if type(array).__module__.split(".")[0] == "cupy":
-        import cupy  # deferred: CuPy is optional (no GPU in CI)
-        return cupy
-    return np
-
-
 def block_diagonal(weight):
     """The dense (rows x cols) matrix of a weight: a weight of heads (k, r, c) placed block by block on the diagonal
     of a (k r x k c) matrix of zeros; a 2-D weight as it is."""
     if weight.ndim != 3:
         return weight
-    xp = _xp(weight)
+    xp = array_module(weight)
     k, r, c = weight.shape
     dense = xp.zeros((k * r, k * c), dtype=weight.dtype)
     for j in range(k):
@@ -107,7 +100,7 @@ def block_diagonal(weight):
 
 def diagonal_blocks(dense, heads: int):
     """The k diagonal blocks (k, rows/k, cols/k) of a dense (rows x cols) matrix: a heads weight's gradient."""
-    xp = _xp(dense)
+    xp = array_module(dense)
     rows, cols = dense.shape
     r, c = rows // heads, cols // heads
     return xp.stack([dense[j * r:(j + 1) * r, j * c:(j + 1) * c] for j in range(heads)])
@@ -130,7 +123,7 @@ def dense_params(network: Network, params: Params) -> Params:
         values = {name: block_diagonal(value) if name in heads else value for name, value in layer.items()}
         sample = next(iter(layer.values()))
         for name, op in form.fixed:
-            values[name] = fixed_matrix(op, network.hidden_size, sample.dtype, _xp(sample))
+            values[name] = fixed_matrix(op, network.hidden_size, sample.dtype, array_module(sample))
         layers.append(values)
     return Params(layers)
 

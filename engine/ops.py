@@ -81,23 +81,23 @@ def matmul_apply(weight, operand):
         heads, rows, cols = weight.shape
         lead = operand.shape[:-1]
         blocks = operand.reshape(lead + (heads, cols))
-        return _einsum(operand)("...hc,hrc->...hr", blocks, weight).reshape(lead + (heads * rows,))
+        return array_module(operand).einsum("...hc,hrc->...hr", blocks, weight).reshape(lead + (heads * rows,))
     return operand @ weight.T                            # (B, cols) @ (cols, rows) -> (B, rows)
 
 
-def _einsum(array):
-    """np.einsum or cupy.einsum, as `array` lives."""
+def array_module(array):
+    """numpy, or cupy for a CuPy array: the module whose functions take `array` where it lives."""
     if type(array).__module__.split(".")[0] == "cupy":
         import cupy  # deferred: CuPy is optional (no GPU in CI)
-        return cupy.einsum
-    return np.einsum
+        return cupy
+    return np
 
 
 def _matmul_t(weight, dy):
     """The operand's adjoint term W^T dy, (B, rows) -> (B, cols); block by block for a weight of heads."""
     if weight.ndim == 3:
         heads, rows, cols = weight.shape
-        return _einsum(dy)("bhr,hrc->bhc", dy.reshape(-1, heads, rows), weight).reshape(-1, heads * cols)
+        return array_module(dy).einsum("bhr,hrc->bhc", dy.reshape(-1, heads, rows), weight).reshape(-1, heads * cols)
     return dy @ weight
 
 
@@ -109,7 +109,7 @@ def outer_heads(dy, operand, heads: int):
     if operand.ndim != 2 or operand.shape[0] != dy.shape[0]:
         operand = np.broadcast_to(operand, (dy.shape[0], operand.shape[-1]))
     b = dy.shape[0]
-    return _einsum(dy)("bhr,bhc->hrc", dy.reshape(b, heads, -1), operand.reshape(b, heads, -1))
+    return array_module(dy).einsum("bhr,bhc->hrc", dy.reshape(b, heads, -1), operand.reshape(b, heads, -1))
 
 
 def _sum_h(x):

@@ -15,6 +15,7 @@ from ..codegen.precision import PRECISIONS
 from ..codegen.precision import precision as lookup
 from ..errors import BackendError, CompileError
 from ..network import Network
+from ..ops import array_module
 from ..params import check_params
 
 
@@ -69,10 +70,7 @@ def check_gpu_run_inputs(what: str, cupy, network: Network, x, initial_states) -
 
 def array_module_of(value):
     """numpy, or cupy for a CuPy array (the GPU backends and the GPU training loop return and take them)."""
-    if type(value).__module__.split(".")[0] == "cupy":
-        import cupy  # deferred: CuPy is optional (no GPU in CI)
-        return cupy
-    return np
+    return array_module(value)
 
 
 def _first_bad(value) -> tuple[int, tuple] | None:

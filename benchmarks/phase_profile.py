@@ -30,10 +30,10 @@ from engine.codegen.nvrtc import load_module  # noqa: E402
 from engine.schedules import schedule_class  # noqa: E402
 from engine.schedules.tiling import TileConfig  # noqa: E402
 
-MAX_PHASES = 15                 # + the last mark: 16 int64s, 128 bytes of static shared memory
+MAX_PHASES = 31                 # + the last mark: 32 int64s, 256 bytes of static shared memory
 PRELUDE = f"""
 #define RNN_PROF_PHASES {MAX_PHASES}
-__shared__ __align__(128) long long rnn_prof_acc[RNN_PROF_PHASES + 1];   // 128 bytes: dynamic smem stays aligned
+__shared__ __align__(128) long long rnn_prof_acc[RNN_PROF_PHASES + 1];   // 256 bytes: dynamic smem stays aligned
 #define rnn_prof_last rnn_prof_acc[RNN_PROF_PHASES]
 __device__ long long rnn_prof_table[1024 * (RNN_PROF_PHASES + 2)];
 __device__ __forceinline__ void rnn_prof_mark(int phase)
@@ -62,7 +62,7 @@ def instrument(source: str) -> tuple[str, list[str]]:
             phases.append(name)
         return phases.index(name)
 
-    out, stage, in_call, calls = [], None, None, 0
+    out, stage, in_call, calls, reduced = [], None, None, 0, False
     lines = source.splitlines()
     for i, line in enumerate(lines):
         m = re.match(r"__device__ __forceinline__ void \w+_stage_(\d+)\(", line)
@@ -79,8 +79,14 @@ def instrument(source: str) -> tuple[str, list[str]]:
                 in_call = None
             elif line.strip() == "__syncthreads();":
                 out.append(f"        rnn_prof_mark({phase(f's{stage} block barrier')});")
-            elif line.strip() == "(void)I;":
+            elif line.strip().startswith("__syncthreads();   // the reductions' sums"):      # engine/codegen/reductions.py
+                out.append(f"    rnn_prof_mark({phase(f's{stage} reduction sums')});")
+            elif line.strip().startswith("__syncthreads();   // this block's units of"):
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cell math')});")
+                reduced = True
+            elif line.strip() == "(void)I;":
+                out.append(f"    rnn_prof_mark({phase(f's{stage} partials' if reduced else f's{stage} cell math')});")
+                reduced = False
             if line == "}":
                 stage, calls = None, 0
             continue

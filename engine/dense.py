@@ -64,7 +64,9 @@ def dense_form(cell: CellGraph) -> DenseForm:
             name = f"J_{op}_{k}"
         taken.add(name)
         fixed[op] = name
-    nodes: list[Node] = [make_node(name, "weight", rows="H", cols="H") for name in fixed.values()]
+    # attr `fixed` marks the matrix as the reduction's (the wavefront schedules sum rows instead of multiplying by
+    # it: engine.plan.reduction_terms); a cell as given cannot carry it (engine.ir refuses it as an unknown attribute).
+    nodes: list[Node] = [make_node(name, "weight", rows="H", cols="H", fixed=op) for op, name in fixed.items()]
     for n in cell.nodes:
         if n.op == "weight" and n.attr("heads", 1) > 1:
             nodes.append(make_node(n.name, "weight", rows=n.attr("rows"), cols=n.attr("cols")))
@@ -144,3 +146,88 @@ def dense(network: Network, params: Params) -> tuple[Network, Params]:
     first (check_params names what is wrong). What each compiled path does where its network and parameters enter."""
     check_params(network, params)
     return dense_network(network), dense_params(network, params)
+
+
+# ---- the wavefront schedules' form: a variance as one reduction -------------------------------------------------
+
+def _adds(cell: CellGraph, name: str) -> list[str]:
+    """The summands of an add tree (the node itself when it is not an add)."""
+    node = cell[name]
+    return _adds(cell, node.args[0]) + _adds(cell, node.args[1]) if node.op == "add" else [name]
+
+
+def _fixed_matmuls(cell: CellGraph, name: str, op: str) -> list[str] | None:
+    """The matmuls by the fixed matrix of `op` that make the mean (of n values: their means added, times 1/n) at
+    `name`, or None when `name` is not such a mean."""
+    node = cell[name]
+    factor, summands = 1.0, [name]
+    if node.op == "scale":
+        factor, summands = node.attr("factor"), _adds(cell, node.args[0])
+    leaves = [cell[s] for s in summands]
+    if not all(n.op == "matmul" and cell[n.args[0]].attr("fixed") == op for n in leaves):
+        return None
+    return summands if abs(factor * len(summands) - 1.0) < 1e-12 else None
+
+
+@lru_cache(maxsize=256)
+def variance_form(cell: CellGraph) -> CellGraph:
+    """The dense cell with every variance of a layer_norm (engine.dsl), mean_h((v_k - mu)^2) over the parts v_k whose
+    joint mean is mu, rewritten as matmuls by a fixed matrix marked "var_h", one per variance: the wavefront schedules
+    sum each block's units around their own mean and combine the blocks' sums in the stage that adds up mu (Chan,
+    Golub & LeVeque's pairwise update), so a LayerNorm's mean and variance take one barrier instead of two
+    (engine/codegen/wavefront.py). A term of var_h matmuls over v_1..v_n is sum_k mean_h((v_k - mean of all)^2).
+    Only the wavefront schedules run this form: a matmul path would multiply by the matrix."""
+    nodes = {n.name: n for n in cell.nodes}
+    rewrites: dict[str, Node] = {}
+    added: list[Node] = []
+    taken = set(nodes)
+    for n in cell.nodes:
+        leaves = _fixed_matmuls(cell, n.name, "mean_h") if n.op in ("scale", "matmul") else None
+        if not leaves or any(leaf in rewrites for leaf in leaves):
+            continue
+        squares = [cell[cell[leaf].args[1]] for leaf in leaves]
+        if not all(sq.op == "mul" and sq.args[0] == sq.args[1] and cell[sq.args[0]].op == "sub" for sq in squares):
+            continue
+        centred = [cell[sq.args[0]] for sq in squares]
+        mu = {c.args[1] for c in centred}
+        if len(mu) != 1:
+            continue
+        parts = [c.args[0] for c in centred]
+        means = _fixed_matmuls(cell, mu.pop(), "mean_h")
+        if means is None or sorted(cell[m].args[1] for m in means) != sorted(parts):
+            continue
+        name, k = "J_var_h", 1
+        while name in taken:
+            k += 1
+            name = f"J_var_h_{k}"
+        taken.add(name)
+        added.append(make_node(name, "weight", rows="H", cols="H", fixed="var_h"))
+        for leaf, part in zip(leaves, parts):
+            rewrites[leaf] = make_node(leaf, "matmul", (name, part))
+    if not rewrites:
+        return cell
+    body = added + [rewrites.get(n.name, n) for n in cell.nodes]
+    return CellGraph(cell.name, tuple(body), cell.states, cell.output, cell.doc, cell.input_is_hidden)
+
+
+def variance_network(network: Network, params: Params) -> tuple[Network, Params]:
+    """A dense network and its parameters in variance_form: the var_h matrices as zeros (never multiplied)."""
+    wave = wavefront_network(network)
+    if wave is network:
+        return network, params
+    fixed = [n.name for n in wave.cell.nodes if n.op == "weight" and n.attr("fixed") == "var_h"]
+    layers = []
+    for layer in params.layers:
+        sample = next(iter(layer.values()))
+        zeros = array_module(sample).zeros((network.hidden_size, network.hidden_size), dtype=sample.dtype)
+        layers.append({**layer, **{name: zeros for name in fixed}})
+    return wave, Params(layers)
+
+
+def wavefront_network(network: Network) -> Network:
+    """The network as the wavefront schedules compile it: the dense form, then variance_form."""
+    dense_net = dense_network(network)
+    cell = variance_form(dense_net.cell)
+    if cell is dense_net.cell:
+        return dense_net
+    return Network(cell, network.input_size, network.hidden_size, network.num_layers, network.proj_size)

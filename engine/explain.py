@@ -23,8 +23,8 @@ from .autodiff.fused_describe import describe as describe_fused
 from .autodiff.fused_planner import training_plan
 from .autodiff.hoist import split_backward
 from .codegen import text_equations
-from .compiler import make_plan
-from .dense import dense_form
+from .compiler import compile_cell, make_plan
+from .dense import dense_form, wavefront_network
 from .errors import CompileError
 from .gallery import Preset
 from .gallery import get as get_preset
@@ -163,10 +163,18 @@ def dense_to_json(network: Network, plan: Plan) -> dict[str, Any]:
     H, B = network.hidden_size, plan.batch
     stages = [g.stage for g in plan.program.gemms if g.stage != "hoisted"]
     in_step = sum(1 for r in reductions if r["stage"] != "hoisted")      # the input side's run once, over all steps
+    wave = compile_cell(wavefront_network(network).cell, layout="interleaved")
+    wave_stages = {g.stage for g in wave.gemms if not g.hoisted} | {k.stage for k in wave.kernels}
     return {"changed": form.changed, "reductions": reductions,
             "heads": [{"weight": name, "heads": k} for name, k in form.heads],
             "reduction_flops_per_step": 2 * B * H * H * in_step,
-            "stages_per_step": max(stages, default=1)}        # step stages are numbered from 1
+            "stages_per_step": max(stages, default=1),        # step stages are numbered from 1
+            # The wavefront schedules sum instead (engine/codegen/reductions.py): each block's partial sums per row
+            # and term (a variance: its sum and squares) through L2, one barrier per dependent reduction, a
+            # LayerNorm's mean and variance in one (engine.dense.variance_form).
+            "wavefront": {"reduction_terms": sum(len(g.terms) for g in wave.gemms if g.name in wave.reductions
+                                                 and not g.hoisted),
+                          "stages_per_step": len(wave_stages)}}
 
 
 def scan_to_json(cell: CellGraph) -> dict[str, Any]:
@@ -206,8 +214,9 @@ def explain_schedules(plan: Plan, passes=None, schedule: str | None = None, doc:
                       precision: str = "float32") -> dict[str, Any]:
     """engine/schedules/report.py for this plan; the wavefront schedules get the interleaved plan they run,
     in `precision`."""
-    same = plan.program.layout == "interleaved" and plan.program.precision == precision
-    wavefront_plan = plan if same else make_plan(plan.network, plan.steps, plan.batch, passes, layout="interleaved",
+    network = wavefront_network(plan.network)           # the dense form, a LayerNorm's variance as one reduction
+    same = plan.program.layout == "interleaved" and plan.program.precision == precision and network is plan.network
+    wavefront_plan = plan if same else make_plan(network, plan.steps, plan.batch, passes, layout="interleaved",
                                                  precision=precision, doc=doc)
     return schedules_report(plan, wavefront_plan, schedule, doc=doc)
 
@@ -324,8 +333,12 @@ def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None
         if dense["reductions"]:
             in_step = sum(1 for r in dense["reductions"] if r["stage"] != "hoisted")
             out.append(f"  {len(dense['reductions'])} reduction(s) over H as GEMMs by a fixed H x H matrix, {in_step} "
-                       f"in the step: {human_count(dense['reduction_flops_per_step'])} FLOP more per step and layer; "
-                       f"{dense['stages_per_step']} stage(s) a step, each a barrier on the wavefront schedules")
+                       f"in the step: {human_count(dense['reduction_flops_per_step'])} FLOP more per step and layer, "
+                       f"{dense['stages_per_step']} stage(s) a step (backend 'fused')")
+            wave = dense["wavefront"]
+            out.append(f"  wavefront schedules: no GEMM; {wave['reduction_terms']} row sum(s) a step from each block's "
+                       f"partials (B floats a block and sum, two for a variance, through L2), "
+                       f"{wave['stages_per_step']} stage(s) a step, each one barrier")
         for w in dense["heads"]:
             out.append(f"  weight {w['weight']}: {w['heads']} heads, multiplied as its block-diagonal matrix "
                        f"({w['heads']}x the FLOPs of its blocks)")

@@ -30,6 +30,7 @@ DIMS = ("I", "H", "P")
 STATE_DIMS = ("H", "P")   # the sizes a state may have
 SCALAR = "1"  # the dim of a const: broadcasts against any vector
 UNKNOWN = "?"  # the dim of a value downstream of a reported mismatch (not reported again)
+FIXED_MATRICES = ("sum_h", "mean_h", "var_h")   # weight attr `fixed`: set by engine/dense.py only (engine.serialize refuses it)
 MAX_HEADS = 4096   # a weight's block count (W("R", heads=k)); the network checks that k divides its sizes
 
 # The cell graph's format: its name and version head every saved graph (engine.serialize) and are part of
@@ -445,7 +446,7 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
 
 
 # The attributes each leaf kind reads; an op reads the ones its OpDef lists.
-LEAF_ATTRS = {"input": (), "state": ("dim",), "weight": ("rows", "cols", "heads"), "bias": ("dim",), "vector": ("dim",),
+LEAF_ATTRS = {"input": (), "state": ("dim",), "weight": ("rows", "cols", "heads", "fixed"), "bias": ("dim",), "vector": ("dim",),
               "const": ("value",)}
 
 
@@ -474,6 +475,13 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
                                    node=n.name, field="attrs.heads",
                                    hint="1 for a dense weight; k for k independent blocks (hidden_size a multiple "
                                         "of k)"))
+            fixed = n.attr("fixed")             # the dense form's matrix of a reduction (engine/dense.py)
+            if fixed is not None and (fixed not in FIXED_MATRICES or n.attr("rows") != "H" or n.attr("cols") != "H"):
+                out.append(Problem(f"a fixed weight is the H x H matrix of one of {', '.join(FIXED_MATRICES)}, got "
+                                   f"fixed={shown(fixed)} on a ({shown(n.attr('rows'))}, {shown(n.attr('cols'))}) "
+                                   "weight", node=n.name, field="attrs.fixed",
+                                   hint="leave 'fixed' out: the engine's dense form sets it; write sum_h(v) or "
+                                        "mean_h(v) for a reduction"))
         if n.op == "state" and n.attr("dim", "H") not in STATE_DIMS:
             out.append(Problem(f"a state's dim must be one of {STATE_DIMS}, got {shown(n.attr('dim'))}", node=n.name,
                                field="attrs.dim", hint="'H' (the default), or 'P' for a projected state such as "

@@ -179,6 +179,11 @@ class Gemm:
     def out_buffer(self) -> str:
         return f"{self.name}_out"
 
+    @property
+    def partial_buffer(self) -> str:
+        """A step GEMM of reductions only (Program.reductions): the blocks' partial sums on the wavefront schedules."""
+        return f"{self.name}_part"
+
     def operand_offset(self, name: str) -> Lin:
         offset = Lin()
         for op in self.operands:
@@ -336,6 +341,13 @@ class Program:
     def hoisted_gemms(self) -> tuple[Gemm, ...]:
         return tuple(g for g in self.gemms if g.hoisted)
 
+    @cached_property
+    def reductions(self) -> dict[str, tuple]:
+        """{GEMM name: reduction_terms(...)} for the step GEMMs that are reductions only. The wavefront schedules sum
+        rows for them instead of multiplying by the fixed matrix (engine/codegen/wavefront.py)."""
+        found = {g.name: reduction_terms(self.cell, g) for g in self.gemms if not g.hoisted}
+        return {name: terms for name, terms in found.items() if terms is not None}
+
     def step_gemms(self, stage: int) -> tuple[Gemm, ...]:
         return tuple(g for g in self.gemms if g.stage == stage)
 
@@ -355,6 +367,23 @@ class Program:
             order += [("gemm", g) for g in self.step_gemms(stage)]
             order += [("kernel", k) for k in self.stage_kernels(stage)]
         return order
+
+
+def reduction_terms(cell: CellGraph, gemm: Gemm) -> tuple[tuple[tuple[str, str], ...], ...] | None:
+    """A GEMM of reductions only, every matmul in it by the fixed matrix of a sum_h or mean_h (engine/dense.py marks
+    those weights with attr `fixed`) and no folded bias: per term, its (operand, "sum_h" | "mean_h") pairs. None for
+    any other GEMM (the passes never mix the two kinds in one GEMM: engine/passes/gemms.py)."""
+    out = []
+    for term in gemm.terms:
+        pairs = []
+        for m in term.matmuls:
+            weight, operand = cell[m].args
+            op = cell[weight].attr("fixed")
+            if op is None or term.biases or term.dim != "H":
+                return None
+            pairs.append((operand, op))
+        out.append(tuple(pairs))
+    return tuple(out)
 
 
 # ---- the plan: a program bound to sizes -----------------------------------------------------------

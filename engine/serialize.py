@@ -97,6 +97,9 @@ def from_dict(data: Any) -> CellGraph:
         if not isinstance(attrs, dict):
             raise _err("'attrs' must be an object", f"{where}.attrs", node=nname,
                        hint='e.g. "attrs": {"rows": "H", "cols": "I"}')
+        if "fixed" in attrs:
+            raise _err("attribute 'fixed' is the engine's own (the dense form of a reduction)", f"{where}.attrs.fixed",
+                       node=nname, hint="remove it; write sum_h(v) or mean_h(v) for a reduction over the hidden units")
         nodes.append(Node(nname, op, tuple(args), tuple(sorted(attrs.items()))))
     raw_states = data.get("states")
     if not isinstance(raw_states, list):

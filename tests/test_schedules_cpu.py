@@ -30,6 +30,7 @@ import pytest
 from compiler_cells import CELLS
 
 import engine
+from engine.dense import wavefront_network
 from engine.codegen import text_equations
 from engine.codegen.wavefront import HALF_SUFFIX, entry_points, half_copies, layer_fields, render_wavefront, stages
 from engine.compiler import compile_program, make_plan
@@ -83,7 +84,9 @@ def check_tiling(tiling, program, network, batch, config, limits, persistent, wh
     gemm_names = {g.name for g in program.gemms}
     tiled = {t.name for t in tiling.gemms}
     assert tiled <= gemm_names, where
-    assert {g.name for g in program.gemms if not g.hoisted} <= tiled, f"{where}: a recurrent GEMM has no tile"
+    recurrent = {g.name for g in program.gemms if not g.hoisted}
+    assert recurrent - set(program.reductions) <= tiled, f"{where}: a recurrent GEMM has no tile"
+    assert not tiled & set(program.reductions), f"{where}: a reduction (row sums) got a GEMM tile"
     if group > 1:
         assert {g.name for g in program.hoisted_gemms} <= tiled, f"{where}: layers project in the kernel"
     else:
@@ -290,8 +293,8 @@ LAYER_SYNC_CASES = [("lstm", 37, 129, 3, 3, TileConfig(sync="layer")),
 
 def render(name, input_size, hidden_size, num_layers, batch, config, persistent, precision="float32"):
     cell = engine.preset(name).cell            # a cell of heads (slstm) takes the next multiple of its heads
-    network = engine.Network(cell, input_size=input_size, hidden_size=cell.fit_size(hidden_size),
-                             num_layers=num_layers)
+    network = wavefront_network(engine.Network(cell, input_size=input_size, hidden_size=cell.fit_size(hidden_size),
+                                               num_layers=num_layers))       # as the schedules compile it
     program = make_plan(network, 17, batch, layout="interleaved", precision=precision).program
     tiling = make_tiling(program, network, batch, config, H100, persistent=persistent)
     return program, render_wavefront(program, network, tiling), tiling

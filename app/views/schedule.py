@@ -157,9 +157,14 @@ def dense_ui(dense: dict | None) -> None:
     if dense["reductions"]:
         lines.append(f"- {len(dense['reductions'])} reduction(s) over H ("
                      + ", ".join(sorted({r['op'] for r in dense["reductions"]})) + ") run as GEMMs by a fixed H x H "
-                     f"matrix: {engine.plan.human_count(dense['reduction_flops_per_step'])}FLOP more per step and "
-                     f"layer; the step has {dense['stages_per_step']} stage(s), each one barrier on the wavefront "
-                     "schedules (the cross-block step: a reduction reads the whole row, which other blocks wrote).")
+                     f"matrix on backend 'fused': {engine.plan.human_count(dense['reduction_flops_per_step'])}FLOP "
+                     f"more per step and layer, {dense['stages_per_step']} stage(s) a step.")
+        wave = dense.get("wavefront")
+        if wave:
+            lines.append(f"- The wavefront schedules run no GEMM for them: each block sums its own units per row "
+                         f"(a variance: its sum and its squares about its own mean), the blocks' partials cross "
+                         f"through L2 and every block adds them after the stage's barrier: {wave['reduction_terms']} "
+                         f"row sum(s) a step, {wave['stages_per_step']} stage(s) a step, each one barrier.")
     for w in dense["heads"]:
         lines.append(f"- weight '{w['weight']}' has {w['heads']} heads: multiplied as its block-diagonal matrix, "
                      f"{w['heads']}x the FLOPs of its blocks.")

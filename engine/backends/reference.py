@@ -3,8 +3,8 @@
 It interprets the cell graph node by node, one time step and one layer at a time, in float64 or
 float32. Every fast backend is tested against it. With precision="tf32" / "float16" / "bfloat16" it
 emulates that mode (engine.codegen.precision): both operands of every matmul are rounded to the mode's
-format first (engine.rounding), and so are a reduction's operand and mean_h's 1/H (the GPU runs a reduction as a
-matmul by a fixed matrix, engine/dense.py); the rest stays in `dtype`.
+format first (engine.rounding); the rest stays in `dtype`, reductions too (the wavefront schedules, which run the
+modes, sum a reduction in float32 rather than multiplying by the dense form's matrix: engine/codegen/reductions.py).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import BackendError
 from ..memory import check_run
 from ..network import Network
-from ..ops import OPS, apply_elementwise, matmul_apply
+from ..ops import apply_elementwise, matmul_apply
 from ..params import Params, check_params
 from ..rounding import round_operand
 from .common import RunResult, check_inputs, check_precision
@@ -38,11 +38,6 @@ def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dic
             if precision != "float32":
                 weight, operand = (round_operand(v, precision).astype(dtype, copy=False) for v in (weight, operand))
             env[name] = matmul_apply(weight, operand)         # (B, cols) @ (cols, rows) -> (B, rows), or per head
-        elif precision != "float32" and OPS[node.op].kind == "reduction":
-            # The GPU runs a reduction as a matmul by a fixed matrix (engine/dense.py): both rounded in this mode.
-            value = round_operand(env[node.args[0]], precision)
-            scale = round_operand(np.array(1.0 / value.shape[-1]), precision) if node.op == "mean_h" else 1.0
-            env[name] = (scale * value.sum(axis=-1, keepdims=True)).repeat(value.shape[-1], axis=-1).astype(dtype)
         else:
             env[name] = apply_elementwise(node.op, [env[a] for a in node.args], node.attr_dict).astype(
                 dtype, copy=False)

@@ -51,6 +51,9 @@ def _terms(low: Lowering, grouped: bool) -> tuple[Term, ...]:
     def key(m: str):
         return "hoisted" if m in low.hoisted else stage[m]
 
+    def fixed(m: str) -> bool:           # a reduction's matmul (engine/dense.py): GEMMs of its own
+        return cell[cell[m].args[0]].attr("fixed") is not None
+
     def fresh(base: str) -> str:
         name = base
         while name in taken:
@@ -63,10 +66,10 @@ def _terms(low: Lowering, grouped: bool) -> tuple[Term, ...]:
     for s in low.sums:
         groups: dict = {}
         for m in s.matmuls:
-            groups.setdefault(key(m), []).append(m)
+            groups.setdefault((key(m), fixed(m)), []).append(m)
             in_sum.add(m)
-        for k in sorted(groups, key=_stage_key):
-            matmuls = groups[k]
+        for k, reduction in sorted(groups, key=lambda g: (_stage_key(g[0]), g[1])):
+            matmuls = groups[k, reduction]
             dim = cell.dims[s.root]
             if grouped:
                 operands = list(dict.fromkeys(cell[m].args[1] for m in matmuls))
@@ -117,10 +120,11 @@ def _components(cell, terms: list[Term]) -> list[list[Term]]:
             i = parent[i]
         return i
 
-    owner: dict[str, int] = {}
+    owner: dict = {}
     for i, t in enumerate(terms):
         for m in t.matmuls:
-            operand = cell[m].args[1]
+            weight, value = cell[m].args
+            operand = (value, cell[weight].attr("fixed") is not None)   # reductions' matmuls group among themselves
             if operand in owner:
                 parent[find(i)] = find(owner[operand])
             else:

@@ -29,6 +29,7 @@ from ..plan import (
     StateHome,
     Statement,
     Store,
+    reduction_terms,
 )
 from .analysis import Value, consumers, num_stages, state_next_values, step_graph
 from .fusion import gemm_operands, native_homes
@@ -72,6 +73,9 @@ class _Layout:
             self._add(g.in_buffer, "batch", g.k, "gemm_operands", double=double,
                       doc=f"{g.name} operands [{', '.join(op.name for op in g.operands)}]")
             self._add(g.out_buffer, "batch", g.n, "gemm_result", doc=f"{g.name} result")
+            if reduction_terms(cell, g) is not None:
+                self._add(g.partial_buffer, "batch", g.n + g.n, "partials",
+                          doc=f"{g.name}: per term, each wavefront block's partials over its units")
         self.gemm_by_name = {g.name: g for g in low.gemms}
         self.state_home: dict[str, Slot] = {}
         for s in cell.state_names:

@@ -26,7 +26,7 @@ from ..chunk_replay import CaptureError, ChunkReplay
 from ..codegen.nvrtc import load_module
 from ..codegen.wavefront import POOL_OPS, entry_points, half_copies, layer_fields, render_wavefront, stages
 from ..compiler import make_plan
-from ..dense import dense
+from ..dense import dense, variance_network
 from ..errors import BackendError, CompileError
 from ..memory import available_device_bytes, check_fits
 from ..nets.data import check_pool
@@ -117,6 +117,7 @@ class WavefrontSchedule:
         pools = check_pools(self.name, network, pool, pools)   # first: a CPU-only machine says what is wrong too
         check_float32_gpu_program(f"schedule '{self.name}'", network, params, dtype)
         network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
+        network, params = variance_network(network, params)   # a LayerNorm's variance: one reduction, one barrier
         import cupy  # deferred: CuPy is optional (no GPU in CI)
         self.cupy, self.network, self.params = cupy, network, params
         self.precision = check_precision(precision)

@@ -228,7 +228,8 @@ def default_tile(program: Program, network: Network, batch: int, layers: int, un
         return 4, 4
     if units is None:
         units = -(-network.hidden_size // max(1, limits.multiprocessors // layers))
-    widest = max((len(g.terms) * units for g in program.gemms if not (g.hoisted and layers == 1)), default=0)
+    widest = max((len(g.terms) * units for g in program.gemms
+                  if not (g.hoisted and layers == 1) and g.name not in program.reductions), default=0)
     if layers < 2:
         return (8, 4) if (batch // 8) * (widest // 4) >= 48 else (4, 4)
     tiles8 = (batch // 8) * (widest // 8)
@@ -329,7 +330,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         if roomy(whole) or not config.resident:
             return whole
         weight_bytes = sum(g.n(network.layer_sizes(layer)) * g.k(network.layer_sizes(layer)) * prec.weight_bytes
-                           for g in program.gemms for layer in range(network.num_layers))
+                           for g in program.gemms for layer in range(network.num_layers)
+                           if g.name not in program.reductions)
         if weight_bytes <= limits.l2_bytes // 2:
             return whole
         try:
@@ -362,7 +364,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
             # Whole register tiles of columns in every GEMM: a GRU at blogB (H = 256, 3 layers) gets 6 units a block,
             # 18 columns padded to 20 and 320 of 416 threads busy; 8 units (24 columns, 96 blocks instead of 129)
             # ran 1.28 against 1.36 ms on an H100 (benchmarks/NOTES.md).
-            terms = [len(g.terms) for g in program.gemms if not (g.hoisted and L == 1)]
+            terms = [len(g.terms) for g in program.gemms
+                     if not (g.hoisted and L == 1) and g.name not in program.reductions]
             rounded = next((u for u in range(units, min(H, units + config.cols_per_thread) + 1)
                             if all(t * u % config.cols_per_thread == 0 for t in terms)), units)
             units = rounded
@@ -394,6 +397,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     for g in program.gemms:
         if g.hoisted and L == 1:
             continue                                 # one layer a launch: the projection is one cuBLAS GEMM before it
+        if g.name in program.reductions:
+            continue                                 # row sums of partials, no weight (engine.codegen.wavefront)
         layers = range(network.num_layers)
         ks = [g.k(network.layer_sizes(layer)) for layer in layers]
         copy = 8 if mma and prec.weight_bytes == 2 else 4      # elements of a 16-byte copy of W (or of X)

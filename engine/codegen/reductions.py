@@ -1,0 +1,218 @@
+"""CUDA for the reductions over the hidden units on the wavefront schedules (engine/codegen/wavefront.py).
+
+A block owns a slice of a layer's hidden units, and a reduction (sum_h, mean_h, a LayerNorm's variance) needs the
+whole row: it crosses the blocks. In the Program it is a GEMM of reductions only (Program.reductions: matmuls by the
+fixed matrices of engine/dense.py), which the wavefront schedules never multiply:
+- at the end of the stage that stores its operands (partial_stage), each block sums its own units per batch row and
+  term and writes that partial to its column of the partials buffer (term k, block blk: column k * BLOCKS_PER_LAYER +
+  blk; a variance writes its block's sum and its sum of squares about the block's own mean, the second at column
+  (terms + k) * BLOCKS_PER_LAYER + blk);
+- after the grid-wide barrier that ends the stage, every block adds the BLOCKS_PER_LAYER partials of each row and
+  term (a variance combines its blocks' sums and squares pairwise: Chan, Golub & LeVeque, "Updating formulae and a
+  pairwise algorithm for computing sample variances", 1979) and writes the row's value to each of its units.
+Per step and layer that is 2 x B x blocks floats and the barrier the stage has anyway, where the dense form's GEMM
+was 2 B H^2 FLOPs. Where the operands are not all stored by the step's own earlier stages (a reduction of a state),
+every block sums whole rows instead. Each thread owns a (row, term) and adds in a fixed order: reruns are
+bit-identical.
+
+Rounding: none in any precision mode. A reduction is a float32 sum, not a matmul; the reference's emulation of a mode
+rounds matmul operands only (engine/backends/reference.py).
+"""
+from __future__ import annotations
+
+from ..errors import CompileError
+from ..plan import Gemm, Program
+
+SCALE = {"sum_h": "", "mean_h": " * (1.0f / H)"}
+
+
+def partial_stage(program: Program, gemm: Gemm, present: tuple[int, ...]) -> int | None:
+    """The stage at whose end each block writes its partials of a reduction: the last stage before the reduction's,
+    when every operand is stored by this step's kernels by then. None: every block sums whole rows."""
+    before = [p for p in present if p < gemm.stage]
+    if not before or program.buffer(gemm.in_buffer).double:
+        return None
+    writers = [k.stage for k in program.kernels for st in k.stores
+               if next(p for p in k.params if p.name == st.access.param).source == gemm.in_buffer]
+    if not writers or max(writers) > before[-1]:
+        return None
+    return before[-1]
+
+
+def _terms(program: Program, gemm: Gemm) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """The GEMM's reduction terms, each a variance of all its operands or a sum of sum_h / mean_h ones."""
+    terms = program.reductions[gemm.name]
+    cell = program.cell
+    for term, pairs in zip(gemm.terms, terms):
+        ops = {op for _, op in pairs}
+        if "var_h" in ops:
+            weights = {cell[m].args[0] for m in term.matmuls}
+            users = {n.name for n in cell.nodes if n.op == "matmul" and n.args[0] in weights}
+            if ops != {"var_h"} or len(weights) != 1 or users != set(term.matmuls):
+                raise CompileError(f"cell '{cell.name}': GEMM '{gemm.name}' has a variance term that is not one whole "
+                                   "variance; hint: this is a bug in engine.dense.variance_form, run the cell with "
+                                   "backend='fused' meanwhile")
+    return terms
+
+
+def _unit_loop(indent: str, offset: str, body: str) -> list[str]:
+    """body over this block's units of the operand at `offset`, `x` the unit's value. No load behind a branch: the
+    index is clamped to the block's last unit and the value dropped past it, so the unrolled loads are all in flight
+    at once."""
+    return [f"{indent}#pragma unroll",
+            f"{indent}for (int j = 0; j < UNITS; ++j) {{ const float x = row[{offset} + min(j, tu - 1)]; "
+            f"if (j < tu) {{ {body} }} }}"]
+
+
+STAGING_SKIP = 64          # floats at the start of the staging area left alone (the bulk pipeline's barriers)
+
+
+def staged_floats(gemm: Gemm, units: int, batch: int) -> int:
+    """Shared memory reduction_partials stages the block's operand values in: (B, operands, UNITS) floats."""
+    return batch * len(gemm.operands) * units
+
+
+def reduction_partials(program: Program, gemm: Gemm, indent: str, staging: bool = False) -> list[str]:
+    """At the end of the producing stage: this block's partials of every term, per batch row. staging: first copy
+    the block's units of every operand into the GEMMs' staging area (free between the stage's GEMMs and the next
+    stage's), consecutive threads reading consecutive units, so that the sums read shared memory; without it each
+    thread reads its row's units from L2, a request per row and line (4.8 us a stage at `mid` on an H200)."""
+    terms = _terms(program, gemm)
+    nt, nops = len(terms), len(gemm.operands)
+    index_of = {op.name: i for i, op in enumerate(gemm.operands)}
+    if any(gemm.operand_offset(op.name).c_expr() != (f"{i} * H" if i > 1 else "H" if i else "0")
+           for i, op in enumerate(gemm.operands)):
+        staging = False                      # operands not H apart (a reduction reads H-sized values: never)
+    lines = [f"{indent}__syncthreads();   // this block's units of {gemm.name}'s operands are stored",
+             f"{indent}{{   // partials of {gemm.name} over this block's units",
+             f"{indent}    const int K = {gemm.k.c_expr()}, N = {gemm.n.c_expr()};",
+             f"{indent}    const int blk = u0 / UNITS;",
+             f"{indent}    (void)N;"]
+    if staging:
+        lines += [f"{indent}    float* vals = smem + SCRATCH + {STAGING_SKIP};   // (B, {nops} operands, UNITS)",
+                  f"{indent}    for (int e = threadIdx.x; e < B * {nops} * UNITS; e += blockDim.x) {{",
+                  f"{indent}        const int j = e % UNITS, r = e / UNITS, i = r % {nops}, b = r / {nops};",
+                  f"{indent}        vals[e] = j < tu ? L.{gemm.in_buffer}[(long)b * K + i * H + u0 + j] : 0.0f;",
+                  f"{indent}    }}",
+                  f"{indent}    __syncthreads();"]
+    lines += [f"{indent}    for (int e = threadIdx.x; e < B * {nt}; e += blockDim.x) {{",
+              f"{indent}        const int k = e / B, b = e - k * B;   // a warp's threads share a term: no divergence",
+              f"{indent}        const float* row = vals + b * {nops} * UNITS;" if staging else
+              f"{indent}        const float* row = L.{gemm.in_buffer} + (long)b * K + u0;",
+              f"{indent}        float* part = L.{gemm.partial_buffer} + b;   // slot s of row b at s * B + b"]
+
+    def offset(operand: str) -> str:
+        return f"{index_of[operand]} * UNITS" if staging else gemm.operand_offset(operand).c_expr()
+    inner = indent + "            "
+    for index, pairs in enumerate(terms):
+        lines.append(f"{indent}        {'if' if index == 0 else 'else if'} (k == {index}) {{")
+        if pairs[0][1] == "var_h":
+            lines += [f"{inner}// the variance of {', '.join(o for o, _ in pairs)}: this block's sum, then its "
+                      "squares about its own mean",
+                      f"{inner}float s = 0.0f, m2 = 0.0f;"]
+            for operand, _ in pairs:
+                lines += _unit_loop(inner, offset(operand), "s += x;")
+            lines.append(f"{inner}const float mean = s / (float)({len(pairs)} * tu);")
+            for operand, _ in pairs:
+                lines += _unit_loop(inner, offset(operand), "const float d = x - mean; m2 += d * d;")
+            lines += [f"{inner}part[({index} * BLOCKS_PER_LAYER + blk) * B] = s;",
+                      f"{inner}part[(({nt} + {index}) * BLOCKS_PER_LAYER + blk) * B] = m2;"]
+        else:
+            lines.append(f"{inner}float acc = 0.0f;")
+            for operand, op in pairs:
+                lines.append(f"{inner}{{   // {op}({operand})")
+                lines.append(f"{inner}    float s = 0.0f;")
+                lines += _unit_loop(inner + "    ", offset(operand), "s += x;")
+                lines.append(f"{inner}    acc += s{SCALE[op]};")
+                lines.append(f"{inner}}}")
+            lines.append(f"{inner}part[({index} * BLOCKS_PER_LAYER + blk) * B] = acc;")
+        lines.append(f"{indent}        }}")
+    return lines + [f"{indent}    }}", f"{indent}}}"]
+
+
+def _chunks(indent: str, loads: dict[str, str], body: str) -> list[str]:
+    """body for every block blk of the layer, in order, with each name of `loads` holding that block's partial at
+    slot (its expression) * BLOCKS_PER_LAYER + blk: 32 blocks at a time, every load in flight before the first
+    use (the index clamped to the last block, the values past it dropped), so a chunk costs one L2 round trip."""
+    lines = [f"{indent}#pragma unroll",
+             f"{indent}for (int c = 0; c < BLOCKS_PER_LAYER; c += 32) {{",
+             f"{indent}    float " + ", ".join(f"{name}[32]" for name in loads) + ";",
+             f"{indent}    #pragma unroll",
+             f"{indent}    for (int i = 0; i < 32; ++i) {{",
+             f"{indent}        const int blk = min(c + i, BLOCKS_PER_LAYER - 1);"]
+    lines += [f"{indent}        {name}[i] = __ldcg(part + (({column}) * BLOCKS_PER_LAYER + blk) * B);"
+              for name, column in loads.items()]
+    return lines + [f"{indent}    }}",
+                    f"{indent}    #pragma unroll",
+                    f"{indent}    for (int i = 0; i < 32; ++i) {{",
+                    f"{indent}        const int blk = c + i;",
+                    f"{indent}        if (blk < BLOCKS_PER_LAYER) {{ {body} }}",
+                    f"{indent}    }}",
+                    f"{indent}}}"]
+
+
+def _combine_partials(index: int, nt: int, parts: int, var: bool, indent: str) -> list[str]:
+    """acc = the row's value of term `index` from the blocks' partials."""
+    if not var:
+        return _chunks(indent, {"sums": str(index)}, "acc += sums[i];")
+    return ([f"{indent}float n = 0.0f, mean = 0.0f, m2 = 0.0f;   // the blocks merged one by one (Chan et al.)"]
+            + _chunks(indent, {"sums": str(index), "m2s": f"{nt} + {index}"},
+                      f"const float nb = (float)({parts} * min(UNITS, H - blk * UNITS)); "
+                      "const float d = sums[i] / nb - mean, total = n + nb; "
+                      "mean += d * (nb / total); m2 += m2s[i] + d * d * (n * nb / total); n = total;")
+            + [f"{indent}acc = m2 * (1.0f / H);   // the sum over the parts of mean_h((v_k - mean)^2)"])
+
+
+def _whole_rows(gemm: Gemm, pairs, indent: str) -> list[str]:
+    """acc = the term's value from the whole rows of its operands (H values a row and operand)."""
+    offsets = [gemm.operand_offset(operand).c_expr() for operand, _ in pairs]
+    if pairs[0][1] == "var_h":
+        lines = [f"{indent}float s = 0.0f;"]
+        lines += [f"{indent}for (int j = 0; j < H; ++j) s += __ldcg(row + {off} + j);" for off in offsets]
+        lines.append(f"{indent}const float mean = s / (float)({len(pairs)} * H);")
+        lines += [f"{indent}for (int j = 0; j < H; ++j) {{ const float d = __ldcg(row + {off} + j) - mean; "
+                  "acc += d * d; }" for off in offsets]
+        return lines + [f"{indent}acc *= 1.0f / H;"]
+    lines = []
+    for (operand, op), off in zip(pairs, offsets):
+        lines += [f"{indent}{{   // {op}({operand}), the whole row",
+                  f"{indent}    float s = 0.0f;",
+                  f"{indent}    for (int j = 0; j < H; ++j) s += __ldcg(row + {off} + j);",
+                  f"{indent}    acc += s{SCALE[op]};",
+                  f"{indent}}}"]
+    return lines
+
+
+def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool], indent: str) -> list[str]:
+    """Each term's row value, for every reduction GEMM of the stage at once (a thread per row and term of any of
+    them: their loads all in flight together), written to this block's units (interleaved columns: unit j of term
+    k at j * terms + k); from the blocks' partials where partial[gemm], else from the whole rows of the operands."""
+    slots = [(g, index, pairs) for g in gemms for index, pairs in enumerate(_terms(program, g))]
+    lines = [f"{indent}{{   // reductions, no GEMM: " + "; ".join(
+                 f"{g.name} term {index} = " + " + ".join(f"{op}({operand})" for operand, op in pairs)
+                 for g, index, pairs in slots),
+             f"{indent}    for (int e = threadIdx.x; e < B * {len(slots)}; e += blockDim.x) {{",
+             f"{indent}        const int slot = e / B, b = e - slot * B;   // a warp's threads share a term",
+             f"{indent}        float acc = 0.0f;",
+             f"{indent}        float* out;",
+             f"{indent}        int nt = 1;   // terms of the slot's GEMM: its units' columns are nt apart"]
+    inner = indent + "            "
+    for number, (g, index, pairs) in enumerate(slots):
+        nt = len(g.terms)
+        lines += [f"{indent}        {'if' if number == 0 else 'else if'} (slot == {number}) {{   // {g.name} term {index}",
+                  f"{inner}const int K = {g.k.c_expr()}, N = {g.n.c_expr()};",
+                  f"{inner}(void)K;",
+                  f"{inner}out = L.{g.out_buffer} + (long)b * N + (long)u0 * {nt} + {index};",
+                  f"{inner}nt = {nt};"]
+        if partial[g.name]:
+            lines.append(f"{inner}const float* part = L.{g.partial_buffer} + b;   // slot s of row b at s * B + b")
+            lines += _combine_partials(index, nt, len(pairs), pairs[0][1] == "var_h", inner)
+        else:
+            current = "[t & 1]" if program.buffer(g.in_buffer).double else ""    # a state's home: its version of step t
+            lines.append(f"{inner}const float* row = L.{g.in_buffer}{current} + (long)b * K;")
+            lines += _whole_rows(g, pairs, inner)
+        lines.append(f"{indent}        }}")
+    lines += [f"{indent}        else out = nullptr;",
+              f"{indent}        if (out) for (int j = 0; j < tu; ++j) out[j * nt] = acc;",
+              f"{indent}    }}", f"{indent}}}"]
+    return lines

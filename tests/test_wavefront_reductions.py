@@ -1,0 +1,157 @@
+"""Reductions over the hidden units on the wavefront schedules (engine/codegen/reductions.py): the variance rewrite
+(engine.dense.variance_form), the GEMMs of reductions that get no tile and no GEMM call, the deferred stages of the
+state-free part (engine/passes/analysis.py), and the generated CUDA compiled by nvcc. The numbers themselves are
+checked on the GPU against the float64 reference (tests/gpu/test_schedules.py, test_precision_gpu.py: every preset,
+both schedules, every mode, bit-identical reruns)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from test_schedules_cpu import nvcc_command
+
+import engine
+from engine.codegen.reductions import partial_stage
+from engine.codegen.wavefront import render_wavefront, stages
+from engine.compiler import make_plan
+from engine.dense import dense_form, variance_form, wavefront_network
+from engine.dsl import W, b, cell, layer_norm, mean_h, sigmoid, sum_h, tanh
+from engine.errors import CellGraphError
+from engine.explain import dense_to_json
+from engine.schedules.tiling import H100, TileConfig, make_tiling
+from engine.serialize import from_dict, to_dict
+
+
+def wave_program(name_or_cell, hidden=64, layers=2, batch=8, precision="float32"):
+    c = engine.preset(name_or_cell).cell if isinstance(name_or_cell, str) else name_or_cell
+    network = wavefront_network(engine.Network(c, 16, c.fit_size(hidden), layers))
+    return network, make_plan(network, 5, batch, layout="interleaved", precision=precision).program
+
+
+def fixed_weights(c, op):
+    return [n.name for n in c.nodes if n.op == "weight" and n.attr("fixed") == op]
+
+
+def test_each_layer_norm_variance_becomes_one_reduction_beside_its_mean():
+    for name, count in (("ln_lstm", 3), ("ln_gru", 2)):
+        dense = dense_form(engine.preset(name).cell).cell
+        rewritten = variance_form(dense)
+        assert len(fixed_weights(rewritten, "var_h")) == count, name
+        # every variance reads the values themselves now, not their squared deviations
+        for n in rewritten.nodes:
+            if n.op == "matmul" and rewritten[n.args[0]].attr("fixed") == "var_h":
+                assert rewritten[n.args[1]].op != "mul", (name, n.name)
+    plain = dense_form(engine.preset("lstm").cell).cell
+    assert variance_form(plain) is plain
+
+
+@cell
+def off_centre(x, h):
+    # the squared deviations are about the mean of another value: not a variance of v, so not rewritten
+    v = W("W_v") @ x + W("R_v") @ h
+    w = W("W_w") @ x
+    d = v - mean_h(w)
+    return {"h": tanh(v * mean_h(d * d) + b("b"))}
+
+
+def test_a_mean_of_squares_about_another_values_mean_stays_two_reductions():
+    dense = dense_form(off_centre).cell
+    assert variance_form(dense) is dense
+
+
+def test_reductions_get_no_tile_and_run_one_barrier_each():
+    for name, expected in (("ln_lstm", (1, 2, 3)), ("ln_gru", (1, 2))):
+        network, program = wave_program(name, batch=64)
+        assert stages(program) == expected, name          # the input side's LayerNorm joins the recurrent stages
+        assert program.reductions, name
+        tiling = make_tiling(program, network, 64, TileConfig(), H100)
+        assert not {t.name for t in tiling.gemms} & set(program.reductions)
+        present = stages(program)
+        for g in program.gemms:
+            if g.name in program.reductions:
+                assert partial_stage(program, g, present) == g.stage - 1, (name, g.name)
+        source = render_wavefront(program, network, tiling)
+        for g in program.gemms:
+            if g.name in program.reductions:
+                assert f"L.W_{g.name}" not in source, f"{name}: {g.name} multiplied by its fixed matrix"
+                assert f"partials of {g.name}" in source
+
+
+def test_the_other_presets_keep_their_stages():
+    expected = {"lstm": (1,), "gru": (1,), "gru_cho": (1, 2), "mgu": (1, 2), "mingru": (0,), "indrnn": (0,),
+                "slstm": (1,)}
+    for name, want in expected.items():
+        _, program = wave_program(name)
+        assert stages(program) == want, name
+
+
+@cell
+def state_sum(x, h):
+    # a reduction of the state itself: no earlier stage of the step stores it, so every block sums whole rows
+    s = sum_h(h)
+    return {"h": tanh(W("W") @ x + W("R") @ h + s * 0.01 + b("b"))}
+
+
+@cell
+def ln_small(x, h, c):
+    z = layer_norm([W("W_i") @ x + W("R_i") @ h, W("W_g") @ x + W("R_g") @ h])
+    i, g = sigmoid(z[0]), tanh(z[1])
+    c_next = c + i * g
+    return {"h": tanh(layer_norm(c_next)), "c": c_next}
+
+
+def rendered(c, hidden, layers, batch, precision="float32"):
+    network, program = wave_program(c, hidden, layers, batch, precision)
+    tiling = make_tiling(program, network, batch, TileConfig(), H100)
+    return program, render_wavefront(program, network, tiling)
+
+
+def test_a_reduction_of_a_state_sums_whole_rows():
+    program, source = rendered(state_sum, 32, 1, 8)
+    (name,) = program.reductions
+    g = next(g for g in program.gemms if g.name == name)
+    assert partial_stage(program, g, stages(program)) is None
+    assert "the whole row" in source and f"partials of {name}" not in source
+
+
+@pytest.mark.nvcc
+def test_reduction_sources_compile_with_nvcc(tmp_path):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    cases = {"state_sum": (state_sum, 32, 1, 8, "float32"),            # whole rows
+             "ln_small_gemv": (ln_small, 48, 2, 3, "float32"),          # warp GEMV, no staging area
+             "ln_small_tiled": (ln_small, 40, 3, 24, "float32"),        # staged partials, a last block of fewer units
+             "ln_lstm_bf16": ("ln_lstm", 64, 2, 19, "bfloat16"),        # tensor cores, the bulk pipeline's barriers
+             "ln_gru_tf32": ("ln_gru", 48, 1, 64, "tf32")}
+    for label, (c, hidden, layers, batch, precision) in cases.items():
+        _, source = rendered(c, hidden, layers, batch, precision)
+        path = tmp_path / f"{label}.cu"
+        path.write_text(source)
+        done = subprocess.run(nvcc_command(path, tmp_path / f"{label}.cubin"), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=300)
+        assert done.returncode == 0, f"{label}:\n{done.stdout[-3000:]}"
+
+
+def test_fixed_is_the_engines_own_attribute():
+    data = to_dict(engine.preset("lstm").cell)
+    weight = next(n for n in data["nodes"] if n["op"] == "weight")
+    weight["attrs"]["fixed"] = "sum_h"
+    with pytest.raises(CellGraphError, match="fixed") as info:
+        from_dict(data)
+    assert weight["name"] in str(info.value)
+    dense = dense_form(engine.preset("ln_lstm").cell).cell
+    assert fixed_weights(dense, "mean_h")            # the dense form marks its matrices
+    bad = [n if n.op != "weight" or n.attr("fixed") is None else
+           type(n)(n.name, n.op, n.args, tuple(sorted({**n.attr_dict, "fixed": "max_h"}.items()))) for n in dense.nodes]
+    with pytest.raises(CellGraphError, match="attrs.fixed"):
+        type(dense)(dense.name, tuple(bad), dense.states, dense.output, dense.doc, dense.input_is_hidden)
+
+
+def test_explain_says_what_the_wavefront_schedules_run():
+    network = engine.Network(engine.preset("ln_lstm").cell, 64, 256, 3)
+    dense = dense_to_json(network, make_plan(network, 10, 64))
+    assert dense["wavefront"] == {"reduction_terms": 6, "stages_per_step": 3}
+    assert dense["stages_per_step"] == 5                  # backend 'fused' multiplies by the fixed matrices
+    text = engine.explain_text(network, steps=10, batch=64, sources=False)
+    assert "wavefront schedules: no GEMM; 6 row sum(s)" in text and "3 stage(s) a step" in text

@@ -9,8 +9,10 @@ both with per-layer arrival counters instead of grid barriers (TileConfig(sync="
 then the tensor-core MMA of kernels/mma_gemm.cuh in bf16 (B=16 and B=40: split K, and three row tiles with
 streamed 16-bit weights) and tf32 (B=16); and the bulk-copy pipeline (sizes in whole chunks of 64 columns: bf16
 with resident weights, fp16 with streamed chunked weights); last, 8x8 register tiles at B=64 whose K split sums its
-parts through shared memory in four rounds (kernels/tile_gemm.cuh, rnn_store_tile). Each run is checked against the reference (emulating
-the mode), so a clean report is also a correct one.
+parts through shared memory in four rounds (kernels/tile_gemm.cuh, rnn_store_tile); and the LayerNorm LSTM, whose
+reductions cross the blocks through partial sums (engine/codegen/reductions.py: staged in shared memory at B=16,
+read from L2 under the warp GEMV at B=3, and in bf16). Each run is checked against the reference (emulating the
+mode), so a clean report is also a correct one.
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ from engine.schedules.tiling import TileConfig  # noqa: E402
 
 
 def main() -> int:
-    cell = engine.preset("lstm").cell
     worst = 0.0
     small, whole = (24, 40), (64, 64)
     runs = [(3, TileConfig(), "float32", small), (16, TileConfig(), "float32", small),
@@ -37,11 +38,14 @@ def main() -> int:
             (40, TileConfig(resident=False), "bfloat16", small), (16, TileConfig(), "tf32", small),
             (16, TileConfig(), "bfloat16", whole), (40, TileConfig(resident=False), "float16", whole),
             (64, TileConfig(16, 8, 8, threads=256), "float32", whole)]
+    runs = [("lstm", *run) for run in runs] + [("ln_lstm", 3, TileConfig(), "float32", small),
+                                                ("ln_lstm", 16, TileConfig(), "float32", small),
+                                                ("ln_lstm", 16, TileConfig(), "bfloat16", whole)]
     only = sys.argv[1] if len(sys.argv) > 1 else None          # e.g. "bfloat16": the runs of one precision
-    for batch, config, precision, (I, H) in runs:
+    for name, batch, config, precision, (I, H) in runs:
         if only and precision != only:
             continue
-        network = engine.Network(cell, I, H, 2)
+        network = engine.Network(engine.preset(name).cell, I, H, 2)
         params = engine.init_params(network, seed=batch)
         x = np.random.default_rng(batch).standard_normal((5, batch, I))
         ref = reference.run(network, params, x, None, dtype=np.float64, precision=precision).outputs
@@ -49,7 +53,7 @@ def main() -> int:
             x, poison=True).outputs
         err = float(np.abs(out - ref).max() / np.abs(ref).max())
         worst = max(worst, err / (1e-4 if precision == "float32" else 2e-3))      # > 1: wrong
-        print(f"persistent lstm I={I} H={H} L=2 T=5 B={batch} {config.label()} {precision}: "
+        print(f"persistent {name} I={I} H={H} L=2 T=5 B={batch} {config.label()} {precision}: "
               f"max relative error {err:.2e}")
     return 0 if worst < 1 else 1
 

@@ -41,9 +41,9 @@ def main() -> int:
     runs = [("lstm", *run) for run in runs] + [("ln_lstm", 3, TileConfig(), "float32", small),
                                                 ("ln_lstm", 16, TileConfig(), "float32", small),
                                                 ("ln_lstm", 16, TileConfig(), "bfloat16", whole)]
-    only = sys.argv[1] if len(sys.argv) > 1 else None          # e.g. "bfloat16": the runs of one precision
+    only = sys.argv[1] if len(sys.argv) > 1 else None          # "bfloat16", "ln_lstm": the runs of a precision, a cell
     for name, batch, config, precision, (I, H) in runs:
-        if only and precision != only:
+        if only and only not in (precision, name):
             continue
         network = engine.Network(engine.preset(name).cell, I, H, 2)
         params = engine.init_params(network, seed=batch)

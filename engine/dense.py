@@ -231,3 +231,20 @@ def wavefront_network(network: Network) -> Network:
     if cell is dense_net.cell:
         return dense_net
     return Network(cell, network.input_size, network.hidden_size, network.num_layers, network.proj_size)
+
+
+def reduction_terms(cell: CellGraph, gemm) -> tuple[tuple[tuple[str, str], ...], ...] | None:
+    """A GEMM (engine.plan.Gemm) of reductions only, every matmul in it by a fixed matrix (attr `fixed`: sum_h,
+    mean_h, or the var_h of variance_form) and no folded bias: per term, its (operand, op) pairs. None for any other
+    GEMM (the passes never mix the two kinds in one GEMM: engine/passes/gemms.py)."""
+    out = []
+    for term in gemm.terms:
+        pairs = []
+        for m in term.matmuls:
+            weight, operand = cell[m].args
+            op = cell[weight].attr("fixed")
+            if op is None or term.biases or term.dim != "H":
+                return None
+            pairs.append((operand, op))
+        out.append(tuple(pairs))
+    return tuple(out)

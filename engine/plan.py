@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .dense import dense
+from .dense import dense, reduction_terms
 from .errors import CompileError
 from .flops import matmul_flops, statement_flops
 from .ir import CellGraph
@@ -367,23 +367,6 @@ class Program:
             order += [("gemm", g) for g in self.step_gemms(stage)]
             order += [("kernel", k) for k in self.stage_kernels(stage)]
         return order
-
-
-def reduction_terms(cell: CellGraph, gemm: Gemm) -> tuple[tuple[tuple[str, str], ...], ...] | None:
-    """A GEMM of reductions only, every matmul in it by the fixed matrix of a sum_h or mean_h (engine/dense.py marks
-    those weights with attr `fixed`) and no folded bias: per term, its (operand, "sum_h" | "mean_h") pairs. None for
-    any other GEMM (the passes never mix the two kinds in one GEMM: engine/passes/gemms.py)."""
-    out = []
-    for term in gemm.terms:
-        pairs = []
-        for m in term.matmuls:
-            weight, operand = cell[m].args
-            op = cell[weight].attr("fixed")
-            if op is None or term.biases or term.dim != "H":
-                return None
-            pairs.append((operand, op))
-        out.append(tuple(pairs))
-    return tuple(out)
 
 
 # ---- the plan: a program bound to sizes -----------------------------------------------------------

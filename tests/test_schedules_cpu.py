@@ -30,10 +30,10 @@ import pytest
 from compiler_cells import CELLS
 
 import engine
-from engine.dense import wavefront_network
 from engine.codegen import text_equations
 from engine.codegen.wavefront import HALF_SUFFIX, entry_points, half_copies, layer_fields, render_wavefront, stages
 from engine.compiler import compile_program, make_plan
+from engine.dense import wavefront_network
 from engine.errors import CompileError
 from engine.schedules import autotune
 from engine.schedules.tiling import H100, DeviceLimits, TileConfig, eligibility, make_tiling

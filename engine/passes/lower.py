@@ -14,6 +14,7 @@ the Plan's data (buffers, slots, kernel arguments). Rules:
 from __future__ import annotations
 
 from ..c_names import c_identifier
+from ..dense import reduction_terms
 from ..ir import CellGraph
 from ..ops import cuda_helpers
 from ..plan import (
@@ -29,7 +30,6 @@ from ..plan import (
     StateHome,
     Statement,
     Store,
-    reduction_terms,
 )
 from .analysis import Value, consumers, num_stages, state_next_values, step_graph
 from .fusion import gemm_operands, native_homes

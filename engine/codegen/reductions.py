@@ -130,10 +130,12 @@ def reduction_partials(program: Program, gemm: Gemm, indent: str, staging: bool 
     return lines + [f"{indent}    }}", f"{indent}}}"]
 
 
-def _chunks(indent: str, loads: dict[str, str], body: str) -> list[str]:
-    """body for every block blk of the layer, in order, with each name of `loads` holding that block's partial at
-    slot (its expression) * BLOCKS_PER_LAYER + blk: 32 blocks at a time, every load in flight before the first
-    use (the index clamped to the last block, the values past it dropped), so a chunk costs one L2 round trip."""
+def _chunks(indent: str, loads: dict[str, str], passes: list[str], between: list[str] = (),
+            after: list[str] = (), before: list[str] = ()) -> list[str]:
+    """For every 32 blocks of the layer, in order: load each name of `loads` (that block's partial at slot (its
+    expression) * BLOCKS_PER_LAYER + blk), every load in flight before the first use (the index clamped to the last
+    block, the values past it dropped: a chunk costs one L2 round trip); then the lines of `before`, each of
+    `passes` for every block of the chunk with the lines of `between` between them, and those of `after` last."""
     lines = [f"{indent}#pragma unroll",
              f"{indent}for (int c = 0; c < BLOCKS_PER_LAYER; c += 32) {{",
              f"{indent}    float " + ", ".join(f"{name}[32]" for name in loads) + ";",
@@ -142,24 +144,34 @@ def _chunks(indent: str, loads: dict[str, str], body: str) -> list[str]:
              f"{indent}        const int blk = min(c + i, BLOCKS_PER_LAYER - 1);"]
     lines += [f"{indent}        {name}[i] = __ldcg(part + (({column}) * BLOCKS_PER_LAYER + blk) * B);"
               for name, column in loads.items()]
-    return lines + [f"{indent}    }}",
-                    f"{indent}    #pragma unroll",
-                    f"{indent}    for (int i = 0; i < 32; ++i) {{",
-                    f"{indent}        const int blk = c + i;",
-                    f"{indent}        if (blk < BLOCKS_PER_LAYER) {{ {body} }}",
-                    f"{indent}    }}",
-                    f"{indent}}}"]
+    lines.append(f"{indent}    }}")
+    lines += [f"{indent}    {line}" for line in before]
+    for number, body in enumerate(passes):
+        if number:
+            lines += [f"{indent}    {line}" for line in between]
+        lines += [f"{indent}    #pragma unroll",
+                  f"{indent}    for (int i = 0; i < 32; ++i) {{",
+                  f"{indent}        const int blk = c + i;",
+                  f"{indent}        if (blk < BLOCKS_PER_LAYER) {{ {body} }}",
+                  f"{indent}    }}"]
+    return lines + [f"{indent}    {line}" for line in after] + [f"{indent}}}"]
 
 
 def _combine_partials(index: int, nt: int, parts: int, var: bool, indent: str) -> list[str]:
-    """acc = the row's value of term `index` from the blocks' partials."""
+    """acc = the row's value of term `index` from the blocks' partials. A variance: per chunk of 32 blocks, their
+    mean from their sums and their squares about it (independent operations, no chain of divisions), then the
+    chunk merged into the running (count, mean, squares) (Chan, Golub & LeVeque's pairwise update)."""
     if not var:
-        return _chunks(indent, {"sums": str(index)}, "acc += sums[i];")
-    return ([f"{indent}float n = 0.0f, mean = 0.0f, m2 = 0.0f;   // the blocks merged one by one (Chan et al.)"]
+        return _chunks(indent, {"sums": str(index)}, ["acc += sums[i];"])
+    size = f"(float)({parts} * min(UNITS, H - blk * UNITS))"      # the values a block's partials cover
+    return ([f"{indent}float n = 0.0f, mean = 0.0f, m2 = 0.0f;   // the chunks merged one by one"]
             + _chunks(indent, {"sums": str(index), "m2s": f"{nt} + {index}"},
-                      f"const float nb = (float)({parts} * min(UNITS, H - blk * UNITS)); "
-                      "const float d = sums[i] / nb - mean, total = n + nb; "
-                      "mean += d * (nb / total); m2 += m2s[i] + d * d * (n * nb / total); n = total;")
+                      ["cs += sums[i]; cn += " + size + ";",
+                       f"const float d = sums[i] / {size} - cmean; cm2 += m2s[i] + {size} * d * d;"],
+                      before=["float cs = 0.0f, cn = 0.0f;"],
+                      between=["const float cmean = cs / cn;", "float cm2 = 0.0f;"],
+                      after=["const float d = cmean - mean, total = n + cn;",
+                             "mean += d * (cn / total); m2 += cm2 + d * d * (n * cn / total); n = total;"])
             + [f"{indent}acc = m2 * (1.0f / H);   // the sum over the parts of mean_h((v_k - mean)^2)"])
 
 

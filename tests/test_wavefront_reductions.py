@@ -5,8 +5,10 @@ checked on the GPU against the float64 reference (tests/gpu/test_schedules.py, t
 both schedules, every mode, bit-identical reruns)."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from multiprocessing.pool import ThreadPool
 
 import pytest
 from test_schedules_cpu import nvcc_command
@@ -124,13 +126,19 @@ def test_reduction_sources_compile_with_nvcc(tmp_path):
              "ln_small_tiled": (ln_small, 40, 3, 24, "float32"),        # staged partials, a last block of fewer units
              "ln_lstm_bf16": ("ln_lstm", 64, 2, 19, "bfloat16"),        # tensor cores, the bulk pipeline's barriers
              "ln_gru_tf32": ("ln_gru", 48, 1, 64, "tf32")}
+    jobs = []
     for label, (c, hidden, layers, batch, precision) in cases.items():
         _, source = rendered(c, hidden, layers, batch, precision)
         path = tmp_path / f"{label}.cu"
         path.write_text(source)
-        done = subprocess.run(nvcc_command(path, tmp_path / f"{label}.cubin"), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=300)
-        assert done.returncode == 0, f"{label}:\n{done.stdout[-3000:]}"
+        jobs.append((label, nvcc_command(path, tmp_path / f"{label}.cubin")))
+
+    def compile_one(job):
+        label, cmd = job
+        return label, subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    with ThreadPool(os.cpu_count() or 2) as pool:
+        for label, done in pool.map(compile_one, jobs):
+            assert done.returncode == 0, f"{label}:\n{done.stdout[-3000:]}"
 
 
 def test_fixed_is_the_engines_own_attribute():

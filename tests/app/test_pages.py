@@ -741,6 +741,8 @@ def test_schedule_says_what_reductions_and_heads_cost(open_page):
     at = open_page("schedule")
     assert "Reductions and heads" not in texts(at.info)                 # the LSTM has neither
     for name, says in (("ln_lstm", "reduction(s) over H (mean_h) run as GEMMs by a fixed H x H matrix"),
+                       ("ln_lstm", "The wavefront schedules run no GEMM for them"),
+                       ("ln_lstm", "row sum(s) a step, 3 stage(s) a step"),
                        ("slstm", "weight 'R_i' has 4 heads: multiplied as its block-diagonal matrix")):
         at.switch_page("views/gallery.py").run()
         at.button(key=f"gallery.open.{name}").click().run()

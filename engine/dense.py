@@ -49,6 +49,16 @@ def needs_dense(cell: CellGraph) -> bool:
     return dense_form(cell).changed
 
 
+def _fresh(base: str, taken: set[str]) -> str:
+    """base, or base_2, base_3, ...: the first not in `taken`, which it joins (a fixed matrix's weight name)."""
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
 @lru_cache(maxsize=256)
 def dense_form(cell: CellGraph) -> DenseForm:
     heads = tuple((n.name, n.attr("heads")) for n in cell.nodes if n.op == "weight" and n.attr("heads", 1) > 1)
@@ -56,16 +66,9 @@ def dense_form(cell: CellGraph) -> DenseForm:
     if not heads and not used:
         return DenseForm(cell)
     taken = set(cell.by_name)
-    fixed: dict[str, str] = {}
-    for op in used:
-        name, k = f"J_{op}", 1
-        while name in taken:
-            k += 1
-            name = f"J_{op}_{k}"
-        taken.add(name)
-        fixed[op] = name
+    fixed = {op: _fresh(f"J_{op}", taken) for op in used}
     # attr `fixed` marks the matrix as the reduction's (the wavefront schedules sum rows instead of multiplying by
-    # it: engine.plan.reduction_terms); a cell as given cannot carry it (engine.ir refuses it as an unknown attribute).
+    # it: reduction_terms); a cell read from JSON cannot carry it (engine.serialize refuses it).
     nodes: list[Node] = [make_node(name, "weight", rows="H", cols="H", fixed=op) for op, name in fixed.items()]
     for n in cell.nodes:
         if n.op == "weight" and n.attr("heads", 1) > 1:
@@ -175,12 +178,11 @@ def variance_form(cell: CellGraph) -> CellGraph:
     joint mean is mu, rewritten as matmuls by a fixed matrix marked "var_h", one per variance: the wavefront schedules
     sum each block's units around their own mean and combine the blocks' sums in the stage that adds up mu (Chan,
     Golub & LeVeque's pairwise update), so a LayerNorm's mean and variance take one barrier instead of two
-    (engine/codegen/wavefront.py). A term of var_h matmuls over v_1..v_n is sum_k mean_h((v_k - mean of all)^2).
+    (engine/codegen/reductions.py). A term of var_h matmuls over v_1..v_n is sum_k mean_h((v_k - mean of all)^2).
     Only the wavefront schedules run this form: a matmul path would multiply by the matrix."""
-    nodes = {n.name: n for n in cell.nodes}
     rewrites: dict[str, Node] = {}
     added: list[Node] = []
-    taken = set(nodes)
+    taken = set(cell.by_name)
     for n in cell.nodes:
         leaves = _fixed_matmuls(cell, n.name, "mean_h") if n.op in ("scale", "matmul") else None
         if not leaves or any(leaf in rewrites for leaf in leaves):
@@ -196,11 +198,7 @@ def variance_form(cell: CellGraph) -> CellGraph:
         means = _fixed_matmuls(cell, mu.pop(), "mean_h")
         if means is None or sorted(cell[m].args[1] for m in means) != sorted(parts):
             continue
-        name, k = "J_var_h", 1
-        while name in taken:
-            k += 1
-            name = f"J_var_h_{k}"
-        taken.add(name)
+        name = _fresh("J_var_h", taken)
         added.append(make_node(name, "weight", rows="H", cols="H", fixed="var_h"))
         for leaf, part in zip(leaves, parts):
             rewrites[leaf] = make_node(leaf, "matmul", (name, part))

@@ -4,9 +4,10 @@ A block owns a slice of a layer's hidden units, and a reduction (sum_h, mean_h, 
 whole row: it crosses the blocks. In the Program it is a GEMM of reductions only (Program.reductions: matmuls by the
 fixed matrices of engine/dense.py), which the wavefront schedules never multiply:
 - at the end of the stage that stores its operands (partial_stage), each block sums its own units per batch row and
-  term and writes that partial to its column of the partials buffer (term k, block blk: column k * BLOCKS_PER_LAYER +
-  blk; a variance writes its block's sum and its sum of squares about the block's own mean, the second at column
-  (terms + k) * BLOCKS_PER_LAYER + blk);
+  term and writes that partial to slot k * BLOCKS_PER_LAYER + blk of the partials buffer (term k, block blk), the
+  rows innermost (element slot * B + b), so that a warp's threads, a batch row each, read one 128-byte line per
+  load; a variance writes its block's sum and its sum of squares about the block's own mean, the second at slot
+  (terms + k) * BLOCKS_PER_LAYER + blk;
 - after the grid-wide barrier that ends the stage, every block adds the BLOCKS_PER_LAYER partials of each row and
   term (a variance combines its blocks' sums and squares pairwise: Chan, Golub & LeVeque, "Updating formulae and a
   pairwise algorithm for computing sample variances", 1979) and writes the row's value to each of its units.
@@ -21,7 +22,7 @@ rounds matmul operands only (engine/backends/reference.py).
 from __future__ import annotations
 
 from ..errors import CompileError
-from ..plan import Gemm, Program
+from ..plan import Gemm, Lin, Program
 
 SCALE = {"sum_h": "", "mean_h": " * (1.0f / H)"}
 
@@ -80,14 +81,12 @@ def reduction_partials(program: Program, gemm: Gemm, indent: str, staging: bool 
     terms = _terms(program, gemm)
     nt, nops = len(terms), len(gemm.operands)
     index_of = {op.name: i for i, op in enumerate(gemm.operands)}
-    if any(gemm.operand_offset(op.name).c_expr() != (f"{i} * H" if i > 1 else "H" if i else "0")
-           for i, op in enumerate(gemm.operands)):
+    if any(gemm.operand_offset(op.name) != Lin(h=i) for i, op in enumerate(gemm.operands)):
         staging = False                      # operands not H apart (a reduction reads H-sized values: never)
     lines = [f"{indent}__syncthreads();   // this block's units of {gemm.name}'s operands are stored",
              f"{indent}{{   // partials of {gemm.name} over this block's units",
-             f"{indent}    const int K = {gemm.k.c_expr()}, N = {gemm.n.c_expr()};",
-             f"{indent}    const int blk = u0 / UNITS;",
-             f"{indent}    (void)N;"]
+             f"{indent}    const int K = {gemm.k.c_expr()};",
+             f"{indent}    const int blk = u0 / UNITS;"]
     if staging:
         lines += [f"{indent}    float* vals = smem + SCRATCH + {STAGING_SKIP};   // (B, {nops} operands, UNITS)",
                   f"{indent}    for (int e = threadIdx.x; e < B * {nops} * UNITS; e += blockDim.x) {{",
@@ -212,8 +211,7 @@ def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool]
     for number, (g, index, pairs) in enumerate(slots):
         nt = len(g.terms)
         lines += [f"{indent}        {'if' if number == 0 else 'else if'} (slot == {number}) {{   // {g.name} term {index}",
-                  f"{inner}const int K = {g.k.c_expr()}, N = {g.n.c_expr()};",
-                  f"{inner}(void)K;",
+                  f"{inner}const int N = {g.n.c_expr()};",
                   f"{inner}out = L.{g.out_buffer} + (long)b * N + (long)u0 * {nt} + {index};",
                   f"{inner}nt = {nt};"]
         if partial[g.name]:
@@ -221,7 +219,7 @@ def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool]
             lines += _combine_partials(index, nt, len(pairs), pairs[0][1] == "var_h", inner)
         else:
             current = "[t & 1]" if program.buffer(g.in_buffer).double else ""    # a state's home: its version of step t
-            lines.append(f"{inner}const float* row = L.{g.in_buffer}{current} + (long)b * K;")
+            lines.append(f"{inner}const float* row = L.{g.in_buffer}{current} + (long)b * ({g.k.c_expr()});")
             lines += _whole_rows(g, pairs, inner)
         lines.append(f"{indent}        }}")
     lines += [f"{indent}        else out = nullptr;",

@@ -35,7 +35,7 @@ def graph_stages(cell: CellGraph, hoisted: frozenset) -> dict[str, int]:
 def _defer_state_free(cell: CellGraph, hoisted: frozenset, stage: dict[str, int]) -> dict[str, int]:
     """A matmul of a value that needs no state (the reductions of a LayerNorm of W x) runs in the latest stage that
     still serves its first reader, not the earliest: it delays nothing, and its operands' kernel then joins that
-    stage's instead of making a stage of its own before the first GEMM (ln_lstm: 4 stages a step, not 5). Stages
+    stage's instead of making a stage of its own before the first GEMM (ln_lstm's LayerNorm of W x). Stages
     of values that need a state stay the earliest (the step's critical path)."""
     names = cell.topo_order
     free: set[str] = set()

@@ -181,7 +181,9 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
                 fused_sources.append(fused.replace('extern "C" __global__ void scan_',
                                                    f'extern "C" __global__ void {graph.name}_{c_type}_scan_')
                                      .replace("coefficients(", f"{graph.name}_{c_type}_coefficients(")
-                                     .replace("#define SCAN_T", "#undef SCAN_T\n#define SCAN_T"))
+                                     .replace("#define SCAN_T", "#undef SCAN_T\n#define SCAN_T")
+                                     .replace("#define SCAN_U1", "#undef SCAN_U1\n#define SCAN_U1")
+                                     .replace("#define SCAN_U3", "#undef SCAN_U3\n#define SCAN_U3"))
                 (state,) = found.scanned                                # and its backward's state-free part
                 backward = backward_source(graph, spec, state, layouts, np.dtype(dtype))
                 fused_sources.append(backward.replace("scan_free_backward", f"{graph.name}_{c_type}_backward"))

@@ -108,7 +108,12 @@ def compiled(spec: FreeKernel):
 # Where one state is scanned and nothing after the scan reads a state-free value, the scan's first and third passes
 # form a[t] and b[t] themselves from the GEMM output and the parameters, so a and b are never written to memory:
 # the traffic of the whole step is the GEMM output read twice and the sequence written once
-# (benchmarks/results/scan-20261126-H200/README.md has the floor arithmetic).
+# (benchmarks/results/scan-20261126-H200/README.md has the floor arithmetic). The third pass loads 16 steps before it
+# uses them: one step at a time it ran at 38 % of the H200's bandwidth (104 us for 192 MiB), unrolled at 61 % (63 us).
+# The first pass gained nothing from it (58 us by 1 or 4, 84 us by 16; ncu, minGRU T = 4096 with 4096 chains).
+
+UNROLL = {"float": (1, 16), "double": (1, 8)}   # steps whose loads a thread has in flight: pass 1, pass 3
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -135,8 +140,11 @@ def fused_scan_source(spec: FreeKernel, layouts: tuple[Layout, ...], dtype) -> s
         return " ".join(out)
 
     coefficients = (f"{c_type} out0, out1;\n" + spec.operation)
+    args = "".join(f"p{k}, " for k in range(len(layouts)))
     body = f"""
 #define SCAN_T {c_type}
+#define SCAN_U1 {UNROLL[c_type][0]}
+#define SCAN_U3 {UNROLL[c_type][1]}
 __device__ __forceinline__ void coefficients(SCAN_T& a, SCAN_T& b, {params}long long row, long long j) {{
   {loads("row")}
   {coefficients}
@@ -149,11 +157,15 @@ extern "C" __global__ void scan_chunks({params}SCAN_T* __restrict__ map_a, SCAN_
   if (c >= batch * n) return;
   const long long bi = c / n, j = c % n;
   const int t0 = blockIdx.y * chunk, t1 = min(t0 + chunk, steps);
-  SCAN_T pa = 1, pb = 0, a, b;
-  for (int t = t0; t < t1; ++t) {{
-    coefficients(a, b, {"".join(f"p{k}, " for k in range(len(layouts)))}(long long)t * batch + bi, j);
-    pb = a * pb + b;
-    pa *= a;
+  SCAN_T pa = 1, pb = 0;
+  for (int t = t0; t < t1; t += SCAN_U1) {{
+    SCAN_T a[SCAN_U1], b[SCAN_U1];
+#pragma unroll
+    for (int i = 0; i < SCAN_U1; ++i)                    // SCAN_U1 steps' loads in flight (the index clamped)
+      coefficients(a[i], b[i], {args}(long long)min(t + i, t1 - 1) * batch + bi, j);
+#pragma unroll
+    for (int i = 0; i < SCAN_U1; ++i)
+      if (t + i < t1) {{ pb = a[i] * pb + b[i]; pa *= a[i]; }}
   }}
   map_a[blockIdx.y * batch * n + c] = pa;
   map_b[blockIdx.y * batch * n + c] = pb;
@@ -166,11 +178,15 @@ extern "C" __global__ void scan_apply({params}const SCAN_T* __restrict__ enterin
   if (c >= batch * n) return;
   const long long bi = c / n, j = c % n;
   const int t0 = blockIdx.y * chunk, t1 = min(t0 + chunk, steps);
-  SCAN_T s = entering[blockIdx.y * batch * n + c], a, b;
-  for (int t = t0; t < t1; ++t) {{
-    coefficients(a, b, {"".join(f"p{k}, " for k in range(len(layouts)))}(long long)t * batch + bi, j);
-    s = a * s + b;
-    out[(long long)t * batch * n + c] = s;
+  SCAN_T s = entering[blockIdx.y * batch * n + c];
+  for (int t = t0; t < t1; t += SCAN_U3) {{
+    SCAN_T a[SCAN_U3], b[SCAN_U3];
+#pragma unroll
+    for (int i = 0; i < SCAN_U3; ++i)
+      coefficients(a[i], b[i], {args}(long long)min(t + i, t1 - 1) * batch + bi, j);
+#pragma unroll
+    for (int i = 0; i < SCAN_U3; ++i)
+      if (t + i < t1) {{ s = a[i] * s + b[i]; out[(long long)(t + i) * batch * n + c] = s; }}
   }}
 }}
 """

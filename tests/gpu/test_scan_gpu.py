@@ -40,6 +40,22 @@ def test_scan_equals_the_reference(cupy, graph, T):
     assert relative(cupy.asnumpy(exact.outputs), want.outputs) <= 1e-12
 
 
+@pytest.mark.parametrize("T", [31, 32, 33, 1000])
+def test_the_single_pass_scan_looks_back_over_chunks_and_chain_groups(cupy, T):
+    """minGRU forms its coefficients inside one kernel that looks back over the chunks before its own
+    (scan_kernel.scan_single): T around one chunk and many chunks, 5 x 300 chains (6 groups of 256, the last partial),
+    poisoned output, against the float64 reference; reruns bit-identical (the look-back's order is fixed)."""
+    network, params, x, initial = case(engine.preset("mingru").cell, I=7, H=300, L=2, T=T, B=5, seed=4)
+    program = scan.prepare(network, params)
+    assert program.plan.inline
+    want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64)
+    first = program.run(x.astype(np.float32), initial, poison=True)
+    assert relative(cupy.asnumpy(first.outputs), want.outputs) <= 1e-5
+    assert relative(cupy.asnumpy(first.final_states["h"]), want.final_states["h"]) <= 1e-5
+    again = program.run(x.astype(np.float32), initial, poison=True)
+    assert bool((again.outputs == first.outputs).all())
+
+
 def test_a_long_sequence_stays_within_the_float32_error_of_the_step_by_step_run(cupy):
     """T = 4096: the scan reassociates the recurrence (chunk maps), the step-by-step float32 run does not. Against
     float64, the scan's error is at most twice the step-by-step run's, plus one float32 rounding of the result."""

@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from nvcc_check import CHECK_ONLY
 from test_autodiff import UNUSUAL
 from test_fuzz_cells import cell_designs
 
@@ -82,7 +83,7 @@ def _nvcc(sources: dict[str, str], tmp_path) -> None:
         pytest.skip("nvcc is not on PATH")
     source = tmp_path / "training.cu"
     source.write_text("\n".join(sources.values()))
-    job = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-o", str(tmp_path / "training.ptx"), "-Werror",
+    job = subprocess.run(["nvcc", "-arch=sm_90", *CHECK_ONLY, "--ptx", "-o", str(tmp_path / "training.ptx"), "-Werror",
                           "all-warnings", str(source)], capture_output=True, text=True, timeout=300)
     assert job.returncode == 0, f"nvcc failed on the training kernels:\n{(job.stdout + job.stderr)[-4000:]}"
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nvcc_check import CHECK_ONLY
 
 import engine
 from engine.backends import plan_numpy
@@ -226,7 +227,7 @@ def test_random_cells_cuda_compiles_with_nvcc(tmp_path_factory, design):
             continue                                        # same stage code as the persistent kernel
         path = folder / f"{name}.cu"
         path.write_text(source)
-        cmd = ["nvcc", "-arch=sm_90", "-std=c++17", "-rdc=true", "--cubin", "-o", str(path.with_suffix(".cubin")),
+        cmd = ["nvcc", "-arch=sm_90", "-std=c++17", *CHECK_ONLY, "-rdc=true", "--cubin", "-o", str(path.with_suffix(".cubin")),
                str(path)]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
         assert done.returncode == 0, f"{name}:\n{done.stdout[-3000:]}\n{json.dumps(design)}"

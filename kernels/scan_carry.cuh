@@ -8,7 +8,8 @@ extern "C" __global__ void scan_carry(const SCAN_T* __restrict__ map_a, const SC
   const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= chains) return;
   SCAN_T s = initial[c];
-  for (int k = 0; k < chunks; ++k) {
+#pragma unroll 8
+  for (int k = 0; k < chunks; ++k) {                  // unrolled: the maps' loads of 8 chunks in flight at once
     entering[k * chains + c] = s;
     s = map_a[k * chains + c] * s + map_b[k * chains + c];
   }

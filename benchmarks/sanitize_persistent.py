@@ -11,8 +11,9 @@ streamed 16-bit weights) and tf32 (B=16); and the bulk-copy pipeline (sizes in w
 with resident weights, fp16 with streamed chunked weights); last, 8x8 register tiles at B=64 whose K split sums its
 parts through shared memory in four rounds (kernels/tile_gemm.cuh, rnn_store_tile); and the LayerNorm LSTM, whose
 reductions cross the blocks through partial sums (engine/codegen/reductions.py: staged in shared memory at B=16,
-read from L2 under the warp GEMV at B=3, and in bf16). Each run is checked against the reference (emulating the
-mode), so a clean report is also a correct one.
+read from L2 under the warp GEMV at B=3, and in bf16); and the sLSTM, whose blocks read only their own head of
+the recurrent weight (engine/schedules/tiling.py gemm_heads: the warp GEMV at B=3, the bulk pipeline in bf16 at
+B=16). Each run is checked against the reference (emulating the mode), so a clean report is also a correct one.
 """
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def main() -> int:
             (64, TileConfig(16, 8, 8, threads=256), "float32", whole)]
     runs = [("lstm", *run) for run in runs] + [("ln_lstm", 3, TileConfig(), "float32", small),
                                                 ("ln_lstm", 16, TileConfig(), "float32", small),
-                                                ("ln_lstm", 16, TileConfig(), "bfloat16", whole)]
+                                                ("ln_lstm", 16, TileConfig(), "bfloat16", whole),
+                                                ("slstm", 3, TileConfig(), "float32", (64, 256)),     # heads: GEMV
+                                                ("slstm", 16, TileConfig(), "bfloat16", (64, 256))]   # heads: bulk
     only = sys.argv[1] if len(sys.argv) > 1 else None          # "bfloat16", "ln_lstm": the runs of a precision, a cell
     for name, batch, config, precision, (I, H) in runs:
         if only and only not in (precision, name):

@@ -4,8 +4,10 @@ generated training step, the exported program).
 Two things a cell may hold that those paths do not take as they are; the dense form rewrites both into what they
 take, a matmul by a plain (rows x cols) weight:
 - a weight of heads, `W("R", heads=k)`, stored as k blocks (k, rows/k, cols/k): in dense form one block-diagonal
-  (rows x cols) weight, the blocks placed on its diagonal at upload and its gradient read back from them. It costs
-  k times the block FLOPs (the zeros are multiplied too); correct on every compiled path as it is.
+  (rows x cols) weight, the blocks placed on its diagonal at upload and its gradient read back from them, marked
+  with attr `diagonal=k`. Multiplied as it is, it costs k times the block FLOPs (the zeros too), correct on every
+  compiled path; the wavefront schedules skip the zeros where a block's hidden units lie in one head
+  (engine/schedules/tiling.py gemm_heads: the GEMM reads only that head's K/k columns).
 - a reduction over the hidden units, `sum_h(v)` or `mean_h(v)`: every unit of its result holds the row's sum
   (mean), which is the matmul of v by the fixed H x H matrix of ones (of 1/H). The fixed matrix is a weight of the
   dense cell only (named `J_sum_h` / `J_mean_h`, or with a suffix where the cell uses that name), filled here; its
@@ -72,7 +74,7 @@ def dense_form(cell: CellGraph) -> DenseForm:
     nodes: list[Node] = [make_node(name, "weight", rows="H", cols="H", fixed=op) for op, name in fixed.items()]
     for n in cell.nodes:
         if n.op == "weight" and n.attr("heads", 1) > 1:
-            nodes.append(make_node(n.name, "weight", rows=n.attr("rows"), cols=n.attr("cols")))
+            nodes.append(make_node(n.name, "weight", rows=n.attr("rows"), cols=n.attr("cols"), diagonal=n.attr("heads")))
         elif n.op in fixed:
             nodes.append(make_node(n.name, "matmul", (fixed[n.op], n.args[0])))
         else:

@@ -153,7 +153,8 @@ def dense_to_json(network: Network, plan: Plan) -> dict[str, Any]:
     """What the compiled paths run in place of the cell's reductions and heads (engine/dense.py), and what it costs
     per step and layer: a reduction is a GEMM by a fixed H x H matrix (2 B H^2 FLOPs) that reads a value of the step,
     so it starts a stage of its own (on the wavefront schedules, one more barrier); a weight of k heads is multiplied
-    as its dense block-diagonal matrix (k times the FLOPs of its blocks)."""
+    as its dense block-diagonal matrix (k times the FLOPs of its blocks), except where the persistent schedule's
+    blocks each lie in one head (engine/schedules/tiling.py gemm_heads)."""
     form = dense_form(network.cell)
     fixed = dict(form.fixed)
     matrix = {op: name for name, op in fixed.items()}
@@ -341,7 +342,8 @@ def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None
                        f"{wave['stages_per_step']} stage(s) a step, each one barrier")
         for w in dense["heads"]:
             out.append(f"  weight {w['weight']}: {w['heads']} heads, multiplied as its block-diagonal matrix "
-                       f"({w['heads']}x the FLOPs of its blocks)")
+                       f"({w['heads']}x the FLOPs of its blocks); the persistent schedule reads only a block's own "
+                       "head where its units lie in one (warp GEMV, or fp16/bf16 tensor cores)")
     out += ["", "linear recurrence (schedule 'scan', engine/passes/scan.py):"]
     out += ["  " + line for line in analyse_scan(cell).describe().splitlines()]
     backward = backward_to_json(cell)

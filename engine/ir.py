@@ -446,7 +446,8 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
 
 
 # The attributes each leaf kind reads; an op reads the ones its OpDef lists.
-LEAF_ATTRS = {"input": (), "state": ("dim",), "weight": ("rows", "cols", "heads", "fixed"), "bias": ("dim",), "vector": ("dim",),
+LEAF_ATTRS = {"input": (), "state": ("dim",), "weight": ("rows", "cols", "heads", "fixed", "diagonal"), "bias": ("dim",),
+              "vector": ("dim",),
               "const": ("value",)}
 
 
@@ -475,6 +476,13 @@ def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:
                                    node=n.name, field="attrs.heads",
                                    hint="1 for a dense weight; k for k independent blocks (hidden_size a multiple "
                                         "of k)"))
+            diagonal = n.attr("diagonal", 1)    # the dense form of a heads weight: its k diagonal blocks (engine/dense.py)
+            if (isinstance(diagonal, bool) or not isinstance(diagonal, int) or not 1 <= diagonal <= MAX_HEADS
+                    or (diagonal > 1 and heads > 1)):
+                out.append(Problem(f"a diagonal weight is the dense form of a weight of k heads (k from 2 to "
+                                   f"{MAX_HEADS}, no heads of its own), got diagonal={shown(diagonal)}", node=n.name,
+                                   field="attrs.diagonal",
+                                   hint="leave 'diagonal' out: the engine's dense form sets it; write heads=k"))
             fixed = n.attr("fixed")             # the dense form's matrix of a reduction (engine/dense.py)
             if fixed is not None and (fixed not in FIXED_MATRICES or n.attr("rows") != "H" or n.attr("cols") != "H"):
                 out.append(Problem(f"a fixed weight is the H x H matrix of one of {', '.join(FIXED_MATRICES)}, got "

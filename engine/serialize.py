@@ -100,6 +100,10 @@ def from_dict(data: Any) -> CellGraph:
         if "fixed" in attrs:
             raise _err("attribute 'fixed' is the engine's own (the dense form of a reduction)", f"{where}.attrs.fixed",
                        node=nname, hint="remove it; write sum_h(v) or mean_h(v) for a reduction over the hidden units")
+        if "diagonal" in attrs:
+            raise _err("attribute 'diagonal' is the engine's own (the dense form of a weight of heads)",
+                       f"{where}.attrs.diagonal", node=nname, hint="remove it; write \"heads\": k for a weight of k "
+                       "independent blocks")
         nodes.append(Node(nname, op, tuple(args), tuple(sorted(attrs.items()))))
     raw_states = data.get("states")
     if not isinstance(raw_states, list):

@@ -167,7 +167,8 @@ def dense_ui(dense: dict | None) -> None:
                          f"row sum(s) a step, {wave['stages_per_step']} stage(s) a step, each one barrier.")
     for w in dense["heads"]:
         lines.append(f"- weight '{w['weight']}' has {w['heads']} heads: multiplied as its block-diagonal matrix, "
-                     f"{w['heads']}x the FLOPs of its blocks.")
+                     f"{w['heads']}x the FLOPs of its blocks; the persistent schedule reads only a block's own head "
+                     "where its hidden units lie in one (warp GEMV, or fp16/bf16 tensor cores).")
     st.info("**Reductions and heads, as the GPU runs them**\n\n" + "\n".join(lines))
 
 

@@ -191,8 +191,15 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
     resident = f"smem + {tile.smem_offset}" if wt == "float" else f"reinterpret_cast<const {wt}*>(smem + {tile.smem_offset})"
     rows = "(u0 / UNITS) * NC_STREAMED" if bulk and not tile.resident else f"u0 * {nt}"
     out = {"K": f"K_{gemm.name}", "N": f"N_{gemm.name}", "NC": f"{nt} * tu", "NCT": f"{nt} * UNITS",
-           "W": f"L.W_{gemm.name} + (long){rows} * K_{gemm.name}",
+           "W": f"L.W_{gemm.name} + (long){rows} * K_{gemm.name}", "ld": f"K_{gemm.name}",
            "Ws": resident if tile.resident else "nullptr"}
+    head = ""                            # a GEMM of heads (tiling.gemm_heads): this block's head's K / k columns
+    if tile.heads > 1:
+        out["K"] = f"(K_{gemm.name} / {tile.heads})"
+        head = f"(long)(u0 / (H / {tile.heads})) * {out['K']}"
+        out["W"] += f" + {head}"
+        if bulk:                         # the chunked 16-bit copy: a head's columns are whole chunks of B rows
+            head += " * B"
     half = HALF_SUFFIX if (program.input_buffer if gemm.hoisted else gemm.in_buffer) in halves else ""
     if gemm.hoisted:
         out["X"] = f"L.{program.input_buffer}{half} + (long)t * B * K_{gemm.name}"
@@ -200,7 +207,8 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
         out["bias"] = f"L.bias_{gemm.name} ? L.bias_{gemm.name} + (long)u0 * {nt} : nullptr"
         out["what"] = f"input projection of step t ({program.cell.input.name}, or row block t of the layer below)"
     else:
-        out["X"] = f"L.{gemm.in_buffer}{half}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
+        out["X"] = (f"L.{gemm.in_buffer}{half}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
+                    + (f" + {head}" if head else ""))
         out["Y"] = f"L.{gemm.out_buffer} + (long)u0 * {nt}"
         out["bias"] = "nullptr"
         out["what"] = ", ".join(t.name for t in gemm.terms)
@@ -248,7 +256,7 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
         ksteps = gemv_ksteps(len(gemms), tiling.batch, max(tiles[g.name].k_max for g in gemms))
         lines.append(f"{indent}    const RnnGemvJob<{MODE_NAMES[prec.mode]}> jobs[{len(gemms)}] = {{")
         for o in ops:
-            lines.append(f"{indent}        {{{o['X']}, {o['K']}, {o['K']}, {o['W']}, {o['K']}, {o['Ws']}, {o['NC']},")
+            lines.append(f"{indent}        {{{o['X']}, {o['ld']}, {o['K']}, {o['W']}, {o['ld']}, {o['Ws']}, {o['NC']},")
             lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}}},")
         lines.append(f"{indent}    }};")
         resident = sum(1 << i for i, g in enumerate(gemms) if tiles[g.name].resident)
@@ -516,8 +524,12 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
             target = f"reinterpret_cast<{prec.weight_type}*>(smem + {g.smem_offset})"
             load = f"rnn_load_resident<{MODE_NAMES[prec.mode]}>"
         rows = f"{nt} * tu" if tiling.mma else f"{nt} * UNITS"  # tile GEMM: zeros up to the full width it covers
-        lines.append(f"        {load}({target}, L.W_{g.name} + (long)u0 * {nt} * K, K, K, "
-                     f"{nt} * tu, rnn_round_up({rows}, {ncp}));")
+        if g.heads > 1:                  # only the block's head's columns (tiling.gemm_heads)
+            kh = f"K / {g.heads}"
+            source, k = f"L.W_{g.name} + (long)u0 * {nt} * K + (long)(u0 / (H / {g.heads})) * ({kh})", kh
+        else:
+            source, k = f"L.W_{g.name} + (long)u0 * {nt} * K", "K"
+        lines.append(f"        {load}({target}, {source}, K, {k}, {nt} * tu, rnn_round_up({rows}, {ncp}));")
         lines.append("    }")
     lines.append("    (void)I;")
     lines.append("    __syncthreads();")

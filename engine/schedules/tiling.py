@@ -103,6 +103,7 @@ class GemmTile:
     smem_offset: int                   # floats from the start of shared memory (resident slices only)
     resident_floats: int
     vec: int = 4                       # 4: every K of it is a multiple of 4 (16-byte copies), else 1
+    heads: int = 1                     # k: a block reads only its head's K / k columns (gemm_heads); k_max is those
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,9 @@ class Tiling:
                 f"{self.units_per_block} hidden units per block, {self.config.threads} threads, {product}, "
                 f"{self.smem_bytes / 1024:.1f} KiB shared memory per block, "
                 f"weights resident in shared memory: {res}"
-                + (", layer 0 projects its input in the kernel" if self.layer0_in_kernel else ""))
+                + (", layer 0 projects its input in the kernel" if self.layer0_in_kernel else "")
+                + "".join(f", {g.name} reads one head's {g.k_max} of {g.k_max * g.heads} columns (heads: {g.heads})"
+                          for g in self.gemms if g.heads > 1))
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -297,9 +300,28 @@ def tile_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: 
     return stages * (bp + nc_streamed) * row_stride(k_chunk) + (threads * min(tile, 16) if reduce else 0)
 
 
+def gemm_heads(program: Program, gemm) -> int:
+    """k where every matmul of an in-step GEMM multiplies its one H-sized operand by the dense form of a weight of k
+    heads (attr `diagonal`, engine/dense.py: H x H, zero off its k diagonal blocks), else 1. Unit u's rows of such a
+    GEMM are zero outside columns [hd K / k, (hd + 1) K / k), hd = u // (H / k): a block whose units lie in one
+    head multiplies only those columns, and its sum is the same (the skipped products are exact zeros)."""
+    if gemm.hoisted or len(gemm.operands) != 1 or gemm.operands[0].dim != "H":
+        return 1
+    cell = program.cell
+    weights = {cell[m].args[0] for term in gemm.terms for m in term.matmuls}
+    ks = {cell[w].attr("diagonal", 1) for w in weights}
+    if len(ks) != 1 or any(term.dim != "H" for term in gemm.terms):
+        return 1
+    if any(cell[w].attr("rows") != "H" or cell[w].attr("cols") != "H" for w in weights):
+        return 1
+    return ks.pop()
+
+
 def make_tiling(program: Program, network: Network, batch: int, config: TileConfig | None = None,
-                limits: DeviceLimits = H100, *, persistent: bool = True) -> Tiling:
-    """Partition the hidden units of every layer into blocks and lay out shared memory."""
+                limits: DeviceLimits = H100, *, persistent: bool = True, heads: bool = True) -> Tiling:
+    """Partition the hidden units of every layer into blocks and lay out shared memory. heads: GEMMs of heads
+    weights read only their block's head (gemm_heads) where every block's units lie in one head and the weight is
+    read through the warp GEMV or resident through the bulk tensor-core pipeline; heads=False multiplies the zeros."""
     config = config or TileConfig()
     prec = lookup_precision(program.precision)
     why = eligibility(program)
@@ -323,7 +345,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         # the weights the kernel reads per wavefront step outgrow half the L2 (so they would come from DRAM),
         # while one layer a launch keeps them all on chip (large layers: cuDNN's layer-by-layer order, with the
         # input projections as one cuBLAS GEMM each).
-        whole = make_tiling(program, network, batch, replace(config, layers_per_launch=network.num_layers), limits)
+        whole = make_tiling(program, network, batch, replace(config, layers_per_launch=network.num_layers), limits,
+                            heads=heads)
 
         def roomy(t: Tiling) -> bool:         # recurrent weights on chip, and chunks of 64 columns beside them
             return all(g.resident or g.hoisted for g in t.gemms) and (t.path == "gemv" or t.k_chunk >= 64)
@@ -335,7 +358,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         if weight_bytes <= limits.l2_bytes // 2:
             return whole
         try:
-            single = make_tiling(program, network, batch, replace(config, layers_per_launch=1), limits)
+            single = make_tiling(program, network, batch, replace(config, layers_per_launch=1), limits, heads=heads)
         except CompileError:
             return whole
         return single if roomy(single) else whole
@@ -400,11 +423,17 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         if g.name in program.reductions:
             continue                                 # row sums of partials, no weight (engine.codegen.wavefront)
         layers = range(network.num_layers)
-        ks = [g.k(network.layer_sizes(layer)) for layer in layers]
+        k = gemm_heads(program, g) if heads and (path == "gemv" or mma) and persistent else 1
+        if k > 1 and (H % k or (H // k) % units):
+            k = 1                                    # a block would straddle two heads
+        ks = [g.k(network.layer_sizes(layer)) // k for layer in layers]
         copy = 8 if mma and prec.weight_bytes == 2 else 4      # elements of a 16-byte copy of W (or of X)
-        tiles.append((g, max(ks), 4 if all(k % copy == 0 for k in ks) else 1))
+        tiles.append((g, max(ks), 4 if all(k % copy == 0 for k in ks) else 1, k))
+    head_of = {g.name: k for g, _, _, k in tiles}
+    tiles = [(g, k_max, vec) for g, k_max, vec, _ in tiles]
     ncps = {g.name: round_up(len(g.terms) * units, 8 if mma else RC) for g, _, _ in tiles}
-    all_ks = [g.k(network.layer_sizes(layer)) for g, _, _ in tiles for layer in range(network.num_layers)]
+    all_ks = [g.k(network.layer_sizes(layer)) // head_of[g.name] for g, _, _ in tiles
+              for layer in range(network.num_layers)]
     bulk = mma and bool(tiles) and bulk_capable(prec, limits, all_ks)
     k_all = max((k for _, k, _ in tiles), default=4)
     if mma:
@@ -463,6 +492,11 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         cap = round_up(k_all, step)
         options = ([(kc, st) for kc, st in PIPELINES if kc % BULK_CHUNK == 0 and all(k % kc == 0 for k in all_ks)]
                    if bulk else [(min(kc, cap), st) for kc, st in PIPELINES if kc >= step])
+        if bulk and any(k > 1 for k in head_of.values()) and len(set(all_ks)) == 1 and all_ks[0] % 128:
+            # A head of 192 columns (the sLSTM at H = 768, 4 heads; whole chunks of 64, not of 128) as one chunk,
+            # not three of 64: each chunk of the step's GEMM cost ~1.2 us of latency there (phase profile, H200:
+            # 3.74 us for three).
+            options = [(all_ks[0], 2)] + options
         if config.pipeline is not None:
             kc, st = config.pipeline
             if bulk and (kc % BULK_CHUNK or any(k % kc for k in all_ks)):
@@ -490,7 +524,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
             notes.append(f"{g.name}: {floats * FLOAT_BYTES / 1024:.0f} KiB per block does not fit in shared "
                          "memory beside the others; streamed from L2 every step")
         gemm_tiles.append(GemmTile(g.name, len(g.terms), g.hoisted, k_max, is_resident,
-                                   offset if is_resident else 0, floats if is_resident else 0, vec))
+                                   offset if is_resident else 0, floats if is_resident else 0, vec, head_of[g.name]))
         if is_resident:
             offset += floats
     # Weights streamed every step that outgrow half the L2 would all cycle through DRAM (LRU over a sweep larger
@@ -505,6 +539,9 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                            + (", or a smaller TileConfig.pipeline" if config.pipeline else ""))
     if path == "tiled" and not gemm_tiles:
         stages, nc_streamed, smem = 1, 0, offset * FLOAT_BYTES     # no GEMM in the kernel (e.g. IndRNN, one layer)
+    if any(t.heads > 1 and not (path == "gemv" or (bulk and t.resident)) for t in gemm_tiles):
+        # the tiled paths stage X with its row stride K: a head's columns only as the bulk pipeline's chunks
+        return make_tiling(program, network, batch, config, limits, persistent=persistent, heads=False)
     return Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent,
                   tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
                   bulk, round(l2_keep, 3))

@@ -35,3 +35,16 @@ def test_reruns_are_bit_identical(cupy):
     first = schedule.run(x, states, poison=True).outputs
     for _ in range(5):
         assert np.array_equal(schedule.run(x, states, poison=True).outputs, first)
+
+
+@pytest.mark.parametrize("schedule", ["graph", "persistent"])
+def test_more_blocks_than_one_chunk_of_partials(cupy, schedule):
+    """One layer of H = 600 spreads over more than 32 blocks (a unit or a few each), so the consumer adds its
+    partials in several chunks of 32 (engine/codegen/reductions.py _chunks), the variance merged chunk by chunk."""
+    network, params, x, states = make_case(ln_small, 1, seed=7, sizes=dict(SIZES, hidden_size=600, batch=5))
+    program = schedule_class(schedule)(network, params)
+    blocks = program.tiling.blocks_per_layer if hasattr(program, "tiling") else None
+    ref = reference.run(network, params, x, states, dtype=np.float64)
+    assert_matches(program.run(x, states, poison=True), ref, f"{schedule} H=600 ({blocks} blocks a layer)")
+    if blocks is not None:
+        assert blocks > 32, f"{blocks} blocks a layer: one chunk only, the test does not test the chunks"

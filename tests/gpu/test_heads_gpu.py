@@ -1,0 +1,44 @@
+"""Heads in the tiling on the GPU (engine/schedules/tiling.py gemm_heads): the sLSTM's recurrent GEMM reading only a
+block's head, on the warp GEMV (B = 3, float32 and bfloat16) and the bulk tensor-core pipeline (B = 16 in bfloat16,
+B = 40 in float16), one and two layers, against the float64 reference (float32) or the reference that emulates the
+mode, and against the same schedule multiplying the whole block-diagonal matrix."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_fused import assert_matches, make_case, relative_error
+from test_precision_gpu import check_mode
+
+import engine
+from engine.backends import reference
+from engine.schedules import base, schedule_class
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("batch,precision", [(3, "float32"), (3, "bfloat16"), (16, "bfloat16"), (40, "float16")])
+def test_slstm_reads_one_head_and_matches(cupy, monkeypatch, batch, precision, layers):
+    size = {"input_size": 64, "hidden_size": 256, "batch": batch, "steps": 21}
+    network, params, x, states = make_case(engine.preset("slstm").cell, layers, seed=batch + layers, sizes=size)
+    result = schedule_class("persistent")(network, params, precision=precision).run(x, states, poison=True)
+    assert "reads one head's 64 of 256 columns" in result.info["tiling"], result.info["tiling"]
+    if precision == "float32":
+        assert_matches(result, reference.run(network, params, x, states, dtype=np.float64), f"B={batch} L={layers}")
+    else:
+        check_mode(result, network, params, x, states, precision, f"slstm {precision} B={batch} L={layers}")
+    make = base.make_tiling                   # the same schedule, multiplying the zeros
+    monkeypatch.setattr(base, "make_tiling", lambda *a, **k: make(*a, **dict(k, heads=False)))
+    other = schedule_class("persistent")(network, params, precision=precision).run(x, states, poison=True)
+    assert "reads one head" not in other.info["tiling"], other.info["tiling"]
+    assert relative_error(result.outputs, other.outputs) <= (1e-5 if precision == "float32" else 2e-3)
+
+
+def test_a_head_of_192_columns_in_one_chunk(cupy):
+    """H = 768, 4 heads: each block's head is 192 columns, staged as one bulk chunk of 192 (tiling.make_tiling)."""
+    size = {"input_size": 64, "hidden_size": 768, "batch": 16, "steps": 9}
+    network, params, x, states = make_case(engine.preset("slstm").cell, 1, seed=5, sizes=size)
+    result = schedule_class("persistent")(network, params, precision="bfloat16").run(x, states, poison=True)
+    assert "K chunk 192" in result.info["tiling"] and "reads one head's 192" in result.info["tiling"], \
+        result.info["tiling"]
+    check_mode(result, network, params, x, states, "bfloat16", "slstm bfloat16 H=768 B=16")

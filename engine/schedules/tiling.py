@@ -493,9 +493,9 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         options = ([(kc, st) for kc, st in PIPELINES if kc % BULK_CHUNK == 0 and all(k % kc == 0 for k in all_ks)]
                    if bulk else [(min(kc, cap), st) for kc, st in PIPELINES if kc >= step])
         if bulk and any(k > 1 for k in head_of.values()) and len(set(all_ks)) == 1 and all_ks[0] % 128:
-            # A head of 192 columns (the sLSTM at H = 768, 4 heads; whole chunks of 64, not of 128) as one chunk,
-            # not three of 64: each chunk of the step's GEMM cost ~1.2 us of latency there (phase profile, H200:
-            # 3.74 us for three).
+            # A head whose columns are whole chunks of 64 but not of 128 as one chunk: at 192 (the sLSTM at
+            # H = 768, 4 heads) each chunk of 64 cost ~1.2 us of the step's latency (phase profile, H200: the GEMM
+            # took 3.74 us in three chunks, 2.14 us in one).
             options = [(all_ks[0], 2)] + options
         if config.pipeline is not None:
             kc, st = config.pipeline

@@ -447,8 +447,7 @@ def diagnose(graph: CellGraph) -> tuple[list[Problem], list[Warning_]]:
 
 # The attributes each leaf kind reads; an op reads the ones its OpDef lists.
 LEAF_ATTRS = {"input": (), "state": ("dim",), "weight": ("rows", "cols", "heads", "fixed", "diagonal"), "bias": ("dim",),
-              "vector": ("dim",),
-              "const": ("value",)}
+              "vector": ("dim",), "const": ("value",)}
 
 
 def _check_node(n: Node, by_name: dict[str, Node]) -> list[Problem]:

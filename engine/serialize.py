@@ -44,6 +44,13 @@ def to_json(graph: CellGraph, indent: int | None = 2) -> str:
     return json.dumps(to_dict(graph), indent=indent)
 
 
+# Attributes only engine/dense.py sets on the cells it derives: what each marks, and what to write instead.
+ENGINE_ATTRS = {"fixed": ("the dense form of a reduction", "write sum_h(v) or mean_h(v) for a reduction over the "
+                          "hidden units"),
+                "diagonal": ("the dense form of a weight of heads", 'write "heads": k for a weight of k independent '
+                             "blocks")}
+
+
 def _err(msg: str, field: str, hint: str | None = None, node: str | None = None) -> CellGraphError:
     return CellGraphError(Problem(msg, field=field, hint=hint, node=node))
 
@@ -97,13 +104,10 @@ def from_dict(data: Any) -> CellGraph:
         if not isinstance(attrs, dict):
             raise _err("'attrs' must be an object", f"{where}.attrs", node=nname,
                        hint='e.g. "attrs": {"rows": "H", "cols": "I"}')
-        if "fixed" in attrs:
-            raise _err("attribute 'fixed' is the engine's own (the dense form of a reduction)", f"{where}.attrs.fixed",
-                       node=nname, hint="remove it; write sum_h(v) or mean_h(v) for a reduction over the hidden units")
-        if "diagonal" in attrs:
-            raise _err("attribute 'diagonal' is the engine's own (the dense form of a weight of heads)",
-                       f"{where}.attrs.diagonal", node=nname, hint="remove it; write \"heads\": k for a weight of k "
-                       "independent blocks")
+        for key, (what, hint) in ENGINE_ATTRS.items():
+            if key in attrs:
+                raise _err(f"attribute '{key}' is the engine's own ({what})", f"{where}.attrs.{key}", node=nname,
+                           hint=f"remove it; {hint}")
         nodes.append(Node(nname, op, tuple(args), tuple(sorted(attrs.items()))))
     raw_states = data.get("states")
     if not isinstance(raw_states, list):

@@ -11,11 +11,10 @@
 // float or double (engine/schedules/scan.py defines it before this file and kernels/scan_carry.cuh, pass 2,
 // which the scan that forms its coefficients itself shares: engine/schedules/scan_kernel.py).
 
-#ifndef SCAN_U1
-#define SCAN_U1 1            // steps whose loads a thread has in flight at once, pass 1 and pass 3: unrolling pass 3
-#endif                       // by 16 took it from 104 to 63 us (H200, minGRU T = 4096, 4096 chains); pass 1 gained
-#ifndef SCAN_U3              // nothing (58 us unrolled by 1 or 4, 84 us by 16): engine/schedules/scan_kernel.py
-#define SCAN_U3 16
+// SCAN_U1 and SCAN_U3: the steps whose loads a thread has in flight at once in pass 1 and pass 3, defined before
+// this file with SCAN_T (engine/schedules/scan_kernel.py UNROLL says why they are what they are).
+#if !defined(SCAN_U1) || !defined(SCAN_U3)
+#error "define SCAN_U1 and SCAN_U3 first (engine/schedules/scan_kernel.py unroll_defines)"
 #endif
 
 // Step k's coefficients (k counts scan steps; t is its time): a from time t + a_shift (0 past the end), b from t.

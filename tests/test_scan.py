@@ -17,7 +17,7 @@ from engine.passes.scan import analyse_scan
 from engine.schedules.scan import KERNEL, grouped_matmuls, run_arrays
 from engine.schedules.scan_backward_kernel import backward_source
 from engine.schedules.scan_grad import scan_gradients
-from engine.schedules.scan_kernel import CARRY, Layout, free_kernel, fused_scan_source
+from engine.schedules.scan_kernel import CARRY, Layout, free_kernel, fused_scan_source, unroll_defines
 
 
 @cell
@@ -189,7 +189,8 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
                 fused_sources.append(backward.replace("scan_free_backward", f"{graph.name}_{c_type}_backward"))
     assert len(fused_sources) == 16         # mingru, minlstm, diagonal_linear, decaying; float32 and float64
     for c_type in ("float", "double"):          # and the plain scan's kernels (CudaScan), as it composes them
-        plain = f"#undef SCAN_T\n#define SCAN_T {c_type}\n" + CARRY.read_text() + KERNEL.read_text()
+        plain = (f"#undef SCAN_T\n#define SCAN_T {c_type}\n#undef SCAN_U1\n#undef SCAN_U3\n" + unroll_defines(c_type)
+                 + CARRY.read_text() + KERNEL.read_text())
         fused_sources.append(plain.replace('void scan_', f'void plain_{c_type}_scan_'))
     path = tmp_path / "free.cu"
     path.write_text("\n".join(source + [f.replace(preamble(), "") for f in fused_sources]))

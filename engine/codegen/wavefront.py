@@ -182,6 +182,11 @@ def _pointer(program: Program, param, suffix: str = "") -> str:
     return f"L.{param.source}{suffix}"
 
 
+def _head_columns(heads: int, head_k: str) -> str:
+    """The first column of this block's head (its units lie in one: tiling.gemm_heads), head_k columns a head."""
+    return f"(long)(u0 / (H / {heads})) * {head_k}"
+
+
 def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = False) -> dict[str, str]:
     """The C expressions of one GEMM's operands for this block (its nt x tu columns); X is the 16-bit copy
     when the buffer has one (half_copies). A weight streamed by the bulk pipeline is chunked per block
@@ -196,7 +201,7 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
     head = ""                            # a GEMM of heads (tiling.gemm_heads): this block's head's K / k columns
     if tile.heads > 1:
         out["K"] = f"(K_{gemm.name} / {tile.heads})"
-        head = f"(long)(u0 / (H / {tile.heads})) * {out['K']}"
+        head = _head_columns(tile.heads, out["K"])
         out["W"] += f" + {head}"
         if bulk:                         # the chunked 16-bit copy: a head's columns are whole chunks of B rows
             head += " * B"
@@ -524,11 +529,9 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
             target = f"reinterpret_cast<{prec.weight_type}*>(smem + {g.smem_offset})"
             load = f"rnn_load_resident<{MODE_NAMES[prec.mode]}>"
         rows = f"{nt} * tu" if tiling.mma else f"{nt} * UNITS"  # tile GEMM: zeros up to the full width it covers
-        if g.heads > 1:                  # only the block's head's columns (tiling.gemm_heads)
-            kh = f"K / {g.heads}"
-            source, k = f"L.W_{g.name} + (long)u0 * {nt} * K + (long)(u0 / (H / {g.heads})) * ({kh})", kh
-        else:
-            source, k = f"L.W_{g.name} + (long)u0 * {nt} * K", "K"
+        k = f"K / {g.heads}" if g.heads > 1 else "K"      # only the block's head's columns (tiling.gemm_heads)
+        source = f"L.W_{g.name} + (long)u0 * {nt} * K" + (f" + {_head_columns(g.heads, f'({k})')}" if g.heads > 1
+                                                           else "")
         lines.append(f"        {load}({target}, {source}, K, {k}, {nt} * tu, rnn_round_up({rows}, {ncp}));")
         lines.append("    }")
     lines.append("    (void)I;")

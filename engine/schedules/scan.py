@@ -83,7 +83,8 @@ class CudaScan:
 
     def __init__(self, dtype):
         c_type = "double" if np.dtype(dtype) == np.float64 else "float"
-        source = f"#define SCAN_T {c_type}\n" + scan_kernel.CARRY.read_text() + KERNEL.read_text()
+        source = (f"#define SCAN_T {c_type}\n" + scan_kernel.unroll_defines(c_type) + scan_kernel.CARRY.read_text()
+                  + KERNEL.read_text())
         module = load_module(source, cell="scan", kernel="scan")
         self.chunks, self.carry, self.apply = (module.get_function(k) for k in ("scan_chunks", "scan_carry",
                                                                                 "scan_apply"))

@@ -115,6 +115,12 @@ def compiled(spec: FreeKernel):
 UNROLL = {"float": (1, 16), "double": (1, 8)}   # steps whose loads a thread has in flight: pass 1, pass 3
 
 
+def unroll_defines(c_type: str) -> str:
+    """SCAN_U1 and SCAN_U3 for the passes of both scans (this module's and kernels/scan.cu, which needs them)."""
+    first, third = UNROLL[c_type]
+    return f"#define SCAN_U1 {first}\n#define SCAN_U3 {third}\n"
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where input k of the statements lives: a row-major (rows, >= n) array read at [row * ld + offset + j]
@@ -143,9 +149,7 @@ def fused_scan_source(spec: FreeKernel, layouts: tuple[Layout, ...], dtype) -> s
     args = "".join(f"p{k}, " for k in range(len(layouts)))
     body = f"""
 #define SCAN_T {c_type}
-#define SCAN_U1 {UNROLL[c_type][0]}
-#define SCAN_U3 {UNROLL[c_type][1]}
-__device__ __forceinline__ void coefficients(SCAN_T& a, SCAN_T& b, {params}long long row, long long j) {{
+{unroll_defines(c_type)}__device__ __forceinline__ void coefficients(SCAN_T& a, SCAN_T& b, {params}long long row, long long j) {{
   {loads("row")}
   {coefficients}
   a = out0; b = out1;

@@ -416,7 +416,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     # only the recurrent GEMM otherwise, so the projection rides free on the wavefront's critical path.
     layer0_in_kernel = L > 1
 
-    tiles = []
+    tiles, head_of = [], {}
     for g in program.gemms:
         if g.hoisted and L == 1:
             continue                                 # one layer a launch: the projection is one cuBLAS GEMM before it
@@ -428,9 +428,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
             k = 1                                    # a block would straddle two heads
         ks = [g.k(network.layer_sizes(layer)) // k for layer in layers]
         copy = 8 if mma and prec.weight_bytes == 2 else 4      # elements of a 16-byte copy of W (or of X)
-        tiles.append((g, max(ks), 4 if all(k % copy == 0 for k in ks) else 1, k))
-    head_of = {g.name: k for g, _, _, k in tiles}
-    tiles = [(g, k_max, vec) for g, k_max, vec, _ in tiles]
+        tiles.append((g, max(ks), 4 if all(k % copy == 0 for k in ks) else 1))
+        head_of[g.name] = k
     ncps = {g.name: round_up(len(g.terms) * units, 8 if mma else RC) for g, _, _ in tiles}
     all_ks = [g.k(network.layer_sizes(layer)) // head_of[g.name] for g, _, _ in tiles
               for layer in range(network.num_layers)]

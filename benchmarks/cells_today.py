@@ -106,7 +106,9 @@ def slstm_rows(H: int, cupy, rows: list, T=1024, B=16) -> None:
             if precision == "float32":
                 engine_out = program.run(x).outputs
             rows.append({"case": where, "row": f"engine forward {precision} ({choice.schedule})", "ms": ms,
-                         "rel_err_vs_float64": error})
+                         "rel_err_vs_float64": error,
+                         "config": choice.config.label() if choice.config is not None else None,
+                         "timings": choice.timings})
         except engine.EngineError as e:
             rows.append({"case": where, "row": f"engine forward {precision}", "error": str(e).splitlines()[0]})
     d_out = cupy.asarray(rng.standard_normal((T, B, H)), dtype=cupy.float32)

@@ -28,6 +28,7 @@ import engine  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
 from engine.codegen.nvrtc import load_module  # noqa: E402
 from engine.schedules import schedule_class  # noqa: E402
+from engine.schedules.base import NON_PORTABLE_CLUSTER_SIZE_ALLOWED  # noqa: E402
 from engine.schedules.tiling import TileConfig  # noqa: E402
 
 MAX_PHASES = 31                 # + the last mark: 32 int64s, 256 bytes of static shared memory
@@ -53,7 +54,7 @@ __device__ __forceinline__ unsigned long long rnn_prof_ns()
 """
 
 
-def instrument(source: str) -> tuple[str, list[str]]:
+def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
     """The source with marks inserted, and the phase names in index order."""
     phases: list[str] = []
 
@@ -62,14 +63,25 @@ def instrument(source: str) -> tuple[str, list[str]]:
             phases.append(name)
         return phases.index(name)
 
-    out, stage, in_call, calls, reduced = [], None, None, 0, False
+    out, stage, in_call, calls, reduced, local = [], None, None, 0, False, False
     lines = source.splitlines()
     for i, line in enumerate(lines):
+        if inner:                       # marks inside the cluster mode's GEMM helper (kernels/mma_gemm.cuh)
+            if line.startswith(("__device__ void rnn_mma_gemms_local(", "__device__ __forceinline__ void rnn_mma_gemms_local(")):
+                local = True
+            elif local and line == "}":
+                local = False
+            elif local and line.strip().startswith("rnn_store_mma<WM, WN>("):
+                out += [f"            rnn_prof_mark({phase('gemm: products')});", line,
+                        f"            rnn_prof_mark({phase('gemm: split-K sums, Y stored')});"]
+                continue
+        if inner and stage is not None and line.strip().startswith("{   // the stage's GEMMs"):
+            out.append(f"    rnn_prof_mark({phase(f's{stage} prefetch')});")
         m = re.match(r"__device__ __forceinline__ void \w+_stage_(\d+)\(", line)
         if m:
             stage = m.group(1)
         if stage is not None:
-            call = re.search(r"(rnn_warp_gemvs|rnn_tile_gemms|rnn_mma_gemms)<", line)
+            call = re.search(r"(rnn_warp_gemvs|rnn_tile_gemms|rnn_mma_gemms_local|rnn_mma_gemms)<", line)
             if call:
                 calls += 1
                 in_call = f"{call.group(1)} #{calls}"
@@ -79,6 +91,10 @@ def instrument(source: str) -> tuple[str, list[str]]:
                 in_call = None
             elif line.strip() == "__syncthreads();":
                 out.append(f"        rnn_prof_mark({phase(f's{stage} block barrier')});")
+            elif line.strip().startswith("__syncthreads();   // this block's units of h"):   # sync="cluster"
+                out.append(f"    rnn_prof_mark({phase(f's{stage} cell math')});")
+            elif line.strip().startswith("rnn_cluster_share<"):
+                out.append(f"    rnn_prof_mark({phase(f's{stage} cluster share')});")
             elif line.strip().startswith("__syncthreads();   // the reductions' sums"):      # engine/codegen/reductions.py
                 out.append(f"    rnn_prof_mark({phase(f's{stage} reduction sums')});")
             elif line.strip().startswith("__syncthreads();   // this block's units of"):
@@ -93,13 +109,18 @@ def instrument(source: str) -> tuple[str, list[str]]:
         if "_persistent(" in line and "__global__" in line:
             out.append(line)
             continue
-        if line.strip() == "__syncthreads();" and i + 1 < len(lines) and \
-                lines[i + 1].lstrip().startswith(("for (int k", "constexpr unsigned S")):   # grid or layer sync
-            out += [line, "    if (threadIdx.x == 0) {",
-                    "        for (int p = 0; p < RNN_PROF_PHASES; ++p) rnn_prof_acc[p] = 0;",
-                    "        rnn_prof_last = clock64();", "    }",
-                    "    const long long rnn_prof_c0 = clock64();",
-                    "    const unsigned long long rnn_prof_t0 = rnn_prof_ns();"]
+        if (line.strip() == "__syncthreads();" and i + 1 < len(lines) and
+                lines[i + 1].lstrip().startswith(("for (int k", "constexpr unsigned S"))) or \
+                line.strip().startswith("for (int t = 0; t < T; ++t) {   // the steps"):    # the steps start
+            start = ["    if (threadIdx.x == 0) {",
+                     "        for (int p = 0; p < RNN_PROF_PHASES; ++p) rnn_prof_acc[p] = 0;",
+                     "        rnn_prof_last = clock64();", "    }",
+                     "    const long long rnn_prof_c0 = clock64();",
+                     "    const unsigned long long rnn_prof_t0 = rnn_prof_ns();"]
+            out += [line] + start if line.strip() == "__syncthreads();" else start + [line]   # cluster: before the loop
+            continue
+        if line.strip() == "rnn_cluster_sync();":                                   # sync="cluster"
+            out += [line, f"        rnn_prof_mark({phase('cluster.sync')});"]
             continue
         if line.strip() == "grid.sync();":
             out += [line, f"        rnn_prof_mark({phase('grid.sync')});"]
@@ -127,7 +148,7 @@ def instrument(source: str) -> tuple[str, list[str]]:
     return text, phases
 
 
-def profile(preset: str, config: str, precision: str, config_tile: TileConfig) -> dict:
+def profile(preset: str, config: str, precision: str, config_tile: TileConfig, inner: bool = False) -> dict:
     import cupy
     cfg = parse_configs([config])[0]
     cell = engine.preset(preset).cell
@@ -137,11 +158,14 @@ def profile(preset: str, config: str, precision: str, config_tile: TileConfig) -
                      dtype=cupy.float32)
     sched = schedule_class("persistent")(network, params, config=config_tile, precision=precision)
     reference = sched.run(x).outputs.copy()
-    source, phases = instrument(sched.source_)
+    source, phases = instrument(sched.source_, inner)
     name = sched.kernels[0].name
-    module = load_module(source, cooperative=True)     # compiled as the engine compiles (engine/codegen/nvrtc.py)
+    # compiled as the engine compiles (engine/codegen/nvrtc.py; clusters are not cooperative launches)
+    module = load_module(source, cooperative=not sched.tiling.cluster)
     kernel = module.get_function(name)
     kernel.max_dynamic_shared_size_bytes = sched.tiling.smem_bytes
+    if sched.tiling.cluster > 8:
+        cupy.cuda.driver.funcSetAttribute(kernel.kernel.ptr, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
     T, L = cfg.steps, cfg.num_layers
     blocks, threads = sched.tiling.blocks, sched.tiling.config.threads
     if blocks > 1024:
@@ -154,7 +178,7 @@ def profile(preset: str, config: str, precision: str, config_tile: TileConfig) -
     cycles, ns = table[:, MAX_PHASES].astype(float), table[:, MAX_PHASES + 1].astype(float)
     ghz = float(np.median(cycles / np.maximum(ns, 1)))
     group = sched.tiling.num_layers
-    steps = T if sched.tiling.config.sync == "layer" else T + group - 1      # a block's steps in one launch
+    steps = T if sched.tiling.config.sync in ("layer", "head", "cluster") else T + group - 1   # a block's steps a launch
     result = {"preset": preset, "config": config, "precision": precision, "tiling": sched.tiling.describe(),
               "blocks": int(blocks), "threads": int(threads), "launches": L // group, "steps_per_launch": steps,
               "clock_ghz": ghz, "max_abs_diff_vs_uninstrumented": err, "phases": {}}
@@ -175,14 +199,18 @@ def main(argv=None) -> int:
     parser.add_argument("--units", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--layers-per-launch", type=int, default=None)
-    parser.add_argument("--sync", default=None, help="grid (barriers) or layer (per-layer arrival counters); default: the tiling's")
+    parser.add_argument("--sync", default=None, help="grid, layer, head or cluster (TileConfig.sync); default: the tiling's")
+    parser.add_argument("--inner", action="store_true", help="marks inside the cluster mode's GEMM helper too")
+    parser.add_argument("--warp", default=None, help="TileConfig.warp_tile as RxC MMA tiles (tensor-core path)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    tile = TileConfig(args.units, threads=args.threads, layers_per_launch=args.layers_per_launch, sync=args.sync)
+    warp = tuple(int(v) for v in args.warp.split("x")) if args.warp else None
+    tile = TileConfig(args.units, threads=args.threads, layers_per_launch=args.layers_per_launch, sync=args.sync,
+                      warp_tile=warp)
     results = []
     for preset in args.preset or ["lstm"]:
         for config in args.config or ["lat"]:
-            r = profile(preset, config, args.precision, tile)
+            r = profile(preset, config, args.precision, tile, args.inner)
             results.append(r)
             print(f"\n{preset} {config} {args.precision}: {r['tiling']}; {r['blocks']} blocks x {r['threads']}; "
                   f"{r['step_us']:.2f} us a wavefront step at {r['clock_ghz']:.2f} GHz "

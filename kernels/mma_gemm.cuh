@@ -486,4 +486,37 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
     }
 }
 
+// Every GEMM of one stage with X already in this block's shared memory and W resident (the persistent schedule's
+// cluster mode, engine/schedules/cluster.py): J.X is the block's local copy of the 16-bit operand, round_up(B, 16)
+// rows of rnn_xstride(K) elements (rows past B and columns past K zero), J.Ws the resident rows. No staging: each
+// warp runs its tiles' k steps (split K as rnn_mma_gemms splits it) straight from shared memory, and the partial
+// sums meet in `red` in the same fixed order, so runs are bit-identical.
+template <int MODE, int WM, int WN, int N>
+__device__ __forceinline__ void rnn_mma_gemms_local(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __restrict__ red)
+{
+    using WT = typename RnnWeight<MODE>::type;
+    using XT = typename RnnX<MODE>::type;
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const RnnMmaJob<MODE>& J = jobs[i];
+        const RnnWarpTiles<WM, WN> tl(B, J.NC);
+        const int ldxb = rnn_xstride<MODE>(J.K) * (int)sizeof(XT), ldwb = rnn_wstride<MODE>(J.K) * (int)sizeof(WT);
+        const RnnLaneAt xl = rnn_lane_a((unsigned)__cvta_generic_to_shared(J.X), ldxb, lane, false);
+        const RnnLaneAt wl = rnn_lane_b((unsigned)__cvta_generic_to_shared(J.Ws), ldwb, lane, false);
+        const int steps = rnn_round_up(J.K, RnnMma<MODE>::KS) / RnnMma<MODE>::KS;
+        for (int pass = 0; pass < tl.passes; ++pass) {
+            const int slot = tl.split > 1 ? warp % tl.groups : pass * warps + warp;
+            const int part = tl.split > 1 ? warp / tl.groups : 0;
+            const bool active = slot < tl.groups && part < tl.split;
+            float acc[WM][WN][4] = {};
+            if (active)
+                rnn_mma_chunk_tc<MODE, WM, WN>(acc, xl, ldxb, wl, ldwb, (slot / tl.tn) * WM, (slot % tl.tn) * WN, tl.mt,
+                                               tl.nt, part, steps, tl.split);
+            rnn_store_mma<WM, WN>(J, tl, acc, B, slot, part, active, red);
+        }
+    }
+    __syncthreads();                                   // Y is complete for the whole block
+}
+
 #endif  // RNN_MMA_GEMM_CUH

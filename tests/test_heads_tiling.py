@@ -15,7 +15,7 @@ import engine
 from engine.compiler import make_plan
 from engine.dense import dense_form, wavefront_network
 from engine.dsl import W, b, cell, sigmoid, tanh
-from engine.errors import CellGraphError
+from engine.errors import CellGraphError, CompileError
 from engine.schedules.tiling import H100, TileConfig, gemm_heads, make_tiling
 
 
@@ -82,6 +82,44 @@ def test_the_source_reads_the_blocks_head():
     assert "(long)(u0 / (H / 4)) * (K_h_gemm / 4), K_h_gemm, (K_h_gemm / 4)," in source    # GEMV: ldx, then K
 
 
+def test_head_sync_counts_each_heads_blocks():
+    """TileConfig(sync="head"): a counter per (layer, head); a block waits for its own head's blocks, and for every
+    head of the layer below before its first stage."""
+    _, source, tiling = render("slstm", 64, 256, 2, 16, TileConfig(sync="head"), True, "bfloat16")
+    assert (tiling.sync_heads, tiling.blocks_per_head) == (4, tiling.blocks_per_layer // 4)
+    assert "constexpr int HEADS = 4, BLOCKS_PER_HEAD = BLOCKS_PER_LAYER / HEADS;" in source
+    assert "unsigned* const own = arrivals + layer * HEADS + (blockIdx.x % BLOCKS_PER_LAYER) / BLOCKS_PER_HEAD;" in source
+    assert "rnn_wait_for(own, BLOCKS_PER_HEAD * ((unsigned)t * S + 0u));" in source
+    assert "rnn_wait_for(arrivals + (layer - 1) * HEADS + hd, BLOCKS_PER_HEAD * ((unsigned)t + 1u) * S);" in source
+    assert "grid.sync()" not in source and "heads synchronised by per-head arrival counters" in tiling.describe()
+    _, layer_source, layer = render("slstm", 64, 256, 2, 16, TileConfig(sync="layer"), True, "bfloat16")
+    assert layer.sync_heads == 1 and "constexpr int HEADS = 1," in layer_source      # one counter a layer, as before
+
+
+@pytest.mark.parametrize("name,hidden,batch,precision,config,why", [
+    ("lstm", 256, 16, "bfloat16", TileConfig(sync="head"), "read all of h"),
+    ("ln_lstm", 256, 16, "bfloat16", TileConfig(sync="head"), "reduction"),
+    ("slstm", 256, 16, "float32", TileConfig(sync="head"), "read all of h"),      # fp32 register tiles: dense
+    ("slstm", 256, 3, "float32", TileConfig(units_per_block=3, sync="head"), "read all of h"),   # straddles heads
+])
+def test_head_sync_is_refused_where_a_step_reads_other_heads(name, hidden, batch, precision, config, why):
+    with pytest.raises(CompileError, match="sync='head'") as info:
+        render(name, 64, hidden, 1, batch, config, True, precision)
+    assert why in str(info.value) and "hint" in str(info.value)
+    with pytest.raises(CompileError, match="persistent schedule only"):
+        render("slstm", 64, 256, 1, 16, TileConfig(sync="head"), False, "bfloat16")
+
+
+def test_the_autotuner_times_head_sync_where_it_applies():
+    from engine.schedules.autotune import candidates
+    syncs = [c.config.sync for c in candidates(engine.Network(engine.preset("slstm").cell, 64, 256, 1), 16, H100,
+                                               "bfloat16") if c.schedule == "persistent"]
+    assert syncs.count("head") == 1
+    syncs = [c.config.sync for c in candidates(engine.Network(engine.preset("lstm").cell, 64, 256, 1), 16, H100,
+                                               "bfloat16") if c.schedule == "persistent"]
+    assert "head" not in syncs
+
+
 @pytest.mark.nvcc
 def test_heads_sources_compile_with_nvcc(tmp_path):
     if shutil.which("nvcc") is None:
@@ -90,7 +128,9 @@ def test_heads_sources_compile_with_nvcc(tmp_path):
     for label, args in {"bulk": (64, 256, 2, 16, TileConfig(), True, "bfloat16"),
                         "bulk_192": (64, 768, 1, 16, TileConfig(), True, "bfloat16"),      # K chunks of 192
                         "gemv": (64, 256, 1, 3, TileConfig(), True, "float32"),
-                        "gemv_bf16": (64, 256, 2, 3, TileConfig(), True, "bfloat16")}.items():
+                        "gemv_bf16": (64, 256, 2, 3, TileConfig(), True, "bfloat16"),
+                        "head_sync": (64, 256, 2, 16, TileConfig(sync="head"), True, "bfloat16"),
+                        "head_sync_gemv": (64, 256, 1, 3, TileConfig(sync="head"), True, "float32")}.items():
         _, source, tiling = render("slstm", *args)
         assert any(t.heads == 4 for t in tiling.gemms), label
         path = tmp_path / f"{label}.cu"

@@ -122,7 +122,7 @@ def test_the_module_folds_a_layers_output_into_its_pool_and_steps_each_layer_on_
 def test_the_layer_synchronised_module_waits_for_the_last_step_of_the_window_below():
     source = _module("lstm", True, {0: Pool("max", 2, 2)}, config=TileConfig(sync="layer"))[1]
     assert "for (int t = 0; t < (int)L.steps; ++t)" in source
-    assert ("if (layer > 0) rnn_wait_for(arrivals + layer - 1, BLOCKS_PER_LAYER * ((unsigned)(t * (int)L.below_scale "
+    assert ("rnn_wait_for(arrivals + (layer - 1) * HEADS + hd, BLOCKS_PER_HEAD * ((unsigned)(t * (int)L.below_scale "
             "+ (int)L.below_offset) + 1u) * S);") in source
 
 

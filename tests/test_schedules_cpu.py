@@ -683,17 +683,19 @@ def test_layer_sync_waits_for_its_own_layer_and_the_one_below_only(case):
     assert "grid.sync()" not in entry and "kernels/layer_sync.cuh (inlined)" in source
     S = len(stages(program))
     assert f"constexpr unsigned S = {S};" in entry and "for (int t = 0; t < T; ++t)" in entry
-    assert entry.count("rnn_arrive(arrivals + layer);") == S                 # one count per stage
-    assert entry.count("rnn_wait_for(arrivals + layer - 1,") == 1            # the layer below: before the first
+    assert "constexpr int HEADS = 1, BLOCKS_PER_HEAD = BLOCKS_PER_LAYER / HEADS;" in entry    # a counter a layer
+    assert "unsigned* const own = arrivals + layer * HEADS + (blockIdx.x % BLOCKS_PER_LAYER) / BLOCKS_PER_HEAD;" in entry
+    assert entry.count("rnn_arrive(own);") == S                              # one count per stage
+    assert entry.count("rnn_wait_for(arrivals + (layer - 1) * HEADS + hd,") == 1     # the layer below: before the first
     for i in range(S):
-        assert f"rnn_wait_for(arrivals + layer, BLOCKS_PER_LAYER * ((unsigned)t * S + {i}u));" in entry
+        assert f"rnn_wait_for(own, BLOCKS_PER_HEAD * ((unsigned)t * S + {i}u));" in entry
     assert "by per-layer arrival counters" in tiling.describe() and tiling.config.label().endswith("sync=layer")
 
 
 def test_layer_sync_is_for_the_persistent_schedule_and_says_its_values():
     with pytest.raises(CompileError, match="sync='layer' applies to the persistent schedule only"):
         render("lstm", 37, 129, 2, 3, TileConfig(sync="layer"), False)
-    with pytest.raises(CompileError, match="TileConfig.sync='barrier' is not 'grid' or 'layer'"):
+    with pytest.raises(CompileError, match="TileConfig.sync='barrier' is not 'grid', 'layer', 'head' or 'cluster'"):
         render("lstm", 37, 129, 2, 3, TileConfig(sync="barrier"), True)
 
 

@@ -26,6 +26,7 @@ from ..c_names import c_identifier, kernel_prefix
 from ..errors import CompileError
 from ..network import Network
 from ..plan import Gemm, Kernel, Program
+from . import cluster as cluster_source
 from .cuda import c_factor, helper_source, index_expr, kernel_body
 from .equations import text_equations
 from .precision import precision as lookup_precision
@@ -187,10 +188,11 @@ def _head_columns(heads: int, head_k: str) -> str:
     return f"(long)(u0 / (H / {heads})) * {head_k}"
 
 
-def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = False) -> dict[str, str]:
+def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = False, cluster=None) -> dict[str, str]:
     """The C expressions of one GEMM's operands for this block (its nt x tu columns); X is the 16-bit copy
-    when the buffer has one (half_copies). A weight streamed by the bulk pipeline is chunked per block
-    (engine/schedules/base.py chunked_weight): NC_STREAMED rows a block."""
+    when the buffer has one (half_copies), and in cluster mode (cluster: the tiling) the block's own copy of it in
+    shared memory. A weight streamed by the bulk pipeline is chunked per block (engine/schedules/base.py
+    chunked_weight): NC_STREAMED rows a block."""
     nt = len(gemm.terms)
     wt = lookup_precision(program.precision).weight_type
     resident = f"smem + {tile.smem_offset}" if wt == "float" else f"reinterpret_cast<const {wt}*>(smem + {tile.smem_offset})"
@@ -212,9 +214,12 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
         out["bias"] = f"L.bias_{gemm.name} ? L.bias_{gemm.name} + (long)u0 * {nt} : nullptr"
         out["what"] = f"input projection of step t ({program.cell.input.name}, or row block t of the layer below)"
     else:
-        out["X"] = (f"L.{gemm.in_buffer}{half}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
+        out["X"] = (cluster_source.pointer(cluster, gemm.in_buffer, "t & 1") if cluster else   # the block's own copy
+                    f"L.{gemm.in_buffer}{half}" + ("[t & 1]" if program.buffer(gemm.in_buffer).double else "")
                     + (f" + {head}" if head else ""))
         out["Y"] = f"L.{gemm.out_buffer} + (long)u0 * {nt}"
+        if cluster:                      # the block's tile in shared memory, where its cell code reads it
+            out["Y"], out["N"] = cluster_source.gemm_output(cluster, gemm)
         out["bias"] = "nullptr"
         out["what"] = ", ".join(t.name for t in gemm.terms)
     return out
@@ -248,11 +253,13 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
     """Every GEMM of one stage for this block, then a barrier: their outputs are complete for the block."""
     tiles = {t.name: t for t in tiling.gemms}
     halves = half_copies(program, tiling)
-    ops = [_gemm_operands(program, g, tiles[g.name], halves, tiling.bulk) for g in gemms]
+    ops = [_gemm_operands(program, g, tiles[g.name], halves, tiling.bulk, tiling if tiling.cluster else None)
+           for g in gemms]
     lines = [f"{indent}{{   // the stage's GEMMs, this block's columns: "
              + "; ".join(f"{g.name} ({o['what']})" for g, o in zip(gemms, ops))]
-    for g in gemms:
-        lines.append(f"{indent}    const int K_{g.name} = {g.k.c_expr()}, N_{g.name} = {g.n.c_expr()};")
+    for g in gemms:                      # (cluster mode: Y is a tile of its own width in shared memory)
+        lines.append(f"{indent}    const int K_{g.name} = {g.k.c_expr()}" +
+                     (";" if tiling.cluster and not g.hoisted else f", N_{g.name} = {g.n.c_expr()};"))
     prec = lookup_precision(program.precision)
     if tiling.path == "gemv":
         warps = tiling.config.threads // 32
@@ -277,7 +284,9 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
             tail = "" if tiling.mma else f", {o['NCT']}"          # the tile GEMM's tiles: every block's full width
             lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}, {o['K']}, {o['NC']}{tail}}},")
         lines.append(f"{indent}    }};")
-        if tiling.mma:
+        if tiling.cluster:
+            lines.append(f"{indent}    rnn_mma_gemms_local<{MODE_NAMES[prec.mode]}, WM, WN>(jobs, B, smem + SCRATCH + X_LOCAL);")
+        elif tiling.mma:
             lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK>(jobs, B, "
                          "smem + SCRATCH, NC_STREAMED, W_KEEP);")
         else:
@@ -323,27 +332,49 @@ def _pooled_store(kernel: Kernel, program: Program, precision, body: list[str], 
 
 
 def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halves=(), bulk: bool = False,
-                 pooled: bool = False) -> list[str]:
+                 pooled: bool = False, cluster=None, around=None) -> list[str]:
+    """The kernel's statements on this block's units; a store of a buffer a GEMM reads also writes its 16-bit copy
+    (in cluster mode, cluster: the tiling, into this block's copy). around: (the stage's GEMM lines, their output
+    buffers), cluster mode with one element a thread: the loads that need no GEMM output go before the GEMMs
+    (engine/codegen/cluster.py preloaded)."""
     lines = [f"{indent}{{   // {kernel.name}: the fused backend's kernel body, on this block's units"]
     copied = {p.name for p in kernel.params if p.writes and p.kind == "buffer" and p.source in halves}
+    kernel, tiles = cluster_source.reads_tiles(kernel, program, cluster) if cluster else (kernel, {})
     for p in kernel.params:
         qualifier = "" if p.writes else "const "
-        lines.append(f"{indent}    {qualifier}float* __restrict__ {p.name} = {_pointer(program, p)};")
-        if p.name in copied:
+        lines.append(f"{indent}    {qualifier}float* __restrict__ {p.name} = {tiles.get(p.name) or _pointer(program, p)};")
+        if p.name in copied and not cluster:
             lines.append(f"{indent}    unsigned short* __restrict__ {p.name}{HALF_SUFFIX} = "
                          f"{_pointer(program, p, HALF_SUFFIX)};   // its 16-bit copy, read by a GEMM")
+    mode = MODE_NAMES[lookup_precision(program.precision).mode]
+    versions = dict(_copied_versions(kernel, halves))
+    copies = []
+    for store in kernel.stores:
+        if store.access.param in copied and cluster:
+            param = next(p for p in kernel.params if p.name == store.access.param)
+            copies.append(cluster_source.store(cluster, param.source, versions[param.name], store.access,
+                                               f"rnn_bits16<{mode}>({store.var})"))
+        elif store.access.param in copied:
+            copies.append(f"{store.access.param}{HALF_SUFFIX}[{_half_index(store.access, bulk)}] = "
+                          f"rnn_bits16<{mode}>({store.var});")
+    if around is not None:
+        return lines + cluster_source.preloaded(kernel, precision, indent, around, copies)
     lines.append(f"{indent}    for (int e = threadIdx.x; e < B * tu; e += blockDim.x) {{")
     lines.append(f"{indent}        const long b = e / tu;")
     lines.append(f"{indent}        const int j = u0 + (int)(e - b * tu);")
     body = kernel_body(kernel, precision, indent + "        ")
     lines += _pooled_store(kernel, program, precision, body, indent + "        ") if pooled else body
-    for store in kernel.stores:
-        if store.access.param in copied:
-            lines.append(f"{indent}        {store.access.param}{HALF_SUFFIX}[{_half_index(store.access, bulk)}] = "
-                         f"rnn_bits16<{MODE_NAMES[lookup_precision(program.precision).mode]}>({store.var});")
+    lines += [f"{indent}        {line}" for line in copies]
     lines.append(f"{indent}    }}")
     lines.append(f"{indent}}}")
     return lines
+
+
+def _copied_versions(kernel: Kernel, halves) -> list[tuple[str, str]]:
+    """(param, version) of each buffer the kernel writes that a GEMM reads in 16 bits: the version a C expression
+    of t ("t & 1", "(t + 1) & 1" for a double buffer's next; "0" for a single buffer)."""
+    return [(p.name, ("(t + 1) & 1" if p.version == "next" else "t & 1") if p.version is not None else "0")
+            for p in kernel.params if p.writes and p.kind == "buffer" and p.source in halves]
 
 
 def stages(program: Program) -> tuple[int, ...]:
@@ -404,10 +435,15 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                      f"//   before the launch: {', '.join(hoisted)} as one cuBLAS GEMM over the whole sequence")
     lines += [""] + (["#include <cooperative_groups.h>", ""] if tiling.persistent else [])
     lines += [helper_source("cell_ops.cuh"), helper_source(TILE_GEMM_HELPER)]
-    if tiling.persistent and tiling.config.sync == "layer":
+    if tiling.persistent and tiling.config.sync in ("layer", "head"):
         lines.append(helper_source(LAYER_SYNC_HELPER))
     if tiling.mma:
         lines.append(helper_source(MMA_GEMM_HELPER))
+    if tiling.cluster:
+        if pooled:
+            raise CompileError(f"cell '{program.cell.name}': TileConfig.sync='cluster' runs without pools between or "
+                               "after its layers; hint: sync='grid'")
+        lines.append(helper_source(cluster_source.CLUSTER_HELPER))
     if pooled:
         lines.append(helper_source(POOL_HELPER))
     lines += [f"constexpr int B = {tiling.batch};                 // batch rows",
@@ -415,7 +451,12 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
               f"constexpr int UNITS = {tiling.units_per_block};              // hidden units per block",
               f"constexpr int BLOCKS_PER_LAYER = {tiling.blocks_per_layer};                 // x {tiling.num_layers} layers",
               f"constexpr int THREADS = {tiling.config.threads};"]
-    if tiling.path == "tiled" and tiling.gemms:
+    if tiling.cluster:                    # no staging pipeline: X is in shared memory already (cluster.py)
+        lines += [f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
+                  f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}",
+                  f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the local X"]
+        lines += cluster_source.constants(tiling)
+    elif tiling.path == "tiled" and tiling.gemms:
         lines += ([f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
                    f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}",
                    f"constexpr bool BULK = {'true' if tiling.bulk else 'false'};      // chunks staged by bulk copies "
@@ -441,16 +482,27 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
         gemms += list(program.step_gemms(s)) if s else []
         reductions = [g for g in gemms if g.name in program.reductions]
         gemms = [g for g in gemms if g.name not in program.reductions]
-        if s == present[0] and tiling.num_layers == 1 and program.hoisted_gemms:
+        if s == present[0] and tiling.num_layers == 1 and program.hoisted_gemms and not tiling.cluster:
             lines += _prefetch_projections(program, "    ")
-        if gemms:
+        kernels = program.stage_kernels(s)
+        # cluster mode, one element a thread: the cell code's loads that need no GEMM output go before the GEMMs
+        preload = (tiling.cluster and gemms and not reductions and len(kernels) == 1
+                   and tiling.batch * tiling.units_per_block <= tiling.config.threads)
+        if gemms and not preload:
             lines += _gemm_calls(program, gemms, tiling, "    ")
         if reductions:
             lines += reduction_sums(program, reductions, {g.name: partial_from[g.name] is not None for g in reductions},
                                     "    ")
             lines.append("    __syncthreads();   // the reductions' sums are stored for the cell math")
-        for k in program.stage_kernels(s):
-            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling), tiling.bulk, pooled)
+        written = []                           # cluster mode: (buffer, version) whose slice goes to the cluster
+        for k in kernels:
+            around = (_gemm_calls(program, gemms, tiling, "    "), {g.out_buffer for g in gemms}) if preload else None
+            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling), tiling.bulk, pooled,
+                                  tiling if tiling.cluster else None, around)
+            sources = {p.name: p.source for p in k.params}
+            written += [(sources[name], version) for name, version in _copied_versions(k, half_copies(program, tiling))]
+        if tiling.cluster:
+            lines += cluster_source.share(tiling, written, "    ")
         for g in program.gemms:
             if g.name in program.reductions and partial_from[g.name] == s:
                 free = tiling.smem_bytes // 4 - tiling.scratch_offset - STAGING_SKIP
@@ -468,6 +520,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                    "    const LayerArgs& L = layers[layer];"]
     if tiling.bulk:
         block_setup.append("    rnn_bulk_init<STAGES>(smem + SCRATCH);        // the bulk pipeline's barriers, once a launch")
+    if tiling.cluster:
+        block_setup = block_setup[:-1] + cluster_source.ARGS
     if tiling.persistent:
         return "\n".join(lines + _persistent_entry(program, tiling, prefix, present, block_setup, pooled)) + "\n"
     for s in present:
@@ -499,18 +553,29 @@ def _stepped(indent: str, k: str) -> list[str]:
 
 def _persistent_entry(program: Program, tiling, prefix: str, present, block_setup: list[str],
                       pooled: bool = False) -> list[str]:
-    by_layer = tiling.config.sync == "layer"
-    lines = ["// Persistent schedule: the whole sequence in one cooperative launch, one block per SM."]
-    if by_layer:
+    by_layer = tiling.config.sync in ("layer", "head")
+    heads = tiling.sync_heads
+    lines = ["// Persistent schedule: the whole sequence in one " + ("launch of clusters." if tiling.cluster else
+                                                                   "cooperative launch, one block per SM.")]
+    if by_layer and heads > 1:
+        lines.append("// Heads synchronised by arrival counters (kernels/layer_sync.cuh): arrivals[l * HEADS + hd] "
+                     "counts the finished stages of the blocks of layer l's head hd. Every GEMM of a step reads its "
+                     "block's head only (tiling.head_sync), so a block waits for its own head's blocks.")
+    elif by_layer:
         lines.append("// Layers synchronised by arrival counters (kernels/layer_sync.cuh): arrivals[l] counts the "
                      "finished stages of layer l's blocks.")
+    if tiling.cluster:
+        lines.append("// Cluster mode (engine/schedules/cluster.py): the blocks of a cluster exchange h through their shared "
+                     "memory and meet at a cluster barrier after every stage; clusters never wait for each other.")
+        lines.append(cluster_source.signature(prefix))
+    elif by_layer:
         lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS, 1) {prefix}_persistent('
                      "const LayerArgs* __restrict__ layers, const int T, unsigned* __restrict__ arrivals)")
     else:
         lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS, 1) {prefix}_persistent('
                      "const LayerArgs* __restrict__ layers, const int T)")
     lines.append("{")
-    if not by_layer:
+    if not by_layer and not tiling.cluster:
         lines.append("    cooperative_groups::grid_group grid = cooperative_groups::this_grid();")
     lines += block_setup
     lines.append("    const int I = (int)L.I;")
@@ -536,25 +601,32 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append("    }")
     lines.append("    (void)I;")
     lines.append("    __syncthreads();")
+    if tiling.cluster:
+        columns = {g.in_buffer: g.k.c_expr() for g in program.gemms if g.name in {t.name for t in tiling.gemms}}
+        return lines + cluster_source.loop(program, tiling, prefix, present, columns)
     if by_layer:
         stages_per_step = len(present)
         lines.append(f"    constexpr unsigned S = {stages_per_step};                 // stages a step")
+        lines.append(f"    constexpr int HEADS = {heads}, BLOCKS_PER_HEAD = BLOCKS_PER_LAYER / HEADS;   // counters a layer")
+        lines.append("    unsigned* const own = arrivals + layer * HEADS + (blockIdx.x % BLOCKS_PER_LAYER) / BLOCKS_PER_HEAD;")
+        group = "head" if heads > 1 else "layer"
         steps = "(int)L.steps" if pooled else "T"
         lines.append(f"    for (int t = 0; t < {steps}; ++t) {{   // this block's layer, step by step")
+        below = ("((unsigned)(t * (int)L.below_scale + (int)L.below_offset) + 1u) * S" if pooled
+                 else "((unsigned)t + 1u) * S")    # the step of the layer below that completes this one's input
         for i, s in enumerate(present):
-            when = ("once every block of this layer has finished step t - 1 (its state) and the layer below step t "
-                    "(its output row block t)" if i == 0 else "once every block of this layer has finished the stage before")
+            when = (f"once every block of this {group} has finished step t - 1 (its state) and the layer below step t "
+                    f"(its output row block t)" if i == 0 else
+                    f"once every block of this {group} has finished the stage before")
             lines.append(f"        // stage {s}: {when}")
-            lines.append(f"        rnn_wait_for(arrivals + layer, BLOCKS_PER_LAYER * ((unsigned)t * S + {i}u));")
-            if i == 0 and pooled:              # the step of the layer below that completes this one's input
-                lines.append("        if (layer > 0) rnn_wait_for(arrivals + layer - 1, BLOCKS_PER_LAYER * "
-                             "((unsigned)(t * (int)L.below_scale + (int)L.below_offset) + 1u) * S);")
-            elif i == 0:
-                lines.append("        if (layer > 0) rnn_wait_for(arrivals + layer - 1, BLOCKS_PER_LAYER * "
-                             "((unsigned)t + 1u) * S);")
+            lines.append(f"        rnn_wait_for(own, BLOCKS_PER_HEAD * ((unsigned)t * S + {i}u));")
+            if i == 0:                             # the layer below is read whole: every head of it
+                lines.append("        if (layer > 0)")
+                lines.append("            for (int hd = 0; hd < HEADS; ++hd)")
+                lines.append(f"                rnn_wait_for(arrivals + (layer - 1) * HEADS + hd, BLOCKS_PER_HEAD * {below});")
             lines.append("        __syncthreads();")
             lines.append(f"        if (tu > 0) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
-            lines.append("        rnn_arrive(arrivals + layer);")
+            lines.append("        rnn_arrive(own);")
         lines.append("    }")
         lines.append("}")
         return lines

@@ -40,7 +40,7 @@ from ..params import Params
 from ..passes.scan import analyse_scan
 from . import scan
 from .registry import schedule_class
-from .tiling import GEMV_MAX_ROWS, DeviceLimits, TileConfig, eligibility
+from .tiling import GEMV_MAX_ROWS, DeviceLimits, TileConfig, eligibility, make_tiling
 
 try:
     import fcntl
@@ -116,10 +116,26 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
         for rb, rc in tile_shapes(batch, precision):
             for n in threads:
                 found.append(Candidate("persistent", TileConfig(units, rb, rc, n)))
+    first = next(c for c in found if c.schedule == "persistent")
+    by_head = replace(first.config, sync="head")          # cells whose step GEMMs all read one head (the sLSTM)
+    try:
+        make_tiling(program, network, batch, by_head, limits)
+        found.append(Candidate("persistent", by_head))
+    except CompileError:
+        pass
+    # Clusters of a head's (or a small layer's) blocks, 8 and 16 a cluster (engine/schedules/cluster.py)
+    try:
+        tiling = make_tiling(program, network, batch, TileConfig(sync="cluster"), limits)
+        found.append(Candidate("persistent", TileConfig(sync="cluster")))
+        if tiling.cluster <= 8 and tiling.units_per_block % 2 == 0:
+            halved = TileConfig(tiling.units_per_block // 2, sync="cluster")
+            make_tiling(program, network, batch, halved, limits)
+            found.append(Candidate("persistent", halved))
+    except CompileError:
+        pass
     if L > 1:
         # The other barrier than the default (TileConfig.sync=None: per-layer arrival counters for the warp GEMV of
         # small batches, grid barriers otherwise): each wins somewhere, so it is timed rather than assumed.
-        first = next(c for c in found if c.schedule == "persistent")
         found.append(Candidate("persistent", replace(first.config, sync="grid" if batch <= GEMV_MAX_ROWS else "layer")))
         # layer by layer: one layer's weights fit on chip when all do not; or half the layers a launch (a deep
         # stack, e.g. DeepSpeech's 8 layers joined through their pool, whose halves fit as 4-layer stacks do)

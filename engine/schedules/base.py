@@ -38,10 +38,13 @@ from .project import project, round_activations
 from .steps import WavefrontSteps, layer_steps
 from .tiling import DeviceLimits, TileConfig, Tiling, make_tiling
 
+NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14   # CUfunction_attribute (CUDA driver API): clusters of more than 8 blocks
 
-def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, cell: str):
+
+def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, cell: str, cluster: int = 0):
     """The kernel of one entry point, compiled now with NVRTC as IEEE fp32 (engine/codegen/nvrtc.py, which caches the
-    module by source and device, and turns NVRTC's refusal into a CompileError)."""
+    module by source and device, and turns NVRTC's refusal into a CompileError). cluster: blocks of its clusters
+    (__cluster_dims__ in the source), which past 8 the kernel must allow."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
 
     module = load_module(source, cooperative, cell=cell)     # IEEE fp32: no -ftz (engine/codegen/nvrtc.py)
@@ -49,6 +52,8 @@ def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, c
         kernel = module.get_function(name)
         if smem_bytes > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = smem_bytes
+        if cluster > 8:
+            cupy.cuda.driver.funcSetAttribute(kernel.kernel.ptr, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
     except cupy.cuda.driver.CUDADriverError as e:
         raise CompileError(f"the wavefront kernel '{name}' for cell '{cell}' did not load: {e}\n  hint: this is a bug "
                            "in engine.codegen.wavefront; `python -m engine explain <cell> --schedule persistent` "
@@ -155,8 +160,8 @@ class WavefrontSchedule:
         self.source_ = render_wavefront(program, network, tiling, pools=self.pools)
         names = entry_points(program)
         wanted = [names["persistent"]] if self.persistent else list(names["wave"])
-        self.kernels = [compile_kernel(self.source_, n, self.persistent, tiling.smem_bytes, program.cell.name)
-                        for n in wanted]
+        self.kernels = [compile_kernel(self.source_, n, self.persistent and not tiling.cluster, tiling.smem_bytes,
+                                       program.cell.name, tiling.cluster) for n in wanted]
         self._check_memory(plan)
         L = network.num_layers
         # Version 0 of every buffer that holds a state's home sits in one arena: zero states are one memset.

@@ -21,6 +21,10 @@ With TileConfig(sync="layer") the grid-wide barriers give way to per-layer arriv
 for the layer below, so a cheaper layer runs ahead instead of idling at every barrier. Measured mixed (8-17%
 faster at `lat`, 4-8% slower at `blogB`: benchmarks/NOTES.md), so the default (sync=None) takes the counters for
 the warp GEMV of small batches and grid barriers otherwise, and the autotuner times the other one too.
+TileConfig(sync="head") keeps a counter per head of a layer where every GEMM of a step reads one head (the sLSTM):
+the blocks of a head wait for each other only (engine/schedules/tiling.py head_sync). TileConfig(sync="cluster")
+makes the blocks of a head (or of a small layer) one thread-block cluster that exchanges h through distributed
+shared memory and meets at cluster barriers: one layer a launch, not cooperative (engine/schedules/cluster.py).
 
 With pools={layer: Pool(...)} (both wavefront schedules; engine/schedules/base.py) a layer followed by a pool folds
 its output into it as it stores it (kernels/pool.cuh) and the layers above run on the pooled sequence, each on its
@@ -44,7 +48,7 @@ class PersistentSchedule(WavefrontSchedule):
         threads, smem, blocks = self.tiling.config.threads, self.tiling.smem_bytes, self.tiling.blocks
         per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, smem)
         capacity = per_sm * self.limits.multiprocessors
-        if blocks > capacity:
+        if blocks > capacity and not self.tiling.cluster:     # clusters never wait for each other: no co-residency
             raise BackendError(f"schedule 'persistent' needs {blocks} co-resident blocks of {threads} threads and "
                                f"{smem} bytes of shared memory, but {self.limits.name} holds {capacity}; hint: a "
                                "larger units_per_block, or backend='graph'")
@@ -52,12 +56,13 @@ class PersistentSchedule(WavefrontSchedule):
         # TileConfig(sync="layer"): one arrival counter per layer of a launch (kernels/layer_sync.cuh), zeroed
         # before every launch.
         self.arrivals = None
-        if self.tiling.config.sync == "layer":
-            counts = T * self.stage_count() * self.tiling.blocks_per_layer      # the largest a counter reaches
+        sync = self.tiling.config.sync
+        if sync in ("layer", "head"):
+            counts = T * self.stage_count() * self.tiling.blocks_per_head      # the largest a counter reaches
             if counts >= 2 ** 32:
-                raise BackendError(f"schedule 'persistent' with TileConfig(sync='layer') counts {counts} arrivals a "
-                                   f"layer for T={T}, more than its 32-bit counters hold; hint: sync='grid'")
-            self.arrivals = cupy.zeros(self.tiling.num_layers, dtype=cupy.uint32)
+                raise BackendError(f"schedule 'persistent' with TileConfig(sync={sync!r}) counts {counts} arrivals "
+                                   f"a counter for T={T}, more than its 32-bit counters hold; hint: sync='grid'")
+            self.arrivals = cupy.zeros(self.tiling.num_layers * self.tiling.sync_heads, dtype=cupy.uint32)
 
     def launch_group(self) -> int:
         return self.tiling.num_layers
@@ -69,8 +74,16 @@ class PersistentSchedule(WavefrontSchedule):
             self.arrivals.fill(0)
             extra = (self.arrivals,)
         steps = self.wavefront_steps(first_layer) if self.pools else T     # with pools the kernel takes its span
-        self.kernels[0]((self.tiling.blocks,), (self.tiling.config.threads,), (args, np.int32(steps), *extra),
-                        shared_mem=self.tiling.smem_bytes)
+        try:
+            self.kernels[0]((self.tiling.blocks,), (self.tiling.config.threads,), (args, np.int32(steps), *extra),
+                            shared_mem=self.tiling.smem_bytes)
+        except self.cupy.cuda.driver.CUDADriverError as e:
+            if not self.tiling.cluster:
+                raise
+            raise BackendError(f"schedule 'persistent' could not launch clusters of {self.tiling.cluster} blocks of "
+                               f"{self.tiling.config.threads} threads and {self.tiling.smem_bytes} bytes of shared "
+                               f"memory on {self.limits.name}: {e}; hint: a larger units_per_block (fewer blocks a "
+                               "cluster), or sync='grid'") from None
 
     def launches_per_sequence(self, T: int) -> int:
         return self.tiling.launches

@@ -22,6 +22,7 @@ from ..codegen.precision import precision as lookup_precision
 from ..errors import CompileError
 from ..network import Network
 from ..plan import Program
+from . import cluster as cluster_mode
 
 FLOAT_BYTES = 4
 GEMV_MAX_ROWS = 4                      # batches up to this use rnn_warp_gemvs (X in registers), larger rnn_tile_gemms
@@ -73,10 +74,12 @@ class TileConfig:
     pipeline: tuple[int, int] | None = None   # tiled GEMMs: (K columns a chunk, chunks in flight + 1), one of
     #                                    PIPELINES; None: the one that leaves the most weights on chip (make_tiling)
     sync: str | None = None            # persistent: "grid" (a grid-wide barrier after every stage of a wavefront
-    #                                    step) or "layer" (per-layer arrival counters: a layer waits for its own
-    #                                    blocks and for the layer below only, and runs ahead of the layers above);
-    #                                    None: "layer" for the warp GEMV of small batches with several layers a
-    #                                    launch (`lat`: 8-17% faster on an H100), else "grid" (`blogB`: 4-8% faster)
+    #                                    step), "layer" (per-layer arrival counters: a layer waits for its own
+    #                                    blocks and for the layer below only, and runs ahead of the layers above)
+    #                                    or "head" (per-head counters: a block waits for its own head's blocks,
+    #                                    where every in-step GEMM reads one head: head_sync); None: "layer" for the
+    #                                    warp GEMV of small batches with several layers a launch (`lat`: 8-17%
+    #                                    faster on an H100), else "grid" (`blogB`: 4-8% faster)
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
@@ -130,6 +133,9 @@ class Tiling:
     warp_tile: tuple[int, int] = (0, 0)   # tensor-core path: MMA tiles (16 rows x 8 columns) per warp, rows x cols
     bulk: bool = False                 # fp16/bf16 on sm_90: chunks staged by bulk copies from chunked operands
     l2_keep: float = 1.0               # bulk: share of the streamed weights kept in L2 (evict_last), the rest evict_first
+    cluster: int = 0                   # sync="cluster": blocks a cluster (a head's or the layer's; cluster.py), else 0
+    local_x: tuple = ()                # sync="cluster": the step GEMMs' operands in shared memory (cluster.LocalX)
+    local_y: tuple = ()                # sync="cluster": the step GEMMs' outputs in shared memory (cluster.LocalY)
 
     def __post_init__(self):
         if not self.network_layers:
@@ -150,6 +156,22 @@ class Tiling:
         return self.blocks_per_layer * self.num_layers
 
     @property
+    def sync_heads(self) -> int:
+        """Arrival counters a layer (sync="head": one a head; else 1)."""
+        return next(g.heads for g in self.gemms if not g.hoisted) if self.config.sync == "head" else 1
+
+    @property
+    def x_local_floats(self) -> int:
+        """sync="cluster": floats of the local X copies and Y tiles from the start of the staging area (the split-K
+        sums after them)."""
+        x = sum(x.versions * x.floats for x in self.local_x)
+        return max([x] + [y.offset + y.versions * self.batch * y.floats for y in self.local_y])
+
+    @property
+    def blocks_per_head(self) -> int:
+        return self.blocks_per_layer // self.sync_heads
+
+    @property
     def resident(self) -> tuple[str, ...]:
         return tuple(g.name for g in self.gemms if g.resident)
 
@@ -168,6 +190,12 @@ class Tiling:
         groups = "" if self.launches == 1 else f", launched {self.launches} times (one group of layers each)"
         if self.config.sync == "layer":
             groups += ", layers synchronised by per-layer arrival counters"
+        elif self.cluster:
+            groups += (f", clusters of {self.cluster} blocks (a {'head' if self.blocks_per_layer > self.cluster else 'layer'}"
+                       " each) exchanging h through distributed shared memory, a cluster barrier a stage")
+        elif self.config.sync == "head":
+            groups += (f", heads synchronised by per-head arrival counters ({self.blocks_per_head} blocks a head "
+                       "wait for each other only)")
         return (f"{self.blocks} blocks ({self.blocks_per_layer} per layer x {self.num_layers} layers){groups}, "
                 f"{self.units_per_block} hidden units per block, {self.config.threads} threads, {product}, "
                 f"{self.smem_bytes / 1024:.1f} KiB shared memory per block, "
@@ -340,6 +368,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                                        or not 64 <= config.threads <= MAX_THREADS):
         raise CompileError(f"TileConfig.threads={config.threads!r} is not a whole number of warps in range; hint: use "
                            f"a multiple of 32 from 64 to {MAX_THREADS}, or None to size it from the tiles")
+    if config.sync == "cluster" and config.layers_per_launch is None:
+        config = replace(config, layers_per_launch=1)         # clusters run one layer a launch (cluster.py)
     if config.layers_per_launch is None and persistent and network.num_layers > 1:
         # Default: all layers in one launch, unless some recurrent weight then has to be streamed every step and
         # the weights the kernel reads per wavefront step outgrow half the L2 (so they would come from DRAM),
@@ -362,12 +392,14 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         except CompileError:
             return whole
         return single if roomy(single) else whole
-    if config.sync not in (None, "grid", "layer"):
-        raise CompileError(f"TileConfig.sync={config.sync!r} is not 'grid' or 'layer'; hint: 'grid' (a barrier over "
-                           "all blocks after every stage) or 'layer' (per-layer arrival counters)")
-    if config.sync == "layer" and not persistent:
-        raise CompileError("TileConfig.sync='layer' applies to the persistent schedule only (the graph schedule's "
-                           "stages are separate launches); hint: leave it 'grid'")
+    if config.sync not in (None, "grid", "layer", "head", "cluster"):
+        raise CompileError(f"TileConfig.sync={config.sync!r} is not 'grid', 'layer', 'head' or 'cluster'; hint: 'grid' "
+                           "(a barrier over all blocks after every stage), 'layer' (per-layer arrival counters), 'head' "
+                           "(per-head arrival counters, for cells whose recurrent weights all have heads) or 'cluster' "
+                           "(a thread-block cluster a head or layer: engine/schedules/cluster.py)")
+    if config.sync in ("layer", "head", "cluster") and not persistent:
+        raise CompileError(f"TileConfig.sync={config.sync!r} applies to the persistent schedule only (the graph "
+                           "schedule's stages are separate launches); hint: leave it 'grid'")
     H, B = network.hidden_size, batch
     L = config.layers_per_launch or network.num_layers        # layers in one launch
     if config.layers_per_launch is not None:
@@ -380,7 +412,18 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     if config.rows_per_thread is None or config.cols_per_thread is None:
         rb, rc = default_tile(program, network, B, L, config.units_per_block, prec, limits)
         config = replace(config, rows_per_thread=config.rows_per_thread or rb, cols_per_thread=config.cols_per_thread or rc)
-    if config.units_per_block is None:
+    cluster = config.sync == "cluster"
+    group_heads = 1                                  # cluster mode: a cluster owns a head (or, at 1, the layer)
+    if cluster:
+        why = cluster_mode.why_not(program, persistent, B > GEMV_MAX_ROWS and prec.tensor_cores, prec.weight_bytes, L)
+        step_heads = {gemm_heads(program, g) if heads else 1 for g in program.gemms
+                      if not g.hoisted and g.name not in program.reductions}
+        group_heads = step_heads.pop() if len(step_heads) == 1 else 1
+        if not why:
+            units, why = cluster_mode.cluster_units(H, group_heads, config.units_per_block)
+        if why:
+            raise CompileError(f"TileConfig.sync='cluster' cannot run cell '{program.cell.name}': {why}")
+    elif config.units_per_block is None:
         per_layer = max(1, limits.multiprocessors // L)
         units = -(-H // per_layer)
         if B > GEMV_MAX_ROWS and not prec.tensor_cores:
@@ -424,6 +467,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
             continue                                 # row sums of partials, no weight (engine.codegen.wavefront)
         layers = range(network.num_layers)
         k = gemm_heads(program, g) if heads and (path == "gemv" or mma) and persistent else 1
+        k = group_heads if cluster else k
         if k > 1 and (H % k or (H // k) % units):
             k = 1                                    # a block would straddle two heads
         ks = [g.k(network.layer_sizes(layer)) // k for layer in layers]
@@ -433,10 +477,14 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     ncps = {g.name: round_up(len(g.terms) * units, 8 if mma else RC) for g, _, _ in tiles}
     all_ks = [g.k(network.layer_sizes(layer)) // head_of[g.name] for g, _, _ in tiles
               for layer in range(network.num_layers)]
-    bulk = mma and bool(tiles) and bulk_capable(prec, limits, all_ks)
+    bulk = mma and bool(tiles) and bulk_capable(prec, limits, all_ks) and not cluster
     k_all = max((k for _, k, _ in tiles), default=4)
     if mma:
-        warp_tile = tuple(config.warp_tile or (1 if bp == 16 else 2, 1 if max(ncps.values(), default=8) <= 8 else 2))
+        # Cluster mode: one 8-column tile a warp. Its K split over warps went through shared memory at a cost of
+        # ~1 us a step (sLSTM, H = 768, 24 units a block, phase profile on an H200: 3.05 us a step against 4.02 with
+        # 16 columns a warp and K split in two).
+        wide = 1 if cluster or max(ncps.values(), default=8) <= 8 else 2
+        warp_tile = tuple(config.warp_tile or (1 if bp == 16 else 2, wide))
         groups = {name: -(-bp // (16 * warp_tile[0])) * -(-ncp // (8 * warp_tile[1])) for name, ncp in ncps.items()}
     else:
         warp_tile = (0, 0)
@@ -483,9 +531,27 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                 used += need[g.name]
         return resident
 
+    local, outputs = (), ()
     if path == "gemv":
         k_chunk, stages = round_up(k_all, 4), 1
         resident, scratch, nc_streamed = lay_out(k_chunk, stages)
+    elif cluster:                                    # X in every block's shared memory, W resident: no pipeline
+        k_chunk, stages, nc_streamed = round_up(k_all, 16), 1, 0
+        reads = {g.in_buffer: (g.in_buffer, program.buffer(g.in_buffer).double, k) for g, k, _ in tiles}
+        local, x_floats = cluster_mode.local_x(list(reads.values()), bp, lambda cols: x_stride(cols, prec))
+        outputs, x_floats = cluster_mode.local_y([(g.name, len(g.terms)) for g, _, _ in tiles], B, units, x_floats)
+        hoisted = [(g.name, len(g.terms)) for g in program.hoisted_gemms]   # rows of 16-byte copies, a step ahead
+        if hoisted and all(terms * units % 4 == 0 for _, terms in hoisted):
+            projections, x_floats = cluster_mode.local_y(hoisted, B, units, x_floats, versions=2)
+            outputs += projections
+        scratch = x_floats + (threads * tile if reduce else 0)
+        smem_floats -= cluster_mode.ARGS_FLOATS           # the argument table, copied to static shared memory
+        need = {g.name: weight_floats(ncps[g.name], k, prec) for g, k, _ in order}
+        if not config.resident or sum(need.values()) + scratch > smem_floats:
+            raise CompileError(f"TileConfig.sync='cluster' keeps every step weight in shared memory, and cell "
+                               f"'{program.cell.name}' needs {(sum(need.values()) + scratch) * FLOAT_BYTES} bytes a "
+                               f"block of the {limits.smem_per_block}; hint: fewer units_per_block, or sync='grid'")
+        resident = set(need)
     else:
         step = 16 if mma else 4                         # chunks of whole MMA steps
         cap = round_up(k_all, step)
@@ -538,9 +604,36 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                            + (", or a smaller TileConfig.pipeline" if config.pipeline else ""))
     if path == "tiled" and not gemm_tiles:
         stages, nc_streamed, smem = 1, 0, offset * FLOAT_BYTES     # no GEMM in the kernel (e.g. IndRNN, one layer)
-    if any(t.heads > 1 and not (path == "gemv" or (bulk and t.resident)) for t in gemm_tiles):
+    if any(t.heads > 1 and not (path == "gemv" or (bulk and t.resident) or cluster) for t in gemm_tiles):
         # the tiled paths stage X with its row stride K: a head's columns only as the bulk pipeline's chunks
         return make_tiling(program, network, batch, config, limits, persistent=persistent, heads=False)
+    if cluster and any(t.heads != group_heads for t in gemm_tiles):
+        raise CompileError(f"TileConfig.sync='cluster' cannot run cell '{program.cell.name}': a step GEMM reads more "
+                           "than its cluster's units; hint: sync='grid'")
+    if config.sync == "head":
+        why = head_sync(program, gemm_tiles)
+        if why:
+            raise CompileError(f"TileConfig.sync='head' cannot synchronise cell '{program.cell.name}' by heads: {why}; "
+                               "hint: sync='grid' or 'layer'")
     return Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent,
                   tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
-                  bulk, round(l2_keep, 3))
+                  bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs)
+
+
+def head_sync(program: Program, gemm_tiles) -> str | None:
+    """Why the blocks of one head cannot wait for each other only (TileConfig(sync="head")), or None when they can:
+    every in-step GEMM reads one head (gemm_heads, taken by the tiling), all with the same heads, and no reduction
+    over H joins the heads. Then a unit's step reads only its own head's values of the step before (the elementwise
+    math reads its own unit; the layer below, read whole, is waited for head by head)."""
+    if program.reductions:
+        return f"its reduction(s) over H ({', '.join(sorted(program.reductions))}) read every head"
+    step = [g for g in gemm_tiles if not g.hoisted]
+    if not step:
+        return "it has no recurrent GEMM with heads"
+    plain = [g.name for g in step if g.heads == 1]
+    if plain:
+        return (f"GEMM(s) {', '.join(plain)} read all of h (a weight without heads, or a tiling that multiplies the "
+                "whole block-diagonal matrix)")
+    if len({g.heads for g in step}) > 1:
+        return "its GEMMs have different numbers of heads"
+    return None

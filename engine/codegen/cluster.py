@@ -1,0 +1,181 @@
+"""Source of the persistent schedule's cluster mode (engine/schedules/cluster.py): the local copies of the step GEMMs'
+operand in every block's shared memory, the cell code's stores into every block of the cluster, and the kernel's
+entry (a cluster barrier after every stage, not a grid-wide one). engine/codegen/wavefront.py calls these where
+tiling.cluster is set; everything else of the kernel is the same source."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import CompileError
+from ..plan import Lin
+from .cuda import kernel_body
+
+CLUSTER_HELPER = "cluster_sync.cuh"
+
+
+def constants(tiling) -> list[str]:
+    groups = tiling.blocks_per_layer // tiling.cluster
+    return [f"constexpr int CLUSTER = {tiling.cluster};                // blocks of a cluster: one "
+            f"{'head' if groups > 1 else 'layer'} (engine/schedules/cluster.py)",
+            f"constexpr int GROUP = H / {groups};            // hidden units of a cluster",
+            f"constexpr int X_LOCAL = {tiling.x_local_floats};          // floats of the local copies of X at smem + "
+            "SCRATCH (the split-K sums after them)"]
+
+
+def _local(tiling, buffer: str):
+    found = next((x for x in tiling.local_x if x.buffer == buffer), None)
+    if found is None:
+        raise CompileError(f"buffer {buffer!r} has no local copy in cluster mode; hint: this is a bug in "
+                           "engine.schedules.tiling, run with sync='grid' meanwhile")
+    return found
+
+
+def pointer(tiling, buffer: str, version: str) -> str:
+    """This block's local copy of `buffer`, version `version` (a C expression; 0 for a single buffer)."""
+    x = _local(tiling, buffer)
+    ver = f" + ({version}) * {x.floats}" if x.versions > 1 else ""
+    return f"reinterpret_cast<unsigned short*>(smem + SCRATCH + {x.offset}{ver})"
+
+
+def store(tiling, buffer: str, version: str, access, value: str) -> str:
+    """The statement writing a unit's 16-bit value of `buffer` into this block's local copy (row b, the unit's
+    column within its cluster's group); share() then copies the block's slice into the others."""
+    if access.rows == "sequence" or access.offset.c_expr() != "0" or access.stride != 1:
+        raise CompileError(f"cluster mode keeps buffer {buffer!r} in shared memory by unit, and this store writes "
+                           "another layout; hint: sync='grid'")
+    x = _local(tiling, buffer)
+    return f"{pointer(tiling, buffer, version)}[b * {x.stride} + (j - (u0 / GROUP) * GROUP)] = {value};"
+
+
+def share(tiling, written: list[tuple[str, str]], indent: str) -> list[str]:
+    """After a stage's cell code: a block barrier, then this block's slice of each (buffer, version) it wrote
+    copied into every other block of the cluster, as wide as the slice's alignment allows."""
+    if not written:
+        return []
+    width = next(w for w in (16, 8, 4, 2) if (2 * tiling.units_per_block) % w == 0)
+    vector = {16: "uint4", 8: "uint2", 4: "unsigned", 2: "unsigned short"}[width]
+    lines = [f"{indent}__syncthreads();   // this block's units of h are in its own copy: now into the cluster's others"]
+    for buffer, version in dict.fromkeys(written):
+        x = _local(tiling, buffer)
+        lines.append(f"{indent}rnn_cluster_share<CLUSTER, {vector}>({pointer(tiling, buffer, version)}, B, {2 * x.stride}, "
+                     f"2 * (u0 - (u0 / GROUP) * GROUP), 2 * UNITS);")
+    return lines
+
+
+def outputs(program, tiling) -> dict:
+    """{GEMM output buffer: its cluster.LocalY} for the step GEMMs whose output stays in shared memory."""
+    return {g.out_buffer: y for g in program.gemms for y in tiling.local_y if y.gemm == g.name}
+
+
+def tile(tiling, y, step: str = "t") -> str:
+    """This block's tile of a GEMM output in shared memory (an input projection's: the version of step `step`)."""
+    version = f" + (({step}) & 1) * {tiling.batch * y.floats}" if y.versions > 1 else ""
+    return f"(smem + SCRATCH + {y.offset}{version})"
+
+
+def copies(program, tiling, step: str, indent: str) -> list[str]:
+    """This block's rows of the input projections of step `step` into their tiles: 16-byte cp.async copies, one
+    group a step (the loop waits for them a step later)."""
+    lines = []
+    for g in program.hoisted_gemms:
+        y = next((y for y in tiling.local_y if y.gemm == g.name), None)
+        if y is None:
+            continue
+        lines += [f"{indent}for (int i = threadIdx.x; i < B * {y.ld // 4}; i += blockDim.x) {{   // {g.name}, step {step}",
+                  f"{indent}    const int r = i / {y.ld // 4}, q = i - r * {y.ld // 4};",
+                  f"{indent}    rnn_cp_async16({tile(tiling, y, step)} + r * {y.ld} + 4 * q, L.{g.out_buffer} + "
+                  f"((long)({step}) * B + r) * ({g.n.c_expr()}) + (long){y.terms} * u0 + 4 * q);",
+                  f"{indent}}}"]
+    return lines + [f"{indent}rnn_cp_async_commit();"] if lines else []
+
+
+def gemm_output(tiling, gemm) -> tuple[str, str]:
+    """(Y, its ld) of a step GEMM: this block's tile in shared memory."""
+    y = next(y for y in tiling.local_y if y.gemm == gemm.name)
+    return f"smem + SCRATCH + {y.offset}", str(y.ld)
+
+
+def reads_tiles(kernel, program, tiling):
+    """(the kernel with its loads of step GEMM outputs reading the tiles, {param: C pointer}): the pointer is shifted
+    by the block's first unit, so the index of unit j (offset + terms * j) lands on its tile column."""
+    tiles = outputs(program, tiling)
+    pointers = {p.name: f"{tile(tiling, tiles[p.source])} - (long){tiles[p.source].terms} * u0"
+                for p in kernel.params if p.kind == "buffer" and p.source in tiles and not p.writes}
+    if not pointers:
+        return kernel, {}
+    sources = {p.name: p.source for p in kernel.params}
+    loads = []
+    for load in kernel.loads:
+        if load.access is not None and load.access.param in pointers:
+            y = tiles[sources[load.access.param]]
+            if load.access.rows != ("sequence" if y.versions > 1 else "batch"):
+                raise CompileError(f"cluster mode keeps GEMM output {sources[load.access.param]!r} in shared memory, "
+                                   f"and a load reads it by {load.access.rows} row; hint: sync='grid'")
+            load = replace(load, access=replace(load.access, rows="batch", ld=Lin(c=y.ld)))
+        loads.append(load)
+    return replace(kernel, loads=tuple(loads)), pointers
+
+
+def preloaded(kernel, precision, indent: str, around, copies: list[str]) -> list[str]:
+    """The body of a stage's one kernel around its GEMMs, one element a thread (B x UNITS <= THREADS): the loads
+    that read no output of the stage's GEMMs (states, parameters, the input projection's tile) first, so that their
+    L2 round trip overlaps the GEMMs; then the GEMMs (around[0]); then the GEMM outputs' loads, the statements and
+    the stores (with `copies`, the 16-bit copies' stores) on the thread's element."""
+    gemm_lines, outputs = around
+    late_params = {p.name for p in kernel.params if p.source in outputs}
+    early = tuple(ld for ld in kernel.loads if ld.access is None or ld.access.param not in late_params)
+    late = tuple(ld for ld in kernel.loads if ld not in early)
+    lines = [f"{indent}    const int e = threadIdx.x;",
+             f"{indent}    const bool live = e < B * tu;             // one element a thread",
+             f"{indent}    const long b = live ? e / tu : 0;",
+             f"{indent}    const int j = u0 + (live ? (int)(e - b * tu) : 0);"]
+    first = kernel_body(replace(kernel, loads=early, statements=(), stores=()), precision, indent + "    ")
+    rest = kernel_body(replace(kernel, loads=late), precision, indent + "        ")
+    if any("const long row" in line for line in first):
+        rest = [line for line in rest if "const long row" not in line]
+    lines += first + ["    " + line for line in gemm_lines] + [f"{indent}    if (live) {{"] + rest
+    lines += [f"{indent}        {line}" for line in copies]
+    return lines + [f"{indent}    }}", f"{indent}}}"]
+
+
+ARGS = ["    // The argument table in shared memory: every stage reads its pointers, and a cluster barrier's acquire",
+        "    // leaves no L1 line of it to hit.",
+        "    static_assert(sizeof(LayerArgs) % 8 == 0 && sizeof(LayerArgs) <= 4096, \"LayerArgs: whole int64s, 4 KiB\");",
+        "    __shared__ __align__(128) long long layer_args[(sizeof(LayerArgs) + 127) / 128 * 16];",
+        "    for (int i = threadIdx.x; i < (int)(sizeof(LayerArgs) / 8); i += blockDim.x)",
+        "        layer_args[i] = reinterpret_cast<const long long*>(layers + layer)[i];",
+        "    __syncthreads();",
+        "    const LayerArgs& L = *reinterpret_cast<const LayerArgs*>(layer_args);"]
+
+
+def signature(prefix: str) -> str:
+    return (f'extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, 1) '
+            f"{prefix}_persistent(const LayerArgs* __restrict__ layers, const int T)")
+
+
+def loop(program, tiling, prefix: str, present, columns: dict[str, str]) -> list[str]:
+    """After the resident weights: the local copies loaded from the 16-bit copies the host wrote (step 0 reads
+    version 0), a cluster barrier, then the steps. columns: the C expression of each copied buffer's columns."""
+    lines = ["    // The local copies of X: the host's 16-bit values of this cluster's columns, zeros past B rows and the",
+             "    // group's columns (whole MMA tiles)."]
+    for x in tiling.local_x:
+        for v in range(x.versions):
+            source = f"L.{x.buffer}_h16" + (f"[{v}]" if x.versions > 1 else "")
+            lines += [f"    for (int i = threadIdx.x; i < rnn_round_up(B, 16) * {x.stride}; i += blockDim.x) {{",
+                      f"        const int r = i / {x.stride}, c = i - r * {x.stride};",
+                      f"        {pointer(tiling, x.buffer, str(v))}[i] = r < B && c < {x.cols} ? "
+                      f"{source}[(long)r * ({columns[x.buffer]}) + (u0 / GROUP) * GROUP + c] : (unsigned short)0;",
+                      "    }"]
+    lines += ["    rnn_cluster_sync();   // every block's copies are loaded before any block of the cluster writes into them"]
+    ahead = copies(program, tiling, "0", "    ")
+    lines += (["    if (T > 0) {   // the input projections' rows of step 0 (each step copies the next step's)"]
+              + ["    " + line for line in ahead] + ["    }"]) if ahead else []
+    lines += ["    for (int t = 0; t < T; ++t) {   // the steps: each stage ends at a cluster barrier"]
+    if ahead:
+        lines += ["        rnn_cp_async_wait<0>();   // this step's rows of the input projections have landed",
+                  "        __syncthreads();",
+                  "        if (t + 1 < T) {"] + copies(program, tiling, "t + 1", "            ") + ["        }"]
+    for s in present:
+        lines += [f"        {prefix}_stage_{s}(L, layer, t, u0, tu, smem);",
+                  "        rnn_cluster_sync();"]
+    return lines + ["    }", "}"]

@@ -1,0 +1,124 @@
+"""The persistent schedule's cluster mode (TileConfig(sync="cluster")): the blocks that exchange a step's values form
+one thread-block cluster, and a step's cross-block traffic stays in distributed shared memory.
+
+Where every GEMM of a step reads one group of the hidden units (a head: engine/schedules/tiling.py gemm_heads; or, in
+a cell without heads, the whole layer), the blocks owning that group's units are all a unit's step depends on. They
+run as one cluster of CS <= 16 blocks (Hopper, PTX ISA "Cluster of cooperative thread arrays"):
+- each block keeps the group's operand, the 16-bit copy of h, in its own shared memory (`local X`), one copy per
+  version of the buffer (a double buffer has two), zero-padded to whole MMA tiles; the GEMMs' outputs for its units
+  (`local Y`) and the kernel's argument table stay there too, and the rows of the input projection (one cuBLAS GEMM
+  before the launch) are copied in a step ahead (cp.async), so a stage reads nothing from L2 on its critical path
+  but its states (a cluster barrier's acquire leaves no L1 line to hit);
+- the cell code, storing a unit's value, also writes its 16-bit copy into the local X of every block of the cluster
+  (st.shared::cluster through mapa);
+- a cluster barrier (barrier.cluster.arrive.release / wait.acquire) ends every stage instead of a grid barrier, and
+  orders those writes before the next stage's GEMM, which then reads X from its own shared memory: no L2 round trip
+  for the operand and no grid-wide barrier on the step's critical path;
+- the clusters (one a head) never wait for each other, so the launch is not cooperative.
+The GEMMs are the tensor-core MMAs of kernels/mma_gemm.cuh (rnn_mma_gemms_local), weights resident. One layer a
+launch: layers above run after it, their input projection one cuBLAS GEMM over the sequence (layers_per_launch=1).
+
+Why: a grid barrier or an arrival counter costs ~1.3 us a stage on an H100 or H200 (L2 atomics and polling, whatever
+the number of blocks: benchmarks/NOTES.md, 2026-11-26 22:00), and staging X from L2 ~1 us more; at B = 16 the
+sLSTM's MMAs take a fraction of that.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CLUSTER_MAX = 16          # blocks of a cluster: 8 portable, 16 with cudaFuncAttributeNonPortableClusterSizeAllowed
+CLUSTER_DEFAULT = 8       # blocks a group, unless TileConfig.units_per_block says otherwise
+ARGS_FLOATS = 1024        # shared memory kept for the kernel's argument table (LayerArgs, static __shared__)
+
+
+@dataclass(frozen=True)
+class LocalX:
+    """A buffer a step GEMM reads, kept in every block's shared memory in cluster mode: `versions` copies (2 for a
+    double buffer) of round_up(B, 16) rows x `stride` 16-bit elements (the group's `cols` columns, padded), from
+    float `offset` of the staging area."""
+
+    buffer: str
+    versions: int
+    cols: int
+    stride: int
+    offset: int
+    floats: int                    # one version's floats
+
+
+def group_units(hidden: int, heads: int) -> int:
+    """Hidden units a cluster owns: a head's, or the whole layer's."""
+    return hidden // heads
+
+
+def cluster_units(hidden: int, heads: int, requested: int | None) -> tuple[int, str | None]:
+    """(units a block, why not) for a group of hidden // heads units: the requested units, or the group over
+    CLUSTER_DEFAULT blocks (16 where 8 does not divide it); the group must be whole blocks, at most CLUSTER_MAX."""
+    units_of_group = group_units(hidden, heads)
+    if requested is None:
+        blocks = next((n for n in (CLUSTER_DEFAULT, CLUSTER_MAX, 4, 2, 1) if units_of_group % n == 0), None)
+        requested = units_of_group // blocks if blocks else units_of_group
+    if units_of_group % requested:
+        fits = [n for n in range(1, CLUSTER_MAX + 1) if units_of_group % n == 0]
+        return requested, (f"{requested} units a block do not divide the {units_of_group} units of a "
+                           f"{'head' if heads > 1 else 'layer'}; hint: units_per_block one of "
+                           f"{sorted({units_of_group // n for n in fits})}")
+    if units_of_group // requested > CLUSTER_MAX:
+        return requested, (f"{units_of_group // requested} blocks a {'head' if heads > 1 else 'layer'} exceed a "
+                           f"cluster's {CLUSTER_MAX}; hint: units_per_block >= {-(-units_of_group // CLUSTER_MAX)}")
+    return requested, None
+
+
+@dataclass(frozen=True)
+class LocalY:
+    """A step GEMM's output for this block's units, kept in shared memory in cluster mode: B rows of `ld` floats
+    (its columns, terms x units) from float `offset` of the staging area, where the cell code reads it."""
+
+    gemm: str
+    terms: int
+    ld: int
+    offset: int
+    versions: int = 1              # 2: an input projection's rows, step t at version t % 2 (copied a step ahead)
+
+    @property
+    def floats(self) -> int:
+        """One version's floats, whole 16 bytes (times the batch: LocalY.rows_floats)."""
+        return -(-self.ld // 4) * 4
+
+
+def local_x(reads: list[tuple[str, bool, int]], rows: int, stride_of) -> tuple[tuple[LocalX, ...], int]:
+    """The local X copies of the buffers the step GEMMs read ((name, double, group columns) each) and their floats:
+    rows x stride_of(cols) 16-bit elements a version, whole 16 bytes."""
+    out, offset = [], 0
+    for name, double, cols in reads:
+        stride = stride_of(cols)
+        floats = -(-rows * stride * 2 // 16) * 4
+        versions = 2 if double else 1
+        out.append(LocalX(name, versions, cols, stride, offset, floats))
+        offset += versions * floats
+    return tuple(out), offset
+
+
+def local_y(gemms: list[tuple[str, int]], batch: int, units: int, offset: int,
+            versions: int = 1) -> tuple[tuple[LocalY, ...], int]:
+    """GEMM outputs ((name, terms) each) for this block's units in shared memory from float `offset`, `versions`
+    copies each, and the float after them."""
+    out = []
+    for name, terms in gemms:
+        out.append(LocalY(name, terms, terms * units, offset, versions))
+        offset += versions * batch * out[-1].floats
+    return tuple(out), offset
+
+
+def why_not(program, persistent: bool, mma: bool, half_bytes: int, layers: int) -> str | None:
+    """Why the program cannot run in cluster mode at all (before tiling), or None."""
+    if not persistent:
+        return "clusters are a mode of the persistent schedule; hint: leave sync None for the graph schedule"
+    if not mma or half_bytes != 2:
+        return ("cluster mode runs the step GEMMs on fp16 / bf16 tensor cores (B > 4); hint: precision='bfloat16' "
+                "or 'float16' with more than 4 batch rows, or sync='grid'")
+    if layers != 1:
+        return "cluster mode runs one layer a launch; hint: layers_per_launch=1"
+    if program.reductions:
+        return (f"its reduction(s) over H ({', '.join(sorted(program.reductions))}) need every block of the layer; "
+                "hint: sync='grid'")
+    return None

@@ -1,0 +1,99 @@
+"""The persistent schedule's cluster mode without a GPU (TileConfig(sync="cluster"), engine/schedules/cluster.py):
+which cells and sizes take it, the tiling (blocks a cluster, the local copies of X), what the source does (no grid
+barrier, stores into every block of the cluster, the GEMMs reading shared memory), refusals that name the reason,
+the autotuner's candidates, and nvcc compiles. The numbers against the reference: tests/gpu/test_cluster_gpu.py."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from test_schedules_cpu import nvcc_command, render
+
+import engine
+from engine.errors import CompileError
+from engine.schedules import cluster
+from engine.schedules.autotune import candidates
+from engine.schedules.tiling import H100, TileConfig
+
+
+@pytest.mark.parametrize("hidden,units,blocks,per_cluster", [(256, None, 32, 8), (256, 4, 64, 16), (768, None, 32, 8),
+                                                             (768, 12, 64, 16)])
+def test_a_cluster_is_a_head(hidden, units, blocks, per_cluster):
+    _, source, tiling = render("slstm", 64, hidden, 1, 16, TileConfig(units_per_block=units, sync="cluster"), True,
+                               "bfloat16")
+    assert (tiling.blocks, tiling.cluster) == (blocks, per_cluster)
+    assert tiling.bulk is False and all(t.resident and t.heads == 4 for t in tiling.gemms)
+    (x,) = tiling.local_x
+    assert (x.buffer, x.versions, x.cols) == (tiling.gemms[0].name + "_in", 2, hidden // 4)
+    assert x.stride == hidden // 4 + 8 and x.floats == 16 * x.stride * 2 // 4
+    assert f"clusters of {per_cluster} blocks (a head each)" in tiling.describe()
+    assert "grid.sync()" not in source and "cooperative_groups::this_grid" not in source
+    assert "__cluster_dims__(CLUSTER, 1, 1)" in source and f"constexpr int CLUSTER = {per_cluster};" in source
+    assert "rnn_mma_gemms_local<RNN_BF16, WM, WN>(jobs, B, smem + SCRATCH + X_LOCAL);" in source
+    assert source.count("rnn_cluster_sync();") == 2                  # after the local copies' load, after the stage
+    stage = source.split("_persistent(")[0].split("// Stage 1")[-1]
+    assert "_h16[" not in stage                                      # the cell code writes no global 16-bit copy
+    width = {8: "uint4", 4: "uint2", 2: "unsigned", 1: "unsigned short"}[next(w for w in (8, 4, 2, 1)
+                                                                              if tiling.units_per_block % w == 0)]
+    assert f"rnn_cluster_share<CLUSTER, {width}>(" in stage       # its slice into the others, as wide as it aligns
+
+
+def test_without_heads_a_cluster_is_the_layer():
+    _, source, tiling = render("lstm", 64, 256, 3, 16, TileConfig(sync="cluster"), True, "bfloat16")
+    assert (tiling.blocks_per_layer, tiling.cluster, tiling.num_layers, tiling.launches) == (8, 8, 1, 3)
+    assert "a layer each" in tiling.describe()
+    _, source, tiling = render("gru_cho", 64, 256, 1, 40, TileConfig(units_per_block=16, sync="cluster"), True,
+                               "float16")
+    assert tiling.cluster == 16 and source.count("rnn_cluster_sync();") == 3     # two stages a step
+    assert {x.versions for x in tiling.local_x} >= {1}
+
+
+@pytest.mark.parametrize("name,hidden,batch,precision,config,why", [
+    ("ln_lstm", 256, 16, "bfloat16", TileConfig(sync="cluster"), "reduction"),
+    ("slstm", 256, 16, "float32", TileConfig(sync="cluster"), "tensor cores"),
+    ("slstm", 256, 3, "bfloat16", TileConfig(sync="cluster"), "tensor cores"),         # B <= 4: the warp GEMV
+    ("lstm", 512, 16, "bfloat16", TileConfig(units_per_block=16, sync="cluster"), "exceed a cluster's 16"),
+    ("slstm", 256, 16, "bfloat16", TileConfig(units_per_block=5, sync="cluster"), "do not divide"),
+    ("lstm", 256, 16, "bfloat16", TileConfig(layers_per_launch=2, sync="cluster"), "one layer a launch"),
+])
+def test_refusals_name_the_reason(name, hidden, batch, precision, config, why):
+    with pytest.raises(CompileError, match="sync='cluster'") as info:
+        render(name, 64, hidden, 2, batch, config, True, precision)
+    assert why in str(info.value) and "hint" in str(info.value)
+    with pytest.raises(CompileError, match="persistent schedule only"):
+        render("slstm", 64, 256, 1, 16, TileConfig(sync="cluster"), False, "bfloat16")
+
+
+def test_cluster_units():
+    assert cluster.cluster_units(768, 4, None) == (24, None)
+    assert cluster.cluster_units(256, 1, None) == (32, None)
+    assert cluster.cluster_units(96, 4, None) == (3, None)                  # 24 units a head over 8 blocks
+    assert cluster.cluster_units(256, 1, 8)[1].startswith("32 blocks a layer exceed")
+
+
+def test_the_autotuner_times_clusters_of_8_and_16():
+    configs = [c.config for c in candidates(engine.Network(engine.preset("slstm").cell, 64, 768, 1), 16, H100,
+                                            "bfloat16") if c.schedule == "persistent" and c.config.sync == "cluster"]
+    assert [c.units_per_block for c in configs] == [None, 12]
+    assert not [c for c in candidates(engine.Network(engine.preset("lstm").cell, 64, 1024, 1), 16, H100, "bfloat16")
+                if c.config is not None and c.config.sync == "cluster"]           # 1024 units: 64 a block at 16
+
+
+@pytest.mark.nvcc
+def test_cluster_sources_compile_with_nvcc(tmp_path):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    jobs = []
+    for label, args in {"slstm": (64, 768, 1, 16, TileConfig(sync="cluster"), True, "bfloat16"),
+                        "lstm16": (64, 256, 2, 16, TileConfig(units_per_block=16, sync="cluster"), True, "bfloat16"),
+                        "gru_cho": (64, 256, 1, 40, TileConfig(units_per_block=16, sync="cluster"), True, "float16")
+                        }.items():
+        _, source, _ = render("slstm" if label == "slstm" else label.rstrip("16"), *args)
+        path = tmp_path / f"{label}.cu"
+        path.write_text(source)
+        jobs.append((label, subprocess.Popen(nvcc_command(path, tmp_path / f"{label}.cubin"), stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, text=True)))
+    for label, job in jobs:
+        output, _ = job.communicate(timeout=300)
+        assert job.returncode == 0, f"{label}:\n{output[-3000:]}"

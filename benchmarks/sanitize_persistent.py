@@ -12,8 +12,10 @@ with resident weights, fp16 with streamed chunked weights); last, 8x8 register t
 parts through shared memory in four rounds (kernels/tile_gemm.cuh, rnn_store_tile); and the LayerNorm LSTM, whose
 reductions cross the blocks through partial sums (engine/codegen/reductions.py: staged in shared memory at B=16,
 read from L2 under the warp GEMV at B=3, and in bf16); and the sLSTM, whose blocks read only their own head of
-the recurrent weight (engine/schedules/tiling.py gemm_heads: the warp GEMV at B=3, the bulk pipeline in bf16 at
-B=16). Each run is checked against the reference (emulating the mode), so a clean report is also a correct one.
+the recurrent weight (engine/schedules/heads.py gemm_heads: the warp GEMV at B=3, the bulk pipeline in bf16 at
+B=16), with per-head arrival counters (TileConfig(sync="head")) and as thread-block clusters exchanging h through
+distributed shared memory (TileConfig(sync="cluster"): 8 and 16 blocks a cluster, and an LSTM whose cluster is the
+layer). Each run is checked against the reference (emulating the mode), so a clean report is also a correct one.
 """
 from __future__ import annotations
 
@@ -43,7 +45,11 @@ def main() -> int:
                                                 ("ln_lstm", 16, TileConfig(), "float32", small),
                                                 ("ln_lstm", 16, TileConfig(), "bfloat16", whole),
                                                 ("slstm", 3, TileConfig(), "float32", (64, 256)),     # heads: GEMV
-                                                ("slstm", 16, TileConfig(), "bfloat16", (64, 256))]   # heads: bulk
+                                                ("slstm", 16, TileConfig(), "bfloat16", (64, 256)),   # heads: bulk
+                                                ("slstm", 16, TileConfig(sync="head"), "bfloat16", (64, 256)),
+                                                ("slstm", 16, TileConfig(sync="cluster"), "bfloat16", (64, 256)),
+                                                ("slstm", 16, TileConfig(4, sync="cluster"), "bfloat16", (64, 256)),
+                                                ("lstm", 16, TileConfig(sync="cluster"), "bfloat16", small)]
     only = sys.argv[1] if len(sys.argv) > 1 else None          # "bfloat16", "ln_lstm": the runs of a precision, a cell
     for name, batch, config, precision, (I, H) in runs:
         if only and only not in (precision, name):

@@ -7,7 +7,7 @@ take, a matmul by a plain (rows x cols) weight:
   (rows x cols) weight, the blocks placed on its diagonal at upload and its gradient read back from them, marked
   with attr `diagonal=k`. Multiplied as it is, it costs k times the block FLOPs (the zeros too), correct on every
   compiled path; the persistent schedule skips the zeros where a block's hidden units lie in one head
-  (engine/schedules/tiling.py gemm_heads: the GEMM reads only that head's K/k columns).
+  (engine/schedules/heads.py gemm_heads: the GEMM reads only that head's K/k columns).
 - a reduction over the hidden units, `sum_h(v)` or `mean_h(v)`: every unit of its result holds the row's sum
   (mean), which is the matmul of v by the fixed H x H matrix of ones (of 1/H). The fixed matrix is a weight of the
   dense cell only (named `J_sum_h` / `J_mean_h`, or with a suffix where the cell uses that name), filled here; its

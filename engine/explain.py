@@ -154,7 +154,7 @@ def dense_to_json(network: Network, plan: Plan) -> dict[str, Any]:
     per step and layer: a reduction is a GEMM by a fixed H x H matrix (2 B H^2 FLOPs) that reads a value of the step,
     so it starts a stage of its own (on the wavefront schedules, one more barrier); a weight of k heads is multiplied
     as its dense block-diagonal matrix (k times the FLOPs of its blocks), except where the persistent schedule's
-    blocks each lie in one head (engine/schedules/tiling.py gemm_heads)."""
+    blocks each lie in one head (engine/schedules/heads.py gemm_heads)."""
     form = dense_form(network.cell)
     fixed = dict(form.fixed)
     matrix = {op: name for name, op in fixed.items()}

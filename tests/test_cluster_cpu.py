@@ -39,6 +39,13 @@ def test_a_cluster_is_a_head(hidden, units, blocks, per_cluster):
     assert f"rnn_cluster_share<CLUSTER, {width}>(" in stage       # its slice into the others, as wide as it aligns
 
 
+def test_the_default_takes_16_blocks_where_8_do_not_fit():
+    _, _, tiling = render("lstm", 512, 512, 1, 16, TileConfig(sync="cluster"), True, "bfloat16")
+    assert (tiling.cluster, tiling.units_per_block) == (16, 32) and tiling.smem_bytes <= H100.smem_per_block
+    with pytest.raises(CompileError, match="keeps every step weight in shared memory"):
+        render("lstm", 512, 512, 1, 16, TileConfig(64, sync="cluster"), True, "bfloat16")
+
+
 def test_without_heads_a_cluster_is_the_layer():
     _, source, tiling = render("lstm", 64, 256, 3, 16, TileConfig(sync="cluster"), True, "bfloat16")
     assert (tiling.blocks_per_layer, tiling.cluster, tiling.num_layers, tiling.launches) == (8, 8, 1, 3)
@@ -97,3 +104,23 @@ def test_cluster_sources_compile_with_nvcc(tmp_path):
     for label, job in jobs:
         output, _ = job.communicate(timeout=300)
         assert job.returncode == 0, f"{label}:\n{output[-3000:]}"
+
+
+def test_explain_describes_the_autotuners_cluster_choice(monkeypatch, tmp_path):
+    """Where the autotuner chose clusters, explain (and the Schedule page, which draws it) says how the blocks
+    synchronise and where h lives."""
+    from engine import backends
+    from engine.explain import explain_json
+    from engine.schedules.autotune import Choice, cache_key, write_entry
+
+    monkeypatch.setattr(backends, "gpu_status", lambda: (False, "no CUDA device (test)"))
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    network = engine.Network(engine.preset("slstm").cell, 64, 256, 1)
+    key = cache_key(network, 9, 16, "Test GPU", "bfloat16")
+    write_entry(key, Choice("persistent", TileConfig(sync="cluster"), "fastest (test)", key, []))
+    entry = explain_json(network, steps=9, batch=16, precision="bfloat16")["schedules"]["persistent"]
+    assert entry["tiling_from"] == "the autotuner's choice"
+    assert "clusters of 8 blocks (a head each)" in entry["tiling"]["describe"]
+    assert entry["sync"].startswith("cluster barrier after every stage: the 8 blocks of a head")
+    assert "thread-block clusters (one a head)" in entry["how"]
+    assert entry["tiling"]["staging"].startswith("no staging: every block keeps its cluster's 16-bit h")

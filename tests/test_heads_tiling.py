@@ -1,4 +1,4 @@
-"""Heads in the tiling (engine/schedules/tiling.py gemm_heads): where every block's hidden units lie in one head, the
+"""Heads in the tiling (engine/schedules/heads.py gemm_heads): where every block's hidden units lie in one head, the
 persistent schedule's GEMM of a heads weight reads only that head's K / k columns of h and keeps only those columns
 of its weight rows in shared memory (the dense form's other columns are zeros). Which GEMMs and tilings take it,
 what the generated source reads, that nvcc compiles it, and that the dense form's `diagonal` mark cannot come from
@@ -16,7 +16,8 @@ from engine.compiler import make_plan
 from engine.dense import dense_form, wavefront_network
 from engine.dsl import W, b, cell, sigmoid, tanh
 from engine.errors import CellGraphError, CompileError
-from engine.schedules.tiling import H100, TileConfig, gemm_heads, make_tiling
+from engine.schedules.heads import gemm_heads
+from engine.schedules.tiling import H100, TileConfig, make_tiling
 
 
 @cell

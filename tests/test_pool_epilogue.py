@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import engine
-from engine.codegen.wavefront import TIMING_FIELDS, check_pool_fusable, layer_fields, render_wavefront
+from engine.codegen.layer_args import TIMING_FIELDS, layer_fields
+from engine.codegen.wavefront import check_pool_fusable, render_wavefront
 from engine.compiler import compile_program, make_plan
 from engine.errors import BackendError, CompileError
 from engine.nets.data import Layers, Net, Pool

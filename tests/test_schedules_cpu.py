@@ -32,7 +32,8 @@ from nvcc_check import CHECK_ONLY
 
 import engine
 from engine.codegen import text_equations
-from engine.codegen.wavefront import HALF_SUFFIX, entry_points, half_copies, layer_fields, render_wavefront, stages
+from engine.codegen.layer_args import HALF_SUFFIX, half_copies, layer_fields
+from engine.codegen.wavefront import entry_points, render_wavefront, stages
 from engine.compiler import compile_program, make_plan
 from engine.dense import wavefront_network
 from engine.errors import CompileError

@@ -20,15 +20,14 @@ specific to one network and batch, and the code specializes on them (no runtime 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ..c_names import c_identifier, kernel_prefix
+from ..c_names import kernel_prefix
 from ..errors import CompileError
 from ..network import Network
 from ..plan import Gemm, Kernel, Program
 from . import cluster as cluster_source
 from .cuda import c_factor, helper_source, index_expr, kernel_body
 from .equations import text_equations
+from .layer_args import HALF_SUFFIX, half_copies, param_fields, struct_lines
 from .precision import precision as lookup_precision
 from .reductions import STAGING_SKIP, partial_stage, reduction_partials, reduction_sums, staged_floats
 
@@ -37,139 +36,6 @@ MMA_GEMM_HELPER = "mma_gemm.cuh"
 LAYER_SYNC_HELPER = "layer_sync.cuh"
 POOL_HELPER = "pool.cuh"
 MODE_NAMES = {0: "RNN_FP32", 1: "RNN_TF32", 2: "RNN_FP16", 3: "RNN_BF16"}     # kernels/tile_gemm.cuh
-
-
-@dataclass(frozen=True)
-class LayerField:
-    """One 8-byte field of the per-layer argument struct: a device pointer, or the layer's input size."""
-
-    name: str                  # C field name (with [0]/[1] for the two versions of a double buffer)
-    kind: str                  # "buffer", "input", "half", "input_half", "weight", "bias", "param", "size"
-    source: str                # buffer, GEMM or parameter name
-    version: int | None = None
-
-
-HALF_SUFFIX = "_h16"           # the 16-bit copy of buffer `name` is field `name_h16`
-
-
-def half_copies(program: Program, tiling=None) -> tuple[str, ...]:
-    """The buffers whose 16-bit copy the kernels keep beside the fp32 values: on the fp16 / bf16 tensor-core
-    path, every buffer a GEMM of the kernel reads as X (the recurrent inputs; with the input projections in the
-    kernel, the layer input and so the layer output). The cell code writes the copy as it stores the fp32
-    value, rounded to the mode once (kernels/tile_gemm.cuh rnn_bits16), and the GEMMs stage it: half the bytes
-    of fp32 through L2 and shared memory, and fragments that load with ldmatrix (kernels/mma_gemm.cuh)."""
-    prec = lookup_precision(program.precision)
-    if tiling is None or not tiling.mma or prec.weight_bytes != 2:
-        return ()
-    in_kernel = {t.name for t in tiling.gemms}
-    names = []
-    for g in program.gemms:
-        if g.name in in_kernel:
-            names += [program.input_buffer, program.output_buffer] if g.hoisted else [g.in_buffer]
-    written_by_gemms = {g.out_buffer for g in program.gemms} & set(names)
-    if written_by_gemms:
-        raise CompileError(f"cell '{program.cell.name}': buffer {sorted(written_by_gemms)[0]!r} is both a GEMM's "
-                           "output and another GEMM's input, so the cell code cannot keep its 16-bit copy; hint: "
-                           "this is a bug in the planner, run with precision='float32' meanwhile")
-    return tuple(dict.fromkeys(names))
-
-
-def layer_fields(program: Program, tiling=None, pooled: bool = False) -> tuple[LayerField, ...]:
-    """The layout of `struct LayerArgs`, in order. The host packs one int64 per field per layer. pooled (the module
-    has pools between or after layers): the pooled output (null where no pool follows the layer), the pool and the
-    layer's step timing (TIMING_FIELDS)."""
-    fields = []
-    halves = half_copies(program, tiling)
-    for buf in program.buffers:
-        if buf.name == program.input_buffer:
-            fields.append(LayerField(buf.name, "input", buf.name))
-        elif buf.double:
-            fields += [LayerField(buf.name, "buffer", buf.name, 0), LayerField(buf.name, "buffer", buf.name, 1)]
-        else:
-            fields.append(LayerField(buf.name, "buffer", buf.name))
-    for buf in program.buffers:
-        if buf.name not in halves:
-            continue
-        name = buf.name + HALF_SUFFIX
-        if buf.name == program.input_buffer:
-            fields.append(LayerField(name, "input_half", buf.name))
-        elif buf.double:
-            fields += [LayerField(name, "half", buf.name, 0), LayerField(name, "half", buf.name, 1)]
-        else:
-            fields.append(LayerField(name, "half", buf.name))
-    for g in program.gemms:
-        fields += [LayerField(f"W_{g.name}", "weight", g.name), LayerField(f"bias_{g.name}", "bias", g.name)]
-    for name, field in param_fields(program).items():
-        fields.append(LayerField(field, "param", name))
-    fields.append(LayerField("I", "size", "I"))
-    if pooled:
-        fields.append(LayerField("pool_out", "pool", program.output_buffer))
-        fields += [LayerField(name, "timing", name) for name in TIMING_FIELDS]
-    return tuple(fields)
-
-
-def param_fields(program: Program) -> dict[str, str]:
-    """{parameter: its field of LayerArgs}: p_<parameter>, respelled where that is not a fit C name or is the name of
-    another field (engine/c_names.py)."""
-    taken = {b.name + suffix for b in program.buffers for suffix in ("", HALF_SUFFIX)} | {"I", "pool_out"}
-    taken |= {f"{prefix}_{g.name}" for g in program.gemms for prefix in ("W", "bias")} | set(TIMING_FIELDS)
-    fields = {}
-    for name in program.kernel_params:
-        fields[name] = c_identifier(f"p_{name}", taken)
-        taken.add(fields[name])
-    return fields
-
-
-# With pools (render_wavefront's `pools`): what each layer's row of the argument table adds beside the pooled output.
-TIMING_FIELDS = {
-    "pool_steps": "T_out of the pool after this layer (0: none)",
-    "pool_op": "0 max, 1 mean (kernels/pool.cuh)",
-    "pool_window": "steps a pooled step covers",
-    "pool_stride": "steps between pooled steps",
-    "steps": "time steps this layer runs (T after the pools below it)",
-    "scale": "wavefront steps between two of its steps (engine/schedules/steps.py)",
-    "offset": "the wavefront step of its step 0",
-    "below_scale": "it reads step t * below_scale + below_offset of the layer below",
-    "below_offset": "(1, 0 without a pool between them)",
-}
-
-
-def _struct(program: Program, tiling, pooled: bool = False) -> list[str]:
-    lines = ["// One per layer, packed by the host as int64s in this order (engine.codegen.wavefront.layer_fields).",
-             "struct LayerArgs {"]
-    seen = set()
-    for f in layer_fields(program, tiling, pooled):
-        if f.name in seen:
-            continue
-        seen.add(f.name)
-        if f.kind in ("buffer", "half"):
-            buf = program.buffer(f.source)
-            rows = "T*B" if buf.rows == "sequence" else "B"
-            dims = "[2]; " if buf.double else "; "
-            ctype, doc = ("float", buf.doc) if f.kind == "buffer" else ("unsigned short", f"{f.source} in 16 bits")
-            lines.append(f"    {ctype}* {f.name}{dims.rstrip()}".ljust(40) + f"// ({rows}, {buf.cols}) {doc}")
-        elif f.kind == "input":
-            lines.append(f"    const float* {f.name};".ljust(40)
-                         + f"// (T*B, I) {program.cell.input.name}, or the output of the layer below")
-        elif f.kind == "input_half":
-            lines.append(f"    const unsigned short* {f.name};".ljust(40) + f"// (T*B, I) {f.source} in 16 bits")
-        elif f.kind == "weight":
-            wt = lookup_precision(program.precision).weight_type
-            note = "" if wt == "float" else f" ({program.precision} bits)"
-            lines.append(f"    const {wt}* {f.name};".ljust(40) + f"// (N, K) packed weight, interleaved rows{note}")
-        elif f.kind == "bias":
-            lines.append(f"    const float* {f.name};".ljust(40) + "// (N,) folded biases, or null")
-        elif f.kind == "param":
-            lines.append(f"    const float* {f.name};".ljust(40) + f"// (H,) parameter {f.source}")
-        elif f.kind == "pool":
-            lines.append(f"    float* {f.name};".ljust(40) + f"// (T_out*B, {program.buffer(f.source).cols}) {f.source} "
-                         "pooled over time, or null: no pool after this layer")
-        elif f.kind == "timing":
-            lines.append(f"    long long {f.name};".ljust(40) + f"// {TIMING_FIELDS[f.name]}")
-        else:
-            lines.append("    long long I;".ljust(40) + "// the layer's input size")
-    lines.append("};")
-    return lines
 
 
 def _pointer(program: Program, param, suffix: str = "") -> str:
@@ -184,7 +50,7 @@ def _pointer(program: Program, param, suffix: str = "") -> str:
 
 
 def _head_columns(heads: int, head_k: str) -> str:
-    """The first column of this block's head (its units lie in one: tiling.gemm_heads), head_k columns a head."""
+    """The first column of this block's head (its units lie in one: heads.gemm_heads), head_k columns a head."""
     return f"(long)(u0 / (H / {heads})) * {head_k}"
 
 
@@ -200,7 +66,7 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
     out = {"K": f"K_{gemm.name}", "N": f"N_{gemm.name}", "NC": f"{nt} * tu", "NCT": f"{nt} * UNITS",
            "W": f"L.W_{gemm.name} + (long){rows} * K_{gemm.name}", "ld": f"K_{gemm.name}",
            "Ws": resident if tile.resident else "nullptr"}
-    head = ""                            # a GEMM of heads (tiling.gemm_heads): this block's head's K / k columns
+    head = ""                            # a GEMM of heads (heads.gemm_heads): this block's head's K / k columns
     if tile.heads > 1:
         out["K"] = f"(K_{gemm.name} / {tile.heads})"
         head = _head_columns(tile.heads, out["K"])
@@ -470,7 +336,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                   f"constexpr int NC_STREAMED = {tiling.nc_streamed};       // rows of W staged per chunk (0: all resident)",
                   f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the staging area"]
     lines.append("")
-    lines += _struct(program, tiling, pooled) + [""]
+    lines += struct_lines(program, tiling, pooled) + [""]
 
     for s in present:
         lines.append(f"// Stage {s} of step t for this block's units [u0, u0 + tu) of layer `layer`.")
@@ -560,7 +426,7 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
     if by_layer and heads > 1:
         lines.append("// Heads synchronised by arrival counters (kernels/layer_sync.cuh): arrivals[l * HEADS + hd] "
                      "counts the finished stages of the blocks of layer l's head hd. Every GEMM of a step reads its "
-                     "block's head only (tiling.head_sync), so a block waits for its own head's blocks.")
+                     "block's head only (heads.head_sync), so a block waits for its own head's blocks.")
     elif by_layer:
         lines.append("// Layers synchronised by arrival counters (kernels/layer_sync.cuh): arrivals[l] counts the "
                      "finished stages of layer l's blocks.")
@@ -594,7 +460,7 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
             target = f"reinterpret_cast<{prec.weight_type}*>(smem + {g.smem_offset})"
             load = f"rnn_load_resident<{MODE_NAMES[prec.mode]}>"
         rows = f"{nt} * tu" if tiling.mma else f"{nt} * UNITS"  # tile GEMM: zeros up to the full width it covers
-        k = f"K / {g.heads}" if g.heads > 1 else "K"      # only the block's head's columns (tiling.gemm_heads)
+        k = f"K / {g.heads}" if g.heads > 1 else "K"      # only the block's head's columns (heads.gemm_heads)
         source = f"L.W_{g.name} + (long)u0 * {nt} * K" + (f" + {_head_columns(g.heads, f'({k})')}" if g.heads > 1
                                                            else "")
         lines.append(f"        {load}({target}, {source}, K, {k}, {nt} * tu, rnn_round_up({rows}, {ncp}));")

@@ -132,7 +132,7 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
             make_tiling(program, network, batch, halved, limits)
             found.append(Candidate("persistent", halved))
     except CompileError:
-        pass
+        pass                                             # no clusters for this cell or size (the error says why)
     if L > 1:
         # The other barrier than the default (TileConfig.sync=None: per-layer arrival counters for the warp GEMV of
         # small batches, grid barriers otherwise): each wins somewhere, so it is timed rather than assumed.

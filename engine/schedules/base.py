@@ -6,7 +6,7 @@
 plan   make_plan(..., layout="interleaved") and make_tiling(): which block owns which units.
 compile render_wavefront() -> cupy.RawKernel per entry point (engine/codegen/nvrtc.py; cached by source and device).
 build  one set of buffers per (T, B), reused by every run; packed weights (N, K) per layer; the
-       per-layer argument table (engine.codegen.wavefront.layer_fields) as an int64 device array.
+       per-layer argument table (engine.codegen.layer_args.layer_fields) as an int64 device array.
 run    states initialised (one memset when they start at zero), layer 0's input projection as one
        cuBLAS GEMM over all T*B rows when the network has one layer (with more, the kernel projects
        layer 0 too), then the schedule's own launch (`_launch`), all on the caller's stream, with no
@@ -23,8 +23,9 @@ import numpy as np
 from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
 from ..backends.fused import plan_bytes
 from ..chunk_replay import CaptureError, ChunkReplay
+from ..codegen.layer_args import half_copies, layer_fields
 from ..codegen.nvrtc import load_module
-from ..codegen.wavefront import POOL_OPS, entry_points, half_copies, layer_fields, render_wavefront, stages
+from ..codegen.wavefront import POOL_OPS, entry_points, render_wavefront, stages
 from ..compiler import make_plan
 from ..dense import dense, variance_network
 from ..errors import BackendError, CompileError

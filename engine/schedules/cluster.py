@@ -1,7 +1,7 @@
 """The persistent schedule's cluster mode (TileConfig(sync="cluster")): the blocks that exchange a step's values form
 one thread-block cluster, and a step's cross-block traffic stays in distributed shared memory.
 
-Where every GEMM of a step reads one group of the hidden units (a head: engine/schedules/tiling.py gemm_heads; or, in
+Where every GEMM of a step reads one group of the hidden units (a head: engine/schedules/heads.py gemm_heads; or, in
 a cell without heads, the whole layer), the blocks owning that group's units are all a unit's step depends on. They
 run as one cluster of CS <= 16 blocks (Hopper, PTX ISA "Cluster of cooperative thread arrays"):
 - each block keeps the group's operand, the 16-bit copy of h, in its own shared memory (`local X`), one copy per
@@ -25,6 +25,9 @@ sLSTM's MMAs take a fraction of that.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..errors import CompileError
+from .heads import gemm_heads
 
 CLUSTER_MAX = 16          # blocks of a cluster: 8 portable, 16 with cudaFuncAttributeNonPortableClusterSizeAllowed
 CLUSTER_DEFAULT = 8       # blocks a group, unless TileConfig.units_per_block says otherwise
@@ -107,6 +110,36 @@ def local_y(gemms: list[tuple[str, int]], batch: int, units: int, offset: int,
         out.append(LocalY(name, terms, terms * units, offset, versions))
         offset += versions * batch * out[-1].floats
     return tuple(out), offset
+
+
+def shared_layout(program, tiles, batch: int, rows: int, units: int, stride_of):
+    """(local X copies, local Y tiles, floats of both) of the staging area in cluster mode: the operand of each step
+    GEMM (tiles: (gemm, its K, vec) each), each step GEMM's output, and the input projections' rows of two steps
+    (where they come as 16-byte copies)."""
+    reads = {g.in_buffer: (g.in_buffer, program.buffer(g.in_buffer).double, k) for g, k, _ in tiles}
+    local, floats = local_x(list(reads.values()), rows, stride_of)
+    outputs, floats = local_y([(g.name, len(g.terms)) for g, _, _ in tiles], batch, units, floats)
+    hoisted = [(g.name, len(g.terms)) for g in program.hoisted_gemms]
+    if hoisted and all(terms * units % 4 == 0 for _, terms in hoisted):
+        projections, floats = local_y(hoisted, batch, units, floats, versions=2)
+        outputs += projections
+    return local, outputs, floats
+
+
+def groups(program, persistent: bool, mma: bool, half_bytes: int, layers: int, hidden: int, heads: bool,
+           requested: int | None) -> tuple[int, int]:
+    """(heads a cluster owns one of, 1 for the whole layer; units a block) of cluster mode, or a CompileError that
+    says why the program cannot run so. heads=False: the tiling multiplies whole block-diagonal matrices."""
+    why = why_not(program, persistent, mma, half_bytes, layers)
+    found = {gemm_heads(program, g) if heads else 1 for g in program.gemms
+             if not g.hoisted and g.name not in program.reductions}
+    group = found.pop() if len(found) == 1 else 1
+    units = 0
+    if not why:
+        units, why = cluster_units(hidden, group, requested)
+    if why:
+        raise CompileError(f"TileConfig.sync='cluster' cannot run cell '{program.cell.name}': {why}")
+    return group, units
 
 
 def why_not(program, persistent: bool, mma: bool, half_bytes: int, layers: int) -> str | None:

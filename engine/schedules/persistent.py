@@ -22,7 +22,7 @@ for the layer below, so a cheaper layer runs ahead instead of idling at every ba
 faster at `lat`, 4-8% slower at `blogB`: benchmarks/NOTES.md), so the default (sync=None) takes the counters for
 the warp GEMV of small batches and grid barriers otherwise, and the autotuner times the other one too.
 TileConfig(sync="head") keeps a counter per head of a layer where every GEMM of a step reads one head (the sLSTM):
-the blocks of a head wait for each other only (engine/schedules/tiling.py head_sync). TileConfig(sync="cluster")
+the blocks of a head wait for each other only (engine/schedules/heads.py head_sync). TileConfig(sync="cluster")
 makes the blocks of a head (or of a small layer) one thread-block cluster that exchanges h through distributed
 shared memory and meets at cluster barriers: one layer a launch, not cooperative (engine/schedules/cluster.py).
 

@@ -138,6 +138,11 @@ def staging_text(tiling: Tiling) -> str:
         return "no staging: the warps read X from L2 into registers (a batch of at most 4 rows)"
     if not tiling.gemms:
         return "no GEMM in the kernel"
+    if tiling.cluster:
+        return (f"no staging: every block keeps its cluster's 16-bit h in shared memory; the cell code writes its "
+                f"units there and the block copies them into the other {tiling.cluster - 1} blocks of its cluster "
+                "(distributed shared memory) before the cluster barrier; the GEMM outputs and the input projection's "
+                "rows (copied a step ahead) stay in shared memory too")
     if tiling.bulk:
         keep = "" if tiling.l2_keep >= 1 else (f"; {tiling.l2_keep:.0%} of the streamed weights marked to stay in "
                                                "L2")

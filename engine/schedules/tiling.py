@@ -23,6 +23,7 @@ from ..errors import CompileError
 from ..network import Network
 from ..plan import Program
 from . import cluster as cluster_mode
+from .heads import gemm_heads, head_sync
 
 FLOAT_BYTES = 4
 GEMV_MAX_ROWS = 4                      # batches up to this use rnn_warp_gemvs (X in registers), larger rnn_tile_gemms
@@ -328,23 +329,6 @@ def tile_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: 
     return stages * (bp + nc_streamed) * row_stride(k_chunk) + (threads * min(tile, 16) if reduce else 0)
 
 
-def gemm_heads(program: Program, gemm) -> int:
-    """k where every matmul of an in-step GEMM multiplies its one H-sized operand by the dense form of a weight of k
-    heads (attr `diagonal`, engine/dense.py: H x H, zero off its k diagonal blocks), else 1. Unit u's rows of such a
-    GEMM are zero outside columns [hd K / k, (hd + 1) K / k), hd = u // (H / k): a block whose units lie in one
-    head multiplies only those columns, and its sum is the same (the skipped products are exact zeros)."""
-    if gemm.hoisted or len(gemm.operands) != 1 or gemm.operands[0].dim != "H":
-        return 1
-    cell = program.cell
-    weights = {cell[m].args[0] for term in gemm.terms for m in term.matmuls}
-    ks = {cell[w].attr("diagonal", 1) for w in weights}
-    if len(ks) != 1 or any(term.dim != "H" for term in gemm.terms):
-        return 1
-    if any(cell[w].attr("rows") != "H" or cell[w].attr("cols") != "H" for w in weights):
-        return 1
-    return ks.pop()
-
-
 def make_tiling(program: Program, network: Network, batch: int, config: TileConfig | None = None,
                 limits: DeviceLimits = H100, *, persistent: bool = True, heads: bool = True) -> Tiling:
     """Partition the hidden units of every layer into blocks and lay out shared memory. heads: GEMMs of heads
@@ -415,14 +399,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     cluster = config.sync == "cluster"
     group_heads = 1                                  # cluster mode: a cluster owns a head (or, at 1, the layer)
     if cluster:
-        why = cluster_mode.why_not(program, persistent, B > GEMV_MAX_ROWS and prec.tensor_cores, prec.weight_bytes, L)
-        step_heads = {gemm_heads(program, g) if heads else 1 for g in program.gemms
-                      if not g.hoisted and g.name not in program.reductions}
-        group_heads = step_heads.pop() if len(step_heads) == 1 else 1
-        if not why:
-            units, why = cluster_mode.cluster_units(H, group_heads, config.units_per_block)
-        if why:
-            raise CompileError(f"TileConfig.sync='cluster' cannot run cell '{program.cell.name}': {why}")
+        group_heads, units = cluster_mode.groups(program, persistent, B > GEMV_MAX_ROWS and prec.tensor_cores,
+                                                 prec.weight_bytes, L, H, heads, config.units_per_block)
     elif config.units_per_block is None:
         per_layer = max(1, limits.multiprocessors // L)
         units = -(-H // per_layer)
@@ -537,16 +515,15 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         resident, scratch, nc_streamed = lay_out(k_chunk, stages)
     elif cluster:                                    # X in every block's shared memory, W resident: no pipeline
         k_chunk, stages, nc_streamed = round_up(k_all, 16), 1, 0
-        reads = {g.in_buffer: (g.in_buffer, program.buffer(g.in_buffer).double, k) for g, k, _ in tiles}
-        local, x_floats = cluster_mode.local_x(list(reads.values()), bp, lambda cols: x_stride(cols, prec))
-        outputs, x_floats = cluster_mode.local_y([(g.name, len(g.terms)) for g, _, _ in tiles], B, units, x_floats)
-        hoisted = [(g.name, len(g.terms)) for g in program.hoisted_gemms]   # rows of 16-byte copies, a step ahead
-        if hoisted and all(terms * units % 4 == 0 for _, terms in hoisted):
-            projections, x_floats = cluster_mode.local_y(hoisted, B, units, x_floats, versions=2)
-            outputs += projections
+        local, outputs, x_floats = cluster_mode.shared_layout(program, tiles, B, bp, units,
+                                                              lambda cols: x_stride(cols, prec))
         scratch = x_floats + (threads * tile if reduce else 0)
         smem_floats -= cluster_mode.ARGS_FLOATS           # the argument table, copied to static shared memory
         need = {g.name: weight_floats(ncps[g.name], k, prec) for g, k, _ in order}
+        wider = H // group_heads // cluster_mode.CLUSTER_MAX       # units a block at 16 blocks a cluster
+        if sum(need.values()) + scratch > smem_floats and config.units_per_block is None and 0 < wider < units:
+            return make_tiling(program, network, batch, replace(config, units_per_block=wider), limits,
+                               persistent=persistent, heads=heads)   # the default's 8 blocks do not fit: 16
         if not config.resident or sum(need.values()) + scratch > smem_floats:
             raise CompileError(f"TileConfig.sync='cluster' keeps every step weight in shared memory, and cell "
                                f"'{program.cell.name}' needs {(sum(need.values()) + scratch) * FLOAT_BYTES} bytes a "
@@ -618,22 +595,3 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     return Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent,
                   tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
                   bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs)
-
-
-def head_sync(program: Program, gemm_tiles) -> str | None:
-    """Why the blocks of one head cannot wait for each other only (TileConfig(sync="head")), or None when they can:
-    every in-step GEMM reads one head (gemm_heads, taken by the tiling), all with the same heads, and no reduction
-    over H joins the heads. Then a unit's step reads only its own head's values of the step before (the elementwise
-    math reads its own unit; the layer below, read whole, is waited for head by head)."""
-    if program.reductions:
-        return f"its reduction(s) over H ({', '.join(sorted(program.reductions))}) read every head"
-    step = [g for g in gemm_tiles if not g.hoisted]
-    if not step:
-        return "it has no recurrent GEMM with heads"
-    plain = [g.name for g in step if g.heads == 1]
-    if plain:
-        return (f"GEMM(s) {', '.join(plain)} read all of h (a weight without heads, or a tiling that multiplies the "
-                "whole block-diagonal matrix)")
-    if len({g.heads for g in step}) > 1:
-        return "its GEMMs have different numbers of heads"
-    return None

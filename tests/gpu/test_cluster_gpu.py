@@ -23,6 +23,7 @@ pytestmark = pytest.mark.gpu
     ("slstm", 768, 16, "bfloat16", 1, None),       # heads of 192 units, 24 a block
     ("slstm", 512, 40, "float16", 1, 16),          # 40 rows: three MMA row tiles, the last one partly padding
     ("lstm", 256, 16, "bfloat16", 2, None),        # no heads: a cluster is the layer (8 blocks of 32 units)
+    ("lstm", 512, 16, "bfloat16", 1, None),        # 8 blocks do not fit shared memory: 16 of 32 units, K = 512
     ("gru_cho", 192, 24, "bfloat16", 1, 12),       # two GEMM stages a step: a cluster barrier each
     ("gru", 128, 17, "float16", 1, 8),             # B not a multiple of 8
 ])

@@ -1,4 +1,4 @@
-"""Heads in the tiling on the GPU (engine/schedules/tiling.py gemm_heads): the sLSTM's recurrent GEMM reading only a
+"""Heads in the tiling on the GPU (engine/schedules/heads.py gemm_heads): the sLSTM's recurrent GEMM reading only a
 block's head, on the warp GEMV (B = 3, float32 and bfloat16) and the bulk tensor-core pipeline (B = 16 in bfloat16,
 B = 40 in float16), one and two layers, against the float64 reference (float32) or the reference that emulates the
 mode, and against the same schedule multiplying the whole block-diagonal matrix."""

@@ -25,7 +25,7 @@ from .nvrtc import load_module, source_hash
 from .precision import Precision, precision
 
 # Bump when the generated code changes for the same Program: it is part of every cache key.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2          # 2: per-head counters, clusters (their autotuner candidates), 2026-11-26
 
 _render_cache: dict[tuple[str, str], tuple[str, dict]] = {}
 _lock = threading.Lock()

@@ -643,7 +643,8 @@ def test_layer_sync_is_a_candidate_when_there_are_layers_to_synchronise(precisio
     # the default (None: grid barriers at B=64, arrival counters at B=1) first, the other barrier once
     assert syncs(2)[0] is None and syncs(2).count("layer") == 1 and "grid" not in syncs(2)
     assert syncs(2, batch=1)[0] is None and syncs(2, batch=1).count("grid") == 1 and "layer" not in syncs(2, batch=1)
-    assert set(syncs(1)) == {None}
+    # one layer: nothing to synchronise but the layer's own blocks; in bf16 a layer of 256 units is also a cluster
+    assert set(syncs(1)) == ({None, "cluster"} if precision == "bfloat16" else {None})
 
 
 @pytest.mark.parametrize("batch,layers,persistent,expected", [

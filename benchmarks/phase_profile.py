@@ -95,6 +95,8 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cell math')});")
             elif line.strip().startswith("rnn_cluster_share<"):
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cluster share')});")
+            elif line.strip().startswith("rnn_cluster_arrive();"):
+                out.append(f"    rnn_prof_mark({phase(f's{stage} cluster arrive')});")
             elif line.strip().startswith("__syncthreads();   // the reductions' sums"):      # engine/codegen/reductions.py
                 out.append(f"    rnn_prof_mark({phase(f's{stage} reduction sums')});")
             elif line.strip().startswith("__syncthreads();   // this block's units of"):
@@ -119,8 +121,8 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
                      "    const unsigned long long rnn_prof_t0 = rnn_prof_ns();"]
             out += [line] + start if line.strip() == "__syncthreads();" else start + [line]   # cluster: before the loop
             continue
-        if line.strip() == "rnn_cluster_sync();":                                   # sync="cluster"
-            out += [line, f"        rnn_prof_mark({phase('cluster.sync')});"]
+        if line.strip() == "rnn_cluster_wait();":                                   # sync="cluster"
+            out += [line, f"        rnn_prof_mark({phase('cluster wait')});"]
             continue
         if line.strip() == "grid.sync();":
             out += [line, f"        rnn_prof_mark({phase('grid.sync')});"]

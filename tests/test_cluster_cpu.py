@@ -31,7 +31,10 @@ def test_a_cluster_is_a_head(hidden, units, blocks, per_cluster):
     assert "grid.sync()" not in source and "cooperative_groups::this_grid" not in source
     assert "__cluster_dims__(CLUSTER, 1, 1)" in source and f"constexpr int CLUSTER = {per_cluster};" in source
     assert "rnn_mma_gemms_local<RNN_BF16, WM, WN>(jobs, B, smem + SCRATCH + X_LOCAL);" in source
-    assert source.count("rnn_cluster_sync();") == 2                  # after the local copies' load, after the stage
+    assert source.count("rnn_cluster_sync();") == 1                  # after the local copies' load
+    assert source.count("rnn_cluster_arrive();") == source.count("rnn_cluster_wait();") == 1     # a stage: its halves
+    stage_end = source.split("rnn_cluster_arrive();")[1].split("(void)I;")[0]
+    assert "h_seq[row * H + j] = h_next;" in stage_end and "c_state_next[" in stage_end   # global stores after it
     stage = source.split("_persistent(")[0].split("// Stage 1")[-1]
     assert "_h16[" not in stage                                      # the cell code writes no global 16-bit copy
     width = {8: "uint4", 4: "uint2", 2: "unsigned", 1: "unsigned short"}[next(w for w in (8, 4, 2, 1)
@@ -52,7 +55,7 @@ def test_without_heads_a_cluster_is_the_layer():
     assert "a layer each" in tiling.describe()
     _, source, tiling = render("gru_cho", 64, 256, 1, 40, TileConfig(units_per_block=16, sync="cluster"), True,
                                "float16")
-    assert tiling.cluster == 16 and source.count("rnn_cluster_sync();") == 3     # two stages a step
+    assert tiling.cluster == 16 and source.count("rnn_cluster_wait();") == 2     # two stages a step
     assert {x.versions for x in tiling.local_x} >= {1}
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from ..errors import CompileError
 from ..plan import Lin
-from .cuda import kernel_body
+from .cuda import index_expr, kernel_body, reads_rows
 
 CLUSTER_HELPER = "cluster_sync.cuh"
 
@@ -49,7 +49,8 @@ def store(tiling, buffer: str, version: str, access, value: str) -> str:
 
 def share(tiling, written: list[tuple[str, str]], indent: str) -> list[str]:
     """After a stage's cell code: a block barrier, then this block's slice of each (buffer, version) it wrote
-    copied into every other block of the cluster, as wide as the slice's alignment allows."""
+    copied into every other block of the cluster, as wide as the slice's alignment allows. (The stage then arrives
+    at the cluster barrier: rnn_cluster_arrive.)"""
     if not written:
         return []
     width = next(w for w in (16, 8, 4, 2) if (2 * tiling.units_per_block) % w == 0)
@@ -121,20 +122,27 @@ def preloaded(kernel, precision, indent: str, around, copies: list[str]) -> list
     that read no output of the stage's GEMMs (states, parameters, the input projection's tile) first, so that their
     L2 round trip overlaps the GEMMs; then the GEMMs (around[0]); then the GEMM outputs' loads, the statements and
     the stores (with `copies`, the 16-bit copies' stores) on the thread's element."""
-    gemm_lines, outputs = around
+    gemm_lines, outputs, shared = around
     late_params = {p.name for p in kernel.params if p.source in outputs}
     early = tuple(ld for ld in kernel.loads if ld.access is None or ld.access.param not in late_params)
     late = tuple(ld for ld in kernel.loads if ld not in early)
     lines = [f"{indent}    const int e = threadIdx.x;",
-             f"{indent}    const bool live = e < B * tu;             // one element a thread",
+             f"{indent}    const bool live = e < B * tu;             // one element a thread (the others compute "
+             "element 0's and store nothing)",
              f"{indent}    const long b = live ? e / tu : 0;",
              f"{indent}    const int j = u0 + (live ? (int)(e - b * tu) : 0);"]
+    if reads_rows(kernel):
+        lines.append(f"{indent}    const long row = (long)t * B + b;   // row of step t in (T*B, .) sequence buffers")
     first = kernel_body(replace(kernel, loads=early, statements=(), stores=()), precision, indent + "    ")
-    rest = kernel_body(replace(kernel, loads=late), precision, indent + "        ")
-    if any("const long row" in line for line in first):
-        rest = [line for line in rest if "const long row" not in line]
-    lines += first + ["    " + line for line in gemm_lines] + [f"{indent}    if (live) {{"] + rest
-    lines += [f"{indent}        {line}" for line in copies]
+    rest = kernel_body(replace(kernel, loads=late, stores=()), precision, indent + "    ")
+    lines += [line for line in first + ["    " + line for line in gemm_lines] + rest if "const long row" not in line]
+    lines += [f"{indent}    if (live) {{   // the 16-bit copies into this block's shared memory"]
+    lines += [f"{indent}        {line}" for line in copies] + [f"{indent}    }}"]
+    lines += ["    " + line for line in shared]
+    lines += [f"{indent}    rnn_cluster_arrive();   // the cluster's copies are written; the stores below overlap the wait",
+              f"{indent}    if (live) {{"]
+    lines += [f"{indent}        {store.access.param}[{index_expr(store.access)}] = {precision.store(store.var)};"
+              for store in kernel.stores]
     return lines + [f"{indent}    }}", f"{indent}}}"]
 
 
@@ -176,6 +184,6 @@ def loop(program, tiling, prefix: str, present, columns: dict[str, str]) -> list
                   "        __syncthreads();",
                   "        if (t + 1 < T) {"] + copies(program, tiling, "t + 1", "            ") + ["        }"]
     for s in present:
-        lines += [f"        {prefix}_stage_{s}(L, layer, t, u0, tu, smem);",
-                  "        rnn_cluster_sync();"]
+        lines += [f"        {prefix}_stage_{s}(L, layer, t, u0, tu, smem);   // ends with its arrive",
+                  "        rnn_cluster_wait();"]
     return lines + ["    }", "}"]

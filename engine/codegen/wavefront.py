@@ -362,13 +362,14 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
             lines.append("    __syncthreads();   // the reductions' sums are stored for the cell math")
         written = []                           # cluster mode: (buffer, version) whose slice goes to the cluster
         for k in kernels:
-            around = (_gemm_calls(program, gemms, tiling, "    "), {g.out_buffer for g in gemms}) if preload else None
-            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling), tiling.bulk, pooled,
-                                  tiling if tiling.cluster else None, around)
             sources = {p.name: p.source for p in k.params}
             written += [(sources[name], version) for name, version in _copied_versions(k, half_copies(program, tiling))]
-        if tiling.cluster:
-            lines += cluster_source.share(tiling, written, "    ")
+            around = ((_gemm_calls(program, gemms, tiling, "    "), {g.out_buffer for g in gemms},
+                       cluster_source.share(tiling, written, "    ")) if preload else None)
+            lines += _elementwise(k, program, prec, "    ", half_copies(program, tiling), tiling.bulk, pooled,
+                                  tiling if tiling.cluster else None, around)
+        if tiling.cluster and not preload:     # (the preloaded kernel shares and arrives itself, before its stores)
+            lines += cluster_source.share(tiling, written, "    ") + ["    rnn_cluster_arrive();"]
         for g in program.gemms:
             if g.name in program.reductions and partial_from[g.name] == s:
                 free = tiling.smem_bytes // 4 - tiling.scratch_offset - STAGING_SKIP

@@ -63,7 +63,7 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
             phases.append(name)
         return phases.index(name)
 
-    out, stage, in_call, calls, reduced, local = [], None, None, 0, False, False
+    out, stage, in_call, calls, reduced, local, arrived = [], None, None, 0, False, False, False
     lines = source.splitlines()
     for i, line in enumerate(lines):
         if inner:                       # marks inside the cluster mode's GEMM helper (kernels/mma_gemm.cuh)
@@ -97,14 +97,16 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cluster share')});")
             elif line.strip().startswith("rnn_cluster_arrive();"):
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cluster arrive')});")
+                arrived = True
             elif line.strip().startswith("__syncthreads();   // the reductions' sums"):      # engine/codegen/reductions.py
                 out.append(f"    rnn_prof_mark({phase(f's{stage} reduction sums')});")
             elif line.strip().startswith("__syncthreads();   // this block's units of"):
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cell math')});")
                 reduced = True
             elif line.strip() == "(void)I;":
-                out.append(f"    rnn_prof_mark({phase(f's{stage} partials' if reduced else f's{stage} cell math')});")
-                reduced = False
+                what = "partials" if reduced else "stores after the arrive" if arrived else "cell math"
+                out.append(f"    rnn_prof_mark({phase(f's{stage} {what}')});")
+                reduced = arrived = False
             if line == "}":
                 stage, calls = None, 0
             continue

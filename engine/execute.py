@@ -7,6 +7,7 @@ engine.multigpu, engine.bench, engine.explain or engine.export.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -71,11 +72,13 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
         if backend == "auto":
             log.warning(reason)
         module = backends.get(name)
-        if name in backends.SCHEDULE_BACKENDS or name == "reference":
-            result = module.run(network, params, x, initial_states, dtype=dtype, precision=precision)
-        else:
-            check_float32_only(f"backend '{name}'", precision)
-            result = module.run(network, params, x, initial_states, dtype=dtype)
+        # check_finite names the node that made a NaN or Inf below: NumPy's own warnings about it are noise then
+        with np.errstate(all="ignore") if check_finite else contextlib.nullcontext():
+            if name in backends.SCHEDULE_BACKENDS or name == "reference":
+                result = module.run(network, params, x, initial_states, dtype=dtype, precision=precision)
+            else:
+                check_float32_only(f"backend '{name}'", precision)
+                result = module.run(network, params, x, initial_states, dtype=dtype)
     result.backend = name
     result.info = dict(result.info or {}, backend_reason=reason, precision=precision)
     if check_finite and not FiniteCheck([("outputs", result.outputs), *result.final_states.items()]).all_finite():

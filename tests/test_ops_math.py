@@ -209,6 +209,18 @@ def test_check_finite_names_the_node_that_made_the_first_nan_or_inf(body, op, ki
     assert "hint:" in error
 
 
+def test_check_finite_reports_the_node_without_numpys_warnings(recwarn):
+    """check_finite names the node itself, so NumPy's RuntimeWarnings about the same values are not printed first."""
+    graph = cell(lambda x, h: {"h": tanh(W("W") @ x + W("R") @ h) + log(h * 0)}, name="log_of_zero")
+    network = engine.Network(graph, 3, 4, 1)
+    params = engine.init_params(network, seed=0)
+    x = np.random.default_rng(0).standard_normal((4, 2, 3))
+    error = call_error(lambda: engine.run(network, params, x, backend="reference", dtype=np.float32,
+                                          check_finite=True))
+    assert "(log) made the first" in error, error
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in recwarn]
+
+
 def test_check_finite_finds_an_exp_overflow_at_the_step_where_float32_overflows():
     network = engine.Network(overflowing, 2, 3, 1)
     params = engine.init_params(network, seed=1)

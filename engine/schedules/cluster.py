@@ -9,17 +9,19 @@ run as one cluster of CS <= 16 blocks (Hopper, PTX ISA "Cluster of cooperative t
   (`local Y`) and the kernel's argument table stay there too, and the rows of the input projection (one cuBLAS GEMM
   before the launch) are copied in a step ahead (cp.async), so a stage reads nothing from L2 on its critical path
   but its states (a cluster barrier's acquire leaves no L1 line to hit);
-- the cell code, storing a unit's value, also writes its 16-bit copy into the local X of every block of the cluster
-  (st.shared::cluster through mapa);
-- a cluster barrier (barrier.cluster.arrive.release / wait.acquire) ends every stage instead of a grid barrier, and
-  orders those writes before the next stage's GEMM, which then reads X from its own shared memory: no L2 round trip
-  for the operand and no grid-wide barrier on the step's critical path;
+- the cell code writes a unit's 16-bit value into its own block's local X; after a block barrier the block copies
+  its slice into the local X of every other block of the cluster (st.shared::cluster through mapa, 16 bytes at a
+  time where the slice allows: kernels/cluster_sync.cuh rnn_cluster_share);
+- a cluster barrier ends every stage instead of a grid barrier: the arrive (release) after the copies, the stage's
+  global stores (states, output) between it and the wait (acquire). It orders the copies before the next stage's
+  GEMM, which then reads X from its own shared memory: no L2 round trip for the operand and no grid-wide barrier on
+  the step's critical path;
 - the clusters (one a head) never wait for each other, so the launch is not cooperative.
 The GEMMs are the tensor-core MMAs of kernels/mma_gemm.cuh (rnn_mma_gemms_local), weights resident. One layer a
 launch: layers above run after it, their input projection one cuBLAS GEMM over the sequence (layers_per_launch=1).
 
 Why: a grid barrier or an arrival counter costs ~1.3 us a stage on an H100 or H200 (L2 atomics and polling, whatever
-the number of blocks: benchmarks/NOTES.md, 2026-11-26 22:00), and staging X from L2 ~1 us more; at B = 16 the
+the number of blocks: benchmarks/NOTES.md, 2026-11-26 22:35), and staging X from L2 ~1 us more; at B = 16 the
 sLSTM's MMAs take a fraction of that.
 """
 from __future__ import annotations

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         for s in syncs:
             row = {"preset": preset, "H": H, "B": B, "T": T, "precision": precision, "sync": s, "ms": float(np.median(samples[s])),
                    "rounds_ms": samples[s], "bit_identical_to_grid": same[s], "rel_diff_vs_grid": diff[s],
-                   "tiling": programs[s].run(x).info["tiling"]}
+                   "tiling": programs[s].tiling.describe()}
             rows.append(row)
             print(f"{preset:5s} H={H} B={B} {precision:9s} sync={s:9s} {row['ms']:.3f} ms  identical={same[s]} "
                   f"diff={diff[s]:.2e}")

@@ -193,25 +193,27 @@ def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits, config: TileCon
         host_launches_per_sequence=launches, barriers_per_sequence=barriers,
         before_launch=[g.name for g in program.hoisted_gemms if g.name not in in_kernel])
     if persistent:
-        by_layer = tiling.config.sync in ("layer", "head")
-        group = "head" if tiling.config.sync == "head" else "layer"
         entry["host_launch"] = "one persistent kernel"
-        entry["how"] = (f"one cooperative kernel for the whole sequence: {wave_steps} wavefront steps x "
-                        f"{len(present)} stage(s), "
-                        + (f"each {group} waiting on arrival counters after each" if by_layer else
-                           "a grid-wide barrier after each"))
+        steps = f"{wave_steps} wavefront steps x {len(present)} stage(s)"
         if tiling.cluster:
             owner = "head" if tiling.blocks_per_layer > tiling.cluster else "layer"
-            entry["how"] = (f"one kernel of thread-block clusters (one a {owner}) for the whole sequence: {wave_steps} "
-                            f"steps x {len(present)} stage(s), a cluster barrier after each")
-        entry["sync"] = (f"cluster barrier after every stage: the {tiling.cluster} blocks of a {owner} keep h in their "
-                         "shared memory and write each unit into every block of the cluster (distributed shared "
-                         "memory; engine/schedules/cluster.py)" if tiling.cluster else
-                         f"per-{group} arrival counters (kernels/layer_sync.cuh): after every stage a {group} waits for "
-                         "its own blocks" + (f" ({tiling.blocks_per_head} a head: every GEMM of a step reads one head)"
-                                             if group == "head" else "")
-                         + ", and for the layer below to have finished the step it needs" if by_layer else
-                         "grid-wide barrier (grid.sync) after every stage of every wavefront step")
+            entry["how"] = f"one kernel of thread-block clusters (one a {owner}) for the whole sequence: {steps}, " \
+                           "a cluster barrier after each"
+            entry["sync"] = (f"cluster barrier after every stage: the {tiling.cluster} blocks of a {owner} keep h in "
+                             "their shared memory, and each block copies its units into the others (distributed "
+                             "shared memory; engine/schedules/cluster.py)")
+        elif tiling.config.sync in ("layer", "head"):
+            group = tiling.config.sync
+            entry["how"] = f"one cooperative kernel for the whole sequence: {steps}, each {group} waiting on " \
+                           "arrival counters after each"
+            entry["sync"] = (f"per-{group} arrival counters (kernels/layer_sync.cuh): after every stage a {group} "
+                             "waits for its own blocks"
+                             + (f" ({tiling.blocks_per_head} a head: every GEMM of a step reads one head)"
+                                if group == "head" else "")
+                             + ", and for the layer below to have finished the step it needs")
+        else:
+            entry["how"] = f"one cooperative kernel for the whole sequence: {steps}, a grid-wide barrier after each"
+            entry["sync"] = "grid-wide barrier (grid.sync) after every stage of every wavefront step"
     else:
         entry["host_launch"] = "graph replay"
         entry["how"] = (f"one kernel per stage of every wavefront step ({wave_steps} x {len(present)} = {barriers} "

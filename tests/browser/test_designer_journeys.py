@@ -196,10 +196,22 @@ def test_a_building_blocks_field_changes_the_cell(page, app_url):
         "gate_1 = hard_sigmoid(", timeout=RERUN_S * 1000)
     assert page.locator('[data-testid="stException"]').count() == 0
     gates = add_block(page, frame, 0.75, 0.15, "building blocks", "exp gates")
-    box = gates.bounding_box()
-    handles = [gates.locator(f'.react-flow__handle.source[data-handleid="{name}"]').bounding_box()
-               for name in ("m_next", "i", "f")]
-    assert all(h and abs(h["x"] + h["width"] / 2 - (box["x"] + box["width"])) < 3 for h in handles), (box, handles)
+    # The block and its handles are measured in one call, once its rerun has drawn it at its final width: a block
+    # measured mid-render is narrower than its handles' final places.
+    measure = """n => {
+        const rect = e => { if (!e) return null; const r = e.getBoundingClientRect();
+                            return {x: r.x, y: r.y, width: r.width, height: r.height}; };
+        return [rect(n), ...['m_next', 'i', 'f'].map(name =>
+            rect(n.querySelector(`.react-flow__handle.source[data-handleid="${name}"]`)))];
+    }"""
+    for _ in range(20):
+        wait_until_idle(page)
+        box, *handles = gates.evaluate(measure)
+        on_edge = all(h and abs(h["x"] + h["width"] / 2 - (box["x"] + box["width"])) < 3 for h in handles)
+        if on_edge:
+            break
+        page.wait_for_timeout(250)
+    assert on_edge, (box, handles)
     rows = [h["y"] for h in handles]
     assert rows == sorted(rows) and min(b - a for a, b in zip(rows, rows[1:])) >= 8, rows
 

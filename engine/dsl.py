@@ -22,15 +22,15 @@ added there is a DSL function here.
 """
 from __future__ import annotations
 
-import functools
 import inspect
-import math
 import numbers
 import sys
 from typing import Callable
 
+from .dims import SCALAR, UNKNOWN
+from .dsl_checks import arguments_checked, check_dim, check_name, check_options, finite_number, is_number, shown_value
 from .errors import CellGraphError, Problem
-from .ir import DIMS, SCALAR, STATE_DIMS, UNKNOWN, CellGraph, Node, StateSpec, make_node
+from .ir import CellGraph, Node, StateSpec, make_node
 from .ops import OPS, dsl_functions, on_change
 
 _BUILDERS: list["_Builder"] = []
@@ -154,50 +154,6 @@ def _current(what: str = "DSL helpers (W, b, v, const, sigmoid, ...)") -> _Build
     return _BUILDERS[-1]
 
 
-def _check_name(name, helper: str, argument: str = "name") -> str:
-    if not isinstance(name, str) or not name.isidentifier():
-        raise CellGraphError(Problem(f"{helper}() needs a name that is a Python identifier, got {name!r}",
-                                     field=argument, hint=f"e.g. {helper}(\"W_ih\"): letters, digits and '_', "
-                                                          "not starting with a digit"))
-    return name
-
-
-def _check_dim(dim, helper: str, argument: str, allowed: tuple[str, ...] = DIMS) -> str:
-    if not isinstance(dim, str) or dim not in allowed:
-        raise CellGraphError(Problem(f"{helper}() argument '{argument}' must be one of {allowed}, got {dim!r}",
-                                     field=argument, hint="'H' (hidden size) is the default; 'I' is the input "
-                                                          "size, 'P' the projection size"))
-    return dim
-
-
-def _number(value, where: str) -> float:
-    """A Python or NumPy real number as a finite float, else a CellGraphError naming `where`."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        try:
-            number = float(value)
-        except OverflowError:
-            number = math.inf
-        if math.isfinite(number):
-            return number
-        shown = (f"an integer of {int(value).bit_length()} bits" if isinstance(value, numbers.Integral)
-                 else _shown(value))
-        raise CellGraphError(Problem(f"{where} must be a finite number, got {shown}"[:200], field=where,
-                                     hint="use a finite number within float range, such as 0.5"))
-    raise CellGraphError(Problem(f"{where} must be a number, got {type(value).__name__} {_shown(value)}"[:200],
-                                 field=where, hint="use a number such as 0.5, or a cell value"))
-
-
-def _shown(value) -> str:
-    try:
-        return repr(value)[:120]
-    except (ValueError, RecursionError):
-        return f"<{type(value).__name__}>"
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 # The ops that Value's Python operators build (a + b, a - b, a * b, 2.0 * a, 1 - a, -a): engine/dsl_emit.py
 # writes these with the operator, every other op as a call of its function.
 OPERATOR_OPS = frozenset({"add", "sub", "mul", "div", "scale", "one_minus", "neg"})
@@ -216,8 +172,8 @@ class Value:
     def _lift(self, other, operator: str) -> "Value":
         if isinstance(other, Value):
             return other
-        if _is_number(other):
-            return const(_number(other, f"the number in '{operator}'"))
+        if is_number(other):
+            return const(finite_number(other, f"the number in '{operator}'"))
         raise CellGraphError(Problem(f"cannot combine a cell value with {type(other).__name__} {other!r}"[:200],
                                      field=operator, hint="use cell values, numbers, or parameters created with "
                                                           "W/b/v/const"))
@@ -232,18 +188,18 @@ class Value:
         return self.builder.op("sub", self, self._lift(other, "-"))
 
     def __rsub__(self, other):
-        if _is_number(other) and _number(other, "the number in '-'") == 1.0:
+        if is_number(other) and finite_number(other, "the number in '-'") == 1.0:
             return self.builder.op("one_minus", self)
         return self.builder.op("sub", self._lift(other, "-"), self)
 
     def __mul__(self, other):
-        if _is_number(other):
-            return self.builder.op("scale", self, factor=_number(other, "the factor in '*'"))
+        if is_number(other):
+            return self.builder.op("scale", self, factor=finite_number(other, "the factor in '*'"))
         return self.builder.op("mul", self, self._lift(other, "*"))
 
     def __rmul__(self, other):
-        if _is_number(other):
-            return self.builder.op("scale", self, factor=_number(other, "the factor in '*'"))
+        if is_number(other):
+            return self.builder.op("scale", self, factor=finite_number(other, "the factor in '*'"))
         return self.builder.op("mul", self._lift(other, "*"), self)
 
     def __neg__(self):
@@ -251,7 +207,7 @@ class Value:
 
     def named(self, name: str) -> "Value":
         """Give this value an explicit node name (otherwise the local variable name is used)."""
-        self.builder.forced[self.name] = _check_name(name, "named")
+        self.builder.forced[self.name] = check_name(name, "named")
         return self
 
     # ---- what a cell value refuses: control flow and operators that are no op of the cell ----
@@ -359,43 +315,26 @@ class WeightRef:
                                      field="operand", hint=f"write W(\"{self.name}\") @ value"))
 
 
-def _arguments_checked(fn: Callable) -> Callable:
-    """Refuse a call with arguments the helper does not take as a CellGraphError (not Python's TypeError)."""
-    signature = inspect.signature(fn)
-    usage = fn.__name__ + str(signature.replace(parameters=[p.replace(annotation=p.empty)
-                                                            for p in signature.parameters.values()],
-                                                return_annotation=signature.empty))
-
-    @functools.wraps(fn)
-    def checked(*args, **kwargs):
-        try:
-            signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise CellGraphError(Problem(f"{fn.__name__}(): {e}", field="args", hint=f"write {usage}")) from None
-        return fn(*args, **kwargs)
-    return checked
-
-
-@_arguments_checked
+@arguments_checked
 def W(name: str, rows: str = "H", heads: int = 1) -> WeightRef:
     if isinstance(heads, bool) or not isinstance(heads, numbers.Integral) or not 1 <= heads <= MAX_HEADS:
         raise CellGraphError(Problem(f"W('{name}'): heads must be a whole number from 1 to {MAX_HEADS}, got "
-                                     f"{_shown(heads)}", node=str(name)[:60], field="heads",
+                                     f"{shown_value(heads)}", node=str(name)[:60], field="heads",
                                      hint="e.g. W(\"R\", heads=4): four blocks; hidden_size must be a multiple"))
-    return WeightRef(_check_name(name, "W"), _check_dim(rows, "W", "rows"), int(heads))
+    return WeightRef(check_name(name, "W"), check_dim(rows, "W", "rows"), int(heads))
 
 
-@_arguments_checked
+@arguments_checked
 def b(name: str, dim: str = "H") -> Value:
-    return _current().leaf(_check_name(name, "b"), "bias", dim=_check_dim(dim, "b", "dim"))
+    return _current().leaf(check_name(name, "b"), "bias", dim=check_dim(dim, "b", "dim"))
 
 
-@_arguments_checked
+@arguments_checked
 def v(name: str, dim: str = "H") -> Value:
-    return _current().leaf(_check_name(name, "v"), "vector", dim=_check_dim(dim, "v", "dim"))
+    return _current().leaf(check_name(name, "v"), "vector", dim=check_dim(dim, "v", "dim"))
 
 
-@_arguments_checked
+@arguments_checked
 def layer_norm(value, gain=None, bias=None, eps: float = 1e-5):
     """Layer normalization over the H units of each row (Ba, Kiros & Hinton 2016): (value - mean) / sqrt(var + eps),
     times gain, plus bias (`v(...)`, `b(...)` vectors, or None). Given a list of H-sized values, it normalizes them
@@ -408,12 +347,12 @@ def layer_norm(value, gain=None, bias=None, eps: float = 1e-5):
     for label, items in (("value", values), ("gain", gains), ("bias", biases)):
         bad = [item for item in items if not (isinstance(item, Value) or (item is None and label != "value"))]
         if bad or not items or len(items) != len(values):
-            got = (_shown(bad[0]) if bad else f"a list of {len(items)}")
+            got = (shown_value(bad[0]) if bad else f"a list of {len(items)}")
             raise CellGraphError(Problem(f"layer_norm(): '{label}' needs {len(values) or 1} cell value(s), got "
                                          f"{got}", field=label,
                                          hint="layer_norm(v, gain=v('g'), bias=b('beta')), or lists of equal "
                                               "length to normalize several values jointly"))
-    eps = _number(eps, "layer_norm() argument 'eps'")
+    eps = finite_number(eps, "layer_norm() argument 'eps'")
     if not eps > 0:
         raise CellGraphError(Problem(f"layer_norm(): eps must be > 0, got {eps}", field="eps",
                                      hint="a small positive number such as 1e-5 keeps rsqrt finite"))
@@ -441,13 +380,13 @@ def auto_const_name(value: float) -> str:
     return f"c_{text}"
 
 
-@_arguments_checked
+@arguments_checked
 def const(value: float, name: str | None = None) -> Value:
     builder = _current()
-    number = _number(value, "const() argument 'value'")
+    number = finite_number(value, "const() argument 'value'")
     if name is None:
         return builder.leaf(auto_const_name(number), "const", auto=True, value=number)
-    return builder.leaf(_check_name(name, "const"), "const", value=number)
+    return builder.leaf(check_name(name, "const"), "const", value=number)
 
 
 def op_function(op: str) -> Callable[..., Value]:
@@ -497,46 +436,9 @@ _make_op_functions()
 on_change(_make_op_functions)
 
 
-def _check_options(fn, name, output, doc, input_is_hidden, state_dims) -> list[str]:
-    """The @cell function's parameter names, once every option of cell() is of the right type."""
-    if not callable(fn):
-        raise CellGraphError(Problem(f"@cell needs a function, got {type(fn).__name__} {fn!r}"[:200], field="fn",
-                                     hint="def my_cell(x, h): ...; then cell(my_cell)"))
-    for option, value in (("name", name), ("doc", doc)):
-        if value is not None and not isinstance(value, str):
-            raise CellGraphError(Problem(f"cell() option '{option}' must be a string, got {value!r}"[:200],
-                                         field=option, hint=f"e.g. {option}=\"my_cell\""))
-    if not isinstance(output, str):
-        raise CellGraphError(Problem(f"cell() option 'output' must be a state name, got {output!r}"[:200],
-                                     field="output", hint="the state that is the layer's output, usually \"h\""))
-    if not isinstance(input_is_hidden, bool):
-        raise CellGraphError(Problem(f"cell() option 'input_is_hidden' must be True or False, got "
-                                     f"{input_is_hidden!r}"[:200], field="input_is_hidden",
-                                     hint="True when the cell adds x to hidden-sized values"))
-    if state_dims is not None and not isinstance(state_dims, dict):
-        raise CellGraphError(Problem(f"cell() option 'state_dims' must be a dict, got {state_dims!r}"[:200],
-                                     field="state_dims", hint="e.g. state_dims={\"h\": \"P\"}"))
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError) as e:          # builtins and some C callables have no signature
-        raise CellGraphError(Problem(f"@cell cannot read the parameters of {fn!r}: {e}"[:200], field="fn",
-                                     hint="decorate a plain Python function")) from None
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    params = [p.name for p in signature.parameters.values() if p.kind in positional]
-    if len(params) < 2:
-        raise CellGraphError("an @cell function takes the input first, then one argument per state",
-                             field="signature", hint="e.g. def my_cell(x, h): ...")
-    for state, dim in (state_dims or {}).items():
-        if state not in params[1:]:
-            raise CellGraphError(Problem(f"state_dims names '{state}', which is not a state of the function",
-                                         node=str(state), field="state_dims", hint=f"states are {params[1:]}"))
-        _check_dim(dim, "cell", f"state_dims['{state}']", STATE_DIMS)
-    return params
-
-
 def build_cell(fn: Callable, name: str | None = None, output: str = "h", doc: str | None = None,
                input_is_hidden: bool = False, state_dims: dict[str, str] | None = None) -> CellGraph:
-    params = _check_options(fn, name, output, doc, input_is_hidden, state_dims)
+    params = check_options(fn, name, output, doc, input_is_hidden, state_dims)
     state_dims = dict(state_dims or {})
     builder = _Builder(getattr(fn, "__code__", None), input_is_hidden)
     _BUILDERS.append(builder)

@@ -44,6 +44,12 @@ RUN_LIMIT = 1 << 40      # steps or batch of a plan: far past any run, small eno
 GRID_LIMIT = 1 << 18     # layer-steps of the wavefront grid explain lays out, one by one (about 6 s at the limit)
 
 
+def weights_phrase(names: list[str]) -> str:
+    """"weight 'R'" or "weights 'R_i', 'R_f'": how the explain text and the Schedule page name a group of weights."""
+    quoted = ", ".join(f"'{n}'" for n in names)
+    return f"weight {quoted}" if len(names) == 1 else f"weights {quoted}"
+
+
 def flag(value, name: str) -> bool:
     if not isinstance(value, bool):
         raise CompileError(f"argument '{name}' must be True or False, got {type(value).__name__}; hint: "
@@ -167,7 +173,8 @@ def dense_to_json(network: Network, plan: Plan) -> dict[str, Any]:
     wave = compile_cell(wavefront_network(network).cell, layout="interleaved")
     wave_stages = {g.stage for g in wave.gemms if not g.hoisted} | {k.stage for k in wave.kernels}
     return {"changed": form.changed, "reductions": reductions,
-            "heads": [{"weight": name, "heads": k} for name, k in form.heads],
+            "heads": [{"weights": [name for name, j in form.heads if j == k], "heads": k}     # grouped by count
+                      for k in dict.fromkeys(k for _, k in form.heads)],
             "reduction_flops_per_step": 2 * B * H * H * in_step,
             "stages_per_step": max(stages, default=1),        # step stages are numbered from 1
             # The wavefront schedules sum instead (engine/codegen/reductions.py): each block's partial sums per row
@@ -341,9 +348,9 @@ def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None
                        f"partials (B floats a block and sum, two for a variance, through L2), "
                        f"{wave['stages_per_step']} stage(s) a step, each one barrier")
         for w in dense["heads"]:
-            out.append(f"  weight {w['weight']}: {w['heads']} heads, multiplied as its block-diagonal matrix "
-                       f"({w['heads']}x the FLOPs of its blocks); the persistent schedule reads only a block's own "
-                       "head where its units lie in one (warp GEMV, or fp16/bf16 tensor cores)")
+            out.append(f"  {weights_phrase(w['weights'])}: {w['heads']} heads each, multiplied as block-diagonal "
+                       f"matrices ({w['heads']}x the FLOPs of their blocks); the persistent schedule reads only a "
+                       "block's own head where its units lie in one (warp GEMV, or fp16/bf16 tensor cores)")
     out += ["", "linear recurrence (schedule 'scan', engine/passes/scan.py):"]
     out += ["  " + line for line in analyse_scan(cell).describe().splitlines()]
     backward = backward_to_json(cell)

@@ -9,8 +9,9 @@ import math
 from dataclasses import dataclass
 
 from .arguments import integer, shown
+from .dims import infer_dims
 from .errors import BackendError
-from .ir import CellGraph, infer_dims
+from .ir import CellGraph
 
 
 def check_cell(cell) -> None:

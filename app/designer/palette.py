@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.ir import DIMS, STATE_DIMS
+from engine.dims import DIMS, STATE_DIMS
 from engine.ops import OPS, activations, on_change
 
 from .composites import CANDIDATE, EPS, EXP_GATES, GATE, LAYER_NORM, LERP, OUTPUT, outputs, ports

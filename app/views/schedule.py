@@ -21,6 +21,7 @@ import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
 from app import engine_cache, figures, page, state  # noqa: E402
+from engine.explain import weights_phrase  # noqa: E402
 
 HEATMAP_STEPS = 48   # the diagonals are the same for every window; a wider grid is unreadable
 
@@ -166,9 +167,10 @@ def dense_ui(dense: dict | None) -> None:
                          f"through L2 and every block adds them after the stage's barrier: {wave['reduction_terms']} "
                          f"row sum(s) a step, {wave['stages_per_step']} stage(s) a step, each one barrier.")
     for w in dense["heads"]:
-        lines.append(f"- weight '{w['weight']}' has {w['heads']} heads: multiplied as its block-diagonal matrix, "
-                     f"{w['heads']}x the FLOPs of its blocks; the persistent schedule reads only a block's own head "
-                     "where its hidden units lie in one (warp GEMV, or fp16/bf16 tensor cores).")
+        lines.append(f"- {weights_phrase(w['weights'])}: {w['heads']} heads each, multiplied as "
+                     f"block-diagonal matrices, {w['heads']}x the FLOPs of their blocks; the persistent schedule "
+                     "reads only a block's own head where its hidden units lie in one (warp GEMV, or fp16/bf16 "
+                     "tensor cores).")
     st.info("**Reductions and heads, as the GPU runs them**\n\n" + "\n".join(lines))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import SCALAR
+from ..dims import SCALAR
 from ..ops import apply_elementwise
 from .fused_plan import INPUT_BUFFER, Place, TrainingPlan
 from .stage_fusion import FusedStage, lay_out

@@ -18,8 +18,8 @@ import weakref
 import numpy as np
 
 from ..dense import compact_gradients, dense
+from ..dims import SCALAR
 from ..errors import BackendError
-from ..ir import SCALAR
 from .checks import start_backward
 from .fused_cache import acquire, gpu_runner
 from .fused_gradients import gradient_views, zero_gradients

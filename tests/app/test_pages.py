@@ -743,7 +743,7 @@ def test_schedule_says_what_reductions_and_heads_cost(open_page):
     for name, says in (("ln_lstm", "reduction(s) over H (mean_h) run as GEMMs by a fixed H x H matrix"),
                        ("ln_lstm", "The wavefront schedules run no GEMM for them"),
                        ("ln_lstm", "row sum(s) a step, 3 stage(s) a step"),
-                       ("slstm", "weight 'R_i' has 4 heads: multiplied as its block-diagonal matrix")):
+                       ("slstm", "weights 'R_i', 'R_f', 'R_z', 'R_o': 4 heads each, multiplied as block-diagonal matrices")):
         at.switch_page("views/gallery.py").run()
         at.button(key=f"gallery.open.{name}").click().run()
         at.switch_page("views/schedule.py").run()

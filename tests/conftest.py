@@ -8,6 +8,7 @@ several conftest.py files can coexist under tests/.
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 from dataclasses import dataclass
 
@@ -85,3 +86,33 @@ def nvcc_include_flags():
     except CompileError as e:
         pytest.skip(f"cuBLAS headers not found: {e}")
     return [f"-I{include}"] if include else []
+
+
+# ---- JSB Chorales ----------------------------------------------------------------------------------------------------
+
+JSB_SUBSET_SCORES = 20      # the first scores of music21's Bach corpus: about 16 four-voice chorales in all three splits
+
+
+@pytest.fixture(scope="session", autouse=True)
+def jsb_cache_of_the_session(tmp_path_factory):
+    """The JSB Chorales cache of this test process, never the user's: a file in a temporary folder (the CLI's
+    subprocesses inherit it)."""
+    path = tmp_path_factory.mktemp("jsb") / "jsb_chorales.npz"
+    before = os.environ.get("CELLFORGE_JSB_CACHE")
+    os.environ["CELLFORGE_JSB_CACHE"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("CELLFORGE_JSB_CACHE", None)
+    else:
+        os.environ["CELLFORGE_JSB_CACHE"] = before
+
+
+@pytest.fixture(scope="session")
+def jsb_subset(jsb_cache_of_the_session):
+    """Task 'jsb' on the chorales of the first JSB_SUBSET_SCORES scores of the corpus (seconds to parse, where the
+    whole corpus takes about 20 s on two cores), written where the session's cache is."""
+    from engine.training import jsb
+    data = jsb.build(jsb.corpus_scores()[:JSB_SUBSET_SCORES], workers=1)
+    jsb.save(data, jsb_cache_of_the_session)
+    jsb.chorales.cache_clear()
+    return data

@@ -1,4 +1,5 @@
-"""Train: several cells side by side on a generated task, their loss curves and held-out scores (issue #13).
+"""Train: several cells side by side on a task (generated, or the JSB Chorales), their loss curves and held-out
+scores (issues #13, #35).
 
 "LSTM: A Search Space Odyssey" (Greff et al. 2017) compared variants by training each on the same data; this page
 does it live: the same settings, seed and batches for every cell chosen (presets, the current design, saved
@@ -72,6 +73,13 @@ def task_ui() -> str:
     name = st.selectbox("Task", names, index=names.index("adding") if "adding" in names else 0, key="train.task")
     task = get_task(name)
     better = "higher" if task.higher_is_better else "lower"
+    if not task.data_ready():
+        with st.spinner(f"Building the data of task '{name}' (first use only: a minute or two)..."):
+            try:
+                task.baseline_of()             # builds the data (then cached)
+            except TrainingError as e:
+                st.error(str(e))
+                st.stop()
     st.caption(f"{task.description.rstrip('.')}. Loss on {task.reads}; metric: {task.metric} ({better} is better; "
                f"{task.baseline:.3g} without looking at the input). {task.citation}")
     return name
@@ -165,7 +173,7 @@ def results_ui(results: list[dict]) -> None:
 
 
 page.header("train")
-st.caption("Train cells side by side on a task the project generates: same data, same seed, same settings; "
+st.caption("Train cells side by side on a task (generated, or the JSB Chorales): same data, same seed, same settings; "
            "backpropagation through time on the CPU in float64 (the NumPy reference), or on the GPU in float32 (the "
            "fused training step) where there is one.")
 labels = cells_ui()

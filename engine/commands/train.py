@@ -56,8 +56,9 @@ def print_tasks() -> None:
     width = max(len(name) for name in names)
     for name in names:
         task = get_task(name)
+        baseline = f"{task.baseline:<6.4g}" if task.data_ready() else "(on first use: its data is built then)"
         print(f"{name:<{width}}  in {task.input_size:>2}  out {task.output_size:>2}  {task.metric:<8}  "
-              f"baseline {task.baseline:<6.4g}  {task.description}")
+              f"baseline {baseline}  {task.description}")
 
 
 def progress_printer(cell_names: list[str], steps: int):

@@ -4,6 +4,8 @@ squared error or softmax cross-entropy, with the gradients the optimiser and bpt
     logits = h @ W_out.T + b_out            h: (S, B, H) outputs at the loss steps, logits: (S, B, O)
     mse:            loss = mean over S, B, O of (logits - y)^2;          metric = the same
     cross_entropy:  loss = mean over S, B of -log softmax(logits)[y];   metric = accuracy of argmax
+    bce:            loss = mean over S, B of the sum over O of -log p(y_o), p = sigmoid(logits) (O independent
+                    binary outputs, such as the keys of a piano-roll frame);  metric = the same (NLL per step)
 
 Both are means over the S * B read positions, so the loss (and a good learning rate) does not grow with the
 batch or with how many steps are read.
@@ -18,7 +20,7 @@ from ..backends.common import array_module_of
 from .errors import TrainingError
 from .tasks import Batch
 
-LOSSES = ("mse", "cross_entropy")
+LOSSES = ("mse", "cross_entropy", "bce")
 
 
 def init_readout(output_size: int, hidden_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -57,6 +59,14 @@ def readout_loss(outputs: np.ndarray, readout: dict[str, np.ndarray], batch: Bat
         value = float(xp.mean(error ** 2))
         metric = value
         d_logits = 2.0 * error / error.size
+    elif loss == "bce":
+        targets = batch.targets                                         # (S, B, O) zeros and ones
+        # -log sigmoid(z) for y = 1 and -log(1 - sigmoid(z)) for y = 0, as softplus(z) - y z written so that
+        # exp never overflows: max(z, 0) - y z + log(1 + exp(-|z|)).
+        nll = xp.maximum(logits, 0) - targets * logits + xp.log1p(xp.exp(-xp.abs(logits)))
+        value = float(nll.sum(axis=-1).mean())
+        metric = value
+        d_logits = (0.5 * (1.0 + xp.tanh(0.5 * logits)) - targets) / (S * B)      # sigmoid, without overflow
     else:
         targets = batch.targets                                         # (S, B) class ids
         rows, cols = xp.arange(S)[:, None], xp.arange(B)[None, :]

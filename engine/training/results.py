@@ -46,7 +46,7 @@ class TrainResult:
     cell_hash: str                      # CellGraph.structural_hash: equal structure, equal hash
     cell_json: dict                     # engine.to_dict(cell): enough to rebuild and retrain it
     task: str
-    metric: str                         # "mse" or "accuracy"
+    metric: str                         # "mse", "nll" or "accuracy"
     baseline: float                     # the task's input-blind metric, the bar to beat
     settings: dict                      # hidden_size, num_layers, steps, batch, seq_len, lr, clip, seed, eval_...
     losses: list[float]                 # training loss at every step (1..steps)

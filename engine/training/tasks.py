@@ -1,4 +1,5 @@
-"""Sequence tasks the project generates itself, to train any cell on: the registry and the generators.
+"""Sequence tasks to train any cell on: the registry and the generators. The project generates the synthetic ones
+itself; "chars" reads a text that ships with it and "jsb" the Bach chorales of music21's corpus (engine/training/jsb.py).
 
 Every task draws its batches from a numpy Generator, so a batch is a pure function of the generator's state
 (same seed, same data). A batch says which steps the loss reads (`loss_steps`): the last one (adding problem,
@@ -20,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from ..gallery import closest_names
+from . import jsb
 from .errors import TrainingError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -39,30 +41,39 @@ class Batch:
 class Task:
     name: str
     input_size: int
-    output_size: int            # classes (cross-entropy), or 1 (regression)
-    loss: str                   # "mse" or "cross_entropy"
-    metric: str                 # "mse" (lower is better) or "accuracy" (higher is better)
+    output_size: int            # classes (cross-entropy), keys (bce), or 1 (regression)
+    loss: str                   # "mse", "cross_entropy" or "bce" (engine/training/loss.py)
+    metric: str                 # "mse" or "nll" (lower is better), or "accuracy" (higher is better)
     reads: str                  # which steps the loss reads, in words
     description: str
     citation: str
-    baseline: float             # the metric of the best predictor that ignores the input (the bar to beat)
+    baseline_of: Callable[[], float]   # the metric of the best predictor that ignores the input (the bar to beat)
     min_seq_len: int
     make: Callable[[np.random.Generator, int, int, str], Batch]   # (rng, batch_size, seq_len, split) -> Batch
+    splits: tuple[str, ...] = ("train", "eval")
+    data_ready: Callable[[], bool] = lambda: True   # False while the data is not built (its first use builds it)
 
     @property
     def higher_is_better(self) -> bool:
         return self.metric == "accuracy"
 
+    @property
+    def baseline(self) -> float:
+        """The input-blind metric (a data task's first use builds its data to compute it)."""
+        return self.baseline_of()
+
     def batch(self, rng: np.random.Generator, batch_size: int, seq_len: int, split: str = "train") -> Batch:
-        """A batch of `batch_size` sequences of `seq_len` steps. split: "train" or "eval" (only the corpus task
-        holds text out; the synthetic tasks draw fresh sequences either way)."""
+        """A batch of `batch_size` sequences of `seq_len` steps. split: "train" or "eval" (held-out data where the
+        task has it: the corpus's last tenth, JSB Chorales' valid split; the synthetic tasks draw fresh sequences
+        either way), or "test" for JSB Chorales."""
         for field, value, lo in (("batch", batch_size, 1), ("seq_len", seq_len, self.min_seq_len)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo:
                 raise TrainingError(f"task '{self.name}': {field} must be an integer of at least {lo}, got {value!r}",
                                     hint=f"{self.name} needs seq_len >= {self.min_seq_len}" if field == "seq_len"
                                     else "use a batch of 1 or more sequences")
-        if split not in ("train", "eval"):
-            raise TrainingError(f"split must be 'train' or 'eval', got {split!r}")
+        if split not in self.splits:
+            raise TrainingError(f"task '{self.name}' has no split {split!r}",
+                                hint="use one of " + ", ".join(repr(s) for s in self.splits))
         return self.make(rng, int(batch_size), int(seq_len), split)
 
 
@@ -146,10 +157,39 @@ def chars_batch(rng: np.random.Generator, B: int, T: int, split: str) -> Batch:
     return Batch(one_hot(windows[:-1], len(corpus()[1])), windows[1:], np.arange(T))
 
 
+@lru_cache(maxsize=1)
 def most_common_fraction() -> float:
     """The accuracy of always predicting the corpus's commonest character (on the held-out text)."""
     _, eval_ids = corpus_ids()
     return float(np.bincount(eval_ids).max() / len(eval_ids))
+
+
+JSB_SPLITS = {"train": "train", "eval": "valid", "test": "test"}   # a task's split -> the dataset's
+
+
+def jsb_batch(rng: np.random.Generator, B: int, T: int, split: str) -> Batch:
+    """B windows of T + 1 frames from the split's chorales (a chorale drawn by how many windows it holds, so every
+    window is equally likely): the input is frame t, the target frame t + 1, at every step."""
+    rolls = jsb.chorales().rolls_of(JSB_SPLITS[split])
+    starts = np.array([max(0, len(roll) - T) for roll in rolls])              # windows of T + 1 frames a chorale
+    if starts.sum() == 0:
+        longest = max(len(roll) for roll in rolls)
+        raise TrainingError(f"task 'jsb': seq_len={T} is longer than every {JSB_SPLITS[split]} chorale (the longest "
+                            f"has {longest} frames, {longest - 1} steps of next-frame prediction)",
+                            hint=f"use seq_len <= {longest - 1}")
+    which = rng.choice(len(rolls), size=B, p=starts / starts.sum())           # (B,)
+    x = np.empty((T, B, jsb.KEYS))
+    targets = np.empty((T, B, jsb.KEYS))
+    for b, index in enumerate(which):
+        start = rng.integers(0, starts[index])
+        window = rolls[index][start:start + T + 1]                              # (T + 1, 88) bool
+        x[:, b], targets[:, b] = window[:-1], window[1:]
+    return Batch(x, targets, np.arange(T))
+
+
+def jsb_baseline() -> float:
+    data = jsb.chorales()                      # cached; the baseline itself takes milliseconds
+    return jsb.marginal_nll(data.rolls_of("train"), data.rolls_of("valid"))
 
 
 @lru_cache(maxsize=1)
@@ -161,25 +201,33 @@ def _registry() -> dict[str, Task]:
              "two marked values at the end",
              "Hochreiter & Schmidhuber 1997, Long Short-Term Memory (the adding problem, experiment 4)",
              # Predicting the mean sum 1 leaves the variance of a sum of two independent U(0, 1): 2 / 12.
-             baseline=1 / 6, min_seq_len=2, make=adding_batch),
+             baseline_of=lambda: 1 / 6, min_seq_len=2, make=adding_batch),
         Task("copy", COPY_SYMBOLS + 2, COPY_SYMBOLS, "cross_entropy", "accuracy", "the last T // 5 steps",
              f"memorise T // 5 symbols (of {COPY_SYMBOLS}), wait, and after the go marker reproduce them in order",
              "Hochreiter & Schmidhuber 1997; Arjovsky, Shah & Bengio 2016, Unitary Evolution RNNs (copying memory)",
-             baseline=1 / COPY_SYMBOLS, min_seq_len=3, make=copy_batch),
+             baseline_of=lambda: 1 / COPY_SYMBOLS, min_seq_len=3, make=copy_batch),
         Task("parity", 1, 2, "cross_entropy", "accuracy", "every step",
              "bits in (0 or 1), one a step; predict the parity of the bits so far at every step",
              "Minsky & Papert 1969; Hochreiter & Schmidhuber 1997 (parity as a long-range task)",
-             baseline=0.5, min_seq_len=1, make=parity_batch),
+             baseline_of=lambda: 0.5, min_seq_len=1, make=parity_batch),
         Task("parity-end", 1, 2, "cross_entropy", "accuracy", "the last step",
              "bits in (0 or 1), one a step; predict the parity of all the bits at the end (harder: one "
              "signal a sequence)",
              "Minsky & Papert 1969; Hochreiter & Schmidhuber 1997 (parity as a long-range task)",
-             baseline=0.5, min_seq_len=1, make=parity_end_batch),
+             baseline_of=lambda: 0.5, min_seq_len=1, make=parity_end_batch),
         Task("chars", vocab_size, vocab_size, "cross_entropy", "accuracy", "every step",
              f"character-level language modelling on {CORPUS.name} ({vocab_size} characters, one-hot): predict "
              "the next character at every step; evaluated on the held-out last tenth",
              "Elman 1990, Finding Structure in Time; Karpathy 2015, char-rnn",
-             baseline=most_common_fraction(), min_seq_len=1, make=chars_batch),
+             baseline_of=most_common_fraction, min_seq_len=1, make=chars_batch),
+        Task("jsb", jsb.KEYS, jsb.KEYS, "bce", "nll", "every step",
+             "JSB Chorales: Bach's four-voice chorales from music21's corpus as 88-key piano rolls, a frame an eighth "
+             "note; predict which keys sound in the next frame, at every step (windows of seq_len frames); NLL per "
+             "step in nats, evaluated on the valid split",
+             "Allan & Williams 2005 (the JSB Chorales); Boulanger-Lewandowski, Bengio & Vincent 2012 (NLL per time "
+             "step); Greff et al. 2017, LSTM: A Search Space Odyssey",
+             baseline_of=jsb_baseline, min_seq_len=1, make=jsb_batch, splits=("train", "eval", "test"),
+             data_ready=jsb.is_cached),
     ]
     return {task.name: task for task in table}
 

@@ -64,6 +64,18 @@ def test_the_current_design_and_a_task_of_classes_train(open_page):
     assert "final accuracy" in at.dataframe[0].value.columns
 
 
+def test_the_jsb_chorales_train_with_their_nll(open_page, jsb_subset):
+    at = open_page("train")
+    at.selectbox(key="train.task").set_value("jsb").run()
+    caption = "\n".join(c.value for c in at.caption)
+    assert "JSB Chorales" in caption and "metric: nll (lower is better" in caption
+    tiny(at, steps=4)
+    at.button(key="train.run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    assert list(table["cell"]) == ["lstm", "gru"] and all(table["final nll"] > 0)
+
+
 def test_the_device_is_the_cpu_where_there_is_no_gpu_and_says_why(open_page):
     from engine.backends import gpu_status
     at = open_page("train")

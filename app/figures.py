@@ -537,7 +537,13 @@ def training_metric_figure(results: Sequence[Mapping]) -> go.Figure:
 
 
 def training_table(results: Sequence[Mapping]) -> list[dict]:
-    """One row per cell: its final held-out loss and metric, the baseline, its size and time."""
-    return [{"cell": r["cell"], f"final {r['metric']}": r["final_metric"], "final loss": r["final_loss"],
-             "without the input": r["baseline"], "parameters": r["num_params"], "seconds": round(r["seconds"], 2)}
-            for r in results]
+    """One row per cell: its final held-out loss and metric, its test metric where the task has a test split, the
+    baseline, its size and time."""
+    rows = []
+    for r in results:
+        row = {"cell": r["cell"], f"final {r['metric']}": r["final_metric"], "final loss": r["final_loss"]}
+        if r.get("test_metric") is not None:
+            row[f"test {r['metric']}"] = r["test_metric"]
+        rows.append(row | {"without the input": r["baseline"], "parameters": r["num_params"],
+                           "seconds": round(r["seconds"], 2)})
+    return rows

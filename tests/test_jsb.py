@@ -178,7 +178,7 @@ def test_the_cli_trains_on_jsb_and_lists_it(jsb_subset, tmp_path, capsys):
     assert main(["train", "lstm", "gru", "--task", "jsb", "--steps", "3", "-H", "4", "-T", "8", "-B", "2",
                  "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "task jsb: nll" in printed and "lower is better" in printed
+    assert "task jsb: nll" in printed and "lower is better" in printed and "test nll" in printed
     assert [r["task"] for r in json.loads(out.read_text())["results"]] == ["jsb", "jsb"]
     assert main(["train", "--list-tasks"]) == 0
     assert "jsb" in capsys.readouterr().out
@@ -200,3 +200,68 @@ def test_the_whole_corpus_gives_the_documented_split():
     assert counts == {"train": 219, "valid": 72, "test": 74}, counts
     keys = np.flatnonzero(np.concatenate(data.rolls).any(axis=0)) + jsb.LOWEST
     assert keys.min() >= 36 and keys.max() <= 81                          # C2 to A5: the four voices' range
+
+
+# ---- whole sequences: the held-out set and the masked loss ------------------------------------------------------------
+
+@pytest.mark.parametrize("loss", ["bce", "cross_entropy", "mse"])
+def test_a_masked_loss_is_the_mean_over_the_counted_steps_only(loss):
+    """Two sequences of 5 and 3 steps padded to 5: the loss, metric and gradients are those of the counted 8
+    positions, whatever the padding holds."""
+    rng = np.random.default_rng(1)
+    T, B, H, O = 5, 2, 3, 4
+    outputs = rng.standard_normal((T, B, H))
+    readout = init_readout(O, H, rng)
+    targets = {"bce": (rng.random((T, B, O)) < 0.5).astype(float), "cross_entropy": rng.integers(0, O, (T, B)),
+               "mse": rng.standard_normal((T, B, O))}[loss]
+    mask = np.ones((T, B))
+    mask[3:, 1] = 0.0
+    scored = readout_loss(outputs, readout, Batch(outputs, targets, np.arange(T), mask), loss)
+    garbage = outputs.copy()
+    garbage[3:, 1] = 1e3                                                  # what the padding holds does not count
+    again = readout_loss(garbage, readout, Batch(garbage, targets, np.arange(T), mask), loss)
+    assert again.loss == pytest.approx(scored.loss, rel=1e-12)
+    one = readout_loss(outputs[:, :1], readout, Batch(outputs[:, :1], targets[:, :1], np.arange(T)), loss)
+    two = readout_loss(outputs[:3, 1:], readout, Batch(outputs[:3, 1:], targets[:3, 1:], np.arange(3)), loss)
+    assert scored.loss == pytest.approx((5 * one.loss + 3 * two.loss) / 8, rel=1e-12)
+    assert scored.metric == pytest.approx((5 * one.metric + 3 * two.metric) / 8, rel=1e-12)
+    assert not scored.d_outputs[3:, 1].any()                               # no gradient into the padding
+    np.testing.assert_allclose(scored.d_outputs[:, 0], one.d_outputs[:, 0] * 5 / 8, rtol=1e-12)
+    with pytest.raises(TrainingError, match="the batch's mask counts no loss step"):
+        readout_loss(outputs, readout, Batch(outputs, targets, np.arange(T), np.zeros((T, B))), loss)
+
+
+def test_the_held_out_chorales_are_whole_and_the_padding_changes_no_counted_output(jsb_subset):
+    from engine.backends.reference import run as reference_run
+    from engine.training.tasks import jsb_whole
+    valid = jsb_subset.rolls_of("valid")
+    batch = jsb_whole("eval")
+    longest = max(len(r) for r in valid)
+    assert batch.x.shape == batch.targets.shape == (longest - 1, len(valid), 88)
+    assert batch.mask.sum() == sum(len(r) - 1 for r in valid)
+    shortest = int(np.argmin([len(r) for r in valid]))
+    n = len(valid[shortest])
+    np.testing.assert_array_equal(batch.x[:n - 1, shortest], valid[shortest][:-1])
+    np.testing.assert_array_equal(batch.targets[:n - 1, shortest], valid[shortest][1:])
+    assert not batch.x[n:, shortest].any() and not batch.mask[n - 1:, shortest].any()
+    network = engine.Network(engine.preset("gru").cell, 88, 8, 1)
+    params = engine.init_params(network, seed=0)
+    padded = reference_run(network, params, batch.x, dtype=np.float64).outputs[:n - 1, shortest]
+    alone = reference_run(network, params, batch.x[:n - 1, shortest:shortest + 1], dtype=np.float64).outputs[:, 0]
+    np.testing.assert_allclose(padded, alone, rtol=1e-12, atol=1e-15)       # (BLAS sums a batch in its own order)
+
+
+def test_training_scores_the_valid_chorales_whole(jsb_subset):
+    from engine.training.loss import readout_loss as score
+    from engine.training.tasks import jsb_whole
+    result = engine.train("gru", "jsb", hidden_size=6, steps=2, batch=4, seq_len=8, seed=3, eval_batch=5)
+    network = engine.Network(engine.preset("gru").cell, 88, 6, 1)
+    batch = jsb_whole("eval")
+    outputs = engine.run(network, result.params, batch.x, backend="reference", dtype=np.float64).outputs
+    assert result.eval_metrics[-1] == pytest.approx(score(outputs, result.readout, batch, "bce").metric, rel=1e-12)
+    test = jsb_whole("test")                                              # and the test chorales once, at the end
+    outputs = engine.run(network, result.params, test.x, backend="reference", dtype=np.float64).outputs
+    assert result.test_metric == pytest.approx(score(outputs, result.readout, test, "bce").metric, rel=1e-12)
+    again = engine.training.TrainResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again.test_metric == result.test_metric and again.test_loss == result.test_loss
+    assert engine.train("lstm", "adding", hidden_size=3, steps=1, seq_len=4).test_metric is None

@@ -83,9 +83,10 @@ def print_table(results, task) -> None:
           f"input-blind baseline {task.baseline:.4g}); {settings['steps']} steps of B={settings['batch']}, "
           f"T={settings['seq_len']}, H={settings['hidden_size']}, L={settings['num_layers']}, lr {settings['lr']:g}, "
           f"clip {settings['clip'] or 'off'}, seed {settings['seed']}")
-    rows = [(r.cell, f"{r.num_params:,}", f"{r.final_loss:.4g}", f"{r.final_metric:.4g}", f"{r.seconds:.1f}")
-            for r in results]
-    header = ("cell", "params", "held-out loss", task.metric, "seconds")
+    tested = "test" in task.splits
+    rows = [(r.cell, f"{r.num_params:,}", f"{r.final_loss:.4g}", f"{r.final_metric:.4g}",
+             *([f"{r.test_metric:.4g}"] if tested else []), f"{r.seconds:.1f}") for r in results]
+    header = ("cell", "params", "held-out loss", task.metric, *([f"test {task.metric}"] if tested else []), "seconds")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(text.ljust(w) if i == 0 else text.rjust(w) for i, (text, w) in enumerate(zip(row, widths))))

@@ -137,7 +137,16 @@ def to_device(batch: Batch, xp, dtype) -> Batch:
     if xp is np:
         return batch
     targets = batch.targets if batch.targets.dtype.kind in "iu" else batch.targets.astype(dtype)
-    return Batch(xp.asarray(batch.x, dtype=dtype), xp.asarray(targets), xp.asarray(batch.loss_steps))
+    mask = None if batch.mask is None else xp.asarray(batch.mask, dtype=dtype)
+    return Batch(xp.asarray(batch.x, dtype=dtype), xp.asarray(targets), xp.asarray(batch.loss_steps), mask)
+
+
+def held_out_batch(task: Task, seed: int, eval_batch: int, seq_len: int, split: str = "eval") -> Batch:
+    """The held-out set: a dataset's whole sequences of the split (JSB Chorales), else `eval_batch` sequences of
+    `seq_len` steps drawn from the seed's evaluation stream."""
+    if task.whole is not None:
+        return task.whole(split)
+    return task.batch(np.random.default_rng([seed, EVAL_STREAM]), eval_batch, seq_len, split=split)
 
 
 def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, num_layers: int = 1,
@@ -148,7 +157,8 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
     task (a name from engine.tasks() or a Task) for `steps` Adam steps on batches of `batch` sequences of
     `seq_len` steps, gradients clipped to global norm `clip` (None or 0: not clipped). Scores a held-out set of
     `eval_batch` sequences before training, every `eval_every` steps (default: a tenth of the run) and at the
-    end. on_progress(step, steps, loss) is called after every step. device: "cpu" (float64) or "gpu" (float32, the
+    end; a task with a test split (JSB Chorales) is scored on it once, after training (result.test_metric).
+    on_progress(step, steps, loss) is called after every step. device: "cpu" (float64) or "gpu" (float32, the
     fused training step); the result's params and readout are NumPy arrays either way.
 
     Raises TrainingError, naming the step, if the loss or the gradients stop being finite."""
@@ -166,8 +176,7 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
         params = Params([{k: xp.asarray(v, dtype=dtype) for k, v in layer.items()} for layer in params.layers])
         readout = {k: xp.asarray(v, dtype=dtype) for k, v in readout.items()}
     train_rng = np.random.default_rng([seed, TRAIN_STREAM])
-    held_out = to_device(task.batch(np.random.default_rng([seed, EVAL_STREAM]), eval_batch, seq_len, split="eval"),
-                         xp, dtype)
+    held_out = to_device(held_out_batch(task, seed, eval_batch, seq_len), xp, dtype)
     backend = "reference" if xp is np else "fused"
     optimizer = Adam(lr=lr)
 
@@ -200,6 +209,11 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
                 eval_metrics.append(metric)
             if on_progress is not None:
                 on_progress(step, steps, scored.loss)
+    test_loss = test_metric = None
+    if "test" in task.splits:                       # scored once, after training: the number a paper reports
+        test_loss, test_metric = evaluate(network, params, readout,
+                                          to_device(held_out_batch(task, seed, eval_batch, seq_len, "test"), xp, dtype),
+                                          task)
     seconds = time.perf_counter() - started
     settings = {"hidden_size": network.hidden_size, "num_layers": network.num_layers, "proj_size": network.proj_size,
                 "input_size": network.input_size, "steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr,
@@ -213,7 +227,8 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
                        settings=settings, losses=losses, eval_steps=eval_steps, eval_losses=eval_losses,
                        eval_metrics=eval_metrics, seconds=seconds,
                        num_params=network.num_params() + sum(v.size for v in readout.values()),
-                       environment=environment(), params=params, readout=readout)
+                       environment=environment(), params=params, readout=readout, test_loss=test_loss,
+                       test_metric=test_metric)
 
 
 def diverged(step: int, steps: int, what: str, value: float, lr: float, clip: float | None) -> TrainingError:

@@ -7,8 +7,9 @@ squared error or softmax cross-entropy, with the gradients the optimiser and bpt
     bce:            loss = mean over S, B of the sum over O of -log p(y_o), p = sigmoid(logits) (O independent
                     binary outputs, such as the keys of a piano-roll frame);  metric = the same (NLL per step)
 
-Both are means over the S * B read positions, so the loss (and a good learning rate) does not grow with the
-batch or with how many steps are read.
+All are means over the S * B read positions (over the positions the batch's mask counts, where it has one: whole
+sequences padded at the end), so the loss (and a good learning rate) does not grow with the batch or with how many
+steps are read.
 """
 from __future__ import annotations
 
@@ -54,28 +55,34 @@ def readout_loss(outputs: np.ndarray, readout: dict[str, np.ndarray], batch: Bat
     h = outputs[batch.loss_steps]                                       # (S, B, H)
     logits = h @ W_out.T + b_out                                        # (S, B, O)
     S, B, O = logits.shape
+    # Each counted (step, row) position weighs 1 / count: a masked batch (whole sequences padded at the end) is the
+    # mean over its sequences' own steps, as if no padding were there.
+    weight = xp.ones((S, B), dtype=logits.dtype) if batch.mask is None else xp.asarray(batch.mask, dtype=logits.dtype)
+    count = float(weight.sum())
+    if count == 0:
+        raise TrainingError("the batch's mask counts no loss step", hint="every sequence needs at least one step")
     if loss == "mse":
         error = logits - batch.targets                                  # (S, B, O)
-        value = float(xp.mean(error ** 2))
+        value = float((weight[..., None] * error ** 2).sum()) / (count * O)
         metric = value
-        d_logits = 2.0 * error / error.size
+        d_logits = 2.0 * weight[..., None] * error / (count * O)
     elif loss == "bce":
         targets = batch.targets                                         # (S, B, O) zeros and ones
         # -log sigmoid(z) for y = 1 and -log(1 - sigmoid(z)) for y = 0, as softplus(z) - y z written so that
         # exp never overflows: max(z, 0) - y z + log(1 + exp(-|z|)).
         nll = xp.maximum(logits, 0) - targets * logits + xp.log1p(xp.exp(-xp.abs(logits)))
-        value = float(nll.sum(axis=-1).mean())
+        value = float((weight * nll.sum(axis=-1)).sum()) / count
         metric = value
-        d_logits = (0.5 * (1.0 + xp.tanh(0.5 * logits)) - targets) / (S * B)      # sigmoid, without overflow
+        d_logits = weight[..., None] * (0.5 * (1.0 + xp.tanh(0.5 * logits)) - targets) / count   # sigmoid, no overflow
     else:
         targets = batch.targets                                         # (S, B) class ids
         rows, cols = xp.arange(S)[:, None], xp.arange(B)[None, :]
         log_p = log_softmax(logits)
-        value = float(-log_p[rows, cols, targets].mean())
-        metric = float(xp.mean(logits.argmax(axis=-1) == targets))
+        value = float(-(weight * log_p[rows, cols, targets]).sum()) / count
+        metric = float((weight * (logits.argmax(axis=-1) == targets)).sum()) / count
         d_logits = xp.exp(log_p)                                        # softmax (S, B, O)
         d_logits[rows, cols, targets] -= 1.0
-        d_logits /= S * B
+        d_logits *= weight[..., None] / count
     d_readout = {"W_out": xp.einsum("sbo,sbh->oh", d_logits, h), "b_out": d_logits.sum(axis=(0, 1))}
     d_outputs = xp.zeros_like(outputs)
     d_outputs[batch.loss_steps] = d_logits @ W_out                      # (S, B, H); loss steps are distinct

@@ -37,6 +37,7 @@ FIELD_KINDS = {    # what from_dict accepts in each field of a stored result
     "num_params": lambda v: isinstance(v, int) and not isinstance(v, bool), "losses": _numbers,
     "eval_steps": lambda v: _numbers(v) and all(isinstance(s, int) for s in v),
     "eval_losses": lambda v: _numbers(v, 1), "eval_metrics": lambda v: _numbers(v, 1),
+    "test_loss": lambda v: v is None or _number(v), "test_metric": lambda v: v is None or _number(v),
 }
 
 
@@ -56,6 +57,8 @@ class TrainResult:
     seconds: float                      # wall time of the whole run (the only field that varies between reruns)
     num_params: int                     # trained numbers: the network's and the readout's
     environment: dict = field(default_factory=dict)   # versions the curves were computed with
+    test_loss: float | None = None      # on the task's test split after training (JSB Chorales' whole test chorales)
+    test_metric: float | None = None    # None where the task has no test split
     params: Params | None = None        # the trained network parameters (not serialised)
     readout: dict | None = None         # the trained readout, W_out (O, H) and b_out (O,) (not serialised)
 
@@ -79,7 +82,8 @@ class TrainResult:
                 "baseline": self.baseline, "final_loss": self.final_loss, "final_metric": self.final_metric,
                 "seconds": self.seconds, "num_params": self.num_params, "settings": self.settings,
                 "losses": self.losses, "eval_steps": self.eval_steps, "eval_losses": self.eval_losses,
-                "eval_metrics": self.eval_metrics, "environment": self.environment, "cell_json": self.cell_json}
+                "eval_metrics": self.eval_metrics, "test_loss": self.test_loss, "test_metric": self.test_metric,
+                "environment": self.environment, "cell_json": self.cell_json}
 
     @staticmethod
     def from_dict(data: dict) -> "TrainResult":
@@ -94,7 +98,8 @@ class TrainResult:
         try:
             return TrainResult(**{k: data[k] for k in (
                 "cell", "cell_hash", "cell_json", "task", "metric", "baseline", "settings", "losses", "eval_steps",
-                "eval_losses", "eval_metrics", "seconds", "num_params")}, environment=data.get("environment", {}))
+                "eval_losses", "eval_metrics", "seconds", "num_params")}, environment=data.get("environment", {}),
+                test_loss=data.get("test_loss"), test_metric=data.get("test_metric"))
         except (KeyError, TypeError) as e:
             raise TrainingError(f"not a training result: missing or bad field {e}",
                                 hint="pass a file written by save_results or `python -m engine train --json`") \

@@ -33,8 +33,9 @@ EVAL_FRACTION = 0.1         # the end of the corpus held out for evaluation
 @dataclass(frozen=True)
 class Batch:
     x: np.ndarray               # (T, B, I) float64
-    targets: np.ndarray         # (S, B) int64 class ids, or (S, B, 1) float64 values: one row per loss step
+    targets: np.ndarray         # (S, B) int64 class ids, or (S, B, O) float64 values: one row per loss step
     loss_steps: np.ndarray      # (S,) increasing step indices whose outputs the loss reads
+    mask: np.ndarray | None = None   # (S, B) 1 where a row's loss step counts, 0 past its sequence's end (None: all)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Task:
     make: Callable[[np.random.Generator, int, int, str], Batch]   # (rng, batch_size, seq_len, split) -> Batch
     splits: tuple[str, ...] = ("train", "eval")
     data_ready: Callable[[], bool] = lambda: True   # False while the data is not built (its first use builds it)
+    whole: Callable[[str], Batch] | None = None     # split -> every sequence of it whole (a dataset's held-out set)
 
     @property
     def higher_is_better(self) -> bool:
@@ -187,6 +189,21 @@ def jsb_batch(rng: np.random.Generator, B: int, T: int, split: str) -> Batch:
     return Batch(x, targets, np.arange(T))
 
 
+def jsb_whole(split: str) -> Batch:
+    """Every chorale of the split whole, in one batch padded at the end to the longest: the input is frame t, the
+    target frame t + 1, and the mask counts each chorale's own steps only. An RNN's output at t reads no later
+    input, so the padding changes no counted output: the metric is the split's NLL per step over whole sequences,
+    as Boulanger-Lewandowski et al. (2012) report it."""
+    rolls = jsb.chorales().rolls_of(JSB_SPLITS[split])
+    T, B = max(len(roll) for roll in rolls) - 1, len(rolls)
+    frames = np.zeros((T + 1, B, jsb.KEYS))
+    mask = np.zeros((T, B))
+    for b, roll in enumerate(rolls):
+        frames[:len(roll), b] = roll
+        mask[:len(roll) - 1, b] = 1.0
+    return Batch(frames[:-1], frames[1:], np.arange(T), mask)
+
+
 def jsb_baseline() -> float:
     data = jsb.chorales()                      # cached; the baseline itself takes milliseconds
     return jsb.marginal_nll(data.rolls_of("train"), data.rolls_of("valid"))
@@ -222,12 +239,12 @@ def _registry() -> dict[str, Task]:
              baseline_of=most_common_fraction, min_seq_len=1, make=chars_batch),
         Task("jsb", jsb.KEYS, jsb.KEYS, "bce", "nll", "every step",
              "JSB Chorales: Bach's four-voice chorales from music21's corpus as 88-key piano rolls, a frame an eighth "
-             "note; predict which keys sound in the next frame, at every step (windows of seq_len frames); NLL per "
-             "step in nats, evaluated on the valid split",
+             "note; predict which keys sound in the next frame, at every step (training on windows of seq_len "
+             "frames); NLL per step in nats, evaluated on the valid split's whole chorales",
              "Allan & Williams 2005 (the JSB Chorales); Boulanger-Lewandowski, Bengio & Vincent 2012 (NLL per time "
              "step); Greff et al. 2017, LSTM: A Search Space Odyssey",
              baseline_of=jsb_baseline, min_seq_len=1, make=jsb_batch, splits=("train", "eval", "test"),
-             data_ready=jsb.is_cached),
+             data_ready=jsb.is_cached, whole=jsb_whole),
     ]
     return {task.name: task for task in table}
 

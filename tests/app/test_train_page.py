@@ -73,7 +73,7 @@ def test_the_jsb_chorales_train_with_their_nll(open_page, jsb_subset):
     at.button(key="train.run").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     table = at.dataframe[0].value
-    assert list(table["cell"]) == ["lstm", "gru"] and all(table["final nll"] > 0)
+    assert list(table["cell"]) == ["lstm", "gru"] and all(table["final nll"] > 0) and all(table["test nll"] > 0)
 
 
 def test_the_device_is_the_cpu_where_there_is_no_gpu_and_says_why(open_page):

@@ -22,6 +22,7 @@ from .nets.runner import prepare_net, run_net
 from .network import Network
 from .params import Params, init_params
 from .serialize import from_dict, from_json, load, save, to_dict, to_json
+from .study import load_study, resume_study, study
 from .training import compare, tasks, train
 
 __all__ = [
@@ -31,5 +32,5 @@ __all__ = [
     "from_dict", "from_json", "load", "save", "to_dict", "to_json", "explain", "explain_json", "explain_text",
     "Layers", "Net", "NetParams", "Pool", "init_net_params", "load_net", "net_from_dict", "net_from_json",
     "net_preset", "net_to_dict", "net_to_json", "prepare_net", "run_net", "train", "compare", "tasks",
-    "bptt", "backward_graph", "Gradients",
+    "bptt", "backward_graph", "Gradients", "study", "resume_study", "load_study",
 ]

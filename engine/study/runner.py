@@ -78,10 +78,11 @@ def connect(address: str | None):
     except ImportError:
         raise StudyError("studies run on Ray, which is not installed", hint="pip install -r requirements.txt") \
             from None
-    if ray.is_initialized():
-        return ray
     if address:
         check_address(address)
+    if ray.is_initialized():            # this process's Ray (a study before, or the caller's own ray.init)
+        return ray
+    if address:
         # Workers of a cluster get this checkout (engine/ and kernels/, which GPU trials compile), not its
         # environments or results.
         code = {"working_dir": str(ROOT), "excludes": [".venv", ".git", "benchmarks/results", "designs", "studies",

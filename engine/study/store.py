@@ -23,8 +23,8 @@ from .trials import FORMAT, StudyPlan, Trial
 DEFINITION, TRIALS = "study.json", "trials.jsonl"
 
 
-def study_error(message: str) -> StudyError:
-    return StudyError(message)
+def study_error(message: str, hint: str) -> StudyError:
+    return StudyError(message, hint=hint)
 
 
 def open_folder(folder, plan: StudyPlan) -> Path:

@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 import engine  # noqa: E402
-from app import engine_cache, figures, page, state  # noqa: E402
+from app import engine_cache, figures, page, state, studies  # noqa: E402
 from app.designer import files  # noqa: E402
 from engine.training import TrainingError, TrainResult, get_task, load_results, save_results  # noqa: E402
 from engine.training.results import results_to_json  # noqa: E402
@@ -176,13 +176,22 @@ page.header("train")
 st.caption("Train cells side by side on a task (generated, or the JSB Chorales): same data, same seed, same settings; "
            "backpropagation through time on the CPU in float64 (the NumPy reference), or on the GPU in float32 (the "
            "fused training step) where there is one.")
-labels = cells_ui()
-task = task_ui()
-settings = settings_ui(task)
-if st.button("Train", type="primary", key="train.run", disabled=not labels):
-    run_ui(labels, task, settings)
-if not labels:
-    st.info("Choose at least one cell to train.")
-saved_ui()
-if st.session_state.get(RESULTS):
-    results_ui(st.session_state[RESULTS])
+compare_tab, studies_tab = st.tabs(["Compare cells", "Studies"])
+with compare_tab:
+    labels = cells_ui()
+    task = task_ui()
+    settings = settings_ui(task)
+    if st.button("Train", type="primary", key="train.run", disabled=not labels):
+        run_ui(labels, task, settings)
+    if not labels:
+        st.info("Choose at least one cell to train.")
+    saved_ui()
+    if st.session_state.get(RESULTS):
+        results_ui(st.session_state[RESULTS])
+with studies_tab:
+    st.caption("A study trains every cell with every learning rate and seed, each trial a Ray task (a GPU each where "
+               "there are GPUs, else a CPU core), keeps every finished trial in its folder, and compares each cell "
+               "at its best learning rate with the first cell, as \"LSTM: A Search Space Odyssey\" (Greff et al. "
+               "2017) does. Larger studies: `python -m engine study`.")
+    studies.start_ui(cell_options(), resolve_cell)
+    studies.show_ui()

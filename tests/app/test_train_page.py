@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 import engine
 
 
@@ -105,3 +107,43 @@ def test_a_saved_design_that_is_not_a_cell_is_refused_by_name(open_page):
     assert not at.exception
     assert any("broken" in e.value and "cannot be trained" in e.value for e in at.error), [e.value for e in at.error]
     assert not at.dataframe
+
+
+def study_form(at, **values) -> None:
+    fields = {"cells": ["preset: lstm", "preset: gru"], "task": "adding", "seeds": 2, "lrs": "0.02, 0.005",
+              "name": "tiny", "hidden_size": 4, "steps": 5, "batch": 4, "seq_len": 4} | values
+    at.multiselect(key="study.cells").set_value(fields["cells"])
+    at.selectbox(key="study.task").set_value(fields["task"])
+    for field in ("seeds", "hidden_size", "steps", "batch", "seq_len"):
+        at.number_input(key=f"study.{field}").set_value(fields[field])
+    at.text_input(key="study.lrs").set_value(fields["lrs"])
+    at.text_input(key="study.name").set_value(fields["name"])
+    at.button(key="study.run").click().run()
+
+
+@pytest.mark.xdist_group("ray")
+def test_a_study_runs_from_the_page_and_shows_its_boxes_and_its_comparison(open_page):
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install -r requirements.txt)")
+    at = open_page("train")
+    try:
+        study_form(at)
+        assert not at.exception and not at.error, [e.value for e in at.error]
+        assert any("Study 'tiny' finished" in s.value for s in at.success)
+        assert "study.box" in chart_keys(at)
+        assert "8 of 8 trials finished, 0 failed" in "\n".join(p.proto.text for p in at.get("progress"))
+        comparison = [d.value for d in at.dataframe if "p (Welch)" in d.value.columns]
+        assert comparison and list(comparison[0]["cell"]) == ["gru"]
+        assert (Path(os.environ["RNN_DESIGNS_DIR"]) / "studies" / "tiny" / "trials.jsonl").is_file()
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("values, says", [({"lrs": "fast"}, "learning rates: write numbers"),
+                                          ({"lrs": "0.01, -1"}, "learning rates: give one or more positive"),
+                                          ({"name": "../up"}, "study name: letters, digits"),
+                                          ({"cells": []}, "choose at least one cell")])
+def test_a_bad_study_form_is_refused_naming_the_field(open_page, values, says):
+    at = open_page("train")
+    study_form(at, **values)
+    assert not at.exception
+    assert any(says in e.value for e in at.error), [e.value for e in at.error]

@@ -13,6 +13,7 @@ from . import backends
 from .autodiff import bptt as step_bptt
 from .autodiff.checks import check_dtype, check_network
 from .backends.common import check_finite, check_inputs
+from .backends.lengths import only_on
 from .bench import run_bench
 from .errors import BackendError
 from .execute import run  # engine.run: the backend choice and the run live below the networks that call it too
@@ -48,13 +49,16 @@ def bench(presets, configs=None, **options):
 
 
 def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None, d_final_states: dict | None = None,
-         dtype=np.float64, backend: str = "reference"):
+         dtype=np.float64, backend: str = "reference", lengths=None):
     """engine.autodiff.bptt (backend "reference", "naive" or "fused": step by step), or backend="scan" for a cell
     whose recurrence is linear (engine/passes/scan.py): the gradients as scans over the whole sequence
     (engine/schedules/scan_grad.py) on the GPU, CuPy arrays out. A d_outputs given as a function of the outputs
     costs the scan one forward pass more."""
     if not (isinstance(backend, str) and backend == "scan"):
-        return step_bptt(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, backend=backend)
+        return step_bptt(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, backend=backend,
+                         lengths=lengths)
+    if lengths is not None:
+        raise only_on("scan", "bptt")
     network, dtype = check_network(network), check_dtype(dtype)
     ok, why = backends.gpu_status()
     if not ok:

@@ -17,6 +17,7 @@ from .arguments import float_dtype, shown
 from .backends import reference
 from .backends.common import FiniteCheck, RunResult, check_float32_only, check_inputs, check_precision
 from .backends.common import check_finite as find_non_finite
+from .backends.lengths import check_lengths, only_on
 from .errors import BackendError
 from .network import Network, check_network
 from .params import Params, check_params
@@ -26,7 +27,8 @@ log = logging.getLogger("engine")
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, *,
-        backend: str = "auto", dtype=np.float32, precision: str = "float32", check_finite: bool = False) -> RunResult:
+        backend: str = "auto", dtype=np.float32, precision: str = "float32", check_finite: bool = False,
+        lengths=None) -> RunResult:
     """Run the network over x (T, B, I). backend: auto | reference | naive | fused | graph | persistent.
 
     'auto' runs the autotuned schedule when CuPy sees a GPU (engine.schedules.autotune: it times the
@@ -39,6 +41,10 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     every mode on the GPU; the reference emulates it on the CPU; naive and fused are float32 only.
 
     result.backend names the backend that ran, and result.info["backend_reason"] why.
+
+    lengths: (B,) the steps of each sequence of a batch padded at the end (engine/backends/lengths.py): its states
+    stay after its last step (the final states are its own) and its outputs there are zero. The NumPy reference runs
+    it ('auto' picks the reference when lengths are given); the GPU backends refuse it, naming the reference.
 
     check_finite=True first looks for NaN or Inf in x, the initial states and every parameter, and names the
     first it finds (BackendError), instead of letting it spread through the recurrence; and when the inputs are
@@ -56,6 +62,13 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     if check_finite:
         check_inputs(network, x, initial_states, xp=np)        # shapes and dtypes only, NumPy or CuPy alike
         find_non_finite(network, params, x, initial_states)
+    if lengths is not None:
+        if name == "auto":
+            name, reason = "reference", "lengths= given: the NumPy reference runs batches of several lengths"
+        elif name != "reference":
+            raise only_on(name, "engine.run")
+        check_inputs(network, x, initial_states, xp=np)
+        check_lengths(lengths, int(x.shape[0]), int(x.shape[1]))
     if name == "auto":
         if np.dtype(dtype) != np.float32:
             raise BackendError(f"the GPU schedules compute in float32, not {np.dtype(dtype).name}; hint: use "
@@ -74,7 +87,10 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
         module = backends.get(name)
         # check_finite names the node that made a NaN or Inf below: NumPy's own warnings about it are noise then
         with np.errstate(all="ignore") if check_finite else contextlib.nullcontext():
-            if name in backends.SCHEDULE_BACKENDS or name == "reference":
+            if name == "reference":
+                result = module.run(network, params, x, initial_states, dtype=dtype, precision=precision,
+                                    lengths=lengths)
+            elif name in backends.SCHEDULE_BACKENDS:
                 result = module.run(network, params, x, initial_states, dtype=dtype, precision=precision)
             else:
                 check_float32_only(f"backend '{name}'", precision)

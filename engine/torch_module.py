@@ -59,10 +59,21 @@ class CellRNN(torch.nn.Module):
         return Params([{name: p.detach().cpu().numpy().copy() for name, p in zip(names, tensors)}
                        for names, tensors in zip(self.names, self.layer_parameters())])
 
-    def forward(self, x: torch.Tensor, initial_states: dict | None = None) -> tuple[torch.Tensor, dict]:
-        """x: (T, B, input_size). initial_states: name -> (L, B, size) tensors, zeros where not given. Returns the
+    def forward(self, x, initial_states: dict | None = None) -> tuple:
+        """x: (T, B, input_size), or a PackedSequence of sequences of several lengths (as nn.LSTM takes it: the
+        outputs come back packed the same way, and the final states are each sequence's own last ones, in the
+        batch's original order). initial_states: name -> (L, B, size) tensors, zeros where not given. Returns the
         top layer's outputs (T, B, output size) and the final states, name -> (L, B, size)."""
         network = self.network
+        packed, lengths = None, None
+        if isinstance(x, torch.nn.utils.rnn.PackedSequence):
+            packed = x
+            x, steps = torch.nn.utils.rnn.pad_packed_sequence(packed)        # the batch's original order
+            lengths = steps.numpy()
+            if x.is_cuda and x.dtype != torch.float64:
+                raise BackendError("CellRNN on CUDA in float32 runs the generated training step, which takes "
+                                   "batches of one length; hint: the module and the input in float64 (.double()) "
+                                   "run the CuPy interpreter, which takes a PackedSequence, or pad to one length")
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != network.input_size:
             raise BackendError(f"CellRNN input must be a (T, B, {network.input_size}) tensor, got "
                                + (f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__))
@@ -80,15 +91,29 @@ class CellRNN(torch.nn.Module):
         if unknown:
             raise BackendError(f"initial_states: {sorted(unknown)} are not states of cell '{network.cell.name}' "
                                f"(states: {', '.join(network.cell.state_names)})")
-        out, *finals = _CellFunction.apply(self, x, *states, *params)
+        out, *finals = _CellFunction.apply(self, x, lengths, *states, *params)
+        if packed is not None:
+            out = repack(out, packed)
         return out, dict(zip(network.cell.state_names, finals))
+
+
+def repack(out: torch.Tensor, like):
+    """Padded outputs (T, B, H) in the batch's original order -> a PackedSequence laid out as `like` is (its
+    sorted_indices, so that out.data lines up with nn.LSTM's on the same input)."""
+    rnn_utils = torch.nn.utils.rnn
+    lengths = torch.as_tensor(rnn_utils.pad_packed_sequence(like)[1])
+    if like.sorted_indices is None:
+        return rnn_utils.pack_padded_sequence(out, lengths)
+    order = like.sorted_indices.to(out.device)
+    data = rnn_utils.pack_padded_sequence(out.index_select(1, order), lengths[like.sorted_indices.cpu()])
+    return rnn_utils.PackedSequence(data.data, data.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
 
 class _CellFunction(torch.autograd.Function):
     """Forward: engine.autodiff.record on the tensors' memory. Backward: the tape's backward pass."""
 
     @staticmethod
-    def forward(ctx, module: CellRNN, x, *tensors):
+    def forward(ctx, module: CellRNN, x, lengths, *tensors):
         network = module.network
         names = network.cell.state_names
         states, params = tensors[:len(names)], tensors[len(names):]
@@ -102,7 +127,7 @@ class _CellFunction(torch.autograd.Function):
             backend = ("fused" if dtype == np.float32 else "naive") if x.is_cuda else "reference"
             module.last_backend = backend
             tape = record(network, Params(layers), _array(x), {s: _array(v) for s, v in zip(names, states)},
-                          dtype=dtype, backend=backend)
+                          dtype=dtype, backend=backend, lengths=lengths)
             ctx.tape, ctx.names, ctx.shapes = tape, names, [tuple(p.shape) for p in params]
             return (_tensor(tape.outputs, x), *(_tensor(tape.final_states[s], x) for s in names))
 
@@ -115,7 +140,7 @@ class _CellFunction(torch.autograd.Function):
             d_params = [_tensor(g, like) for layer in grads.params for g in layer.values()]
             d_states = [_tensor(grads.initial_states[s], like) for s in ctx.names]
         ctx.tape = None
-        return (None, _tensor(grads.x, like), *d_states, *d_params)
+        return (None, _tensor(grads.x, like), None, *d_states, *d_params)
 
 
 def _array(t: torch.Tensor):

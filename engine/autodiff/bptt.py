@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import backends
 from ..backends.common import FiniteCheck, check_inputs, inputs_named
+from ..backends.lengths import check_lengths, only_on, step_masks
 from ..errors import BackendError
 from ..network import Network
 from ..params import Params, check_params
@@ -25,27 +26,31 @@ BACKENDS = ("reference", "naive", "fused")
 
 
 def bptt(network: Network, params: Params, x, initial_states: dict | None = None, d_outputs=None,
-         d_final_states: dict | None = None, dtype=np.float64, backend: str = "reference") -> Gradients:
+         d_final_states: dict | None = None, dtype=np.float64, backend: str = "reference",
+         lengths=None) -> Gradients:
     """x: (T, B, I). initial_states: name -> (L, B, size), zeros where not given (as engine.run). d_outputs:
     (T, B, output size), the loss's gradient with respect to the top layer's outputs (None: zeros), or a function
     of the forward outputs (T, B, output size) that returns it: a loss that needs the outputs first (training) then
     costs one forward pass, not two. d_final_states: name -> (L, B, size) (None or names left out: zeros).
     backend="naive": the same interpreter on the GPU (CuPy arrays in, or NumPy ones copied over; CuPy arrays out).
-    One call is record(...) then Tape.backward(...)."""
-    tape = record(network, params, x, initial_states, dtype=dtype, backend=backend)
+    lengths: (B,) the steps of each sequence of a batch padded at the end (engine/backends/lengths.py; backends
+    "reference" and "naive"). One call is record(...) then Tape.backward(...)."""
+    tape = record(network, params, x, initial_states, dtype=dtype, backend=backend, lengths=lengths)
     if callable(d_outputs):
         d_outputs = d_outputs(tape.outputs)
     return tape.backward(d_outputs, d_final_states)
 
 
 def record(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float64,
-           backend: str = "reference") -> Tape:
+           backend: str = "reference", lengths=None) -> Tape:
     """The forward pass of bptt, keeping what its reverse pass reads: tape.outputs (T, B, output size) and
     tape.final_states now, the gradients later from tape.backward(d_outputs, d_final_states), once (the saved
     values are freed as it goes). What a torch.autograd.Function needs: forward now, backward when asked."""
     dtype = check_dtype(dtype)
     network = check_network(network)
     check_backend(backend)
+    if lengths is not None and backend == "fused":
+        raise only_on(backend, "bptt")
     if backend == "fused" and dtype != np.float32:
         raise BackendError(f"bptt(backend='fused') runs in float32, got dtype={np.dtype(dtype).name}; "
                            "hint: dtype=np.float32, or backend='naive' for float64 on the GPU")
@@ -56,6 +61,7 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     check_params(network, params)
     x = check_inputs(network, x, initial_states, xp=xp)
     T, B, _ = x.shape
+    lengths = check_lengths(lengths, T, B)
     finite = FiniteCheck(inputs_named(network, params, x, initial_states))
     if backend != "fused":
         finite.raise_if_bad()
@@ -70,7 +76,8 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     check_memory()
     layer_params = [{k: xp.asarray(v, dtype=dtype) for k, v in params[l].items()} for l in range(network.num_layers)]
     states = {s: xp.asarray(v, dtype=dtype) for s, v in (initial_states or {}).items()}
-    return forward(network, split, layer_params, xp.asarray(x, dtype=dtype), states, dtype, xp)
+    return forward(network, split, layer_params, xp.asarray(x, dtype=dtype), states, dtype, xp,
+                   step_masks(lengths, T, dtype, xp))
 
 
 def check_backend(backend) -> str:

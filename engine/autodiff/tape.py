@@ -30,6 +30,7 @@ class Tape:
     dtype: type
     xp: object                                 # numpy or cupy
     used: bool = False
+    masks: list | None = None                  # [t]: (B, 1), 1 within each sequence, 0 past its end (lengths=)
 
     def backward(self, d_outputs=None, d_final_states: dict | None = None) -> Gradients:
         """The gradients, given the loss's gradients with respect to the outputs (T, B, output size; None: zeros)
@@ -50,7 +51,9 @@ def _initial_state(network: Network, initial_states: dict, name: str, layer: int
     return xp.zeros((batch, network.state_size(name)), dtype=dtype)
 
 
-def forward(network: Network, split: BackwardSplit, layer_params, x, initial_states, dtype, xp) -> Tape:
+def forward(network: Network, split: BackwardSplit, layer_params, x, initial_states, dtype, xp,
+            masks: list | None = None) -> Tape:
+    """masks (engine/backends/lengths.py step_masks): past a sequence's end its states stay and its outputs are 0."""
     cell, graph = network.cell, split.graph
     T, B, _ = x.shape
     # Parameters and constants are read from layer_params and the graph; only per-step values are kept.
@@ -66,13 +69,15 @@ def forward(network: Network, split: BackwardSplit, layer_params, x, initial_sta
         for t in range(T):
             next_states, values = step(cell, layer_params[layer], layer_in[t], states, dtype)
             steps.append({**{n: values[n] for n in per_step}, **constants})
+            if masks is not None:
+                next_states = {s: xp.where(masks[t] > 0, v, states[s]) for s, v in next_states.items()}
             states = next_states
-            out[t] = states[cell.output]
+            out[t] = states[cell.output] if masks is None else xp.where(masks[t] > 0, states[cell.output], 0)
         saved.append(steps)
         finals.append(states)
         layer_in = out
     final_states = {s: xp.stack([finals[l][s] for l in range(network.num_layers)]) for s in cell.state_names}
-    return Tape(network, split, layer_params, saved, layer_in, final_states, dtype, xp)
+    return Tape(network, split, layer_params, saved, layer_in, final_states, dtype, xp, masks=masks)
 
 
 def reverse(network: Network, tape: Tape, d_outputs, d_final_states: dict, dtype, xp) -> Gradients:
@@ -91,7 +96,12 @@ def reverse(network: Network, tape: Tape, d_outputs, d_final_states: dict, dtype
                      else xp.zeros((B, network.state_size(s)), dtype=dtype)) for s in cell.state_names}
         kept: dict[str, object] = {}                                      # name -> (T, B, size)
         for t in reversed(range(T)):
-            incoming = {graph.output_input: d_above[t], **{graph.carry_input(s): carry[s] for s in carry}}
+            # Past a sequence's end a step is the identity on its states and its output is 0: the states'
+            # adjoints pass through it, and the cell sees no adjoint there (so it adds nothing to any gradient).
+            mask = None if tape.masks is None else tape.masks[t]
+            passed = None if mask is None else {s: carry[s] * (1 - mask) for s in carry}
+            incoming = {graph.output_input: d_above[t] if mask is None else d_above[t] * mask,
+                        **{graph.carry_input(s): carry[s] if mask is None else carry[s] * mask for s in carry}}
             values = backward_step(graph, tape.saved[layer][t], layer_params[layer], incoming, grads[layer], dtype,
                                    split.per_step)
             for name in split.recorded:
@@ -100,6 +110,8 @@ def reverse(network: Network, tape: Tape, d_outputs, d_final_states: dict, dtype
                     kept[name] = xp.empty((T, B) + tuple(value.shape[-1:]), dtype=dtype)
                 kept[name][t] = value
             carry = {s: values[name] if name else xp.zeros_like(carry[s]) for s, name in graph.state_adjoints}
+            if passed is not None:
+                carry = {s: carry[s] + passed[s] for s in carry}
         rows = {name: value.reshape(T * B, -1) for name, value in kept.items()}           # row t * B + b
         values = backward_step(graph, _stacked(cell, tape.saved[layer], split.saved_after, B, xp),
                                layer_params[layer], rows, grads[layer], dtype, split.after)

@@ -17,6 +17,7 @@ from ..ops import apply_elementwise, matmul_apply
 from ..params import Params, check_params
 from ..rounding import round_operand
 from .common import RunResult, check_inputs, check_precision
+from .lengths import check_lengths, step_masks
 
 
 def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dict[str, np.ndarray],
@@ -46,10 +47,11 @@ def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dic
 
 
 def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | None = None,
-        dtype=np.float64, precision: str = "float32", observe=None) -> RunResult:
+        dtype=np.float64, precision: str = "float32", observe=None, lengths=None) -> RunResult:
     """x: (T, B, I). initial_states: name -> (L, B, size of the state: H, or P), zeros where not given. precision: the mode whose
     matmul rounding to emulate ("float32": none). observe(layer, t, env): called with every node's value after each
-    step (first_non_finite looks for the first NaN or Inf)."""
+    step (first_non_finite looks for the first NaN or Inf). lengths: (B,) steps of each sequence, the rest padding
+    (engine/backends/lengths.py): its states stay and its outputs are zero past its end."""
     dtype = np.dtype(dtype).type
     if dtype not in (np.float64, np.float32):
         raise BackendError(f"reference backend supports float64 and float32, not {np.dtype(dtype).name}")
@@ -57,6 +59,7 @@ def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | 
     check_params(network, params)
     x = check_inputs(network, x, initial_states, xp=np)
     T, B, _ = x.shape
+    masks = step_masks(check_lengths(lengths, T, B), T, dtype, np)
     check_run(network, T, B, np.dtype(dtype).itemsize, backend="reference")   # before anything (T, B)-sized
     cell = network.cell
     states = []
@@ -72,10 +75,13 @@ def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | 
     for layer in range(network.num_layers):
         out = np.empty((T, B, network.output_size), dtype=dtype)
         for t in range(T):
-            states[layer], env = step(cell, params[layer], layer_in[t], states[layer], dtype, precision)
+            next_states, env = step(cell, params[layer], layer_in[t], states[layer], dtype, precision)
+            if masks is not None:           # past a sequence's end its states stay, its output is zero
+                next_states = {s: np.where(masks[t] > 0, v, states[layer][s]) for s, v in next_states.items()}
+            states[layer] = next_states
             if observe is not None:
                 observe(layer, t, env)
-            out[t] = states[layer][cell.output]
+            out[t] = states[layer][cell.output] if masks is None else np.where(masks[t] > 0, states[layer][cell.output], 0)
         layer_in = out
     final = {name: np.stack([states[l][name] for l in range(network.num_layers)]) for name in cell.state_names}
     return RunResult(outputs=layer_in, final_states=final)

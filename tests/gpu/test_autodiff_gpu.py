@@ -102,3 +102,23 @@ def test_cell_rnn_float32_matches_cudnn_backward(cupy, torch, module, name):
     for layer, tensors in enumerate(rnn.layer_parameters()):
         for p, tensor in zip(rnn.names[layer], tensors):
             assert relative(tensor.grad.cpu().numpy(), mine[layer][p]) < 1e-4, (layer, p)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "slstm"])
+def test_naive_gpu_bptt_with_lengths_equals_the_reference(cupy, name):
+    """A batch padded at the end (lengths=): the CuPy interpreter freezes the states and passes the adjoints
+    through the padding as the NumPy reference does."""
+    network, params, x, initial, d_out, d_final = case(engine.preset(name).cell, seed=11)
+    lengths = [7, 3, 5]
+    want = bptt(network, params, x, initial, d_out, d_final, lengths=lengths)
+    got = bptt(network, params, cupy.asarray(x), {s: cupy.asarray(v) for s, v in initial.items()},
+               cupy.asarray(d_out), {s: cupy.asarray(v) for s, v in d_final.items()}, backend="naive",
+               lengths=lengths)
+    assert relative(got.outputs.get(), want.outputs) < 1e-12 and not got.outputs[3:, 1].any()
+    assert relative(got.x.get(), want.x) < 1e-10
+    for s in network.cell.state_names:
+        assert relative(got.final_states[s].get(), want.final_states[s]) < 1e-12, s
+        assert relative(got.initial_states[s].get(), want.initial_states[s]) < 1e-10, s
+    for layer, grads in enumerate(want.params):
+        for k, v in grads.items():
+            assert relative(got.params[layer][k].get(), v) < 1e-10, (layer, k)

@@ -65,7 +65,8 @@ def comparison_rows(study: Study) -> list[dict]:
 def start_ui(cell_options: list[str], resolve: Callable[[str], engine.CellGraph]) -> None:
     """The form that starts a study, run in this rerun with a progress bar."""
     with st.form("study.form"):
-        labels = st.multiselect("Cells (the first is the baseline)", cell_options, default=cell_options[-2:][:2],
+        default = [o for o in ("preset: vanilla_lstm", "preset: lstm_cifg") if o in cell_options]
+        labels = st.multiselect("Cells (the first is the baseline)", cell_options, default=default,
                                 key="study.cells")
         cols = st.columns(4)
         task = cols[0].selectbox("Task", engine.tasks(), key="study.task")

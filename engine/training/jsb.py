@@ -103,7 +103,13 @@ def piano_roll(score) -> np.ndarray | None:
 def roll_of_file(path: str) -> np.ndarray | None:
     """Parse one score file (a worker's job) -> its roll, or None (not four parts)."""
     music21 = music21_or_error()
-    return piano_roll(music21.converter.parse(path))
+    try:
+        score = music21.converter.parse(path)
+    except Exception as e:          # music21 raises its own exception types from many places
+        raise TrainingError(f"music21 cannot read the score {path!r}: {type(e).__name__}: {e}",
+                            hint="reinstall music21 (pip install -r requirements.txt); its corpus ships the chorales") \
+            from None
+    return piano_roll(score)
 
 
 def build(scores: list[tuple[str, Path]], workers: int | None = None) -> Chorales:

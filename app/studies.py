@@ -116,15 +116,31 @@ def start_ui(cell_options: list[str], resolve: Callable[[str], engine.CellGraph]
     st.success(f"Study '{name}' finished; it is in {studies_dir() / name}.")
 
 
+PUBLISHED = Path(__file__).resolve().parents[1] / "benchmarks" / "results"    # the project's own studies
+
+
+def saved_studies() -> dict[str, Path]:
+    """Label -> folder: the studies in designs/studies/, then the project's published ones (benchmarks/results/)."""
+    found = {}
+    for root, tag in ((studies_dir(), ""), (PUBLISHED, " (published)")):
+        if root.is_dir():
+            for path in sorted(root.iterdir()):
+                if (path / "study.json").is_file():
+                    found[path.name + tag] = path
+    return found
+
+
 def show_ui() -> None:
     """A saved study: its progress, its box plots, its variants and the comparison with the baseline."""
-    folder = studies_dir()
-    names = sorted(p.name for p in folder.iterdir() if (p / "study.json").is_file()) if folder.is_dir() else []
-    if not names:
-        st.caption(f"No study yet in {folder}.")
+    found = saved_studies()
+    if not found:
+        st.caption(f"No study yet in {studies_dir()}.")
         return
+    names = list(found)
     opened = st.session_state.get("study.open")
     name = st.selectbox("Study", names, index=names.index(opened) if opened in names else 0, key="study.shown")
+    folder = found[name].parent
+    name = found[name].name
     try:
         study = load_study(folder / name)
     except engine.EngineError as e:

@@ -112,7 +112,7 @@ def start_ui(cell_options: list[str], resolve: Callable[[str], engine.CellGraph]
         st.error(f"The study stopped: {e}")
         return
     bar.empty()
-    st.session_state["study.open"] = name
+    st.session_state["study.shown"] = name             # show_ui's selectbox opens the study just run
     st.success(f"Study '{name}' finished; it is in {studies_dir() / name}.")
 
 
@@ -137,8 +137,9 @@ def show_ui() -> None:
         st.caption(f"No study yet in {studies_dir()}.")
         return
     names = list(found)
-    opened = st.session_state.get("study.open")
-    name = st.selectbox("Study", names, index=names.index(opened) if opened in names else 0, key="study.shown")
+    name = st.selectbox("Study", names, index=None, placeholder="Choose a study to show", key="study.shown")
+    if name is None:
+        return
     folder = found[name].parent
     name = found[name].name
     try:

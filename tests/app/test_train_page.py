@@ -147,3 +147,15 @@ def test_a_bad_study_form_is_refused_naming_the_field(open_page, values, says):
     study_form(at, **values)
     assert not at.exception
     assert any(says in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_the_published_odyssey_study_opens_with_its_comparison(open_page):
+    at = open_page("train")
+    label = "odyssey-jsb-20261127 (published)"
+    assert label in at.selectbox(key="study.shown").options
+    at.selectbox(key="study.shown").set_value(label).run()
+    assert not at.exception and not at.error
+    assert "study.box" in chart_keys(at)
+    assert "90 of 90 trials finished, 0 failed" in "\n".join(p.proto.text for p in at.get("progress"))
+    (comparison,) = [d.value for d in at.dataframe if "p (Welch)" in d.value.columns]
+    assert len(comparison) == 8 and set(comparison["verdict"]) <= {"better", "worse", "no significant difference"}

@@ -179,7 +179,7 @@ def test_a_failed_trial_is_recorded_with_its_error_and_the_study_goes_on(local_r
 def test_a_killed_study_resumes_with_only_its_unfinished_trials(local_ray, tmp_path):
     folder = tmp_path / "s"
     argv = [sys.executable, "-m", "engine", "study", "lstm", "gru", "mgu", "--task", "adding", "--seeds", "4",
-            "-H", "4", "--steps", "40", "-T", "6", "-B", "4", "--device", "cpu", "--folder", str(folder)]
+            "-H", "4", "--steps", "150", "-T", "6", "-B", "4", "--device", "cpu", "--folder", str(folder)]
     process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     trials = folder / store.TRIALS

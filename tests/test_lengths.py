@@ -135,3 +135,38 @@ def test_cellrnn_takes_a_packed_sequence_as_torch_does(name, module, enforce_sor
         for p in names:
             np.testing.assert_allclose(getattr(rnn, f"layer{layer}_{p}").grad.numpy(), grads[layer][p], rtol=0,
                                        atol=1e-11, err_msg=f"layer {layer} {p}")
+
+
+# ---- networks of blocks ----------------------------------------------------------------------------------------
+
+def test_a_net_runs_each_padded_sequence_as_it_runs_alone():
+    """A bidirectional LSTM (its backward direction reverses each sequence's own steps), a max pool (windows
+    wholly within each sequence) and a GRU: each sequence of the padded batch gets what it gets alone."""
+    from engine.nets.data import Layers, Net, Pool
+    net = Net(3, (Layers("lstm", 4, 2, direction="bidirectional"), Pool("max", window=2, stride=2),
+                  Layers("gru", 5)))
+    params = engine.init_net_params(net, seed=4)
+    rng = np.random.default_rng(5)
+    lengths = [9, 4, 7, 2]
+    x = rng.standard_normal((9, 4, 3))
+    for b, n in enumerate(lengths):
+        x[n:, b] = 100.0                                                    # padding that must not matter
+    got = engine.run_net(net, params, x, lengths=lengths)
+    assert list(got.lengths) == [4, 2, 3, 1]
+    for b, n in enumerate(lengths):
+        want = engine.run_net(net, params, x[:n, b:b + 1]).outputs[:, 0]
+        assert want.shape[0] == got.lengths[b]
+        np.testing.assert_allclose(got.outputs[:len(want), b], want, rtol=1e-12, atol=1e-13)
+        assert not got.outputs[len(want):, b].any()
+
+
+def test_a_net_refuses_lengths_a_pool_cannot_take_or_a_gpu_backend():
+    from engine.nets.data import Layers, Net, Pool
+    net = Net(3, (Layers("gru", 4), Pool("max", window=3, stride=3), Layers("gru", 4)))
+    params = engine.init_net_params(net, seed=0)
+    x = np.zeros((6, 2, 3))
+    with pytest.raises(BackendError, match=r"sequence 1 has 2 step\(s\) when it reaches pool .* window of 3"):
+        engine.run_net(net, params, x, lengths=[6, 2])
+    from engine.nets.runner import NetProgram
+    with pytest.raises(BackendError, match="lengths= runs on backend 'reference'"):
+        NetProgram(net, params, "fused").run(x.astype(np.float32), lengths=[6, 3])

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..arguments import float_dtype, shown
 from ..backends.common import array_module_of
+from ..backends.lengths import check_lengths, only_on
 from ..errors import BackendError
 from ..execute import run
 from ..network import Network
@@ -20,7 +21,7 @@ from ..schedules import autotune
 from ..schedules.registry import schedule_class
 from .data import Net, NetParams, Pool, check_net_params, layer_networks
 from .fusion import FUSED_POOL_BACKENDS, FusedRun, fused_runs
-from .pooling import pool_over_time
+from .pooling import pool_over_time, pooled_lengths, zero_past
 from .results import NetResult
 
 NET_BACKENDS = ("reference", "auto", "fused", "graph", "persistent")
@@ -55,12 +56,12 @@ class NetProgram:
         self.fused: dict[int, str] = {}          # first block of a run -> what was joined, or why it was not
 
     def _run(self, key: tuple, network: Network, params: Params, value, poison: bool = False, pools=None,
-             config=None):
+             config=None, lengths=None):
         """(outputs, True) of one program: a block, a layer of a bidirectional block, or a fused run with `pools`;
         (None, False) for a fused run the autotuner gave no wavefront schedule (the caller runs its blocks)."""
         if self.backend == "reference":
             return run(network, params, value, backend="reference", dtype=self.dtype,
-                       precision=self.precision).outputs, True
+                       precision=self.precision, lengths=lengths).outputs, True
         program = self.programs.get(key)
         if program is None:
             if self.backend == "auto":
@@ -94,10 +95,13 @@ class NetProgram:
                                      f"{', '.join(str(p) for p in run.pools)} folded in")
         return out, done
 
-    def run(self, x, *, poison: bool = False) -> NetResult:
+    def run(self, x, *, poison: bool = False, lengths=None) -> NetResult:
         """Every block in order, zero initial states; pools take the max or mean of the arrays as they are.
         poison=True: each GPU program fills its work buffers with NaN first (tests and the harness). A block that is
-        part of a fused run (fuse_pools) has None in block_outputs but the run's last: what it produced never existed."""
+        part of a fused run (fuse_pools) has None in block_outputs but the run's last: what it produced never existed.
+        lengths: (B,) the steps of each sequence of a batch padded at the end (backend 'reference'): every block
+        sees each sequence alone (a backward direction reverses its own steps, a pool keeps the windows wholly
+        within it), and result.lengths gives the steps each has at the end."""
         net, params = self.net, self.params
         shape = getattr(x, "shape", None)
         if not isinstance(shape, tuple) or len(shape) != 3 or shape[2] != net.input_size:
@@ -105,6 +109,12 @@ class NetProgram:
                                f"{shape if isinstance(shape, tuple) else type(x).__name__}; hint: steps first, "
                                "then the batch, then the features")
         net.steps(shape[0])                    # pools that do not fit are refused before any work
+        if lengths is not None:
+            if self.backend != "reference":
+                raise only_on(self.backend, f"net '{net.name}'")
+            lengths = check_lengths(lengths, shape[0], shape[1])
+            if self.runs:
+                raise BackendError("lengths= and fuse_pools=True do not go together; hint: fuse_pools=False")
         value = x if array_module_of(x) is not np else np.asarray(x)
         produced = []
         k = 0
@@ -120,23 +130,40 @@ class NetProgram:
             block = net.blocks[k]
             if isinstance(block, Pool):
                 value = pool_over_time(value, block)
+                if lengths is not None:
+                    lengths = pooled_lengths(lengths, block, f"net '{net.name}'")
+                    value = zero_past(value, lengths)
             elif not block.bidirectional:          # the whole stack in one program: the backend's own wavefront
                 network = Network(block.cell, net.sizes[k], block.hidden_size, block.num_layers, block.proj_size)
-                value = self._run((k,), network, params.blocks[k]["forward"], value, poison)[0]
+                value = self._run((k,), network, params.blocks[k]["forward"], value, poison, lengths=lengths)[0]
             else:
                 for layer, network in enumerate(layer_networks(net, k)):
                     xp = array_module_of(value)
                     forward = self._run((k, layer, "forward"), network,
-                                        Params([params.blocks[k]["forward"].layers[layer]]), value, poison)[0]
-                    backward = self._run((k, layer, "backward"), network,
-                                         Params([params.blocks[k]["backward"].layers[layer]]),
-                                         xp.ascontiguousarray(value[::-1]), poison)[0][::-1]
+                                        Params([params.blocks[k]["forward"].layers[layer]]), value, poison,
+                                        lengths=lengths)[0]
+                    backward = reverse_steps(self._run((k, layer, "backward"), network,
+                                                       Params([params.blocks[k]["backward"].layers[layer]]),
+                                                       reverse_steps(value, lengths), poison, lengths=lengths)[0],
+                                             lengths)
                     xp = array_module_of(forward)
                     value = (xp.concatenate([forward, xp.ascontiguousarray(backward)], axis=2)
                              if block.merge == "concat" else forward + backward)
             produced.append(value)
             k += 1
-        return NetResult(outputs=value, block_outputs=produced)
+        return NetResult(outputs=value, block_outputs=produced, lengths=lengths)
+
+
+def reverse_steps(value, lengths):
+    """Each sequence's steps in reverse order (T, B, F): the whole axis without lengths, else each sequence's own
+    first lengths[b] steps, the padding left after them."""
+    xp = array_module_of(value)
+    if lengths is None:
+        return xp.ascontiguousarray(value[::-1])
+    T = value.shape[0]
+    steps = np.arange(T)[:, None]
+    source = np.where(steps < lengths[None, :], lengths[None, :] - 1 - steps, steps)          # (T, B)
+    return xp.take_along_axis(value, xp.asarray(source)[..., None], axis=0)
 
 
 def prepare_net(net: Net, params: NetParams, backend: str = "reference", *, dtype=None,
@@ -145,6 +172,7 @@ def prepare_net(net: Net, params: NetParams, backend: str = "reference", *, dtyp
 
 
 def run_net(net: Net, params: NetParams, x, *, backend: str = "reference", dtype=None,
-            precision: str = "float32", fuse_pools: bool = False) -> NetResult:
+            precision: str = "float32", fuse_pools: bool = False, lengths=None) -> NetResult:
     """prepare_net(...).run(x): once. Prepare the net yourself to run it many times (the programs are kept)."""
-    return NetProgram(net, params, backend, dtype=dtype, precision=precision, fuse_pools=fuse_pools).run(x)
+    return NetProgram(net, params, backend, dtype=dtype, precision=precision, fuse_pools=fuse_pools).run(
+        x, lengths=lengths)

@@ -18,7 +18,7 @@ import streamlit as st
 import engine
 from app import state
 from app.figures import LEGEND_ON_TOP, PALETTE, titled
-from engine.study import Study, StudyProgress, load_study
+from engine.study import Study, StudyProgress, load_study, resume_study
 from engine.training.tasks import get_task
 
 MAX_TRIALS = 400               # a study run inside a page rerun: beyond this, the CLI (or Ray across machines)
@@ -62,6 +62,15 @@ def comparison_rows(study: Study) -> list[dict]:
              "verdict": c.verdict + (f" ({c.note})" if c.note else "")} for c in study.comparison()]
 
 
+def progress_bar(bar) -> Callable[[StudyProgress], None]:
+    """engine.study's on_progress drawn on a Streamlit progress bar: trials done and failed, those running."""
+    def show(p: StudyProgress) -> None:
+        running = ", ".join(p.running[:3]) + (" ..." if len(p.running) > 3 else "")
+        bar.progress(p.done / p.total, text=f"{p.done} of {p.total} trials done, {p.failed} failed"
+                                            + (f"; running {running}" if running else ""))
+    return show
+
+
 def start_ui(cell_options: list[str], resolve: Callable[[str], engine.CellGraph]) -> None:
     """The form that starts a study, run in this rerun with a progress bar."""
     with st.form("study.form"):
@@ -97,11 +106,7 @@ def start_ui(cell_options: list[str], resolve: Callable[[str], engine.CellGraph]
         st.error(str(e))
         return
     bar = st.progress(0.0, text="Starting Ray...")
-
-    def progress(p: StudyProgress) -> None:
-        running = ", ".join(p.running[:3]) + (" ..." if len(p.running) > 3 else "")
-        bar.progress(p.done / p.total, text=f"{p.done} of {p.total} trials done, {p.failed} failed"
-                                            + (f"; running {running}" if running else ""))
+    progress = progress_bar(bar)
     space = {"lr": values} if len(values) > 1 else {}
     settings = {**sizes, **({} if space else {"lr": values[0]})}
     try:
@@ -152,7 +157,19 @@ def show_ui() -> None:
     st.progress(done / total, text=f"{done} of {total} trials finished, {len(study.failures)} failed "
                                    f"(task {task.name}, seeds {list(study.plan.seeds)})")
     if done < total:
-        st.caption(f"Unfinished: resume it with `python -m engine study --resume {folder / name}`.")
+        st.caption(f"Unfinished: {total - done} trial(s) to run. Resume it here, or with `python -m engine study "
+                   f"--resume {folder / name}` (on a cluster: `--address`).")
+        if st.button("Resume this study", key="study.resume"):
+            bar = st.progress(done / total, text="Starting Ray...")
+            try:
+                study = resume_study(folder / name, on_progress=progress_bar(bar))
+            except engine.EngineError as e:
+                bar.empty()
+                st.error(f"The study stopped: {e}")
+                return
+            bar.empty()
+            done = study.finished
+            st.success(f"Study '{name}' resumed: {done} of {total} trials finished.")
     variants = study.variants()
     tested = "test" in task.splits
     st.plotly_chart(study_box_figure(variants, task.metric, task.higher_is_better, scores=tested),

@@ -159,3 +159,21 @@ def test_the_published_odyssey_study_opens_with_its_comparison(open_page):
     assert "90 of 90 trials finished, 0 failed" in "\n".join(p.proto.text for p in at.get("progress"))
     (comparison,) = [d.value for d in at.dataframe if "p (Welch)" in d.value.columns]
     assert len(comparison) == 8 and set(comparison["verdict"]) <= {"better", "worse", "no significant difference"}
+
+
+@pytest.mark.xdist_group("ray")
+def test_an_unfinished_study_resumes_from_the_page(open_page):
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install -r requirements.txt)")
+    from engine.study import StudyPlan, store
+    plan = StudyPlan.make(["gru"], "adding", seeds=2, settings={"hidden_size": 3, "steps": 3, "seq_len": 4,
+                                                                "batch": 2, "eval_batch": 4, "device": "cpu"})
+    store.open_folder(Path(os.environ["RNN_DESIGNS_DIR"]) / "studies" / "halfway", plan)
+    at = open_page("train")
+    at.selectbox(key="study.shown").set_value("halfway").run()
+    assert any("2 trial(s) to run" in c.value for c in at.caption)
+    try:
+        at.button(key="study.resume").click().run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+        assert any("resumed: 2 of 2 trials finished" in s.value for s in at.success)
+    finally:
+        ray.shutdown()

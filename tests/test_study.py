@@ -222,3 +222,19 @@ def test_the_cli_refuses_bad_studies_with_one_line(tmp_path, capsys):
     assert "--lr" in capsys.readouterr().err
     assert main(["study", "lstm", "--address", "127.0.0.1:1", "--folder", str(tmp_path / "s")]) == 2
     assert "does not answer" in capsys.readouterr().err
+
+
+def test_a_cell_the_gpus_training_step_cannot_take_is_refused_before_any_trial(monkeypatch):
+    from engine.autodiff.errors import AutodiffError
+    from engine.study import runner
+
+    def planner(cell):
+        if cell.name == "gru":
+            raise AutodiffError("value 'x' has no place", node="x")
+    monkeypatch.setattr(runner, "training_plan", planner)
+    plan = runner.resolve_device(StudyPlan.make(["lstm", "gru"], "adding", seeds=2), gpus=2)
+    assert plan.settings["device"] == "gpu"
+    with pytest.raises(StudyError, match=r"cannot train 'gru' \(node 'x': value 'x' has no place.*hint: settings=\{'device': "
+                                         r"'cpu'\}"):
+        runner.check_gpu_cells(plan)
+    runner.check_gpu_cells(runner.resolve_device(StudyPlan.make(["gru"], "adding", seeds=2), gpus=0))   # CPU: none

@@ -79,6 +79,7 @@ def study(cells, task, *, seeds=3, space: dict | None = None, settings: dict | N
         raise StudyError(f"cpus_per_trial must be a positive integer, got {cpus_per_trial!r}", hint="cpus_per_trial=1")
     ray = runner.connect(address)
     plan = runner.resolve_device(plan, ray.cluster_resources().get("GPU", 0))
+    runner.check_gpu_cells(plan)
     folder = store.open_folder(folder if folder is not None else default_folder(plan), plan)
     lines = runner.run(plan, folder, ray, cpus_per_trial=cpus_per_trial, on_progress=on_progress,
                        retry_failed=retry_failed)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
+from ..autodiff.fused_planner import training_plan
 from ..errors import EngineError
 from ..serialize import from_dict
 from ..training.loop import train
@@ -102,6 +103,22 @@ def resolve_device(plan: StudyPlan, gpus: float) -> StudyPlan:
     device = "gpu" if gpus >= 1 else "cpu"
     return StudyPlan(plan.cells, plan.task, plan.seeds, plan.space, {**plan.settings, "device": device},
                      plan.baseline)
+
+
+def check_gpu_cells(plan: StudyPlan) -> None:
+    """On the GPU every trial trains on the generated training step: a cell it cannot take is refused before any
+    trial runs (on the driver, which may have no GPU of its own), not found failing in every one of its trials."""
+    if plan.settings.get("device") != "gpu":
+        return
+    refused = []
+    for name, cell_json in plan.cells:
+        try:
+            training_plan(from_dict(cell_json))
+        except EngineError as e:
+            refused.append(f"'{name}' ({e})")
+    if refused:
+        raise StudyError("the GPU's training step cannot train " + "; ".join(refused),
+                         hint="settings={'device': 'cpu'} trains every cell on the CPU in float64")
 
 
 def run(plan: StudyPlan, folder, ray, *, cpus_per_trial: int = 1, on_progress: Progress | None = None,

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from engine.autodiff import fused_tape
-    from engine.bench.implementations import tf32_flags
+    from engine.bench.implementation import tf32_flags
     for name in args.preset or ["lstm"]:
         preset = engine.preset(name)
         for config in parse_configs(args.config or ["mid"]):

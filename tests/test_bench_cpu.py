@@ -36,13 +36,12 @@ from engine.bench import (
 )
 from engine.bench.configs import load_config_file
 from engine.bench.divergence import TOLERANCE, error_summary, gate, step_curves
+from engine.bench.implementation import Case, Implementation
 from engine.bench.implementations import (
     AutoSchedule,
-    Case,
     CompileBudget,
     Cudnn,
     EngineBackend,
-    Implementation,
     TorchCell,
     select,
 )

@@ -39,7 +39,7 @@ from ..params import Params
 from ..torch_layout import to_torch_state_dict
 from .configs import NetBenchConfig
 from .divergence import error_summary, gate, step_curves
-from .implementations import Unavailable, short_reason
+from .implementation import Unavailable, short_reason
 from .timing import TIMERS, time_runs
 
 FOLDED_SUFFIX = "-fused-pools"      # prepare_net(..., fuse_pools=True): one wavefront through the pools

@@ -40,7 +40,8 @@ from ..params import init_params
 from .configs import BenchConfig, NetBenchConfig, parse_configs
 from .divergence import error_summary, gate, step_curves
 from .flops import floors
-from .implementations import Case, Implementation, Unavailable, default_implementations, select, short_reason
+from .implementation import Case, Implementation, Unavailable, short_reason
+from .implementations import default_implementations, select
 from .nets import bench_net, net_implementations
 from .results import RESULTS_DIR, new_results, results_filename, save_results
 from .timing import MEMORY, TIMERS, cupy_timer, time_runs

@@ -34,7 +34,7 @@ from ..network import Network
 from ..params import Params, init_params
 from ..torch_layout import from_torch_state_dict, to_torch_state_dict
 from .configs import BenchConfig, parse_configs
-from .implementations import tf32_flags
+from .implementation import tf32_flags
 from .results import read_document, readable_documents, results_filename, save_results
 from .runner import environment
 from .timing import TIMERS, time_runs

@@ -11,8 +11,8 @@ Families: "engine" (the engine's GPU backends naive, fused, graph and persistent
 backend.prepare(...).run(x) when the backend has prepare, else backend.run; and "auto", the
 autotuner's choice, each its own row; the schedules and auto also in the reduced precisions, rows
 graph-tf32, persistent-fp16, auto-bf16, ...), "cudnn" (torch.nn.LSTM/GRU/RNN in the same four modes),
-"torch" (the cell graph in torch ops: eager, torch.compile, TorchScript). torch is imported only here
-and only when used.
+"torch" (the cell graph in torch ops: eager, torch.compile, TorchScript), "flashrnn" (FlashRNN's LSTM, GRU and
+sLSTM, engine/bench/flashrnn.py). torch is imported only when used.
 
 Precision modes by their short names: fp32 (strict IEEE, TF32 off), tf32, fp16, bf16. An engine row in
 mode m passes precision=SHORT_NAMES[m] ("float32", "tf32", "float16", "bfloat16") to the engine; a
@@ -35,6 +35,7 @@ from ..passes.scan import analyse_scan
 from ..schedules import autotune
 from ..schedules.tiling import eligibility
 from ..torch_layout import to_torch_state_dict
+from .flashrnn import FlashRNN
 from .implementation import (
     PRECISIONS,
     Case,
@@ -310,7 +311,8 @@ def default_implementations(compile_budget_s: float) -> list[Implementation]:
     """In measuring order: cuDNN fp32 first (the others' divergence is also taken against it), the
     engine's fp32 rows, then per reduced precision cuDNN and the engine's schedules and auto in that
     mode (naive and fused are strict fp32 only). torch.compile and TorchScript each get the compile
-    budget (TorchScript's is rarely touched)."""
+    budget (TorchScript's is rarely touched). FlashRNN's rows last (engine/bench/flashrnn.py; reported unavailable
+    where it is not installed or has no such cell)."""
     gpu_backends = getattr(backends, "GPU_BACKENDS", tuple(b for b in backends.BACKENDS if b != "reference"))
     reduced = []
     for precision in PRECISIONS[1:]:
@@ -318,7 +320,8 @@ def default_implementations(compile_budget_s: float) -> list[Implementation]:
         reduced += [Cudnn(precision), *schedules, AutoSchedule(precision=precision)]
     return [Cudnn("fp32"), *[EngineBackend(name) for name in gpu_backends], AutoSchedule(), *reduced,
             TorchCell("eager"), TorchCell("compile", CompileBudget(compile_budget_s)),
-            TorchCell("script", CompileBudget(compile_budget_s))]
+            TorchCell("script", CompileBudget(compile_budget_s)),
+            *[FlashRNN(precision) for precision in ("fp32", "bf16", "fp16")]]
 
 
 def implementation_choices() -> list[str]:

@@ -44,7 +44,8 @@ def synthetic_results(rng, steps: int = 12) -> dict:
         for name, family, precision in (("cudnn-fp32", "cudnn", "fp32"), ("naive", "engine", "fp32"),
                                         ("fused", "engine", "fp32"), ("graph", "engine", "fp32"),
                                         ("persistent", "engine", "fp32"), ("auto", "engine", "fp32"),
-                                        ("torch-eager", "torch", "fp32"), ("cudnn-fp16", "cudnn", "fp16")):
+                                        ("torch-eager", "torch", "fp32"), ("cudnn-fp16", "cudnn", "fp16"),
+                                        ("flashrnn-bf16", "flashrnn", "bf16")):
             entries.append({
                 "name": name, "family": family, "precision": precision, "status": "ok", "reason": None,
                 "median_ms": float(rng.uniform(0.1, 10.0)), "min_ms": None, "max_ms": None,

@@ -481,6 +481,21 @@ def test_benchmarks_baselines_and_implementation_are_chosen(open_page, saved_res
     assert dict(zip(trace["x"], trace["y"]))["gru · mid"] == pytest.approx(medians["cudnn-fp16"] / medians["naive"])
 
 
+def test_benchmarks_draw_flashrnn_as_a_baseline(open_page, saved_results):
+    """FlashRNN's rows (engine/bench/flashrnn.py) are a baseline like cuDNN's: chosen, its bars are its time over
+    the engine's."""
+    if not bench_available():
+        pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")
+    at = open_page("benchmarks")
+    assert "flashrnn-bf16" in at.multiselect(key="benchmarks.baselines").options
+    at.multiselect(key="benchmarks.baselines").set_value(["flashrnn-bf16"]).run()
+    (trace,) = chart_spec(at, "benchmarks.speedup")["data"]
+    for cell in saved_results["cells"]:
+        medians = {e["name"]: e["median_ms"] for e in cell["implementations"] if e["status"] == "ok"}
+        label = f"{cell['preset']} · {cell['config']['name']}"
+        assert dict(zip(trace["x"], trace["y"]))[label] == pytest.approx(medians["flashrnn-bf16"] / medians["fused"])
+
+
 def test_benchmarks_show_each_schedule_as_its_own_row(open_page, saved_results):
     if not bench_available():
         pytest.skip("engine.bench does not export run_bench, list_results and load_results yet")

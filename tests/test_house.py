@@ -19,7 +19,7 @@ PACKAGES = ("engine", "app")
 TOOL = ROOT.parent / "shared" / "tools" / "import_cycles.py"
 MAX_LINES = 650
 # Optional or platform-bound modules an import may wait for until a function needs them.
-DEFERRABLE = {"cupy", "cupyx", "cupy_backends", "torch", "triton", "playwright", "ray", "music21", "scipy", "fcntl", "msvcrt"}
+DEFERRABLE = {"cupy", "cupyx", "cupy_backends", "torch", "triton", "playwright", "ray", "music21", "scipy", "flashrnn", "fcntl", "msvcrt"}
 
 
 def python_files():

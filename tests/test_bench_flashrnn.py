@@ -47,3 +47,21 @@ def test_flashrnn_rows_it_cannot_run_say_why():
     assert "no tf32 mode" in FlashRNN("tf32", backend="vanilla").unavailable_reason(case)
     other, _ = case_of("mgu")
     assert "FlashRNN has no 'mgu'" in FlashRNN("fp32", backend="vanilla").unavailable_reason(other)
+
+
+def test_flashrnn_rows_share_the_runs_compile_budget(monkeypatch):
+    """Its first call builds its kernels: the rows spend one budget, and a row the budget cannot take is reported
+    unavailable with the reason instead of stalling the run."""
+    import sys
+
+    from engine.bench.implementation import CompileBudget, Unavailable
+    module = sys.modules[FlashRNN.__module__]          # (engine.bench is also the name of a function)
+    case, _ = case_of("gru")
+    budget = CompileBudget(60.0)
+    first, second = FlashRNN("fp32", budget=budget), FlashRNN("bf16", budget=budget)
+    with pytest.raises(Unavailable, match=r"took 75\.0 s, more than the 60\.0 s left"):
+        first.after_first_call(75.0)
+    assert first.detail["first_call_s"] == 75.0 and budget.left == -15.0
+    monkeypatch.setattr(module, "torch_device_reason", lambda torch, case: None)     # as where CUDA is
+    case.device = "cuda"
+    assert second.unavailable_reason(case) == "the run's compile budget (60 s) is spent"

@@ -22,7 +22,9 @@ import numpy as np
 
 from .implementation import (
     Case,
+    CompileBudget,
     Implementation,
+    Unavailable,
     check_precision,
     short_reason,
     tf32_flags,
@@ -78,10 +80,12 @@ class FlashRNN(Implementation):
     family = "flashrnn"
     timer = "torch"
 
-    def __init__(self, precision: str, backend: str = "cuda_fused", timer: str = "torch"):
+    def __init__(self, precision: str, backend: str = "cuda_fused", timer: str = "torch",
+                 budget: CompileBudget | None = None):
         super().__init__()
         self.precision, self.backend, self.timer = check_precision(precision), backend, timer
         self.name = f"flashrnn-{precision}"
+        self.budget = budget        # its first call builds its kernels (about a minute a size and dtype on an H200)
 
     def unavailable_reason(self, case: Case) -> str | None:
         torch, reason = torch_or_reason()
@@ -96,7 +100,19 @@ class FlashRNN(Implementation):
             return reason
         if case.device == "cpu" and self.backend != "vanilla":
             return f"FlashRNN's '{self.backend}' kernels need a GPU (its 'vanilla' backend runs on the CPU)"
+        if self.budget is not None and self.backend != "vanilla" and self.budget.left <= 0:
+            return f"the run's compile budget ({self.budget.total:g} s) is spent"
         return flashrnn_or_reason()[1]
+
+    def after_first_call(self, seconds: float) -> None:
+        if self.budget is None or self.backend == "vanilla":
+            return
+        left = self.budget.left
+        self.budget.spent += seconds
+        self.detail["first_call_s"] = seconds
+        if seconds > left:
+            raise Unavailable(f"building FlashRNN's kernels took {seconds:.1f} s, more than the {max(left, 0):.1f} s "
+                              f"left of the run's compile budget ({self.budget.total:g} s)")
 
     @contextmanager
     def context(self):

@@ -172,3 +172,16 @@ def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     return precision
+
+
+class CompileBudget:
+    """Seconds the whole run may spend compiling (torch.compile, TorchScript, FlashRNN's kernels)."""
+
+    def __init__(self, seconds: float):
+        self.total = float(seconds)
+        self.spent = 0.0
+
+    @property
+    def left(self) -> float:
+        return self.total - self.spent
+

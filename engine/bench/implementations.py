@@ -39,6 +39,7 @@ from .flashrnn import FlashRNN
 from .implementation import (
     PRECISIONS,
     Case,
+    CompileBudget,
     Implementation,
     Unavailable,
     check_precision,
@@ -216,18 +217,6 @@ class Cudnn(Implementation):
 
 # ---- the cell graph in torch ops --------------------------------------------------------------------
 
-class CompileBudget:
-    """Seconds the whole run may spend compiling (torch.compile, TorchScript)."""
-
-    def __init__(self, seconds: float):
-        self.total = float(seconds)
-        self.spent = 0.0
-
-    @property
-    def left(self) -> float:
-        return self.total - self.spent
-
-
 TORCH_MODES = {"eager": "torch-eager", "compile": "torch.compile", "script": "torchscript"}
 
 
@@ -313,6 +302,7 @@ def default_implementations(compile_budget_s: float) -> list[Implementation]:
     mode (naive and fused are strict fp32 only). torch.compile and TorchScript each get the compile
     budget (TorchScript's is rarely touched). FlashRNN's rows last (engine/bench/flashrnn.py; reported unavailable
     where it is not installed or has no such cell)."""
+    flash_budget = CompileBudget(compile_budget_s)       # FlashRNN builds its kernels at its first call
     gpu_backends = getattr(backends, "GPU_BACKENDS", tuple(b for b in backends.BACKENDS if b != "reference"))
     reduced = []
     for precision in PRECISIONS[1:]:
@@ -321,7 +311,7 @@ def default_implementations(compile_budget_s: float) -> list[Implementation]:
     return [Cudnn("fp32"), *[EngineBackend(name) for name in gpu_backends], AutoSchedule(), *reduced,
             TorchCell("eager"), TorchCell("compile", CompileBudget(compile_budget_s)),
             TorchCell("script", CompileBudget(compile_budget_s)),
-            *[FlashRNN(precision) for precision in ("fp32", "bf16", "fp16")]]
+            *[FlashRNN(precision, budget=flash_budget) for precision in ("fp32", "bf16", "fp16")]]
 
 
 def implementation_choices() -> list[str]:

@@ -16,7 +16,8 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "bench", help="benchmark a cell on the GPU against cuDNN and PyTorch (needs a CUDA GPU)",
         description="Time every available implementation of a cell side by side on the GPU (the engine's "
-                    "backends, cuDNN fp32/TF32/fp16/bf16, the cell in torch ops eager and compiled), after "
+                    "backends, cuDNN fp32/TF32/fp16/bf16, the cell in torch ops eager and compiled, FlashRNN's "
+                    "LSTM, GRU and sLSTM where it is installed), after "
                     "checking each against a float64 reference. Results go to a JSON file.")
     parser.add_argument("--preset", "-p", action="append", metavar="NAME|CELL.json",
                         help="cell to benchmark, repeatable (default: lstm)")

@@ -238,3 +238,15 @@ def test_a_cell_the_gpus_training_step_cannot_take_is_refused_before_any_trial(m
                                          r"'cpu'\}"):
         runner.check_gpu_cells(plan)
     runner.check_gpu_cells(runner.resolve_device(StudyPlan.make(["gru"], "adding", seeds=2), gpus=0))   # CPU: none
+
+
+def test_a_ray_that_cannot_start_is_a_named_error(monkeypatch):
+    from engine.study import runner
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+
+    def refuse(**_):
+        raise RuntimeError("Failed to start the GCS server\nmore lines")
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(StudyError, match=r"an embedded local Ray could not be started or joined: RuntimeError: "
+                                         r"Failed to start the GCS server; hint: check `ray status`"):
+        runner.connect(None)

@@ -90,8 +90,13 @@ def connect(address: str | None):
                                                         "*.npz", "__pycache__"]}
     else:
         code = {"env_vars": {"PYTHONPATH": str(ROOT)}}      # local workers import this checkout's engine
-    ray.init(address=address or None, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env=code)
+    try:
+        ray.init(address=address or None, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env=code)
+    except Exception as e:          # Ray raises ConnectionError, RuntimeError, ValueError, its own types
+        where = f"the Ray cluster at {address!r}" if address else "an embedded local Ray"
+        raise StudyError(f"{where} could not be started or joined: {type(e).__name__}: {str(e).splitlines()[0]}",
+                         hint="check `ray status` there, or leave --address out to run on this machine") from None
     return ray
 
 

@@ -58,7 +58,8 @@ def test_the_grid_is_every_cell_value_and_seed_with_stable_ids():
 
 
 @pytest.mark.parametrize("call, needle", [
-    (lambda: StudyPlan.make([], "adding"), "a study needs at least one cell"),
+    (lambda: StudyPlan.make([], "adding"), "a study needs a list of one or more cells, got \\[\\]"),
+    (lambda: StudyPlan.make(7, "adding"), "a study needs a list of one or more cells, got 7"),
     (lambda: StudyPlan.make(["nope"], "adding"), "unknown cell 'nope'"),
     (lambda: StudyPlan.make(["lstm"], "nope"), "unknown task 'nope'"),
     (lambda: StudyPlan.make(["lstm"], "adding", space={"lr": []}), r"space\['lr'\] must be a non-empty list"),
@@ -82,6 +83,12 @@ def test_a_bad_study_is_refused_before_any_trial_runs_naming_what_is_wrong(call,
 
 def plan_of(**changes) -> StudyPlan:
     return StudyPlan.make(["lstm", "gru"], "adding", seeds=2, settings={**TINY, **changes})
+
+
+def test_one_cell_is_a_study_of_its_seeds_and_a_folder_must_be_a_path(tmp_path):
+    assert [t.cell for t in StudyPlan.make("gru", "adding", seeds=2).trials] == ["gru", "gru"]
+    with pytest.raises(StudyError, match="the study's folder must be a path, got int 5"):
+        store.open_folder(5, plan_of())
 
 
 def test_a_folder_of_another_study_is_refused_naming_it(tmp_path):

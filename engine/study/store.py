@@ -29,6 +29,9 @@ def study_error(message: str, hint: str) -> StudyError:
 
 def open_folder(folder, plan: StudyPlan) -> Path:
     """The study's folder, made and given the plan's definition, or found holding the same one."""
+    if not isinstance(folder, (str, os.PathLike)) or not str(folder):
+        raise StudyError(f"the study's folder must be a path, got {type(folder).__name__} {folder!r}"[:200],
+                         hint="folder='studies/my-study'")
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise StudyError(f"the study folder {str(folder)!r} is a file", hint="give a folder (it is made if missing)")

@@ -15,6 +15,7 @@ import itertools
 import json
 from dataclasses import dataclass
 
+from ..arguments import shown
 from ..errors import EngineError
 from ..gallery import Preset
 from ..gallery import get as get_preset
@@ -120,8 +121,11 @@ class StudyPlan:
 
     @staticmethod
     def make(cells, task, *, seeds=3, space=None, settings=None, baseline: str | None = None) -> "StudyPlan":
+        if isinstance(cells, (str, Preset, CellGraph, dict)):
+            cells = [cells]                                 # one cell: a study of its seeds and settings
         if not isinstance(cells, (list, tuple)) or not cells:
-            raise StudyError("a study needs at least one cell", hint="engine.study(['lstm', 'gru'], 'jsb', ...)")
+            raise StudyError(f"a study needs a list of one or more cells, got {shown(cells)}",
+                             hint="engine.study(['lstm', 'gru'], 'jsb', ...)")
         named = [cell_of(c) for c in cells]
         names = [n for n, _ in named]
         if len(set(names)) != len(names):

@@ -72,6 +72,7 @@ def test_the_grid_is_every_cell_value_and_seed_with_stable_ids():
     (lambda: StudyPlan.make(["lstm"], "adding", baseline="gru"), "baseline 'gru' is not a cell of the study"),
     (lambda: StudyPlan.make(["lstm"], "adding", space={"lr": [0.1, -1.0]}), "lr must be a positive number"),
     (lambda: StudyPlan.make(["lstm", "lstm"], "adding"), "two cells of the study share a name"),
+    (lambda: StudyPlan.make(["lstm"], "adding", settings={"device": "tpu"}), r"settings\['device'\] must be"),
 ])
 def test_a_bad_study_is_refused_before_any_trial_runs_naming_what_is_wrong(call, needle):
     with pytest.raises(engine.EngineError, match=needle) as caught:

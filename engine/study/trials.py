@@ -140,6 +140,9 @@ class StudyPlan:
         if both:
             raise StudyError(f"{both} is both fixed in settings and varied in space", hint="give it in one of them")
         settings = {**DEFAULTS, **(settings or {})}
+        if settings["device"] not in ("auto", "cpu", "gpu"):
+            raise StudyError(f"settings['device'] must be 'auto', 'cpu' or 'gpu', got {shown(settings['device'])}",
+                             hint="'auto' (the default): a GPU a trial where Ray has GPUs, else CPU cores")
         if baseline is None:
             baseline = names[0]
         if baseline not in names:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,14 +22,11 @@ import numpy as np
 from .implementation import (
     Case,
     CompileBudget,
-    Implementation,
-    Unavailable,
+    TorchImplementation,
     check_precision,
     short_reason,
-    tf32_flags,
     torch_device_reason,
     torch_or_reason,
-    torch_tf32_state,
 )
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}    # the modes FlashRNN has (no tf32)
@@ -76,9 +72,8 @@ def layer_weights(layout: FlashLayout, layer: dict, hidden_size: int, heads: int
     return W, R, b
 
 
-class FlashRNN(Implementation):
+class FlashRNN(TorchImplementation):
     family = "flashrnn"
-    timer = "torch"
 
     def __init__(self, precision: str, backend: str = "cuda_fused", timer: str = "torch",
                  budget: CompileBudget | None = None):
@@ -100,27 +95,15 @@ class FlashRNN(Implementation):
             return reason
         if case.device == "cpu" and self.backend != "vanilla":
             return f"FlashRNN's '{self.backend}' kernels need a GPU (its 'vanilla' backend runs on the CPU)"
-        if self.budget is not None and self.backend != "vanilla" and self.budget.left <= 0:
-            return f"the run's compile budget ({self.budget.total:g} s) is spent"
+        if self.budget is not None and self.backend != "vanilla" and (spent := self.budget.spent_reason()):
+            return spent
         return flashrnn_or_reason()[1]
 
     def after_first_call(self, seconds: float) -> None:
         if self.budget is None or self.backend == "vanilla":
             return
-        left = self.budget.left
-        self.budget.spent += seconds
         self.detail["first_call_s"] = seconds
-        if seconds > left:
-            raise Unavailable(f"building FlashRNN's kernels took {seconds:.1f} s, more than the {max(left, 0):.1f} s "
-                              f"left of the run's compile budget ({self.budget.total:g} s)")
-
-    @contextmanager
-    def context(self):
-        with tf32_flags(False):
-            yield
-
-    def flags(self) -> dict:
-        return torch_tf32_state()
+        self.budget.charge(seconds, "building FlashRNN's kernels")
 
     def setup(self, case: Case) -> None:
         import torch  # deferred: torch is optional (the cuDNN, torch and FlashRNN baselines)

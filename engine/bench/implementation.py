@@ -158,6 +158,19 @@ class Implementation:
         pass
 
 
+class TorchImplementation(Implementation):
+    """A row that runs torch: its TF32 switches set (to self.tf32) around it, and recorded with its numbers."""
+    timer = "torch"
+
+    @contextmanager
+    def context(self):
+        with tf32_flags(self.tf32):
+            yield
+
+    def flags(self) -> dict:
+        return torch_tf32_state()
+
+
 # The precision modes, by the harness's short names, in the order their rows are measured.
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 CUDNN_PRECISIONS = PRECISIONS
@@ -184,4 +197,16 @@ class CompileBudget:
     @property
     def left(self) -> float:
         return self.total - self.spent
+
+    def spent_reason(self) -> str | None:
+        """Why a row that compiles cannot start, once the budget is gone; None while some is left."""
+        return f"the run's compile budget ({self.total:g} s) is spent" if self.left <= 0 else None
+
+    def charge(self, seconds: float, what: str) -> None:
+        """Count a first call's `seconds`; Unavailable if they were more than was left."""
+        left = self.left
+        self.spent += seconds
+        if seconds > left:
+            raise Unavailable(f"{what} took {seconds:.1f} s, more than the {max(left, 0):.1f} s left of the run's "
+                              f"compile budget ({self.total:g} s)")
 

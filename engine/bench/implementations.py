@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -41,14 +40,12 @@ from .implementation import (
     Case,
     CompileBudget,
     Implementation,
-    Unavailable,
+    TorchImplementation,
     check_precision,
     row_name,
     short_reason,
-    tf32_flags,
     torch_device_reason,
     torch_or_reason,
-    torch_tf32_state,
 )
 from .torch_cell import layer_function, run_network, torch_params
 
@@ -150,9 +147,8 @@ class AutoSchedule(EngineBackend):
 # ---- cuDNN through torch.nn ---------------------------------------------------------------------------
 
 
-class Cudnn(Implementation):
+class Cudnn(TorchImplementation):
     family = "cudnn"
-    timer = "torch"
 
     def __init__(self, precision: str, timer: str = "torch"):
         super().__init__()
@@ -173,14 +169,6 @@ class Cudnn(Implementation):
         if self.precision == "bf16" and case.device == "cuda" and not torch.cuda.is_bf16_supported():
             return "this GPU does not support bfloat16"
         return None
-
-    @contextmanager
-    def context(self):
-        with tf32_flags(self.tf32):
-            yield
-
-    def flags(self) -> dict:
-        return torch_tf32_state()
 
     def setup(self, case: Case) -> None:
         import torch  # deferred: torch is optional (the cuDNN and torch baselines)
@@ -220,9 +208,8 @@ class Cudnn(Implementation):
 TORCH_MODES = {"eager": "torch-eager", "compile": "torch.compile", "script": "torchscript"}
 
 
-class TorchCell(Implementation):
+class TorchCell(TorchImplementation):
     family = "torch"
-    timer = "torch"
 
     def __init__(self, mode: str, budget: CompileBudget | None = None, timer: str = "torch",
                  compile_options: dict | None = None):
@@ -249,17 +236,9 @@ class TorchCell(Implementation):
                 return "triton is not installed (torch.compile's inductor backend needs it on the GPU)"
         if self.mode == "script" and not hasattr(getattr(torch, "jit", None), "script"):
             return f"torch {torch.__version__} has no torch.jit.script"
-        if self.budget is not None and self.mode != "eager" and self.budget.left <= 0:
-            return f"the run's compile budget ({self.budget.total:g} s) is spent"
+        if self.budget is not None and self.mode != "eager":
+            return self.budget.spent_reason()
         return None
-
-    @contextmanager
-    def context(self):
-        with tf32_flags(False):
-            yield
-
-    def flags(self) -> dict:
-        return torch_tf32_state()
 
     def setup(self, case: Case) -> None:
         import torch  # deferred: torch is optional (the cuDNN and torch baselines)
@@ -282,12 +261,8 @@ class TorchCell(Implementation):
     def after_first_call(self, seconds: float) -> None:
         if self.mode == "eager" or self.budget is None:
             return
-        left = self.budget.left
-        self.budget.spent += seconds
         self.detail["compile_s"] = seconds
-        if seconds > left:
-            raise Unavailable(f"compiling took {seconds:.1f} s, more than the {max(left, 0):.1f} s left of the "
-                              f"run's compile budget ({self.budget.total:g} s)")
+        self.budget.charge(seconds, "compiling")
 
     def teardown(self) -> None:
         self.layer_fn = self.params = self.inputs = None

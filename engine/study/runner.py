@@ -132,10 +132,9 @@ def run(plan: StudyPlan, folder, ray, *, cpus_per_trial: int = 1, on_progress: P
     it ends; returns trial id -> its line."""
     trials = plan.trials
     lines = store.finished(folder)
-    todo = [t for t in trials if t.id not in lines or (retry_failed and lines[t.id]["status"] == "failed")]
-    progress = StudyProgress(total=len(trials), done=len(trials) - len(todo),
-                             failed=sum(1 for t in trials if t.id in lines and lines[t.id]["status"] == "failed"
-                                        and t not in todo))
+    failed = {t.id for t in trials if lines.get(t.id, {}).get("status") == "failed"}
+    todo = [t for t in trials if t.id not in lines or (retry_failed and t.id in failed)]
+    progress = StudyProgress(total=len(trials), done=len(trials) - len(todo), failed=0 if retry_failed else len(failed))
     progress.resumed = progress.done
     on_gpu = plan.settings.get("device") == "gpu"
     resources = ray.cluster_resources()

@@ -15,16 +15,12 @@ import json
 import os
 from pathlib import Path
 
-from ..files import check_destination, load_json, write_text
+from ..files import check_destination, error_of, load_json, write_text
 from ..training.results import TrainResult
 from .errors import StudyError
 from .trials import FORMAT, StudyPlan, Trial
 
 DEFINITION, TRIALS = "study.json", "trials.jsonl"
-
-
-def study_error(message: str, hint: str) -> StudyError:
-    return StudyError(message, hint=hint)
 
 
 def open_folder(folder, plan: StudyPlan) -> Path:
@@ -54,7 +50,7 @@ def open_folder(folder, plan: StudyPlan) -> Path:
 
 
 def read_definition(folder) -> dict:
-    data = load_json(Path(folder) / DEFINITION, "the study's definition", error=study_error,
+    data = load_json(Path(folder) / DEFINITION, "the study's definition", error=error_of(StudyError),
                      hint="give a folder written by engine.study")
     if not isinstance(data, dict) or data.get("format") != FORMAT or "hash" not in data:
         raise StudyError(f"{str(Path(folder) / DEFINITION)!r} is not a study definition (format {FORMAT!r})",

@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..arguments import shown
 from ..errors import EngineError
@@ -42,7 +43,7 @@ class Trial:
     settings: dict              # every keyword of engine.train but the seed
     variant: str                # the cell and the space's values, e.g. "lstm lr=0.01"
 
-    @property
+    @cached_property
     def id(self) -> str:
         value = json.dumps({"cell": self.cell_json, "task": self.task, "seed": self.seed,
                             "settings": self.settings}, sort_keys=True)
@@ -171,7 +172,7 @@ class StudyPlan:
         for values in itertools.product(*(self.space[k] for k in keys)):
             yield dict(zip(keys, values))
 
-    @property
+    @cached_property
     def trials(self) -> list[Trial]:
         return [Trial(name, cell_json, self.task, seed, {**self.settings, **values}, variant_name(name, values))
                 for name, cell_json in self.cells for values in self.grid() for seed in self.seeds]
@@ -180,7 +181,7 @@ class StudyPlan:
         return {"format": FORMAT, "cells": [{"name": n, "cell_json": j} for n, j in self.cells], "task": self.task,
                 "seeds": list(self.seeds), "space": self.space, "settings": self.settings, "baseline": self.baseline}
 
-    @property
+    @cached_property
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends.lengths import hold_past_end
 from ..backends.reference import step
 from ..network import Network
 from .checks import start_backward
@@ -70,7 +71,7 @@ def forward(network: Network, split: BackwardSplit, layer_params, x, initial_sta
             next_states, values = step(cell, layer_params[layer], layer_in[t], states, dtype)
             steps.append({**{n: values[n] for n in per_step}, **constants})
             if masks is not None:
-                next_states = {s: xp.where(masks[t] > 0, v, states[s]) for s, v in next_states.items()}
+                next_states = hold_past_end(next_states, states, masks[t], xp)
             states = next_states
             out[t] = states[cell.output] if masks is None else xp.where(masks[t] > 0, states[cell.output], 0)
         saved.append(steps)

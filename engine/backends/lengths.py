@@ -32,13 +32,22 @@ def check_lengths(lengths, T: int, B: int) -> np.ndarray | None:
     return array.astype(np.int64)
 
 
+def within(lengths, T: int) -> np.ndarray:
+    """(T, B) bool: True where step t lies within sequence b (t < lengths[b])."""
+    return np.arange(T)[:, None] < np.asarray(lengths)[None, :]
+
+
 def step_masks(lengths: np.ndarray | None, T: int, dtype, xp) -> list | None:
     """[t]: (B, 1) array of 1 where step t lies within the sequence and 0 past its end (None without lengths)."""
     if lengths is None:
         return None
-    masks = (np.arange(T)[:, None] < lengths[None, :]).astype(dtype)          # (T, B)
-    device = xp.asarray(masks)
+    device = xp.asarray(within(lengths, T).astype(dtype))                      # (T, B)
     return [device[t][:, None] for t in range(T)]
+
+
+def hold_past_end(next_states: dict, states: dict, mask, xp) -> dict:
+    """The states after a step of a padded batch: the step's where mask (B, 1) is 1, unchanged where it is 0."""
+    return {s: xp.where(mask > 0, v, states[s]) for s, v in next_states.items()}
 
 
 def only_on(backend: str, where: str) -> BackendError:

@@ -17,7 +17,7 @@ from ..ops import apply_elementwise, matmul_apply
 from ..params import Params, check_params
 from ..rounding import round_operand
 from .common import RunResult, check_inputs, check_precision
-from .lengths import check_lengths, step_masks
+from .lengths import check_lengths, hold_past_end, step_masks
 
 
 def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dict[str, np.ndarray],
@@ -77,7 +77,7 @@ def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | 
         for t in range(T):
             next_states, env = step(cell, params[layer], layer_in[t], states[layer], dtype, precision)
             if masks is not None:           # past a sequence's end its states stay, its output is zero
-                next_states = {s: np.where(masks[t] > 0, v, states[layer][s]) for s, v in next_states.items()}
+                next_states = hold_past_end(next_states, states[layer], masks[t], np)
             states[layer] = next_states
             if observe is not None:
                 observe(layer, t, env)

@@ -143,3 +143,12 @@ def add_size_args(parser, *, steps: bool = False, batch: bool = False) -> None:
         parser.add_argument("--steps", "-T", type=steps_flag, default=20, help="time steps T (default 20)")
     if batch:
         parser.add_argument("--batch", "-B", type=batch_flag, default=4, help="batch size B (default 4)")
+
+
+def print_columns(header, rows) -> None:
+    """Columns as wide as their widest entry, the first left-aligned, the rest right-aligned."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(str(text).ljust(w) if i == 0 else str(text).rjust(w)
+                        for i, (text, w) in enumerate(zip(row, widths))))
+

@@ -23,6 +23,7 @@ from ._common import (
     float_flag,
     int_flag,
     layers_flag,
+    print_columns,
     resolve_cell,
     seed_flag,
     size_flag,
@@ -90,24 +91,17 @@ def print_tables(s: Study) -> None:
     rows = [(v.name, f"{len(v.held_out)}/{len(v.held_out) + v.failed}", spread(v.held_out),
              *([spread(v.scores)] if tested else [])) for v in s.variants()]
     header = ("variant", "ok", f"held-out {task.metric}", *([f"test {task.metric}"] if tested else []))
-    table(header, rows)
+    print_columns(header, rows)
     comparison = s.comparison()
     if comparison:
         print(f"\neach cell at its best settings (by held-out {task.metric}) against {s.plan.baseline}, "
               f"Welch's t-test over the seeds ({'test' if tested else 'held-out'} {task.metric}):")
-        table(("cell", "variant", "mean", "baseline", "difference", "p", "verdict"),
-              [(c.cell, c.variant, f"{c.mean:.4g}", f"{c.baseline_mean:.4g}", f"{c.difference:+.3g}",
-                "-" if c.p_value is None else f"{c.p_value:.3g}", c.verdict + (f" ({c.note})" if c.note else ""))
-               for c in comparison])
+        print_columns(("cell", "variant", "mean", "baseline", "difference", "p", "verdict"),
+                      [(c.cell, c.variant, f"{c.mean:.4g}", f"{c.baseline_mean:.4g}", f"{c.difference:+.3g}",
+                        "-" if c.p_value is None else f"{c.p_value:.3g}",
+                        c.verdict + (f" ({c.note})" if c.note else "")) for c in comparison])
     for line in s.failures[:5]:
         print(f"failed: {line['trial']['variant']} seed {line['trial']['seed']}: {line['error'][:300]}")
-
-
-def table(header, rows) -> None:
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(text).ljust(w) if i == 0 else str(text).rjust(w)
-                        for i, (text, w) in enumerate(zip(row, widths))))
 
 
 def main(args) -> int:

@@ -19,6 +19,7 @@ from ._common import (
     float_flag,
     int_flag,
     layers_flag,
+    print_columns,
     resolve_cell,
     seed_flag,
     size_flag,
@@ -87,9 +88,7 @@ def print_table(results, task) -> None:
     rows = [(r.cell, f"{r.num_params:,}", f"{r.final_loss:.4g}", f"{r.final_metric:.4g}",
              *([f"{r.test_metric:.4g}"] if tested else []), f"{r.seconds:.1f}") for r in results]
     header = ("cell", "params", "held-out loss", task.metric, *([f"test {task.metric}"] if tested else []), "seconds")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(text.ljust(w) if i == 0 else text.rjust(w) for i, (text, w) in enumerate(zip(row, widths))))
+    print_columns(header, rows)
 
 
 def main(args) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.common import array_module_of
+from ..backends.lengths import within
 from ..errors import BackendError
 from .data import Pool
 
@@ -23,7 +24,7 @@ def pool_over_time(x, block: Pool):
 def pooled_lengths(lengths, block: Pool, where: str):
     """Each sequence's steps after the pool: the windows that lie wholly within it (so a max or mean never reads
     padding); a sequence shorter than the window is refused by name."""
-    out = (lengths - block.window) // block.stride + 1
+    out = block.steps_out(lengths)
     if (out < 1).any():
         b = int(np.argmax(out < 1))
         raise BackendError(f"{where}: sequence {b} has {int(lengths[b])} step(s) when it reaches pool "
@@ -35,5 +36,4 @@ def pooled_lengths(lengths, block: Pool, where: str):
 def zero_past(value, lengths):
     """value (T, B, F) with the steps past each sequence's end set to 0."""
     xp = array_module_of(value)
-    mask = xp.asarray(np.arange(value.shape[0])[:, None] < np.asarray(lengths)[None, :])     # (T, B)
-    return xp.where(mask[..., None], value, 0)
+    return xp.where(xp.asarray(within(lengths, value.shape[0]))[..., None], value, 0)

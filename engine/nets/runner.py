@@ -12,7 +12,7 @@ import numpy as np
 
 from ..arguments import float_dtype, shown
 from ..backends.common import array_module_of
-from ..backends.lengths import check_lengths, only_on
+from ..backends.lengths import check_lengths, only_on, within
 from ..errors import BackendError
 from ..execute import run
 from ..network import Network
@@ -162,7 +162,7 @@ def reverse_steps(value, lengths):
         return xp.ascontiguousarray(value[::-1])
     T = value.shape[0]
     steps = np.arange(T)[:, None]
-    source = np.where(steps < lengths[None, :], lengths[None, :] - 1 - steps, steps)          # (T, B)
+    source = np.where(within(lengths, T), lengths[None, :] - 1 - steps, steps)                # (T, B)
     return xp.take_along_axis(value, xp.asarray(source)[..., None], axis=0)
 
 

@@ -61,9 +61,6 @@ class Chorales:
             raise TrainingError(f"JSB Chorales has no split {split!r}", hint="use one of " + ", ".join(SPLITS))
         return [roll for roll, s in zip(self.rolls, self.splits) if s == split]
 
-    def frames(self, split: str) -> int:
-        return sum(len(roll) for roll in self.rolls_of(split))
-
 
 def music21_or_error():
     try:

@@ -101,6 +101,13 @@ def write_text(path: str | Path, text: str, what: str, *, flag: str | None = Non
     return write_bytes(path, text.encode("utf-8"), what, flag=flag, overwrite=overwrite)
 
 
+def cache_root() -> Path:
+    """The engine's cache folder: $CELLFORGE_CACHE_DIR, else ~/.cache/cellforge (compiled kernels, the autotuner's
+    choices, JSB Chorales)."""
+    root = os.environ.get("CELLFORGE_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "cellforge"
+
+
 # ---- reading -----------------------------------------------------------------------------------------------
 
 def error_of(kind: Callable[[str], EngineError]) -> MakeError:

@@ -27,6 +27,7 @@ import threading
 from pathlib import Path
 
 from ..errors import CompileError
+from ..files import cache_root
 
 OPTIONS = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true")
 
@@ -36,8 +37,7 @@ class NvrtcError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("CELLFORGE_CACHE_DIR")
-    path = (Path(root) if root else Path.home() / ".cache" / "cellforge") / "kernels"
+    path = cache_root() / "kernels"
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write-{os.getpid()}-{threading.get_ident()}"

@@ -34,7 +34,7 @@ from ..backends.common import check_float32_only, check_precision
 from ..codegen import GENERATOR_VERSION
 from ..compiler import compile_program
 from ..errors import BackendError, CompileError, FileError
-from ..files import load_json, write_text
+from ..files import cache_root, load_json, write_text
 from ..network import Network
 from ..params import Params
 from ..passes.scan import analyse_scan
@@ -151,8 +151,7 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
 def cache_path(name: str = "autotune.json") -> Path:
     """The cache file `name` (autotune.json: the schedules' choices; pipelines.json: engine.multigpu's tuned plans)
     in $CELLFORGE_CACHE_DIR, else ~/.cache/cellforge."""
-    root = os.environ.get("CELLFORGE_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "cellforge") / name
+    return cache_root() / name
 
 
 def cache_key(network: Network, steps: int, batch: int, device: str, precision: str = "float32") -> str:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import write_with
+from ..files import cache_root, write_with
 from .errors import TrainingError
 
 KEYS = 88                   # the piano's keys
@@ -131,8 +131,7 @@ def cache_file() -> Path:
     """$CELLFORGE_JSB_CACHE (a file), else jsb_chorales.npz in $CELLFORGE_CACHE_DIR, else in ~/.cache/cellforge."""
     if os.environ.get("CELLFORGE_JSB_CACHE"):
         return Path(os.environ["CELLFORGE_JSB_CACHE"])
-    root = os.environ.get("CELLFORGE_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "cellforge") / CACHE_NAME
+    return cache_root() / CACHE_NAME
 
 
 def save(data: Chorales, path: Path) -> None:

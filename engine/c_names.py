@@ -39,7 +39,7 @@ GENERATED_NAMES = frozenset("""
 expf exp tanhf tanh fmaxf fminf fmax fmin min max sqrtf fmaf
 idx total b j t B I H P row NAN INFINITY e k tk busy grid cg cooperative_groups smem layer layers L u0 tu K N
 T UNITS THREADS WM WN BULK W_KEEP RB RC K_CHUNK STAGES NC_STREAMED SCRATCH NUM_LAYERS BLOCKS_PER_LAYER S
-LayerArgs arrivals
+LayerArgs arrivals within lengths
 Layer cur next blocks_for gemm_rows project step run_network read_floats write_floats copy_columns_to_device
 copy_columns_to_host kInputSize kHiddenSize kLayers kChunkSteps kThreads CUDA_CHECK CUBLAS_CHECK handle stream
 """.split())

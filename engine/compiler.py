@@ -26,11 +26,14 @@ from .errors import BackendError, CompileError
 from .ir import CellGraph
 from .network import Network
 from .passes import enabled_passes, run_passes
+from .passes.lengths import hold_past_end
 from .plan import LAYOUTS, Plan, Program, bind
 
 
-def compile_cell(cell: CellGraph, passes=None, *, layout: str = "blocked", precision: str = "float32") -> Program:
-    """Run the passes on one cell. Cached: equal structure and options give the same Program."""
+def compile_cell(cell: CellGraph, passes=None, *, layout: str = "blocked", precision: str = "float32",
+                 lengths: bool = False) -> Program:
+    """Run the passes on one cell. Cached: equal structure and options give the same Program. lengths=True: its
+    kernels take the sequences' lengths and hold the rows past their end (engine/passes/lengths.py)."""
     if not isinstance(cell, CellGraph):
         raise CompileError(f"compile needs a CellGraph, got {type(cell).__name__}")
     if layout not in LAYOUTS:
@@ -38,33 +41,39 @@ def compile_cell(cell: CellGraph, passes=None, *, layout: str = "blocked", preci
     precision = lookup_precision(precision).name     # raises CompileError naming the supported ones
     chosen = enabled_passes(passes)
     cell = dense_form(cell).cell         # heads weights as block-diagonal ones, sum_h/mean_h as matmuls (engine.dense)
-    return _compile(cell, tuple(sorted(chosen.items())), layout, precision)
+    return _compile(cell, tuple(sorted(chosen.items())), layout, precision, bool(lengths))
 
 
-def program_key(cell: CellGraph, chosen: tuple, layout: str, precision: str) -> str:
-    body = json.dumps([cell.structural_hash, cell.name, chosen, layout, precision, codegen.GENERATOR_VERSION])
+def program_key(cell: CellGraph, chosen: tuple, layout: str, precision: str, lengths: bool = False) -> str:
+    parts = [cell.structural_hash, cell.name, chosen, layout, precision, codegen.GENERATOR_VERSION]
+    body = json.dumps(parts + (["lengths"] if lengths else []))        # the key without lengths as it always was
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 @lru_cache(maxsize=128)
-def _compile(cell: CellGraph, chosen: tuple, layout: str, precision: str) -> Program:
-    return run_passes(cell, dict(chosen), layout, precision, program_key(cell, chosen, layout, precision))
+def _compile(cell: CellGraph, chosen: tuple, layout: str, precision: str, lengths: bool = False) -> Program:
+    program = run_passes(cell, dict(chosen), layout, precision, program_key(cell, chosen, layout, precision))
+    if lengths:          # the last step: the kernels' stores past a sequence's end
+        program = hold_past_end(program, program_key(cell, chosen, layout, precision, lengths=True))
+    return program
 
 
 def compile_program(cell: CellGraph, passes=None, *, layout: str = "blocked", precision: str = "float32",
-                    doc: str = "") -> Program:
+                    doc: str = "", lengths: bool = False) -> Program:
     """Run the passes and render the CUDA source (both cached by the program key)."""
-    program = compile_cell(cell, passes, layout=layout, precision=precision)
+    program = compile_cell(cell, passes, layout=layout, precision=precision, lengths=lengths)
     return codegen.with_source(program, doc=doc)
 
 
 def make_plan(network: Network, steps: int, batch: int, passes=None, *, layout: str = "blocked",
-              chunk_steps: int | None = None, precision: str = "float32", doc: str = "") -> Plan:
-    """Compile the network's cell and bind it to T=steps, B=batch."""
+              chunk_steps: int | None = None, precision: str = "float32", doc: str = "",
+              lengths: bool = False) -> Plan:
+    """Compile the network's cell and bind it to T=steps, B=batch (lengths=True: kernels that take the sequences'
+    lengths, engine/passes/lengths.py)."""
     for name, value in (("steps", steps), ("batch", batch)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise BackendError(f"{name} must be a positive integer, got {value!r}")
-    program = compile_program(network.cell, passes, layout=layout, precision=precision, doc=doc)
+    program = compile_program(network.cell, passes, layout=layout, precision=precision, doc=doc, lengths=lengths)
     return bind(program, network, steps, batch, chunk_steps)
 
 

@@ -274,6 +274,7 @@ class Store:
     var: str
     access: Access
     why: str = ""
+    past_end: str | None = None   # lengths= (engine/passes/lengths.py): the variable stored instead past the row's end
 
 
 @dataclass(frozen=True)
@@ -330,6 +331,7 @@ class Program:
     num_stages: int                          # step stages: GEMM stage k reads kernel stage k-1
     key: str                                 # cache key: cell hash + passes + options + generator
     source: str = ""                         # the CUDA module: helpers + every kernel
+    lengths: bool = False                    # the kernels take lengths (B,) and hold the rows past their end
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:

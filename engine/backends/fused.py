@@ -29,6 +29,7 @@ from ..network import Network
 from ..params import Params
 from ..plan import FLOAT_BYTES, Plan, pack_weights, slot_columns
 from .common import RunResult, check_float32_gpu_program, check_gpu_run_inputs
+from .lengths import check_lengths
 
 THREADS_PER_BLOCK = 256
 MAX_BLOCKS = 65535
@@ -97,12 +98,16 @@ class Executor:
         """Pack and upload the parameters (once; later runs reuse them)."""
         self.weights, self.vectors = self._upload_params(params)
 
-    def run(self, params: Params | None, x, initial_states: dict | None = None, poison: bool = False):
+    def run(self, params: Params | None, x, initial_states: dict | None = None, poison: bool = False, lengths=None):
         """x: (T, B, I) device array. Returns (outputs (T, B, H), {state: (L, B, H)}) as device arrays.
 
-        params=None reuses the parameters of the last load()."""
+        params=None reuses the parameters of the last load(). lengths: (B,) the sequences' steps, which the kernels
+        of a Program compiled with lengths take (engine/passes/lengths.py)."""
         plan, device = self.plan, self.device
         T, B, L = plan.steps, plan.batch, plan.network.num_layers
+        if self.program.lengths != (lengths is not None):
+            raise ValueError("the plan's kernels take lengths exactly when the run is given them")
+        self.lengths = None if lengths is None else device.int32(lengths)
         self.layers = self._allocate(poison)
         if params is not None:
             self.load(params)
@@ -166,6 +171,8 @@ class Executor:
                     args.append(self.inputs[layer])
                 else:
                     args.append(self._version(buffers[p.source], p.version, t))
+            if self.program.lengths:
+                args.append(self.lengths)
             self._timed(layer, item.name, t, self.device.launch, item, args, t, self.plan.batch, sizes)
 
     def _gemm_bias(self, operands, weight, bias, out) -> None:
@@ -220,6 +227,9 @@ class CupyDevice:
 
     def asarray(self, value):
         return self.xp.ascontiguousarray(self.xp.asarray(value, dtype=self.xp.float32))
+
+    def int32(self, values):
+        return self.xp.asarray(values, dtype=self.xp.int32)
 
     def gemm(self, x, weight_t, out):
         self.xp.matmul(x, weight_t, out=out)          # (M, K) @ (K, N) -> (M, N), cuBLAS
@@ -283,11 +293,12 @@ class FusedProgram:
         self._shape = None
         self._executor = None
 
-    def executor(self, T: int, B: int) -> Executor:
-        if self._shape != (T, B):
+    def executor(self, T: int, B: int, lengths: bool = False) -> Executor:
+        """The executor for (T, B), its kernels compiled to take lengths or not."""
+        if self._shape != (T, B, lengths):
             cupy, network = self.cupy, self.network
             plan = make_plan(network, T, B, self.options["passes"], layout=self.options["layout"],
-                             chunk_steps=self.options["chunk_steps"])
+                             chunk_steps=self.options["chunk_steps"], lengths=lengths)
             needed = plan_bytes(plan)
             check_fits(needed, f"backend 'fused' with T={T}, B={B}, L={network.num_layers}, "
                        f"H={network.hidden_size}", "x's steps and batch, hidden_size", on="device",
@@ -299,25 +310,27 @@ class FusedProgram:
             executor = Executor(plan, device)
             executor.load(self.params)
             executor.bytes = needed
-            self._shape, self._executor = (T, B), executor
+            self._shape, self._executor = (T, B, lengths), executor
         return self._executor
 
-    def run(self, x, initial_states: dict | None = None, *, poison: bool = False) -> RunResult:
+    def run(self, x, initial_states: dict | None = None, *, poison: bool = False, lengths=None) -> RunResult:
         """x: (T, B, I), NumPy or CuPy. CuPy arrays come back when x is CuPy, NumPy otherwise.
-        poison=True fills every work buffer with NaN first (tests)."""
+        poison=True fills every work buffer with NaN first (tests). lengths: (B,) the steps of each sequence of a
+        batch padded at the end (engine/backends/lengths.py)."""
         cupy, network = self.cupy, self.network
         check_gpu_run_inputs("backend 'fused'", cupy, network, x, initial_states)
         T, B, _ = x.shape
-        executor = self.executor(int(T), int(B))
+        steps = check_lengths(lengths, int(T), int(B))
+        executor = self.executor(int(T), int(B), steps is not None)
         on_gpu = isinstance(x, cupy.ndarray)
         x_device = executor.device.asarray(x)
-        outputs, final = executor.run(None, x_device, initial_states, poison=poison)
+        outputs, final = executor.run(None, x_device, initial_states, poison=poison, lengths=steps)
         if not on_gpu:
             outputs = cupy.asnumpy(outputs)
             final = {k: cupy.asnumpy(v) for k, v in final.items()}
         plan = executor.plan
         info = {"launches_per_step": plan.launches_per_step, "chunk_steps": plan.chunk_steps,
-                "program": plan.program.key, "bytes": executor.bytes}
+                "program": plan.program.key, "bytes": executor.bytes, "lengths": plan.program.lengths}
         return RunResult(outputs=outputs, final_states=final, backend="fused", info=info)
 
 
@@ -328,11 +341,13 @@ def prepare(network: Network, params: Params, dtype=np.float32, *, passes=None, 
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,
-        passes=None, layout: str = "blocked", chunk_steps: int | None = None, poison: bool = False) -> RunResult:
+        passes=None, layout: str = "blocked", chunk_steps: int | None = None, poison: bool = False,
+        lengths=None) -> RunResult:
     """x: (T, B, I), NumPy or CuPy. initial_states: name -> (L, B, H), zeros where not given.
 
     passes/layout/chunk_steps select the plan (see engine.compiler.make_plan). poison=True fills every
     work buffer with NaN first, so a value read before it is written shows up in the result (tests).
+    lengths: (B,) the steps of each sequence of a batch padded at the end (engine/backends/lengths.py).
     """
     program = prepare(network, params, dtype, passes=passes, layout=layout, chunk_steps=chunk_steps)
-    return program.run(x, initial_states, poison=poison)
+    return program.run(x, initial_states, poison=poison, lengths=lengths)

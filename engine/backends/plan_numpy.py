@@ -23,6 +23,7 @@ from ..params import Params
 from ..plan import Kernel, slot_columns
 from .common import RunResult, check_inputs
 from .fused import Executor
+from .lengths import check_lengths
 
 
 class NumpyDevice:
@@ -39,6 +40,9 @@ class NumpyDevice:
     def asarray(self, value):
         return np.ascontiguousarray(np.asarray(value, dtype=self.dtype))
 
+    def int32(self, values):
+        return np.asarray(values, dtype=np.int32)
+
     def gemm(self, x, weight_t, out):
         out[...] = x @ weight_t
         self.launches += 1
@@ -48,7 +52,9 @@ class NumpyDevice:
         self.launches += 1
 
     def launch(self, kernel: Kernel, args, t: int, batch: int, sizes: dict) -> None:
-        evaluate_kernel(kernel, dict(zip((p.name for p in kernel.params), args)), t, batch, sizes, self.dtype)
+        lengths = args[len(kernel.params)] if len(args) > len(kernel.params) else None     # after the buffers
+        evaluate_kernel(kernel, dict(zip((p.name for p in kernel.params), args)), t, batch, sizes, self.dtype,
+                        lengths)
         self.launches += 1
 
     def stream(self, layer: int):
@@ -83,8 +89,9 @@ def _view(array, access, t: int, batch: int, sizes: dict, dim_size: int):
     return array[rows, cols]
 
 
-def evaluate_kernel(kernel: Kernel, args: dict, t: int, batch: int, sizes: dict, dtype) -> None:
-    """Do what the generated kernel does, for all (b, j) at once: loads, statements, stores."""
+def evaluate_kernel(kernel: Kernel, args: dict, t: int, batch: int, sizes: dict, dtype, lengths=None) -> None:
+    """Do what the generated kernel does, for all (b, j) at once: loads, statements, stores (past a row's end, the
+    held value of a store that holds: lengths (B,), engine/passes/lengths.py)."""
     d = sizes[kernel.dim]
     env: dict = {}
     for load in kernel.loads:
@@ -101,23 +108,30 @@ def evaluate_kernel(kernel: Kernel, args: dict, t: int, batch: int, sizes: dict,
         else:
             result = apply_elementwise(st.op, values, dict(st.attrs))
         env[st.var] = np.asarray(result, dtype=dtype)
+    within = None if lengths is None else (t < np.asarray(lengths))[:, None]       # (B, 1)
     for store in kernel.stores:
         target = _view(args[store.access.param], store.access, t, batch, sizes, d)
-        target[...] = np.broadcast_to(env[store.var], target.shape)
+        value = env[store.var] if store.past_end is None else np.where(within, env[store.var], env[store.past_end])
+        target[...] = np.broadcast_to(value, target.shape)
 
 
 def run(network: Network, params: Params, x: np.ndarray, initial_states: dict | None = None,
         dtype=np.float64, *, passes=None, layout: str = "blocked", chunk_steps: int | None = None,
-        poison: bool = True) -> RunResult:
-    """Execute the Plan in NumPy. dtype float64 (exact comparison with the reference) or float32."""
+        poison: bool = True, lengths=None) -> RunResult:
+    """Execute the Plan in NumPy. dtype float64 (exact comparison with the reference) or float32. lengths: (B,) the
+    steps of each sequence of a batch padded at the end, run by the kernels compiled for it
+    (engine/passes/lengths.py)."""
     if np.dtype(dtype) not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise BackendError(f"the plan interpreter runs float64 or float32, not {np.dtype(dtype).name}")
     check_inputs(network, x, initial_states, xp=np)
     network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
     T, B, _ = x.shape
-    plan = make_plan(network, int(T), int(B), passes, layout=layout, chunk_steps=chunk_steps)
+    steps = check_lengths(lengths, int(T), int(B))
+    plan = make_plan(network, int(T), int(B), passes, layout=layout, chunk_steps=chunk_steps,
+                     lengths=steps is not None)
     device = NumpyDevice(dtype)
-    outputs, final = Executor(plan, device).run(params, device.asarray(x), initial_states, poison=poison)
+    outputs, final = Executor(plan, device).run(params, device.asarray(x), initial_states, poison=poison,
+                                                lengths=steps)
     info = {"plan": plan, "launches": device.launches}
     return RunResult(outputs=outputs.copy(), final_states={k: v.copy() for k, v in final.items()},
                      backend="plan_numpy", info=info)

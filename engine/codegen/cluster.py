@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from ..errors import CompileError
 from ..plan import Lin
-from .cuda import index_expr, kernel_body, reads_rows
+from .cuda import index_expr, kernel_body, reads_rows, stored, within_line
 
 CLUSTER_HELPER = "cluster_sync.cuh"
 
@@ -136,12 +136,14 @@ def preloaded(kernel, precision, indent: str, around, copies: list[str]) -> list
     first = kernel_body(replace(kernel, loads=early, statements=(), stores=()), precision, indent + "    ")
     rest = kernel_body(replace(kernel, loads=late, stores=()), precision, indent + "    ")
     lines += [line for line in first + ["    " + line for line in gemm_lines] + rest if "const long row" not in line]
+    if any(store.past_end is not None for store in kernel.stores):
+        lines.append(f"{indent}    {within_line('L.lengths')}")
     lines += [f"{indent}    if (live) {{   // the 16-bit copies into this block's shared memory"]
     lines += [f"{indent}        {line}" for line in copies] + [f"{indent}    }}"]
     lines += ["    " + line for line in shared]
     lines += [f"{indent}    rnn_cluster_arrive();   // the cluster's copies are written; the stores below overlap the wait",
               f"{indent}    if (live) {{"]
-    lines += [f"{indent}        {store.access.param}[{index_expr(store.access)}] = {precision.store(store.var)};"
+    lines += [f"{indent}        {store.access.param}[{index_expr(store.access)}] = {precision.store(stored(store))};"
               for store in kernel.stores]
     return lines + [f"{indent}    }}", f"{indent}}}"]
 

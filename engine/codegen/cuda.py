@@ -81,10 +81,22 @@ def reads_rows(kernel: Kernel) -> bool:
         s.access.rows == "sequence" for s in kernel.stores)
 
 
-def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ") -> list[str]:
+def stored(store) -> str:
+    """The C expression a store writes: its variable, or, for a store that holds past the row's end (Store.past_end,
+    engine/passes/lengths.py), the select of it and the held value on `within` (within_line)."""
+    return store.var if store.past_end is None else f"within ? {store.var} : {store.past_end}"
+
+
+def within_line(lengths: str) -> str:
+    """The flag the held stores select on; `lengths` is the C expression of the (B,) lengths array."""
+    return f"const bool within = t < {lengths}[b];   // step t lies within sequence b: else its states are held"
+
+
+def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", lengths: str = "lengths") -> list[str]:
     """The per-element work of a kernel, given b, j, t, B, I, H and its pointer arguments by name:
     loads into named registers, one statement per op, stores. The fused kernels and the wavefront
-    schedules (engine/codegen/wavefront.py) wrap the same lines in their own loops."""
+    schedules (engine/codegen/wavefront.py) wrap the same lines in their own loops. A kernel that holds rows past
+    their end (lengths=) reads the lengths from the C expression `lengths`."""
     compute = precision.compute
     lines = []
     if reads_rows(kernel):
@@ -103,9 +115,11 @@ def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ") 
         lines.append(f"const {compute} {st.var} = {statement_expr(st, precision)};")
     if kernel.stores:
         lines.append("// store")
+    if any(store.past_end is not None for store in kernel.stores):
+        lines.append(within_line(lengths))
     for store in kernel.stores:
         target = f"{store.access.param}[{index_expr(store.access)}]"
-        lines.append(f"{target} = {precision.store(store.var)};")
+        lines.append(f"{target} = {precision.store(stored(store))};")
     return [indent + line for line in lines]
 
 
@@ -126,6 +140,8 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision) -> str
     for p in kernel.params:
         qualifier = "" if p.writes else "const "
         args.append((f"    {qualifier}{storage}* __restrict__ {p.name},", p.doc))
+    if program.lengths:
+        args.append(("    const int* __restrict__ lengths,", "(B,) the steps of each sequence (lengths=)"))
     if program.cell.uses_projection:
         args.append(("    const int t, const int B, const int I, const int H, const int P)",
                      "step, batch, layer input, hidden and projection size"))
@@ -156,6 +172,9 @@ def module_header(program: Program, doc: str, generator_version: int, precision:
     if doc.strip():
         lines += ["//", "// From the cell's documentation:"]
         lines += [f"//   {line}".rstrip() for line in doc.strip().splitlines()]
+    if program.lengths:
+        lines += ["//", "// lengths= (argument lengths): at a step t >= lengths[b] row b's stores hold its states and "
+                  "write 0 as its output (engine/passes/lengths.py)."]
     lines += ["//", "// Passes: " + ", ".join(f"{p.name} {'on' if p.enabled else 'off'}" for p in program.passes),
               "//", "// One time step of one layer, in order:"]
     for g in program.hoisted_gemms:

@@ -16,7 +16,8 @@ class LayerField:
     """One 8-byte field of the per-layer argument struct: a device pointer, or the layer's input size."""
 
     name: str                  # C field name (with [0]/[1] for the two versions of a double buffer)
-    kind: str                  # "buffer", "input", "half", "input_half", "weight", "bias", "param", "size"
+    kind: str                  # "buffer", "input", "half", "input_half", "weight", "bias", "param", "size",
+                               # "lengths" (the sequences' steps, Program.lengths), "pool", "timing"
     source: str                # buffer, GEMM or parameter name
     version: int | None = None
 
@@ -74,6 +75,8 @@ def layer_fields(program: Program, tiling=None, pooled: bool = False) -> tuple[L
     for name, field in param_fields(program).items():
         fields.append(LayerField(field, "param", name))
     fields.append(LayerField("I", "size", "I"))
+    if program.lengths:
+        fields.append(LayerField("lengths", "lengths", "lengths"))
     if pooled:
         fields.append(LayerField("pool_out", "pool", program.output_buffer))
         fields += [LayerField(name, "timing", name) for name in TIMING_FIELDS]
@@ -83,7 +86,7 @@ def layer_fields(program: Program, tiling=None, pooled: bool = False) -> tuple[L
 def param_fields(program: Program) -> dict[str, str]:
     """{parameter: its field of LayerArgs}: p_<parameter>, respelled where that is not a fit C name or is the name of
     another field (engine/c_names.py)."""
-    taken = {b.name + suffix for b in program.buffers for suffix in ("", HALF_SUFFIX)} | {"I", "pool_out"}
+    taken = {b.name + suffix for b in program.buffers for suffix in ("", HALF_SUFFIX)} | {"I", "lengths", "pool_out"}
     taken |= {f"{prefix}_{g.name}" for g in program.gemms for prefix in ("W", "bias")} | set(TIMING_FIELDS)
     fields = {}
     for name in program.kernel_params:
@@ -139,6 +142,9 @@ def struct_lines(program: Program, tiling, pooled: bool = False) -> list[str]:
                          "pooled over time, or null: no pool after this layer")
         elif f.kind == "timing":
             lines.append(f"    long long {f.name};".ljust(40) + f"// {TIMING_FIELDS[f.name]}")
+        elif f.kind == "lengths":
+            lines.append(f"    const int* {f.name};".ljust(40) + "// (B,) steps of each sequence (lengths=): past its "
+                         "end a row's states are held, its output 0")
         else:
             lines.append("    long long I;".ljust(40) + "// the layer's input size")
     lines.append("};")

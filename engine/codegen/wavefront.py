@@ -25,7 +25,7 @@ from ..errors import CompileError
 from ..network import Network
 from ..plan import Gemm, Kernel, Program
 from . import cluster as cluster_source
-from .cuda import c_factor, helper_source, index_expr, kernel_body
+from .cuda import c_factor, helper_source, index_expr, kernel_body, stored
 from .equations import text_equations
 from .layer_args import HALF_SUFFIX, half_copies, param_fields, struct_lines
 from .precision import precision as lookup_precision
@@ -36,6 +36,8 @@ MMA_GEMM_HELPER = "mma_gemm.cuh"
 LAYER_SYNC_HELPER = "layer_sync.cuh"
 POOL_HELPER = "pool.cuh"
 MODE_NAMES = {0: "RNN_FP32", 1: "RNN_TF32", 2: "RNN_FP16", 3: "RNN_BF16"}     # kernels/tile_gemm.cuh
+LENGTHS_NOTE = ("// lengths= (L.lengths): at a step t >= lengths[b] row b's stores hold its states and write 0 as its "
+                "output (engine/passes/lengths.py).")
 
 
 def _pointer(program: Program, param, suffix: str = "") -> str:
@@ -223,16 +225,16 @@ def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halve
         if store.access.param in copied and cluster:
             param = next(p for p in kernel.params if p.name == store.access.param)
             copies.append(cluster_source.store(cluster, param.source, versions[param.name], store.access,
-                                               f"rnn_bits16<{mode}>({store.var})"))
+                                               f"rnn_bits16<{mode}>({stored(store)})"))
         elif store.access.param in copied:
             copies.append(f"{store.access.param}{HALF_SUFFIX}[{_half_index(store.access, bulk)}] = "
-                          f"rnn_bits16<{mode}>({store.var});")
+                          f"rnn_bits16<{mode}>({stored(store)});")
     if around is not None:
         return lines + cluster_source.preloaded(kernel, precision, indent, around, copies)
     lines.append(f"{indent}    for (int e = threadIdx.x; e < B * tu; e += blockDim.x) {{")
     lines.append(f"{indent}        const long b = e / tu;")
     lines.append(f"{indent}        const int j = u0 + (int)(e - b * tu);")
-    body = kernel_body(kernel, precision, indent + "        ")
+    body = kernel_body(kernel, precision, indent + "        ", lengths="L.lengths")
     lines += _pooled_store(kernel, program, precision, body, indent + "        ") if pooled else body
     lines += [f"{indent}        {line}" for line in copies]
     lines.append(f"{indent}    }}")
@@ -281,6 +283,9 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
     for pool in (pools or {}).values():
         check_pool_fusable(program, pool)
     pooled = bool(pools)
+    if pooled and program.lengths:
+        raise CompileError(f"cell '{program.cell.name}': the wavefront schedules run lengths= without pools between "
+                           "or after the layers; hint: run the pools' net without lengths, or on backend='reference'")
     prec = lookup_precision(program.precision)
     prefix = program.kernels[0].name.rsplit("_stage", 1)[0] if program.kernels else kernel_prefix(program.cell.name)
     present = stages(program)
@@ -293,6 +298,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
     if doc.strip():
         lines += ["//", "// From the cell's documentation:"] + [f"//   {ln}".rstrip() for ln in doc.strip().splitlines()]
     lines += ["//", f"// Tiling: {tiling.describe()}.", "//", "// One stage of one time step of one layer, per block:"]
+    if program.lengths:
+        lines[-1:-1] = [LENGTHS_NOTE, "//"]
     for s in present:
         gemms = [g.name for g in program.step_gemms(s)] if s else []
         kernels = [k.name for k in program.stage_kernels(s)]

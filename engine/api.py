@@ -13,7 +13,7 @@ from . import backends
 from .autodiff import bptt as step_bptt
 from .autodiff.checks import check_dtype, check_network
 from .backends.common import check_finite, check_inputs
-from .backends.lengths import only_on
+from .backends.lengths import BPTT_BACKENDS, only_on
 from .bench import run_bench
 from .errors import BackendError
 from .execute import run  # engine.run: the backend choice and the run live below the networks that call it too
@@ -58,7 +58,7 @@ def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None,
         return step_bptt(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, backend=backend,
                          lengths=lengths)
     if lengths is not None:
-        raise only_on("scan", "bptt")
+        raise only_on("scan", "bptt", takes=BPTT_BACKENDS)
     network, dtype = check_network(network), check_dtype(dtype)
     ok, why = backends.gpu_status()
     if not ok:

@@ -17,7 +17,7 @@ from .arguments import float_dtype, shown
 from .backends import reference
 from .backends.common import FiniteCheck, RunResult, check_float32_only, check_inputs, check_precision
 from .backends.common import check_finite as find_non_finite
-from .backends.lengths import check_lengths, only_on
+from .backends.lengths import RUN_BACKENDS, check_lengths, only_on
 from .errors import BackendError
 from .network import Network, check_network
 from .params import Params, check_params
@@ -43,8 +43,8 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     result.backend names the backend that ran, and result.info["backend_reason"] why.
 
     lengths: (B,) the steps of each sequence of a batch padded at the end (engine/backends/lengths.py): its states
-    stay after its last step (the final states are its own) and its outputs there are zero. The NumPy reference runs
-    it ('auto' picks the reference when lengths are given); the GPU backends refuse it, naming the reference.
+    stay after its last step (the final states are its own) and its outputs there are zero. The reference, fused,
+    graph and persistent backends run it ('auto' tunes among the schedules that take it); naive and scan refuse it.
 
     check_finite=True first looks for NaN or Inf in x, the initial states and every parameter, and names the
     first it finds (BackendError), instead of letting it spread through the recurrence; and when the inputs are
@@ -63,9 +63,7 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
         check_inputs(network, x, initial_states, xp=np)        # shapes and dtypes only, NumPy or CuPy alike
         find_non_finite(network, params, x, initial_states)
     if lengths is not None:
-        if name == "auto":
-            name, reason = "reference", "lengths= given: the NumPy reference runs batches of several lengths"
-        elif name != "reference":
+        if name != "auto" and name not in RUN_BACKENDS:
             raise only_on(name, "engine.run")
         check_inputs(network, x, initial_states, xp=np)
         check_lengths(lengths, int(x.shape[0]), int(x.shape[1]))
@@ -76,11 +74,14 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
         shape = getattr(x, "shape", None)
         if not isinstance(shape, tuple) or len(shape) != 3:
             check_inputs(network, x, initial_states, xp=np)      # raises the named error
-        choice = autotune.tune(network, params, int(shape[0]), int(shape[1]), precision=precision)
+        choice = autotune.tune(network, params, int(shape[0]), int(shape[1]), precision=precision,
+                               lengths=lengths is not None)
         name, reason = choice.schedule, f"{reason}: {choice.why}"
         log.info(reason)
-        result = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), network, params,
-                                  precision=precision).run(x, initial_states)
+        program = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), network, params,
+                                   precision=precision)
+        result = program.run(x, initial_states) if lengths is None else program.run(x, initial_states,
+                                                                                     lengths=lengths)
     else:
         if backend == "auto":
             log.warning(reason)
@@ -90,6 +91,11 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
             if name == "reference":
                 result = module.run(network, params, x, initial_states, dtype=dtype, precision=precision,
                                     lengths=lengths)
+            elif lengths is not None:        # graph, persistent or fused (the others refused it above)
+                options = {"precision": precision} if name in backends.SCHEDULE_BACKENDS else {}
+                if not options:
+                    check_float32_only(f"backend '{name}'", precision)
+                result = module.run(network, params, x, initial_states, dtype=dtype, lengths=lengths, **options)
             elif name in backends.SCHEDULE_BACKENDS:
                 result = module.run(network, params, x, initial_states, dtype=dtype, precision=precision)
             else:

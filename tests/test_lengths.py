@@ -1,7 +1,7 @@
 """Variable-length batches (issue #35, item 1) on the NumPy reference: a batch padded at the end with `lengths`
 computes what each sequence computes alone, truncated to its own steps (outputs, final states and every gradient),
-for every preset; the GPU schedules refuse lengths by name; CellRNN takes a PackedSequence as nn.LSTM does and
-matches nn.LSTM and nn.GRU with pack_padded_sequence, forward and gradients. CPU, float64."""
+for every preset; the backends that run one length refuse lengths by name; CellRNN takes a PackedSequence as nn.LSTM
+does and matches nn.LSTM and nn.GRU with pack_padded_sequence, forward and gradients. CPU, float64."""
 from __future__ import annotations
 
 import numpy as np
@@ -78,20 +78,22 @@ def test_bad_lengths_are_refused_naming_the_argument(lengths, says):
             call()
 
 
-def test_the_gpu_backends_refuse_lengths_and_auto_runs_the_reference(monkeypatch):
-    from engine import execute
+def test_without_a_gpu_auto_runs_the_reference_and_what_runs_one_length_refuses_by_name(monkeypatch):
+    """The GPU schedules and the fp32 training step take lengths (tests/test_lengths_kernels.py on the CPU,
+    tests/gpu/test_lengths_gpu.py on the GPU); the CuPy interpreter's forward and the scan refuse them by name."""
+    from engine import backends, execute
     network, params, x, initial, lengths = case("lstm")
-    monkeypatch.setattr(execute.backends, "select", lambda name: (name, "chosen"))     # as where a GPU is
-    for backend in ("graph", "persistent", "fused", "naive"):
-        with pytest.raises(BackendError, match=rf"lengths= runs on backend 'reference'.* not '{backend}'"):
-            engine.run(network, params, x, backend=backend, lengths=lengths)
-    with pytest.raises(BackendError, match="not 'fused'"):
-        engine.bptt(network, params, x.astype(np.float32), dtype=np.float32, backend="fused", lengths=lengths)
-    with pytest.raises(BackendError, match="not 'scan'"):
-        engine.bptt(engine.Network(engine.preset("mingru").cell, 3, 4, 1), None, x, backend="scan", lengths=lengths)
+    monkeypatch.setattr(backends, "gpu_status", lambda: (False, "no CUDA device (test)"))
     result = engine.run(network, params, x, backend="auto", dtype=np.float32, lengths=lengths)
-    assert result.backend == "reference" and "lengths= given" in result.info["backend_reason"]
+    assert result.backend == "reference" and "no CUDA device" in result.info["backend_reason"]
     assert not result.outputs[2:, 1].any() and result.outputs.dtype == np.float32
+    monkeypatch.setattr(execute.backends, "select", lambda name: (name, "chosen"))     # as where a GPU is
+    with pytest.raises(BackendError, match=r"lengths= runs on 'reference', 'fused', 'graph', 'persistent', not "
+                                           r"'naive'; hint"):
+        engine.run(network, params, x, backend="naive", lengths=lengths)
+    with pytest.raises(BackendError, match=r"schedule 'scan' runs batches of one length.*'reference', 'naive', "
+                                           r"'fused'; hint"):
+        engine.bptt(engine.Network(engine.preset("mingru").cell, 3, 4, 1), None, x, backend="scan", lengths=lengths)
 
 
 # ---- CellRNN with a PackedSequence, against nn.LSTM and nn.GRU ----------------------------------------------------
@@ -168,5 +170,5 @@ def test_a_net_refuses_lengths_a_pool_cannot_take_or_a_gpu_backend():
     with pytest.raises(BackendError, match=r"sequence 1 has 2 step\(s\) when it reaches pool .* window of 3"):
         engine.run_net(net, params, x, lengths=[6, 2])
     from engine.nets.runner import NetProgram
-    with pytest.raises(BackendError, match="lengths= runs on backend 'reference'"):
+    with pytest.raises(BackendError, match="net '.*': lengths= runs on 'reference', not 'fused'"):
         NetProgram(net, params, "fused").run(x.astype(np.float32), lengths=[6, 3])

@@ -50,7 +50,17 @@ def hold_past_end(next_states: dict, states: dict, mask, xp) -> dict:
     return {s: xp.where(mask > 0, v, states[s]) for s, v in next_states.items()}
 
 
-def only_on(backend: str, where: str) -> BackendError:
-    return BackendError(f"{where}: lengths= runs on backend 'reference' (and 'naive' for gradients) so far, not "
-                        f"{backend!r}; the GPU schedules run batches of one length; hint: backend='reference', or "
-                        "group the sequences by length and run each group without lengths")
+# What takes lengths= where: engine.run's backends (the GPU schedules through kernels that hold the rows past their
+# end, engine/passes/lengths.py), and bptt's (the fused training step likewise, engine/autodiff/fused_lengths.py).
+RUN_BACKENDS = ("reference", "fused", "graph", "persistent")
+BPTT_BACKENDS = ("reference", "naive", "fused")
+
+
+def only_on(backend: str, where: str, takes: tuple[str, ...] = RUN_BACKENDS) -> BackendError:
+    """The refusal of lengths= on a backend that runs batches of one length, naming those that take it."""
+    if backend == "scan":
+        return BackendError(f"{where}: schedule 'scan' runs batches of one length (its scan over time has no row "
+                            f"that ends early); lengths= runs on {', '.join(map(repr, takes))}; hint: "
+                            "backend='auto' picks a schedule that takes lengths")
+    return BackendError(f"{where}: lengths= runs on {', '.join(map(repr, takes))}, not {backend!r}; hint: one of "
+                        "those, or group the sequences by length and run each group without lengths")

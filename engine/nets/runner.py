@@ -111,7 +111,7 @@ class NetProgram:
         net.steps(shape[0])                    # pools that do not fit are refused before any work
         if lengths is not None:
             if self.backend != "reference":
-                raise only_on(self.backend, f"net '{net.name}'")
+                raise only_on(self.backend, f"net '{net.name}'", takes=("reference",))
             lengths = check_lengths(lengths, shape[0], shape[1])
             if self.runs:
                 raise BackendError("lengths= and fuse_pools=True do not go together; hint: fuse_pools=False")

@@ -10,9 +10,13 @@ compared with the first candidate's output (relative error over 1e-4 in float32,
 precision, disqualifies it: a fast wrong answer is never chosen), then timed: the median wall time of `repeats` runs, which is what a caller
 of engine.run waits for.
 
+With lengths (a batch padded at the end, engine/backends/lengths.py) the candidates are those that take it (not the
+scan), built with the kernels that hold the rows past their end (engine/passes/lengths.py), and run on random lengths
+in [T/2, T]; the choice is cached apart from the one without lengths.
+
 The cache is one JSON file (default ~/.cache/cellforge/autotune.json, or $CELLFORGE_CACHE_DIR),
 keyed by the program key (cell structure, passes, layout, precision, generator version), the sizes,
-T, B and the device name. Writes take a lock file and replace the file atomically (temporary file,
+T, B, the device name and whether lengths are given. Writes take a lock file and replace the file atomically (temporary file,
 then rename), so two processes tuning at once both leave a valid file. A file that does not parse is
 reported, moved aside as `autotune.json.corrupt-<time>`, and rebuilt; it is never trusted.
 """
@@ -97,11 +101,13 @@ def tile_shapes(batch: int, precision: str = "float32") -> list[tuple[int, int]]
     return [(4, 4), (8, 4), (4, 8), (8, 8)]      # 8x8: GRU blogA 34.8 -> 27.7 ms on an H200, slower elsewhere
 
 
-def candidates(network: Network, batch: int, limits: DeviceLimits, precision: str = "float32") -> list[Candidate]:
-    """What tune() times. The fused backend is strict float32 only, so reduced precisions try the schedules."""
-    program = compile_program(network.cell, layout="interleaved", precision=precision)
+def candidates(network: Network, batch: int, limits: DeviceLimits, precision: str = "float32",
+               lengths: bool = False) -> list[Candidate]:
+    """What tune() times. The fused backend is strict float32 only, so reduced precisions try the schedules. lengths:
+    only those that take it (the scan runs batches of one length)."""
+    program = compile_program(network.cell, layout="interleaved", precision=precision, lengths=lengths)
     found = [Candidate("fused")] if precision == "float32" else []
-    if precision == "float32" and analyse_scan(network.cell).qualifies:      # a linear recurrence: one scan
+    if precision == "float32" and not lengths and analyse_scan(network.cell).qualifies:   # a linear recurrence
         found.append(Candidate("scan"))
     why = eligibility(program)
     if why is not None:
@@ -154,10 +160,11 @@ def cache_path(name: str = "autotune.json") -> Path:
     return cache_root() / name
 
 
-def cache_key(network: Network, steps: int, batch: int, device: str, precision: str = "float32") -> str:
+def cache_key(network: Network, steps: int, batch: int, device: str, precision: str = "float32",
+              lengths: bool = False) -> str:
     program = compile_program(network.cell, layout="interleaved", precision=precision)
     return (f"{program.key}|gen{GENERATOR_VERSION}|I{network.input_size}|H{network.hidden_size}|"
-            f"L{network.num_layers}|T{steps}|B{batch}|{precision}|{device}")
+            f"L{network.num_layers}|T{steps}|B{batch}|{precision}|{device}" + ("|lengths" if lengths else ""))
 
 
 @contextmanager
@@ -223,12 +230,13 @@ def prepare(candidate: Candidate, network: Network, params: Params, precision: s
 
 
 def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: int = 10, use_cache: bool = True,
-         seed: int = 0, precision: str = "float32") -> Choice:
-    """The fastest correct schedule for this network at (T=steps, B=batch) and precision on the current GPU."""
+         seed: int = 0, precision: str = "float32", lengths: bool = False) -> Choice:
+    """The fastest correct schedule for this network at (T=steps, B=batch) and precision on the current GPU; with
+    lengths=True, of those that take lengths, run on random lengths (the module's docstring)."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
     precision = check_precision(precision)
     limits = DeviceLimits.current()
-    key = cache_key(network, steps, batch, limits.name, precision)
+    key = cache_key(network, steps, batch, limits.name, precision, lengths)
     if use_cache:
         entry = read_cache().get(key)
         if entry is not None:
@@ -238,14 +246,19 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
                 log.warning("autotune cache entry for %s is malformed (%s); tuning again", key, e)
     rng = np.random.default_rng(seed)
     x = cupy.asarray(rng.standard_normal((steps, batch, network.input_size)), dtype=cupy.float32)
+    options = {}
+    if lengths:          # every row but the first ends somewhere in the second half of the batch's steps
+        drawn = rng.integers(max(1, steps // 2), steps + 1, batch)
+        drawn[0] = steps
+        options = {"lengths": drawn}
     reference = None
     timings = []
     best = None
     tolerance = DISQUALIFY_REL_ERR if precision == "float32" else DISQUALIFY_REL_ERR_REDUCED
-    for cand in candidates(network, batch, limits, precision):
+    for cand in candidates(network, batch, limits, precision, lengths):
         try:
             program = prepare(cand, network, params, precision)
-            out = program.run(x).outputs
+            out = program.run(x, **options).outputs
             cupy.cuda.get_current_stream().synchronize()
             if reference is None:
                 reference = out
@@ -259,7 +272,7 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
             samples = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                program.run(x)
+                program.run(x, **options)
                 cupy.cuda.get_current_stream().synchronize()     # runs are asynchronous: wait for the result
                 samples.append((time.perf_counter() - start) * 1e3)
             ms = float(np.median(samples))

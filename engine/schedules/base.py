@@ -22,6 +22,7 @@ import numpy as np
 
 from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
 from ..backends.fused import plan_bytes
+from ..backends.lengths import check_lengths
 from ..chunk_replay import CaptureError, ChunkReplay
 from ..codegen.layer_args import half_copies, layer_fields
 from ..codegen.nvrtc import load_module
@@ -133,28 +134,30 @@ class WavefrontSchedule:
         # output (kernels/pool.cuh): the layers above read the pooled sequence, started as soon as their input is
         # (engine/schedules/steps.py), and a pool after the last layer pools the outputs. pool=P: pools={L - 1: P}.
         self.pools = pools
-        self._shape = None
+        self._shape = None                      # (T, B, lengths) of the build
+        self.lengths_device = None              # lengths=: the build's (B,) int32 buffer of the sequences' steps
         # replay: the second and later runs in a row at one (T, B) replay the whole run from CUDA graphs (see run()).
         self.replay = replay
         self.replayed = "not replayed: replay=False" if not replay else "not yet replayed (from a shape's second run)"
-        self._replays: dict = {}                # (T, B) -> engine.chunk_replay.ChunkReplay, on this build's buffers
+        self._replays: dict = {}                # (T, B, lengths) -> engine.chunk_replay.ChunkReplay, on this build's buffers
 
     # ---- plan and compile -------------------------------------------------------------------------
-    def plan(self, T: int, B: int) -> tuple[Plan, Tiling]:
-        plan = make_plan(self.network, T, B, layout="interleaved", precision=self.precision)
+    def plan(self, T: int, B: int, lengths: bool = False) -> tuple[Plan, Tiling]:
+        """lengths=True: the kernels that take the sequences' lengths (engine/passes/lengths.py)."""
+        plan = make_plan(self.network, T, B, layout="interleaved", precision=self.precision, lengths=lengths)
         tiling = make_tiling(plan.program, self.network, B, self.config, self.limits, persistent=self.persistent)
         return plan, tiling
 
-    def source(self, T: int, B: int) -> str:
-        plan, tiling = self.plan(T, B)
+    def source(self, T: int, B: int, lengths: bool = False) -> str:
+        plan, tiling = self.plan(T, B, lengths)
         return render_wavefront(plan.program, self.network, tiling, pools=self.pools)
 
-    # ---- build: once per (T, B) -------------------------------------------------------------------
-    def _build(self, T: int, B: int) -> None:
+    # ---- build: once per (T, B) and with or without lengths ----------------------------------------
+    def _build(self, T: int, B: int, lengths: bool = False) -> None:
         cupy, network = self.cupy, self.network
         self._replays = {}                      # graphs captured on the buffers this build replaces go with them
         self._build_info = None                 # RunResult.info of this build (_info)
-        plan, tiling = self.plan(T, B)
+        plan, tiling = self.plan(T, B, lengths)
         program = plan.program
         self.plan_, self.tiling = plan, tiling
         self.steps_ = self._layer_steps(T)
@@ -235,13 +238,15 @@ class WavefrontSchedule:
         # The pooled sequences: what a pool after layer p hands to layer p + 1 (or out, after the last layer).
         self.pooled = {p: cupy.empty((self._pool_steps(p) * B, network.output_size), dtype=cupy.float32)
                        for p in self.pools}
+        # lengths=: the (B,) steps of each sequence, which every layer's kernels read (a run copies its own in)
+        self.lengths_device = cupy.full((B,), T, dtype=cupy.int32) if lengths else None
         fields = layer_fields(program, tiling, bool(self.pools))
         table = np.zeros((L, len(fields)), dtype=np.int64)
         for layer in range(L):
             for i, f in enumerate(fields):
                 table[layer, i] = self._field_value(layer, f)
         self.args = cupy.asarray(table)
-        self._shape = (T, B)
+        self._shape = (T, B, lengths)
         self._prepare_launch(T, B)
 
     def _field_value(self, layer: int, f) -> int:
@@ -265,6 +270,8 @@ class WavefrontSchedule:
             return self.pooled[layer].data.ptr if layer in self.pools else 0
         if f.kind == "timing":
             return self._timing_value(layer, f.name)
+        if f.kind == "lengths":
+            return self.lengths_device.data.ptr
         return self.network.layer_input_size(layer)
 
     def _layer_input(self, layer: int):
@@ -320,9 +327,13 @@ class WavefrontSchedule:
         self.bytes = needed
 
     # ---- the run ----------------------------------------------------------------------------------
-    def run(self, x, initial_states: dict | None = None, *, poison: bool = False) -> RunResult:
+    def run(self, x, initial_states: dict | None = None, *, poison: bool = False, lengths=None) -> RunResult:
         """x: (T, B, I), NumPy or CuPy. CuPy arrays come back when x is CuPy, NumPy otherwise.
         poison=True fills every work buffer with NaN first (tests), and runs directly.
+
+        lengths: (B,) the steps of each sequence of a batch padded at the end (engine/backends/lengths.py): the
+        kernels built for it (engine/passes/lengths.py) hold each row's states past its end and write 0 as its
+        outputs there; they read the lengths from a device buffer of the build, which the run fills first.
 
         Replay: a run at the (T, B) of the run before (the second and later runs of a loop) is replayed from CUDA
         graphs of the whole run (engine/chunk_replay.py: x copied into a fixed buffer, one graph launch, the outputs
@@ -333,28 +344,37 @@ class WavefrontSchedule:
         cupy, network = self.cupy, self.network
         check_gpu_run_inputs(f"schedule '{self.name}'", cupy, network, x, initial_states)
         T, B, _ = x.shape
-        key = (int(T), int(B))
-        if (self.replay and not poison and self._shape == key
-                and not cupy.cuda.get_current_stream().is_capturing()):   # inside someone's capture: run directly
+        steps = check_lengths(lengths, int(T), int(B))
+        if steps is not None and self.pools:
+            raise BackendError(f"schedule '{self.name}' runs lengths= without pools; hint: the net on "
+                               "backend='reference', or its sequences grouped by length and run without lengths")
+        key = (int(T), int(B), steps is not None)
+        replay = (self.replay and not poison and self._shape == key
+                  and not cupy.cuda.get_current_stream().is_capturing())   # inside someone's capture: run directly
+        if steps is not None:                   # into the build's buffer, before the launches (and any capture)
+            if self._shape != key:
+                self._build(*key)
+            self.lengths_device.set(steps.astype(np.int32))
+        if replay:
             replay = self._replays.get(key) or self._capture(key)
             if replay is not None:
                 return self._run_replayed(replay, x, initial_states)
-        return self._run_direct(x, initial_states, poison=poison)
+        return self._run_direct(x, initial_states, poison=poison, lengths=key[2])
 
     def _capture(self, key):
         """The ChunkReplay of a whole run at (T, B) = key, or None (and replay off) where it cannot be captured."""
 
         def body(x, states):                    # the outputs as views of the program's buffers: copied out once
-            result = self._run_direct(x, states.get("run"), copy_out=False)
+            result = self._run_direct(x, states.get("run"), copy_out=False, lengths=key[2])
             return result.outputs, {"run": result.final_states}
         try:
-            replay = ChunkReplay(self.cupy, body, (*key, self.network.input_size), {})
+            replay = ChunkReplay(self.cupy, body, (*key[:2], self.network.input_size), {})
         except CaptureError as e:
             self.replay = False
             self.replayed = f"not replayed: the run could not be captured ({e}); runs directly"
             return None
         self._replays[key] = replay
-        self.replayed = f"replayed from CUDA graphs at T={key[0]}, B={key[1]}"
+        self.replayed = f"replayed from CUDA graphs at T={key[0]}, B={key[1]}" + (" with lengths" if key[2] else "")
         return replay
 
     def _run_replayed(self, replay, x, initial_states: dict | None) -> RunResult:
@@ -382,17 +402,19 @@ class WavefrontSchedule:
             self._build_info = {"schedule": self.name, "precision": self.precision, "tiling": self.tiling.describe(),
                                 "pools": {p: pool.label for p, pool in self.pools.items()},
                                 "blocks": self.tiling.blocks, "launches_per_sequence": self.launches_per_sequence(T),
-                                "program": self.plan_.program.key, "bytes": self.bytes}
+                                "program": self.plan_.program.key, "bytes": self.bytes,
+                                "lengths": self.plan_.program.lengths}
         return {**self._build_info, "replayed": self.replayed}
 
     def _run_direct(self, x, initial_states: dict | None = None, *, poison: bool = False,
-                    copy_out: bool = True) -> RunResult:
+                    copy_out: bool = True, lengths: bool = False) -> RunResult:
         """The run as the host issues it: every copy, memset and launch (replays capture this). copy_out=False: the
-        outputs are a view of the program's buffer, which the next run overwrites."""
+        outputs are a view of the program's buffer, which the next run overwrites. lengths: the build whose kernels
+        read the lengths (run() has put them in its buffer)."""
         cupy, network = self.cupy, self.network
         T, B, _ = x.shape
-        if self._shape != (int(T), int(B)):
-            self._build(int(T), int(B))
+        if self._shape != (int(T), int(B), lengths):
+            self._build(int(T), int(B), lengths)
         on_gpu = isinstance(x, cupy.ndarray)
         program, L = self.plan_.program, network.num_layers
         # Everything runs on the caller's stream, in order after whatever wrote x: no host round trip.

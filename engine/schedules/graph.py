@@ -63,5 +63,6 @@ def prepare(network, params, dtype=np.float32, **options) -> GraphSchedule:
     return GraphSchedule(network, params, dtype, **options)
 
 
-def run(network, params, x, initial_states=None, dtype=np.float32, *, poison: bool = False, **options):
-    return prepare(network, params, dtype, **options).run(x, initial_states, poison=poison)
+def run(network, params, x, initial_states=None, dtype=np.float32, *, poison: bool = False, lengths=None,
+        **options):
+    return prepare(network, params, dtype, **options).run(x, initial_states, poison=poison, lengths=lengths)

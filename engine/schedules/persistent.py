@@ -94,5 +94,6 @@ def prepare(network, params, dtype=np.float32, **options) -> PersistentSchedule:
     return PersistentSchedule(network, params, dtype, **options)
 
 
-def run(network, params, x, initial_states=None, dtype=np.float32, *, poison: bool = False, **options):
-    return prepare(network, params, dtype, **options).run(x, initial_states, poison=poison)
+def run(network, params, x, initial_states=None, dtype=np.float32, *, poison: bool = False, lengths=None,
+        **options):
+    return prepare(network, params, dtype, **options).run(x, initial_states, poison=poison, lengths=lengths)

@@ -70,10 +70,6 @@ class CellRNN(torch.nn.Module):
             packed = x
             x, steps = torch.nn.utils.rnn.pad_packed_sequence(packed)        # the batch's original order
             lengths = steps.numpy()
-            if x.is_cuda and x.dtype != torch.float64:
-                raise BackendError("CellRNN on CUDA in float32 runs the generated training step, which takes "
-                                   "batches of one length; hint: the module and the input in float64 (.double()) "
-                                   "run the CuPy interpreter, which takes a PackedSequence, or pad to one length")
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != network.input_size:
             raise BackendError(f"CellRNN input must be a (T, B, {network.input_size}) tensor, got "
                                + (f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__))

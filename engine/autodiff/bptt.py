@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import backends
 from ..backends.common import FiniteCheck, check_inputs, inputs_named
-from ..backends.lengths import check_lengths, only_on, step_masks
+from ..backends.lengths import check_lengths, step_masks
 from ..errors import BackendError
 from ..network import Network
 from ..params import Params, check_params
@@ -33,8 +33,9 @@ def bptt(network: Network, params: Params, x, initial_states: dict | None = None
     of the forward outputs (T, B, output size) that returns it: a loss that needs the outputs first (training) then
     costs one forward pass, not two. d_final_states: name -> (L, B, size) (None or names left out: zeros).
     backend="naive": the same interpreter on the GPU (CuPy arrays in, or NumPy ones copied over; CuPy arrays out).
-    lengths: (B,) the steps of each sequence of a batch padded at the end (engine/backends/lengths.py; backends
-    "reference" and "naive"). One call is record(...) then Tape.backward(...)."""
+    lengths: (B,) the steps of each sequence of a batch padded at the end (engine/backends/lengths.py; every backend:
+    the fused step through kernels that hold the rows past their end, engine/autodiff/fused_lengths.py). One call is
+    record(...) then Tape.backward(...)."""
     tape = record(network, params, x, initial_states, dtype=dtype, backend=backend, lengths=lengths)
     if callable(d_outputs):
         d_outputs = d_outputs(tape.outputs)
@@ -49,8 +50,6 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     dtype = check_dtype(dtype)
     network = check_network(network)
     check_backend(backend)
-    if lengths is not None and backend == "fused":
-        raise only_on(backend, "bptt")
     if backend == "fused" and dtype != np.float32:
         raise BackendError(f"bptt(backend='fused') runs in float32, got dtype={np.dtype(dtype).name}; "
                            "hint: dtype=np.float32, or backend='naive' for float64 on the GPU")
@@ -72,7 +71,8 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
 
     if backend == "fused":         # asks the check once the forward is queued: the GPU runs it meanwhile; check_memory
         # where a program is made (a cached one holds its memory)
-        return fused_tape.record(network, params, x, initial_states, finite=finite, check_memory=check_memory)
+        return fused_tape.record(network, params, x, initial_states, finite=finite, check_memory=check_memory,
+                                 lengths=lengths)
     check_memory()
     layer_params = [{k: xp.asarray(v, dtype=dtype) for k, v in params[l].items()} for l in range(network.num_layers)]
     states = {s: xp.asarray(v, dtype=dtype) for s, v in (initial_states or {}).items()}

@@ -83,12 +83,12 @@ MAX_RUNNERS = 8                  # runners kept (each holds cuBLAS handles and w
 
 
 def gpu_runner(plan: TrainingPlan) -> Runner:
-    """The runner of a cell's plan on the current device (cached by the cell itself, never by an object's id), with
-    the fused stages' tiled GEMM compiled in where stage_fusion.FUSE_MAX_ROWS asks for it. Past MAX_RUNNERS the
-    least recently used runner is dropped, with the idle programs that hold it."""
+    """The runner of a cell's plan on the current device (cached by the cell itself and whether the plan takes
+    lengths, never by an object's id), with the fused stages' tiled GEMM compiled in where stage_fusion.FUSE_MAX_ROWS
+    asks for it. Past MAX_RUNNERS the least recently used runner is dropped, with the idle programs that hold it."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
     tiled = stage_fusion.FUSE_MAX_ROWS > stage_fusion.GEMV_MAX_ROWS
-    key = (plan.cell, cupy.cuda.Device().id, tiled, stage_fusion.INTERLEAVED)
+    key = (plan.cell, plan.lengths, cupy.cuda.Device().id, tiled, stage_fusion.INTERLEAVED)
     with _lock:
         runner = _runners.pop(key, None)
         if runner is not None:

@@ -15,7 +15,7 @@ from ..codegen.wavefront import TILE_GEMM_HELPER
 from ..ops import backward_op_def
 from ..plan import Lin
 from . import cublas, stage_fusion
-from .fused_plan import KernelPlan, Place, Statement, TrainingPlan
+from .fused_plan import LENGTHS, KernelPlan, Place, Statement, TrainingPlan
 from .stage_fusion import THREADS as STAGE_THREADS
 from .stage_fusion import WIDTHS, FusedStage, fused_stages
 
@@ -60,13 +60,25 @@ def statement_body(kernel: KernelPlan, columns: dict, indent: str) -> list[str]:
     """The statements of element (b, j) at step t: loads, the math, stores."""
     lines = [f"{indent}const float {var(value)} = {element(place, columns)};" for value, place in kernel.loads]
     lines += [f"{indent}const float {var(st.var)} = {statement_expr(st)};" for st in kernel.statements]
-    lines += [f"{indent}{element(place, columns)} = {var(value)};" for value, place in kernel.stores]
+    return lines + [indent + line for line in store_lines(kernel, columns)]
+
+
+def store_lines(kernel: KernelPlan, columns: dict) -> list[str]:
+    """The kernel's stores of element (b, j) at step t; with lengths= (KernelPlan.past_end, engine/autodiff/
+    fused_lengths.py) each selects, on whether step t lies within sequence b, its value or the one held there."""
+    if not any(held is not None for held in kernel.past_end):
+        return [f"{element(place, columns)} = {var(value)};" for value, place in kernel.stores]
+    lines = [f"const bool within = t < {LENGTHS}[b];   // step t lies within sequence b: else the row holds"]
+    for (value, place), held in zip(kernel.stores, kernel.past_end):
+        stored = var(value) if held is None else f"within ? {var(value)} : {var(held)}"
+        lines.append(f"{element(place, columns)} = {stored};")
     return lines
 
 
 def declare(params: list[str], written: set) -> list[str]:
-    """A kernel's buffer parameters, const where it does not write them (`written`)."""
-    return [f"    {'' if p in written else 'const '}float* __restrict__ {p}," for p in params]
+    """A kernel's buffer parameters, const where it does not write them (`written`), and the lengths (lengths=)."""
+    return [f"    const int* __restrict__ {p}," if p == LENGTHS else
+            f"    {'' if p in written else 'const '}float* __restrict__ {p}," for p in params]
 
 
 def render_kernel(kernel: KernelPlan, plan: TrainingPlan) -> str:
@@ -142,7 +154,7 @@ def render_fused(stage: FusedStage, plan: TrainingPlan, width: int, tiled: bool)
     gemm_call = [line for line in gemm_call if line]
     from_shared = [f"const float {var(value)} = dots[b * COLS + (j - j0) * M + {m}];" for value, m in from_dots.items()]
     math = ([f"const float {var(st.var)} = {statement_expr(st)};" for st in kernel.statements])
-    stores = [f"{element(place, columns)} = {var(value)};" for value, place in kernel.stores]
+    stores = store_lines(kernel, columns)
     early = [f"const float {var(value)} = {element(place, columns)};" for value, place in others]
     lines += ["{",
               f"    constexpr int UNITS = {stage.units(width)}, M = {stage.members}, COLS = UNITS * M;"
@@ -244,9 +256,11 @@ def render_summed(stage: FusedStage, plan: TrainingPlan) -> str:
 
 
 def kernel_params(kernel: KernelPlan) -> list[str]:
-    """The buffer arguments of a kernel, in the order render_kernel declares them."""
+    """The buffer arguments of a kernel, in the order render_kernel declares them (with lengths=, the lengths too:
+    the Layer holds them beside its buffers)."""
+    lengths = {LENGTHS} if any(held is not None for held in kernel.past_end) else set()
     return sorted({p.buffer for _, p in kernel.stores} |
-                  {p.buffer for _, p in kernel.loads if p.kind in ("row", "vector")})
+                  {p.buffer for _, p in kernel.loads if p.kind in ("row", "vector")} | lengths)
 
 
 def render_module(plan: TrainingPlan, tiled: bool | None = None) -> str:

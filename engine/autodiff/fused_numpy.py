@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ops import apply_backward
 from .fused_layer import Layer
-from .fused_plan import GemmPlan, GradGemm, KernelPlan, Place, TrainingPlan
+from .fused_plan import LENGTHS, GemmPlan, GradGemm, KernelPlan, Place, TrainingPlan
 from .fused_runner import Runner
 from .stage_fusion import FusedStage, fused_stages
 
@@ -106,8 +106,10 @@ class NumpyRunner(Runner):
             args = [values[a] for a in st.args]
             result = args[0] if st.op == "copy" else apply_backward(st.op, args, dict(st.attrs))
             values[st.var] = np.asarray(result, dtype=np.float32)
-        for value, place in kernel.stores:
-            self._rows(layer, place, t, B, D)[...] = values[value]
+        within = (t < layer.buffers[LENGTHS])[:, None] if any(h is not None for h in kernel.past_end) else None
+        for (value, place), held in zip(kernel.stores, kernel.past_end or (None,) * len(kernel.stores)):
+            stored = values[value] if held is None else np.where(within, values[value], values[held])
+            self._rows(layer, place, t, B, D)[...] = stored
 
     def fused(self, layer: Layer, stage: FusedStage, tg: int, t: int) -> None:
         """The GEMM of step tg then the kernel of step t: what the fused launch computes, block by block (and the

@@ -67,6 +67,9 @@ class KernelPlan:
     loads: tuple[tuple[str, Place], ...]        # value -> where it is read from
     statements: tuple[Statement, ...]
     stores: tuple[tuple[str, Place], ...]       # value -> where it is written (a value may go to several places)
+    # lengths= (engine/autodiff/fused_lengths.py): for each store, the loaded value written instead at a step past
+    # the row's end (None: the value itself); () without lengths
+    past_end: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,7 @@ class TrainingPlan:
     state_places: dict = field(default_factory=dict)  # state -> Place of the state entering step t (block t)
     adjoint_places: dict = field(default_factory=dict)  # state -> Place of its adjoint entering step t
     output: Place = Place("row")                      # the layer's output of step t: the next layer's input rows
+    lengths: bool = False                             # the kernels hold the rows past their end (fused_lengths.py)
 
     @property
     def launches_per_step(self) -> tuple[int, int]:
@@ -232,3 +236,4 @@ INPUT_BUFFER = "x"            # the layer's input sequence (T x B, I)
 D_OUTPUT_BUFFER = "d_out"     # the adjoint of the layer's output sequence (T x B, output size)
 D_INPUT_BUFFER = "d_in"       # the adjoint of the layer's input sequence: the layer below's d_out (bound, T x B, I)
 OUTPUT_BUFFER = "out"         # the layer's output sequence where its state lies in a Stack's buffer (T x B, its size)
+LENGTHS = "lengths"           # the (B,) int32 steps of each sequence, a kernel argument with lengths= (not a Buffer)

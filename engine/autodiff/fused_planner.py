@@ -13,6 +13,7 @@ from ..ir import SCALAR, CellGraph
 from ..ops import OPS
 from ..plan import Lin
 from .errors import AutodiffError
+from .fused_lengths import with_lengths
 from .fused_plan import (
     DIMS,
     INPUT_BUFFER,
@@ -36,10 +37,13 @@ MAX_ZERO_SHARE = 0.25    # a Stack whose grid is more zeros than this is not mad
 
 
 @lru_cache(maxsize=64)
-def training_plan(cell: CellGraph) -> TrainingPlan:
+def training_plan(cell: CellGraph, lengths: bool = False) -> TrainingPlan:
     """The fused training plan of `cell` (cached: a pure function of the frozen cell). AutodiffError if the cell has
     a value the fused path cannot place (named). A cell of heads or reductions is planned in its dense form
-    (engine/dense.py): the parameters it runs on are dense_params'."""
+    (engine/dense.py): the parameters it runs on are dense_params'. lengths=True: its kernels hold the rows past
+    their sequence's end (engine/autodiff/fused_lengths.py)."""
+    if lengths:
+        return with_lengths(training_plan(cell))
     cell = dense_form(cell).cell
     return Planner(cell, derived(cell)).run()
 

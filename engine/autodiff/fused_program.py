@@ -13,7 +13,7 @@ import numpy as np
 
 from .fused_gradients import gradient_layout, gradient_views
 from .fused_layer import Layer, float32_contiguous
-from .fused_plan import D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER
+from .fused_plan import D_INPUT_BUFFER, D_OUTPUT_BUFFER, INPUT_BUFFER, LENGTHS
 from .persistent import persistent_launch
 from .stage_fusion import stage_weights
 from .wavefront import backward_wavefront, diagonal_pieces, forward_wavefront
@@ -33,6 +33,9 @@ class Program:
         self.wavefront = wavefront and network.num_layers > 1
         self.input = xp.full((T * B, network.input_size), np.nan if poison else 0.0, dtype=xp.float32)
         self.fused = runner.fuses(network, B)     # the steps run fused stages (engine/autodiff/stage_fusion.py)
+        # lengths= (a plan made with them, engine/autodiff/fused_lengths.py): the (B,) steps of each sequence, which
+        # every layer's kernels read beside their buffers; load() copies each call's in
+        self.lengths = xp.full((B,), T, dtype=np.int32) if runner.plan.lengths else None
         self.layers: list[Layer] = []
         for l in range(network.num_layers):
             shapes = {p.name: network.param_shape(l, p.name) for p in cell.params}
@@ -41,6 +44,8 @@ class Program:
                           stage_weights(runner.stages, runner.interleaved) if self.fused else ())
             layer.fused, layer.interleaved = self.fused, runner.interleaved
             layer.buffers[INPUT_BUFFER] = self.input if l == 0 else self.layers[-1].output()
+            if self.lengths is not None:
+                layer.buffers[LENGTHS] = self.lengths
             self.layers.append(layer)
         if self.wavefront:
             runner.prepare_streams(network.num_layers)
@@ -128,9 +133,14 @@ class Program:
             issue()
         return self.grad_flat, self.grad_views, self.d_initial
 
-    def load(self, params, x, initial_states: dict | None) -> None:
-        """x, every layer's parameters and initial states into the program's buffers: one copy launch for all."""
+    def load(self, params, x, initial_states: dict | None, lengths=None) -> None:
+        """x, every layer's parameters and initial states into the program's buffers: one copy launch for all; and
+        the lengths (B,), for a plan made with them."""
         xp, cell = self.runner.xp, self.network.cell
+        if (lengths is None) != (self.lengths is None):
+            raise ValueError("a program made with lengths takes them, and only it")
+        if lengths is not None:
+            self.lengths[...] = xp.asarray(lengths, dtype=np.int32)
         copies = [(self.input, float32_contiguous(xp, x))]
         for l, layer in enumerate(self.layers):
             copies += layer.load(cell, params[l])

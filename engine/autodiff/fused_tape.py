@@ -38,8 +38,9 @@ class FusedTape:
     """What record(backend="fused") returns: the outputs and final states now (copies: the program's buffers are
     reused by the next record), the gradients from backward()."""
 
-    def __init__(self, network, program: Program, outputs, final_states: dict, source=None):
+    def __init__(self, network, program: Program, outputs, final_states: dict, source=None, within=None):
         self.network, self.program, self.plan = network, program, program.runner.plan
+        self.within = within            # lengths=: (T x B, 1), whether step t lies within sequence b
         self.source = network if source is None else source      # the network whose parameters the gradients are of
         self.split = self.plan.split
         self.outputs, self.final_states = outputs, final_states
@@ -68,6 +69,8 @@ class FusedTape:
         T, B, _ = self.outputs.shape
         cell, L = network.cell, network.num_layers
         d_above = None if d_outputs is None else xp.asarray(d_outputs, dtype=xp.float32).reshape(T * B, -1)
+        if d_above is not None and self.within is not None:      # the loss's gradient past the ends is ignored
+            d_above = xp.where(self.within, d_above, xp.float32(0))
         if program.captures_after():              # the reverse wavefront and a captured after part
             return self._backward_captured(d_above, d_final_states)
         grads, self.stacked_grads = zero_gradients(xp, network)
@@ -168,21 +171,23 @@ class FusedTape:
 
 
 def record(network, params, x, initial_states: dict | None, poison: bool = False, runner=None,
-           wavefront: bool | None = None, finite=None, check_memory=None) -> FusedTape:
+           wavefront: bool | None = None, finite=None, check_memory=None, lengths=None) -> FusedTape:
     """The forward pass on the fused training step (fp32, the GPU; runner: fused_numpy.NumpyRunner runs the same plan
     through NumPy). wavefront: the layers' forward as a wavefront of chunks on a stream a layer (default WAVEFRONT).
     Inputs already checked by bptt.record but for finite, their FiniteCheck, asked once the forward is queued;
     check_memory, called before a new program is made (bptt.record's memory check). A cell of heads or reductions
-    runs in its dense form (engine/dense.py); the gradients come back in the cell's own parameters and shapes."""
+    runs in its dense form (engine/dense.py); the gradients come back in the cell's own parameters and shapes.
+    lengths: (B,) host integers, checked (engine/backends/lengths.py): the plan whose kernels hold the rows past their
+    end (engine/autodiff/fused_lengths.py; a runner given must run such a plan), the outputs there 0."""
     source = network
     network, params = dense(network, params)
     if runner is None:
-        runner = gpu_runner(training_plan(network.cell))
+        runner = gpu_runner(training_plan(network.cell, lengths is not None))
     xp, cell = runner.xp, network.cell
     T, B, _ = x.shape
     program = acquire(network, runner, T, B, poison, WAVEFRONT if wavefront is None else wavefront, check_memory)
     try:
-        program.load(params, x, initial_states)
+        program.load(params, x, initial_states, lengths)
         program.forward()
         if finite is not None:
             finite.raise_if_bad()
@@ -190,5 +195,10 @@ def record(network, params, x, initial_states: dict | None, poison: bool = False
         program.release()
         raise
     outputs = xp.array(program.layers[-1].output()).reshape(T, B, -1)   # copies: the buffers serve the next record
+    within = None
+    if lengths is not None:         # the layer's output past a sequence's end holds its state: the outputs are 0 there
+        within = xp.arange(T, dtype=np.int32)[:, None] < program.lengths[None, :]
+        outputs = xp.where(within[:, :, None], outputs, xp.float32(0))
+        within = within.reshape(T * B, 1)
     final_states = {s: xp.stack([layer.state(s, T) for layer in program.layers]) for s in cell.state_names}
-    return FusedTape(network, program, outputs, final_states, source)
+    return FusedTape(network, program, outputs, final_states, source, within)

@@ -39,7 +39,7 @@ from ..c_names import ascii_identifiers, kernel_prefix
 from ..codegen.cuda import CELL_HELPERS, helper_source
 from ..codegen.wavefront import TILE_GEMM_HELPER, gemv_ksteps
 from ..schedules.base import compile_kernel
-from .fused_codegen import declare, element, gemm_loads, kernel_params, statement_body, statement_expr, var
+from .fused_codegen import declare, element, gemm_loads, kernel_params, statement_body, statement_expr, store_lines, var
 from .fused_plan import GemmPlan, KernelPlan, TrainingPlan
 from .stage_fusion import FusedStage, launch_sequence
 from .stage_fusion import lay_out as stage_lay_out
@@ -323,7 +323,7 @@ def _item(it: Item, columns: dict, B: int) -> list[str]:
         dot = f"dots[b * {COLS} + (j - j0) * {M} + {from_dots[value]}]"
         return f"here ? {dot} : {element(place, columns)}" if it.lag else dot
     math = [f"const float {var(st.var)} = {statement_expr(st)};" for st in kernel.statements]
-    stores = [f"{element(place, columns)} = {var(value)};" for value, place in kernel.stores]
+    stores = store_lines(kernel, columns)
     one_each = B * it.units <= THREADS
     if it.lag:
         lines.append(f"{pad}const bool here = t + 1 < t1;         // else the chunk before ran this GEMM")

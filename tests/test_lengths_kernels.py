@@ -346,3 +346,22 @@ def test_the_training_kernels_with_lengths_compile_with_nvcc(tmp_path):
     _nvcc(sources, tmp_path)
     (tmp_path / "rows").mkdir()
     _nvcc(rows, tmp_path / "rows")
+
+
+def test_the_benchmark_draws_lengths_in_the_upper_half_and_times_only_what_is_right(monkeypatch):
+    """benchmarks/lengths_bench.py (run on the GPU): lengths uniform in [T/2, T] with T among them; a row whose
+    results are wrong against the float64 reference is reported and not timed."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lengths_bench.py"
+    spec = importlib.util.spec_from_file_location("lengths_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    lengths = bench.draw_lengths(100, 64, seed=0)
+    assert lengths.min() >= 50 and lengths.max() == 100 and len(set(lengths.tolist())) > 10
+    monkeypatch.setattr(bench, "timed", lambda run, warmup, reps: {"median_ms": run()})
+    fine = bench.pair("row", {"without": lambda: 2.0, "with": lambda: 2.05}, {"outputs": 1e-6, "x gradient": 5e-4},
+                      1, 1)
+    assert fine["ratio"] == pytest.approx(1.025) and fine["within_target"]
+    wrong = bench.pair("row", {"without": lambda: 1.0, "with": lambda: 1.0}, {"outputs": 1e-2}, 1, 1)
+    assert "not timed" in wrong["error"] and "ratio" not in wrong

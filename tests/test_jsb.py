@@ -81,6 +81,15 @@ def test_the_cache_round_trips_and_a_bad_one_is_built_again(jsb_subset, tmp_path
     assert jsb.load(path) is None                                      # another format: built again
 
 
+def test_a_cache_of_another_music21_is_built_again_and_without_music21_it_is_used(jsb_subset, tmp_path, monkeypatch):
+    path = tmp_path / "jsb.npz"
+    jsb.save(jsb_subset, path)
+    monkeypatch.setattr(jsb, "installed_music21_version", lambda: "0.0.1")
+    assert jsb.load(path) is None                                      # another music21: built again
+    monkeypatch.setattr(jsb, "installed_music21_version", lambda: None)
+    assert jsb.load(path).names == jsb_subset.names                    # nothing to rebuild it with: used as it is
+
+
 def test_a_cache_that_cannot_be_read_is_built_again_by_chorales(jsb_subset, tmp_path, monkeypatch):
     path = tmp_path / "broken.npz"
     path.write_bytes(b"\x00" * 100)

@@ -8,6 +8,7 @@ thousands of trials does not queue them all at once.
 """
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +90,9 @@ def connect(address: str | None):
         code = {"working_dir": str(ROOT), "excludes": [".venv", ".git", "benchmarks/results", "designs", "studies",
                                                         "*.npz", "__pycache__"]}
     else:
-        code = {"env_vars": {"PYTHONPATH": str(ROOT)}}      # local workers import this checkout's engine
+        # local workers import this checkout's engine, and whatever the driver's PYTHONPATH holds
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        code = {"env_vars": {"PYTHONPATH": path}}
     try:
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  runtime_env=code)

@@ -12,7 +12,8 @@ or 2, to valid when it is 3 and to test when it is 4 (about 60/20/20, every part
 
 Parsing takes a few minutes on one core, so the first use parses the scores on every core and caches the rolls in
 one file (cache_file(): $CELLFORGE_JSB_CACHE, else jsb_chorales.npz in $CELLFORGE_CACHE_DIR or ~/.cache/cellforge);
-a cache of another format or music21 version, or one that cannot be read, is built again.
+a cache of another format or music21 version, or one that cannot be read, is built again; where music21 is not
+installed, a readable cache of this format is used as it is.
 
     from engine.training.jsb import chorales
     data = chorales()
@@ -146,7 +147,8 @@ def save(data: Chorales, path: Path) -> None:
 
 
 def load(path: Path) -> Chorales | None:
-    """The cached Chorales, or None where the file is missing, unreadable, or of another format or music21."""
+    """The cached Chorales, or None where the file is missing, unreadable, of another format, or of another music21
+    than the one installed."""
     try:
         with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as f:
             if int(f["format"]) != FORMAT:
@@ -159,11 +161,21 @@ def load(path: Path) -> Chorales | None:
     if len(lengths) != len(names) or len(names) != len(splits) or int(lengths.sum()) != len(frames) \
             or not set(splits) <= set(SPLITS):
         return None
-    installed = music21_or_error().__version__
-    if version != str(installed):
+    installed = installed_music21_version()
+    if installed is not None and version != installed:
         return None
     rolls = tuple(np.split(frames, np.cumsum(lengths)[:-1]))
     return Chorales(tuple(names), rolls, tuple(splits), version)
+
+
+def installed_music21_version() -> str | None:
+    """music21's version, or None where it is not installed: a cache is then used as it is (it was built by some
+    music21; one that can rebuild it decides whether it is current)."""
+    try:
+        import music21  # deferred: only the JSB task needs it
+    except ImportError:
+        return None
+    return str(music21.__version__)
 
 
 def is_cached() -> bool:

@@ -4,7 +4,7 @@ and their ratio (1.8x wanted on two GPUs).
 
     python3 benchmarks/study_gpus.py --out $OUT            # on a machine with 2 or more GPUs
 
-The study: the vanilla LSTM and CIFG on JSB Chorales, 16 seeds, 64 units, 300 steps. Both runs use fresh folders,
+The study: the vanilla LSTM and CIFG on JSB Chorales, 16 seeds, 64 units, 300 steps (--seeds, --steps). Both runs use fresh folders,
 so neither resumes the other; the JSB cache is built first, outside the timing.
 """
 from __future__ import annotations
@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDY = ["vanilla_lstm", "lstm_cifg", "--task", "jsb", "--seeds", "16", "-H", "64", "--steps", "300", "-B", "32",
-         "-T", "64", "--device", "gpu"]
+STUDY = ["vanilla_lstm", "lstm_cifg", "--task", "jsb", "-H", "64", "-B", "32", "-T", "64", "--device", "gpu"]
 
 
 def gpus() -> int:
@@ -27,10 +26,11 @@ def gpus() -> int:
     return sum(1 for line in listed.splitlines() if line.startswith("GPU "))
 
 
-def run(visible: str, folder: Path) -> dict:
+def run(visible: str, folder: Path, seeds: int, steps: int) -> dict:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "engine", "study", *STUDY, "--folder", str(folder)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "engine", "study", *STUDY, "--seeds", str(seeds), "--steps", str(steps),
+                           "--folder", str(folder)], cwd=ROOT,
                           env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
@@ -43,6 +43,8 @@ def run(visible: str, folder: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/study-gpus")
+    parser.add_argument("--seeds", type=int, default=16, help="seeds a cell (two cells)")
+    parser.add_argument("--steps", type=int, default=300, help="training steps a trial")
     args = parser.parse_args(argv)
     count = gpus()
     if count < 2:
@@ -51,8 +53,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-c", "from engine.training import jsb; jsb.chorales()"], cwd=ROOT, check=True)
-    one = run("0", out / "one-gpu")
-    every = run(",".join(map(str, range(count))), out / f"{count}-gpus")
+    one = run("0", out / "one-gpu", args.seeds, args.steps)
+    every = run(",".join(map(str, range(count))), out / f"{count}-gpus", args.seeds, args.steps)
     result = {"one": one, "every": every, "ratio": every["trials_per_hour"] / one["trials_per_hour"]}
     (out / "study_gpus.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"1 GPU: {one['trials_per_hour']:.0f} trials/hour ({one['seconds']:.0f} s); {count} GPUs: "

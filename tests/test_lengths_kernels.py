@@ -279,6 +279,16 @@ def test_the_lstm_adds_its_state_gemm_to_the_held_adjoint():
     assert plain.backward.order[0][1].past_end == () and not plain.lengths
 
 
+@pytest.mark.parametrize("name", PRESETS)
+def test_lengths_add_no_launch_and_keep_every_fused_stage(name):
+    """The zeros a state adjoint's GEMM now adds to go into a kernel the step has (lstm_proj: the P-sized kernel of
+    stage 0, before its stage-1 GEMM), so a step launches what it did and fuses the same pairs."""
+    from engine.autodiff.stage_fusion import fused_stages
+    plain, held = training_plan(engine.preset(name).cell), training_plan(engine.preset(name).cell, lengths=True)
+    assert held.launches_per_step == plain.launches_per_step
+    assert sorted(fused_stages(held)) == sorted(fused_stages(plain))
+
+
 def test_a_state_the_step_never_reads_still_passes_its_adjoint_through():
     """qrnn_f's h: no step reads it, so no step writes its adjoint (0 within a sequence); with lengths a kernel writes
     that 0, held past the end, so d_final reaches the sequence's last step."""

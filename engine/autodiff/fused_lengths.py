@@ -85,36 +85,37 @@ def _held(kernel: KernelPlan, buffers: set, shift: int, otherwise: Place | None)
 
 def _accumulating(plan: TrainingPlan, adjoints: set) -> StepPlan:
     """The backward where every state adjoint's block t is written by a kernel (so that it can hold past the row's
-    end): a step GEMM that writes one alone adds to it instead, after a kernel of its stage writes 0 there; an adjoint
-    no step writes (a state the step does not read: its adjoint is 0 within the sequence) gets a 0 from a kernel of
-    the step too. A kernel of the stage and size takes the store, or a new one where the stage has none."""
+    end): a step GEMM that writes one alone adds to it instead, after a kernel writes 0 there; an adjoint no step
+    writes (a state the step does not read: its adjoint is 0 within the sequence) gets a 0 from a kernel of the step
+    too. The last kernel of the block's size before the GEMM (or in the step) takes the store, else a new kernel
+    before the GEMM's stage's GEMMs (or at the step's end): no launch more where the step has a kernel of that size."""
     order = list(plan.backward.order)
     written = {(place.buffer, place.offset) for _, kernel in order if isinstance(kernel, KernelPlan)
                for _, place in kernel.stores if place.kind == "row" and place.shift == 0}
-    zeros: list[tuple[int, Place, str]] = []          # (stage, place, dim) of each 0 to write
+    zeros: list[tuple[object, Place, str]] = []       # (the GEMM it goes before or None, place, dim) of each 0
     for g in [item for kind, item in order if kind == "gemm"]:
         if g.hoisted or g.out.kind != "row" or g.out.buffer not in adjoints:
             continue
+        accumulating = dataclasses.replace(g, accumulate=True)
         offset = g.out.offset
         for block in g.out_blocks:
             dim = next(d for d in DIMS if Lin.of(d) == block)
             if not g.accumulate:
-                zeros.append((g.stage, dataclasses.replace(g.out, offset=offset), dim))
+                zeros.append((accumulating, dataclasses.replace(g.out, offset=offset), dim))
             written.add((g.out.buffer, offset))
             offset = offset + block
-        if not g.accumulate:
-            order[order.index(("gemm", g))] = ("gemm", dataclasses.replace(g, accumulate=True))
-    last = max([item.stage for _, item in order] + [0])
+        order[order.index(("gemm", g))] = ("gemm", accumulating)
     for state, place in plan.adjoint_places.items():
         if (place.buffer, place.offset) not in written:
-            zeros.append((last, place, plan.cell.state_dim(state)))
-    for stage, place, dim in zeros:
-        gemms = [i for i, (kind, item) in enumerate(order) if kind == "gemm" and item.stage == stage]
-        before = gemms[0] if gemms else next((i for i, (_, item) in enumerate(order) if item.stage > stage),
-                                             len(order))
-        where = next((i for i in range(before - 1, -1, -1) if order[i][0] == "kernel"
-                      and order[i][1].stage == stage and order[i][1].dim == dim), None)
-        if where is None:             # a kernel of its own, before the stage's GEMMs
+            zeros.append((None, place, plan.cell.state_dim(state)))
+    for gemm, place, dim in zeros:
+        before = order.index(("gemm", gemm)) if gemm is not None else len(order)
+        where = next((i for i in range(before - 1, -1, -1) if order[i][0] == "kernel" and order[i][1].dim == dim),
+                     None)
+        if where is None:             # a kernel of its own
+            stage = gemm.stage if gemm is not None else max([item.stage for _, item in order] + [0])
+            if gemm is not None:
+                before = next(i for i, (kind, item) in enumerate(order) if kind == "gemm" and item.stage == stage)
             where = before
             order.insert(where, ("kernel", KernelPlan(f"{kernel_prefix(plan.cell.name)}_bwd_s{stage}_{dim}_held",
                                                       stage, dim, (), (), ())))

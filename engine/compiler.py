@@ -6,6 +6,7 @@ graph into a Program (plain data, engine.plan) and engine.codegen turns a Progra
     program = compile_cell(cell)                                 # the passes only: no CUDA source yet
     program = compile_program(cell, {"fuse_elementwise": False})  # the passes, then the CUDA source
     plan = make_plan(network, steps=T, batch=B)                  # compiled and bound to T and B
+    plan = make_plan(network, T, B, lengths=True)                # kernels that hold rows past their end (lengths=)
 
 Programs are cached by their key: the cell's structural hash and name, the passes switched on, the weight
 layout, the precision and engine.codegen.GENERATOR_VERSION (the rendered source is cached by codegen).

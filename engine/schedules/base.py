@@ -11,6 +11,8 @@ run    states initialised (one memset when they start at zero), layer 0's input 
        cuBLAS GEMM over all T*B rows when the network has one layer (with more, the kernel projects
        layer 0 too), then the schedule's own launch (`_launch`), all on the caller's stream, with no
        host round trip; outputs copied out.
+lengths a batch padded at the end (run(..., lengths=)) has a build of its own, whose kernels hold the rows
+       past their end (engine/passes/lengths.py) and read the lengths from a buffer each run fills first.
 
 A subclass supplies `persistent` (which kernels to generate) and `_prepare_launch` / `_launch`.
 """

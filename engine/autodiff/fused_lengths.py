@@ -12,8 +12,8 @@ in the generated code, engine/autodiff/fused_codegen.py):
   on that row, so the step adds nothing to any parameter's gradient nor to the input's adjoint, and the GEMMs add
   nothing to the state adjoints they write.
 A backward GEMM that writes a state adjoint alone (the LSTM's d_h = W^T dy) would overwrite the passed adjoint with
-0: here it adds to its output instead (beta = 1), and a kernel of its stage writes 0 there first, held on the rows
-past their end. The outputs past the end and the loss's gradient there are masked on the host
+0: here it adds to its output instead (beta = 1), and a kernel before it writes 0 there first, held on the rows past
+their end (no launch more: the step's last kernel of that size takes the store). The outputs past the end and the loss's gradient there are masked on the host
 (engine/autodiff/fused_tape.py).
 
 A cell whose after part reads a state adjoint's rows (a gradient taken from the adjoint itself, where this plan

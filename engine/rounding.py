@@ -2,6 +2,7 @@
 
     round_operand(a, "bfloat16")   # float64 array of the values a bf16 MMA multiplies
     weight_bits(w, "float16")      # uint16 array: the packed weight the kernels read
+    round_like(a, "tf32")          # the same rounding in a's own array module and dtype (NumPy or CuPy)
 
 Each matches the conversion the kernels use (kernels/tile_gemm.cuh): tf32 is cvt.rna.tf32.f32 (round to
 nearest, ties away from zero, on the float32 value), float16 and bfloat16 are round to nearest even
@@ -57,3 +58,26 @@ def weight_bits(w, precision: str) -> np.ndarray:
     if name == "float16":
         return np.asarray(w, dtype=np.float32).astype(np.float16).view(np.uint16)
     return _bf16_bits(w)
+
+
+def round_like(a, precision: str):
+    """a rounded as it enters a matmul in this mode, in a's own array module (NumPy or CuPy) and dtype (float32 or
+    float64; every mode's values are float32 numbers): what the training step's interpreted matmuls multiply
+    (engine/autodiff/step.py). float32 mode: a itself."""
+    name = lookup(precision).name
+    if name == "float32":
+        return a
+    dtype = a.dtype
+    single = a.astype("float32")
+    if name == "float16":
+        with np.errstate(over="ignore"):          # past half's range: Inf, as the GPU's conversion gives
+            return single.astype("float16").astype(dtype)
+    u = single.view("uint32")
+    finite = (u & 0x7F800000) != 0x7F800000
+    if name == "tf32":
+        rounded = (u + 0x1000) & 0xFFFFE000                          # half a TF32 unit, truncated: ties away
+    else:
+        rounded = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000      # nearest, ties to even
+    # Inf and NaN pass unchanged (a magnitude carried into the exponent would turn a NaN into an Inf)
+    bits = rounded * finite + u * ~finite
+    return bits.astype("uint32").view("float32").astype(dtype)

@@ -1,6 +1,15 @@
 """cuBLAS for the fused training step (engine/autodiff/fused_runner.py): row-major GEMMs on raw pointers through ctypes,
 on a handle of its own, so they can be captured into CUDA graphs (CuPy's wrappers refuse every cuBLAS call during stream
 capture); and the split-K policy for the step GEMMs, whose partial products kernels/splitk_reduce.cu sums.
+
+Precision modes (engine/codegen/precision.py): every buffer stays fp32 (fp32 master weights, activations and
+gradients). Strict float32 calls cublasSgemm_v2 / cublasSgemmStridedBatched as it always did. tf32, float16 and
+bfloat16 call cublasGemmEx / cublasGemmStridedBatchedEx on the same fp32 A, B and C with the compute type
+CUBLAS_COMPUTE_32F_FAST_TF32, _FAST_16F or _FAST_16BF: cuBLAS converts the fp32 operands to the mode's format as they
+enter the tensor cores and accumulates in fp32, so no buffer or kernel changes. cuBLAS's documentation says these
+compute types *allow* the down-conversion: for a shape where it picks another kernel the products may be more exact
+than the mode (never less), and its TF32 conversion need not round as cvt.rna does; the GPU tests' tolerance against
+the emulation (engine.rounding) allows for both.
 """
 from __future__ import annotations
 
@@ -8,23 +17,37 @@ import ctypes
 import ctypes.util
 
 from ..codegen.cuda import KERNELS_DIR
+from ..codegen.precision import precision as lookup
+
+CUDA_R_32F = 0                 # cudaDataType_t of A, B and C
+CUBLAS_GEMM_DEFAULT = -1       # cublasGemmAlgo_t: cuBLAS's heuristics choose
+# cublasComputeType_t (cublas_api.h) of each reduced mode on fp32 A, B and C; float32 has none: it calls cublasSgemm
+COMPUTE_TYPES = {"tf32": 77,       # CUBLAS_COMPUTE_32F_FAST_TF32
+                 "float16": 74,    # CUBLAS_COMPUTE_32F_FAST_16F
+                 "bfloat16": 75}   # CUBLAS_COMPUTE_32F_FAST_16BF
 
 
 class Sgemm:
-    """Row-major GEMMs on raw pointers through cuBLAS's cublasSgemm_v2, on a handle of its own (host scalars, the
-    default math mode: strict fp32, no TF32, and a 32 MiB workspace of its own, so the calls can be captured into a
-    CUDA graph). CuPy's wrappers refuse every cuBLAS call during stream capture, so the library is called through
-    ctypes: the libcublas CuPy loaded."""
+    """Row-major GEMMs on raw pointers through cuBLAS, on a handle of its own (host scalars, the default math mode, a
+    32 MiB workspace of its own, so the calls can be captured into a CUDA graph). precision "float32":
+    cublasSgemm_v2, strict fp32, no TF32; "tf32", "float16", "bfloat16": cublasGemmEx on the same fp32 buffers with
+    the mode's compute type (COMPUTE_TYPES; the module's docstring). CuPy's wrappers refuse every cuBLAS call during
+    stream capture, so the library is called through ctypes: the libcublas CuPy loaded (lib: a stand-in, for tests)."""
 
     WORKSPACE = 32 << 20
 
-    def __init__(self, cupy):
+    def __init__(self, cupy, precision: str = "float32", lib=None):
         self.ctypes = ctypes
-        lib = ctypes.CDLL(_libcublas_path(cupy))
+        self.precision = lookup(precision).name
+        self.compute = COMPUTE_TYPES.get(self.precision)      # None: strict fp32 through cublasSgemm
+        lib = ctypes.CDLL(_libcublas_path(cupy)) if lib is None else lib
         vp, i, fp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
         lib.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, vp, i, vp, i, fp, vp, i]
         ll = ctypes.c_longlong
         lib.cublasSgemmStridedBatched.argtypes = [vp, i, i, i, i, i, fp, vp, i, ll, vp, i, ll, fp, vp, i, ll, i]
+        lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, fp, vp, i, i, vp, i, i, fp, vp, i, i, i, i]
+        lib.cublasGemmStridedBatchedEx.argtypes = [vp, i, i, i, i, i, fp, vp, i, i, ll, vp, i, i, ll, fp, vp, i, i,
+                                                   ll, i, i, i]
         lib.cublasSetStream_v2.argtypes = [vp, vp]
         lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
         lib.cublasSetPointerMode_v2.argtypes = [vp, i]
@@ -56,30 +79,47 @@ class Sgemm:
     def bind(self, stream_ptr: int) -> None:
         self._check(self.lib.cublasSetStream_v2(self.handle, stream_ptr), "cublasSetStream")
 
+    def gemm(self, op_a: int, op_b: int, m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int, beta,
+             c: int, ldc: int, exact: bool = False) -> None:
+        """cuBLAS's column-major C (m x n) = op(A) op(B) + beta C in the handle's mode (exact: strict fp32 whatever
+        the mode: a sum such as a bias's gradient, which no mode rounds)."""
+        if self.compute is None or exact:
+            status = self.lib.cublasSgemm_v2(self.handle, op_a, op_b, m, n, k, self.p_one, a, lda, b, ldb, beta, c,
+                                             ldc)
+        else:
+            status = self.lib.cublasGemmEx(self.handle, op_a, op_b, m, n, k, self.p_one, a, CUDA_R_32F, lda, b,
+                                           CUDA_R_32F, ldb, beta, c, CUDA_R_32F, ldc, self.compute,
+                                           CUBLAS_GEMM_DEFAULT)
+        self._check(status, "sgemm" if self.compute is None or exact else f"gemmEx ({self.precision})")
+
     def __call__(self, a: int, lda: int, w: int, ldw: int, c: int, ldc: int, m: int, n: int, k: int,
                  w_transposed: bool, accumulate: bool) -> None:
         """C (m x n, ldc) (+)= A (m x k, lda) @ W^T (W: n x k, ldw) if w_transposed else A @ W (W: k x n, ldw)."""
         # Row-major C = A op(W) is column-major C^T = op(W)^T A^T: cuBLAS computes n x m from W then A.
-        status = self.lib.cublasSgemm_v2(self.handle, 1 if w_transposed else 0, 0, n, m, k, self.p_one, w, ldw,
-                                         a, lda, self.p_one if accumulate else self.p_zero, c, ldc)
-        self._check(status, "sgemm")
+        self.gemm(1 if w_transposed else 0, 0, n, m, k, w, ldw, a, lda, self.p_one if accumulate else self.p_zero,
+                  c, ldc)
 
     def raw(self, a_transposed: bool, b_transposed: bool, m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int,
-            c: int, ldc: int) -> None:
-        """cuBLAS's own column-major C (m x n, ldc) += op(A) (m x k) @ op(B) (k x n)."""
-        status = self.lib.cublasSgemm_v2(self.handle, int(a_transposed), int(b_transposed), m, n, k, self.p_one,
-                                         a, lda, b, ldb, self.p_one, c, ldc)
-        self._check(status, "sgemm")
+            c: int, ldc: int, exact: bool = False) -> None:
+        """cuBLAS's own column-major C (m x n, ldc) += op(A) (m x k) @ op(B) (k x n) (exact: see gemm)."""
+        self.gemm(int(a_transposed), int(b_transposed), m, n, k, a, lda, b, ldb, self.p_one, c, ldc, exact)
 
     def split(self, a: int, lda: int, w: int, ldw: int, part: int, m: int, n: int, k: int, splits: int,
               w_transposed: bool) -> None:
         """part[i] (m x n, contiguous) = A[:, i*ks:(i+1)*ks] @ op(W)[i*ks:(i+1)*ks, :], ks = k / splits: the K
-        dimension split over a strided batch, so a GEMM with few output tiles still fills the GPU."""
+        dimension split over a strided batch, so a GEMM with few output tiles still fills the GPU (in the handle's
+        mode; the parts are summed in fp32 by the kernel after it)."""
         ks = k // splits
-        status = self.lib.cublasSgemmStridedBatched(
-            self.handle, 1 if w_transposed else 0, 0, n, m, ks, self.p_one, w, ldw, ks if w_transposed else ks * n,
-            a, lda, ks, self.p_zero, part, n, m * n, splits)
-        self._check(status, "sgemm (split K)")
+        op_w, stride_w = (1, ks) if w_transposed else (0, ks * n)
+        if self.compute is None:
+            status = self.lib.cublasSgemmStridedBatched(
+                self.handle, op_w, 0, n, m, ks, self.p_one, w, ldw, stride_w, a, lda, ks, self.p_zero, part, n,
+                m * n, splits)
+        else:
+            status = self.lib.cublasGemmStridedBatchedEx(
+                self.handle, op_w, 0, n, m, ks, self.p_one, w, CUDA_R_32F, ldw, stride_w, a, CUDA_R_32F, lda, ks,
+                self.p_zero, part, CUDA_R_32F, n, m * n, splits, self.compute, CUBLAS_GEMM_DEFAULT)
+        self._check(status, "sgemm (split K)" if self.compute is None else f"gemmEx ({self.precision}, split K)")
 
 
 def _libcublas_path(cupy) -> str:

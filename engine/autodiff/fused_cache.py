@@ -1,8 +1,8 @@
 """The fused training step's caches: Programs (engine/autodiff/fused_program.py) by (network, T, B, switches, runner,
-device), and Runners (engine/autodiff/fused_runner.py) by (cell, device, switches). A program is reused by the next
-record once its tape's backward has run (or the tape is dropped); idle programs beyond CACHE_BYTES (4 GiB) of buffers
-are dropped oldest first, and clear_cache() drops them all. Past MAX_RUNNERS runners the least recently used goes,
-with its idle programs. One lock guards both (a runner's eviction drops programs).
+device), and Runners (engine/autodiff/fused_runner.py) by (cell, lengths, precision mode, device, switches). A program
+is reused by the next record once its tape's backward has run (or the tape is dropped); idle programs beyond
+CACHE_BYTES (4 GiB) of buffers are dropped oldest first, and clear_cache() drops them all. Past MAX_RUNNERS runners the
+least recently used goes, with its idle programs. One lock guards both (a runner's eviction drops programs).
 """
 from __future__ import annotations
 
@@ -83,12 +83,12 @@ MAX_RUNNERS = 8                  # runners kept (each holds cuBLAS handles and w
 
 
 def gpu_runner(plan: TrainingPlan) -> Runner:
-    """The runner of a cell's plan on the current device (cached by the cell itself and whether the plan takes
-    lengths, never by an object's id), with the fused stages' tiled GEMM compiled in where stage_fusion.FUSE_MAX_ROWS
-    asks for it. Past MAX_RUNNERS the least recently used runner is dropped, with the idle programs that hold it."""
+    """The runner of a cell's plan on the current device (cached by the cell itself, whether the plan takes lengths
+    and its precision mode, never by an object's id), with the fused stages' tiled GEMM compiled in where
+    stage_fusion.FUSE_MAX_ROWS asks for it. Past MAX_RUNNERS the least recently used runner is dropped, with the idle programs that hold it."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
     tiled = stage_fusion.FUSE_MAX_ROWS > stage_fusion.GEMV_MAX_ROWS
-    key = (plan.cell, plan.lengths, cupy.cuda.Device().id, tiled, stage_fusion.INTERLEAVED)
+    key = (plan.cell, plan.lengths, plan.precision, cupy.cuda.Device().id, tiled, stage_fusion.INTERLEAVED)
     with _lock:
         runner = _runners.pop(key, None)
         if runner is not None:

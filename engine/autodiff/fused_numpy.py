@@ -2,7 +2,9 @@
 engine/autodiff/fused_runner.py on the GPU, each kernel interpreted statement by statement on (B, D) slices instead of
 launched. The CPU tests run
 every cell through it against the float64 reference, so a wrong place, stage or GEMM in the plan fails without a GPU;
-the GPU tests then hold the generated CUDA to the same results.
+the GPU tests then hold the generated CUDA to the same results. In a precision mode (plan.precision) every GEMM's
+operands are rounded to the mode's format first (engine.rounding) and multiplied in fp32, which is the mode's
+definition; the bias sums, column dots and kernels stay fp32, as on the GPU.
 
     tape = fused_tape.record(network, params, x, initial_states, runner=NumpyRunner(training_plan(network.cell)))
 """
@@ -13,6 +15,7 @@ import functools
 import numpy as np
 
 from ..ops import apply_backward
+from ..rounding import round_like
 from .fused_layer import Layer
 from .fused_plan import LENGTHS, GemmPlan, GradGemm, KernelPlan, Place, TrainingPlan
 from .fused_runner import Runner
@@ -41,6 +44,10 @@ class NumpyRunner(Runner):
     def bind(self) -> None:
         pass
 
+    def rounded(self, operand):
+        """A GEMM operand as the plan's precision mode multiplies it (float32: itself)."""
+        return round_like(operand, self.plan.precision)
+
     def issue_on_streams(self, items, run) -> None:
         """The GPU's issue order, one chunk after another: a chunk that read a value its wait did not cover would read
         a NaN of the poisoned buffers."""
@@ -59,7 +66,8 @@ class NumpyRunner(Runner):
         dy = layer.view(g.dy, width)
         if g.operand is not None:
             cols = g.cols(layer.sizes)
-            out.reshape(width, cols)[...] += dy.T @ layer.view(g.operand, cols)
+            operand = self.rounded(layer.view(g.operand, cols))
+            out.reshape(width, cols)[...] += self.rounded(dy).T @ operand
         else:
             out[...] += dy.sum(axis=0)
 
@@ -127,8 +135,8 @@ class NumpyRunner(Runner):
         rows = steps * layer.B if g.hoisted else layer.B
         block = t
         k, n = g.k(layer.sizes), g.n(layer.sizes)
-        w = layer.stacked[g.stack]
-        a = self._rows(layer, g.operand, block, rows, k)
+        w = self.rounded(layer.stacked[g.stack])
+        a = self.rounded(self._rows(layer, g.operand, block, rows, k))
         out = self._rows(layer, g.out, block, rows, n)
         product = a @ w.T if forward else a @ w
         out[...] = out + product if g.accumulate else product

@@ -1,6 +1,6 @@
 """The launcher of the fused training step (backend "fused" of engine.autodiff.record): Runner issues a plan's GEMMs
-(cuBLAS's sgemm through engine/autodiff/cublas.py: ctypes, a handle of its own, strict fp32, no TF32; a step GEMM with
-few output tiles may split K), its generated kernels and fused stages (engine/autodiff/fused_codegen.py,
+(cuBLAS through engine/autodiff/cublas.py: ctypes, a handle of its own; strict fp32, no TF32, or the plan's precision
+mode as cuBLAS's compute type on the same fp32 buffers; a step GEMM with few output tiles may split K), its generated kernels and fused stages (engine/autodiff/fused_codegen.py,
 stage_fusion.py) and the table launches of kernels/ (copy_pieces.cu, lay_out.cu, column_dots.cu) for one layer at a
 time, on the current stream or a stream a layer (the wavefront). engine/autodiff/fused_numpy.py runs the same plan
 through NumPy for the CPU tests. module_for compiles a plan's kernels (once: engine/codegen/nvrtc.py caches them).
@@ -54,7 +54,7 @@ class Runner:
                 self.functions[stage.variant(width)] = module.get_function(stage.variant(width))
             self.functions[stage.summed] = module.get_function(stage.summed)
             self.params[stage.name] = fused_params(stage)
-        self.sgemm = self.active = Sgemm(cupy)    # active: the handle of the stream being issued to
+        self.sgemm = self.active = Sgemm(cupy, plan.precision)    # active: the handle of the stream issued to
         self.layer_streams: list = []              # the wavefront's streams, a handle (and workspace) each
         self.stream_sgemms: list[Sgemm] = []
         self.reduce = load_module(SPLIT_REDUCE_FILE.read_text()).get_function("splitk_reduce")
@@ -77,7 +77,8 @@ class Runner:
 
     def grad_gemm(self, layer: Layer, g: GradGemm, out) -> None:
         """A GradGemm over the layer's T x B rows, added into `out` (its members' gradients, flat, one after
-        another): weights (sum of rows x cols) += dy^T operand; biases (sum of rows) += ones^T dy."""
+        another): weights (sum of rows x cols) += dy^T operand, in the plan's mode; biases (sum of rows) += ones^T dy,
+        strict fp32 in every mode (a sum over the rows, as the reference's batch_sum: no operand rounded)."""
         sizes, rows = layer.sizes, layer.T * layer.B
         dy, ld_dy = layer.pointer(g.dy)
         width = g.rows(sizes)
@@ -87,11 +88,13 @@ class Runner:
             self.active.raw(False, True, cols, width, rows, operand, ld_operand, dy, ld_dy, out.data.ptr, cols)
         else:                           # column-major: out (width x 1) = dy^T (width x TB) @ ones (TB x 1)
             ones = self.ones(rows)
-            self.active.raw(False, False, width, 1, rows, dy, ld_dy, ones.data.ptr, rows, out.data.ptr, width)
+            self.active.raw(False, False, width, 1, rows, dy, ld_dy, ones.data.ptr, rows, out.data.ptr, width,
+                            exact=True)
 
     def column_dots(self, layer: Layer, dots: tuple, grads: dict) -> None:
         """Each ColumnDot's gradient (sum over the layer's T x B rows of a * b) added into grads[param], one launch
-        of kernels/column_dots.cu for them all."""
+        of kernels/column_dots.cu for them all: fp32 in every precision mode (an elementwise product and a sum over
+        the batch, as the reference's mul and batch_sum, not a matmul)."""
         self.launch_column_dots(layer, self.column_dots_table(layer, dots, grads))
 
     def column_dots_table(self, layer: Layer, dots: tuple, grads: dict) -> tuple:
@@ -242,8 +245,9 @@ class Runner:
 
     def fuses(self, network, B: int) -> bool:
         """Whether the network's steps of B rows run fused stages (stage_fusion.fuses; over GEMV_MAX_ROWS rows only
-        with the tiled GEMM compiled in)."""
-        return ((B <= stage_fusion.GEMV_MAX_ROWS or self.tiled)
+        with the tiled GEMM compiled in). Never in a reduced precision mode: a fused stage's GEMM (the warp GEMV or
+        the tiled GEMM of kernels/) multiplies in fp32, so the mode's GEMMs stay cuBLAS's, with its compute type."""
+        return (self.plan.precision == "float32" and (B <= stage_fusion.GEMV_MAX_ROWS or self.tiled)
                 and stage_fusion.fuses(self.stages, B, [network.layer_sizes(l) for l in range(network.num_layers)]))
 
     def launches(self, step, steps: range, forward: bool, layer: Layer) -> list[tuple]:
@@ -287,7 +291,7 @@ class Runner:
         not allocate memory)."""
         while len(self.layer_streams) < count:
             self.layer_streams.append(self.xp.cuda.Stream(non_blocking=True))
-            self.stream_sgemms.append(Sgemm(self.xp))
+            self.stream_sgemms.append(Sgemm(self.xp, self.plan.precision))
 
     def wavefront_forward(self, layers: list[Layer], chunks: list[range], items: list) -> None:
         """Items of the layers' forward wavefront (forward_wavefront), a stream a layer."""

@@ -10,6 +10,11 @@ the GPU. record() runs the forward and returns a FusedTape, whose backward() giv
 Plan (engine/autodiff/fused_planner.py) -> CUDA (fused_codegen.py) -> launches (fused_runner.py) on a layer's
 buffers (fused_layer.py), a (network, T, B)'s as a Program (fused_program.py: CUDA graphs, the wavefront), cached
 (fused_cache.py). WAVEFRONT = False runs the layers one after another instead of as a wavefront.
+
+A precision mode (record(precision=...), TrainingPlan.precision) changes the GEMMs alone: cuBLAS's compute type (the
+runner), and the operands' rounding in the after part's interpreted matmuls (engine/autodiff/step.py); every buffer,
+kernel and the rest of the math stay fp32. Fused stages (stage_fusion) then stay apart, and persistent launches
+(persistent.py, whose GEMMs multiply in fp32) are not taken.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import weakref
 
 import numpy as np
 
+from ..backends.common import check_precision
 from ..dense import compact_gradients, dense
 from ..dims import SCALAR
 from ..errors import BackendError
@@ -160,7 +166,7 @@ class FusedTape:
             runner.grad_gemm(layer, g, self.stacked_grads[l][index])
         if plan.column_dots:                              # vector parameters' (peepholes'), one launch
             runner.column_dots(layer, plan.column_dots, grads)
-        values = backward_step(graph, saved, layer.params, rows, grads, np.float32, todo)
+        values = backward_step(graph, saved, layer.params, rows, grads, np.float32, todo, plan.precision)
         for s in cell.state_names:
             d_initial[s][l] = layer.state(s, 0, adjoint=True)
         if nodes is not None:
@@ -171,18 +177,24 @@ class FusedTape:
 
 
 def record(network, params, x, initial_states: dict | None, poison: bool = False, runner=None,
-           wavefront: bool | None = None, finite=None, check_memory=None, lengths=None) -> FusedTape:
+           wavefront: bool | None = None, finite=None, check_memory=None, lengths=None,
+           precision: str | None = None) -> FusedTape:
     """The forward pass on the fused training step (fp32, the GPU; runner: fused_numpy.NumpyRunner runs the same plan
     through NumPy). wavefront: the layers' forward as a wavefront of chunks on a stream a layer (default WAVEFRONT).
     Inputs already checked by bptt.record but for finite, their FiniteCheck, asked once the forward is queued;
     check_memory, called before a new program is made (bptt.record's memory check). A cell of heads or reductions
     runs in its dense form (engine/dense.py); the gradients come back in the cell's own parameters and shapes.
     lengths: (B,) host integers, checked (engine/backends/lengths.py): the plan whose kernels hold the rows past their
-    end (engine/autodiff/fused_lengths.py; a runner given must run such a plan), the outputs there 0."""
+    end (engine/autodiff/fused_lengths.py; a runner given must run such a plan), the outputs there 0. precision: the
+    GEMMs' mode (the module's docstring; None: float32, or the mode of the runner given, whose plan holds it)."""
     source = network
     network, params = dense(network, params)
     if runner is None:
-        runner = gpu_runner(training_plan(network.cell, lengths is not None))
+        runner = gpu_runner(training_plan(network.cell, lengths is not None, precision or "float32"))
+    elif precision is not None and check_precision(precision) != runner.plan.precision:
+        raise BackendError(f"record(precision={precision!r}) was given a runner whose plan runs "
+                           f"{runner.plan.precision}; hint: make its plan with training_plan(..., "
+                           f"precision={precision!r}), or leave precision out")
     xp, cell = runner.xp, network.cell
     T, B, _ = x.shape
     program = acquire(network, runner, T, B, poison, WAVEFRONT if wavefront is None else wavefront, check_memory)

@@ -38,6 +38,7 @@ import numpy as np
 from ..c_names import ascii_identifiers, kernel_prefix
 from ..codegen.cuda import CELL_HELPERS, helper_source
 from ..codegen.wavefront import TILE_GEMM_HELPER, gemv_ksteps
+from ..errors import BackendError
 from ..schedules.base import compile_kernel
 from .fused_codegen import declare, element, gemm_loads, kernel_params, statement_body, statement_expr, store_lines, var
 from .fused_plan import GemmPlan, KernelPlan, TrainingPlan
@@ -393,8 +394,17 @@ class PersistentLaunch:
 
 def persistent_launch(runner, sizes: dict, B: int, blocks: int, forward: bool):
     """The PersistentLaunch of a layer of these sizes at B rows on at most `blocks` blocks, one direction (cached by
-    the runner), or None with PERSISTENT off or where the layer does not qualify (refusal says why)."""
+    the runner), or None with PERSISTENT off or where the layer does not qualify (refusal says why). A plan in a
+    reduced precision mode takes none: the launch's GEMMs (rnn_warp_gemvs in RNN_FP32, rnn_rows_gemm) multiply in
+    fp32, so under "auto" its layers run the fused launches with cuBLAS's compute type, and PERSISTENT = True (every
+    layer persistent) is refused by name rather than run in fp32 under the mode's name."""
     if not PERSISTENT or not hasattr(runner, "sms"):
+        return None
+    if runner.plan.precision != "float32":
+        if PERSISTENT is True:
+            raise BackendError(f"the persistent training launches multiply in fp32 and cannot run precision="
+                               f"{runner.plan.precision!r}; hint: persistent.PERSISTENT = 'auto' (the fused launches "
+                               "run the mode through cuBLAS), or precision='float32'")
         return None
     stages = {key: s for key, s in runner.stages.items() if s.forward == forward}
     try:

@@ -32,6 +32,7 @@ class Tape:
     xp: object                                 # numpy or cupy
     used: bool = False
     masks: list | None = None                  # [t]: (B, 1), 1 within each sequence, 0 past its end (lengths=)
+    precision: str = "float32"                 # the mode whose matmul rounding both passes emulate
 
     def backward(self, d_outputs=None, d_final_states: dict | None = None) -> Gradients:
         """The gradients, given the loss's gradients with respect to the outputs (T, B, output size; None: zeros)
@@ -53,8 +54,10 @@ def _initial_state(network: Network, initial_states: dict, name: str, layer: int
 
 
 def forward(network: Network, split: BackwardSplit, layer_params, x, initial_states, dtype, xp,
-            masks: list | None = None) -> Tape:
-    """masks (engine/backends/lengths.py step_masks): past a sequence's end its states stay and its outputs are 0."""
+            masks: list | None = None, precision: str = "float32") -> Tape:
+    """masks (engine/backends/lengths.py step_masks): past a sequence's end its states stay and its outputs are 0.
+    precision: a mode of engine.codegen.precision, emulated: every matmul's operands rounded to its format (the
+    reference's step), both ways (the backward's matmuls too: engine/autodiff/step.py)."""
     cell, graph = network.cell, split.graph
     T, B, _ = x.shape
     # Parameters and constants are read from layer_params and the graph; only per-step values are kept.
@@ -68,7 +71,7 @@ def forward(network: Network, split: BackwardSplit, layer_params, x, initial_sta
         out = xp.empty((T, B, network.output_size), dtype=dtype)
         steps = []
         for t in range(T):
-            next_states, values = step(cell, layer_params[layer], layer_in[t], states, dtype)
+            next_states, values = step(cell, layer_params[layer], layer_in[t], states, dtype, precision)
             steps.append({**{n: values[n] for n in per_step}, **constants})
             if masks is not None:
                 next_states = hold_past_end(next_states, states, masks[t], xp)
@@ -78,7 +81,8 @@ def forward(network: Network, split: BackwardSplit, layer_params, x, initial_sta
         finals.append(states)
         layer_in = out
     final_states = {s: xp.stack([finals[l][s] for l in range(network.num_layers)]) for s in cell.state_names}
-    return Tape(network, split, layer_params, saved, layer_in, final_states, dtype, xp, masks=masks)
+    return Tape(network, split, layer_params, saved, layer_in, final_states, dtype, xp, masks=masks,
+                precision=precision)
 
 
 def reverse(network: Network, tape: Tape, d_outputs, d_final_states: dict, dtype, xp) -> Gradients:
@@ -104,7 +108,7 @@ def reverse(network: Network, tape: Tape, d_outputs, d_final_states: dict, dtype
             incoming = {graph.output_input: d_above[t] if mask is None else d_above[t] * mask,
                         **{graph.carry_input(s): carry[s] if mask is None else carry[s] * mask for s in carry}}
             values = backward_step(graph, tape.saved[layer][t], layer_params[layer], incoming, grads[layer], dtype,
-                                   split.per_step)
+                                   split.per_step, tape.precision)
             for name in split.recorded:
                 value = values[name]
                 if name not in kept:
@@ -115,7 +119,7 @@ def reverse(network: Network, tape: Tape, d_outputs, d_final_states: dict, dtype
                 carry = {s: carry[s] + passed[s] for s in carry}
         rows = {name: value.reshape(T * B, -1) for name, value in kept.items()}           # row t * B + b
         values = backward_step(graph, _stacked(cell, tape.saved[layer], split.saved_after, B, xp),
-                               layer_params[layer], rows, grads[layer], dtype, split.after)
+                               layer_params[layer], rows, grads[layer], dtype, split.after, tape.precision)
         d_in = (values[graph.input_adjoint].reshape(T, B, -1) if graph.input_adjoint is not None
                 else xp.zeros((T, B, network.layer_input_size(layer)), dtype=dtype))
         tape.saved[layer] = []                      # no layer below reads them: free the memory as we go

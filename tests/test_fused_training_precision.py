@@ -1,0 +1,198 @@
+"""The fused training step in the precision modes tf32, float16 and bfloat16 (engine/codegen/precision.py), on the CPU.
+
+The mode's definition: every operand of every matmul of both passes rounded to its format, products summed in fp32,
+everything else fp32. The NumPy runner (engine/autodiff/fused_numpy.py) runs the plan that way; the reference
+(bptt(..., precision=mode)) emulates it op by op. Run in float32 too, the reference rounds the same values, so the two
+agree to fp32's reordering (EMULATED_TOLERANCE), much more closely than either agrees with the strict float64 reference
+(MODE_BOUND: the mode's own error). On the GPU (tests/gpu/test_fused_training_precision_gpu.py) cuBLAS's compute type
+does the rounding; here a stand-in library records which entry point and compute type each GEMM calls.
+"""
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import engine
+from engine.autodiff import bptt, fused_tape, persistent
+from engine.autodiff.cublas import COMPUTE_TYPES, Sgemm
+from engine.autodiff.fused_numpy import NumpyRunner
+from engine.autodiff.fused_planner import training_plan
+from engine.dense import dense_form
+from engine.errors import BackendError
+
+MODES = ("tf32", "float16", "bfloat16")
+REDUCED_OK = sorted(n for n, p in engine.presets().items() if not dense_form(p.cell).fixed)
+EMULATED_TOLERANCE = 1e-4      # norm-relative, against the float32 reference emulating the mode (measured <= 4.3e-5)
+UNEXPLAINED = 0.1              # the share of the mode's divergence from float64 the emulation may leave (measured 0.08)
+MODE_BOUND = {"tf32": 2e-3, "float16": 2e-3, "bfloat16": 1.5e-2}   # against float64 (measured 5e-4, 5e-4, 5e-3)
+FLOOR = 1e-2
+
+
+def relative(got, want) -> float:
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), FLOOR * np.sqrt(want.size)))
+
+
+def gradient_errors(got, want, network) -> dict:
+    errors = {"outputs": relative(got.outputs, want.outputs), "x": relative(got.x, want.x)}
+    for s in network.cell.state_names:
+        errors[f"initial {s}"] = relative(got.initial_states[s], want.initial_states[s])
+    for layer in range(network.num_layers):
+        for p, value in want.params[layer].items():
+            errors[f"layer {layer} {p}"] = relative(got.params[layer][p], value)
+    return errors
+
+
+def case(cell, seed=3, layers=2, I=16, H=16, T=6, B=4):
+    H = cell.fit_size(H)
+    if cell.input_is_hidden:
+        I = H
+    network = engine.Network(cell, I, H, layers, proj_size=8 if cell.uses_projection else None)
+    rng = np.random.default_rng(seed)
+    return (network, engine.init_params(network, seed=seed), rng.standard_normal((T, B, I)),
+            {s: rng.uniform(-0.8, 0.8, (layers, B, network.state_size(s))) for s in cell.state_names},
+            rng.standard_normal((T, B, network.output_size)),
+            {s: rng.standard_normal((layers, B, network.state_size(s))) for s in cell.state_names})
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", REDUCED_OK)
+def test_every_presets_plan_in_each_mode_equals_its_emulation(name, mode):
+    cell = engine.preset(name).cell
+    network, params, x, initial, d_out, d_final = case(cell)
+    emulated = bptt(network, params, x, initial, d_out, d_final, dtype=np.float32, precision=mode)
+    strict = bptt(network, params, x, initial, d_out, d_final)
+    tape = fused_tape.record(network, params, x.astype(np.float32), initial, poison=True,
+                             runner=NumpyRunner(training_plan(cell, precision=mode)))
+    got = tape.backward(d_out.astype(np.float32), d_final)
+    near, far = gradient_errors(got, emulated, network), gradient_errors(got, strict, network)
+    worst = max(near, key=near.get)
+    assert near[worst] < EMULATED_TOLERANCE, (worst, near[worst])
+    assert max(far.values()) < MODE_BOUND[mode], max(far.items(), key=lambda kv: kv[1])
+    assert max(far.values()) > 0, "bit-equal to float64: the mode rounds nothing"
+    assert near[worst] <= UNEXPLAINED * max(far.values()), (near[worst], max(far.values()))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_float64_reference_in_a_mode_stays_within_its_bound(mode):
+    """The emulation in float64 (the GPU tests' yardstick) against strict float64: the mode's own error, not more."""
+    network, params, x, initial, d_out, d_final = case(engine.preset("lstm").cell)
+    emulated = bptt(network, params, x, initial, d_out, d_final, precision=mode)
+    strict = bptt(network, params, x, initial, d_out, d_final)
+    errors = gradient_errors(emulated, strict, network)
+    assert 0 < max(errors.values()) < MODE_BOUND[mode]
+
+
+def test_a_wavefront_and_a_single_layer_run_the_mode_too():
+    """One layer runs the layer-by-layer backward, whose input adjoint the interpreter computes: it rounds as well."""
+    cell = engine.preset("gru").cell
+    for layers, wavefront in ((1, None), (3, False)):
+        network, params, x, initial, d_out, d_final = case(cell, layers=layers)
+        emulated = bptt(network, params, x, initial, d_out, d_final, dtype=np.float32, precision="bf16")
+        tape = fused_tape.record(network, params, x.astype(np.float32), initial, poison=True, wavefront=wavefront,
+                                 runner=NumpyRunner(training_plan(cell, precision="bf16")))
+        errors = gradient_errors(tape.backward(d_out.astype(np.float32), d_final), emulated, network)
+        assert max(errors.values()) < EMULATED_TOLERANCE, (layers, max(errors.items(), key=lambda kv: kv[1]))
+
+
+def test_the_plan_cache_key_holds_the_mode():
+    cell = engine.preset("lstm").cell
+    strict, bf16 = training_plan(cell), training_plan(cell, precision="bf16")
+    assert strict.precision == "float32" and bf16.precision == "bfloat16"
+    assert bf16 is training_plan(cell, False, "bfloat16") and bf16 is not strict
+    assert training_plan(cell, True, "fp16").precision == "float16" and training_plan(cell, True, "fp16").lengths
+    assert bf16.forward == strict.forward and bf16.backward == strict.backward     # the same kernels and GEMMs
+
+
+def test_unknown_modes_and_cells_of_reductions_are_refused_by_name():
+    cell = engine.preset("lstm").cell
+    network, params, x, *_ = case(cell, layers=1)
+    with pytest.raises(BackendError, match="argument 'precision' is 'fp8'"):
+        training_plan(cell, precision="fp8")
+    with pytest.raises(BackendError, match="argument 'precision' is 'fp8'"):
+        bptt(network, params, x, precision="fp8")
+    with pytest.raises(BackendError, match=r"backend='naive'\) computes in float32 or float64 only"):
+        bptt(network, params, x, precision="bf16", backend="naive")
+    with pytest.raises(BackendError, match="reduction mean_h as a matmul"):
+        training_plan(engine.preset("ln_lstm").cell, precision="tf32")
+    training_plan(engine.preset("ln_lstm").cell)                  # float32 plans it as before
+    with pytest.raises(BackendError, match="whose plan runs float32"):
+        fused_tape.record(network, params, x.astype(np.float32), None, runner=NumpyRunner(training_plan(cell)),
+                          precision="bf16")
+
+
+def test_reduced_modes_take_no_fused_stage_and_no_persistent_launch(monkeypatch):
+    """Those launches multiply in fp32: the mode's GEMMs stay cuBLAS's; PERSISTENT = True is refused by name."""
+    cell = engine.preset("gru_cho").cell
+    network = engine.Network(cell, 8, 8, 1)
+    assert NumpyRunner(training_plan(cell)).fuses(network, 1)
+    assert not NumpyRunner(training_plan(cell, precision="bf16")).fuses(network, 1)
+    plan = training_plan(cell, precision="bf16")
+    runner = SimpleNamespace(plan=plan, sms=132, stages={})
+    assert persistent.persistent_launch(runner, network.layer_sizes(0), 4, 132, True) is None     # "auto"
+    monkeypatch.setattr(persistent, "PERSISTENT", True)
+    with pytest.raises(BackendError, match="persistent training launches multiply in fp32"):
+        persistent.persistent_launch(runner, network.layer_sizes(0), 4, 132, True)
+
+
+# ---- which cuBLAS entry point each GEMM calls (engine/autodiff/cublas.py) -------------------------------------------
+
+class FakeCublas:
+    """Stands in for libcublas: every entry point returns 0 (success) and records (name, compute type or None)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def entry(*args):
+            if name.startswith("cublasGemm"):
+                self.calls.append((name, args[-2]))               # ..., computeType, algo
+            elif name.startswith("cublasSgemm"):
+                self.calls.append((name, None))
+            return 0
+        self.__dict__[name] = entry
+        return entry
+
+
+class FakeCupy:
+    uint8 = np.uint8
+
+    @staticmethod
+    def empty(size, dtype):
+        return SimpleNamespace(data=SimpleNamespace(ptr=0))
+
+
+def issue_every_kind(precision: str) -> list:
+    lib = FakeCublas()
+    gemm = Sgemm(FakeCupy, precision, lib=lib)
+    gemm(1, 8, 2, 8, 3, 8, 4, 8, 8, w_transposed=True, accumulate=False)       # a step / hoisted GEMM
+    gemm.raw(False, True, 8, 8, 64, 1, 8, 2, 8, 3, 8)                          # a weight gradient
+    gemm.raw(False, False, 8, 1, 64, 1, 8, 2, 64, 3, 8, exact=True)            # a bias gradient (a sum)
+    gemm.split(1, 8, 2, 8, 3, 4, 8, 64, 4, w_transposed=False)                 # split K
+    return lib.calls
+
+
+def test_strict_float32_calls_sgemm_as_before():
+    assert issue_every_kind("float32") == [("cublasSgemm_v2", None)] * 3 + [("cublasSgemmStridedBatched", None)]
+
+
+@pytest.mark.parametrize("mode, compute", [("tf32", 77), ("fp16", 74), ("bf16", 75)])
+def test_reduced_modes_call_gemm_ex_with_the_modes_compute_type(mode, compute):
+    """CUBLAS_COMPUTE_32F_FAST_TF32 = 77, _FAST_16F = 74, _FAST_16BF = 75 (cublas_api.h); a bias's sum stays sgemm."""
+    assert issue_every_kind(mode) == [("cublasGemmEx", compute)] * 2 + [("cublasSgemm_v2", None),
+                                                                         ("cublasGemmStridedBatchedEx", compute)]
+    assert COMPUTE_TYPES == {"tf32": 77, "float16": 74, "bfloat16": 75}
+
+
+def test_gemm_ex_passes_fp32_buffers_and_the_default_algorithm():
+    lib = FakeCublas()
+    seen = []
+    lib.cublasGemmEx = lambda *args: seen.append(args) or 0
+    Sgemm(FakeCupy, "bf16", lib=lib)(1, 8, 2, 8, 3, 8, 4, 8, 8, w_transposed=True, accumulate=True)
+    args = seen[0]
+    assert len(args) == 19 and (args[8], args[11], args[15]) == (0, 0, 0)      # CUDA_R_32F A, B and C
+    assert args[-2:] == (75, -1)                                              # FAST_16BF, CUBLAS_GEMM_DEFAULT
+    assert ctypes.cast(args[13], ctypes.POINTER(ctypes.c_float)).contents.value == 1.0    # beta = 1: accumulate

@@ -12,7 +12,7 @@ import numpy as np
 from . import backends
 from .autodiff import bptt as step_bptt
 from .autodiff.checks import check_dtype, check_network
-from .backends.common import check_finite, check_inputs
+from .backends.common import check_finite, check_inputs, check_precision
 from .backends.lengths import BPTT_BACKENDS, only_on
 from .bench import run_bench
 from .errors import BackendError
@@ -49,16 +49,20 @@ def bench(presets, configs=None, **options):
 
 
 def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None, d_final_states: dict | None = None,
-         dtype=np.float64, backend: str = "reference", lengths=None):
+         dtype=np.float64, backend: str = "reference", lengths=None, precision: str = "float32"):
     """engine.autodiff.bptt (backend "reference", "naive" or "fused": step by step), or backend="scan" for a cell
     whose recurrence is linear (engine/passes/scan.py): the gradients as scans over the whole sequence
     (engine/schedules/scan_grad.py) on the GPU, CuPy arrays out. A d_outputs given as a function of the outputs
-    costs the scan one forward pass more."""
+    costs the scan one forward pass more. precision: "tf32", "float16" or "bfloat16" rounds every matmul operand of
+    both passes to that format ("fused" runs it, "reference" emulates it; engine/autodiff/bptt.py)."""
     if not (isinstance(backend, str) and backend == "scan"):
         return step_bptt(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, backend=backend,
-                         lengths=lengths)
+                         lengths=lengths, precision=precision)
     if lengths is not None:
         raise only_on("scan", "bptt", takes=BPTT_BACKENDS)
+    if check_precision(precision) != "float32":
+        raise BackendError(f"bptt(backend='scan') computes in float32 or float64 only, not precision={precision!r}; "
+                           "hint: backend='fused' runs the mode on the GPU, backend='reference' emulates it")
     network, dtype = check_network(network), check_dtype(dtype)
     ok, why = backends.gpu_status()
     if not ok:

@@ -14,6 +14,11 @@ and the backward pass (engine.autodiff: record, then Tape.backward) run on the G
 reference. All are checked against the engine's own float64 gradients, and fp32 against torch's LSTM and GRU.
 `last_backend` says which one the last forward pass ran on.
 
+precision="tf32", "bfloat16" or "float16" (bf16, fp16 too) trains in that mode: the parameters, inputs, states and
+gradients stay fp32 tensors (fp32 master weights), and every matmul of both passes rounds its operands to the mode's
+format and sums in fp32 (engine/codegen/precision.py): on CUDA the fused step's GEMMs on tensor cores, on the CPU the
+reference's emulation. A float64 module is the reference path and takes float32 precision only.
+
 torch is imported here only: the rest of the engine does not need it.
 """
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import numpy as np
 
 from .autodiff import record
+from .backends.common import check_precision
 from .errors import BackendError
 from .ir import CellGraph
 from .network import Network
@@ -38,11 +44,16 @@ class CellRNN(torch.nn.Module):
     """num_layers stacked layers of `cell`, over (T, B, input_size) sequences (time first, as nn.LSTM's default)."""
 
     def __init__(self, cell: CellGraph, input_size: int, hidden_size: int, num_layers: int = 1, *,
-                 proj_size: int | None = None, seed: int = 0, dtype=torch.float32):
+                 proj_size: int | None = None, seed: int = 0, dtype=torch.float32, precision: str = "float32"):
         super().__init__()
         if not isinstance(cell, CellGraph):
             raise BackendError(f"CellRNN needs a CellGraph, got {type(cell).__name__}; hint: engine.preset('lstm').cell "
                                "or a @cell design")
+        self.precision = check_precision(precision)
+        if self.precision != "float32" and dtype != torch.float32:
+            raise BackendError(f"CellRNN(precision={precision!r}) keeps float32 parameters (fp32 master weights), got "
+                               f"dtype={dtype}; hint: dtype=torch.float32 (float64 is the reference path, in "
+                               "precision='float32')")
         self.network = Network(cell, input_size, hidden_size, num_layers, proj_size)
         self.names = [[p.name for p in cell.params] for _ in range(num_layers)]
         self.last_backend: str | None = None      # "fused", "naive" or "reference": what the last forward ran on
@@ -122,8 +133,11 @@ class _CellFunction(torch.autograd.Function):
             # CUDA fp32: the generated training step; CUDA fp64: the CuPy interpreter; CPU: the NumPy reference
             backend = ("fused" if dtype == np.float32 else "naive") if x.is_cuda else "reference"
             module.last_backend = backend
+            if module.precision != "float32" and dtype != np.float32:
+                raise BackendError(f"CellRNN(precision={module.precision!r}) runs float32 tensors, got {x.dtype}; "
+                                   "hint: .float() the module and its input")
             tape = record(network, Params(layers), _array(x), {s: _array(v) for s, v in zip(names, states)},
-                          dtype=dtype, backend=backend, lengths=lengths)
+                          dtype=dtype, backend=backend, lengths=lengths, precision=module.precision)
             ctx.tape, ctx.names, ctx.shapes = tape, names, [tuple(p.shape) for p in params]
             return (_tensor(tape.outputs, x), *(_tensor(tape.final_states[s], x) for s in names))
 

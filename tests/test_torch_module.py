@@ -97,3 +97,26 @@ def test_bad_inputs_are_refused_by_name():
         rnn(torch.zeros(5, 2, 3, dtype=torch.float64))
     with pytest.raises(engine.BackendError, match="not states"):
         rnn(torch.zeros(5, 2, 3), {"c": torch.zeros(1, 2, 4)})
+
+
+def test_a_precision_mode_is_checked_and_runs_the_emulation_on_the_cpu():
+    """precision= takes the modes by name (short names too), fp32 parameters only; on the CPU the reference emulates
+    the mode (its gradients are engine.bptt's with the same precision, in float32)."""
+    cell = engine.preset("lstm").cell
+    with pytest.raises(engine.BackendError, match="argument 'precision' is 'fp8'"):
+        CellRNN(cell, 3, 4, precision="fp8")
+    with pytest.raises(engine.BackendError, match="keeps float32 parameters"):
+        CellRNN(cell, 3, 4, precision="bf16", dtype=torch.float64)
+    rnn = CellRNN(cell, 3, 4, num_layers=2, seed=1, precision="bf16")
+    assert rnn.precision == "bfloat16"
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((5, 2, 3)).astype(np.float32)).requires_grad_()
+    out, _ = rnn(x)
+    out.sum().backward()
+    want = engine.bptt(rnn.network, rnn.engine_params(), x.detach().numpy(), d_outputs=np.ones((5, 2, 4)),
+                       dtype=np.float32, precision="bfloat16")
+    assert np.allclose(x.grad.numpy(), want.x, rtol=0, atol=1e-6)
+    strict = engine.bptt(rnn.network, rnn.engine_params(), x.detach().numpy(), d_outputs=np.ones((5, 2, 4)),
+                         dtype=np.float32)
+    assert not np.allclose(x.grad.numpy(), strict.x, rtol=0, atol=1e-6)      # the mode rounded something
+    with pytest.raises(engine.BackendError, match="runs float32 tensors"):
+        rnn.double()(x.detach().double())

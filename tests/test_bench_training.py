@@ -73,3 +73,37 @@ def test_the_training_products_are_three_times_the_forwards_matmuls_where_nothin
     assert fgr["step_forward"][0] == [(B, 4 * H, 4 * H)] and fgr["step_backward"][0] == [(B, 4 * H, 4 * H)]
     recurrent = sum(M * N for M, N, K in fgr["gradients"][0] if N > 1 and M == H)     # the W_x gradient has M = I = 5
     assert recurrent == 13 * H * H          # R_{z,i,f,o} h, and R_{i,f,o} of i, f, o: 13 of the grid's 16 blocks
+
+
+def test_the_reduced_precision_rows_and_their_reasons_without_a_gpu():
+    from engine.bench.training import training_implementations
+    names = ["cudnn-tf32", "fused-tf32", "cudnn-bf16", "fused-bf16", "cudnn-fp16", "fused-fp16"]
+    impls = training_implementations(names, "cpu")
+    assert [i.name for i in impls] == ["cudnn-tf32", "engine-fused-tf32", "cudnn-bf16", "engine-fused-bf16",
+                                       "cudnn-fp16", "engine-fused-fp16"]
+    assert all(i.tolerance is None for i in impls)            # a mode's error is reported, not held to TOLERANCE
+    assert [i.name for i in training_implementations(["cudnn-fp32", "fused"], "cpu")] == ["cudnn-fp32", "engine-fused"]
+    results = bench_training(["lstm"], ["3,4,1,3,2"], implementations=names, reps=2, device="cpu")
+    rows = {r["name"]: r for r in results["cells"][0]["implementations"]}
+    assert {r["status"] for r in rows.values()} == {"unavailable"}
+    assert rows["cudnn-bf16"]["reason"] == "cuDNN runs on a CUDA GPU"
+    assert rows["engine-fused-bf16"]["reason"] == "engine-fused-bf16 runs on the GPU only"
+    assert "fp32, TF32 off" == results["settings"]["precision"]          # the fp32 rows' statement, unchanged
+
+
+class PoisonedGradient(EngineTrain):
+    def step(self, k):
+        dx, params = super().step(k)
+        return dx * np.float32(np.nan), params
+
+
+def test_a_reduced_mode_row_reports_its_error_and_is_not_timed_where_not_finite():
+    """The reference's emulation of bf16 stands in for the GPU's row: its error is the mode's (about 1e-3 against
+    float64, over the fp32 rows' 1e-3 tolerance), reported and timed; a NaN gradient is "wrong" and not timed."""
+    results = bench_training(["lstm"], ["3,8,2,6,4"], implementations=[EngineTrain("reference", "bf16"),
+                                                                       PoisonedGradient("reference", "bf16")],
+                             reps=2, device="cpu")
+    ok, poisoned = results["cells"][0]["implementations"]
+    assert ok["name"] == "engine-reference-bf16" and ok["status"] == "ok" and ok["median_ms"] > 0
+    assert 1e-5 < ok["error"]["params_max"] < 5e-2 and ok["error"]["tolerance"] is None
+    assert poisoned["status"] == "wrong" and "median_ms" not in poisoned and "NaN or Inf" in poisoned["reason"]

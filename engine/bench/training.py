@@ -14,6 +14,14 @@ timed steps after warm-up. Rows:
   generated kernels a step, the weight gradients as one GEMM over every step, fp32;
 - engine-naive: engine.autodiff.record + Tape.backward through CuPy (bptt backend "naive"), fp32;
 - engine-reference (CPU tests of the harness only): the same on the NumPy reference.
+Reduced precision (engine/codegen/precision.py), a pair of rows a mode:
+- cudnn-tf32: the same fp32 module with torch's TF32 switches on; cudnn-bf16, cudnn-fp16: the module, its inputs and
+  the loss's w in that dtype (no autocast: cuDNN's own bf16 / fp16 RNN);
+- engine-fused-tf32, -bf16, -fp16: the fused step with precision=<mode> (fp32 buffers and master weights, the GEMMs'
+  operands rounded to the mode on tensor cores, fp32 accumulation).
+Their gradient error against float64 is reported as the fp32 rows' is, with no tolerance (the mode's error is the
+measurement): such a row is "wrong" and not timed only where a gradient is NaN or Inf. speedup_vs_cudnn_same_mode
+compares it with the cuDNN row of its mode.
 """
 from __future__ import annotations
 
@@ -41,6 +49,7 @@ from .timing import TIMERS, time_runs
 
 SCHEMA = "cellforge/train-bench"
 TOLERANCE = 1e-3                 # norm-relative error of a gradient against float64; fp32 runs land near 1e-6
+REDUCED = ("tf32", "bf16", "fp16")   # the reduced modes' short names (engine/codegen/precision.py), a row pair each
 
 
 @dataclass
@@ -62,10 +71,13 @@ def _grad_list(network: Network, layers) -> list:
 
 
 class EngineTrain:
-    """The engine's record + backward, fp32: "fused" or "naive" (the GPU), or "reference" (NumPy, CPU tests)."""
+    """The engine's record + backward, fp32: "fused" or "naive" (the GPU), or "reference" (NumPy, CPU tests); the
+    fused step in a reduced mode too (precision: a short name of REDUCED)."""
 
-    def __init__(self, backend: str = "naive"):
-        self.backend, self.name = backend, f"engine-{backend}"
+    def __init__(self, backend: str = "naive", precision: str = "fp32"):
+        self.backend, self.precision = backend, precision
+        self.name = f"engine-{backend}" + ("" if precision == "fp32" else f"-{precision}")
+        self.tolerance = TOLERANCE if precision == "fp32" else None
         self.gpu = backend != "reference"
         self.timer = "cupy" if self.gpu else "wall"
 
@@ -85,8 +97,8 @@ class EngineTrain:
     def step(self, k: int):
         """One training step on input buffer k: (d x, the parameters' gradients in the cell's order)."""
         case = self.case
-        grads = record(case.network, self.params, case.inputs[k], dtype=np.float32,
-                       backend=self.backend).backward(case.weights)
+        grads = record(case.network, self.params, case.inputs[k], dtype=np.float32, backend=self.backend,
+                       precision=self.precision).backward(case.weights)
         return grads.x, _grad_list(case.network, grads.params)
 
     def teardown(self) -> None:
@@ -94,9 +106,14 @@ class EngineTrain:
 
 
 class CudnnTrain:
-    """torch.nn.LSTM / GRU / RNN in fp32 with TF32 off, forward and autograd backward."""
+    """torch.nn.LSTM / GRU / RNN in fp32 with TF32 off, forward and autograd backward; or in a reduced mode
+    (precision: "tf32", the TF32 switches on; "bf16" / "fp16", the module, inputs and w in that dtype)."""
 
-    name, timer = "cudnn-fp32", "torch"
+    timer = "torch"
+
+    def __init__(self, precision: str = "fp32"):
+        self.precision, self.name = precision, f"cudnn-{precision}"
+        self.tolerance = TOLERANCE if precision == "fp32" else None
 
     def unavailable_reason(self, case: TrainCase) -> str | None:
         if case.device != "cuda":
@@ -112,7 +129,11 @@ class CudnnTrain:
         return None
 
     def context(self):
-        return tf32_flags(False)
+        return tf32_flags(self.precision == "tf32")
+
+    def torch_dtype(self):
+        import torch  # deferred: torch is optional (the cuDNN and torch baselines)
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision, torch.float32)
 
     def setup(self, case: TrainCase) -> None:
         import torch  # deferred: torch is optional (the cuDNN and torch baselines)
@@ -122,10 +143,11 @@ class CudnnTrain:
                                                   **kwargs)
         state = to_torch_state_dict(network, case.params, layout)
         module.load_state_dict({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in state.items()})
-        self.module = module.cuda()
+        dtype = self.torch_dtype()
+        self.module = module.cuda().to(dtype)
         self.module.flatten_parameters()
-        self.inputs = [torch.from_dlpack(x) for x in case.inputs]
-        self.weights = torch.from_dlpack(case.weights)
+        self.inputs = [torch.from_dlpack(x).to(dtype) for x in case.inputs]
+        self.weights = torch.from_dlpack(case.weights).to(dtype)
         self.case, self.layout, self.to_engine = case, layout, from_torch_state_dict
 
     def step(self, k: int):
@@ -175,10 +197,13 @@ def _check_and_time(impl, case: TrainCase, reference: tuple, entry: dict, *, rep
     value = impl.step(0)
     dx, params = impl.gradients(value) if hasattr(impl, "gradients") else value
     errors = [relative(dx, reference[0])] + [relative(g, r) for g, r in zip(params, reference[1])]
-    entry["error"] = {"x": errors[0], "params_max": max(errors[1:], default=0.0), "tolerance": TOLERANCE}
-    if not all(np.isfinite(errors)) or max(errors) > TOLERANCE:
+    tolerance = getattr(impl, "tolerance", TOLERANCE)      # None: a reduced mode's row, whose error is reported
+    entry["error"] = {"x": errors[0], "params_max": max(errors[1:], default=0.0), "tolerance": tolerance}
+    if not all(np.isfinite(errors)):
+        return {**entry, "status": "wrong", "reason": "a gradient is NaN or Inf"}
+    if tolerance is not None and max(errors) > tolerance:
         return {**entry, "status": "wrong",
-                "reason": f"gradients differ from the float64 reference by {max(errors):.3g} (> {TOLERANCE})"}
+                "reason": f"gradients differ from the float64 reference by {max(errors):.3g} (> {tolerance})"}
     timing = time_runs(lambda k: impl.step(k), TIMERS[impl.timer], buffers=len(case.inputs), warmup=warmup, reps=reps)
     return {**entry, **timing.to_dict()}
 
@@ -204,14 +229,25 @@ def reference_gradients(case: TrainCase) -> tuple:
 
 TRAIN_IMPLS = {"cudnn-fp32": CudnnTrain, "engine-fused": lambda: EngineTrain("fused"),
                "engine-naive": lambda: EngineTrain("naive"), "engine-reference": lambda: EngineTrain("reference")}
+for _mode in REDUCED:
+    TRAIN_IMPLS[f"cudnn-{_mode}"] = lambda mode=_mode: CudnnTrain(mode)
+    TRAIN_IMPLS[f"engine-fused-{_mode}"] = lambda mode=_mode: EngineTrain("fused", mode)
+
+
+def _mode_of(name: str) -> str:
+    """The precision mode a row's name ends in (fp32 where none)."""
+    tail = name.rsplit("-", 1)[-1]
+    return tail if tail in REDUCED else "fp32"
 
 
 def training_implementations(chosen, device: str) -> list:
     """The rows: `chosen` implementations or their names (e.g. "cudnn-fp32", "fused"), else every one the device
     runs. BackendError naming an unknown one."""
     if not chosen:
-        return ([CudnnTrain(), EngineTrain("fused"), EngineTrain("naive")] if device == "cuda"
-                else [EngineTrain("reference")])
+        if device != "cuda":
+            return [EngineTrain("reference")]
+        return [CudnnTrain(), EngineTrain("fused"), EngineTrain("naive")] + [
+            impl for mode in REDUCED for impl in (CudnnTrain(mode), EngineTrain("fused", mode))]
     impls = []
     for item in chosen:
         if not isinstance(item, str):
@@ -243,7 +279,10 @@ def bench_training(presets=("lstm",), configs=None, *, implementations=None, rep
     impls = training_implementations(implementations, device)
     results = {"schema": SCHEMA, "created": datetime.now(timezone.utc).isoformat(), "environment": env,
                "settings": {"reps": reps, "warmup": warmup, "seed": seed, "loss": "sum(outputs * w), w random normal",
-                            "precision": "fp32, TF32 off", "tolerance": TOLERANCE}, "cells": []}
+                            "precision": "fp32, TF32 off", "tolerance": TOLERANCE,
+                            "reduced_precision": "rows -tf32, -bf16, -fp16: cuDNN in that mode (TF32 switches on; "
+                                                 "module and inputs in bf16 / fp16), the fused step with precision="
+                                                 "<mode>; error reported, not held to the tolerance"}, "cells": []}
     for value in presets:
         preset = get_preset(value) if isinstance(value, str) else (value if isinstance(value, Preset) else None)
         cell = preset.cell if preset is not None else value
@@ -256,6 +295,10 @@ def bench_training(presets=("lstm",), configs=None, *, implementations=None, rep
             for r in rows:
                 if base and r.get("median_ms"):
                     r["speedup_vs_cudnn_fp32"] = base / r["median_ms"]
+                same = next((c.get("median_ms") for c in rows if c["name"] == f"cudnn-{_mode_of(r['name'])}"
+                             and c["status"] == "ok"), None) if _mode_of(r["name"]) in REDUCED else None
+                if same and r.get("median_ms"):
+                    r["speedup_vs_cudnn_same_mode"] = same / r["median_ms"]
             results["cells"].append({"preset": cell.name, "config": config.name,
                                      "sizes": [config.input_size, config.hidden_size, config.num_layers,
                                                config.steps, config.batch],
@@ -277,11 +320,13 @@ def training_table(results: dict) -> str:
             if r is None or r["status"] != "ok":
                 cells.append(r["status"] if r else "-")
             else:
-                ratio = r.get("speedup_vs_cudnn_fp32")
-                cells.append(f"{r['median_ms']:.3g}" + (f" ({ratio:.3f}x)" if ratio else ""))
+                ratio, same = r.get("speedup_vs_cudnn_fp32"), r.get("speedup_vs_cudnn_same_mode")
+                cells.append(f"{r['median_ms']:.3g}" + (f" ({ratio:.3f}x)" if ratio else "")
+                             + (f" [{same:.3f}x]" if same else ""))
         lines.append(f"| {c['preset']} | {c['config']} | {','.join(map(str, c['sizes']))} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + ("\n\nMedian ms of a training step (forward + backward of sum(outputs * w)), fp32, TF32 "
-                               "off; (Nx) = cuDNN fp32's time / this one.")
+                               "off; (Nx) = cuDNN fp32's time / this one. Rows -tf32, -bf16, -fp16: that mode; "
+                               "[Nx] = cuDNN's time in the same mode / this one.")
 
 
 # ---- saved results (the app's Benchmarks page reads them) --------------------------------------------------------
@@ -310,6 +355,7 @@ def training_rows(results: dict) -> list[dict]:
                          "I,H,L,T,B": ",".join(map(str, c.get("sizes", []))), "implementation": r.get("name"),
                          "status": r.get("status"), "median ms": r.get("median_ms"),
                          "speedup vs cuDNN fp32": r.get("speedup_vs_cudnn_fp32"),
+                         "speedup vs cuDNN same mode": r.get("speedup_vs_cudnn_same_mode"),
                          "max gradient error": max([v for k, v in error.items() if k != "tolerance"
                                                     and isinstance(v, (int, float))], default=None),
                          "reason": r.get("reason")})

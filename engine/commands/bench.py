@@ -27,7 +27,8 @@ def add_parser(subparsers) -> None:
                              "the preset's cell in 4 layers, max-pool over time, 4 more); default: every anchor")
     parser.add_argument("--impl", action="append", metavar="NAME",
                         help="only these implementations, repeatable (e.g. fused, graph, persistent, auto, cudnn-fp32, "
-                             "torch-compile; with --train: cudnn-fp32, fused, naive)")
+                             "torch-compile; with --train: cudnn-fp32, fused, naive, and per mode tf32, bf16, fp16: "
+                             "cudnn-bf16, fused-bf16, ...)")
     parser.add_argument("--quick", action="store_true",
                         help="20 repetitions, 3 warm-ups, 3 input buffers, 60 s of compile budget (else 50, 5, 4, 300 s)")
     parser.add_argument("--reps", type=int_flag(1, 10**6), help="timed repetitions (at least 20)")
@@ -43,7 +44,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-configs", action="store_true", help="print the anchor configurations and exit")
     parser.add_argument("--train", action="store_true",
-                        help="time a training step (forward + backward, fp32, TF32 off) of the engine against cuDNN's "
+                        help="time a training step (forward + backward, fp32, TF32 off; and rows in tf32, bf16 and "
+                             "fp16, their error against float64 reported) of the engine against cuDNN's "
                              "instead, each checked against float64 gradients first (engine/bench/training.py; "
                              "default configuration blogB, 5 repetitions)")
     parser.set_defaults(func=main)

@@ -12,7 +12,7 @@ import logging
 
 import numpy as np
 
-from . import backends
+from . import backends, kept
 from .arguments import float_dtype, shown
 from .backends import reference
 from .backends.common import FiniteCheck, RunResult, check_float32_only, check_inputs, check_precision
@@ -34,7 +34,8 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     'auto' runs the autotuned schedule when CuPy sees a GPU (engine.schedules.autotune: it times the
     candidates once per cell, sizes, precision and device, and caches the choice on disk) and the NumPy
     reference otherwise; the choice and its reason are logged and recorded in
-    result.info["backend_reason"].
+    result.info["backend_reason"]. The program it prepares is kept for the next call with the same choice and
+    equal parameters (engine/kept.py), so a loop over engine.run prepares once.
 
     precision: "float32" (strict, the default), "tf32", "float16" or "bfloat16" (engine.codegen.precision:
     matmul operands rounded to that format, fp32 accumulation, cell math and states). The schedules run
@@ -78,10 +79,15 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
                                lengths=lengths is not None)
         name, reason = choice.schedule, f"{reason}: {choice.why}"
         log.info(reason)
-        program = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), network, params,
-                                   precision=precision)
+        key = (choice.key, choice.schedule, repr(choice.config))
+        entry = kept.PROGRAMS.take(key, params)          # the program a call before prepared (engine/kept.py)
+        if entry is None:
+            entry = kept.Kept(autotune.prepare(autotune.Candidate(choice.schedule, choice.config), network, params,
+                                               precision=precision), kept.parameter_copy(params))
+        program = entry.program
         result = program.run(x, initial_states) if lengths is None else program.run(x, initial_states,
                                                                                      lengths=lengths)
+        kept.PROGRAMS.put(key, entry)
     else:
         if backend == "auto":
             log.warning(reason)

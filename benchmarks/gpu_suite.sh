@@ -22,7 +22,10 @@
 #      cuDNN (probe_schedules.py --sync layer) and its phase profile at blogB;
 #   9. phases (only when named): phase_profile.py of the cases #8 still has open (GRU and GRU-Cho at blogB, MGU
 #      and GRU-Cho at lat, LSTM at large), so the next change starts from where the time goes;
-#  10. the markdown tables, last.
+#  10. lengths (only when named): benchmarks/lengths_bench.py, what lengths= costs at blogB;
+#  11. train (only when named): `python -m engine bench --train` at mid and blogB, every mode's rows (fp32 with
+#      TF32 off, tf32, bf16, fp16) against cuDNN in the same mode, each with its gradient error against float64;
+#  12. the markdown tables, last.
 # STAGES="tests sanitize bench precision" (default: all but the optional ones) picks stages, so the suite can be split
 # over two calls of under 10 minutes each on an H100. A failing stage does not stop the next one.
 set -uo pipefail
@@ -144,6 +147,21 @@ if [[ " $STAGES " == *" phases "* ]]; then
   done
 fi
 
+lengths_rc=skipped
+if [[ " $STAGES " == *" lengths "* ]]; then
+  section "what lengths= costs (blogB, LSTM, lengths in [T/2, T])"
+  timeout 150 "$PY" benchmarks/lengths_bench.py --out "$OUT/lengths.json" 2>&1 | tee "$OUT/lengths.log" | tail -8
+  lengths_rc=${PIPESTATUS[0]}
+fi
+
+train_rc=skipped
+if [[ " $STAGES " == *" train "* ]]; then
+  section "the training step in every mode against cuDNN in the same mode (mid and blogB)"
+  timeout $((BENCH_BUDGET + 30)) "$PY" -m engine bench --train --time-budget "$BENCH_BUDGET" -p lstm -p gru -c mid -c blogB \
+    --out benchmarks/results --copy-to "$OUT" 2>&1 | tee "$OUT/bench_train.log" | grep -v "^\s*$" | tail -24
+  train_rc=${PIPESTATUS[0]}
+fi
+
 section "table"
 "$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/bench_table.md"
 import sys
@@ -163,5 +181,5 @@ PYEOF
 echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
      "precision bench exit code: $precision_rc; nets: $nets_rc; wheels: $wheels_rc; layersync: $layersync_rc;" \
-     "phases: $phases_rc" \
+     "phases: $phases_rc; lengths: $lengths_rc; train: $train_rc" \
      "(124 = timed out); total $(( $(date +%s) - start )) s"

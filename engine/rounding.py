@@ -3,17 +3,23 @@
     round_operand(a, "bfloat16")   # float64 array of the values a bf16 MMA multiplies
     weight_bits(w, "float16")      # uint16 array: the packed weight the kernels read
     round_like(a, "tf32")          # the same rounding in a's own array module and dtype (NumPy or CuPy)
+    split_tf32(a)                  # float32x3: (hi, lo) float64 arrays, hi = tf32(a), lo = tf32(a - hi)
+    mode_matmul(w, a, "float32x3", matmul)   # a matmul as the mode computes it (the reference's emulation)
 
 Each matches the conversion the kernels use (kernels/tile_gemm.cuh): tf32 is cvt.rna.tf32.f32 (round to
 nearest, ties away from zero, on the float32 value), float16 and bfloat16 are round to nearest even
 (cvt.rn.f16x2.f32, cvt.rn.bf16x2.f32). Inputs are float32-rounded first, as the kernels only ever see
 float32 values.
+
+float32x3 multiplies two TF32 parts of each operand (engine/codegen/precision.py): round_operand has no single
+rounded value to give for it and refuses it by name; split_tf32 and mode_matmul say what it computes.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .codegen.precision import precision as lookup
+from .errors import CompileError
 
 
 def _bits32(a) -> np.ndarray:
@@ -35,9 +41,43 @@ def _bf16_bits(a) -> np.ndarray:
     return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)
 
 
-def round_operand(a, precision: str) -> np.ndarray:
-    """a rounded as it enters a matmul in this mode, as float64 (float32 mode: unchanged)."""
+def _refuse_split(what: str, name: str) -> None:
+    if lookup(name).split:
+        raise CompileError(f"{what} has no single rounded operand in precision '{name}' (each operand enters as two "
+                           "TF32 parts); hint: use engine.rounding.split_tf32 or mode_matmul")
+
+
+def split_tf32(a) -> tuple[np.ndarray, np.ndarray]:
+    """float32x3's two parts of a (float32-rounded first), as float64: hi = tf32(a), lo = tf32(a - hi) (the
+    subtraction is exact in float32). hi + lo is a to within 2^-23 of |a|; Inf and NaN give a NaN lo, as on the GPU."""
+    single = np.asarray(a, dtype=np.float32)
+    hi = _tf32_bits(single).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        lo = _tf32_bits(single - hi).view(np.float32)
+    return hi.astype(np.float64), lo.astype(np.float64)
+
+
+def mode_matmul(weight, operand, precision: str, matmul):
+    """matmul(weight, operand) as the mode computes it: both operands rounded (the reduced modes), or (float32x3)
+    matmul(w_hi, a_lo) + matmul(w_lo, a_hi) + matmul(w_hi, a_hi) of the split parts, in float64, so the
+    emulation holds what the three MMAs multiply, and only fp32 accumulation is left between it and the GPU."""
     name = lookup(precision).name
+    if name == "float32":
+        return matmul(weight, operand)
+    dtype = np.result_type(weight, operand)
+    if lookup(name).split:
+        (w_hi, w_lo), (a_hi, a_lo) = split_tf32(weight), split_tf32(operand)
+        total = matmul(w_hi, a_lo) + matmul(w_lo, a_hi) + matmul(w_hi, a_hi)
+        return np.asarray(total).astype(dtype, copy=False)
+    return matmul(round_operand(weight, name).astype(dtype, copy=False),
+                  round_operand(operand, name).astype(dtype, copy=False))
+
+
+def round_operand(a, precision: str) -> np.ndarray:
+    """a rounded as it enters a matmul in this mode, as float64 (float32 mode: unchanged; float32x3: refused, it
+    multiplies split parts: split_tf32)."""
+    name = lookup(precision).name
+    _refuse_split("round_operand", name)
     if name == "float32":
         return np.asarray(a, dtype=np.float64)
     if name == "tf32":
@@ -48,10 +88,10 @@ def round_operand(a, precision: str) -> np.ndarray:
 
 
 def weight_bits(w, precision: str) -> np.ndarray:
-    """A weight as the kernels store it: float32 (float32 and tf32 modes, tf32 already rounded), or the
-    uint16 bit patterns of float16 / bfloat16."""
+    """A weight as the kernels store it: float32 (float32, tf32 already rounded, float32x3 unrounded: the kernels
+    split it as they load it), or the uint16 bit patterns of float16 / bfloat16."""
     name = lookup(precision).name
-    if name == "float32":
+    if name in ("float32", "float32x3"):
         return np.asarray(w, dtype=np.float32)
     if name == "tf32":
         return _tf32_bits(w).view(np.float32)
@@ -63,8 +103,9 @@ def weight_bits(w, precision: str) -> np.ndarray:
 def round_like(a, precision: str):
     """a rounded as it enters a matmul in this mode, in a's own array module (NumPy or CuPy) and dtype (float32 or
     float64; every mode's values are float32 numbers): what the training step's interpreted matmuls multiply
-    (engine/autodiff/step.py). float32 mode: a itself."""
+    (engine/autodiff/step.py). float32 mode: a itself; float32x3: refused (the training step does not run it)."""
     name = lookup(precision).name
+    _refuse_split("round_like", name)
     if name == "float32":
         return a
     dtype = a.dtype

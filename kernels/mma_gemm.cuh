@@ -1,4 +1,4 @@
-// The recurrent GEMMs of one stage on tensor cores, for the precision modes tf32, fp16 and bf16
+// The recurrent GEMMs of one stage on tensor cores, for the precision modes tf32, fp16, bf16 and float32x3
 // (engine/codegen/precision.py); needs tile_gemm.cuh (modes, rounding, RnnGemmT, cp.async).
 //
 //     Y[b, c] = sum_k X[b, k] * W[c, k]  (+ bias[c])      b < B, c < NC
@@ -19,6 +19,11 @@
 //   through L2 and shared memory); tf32 reads fp32 X and rounds its fragments (cvt.rna.tf32.f32). W is
 //   stored already rounded (tf32 values as floats, fp16/bf16 as 16-bit patterns). The rounding is
 //   rnn_operand's, so the GEMV path of few rows and this one compute the same function.
+// - float32x3 (3xTF32, as CUTLASS's OpMultiplyAddFastF32): X and W both fp32, W stored unrounded. Each fragment
+//   register v is split as it is loaded into hi = tf32(v) and lo = tf32(v - hi) (the subtraction is exact), so a
+//   fragment holds twice the registers (RnnFrag), and one product is three m16n8k8 TF32 MMAs into the same fp32
+//   accumulators, the small ones first: a_hi b_lo, a_lo b_hi, then a_hi b_hi (a_lo b_lo, below 2^-22 of the
+//   product, is dropped). Three times the tensor-core work of tf32 for an error at fp32's level.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k8 / m16n8k16, .row.col), with g = lane / 4 and t = lane % 4:
 //   A (16 x KS, row-major X rows):  tf32: a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4)
@@ -36,6 +41,19 @@
 
 template <int MODE> struct RnnMma { static constexpr int KS = 16; };     // K of one MMA: fp16, bf16
 template <> struct RnnMma<RNN_TF32> { static constexpr int KS = 8; };
+template <> struct RnnMma<RNN_TF32X3> { static constexpr int KS = 8; };
+
+// Registers of one A and one B fragment: float32x3 keeps the lo parts after the hi parts (a[4..7], b[2..3]).
+template <int MODE> struct RnnFrag { static constexpr int A = 4, B = 2; };
+template <> struct RnnFrag<RNN_TF32X3> { static constexpr int A = 8, B = 4; };
+
+// float32x3's split of the fp32 value in register r: r becomes hi = tf32(v), lo gets tf32(v - hi).
+__device__ __forceinline__ void rnn_tf32_split(unsigned& r, unsigned& lo)
+{
+    const float v = __uint_as_float(r);
+    r = rnn_tf32_bits(v);
+    lo = rnn_tf32_bits(v - __uint_as_float(r));
+}
 
 // The element of X as the tensor cores read it: fp32 for tf32, the 16-bit copy for fp16 / bf16.
 template <int MODE> struct RnnX { using type = float; };
@@ -45,7 +63,7 @@ template <int MODE> using RnnMmaJob = RnnGemmT<typename RnnWeight<MODE>::type, t
 
 // Elements of X between rows of a staged chunk of kc columns (the same rule as rnn_wstride).
 template <int MODE>
-__host__ __device__ constexpr int rnn_xstride(int kc) { return MODE == RNN_TF32 ? rnn_round_up(kc, 8) + 4 : rnn_round_up(kc, 16) + 8; }
+__host__ __device__ constexpr int rnn_xstride(int kc) { return rnn_tf32_mma(MODE) ? rnn_round_up(kc, 8) + 4 : rnn_round_up(kc, 16) + 8; }
 
 __device__ __forceinline__ void rnn_ldmatrix4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned addr)
 {
@@ -59,22 +77,46 @@ __device__ __forceinline__ void rnn_ldmatrix2(unsigned& r0, unsigned& r1, unsign
 
 // The A fragment of one 16 x KS tile: `at` is this lane's row address (row lane % 16, 16 * (lane / 16) bytes in).
 template <int MODE>
-__device__ __forceinline__ void rnn_frag_a(unsigned (&a)[4], unsigned at)
+__device__ __forceinline__ void rnn_frag_a(unsigned (&a)[RnnFrag<MODE>::A], unsigned at)
 {
     rnn_ldmatrix4(a[0], a[1], a[2], a[3], at);
     if constexpr (MODE == RNN_TF32) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) a[i] = rnn_tf32_bits(__uint_as_float(a[i]));
+    } else if constexpr (MODE == RNN_TF32X3) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) rnn_tf32_split(a[i], a[4 + i]);
     }
 }
 
+// B fragments as ldmatrix gave them: float32x3 splits each register (b[0..1] hi, b[2..3] lo).
 template <int MODE>
-__device__ __forceinline__ void rnn_mma(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2])
+__device__ __forceinline__ void rnn_frag_b_split(unsigned (&b)[RnnFrag<MODE>::B])
+{
+    if constexpr (MODE == RNN_TF32X3) {
+        rnn_tf32_split(b[0], b[2]);
+        rnn_tf32_split(b[1], b[3]);
+    }
+}
+
+__device__ __forceinline__ void rnn_mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                             unsigned b0, unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int MODE>
+__device__ __forceinline__ void rnn_mma(float (&c)[4], const unsigned (&a)[RnnFrag<MODE>::A],
+                                        const unsigned (&b)[RnnFrag<MODE>::B])
 {
     if constexpr (MODE == RNN_TF32) {
-        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        rnn_mma_tf32(c, a[0], a[1], a[2], a[3], b[0], b[1]);
+    } else if constexpr (MODE == RNN_TF32X3) {        // small products first, then the big one (CUTLASS's order)
+        rnn_mma_tf32(c, a[0], a[1], a[2], a[3], b[2], b[3]);          // a_hi b_lo
+        rnn_mma_tf32(c, a[4], a[5], a[6], a[7], b[0], b[1]);          // a_lo b_hi
+        rnn_mma_tf32(c, a[0], a[1], a[2], a[3], b[0], b[1]);          // a_hi b_hi
     } else if constexpr (MODE == RNN_FP16) {
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -149,7 +191,8 @@ __device__ __forceinline__ RnnLaneAt rnn_lane_b(unsigned base, int ld, int lane,
 // The fragments of k step s of a warp's tiles (rows m_first.., columns n_first..), and their products; ldxb, ldwb:
 // bytes between rows of X and of W.
 template <int MODE, int WM, int WN>
-__device__ __forceinline__ void rnn_frags(unsigned (&a)[WM][4], unsigned (&b)[WN][2], const RnnLaneAt& x, int ldxb,
+__device__ __forceinline__ void rnn_frags(unsigned (&a)[WM][RnnFrag<MODE>::A], unsigned (&b)[WN][RnnFrag<MODE>::B],
+                                          const RnnLaneAt& x, int ldxb,
                                           const RnnLaneAt& w, int ldwb, int s, int m_first, int n_first, int mt, int nt)
 {
     const unsigned xa = x.at(s), wa = w.at(s);
@@ -162,10 +205,15 @@ __device__ __forceinline__ void rnn_frags(unsigned (&a)[WM][4], unsigned (&b)[WN
         if (j + 1 < WN && n_first + j + 1 < nt) rnn_ldmatrix4(b[j][0], b[j][1], b[j + 1][0], b[j + 1][1], at);
         else if (n_first + j < nt) rnn_ldmatrix2(b[j][0], b[j][1], at);
     }
+    if constexpr (MODE == RNN_TF32X3) {
+#pragma unroll
+        for (int j = 0; j < WN; ++j)
+            if (n_first + j < nt) rnn_frag_b_split<MODE>(b[j]);
+    }
 }
 template <int MODE, int WM, int WN>
-__device__ __forceinline__ void rnn_mmas(float (&acc)[WM][WN][4], const unsigned (&a)[WM][4], const unsigned (&b)[WN][2],
-                                         int m_first, int n_first, int mt, int nt)
+__device__ __forceinline__ void rnn_mmas(float (&acc)[WM][WN][4], const unsigned (&a)[WM][RnnFrag<MODE>::A],
+                                         const unsigned (&b)[WN][RnnFrag<MODE>::B], int m_first, int n_first, int mt, int nt)
 {
 #pragma unroll
     for (int i = 0; i < WM; ++i)
@@ -183,7 +231,8 @@ __device__ __forceinline__ void rnn_mma_chunk_tc(float (&acc)[WM][WN][4], const 
                                                  int s_step)
 {
     if (s_begin >= s_end) return;
-    unsigned a0[WM][4], b0[WN][2], a1[WM][4], b1[WN][2];
+    constexpr int FA = RnnFrag<MODE>::A, FB = RnnFrag<MODE>::B;
+    unsigned a0[WM][FA], b0[WN][FB], a1[WM][FA], b1[WN][FB];
     rnn_frags<MODE, WM, WN>(a0, b0, x, ldxb, w, ldwb, s_begin, m_first, n_first, mt, nt);
     int s = s_begin;
     for (; s + s_step < s_end; s += 2 * s_step) {
@@ -386,7 +435,7 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
     using WT = typename RnnWeight<MODE>::type;
     using XT = typename RnnX<MODE>::type;
     constexpr bool BULK = BULK_ASKED && RNN_BULK;
-    static_assert(!BULK || (MODE != RNN_TF32 && KC % 64 == 0), "the bulk pipeline copies 16-bit X in chunks of 64 columns");
+    static_assert(!BULK || (!rnn_tf32_mma(MODE) && KC % 64 == 0), "the bulk pipeline copies 16-bit X in chunks of 64 columns");
     constexpr int ldx = BULK ? KC : rnn_xstride<MODE>(KC), ldws = BULK ? KC : rnn_wstride<MODE>(KC);
     const int x_floats = rnn_round_up(B, 16) * ldx * (int)sizeof(XT) / 4;
     const int slot_floats = x_floats + (int)((ncs * ldws * sizeof(WT) + 15) / 16 * 4);

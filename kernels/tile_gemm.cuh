@@ -34,9 +34,13 @@
 // VEC = 4 when every K and row stride is a multiple of 4 (16-byte copies and loads), else 1.
 //
 // Precision modes (engine/codegen/precision.py): MODE is RNN_FP32 (FFMA, the default), RNN_TF32,
-// RNN_FP16 or RNN_BF16. In the last three every operand is rounded to the mode's format as it enters a
-// product (rnn_operand), so the warp GEMV computes exactly what the tensor-core MMA of mma_gemm.cuh
-// computes for many rows; fp16/bf16 weights are stored as 16-bit patterns (unsigned short).
+// RNN_FP16, RNN_BF16 or RNN_TF32X3. In RNN_TF32/FP16/BF16 every operand is rounded to the mode's format as it
+// enters a product (rnn_operand), so the warp GEMV computes exactly what the tensor-core MMA of mma_gemm.cuh
+// computes for many rows; fp16/bf16 weights are stored as 16-bit patterns (unsigned short). RNN_TF32X3
+// (3xTF32, fp32 accuracy on TF32 tensor cores) keeps fp32 weights unrounded and splits the operands into two
+// TF32 parts inside the MMA path only (mma_gemm.cuh rnn_tf32_split); its warp GEMV of few rows multiplies the
+// unrounded fp32 values with FFMA, strict fp32 (rnn_operand is the identity): slightly more accurate than the
+// split, and the few-rows path has no tensor-core time to save.
 #ifndef RNN_TILE_GEMM_CUH
 #define RNN_TILE_GEMM_CUH
 
@@ -44,6 +48,10 @@
 #define RNN_TF32 1
 #define RNN_FP16 2
 #define RNN_BF16 3
+#define RNN_TF32X3 4
+
+// Whether the mode's tensor-core operands are fp32 values in TF32 MMAs (rounded once, or split in two).
+__host__ __device__ constexpr bool rnn_tf32_mma(int mode) { return mode == RNN_TF32 || mode == RNN_TF32X3; }
 
 __host__ __device__ constexpr int rnn_round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -68,7 +76,7 @@ template <> struct RnnWeight<RNN_BF16> { using type = unsigned short; };
 template <int MODE>
 __host__ __device__ constexpr int rnn_wstride(int k)
 {
-    return MODE == RNN_FP32 ? rnn_row_stride(k) : MODE == RNN_TF32 ? rnn_round_up(k, 8) + 4 : rnn_round_up(k, 16) + 8;
+    return MODE == RNN_FP32 ? rnn_row_stride(k) : rnn_tf32_mma(MODE) ? rnn_round_up(k, 8) + 4 : rnn_round_up(k, 16) + 8;
 }
 
 __device__ __forceinline__ unsigned rnn_tf32_bits(float v)
@@ -97,7 +105,8 @@ __device__ __forceinline__ unsigned short rnn_bits16(float v)
     return h;
 }
 
-// v as it enters a product in this mode (exactly representable in the mode's format, held as a float).
+// v as it enters a product in this mode (exactly representable in the mode's format, held as a float); fp32 and
+// float32x3 (whose warp GEMV is strict fp32): v itself.
 template <int MODE>
 __device__ __forceinline__ float rnn_operand(float v)
 {

@@ -50,7 +50,7 @@ def test_float16_and_float32_modes():
 
 
 def test_names_short_and_long():
-    assert {p.short for p in PRECISIONS.values()} == {"fp32", "tf32", "fp16", "bf16"}
+    assert {p.short for p in PRECISIONS.values()} == {"fp32", "tf32", "fp16", "bf16", "fp32x3"}
     assert lookup("bf16").name == "bfloat16" and lookup("fp16").weight_bytes == 2
     with pytest.raises(CompileError, match="float8"):
         lookup("float8")

@@ -3,7 +3,7 @@
 It interprets the cell graph node by node, one time step and one layer at a time, in float64 or
 float32. Every fast backend is tested against it. With precision="tf32" / "float16" / "bfloat16" it
 emulates that mode (engine.codegen.precision): both operands of every matmul are rounded to the mode's
-format first (engine.rounding); the rest stays in `dtype`, reductions too (the wavefront schedules, which run the
+format first (engine.rounding; float32x3: each split into two TF32 parts, three of their products summed); the rest stays in `dtype`, reductions too (the wavefront schedules, which run the
 modes, sum a reduction in float32 rather than multiplying by the dense form's matrix: engine/codegen/reductions.py).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..memory import check_run
 from ..network import Network
 from ..ops import apply_elementwise, matmul_apply
 from ..params import Params, check_params
-from ..rounding import round_operand
+from ..rounding import mode_matmul
 from .common import RunResult, check_inputs, check_precision
 from .lengths import check_lengths, hold_past_end, step_masks
 
@@ -36,9 +36,8 @@ def step(cell, layer_params: dict[str, np.ndarray], x_t: np.ndarray, states: dic
             env[name] = dtype(node.attr("value"))
         elif node.op == "matmul":
             weight, operand = (env[a] for a in node.args)
-            if precision != "float32":
-                weight, operand = (round_operand(v, precision).astype(dtype, copy=False) for v in (weight, operand))
-            env[name] = matmul_apply(weight, operand)         # (B, cols) @ (cols, rows) -> (B, rows), or per head
+            # (B, cols) @ (cols, rows) -> (B, rows), or per head; operands rounded (or split) as the mode does
+            env[name] = mode_matmul(weight, operand, precision, matmul_apply).astype(dtype, copy=False)
         else:
             env[name] = apply_elementwise(node.op, [env[a] for a in node.args], node.attr_dict).astype(
                 dtype, copy=False)

@@ -9,9 +9,17 @@ Every mode keeps the cell math, the states and the outputs in float32; they diff
     float16   weights stored in IEEE half, activations rounded to half (nearest even) as they enter the
               MMA, fp32 accumulation
     bfloat16  the same with bfloat16 (8-bit exponent, 7-bit mantissa)
+    float32x3 fp32 accuracy on TF32 tensor cores (CUTLASS's 3xTF32): weights stored unrounded in fp32, and each
+              operand v split into hi = tf32(v) and lo = tf32(v - hi) as it enters the MMA; the product is
+              a_hi*b_lo + a_lo*b_hi + a_hi*b_hi (three TF32 MMAs, small products first, fp32 accumulation). The
+              a_lo*b_lo term it drops is below 2^-22 of the product. Opt-in: engine.run(precision="float32x3"),
+              or backend="auto" with allow_tensor_core_fp32=True for precision="float32". Where the schedules
+              take the warp GEMV of few batch rows (B <= 4) it computes strict fp32 FFMA products instead (more
+              accurate than the split; no tensor cores there to save time on)
 
 So "every operand of every matmul is rounded to the mode's format, products are summed in fp32" is the
-whole definition; engine.rounding emulates it in NumPy, and the reference backend runs with it
+whole definition of the reduced modes (float32x3: "each operand is split into two TF32 parts, three of their
+four products summed in fp32"); engine.rounding emulates it in NumPy, and the reference backend runs with it
 (`reference.run(..., precision="bfloat16")`) to check the GPU kernels tightly.
 """
 from __future__ import annotations
@@ -29,10 +37,10 @@ class Precision:
     literal_suffix: str       # "1.0f"
     numpy_dtype: str
     short: str = "fp32"       # the benchmark harness's name: fp32, tf32, fp16, bf16
-    mode: int = 0             # kernels/tile_gemm.cuh RNN_FP32 / RNN_TF32 / RNN_FP16 / RNN_BF16
+    mode: int = 0             # kernels/tile_gemm.cuh RNN_FP32 / RNN_TF32 / RNN_FP16 / RNN_BF16 / RNN_TF32X3
     weight_type: str = "float"   # C type of packed GEMM weights
     weight_bytes: int = 4
-    k_step: int = 0           # K of one tensor-core MMA (8 for tf32, 16 for 16-bit), 0: FFMA
+    k_step: int = 0           # K of one tensor-core MMA (8 for tf32 and float32x3, 16 for 16-bit), 0: FFMA
     doc: str = ""
 
     def load(self, expr: str) -> str:
@@ -44,6 +52,16 @@ class Precision:
     @property
     def tensor_cores(self) -> bool:
         return self.k_step > 0
+
+    @property
+    def split(self) -> bool:
+        """Whether each operand enters the MMA as two TF32 parts (float32x3) rather than rounded once."""
+        return self.name == "float32x3"
+
+    @property
+    def fp32_accurate(self) -> bool:
+        """Whether the mode's error is at fp32's level (float32, float32x3): the tolerances of float32 apply."""
+        return self.name in ("float32", "float32x3")
 
     def describe(self) -> str:
         if self.name == "float32":
@@ -59,12 +77,15 @@ PRECISIONS = {
                          "weights stored in fp16, activations rounded to fp16 for tensor-core MMA"),
     "bfloat16": Precision("bfloat16", "float", "float", "f", "float32", "bf16", 3, "unsigned short", 2, 16,
                           "weights stored in bf16, activations rounded to bf16 for tensor-core MMA"),
+    "float32x3": Precision("float32x3", "float", "float", "f", "float32", "fp32x3", 4, "float", 4, 8,
+                           "3xTF32: each matmul operand split into two TF32 parts, three tensor-core MMAs of them"),
 }
 SHORT_NAMES = {p.short: p.name for p in PRECISIONS.values()}
 
 
 def precision(name: str) -> Precision:
-    """The mode by name ("float32", "tf32", "float16", "bfloat16"; the short names fp32/fp16/bf16 too)."""
+    """The mode by name ("float32", "tf32", "float16", "bfloat16", "float32x3"; the short names fp32/fp16/bf16/fp32x3
+    too)."""
     if not isinstance(name, str) or SHORT_NAMES.get(name, name) not in PRECISIONS:
         raise CompileError(f"precision {repr(name)[:60]} is not supported; hint: use one of {', '.join(PRECISIONS)}")
     name = SHORT_NAMES.get(name, name)

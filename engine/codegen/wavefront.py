@@ -35,7 +35,7 @@ TILE_GEMM_HELPER = "tile_gemm.cuh"
 MMA_GEMM_HELPER = "mma_gemm.cuh"
 LAYER_SYNC_HELPER = "layer_sync.cuh"
 POOL_HELPER = "pool.cuh"
-MODE_NAMES = {0: "RNN_FP32", 1: "RNN_TF32", 2: "RNN_FP16", 3: "RNN_BF16"}     # kernels/tile_gemm.cuh
+MODE_NAMES = {0: "RNN_FP32", 1: "RNN_TF32", 2: "RNN_FP16", 3: "RNN_BF16", 4: "RNN_TF32X3"}   # kernels/tile_gemm.cuh
 LENGTHS_NOTE = ("// lengths= (L.lengths): at a step t >= lengths[b] row b's stores hold its states and write 0 as its "
                 "output (engine/passes/lengths.py).")
 

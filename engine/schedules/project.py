@@ -9,6 +9,12 @@
   kernels and the emulating reference multiply (the weight is stored rounded already).
 - float16 / bfloat16: the activations are rounded to 16 bits (nearest even), then cublasGemmEx with 16-bit
   A and B, an fp32 C and CUBLAS_COMPUTE_32F (fp32 accumulation). The weight is stored in 16 bits.
+- float32x3: three TF32 GEMMs of the split parts (3xTF32, as the kernels' MMAs): the activations and the (unrounded
+  fp32) weight each split into hi = tf32(v) and lo = tf32(v - hi), then cublasGemmEx with
+  CUBLAS_COMPUTE_32F_FAST_TF32 three times into the same fp32 output, the small products first: x_hi w_lo, then
+  x_lo w_hi and x_hi w_hi added (beta = 1). Every part is a TF32 value already, so cuBLAS multiplies exactly the
+  parts the emulating reference multiplies (engine.rounding.mode_matmul). The weight's split is redone every call:
+  (N, K) elementwise work beside an (M, N, K) product.
 """
 from __future__ import annotations
 
@@ -45,6 +51,25 @@ def _rounding_kernel(cupy, precision: str):
     return _kernels[precision]
 
 
+def _split_kernel(cupy):
+    """An elementwise kernel: float32 -> (hi, lo), hi = tf32(x), lo = tf32(x - hi) (cvt.rna as the kernels do)."""
+    if "split" not in _kernels:
+        _kernels["split"] = cupy.ElementwiseKernel(
+            "float32 x", "float32 hi, float32 lo",
+            "unsigned int u = __float_as_uint(x);"
+            "hi = isfinite(x) ? __uint_as_float((u + 0x1000u) & 0xFFFFE000u) : x;"
+            "float rest = x - hi;"
+            "unsigned int r = __float_as_uint(rest);"
+            "lo = isfinite(rest) ? __uint_as_float((r + 0x1000u) & 0xFFFFE000u) : rest;",
+            "cellforge_split_tf32")
+    return _kernels["split"]
+
+
+def split_tf32(cupy, source):
+    """source (float32, any shape) as float32x3's two TF32 parts (hi, lo)."""
+    return _split_kernel(cupy)(source)
+
+
 def round_activations(cupy, source, precision: str):
     """source (M, K) float32 as the GEMM's A operand: tf32-rounded float32, float16, or bf16 bits (uint16)."""
     if precision == "float16":
@@ -56,19 +81,28 @@ def project(cupy, source, weight, bias, out, precision: str) -> None:
     """out (M, N) = source (M, K) @ weight (N, K)^T (+ bias (N,)), in `precision`; everything C-contiguous."""
     if precision == "float32":
         cupy.matmul(source, weight.T, out=out)
+    elif precision == "float32x3":
+        (x_hi, x_lo), (w_hi, w_lo) = split_tf32(cupy, source), split_tf32(cupy, weight)
+        for w_part, x_part, beta in ((w_lo, x_hi, _ZERO), (w_hi, x_lo, _ONE), (w_hi, x_hi, _ONE)):
+            _gemm_ex(cupy, w_part, x_part, out, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, beta)
     else:
-        from cupy.cuda import cublas  # deferred: CuPy is optional (no GPU in CI)
         operand = round_activations(cupy, source, precision)
         data_type = {"tf32": CUDA_R_32F, "float16": CUDA_R_16F, "bfloat16": CUDA_R_16BF}[precision]
         compute = CUBLAS_COMPUTE_32F_FAST_TF32 if precision == "tf32" else CUBLAS_COMPUTE_32F
-        M, K = source.shape
-        N = weight.shape[0]
-        handle = cupy.cuda.device.get_cublas_handle()
-        cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST)
-        # Row-major out (M, N) is column-major out^T (N, M) = W (N, K) x operand^T (K, M): W is column-major
-        # (K, N) with lda = K, transposed; the operand is column-major (K, M) with ldb = K.
-        cublas.gemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, _ONE.ctypes.data, weight.data.ptr, data_type, K,
-                      operand.data.ptr, data_type, K, _ZERO.ctypes.data, out.data.ptr, CUDA_R_32F, N, compute,
-                      CUBLAS_GEMM_DEFAULT)
+        _gemm_ex(cupy, weight, operand, out, data_type, compute, _ZERO)
     if bias is not None:
         out += bias
+
+
+def _gemm_ex(cupy, weight, operand, out, data_type: int, compute: int, beta) -> None:
+    """out (M, N) = operand (M, K) @ weight (N, K)^T + beta * out, through cublasGemmEx on the current stream."""
+    from cupy.cuda import cublas  # deferred: CuPy is optional (no GPU in CI)
+    M, K = operand.shape
+    N = weight.shape[0]
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST)
+    # Row-major out (M, N) is column-major out^T (N, M) = W (N, K) x operand^T (K, M): W is column-major
+    # (K, N) with lda = K, transposed; the operand is column-major (K, M) with ldb = K.
+    cublas.gemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, _ONE.ctypes.data, weight.data.ptr, data_type, K,
+                  operand.data.ptr, data_type, K, beta.ctypes.data, out.data.ptr, CUDA_R_32F, N, compute,
+                  CUBLAS_GEMM_DEFAULT)

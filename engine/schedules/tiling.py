@@ -277,7 +277,7 @@ def weight_stride(k: int, prec: Precision) -> int:
     """Elements between rows of a shared-memory weight of k columns (rnn_wstride<MODE> in kernels/tile_gemm.cuh)."""
     if prec.name == "float32":
         return row_stride(k)
-    return round_up(k, 8) + 4 if prec.name == "tf32" else round_up(k, 16) + 8
+    return round_up(k, 8) + 4 if prec.k_step == 8 else round_up(k, 16) + 8      # fp32 TF32 operands: tf32, float32x3
 
 
 def weight_floats(rows: int, k: int, prec: Precision) -> int:
@@ -287,8 +287,8 @@ def weight_floats(rows: int, k: int, prec: Precision) -> int:
 
 def x_stride(k_chunk: int, prec: Precision) -> int:
     """Elements between rows of a staged X chunk on the tensor-core path (rnn_xstride in kernels/mma_gemm.cuh):
-    floats for tf32, 16-bit values for fp16 / bf16 (their GEMMs read the 16-bit copy of X)."""
-    return round_up(k_chunk, 8) + 4 if prec.name == "tf32" else round_up(k_chunk, 16) + 8
+    floats for tf32 and float32x3, 16-bit values for fp16 / bf16 (their GEMMs read the 16-bit copy of X)."""
+    return round_up(k_chunk, 8) + 4 if prec.k_step == 8 else round_up(k_chunk, 16) + 8
 
 
 def mma_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: int, tile: int, reduce: bool,
@@ -296,7 +296,7 @@ def mma_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: i
     """Floats of staging rnn_mma_gemms needs (kernels/mma_gemm.cuh): 128 bytes of barriers, then per stage an X
     chunk and a W chunk when some weight is streamed (rows of k_chunk elements in the bulk pipeline, padded rows
     otherwise); then the split-K partial sums."""
-    x_bytes = 4 if prec.name == "tf32" else prec.weight_bytes
+    x_bytes = 4 if prec.k_step == 8 else prec.weight_bytes
     if bulk:
         slot = (bp + nc_streamed) * k_chunk * x_bytes // FLOAT_BYTES
     else:

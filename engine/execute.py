@@ -28,7 +28,7 @@ log = logging.getLogger("engine")
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, *,
         backend: str = "auto", dtype=np.float32, precision: str = "float32", check_finite: bool = False,
-        lengths=None) -> RunResult:
+        lengths=None, allow_tensor_core_fp32: bool = False) -> RunResult:
     """Run the network over x (T, B, I). backend: auto | reference | naive | fused | graph | persistent.
 
     'auto' runs the autotuned schedule when CuPy sees a GPU (engine.schedules.autotune: it times the
@@ -38,8 +38,13 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     equal parameters (engine/kept.py), so a loop over engine.run prepares once.
 
     precision: "float32" (strict, the default), "tf32", "float16" or "bfloat16" (engine.codegen.precision:
-    matmul operands rounded to that format, fp32 accumulation, cell math and states). The schedules run
+    matmul operands rounded to that format, fp32 accumulation, cell math and states), or "float32x3" (3xTF32:
+    each operand split into two TF32 parts, three tensor-core products, fp32-level error). The schedules run
     every mode on the GPU; the reference emulates it on the CPU; naive and fused are float32 only.
+
+    allow_tensor_core_fp32=True (backend='auto', precision='float32' only): the autotuner may pick a schedule in
+    float32x3 when it is faster and within the float32 tolerance; result.info["precision"] names the mode that
+    ran. Off by default: precision='float32' is strict FFMA unless asked.
 
     result.backend names the backend that ran, and result.info["backend_reason"] why.
 
@@ -60,6 +65,10 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
                            "check_finite=True looks for NaN and Inf in the inputs first")
     dtype = float_dtype(dtype)
     precision = check_precision(precision)
+    allow_tensor_core_fp32 = autotune.check_tensor_core_fp32(allow_tensor_core_fp32, precision)
+    if allow_tensor_core_fp32 and backend != "auto":
+        raise BackendError(f"allow_tensor_core_fp32=True lets backend='auto' choose float32x3; backend={backend!r} "
+                           "runs one mode; hint: precision='float32x3' runs that backend in it")
     if check_finite:
         check_inputs(network, x, initial_states, xp=np)        # shapes and dtypes only, NumPy or CuPy alike
         find_non_finite(network, params, x, initial_states)
@@ -76,14 +85,15 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
         if not isinstance(shape, tuple) or len(shape) != 3:
             check_inputs(network, x, initial_states, xp=np)      # raises the named error
         choice = autotune.tune(network, params, int(shape[0]), int(shape[1]), precision=precision,
-                               lengths=lengths is not None)
+                               lengths=lengths is not None, allow_tensor_core_fp32=allow_tensor_core_fp32)
         name, reason = choice.schedule, f"{reason}: {choice.why}"
         log.info(reason)
-        key = (choice.key, choice.schedule, repr(choice.config))
+        key = (choice.key, choice.schedule, repr(choice.config), choice.precision)
         entry = kept.PROGRAMS.take(key, params)          # the program a call before prepared (engine/kept.py)
         if entry is None:
-            entry = kept.Kept(autotune.prepare(autotune.Candidate(choice.schedule, choice.config), network, params,
-                                               precision=precision), kept.parameter_copy(params))
+            entry = kept.Kept(autotune.prepare(choice.candidate, network, params, precision=precision),
+                              kept.parameter_copy(params))
+        precision = choice.precision or precision        # float32x3 when allowed and chosen
         program = entry.program
         result = program.run(x, initial_states) if lengths is None else program.run(x, initial_states,
                                                                                      lengths=lengths)

@@ -136,13 +136,16 @@ def explain(cell_or_network, input_size: int | None = None, hidden_size: int | N
 def explain_json(cell_or_network, input_size: int | None = None, hidden_size: int | None = None,
                  num_layers: int | None = None, steps: int | None = None, batch: int | None = None,
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None,
-                 schedule: str | None = None, precision: str = "float32") -> dict[str, Any]:
+                 schedule: str | None = None, precision: str = "float32",
+                 allow_tensor_core_fp32: bool = False) -> dict[str, Any]:
     """Everything the compiler decided, as plain JSON-able data (see the module docstring).
 
     schedule: None, "fused", "graph", "persistent" or "auto". The "schedules" section describes every
     schedule either way; a wavefront schedule asked for (or picked by "auto") brings its generated
     CUDA, in data["schedules"][name]["source"]. precision: the mode the wavefront schedules are planned in
-    (tf32/float16/bfloat16 tile their GEMMs for tensor cores; the fused backend is float32 only)."""
+    (tf32/float16/bfloat16/float32x3 tile their GEMMs for tensor cores; the fused backend is float32 only).
+    allow_tensor_core_fp32: the autotuner's choices shown are those tuned with float32x3 allowed (engine.run's
+    flag of that name), for precision="float32"."""
     check_schedule(schedule)
     network, steps, batch, doc = resolve(cell_or_network, input_size, hidden_size, num_layers, steps, batch)
     check_grid(network.num_layers, steps)
@@ -151,7 +154,7 @@ def explain_json(cell_or_network, input_size: int | None = None, hidden_size: in
     data["backward"] = backward_to_json(network.cell)
     data["scan"] = scan_to_json(network.cell)
     data["dense_form"] = dense_to_json(network, plan)
-    data["schedules"] = explain_schedules(plan, passes, schedule, doc, precision)
+    data["schedules"] = explain_schedules(plan, passes, schedule, doc, precision, allow_tensor_core_fp32)
     return data
 
 
@@ -219,14 +222,14 @@ def backward_to_json(cell: CellGraph) -> dict[str, Any]:
 
 
 def explain_schedules(plan: Plan, passes=None, schedule: str | None = None, doc: str = "",
-                      precision: str = "float32") -> dict[str, Any]:
+                      precision: str = "float32", allow_tensor_core_fp32: bool = False) -> dict[str, Any]:
     """engine/schedules/report.py for this plan; the wavefront schedules get the interleaved plan they run,
-    in `precision`."""
+    in `precision` (the autotuner's choices: those with float32x3 allowed, when allow_tensor_core_fp32)."""
     network = wavefront_network(plan.network)           # the dense form, a LayerNorm's variance as one reduction
     same = plan.program.layout == "interleaved" and plan.program.precision == precision and network is plan.network
     wavefront_plan = plan if same else make_plan(network, plan.steps, plan.batch, passes, layout="interleaved",
                                                  precision=precision, doc=doc)
-    return schedules_report(plan, wavefront_plan, schedule, doc=doc)
+    return schedules_report(plan, wavefront_plan, schedule, doc=doc, tensor_core_fp32=allow_tensor_core_fp32)
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:

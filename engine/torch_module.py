@@ -28,7 +28,7 @@ import contextlib
 import numpy as np
 
 from .autodiff import record
-from .backends.common import check_precision
+from .backends.common import check_training_precision
 from .errors import BackendError
 from .ir import CellGraph
 from .network import Network
@@ -49,7 +49,7 @@ class CellRNN(torch.nn.Module):
         if not isinstance(cell, CellGraph):
             raise BackendError(f"CellRNN needs a CellGraph, got {type(cell).__name__}; hint: engine.preset('lstm').cell "
                                "or a @cell design")
-        self.precision = check_precision(precision)
+        self.precision = check_training_precision("CellRNN", precision)
         if self.precision != "float32" and dtype != torch.float32:
             raise BackendError(f"CellRNN(precision={precision!r}) keeps float32 parameters (fp32 master weights), got "
                                f"dtype={dtype}; hint: dtype=torch.float32 (float64 is the reference path, in "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backends
-from ..backends.common import FiniteCheck, check_inputs, check_precision, inputs_named
+from ..backends.common import FiniteCheck, check_inputs, check_training_precision, inputs_named
 from ..backends.lengths import check_lengths, step_masks
 from ..errors import BackendError
 from ..network import Network
@@ -56,7 +56,7 @@ def record(network: Network, params: Params, x, initial_states: dict | None = No
     dtype = check_dtype(dtype)
     network = check_network(network)
     check_backend(backend)
-    precision = check_precision(precision)
+    precision = check_training_precision("bptt", precision)
     if backend == "naive" and precision != "float32":
         raise BackendError(f"bptt(backend='naive') computes in float32 or float64 only, not precision={precision!r}; "
                            "hint: backend='fused' runs the mode on the GPU, backend='reference' emulates it")

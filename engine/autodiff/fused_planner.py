@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from functools import lru_cache
 
-from ..backends.common import check_precision
+from ..backends.common import check_training_precision
 from ..c_names import c_identifier, kernel_prefix
 from ..dense import dense_form
 from ..errors import BackendError
@@ -45,7 +45,7 @@ def training_plan(cell: CellGraph, lengths: bool = False, precision: str = "floa
     kernels hold the rows past their sequence's end (engine/autodiff/fused_lengths.py). precision: the GEMMs' mode
     (engine/codegen/precision.py; a short name too), TrainingPlan.precision: the same kernels and GEMMs; BackendError
     for a cell of reductions (sum_h, mean_h) in a reduced mode."""
-    return _training_plan(cell, lengths, check_precision(precision))
+    return _training_plan(cell, lengths, check_training_precision("the training plan", precision))
 
 
 @lru_cache(maxsize=64)

@@ -35,6 +35,17 @@ def check_precision(precision) -> str:
         raise BackendError(f"argument 'precision' is {precision!r}; hint: use one of {', '.join(PRECISIONS)}") from None
 
 
+def check_training_precision(what: str, precision) -> str:
+    """check_precision for the training step, which runs the GEMMs of the reduced modes through cuBLAS compute types:
+    float32x3 (3xTF32) has none, and is refused by name."""
+    name = check_precision(precision)
+    if lookup(name).split:
+        raise BackendError(f"{what} does not train in precision {name!r} (3xTF32: cuBLAS has no compute type for it, "
+                           "and the training step does not split its GEMMs in three); hint: precision='float32' for "
+                           "fp32 accuracy, or 'tf32' for tensor cores")
+    return name
+
+
 def check_float32_only(what: str, precision) -> None:
     """For the backends that compute in strict float32 only (naive, fused)."""
     if check_precision(precision) != "float32":

@@ -10,6 +10,11 @@ compared with the first candidate's output (relative error over 1e-4 in float32,
 precision, disqualifies it: a fast wrong answer is never chosen), then timed: the median wall time of `repeats` runs, which is what a caller
 of engine.run waits for.
 
+fp32 on tensor cores is opt-in: with allow_tensor_core_fp32=True, precision="float32" also times every schedule
+candidate in float32x3 (3xTF32, engine/codegen/precision.py), held to the float32 tolerance against the first
+(strict) candidate like the others, and the choice records the mode it runs in (Choice.precision). Without the flag
+no float32x3 candidate is tried, and the two are cached under different keys (the mode segment "float32+3xtf32").
+
 With lengths (a batch padded at the end, engine/backends/lengths.py) the candidates are those that take it (not the
 scan), built with the kernels that hold the rows past their end (engine/passes/lengths.py), and run on random lengths
 in [T/2, T]; the choice is cached apart from the one without lengths.
@@ -63,9 +68,11 @@ DISQUALIFY_REL_ERR_REDUCED = 1e-2
 class Candidate:
     schedule: str                      # "fused", "graph", "persistent" or "scan"
     config: TileConfig | None = None
+    precision: str | None = None       # the mode it runs in, when not the tune's own (float32x3 for float32)
 
     def label(self) -> str:
-        return self.schedule if self.config is None else f"{self.schedule} ({self.config.label()})"
+        label = self.schedule if self.config is None else f"{self.schedule} ({self.config.label()})"
+        return label if self.precision is None else f"{label} [{self.precision}]"
 
 
 @dataclass
@@ -76,10 +83,16 @@ class Choice:
     key: str
     timings: list = field(default_factory=list)   # [{"candidate", "ms" | "error"}]
     cached: bool = False
+    precision: str | None = None       # the mode the choice runs in, when not the tuned one (float32x3)
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate(self.schedule, self.config, self.precision)
 
     def to_dict(self) -> dict:
-        return {"schedule": self.schedule, "config": None if self.config is None else asdict(self.config),
-                "why": self.why, "timings": self.timings}
+        found = {"schedule": self.schedule, "config": None if self.config is None else asdict(self.config),
+                 "why": self.why, "timings": self.timings}
+        return found if self.precision is None else dict(found, precision=self.precision)
 
     @staticmethod
     def from_dict(key: str, data: dict) -> "Choice":
@@ -88,7 +101,11 @@ class Choice:
             config = replace(config, warp_tile=tuple(config.warp_tile))
         if data["schedule"] not in ("fused", "graph", "persistent", "scan"):
             raise ValueError(f"unknown schedule {data['schedule']!r}")
-        return Choice(data["schedule"], config, data["why"], key, list(data.get("timings", [])), cached=True)
+        mode = data.get("precision")
+        if mode is not None and mode != "float32x3":
+            raise ValueError(f"unknown precision {mode!r}")
+        return Choice(data["schedule"], config, data["why"], key, list(data.get("timings", [])), cached=True,
+                      precision=mode)
 
 
 def tile_shapes(batch: int, precision: str = "float32") -> list[tuple[int, int]]:
@@ -102,9 +119,22 @@ def tile_shapes(batch: int, precision: str = "float32") -> list[tuple[int, int]]
 
 
 def candidates(network: Network, batch: int, limits: DeviceLimits, precision: str = "float32",
-               lengths: bool = False) -> list[Candidate]:
+               lengths: bool = False, tensor_core_fp32: bool = False) -> list[Candidate]:
     """What tune() times. The fused backend is strict float32 only, so reduced precisions try the schedules. lengths:
-    only those that take it (the scan runs batches of one length)."""
+    only those that take it (the scan runs batches of one length). tensor_core_fp32 (precision "float32" only): the
+    schedule candidates once more in float32x3, after the strict ones (the first candidate stays strict fp32)."""
+    found = _candidates(network, batch, limits, precision, lengths)
+    if tensor_core_fp32 and precision == "float32":
+        try:
+            found += [replace(c, precision="float32x3") for c in _candidates(network, batch, limits, "float32x3",
+                                                                               lengths)]
+        except BackendError:
+            pass                         # no wavefront schedule for this cell: the strict candidates stand alone
+    return found
+
+
+def _candidates(network: Network, batch: int, limits: DeviceLimits, precision: str,
+                lengths: bool) -> list[Candidate]:
     program = compile_program(network.cell, layout="interleaved", precision=precision, lengths=lengths)
     found = [Candidate("fused")] if precision == "float32" else []
     if precision == "float32" and not lengths and analyse_scan(network.cell).qualifies:   # a linear recurrence
@@ -154,6 +184,17 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
     return found
 
 
+def check_tensor_core_fp32(allow, precision: str) -> bool:
+    """allow_tensor_core_fp32 checked: a bool, and only with precision="float32" (the mode it widens)."""
+    if not isinstance(allow, bool):
+        raise BackendError(f"argument 'allow_tensor_core_fp32' must be True or False, got {shown(allow)}; hint: True "
+                           "lets backend='auto' pick float32x3 (3xTF32 tensor cores) for precision='float32'")
+    if allow and precision != "float32":
+        raise BackendError(f"allow_tensor_core_fp32=True widens precision='float32' only, not {precision!r}; hint: "
+                           "leave it False, or use precision='float32'")
+    return allow
+
+
 def cache_path(name: str = "autotune.json") -> Path:
     """The cache file `name` (autotune.json: the schedules' choices; pipelines.json: engine.multigpu's tuned plans)
     in $CELLFORGE_CACHE_DIR, else ~/.cache/cellforge."""
@@ -161,10 +202,16 @@ def cache_path(name: str = "autotune.json") -> Path:
 
 
 def cache_key(network: Network, steps: int, batch: int, device: str, precision: str = "float32",
-              lengths: bool = False) -> str:
+              lengths: bool = False, tensor_core_fp32: bool = False) -> str:
     program = compile_program(network.cell, layout="interleaved", precision=precision)
+    mode = tuned_mode(precision, tensor_core_fp32)
     return (f"{program.key}|gen{GENERATOR_VERSION}|I{network.input_size}|H{network.hidden_size}|"
-            f"L{network.num_layers}|T{steps}|B{batch}|{precision}|{device}" + ("|lengths" if lengths else ""))
+            f"L{network.num_layers}|T{steps}|B{batch}|{mode}|{device}" + ("|lengths" if lengths else ""))
+
+
+def tuned_mode(precision: str, tensor_core_fp32: bool) -> str:
+    """The mode segment of a cache key: the precision, or "float32+3xtf32" when float32 may take float32x3."""
+    return f"{precision}+3xtf32" if tensor_core_fp32 and precision == "float32" else precision
 
 
 @contextmanager
@@ -220,7 +267,8 @@ def write_entry(key: str, choice: "Choice | dict", path: Path | None = None) -> 
 
 
 def prepare(candidate: Candidate, network: Network, params: Params, precision: str = "float32"):
-    """The candidate's runnable program (prepare(...).run(x))."""
+    """The candidate's runnable program (prepare(...).run(x)), in the candidate's own mode when it has one."""
+    precision = candidate.precision or precision
     if candidate.schedule == "fused":
         check_float32_only("backend 'fused'", precision)
         return fused.prepare(network, params)
@@ -230,13 +278,16 @@ def prepare(candidate: Candidate, network: Network, params: Params, precision: s
 
 
 def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: int = 10, use_cache: bool = True,
-         seed: int = 0, precision: str = "float32", lengths: bool = False) -> Choice:
+         seed: int = 0, precision: str = "float32", lengths: bool = False,
+         allow_tensor_core_fp32: bool = False) -> Choice:
     """The fastest correct schedule for this network at (T=steps, B=batch) and precision on the current GPU; with
-    lengths=True, of those that take lengths, run on random lengths (the module's docstring)."""
+    lengths=True, of those that take lengths, run on random lengths; allow_tensor_core_fp32: float32x3 candidates
+    too for precision="float32" (the module's docstring)."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
     precision = check_precision(precision)
+    allow_tensor_core_fp32 = check_tensor_core_fp32(allow_tensor_core_fp32, precision)
     limits = DeviceLimits.current()
-    key = cache_key(network, steps, batch, limits.name, precision, lengths)
+    key = cache_key(network, steps, batch, limits.name, precision, lengths, allow_tensor_core_fp32)
     if use_cache:
         entry = read_cache().get(key)
         if entry is not None:
@@ -255,7 +306,7 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
     timings = []
     best = None
     tolerance = DISQUALIFY_REL_ERR if precision == "float32" else DISQUALIFY_REL_ERR_REDUCED
-    for cand in candidates(network, batch, limits, precision, lengths):
+    for cand in candidates(network, batch, limits, precision, lengths, allow_tensor_core_fp32):
         try:
             program = prepare(cand, network, params, precision)
             out = program.run(x, **options).outputs
@@ -289,10 +340,10 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
     cand, ms = best
     ranked = sorted((t for t in timings if "ms" in t), key=lambda t: t["ms"])
     runner_up = f"; next {ranked[1]['candidate']} at {ranked[1]['ms']:.3g} ms" if len(ranked) > 1 else ""
-    mode = "" if precision == "float32" else f", {precision}"
+    mode = ", float32x3 allowed" if allow_tensor_core_fp32 else "" if precision == "float32" else f", {precision}"
     why = (f"fastest of {len(ranked)} correct candidate(s) on {limits.name}: {cand.label()} at {ms:.3g} ms "
            f"(median of {repeats} runs, T={steps}, B={batch}{mode}){runner_up}")
-    choice = Choice(cand.schedule, cand.config, why, key, timings)
+    choice = Choice(cand.schedule, cand.config, why, key, timings, precision=cand.precision)
     if use_cache:
         write_entry(key, choice)
     return choice

@@ -57,10 +57,12 @@ def _limits_dict(limits: DeviceLimits, nominal: bool, why: str) -> dict:
 
 # ---- the autotuner's cache ------------------------------------------------------------------------
 
-def cached_choices(plan: Plan) -> list[dict]:
-    """The autotuner's cached choices for this network at (T, B), one per device that tuned it."""
+def cached_choices(plan: Plan, tensor_core_fp32: bool = False) -> list[dict]:
+    """The autotuner's cached choices for this network at (T, B), one per device that tuned it; tensor_core_fp32:
+    those tuned with float32x3 allowed (a key of its own), whose "precision" says the mode each runs in."""
     network = plan.network
-    prefix = cache_key(network, plan.steps, plan.batch, "", plan.program.precision)
+    prefix = cache_key(network, plan.steps, plan.batch, "", plan.program.precision,
+                       tensor_core_fp32=tensor_core_fp32)
     found = []
     for key, entry in sorted(read_cache().items()):
         if not key.startswith(prefix):
@@ -72,7 +74,8 @@ def cached_choices(plan: Plan) -> list[dict]:
         found.append({"device": key[len(prefix):], "schedule": choice.schedule,
                       "config": None if choice.config is None else choice.config.label(),
                       "config_fields": None if choice.config is None else asdict(choice.config),
-                      "why": choice.why, "timings": list(choice.timings)})
+                      "why": choice.why, "timings": list(choice.timings),
+                      "precision": choice.precision or plan.program.precision})
     return found
 
 
@@ -244,7 +247,8 @@ def wavefront_source(name: str, plan: Plan, limits: DeviceLimits, doc: str = "",
 
 # ---- every schedule -------------------------------------------------------------------------------
 
-def schedules_report(plan: Plan, wavefront_plan: Plan, schedule: str | None = None, *, doc: str = "") -> dict:
+def schedules_report(plan: Plan, wavefront_plan: Plan, schedule: str | None = None, *, doc: str = "",
+                     tensor_core_fp32: bool = False) -> dict:
     """Every schedule for this network at (T, B). plan: the plan as asked for (the fused backend runs it);
     wavefront_plan: the same network with layout='interleaved' (the wavefront schedules need it).
     schedule: the one asked for (None, fused, graph, persistent or auto); the generated source of the
@@ -252,7 +256,7 @@ def schedules_report(plan: Plan, wavefront_plan: Plan, schedule: str | None = No
     schedule = check_schedule(schedule)
     limits, limits_info = device_limits()
     report: dict[str, Any] = {"requested": schedule, "limits": limits_info, "fused": fused_entry(plan)}
-    choices = cached_choices(wavefront_plan)
+    choices = cached_choices(wavefront_plan, tensor_core_fp32)
     tuned = _preferred(choices, None if limits_info["nominal"] else limits.name)
     configs = {name: tuned_config(tuned, name) for name in WAVEFRONT_SCHEDULES}
     for name in WAVEFRONT_SCHEDULES:

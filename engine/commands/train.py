@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
                                                                          "(default: a tenth of the run)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="cpu: float64 (default); gpu: float32, the fused training step on a CUDA GPU")
+    p.add_argument("--precision", choices=("float32", "tf32", "bfloat16", "float16"), default="float32",
+                   help="the matmuls' mode: float32 (strict, default), or tf32 / bfloat16 / float16 (operands rounded "
+                        "to it, fp32 accumulation: tensor cores on the GPU, emulated on the CPU)")
     p.add_argument("--json", metavar="PATH", help="write the results (settings, curves, cells) to this JSON file "
                                                   "(checked before training starts; replaced if it exists)")
     p.add_argument("--list-tasks", action="store_true", help="list the tasks and exit")
@@ -104,7 +107,7 @@ def main(args) -> int:
         check_destination(args.json, "training results", flag="--json", example="results.json")
     results = compare(cells, task, hidden_size=args.hidden_size, num_layers=args.layers, steps=args.steps,
                       batch=args.batch, seq_len=args.seq_len, lr=args.lr, clip=args.clip or None, seed=args.seed,
-                      eval_every=args.eval_every, device=args.device,
+                      eval_every=args.eval_every, device=args.device, precision=args.precision,
                       on_progress=progress_printer([c.name for c in cells], args.steps))
     print_table(results, task)
     if args.json:

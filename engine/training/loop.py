@@ -21,11 +21,15 @@ from typing import Callable
 import numpy as np
 
 from .. import backends
+from ..arguments import shown
 from ..autodiff import record
 from ..autodiff.errors import AutodiffError
 from ..autodiff.fused_planner import training_plan
 from ..backends.common import array_module_of
 from ..backends.reference import run as reference_run
+from ..codegen.precision import PRECISIONS
+from ..codegen.precision import precision as lookup_precision
+from ..errors import BackendError, EngineError
 from ..gallery import Preset
 from ..gallery import get as get_preset
 from ..ir import CellGraph
@@ -103,18 +107,30 @@ def check_settings(task: Task, steps, batch, seq_len, lr, clip, seed, eval_every
                             hint="clip=1.0 bounds each step's gradient norm; 0 or None turns clipping off")
 
 
-def evaluate(network: Network, params, readout, batch: Batch, task: Task) -> tuple[float, float]:
-    """(loss, metric) on a batch, forward only (on the GPU, in float32, when the batch is there)."""
+def evaluate(network: Network, params, readout, batch: Batch, task: Task,
+             precision: str = "float32") -> tuple[float, float]:
+    """(loss, metric) on a batch, forward only (on the GPU, in float32, when the batch is there), its matmuls in
+    the precision mode the model trains in."""
     if array_module_of(batch.x) is not np:       # on the GPU: the training step's forward (the tape is dropped)
-        outputs = record(network, params, batch.x, dtype=np.float32, backend="fused").outputs
+        outputs = record(network, params, batch.x, dtype=np.float32, backend="fused", precision=precision).outputs
     else:
-        outputs = reference_run(network, params, batch.x, dtype=np.float64).outputs     # (T, B, H)
+        outputs = reference_run(network, params, batch.x, dtype=np.float64, precision=precision).outputs  # (T, B, H)
     scored = readout_loss(outputs, readout, batch, task.loss)
     return scored.loss, scored.metric
 
 
-def check_device(device, network: Network) -> object:
-    """NumPy for "cpu", CuPy for "gpu" (TrainingError saying why the GPU cannot train this network)."""
+def check_training_precision(precision) -> str:
+    """The precision mode's full name; TrainingError naming the argument for an unknown one."""
+    try:
+        return lookup_precision(precision).name
+    except EngineError:
+        raise TrainingError(f"precision must be one of {', '.join(PRECISIONS)}, got {shown(precision)}",
+                            hint="precision='float32' (strict, the default) or 'bfloat16' / 'float16' / 'tf32' "
+                                 "(tensor-core matmuls, fp32 accumulation)") from None
+
+
+def check_device(device, network: Network, precision: str = "float32") -> object:
+    """NumPy for "cpu", CuPy for "gpu" (TrainingError saying why the GPU cannot train this network in this mode)."""
     if device not in DEVICES:
         raise TrainingError(f"device must be one of {', '.join(DEVICES)}, got {device!r}",
                             hint="device='cpu' (float64, the default) or device='gpu' (float32, the fused step)")
@@ -124,10 +140,12 @@ def check_device(device, network: Network) -> object:
     if not ok:
         raise TrainingError(f"device='gpu' needs a CUDA GPU with CuPy: {why}", hint="device='cpu' trains on the CPU")
     try:
-        training_plan(network.cell)
-    except AutodiffError as e:
-        raise TrainingError(f"cell '{network.cell.name}' cannot train on the GPU: {e}",
-                            hint="device='cpu' trains it in float64") from None
+        training_plan(network.cell, precision=precision)
+    except (AutodiffError, BackendError) as e:
+        where = "on the GPU" if precision == "float32" else f"on the GPU in {precision}"
+        raise TrainingError(f"cell '{network.cell.name}' cannot train {where}: {e}",
+                            hint="device='cpu' trains it in float64" + (
+                                "" if precision == "float32" else ", or precision='float32' on the GPU")) from None
     import cupy  # deferred: CuPy is optional (no GPU in CI)
     return cupy
 
@@ -152,21 +170,25 @@ def held_out_batch(task: Task, seed: int, eval_batch: int, seq_len: int, split: 
 def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, num_layers: int = 1,
           steps: int = 200, batch: int = 16, seq_len: int = 20, lr: float = 0.01, clip: float | None = 1.0,
           seed: int = 0, eval_every: int | None = None, eval_batch: int = 128,
-          on_progress: Progress | None = None, device: str = "cpu") -> TrainResult:
+          on_progress: Progress | None = None, device: str = "cpu", precision: str = "float32") -> TrainResult:
     """Train a cell (CellGraph, Preset or preset name; hidden_size and num_layers stack it) or a Network on a
     task (a name from engine.tasks() or a Task) for `steps` Adam steps on batches of `batch` sequences of
     `seq_len` steps, gradients clipped to global norm `clip` (None or 0: not clipped). Scores a held-out set of
     `eval_batch` sequences before training, every `eval_every` steps (default: a tenth of the run) and at the
     end; a task with a test split (JSB Chorales) is scored on it once, after training (result.test_metric).
     on_progress(step, steps, loss) is called after every step. device: "cpu" (float64) or "gpu" (float32, the
-    fused training step); the result's params and readout are NumPy arrays either way.
+    fused training step); the result's params and readout are NumPy arrays either way. precision: the mode of the
+    step's matmuls (engine/codegen/precision.py): "float32" (strict), or "tf32", "bfloat16", "float16" (operands
+    rounded to the mode, fp32 accumulation and master weights; on the GPU the fused step's tensor-core GEMMs, on the
+    CPU the reference's emulation of them).
 
     Raises TrainingError, naming the step, if the loss or the gradients stop being finite."""
     task = get_task(task)
     eval_every = max(1, steps // 10) if eval_every is None and isinstance(steps, int) else eval_every
     check_settings(task, steps, batch, seq_len, lr, clip, seed, eval_every, eval_batch)
+    precision = check_training_precision(precision)
     network = build_network(cell_or_network, task, hidden_size, num_layers)
-    xp = check_device(device, network)
+    xp = check_device(device, network, precision)
     dtype = np.float64 if xp is np else np.float32
     started = time.perf_counter()
 
@@ -181,14 +203,15 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
     optimizer = Adam(lr=lr)
 
     losses: list[float] = []
-    initial_loss, initial_metric = evaluate(network, params, readout, held_out, task)
+    initial_loss, initial_metric = evaluate(network, params, readout, held_out, task, precision)
     eval_steps, eval_losses, eval_metrics = [0], [initial_loss], [initial_metric]
     # Overflow on the way to a divergence is expected: it is caught below and reported with its step, so
     # NumPy's warnings would only repeat it less clearly.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for step in range(1, steps + 1):
             data = to_device(task.batch(train_rng, batch, seq_len), xp, dtype)
-            tape = record(network, params, data.x, dtype=dtype, backend=backend)   # one forward: loss and gradients
+            tape = record(network, params, data.x, dtype=dtype, backend=backend,    # one forward: loss and gradients
+                          precision=precision)
             scored = readout_loss(tape.outputs, readout, data, task.loss)
             if not math.isfinite(scored.loss):
                 raise diverged(step, steps, "loss", scored.loss, lr, clip)
@@ -201,7 +224,7 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
             optimizer.step([*params.layers, readout], groups)
             losses.append(scored.loss)
             if step % eval_every == 0 or step == steps:
-                loss, metric = evaluate(network, params, readout, held_out, task)
+                loss, metric = evaluate(network, params, readout, held_out, task, precision)
                 if not math.isfinite(loss):
                     raise diverged(step, steps, "held-out loss", loss, lr, clip)
                 eval_steps.append(step)
@@ -213,12 +236,12 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
     if "test" in task.splits:                       # scored once, after training: the number a paper reports
         test_loss, test_metric = evaluate(network, params, readout,
                                           to_device(held_out_batch(task, seed, eval_batch, seq_len, "test"), xp, dtype),
-                                          task)
+                                          task, precision)
     seconds = time.perf_counter() - started
     settings = {"hidden_size": network.hidden_size, "num_layers": network.num_layers, "proj_size": network.proj_size,
                 "input_size": network.input_size, "steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr,
                 "clip": clip, "seed": seed, "eval_every": eval_every, "eval_batch": eval_batch, "optimizer": "adam",
-                "dtype": np.dtype(dtype).name, "device": device}
+                "dtype": np.dtype(dtype).name, "device": device, "precision": precision}
     if xp is not np:                    # the trained values back on the host, as the CPU run gives them
         params = Params([{k: v.get().astype(np.float64) for k, v in layer.items()} for layer in params.layers])
         readout = {k: v.get().astype(np.float64) for k, v in readout.items()}
@@ -248,7 +271,8 @@ def compare(cells: list, task: str | Task, *, on_progress: Progress | None = Non
     task = get_task(task)
     for cell in cells:                  # refuse a cell the settings or device cannot take before training any
         network = build_network(cell, task, settings.get("hidden_size"), settings.get("num_layers", 1))
-        check_device(settings.get("device", "cpu"), network)
+        check_device(settings.get("device", "cpu"), network, check_training_precision(settings.get("precision",
+                                                                                                "float32")))
     results = []
     for index, cell in enumerate(cells):
         def progress(step, steps, loss, offset=index):

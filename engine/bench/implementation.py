@@ -172,8 +172,8 @@ class TorchImplementation(Implementation):
 
 
 # The precision modes, by the harness's short names, in the order their rows are measured.
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-CUDNN_PRECISIONS = PRECISIONS
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp32x3")
+CUDNN_PRECISIONS = PRECISIONS[:4]        # fp32x3 (3xTF32) has no cuDNN mode: its rows compare with cudnn-fp32
 
 
 def row_name(base: str, precision: str) -> str:

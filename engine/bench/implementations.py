@@ -14,9 +14,12 @@ graph-tf32, persistent-fp16, auto-bf16, ...), "cudnn" (torch.nn.LSTM/GRU/RNN in 
 "torch" (the cell graph in torch ops: eager, torch.compile, TorchScript), "flashrnn" (FlashRNN's LSTM, GRU and
 sLSTM, engine/bench/flashrnn.py). torch is imported only when used.
 
-Precision modes by their short names: fp32 (strict IEEE, TF32 off), tf32, fp16, bf16. An engine row in
-mode m passes precision=SHORT_NAMES[m] ("float32", "tf32", "float16", "bfloat16") to the engine; a
-cuDNN row runs torch.nn in that mode. Both round the matmul operands and accumulate in fp32.
+Precision modes by their short names: fp32 (strict IEEE, TF32 off), tf32, fp16, bf16, fp32x3. An engine row in
+mode m passes precision=SHORT_NAMES[m] ("float32", "tf32", "float16", "bfloat16", "float32x3") to the engine; a
+cuDNN row runs torch.nn in that mode. Both round the matmul operands and accumulate in fp32. fp32x3 (3xTF32: fp32
+accuracy on tensor cores) has no cuDNN mode: graph-fp32x3 and persistent-fp32x3 run the schedules in it, auto-fp32x3
+is engine.run's opt-in (precision float32, allow_tensor_core_fp32=True), and each is compared with cudnn-fp32 (TF32
+off), its error too (runner.add_derived: "error_vs_cudnn_bound", the issue's 2x bound).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from ..schedules.tiling import eligibility
 from ..torch_layout import to_torch_state_dict
 from .flashrnn import FlashRNN
 from .implementation import (
+    CUDNN_PRECISIONS,
     PRECISIONS,
     Case,
     CompileBudget,
@@ -133,11 +137,15 @@ class AutoSchedule(EngineBackend):
     def setup(self, case: Case) -> None:
         self.inputs = case.inputs
         options = self.precision_options()
-        choice = autotune.tune(case.network, case.params, case.config.steps, case.config.batch, **options)
+        # auto-fp32x3 is the opt-in of engine.run: precision float32 with float32x3 candidates allowed
+        tuned = {"allow_tensor_core_fp32": True} if self.precision == "fp32x3" else options
+        choice = autotune.tune(case.network, case.params, case.config.steps, case.config.batch, **tuned)
         self.detail.update(schedule=choice.schedule, why=choice.why, cached=choice.cached,
                            config=None if choice.config is None else choice.config.label(), **options)
-        self.program = autotune.prepare(autotune.Candidate(choice.schedule, choice.config), case.network,
-                                        case.params, **options)
+        if self.precision == "fp32x3":
+            self.detail["precision"] = choice.precision or "float32"      # the mode the choice runs in
+        self.program = autotune.prepare(choice.candidate, case.network, case.params,
+                                        **({} if self.precision == "fp32x3" else options))
         self._run = self.program.run
         self.takes_poison = "poison" in inspect.signature(self._run).parameters
         self.detail["interface"] = "autotune.tune(...), then prepare(network, params).run(x) of its choice"
@@ -152,6 +160,8 @@ class Cudnn(TorchImplementation):
 
     def __init__(self, precision: str, timer: str = "torch"):
         super().__init__()
+        if precision not in CUDNN_PRECISIONS:
+            raise ValueError(f"cuDNN has no precision {precision!r}; hint: one of {', '.join(CUDNN_PRECISIONS)}")
         self.precision, self.name, self.timer = check_precision(precision), f"cudnn-{precision}", timer
         self.tf32 = precision == "tf32"
 
@@ -282,7 +292,8 @@ def default_implementations(compile_budget_s: float) -> list[Implementation]:
     reduced = []
     for precision in PRECISIONS[1:]:
         schedules = [EngineBackend(name, precision=precision) for name in backends.PRECISION_BACKENDS]
-        reduced += [Cudnn(precision), *schedules, AutoSchedule(precision=precision)]
+        cudnn = [Cudnn(precision)] if precision in CUDNN_PRECISIONS else []
+        reduced += [*cudnn, *schedules, AutoSchedule(precision=precision)]
     return [Cudnn("fp32"), *[EngineBackend(name) for name in gpu_backends], AutoSchedule(), *reduced,
             TorchCell("eager"), TorchCell("compile", CompileBudget(compile_budget_s)),
             TorchCell("script", CompileBudget(compile_budget_s)),

@@ -158,10 +158,12 @@ def same_mode_speedup(entry: dict) -> float | None:
 
 
 def _ratios(entry: dict) -> str:
-    """' (2.10x)', ' (2.10x; 1.30x same mode)' or ''."""
+    """' (2.10x)', ' (2.10x; 1.30x same mode)', ' (2.10x; err 1.2x cuDNN)' (fp32x3) or ''."""
     speedup = (entry.get("speedup") or {}).get("vs_cudnn_fp32")
     same = same_mode_speedup(entry)
+    bound = entry.get("error_vs_cudnn_bound") or {}
     parts = ([f"{speedup:.2f}x"] if speedup else []) + ([f"{same:.2f}x same mode"] if same else [])
+    parts += [f"err {bound['ratio']:.2g}x cuDNN"] if bound.get("ratio") is not None else []
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -195,8 +197,14 @@ def markdown_table(results: dict) -> str:
     lines.append(f"Median ms over {results.get('settings', {}).get('reps', '?')} repetitions on {device}; "
                  "(Nx) = speedup over cuDNN fp32 with TF32 off"
                  + ("; (Nx; Mx same mode): M = speedup over cuDNN in the row's own precision (cudnn-bf16 for "
-                    "persistent-bf16)." if _any_same_mode(results) else "."))
+                    "persistent-bf16)." if _any_same_mode(results) else ".")
+                 + (" err Mx cuDNN (fp32x3 rows): max relative error against float64 over cuDNN fp32's on the same "
+                    "inputs (bound 2x)." if _any_bound(results) else ""))
     return "\n".join(lines)
+
+
+def _any_bound(results: dict) -> bool:
+    return any(e.get("error_vs_cudnn_bound") for cell in results.get("cells", []) for e in cell.get("implementations", []))
 
 
 def _any_same_mode(results: dict) -> bool:
@@ -244,6 +252,12 @@ def text_summary(results: dict) -> str:
                 f"{_fmt(speedup.get('vs_naive'), '.2f'):>8} "
                 f"{_fmt((e.get('error') or {}).get('rel'), '.2e'):>9} "
                 f"{_fmt(None if peak is None else peak / 2**20, '.1f'):>9}  {'on' if e.get('tf32') else 'off'}")
+        for e in cell.get("implementations", []):
+            bound = e.get("error_vs_cudnn_bound")
+            if bound:
+                lines.append(f"  {e['name']}: rel err {bound['rel']:.2e} against cuDNN fp32's {bound['cudnn_fp32_rel']:.2e}"
+                             f" on the same inputs: {bound['ratio']:.3g}x ({'within' if bound['within'] else 'over'} "
+                             f"the {bound['bound']:g}x bound)")
         lines.append("")
     for net in results.get("nets", []):
         config = net.get("config", {})

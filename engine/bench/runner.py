@@ -38,7 +38,7 @@ from ..ir import CellGraph
 from ..memory import run_bytes
 from ..params import init_params
 from .configs import BenchConfig, NetBenchConfig, parse_configs
-from .divergence import error_summary, gate, step_curves
+from .divergence import error_bound, error_summary, gate, step_curves
 from .flops import floors
 from .implementation import Case, Implementation, Unavailable, short_reason
 from .implementations import default_implementations, select
@@ -171,7 +171,11 @@ def add_derived(entries: list[dict], flops_total: int, floor_ms: float | None) -
     def over(base: str, median: float) -> float | None:
         return medians[base] / median if medians.get(base) else None
 
+    cudnn_fp32 = next((e for e in entries if e["name"] == "cudnn-fp32" and e.get("error")), None)
     for entry in entries:
+        bound = error_bound(entry, cudnn_fp32)          # fp32x3 rows: their error beside cuDNN fp32's
+        if bound is not None:
+            entry["error_vs_cudnn_bound"] = bound
         if entry["status"] != "ok":
             continue
         median = entry["median_ms"]

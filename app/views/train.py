@@ -100,10 +100,15 @@ def settings_ui(task: str) -> dict:
                                                   value=1.0, key="train.clip"))
     settings["seed"] = int(cols[2].number_input("seed", min_value=0, value=0, step=1, key="train.seed"))
     settings["device"] = device_ui()
+    settings["precision"] = PRECISIONS[st.selectbox(
+        "Matmul precision", list(PRECISIONS), key="train.precision",
+        help="every matmul's operands rounded to this format, products summed in fp32, weights kept in fp32: tensor "
+             "cores on the GPU, the same rounding emulated on the CPU")]
     return settings
 
 
 DEVICES = {"CPU, float64": "cpu", "GPU, float32 (the fused training step)": "gpu"}
+PRECISIONS = {"float32 (strict)": "float32", "bfloat16": "bfloat16", "float16": "float16", "tf32": "tf32"}
 
 
 def device_ui() -> str:

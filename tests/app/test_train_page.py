@@ -89,6 +89,19 @@ def test_the_device_is_the_cpu_where_there_is_no_gpu_and_says_why(open_page):
     assert any("Training runs on the CPU: no GPU here" in c.value for c in at.caption)
 
 
+def test_a_matmul_precision_trains_in_that_mode_and_is_saved_with_the_results(open_page):
+    at = open_page("train")
+    assert at.selectbox(key="train.precision").value == "float32 (strict)"
+    at.multiselect(key="train.cells").set_value(["preset: gru"])
+    at.selectbox(key="train.precision").set_value("bfloat16")
+    tiny(at, steps=4)
+    at.button(key="train.run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    saved = sorted((Path(os.environ["RNN_DESIGNS_DIR"]) / "training").glob("adding-*.json"))
+    written = json.loads(saved[-1].read_text())
+    assert [r["settings"]["precision"] for r in written["results"]] == ["bfloat16"]
+
+
 def test_no_cell_chosen_says_so_and_trains_nothing(open_page):
     at = open_page("train")
     at.multiselect(key="train.cells").set_value([]).run()

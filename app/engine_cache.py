@@ -206,11 +206,12 @@ def wavefront(num_layers: int, num_steps: int) -> dict:
 @st.cache_data(show_spinner="Compiling the plan...", max_entries=32)
 def plan(cell_json: str, input_size: int, hidden_size: int, num_layers: int, steps: int, batch: int,
          schedule: str | None = None, autotune_stamp: str | None = None, precision: str = "float32",
-         proj_size: int | None = None) -> dict | None:
+         proj_size: int | None = None, allow_tensor_core_fp32: bool = False) -> dict | None:
     """engine.explain.explain_json for the cell at these sizes, or None when engine.explain does not exist.
 
     schedule: passed on (a wavefront schedule brings its generated CUDA); precision: the mode the GPU
-    schedules are planned in. autotune_stamp is only part of the cache key: pass autotune_stamp() so that a
+    schedules are planned in; allow_tensor_core_fp32: the autotuner's choices shown are those tuned with float32x3
+    allowed (engine.run's flag of that name). autotune_stamp is only part of the cache key: pass autotune_stamp() so that a
     new autotuner choice shows up."""
     explain_json = optional("engine.explain", "explain_json")
     if explain_json is None:
@@ -218,6 +219,8 @@ def plan(cell_json: str, input_size: int, hidden_size: int, num_layers: int, ste
     extra = {} if schedule is None else {"schedule": schedule}
     if precision != "float32":
         extra["precision"] = precision
+    if allow_tensor_core_fp32:
+        extra["allow_tensor_core_fp32"] = True
     cell = cell_from_json(cell_json)
     if proj_size is not None and cell.uses_projection:      # a Network carries P into explain
         cell = engine.Network(cell, input_size, hidden_size, num_layers, proj_size)

@@ -112,19 +112,33 @@ def choose_schedule_ui(report: dict) -> str:
                     "cooperative kernel for the whole sequence")
 
 
-PRECISIONS = ("float32", "tf32", "float16", "bfloat16")
+PRECISIONS = ("float32", "tf32", "float16", "bfloat16", "float32x3")
+
+
+def precision_ui() -> tuple[str, bool]:
+    """The precision the schedules are planned in, and (float32 only) whether backend='auto' may run fp32 on tensor
+    cores (engine.run's allow_tensor_core_fp32: float32x3 candidates tuned beside the strict ones)."""
+    precision = st.radio("Precision", PRECISIONS, key="schedule.precision", horizontal=True,
+                         help="float32: strict IEEE fp32 on CUDA cores. tf32, float16, bfloat16: matmul operands "
+                              "rounded to that format on tensor cores (mma.sync), fp32 accumulation, cell math and "
+                              "states; float32x3: each operand split into two TF32 parts, three tensor-core products "
+                              "(3xTF32), fp32-level error; the fused backend is float32 only")
+    if precision != "float32":
+        return precision, False
+    allow = st.checkbox("allow tensor cores for fp32 (3xTF32)", key="schedule.tensor_core_fp32",
+                        help="engine.run(..., allow_tensor_core_fp32=True): backend='auto' also times the schedules "
+                             "in float32x3 and may pick one when it is faster and within the float32 tolerance; "
+                             "off, float32 is strict FFMA. The autotuner's choices below are those tuned so")
+    return precision, allow
 
 
 def schedule_ui(cell: engine.CellGraph, sizes: dict[str, int]) -> None:
     st.subheader("How the GPU runs it")
     cell_json = engine.to_json(cell)
-    precision = st.radio("Precision", PRECISIONS, key="schedule.precision", horizontal=True,
-                         help="float32: strict IEEE fp32 on CUDA cores. tf32, float16, bfloat16: matmul operands "
-                              "rounded to that format on tensor cores (mma.sync), fp32 accumulation, cell math and "
-                              "states; the fused backend is float32 only")
+    precision, allow_tensor_core_fp32 = precision_ui()
     try:
         explained = engine_cache.plan(cell_json, **sizes, autotune_stamp=engine_cache.autotune_stamp(),
-                                      precision=precision)
+                                      precision=precision, allow_tensor_core_fp32=allow_tensor_core_fp32)
     except engine.EngineError as e:
         st.error(f"The schedules of cell '{cell.name}' could not be described: {e}")
         return
@@ -245,7 +259,8 @@ def autotune_ui(tuned: dict) -> None:
         return
     for i, choice in enumerate(tuned["choices"]):
         config = f" ({choice['config']})" if choice["config"] else ""
-        with st.expander(f"Autotuned on {choice['device']}: {choice['schedule']}{config}"):
+        mode = f" in {choice['precision']}" if choice.get("precision") == "float32x3" else ""
+        with st.expander(f"Autotuned on {choice['device']}: {choice['schedule']}{config}{mode}"):
             st.write(choice["why"])
             st.dataframe([{"candidate": t.get("candidate"), "ms": t.get("ms"), "error": t.get("error")}
                           for t in choice["timings"]], hide_index=True, key=f"schedule.autotune.{i}")

@@ -8,6 +8,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from gradient_errors import gradient_errors
 from hypothesis import HealthCheck, given, settings
 from nvcc_check import CHECK_ONLY
 from test_autodiff import UNUSUAL
@@ -173,16 +174,7 @@ def run_plan_on_numpy(cell, seed, layers=2, I=4, H=5, T=5, B=3, P=None, plan=Non
     tape = fused_tape.record(network, params, x.astype(np.float32), initial, poison=True,
                         runner=NumpyRunner(plan or training_plan(cell)), wavefront=wavefront)
     got = tape.backward(d_out.astype(np.float32), d_final)
-    pairs = [("outputs", got.outputs, want.outputs), ("x", got.x, want.x)]
-    pairs += [(f"final {s}", got.final_states[s], want.final_states[s]) for s in cell.state_names]
-    pairs += [(f"initial {s}", got.initial_states[s], want.initial_states[s]) for s in cell.state_names]
-    pairs += [(f"layer {l} {p}", got.params[l][p], want.params[l][p]) for l in range(layers) for p in want.params[l]]
-    errors = {}
-    for label, a, b in pairs:
-        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        assert a.shape == b.shape, label
-        errors[label] = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), FLOOR * np.sqrt(b.size)))
-    return errors
+    return gradient_errors(got, want, cell.state_names, layers, finals=True, floor=FLOOR)
 
 
 TOL = 2e-4

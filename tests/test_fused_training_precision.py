@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from gradient_errors import gradient_errors
 
 import engine
 from engine.autodiff import bptt, fused_tape, persistent
@@ -31,19 +32,8 @@ MODE_BOUND = {"tf32": 2e-3, "float16": 2e-3, "bfloat16": 1.5e-2}   # against flo
 FLOOR = 1e-2
 
 
-def relative(got, want) -> float:
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), FLOOR * np.sqrt(want.size)))
-
-
-def gradient_errors(got, want, network) -> dict:
-    errors = {"outputs": relative(got.outputs, want.outputs), "x": relative(got.x, want.x)}
-    for s in network.cell.state_names:
-        errors[f"initial {s}"] = relative(got.initial_states[s], want.initial_states[s])
-    for layer in range(network.num_layers):
-        for p, value in want.params[layer].items():
-            errors[f"layer {layer} {p}"] = relative(got.params[layer][p], value)
-    return errors
+def mode_errors(got, want, network) -> dict:
+    return gradient_errors(got, want, network.cell.state_names, network.num_layers, floor=FLOOR)
 
 
 def case(cell, seed=3, layers=2, I=16, H=16, T=6, B=4):
@@ -68,7 +58,7 @@ def test_every_presets_plan_in_each_mode_equals_its_emulation(name, mode):
     tape = fused_tape.record(network, params, x.astype(np.float32), initial, poison=True,
                              runner=NumpyRunner(training_plan(cell, precision=mode)))
     got = tape.backward(d_out.astype(np.float32), d_final)
-    near, far = gradient_errors(got, emulated, network), gradient_errors(got, strict, network)
+    near, far = mode_errors(got, emulated, network), mode_errors(got, strict, network)
     worst = max(near, key=near.get)
     assert near[worst] < EMULATED_TOLERANCE, (worst, near[worst])
     assert max(far.values()) < MODE_BOUND[mode], max(far.items(), key=lambda kv: kv[1])
@@ -82,7 +72,7 @@ def test_the_float64_reference_in_a_mode_stays_within_its_bound(mode):
     network, params, x, initial, d_out, d_final = case(engine.preset("lstm").cell)
     emulated = bptt(network, params, x, initial, d_out, d_final, precision=mode)
     strict = bptt(network, params, x, initial, d_out, d_final)
-    errors = gradient_errors(emulated, strict, network)
+    errors = mode_errors(emulated, strict, network)
     assert 0 < max(errors.values()) < MODE_BOUND[mode]
 
 
@@ -94,7 +84,7 @@ def test_a_wavefront_and_a_single_layer_run_the_mode_too():
         emulated = bptt(network, params, x, initial, d_out, d_final, dtype=np.float32, precision="bf16")
         tape = fused_tape.record(network, params, x.astype(np.float32), initial, poison=True, wavefront=wavefront,
                                  runner=NumpyRunner(training_plan(cell, precision="bf16")))
-        errors = gradient_errors(tape.backward(d_out.astype(np.float32), d_final), emulated, network)
+        errors = mode_errors(tape.backward(d_out.astype(np.float32), d_final), emulated, network)
         assert max(errors.values()) < EMULATED_TOLERANCE, (layers, max(errors.items(), key=lambda kv: kv[1]))
 
 

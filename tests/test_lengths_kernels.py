@@ -14,6 +14,7 @@ from multiprocessing.pool import ThreadPool
 
 import numpy as np
 import pytest
+from gradient_errors import gradient_errors
 from hypothesis import HealthCheck, given, settings
 from nvcc_check import CHECK_ONLY
 from test_autodiff import UNUSUAL
@@ -215,14 +216,7 @@ def train_on_numpy(cell, lengths=LENGTHS, wavefront=None, layers=2, I=4, H=5, P=
     got = tape.backward(d_out.astype(np.float32), d_final)
     for b, n in enumerate(lengths):
         assert not got.outputs[n:, b].any() and not got.x[n:, b].any()
-    pairs = [("outputs", got.outputs, want.outputs), ("x", got.x, want.x)]
-    pairs += [(f"final {s}", got.final_states[s], want.final_states[s]) for s in cell.state_names]
-    pairs += [(f"initial {s}", got.initial_states[s], want.initial_states[s]) for s in cell.state_names]
-    pairs += [(f"layer {l} {p}", got.params[l][p], want.params[l][p]) for l in range(layers) for p in want.params[l]]
-    errors = {}
-    for label, a, b in pairs:
-        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        errors[label] = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-2 * np.sqrt(b.size)))
+    errors = gradient_errors(got, want, cell.state_names, layers, finals=True)
     return {k: v for k, v in errors.items() if not v < 2e-4}
 
 

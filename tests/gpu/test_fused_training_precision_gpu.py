@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gradient_errors import gradient_errors, relative
 
 import engine
 from engine.autodiff import bptt, fused_cache, fused_tape
@@ -31,20 +32,8 @@ MODE_BOUND = {"tf32": 2e-3, "float16": 2e-3, "bfloat16": 1.5e-2}    # against fl
 FLOOR = 1e-2
 
 
-def relative(got, want) -> float:
-    got = np.asarray(got.get() if hasattr(got, "get") else got, dtype=np.float64)
-    want = np.asarray(want.get() if hasattr(want, "get") else want, dtype=np.float64)
-    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), FLOOR * np.sqrt(want.size)))
-
-
 def errors(got, want, network) -> dict:
-    found = {"outputs": relative(got.outputs, want.outputs), "x": relative(got.x, want.x)}
-    for s in network.cell.state_names:
-        found[f"initial {s}"] = relative(got.initial_states[s], want.initial_states[s])
-    for layer in range(network.num_layers):
-        for p, value in want.params[layer].items():
-            found[f"layer {layer} {p}"] = relative(got.params[layer][p], value)
-    return found
+    return gradient_errors(got, want, network.cell.state_names, network.num_layers, floor=FLOOR)
 
 
 def case(cell, seed=7, layers=3, I=64, H=256, T=40, B=64):

@@ -1,0 +1,125 @@
+"""float32x3 (3xTF32) of the schedules on the GPU, against the reference that emulates it and against float64.
+
+The emulation (engine.rounding.mode_matmul) multiplies exactly the TF32 parts the three MMAs multiply and sums in
+float64, so a schedule in float32x3 differs from it by fp32 accumulation and cell math only; it must also stay at
+fp32's level against float64, far below tf32's error on the same inputs (a lost lo part, or a weight stored rounded,
+gives tf32's error and fails here). Paths: the warp GEMV of few rows (B = 3, strict fp32 in this mode), the MMA
+path (B = 19, 33, 40: odd sizes, one and several 16-row tiles, split K), resident and streamed weights, layer 0
+projected in the kernel (L = 2) or by the three cublasGemmEx calls (L = 1, layer by layer), one `large`-like size,
+poisoned outputs, bit-identical reruns, and auto's opt-in.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_fused import make_case, relative_error
+
+import engine
+from engine.backends import reference
+from engine.schedules import autotune, schedule_class
+from engine.schedules.tiling import TileConfig
+
+pytestmark = pytest.mark.gpu
+
+PRESETS = sorted(n for n, p in engine.presets().items() if not p.cell.uses_projection)
+SCHEDULES = ("graph", "persistent")
+EMULATED_TOLERANCE = 2e-5       # norm-relative, against the float32x3 emulation
+STRICT_TOLERANCE = 5e-5         # norm-relative, against float64
+TF32_MARGIN = 10                # float32x3's error against float64 at least this many times below tf32's
+
+
+def check_x3(result, network, params, x, states, what, tf32=None):
+    assert not np.isnan(result.outputs).any(), f"{what}: NaN in the outputs (a value read before it was written)"
+    assert result.info["precision"] == "float32x3", what
+    emulated = reference.run(network, params, x, states, precision="float32x3")
+    strict = reference.run(network, params, x, states)
+    to_emulated = relative_error(result.outputs, emulated.outputs)
+    to_strict = relative_error(result.outputs, strict.outputs)
+    for name, value in emulated.final_states.items():
+        to_emulated = max(to_emulated, relative_error(result.final_states[name], value))
+    assert to_emulated <= EMULATED_TOLERANCE, f"{what}: {to_emulated:.3g} from the float32x3 emulation"
+    assert to_strict <= STRICT_TOLERANCE, f"{what}: {to_strict:.3g} from float64"
+    if tf32 is not None:
+        tf32_error = relative_error(tf32.outputs, strict.outputs)
+        assert to_strict * TF32_MARGIN <= tf32_error, (
+            f"{what}: float32x3 is {to_strict:.3g} from float64, tf32 {tf32_error:.3g}: the lo parts are lost")
+    return to_strict
+
+
+def run(schedule, network, params, x, states, precision="float32x3", config=None):
+    program = schedule_class(schedule)(network, params, config=config, precision=precision)
+    return program.run(x, states, poison=True)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_matches_its_emulation(cupy, name):
+    cases = [("persistent", 19)] + ([("persistent", 3), ("graph", 19)] if name in ("lstm", "gru_cho") else [])
+    for schedule, batch in cases:
+        size = {"input_size": 37, "hidden_size": 129, "batch": batch, "steps": 17}
+        network, params, x, states = make_case(engine.preset(name).cell, 2, seed=batch, sizes=size)
+        result = run(schedule, network, params, x, states)
+        tf32 = run(schedule, network, params, x, states, "tf32") if batch > 4 else None   # B <= 4: strict fp32
+        check_x3(result, network, params, x, states, f"{schedule} {name} float32x3 B={batch}", tf32)
+
+
+CASES = [
+    ("one layer: three cublasGemmEx projections", 1, 40, TileConfig()),
+    ("streamed weights", 2, 33, TileConfig(resident=False)),
+    ("layer by layer", 3, 19, TileConfig(layers_per_launch=1)),
+    ("gemv, streamed", 2, 4, TileConfig(resident=False)),
+]
+
+
+@pytest.mark.parametrize("label,layers,batch,config", CASES, ids=[c[0] for c in CASES])
+def test_paths(cupy, label, layers, batch, config):
+    size = {"input_size": 48, "hidden_size": 96, "batch": batch, "steps": 13}
+    schedules = ("persistent",) if config.layers_per_launch or not config.resident else SCHEDULES
+    for cell in ("lstm", "gru_cho"):
+        network, params, x, states = make_case(engine.preset(cell).cell, layers, seed=3, sizes=size)
+        for schedule in schedules:
+            result = run(schedule, network, params, x, states, config=config)
+            tf32 = run(schedule, network, params, x, states, "tf32", config) if batch > 4 else None
+            check_x3(result, network, params, x, states, f"{schedule} {cell} float32x3 {label}", tf32)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_large_like_size_stays_at_fp32_level(cupy, schedule):
+    """`large` (1024, 1024, 2, 100, 128) with T cut to 30 for the float64 reference's sake: float32x3 within the
+    emulation, and its error against float64 at most 2x strict fp32's (the schedule in float32) plus an ulp."""
+    size = {"input_size": 1024, "hidden_size": 1024, "batch": 128, "steps": 30}
+    network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=7, sizes=size)
+    result = run(schedule, network, params, x, states)
+    tf32 = run(schedule, network, params, x, states, "tf32")
+    error = check_x3(result, network, params, x, states, f"{schedule} lstm large-like float32x3", tf32)
+    fp32 = run(schedule, network, params, x, states, "float32")
+    fp32_error = relative_error(fp32.outputs, reference.run(network, params, x, states).outputs)
+    assert error <= 2 * fp32_error + 2.0 ** -24, f"float32x3 {error:.3g} against strict fp32's {fp32_error:.3g}"
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_twenty_runs_are_bit_identical(cupy, schedule):
+    size = {"input_size": 64, "hidden_size": 128, "batch": 33, "steps": 12}
+    network, params, x, _ = make_case(engine.preset("lstm").cell, 2, seed=5, sizes=size)
+    program = schedule_class(schedule)(network, params, precision="float32x3")
+    x_gpu = cupy.asarray(x, dtype=cupy.float32)
+    first = program.run(x_gpu).outputs.get()
+    for _ in range(19):
+        assert np.array_equal(program.run(x_gpu).outputs.get(), first), f"{schedule} float32x3: runs differ"
+
+
+def test_auto_takes_float32x3_only_when_allowed(cupy, tmp_path, monkeypatch):
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
+    size = {"input_size": 64, "hidden_size": 128, "batch": 40, "steps": 8}
+    network, params, x, states = make_case(engine.preset("gru").cell, 2, seed=2, sizes=size)
+    strict = engine.run(network, params, x, states, backend="auto")
+    assert strict.info["precision"] == "float32"
+    allowed = engine.run(network, params, x, states, backend="auto", allow_tensor_core_fp32=True)
+    assert allowed.info["precision"] in ("float32", "float32x3")
+    choice = autotune.tune(network, params, 8, 40, allow_tensor_core_fp32=True)
+    assert "+3xtf32" in choice.key and "float32x3 allowed" in choice.why
+    assert any("[float32x3]" in t["candidate"] for t in choice.timings), choice.timings
+    assert choice.precision in (None, "float32x3")
+    reference_out = reference.run(network, params, x, states).outputs
+    assert relative_error(allowed.outputs, reference_out) <= STRICT_TOLERANCE
+    explicit = engine.run(network, params, x, states, backend="persistent", precision="float32x3")
+    check_x3(explicit, network, params, x, states, "engine.run persistent float32x3")

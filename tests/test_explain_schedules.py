@@ -174,7 +174,7 @@ def test_the_autotuners_cached_choice_is_reported_and_shown_first():
     (choice,) = report["autotune"]["choices"]
     assert choice == {"device": "Test GPU", "schedule": "graph", "config": TileConfig(4).label(),
                       "config_fields": dataclasses.asdict(TileConfig(4)), "why": "fastest of 2 (test)",
-                      "timings": timings}
+                      "timings": timings, "precision": "float32"}     # the mode the choice runs in
     assert report["default"]["schedule"] == report["selected"]["schedule"] == "graph"
     # The chosen schedule is drawn with the chosen tiling (4 units a block), the other with the default (1 here).
     assert report["graph"]["tiling_from"] == "the autotuner's choice"

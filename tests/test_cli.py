@@ -163,3 +163,15 @@ def test_explain_bad_schedule_lists_the_choices(capsys):
     assert main(["explain", "lstm", "--schedule", "warp"]) == 2
     err = capsys.readouterr().err
     assert "--schedule" in err and "'warp'" in err and "'persistent'" in err and "'auto'" in err
+
+
+def test_run_takes_float32x3_and_refuses_the_opt_in_flag_off_auto(tmp_path, capsys):
+    out = tmp_path / "o.npz"
+    assert main(["run", "lstm", "-I", "4", "-H", "8", "--steps", "3", "--batch", "2", "--precision", "float32x3",
+                 "-o", str(out)]) == 0
+    assert "in float32x3" in capsys.readouterr().out and out.exists()
+    assert main(["run", "lstm", "-I", "4", "-H", "8", "--steps", "3", "--batch", "2", "--allow-tensor-core-fp32",
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--allow-tensor-core-fp32" in err and "--backend auto" in err
+    assert main(["explain", "lstm", "--precision", "float32x3", "--no-source"]) == 0

@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--schedule", choices=SCHEDULE_CHOICES, default=None,
                    help="also explain this GPU schedule: tiling, launches, barriers, shared memory, the "
                         "autotuner's choice; graph and persistent end with their generated CUDA")
-    p.add_argument("--precision", default="float32", choices=["float32", "tf32", "float16", "bfloat16"],
+    p.add_argument("--precision", default="float32", choices=["float32", "tf32", "float16", "bfloat16", "float32x3"],
                    help="the mode the GPU schedules are planned in (tensor-core tiles for tf32/float16/bfloat16)")
     p.add_argument("--no-source", action="store_true", help="leave out the CUDA source (text output)")
     p.set_defaults(func=main)

@@ -26,9 +26,13 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"], help="precision (default float64)")
     p.add_argument("--check-finite", action="store_true",
                    help="refuse NaN or Inf in the input, the initial states or the parameters, naming the first")
-    p.add_argument("--precision", default="float32", choices=["float32", "tf32", "float16", "bfloat16"],
+    p.add_argument("--precision", default="float32", choices=["float32", "tf32", "float16", "bfloat16", "float32x3"],
                    help="matmul precision mode: the schedules run it on tensor cores, the reference emulates it "
-                        "(default float32: strict)")
+                        "(default float32: strict; float32x3: fp32 operands split into two tf32 parts, three tensor-core "
+                        "products: fp32-level error)")
+    p.add_argument("--allow-tensor-core-fp32", action="store_true",
+                   help="with --backend auto and --precision float32: let the autotuner also time the schedules in "
+                        "float32x3 (3xTF32) and pick one if it is faster")
     p.add_argument("-o", "--output", default="run_outputs.npz",
                    help="where to save outputs and final states (an .npz archive, written at exactly this path "
                         "and replaced if it exists; default run_outputs.npz)")
@@ -36,6 +40,10 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
+    if args.allow_tensor_core_fp32 and (args.backend != "auto" or args.precision != "float32"):
+        raise BackendError(f"--allow-tensor-core-fp32 lets --backend auto choose float32x3 for --precision float32; "
+                           f"got --backend {args.backend} --precision {args.precision}; hint: --backend auto "
+                           "--precision float32, or --precision float32x3 to run a backend in that mode")
     cell = resolve_cell(args.cell)
     out = check_destination(args.output, "outputs", flag="--output", example="run_outputs.npz")   # before the work
     if args.params:
@@ -50,6 +58,7 @@ def main(args) -> int:
     net = Network(cell, input_size, args.hidden_size, args.layers, args.proj_size)
     params = Params.load(args.params, net) if args.params else init_params(net, seed=args.seed)
     result = run(net, params, x, backend=args.backend, dtype=np.dtype(args.dtype).type, precision=args.precision,
+                 allow_tensor_core_fp32=args.allow_tensor_core_fp32,
                  check_finite=args.check_finite)
     outputs = np.asarray(result.outputs.get() if hasattr(result.outputs, "get") else result.outputs)
     finals = {f"final_{k}": np.asarray(v.get() if hasattr(v, "get") else v) for k, v in result.final_states.items()}

@@ -5,10 +5,10 @@ the autotuner's candidates, and nvcc compiles. The numbers against the reference
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pytest
-from test_schedules_cpu import nvcc_command, render
+from nvcc_check import compile_sources
+from test_schedules_cpu import render
 
 import engine
 from engine.errors import CompileError
@@ -94,19 +94,14 @@ def test_the_autotuner_times_clusters_of_8_and_16():
 def test_cluster_sources_compile_with_nvcc(tmp_path):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
-    jobs = []
+    sources = {}
     for label, args in {"slstm": (64, 768, 1, 16, TileConfig(sync="cluster"), True, "bfloat16"),
                         "lstm16": (64, 256, 2, 16, TileConfig(units_per_block=16, sync="cluster"), True, "bfloat16"),
                         "gru_cho": (64, 256, 1, 40, TileConfig(units_per_block=16, sync="cluster"), True, "float16")
                         }.items():
         _, source, _ = render("slstm" if label == "slstm" else label.rstrip("16"), *args)
-        path = tmp_path / f"{label}.cu"
-        path.write_text(source)
-        jobs.append((label, subprocess.Popen(nvcc_command(path, tmp_path / f"{label}.cubin"), stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, text=True)))
-    for label, job in jobs:
-        output, _ = job.communicate(timeout=300)
-        assert job.returncode == 0, f"{label}:\n{output[-3000:]}"
+        sources[label] = source
+    compile_sources(sources, tmp_path)
 
 
 def test_explain_describes_the_autotuners_cluster_choice(monkeypatch, tmp_path):

@@ -6,10 +6,10 @@ a file. The numbers against the reference: tests/gpu/test_heads_gpu.py."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pytest
-from test_schedules_cpu import nvcc_command, render
+from nvcc_check import compile_sources
+from test_schedules_cpu import render
 
 import engine
 from engine.compiler import make_plan
@@ -125,7 +125,7 @@ def test_the_autotuner_times_head_sync_where_it_applies():
 def test_heads_sources_compile_with_nvcc(tmp_path):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
-    jobs = []
+    sources = {}
     for label, args in {"bulk": (64, 256, 2, 16, TileConfig(), True, "bfloat16"),
                         "bulk_192": (64, 768, 1, 16, TileConfig(), True, "bfloat16"),      # K chunks of 192
                         "gemv": (64, 256, 1, 3, TileConfig(), True, "float32"),
@@ -134,13 +134,8 @@ def test_heads_sources_compile_with_nvcc(tmp_path):
                         "head_sync_gemv": (64, 256, 1, 3, TileConfig(sync="head"), True, "float32")}.items():
         _, source, tiling = render("slstm", *args)
         assert any(t.heads == 4 for t in tiling.gemms), label
-        path = tmp_path / f"{label}.cu"
-        path.write_text(source)
-        jobs.append((label, subprocess.Popen(nvcc_command(path, tmp_path / f"{label}.cubin"), stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, text=True)))
-    for label, job in jobs:
-        output, _ = job.communicate(timeout=300)
-        assert job.returncode == 0, f"{label}:\n{output[-3000:]}"
+        sources[label] = source
+    compile_sources(sources, tmp_path)
 
 
 def test_the_diagonal_mark_is_the_engines_own():

@@ -4,11 +4,11 @@ tests/gpu/test_precision_fp32x3_gpu.py.)"""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
-from test_schedules_cpu import nvcc_command, render
+from nvcc_check import compile_sources
+from test_schedules_cpu import render
 
 import engine
 from engine.backends import reference
@@ -104,17 +104,12 @@ def test_float32x3_sources_compile_with_nvcc(tmp_path):
              ("gru_cho-gemv", ("gru_cho", 29, 64, 1, 3, TileConfig(), True)),
              ("lstm-graph-streamed", ("lstm", 29, 64, 2, 40, TileConfig(resident=False), False)),
              ("gru-layer-by-layer", ("gru", 64, 96, 3, 33, TileConfig(layers_per_launch=1), True))]
-    jobs = []
+    sources = {}
     for label, args in cases:
         _, source, tiling = render(*args, precision="float32x3")
         assert ("rnn_mma_gemms<RNN_TF32X3" in source) == tiling.mma, label
-        path = tmp_path / f"{label}.cu"
-        path.write_text(source)
-        jobs.append((label, subprocess.Popen(nvcc_command(path, tmp_path / f"{label}.cubin"), stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, text=True)))
-    for label, job in jobs:
-        output, _ = job.communicate(timeout=300)
-        assert job.returncode == 0, f"{label}:\n{output[-4000:]}"
+        sources[label] = source
+    compile_sources(sources, tmp_path, tail=4000)
 
 
 def test_auto_tries_float32x3_only_when_allowed():

@@ -28,7 +28,7 @@ from multiprocessing.pool import ThreadPool
 import numpy as np
 import pytest
 from compiler_cells import CELLS
-from nvcc_check import CHECK_ONLY
+from nvcc_check import nvcc_command
 
 import engine
 from engine.codegen import text_equations
@@ -452,17 +452,6 @@ def test_wavefront_source_has_entry_points_struct_and_header(case, mode):
     assert f"'{name}'" in header, f"the header does not name cell '{name}':\n{header}"
     for equation in text_equations(program.cell):
         assert equation in header, f"equation {equation!r} missing from the header"
-
-
-def nvcc_command(source_path, output_path) -> list[str]:
-    """The flags the engine gives NVRTC (engine/codegen/nvrtc.py OPTIONS: --std=c++17, IEEE fp32: -ftz=false,
-    -prec-div=true, -prec-sqrt=true), the same for cooperative kernels; plus warnings as errors, with the optimizer
-    off (tests/nvcc_check.py: a check, not a build). No -I for kernels/:
-    the source must inline its helpers, as NVRTC gets no include path from us."""
-    from engine.codegen.nvrtc import OPTIONS
-    flags = [("-" + option.lstrip("-")) if option.startswith("--std") else option for option in OPTIONS]
-    return ["nvcc", "-arch=sm_90", *flags, *CHECK_ONLY, "--cubin", "-o", str(output_path), "-Werror",
-            "all-warnings", str(source_path)]
 
 
 @pytest.mark.nvcc

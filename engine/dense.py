@@ -174,14 +174,22 @@ def _fixed_matmuls(cell: CellGraph, name: str, op: str) -> list[str] | None:
     return summands if abs(factor * len(summands) - 1.0) < 1e-12 else None
 
 
-@lru_cache(maxsize=256)
 def variance_form(cell: CellGraph) -> CellGraph:
     """The dense cell with every variance of a layer_norm (engine.dsl), mean_h((v_k - mu)^2) over the parts v_k whose
     joint mean is mu, rewritten as matmuls by a fixed matrix marked "var_h", one per variance: the wavefront schedules
     sum each block's units around their own mean and combine the blocks' sums in the stage that adds up mu (Chan,
     Golub & LeVeque's pairwise update), so a LayerNorm's mean and variance take one barrier instead of two
     (engine/codegen/reductions.py). A term of var_h matmuls over v_1..v_n is sum_k mean_h((v_k - mean of all)^2).
-    Only the wavefront schedules run this form: a matmul path would multiply by the matrix."""
+    Only the wavefront schedules run this form: a matmul path would multiply by the matrix. A cell with no
+    variance to rewrite comes back as the same object."""
+    rewritten = _variance_rewrite(cell)
+    return cell if rewritten is None else rewritten
+
+
+@lru_cache(maxsize=256)
+def _variance_rewrite(cell: CellGraph) -> CellGraph | None:
+    """variance_form's rewrite, cached by the (frozen, hashable) cell; None where nothing is rewritten, so that the
+    caller gets its own object back rather than an equal one cached from an earlier call."""
     rewrites: dict[str, Node] = {}
     added: list[Node] = []
     taken = set(cell.by_name)
@@ -205,7 +213,7 @@ def variance_form(cell: CellGraph) -> CellGraph:
         for leaf, part in zip(leaves, parts):
             rewrites[leaf] = make_node(leaf, "matmul", (name, part))
     if not rewrites:
-        return cell
+        return None
     body = added + [rewrites.get(n.name, n) for n in cell.nodes]
     return CellGraph(cell.name, tuple(body), cell.states, cell.output, cell.doc, cell.input_is_hidden)
 

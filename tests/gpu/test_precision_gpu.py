@@ -117,15 +117,16 @@ def test_the_bulk_pipeline_matches_its_emulation(cupy, label, layers, batch, con
             check_mode(result, network, params, x, states, precision, f"{schedule} {cell} {precision} bulk {label}")
 
 
-@pytest.mark.parametrize("precision", REDUCED)
-def test_twenty_runs_are_bit_identical(cupy, precision):
+@pytest.mark.parametrize("schedule, precision", [("persistent", p) for p in REDUCED]
+                         + [("graph", "float32x3"), ("persistent", "float32x3")])
+def test_twenty_runs_are_bit_identical(cupy, schedule, precision):
     size = {"input_size": 64, "hidden_size": 128, "batch": 33, "steps": 12}
     network, params, x, _ = make_case(engine.preset("lstm").cell, 2, seed=5, sizes=size)
-    program = schedule_class("persistent")(network, params, precision=precision)
+    program = schedule_class(schedule)(network, params, precision=precision)
     x_gpu = cupy.asarray(x, dtype=cupy.float32)
     first = program.run(x_gpu).outputs.get()
     for _ in range(19):
-        assert np.array_equal(program.run(x_gpu).outputs.get(), first), f"{precision}: runs differ"
+        assert np.array_equal(program.run(x_gpu).outputs.get(), first), f"{schedule} {precision}: runs differ"
 
 
 def test_api_runs_every_mode_and_refuses_it_on_float32_backends(cupy, tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ fp32's level against float64, far below tf32's error on the same inputs (a lost 
 gives tf32's error and fails here). Paths: the warp GEMV of few rows (B = 3, strict fp32 in this mode), the MMA
 path (B = 19, 33, 40: odd sizes, one and several 16-row tiles, split K), resident and streamed weights, layer 0
 projected in the kernel (L = 2) or by the three cublasGemmEx calls (L = 1, layer by layer), one `large`-like size,
-poisoned outputs, bit-identical reruns, and auto's opt-in.
+poisoned outputs, and auto's opt-in (its bit-identical reruns: tests/gpu/test_precision_gpu.py).
 """
 from __future__ import annotations
 

@@ -25,9 +25,14 @@ from engine.dense import dense_form
 from engine.errors import BackendError
 
 MODES = ("tf32", "float16", "bfloat16")
-REDUCED_OK = sorted(n for n, p in engine.presets().items() if not dense_form(p.cell).fixed)
+PRESETS = sorted(engine.presets())
 EMULATED_TOLERANCE = 1e-4      # norm-relative, against the float32 reference emulating the mode (measured <= 4.3e-5)
 UNEXPLAINED = 0.1              # the share of the mode's divergence from float64 the emulation may leave (measured 0.08)
+# Cells of reductions (ln_lstm, ln_gru): the plan sums a LayerNorm's mean as a matmul by ones (the dense form), the
+# reference as a reduction, in another fp32 order; the mode's rounding of what follows turns those last bits into a
+# flipped ulp of the mode here and there (measured: at most 4.9e-4, 15 % of the mode's divergence). Rounding the
+# fixed matrix's operands as well (the wrong semantics) measures 50-75 %, so 20 % still tells the two apart.
+REDUCTIONS_TOLERANCE, REDUCTIONS_UNEXPLAINED = 1e-3, 0.2
 MODE_BOUND = {"tf32": 2e-3, "float16": 2e-3, "bfloat16": 1.5e-2}   # against float64 (measured 5e-4, 5e-4, 5e-3)
 FLOOR = 1e-2
 
@@ -49,7 +54,7 @@ def case(cell, seed=3, layers=2, I=16, H=16, T=6, B=4):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", REDUCED_OK)
+@pytest.mark.parametrize("name", PRESETS)
 def test_every_presets_plan_in_each_mode_equals_its_emulation(name, mode):
     cell = engine.preset(name).cell
     network, params, x, initial, d_out, d_final = case(cell)
@@ -60,10 +65,12 @@ def test_every_presets_plan_in_each_mode_equals_its_emulation(name, mode):
     got = tape.backward(d_out.astype(np.float32), d_final)
     near, far = mode_errors(got, emulated, network), mode_errors(got, strict, network)
     worst = max(near, key=near.get)
-    assert near[worst] < EMULATED_TOLERANCE, (worst, near[worst])
+    reductions = bool(dense_form(cell).fixed)
+    assert near[worst] < (REDUCTIONS_TOLERANCE if reductions else EMULATED_TOLERANCE), (worst, near[worst])
     assert max(far.values()) < MODE_BOUND[mode], max(far.items(), key=lambda kv: kv[1])
     assert max(far.values()) > 0, "bit-equal to float64: the mode rounds nothing"
-    assert near[worst] <= UNEXPLAINED * max(far.values()), (near[worst], max(far.values()))
+    share = REDUCTIONS_UNEXPLAINED if reductions else UNEXPLAINED
+    assert near[worst] <= share * max(far.values()), (near[worst], max(far.values()))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -97,7 +104,7 @@ def test_the_plan_cache_key_holds_the_mode():
     assert bf16.forward == strict.forward and bf16.backward == strict.backward     # the same kernels and GEMMs
 
 
-def test_unknown_modes_and_cells_of_reductions_are_refused_by_name():
+def test_unknown_modes_are_refused_by_name():
     cell = engine.preset("lstm").cell
     network, params, x, *_ = case(cell, layers=1)
     with pytest.raises(BackendError, match="argument 'precision' is 'fp8'"):
@@ -106,9 +113,6 @@ def test_unknown_modes_and_cells_of_reductions_are_refused_by_name():
         bptt(network, params, x, precision="fp8")
     with pytest.raises(BackendError, match=r"backend='naive'\) computes in float32 or float64 only"):
         bptt(network, params, x, precision="bf16", backend="naive")
-    with pytest.raises(BackendError, match="reduction mean_h as a matmul"):
-        training_plan(engine.preset("ln_lstm").cell, precision="tf32")
-    training_plan(engine.preset("ln_lstm").cell)                  # float32 plans it as before
     with pytest.raises(BackendError, match="whose plan runs float32"):
         fused_tape.record(network, params, x.astype(np.float32), None, runner=NumpyRunner(training_plan(cell)),
                           precision="bf16")
@@ -186,3 +190,33 @@ def test_gemm_ex_passes_fp32_buffers_and_the_default_algorithm():
     assert len(args) == 19 and (args[8], args[11], args[15]) == (0, 0, 0)      # CUDA_R_32F A, B and C
     assert args[-2:] == (75, -1)                                              # FAST_16BF, CUBLAS_GEMM_DEFAULT
     assert ctypes.cast(args[13], ctypes.POINTER(ctypes.c_float)).contents.value == 1.0    # beta = 1: accumulate
+
+
+@pytest.mark.parametrize("name", ["ln_lstm", "ln_gru"])
+def test_a_reductions_fixed_matrix_is_multiplied_exactly_in_every_mode(name):
+    """The dense form sums mean_h by a matmul with a fixed matrix: its GEMMs are exact (strict fp32 on cuBLAS, no
+    rounding in the emulation), and every other GEMM takes the mode."""
+    plan = training_plan(engine.preset(name).cell, precision="bfloat16")
+    gemms = plan.forward.gemms + plan.backward.gemms
+    exact = [g for g in gemms if plan.exact(g)]
+    assert exact and all(set(g.weights) <= plan.fixed_weights | {""} for g in exact)
+    assert any(not plan.exact(g) for g in gemms)
+    assert not any(plan.exact(g) for g in training_plan(engine.preset("lstm").cell, precision="bfloat16").forward.gemms)
+
+
+def test_the_runner_sends_a_reductions_gemms_to_sgemm_in_a_mode():
+    calls = []
+
+    class Library:
+        def __getattr__(self, name):
+            def call(*args):
+                calls.append(name)
+                return 0
+            return call
+    sgemm = Sgemm(FakeCupy, "bfloat16", lib=Library())
+    sgemm(1, 1, 2, 2, 3, 3, 4, 4, 4, w_transposed=True, accumulate=False, exact=True)
+    sgemm(1, 1, 2, 2, 3, 3, 4, 4, 4, w_transposed=True, accumulate=False)
+    sgemm.split(1, 1, 2, 2, 3, 4, 4, 8, 2, w_transposed=True, exact=True)
+    sgemm.split(1, 1, 2, 2, 3, 4, 4, 8, 2, w_transposed=True)
+    gemms = [c for c in calls if "emm" in c and "Set" not in c]
+    assert gemms == ["cublasSgemm_v2", "cublasGemmEx", "cublasSgemmStridedBatched", "cublasGemmStridedBatchedEx"]

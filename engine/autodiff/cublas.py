@@ -93,11 +93,12 @@ class Sgemm:
         self._check(status, "sgemm" if self.compute is None or exact else f"gemmEx ({self.precision})")
 
     def __call__(self, a: int, lda: int, w: int, ldw: int, c: int, ldc: int, m: int, n: int, k: int,
-                 w_transposed: bool, accumulate: bool) -> None:
-        """C (m x n, ldc) (+)= A (m x k, lda) @ W^T (W: n x k, ldw) if w_transposed else A @ W (W: k x n, ldw)."""
+                 w_transposed: bool, accumulate: bool, exact: bool = False) -> None:
+        """C (m x n, ldc) (+)= A (m x k, lda) @ W^T (W: n x k, ldw) if w_transposed else A @ W (W: k x n, ldw)
+        (exact: strict fp32 whatever the mode, see gemm)."""
         # Row-major C = A op(W) is column-major C^T = op(W)^T A^T: cuBLAS computes n x m from W then A.
         self.gemm(1 if w_transposed else 0, 0, n, m, k, w, ldw, a, lda, self.p_one if accumulate else self.p_zero,
-                  c, ldc)
+                  c, ldc, exact)
 
     def raw(self, a_transposed: bool, b_transposed: bool, m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int,
             c: int, ldc: int, exact: bool = False) -> None:
@@ -105,13 +106,13 @@ class Sgemm:
         self.gemm(int(a_transposed), int(b_transposed), m, n, k, a, lda, b, ldb, self.p_one, c, ldc, exact)
 
     def split(self, a: int, lda: int, w: int, ldw: int, part: int, m: int, n: int, k: int, splits: int,
-              w_transposed: bool) -> None:
+              w_transposed: bool, exact: bool = False) -> None:
         """part[i] (m x n, contiguous) = A[:, i*ks:(i+1)*ks] @ op(W)[i*ks:(i+1)*ks, :], ks = k / splits: the K
         dimension split over a strided batch, so a GEMM with few output tiles still fills the GPU (in the handle's
         mode; the parts are summed in fp32 by the kernel after it)."""
         ks = k // splits
         op_w, stride_w = (1, ks) if w_transposed else (0, ks * n)
-        if self.compute is None:
+        if self.compute is None or exact:
             status = self.lib.cublasSgemmStridedBatched(
                 self.handle, op_w, 0, n, m, ks, self.p_one, w, ldw, stride_w, a, lda, ks, self.p_zero, part, n,
                 m * n, splits)
@@ -119,7 +120,8 @@ class Sgemm:
             status = self.lib.cublasGemmStridedBatchedEx(
                 self.handle, op_w, 0, n, m, ks, self.p_one, w, CUDA_R_32F, ldw, stride_w, a, CUDA_R_32F, lda, ks,
                 self.p_zero, part, CUDA_R_32F, n, m * n, splits, self.compute, CUBLAS_GEMM_DEFAULT)
-        self._check(status, "sgemm (split K)" if self.compute is None else f"gemmEx ({self.precision}, split K)")
+        self._check(status, "sgemm (split K)" if self.compute is None or exact else
+                    f"gemmEx ({self.precision}, split K)")
 
 
 def _libcublas_path(cupy) -> str:

@@ -135,8 +135,10 @@ class NumpyRunner(Runner):
         rows = steps * layer.B if g.hoisted else layer.B
         block = t
         k, n = g.k(layer.sizes), g.n(layer.sizes)
-        w = self.rounded(layer.stacked[g.stack])
-        a = self.rounded(self._rows(layer, g.operand, block, rows, k))
+        exact = self.plan.exact(g)          # a reduction's fixed matrix: a sum, strict fp32 in every mode
+        w = layer.stacked[g.stack] if exact else self.rounded(layer.stacked[g.stack])
+        a = self._rows(layer, g.operand, block, rows, k)
+        a = a if exact else self.rounded(a)
         out = self._rows(layer, g.out, block, rows, n)
         product = a @ w.T if forward else a @ w
         out[...] = out + product if g.accumulate else product

@@ -23,6 +23,7 @@ fused_program.py allocate and launch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..ir import CellGraph
 from ..plan import Lin
@@ -220,6 +221,17 @@ class TrainingPlan:
     @property
     def launches_per_step(self) -> tuple[int, int]:
         return len(self.forward.order), len(self.backward.order)
+
+    @cached_property
+    def fixed_weights(self) -> frozenset:
+        """The weights the dense form added for reductions (engine/dense.py: sum_h, mean_h as a fixed matrix)."""
+        return frozenset(n.name for n in self.cell.nodes if n.op == "weight" and n.attr("fixed"))
+
+    def exact(self, g: GemmPlan) -> bool:
+        """Whether GEMM g multiplies only by fixed reduction matrices: a sum, which no precision mode rounds (the
+        reference sums sum_h and mean_h in fp32), so it runs strict fp32 in every mode."""
+        named = [w for w in g.weights if w]
+        return bool(named) and all(w in self.fixed_weights for w in named)
 
     @property
     def columns(self) -> dict:

@@ -10,7 +10,6 @@ from functools import lru_cache
 from ..backends.common import check_training_precision
 from ..c_names import c_identifier, kernel_prefix
 from ..dense import dense_form
-from ..errors import BackendError
 from ..ir import SCALAR, CellGraph
 from ..ops import OPS
 from ..plan import Lin
@@ -43,21 +42,15 @@ def training_plan(cell: CellGraph, lengths: bool = False, precision: str = "floa
     AutodiffError if the cell has a value the fused path cannot place (named). A cell of heads or reductions is
     planned in its dense form (engine/dense.py): the parameters it runs on are dense_params'. lengths=True: its
     kernels hold the rows past their sequence's end (engine/autodiff/fused_lengths.py). precision: the GEMMs' mode
-    (engine/codegen/precision.py; a short name too), TrainingPlan.precision: the same kernels and GEMMs; BackendError
-    for a cell of reductions (sum_h, mean_h) in a reduced mode."""
+    (engine/codegen/precision.py; a short name too), TrainingPlan.precision: the same kernels and GEMMs; a cell of
+    reductions (sum_h, mean_h: a matmul by a fixed matrix in the dense form) sums them in strict fp32 in every mode,
+    as the reference does."""
     return _training_plan(cell, lengths, check_training_precision("the training plan", precision))
 
 
 @lru_cache(maxsize=64)
 def _training_plan(cell: CellGraph, lengths: bool, precision: str) -> TrainingPlan:
-    if precision != "float32":
-        reductions = dense_form(cell).fixed
-        if reductions:     # the dense form multiplies them by a matrix of ones, whose operand a mode would round
-            name, op = reductions[0]
-            raise BackendError(f"cell '{cell.name}': the fused training step runs its reduction {op} as a matmul "
-                               f"by the fixed weight '{name}', so precision={precision!r} would round the summed "
-                               "values, which the mode keeps in fp32; hint: precision='float32', or "
-                               "backend='reference' to emulate the mode")
+    if precision != "float32":      # the same plan; its reductions' GEMMs (TrainingPlan.exact) stay strict fp32
         return dataclasses.replace(_training_plan(cell, lengths, "float32"), precision=precision)
     if lengths:
         return with_lengths(_training_plan(cell, False, "float32"))

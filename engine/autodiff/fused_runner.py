@@ -228,7 +228,7 @@ class Runner:
         splits = self.splits(g, sizes, B)
         if splits == 1:
             self.active(a, lda, w.data.ptr, w.shape[1], c, ldc, rows, n, k, w_transposed=forward,
-                        accumulate=g.accumulate)
+                        accumulate=g.accumulate, exact=self.plan.exact(g))
             return
         self.split_parts(layer, g, t, forward, splits)
         total = rows * n
@@ -241,7 +241,7 @@ class Runner:
         a, lda = layer.pointer(g.operand, t)
         w = layer.stacked[g.stack]
         self.active.split(a, lda, w.data.ptr, w.shape[1], layer.scratch.data.ptr, layer.B, g.n(layer.sizes),
-                          g.k(layer.sizes), splits, w_transposed=forward)
+                          g.k(layer.sizes), splits, w_transposed=forward, exact=self.plan.exact(g))
 
     def fuses(self, network, B: int) -> bool:
         """Whether the network's steps of B rows run fused stages (stage_fusion.fuses; over GEMV_MAX_ROWS rows only

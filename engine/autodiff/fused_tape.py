@@ -166,7 +166,8 @@ class FusedTape:
             runner.grad_gemm(layer, g, self.stacked_grads[l][index])
         if plan.column_dots:                              # vector parameters' (peepholes'), one launch
             runner.column_dots(layer, plan.column_dots, grads)
-        values = backward_step(graph, saved, layer.params, rows, grads, np.float32, todo, plan.precision)
+        values = backward_step(graph, saved, layer.params, rows, grads, np.float32, todo, plan.precision,
+                               plan.fixed_weights)
         for s in cell.state_names:
             d_initial[s][l] = layer.state(s, 0, adjoint=True)
         if nodes is not None:

@@ -47,7 +47,8 @@ def build(function: str, dtype: str, hidden: int, heads: int, batch: int) -> dic
         torch.cuda.synchronize()
         row["ok"] = bool(torch.isfinite(states[0]).all())
     except Exception as e:  # noqa: BLE001 - a size FlashRNN cannot build is a row of the report, not a crash
-        row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
+        last = (str(e).strip().splitlines() or [""])[-1]
+        row["ok"], row["error"] = False, f"{type(e).__name__}: {last[:300]}"
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
 

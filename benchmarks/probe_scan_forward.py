@@ -25,13 +25,19 @@ def median_ms(run, warmup=5, reps=30) -> float:
     return time_runs(lambda k: run(), cupy_timer, buffers=1, warmup=warmup, reps=reps).median_ms
 
 
-def main() -> int:
+def mingru_case(T: int = 4096, B: int = 8, H: int = 512):
+    """(network, x on the GPU, the scan's program) of the probe: minGRU, one layer, I = H, float32 inputs."""
     import cupy
-    T, B, H = 4096, 8, 512
     network = engine.Network(engine.preset("mingru").cell, H, H, 1)
     params = engine.init_params(network, seed=0)
     x = cupy.asarray(np.random.default_rng(1).standard_normal((T, B, H)).astype(np.float32))
-    program = scan.prepare(network, params)
+    return network, x, scan.prepare(network, params)
+
+
+def main() -> int:
+    import cupy
+    T, B, H = 4096, 8, 512
+    network, x, program = mingru_case(T, B, H)
     if len(sys.argv) > 1:                    # --unroll N: the whole call with that unroll (for ncu), then stop
         u1, u3 = int(sys.argv[2]), int(sys.argv[3])
         source = scan.scan_kernel.fused_scan_source

@@ -33,18 +33,11 @@ class Kept:
 
 def parameter_copy(params) -> list | None:
     """A copy of every layer's arrays, or None where they are too large to keep (KEEP_BYTES) or not arrays."""
-    layers, total = [], 0
-    for layer in params.layers:
-        copied = {}
-        for name, value in layer.items():
-            if not hasattr(value, "copy") or not hasattr(value, "nbytes"):
-                return None
-            total += int(value.nbytes)
-            if total > KEEP_BYTES:
-                return None
-            copied[name] = value.copy()
-        layers.append(copied)
-    return layers
+    arrays = [value for layer in params.layers for value in layer.values()]
+    if not all(hasattr(v, "copy") and hasattr(v, "nbytes") for v in arrays) \
+            or sum(int(v.nbytes) for v in arrays) > KEEP_BYTES:
+        return None
+    return [{name: value.copy() for name, value in layer.items()} for layer in params.layers]
 
 
 def same_parameters(kept: list, params) -> bool:

@@ -13,24 +13,18 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))          # benchmarks/: the scan probe's case
 os.environ.setdefault("CUPY_TF32", "0")
 
-import engine  # noqa: E402
-from engine.bench.timing import cupy_timer, time_runs  # noqa: E402
+from probe_scan_forward import median_ms, mingru_case  # noqa: E402
+
 from engine.schedules import scan  # noqa: E402
-
-
-def median_ms(run, warmup=5, reps=30) -> float:
-    return time_runs(lambda k: run(), cupy_timer, buffers=1, warmup=warmup, reps=reps).median_ms
 
 
 def main() -> int:
     import cupy
     T, B, H = 4096, 8, 512
-    network = engine.Network(engine.preset("mingru").cell, H, H, 1)
-    params = engine.init_params(network, seed=0)
-    x = cupy.asarray(np.random.default_rng(1).standard_normal((T, B, H)).astype(np.float32))
-    program = scan.prepare(network, params)
+    network, x, program = mingru_case(T, B, H)
     cell, plan, p0 = network.cell, program.plan, program.params[0]
     print("device", cupy.cuda.runtime.getDeviceProperties(0)["name"].decode())
     want = program.run(x).outputs

@@ -227,11 +227,17 @@ class TrainingPlan:
         """The weights the dense form added for reductions (engine/dense.py: sum_h, mean_h as a fixed matrix)."""
         return frozenset(n.name for n in self.cell.nodes if n.op == "weight" and n.attr("fixed"))
 
+    @cached_property
+    def exact_gemms(self) -> frozenset:
+        """The GEMMs (by name) that multiply only by fixed reduction matrices: sums, which no precision mode rounds
+        (the reference sums sum_h and mean_h in fp32), so they run strict fp32 in every mode."""
+        gemms = self.forward.gemms + self.backward.gemms + ((self.input_gemm,) if self.input_gemm else ())
+        return frozenset(g.name for g in gemms
+                         if any(g.weights) and all(w in self.fixed_weights for w in g.weights if w))
+
     def exact(self, g: GemmPlan) -> bool:
-        """Whether GEMM g multiplies only by fixed reduction matrices: a sum, which no precision mode rounds (the
-        reference sums sum_h and mean_h in fp32), so it runs strict fp32 in every mode."""
-        named = [w for w in g.weights if w]
-        return bool(named) and all(w in self.fixed_weights for w in named)
+        """Whether GEMM g is one of exact_gemms (looked up on every GEMM of every step: a set, worked out once)."""
+        return g.name in self.exact_gemms
 
     @property
     def columns(self) -> dict:

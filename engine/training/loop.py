@@ -25,11 +25,10 @@ from ..arguments import shown
 from ..autodiff import record
 from ..autodiff.errors import AutodiffError
 from ..autodiff.fused_planner import training_plan
-from ..backends.common import array_module_of
+from ..backends.common import array_module_of, check_precision
 from ..backends.reference import run as reference_run
 from ..codegen.precision import PRECISIONS
-from ..codegen.precision import precision as lookup_precision
-from ..errors import BackendError, EngineError
+from ..errors import BackendError
 from ..gallery import Preset
 from ..gallery import get as get_preset
 from ..ir import CellGraph
@@ -119,11 +118,12 @@ def evaluate(network: Network, params, readout, batch: Batch, task: Task,
     return scored.loss, scored.metric
 
 
-def check_training_precision(precision) -> str:
-    """The precision mode's full name; TrainingError naming the argument for an unknown one."""
+def mode_of(precision) -> str:
+    """The precision mode's full name (backends.common.check_precision); TrainingError naming the argument for an
+    unknown one."""
     try:
-        return lookup_precision(precision).name
-    except EngineError:
+        return check_precision(precision)
+    except BackendError:
         raise TrainingError(f"precision must be one of {', '.join(PRECISIONS)}, got {shown(precision)}",
                             hint="precision='float32' (strict, the default) or 'bfloat16' / 'float16' / 'tf32' "
                                  "(tensor-core matmuls, fp32 accumulation)") from None
@@ -186,7 +186,7 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
     task = get_task(task)
     eval_every = max(1, steps // 10) if eval_every is None and isinstance(steps, int) else eval_every
     check_settings(task, steps, batch, seq_len, lr, clip, seed, eval_every, eval_batch)
-    precision = check_training_precision(precision)
+    precision = mode_of(precision)
     network = build_network(cell_or_network, task, hidden_size, num_layers)
     xp = check_device(device, network, precision)
     dtype = np.float64 if xp is np else np.float32
@@ -269,10 +269,10 @@ def compare(cells: list, task: str | Task, *, on_progress: Progress | None = Non
     if not cells:
         raise TrainingError("compare needs at least one cell", hint="compare(['lstm', 'gru'], 'adding', ...)")
     task = get_task(task)
+    precision = mode_of(settings.get("precision", "float32"))
     for cell in cells:                  # refuse a cell the settings or device cannot take before training any
         network = build_network(cell, task, settings.get("hidden_size"), settings.get("num_layers", 1))
-        check_device(settings.get("device", "cpu"), network, check_training_precision(settings.get("precision",
-                                                                                                "float32")))
+        check_device(settings.get("device", "cpu"), network, precision)
     results = []
     for index, cell in enumerate(cells):
         def progress(step, steps, loss, offset=index):

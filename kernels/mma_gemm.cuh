@@ -21,9 +21,10 @@
 //   rnn_operand's, so the GEMV path of few rows and this one compute the same function.
 // - float32x3 (3xTF32, as CUTLASS's OpMultiplyAddFastF32): X and W both fp32, W stored unrounded. Each fragment
 //   register v is split as it is loaded into hi = tf32(v) and lo = tf32(v - hi) (the subtraction is exact), so a
-//   fragment holds twice the registers (RnnFrag), and one product is three m16n8k8 TF32 MMAs into the same fp32
-//   accumulators, the small ones first: a_hi b_lo, a_lo b_hi, then a_hi b_hi (a_lo b_lo, below 2^-22 of the
-//   product, is dropped). Three times the tensor-core work of tf32 for an error at fp32's level.
+//   fragment holds twice the registers (RnnFrag), and one k step is three m16n8k8 TF32 MMAs into a fresh fp32
+//   accumulator, the small ones first: a_hi b_lo, a_lo b_hi, then a_hi b_hi (a_lo b_lo, below 2^-22 of the
+//   product, is dropped), added to the running sum by FADD (rnn_mma says why). Three times the tensor-core
+//   work of tf32 for an error at fp32's level.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k8 / m16n8k16, .row.col), with g = lane / 4 and t = lane % 4:
 //   A (16 x KS, row-major X rows):  tf32: a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4)
@@ -113,10 +114,17 @@ __device__ __forceinline__ void rnn_mma(float (&c)[4], const unsigned (&a)[RnnFr
 {
     if constexpr (MODE == RNN_TF32) {
         rnn_mma_tf32(c, a[0], a[1], a[2], a[3], b[0], b[1]);
-    } else if constexpr (MODE == RNN_TF32X3) {        // small products first, then the big one (CUTLASS's order)
-        rnn_mma_tf32(c, a[0], a[1], a[2], a[3], b[2], b[3]);          // a_hi b_lo
-        rnn_mma_tf32(c, a[4], a[5], a[6], a[7], b[0], b[1]);          // a_lo b_hi
-        rnn_mma_tf32(c, a[0], a[1], a[2], a[3], b[0], b[1]);          // a_hi b_hi
+    } else if constexpr (MODE == RNN_TF32X3) {
+        // The three products of this k step into a fresh accumulator (the small ones first, then the big one, as
+        // CUTLASS orders them), added to c by FADD. The tensor cores add into their accumulator with truncation
+        // (Fasi et al. 2021, "Numerical behavior of NVIDIA tensor cores"): one accumulator over all of K drifts
+        // toward zero, 8-20x strict fp32's error at K = 1024-2048; an fp32 add per k step rounds to nearest.
+        float t[4] = {0.f, 0.f, 0.f, 0.f};
+        rnn_mma_tf32(t, a[0], a[1], a[2], a[3], b[2], b[3]);          // a_hi b_lo
+        rnn_mma_tf32(t, a[4], a[5], a[6], a[7], b[0], b[1]);          // a_lo b_hi
+        rnn_mma_tf32(t, a[0], a[1], a[2], a[3], b[0], b[1]);          // a_hi b_hi
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[i] += t[i];
     } else if constexpr (MODE == RNN_FP16) {
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

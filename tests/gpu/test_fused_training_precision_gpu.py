@@ -92,16 +92,23 @@ def test_the_runner_calls_gemm_ex_in_the_mode_and_sgemm_in_float32(cupy):
 
 def test_small_batches_and_one_layer_run_the_mode(cupy):
     """B = 1 (where float32 fuses stages and may go persistent; a mode takes cuBLAS's GEMMs instead) and a single
-    layer (its input adjoint through the interpreter, rounding as well)."""
+    layer (its input adjoint through the interpreter, rounding as well). At B = 1 cuBLAS may take a GEMV-shaped
+    kernel that multiplies the fp32 operands exactly under _FAST_16BF (its documented allowance, "never less" exact:
+    engine/autodiff/cublas.py; measured on an H200, 2026-11-27: 5.3e-4 from float64 where the bf16 emulation is at
+    4.6e-3). So each case either follows the emulation, or is well inside the mode's own error; a wrong rounding
+    (worse than the mode) fails both."""
     cell = engine.preset("gru_cho").cell
     for layers, B in ((2, 1), (1, 8)):
         network, params, x, initial, d_out = case(cell, layers=layers, H=64, T=12, B=B)
         got = bptt(network, params, cupy.asarray(x, dtype=cupy.float32),
                    {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()},
                    cupy.asarray(d_out, dtype=cupy.float32), dtype=np.float32, backend="fused", precision="bf16")
-        near = errors(got, emulated(network, params, x, initial, d_out, "bfloat16"), network)
-        far = errors(got, bptt(network, params, x, initial, d_out), network)
-        assert max(near.values()) <= UNEXPLAINED * max(far.values()), (layers, B, near, far)
+        mode = emulated(network, params, x, initial, d_out, "bfloat16")
+        strict = bptt(network, params, x, initial, d_out)
+        near, far = max(errors(got, mode, network).values()), max(errors(got, strict, network).values())
+        modes_own = max(errors(mode, strict, network).values())
+        assert np.isfinite(near) and 0 < far < MODE_BOUND["bfloat16"], (layers, B, near, far)
+        assert near <= UNEXPLAINED * far or far <= UNEXPLAINED * modes_own, (layers, B, near, far, modes_own)
 
 
 def test_cell_rnn_in_bfloat16_on_cuda_runs_the_fused_step_in_the_mode(cupy):

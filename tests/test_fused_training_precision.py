@@ -4,8 +4,10 @@ The mode's definition: every operand of every matmul of both passes rounded to i
 everything else fp32. The NumPy runner (engine/autodiff/fused_numpy.py) runs the plan that way; the reference
 (bptt(..., precision=mode)) emulates it op by op. Run in float32 too, the reference rounds the same values, so the two
 agree to fp32's reordering (EMULATED_TOLERANCE), much more closely than either agrees with the strict float64 reference
-(MODE_BOUND: the mode's own error). On the GPU (tests/gpu/test_fused_training_precision_gpu.py) cuBLAS's compute type
-does the rounding; here a stand-in library records which entry point and compute type each GEMM calls.
+(MODE_BOUND: the mode's own error). On the GPU (tests/gpu/test_fused_training_precision_gpu.py) a kernel rounds each
+GEMM's operands into compact buffers first (kernels/round_operands.cu) and cuBLAS multiplies those; here a stand-in
+library records which entry point, operand types and compute type each GEMM calls, and a stand-in rounder what it
+rounds.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from gradient_errors import gradient_errors
 
 import engine
 from engine.autodiff import bptt, fused_tape, persistent
-from engine.autodiff.cublas import COMPUTE_TYPES, Sgemm
+from engine.autodiff.cublas import OPERANDS, Sgemm
 from engine.autodiff.fused_numpy import NumpyRunner
 from engine.autodiff.fused_planner import training_plan
 from engine.dense import dense_form
@@ -152,16 +154,27 @@ class FakeCublas:
 
 
 class FakeCupy:
+    """empty() gives each buffer an address of its own (0x1000 apart), so a test can tell which one a call reads."""
     uint8 = np.uint8
+    made = []
 
-    @staticmethod
-    def empty(size, dtype):
-        return SimpleNamespace(data=SimpleNamespace(ptr=0))
+    @classmethod
+    def empty(cls, size, dtype):
+        cls.made.append(size)
+        return SimpleNamespace(data=SimpleNamespace(ptr=0x1000 * len(cls.made)))
 
 
-def issue_every_kind(precision: str) -> list:
+class FakeRounder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, name, src, dst, rows, cols, ld):
+        self.calls.append((name, src, dst, rows, cols, ld))
+
+
+def issue_every_kind(precision: str, rounder=None) -> list:
     lib = FakeCublas()
-    gemm = Sgemm(FakeCupy, precision, lib=lib)
+    gemm = Sgemm(FakeCupy, precision, lib=lib, rounder=rounder or FakeRounder())
     gemm(1, 8, 2, 8, 3, 8, 4, 8, 8, w_transposed=True, accumulate=False)       # a step / hoisted GEMM
     gemm.raw(False, True, 8, 8, 64, 1, 8, 2, 8, 3, 8)                          # a weight gradient
     gemm.raw(False, False, 8, 1, 64, 1, 8, 2, 64, 3, 8, exact=True)            # a bias gradient (a sum)
@@ -170,26 +183,56 @@ def issue_every_kind(precision: str) -> list:
 
 
 def test_strict_float32_calls_sgemm_as_before():
-    assert issue_every_kind("float32") == [("cublasSgemm_v2", None)] * 3 + [("cublasSgemmStridedBatched", None)]
+    rounder = FakeRounder()
+    assert issue_every_kind("float32", rounder) == [("cublasSgemm_v2", None)] * 3 + [("cublasSgemmStridedBatched",
+                                                                                      None)]
+    assert rounder.calls == []
 
 
-@pytest.mark.parametrize("mode, compute", [("tf32", 77), ("fp16", 74), ("bf16", 75)])
-def test_reduced_modes_call_gemm_ex_with_the_modes_compute_type(mode, compute):
-    """CUBLAS_COMPUTE_32F_FAST_TF32 = 77, _FAST_16F = 74, _FAST_16BF = 75 (cublas_api.h); a bias's sum stays sgemm."""
-    assert issue_every_kind(mode) == [("cublasGemmEx", compute)] * 2 + [("cublasSgemm_v2", None),
-                                                                         ("cublasGemmStridedBatchedEx", compute)]
-    assert COMPUTE_TYPES == {"tf32": 77, "float16": 74, "bfloat16": 75}
+@pytest.mark.parametrize("mode, compute, kernel", [("tf32", 77, "round_operand_tf32"),
+                                                   ("fp16", 68, "round_operand_fp16"),
+                                                   ("bf16", 68, "round_operand_bf16")])
+def test_reduced_modes_round_both_operands_then_call_gemm_ex(mode, compute, kernel):
+    """CUBLAS_COMPUTE_32F_FAST_TF32 = 77 on tf32-rounded fp32 operands, CUBLAS_COMPUTE_32F = 68 on fp16 / bf16 ones
+    (cublas_api.h); every GEMM but a bias's sum rounds its two operands first, each stored matrix whole: (rows,
+    cols, leading dimension) as cuBLAS reads it (column-major)."""
+    rounder = FakeRounder()
+    assert issue_every_kind(mode, rounder) == [("cublasGemmEx", compute)] * 2 + [("cublasSgemm_v2", None),
+                                                                                 ("cublasGemmStridedBatchedEx", compute)]
+    assert {c[0] for c in rounder.calls} == {kernel}
+    shapes = [(src, rows, cols, ld) for _, src, _, rows, cols, ld in rounder.calls]
+    assert shapes == [(2, 8, 8, 8), (1, 8, 4, 8),        # W stored k x n (transposed), A stored k x m
+                      (1, 8, 64, 8), (2, 8, 64, 8),      # a weight gradient: A stored m x k, B^T stored n x k
+                      (2, 8, 64, 8), (1, 64, 4, 8)]      # split K: W stored n x k, A stored k x m
+    assert OPERANDS["bfloat16"][:3] == (14, 2, 68) and OPERANDS["float16"][:3] == (2, 2, 68)
 
 
-def test_gemm_ex_passes_fp32_buffers_and_the_default_algorithm():
+def test_gemm_ex_reads_the_rounded_copies():
     lib = FakeCublas()
     seen = []
     lib.cublasGemmEx = lambda *args: seen.append(args) or 0
-    Sgemm(FakeCupy, "bf16", lib=lib)(1, 8, 2, 8, 3, 8, 4, 8, 8, w_transposed=True, accumulate=True)
+    rounder = FakeRounder()
+    Sgemm(FakeCupy, "bf16", lib=lib, rounder=rounder)(1, 8, 2, 8, 3, 8, 4, 8, 8, w_transposed=True, accumulate=True)
     args = seen[0]
-    assert len(args) == 19 and (args[8], args[11], args[15]) == (0, 0, 0)      # CUDA_R_32F A, B and C
-    assert args[-2:] == (75, -1)                                              # FAST_16BF, CUBLAS_GEMM_DEFAULT
+    (_, _, w_copy, *_), (_, _, a_copy, *_) = rounder.calls
+    assert w_copy != a_copy and (args[7], args[10]) == (w_copy, a_copy)       # the copies, not the fp32 buffers
+    assert (args[8], args[9], args[11], args[12]) == (14, 8, 14, 8)           # CUDA_R_16BF, compact leading dims
+    assert (args[14], args[15]) == (3, 0)                                     # C: the caller's fp32 buffer
+    assert args[-2:] == (68, -1)                                              # COMPUTE_32F, CUBLAS_GEMM_DEFAULT
     assert ctypes.cast(args[13], ctypes.POINTER(ctypes.c_float)).contents.value == 1.0    # beta = 1: accumulate
+
+
+def test_reserve_sizes_the_copies_once_and_only_in_a_mode():
+    FakeCupy.made.clear()
+    strict = Sgemm(FakeCupy, "float32", lib=FakeCublas())
+    strict.reserve(1000)
+    assert strict.capacity == 0 and FakeCupy.made == [Sgemm.WORKSPACE]
+    gemm = Sgemm(FakeCupy, "bf16", lib=FakeCublas(), rounder=FakeRounder())
+    gemm.reserve(1000)
+    gemm.reserve(10)
+    assert gemm.capacity == 1000 and FakeCupy.made[-2:] == [2000, 2000]      # two buffers of 2-byte elements
+    gemm(1, 8, 2, 8, 3, 8, 4, 8, 8, w_transposed=True, accumulate=False)       # fits: nothing new
+    assert FakeCupy.made[-2:] == [2000, 2000] and len(FakeCupy.made) == 4
 
 
 @pytest.mark.parametrize("name", ["ln_lstm", "ln_gru"])
@@ -213,7 +256,7 @@ def test_the_runner_sends_a_reductions_gemms_to_sgemm_in_a_mode():
                 calls.append(name)
                 return 0
             return call
-    sgemm = Sgemm(FakeCupy, "bfloat16", lib=Library())
+    sgemm = Sgemm(FakeCupy, "bfloat16", lib=Library(), rounder=FakeRounder())
     sgemm(1, 1, 2, 2, 3, 3, 4, 4, 4, w_transposed=True, accumulate=False, exact=True)
     sgemm(1, 1, 2, 2, 3, 3, 4, 4, 4, w_transposed=True, accumulate=False)
     sgemm.split(1, 1, 2, 2, 3, 4, 4, 8, 2, w_transposed=True, exact=True)

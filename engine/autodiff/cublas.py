@@ -4,42 +4,55 @@ capture); and the split-K policy for the step GEMMs, whose partial products kern
 
 Precision modes (engine/codegen/precision.py): every buffer stays fp32 (fp32 master weights, activations and
 gradients). Strict float32 calls cublasSgemm_v2 / cublasSgemmStridedBatched as it always did. tf32, float16 and
-bfloat16 call cublasGemmEx / cublasGemmStridedBatchedEx on the same fp32 A, B and C with the compute type
-CUBLAS_COMPUTE_32F_FAST_TF32, _FAST_16F or _FAST_16BF: cuBLAS converts the fp32 operands to the mode's format as they
-enter the tensor cores and accumulates in fp32, so no buffer or kernel changes. cuBLAS's documentation says these
-compute types *allow* the down-conversion: for a shape where it picks another kernel the products may be more exact
-than the mode (never less), and its TF32 conversion need not round as cvt.rna does; the GPU tests' tolerance against
-the emulation (engine.rounding) allows for both.
+bfloat16 round both operands of each GEMM first, into compact buffers of the handle (kernels/round_operands.cu: the
+roundings of engine/rounding.py), then call cublasGemmEx / cublasGemmStridedBatchedEx on them with an fp32 C:
+fp16 / bf16 operands with CUBLAS_COMPUTE_32F, tf32-rounded fp32 operands with CUBLAS_COMPUTE_32F_FAST_TF32 (values
+a TF32 conversion keeps as they are). So the products are exactly those the NumPy emulation multiplies, summed in
+fp32. The fp32 operands with the FAST compute types alone did not do that: cuBLAS's documentation only *allows* the
+down-conversion, and on an H200 (CUDA 13.0, 2026-11-27) _FAST_16BF and _FAST_16F gave TF32-level gradients
+(5.8e-4 from float64 where bf16 is at 4.7e-3), _FAST_TF32 another rounding than cvt.rna.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 
+import numpy as np
+
 from ..codegen.cuda import KERNELS_DIR
 from ..codegen.precision import precision as lookup
 
 CUDA_R_32F = 0                 # cudaDataType_t of A, B and C
 CUBLAS_GEMM_DEFAULT = -1       # cublasGemmAlgo_t: cuBLAS's heuristics choose
-# cublasComputeType_t (cublas_api.h) of each reduced mode on fp32 A, B and C; float32 has none: it calls cublasSgemm
-COMPUTE_TYPES = {"tf32": 77,       # CUBLAS_COMPUTE_32F_FAST_TF32
-                 "float16": 74,    # CUBLAS_COMPUTE_32F_FAST_16F
-                 "bfloat16": 75}   # CUBLAS_COMPUTE_32F_FAST_16BF
+CUBLAS_COMPUTE_32F = 68
+# Each reduced mode's GEMM operands as cublasGemmEx takes them (library_types.h, cublas_api.h): data type, bytes an
+# element, compute type, and the kernel of kernels/round_operands.cu that rounds an fp32 operand into that format
+OPERANDS = {"tf32": (0, 4, 77, "round_operand_tf32"),          # CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32
+            "float16": (2, 2, CUBLAS_COMPUTE_32F, "round_operand_fp16"),     # CUDA_R_16F
+            "bfloat16": (14, 2, CUBLAS_COMPUTE_32F, "round_operand_bf16")}   # CUDA_R_16BF
+ROUND_OPERANDS_FILE = KERNELS_DIR / "round_operands.cu"
+ROUND_THREADS = 256
 
 
 class Sgemm:
     """Row-major GEMMs on raw pointers through cuBLAS, on a handle of its own (host scalars, the default math mode, a
     32 MiB workspace of its own, so the calls can be captured into a CUDA graph). precision "float32":
-    cublasSgemm_v2, strict fp32, no TF32; "tf32", "float16", "bfloat16": cublasGemmEx on the same fp32 buffers with
-    the mode's compute type (COMPUTE_TYPES; the module's docstring). CuPy's wrappers refuse every cuBLAS call during
-    stream capture, so the library is called through ctypes: the libcublas CuPy loaded (lib: a stand-in, for tests)."""
+    cublasSgemm_v2, strict fp32, no TF32; "tf32", "float16", "bfloat16": both operands rounded into the handle's
+    two compact buffers, then cublasGemmEx (the module's docstring; reserve() sizes the buffers before a capture,
+    which may not allocate). CuPy's wrappers refuse every cuBLAS call during stream capture, so the library is
+    called through ctypes: the libcublas CuPy loaded (lib: a stand-in, for tests; rounder: one for the rounding
+    kernel, called (function name, src, dst, rows, cols, ld))."""
 
     WORKSPACE = 32 << 20
 
-    def __init__(self, cupy, precision: str = "float32", lib=None):
-        self.ctypes = ctypes
+    def __init__(self, cupy, precision: str = "float32", lib=None, rounder=None):
+        self.ctypes, self.xp = ctypes, cupy
         self.precision = lookup(precision).name
-        self.compute = COMPUTE_TYPES.get(self.precision)      # None: strict fp32 through cublasSgemm
+        self.operands = OPERANDS.get(self.precision)           # None: strict fp32 through cublasSgemm
+        self.compute = self.operands[2] if self.operands else None
+        self.rounder = rounder
+        self.rounded: list = []            # the two compact operand buffers of a reduced mode (reserve)
+        self.capacity = 0                  # elements each holds
         lib = ctypes.CDLL(_libcublas_path(cupy)) if lib is None else lib
         vp, i, fp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
         lib.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, vp, i, vp, i, fp, vp, i]
@@ -62,6 +75,23 @@ class Sgemm:
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self.p_one, self.p_zero = ctypes.pointer(self.one), ctypes.pointer(self.zero)
 
+    def reserve(self, elements: int) -> None:
+        """The rounded operands' buffers hold at least `elements` each (a reduced mode; strict fp32 needs none). Call it
+        before capturing the GEMMs: a capture may not allocate."""
+        if self.operands is None or elements <= self.capacity:
+            return
+        self.rounded = [self.xp.empty(elements * self.operands[1], dtype=self.xp.uint8) for _ in range(2)]
+        self.capacity = elements
+
+    def _round(self, which: int, src: int, rows: int, cols: int, ld: int) -> tuple[int, int]:
+        """The stored (column-major rows x cols, leading dimension ld) fp32 operand rounded into compact buffer
+        `which`: its address and leading dimension (rows)."""
+        self.reserve(rows * cols)          # outside a capture only: the runner reserves enough before one
+        dst = self.rounded[which].data.ptr
+        if self.rounder is None:
+            self.rounder = _RoundingKernels(self.xp)
+        self.rounder(self.operands[3], src, dst, rows, cols, ld)
+        return dst, rows
     def __del__(self):
         """The handle goes with the object (its workspace is a CuPy array, back to the pool with it)."""
         handle, lib = getattr(self, "handle", None), getattr(self, "lib", None)
@@ -86,10 +116,12 @@ class Sgemm:
         if self.compute is None or exact:
             status = self.lib.cublasSgemm_v2(self.handle, op_a, op_b, m, n, k, self.p_one, a, lda, b, ldb, beta, c,
                                              ldc)
-        else:
-            status = self.lib.cublasGemmEx(self.handle, op_a, op_b, m, n, k, self.p_one, a, CUDA_R_32F, lda, b,
-                                           CUDA_R_32F, ldb, beta, c, CUDA_R_32F, ldc, self.compute,
-                                           CUBLAS_GEMM_DEFAULT)
+        else:                              # op(A) is m x k, stored k x m when transposed; op(B) k x n likewise
+            a, lda = self._round(0, a, *((k, m) if op_a else (m, k)), lda)
+            b, ldb = self._round(1, b, *((n, k) if op_b else (k, n)), ldb)
+            kind = self.operands[0]
+            status = self.lib.cublasGemmEx(self.handle, op_a, op_b, m, n, k, self.p_one, a, kind, lda, b, kind, ldb,
+                                           beta, c, CUDA_R_32F, ldc, self.compute, CUBLAS_GEMM_DEFAULT)
         self._check(status, "sgemm" if self.compute is None or exact else f"gemmEx ({self.precision})")
 
     def __call__(self, a: int, lda: int, w: int, ldw: int, c: int, ldc: int, m: int, n: int, k: int,
@@ -117,11 +149,32 @@ class Sgemm:
                 self.handle, op_w, 0, n, m, ks, self.p_one, w, ldw, stride_w, a, lda, ks, self.p_zero, part, n,
                 m * n, splits)
         else:
+            # Rounded whole: W stored k x n (transposed) or n x k, A stored k x m. The batch strides step along the
+            # rows of the compact copies (ks) or by whole columns of n rows (ks * n, W's leading dimension n).
+            w, ldw = self._round(0, w, *((k, n) if w_transposed else (n, k)), ldw)
+            a, lda = self._round(1, a, k, m, lda)
+            kind = self.operands[0]
             status = self.lib.cublasGemmStridedBatchedEx(
-                self.handle, op_w, 0, n, m, ks, self.p_one, w, CUDA_R_32F, ldw, stride_w, a, CUDA_R_32F, lda, ks,
+                self.handle, op_w, 0, n, m, ks, self.p_one, w, kind, ldw, stride_w, a, kind, lda, ks,
                 self.p_zero, part, CUDA_R_32F, n, m * n, splits, self.compute, CUBLAS_GEMM_DEFAULT)
         self._check(status, "sgemm (split K)" if self.compute is None or exact else
                     f"gemmEx ({self.precision}, split K)")
+
+
+class _RoundingKernels:
+    """kernels/round_operands.cu on the current stream: (name, src, dst, rows, cols, ld) rounds one operand."""
+
+    def __init__(self, cupy):
+        from ..codegen.nvrtc import load_module
+        self.module = load_module(ROUND_OPERANDS_FILE.read_text())
+        self.functions: dict = {}
+        self.blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] * 8
+
+    def __call__(self, name: str, src: int, dst: int, rows: int, cols: int, ld: int) -> None:
+        function = self.functions.get(name) or self.functions.setdefault(name, self.module.get_function(name))
+        blocks = max(1, min(-(-rows * cols // ROUND_THREADS), self.blocks))
+        function((blocks,), (ROUND_THREADS,), (np.uint64(src), np.uint64(dst), np.int32(rows), np.int32(cols),
+                                               np.int64(ld)))
 
 
 def _libcublas_path(cupy) -> str:

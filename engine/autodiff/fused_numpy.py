@@ -60,6 +60,9 @@ class NumpyRunner(Runner):
     def prepare_streams(self, count: int) -> None:
         pass
 
+    def reserve_rounding(self, elements: int) -> None:
+        pass                                         # rounded() makes each operand's rounded copy
+
     @_quiet
     def grad_gemm(self, layer: Layer, g: GradGemm, out) -> None:
         width = g.rows(layer.sizes)

@@ -49,6 +49,9 @@ class Program:
             self.layers.append(layer)
         if self.wavefront:
             runner.prepare_streams(network.num_layers)
+        # a reduced mode's GEMM operands are rounded copies of parts of these arrays (engine/autodiff/cublas.py)
+        runner.reserve_rounding(max(a.size for layer in self.layers
+                                    for a in [*layer.buffers.values(), *layer.stacked.values()]))
         # a layer's steps, chunk by chunk, as persistent launches each way where it qualifies
         # (engine/autodiff/persistent.py; PERSISTENT): all the GPU's SMs layer by layer, a share of them a layer in
         # the wavefront (they run at once)

@@ -55,6 +55,7 @@ class Runner:
             self.functions[stage.summed] = module.get_function(stage.summed)
             self.params[stage.name] = fused_params(stage)
         self.sgemm = self.active = Sgemm(cupy, plan.precision)    # active: the handle of the stream issued to
+        self.rounding = 0                          # elements of the largest GEMM operand a reduced mode rounds
         self.layer_streams: list = []              # the wavefront's streams, a handle (and workspace) each
         self.stream_sgemms: list[Sgemm] = []
         self.reduce = load_module(SPLIT_REDUCE_FILE.read_text()).get_function("splitk_reduce")
@@ -292,6 +293,14 @@ class Runner:
         while len(self.layer_streams) < count:
             self.layer_streams.append(self.xp.cuda.Stream(non_blocking=True))
             self.stream_sgemms.append(Sgemm(self.xp, self.plan.precision))
+            self.stream_sgemms[-1].reserve(self.rounding)
+
+    def reserve_rounding(self, elements: int) -> None:
+        """Every handle's rounded-operand buffers hold `elements` (a reduced mode rounds each GEMM's operands into
+        them, engine/autodiff/cublas.py), made before any capture: a program's largest buffer bounds its operands."""
+        self.rounding = max(self.rounding, elements)
+        for sgemm in [self.sgemm, *self.stream_sgemms]:
+            sgemm.reserve(self.rounding)
 
     def wavefront_forward(self, layers: list[Layer], chunks: list[range], items: list) -> None:
         """Items of the layers' forward wavefront (forward_wavefront), a stream a layer."""

@@ -52,6 +52,7 @@ class Sgemm:
         self.compute = self.operands[2] if self.operands else None
         self.rounder = rounder
         self.rounded: list = []            # the two compact operand buffers of a reduced mode (reserve)
+        self.retired: list = []            # smaller ones they replaced, alive while the handle is
         self.capacity = 0                  # elements each holds
         lib = ctypes.CDLL(_libcublas_path(cupy)) if lib is None else lib
         vp, i, fp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
@@ -80,6 +81,7 @@ class Sgemm:
         before capturing the GEMMs: a capture may not allocate."""
         if self.operands is None or elements <= self.capacity:
             return
+        self.retired += self.rounded       # graphs captured with the smaller ones may still read them: kept
         self.rounded = [self.xp.empty(elements * self.operands[1], dtype=self.xp.uint8) for _ in range(2)]
         self.capacity = elements
 

@@ -37,16 +37,20 @@ def _quiet(method):
 class NumpyRunner(Runner):
     can_capture = False
 
-    def __init__(self, plan: TrainingPlan):          # no module, no cuBLAS: NumPy does both
+    def __init__(self, plan: TrainingPlan, wide_sums: bool = False):     # no module, no cuBLAS: NumPy does both
+        """wide_sums: the GEMMs sum their (rounded) products in float64 rather than float32, the results stored as
+        float32 all the same: how much the summation order alone moves a step (the GPU tests' yardstick)."""
         self.xp, self.plan, self.tiled, self.interleaved = np, plan, True, True
         self.stages = fused_stages(plan)
+        self.wide_sums = wide_sums
 
     def bind(self) -> None:
         pass
 
     def rounded(self, operand):
         """A GEMM operand as the plan's precision mode multiplies it (float32: itself)."""
-        return round_like(operand, self.plan.precision)
+        rounded = round_like(operand, self.plan.precision)
+        return rounded.astype(np.float64) if self.wide_sums else rounded
 
     def issue_on_streams(self, items, run) -> None:
         """The GPU's issue order, one chunk after another: a chunk that read a value its wait did not cover would read

@@ -112,7 +112,7 @@ def test_each_gemm_multiplies_the_modes_rounded_operands(cupy, mode):
     gemm.split(a.data.ptr, k, w.data.ptr, k, parts.data.ptr, m, n, k, splits, w_transposed=True)
     ks = k // splits
     cases = [("forward, strided A", c1, R(A) @ R(W).T, A.astype(np.float64) @ W.T),
-             ("backward", c2, R(A) @ R(W), A.astype(np.float64) @ W),
+             ("backward", c2, R(A) @ R(W).T, A.astype(np.float64) @ W.T),     # W^T stored (k x n): A @ W^T
              ("weight gradient", c3, R(cupy.asnumpy(dy)).T @ R(A), cupy.asnumpy(dy).astype(np.float64).T @ A),
              ("split K", parts, np.stack([R(A)[:, i * ks:(i + 1) * ks] @ R(W)[:, i * ks:(i + 1) * ks].T
                                           for i in range(splits)]),

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import cupy
 import numpy as np
+from probe_schedules import time_ms  # (benchmarks/, the script's folder; it puts the repository on the path)
 
 from engine.schedules import project as p
 
@@ -28,20 +28,6 @@ def chunked(source, weight, out, chunk):
     K = source.shape[1]
     for k in range(0, K, chunk):
         p._gemm_ex(cupy, w_hi, x_hi, out, p.CUDA_R_32F, p.CUBLAS_COMPUTE_32F_FAST_TF32, p._ONE, (k, min(chunk, K - k)))
-
-
-def timed(fn, reps=20):
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
 
 
 def main():
@@ -67,7 +53,7 @@ def main():
         error = float(cupy.linalg.norm(out.astype(cupy.float64) - exact)) / scale
         worst = float(cupy.max(cupy.abs(out - exact)) / cupy.max(cupy.abs(exact)))
         bias = float(cupy.mean((out.astype(cupy.float64) - exact) * cupy.sign(exact)) / cupy.mean(cupy.abs(exact)))
-        ms = timed(lambda: fn(out))
+        ms = time_ms(lambda: fn(out), warmup=3, repeats=20)
         rows.append({"variant": name, "norm_rel_error": error, "max_rel_error": worst, "bias_toward_zero": -bias,
                      "ms": ms})
         print(f"{name:36s} norm-rel {error:.3g}  max-rel {worst:.3g}  bias {-bias:+.3g}  {ms:.3f} ms")

@@ -1,0 +1,266 @@
+"""One recurrent step's GEMM on Hopper's warpgroup MMA (wgmma) against the warp MMA (mma.sync) the schedules use now,
+with the same data movement (issue #34 item 1: does issuing the MMAs asynchronously by a warpgroup pay at the step's
+shape, before a schedule is built on it).
+
+Each block owns NT gate columns of a layer: its bf16 weight slice W (NT x K) stays in shared memory for the whole run,
+and every step it multiplies the layer's h (B x K, bf16, from global memory / L2) by it: Y (B x NT, fp32) = h W^T.
+h streams through shared memory in chunks of 64 columns (B rows of 128 bytes), each row's 16-byte groups XOR-swizzled
+by row (the 128-byte swizzle both wgmma's descriptors and conflict-free ldmatrix want). STEPS steps a launch, so a
+launch's time over STEPS is one step's GEMM. Both kernels:
+
+- wgmma: a warpgroup (4 warps) a 64-row slice of the batch; per chunk 4 wgmma.m64nNTk16 with both operands read by
+  the tensor cores from shared memory through matrix descriptors (start address, stride 1024 bytes between 8-row
+  core-matrix groups, 128-byte swizzle), one commit and wait a chunk;
+- mma.sync: a warp 16 rows of the batch; per 16 columns of a chunk, ldmatrix.x4 of its A tile, ldmatrix.x4 for each
+  pair of 8-column groups of W, NT / 8 m16n8k16 MMAs.
+
+Both are checked against NumPy (the bf16 operands' product summed in float64) before they are timed; medians of
+CUDA-event timed launches after warm-up. The sizes: `large` (K = H = 1024, B = 128, 4H / 64 = 64 blocks a layer,
+two layers: 128 blocks of NT = 64) and `blogA` (K = 2560, B = 64; NT = 32 so the weight slice, 160 KiB, fits).
+
+    python benchmarks/probe_wgmma.py [--steps 100] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CHUNK = 64                     # columns of h a chunk: one 128-byte row of bf16 per batch row
+THREADS_PER_GROUP = 128        # a warpgroup
+
+
+def source(nt: int) -> str:
+    """Both kernels for NT columns a block (32 or 64), compiled for sm_90a (wgmma is arch-specific)."""
+    regs = nt // 2                                   # fp32 accumulators a thread of an m64nNTk16 wgmma
+    outs = ", ".join(f"%{i}" for i in range(regs))
+    binds = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return r"""
+// The 128-byte swizzle: the 16-byte group g of row r of a tile of 128-byte rows sits at group g ^ (r % 8).
+__device__ __forceinline__ unsigned swz(int row, int group) { return row * 128 + ((group ^ (row & 7)) << 4); }
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// Copies rows [0, rows) x columns [k0, k0 + 64) of a row-major bf16 matrix (row stride ld elements) into a
+// swizzled tile, 16 bytes a thread at a time.
+__device__ __forceinline__ void stage(unsigned char* tile, const unsigned short* __restrict__ src, int rows, int ld,
+                                      int k0)
+{
+    for (int i = threadIdx.x; i < rows * 8; i += blockDim.x) {
+        const int r = i >> 3, g = i & 7;
+        *reinterpret_cast<uint4*>(tile + swz(r, g)) = *reinterpret_cast<const uint4*>(src + (long)r * ld + k0 + g * 8);
+    }
+}
+
+// A K-major operand tile of 128-byte swizzled rows as a wgmma matrix descriptor: start address >> 4 (bits 0-13),
+// leading byte offset 1 (unused with this swizzle), stride byte offset 1024 >> 4 between 8-row groups (bits 32-45),
+// swizzle mode 1 = 128 bytes (bits 62-63). The tile starts at a multiple of 1024 bytes; a k step of 16 moves the
+// start 32 bytes along the row (the swizzle applies to the address bits, so this stays valid).
+__device__ __forceinline__ unsigned long long desc(unsigned addr)
+{
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_nt(float (&d)[__REGS__], unsigned long long a, unsigned long long b, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %__P__, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n__NT__k16.f32.bf16.bf16 {__OUTS__}, %__A__, %__B__, p, 1, 1, 0, 0;\n}\n"
+                 : __BINDS__ : "l"(a), "l"(b), "r"(scale_d));
+}
+
+// The weight slice of this block (rows n0.. of W, NT x K) into K / 64 swizzled tiles, once.
+__device__ __forceinline__ void load_weights(unsigned char* w_tiles, const unsigned short* __restrict__ w, int K)
+{
+    const unsigned short* mine = w + (long)blockIdx.x * __NT__ * K;
+    for (int c = 0; c < K / 64; ++c) stage(w_tiles + c * __NT__ * 128, mine, __NT__, K, c * 64);
+}
+
+__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw)
+{
+    return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
+}
+
+extern "C" __global__ void step_wgmma(const unsigned short* __restrict__ h, const unsigned short* __restrict__ w,
+                                      float* __restrict__ y, int B, int K, int N, int steps)
+{
+    extern __shared__ unsigned char raw[];
+    unsigned char* w_tiles = aligned_smem(raw);                    // K / 64 tiles of NT rows
+    unsigned char* x_tile = w_tiles + (K / 64) * __NT__ * 128;     // one chunk: B rows (a multiple of 1024 bytes)
+    load_weights(w_tiles, w, K);
+    const int group = threadIdx.x / 128;                           // the warpgroup: batch rows 64 * group ..
+    float d[__REGS__];
+    for (int step = 0; step < steps; ++step) {
+        for (int c = 0; c < K / 64; ++c) {
+            __syncthreads();                                       // the chunk before is consumed
+            stage(x_tile, h, B, K, c * 64);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // generic writes -> the async proxy
+            __syncthreads();
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wgmma_nt(d, desc(smem_u32(x_tile + group * 64 * 128) + kk * 32),
+                         desc(smem_u32(w_tiles + c * __NT__ * 128) + kk * 32), c > 0 || kk > 0);
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        }
+    }
+    // The accumulator layout of m64nNk16: warp q of the group owns rows 16 q .. 16 q + 15; lane (g = lane / 4,
+    // t = lane % 4) holds, for each 8-column group j, (g, 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, ..+1).
+    const int q = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int row = group * 64 + q * 16 + g;
+    float* out = y + (long)blockIdx.x * __NT__;
+#pragma unroll
+    for (int j = 0; j < __NT__ / 8; ++j) {
+        out[(long)row * N + 8 * j + 2 * t] = d[4 * j];
+        out[(long)row * N + 8 * j + 2 * t + 1] = d[4 * j + 1];
+        out[(long)(row + 8) * N + 8 * j + 2 * t] = d[4 * j + 2];
+        out[(long)(row + 8) * N + 8 * j + 2 * t + 1] = d[4 * j + 3];
+    }
+}
+
+__device__ __forceinline__ void ldsm4(unsigned (&r)[4], unsigned addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+extern "C" __global__ void step_mma(const unsigned short* __restrict__ h, const unsigned short* __restrict__ w,
+                                    float* __restrict__ y, int B, int K, int N, int steps)
+{
+    extern __shared__ unsigned char raw[];
+    unsigned char* w_tiles = aligned_smem(raw);
+    unsigned char* x_tile = w_tiles + (K / 64) * __NT__ * 128;
+    load_weights(w_tiles, w, K);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    float acc[__NT__ / 8][4];
+    for (int step = 0; step < steps; ++step) {
+#pragma unroll
+        for (int j = 0; j < __NT__ / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        for (int c = 0; c < K / 64; ++c) {
+            __syncthreads();
+            stage(x_tile, h, B, K, c * 64);
+            __syncthreads();
+            const unsigned xs = smem_u32(x_tile), ws = smem_u32(w_tiles + c * __NT__ * 128);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                unsigned a[4];
+                const int ar = warp * 16 + (lane % 16);              // A: rows of this warp, groups 2kk, 2kk + 1
+                ldsm4(a, xs + swz(ar, 2 * kk + lane / 16));
+#pragma unroll
+                for (int j = 0; j < __NT__ / 8; j += 2) {
+                    unsigned b[4];                                   // B: W rows 8j.. and 8(j+1).., groups 2kk, 2kk+1
+                    const int br = 8 * j + (lane % 8) + 8 * (lane / 16);
+                    ldsm4(b, ws + swz(br, 2 * kk + (lane / 8) % 2));
+                    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                                 : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
+                                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+                    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                                 : "+f"(acc[j + 1][0]), "+f"(acc[j + 1][1]), "+f"(acc[j + 1][2]), "+f"(acc[j + 1][3])
+                                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[2]), "r"(b[3]));
+                }
+            }
+        }
+    }
+    const int row = warp * 16 + g;
+    float* out = y + (long)blockIdx.x * __NT__;
+#pragma unroll
+    for (int j = 0; j < __NT__ / 8; ++j) {
+        out[(long)row * N + 8 * j + 2 * t] = acc[j][0];
+        out[(long)row * N + 8 * j + 2 * t + 1] = acc[j][1];
+        out[(long)(row + 8) * N + 8 * j + 2 * t] = acc[j][2];
+        out[(long)(row + 8) * N + 8 * j + 2 * t + 1] = acc[j][3];
+    }
+}
+""".replace("__REGS__", str(regs)).replace("__NT__", str(nt)).replace("__OUTS__", outs) \
+        .replace("__BINDS__", binds).replace("%__A__", f"%{regs}").replace("%__B__", f"%{regs + 1}") \
+        .replace("%__P__", f"%{regs + 2}")
+
+
+def shared_bytes(nt: int, B: int, K: int) -> int:
+    """The weight tiles, one chunk of h, and up to 1023 bytes to align them to 1024."""
+    return (K // CHUNK) * nt * 128 + B * 128 + 1024
+
+
+CASES = {"large": dict(B=128, K=1024, blocks=128, nt=64), "blogA": dict(B=64, K=2560, blocks=132, nt=32)}
+
+
+def bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns, nearest even (engine.rounding's weight_bits)."""
+    from engine.rounding import weight_bits
+    return weight_bits(a, "bfloat16")
+
+
+def run_case(cupy, module, name: str, B: int, K: int, blocks: int, nt: int, steps: int, reps: int) -> dict:
+    from engine.rounding import round_operand
+    rng = np.random.default_rng(1)
+    N = blocks * nt
+    h, w = rng.standard_normal((B, K)).astype(np.float32), (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    want = round_operand(h, "bfloat16") @ round_operand(w, "bfloat16").T
+    h_bits, w_bits = cupy.asarray(bf16_bits(h)), cupy.asarray(bf16_bits(w))
+    row = {"case": name, "B": B, "K": K, "N": N, "blocks": blocks, "nt": nt, "steps": steps}
+    for kernel, threads in (("step_wgmma", THREADS_PER_GROUP * (B // 64)), ("step_mma", 32 * (B // 16))):
+        function = module.get_function(kernel)
+        function.max_dynamic_shared_size_bytes = shared_bytes(nt, B, K)
+        y = cupy.full((B, N), np.nan, dtype=cupy.float32)                  # poisoned
+        args = (h_bits, w_bits, y, np.int32(B), np.int32(K), np.int32(N))
+        launch = lambda n: function((blocks,), (threads,), args + (np.int32(n),),     # noqa: E731
+                                    shared_mem=shared_bytes(nt, B, K))
+        launch(1)
+        got = cupy.asnumpy(y).astype(np.float64)
+        error = float(np.abs(got - want).max() / np.abs(want).max())
+        for _ in range(3):
+            launch(steps)
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        times = []
+        for _ in range(reps):
+            start.record()
+            launch(steps)
+            stop.record()
+            stop.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / steps)
+        row[kernel] = {"max_rel_error": error, "us_per_step": statistics.median(times), "threads": threads}
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    import cupy
+
+    from engine.codegen.nvrtc import compile_cubin
+    rows, failed = [], False
+    for name, case in CASES.items():
+        cubin = compile_cubin(source(case["nt"]), "90a")
+        module = _module(cupy, cubin)
+        row = run_case(cupy, module, name, steps=args.steps, reps=args.reps, **case)
+        rows.append(row)
+        for kernel in ("step_wgmma", "step_mma"):
+            r = row[kernel]
+            ok = r["max_rel_error"] <= 1e-5
+            failed |= not ok
+            print(f"{name:6s} {kernel:11s} B={case['B']} K={case['K']} NT={case['nt']} x {case['blocks']} blocks: "
+                  f"{r['us_per_step']:.2f} us a step, max rel error {r['max_rel_error']:.2g}{'' if ok else '  WRONG'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+    return 1 if failed else 0
+
+
+def _module(cupy, cubin: bytes):
+    """A RawModule of the CUBIN bytes (written to a temporary file: RawModule loads a path)."""
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    return cupy.RawModule(path=f.name)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

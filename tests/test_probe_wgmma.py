@@ -1,0 +1,58 @@
+"""benchmarks/probe_wgmma.py on the CPU: its two kernels (warpgroup MMA and warp MMA over the same swizzled tiles)
+compile with nvcc for sm_90a (wgmma is arch-specific), and the layout arithmetic it relies on holds: the 128-byte
+swizzle is a permutation of each row's 16-byte groups, whose 8-row blocks are 1024 bytes apart (the descriptors'
+stride), and every tile it addresses starts on a 1024-byte boundary. The GPU runs it against NumPy."""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_wgmma.py"
+
+
+def probe():
+    spec = importlib.util.spec_from_file_location("probe_wgmma", PROBE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("probe_wgmma", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def swz(row: int, group: int) -> int:        # the kernels' swz()
+    return row * 128 + ((group ^ (row & 7)) << 4)
+
+
+def test_the_swizzle_permutes_each_rows_groups_and_keeps_core_matrices_1024_bytes_apart():
+    for row in range(64):
+        assert sorted(swz(row, g) - row * 128 for g in range(8)) == [16 * g for g in range(8)]
+    assert all(swz(r + 8, g) - swz(r, g) == 1024 for r in range(56) for g in range(8))
+
+
+@pytest.mark.parametrize("case", ["large", "blogA"])
+def test_every_tile_starts_on_1024_bytes_and_fits_shared_memory(case):
+    module = probe()
+    c = module.CASES[case]
+    K, nt, B = c["K"], c["nt"], c["B"]
+    w_tiles = [i * nt * 128 for i in range(K // module.CHUNK)]
+    x_tile = (K // module.CHUNK) * nt * 128
+    groups = [x_tile + g * 64 * 128 for g in range(B // 64)]
+    assert all(t % 1024 == 0 for t in w_tiles + groups)
+    assert module.shared_bytes(nt, B, K) <= 227 * 1024            # an H100 / H200 block's shared memory
+    assert B % 64 == 0 and (c["blocks"] * nt) % 8 == 0
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("nt", [32, 64])
+def test_the_probe_kernels_compile_for_sm_90a(nt, tmp_path):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    source = tmp_path / f"probe_wgmma_{nt}.cu"
+    source.write_text(probe().source(nt))
+    job = subprocess.run(["nvcc", "-arch=sm_90a", "--std=c++17", "--cubin", "-Werror", "all-warnings", "-o",
+                          str(tmp_path / "probe.cubin"), str(source)], capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]

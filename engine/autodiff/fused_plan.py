@@ -215,7 +215,7 @@ class TrainingPlan:
     output: Place = Place("row")                      # the layer's output of step t: the next layer's input rows
     lengths: bool = False                             # the kernels hold the rows past their end (fused_lengths.py)
     # the GEMMs' mode (engine/codegen/precision.py): every GEMM operand rounded to its format, fp32 sums (the runner's
-    # cuBLAS compute type; fused_numpy rounds as it); the kernels are the same in every mode (fp32 cell math)
+    # rounding before cuBLAS, engine/autodiff/cublas.py; fused_numpy rounds as it); the kernels are the same in every mode (fp32 cell math)
     precision: str = "float32"
 
     @property

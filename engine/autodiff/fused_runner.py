@@ -1,6 +1,6 @@
 """The launcher of the fused training step (backend "fused" of engine.autodiff.record): Runner issues a plan's GEMMs
 (cuBLAS through engine/autodiff/cublas.py: ctypes, a handle of its own; strict fp32, no TF32, or the plan's precision
-mode as cuBLAS's compute type on the same fp32 buffers; a step GEMM with few output tiles may split K), its generated kernels and fused stages (engine/autodiff/fused_codegen.py,
+mode: both operands rounded to it first, fp32 sums; a step GEMM with few output tiles may split K), its generated kernels and fused stages (engine/autodiff/fused_codegen.py,
 stage_fusion.py) and the table launches of kernels/ (copy_pieces.cu, lay_out.cu, column_dots.cu) for one layer at a
 time, on the current stream or a stream a layer (the wavefront). engine/autodiff/fused_numpy.py runs the same plan
 through NumPy for the CPU tests. module_for compiles a plan's kernels (once: engine/codegen/nvrtc.py caches them).
@@ -247,7 +247,7 @@ class Runner:
     def fuses(self, network, B: int) -> bool:
         """Whether the network's steps of B rows run fused stages (stage_fusion.fuses; over GEMV_MAX_ROWS rows only
         with the tiled GEMM compiled in). Never in a reduced precision mode: a fused stage's GEMM (the warp GEMV or
-        the tiled GEMM of kernels/) multiplies in fp32, so the mode's GEMMs stay cuBLAS's, with its compute type."""
+        the tiled GEMM of kernels/) multiplies in fp32, so the mode's GEMMs stay cuBLAS's, on rounded operands."""
         return (self.plan.precision == "float32" and (B <= stage_fusion.GEMV_MAX_ROWS or self.tiled)
                 and stage_fusion.fuses(self.stages, B, [network.layer_sizes(l) for l in range(network.num_layers)]))
 

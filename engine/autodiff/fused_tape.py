@@ -11,8 +11,8 @@ Plan (engine/autodiff/fused_planner.py) -> CUDA (fused_codegen.py) -> launches (
 buffers (fused_layer.py), a (network, T, B)'s as a Program (fused_program.py: CUDA graphs, the wavefront), cached
 (fused_cache.py). WAVEFRONT = False runs the layers one after another instead of as a wavefront.
 
-A precision mode (record(precision=...), TrainingPlan.precision) changes the GEMMs alone: cuBLAS's compute type (the
-runner), and the operands' rounding in the after part's interpreted matmuls (engine/autodiff/step.py); every buffer,
+A precision mode (record(precision=...), TrainingPlan.precision) changes the GEMMs alone: their operands rounded to it
+before cuBLAS (the runner), and the operands' rounding in the after part's interpreted matmuls (engine/autodiff/step.py); every buffer,
 kernel and the rest of the math stay fp32. Fused stages (stage_fusion) then stay apart, and persistent launches
 (persistent.py, whose GEMMs multiply in fp32) are not taken.
 """

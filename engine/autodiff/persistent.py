@@ -396,7 +396,7 @@ def persistent_launch(runner, sizes: dict, B: int, blocks: int, forward: bool):
     """The PersistentLaunch of a layer of these sizes at B rows on at most `blocks` blocks, one direction (cached by
     the runner), or None with PERSISTENT off or where the layer does not qualify (refusal says why). A plan in a
     reduced precision mode takes none: the launch's GEMMs (rnn_warp_gemvs in RNN_FP32, rnn_rows_gemm) multiply in
-    fp32, so under "auto" its layers run the fused launches with cuBLAS's compute type, and PERSISTENT = True (every
+    fp32, so under "auto" its layers run the fused launches with cuBLAS on rounded operands, and PERSISTENT = True (every
     layer persistent) is refused by name rather than run in fp32 under the mode's name."""
     if not PERSISTENT or not hasattr(runner, "sms"):
         return None

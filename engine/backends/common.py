@@ -36,12 +36,12 @@ def check_precision(precision) -> str:
 
 
 def check_training_precision(what: str, precision) -> str:
-    """check_precision for the training step, which runs the GEMMs of the reduced modes through cuBLAS compute types:
-    float32x3 (3xTF32) has none, and is refused by name."""
+    """check_precision for the training step, which runs the GEMMs of the reduced modes on cuBLAS, operands rounded to
+    the mode: float32x3 (3xTF32) would need three split GEMMs each, and is refused by name."""
     name = check_precision(precision)
     if lookup(name).split:
-        raise BackendError(f"{what} does not train in precision {name!r} (3xTF32: cuBLAS has no compute type for it, "
-                           "and the training step does not split its GEMMs in three); hint: precision='float32' for "
+        raise BackendError(f"{what} does not train in precision {name!r} (3xTF32: the training step does not split its "
+                           "GEMMs in three); hint: precision='float32' for "
                            "fp32 accuracy, or 'tf32' for tensor cores")
     return name
 

@@ -222,6 +222,27 @@ def test_gemm_ex_reads_the_rounded_copies():
     assert ctypes.cast(args[13], ctypes.POINTER(ctypes.c_float)).contents.value == 1.0    # beta = 1: accumulate
 
 
+def test_a_weight_rounded_once_is_read_as_it_is():
+    """Runner.round_weights rounds each stacked weight once a load (round_into: the row-major matrix as cuBLAS's
+    column-major cols x rows, ld = cols); a step GEMM given it (w_ready) rounds its activation operand only and
+    hands cuBLAS the copy with W's leading dimension, the split-K GEMM alike; an exact GEMM ignores it."""
+    lib, rounder = FakeCublas(), FakeRounder()
+    seen = []
+    lib.cublasGemmEx = lambda *args: seen.append(args) or 0
+    lib.cublasGemmStridedBatchedEx = lambda *args: seen.append(args) or 0
+    gemm = Sgemm(FakeCupy, "bf16", lib=lib, rounder=rounder)
+    gemm.round_into(2, 0x9000, 96, 256)
+    assert rounder.calls == [("round_operand_bf16", 2, 0x9000, 256, 96, 256)]
+    gemm(1, 8, 2, 8, 3, 8, 4, 8, 8, w_transposed=True, accumulate=False, w_ready=0x9000)
+    assert [c[1] for c in rounder.calls[1:]] == [1]                       # A only
+    assert (seen[-1][7], seen[-1][9]) == (0x9000, 8)                     # the copy, W's leading dimension
+    gemm.split(1, 8, 2, 8, 3, 4, 8, 64, 4, w_transposed=False, w_ready=0x9000)
+    assert [c[1] for c in rounder.calls[2:]] == [1] and (seen[-1][7], seen[-1][9]) == (0x9000, 8)
+    calls = len(rounder.calls)
+    gemm(1, 8, 2, 8, 3, 8, 4, 8, 8, w_transposed=True, accumulate=False, exact=True, w_ready=0x9000)
+    assert len(rounder.calls) == calls and lib.calls[-1] == ("cublasSgemm_v2", None)
+
+
 def test_reserve_sizes_the_copies_once_and_only_in_a_mode():
     FakeCupy.made.clear()
     strict = Sgemm(FakeCupy, "float32", lib=FakeCublas())

@@ -85,6 +85,13 @@ class Sgemm:
         self.rounded = [self.xp.empty(elements * self.operands[1], dtype=self.xp.uint8) for _ in range(2)]
         self.capacity = elements
 
+    def round_into(self, src: int, dst: int, rows: int, cols: int) -> None:
+        """A contiguous fp32 matrix (rows x cols, row-major) rounded into dst in the mode's format, the same layout:
+        a weight rounded once where every GEMM of a step reads it (gemm's a_ready)."""
+        if self.rounder is None:
+            self.rounder = _RoundingKernels(self.xp)
+        self.rounder(self.operands[3], src, dst, cols, rows, cols)     # column-major: cols x rows, ld = cols
+
     def _round(self, which: int, src: int, rows: int, cols: int, ld: int) -> tuple[int, int]:
         """The stored (column-major rows x cols, leading dimension ld) fp32 operand rounded into compact buffer
         `which`: its address and leading dimension (rows)."""
@@ -112,14 +119,15 @@ class Sgemm:
         self._check(self.lib.cublasSetStream_v2(self.handle, stream_ptr), "cublasSetStream")
 
     def gemm(self, op_a: int, op_b: int, m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int, beta,
-             c: int, ldc: int, exact: bool = False) -> None:
+             c: int, ldc: int, exact: bool = False, a_ready: int | None = None) -> None:
         """cuBLAS's column-major C (m x n) = op(A) op(B) + beta C in the handle's mode (exact: strict fp32 whatever
-        the mode: a sum such as a bias's gradient, which no mode rounds)."""
+        the mode: a sum such as a bias's gradient, which no mode rounds; a_ready: A already in the mode's format
+        there, with the same leading dimension: a weight rounded once a load, round_into)."""
         if self.compute is None or exact:
             status = self.lib.cublasSgemm_v2(self.handle, op_a, op_b, m, n, k, self.p_one, a, lda, b, ldb, beta, c,
                                              ldc)
         else:                              # op(A) is m x k, stored k x m when transposed; op(B) k x n likewise
-            a, lda = self._round(0, a, *((k, m) if op_a else (m, k)), lda)
+            a, lda = (a_ready, lda) if a_ready is not None else self._round(0, a, *((k, m) if op_a else (m, k)), lda)
             b, ldb = self._round(1, b, *((n, k) if op_b else (k, n)), ldb)
             kind = self.operands[0]
             status = self.lib.cublasGemmEx(self.handle, op_a, op_b, m, n, k, self.p_one, a, kind, lda, b, kind, ldb,
@@ -127,12 +135,12 @@ class Sgemm:
         self._check(status, "sgemm" if self.compute is None or exact else f"gemmEx ({self.precision})")
 
     def __call__(self, a: int, lda: int, w: int, ldw: int, c: int, ldc: int, m: int, n: int, k: int,
-                 w_transposed: bool, accumulate: bool, exact: bool = False) -> None:
+                 w_transposed: bool, accumulate: bool, exact: bool = False, w_ready: int | None = None) -> None:
         """C (m x n, ldc) (+)= A (m x k, lda) @ W^T (W: n x k, ldw) if w_transposed else A @ W (W: k x n, ldw)
-        (exact: strict fp32 whatever the mode, see gemm)."""
+        (exact: strict fp32 whatever the mode; w_ready: W already rounded to the mode there; see gemm)."""
         # Row-major C = A op(W) is column-major C^T = op(W)^T A^T: cuBLAS computes n x m from W then A.
         self.gemm(1 if w_transposed else 0, 0, n, m, k, w, ldw, a, lda, self.p_one if accumulate else self.p_zero,
-                  c, ldc, exact)
+                  c, ldc, exact, w_ready)
 
     def raw(self, a_transposed: bool, b_transposed: bool, m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int,
             c: int, ldc: int, exact: bool = False) -> None:
@@ -140,7 +148,7 @@ class Sgemm:
         self.gemm(int(a_transposed), int(b_transposed), m, n, k, a, lda, b, ldb, self.p_one, c, ldc, exact)
 
     def split(self, a: int, lda: int, w: int, ldw: int, part: int, m: int, n: int, k: int, splits: int,
-              w_transposed: bool, exact: bool = False) -> None:
+              w_transposed: bool, exact: bool = False, w_ready: int | None = None) -> None:
         """part[i] (m x n, contiguous) = A[:, i*ks:(i+1)*ks] @ op(W)[i*ks:(i+1)*ks, :], ks = k / splits: the K
         dimension split over a strided batch, so a GEMM with few output tiles still fills the GPU (in the handle's
         mode; the parts are summed in fp32 by the kernel after it)."""
@@ -153,7 +161,8 @@ class Sgemm:
         else:
             # Rounded whole: W stored k x n (transposed) or n x k, A stored k x m. The batch strides step along the
             # rows of the compact copies (ks) or by whole columns of n rows (ks * n, W's leading dimension n).
-            w, ldw = self._round(0, w, *((k, n) if w_transposed else (n, k)), ldw)
+            w, ldw = (w_ready, ldw) if w_ready is not None else \
+                self._round(0, w, *((k, n) if w_transposed else (n, k)), ldw)
             a, lda = self._round(1, a, k, m, lda)
             kind = self.operands[0]
             status = self.lib.cublasGemmStridedBatchedEx(

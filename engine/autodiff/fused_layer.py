@@ -67,6 +67,7 @@ class Layer:
         # What load() fills each call, as views made once: the vector parameters' buffers (in the cell's order) and
         # every block of the stacked weights
         self.vectors = [name for name, shape in shapes.items() if len(shape) == 1]
+        self.rounded: dict = {}          # a reduced mode's copies of the stacked weights (Runner.prepare_rounding)
         self.block_views = [(w, self.stacked[key][block]) for key in self.stacked for w, block in self.blocks[key]]
         # The fused stages' weights: stacked ones interleaved (forward) or transposed (backward), stage_fusion.py
         self.stage_weights = {(key, layout, members): xp.full(

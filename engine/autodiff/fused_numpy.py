@@ -64,8 +64,11 @@ class NumpyRunner(Runner):
     def prepare_streams(self, count: int) -> None:
         pass
 
-    def reserve_rounding(self, elements: int) -> None:
+    def prepare_rounding(self, layers) -> None:
         pass                                         # rounded() makes each operand's rounded copy
+
+    def round_weights(self, layers) -> None:
+        pass
 
     @_quiet
     def grad_gemm(self, layer: Layer, g: GradGemm, out) -> None:

@@ -49,9 +49,7 @@ class Program:
             self.layers.append(layer)
         if self.wavefront:
             runner.prepare_streams(network.num_layers)
-        # a reduced mode's GEMM operands are rounded copies of parts of these arrays (engine/autodiff/cublas.py)
-        runner.reserve_rounding(max(a.size for layer in self.layers
-                                    for a in [*layer.buffers.values(), *layer.stacked.values()]))
+        runner.prepare_rounding(self.layers)      # a reduced mode's rounded operands (engine/autodiff/cublas.py)
         # a layer's steps, chunk by chunk, as persistent launches each way where it qualifies
         # (engine/autodiff/persistent.py; PERSISTENT): all the GPU's SMs layer by layer, a share of them a layer in
         # the wavefront (they run at once)
@@ -155,6 +153,7 @@ class Program:
             self.copy_geometry = [self.runner.copy_geometry(target) for target, _ in copies]
         self.runner.copy(copies, self.copy_geometry)
         self.runner.lay_out_weights(self.layers, self.lay_out)
+        self.runner.round_weights(self.layers)
         for layer in self.layers:
             for launch in layer.persistent:
                 if launch is not None:

@@ -229,7 +229,7 @@ class Runner:
         splits = self.splits(g, sizes, B)
         if splits == 1:
             self.active(a, lda, w.data.ptr, w.shape[1], c, ldc, rows, n, k, w_transposed=forward,
-                        accumulate=g.accumulate, exact=self.plan.exact(g))
+                        accumulate=g.accumulate, exact=self.plan.exact(g), w_ready=self.ready_weight(layer, g))
             return
         self.split_parts(layer, g, t, forward, splits)
         total = rows * n
@@ -242,7 +242,8 @@ class Runner:
         a, lda = layer.pointer(g.operand, t)
         w = layer.stacked[g.stack]
         self.active.split(a, lda, w.data.ptr, w.shape[1], layer.scratch.data.ptr, layer.B, g.n(layer.sizes),
-                          g.k(layer.sizes), splits, w_transposed=forward, exact=self.plan.exact(g))
+                          g.k(layer.sizes), splits, w_transposed=forward, exact=self.plan.exact(g),
+                          w_ready=self.ready_weight(layer, g))
 
     def fuses(self, network, B: int) -> bool:
         """Whether the network's steps of B rows run fused stages (stage_fusion.fuses; over GEMV_MAX_ROWS rows only
@@ -295,12 +296,33 @@ class Runner:
             self.stream_sgemms.append(Sgemm(self.xp, self.plan.precision))
             self.stream_sgemms[-1].reserve(self.rounding)
 
-    def reserve_rounding(self, elements: int) -> None:
-        """Every handle's rounded-operand buffers hold `elements` (a reduced mode rounds each GEMM's operands into
-        them, engine/autodiff/cublas.py), made before any capture: a program's largest buffer bounds its operands."""
-        self.rounding = max(self.rounding, elements)
+    def prepare_rounding(self, layers: list[Layer]) -> None:
+        """A reduced mode's buffers, made with a program (before any capture): every handle's rounded-operand
+        buffers (engine/autodiff/cublas.py), which a program's largest array bounds, and each layer's stacked weights'
+        copy in the mode's format (round_weights fills it each load; the step's GEMMs read it as it is)."""
+        if self.sgemm.operands is None:
+            return
+        self.rounding = max(self.rounding, *(a.size for layer in layers
+                                             for a in [*layer.buffers.values(), *layer.stacked.values()]))
         for sgemm in [self.sgemm, *self.stream_sgemms]:
             sgemm.reserve(self.rounding)
+        element = self.sgemm.operands[1]
+        for layer in layers:
+            layer.rounded = {key: self.xp.empty(w.size * element, dtype=self.xp.uint8)
+                             for key, w in layer.stacked.items()}
+
+    def round_weights(self, layers: list[Layer]) -> None:
+        """Each layer's stacked weights rounded into their copies, once a load (on the current stream, after the
+        copies that filled them): a step's GEMMs then round their activation operand only."""
+        for layer in layers:
+            for key, copy in layer.rounded.items():
+                w = layer.stacked[key]
+                self.sgemm.round_into(w.data.ptr, copy.data.ptr, *w.shape)
+
+    def ready_weight(self, layer: Layer, g: GemmPlan) -> int | None:
+        """The address of g's weights already in the mode's format (None: strict fp32, or an exact GEMM)."""
+        copy = layer.rounded.get(g.stack)
+        return None if copy is None or self.plan.exact(g) else copy.data.ptr
 
     def wavefront_forward(self, layers: list[Layer], chunks: list[range], items: list) -> None:
         """Items of the layers' forward wavefront (forward_wavefront), a stream a layer."""

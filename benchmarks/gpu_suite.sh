@@ -23,7 +23,10 @@
 #   9. phases (only when named): phase_profile.py of the cases #8 still has open (GRU and GRU-Cho at blogB, MGU
 #      and GRU-Cho at lat, LSTM at large), so the next change starts from where the time goes;
 #  10. lengths (only when named): benchmarks/lengths_bench.py, what lengths= costs at blogB;
-#  11. train (only when named): `python -m engine bench --train` at mid and blogB, every mode's rows (fp32 with
+#  11. probes (only when named): benchmarks/probe_wgmma.py (a step's GEMM on wgmma against mma.sync),
+#      probe_fp32x3_projection.py, and phase_profile.py of one LSTM layer at B = 16, T = 1024 in fp32, tf32 and bf16
+#      (issue #34 items 1-3);
+#  11b. train (only when named): `python -m engine bench --train` at mid and blogB, every mode's rows (fp32 with
 #      TF32 off, tf32, bf16, fp16) against cuDNN in the same mode, each with its gradient error against float64;
 #  12. the markdown tables, last.
 # STAGES="tests sanitize bench precision" (default: all but the optional ones) picks stages, so the suite can be split
@@ -156,6 +159,20 @@ if [[ " $STAGES " == *" lengths "* ]]; then
   lengths_rc=${PIPESTATUS[0]}
 fi
 
+probes_rc=skipped
+if [[ " $STAGES " == *" probes "* ]]; then
+  section "probes: wgmma against mma.sync, float32x3's projection, the small-batch step's phases"
+  probes_rc=0; : > "$OUT/probes.log"
+  probe() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/probes.log"; rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || probes_rc=$rc; }
+  probe timeout 120 "$PY" benchmarks/probe_wgmma.py --json "$OUT/probe_wgmma.json"
+  probe timeout 60 "$PY" benchmarks/probe_fp32x3_projection.py --json "$OUT/probe_fp32x3_projection.json"
+  for precision in float32 tf32 bfloat16; do
+    echo "[$precision]" | tee -a "$OUT/probes.log"
+    probe timeout 90 "$PY" benchmarks/phase_profile.py --preset lstm --config 512,512,1,1024,16 --precision $precision \
+      --json "$OUT/phase-lstm-b16-$precision.json"
+  done
+fi
+
 train_rc=skipped
 if [[ " $STAGES " == *" train "* ]]; then
   section "the training step in every mode against cuDNN in the same mode (mid and blogB)"
@@ -183,5 +200,5 @@ PYEOF
 echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
      "precision bench exit code: $precision_rc; nets: $nets_rc; wheels: $wheels_rc; layersync: $layersync_rc;" \
-     "phases: $phases_rc; lengths: $lengths_rc; train: $train_rc" \
+     "phases: $phases_rc; lengths: $lengths_rc; probes: $probes_rc; train: $train_rc" \
      "(124 = timed out); total $(( $(date +%s) - start )) s"

@@ -88,19 +88,22 @@ class Sgemm:
     def round_into(self, src: int, dst: int, rows: int, cols: int) -> None:
         """A contiguous fp32 matrix (rows x cols, row-major) rounded into dst in the mode's format, the same layout:
         a weight rounded once where every GEMM of a step reads it (gemm's a_ready)."""
+        self._rounding()(self.operands[3], src, dst, cols, rows, cols)     # column-major: cols x rows, ld = cols
+
+    def _rounding(self):
+        """The rounding kernels (loaded on first use: a strict fp32 handle never needs them)."""
         if self.rounder is None:
             self.rounder = _RoundingKernels(self.xp)
-        self.rounder(self.operands[3], src, dst, cols, rows, cols)     # column-major: cols x rows, ld = cols
+        return self.rounder
 
     def _round(self, which: int, src: int, rows: int, cols: int, ld: int) -> tuple[int, int]:
         """The stored (column-major rows x cols, leading dimension ld) fp32 operand rounded into compact buffer
         `which`: its address and leading dimension (rows)."""
         self.reserve(rows * cols)          # outside a capture only: the runner reserves enough before one
         dst = self.rounded[which].data.ptr
-        if self.rounder is None:
-            self.rounder = _RoundingKernels(self.xp)
-        self.rounder(self.operands[3], src, dst, rows, cols, ld)
+        self._rounding()(self.operands[3], src, dst, rows, cols, ld)
         return dst, rows
+
     def __del__(self):
         """The handle goes with the object (its workspace is a CuPy array, back to the pool with it)."""
         handle, lib = getattr(self, "handle", None), getattr(self, "lib", None)

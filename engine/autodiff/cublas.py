@@ -20,6 +20,7 @@ import ctypes.util
 import numpy as np
 
 from ..codegen.cuda import KERNELS_DIR
+from ..codegen.nvrtc import load_module
 from ..codegen.precision import precision as lookup
 
 CUDA_R_32F = 0                 # cudaDataType_t of A, B and C
@@ -179,7 +180,6 @@ class _RoundingKernels:
     """kernels/round_operands.cu on the current stream: (name, src, dst, rows, cols, ld) rounds one operand."""
 
     def __init__(self, cupy):
-        from ..codegen.nvrtc import load_module
         self.module = load_module(ROUND_OPERANDS_FILE.read_text())
         self.functions: dict = {}
         self.blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] * 8

@@ -302,8 +302,8 @@ class Runner:
         copy in the mode's format (round_weights fills it each load; the step's GEMMs read it as it is)."""
         if self.sgemm.operands is None:
             return
-        self.rounding = max(self.rounding, *(a.size for layer in layers
-                                             for a in [*layer.buffers.values(), *layer.stacked.values()]))
+        self.rounding = max([self.rounding, *(a.size for layer in layers
+                                              for a in [*layer.buffers.values(), *layer.stacked.values()])])
         for sgemm in [self.sgemm, *self.stream_sgemms]:
             sgemm.reserve(self.rounding)
         element = self.sgemm.operands[1]

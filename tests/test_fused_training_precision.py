@@ -243,6 +243,37 @@ def test_a_weight_rounded_once_is_read_as_it_is():
     assert len(rounder.calls) == calls and lib.calls[-1] == ("cublasSgemm_v2", None)
 
 
+def test_the_runner_rounds_each_stacked_weight_once_a_load():
+    """Runner.prepare_rounding (with a program: before any capture) reserves every handle's operand buffers for the
+    largest array and makes a copy of each stacked weight; round_weights fills the copies (one rounding each);
+    ready_weight hands a GEMM its copy, except an exact one's. Strict fp32 makes none."""
+    from engine.autodiff.fused_runner import Runner
+
+    def array(shape, ptr):
+        return SimpleNamespace(shape=shape, size=int(np.prod(shape)), data=SimpleNamespace(ptr=ptr))
+
+    def runner(precision):
+        r = object.__new__(Runner)
+        r.xp, r.rounding, r.stream_sgemms = FakeCupy, 0, []
+        r.sgemm = Sgemm(FakeCupy, precision, lib=FakeCublas(), rounder=FakeRounder())
+        r.plan = SimpleNamespace(exact=lambda g: g.stack == "fixed")
+        return r
+
+    layer = SimpleNamespace(buffers={"h": array((400, 256), 0x100)}, rounded={},
+                            stacked={"W": array((1024, 256), 0x200), "fixed": array((256, 256), 0x300)})
+    strict = runner("float32")
+    strict.prepare_rounding([layer])
+    assert layer.rounded == {} and strict.sgemm.capacity == 0
+    r = runner("bf16")
+    r.prepare_rounding([layer])
+    assert r.sgemm.capacity == 1024 * 256 and set(layer.rounded) == {"W", "fixed"}
+    r.round_weights([layer])
+    calls = r.sgemm.rounder.calls
+    assert sorted((c[1], c[3], c[4], c[5]) for c in calls) == [(0x200, 256, 1024, 256), (0x300, 256, 256, 256)]
+    assert r.ready_weight(layer, SimpleNamespace(stack="W")) == layer.rounded["W"].data.ptr
+    assert r.ready_weight(layer, SimpleNamespace(stack="fixed")) is None
+
+
 def test_reserve_sizes_the_copies_once_and_only_in_a_mode():
     FakeCupy.made.clear()
     strict = Sgemm(FakeCupy, "float32", lib=FakeCublas())

@@ -857,3 +857,20 @@ def test_rows_that_cannot_take_a_cell_say_why_before_running():
         assert f"schedule '{name}' cannot run cell 'lstm_proj'" in reason and "projection size P" in reason
     assert "does not take cell 'lstm_proj'" in EngineBackend("naive").unavailable_reason(case)
     assert EngineBackend("fused").unavailable_reason(case) is None
+
+
+def test_source_hash_names_the_code_not_the_caches(tmp_path):
+    """environment()'s source_hash: the same files give the same hash, a changed kernel or module another, and the
+    caches (__pycache__, .pyc, .cubin) none; the repository's own hash is what the benchmark records."""
+    from engine.bench.runner import environment, source_hash
+    for folder, name, text in (("engine", "a.py", "x = 1\n"), ("kernels", "k.cu", "// k\n")):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / name).write_text(text)
+    first = source_hash(tmp_path)
+    (tmp_path / "engine" / "__pycache__").mkdir()
+    (tmp_path / "engine" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\x00")
+    (tmp_path / "kernels" / "k.cubin").write_bytes(b"\x01")
+    assert source_hash(tmp_path) == first and len(first) == 16
+    (tmp_path / "kernels" / "k.cu").write_text("// k, changed\n")
+    assert source_hash(tmp_path) != first
+    assert "source_hash" in environment.__code__.co_names          # recorded with every result (needs a GPU to run)

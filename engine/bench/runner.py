@@ -226,6 +226,21 @@ def _command_output(args: list[str]) -> str | None:
     return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
 
 
+def source_hash(root: Path | None = None) -> str:
+    """A hash of the code a result ran: every file under engine/ and kernels/ but caches, by path and content
+    (sha256, 16 hex digits). A copy of the tree whose .git lags its files (a machine the tree was copied to)
+    records a stale git_commit; this names the code itself: `python -c "from engine.bench.runner import
+    source_hash; print(source_hash())"` in a checkout gives the same value when its code is the same."""
+    import hashlib
+    root = Path(__file__).resolve().parents[2] if root is None else Path(root)
+    digest = hashlib.sha256()
+    for folder in ("engine", "kernels"):
+        for path in sorted((root / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".cubin"):
+                digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def environment() -> dict:
     """Device, driver and library versions, recorded with every result."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
@@ -240,7 +255,8 @@ def environment() -> dict:
            "cupy": cupy.__version__, "numpy": np.__version__, "python": platform.python_version(),
            "platform": platform.platform(), "CUPY_TF32": os.environ.get("CUPY_TF32", "0"),
            "git_commit": _command_output(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse",
-                                          "HEAD"])}
+                                          "HEAD"]),
+           "source_hash": source_hash()}
     try:
         import torch  # deferred: torch is optional (the cuDNN and torch baselines)
         env.update(torch=torch.__version__, torch_cuda=torch.version.cuda,

@@ -3,8 +3,9 @@ exp and a max in its gates against the engine's own LSTM.
 
 sLSTM (presets/slstm.py, 4 heads): one layer, I = H = 512 and 768, B = 16, T = 1024. The engine's rows: the autotuned
 forward in float32 and bfloat16 (`autotune.tune` then `prepare`, as engine.run(backend="auto") runs it), and forward +
-backward in float32 through the generated training step (engine.bptt(backend="fused"); the engine has no reduced-
-precision training yet, issue #34). FlashRNN 1.0.8 (`flashrnn(Wx, R, b, function="slstm", backend="cuda_fused")`),
+backward through the generated training step (engine.bptt(backend="fused")) in float32 and in bfloat16 (each GEMM's
+operands rounded to bf16, fp32 sums and master weights; its gradients' largest relative difference from float32's is
+recorded). FlashRNN 1.0.8 (`flashrnn(Wx, R, b, function="slstm", backend="cuda_fused")`),
 its input projection (one torch matmul) timed with it, forward and forward + backward of sum(y * dy). Every engine
 forward is first checked against the float64 reference on the first CHECK_STEPS steps (poisoned outputs), and
 FlashRNN's output against the engine's.
@@ -120,6 +121,17 @@ def slstm_rows(H: int, cupy, rows: list, T=1024, B=16) -> None:
                                                          backend="fused"), warmup=2, reps=10)})
     except engine.EngineError as e:
         rows.append({"case": where, "row": "engine forward + backward float32", "error": str(e).splitlines()[0]})
+    try:           # bf16 training: each GEMM's operands rounded to bf16, fp32 sums and master weights (issue #34)
+        run = lambda: engine.bptt(network, params, x, d_outputs=d_out, dtype=np.float32, backend="fused",  # noqa: E731
+                                  precision="bfloat16")
+        mode_grads = run().params[0]
+        rows.append({"case": where, "row": "engine forward + backward bfloat16 (bptt fused)",
+                     "ms": median_ms(run, warmup=2, reps=10),
+                     "rel_diff_vs_float32_grads": None if engine_grads is None else max(
+                         float(cupy.linalg.norm(mode_grads[k] - g) / cupy.linalg.norm(g))
+                         for k, g in engine_grads.items())})
+    except engine.EngineError as e:
+        rows.append({"case": where, "row": "engine forward + backward bfloat16", "error": str(e).splitlines()[0]})
     flashrnn_rows(network, params, x_host, d_out, engine_out, where, rows, engine_grads)
 
 

@@ -4,7 +4,7 @@ shape, before a schedule is built on it).
 
 Each block owns NT gate columns of a layer: its bf16 weight slice W (NT x K) stays in shared memory for the whole run,
 and every step it multiplies the layer's h (B x K, bf16, from global memory / L2) by it: Y (B x NT, fp32) = h W^T.
-h streams through shared memory in chunks of 64 columns (B rows of 128 bytes), each row's 16-byte groups XOR-swizzled
+h streams through shared memory in chunks of 128-byte rows (64 bf16 or 32 tf32 columns), each row's 16-byte groups XOR-swizzled
 by row (the 128-byte swizzle both wgmma's descriptors and conflict-free ldmatrix want). STEPS steps a launch, so a
 launch's time over STEPS is one step's GEMM. Both kernels:
 
@@ -14,10 +14,11 @@ launch's time over STEPS is one step's GEMM. Both kernels:
 - mma.sync: a warp 16 rows of the batch; per 16 columns of a chunk, ldmatrix.x4 of its A tile, ldmatrix.x4 for each
   pair of 8-column groups of W, NT / 8 m16n8k16 MMAs.
 
-Both are checked against NumPy (the bf16 operands' product summed in float64) before they are timed; medians of
+All are checked against NumPy (the rounded operands' product summed in float64) before they are timed; medians of
 CUDA-event timed launches after warm-up, with h restaged every chunk (a step as it would run) and staged once
-(restage 0: every chunk multiplies chunk 0, the MMAs' time alone). The sizes: `large` (K = H = 1024, B = 128, 4H / 64 = 64 blocks a layer,
-two layers: 128 blocks of NT = 64) and `blogA` (K = 2560, B = 64; NT = 32 so the weight slice, 160 KiB, fits).
+(restage 0: every chunk multiplies chunk 0, the MMAs' time alone). The sizes, in bf16 and in tf32 (m64nNTk8, fp32
+operands already rounded to tf32): `large` (K = H = 1024, B = 128, 128 blocks of NT = 64 columns, 32 in tf32) and
+`blogA` (K = 2560, B = 64, 132 blocks of NT = 32, 16 in tf32), so that the weight slice fits shared memory.
 
     python benchmarks/probe_wgmma.py [--steps 100] [--json out.json]
 """
@@ -33,13 +34,23 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CHUNK = 64                     # columns of h a chunk: one 128-byte row of bf16 per batch row
 THREADS_PER_GROUP = 128        # a warpgroup
+# Per operand kind: the element's C type, elements a 16-byte group, the wgmma and mma.sync instructions (a k step
+# is 32 bytes of a row in both: 16 bf16 or 8 tf32), and whether wgmma takes the transpose immediates (not for tf32).
+KINDS = {"bf16": ("unsigned short", 8, "m64n{nt}k16.f32.bf16.bf16", "m16n8k16.row.col.f32.bf16.bf16.f32", True),
+         "tf32": ("float", 4, "m64n{nt}k8.f32.tf32.tf32", "m16n8k8.row.col.f32.tf32.tf32.f32", False)}
 
 
-def source(nt: int) -> str:
-    """Both kernels for NT columns a block (32 or 64), compiled for sm_90a (wgmma is arch-specific)."""
-    regs = nt // 2                                   # fp32 accumulators a thread of an m64nNTk16 wgmma
+def chunk_columns(kind: str) -> int:
+    """Columns of h a chunk: one 128-byte row per batch row (64 bf16, 32 tf32)."""
+    return 8 * KINDS[kind][1]
+
+
+def source(nt: int, kind: str = "bf16") -> str:
+    """The kernels for NT columns a block (16, 32 or 64) and operand kind (bf16 or tf32), compiled for sm_90a
+    (wgmma is arch-specific)."""
+    elem, per_group, wgmma_shape, mma_shape, transposes = KINDS[kind]
+    regs = nt // 2                                   # fp32 accumulators a thread of an m64nNT wgmma
     outs = ", ".join(f"%{i}" for i in range(regs))
     binds = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     return r"""
@@ -48,21 +59,21 @@ __device__ __forceinline__ unsigned swz(int row, int group) { return row * 128 +
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
-// Copies rows [0, rows) x columns [k0, k0 + 64) of a row-major bf16 matrix (row stride ld elements) into a
-// swizzled tile, 16 bytes a thread at a time.
-__device__ __forceinline__ void stage(unsigned char* tile, const unsigned short* __restrict__ src, int rows, int ld,
-                                      int k0)
+// Copies rows [0, rows) x one chunk of columns from k0 (128 bytes a row) of a row-major matrix (row stride ld
+// elements) into a swizzled tile, 16 bytes a thread at a time.
+__device__ __forceinline__ void stage(unsigned char* tile, const __ELEM__* __restrict__ src, int rows, int ld, int k0)
 {
     for (int i = threadIdx.x; i < rows * 8; i += blockDim.x) {
         const int r = i >> 3, g = i & 7;
-        *reinterpret_cast<uint4*>(tile + swz(r, g)) = *reinterpret_cast<const uint4*>(src + (long)r * ld + k0 + g * 8);
+        *reinterpret_cast<uint4*>(tile + swz(r, g)) =
+            *reinterpret_cast<const uint4*>(src + (long)r * ld + k0 + g * __EPG__);
     }
 }
 
 // A K-major operand tile of 128-byte swizzled rows as a wgmma matrix descriptor: start address >> 4 (bits 0-13),
 // leading byte offset 1 (unused with this swizzle), stride byte offset 1024 >> 4 between 8-row groups (bits 32-45),
-// swizzle mode 1 = 128 bytes (bits 62-63). The tile starts at a multiple of 1024 bytes; a k step of 16 moves the
-// start 32 bytes along the row (the swizzle applies to the address bits, so this stays valid).
+// swizzle mode 1 = 128 bytes (bits 62-63). The tile starts at a multiple of 1024 bytes; a k step (32 bytes of the
+// row: 16 bf16 or 8 tf32) moves the start 32 bytes along the row (the swizzle applies to the address bits, so this stays valid).
 __device__ __forceinline__ unsigned long long desc(unsigned addr)
 {
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
@@ -71,15 +82,15 @@ __device__ __forceinline__ unsigned long long desc(unsigned addr)
 __device__ __forceinline__ void wgmma_nt(float (&d)[__REGS__], unsigned long long a, unsigned long long b, int scale_d)
 {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %__P__, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n__NT__k16.f32.bf16.bf16 {__OUTS__}, %__A__, %__B__, p, 1, 1, 0, 0;\n}\n"
+                 "wgmma.mma_async.sync.aligned.__WGMMA__ {__OUTS__}, %__A__, %__B__, p, 1, 1__TRANS__;\n}\n"
                  : __BINDS__ : "l"(a), "l"(b), "r"(scale_d));
 }
 
-// The weight slice of this block (rows n0.. of W, NT x K) into K / 64 swizzled tiles, once.
-__device__ __forceinline__ void load_weights(unsigned char* w_tiles, const unsigned short* __restrict__ w, int K)
+// The weight slice of this block (rows n0.. of W, NT x K) into K / CHUNK swizzled tiles, once.
+__device__ __forceinline__ void load_weights(unsigned char* w_tiles, const __ELEM__* __restrict__ w, int K)
 {
-    const unsigned short* mine = w + (long)blockIdx.x * __NT__ * K;
-    for (int c = 0; c < K / 64; ++c) stage(w_tiles + c * __NT__ * 128, mine, __NT__, K, c * 64);
+    const __ELEM__* mine = w + (long)blockIdx.x * __NT__ * K;
+    for (int c = 0; c < K / __CHUNK__; ++c) stage(w_tiles + c * __NT__ * 128, mine, __NT__, K, c * __CHUNK__);
 }
 
 __device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw)
@@ -87,20 +98,20 @@ __device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw)
     return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
 }
 
-extern "C" __global__ void step_wgmma(const unsigned short* __restrict__ h, const unsigned short* __restrict__ w,
+extern "C" __global__ void step_wgmma(const __ELEM__* __restrict__ h, const __ELEM__* __restrict__ w,
                                       float* __restrict__ y, int B, int K, int N, int steps, int restage)
 {
     extern __shared__ unsigned char raw[];
-    unsigned char* w_tiles = aligned_smem(raw);                    // K / 64 tiles of NT rows
-    unsigned char* x_tile = w_tiles + (K / 64) * __NT__ * 128;     // one chunk: B rows (a multiple of 1024 bytes)
+    unsigned char* w_tiles = aligned_smem(raw);                    // K / CHUNK tiles of NT rows
+    unsigned char* x_tile = w_tiles + (K / __CHUNK__) * __NT__ * 128;     // one chunk: B rows (a multiple of 1024 bytes)
     load_weights(w_tiles, w, K);
     const int group = threadIdx.x / 128;                           // the warpgroup: batch rows 64 * group ..
     float d[__REGS__];
     for (int step = 0; step < steps; ++step) {
-        for (int c = 0; c < K / 64; ++c) {
+        for (int c = 0; c < K / __CHUNK__; ++c) {
             if (restage || (step == 0 && c == 0)) {                // restage 0: chunk 0 for all (MMA time alone)
                 __syncthreads();                                   // the chunk before is consumed
-                stage(x_tile, h, B, K, c * 64);
+                stage(x_tile, h, B, K, c * __CHUNK__);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // generic writes -> async proxy
                 __syncthreads();
             }
@@ -130,15 +141,15 @@ extern "C" __global__ void step_wgmma(const unsigned short* __restrict__ h, cons
 // The same GEMM with h's chunks double-buffered: chunk c + 1 is staged while the tensor cores multiply chunk c
 // (wgmma runs asynchronously; wait_group 1 leaves only the newest group in flight, so the buffer chunk c - 1 used
 // is free once every warpgroup has passed it). restage 0 is not taken: this kernel is about the overlap.
-extern "C" __global__ void step_wgmma_db(const unsigned short* __restrict__ h, const unsigned short* __restrict__ w,
+extern "C" __global__ void step_wgmma_db(const __ELEM__* __restrict__ h, const __ELEM__* __restrict__ w,
                                          float* __restrict__ y, int B, int K, int N, int steps, int restage)
 {
     extern __shared__ unsigned char raw[];
     unsigned char* w_tiles = aligned_smem(raw);
-    unsigned char* x_tiles = w_tiles + (K / 64) * __NT__ * 128;   // two chunks, each B rows of 128 bytes
+    unsigned char* x_tiles = w_tiles + (K / __CHUNK__) * __NT__ * 128;   // two chunks, each B rows of 128 bytes
     const int x_bytes = B * 128;
     load_weights(w_tiles, w, K);
-    const int group = threadIdx.x / 128, chunks = K / 64;
+    const int group = threadIdx.x / 128, chunks = K / __CHUNK__;
     float d[__REGS__];
     stage(x_tiles, h, B, K, 0);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -157,7 +168,7 @@ extern "C" __global__ void step_wgmma_db(const unsigned short* __restrict__ h, c
             __syncthreads();                                                  // ... in every warpgroup
             const int next = c + 1 < chunks ? c + 1 : 0;                      // the next step starts at chunk 0
             if (c + 1 < chunks || step + 1 < steps) {
-                stage(x_tiles + ((it + 1) & 1) * x_bytes, h, B, K, next * 64);
+                stage(x_tiles + ((it + 1) & 1) * x_bytes, h, B, K, next * __CHUNK__);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             }
             if (c + 1 == chunks) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");   // d is final
@@ -182,22 +193,22 @@ __device__ __forceinline__ void ldsm4(unsigned (&r)[4], unsigned addr)
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-extern "C" __global__ void step_mma(const unsigned short* __restrict__ h, const unsigned short* __restrict__ w,
+extern "C" __global__ void step_mma(const __ELEM__* __restrict__ h, const __ELEM__* __restrict__ w,
                                     float* __restrict__ y, int B, int K, int N, int steps, int restage)
 {
     extern __shared__ unsigned char raw[];
     unsigned char* w_tiles = aligned_smem(raw);
-    unsigned char* x_tile = w_tiles + (K / 64) * __NT__ * 128;
+    unsigned char* x_tile = w_tiles + (K / __CHUNK__) * __NT__ * 128;
     load_weights(w_tiles, w, K);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     float acc[__NT__ / 8][4];
     for (int step = 0; step < steps; ++step) {
 #pragma unroll
         for (int j = 0; j < __NT__ / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-        for (int c = 0; c < K / 64; ++c) {
+        for (int c = 0; c < K / __CHUNK__; ++c) {
             if (restage || (step == 0 && c == 0)) {
                 __syncthreads();
-                stage(x_tile, h, B, K, c * 64);
+                stage(x_tile, h, B, K, c * __CHUNK__);
                 __syncthreads();
             }
             const unsigned xs = smem_u32(x_tile), ws = smem_u32(w_tiles + c * __NT__ * 128);
@@ -211,10 +222,10 @@ extern "C" __global__ void step_mma(const unsigned short* __restrict__ h, const 
                     unsigned b[4];                                   // B: W rows 8j.. and 8(j+1).., groups 2kk, 2kk+1
                     const int br = 8 * j + (lane % 8) + 8 * (lane / 16);
                     ldsm4(b, ws + swz(br, 2 * kk + (lane / 8) % 2));
-                    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                    asm volatile("mma.sync.aligned.__MMA__ {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                                  : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
                                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-                    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                    asm volatile("mma.sync.aligned.__MMA__ {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                                  : "+f"(acc[j + 1][0]), "+f"(acc[j + 1][1]), "+f"(acc[j + 1][2]), "+f"(acc[j + 1][3])
                                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[2]), "r"(b[3]));
                 }
@@ -231,42 +242,54 @@ extern "C" __global__ void step_mma(const unsigned short* __restrict__ h, const 
         out[(long)(row + 8) * N + 8 * j + 2 * t + 1] = acc[j][3];
     }
 }
-""".replace("__REGS__", str(regs)).replace("__NT__", str(nt)).replace("__OUTS__", outs) \
-        .replace("__BINDS__", binds).replace("%__A__", f"%{regs}").replace("%__B__", f"%{regs + 1}") \
-        .replace("%__P__", f"%{regs + 2}")
+""".replace("__REGS__", str(regs)).replace("__WGMMA__", wgmma_shape.format(nt=nt)).replace("__NT__", str(nt)) \
+        .replace("__OUTS__", outs).replace("__BINDS__", binds).replace("%__A__", f"%{regs}") \
+        .replace("%__B__", f"%{regs + 1}").replace("%__P__", f"%{regs + 2}").replace("__TRANS__", ", 0, 0" if transposes else "") \
+        .replace("__MMA__", mma_shape).replace("__ELEM__", elem).replace("__EPG__", str(per_group)) \
+        .replace("__CHUNK__", str(8 * per_group))
 
 
-def shared_bytes(nt: int, B: int, K: int) -> int:
+def shared_bytes(nt: int, B: int, K: int, kind: str = "bf16") -> int:
     """The weight tiles, two chunks of h (the double-buffered kernel's; the others use one), and up to 1023 bytes
     to align them to 1024."""
-    return (K // CHUNK) * nt * 128 + 2 * B * 128 + 1024
+    return (K // chunk_columns(kind)) * nt * 128 + 2 * B * 128 + 1024
 
 
-CASES = {"large": dict(B=128, K=1024, blocks=128, nt=64), "blogA": dict(B=64, K=2560, blocks=132, nt=32)}
+# `large` and `blogA` per kind; tf32 takes half the columns a block (its weight slice is twice the bytes)
+CASES = {"large": dict(B=128, K=1024, blocks=128, nt=64, kind="bf16"),
+         "blogA": dict(B=64, K=2560, blocks=132, nt=32, kind="bf16"),
+         "large-tf32": dict(B=128, K=1024, blocks=128, nt=32, kind="tf32"),
+         "blogA-tf32": dict(B=64, K=2560, blocks=132, nt=16, kind="tf32")}
 
 
-def bf16_bits(a: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bit patterns, nearest even (engine.rounding's weight_bits)."""
-    from engine.rounding import weight_bits
-    return weight_bits(a, "bfloat16")
+def operands(h: np.ndarray, w: np.ndarray, kind: str) -> tuple:
+    """(h and w as the kernels read them: bf16 bit patterns, or fp32 values already rounded to tf32; their product
+    in float64, the reference)."""
+    from engine.rounding import round_operand, weight_bits
+    mode = {"bf16": "bfloat16", "tf32": "tf32"}[kind]
+    want = round_operand(h, mode) @ round_operand(w, mode).T
+    if kind == "bf16":
+        return weight_bits(h, mode), weight_bits(w, mode), want
+    return round_operand(h, mode).astype(np.float32), round_operand(w, mode).astype(np.float32), want
 
 
-def run_case(cupy, module, name: str, B: int, K: int, blocks: int, nt: int, steps: int, reps: int) -> dict:
-    from engine.rounding import round_operand
+def run_case(cupy, module, name: str, B: int, K: int, blocks: int, nt: int, kind: str, steps: int,
+             reps: int) -> dict:
     rng = np.random.default_rng(1)
     N = blocks * nt
     h, w = rng.standard_normal((B, K)).astype(np.float32), (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
-    want = round_operand(h, "bfloat16") @ round_operand(w, "bfloat16").T
-    h_bits, w_bits = cupy.asarray(bf16_bits(h)), cupy.asarray(bf16_bits(w))
-    row = {"case": name, "B": B, "K": K, "N": N, "blocks": blocks, "nt": nt, "steps": steps}
+    h_host, w_host, want = operands(h, w, kind)
+    h_bits, w_bits = cupy.asarray(h_host), cupy.asarray(w_host)
+    row = {"case": name, "kind": kind, "B": B, "K": K, "N": N, "blocks": blocks, "nt": nt, "steps": steps}
     groups = THREADS_PER_GROUP * (B // 64)
     for kernel, threads in (("step_wgmma", groups), ("step_wgmma_db", groups), ("step_mma", 32 * (B // 16))):
         function = module.get_function(kernel)
-        function.max_dynamic_shared_size_bytes = shared_bytes(nt, B, K)
+        smem = shared_bytes(nt, B, K, kind)
+        function.max_dynamic_shared_size_bytes = smem
         y = cupy.full((B, N), np.nan, dtype=cupy.float32)                  # poisoned
         args = (h_bits, w_bits, y, np.int32(B), np.int32(K), np.int32(N))
         launch = lambda n, restage=1: function((blocks,), (threads,), args + (np.int32(n), np.int32(restage)),  # noqa: E731
-                                               shared_mem=shared_bytes(nt, B, K))
+                                               shared_mem=smem)
         launch(1)
         got = cupy.asnumpy(y).astype(np.float64)
         error = float(np.abs(got - want).max() / np.abs(want).max())
@@ -298,7 +321,7 @@ def main() -> int:
     from engine.codegen.nvrtc import compile_cubin
     rows, failed = [], False
     for name, case in CASES.items():
-        cubin = compile_cubin(source(case["nt"]), "90a")
+        cubin = compile_cubin(source(case["nt"], case["kind"]), "90a")
         module = _module(cupy, cubin)
         row = run_case(cupy, module, name, steps=args.steps, reps=args.reps, **case)
         rows.append(row)
@@ -307,7 +330,7 @@ def main() -> int:
             ok = r["max_rel_error"] <= 1e-5
             failed |= not ok
             once = f" ({r['us_per_step_mma_only']:.2f} with h staged once)" if "us_per_step_mma_only" in r else ""
-            print(f"{name:6s} {kernel:13s} B={case['B']} K={case['K']} NT={case['nt']} x {case['blocks']} blocks: "
+            print(f"{name:10s} {kernel:13s} B={case['B']} K={case['K']} NT={case['nt']} x {case['blocks']} blocks: "
                   f"{r['us_per_step']:.2f} us a step{once}, max rel error {r['max_rel_error']:.2g}"
                   f"{'' if ok else '  WRONG'}")
     if args.json:

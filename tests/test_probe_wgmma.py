@@ -33,26 +33,27 @@ def test_the_swizzle_permutes_each_rows_groups_and_keeps_core_matrices_1024_byte
     assert all(swz(r + 8, g) - swz(r, g) == 1024 for r in range(56) for g in range(8))
 
 
-@pytest.mark.parametrize("case", ["large", "blogA"])
+@pytest.mark.parametrize("case", ["large", "blogA", "large-tf32", "blogA-tf32"])
 def test_every_tile_starts_on_1024_bytes_and_fits_shared_memory(case):
     module = probe()
     c = module.CASES[case]
-    K, nt, B = c["K"], c["nt"], c["B"]
-    w_tiles = [i * nt * 128 for i in range(K // module.CHUNK)]
-    x_tile = (K // module.CHUNK) * nt * 128
-    groups = [x_tile + g * 64 * 128 for g in range(B // 64)]
-    assert all(t % 1024 == 0 for t in w_tiles + groups)
-    assert module.shared_bytes(nt, B, K) <= 227 * 1024            # an H100 / H200 block's shared memory
-    assert B % 64 == 0 and (c["blocks"] * nt) % 8 == 0
+    K, nt, B, chunk = c["K"], c["nt"], c["B"], module.chunk_columns(c["kind"])
+    assert chunk * (2 if c["kind"] == "bf16" else 4) == 128                # a chunk row is one 128-byte row
+    w_tiles = [i * nt * 128 for i in range(K // chunk)]
+    x_tiles = [(K // chunk) * nt * 128 + buffer * B * 128 for buffer in range(2)]
+    groups = [x + g * 64 * 128 for x in x_tiles for g in range(B // 64)]
+    assert all(t % 1024 == 0 for t in w_tiles + groups) and K % chunk == 0
+    assert module.shared_bytes(nt, B, K, c["kind"]) <= 227 * 1024          # an H100 / H200 block's shared memory
+    assert B % 64 == 0 and nt % 16 == 0 and (c["blocks"] * nt) % 8 == 0
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("nt", [32, 64])
-def test_the_probe_kernels_compile_for_sm_90a(nt, tmp_path):
+@pytest.mark.parametrize("nt,kind", [(64, "bf16"), (32, "bf16"), (32, "tf32"), (16, "tf32")])
+def test_the_probe_kernels_compile_for_sm_90a(nt, kind, tmp_path):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
-    source = tmp_path / f"probe_wgmma_{nt}.cu"
-    source.write_text(probe().source(nt))
+    source = tmp_path / f"probe_wgmma_{nt}_{kind}.cu"
+    source.write_text(probe().source(nt, kind))
     job = subprocess.run(["nvcc", "-arch=sm_90a", "--std=c++17", "--cubin", "-Werror", "all-warnings", "-o",
                           str(tmp_path / "probe.cubin"), str(source)], capture_output=True, text=True, timeout=300)
     assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]

@@ -73,7 +73,7 @@ if [[ " $STAGES " == *" tests "* ]]; then
   workers=""; "$PY" -c "import xdist" 2>/dev/null && workers="-n ${TESTS_WORKERS:-12}"
   # One BLAS thread a worker: a dozen workers each starting a BLAS thread a core thrash the host's cores, and the
   # tests whose float64 references multiply matrices of a few hundred rows stalled past any budget that way.
-  eval OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout ${TESTS_BUDGET:-570} "$PY" -m pytest ${TESTS_ARGS:-tests/gpu} $workers -q -rs -p no:cacheprovider 2>&1 \
+  eval OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 timeout ${TESTS_BUDGET:-570} "$PY" -m pytest ${TESTS_ARGS:-tests/gpu} $workers -q -rfEs --durations=25 -p no:cacheprovider 2>&1 \
     | tee "$OUT/gpu_tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi

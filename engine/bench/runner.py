@@ -15,6 +15,7 @@ An implementation that cannot run is reported with the reason; nothing here rais
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 import platform
 import subprocess
@@ -231,7 +232,6 @@ def source_hash(root: Path | None = None) -> str:
     (sha256, 16 hex digits). A copy of the tree whose .git lags its files (a machine the tree was copied to)
     records a stale git_commit; this names the code itself: `python -c "from engine.bench.runner import
     source_hash; print(source_hash())"` in a checkout gives the same value when its code is the same."""
-    import hashlib
     root = Path(__file__).resolve().parents[2] if root is None else Path(root)
     digest = hashlib.sha256()
     for folder in ("engine", "kernels"):

@@ -35,10 +35,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 THREADS_PER_GROUP = 128        # a warpgroup
-# Per operand kind: the element's C type, elements a 16-byte group, the wgmma and mma.sync instructions (a k step
-# is 32 bytes of a row in both: 16 bf16 or 8 tf32), and whether wgmma takes the transpose immediates (not for tf32).
-KINDS = {"bf16": ("unsigned short", 8, "m64n{nt}k16.f32.bf16.bf16", "m16n8k16.row.col.f32.bf16.bf16.f32", True),
-         "tf32": ("float", 4, "m64n{nt}k8.f32.tf32.tf32", "m16n8k8.row.col.f32.tf32.tf32.f32", False)}
+# Per operand kind: the element's C type, elements a 16-byte group, and the mma.sync instruction (a k step is 32
+# bytes of a row in both: 16 bf16 or 8 tf32; the wgmma side is kernels/wgmma.cuh's RnnWgmma<NT, tf32>).
+KINDS = {"bf16": ("unsigned short", 8, "m16n8k16.row.col.f32.bf16.bf16.f32"),
+         "tf32": ("float", 4, "m16n8k8.row.col.f32.tf32.tf32.f32")}
+WGMMA_HEADER = Path(__file__).resolve().parents[1] / "kernels" / "wgmma.cuh"
 
 
 def chunk_columns(kind: str) -> int:
@@ -49,14 +50,8 @@ def chunk_columns(kind: str) -> int:
 def source(nt: int, kind: str = "bf16") -> str:
     """The kernels for NT columns a block (16, 32 or 64) and operand kind (bf16 or tf32), compiled for sm_90a
     (wgmma is arch-specific)."""
-    elem, per_group, wgmma_shape, mma_shape, transposes = KINDS[kind]
-    regs = nt // 2                                   # fp32 accumulators a thread of an m64nNT wgmma
-    outs = ", ".join(f"%{i}" for i in range(regs))
-    binds = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    return r"""
-// The 128-byte swizzle: the 16-byte group g of row r of a tile of 128-byte rows sits at group g ^ (r % 8).
-__device__ __forceinline__ unsigned swz(int row, int group) { return row * 128 + ((group ^ (row & 7)) << 4); }
-
+    elem, per_group, mma_shape = KINDS[kind]
+    return WGMMA_HEADER.read_text() + r"""
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // Copies rows [0, rows) x one chunk of columns from k0 (128 bytes a row) of a row-major matrix (row stride ld
@@ -65,25 +60,9 @@ __device__ __forceinline__ void stage(unsigned char* tile, const __ELEM__* __res
 {
     for (int i = threadIdx.x; i < rows * 8; i += blockDim.x) {
         const int r = i >> 3, g = i & 7;
-        *reinterpret_cast<uint4*>(tile + swz(r, g)) =
+        *reinterpret_cast<uint4*>(tile + rnn_swz128(r, g)) =
             *reinterpret_cast<const uint4*>(src + (long)r * ld + k0 + g * __EPG__);
     }
-}
-
-// A K-major operand tile of 128-byte swizzled rows as a wgmma matrix descriptor: start address >> 4 (bits 0-13),
-// leading byte offset 1 (unused with this swizzle), stride byte offset 1024 >> 4 between 8-row groups (bits 32-45),
-// swizzle mode 1 = 128 bytes (bits 62-63). The tile starts at a multiple of 1024 bytes; a k step (32 bytes of the
-// row: 16 bf16 or 8 tf32) moves the start 32 bytes along the row (the swizzle applies to the address bits, so this stays valid).
-__device__ __forceinline__ unsigned long long desc(unsigned addr)
-{
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_nt(float (&d)[__REGS__], unsigned long long a, unsigned long long b, int scale_d)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %__P__, 0;\n"
-                 "wgmma.mma_async.sync.aligned.__WGMMA__ {__OUTS__}, %__A__, %__B__, p, 1, 1__TRANS__;\n}\n"
-                 : __BINDS__ : "l"(a), "l"(b), "r"(scale_d));
 }
 
 // The weight slice of this block (rows n0.. of W, NT x K) into K / CHUNK swizzled tiles, once.
@@ -96,6 +75,22 @@ __device__ __forceinline__ void load_weights(unsigned char* w_tiles, const __ELE
 __device__ __forceinline__ unsigned char* aligned_smem(unsigned char* raw)
 {
     return raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
+}
+
+// The warpgroup's accumulators into its 64 rows of Y (row stride N) at this block's columns (the layout of
+// kernels/wgmma.cuh).
+__device__ __forceinline__ void store_wgmma(float* __restrict__ y, const float (&d)[__REGS__], int N, int group)
+{
+    const int q = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int row = group * 64 + q * 16 + g;
+    float* out = y + (long)blockIdx.x * __NT__;
+#pragma unroll
+    for (int j = 0; j < __NT__ / 8; ++j) {
+        out[(long)row * N + 8 * j + 2 * t] = d[4 * j];
+        out[(long)row * N + 8 * j + 2 * t + 1] = d[4 * j + 1];
+        out[(long)(row + 8) * N + 8 * j + 2 * t] = d[4 * j + 2];
+        out[(long)(row + 8) * N + 8 * j + 2 * t + 1] = d[4 * j + 3];
+    }
 }
 
 extern "C" __global__ void step_wgmma(const __ELEM__* __restrict__ h, const __ELEM__* __restrict__ w,
@@ -112,30 +107,19 @@ extern "C" __global__ void step_wgmma(const __ELEM__* __restrict__ h, const __EL
             if (restage || (step == 0 && c == 0)) {                // restage 0: chunk 0 for all (MMA time alone)
                 __syncthreads();                                   // the chunk before is consumed
                 stage(x_tile, h, B, K, c * __CHUNK__);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // generic writes -> async proxy
+                rnn_fence_async_shared();              // generic writes -> the async proxy
                 __syncthreads();
             }
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            rnn_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wgmma_nt(d, desc(smem_u32(x_tile + group * 64 * 128) + kk * 32),
-                         desc(smem_u32(w_tiles + c * __NT__ * 128) + kk * 32), c > 0 || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                RnnWgmma<__NT__, __TF32__>::mma(d, rnn_wgmma_desc(smem_u32(x_tile + group * 64 * 128) + kk * 32),
+                         rnn_wgmma_desc(smem_u32(w_tiles + c * __NT__ * 128) + kk * 32), c > 0 || kk > 0);
+            rnn_wgmma_commit();
+            rnn_wgmma_wait<0>();
         }
     }
-    // The accumulator layout of m64nNk16: warp q of the group owns rows 16 q .. 16 q + 15; lane (g = lane / 4,
-    // t = lane % 4) holds, for each 8-column group j, (g, 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, ..+1).
-    const int q = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int row = group * 64 + q * 16 + g;
-    float* out = y + (long)blockIdx.x * __NT__;
-#pragma unroll
-    for (int j = 0; j < __NT__ / 8; ++j) {
-        out[(long)row * N + 8 * j + 2 * t] = d[4 * j];
-        out[(long)row * N + 8 * j + 2 * t + 1] = d[4 * j + 1];
-        out[(long)(row + 8) * N + 8 * j + 2 * t] = d[4 * j + 2];
-        out[(long)(row + 8) * N + 8 * j + 2 * t + 1] = d[4 * j + 3];
-    }
+    store_wgmma(y, d, N, group);
 }
 
 // The same GEMM with h's chunks double-buffered: chunk c + 1 is staged while the tensor cores multiply chunk c
@@ -152,39 +136,30 @@ extern "C" __global__ void step_wgmma_db(const __ELEM__* __restrict__ h, const _
     const int group = threadIdx.x / 128, chunks = K / __CHUNK__;
     float d[__REGS__];
     stage(x_tiles, h, B, K, 0);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    rnn_fence_async_shared();
     __syncthreads();
     int it = 0;                                                        // chunks multiplied so far: buffer it % 2
     for (int step = 0; step < steps; ++step) {
         for (int c = 0; c < chunks; ++c, ++it) {
             unsigned char* x_tile = x_tiles + (it & 1) * x_bytes;
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            rnn_wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wgmma_nt(d, desc(smem_u32(x_tile + group * 64 * 128) + kk * 32),
-                         desc(smem_u32(w_tiles + c * __NT__ * 128) + kk * 32), c > 0 || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");    // chunk c - 1's products are done
+                RnnWgmma<__NT__, __TF32__>::mma(d, rnn_wgmma_desc(smem_u32(x_tile + group * 64 * 128) + kk * 32),
+                         rnn_wgmma_desc(smem_u32(w_tiles + c * __NT__ * 128) + kk * 32), c > 0 || kk > 0);
+            rnn_wgmma_commit();
+            rnn_wgmma_wait<1>();    // chunk c - 1's products are done
             __syncthreads();                                                  // ... in every warpgroup
             const int next = c + 1 < chunks ? c + 1 : 0;                      // the next step starts at chunk 0
             if (c + 1 < chunks || step + 1 < steps) {
                 stage(x_tiles + ((it + 1) & 1) * x_bytes, h, B, K, next * __CHUNK__);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                rnn_fence_async_shared();
             }
-            if (c + 1 == chunks) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");   // d is final
+            if (c + 1 == chunks) rnn_wgmma_wait<0>();   // d is final
             __syncthreads();
         }
     }
-    const int q = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int row = group * 64 + q * 16 + g;
-    float* out = y + (long)blockIdx.x * __NT__;
-#pragma unroll
-    for (int j = 0; j < __NT__ / 8; ++j) {
-        out[(long)row * N + 8 * j + 2 * t] = d[4 * j];
-        out[(long)row * N + 8 * j + 2 * t + 1] = d[4 * j + 1];
-        out[(long)(row + 8) * N + 8 * j + 2 * t] = d[4 * j + 2];
-        out[(long)(row + 8) * N + 8 * j + 2 * t + 1] = d[4 * j + 3];
-    }
+    store_wgmma(y, d, N, group);
 }
 
 __device__ __forceinline__ void ldsm4(unsigned (&r)[4], unsigned addr)
@@ -216,12 +191,12 @@ extern "C" __global__ void step_mma(const __ELEM__* __restrict__ h, const __ELEM
             for (int kk = 0; kk < 4; ++kk) {
                 unsigned a[4];
                 const int ar = warp * 16 + (lane % 16);              // A: rows of this warp, groups 2kk, 2kk + 1
-                ldsm4(a, xs + swz(ar, 2 * kk + lane / 16));
+                ldsm4(a, xs + rnn_swz128(ar, 2 * kk + lane / 16));
 #pragma unroll
                 for (int j = 0; j < __NT__ / 8; j += 2) {
                     unsigned b[4];                                   // B: W rows 8j.. and 8(j+1).., groups 2kk, 2kk+1
                     const int br = 8 * j + (lane % 8) + 8 * (lane / 16);
-                    ldsm4(b, ws + swz(br, 2 * kk + (lane / 8) % 2));
+                    ldsm4(b, ws + rnn_swz128(br, 2 * kk + (lane / 8) % 2));
                     asm volatile("mma.sync.aligned.__MMA__ {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                                  : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
                                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -242,9 +217,7 @@ extern "C" __global__ void step_mma(const __ELEM__* __restrict__ h, const __ELEM
         out[(long)(row + 8) * N + 8 * j + 2 * t + 1] = acc[j][3];
     }
 }
-""".replace("__REGS__", str(regs)).replace("__WGMMA__", wgmma_shape.format(nt=nt)).replace("__NT__", str(nt)) \
-        .replace("__OUTS__", outs).replace("__BINDS__", binds).replace("%__A__", f"%{regs}") \
-        .replace("%__B__", f"%{regs + 1}").replace("%__P__", f"%{regs + 2}").replace("__TRANS__", ", 0, 0" if transposes else "") \
+""".replace("__REGS__", str(nt // 2)).replace("__NT__", str(nt)).replace("__TF32__", str(kind == "tf32").lower()) \
         .replace("__MMA__", mma_shape).replace("__ELEM__", elem).replace("__EPG__", str(per_group)) \
         .replace("__CHUNK__", str(8 * per_group))
 

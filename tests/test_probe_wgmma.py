@@ -57,3 +57,24 @@ def test_the_probe_kernels_compile_for_sm_90a(nt, kind, tmp_path):
     job = subprocess.run(["nvcc", "-arch=sm_90a", "--std=c++17", "--cubin", "-Werror", "all-warnings", "-o",
                           str(tmp_path / "probe.cubin"), str(source)], capture_output=True, text=True, timeout=300)
     assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
+
+
+@pytest.mark.nvcc
+def test_every_wgmma_shape_of_the_header_assembles(tmp_path):
+    """kernels/wgmma.cuh's six RnnWgmma specializations (N = 16, 32, 64; bf16 and tf32) through ptxas: a kernel
+    that issues each (ptxas checks the instruction text only where it is used)."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    calls = []
+    for n in (16, 32, 64):
+        for tf32 in ("false", "true"):
+            calls.append(f"{{ float d[{n // 2}] = {{}}; rnn_wgmma_fence(); RnnWgmma<{n}, {tf32}>::mma(d, a, b, 0); "
+                         f"rnn_wgmma_commit(); rnn_wgmma_wait<0>(); out[threadIdx.x] += d[0]; }}")
+    source = tmp_path / "wgmma_shapes.cu"
+    source.write_text((PROBE.parents[1] / "kernels" / "wgmma.cuh").read_text() + """
+extern "C" __global__ void every_shape(float* out, unsigned long long a, unsigned long long b)
+{
+""" + "\n".join("    " + c for c in calls) + "\n}\n")
+    job = subprocess.run(["nvcc", "-arch=sm_90a", "--std=c++17", "--cubin", "-Werror", "all-warnings", "-o",
+                          str(tmp_path / "shapes.cubin"), str(source)], capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]

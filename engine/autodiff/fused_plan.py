@@ -214,8 +214,9 @@ class TrainingPlan:
     adjoint_places: dict = field(default_factory=dict)  # state -> Place of its adjoint entering step t
     output: Place = Place("row")                      # the layer's output of step t: the next layer's input rows
     lengths: bool = False                             # the kernels hold the rows past their end (fused_lengths.py)
-    # the GEMMs' mode (engine/codegen/precision.py): every GEMM operand rounded to its format, fp32 sums (the runner's
-    # rounding before cuBLAS, engine/autodiff/cublas.py; fused_numpy rounds as it); the kernels are the same in every mode (fp32 cell math)
+    # the GEMMs' mode (engine/codegen/precision.py): every GEMM operand rounded to its format, fp32 sums (the runner
+    # rounds before cuBLAS, engine/autodiff/cublas.py; fused_numpy rounds as it); the kernels are the same in every
+    # mode (fp32 cell math)
     precision: str = "float32"
 
     @property

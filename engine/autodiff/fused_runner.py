@@ -1,9 +1,10 @@
 """The launcher of the fused training step (backend "fused" of engine.autodiff.record): Runner issues a plan's GEMMs
 (cuBLAS through engine/autodiff/cublas.py: ctypes, a handle of its own; strict fp32, no TF32, or the plan's precision
 mode: both operands rounded to it first, fp32 sums; a step GEMM with few output tiles may split K), its generated
-kernels and fused stages (engine/autodiff/fused_codegen.py, stage_fusion.py) and the table launches of kernels/ (copy_pieces.cu, lay_out.cu, column_dots.cu) for one layer at a
-time, on the current stream or a stream a layer (the wavefront). engine/autodiff/fused_numpy.py runs the same plan
-through NumPy for the CPU tests. module_for compiles a plan's kernels (once: engine/codegen/nvrtc.py caches them).
+kernels and fused stages (engine/autodiff/fused_codegen.py, stage_fusion.py) and the table launches of kernels/
+(copy_pieces.cu, lay_out.cu, column_dots.cu) for one layer at a time, on the current stream or a stream a layer (the
+wavefront). engine/autodiff/fused_numpy.py runs the same plan through NumPy for the CPU tests. module_for compiles a
+plan's kernels (once: engine/codegen/nvrtc.py caches them).
 """
 from __future__ import annotations
 

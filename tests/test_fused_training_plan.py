@@ -93,11 +93,12 @@ def _nvcc(sources: dict[str, str], tmp_path) -> None:
 def test_the_training_steps_hand_written_kernels_compile_with_nvcc(tmp_path):
     """kernels/all_finite.cu, copy_pieces.cu, splitk_reduce.cu, column_dots.cu, lay_out.cu and round_operands.cu,
     as the step loads them."""
-    from engine.autodiff.cublas import ROUND_OPERANDS_FILE, SPLIT_REDUCE_FILE
+    from engine.autodiff.cublas import SPLIT_REDUCE_FILE, round_operands_source
     from engine.autodiff.fused_runner import COLUMN_DOTS_FILE, COPY_FILE, LAY_OUT_FILE
     from engine.backends.common import ALL_FINITE_FILE
     _nvcc({path.name: path.read_text() for path in (ALL_FINITE_FILE, COPY_FILE, SPLIT_REDUCE_FILE,
-                                                    COLUMN_DOTS_FILE, LAY_OUT_FILE, ROUND_OPERANDS_FILE)}, tmp_path)
+                                                    COLUMN_DOTS_FILE, LAY_OUT_FILE)}
+          | {"round_operands.cu": round_operands_source()}, tmp_path)
 
 
 # The cells in a few translation units, one test each: one unit of every cell took nvcc (single-threaded) about

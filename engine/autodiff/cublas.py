@@ -19,7 +19,7 @@ import ctypes.util
 
 import numpy as np
 
-from ..codegen.cuda import KERNELS_DIR
+from ..codegen.cuda import KERNELS_DIR, helper_source
 from ..codegen.nvrtc import load_module
 from ..codegen.precision import precision as lookup
 
@@ -32,6 +32,7 @@ OPERANDS = {"tf32": (0, 4, 77, "round_operand_tf32"),          # CUDA_R_32F, CUB
             "float16": (2, 2, CUBLAS_COMPUTE_32F, "round_operand_fp16"),     # CUDA_R_16F
             "bfloat16": (14, 2, CUBLAS_COMPUTE_32F, "round_operand_bf16")}   # CUDA_R_16BF
 ROUND_OPERANDS_FILE = KERNELS_DIR / "round_operands.cu"
+ROUNDING_HELPER = "tile_gemm.cuh"          # rnn_tf32_bits, rnn_bits16: the kernels' own roundings
 ROUND_THREADS = 256
 
 
@@ -176,11 +177,16 @@ class Sgemm:
                     f"gemmEx ({self.precision}, split K)")
 
 
+def round_operands_source() -> str:
+    """kernels/round_operands.cu with the helper file whose roundings it calls inlined before it."""
+    return helper_source(ROUNDING_HELPER) + ROUND_OPERANDS_FILE.read_text()
+
+
 class _RoundingKernels:
     """kernels/round_operands.cu on the current stream: (name, src, dst, rows, cols, ld) rounds one operand."""
 
     def __init__(self, cupy):
-        self.module = load_module(ROUND_OPERANDS_FILE.read_text())
+        self.module = load_module(round_operands_source())
         self.functions: dict = {}
         self.blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] * 8
 

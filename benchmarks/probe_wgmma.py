@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from probe_schedules import time_ms  # noqa: E402  (benchmarks/, the script's folder)
 
 THREADS_PER_GROUP = 128        # a warpgroup
 # Per operand kind: the element's C type, elements a 16-byte group, and the mma.sync instruction (a k step is 32
@@ -269,17 +270,8 @@ def run_case(cupy, module, name: str, B: int, K: int, blocks: int, nt: int, kind
         row[kernel] = {"max_rel_error": error, "threads": threads}
         timings = (("us_per_step", 1), ("us_per_step_mma_only", 0))
         for label, restage in timings[:1] if kernel.endswith("_db") else timings:
-            for _ in range(3):
-                launch(steps, restage)
-            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-            times = []
-            for _ in range(reps):
-                start.record()
-                launch(steps, restage)
-                stop.record()
-                stop.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / steps)
-            row[kernel][label] = statistics.median(times)
+            ms = time_ms(lambda restage=restage: launch(steps, restage), warmup=3, repeats=reps)
+            row[kernel][label] = ms * 1e3 / steps
     return row
 
 

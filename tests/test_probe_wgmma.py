@@ -16,6 +16,8 @@ PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_wgmma.py"
 
 
 def probe():
+    if str(PROBE.parent) not in sys.path:          # the script imports probe_schedules from its folder
+        sys.path.insert(0, str(PROBE.parent))
     spec = importlib.util.spec_from_file_location("probe_wgmma", PROBE)
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("probe_wgmma", module)

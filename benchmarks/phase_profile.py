@@ -81,7 +81,8 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
         if m:
             stage = m.group(1)
         if stage is not None:
-            call = re.search(r"(rnn_warp_gemvs|rnn_tile_gemms|rnn_mma_gemms_local|rnn_mma_gemms)<", line)
+            call = re.search(r"(rnn_warp_gemvs|rnn_tile_gemms|rnn_mma_gemms_local|rnn_wgmma_gemms_rs|rnn_mma_gemms)<",
+                             line)
             if call:
                 calls += 1
                 in_call = f"{call.group(1)} #{calls}"
@@ -206,11 +207,13 @@ def main(argv=None) -> int:
     parser.add_argument("--sync", default=None, help="grid, layer, head or cluster (TileConfig.sync); default: the tiling's")
     parser.add_argument("--inner", action="store_true", help="marks inside the cluster mode's GEMM helper too")
     parser.add_argument("--warp", default=None, help="TileConfig.warp_tile as RxC MMA tiles (tensor-core path)")
+    parser.add_argument("--no-wgmma", action="store_true", help="cluster mode: mma.sync from shared memory "
+                        "(TileConfig.wgmma=False), not wgmma with the weights in registers")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     warp = tuple(int(v) for v in args.warp.split("x")) if args.warp else None
     tile = TileConfig(args.units, threads=args.threads, layers_per_launch=args.layers_per_launch, sync=args.sync,
-                      warp_tile=warp)
+                      warp_tile=warp, wgmma=False if args.no_wgmma else None)
     results = []
     for preset in args.preset or ["lstm"]:
         for config in args.config or ["lat"]:

@@ -46,6 +46,11 @@ __device__ __forceinline__ void rnn_fence_async_shared()
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// The same for stores into other blocks of the cluster (st.shared::cluster), before the cluster barrier.
+__device__ __forceinline__ void rnn_fence_async_cluster()
+{
+    asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory");
+}
 
 template <int N, bool TF32> struct RnnWgmma;
 
@@ -83,5 +88,37 @@ RNN_WGMMA(16, true, "m64n16k8.f32.tf32.tf32", "", 10, 8, 9, RNN_WGMMA_OUT8, RNN_
 RNN_WGMMA(32, true, "m64n32k8.f32.tf32.tf32", "", 18, 16, 17, RNN_WGMMA_OUT16, RNN_WGMMA_D16)
 RNN_WGMMA(64, true, "m64n64k8.f32.tf32.tf32", "", 34, 32, 33, RNN_WGMMA_OUT32, RNN_WGMMA_D32)
 #undef RNN_WGMMA
+
+// The same product with A from registers (wgmma's register-source form): a[4] is this thread's fragment of the
+// 64 x 16 A tile of one k step, in the layout of mma.sync m16n8k16's A for the 16 rows of its warp (warp q of the
+// warpgroup: rows 16 q ..): a0 (g, 2t..2t+1) a1 (g+8, ..) a2 (g, 2t+8..) a3 (g+8, 2t+8..), 16-bit pairs (bf16, or
+// fp16 with F16); checked against NumPy by benchmarks/probe_cluster_gemm.py. An operand that stays in registers
+// across steps (a weight slice) is read by the tensor cores without passing through shared memory each step.
+template <int N, bool F16> struct RnnWgmmaRs;   // F16: fp16 operands, else bf16
+#define RNN_WGMMA_RS(N, F16, SHAPE, TRANS, AS, B, P, OUTS, ...)                                                   \
+    template <> struct RnnWgmmaRs<N, F16> {                                                                        \
+        static __device__ __forceinline__ void mma(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long b, \
+                                                   int scale_d)                                                     \
+        {                                                                                                           \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\nwgmma.mma_async.sync.aligned." SHAPE " {"     \
+                         OUTS "}, {" AS "}, %" #B ", p, 1, 1" TRANS ";\n}\n"                                         \
+                         : __VA_ARGS__ : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));          \
+        }                                                                                                           \
+    };
+#define RNN_WGMMA_OUT4 "%0, %1, %2, %3"
+#define RNN_WGMMA_D4 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+RNN_WGMMA_RS(8, false, "m64n8k16.f32.bf16.bf16", ", 0", "%4, %5, %6, %7", 8, 9, RNN_WGMMA_OUT4, RNN_WGMMA_D4)
+RNN_WGMMA_RS(16, false, "m64n16k16.f32.bf16.bf16", ", 0", "%8, %9, %10, %11", 12, 13, RNN_WGMMA_OUT8, RNN_WGMMA_D8)
+RNN_WGMMA_RS(32, false, "m64n32k16.f32.bf16.bf16", ", 0", "%16, %17, %18, %19", 20, 21, RNN_WGMMA_OUT16,
+             RNN_WGMMA_D16)
+RNN_WGMMA_RS(64, false, "m64n64k16.f32.bf16.bf16", ", 0", "%32, %33, %34, %35", 36, 37, RNN_WGMMA_OUT32,
+             RNN_WGMMA_D32)
+RNN_WGMMA_RS(8, true, "m64n8k16.f32.f16.f16", ", 0", "%4, %5, %6, %7", 8, 9, RNN_WGMMA_OUT4, RNN_WGMMA_D4)
+RNN_WGMMA_RS(16, true, "m64n16k16.f32.f16.f16", ", 0", "%8, %9, %10, %11", 12, 13, RNN_WGMMA_OUT8, RNN_WGMMA_D8)
+RNN_WGMMA_RS(32, true, "m64n32k16.f32.f16.f16", ", 0", "%16, %17, %18, %19", 20, 21, RNN_WGMMA_OUT16,
+             RNN_WGMMA_D16)
+RNN_WGMMA_RS(64, true, "m64n64k16.f32.f16.f16", ", 0", "%32, %33, %34, %35", 36, 37, RNN_WGMMA_OUT32,
+             RNN_WGMMA_D32)
+#undef RNN_WGMMA_RS
 
 #endif  // RNN_WGMMA_CUH

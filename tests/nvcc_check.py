@@ -8,12 +8,15 @@ CHECK_ONLY = ["-Xcicc", "-O0", "-Xptxas", "-O0"]
 
 def nvcc_command(source_path, output_path) -> list[str]:
     """The flags the engine gives NVRTC (engine/codegen/nvrtc.py OPTIONS: --std=c++17, IEEE fp32: -ftz=false,
-    -prec-div=true, -prec-sqrt=true), the same for cooperative kernels; plus warnings as errors, with the optimizer
-    off (tests/nvcc_check.py: a check, not a build). No -I for kernels/:
+    -prec-div=true, -prec-sqrt=true), the same for cooperative kernels, for the arch NVRTC would get on an H100; plus
+    warnings as errors, with the optimizer off (tests/nvcc_check.py: a check, not a build). No -I for kernels/:
     the source must inline its helpers, as NVRTC gets no include path from us."""
-    from engine.codegen.nvrtc import OPTIONS  # deferred: the flags list is all this module needs of the engine
+    from pathlib import Path
+
+    from engine.codegen.nvrtc import OPTIONS, source_arch  # deferred: the flags and the arch rule are all it needs
     flags = [("-" + option.lstrip("-")) if option.startswith("--std") else option for option in OPTIONS]
-    return ["nvcc", "-arch=sm_90", *flags, *CHECK_ONLY, "--cubin", "-o", str(output_path), "-Werror",
+    arch = source_arch(Path(source_path).read_text(), "90")        # sm_90a where the source issues wgmma
+    return ["nvcc", f"-arch=sm_{arch}", *flags, *CHECK_ONLY, "--cubin", "-o", str(output_path), "-Werror",
             "all-warnings", str(source_path)]
 
 

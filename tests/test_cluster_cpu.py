@@ -20,8 +20,8 @@ from engine.schedules.tiling import H100, TileConfig
 @pytest.mark.parametrize("hidden,units,blocks,per_cluster", [(256, None, 32, 8), (256, 4, 64, 16), (768, None, 32, 8),
                                                              (768, 12, 64, 16)])
 def test_a_cluster_is_a_head(hidden, units, blocks, per_cluster):
-    _, source, tiling = render("slstm", 64, hidden, 1, 16, TileConfig(units_per_block=units, sync="cluster"), True,
-                               "bfloat16")
+    _, source, tiling = render("slstm", 64, hidden, 1, 16, TileConfig(units_per_block=units, sync="cluster",
+                                                                      wgmma=False), True, "bfloat16")
     assert (tiling.blocks, tiling.cluster) == (blocks, per_cluster)
     assert tiling.bulk is False and all(t.resident and t.heads == 4 for t in tiling.gemms)
     (x,) = tiling.local_x
@@ -90,16 +90,66 @@ def test_the_autotuner_times_clusters_of_8_and_16():
                 if c.config is not None and c.config.sync == "cluster"]           # 1024 units: 64 a block at 16
 
 
+def test_the_wgmma_path_holds_the_weights_in_registers():
+    """On sm_90 with 16-bit operands the step GEMMs run on wgmma from registers (kernels/wgmma_gemm.cuh): the LSTM at
+    H = 512 in 16 blocks of 32 units has 128 weight rows a block, 2 tiles of 64, K = 512 in 2 parts over 4
+    warpgroups (64 registers of weights a thread); h's local copies in wgmma's B layout, shared by 16-byte pieces."""
+    _, source, tiling = render("lstm", 512, 512, 1, 16, TileConfig(sync="cluster"), True, "bfloat16")
+    assert tiling.wgmma == (2, 2, 16) and tiling.config.threads == 512
+    assert "wgmma (bfloat16) with the weights in registers: 2 tiles of 64 weight rows, K in 2 parts" in tiling.describe()
+    (x,) = tiling.local_x
+    assert x.swizzled and x.stride == 512 and x.floats == 16 * 512 // 2
+    assert tiling.x_local_floats >= 2 * x.floats + 256                 # room to start on a 1024-byte boundary
+    assert "constexpr int NB = 16, TILES = 2, PARTS = 2, KSP = 16;" in source
+    assert "rnn_wgmma_gemms_rs<RNN_BF16, NB, KSP, PARTS, TILES>(jobs, wreg, 0, B, smem + SCRATCH + X_LOCAL);" in source
+    assert "rnn_mma_gemms_local" not in source.split("// ---- end of kernels/wgmma_gemm.cuh ----")[1]
+    assert "rnn_wgmma_rs_load<KSP>(wreg," in source and "unsigned wreg[KSP][4];" in source
+    assert "lstm_stage_1(L, layer, t, u0, tu, smem, wreg);" in source
+    assert "[rnn_swz_index<NB>((int)b, j - (u0 / GROUP) * GROUP)] = rnn_bits16<RNN_BF16>(h_next);" in source
+    assert "rnn_cluster_share_swz<CLUSTER, NB, uint4>(" in source
+    # a cell of two stages: each stage's GEMM is its own tiles (GRU-Cho at 16 units a block: 32 + 16 columns)
+    _, source, tiling = render("gru_cho", 64, 256, 1, 40, TileConfig(units_per_block=16, sync="cluster"), True,
+                               "float16")
+    assert tiling.wgmma[0] == 0                                       # 40 rows pad to 48: not one of wgmma's N here
+    _, source, tiling = render("gru_cho", 64, 256, 1, 32, TileConfig(units_per_block=16, sync="cluster"), True,
+                               "float16")
+    assert tiling.wgmma[:2] == (2, tiling.config.threads // 256)
+    assert source.count("rnn_wgmma_gemms_rs<RNN_FP16, NB, KSP, PARTS, TILES>(jobs, wreg, ") == 2
+    assert "(jobs, wreg, 0, B," in source and "(jobs, wreg, 1, B," in source
+
+
+@pytest.mark.parametrize("kwargs,why", [
+    (dict(batch=40), "48 batch rows (padded) are not one of wgmma's N"),
+    (dict(limits="sm_100"), "wgmma is Hopper's (sm_90), and this is sm_100"),
+])
+def test_the_wgmma_path_falls_back_or_says_why(kwargs, why):
+    from dataclasses import replace
+
+    from engine.compiler import make_plan
+    from engine.schedules.tiling import make_tiling
+    network = engine.Network(engine.preset("lstm").cell, 64, 256, 1)
+    limits = replace(H100, arch=kwargs.get("limits", "sm_90"))
+    batch = kwargs.get("batch", 16)
+    program = make_plan(network, 17, batch, layout="interleaved", precision="bfloat16").program
+    tiling = make_tiling(program, network, batch, TileConfig(sync="cluster"), limits)
+    assert tiling.wgmma == (0, 0, 0) and not any(x.swizzled for x in tiling.local_x)    # the mma.sync path
+    with pytest.raises(CompileError, match="TileConfig.wgmma=True cannot run") as info:
+        make_tiling(program, network, batch, TileConfig(sync="cluster", wgmma=True), limits)
+    assert why in str(info.value) and "hint" in str(info.value)
+
+
 @pytest.mark.nvcc
 def test_cluster_sources_compile_with_nvcc(tmp_path):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
     sources = {}
     for label, args in {"slstm": (64, 768, 1, 16, TileConfig(sync="cluster"), True, "bfloat16"),
+                        "slstm_mma": (64, 768, 1, 16, TileConfig(sync="cluster", wgmma=False), True, "bfloat16"),
+                        "lstm": (64, 512, 1, 16, TileConfig(sync="cluster"), True, "bfloat16"),
                         "lstm16": (64, 256, 2, 16, TileConfig(units_per_block=16, sync="cluster"), True, "bfloat16"),
                         "gru_cho": (64, 256, 1, 40, TileConfig(units_per_block=16, sync="cluster"), True, "float16")
                         }.items():
-        _, source, _ = render("slstm" if label == "slstm" else label.rstrip("16"), *args)
+        _, source, _ = render(label.split("_mma")[0].rstrip("16"), *args)
         sources[label] = source
     compile_sources(sources, tmp_path)
 

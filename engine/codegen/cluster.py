@@ -9,17 +9,74 @@ from dataclasses import replace
 from ..errors import CompileError
 from ..plan import Lin
 from .cuda import index_expr, kernel_body, reads_rows, stored, within_line
+from .precision import precision as lookup_precision
 
 CLUSTER_HELPER = "cluster_sync.cuh"
+WGMMA_HELPERS = ("wgmma.cuh", "wgmma_gemm.cuh")     # the wgmma path (tiling.wgmma), after mma_gemm and cluster_sync
 
 
 def constants(tiling) -> list[str]:
     groups = tiling.blocks_per_layer // tiling.cluster
-    return [f"constexpr int CLUSTER = {tiling.cluster};                // blocks of a cluster: one "
-            f"{'head' if groups > 1 else 'layer'} (engine/schedules/cluster.py)",
-            f"constexpr int GROUP = H / {groups};            // hidden units of a cluster",
-            f"constexpr int X_LOCAL = {tiling.x_local_floats};          // floats of the local copies of X at smem + "
-            "SCRATCH (the split-K sums after them)"]
+    lines = [f"constexpr int CLUSTER = {tiling.cluster};                // blocks of a cluster: one "
+             f"{'head' if groups > 1 else 'layer'} (engine/schedules/cluster.py)",
+             f"constexpr int GROUP = H / {groups};            // hidden units of a cluster",
+             f"constexpr int X_LOCAL = {tiling.x_local_floats};          // floats of the local copies of X at smem + "
+             "SCRATCH (the split-K sums after them)"]
+    if tiling.wgmma[0]:
+        tiles, parts, ksp = tiling.wgmma
+        lines.append(f"constexpr int NB = {round_up16(tiling.batch)}, TILES = {tiles}, PARTS = {parts}, KSP = {ksp};"
+                     "   // wgmma: batch rows (its N), tiles of 64 weight rows, parts of K, k steps a warpgroup")
+    return lines
+
+
+def round_up16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def stage_params(tiling) -> tuple[str, str]:
+    """(the stage functions' extra parameter, the argument of their calls): the wgmma path's weights in registers."""
+    return (", const unsigned (&wreg)[KSP][4]", ", wreg") if tiling.wgmma[0] else ("", "")
+
+
+def first_tiles(program, tiling) -> dict[str, int]:
+    """The wgmma path: {step GEMM: its first tile of 64 weight rows}, the stages' GEMMs in order (the tiles
+    rnn_wgmma_gemms_rs deals to the warpgroups)."""
+    first, at = {}, 0
+    terms = {g.name: g.terms for g in tiling.gemms}
+    for s in sorted({g.stage for g in program.gemms if not g.hoisted}):
+        for g in program.step_gemms(s):
+            if g.name in program.reductions or g.name not in terms:
+                continue
+            first[g.name] = at
+            at += -(-terms[g.name] * tiling.units_per_block // 64)
+    return first
+
+
+def register_weights(program, tiling) -> list[str]:
+    """The wgmma path, after the resident weights are in shared memory: each warpgroup's tile of them into
+    registers, once a launch (kernels/wgmma_gemm.cuh rnn_wgmma_rs_load)."""
+    if not tiling.wgmma[0]:
+        return []
+    mode = {2: "RNN_FP16", 3: "RNN_BF16"}[lookup_precision(program.precision).mode]
+    lines = ["    // The wgmma path: warpgroup w holds tile w % TILES of the step weights, part w / TILES of its K, in",
+             "    // registers for the whole launch.",
+             "    unsigned wreg[KSP][4];",
+             "    {",
+             "        const int tile = (threadIdx.x >> 7) % TILES, part = (threadIdx.x >> 7) / TILES;"]
+    tiles = {t.name: t for t in tiling.gemms}
+    firsts = first_tiles(program, tiling)
+    gemms = {g.name: g for g in program.gemms}
+    for i, (name, first) in enumerate(firsts.items()):
+        t, g = tiles[name], gemms[name]
+        k = f"({g.k.c_expr()}) / {t.heads}" if t.heads > 1 else f"({g.k.c_expr()})"
+        count = -(-t.terms * tiling.units_per_block // 64)
+        lines += [f"        {'if' if i == 0 else 'else if'} (tile >= {first} && tile < {first + count})   // {name}",
+                  f"            rnn_wgmma_rs_load<KSP>(wreg, reinterpret_cast<const unsigned short*>(smem + "
+                  f"{t.smem_offset}), rnn_wstride<{mode}>({k}), {k}, {t.terms} * tu, 64 * (tile - {first}), part * KSP);"]
+    lines += ["        else",
+              "            for (int s = 0; s < KSP; ++s) wreg[s][0] = wreg[s][1] = wreg[s][2] = wreg[s][3] = 0u;",
+              "    }"]
+    return lines
 
 
 def _local(tiling, buffer: str):
@@ -34,7 +91,13 @@ def pointer(tiling, buffer: str, version: str) -> str:
     """This block's local copy of `buffer`, version `version` (a C expression; 0 for a single buffer)."""
     x = _local(tiling, buffer)
     ver = f" + ({version}) * {x.floats}" if x.versions > 1 else ""
-    return f"reinterpret_cast<unsigned short*>(smem + SCRATCH + {x.offset}{ver})"
+    base = "rnn_align1024(smem + SCRATCH)" if x.swizzled else "smem + SCRATCH"
+    return f"reinterpret_cast<unsigned short*>({base} + {x.offset}{ver})"
+
+
+def _element(x, row: str, col: str) -> str:
+    """Where element (row, col) of a local copy lies: padded rows, or wgmma's B layout."""
+    return f"rnn_swz_index<NB>({row}, {col})" if x.swizzled else f"{row} * {x.stride} + {col}"
 
 
 def store(tiling, buffer: str, version: str, access, value: str) -> str:
@@ -44,7 +107,7 @@ def store(tiling, buffer: str, version: str, access, value: str) -> str:
         raise CompileError(f"cluster mode keeps buffer {buffer!r} in shared memory by unit, and this store writes "
                            "another layout; hint: sync='grid'")
     x = _local(tiling, buffer)
-    return f"{pointer(tiling, buffer, version)}[b * {x.stride} + (j - (u0 / GROUP) * GROUP)] = {value};"
+    return f"{pointer(tiling, buffer, version)}[{_element(x, '(int)b', 'j - (u0 / GROUP) * GROUP')}] = {value};"
 
 
 def share(tiling, written: list[tuple[str, str]], indent: str) -> list[str]:
@@ -58,8 +121,12 @@ def share(tiling, written: list[tuple[str, str]], indent: str) -> list[str]:
     lines = [f"{indent}__syncthreads();   // this block's units of h are in its own copy: now into the cluster's others"]
     for buffer, version in dict.fromkeys(written):
         x = _local(tiling, buffer)
-        lines.append(f"{indent}rnn_cluster_share<CLUSTER, {vector}>({pointer(tiling, buffer, version)}, B, {2 * x.stride}, "
-                     f"2 * (u0 - (u0 / GROUP) * GROUP), 2 * UNITS);")
+        if x.swizzled:                   # wgmma's B layout: a V never crosses a 16-byte group (width <= 16)
+            lines.append(f"{indent}rnn_cluster_share_swz<CLUSTER, NB, {vector}>({pointer(tiling, buffer, version)}, B, "
+                         "u0 - (u0 / GROUP) * GROUP, UNITS);")
+        else:
+            lines.append(f"{indent}rnn_cluster_share<CLUSTER, {vector}>({pointer(tiling, buffer, version)}, B, "
+                         f"{2 * x.stride}, 2 * (u0 - (u0 / GROUP) * GROUP), 2 * UNITS);")
     return lines
 
 
@@ -164,18 +231,23 @@ def signature(prefix: str) -> str:
 
 
 def loop(program, tiling, prefix: str, present, columns: dict[str, str]) -> list[str]:
-    """After the resident weights: the local copies loaded from the 16-bit copies the host wrote (step 0 reads
-    version 0), a cluster barrier, then the steps. columns: the C expression of each copied buffer's columns."""
-    lines = ["    // The local copies of X: the host's 16-bit values of this cluster's columns, zeros past B rows and the",
-             "    // group's columns (whole MMA tiles)."]
+    """After the resident weights: on the wgmma path their tiles into registers; the local copies loaded from the
+    16-bit copies the host wrote (step 0 reads version 0), a cluster barrier, then the steps. columns: the C
+    expression of each copied buffer's columns."""
+    lines = register_weights(program, tiling)
+    lines += ["    // The local copies of X: the host's 16-bit values of this cluster's columns, zeros past B rows and the",
+              "    // group's columns (whole MMA tiles)."]
     for x in tiling.local_x:
         for v in range(x.versions):
             source = f"L.{x.buffer}_h16" + (f"[{v}]" if x.versions > 1 else "")
             lines += [f"    for (int i = threadIdx.x; i < rnn_round_up(B, 16) * {x.stride}; i += blockDim.x) {{",
                       f"        const int r = i / {x.stride}, c = i - r * {x.stride};",
-                      f"        {pointer(tiling, x.buffer, str(v))}[i] = r < B && c < {x.cols} ? "
+                      f"        {pointer(tiling, x.buffer, str(v))}[{_element(x, 'r', 'c') if x.swizzled else 'i'}] = "
+                      f"r < B && c < {x.cols} ? "
                       f"{source}[(long)r * ({columns[x.buffer]}) + (u0 / GROUP) * GROUP + c] : (unsigned short)0;",
                       "    }"]
+    if any(x.swizzled for x in tiling.local_x):
+        lines.append("    rnn_fence_async_shared();   // written by this block's threads, read by its tensor cores")
     lines += ["    rnn_cluster_sync();   // every block's copies are loaded before any block of the cluster writes into them"]
     ahead = copies(program, tiling, "0", "    ")
     lines += (["    if (T > 0) {   // the input projections' rows of step 0 (each step copies the next step's)"]
@@ -186,6 +258,6 @@ def loop(program, tiling, prefix: str, present, columns: dict[str, str]) -> list
                   "        __syncthreads();",
                   "        if (t + 1 < T) {"] + copies(program, tiling, "t + 1", "            ") + ["        }"]
     for s in present:
-        lines += [f"        {prefix}_stage_{s}(L, layer, t, u0, tu, smem);   // ends with its arrive",
+        lines += [f"        {prefix}_stage_{s}(L, layer, t, u0, tu, smem{stage_params(tiling)[1]});   // ends with its arrive",
                   "        rnn_cluster_wait();"]
     return lines + ["    }", "}"]

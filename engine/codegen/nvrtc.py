@@ -101,6 +101,12 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
+def source_arch(source: str, capability: str) -> str:
+    """The architecture to compile `source` for on a GPU of `capability` ("90"): Hopper's arch-specific "90a" where
+    the source issues wgmma (kernels/wgmma.cuh), which only sm_90a has."""
+    return capability + "a" if capability == "90" and "wgmma.mma_async" in source else capability
+
+
 def load_module(source: str, cooperative: bool = False, cell: str | None = None, kernel: str | None = None):
     """The cupy.RawModule of `source` for the current device, compiled with OPTIONS (IEEE fp32); loaded once a
     process and device, the CUBIN compiled once a machine (cubin_path). cell, kernel: what the source is, for the
@@ -112,10 +118,11 @@ def load_module(source: str, cooperative: bool = False, cell: str | None = None,
     with _loaded_lock:
         module = _loaded.get(key)
     if module is None:
+        arch = source_arch(source, device.compute_capability)
         try:
-            path = cubin_path(source, device.compute_capability)
+            path = cubin_path(source, arch)
         except NvrtcError as e:
-            raise compile_error(e, source, device.compute_capability, cell, kernel) from None
+            raise compile_error(e, source, arch, cell, kernel) from None
         module = cupy.RawModule(path=str(path), enable_cooperative_groups=cooperative)
         with _loaded_lock:
             module = _loaded.setdefault(key, module)

@@ -156,7 +156,11 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
             tail = "" if tiling.mma else f", {o['NCT']}"          # the tile GEMM's tiles: every block's full width
             lines.append(f"{indent}         {o['Y']}, {o['N']}, {o['bias']}, {o['K']}, {o['NC']}{tail}}},")
         lines.append(f"{indent}    }};")
-        if tiling.cluster:
+        if tiling.wgmma[0]:
+            first = cluster_source.first_tiles(program, tiling)[gemms[0].name]
+            lines.append(f"{indent}    rnn_wgmma_gemms_rs<{MODE_NAMES[prec.mode]}, NB, KSP, PARTS, TILES>(jobs, wreg, {first}, B, "
+                         "smem + SCRATCH + X_LOCAL);")
+        elif tiling.cluster:
             lines.append(f"{indent}    rnn_mma_gemms_local<{MODE_NAMES[prec.mode]}, WM, WN>(jobs, B, smem + SCRATCH + X_LOCAL);")
         elif tiling.mma:
             lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK>(jobs, B, "
@@ -321,6 +325,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
             raise CompileError(f"cell '{program.cell.name}': TileConfig.sync='cluster' runs without pools between or "
                                "after its layers; hint: sync='grid'")
         lines.append(helper_source(cluster_source.CLUSTER_HELPER))
+        if tiling.wgmma[0]:
+            lines += [helper_source(name) for name in cluster_source.WGMMA_HELPERS]
     if pooled:
         lines.append(helper_source(POOL_HELPER))
     lines += [f"constexpr int B = {tiling.batch};                 // batch rows",
@@ -329,9 +335,10 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
               f"constexpr int BLOCKS_PER_LAYER = {tiling.blocks_per_layer};                 // x {tiling.num_layers} layers",
               f"constexpr int THREADS = {tiling.config.threads};"]
     if tiling.cluster:                    # no staging pipeline: X is in shared memory already (cluster.py)
-        lines += [f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
-                  f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}",
-                  f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the local X"]
+        lines += ([] if tiling.wgmma[0] else
+                  [f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
+                   f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}"])
+        lines += [f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the local X"]
         lines += cluster_source.constants(tiling)
     elif tiling.path == "tiled" and tiling.gemms:
         lines += ([f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
@@ -352,7 +359,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
     for s in present:
         lines.append(f"// Stage {s} of step t for this block's units [u0, u0 + tu) of layer `layer`.")
         lines.append(f"__device__ __forceinline__ void {prefix}_stage_{s}(const LayerArgs& L, const int layer, "
-                     "const int t, const int u0, const int tu, float* smem)")
+                     f"const int t, const int u0, const int tu, float* smem{cluster_source.stage_params(tiling)[0]})")
         lines.append("{")
         lines.append("    const int I = (int)L.I;")
         gemms = list(program.hoisted_gemms) if s == present[0] and tiling.num_layers > 1 else []

@@ -40,7 +40,9 @@ ARGS_FLOATS = 1024        # shared memory kept for the kernel's argument table (
 class LocalX:
     """A buffer a step GEMM reads, kept in every block's shared memory in cluster mode: `versions` copies (2 for a
     double buffer) of round_up(B, 16) rows x `stride` 16-bit elements (the group's `cols` columns, padded), from
-    float `offset` of the staging area."""
+    float `offset` of the staging area. swizzled: wgmma's B layout instead of padded rows (the wgmma path,
+    kernels/wgmma_gemm.cuh rnn_swz_index: chunks of 64 columns, `stride` the columns rounded up to 64), from float
+    `offset` after the first 1024-byte boundary of the staging area."""
 
     buffer: str
     versions: int
@@ -48,6 +50,7 @@ class LocalX:
     stride: int
     offset: int
     floats: int                    # one version's floats
+    swizzled: bool = False
 
 
 def group_units(hidden: int, heads: int) -> int:
@@ -90,17 +93,55 @@ class LocalY:
         return -(-self.ld // 4) * 4
 
 
-def local_x(reads: list[tuple[str, bool, int]], rows: int, stride_of) -> tuple[tuple[LocalX, ...], int]:
+def local_x(reads: list[tuple[str, bool, int]], rows: int, stride_of,
+            swizzled: bool = False) -> tuple[tuple[LocalX, ...], int]:
     """The local X copies of the buffers the step GEMMs read ((name, double, group columns) each) and their floats:
-    rows x stride_of(cols) 16-bit elements a version, whole 16 bytes."""
+    rows x stride_of(cols) 16-bit elements a version, whole 16 bytes; swizzled, chunks of 64 columns (whole 1024
+    bytes at 16 rows and more) and 1024 bytes more, to start them on a 1024-byte boundary."""
     out, offset = [], 0
     for name, double, cols in reads:
-        stride = stride_of(cols)
+        stride = -(-cols // 64) * 64 if swizzled else stride_of(cols)
         floats = -(-rows * stride * 2 // 16) * 4
         versions = 2 if double else 1
-        out.append(LocalX(name, versions, cols, stride, offset, floats))
+        out.append(LocalX(name, versions, cols, stride, offset, floats, swizzled))
         offset += versions * floats
-    return tuple(out), offset
+    return tuple(out), offset + (ALIGN_FLOATS if swizzled and out else 0)
+
+
+ALIGN_FLOATS = 256                 # 1024 bytes: room to start the swizzled local copies on a 1024-byte boundary
+WGMMA_ROWS = (16, 32, 64)          # batch rows (padded to 16) the wgmma path takes: its N (kernels/wgmma.cuh)
+
+
+def register_plan(tiles, units: int, rows: int, threads: int, prec, limits) -> tuple[tuple[int, int, int], str | None]:
+    """((tiles, parts, k steps a part), None) of the step GEMMs on wgmma with the weights in registers
+    (kernels/wgmma_gemm.cuh), or ((0, 0, 0), why not). tiles: the step GEMMs (gemm, K, vec) of the tiling; rows: the
+    batch rounded up to 16. The weights' registers are at most half a thread's share of the register file."""
+    none = (0, 0, 0)
+    if limits.arch != "sm_90":
+        return none, f"wgmma is Hopper's (sm_90), and this is {limits.arch or 'an unknown GPU'}"
+    if prec.weight_bytes != 2:
+        return none, "wgmma from registers runs fp16 / bf16 operands"
+    if rows not in WGMMA_ROWS:
+        return none, f"{rows} batch rows (padded) are not one of wgmma's N here ({', '.join(map(str, WGMMA_ROWS))})"
+    if threads % 128:
+        return none, f"{threads} threads are not whole warpgroups"
+    count = sum(-(-len(g.terms) * units // 64) for g, _, _ in tiles)
+    groups = threads // 128
+    if not count or count > groups:
+        return none, f"{count} tiles of 64 weight rows need as many warpgroups, and {threads} threads have {groups}"
+    parts = groups // count
+    ksteps = max(-(-k // 16) for _, k, _ in tiles)
+    ksp = -(-ksteps // parts)
+    if 4 * ksp > 65536 // threads // 2:
+        return none, (f"a warpgroup would hold {4 * ksp} registers of weights a thread, more than half of the "
+                      f"{65536 // threads} a thread of {threads} has")
+    return (count, parts, ksp), None
+
+
+def register_sums(plan: tuple[int, int, int], rows: int) -> int:
+    """Floats the wgmma path's parts of K leave their sums in (parts 1.. of every tile, rows / 2 a thread)."""
+    tiles, parts, _ = plan
+    return max(parts - 1, 0) * tiles * 128 * (rows // 2)
 
 
 def local_y(gemms: list[tuple[str, int]], batch: int, units: int, offset: int,
@@ -114,12 +155,12 @@ def local_y(gemms: list[tuple[str, int]], batch: int, units: int, offset: int,
     return tuple(out), offset
 
 
-def shared_layout(program, tiles, batch: int, rows: int, units: int, stride_of):
+def shared_layout(program, tiles, batch: int, rows: int, units: int, stride_of, swizzled: bool = False):
     """(local X copies, local Y tiles, floats of both) of the staging area in cluster mode: the operand of each step
     GEMM (tiles: (gemm, its K, vec) each), each step GEMM's output, and the input projections' rows of two steps
-    (where they come as 16-byte copies)."""
+    (where they come as 16-byte copies). swizzled: the X copies in wgmma's B layout (the wgmma path)."""
     reads = {g.in_buffer: (g.in_buffer, program.buffer(g.in_buffer).double, k) for g, k, _ in tiles}
-    local, floats = local_x(list(reads.values()), rows, stride_of)
+    local, floats = local_x(list(reads.values()), rows, stride_of, swizzled)
     outputs, floats = local_y([(g.name, len(g.terms)) for g, _, _ in tiles], batch, units, floats)
     hoisted = [(g.name, len(g.terms)) for g in program.hoisted_gemms]
     if hoisted and all(terms * units % 4 == 0 for _, terms in hoisted):

@@ -81,6 +81,8 @@ class TileConfig:
     #                                    where every in-step GEMM reads one head: head_sync); None: "layer" for the
     #                                    warp GEMV of small batches with several layers a launch (`lat`: 8-17%
     #                                    faster on an H100), else "grid" (`blogB`: 4-8% faster)
+    wgmma: bool | None = None          # sync="cluster" on sm_90, fp16 / bf16: the step GEMMs on wgmma with the weights
+    #                                    in registers (kernels/wgmma_gemm.cuh); None: where it applies, False: never
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
@@ -92,7 +94,8 @@ class TileConfig:
                 + ("" if self.pipeline is None else f" pipeline={self.pipeline[0]}x{self.pipeline[1]}")
                 + ("" if self.warp_tile is None else f" warp={self.warp_tile[0]}x{self.warp_tile[1]}")
                 + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}")
-                + ("" if self.sync is None else f" sync={self.sync}"))
+                + ("" if self.sync is None else f" sync={self.sync}")
+                + ("" if self.wgmma is None else f" wgmma={'on' if self.wgmma else 'off'}"))
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,8 @@ class Tiling:
     cluster: int = 0                   # sync="cluster": blocks a cluster (a head's or the layer's; cluster.py), else 0
     local_x: tuple = ()                # sync="cluster": the step GEMMs' operands in shared memory (cluster.LocalX)
     local_y: tuple = ()                # sync="cluster": the step GEMMs' outputs in shared memory (cluster.LocalY)
+    wgmma: tuple[int, int, int] = (0, 0, 0)   # sync="cluster": (tiles, parts, k steps a part) of the step GEMMs on
+    #                                           wgmma with the weights in registers (cluster.register_plan), or 0s
 
     def __post_init__(self):
         if not self.network_layers:
@@ -194,6 +199,10 @@ class Tiling:
         elif self.cluster:
             groups += (f", clusters of {self.cluster} blocks (a {'head' if self.blocks_per_layer > self.cluster else 'layer'}"
                        " each) exchanging h through distributed shared memory, a cluster barrier a stage")
+        if self.wgmma[0]:
+            tiles, parts, ksp = self.wgmma
+            product = (f"wgmma ({self.precision}) with the weights in registers: {tiles} tiles of 64 weight rows, "
+                       f"K in {parts} part{'s' if parts > 1 else ''} of {ksp} k steps a warpgroup")
         elif self.config.sync == "head":
             groups += (f", heads synchronised by per-head arrival counters ({self.blocks_per_head} blocks a head "
                        "wait for each other only)")
@@ -509,15 +518,20 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                 used += need[g.name]
         return resident
 
-    local, outputs = (), ()
+    local, outputs, rs = (), (), (0, 0, 0)
     if path == "gemv":
         k_chunk, stages = round_up(k_all, 4), 1
         resident, scratch, nc_streamed = lay_out(k_chunk, stages)
     elif cluster:                                    # X in every block's shared memory, W resident: no pipeline
         k_chunk, stages, nc_streamed = round_up(k_all, 16), 1, 0
+        rs, why = cluster_mode.register_plan(tiles, units, bp, threads, prec, limits)
+        if config.wgmma and why:
+            raise CompileError(f"TileConfig.wgmma=True cannot run cell '{program.cell.name}': {why}; hint: "
+                               "wgmma=None or False")
+        rs = (0, 0, 0) if config.wgmma is False or why else rs
         local, outputs, x_floats = cluster_mode.shared_layout(program, tiles, B, bp, units,
-                                                              lambda cols: x_stride(cols, prec))
-        scratch = x_floats + (threads * tile if reduce else 0)
+                                                              lambda cols: x_stride(cols, prec), swizzled=rs[0] > 0)
+        scratch = x_floats + (threads * tile if reduce else 0) + cluster_mode.register_sums(rs, bp)
         smem_floats -= cluster_mode.ARGS_FLOATS           # the argument table, copied to static shared memory
         need = {g.name: weight_floats(ncps[g.name], k, prec) for g, k, _ in order}
         wider = H // group_heads // cluster_mode.CLUSTER_MAX       # units a block at 16 blocks a cluster
@@ -594,4 +608,5 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                                "hint: sync='grid' or 'layer'")
     return Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent,
                   tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
-                  bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs)
+                  bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs,
+                  rs)

@@ -17,6 +17,10 @@ from engine.schedules.tiling import TileConfig
 pytestmark = pytest.mark.gpu
 
 
+# Cases the wgmma path takes on sm_90 (the others: 40 rows pad to 48, or threads that are not whole warpgroups)
+WGMMA_CASES = {("lstm", 512, 16), ("slstm", 768, 16), ("lstm", 256, 64), ("lstm", 192, 32), ("slstm", 256, 16)}
+
+
 @pytest.mark.parametrize("name,hidden,batch,precision,layers,units", [
     ("slstm", 256, 16, "bfloat16", 1, None),       # 4 heads of 64 units: clusters of 8 blocks
     ("slstm", 256, 16, "bfloat16", 2, 4),          # 16 blocks a head: the non-portable cluster size; two launches
@@ -26,14 +30,23 @@ pytestmark = pytest.mark.gpu
     ("lstm", 512, 16, "bfloat16", 1, None),        # 8 blocks do not fit shared memory: 16 of 32 units, K = 512
     ("gru_cho", 192, 24, "bfloat16", 1, 12),       # two GEMM stages a step: a cluster barrier each
     ("gru", 128, 17, "float16", 1, 8),             # B not a multiple of 8
+    ("lstm", 256, 64, "bfloat16", 1, None),        # 64 rows: wgmma's N = 64
+    ("lstm", 192, 32, "float16", 1, 12),           # 48 weight rows a block: one tile, partly padding
 ])
-def test_cluster_mode_matches(cupy, name, hidden, batch, precision, layers, units):
+@pytest.mark.parametrize("wgmma", [None, False], ids=["wgmma-where-it-applies", "mma-sync"])
+def test_cluster_mode_matches(cupy, name, hidden, batch, precision, layers, units, wgmma):
+    """wgmma=None takes the wgmma path with the weights in registers on an H100 / H200 wherever it applies
+    (kernels/wgmma_gemm.cuh; all but the 40-row case here), False the mma.sync path from shared memory."""
     size = {"input_size": 48, "hidden_size": hidden, "batch": batch, "steps": 37}
     network, params, x, states = make_case(engine.preset(name).cell, layers, seed=hidden + batch, sizes=size)
     schedule = schedule_class("persistent")(network, params, precision=precision,
-                                            config=TileConfig(units_per_block=units, sync="cluster"))
+                                            config=TileConfig(units_per_block=units, sync="cluster", wgmma=wgmma))
     result = schedule.run(x, states, poison=True)
     assert "clusters of" in result.info["tiling"], result.info["tiling"]
+    on_wgmma = "wgmma" in result.info["tiling"]
+    assert not (wgmma is False and on_wgmma), result.info["tiling"]
+    if wgmma is None and cupy.cuda.Device().compute_capability == "90" and (name, hidden, batch) in WGMMA_CASES:
+        assert on_wgmma, result.info["tiling"]
     check_mode(result, network, params, x, states, precision, f"{name} {precision} cluster B={batch} L={layers}")
     again = schedule.run(x, states, poison=True)
     assert np.array_equal(again.outputs, result.outputs)

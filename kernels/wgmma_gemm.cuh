@@ -1,0 +1,168 @@
+// The cluster mode's step GEMMs on wgmma with the weights held in registers (engine/schedules/cluster.py,
+// TileConfig.wgmma; issue #34 item 3). Needs tile_gemm.cuh (modes), mma_gemm.cuh (RnnMmaJob) and wgmma.cuh.
+//
+// Why: at small batch a block's step GEMM is bound by shared memory's 128 bytes a clock when every warp reads all of
+// h and its columns of W there each step (mma.sync from shared memory: 1.82 us a step at B = 16, NC = 128, K = 512
+// on an H200). With W in registers as wgmma's A operand and h read once a warpgroup by the tensor cores, the same
+// product took 0.62 us (benchmarks/probe_cluster_gemm.py).
+//
+// The product is the transposed one, Y^T = W X^T: the weight rows (the block's gate columns) are wgmma's M, in tiles
+// of 64; the batch is its N (NB = round_up(B, 16) rows of the local X); K runs in k steps of 16. The step GEMMs of
+// every stage of the cell are cut into TILES tiles of 64 weight rows (a stage's GEMMs in order, each
+// ceil(NC / 64) tiles). Warpgroup w holds tile w % TILES, k steps [p KSP, p KSP + KSP) of it (p = w / TILES, the
+// part of K), as A fragments in registers for the whole launch (rnn_wgmma_rs_load, once). PARTS > 1: parts 1.. leave
+// their accumulators in `red`, part 0 adds them in order of the part (bit-identical runs) and stores Y.
+//
+// The local X copies are wgmma's B operand: K-major, chunks of 64 columns, each NB rows of 128 bytes whose 16-byte
+// groups are XOR-swizzled by row (rnn_swz128, the 128-byte swizzle of the matrix descriptor), every copy starting
+// on a 1024-byte boundary (rnn_align1024). The cell code and the cluster's copies write it through rnn_swz_index.
+#ifndef RNN_WGMMA_GEMM_CUH
+#define RNN_WGMMA_GEMM_CUH
+
+// Element (row, col) of a local X copy in wgmma's B layout (above), NB rows a chunk.
+template <int NB>
+__device__ __forceinline__ int rnn_swz_index(int row, int col)
+{
+    return (col >> 6) * NB * 64 + row * 64 + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
+}
+
+// The first 1024-byte boundary of shared memory at or after p: where the local X copies start.
+__device__ __forceinline__ float* rnn_align1024(float* p)
+{
+    const unsigned at = (unsigned)__cvta_generic_to_shared(p);
+    return p + (((1024u - (at & 1023u)) & 1023u) >> 2);
+}
+
+// This warpgroup's A fragments, once a launch: rows m0 + 16 q + g and + 8 of a resident weight (rows of `ldw`
+// elements, zero past K up to whole k steps), k steps [s0, s0 + KSP); rows past NC and k steps past K are zeros.
+template <int KSP>
+__device__ __forceinline__ void rnn_wgmma_rs_load(unsigned (&a)[KSP][4], const unsigned short* ws, int ldw, int K,
+                                                  int NC, int m0, int s0)
+{
+    const int q = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = m0 + 16 * q + g, r1 = r0 + 8;
+    auto pair = [&](int r, int k) -> unsigned {
+        return r < NC ? *reinterpret_cast<const unsigned*>(ws + (long)r * ldw + k) : 0u;
+    };
+#pragma unroll
+    for (int s = 0; s < KSP; ++s) {
+        const int k = 16 * (s0 + s);
+        const bool in = k < K;
+        a[s][0] = in ? pair(r0, k + 2 * t) : 0u;
+        a[s][1] = in ? pair(r1, k + 2 * t) : 0u;
+        a[s][2] = in ? pair(r0, k + 2 * t + 8) : 0u;
+        a[s][3] = in ? pair(r1, k + 2 * t + 8) : 0u;
+    }
+}
+
+// Tile `tile` of a stage whose tiles start at `first`: which of its N jobs, and the job's first weight row.
+template <int N, typename Job>
+__device__ __forceinline__ int rnn_wgmma_rs_job(const Job (&jobs)[N], int tile, int first, int& m0)
+{
+    int at = first;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int n = (jobs[i].NC + 63) >> 6;
+        if (tile >= at && tile < at + n) {
+            m0 = 64 * (tile - at);
+            return i;
+        }
+        at += n;
+    }
+    return -1;
+}
+
+// Every GEMM of one stage (jobs: X the local copy in the B layout, Ws unused, Y the block's tile), the stage's tiles
+// starting at tile `first` of the block's TILES. Y is complete for the block when it returns.
+template <int MODE, int NB, int KSP, int PARTS, int TILES, int N>
+__device__ __forceinline__ void rnn_wgmma_gemms_rs(const RnnMmaJob<MODE> (&jobs)[N], const unsigned (&a)[KSP][4],
+                                                   int first, int B, float* __restrict__ red)
+{
+    static_assert(MODE == RNN_BF16 || MODE == RNN_FP16, "wgmma from registers: 16-bit operands");
+    const int wg = threadIdx.x >> 7, tile = wg % TILES, part = wg / TILES;
+    const int q = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int m0 = 0;
+    const int job = wg < TILES * PARTS ? rnn_wgmma_rs_job(jobs, tile, first, m0) : -1;
+    float d[NB / 2];
+#pragma unroll
+    for (int e = 0; e < NB / 2; ++e) d[e] = 0.f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        if (job != i) continue;
+        const RnnMmaJob<MODE>& J = jobs[i];
+        const unsigned xb = (unsigned)__cvta_generic_to_shared(J.X);
+        const int ks = (J.K + 15) >> 4;
+        rnn_fence_async_shared();            // the local copy, written by this cluster's threads, to the async proxy
+        rnn_wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < KSP; ++s) {
+            const int k = part * KSP + s;    // chunk k / 4 of 64 columns, 32 bytes a k step within it
+            if (k < ks)
+                RnnWgmmaRs<NB, MODE == RNN_FP16>::mma(d, a[s], rnn_wgmma_desc(xb + (k >> 2) * NB * 128 + (k & 3) * 32),
+                                                      1);
+        }
+        rnn_wgmma_commit();
+        rnn_wgmma_wait<0>();
+    }
+    if constexpr (PARTS > 1) {
+        if (job >= 0 && part > 0) {
+            float* r = red + (((part - 1) * TILES + tile) * 128 + (threadIdx.x & 127)) * (NB / 2);
+#pragma unroll
+            for (int e = 0; e < NB / 2; ++e) r[e] = d[e];
+        }
+        __syncthreads();
+        if (job >= 0 && part == 0) {
+#pragma unroll 1
+            for (int p = 1; p < PARTS; ++p) {
+                const float* r = red + (((p - 1) * TILES + tile) * 128 + (threadIdx.x & 127)) * (NB / 2);
+#pragma unroll
+                for (int e = 0; e < NB / 2; ++e) d[e] += r[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        if (job != i || part != 0) continue;
+        const RnnMmaJob<MODE>& J = jobs[i];
+        // D: rows (weight rows = columns of Y) m0 + 16 q + g, + 8; columns (batch rows) 8 j + 2 t, + 1
+        const int c0 = m0 + 16 * q + g, c1 = c0 + 8;
+        const float b0 = J.bias && c0 < J.NC ? __ldg(J.bias + c0) : 0.f, b1 = J.bias && c1 < J.NC ? __ldg(J.bias + c1) : 0.f;
+#pragma unroll
+        for (int j = 0; j < NB / 8; ++j) {
+            const int r = 8 * j + 2 * t;
+            if (c0 < J.NC) {
+                if (r < B) J.Y[(long)r * J.ldy + c0] = d[4 * j] + b0;
+                if (r + 1 < B) J.Y[(long)(r + 1) * J.ldy + c0] = d[4 * j + 1] + b0;
+            }
+            if (c1 < J.NC) {
+                if (r < B) J.Y[(long)r * J.ldy + c1] = d[4 * j + 2] + b1;
+                if (r + 1 < B) J.Y[(long)(r + 1) * J.ldy + c1] = d[4 * j + 3] + b1;
+            }
+        }
+    }
+    __syncthreads();                         // Y is complete for the whole block
+}
+
+// This block's slice of a local copy in the B layout (columns [col0, col0 + cols) of `rows` rows) into the same
+// place in every other block of a cluster of CS blocks, V (2, 4, 8 or 16 bytes: what divides the slice's offset
+// and width) at a time; a V never crosses a 16-byte group, so the swizzle keeps it whole. Generic stores read by
+// the tensor cores (the async proxy): each thread fences its own and its remote stores before the cluster barrier.
+template <int CS, int NB, typename V>
+__device__ __forceinline__ void rnn_cluster_share_swz(const unsigned short* local, int rows, int col0, int cols)
+{
+    rnn_fence_async_shared();                // this thread's own unit values (written before the block barrier)
+    unsigned me;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(me));
+    const unsigned base = (unsigned)__cvta_generic_to_shared(local);
+    constexpr int E = (int)sizeof(V) / 2;    // elements a V
+    const int per_row = cols / E, n = rows * per_row;
+    for (int i = threadIdx.x; i < n * (CS - 1); i += blockDim.x) {
+        const int k = i / n, e = i - k * n, row = e / per_row;
+        const int at = 2 * rnn_swz_index<NB>(row, col0 + (e - row * per_row) * E);
+        rnn_cluster_put<V>(base + at, (unsigned)k + ((unsigned)k >= me),
+                           *reinterpret_cast<const V*>(reinterpret_cast<const char*>(local) + at));
+    }
+    rnn_fence_async_cluster();               // the peers' tensor cores read these after the cluster barrier
+}
+
+#endif  // RNN_WGMMA_GEMM_CUH

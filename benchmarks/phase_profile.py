@@ -94,7 +94,7 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
                 out.append(f"        rnn_prof_mark({phase(f's{stage} block barrier')});")
             elif line.strip().startswith("__syncthreads();   // this block's units of h"):   # sync="cluster"
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cell math')});")
-            elif line.strip().startswith("rnn_cluster_share<"):
+            elif line.strip().startswith(("rnn_cluster_share<", "rnn_cluster_share_swz<")):
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cluster share')});")
             elif line.strip().startswith("rnn_cluster_arrive();"):
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cluster arrive')});")

@@ -17,7 +17,10 @@ run as one cluster of CS <= 16 blocks (Hopper, PTX ISA "Cluster of cooperative t
   GEMM, which then reads X from its own shared memory: no L2 round trip for the operand and no grid-wide barrier on
   the step's critical path;
 - the clusters (one a head) never wait for each other, so the launch is not cooperative.
-The GEMMs are the tensor-core MMAs of kernels/mma_gemm.cuh (rnn_mma_gemms_local), weights resident. One layer a
+The GEMMs are the tensor-core MMAs of kernels/mma_gemm.cuh (rnn_mma_gemms_local), weights resident; on an H100 /
+H200 (sm_90) with 16, 32 or 64 batch rows after padding, wgmma with the weights held in registers for the whole
+launch instead (kernels/wgmma_gemm.cuh, TileConfig.wgmma; register_plan says where it applies): shared memory then
+carries only h, once a warpgroup, and the local copies take wgmma's B layout (LocalX.swizzled). One layer a
 launch: layers above run after it, their input projection one cuBLAS GEMM over the sequence (layers_per_launch=1).
 
 Why: a grid barrier or an arrival counter costs ~1.3 us a stage on an H100 or H200 (L2 atomics and polling, whatever
@@ -136,6 +139,25 @@ def register_plan(tiles, units: int, rows: int, threads: int, prec, limits) -> t
         return none, (f"a warpgroup would hold {4 * ksp} registers of weights a thread, more than half of the "
                       f"{65536 // threads} a thread of {threads} has")
     return (count, parts, ksp), None
+
+
+def wgmma_plan(wanted: bool | None, cell: str, tiles, units: int, rows: int, threads: int, prec,
+               limits) -> tuple[int, int, int]:
+    """The wgmma path's plan for TileConfig.wgmma=`wanted` (None: where it applies; False: never; True: a
+    CompileError that says why where it does not apply)."""
+    plan, why = register_plan(tiles, units, rows, threads, prec, limits)
+    if wanted and why:
+        raise CompileError(f"TileConfig.wgmma=True cannot run cell '{cell}': {why}; hint: wgmma=None or False")
+    return (0, 0, 0) if wanted is False or why else plan
+
+
+def describe_wgmma(plan: tuple[int, int, int], precision: str) -> str:
+    """The wgmma path in Tiling.describe's words, or "" where the tiling does not take it."""
+    tiles, parts, ksp = plan
+    if not tiles:
+        return ""
+    return (f"wgmma ({precision}) with the weights in registers: {tiles} tiles of 64 weight rows, "
+            f"K in {parts} part{'s' if parts > 1 else ''} of {ksp} k steps a warpgroup")
 
 
 def register_sums(plan: tuple[int, int, int], rows: int) -> int:

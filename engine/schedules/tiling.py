@@ -75,14 +75,12 @@ class TileConfig:
     pipeline: tuple[int, int] | None = None   # tiled GEMMs: (K columns a chunk, chunks in flight + 1), one of
     #                                    PIPELINES; None: the one that leaves the most weights on chip (make_tiling)
     sync: str | None = None            # persistent: "grid" (a grid-wide barrier after every stage of a wavefront
-    #                                    step), "layer" (per-layer arrival counters: a layer waits for its own
-    #                                    blocks and for the layer below only, and runs ahead of the layers above)
-    #                                    or "head" (per-head counters: a block waits for its own head's blocks,
-    #                                    where every in-step GEMM reads one head: head_sync); None: "layer" for the
-    #                                    warp GEMV of small batches with several layers a launch (`lat`: 8-17%
-    #                                    faster on an H100), else "grid" (`blogB`: 4-8% faster)
-    wgmma: bool | None = None          # sync="cluster" on sm_90, fp16 / bf16: the step GEMMs on wgmma with the weights
-    #                                    in registers (kernels/wgmma_gemm.cuh); None: where it applies, False: never
+    #                                    step), "layer" (per-layer arrival counters: a layer waits for its own blocks
+    #                                    and the layer below only, and runs ahead of the layers above), "head" (per-
+    #                                    head counters, where every in-step GEMM reads one head: head_sync) or
+    #                                    "cluster" (cluster.py); None: "layer" for the warp GEMV of small batches with
+    #                                    several layers a launch (`lat`: 8-17% faster, H100), else "grid" (`blogB`)
+    wgmma: bool | None = None          # sync="cluster": step GEMMs on wgmma, weights in registers (None: where it can)
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
@@ -140,8 +138,7 @@ class Tiling:
     cluster: int = 0                   # sync="cluster": blocks a cluster (a head's or the layer's; cluster.py), else 0
     local_x: tuple = ()                # sync="cluster": the step GEMMs' operands in shared memory (cluster.LocalX)
     local_y: tuple = ()                # sync="cluster": the step GEMMs' outputs in shared memory (cluster.LocalY)
-    wgmma: tuple[int, int, int] = (0, 0, 0)   # sync="cluster": (tiles, parts, k steps a part) of the step GEMMs on
-    #                                           wgmma with the weights in registers (cluster.register_plan), or 0s
+    wgmma: tuple[int, int, int] = (0, 0, 0)   # sync="cluster": the wgmma path's (tiles, parts, k steps a part), or 0s
 
     def __post_init__(self):
         if not self.network_layers:
@@ -168,8 +165,7 @@ class Tiling:
 
     @property
     def x_local_floats(self) -> int:
-        """sync="cluster": floats of the local X copies and Y tiles from the start of the staging area (the split-K
-        sums after them)."""
+        """sync="cluster": floats of the local X copies and Y tiles from the staging area's start (sums after them)."""
         x = sum(x.versions * x.floats for x in self.local_x)
         return max([x] + [y.offset + y.versions * self.batch * y.floats for y in self.local_y])
 
@@ -199,13 +195,10 @@ class Tiling:
         elif self.cluster:
             groups += (f", clusters of {self.cluster} blocks (a {'head' if self.blocks_per_layer > self.cluster else 'layer'}"
                        " each) exchanging h through distributed shared memory, a cluster barrier a stage")
-        if self.wgmma[0]:
-            tiles, parts, ksp = self.wgmma
-            product = (f"wgmma ({self.precision}) with the weights in registers: {tiles} tiles of 64 weight rows, "
-                       f"K in {parts} part{'s' if parts > 1 else ''} of {ksp} k steps a warpgroup")
         elif self.config.sync == "head":
             groups += (f", heads synchronised by per-head arrival counters ({self.blocks_per_head} blocks a head "
                        "wait for each other only)")
+        product = cluster_mode.describe_wgmma(self.wgmma, self.precision) or product
         return (f"{self.blocks} blocks ({self.blocks_per_layer} per layer x {self.num_layers} layers){groups}, "
                 f"{self.units_per_block} hidden units per block, {self.config.threads} threads, {product}, "
                 f"{self.smem_bytes / 1024:.1f} KiB shared memory per block, "
@@ -467,9 +460,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     bulk = mma and bool(tiles) and bulk_capable(prec, limits, all_ks) and not cluster
     k_all = max((k for _, k, _ in tiles), default=4)
     if mma:
-        # Cluster mode: one 8-column tile a warp. Its K split over warps went through shared memory at a cost of
-        # ~1 us a step (sLSTM, H = 768, 24 units a block, phase profile on an H200: 3.05 us a step against 4.02 with
-        # 16 columns a warp and K split in two).
+        # Cluster mode: one 8-column tile a warp (sLSTM at H = 768, H200: 3.05 us a step against 4.02 with 16 columns
+        # a warp, whose K split went through shared memory; NOTES 2026-11-26 22:35).
         wide = 1 if cluster or max(ncps.values(), default=8) <= 8 else 2
         warp_tile = tuple(config.warp_tile or (1 if bp == 16 else 2, wide))
         groups = {name: -(-bp // (16 * warp_tile[0])) * -(-ncp // (8 * warp_tile[1])) for name, ncp in ncps.items()}
@@ -524,11 +516,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         resident, scratch, nc_streamed = lay_out(k_chunk, stages)
     elif cluster:                                    # X in every block's shared memory, W resident: no pipeline
         k_chunk, stages, nc_streamed = round_up(k_all, 16), 1, 0
-        rs, why = cluster_mode.register_plan(tiles, units, bp, threads, prec, limits)
-        if config.wgmma and why:
-            raise CompileError(f"TileConfig.wgmma=True cannot run cell '{program.cell.name}': {why}; hint: "
-                               "wgmma=None or False")
-        rs = (0, 0, 0) if config.wgmma is False or why else rs
+        rs = cluster_mode.wgmma_plan(config.wgmma, program.cell.name, tiles, units, bp, threads, prec, limits)
         local, outputs, x_floats = cluster_mode.shared_layout(program, tiles, B, bp, units,
                                                               lambda cols: x_stride(cols, prec), swizzled=rs[0] > 0)
         scratch = x_floats + (threads * tile if reduce else 0) + cluster_mode.register_sums(rs, bp)

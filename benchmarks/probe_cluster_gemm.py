@@ -70,6 +70,19 @@ __device__ __forceinline__ void load_h_padded(unsigned short* xs, const unsigned
     }
 }
 
+// A fragments of all of K for the 16 weight rows from `wr` (this lane's row g; row g + 8 is 8 K further), in
+// mma.sync m16n8k16's A layout, which wgmma's register-source A shares.
+__device__ __forceinline__ void load_a(unsigned (&a)[KS][4], const unsigned short* __restrict__ wr, int t)
+{
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+        a[s][0] = ld32(wr + 16 * s + 2 * t);
+        a[s][1] = ld32(wr + 8 * K + 16 * s + 2 * t);
+        a[s][2] = ld32(wr + 16 * s + 2 * t + 8);
+        a[s][3] = ld32(wr + 8 * K + 16 * s + 2 * t + 8);
+    }
+}
+
 // Y (B x NC, shared memory) into this block's columns of y (B x N).
 __device__ __forceinline__ void store_y(float* __restrict__ y, const float* ys, int B, int N)
 {
@@ -125,15 +138,8 @@ extern "C" __global__ void rs_mma(const unsigned short* __restrict__ x, const un
     load_h_padded(xs, x, B);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     // A = this warp's 16 weight rows (gate columns 16 warp ..), all of K, in mma.sync's A layout
-    const unsigned short* wr = w + ((long)blockIdx.x * NC + 16 * warp + g) * K;
     unsigned a[KS][4];
-#pragma unroll
-    for (int s = 0; s < KS; ++s) {
-        a[s][0] = ld32(wr + 16 * s + 2 * t);
-        a[s][1] = ld32(wr + 8 * K + 16 * s + 2 * t);
-        a[s][2] = ld32(wr + 16 * s + 2 * t + 8);
-        a[s][3] = ld32(wr + 8 * K + 16 * s + 2 * t + 8);
-    }
+    load_a(a, w + ((long)blockIdx.x * NC + 16 * warp + g) * K, t);
     __syncthreads();
     // B = h^T: ldmatrix.x4 of h rows lane % 16, k bytes (lane / 16) * 16: matrices (rows 0-7, k 0-7), (8-15, 0-7),
     // (0-7, 8-15), (8-15, 8-15) = b0, b1 of batch rows 0-7 in r[0], r[2] and of rows 8-15 in r[1], r[3]
@@ -173,15 +179,8 @@ extern "C" __global__ void rs_wgmma(const unsigned short* __restrict__ x, const 
     }
     rnn_fence_async_shared();
     const int wg = threadIdx.x / 128, q = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const unsigned short* wr = w + ((long)blockIdx.x * NC + 64 * wg + 16 * q + g) * K;
     unsigned a[KS][4];
-#pragma unroll
-    for (int s = 0; s < KS; ++s) {
-        a[s][0] = ld32(wr + 16 * s + 2 * t);
-        a[s][1] = ld32(wr + 8 * K + 16 * s + 2 * t);
-        a[s][2] = ld32(wr + 16 * s + 2 * t + 8);
-        a[s][3] = ld32(wr + 8 * K + 16 * s + 2 * t + 8);
-    }
+    load_a(a, w + ((long)blockIdx.x * NC + 64 * wg + 16 * q + g) * K, t);
     __syncthreads();
     const unsigned xb = smem_u32(xt);
     for (int step = 0; step < steps; ++step) {

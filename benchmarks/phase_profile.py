@@ -63,7 +63,7 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
             phases.append(name)
         return phases.index(name)
 
-    out, stage, in_call, calls, reduced, local, arrived = [], None, None, 0, False, False, False
+    out, stage, in_call, calls, reduced, local, arrived, shared = [], None, None, 0, False, False, False, False
     lines = source.splitlines()
     for i, line in enumerate(lines):
         if inner:                       # marks inside the cluster mode's GEMM helper (kernels/mma_gemm.cuh)
@@ -94,11 +94,16 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
                 out.append(f"        rnn_prof_mark({phase(f's{stage} block barrier')});")
             elif line.strip().startswith("__syncthreads();   // this block's units of h"):   # sync="cluster"
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cell math')});")
-            elif line.strip().startswith(("rnn_cluster_share<", "rnn_cluster_share_swz<")):
+            elif line.strip().startswith("rnn_cluster_share<"):
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cluster share')});")
+                shared = True
+            elif line.strip().startswith("__syncthreads();   // this block's copies are whole"):   # the wgmma path
+                out.append(f"            rnn_prof_mark({phase(f's{stage} cluster pull')});")
             elif line.strip().startswith("rnn_cluster_arrive();"):
+                if not shared:                     # the wgmma path: no share, the cell code runs up to the arrive
+                    out.insert(len(out) - 1, f"    rnn_prof_mark({phase(f's{stage} cell math')});")
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cluster arrive')});")
-                arrived = True
+                arrived, shared = True, False
             elif line.strip().startswith("__syncthreads();   // the reductions' sums"):      # engine/codegen/reductions.py
                 out.append(f"    rnn_prof_mark({phase(f's{stage} reduction sums')});")
             elif line.strip().startswith("__syncthreads();   // this block's units of"):

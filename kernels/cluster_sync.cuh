@@ -26,6 +26,25 @@ __device__ __forceinline__ void rnn_cluster_put(unsigned addr, unsigned rank, co
         asm volatile("st.shared::cluster.u16 [%0], %1;\n" ::"r"(remote), "h"(v) : "memory");
 }
 
+// The V (2, 4, 8 or 16 bytes) at shared address `addr` (this block's offset) of block `rank` of the cluster.
+template <typename V>
+__device__ __forceinline__ V rnn_cluster_get(unsigned addr, unsigned rank)
+{
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+    V v;
+    if constexpr (sizeof(V) == 16)
+        asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(remote) : "memory");
+    else if constexpr (sizeof(V) == 8)
+        asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(remote) : "memory");
+    else if constexpr (sizeof(V) == 4)
+        asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(remote) : "memory");
+    else
+        asm volatile("ld.shared::cluster.u16 %0, [%1];\n" : "=h"(v) : "r"(remote) : "memory");
+    return v;
+}
+
 // This block's slice of a local copy, `rows` rows of `row_bytes` bytes from byte `col_bytes` of each row (rows
 // `stride_bytes` apart, from `local`), copied into the same place in every other block of a cluster of CS blocks,
 // V (2, 4, 8 or 16 bytes: what divides the slice's offset and width) at a time: a few wide remote stores a thread

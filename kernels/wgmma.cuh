@@ -46,11 +46,6 @@ __device__ __forceinline__ void rnn_fence_async_shared()
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// The same for stores into other blocks of the cluster (st.shared::cluster), before the cluster barrier.
-__device__ __forceinline__ void rnn_fence_async_cluster()
-{
-    asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory");
-}
 
 template <int N, bool TF32> struct RnnWgmma;
 

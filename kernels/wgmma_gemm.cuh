@@ -15,7 +15,8 @@
 //
 // The local X copies are wgmma's B operand: K-major, chunks of 64 columns, each NB rows of 128 bytes whose 16-byte
 // groups are XOR-swizzled by row (rnn_swz128, the 128-byte swizzle of the matrix descriptor), every copy starting
-// on a 1024-byte boundary (rnn_align1024). The cell code and the cluster's copies write it through rnn_swz_index.
+// on a 1024-byte boundary (rnn_align1024). The cell code writes a block's own units through rnn_swz_index, and the
+// block pulls the other blocks' units before the GEMM that reads them (rnn_cluster_pull_swz).
 #ifndef RNN_WGMMA_GEMM_CUH
 #define RNN_WGMMA_GEMM_CUH
 
@@ -83,27 +84,30 @@ __device__ __forceinline__ void rnn_wgmma_gemms_rs(const RnnMmaJob<MODE> (&jobs)
     const int q = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int m0 = 0;
     const int job = wg < TILES * PARTS ? rnn_wgmma_rs_job(jobs, tile, first, m0) : -1;
+    // This warpgroup's operand, chosen without a branch (job 0's where it has no job: its A registers are zeros,
+    // and it stores nothing): ptxas serializes wgmma issued in a divergent path (its advisory C7520); serialized, the
+    // cluster LSTM's GEMM phase took 1.83 us a step against 1.57 (benchmarks/NOTES.md, 2026-11-27 07:44).
+    unsigned xb = (unsigned)__cvta_generic_to_shared(jobs[0].X);
+    int ks = (jobs[0].K + 15) >> 4;
+#pragma unroll
+    for (int i = 1; i < N; ++i) {
+        xb = job == i ? (unsigned)__cvta_generic_to_shared(jobs[i].X) : xb;
+        ks = job == i ? (jobs[i].K + 15) >> 4 : ks;
+    }
     float d[NB / 2];
 #pragma unroll
     for (int e = 0; e < NB / 2; ++e) d[e] = 0.f;
+    rnn_fence_async_shared();                // the local copy, written by this cluster's threads, to the async proxy
+    rnn_wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-        if (job != i) continue;
-        const RnnMmaJob<MODE>& J = jobs[i];
-        const unsigned xb = (unsigned)__cvta_generic_to_shared(J.X);
-        const int ks = (J.K + 15) >> 4;
-        rnn_fence_async_shared();            // the local copy, written by this cluster's threads, to the async proxy
-        rnn_wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < KSP; ++s) {
-            const int k = part * KSP + s;    // chunk k / 4 of 64 columns, 32 bytes a k step within it
-            if (k < ks)
-                RnnWgmmaRs<NB, MODE == RNN_FP16>::mma(d, a[s], rnn_wgmma_desc(xb + (k >> 2) * NB * 128 + (k & 3) * 32),
-                                                      1);
-        }
-        rnn_wgmma_commit();
-        rnn_wgmma_wait<0>();
+    for (int s = 0; s < KSP; ++s) {
+        // chunk k / 4 of 64 columns, 32 bytes a k step within it; k steps past K have zero A registers, so they
+        // multiply the last k step's h (finite) into nothing
+        const int k = min(part * KSP + s, ks - 1);
+        RnnWgmmaRs<NB, MODE == RNN_FP16>::mma(d, a[s], rnn_wgmma_desc(xb + (k >> 2) * NB * 128 + (k & 3) * 32), 1);
     }
+    rnn_wgmma_commit();
+    rnn_wgmma_wait<0>();
     if constexpr (PARTS > 1) {
         if (job >= 0 && part > 0) {
             float* r = red + (((part - 1) * TILES + tile) * 128 + (threadIdx.x & 127)) * (NB / 2);
@@ -143,14 +147,19 @@ __device__ __forceinline__ void rnn_wgmma_gemms_rs(const RnnMmaJob<MODE> (&jobs)
     __syncthreads();                         // Y is complete for the whole block
 }
 
-// This block's slice of a local copy in the B layout (columns [col0, col0 + cols) of `rows` rows) into the same
-// place in every other block of a cluster of CS blocks, V (2, 4, 8 or 16 bytes: what divides the slice's offset
-// and width) at a time; a V never crosses a 16-byte group, so the swizzle keeps it whole. Generic stores read by
-// the tensor cores (the async proxy): each thread fences its own and its remote stores before the cluster barrier.
+// The other blocks' slices of a local copy in the B layout, read from their shared memory into this block's (the
+// wgmma path's exchange: each block writes only its own units, the cluster barrier publishes them, and a block pulls
+// the rest before the GEMM that reads the copy). Block r of the cluster owns columns [r cols, r cols + cols) of
+// `rows` rows; V (2, 4, 8 or 16 bytes: what divides cols' bytes) at a time, a V never crossing a 16-byte group, so
+// the swizzle keeps it whole. Ends with this thread's proxy fence: the tensor cores read what it wrote. The caller
+// meets at a block barrier before the GEMM.
+//
+// Why not push (each block storing its slice into the others before the barrier, as rnn_cluster_share does): the
+// barrier's release, or a proxy fence, then waits for every remote store to land, ~1.4 us a step at 16 blocks
+// (phase profile of the LSTM at H = 512, B = 16, H200); a pull pays the remote loads' round trip, all in flight.
 template <int CS, int NB, typename V>
-__device__ __forceinline__ void rnn_cluster_share_swz(const unsigned short* local, int rows, int col0, int cols)
+__device__ __forceinline__ void rnn_cluster_pull_swz(unsigned short* local, int rows, int cols)
 {
-    rnn_fence_async_shared();                // this thread's own unit values (written before the block barrier)
     unsigned me;
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(me));
     const unsigned base = (unsigned)__cvta_generic_to_shared(local);
@@ -158,11 +167,11 @@ __device__ __forceinline__ void rnn_cluster_share_swz(const unsigned short* loca
     const int per_row = cols / E, n = rows * per_row;
     for (int i = threadIdx.x; i < n * (CS - 1); i += blockDim.x) {
         const int k = i / n, e = i - k * n, row = e / per_row;
-        const int at = 2 * rnn_swz_index<NB>(row, col0 + (e - row * per_row) * E);
-        rnn_cluster_put<V>(base + at, (unsigned)k + ((unsigned)k >= me),
-                           *reinterpret_cast<const V*>(reinterpret_cast<const char*>(local) + at));
+        const unsigned peer = (unsigned)k + ((unsigned)k >= me);
+        const int at = 2 * rnn_swz_index<NB>(row, (int)peer * cols + (e - row * per_row) * E);
+        *reinterpret_cast<V*>(reinterpret_cast<char*>(local) + at) = rnn_cluster_get<V>(base + at, peer);
     }
-    rnn_fence_async_cluster();               // the peers' tensor cores read these after the cluster barrier
+    rnn_fence_async_shared();
 }
 
 #endif  // RNN_WGMMA_GEMM_CUH

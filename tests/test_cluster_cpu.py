@@ -93,7 +93,8 @@ def test_the_autotuner_times_clusters_of_8_and_16():
 def test_the_wgmma_path_holds_the_weights_in_registers():
     """On sm_90 with 16-bit operands the step GEMMs run on wgmma from registers (kernels/wgmma_gemm.cuh): the LSTM at
     H = 512 in 16 blocks of 32 units has 128 weight rows a block, 2 tiles of 64, K = 512 in 2 parts over 4
-    warpgroups (64 registers of weights a thread); h's local copies in wgmma's B layout, shared by 16-byte pieces."""
+    warpgroups (64 registers of weights a thread); h's local copies in wgmma's B layout, each block writing its own
+    units and pulling the others' by 16-byte pieces before the GEMM."""
     _, source, tiling = render("lstm", 512, 512, 1, 16, TileConfig(sync="cluster"), True, "bfloat16")
     assert tiling.wgmma == (2, 2, 16) and tiling.config.threads == 512
     assert "wgmma (bfloat16) with the weights in registers: 2 tiles of 64 weight rows, K in 2 parts" in tiling.describe()
@@ -106,7 +107,9 @@ def test_the_wgmma_path_holds_the_weights_in_registers():
     assert "rnn_wgmma_rs_load<KSP>(wreg," in source and "unsigned wreg[KSP][4];" in source
     assert "lstm_stage_1(L, layer, t, u0, tu, smem, wreg);" in source
     assert "[rnn_swz_index<NB>((int)b, j - (u0 / GROUP) * GROUP)] = rnn_bits16<RNN_BF16>(h_next);" in source
-    assert "rnn_cluster_share_swz<CLUSTER, NB, uint4>(" in source
+    stage = source.split("void lstm_stage_1(")[1].split("\n}\n")[0]       # the other blocks' units pulled, then the GEMM
+    assert stage.index("rnn_cluster_pull_swz<CLUSTER, NB, uint4>(") < stage.index("rnn_wgmma_gemms_rs<")
+    assert "rnn_cluster_share" not in stage and "rnn_cluster_arrive();" in stage
     # a cell of two stages: each stage's GEMM is its own tiles (GRU-Cho at 16 units a block: 32 + 16 columns)
     _, source, tiling = render("gru_cho", 64, 256, 1, 40, TileConfig(units_per_block=16, sync="cluster"), True,
                                "float16")
@@ -136,6 +139,28 @@ def test_the_wgmma_path_falls_back_or_says_why(kwargs, why):
     with pytest.raises(CompileError, match="TileConfig.wgmma=True cannot run") as info:
         make_tiling(program, network, batch, TileConfig(sync="cluster", wgmma=True), limits)
     assert why in str(info.value) and "hint" in str(info.value)
+
+
+@pytest.mark.nvcc
+def test_ptxas_keeps_the_wgmma_pipelined(tmp_path):
+    """wgmma issued in a divergent path is serialized by ptxas (advisory C7520: each MMA waits for the one before),
+    which cost the cluster LSTM ~1 us a step; rnn_wgmma_gemms_rs issues its MMAs outside any branch. Compiled as
+    NVRTC builds it (optimized), one- and two-stage cells."""
+    import subprocess
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    for label, args in {"lstm": ("lstm", 64, 512, 1, 16, TileConfig(sync="cluster"), True, "bfloat16"),
+                        "gru_cho": ("gru_cho", 64, 256, 1, 32, TileConfig(units_per_block=16, sync="cluster"), True,
+                                    "float16")}.items():
+        _, source, tiling = render(*args)
+        assert tiling.wgmma[0] > 0
+        path = tmp_path / f"{label}.cu"
+        path.write_text(source)
+        done = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-o", str(tmp_path / f"{label}.cubin"), "-Xptxas",
+                               "-v", str(path)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "C7520" not in done.stderr and "serialized" not in done.stderr, done.stderr[-3000:]
+        assert " 0 bytes spill stores" in done.stderr
 
 
 @pytest.mark.nvcc

@@ -114,20 +114,35 @@ def share(tiling, written: list[tuple[str, str]], indent: str) -> list[str]:
     """After a stage's cell code: a block barrier, then this block's slice of each (buffer, version) it wrote
     copied into every other block of the cluster, as wide as the slice's alignment allows. (The stage then arrives
     at the cluster barrier: rnn_cluster_arrive.)"""
+    written = [(buffer, version) for buffer, version in dict.fromkeys(written) if not _local(tiling, buffer).swizzled]
     if not written:
-        return []
-    width = next(w for w in (16, 8, 4, 2) if (2 * tiling.units_per_block) % w == 0)
-    vector = {16: "uint4", 8: "uint2", 4: "unsigned", 2: "unsigned short"}[width]
+        return []                        # (the wgmma path's copies are pulled by their readers instead: pull)
+    vector = _vector(tiling)
     lines = [f"{indent}__syncthreads();   // this block's units of h are in its own copy: now into the cluster's others"]
-    for buffer, version in dict.fromkeys(written):
+    for buffer, version in written:
         x = _local(tiling, buffer)
-        if x.swizzled:                   # wgmma's B layout: a V never crosses a 16-byte group (width <= 16)
-            lines.append(f"{indent}rnn_cluster_share_swz<CLUSTER, NB, {vector}>({pointer(tiling, buffer, version)}, B, "
-                         "u0 - (u0 / GROUP) * GROUP, UNITS);")
-        else:
-            lines.append(f"{indent}rnn_cluster_share<CLUSTER, {vector}>({pointer(tiling, buffer, version)}, B, "
-                         f"{2 * x.stride}, 2 * (u0 - (u0 / GROUP) * GROUP), 2 * UNITS);")
+        lines.append(f"{indent}rnn_cluster_share<CLUSTER, {vector}>({pointer(tiling, buffer, version)}, B, "
+                     f"{2 * x.stride}, 2 * (u0 - (u0 / GROUP) * GROUP), 2 * UNITS);")
     return lines
+
+
+def _vector(tiling) -> str:
+    """The widest copy (up to 16 bytes) that divides a block's slice of a local copy."""
+    width = next(w for w in (16, 8, 4, 2) if (2 * tiling.units_per_block) % w == 0)
+    return {16: "uint4", 8: "uint2", 4: "unsigned", 2: "unsigned short"}[width]
+
+
+def pull(tiling, buffers: list[str], indent: str) -> list[str]:
+    """The wgmma path, before a stage's GEMMs: the other blocks' slices of the local copies they read (version
+    t & 1), pulled from the cluster into this block's (kernels/wgmma_gemm.cuh rnn_cluster_pull_swz), then a block
+    barrier. The stage that wrote them ended at the cluster barrier, and no block writes them again before every
+    block has passed the next one."""
+    copies = [b for b in dict.fromkeys(buffers) if _local(tiling, b).swizzled]
+    if not copies:
+        return []
+    lines = [f"{indent}rnn_cluster_pull_swz<CLUSTER, NB, {_vector(tiling)}>({pointer(tiling, b, 't & 1')}, B, UNITS);"
+             for b in copies]
+    return lines + [f"{indent}__syncthreads();   // this block's copies are whole"]
 
 
 def outputs(program, tiling) -> dict:

@@ -20,7 +20,9 @@ run as one cluster of CS <= 16 blocks (Hopper, PTX ISA "Cluster of cooperative t
 The GEMMs are the tensor-core MMAs of kernels/mma_gemm.cuh (rnn_mma_gemms_local), weights resident; on an H100 /
 H200 (sm_90) with 16, 32 or 64 batch rows after padding, wgmma with the weights held in registers for the whole
 launch instead (kernels/wgmma_gemm.cuh, TileConfig.wgmma; register_plan says where it applies): shared memory then
-carries only h, once a warpgroup, and the local copies take wgmma's B layout (LocalX.swizzled). One layer a
+carries only h, once a warpgroup, the local copies take wgmma's B layout (LocalX.swizzled), and a block reads the
+other blocks' units from their shared memory after the barrier (a pull) instead of storing its own into theirs
+before it. One layer a
 launch: layers above run after it, their input projection one cuBLAS GEMM over the sequence (layers_per_launch=1).
 
 Why: a grid barrier or an arrival counter costs ~1.3 us a stage on an H100 or H200 (L2 atomics and polling, whatever

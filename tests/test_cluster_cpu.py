@@ -197,3 +197,7 @@ def test_explain_describes_the_autotuners_cluster_choice(monkeypatch, tmp_path):
     assert entry["sync"].startswith("cluster barrier after every stage: the 8 blocks of a head")
     assert "thread-block clusters (one a head)" in entry["how"]
     assert entry["tiling"]["staging"].startswith("no staging: every block keeps its cluster's 16-bit h")
+    # on sm_90 (the nominal H100 explain uses without a GPU) the wgmma path: weights in registers, h pulled
+    assert "weight rows in registers" in entry["tiling"]["staging"]
+    assert "reads the other 7 blocks' units from their shared memory" in entry["tiling"]["staging"]
+    assert "each block reads the others' units after it" in entry["sync"]

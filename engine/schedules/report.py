@@ -141,6 +141,12 @@ def staging_text(tiling: Tiling) -> str:
         return "no staging: the warps read X from L2 into registers (a batch of at most 4 rows)"
     if not tiling.gemms:
         return "no GEMM in the kernel"
+    if tiling.cluster and tiling.wgmma[0]:
+        return (f"no staging: every block keeps its cluster's 16-bit h in shared memory (in wgmma's swizzled layout) "
+                f"and its weight rows in registers; the cell code writes its units there, and after the cluster "
+                f"barrier the block reads the other {tiling.cluster - 1} blocks' units from their shared memory "
+                "(distributed shared memory) before the GEMM; the GEMM outputs and the input projection's rows "
+                "(copied a step ahead) stay in shared memory too")
     if tiling.cluster:
         return (f"no staging: every block keeps its cluster's 16-bit h in shared memory; the cell code writes its "
                 f"units there and the block copies them into the other {tiling.cluster - 1} blocks of its cluster "
@@ -202,9 +208,11 @@ def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits, config: TileCon
             owner = "head" if tiling.blocks_per_layer > tiling.cluster else "layer"
             entry["how"] = f"one kernel of thread-block clusters (one a {owner}) for the whole sequence: {steps}, " \
                            "a cluster barrier after each"
+            exchange = ("each block reads the others' units after it" if tiling.wgmma[0] else
+                        "each block copies its units into the others before it")
             entry["sync"] = (f"cluster barrier after every stage: the {tiling.cluster} blocks of a {owner} keep h in "
-                             "their shared memory, and each block copies its units into the others (distributed "
-                             "shared memory; engine/schedules/cluster.py)")
+                             f"their shared memory, and {exchange} (distributed shared memory; "
+                             "engine/schedules/cluster.py)")
         elif tiling.config.sync in ("layer", "head"):
             group = tiling.config.sync
             entry["how"] = f"one cooperative kernel for the whole sequence: {steps}, each {group} waiting on " \

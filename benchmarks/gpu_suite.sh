@@ -26,6 +26,9 @@
 #  11. probes (only when named): benchmarks/probe_wgmma.py (a step's GEMM on wgmma against mma.sync),
 #      probe_fp32x3_projection.py, and phase_profile.py of one LSTM layer at B = 16, T = 1024 in fp32, tf32 and bf16
 #      (issue #34 items 1-3);
+#  11a. cluster (only when named): cluster mode on both paths (wgmma with the weights in registers, mma.sync):
+#      its GPU tests and those of lengths= in it, compute-sanitizer memcheck and racecheck on its cases of
+#      sanitize_persistent.py, and phase profiles of the LSTM (I = H = 512) and sLSTM (H = 768) at B = 16 on each path;
 #  11b. train (only when named): `python -m engine bench --train` at mid and blogB, every mode's rows (fp32 with
 #      TF32 off, tf32, bf16, fp16) against cuDNN in the same mode, each with its gradient error against float64;
 #  12. the markdown tables, last.
@@ -173,6 +176,24 @@ if [[ " $STAGES " == *" probes "* ]]; then
   done
 fi
 
+cluster_rc=skipped
+if [[ " $STAGES " == *" cluster "* ]]; then
+  section "cluster mode: tests, compute-sanitizer, phase profiles of both paths"
+  cluster_rc=0; : > "$OUT/cluster.log"
+  step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/cluster.log" | tail -12; rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || cluster_rc=$rc; }
+  step env OPENBLAS_NUM_THREADS=1 timeout 200 "$PY" -m pytest tests/gpu/test_cluster_gpu.py tests/gpu/test_lengths_gpu.py \
+    -k "cluster" ${TESTS_WORKERS:+-n $TESTS_WORKERS} -q -rfEs -p no:cacheprovider
+  for tool in memcheck racecheck; do
+    step timeout 200 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/sanitize_persistent.py cluster
+  done
+  for case in "lstm 512,512,1,1024,16" "slstm 768,768,1,1024,16"; do
+    set -- $case
+    for path in "" "--no-wgmma"; do
+      step timeout 60 "$PY" benchmarks/phase_profile.py --preset "$1" --config "$2" --precision bfloat16 --sync cluster $path
+    done
+  done
+fi
+
 train_rc=skipped
 if [[ " $STAGES " == *" train "* ]]; then
   section "the training step in every mode against cuDNN in the same mode (mid and blogB)"
@@ -200,5 +221,5 @@ PYEOF
 echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
      "precision bench exit code: $precision_rc; nets: $nets_rc; wheels: $wheels_rc; layersync: $layersync_rc;" \
-     "phases: $phases_rc; lengths: $lengths_rc; probes: $probes_rc; train: $train_rc" \
+     "phases: $phases_rc; lengths: $lengths_rc; probes: $probes_rc; cluster: $cluster_rc; train: $train_rc" \
      "(124 = timed out); total $(( $(date +%s) - start )) s"

@@ -141,6 +141,13 @@ def test_the_wgmma_path_falls_back_or_says_why(kwargs, why):
     assert why in str(info.value) and "hint" in str(info.value)
 
 
+@pytest.mark.parametrize("config", [TileConfig(wgmma=True), TileConfig(sync="grid", wgmma=False),
+                                    TileConfig(sync="cluster", wgmma="yes")])
+def test_the_wgmma_flag_outside_cluster_mode_is_refused_by_name(config):
+    with pytest.raises(CompileError, match=r"TileConfig.wgmma=.* applies to sync='cluster' only.*hint"):
+        render("lstm", 64, 256, 1, 16, config, True, "bfloat16")
+
+
 @pytest.mark.nvcc
 def test_ptxas_keeps_the_wgmma_pipelined(tmp_path):
     """wgmma issued in a divergent path is serialized by ptxas (advisory C7520: each MMA waits for the one before),

@@ -143,6 +143,13 @@ def register_plan(tiles, units: int, rows: int, threads: int, prec, limits) -> t
     return (count, parts, ksp), None
 
 
+def check_wgmma_flag(wanted, sync: str | None) -> None:
+    """TileConfig.wgmma: None, or True / False with sync='cluster'; else a CompileError that names the field."""
+    if wanted is not None and (not isinstance(wanted, bool) or sync != "cluster"):
+        raise CompileError(f"TileConfig.wgmma={wanted!r} applies to sync='cluster' only, as True or False; hint: "
+                           "leave it None (wgmma where cluster mode can take it)")
+
+
 def wgmma_plan(wanted: bool | None, cell: str, tiles, units: int, rows: int, threads: int, prec,
                limits) -> tuple[int, int, int]:
     """The wgmma path's plan for TileConfig.wgmma=`wanted` (None: where it applies; False: never; True: a

@@ -288,8 +288,7 @@ def weight_floats(rows: int, k: int, prec: Precision) -> int:
 
 
 def x_stride(k_chunk: int, prec: Precision) -> int:
-    """Elements between rows of a staged X chunk on the tensor-core path (rnn_xstride in kernels/mma_gemm.cuh):
-    floats for tf32 and float32x3, 16-bit values for fp16 / bf16 (their GEMMs read the 16-bit copy of X)."""
+    """Elements (floats, or 16-bit values for fp16 / bf16) between rows of a staged X chunk: mma_gemm.cuh rnn_xstride."""
     return round_up(k_chunk, 8) + 4 if prec.k_step == 8 else round_up(k_chunk, 16) + 8
 
 
@@ -354,6 +353,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                                        or not 64 <= config.threads <= MAX_THREADS):
         raise CompileError(f"TileConfig.threads={config.threads!r} is not a whole number of warps in range; hint: use "
                            f"a multiple of 32 from 64 to {MAX_THREADS}, or None to size it from the tiles")
+    cluster_mode.check_wgmma_flag(config.wgmma, config.sync)
     if config.sync == "cluster" and config.layers_per_launch is None:
         config = replace(config, layers_per_launch=1)         # clusters run one layer a launch (cluster.py)
     if config.layers_per_launch is None and persistent and network.num_layers > 1:

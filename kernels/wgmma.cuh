@@ -100,13 +100,10 @@ template <int N, bool F16> struct RnnWgmmaRs;   // F16: fp16 operands, else bf16
                          : __VA_ARGS__ : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));          \
         }                                                                                                           \
     };
-#define RNN_WGMMA_OUT4 "%0, %1, %2, %3"
-#define RNN_WGMMA_D4 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
 // Both 16-bit types of one shape (SHAPE: "16k16" for m64n16k16).
 #define RNN_WGMMA_RS2(N, SHAPE, AS, B, P, OUTS, D)                                                                   \
     RNN_WGMMA_RS(N, false, "m64n" SHAPE ".f32.bf16.bf16", ", 0", AS, B, P, OUTS, D)                                  \
     RNN_WGMMA_RS(N, true, "m64n" SHAPE ".f32.f16.f16", ", 0", AS, B, P, OUTS, D)
-RNN_WGMMA_RS2(8, "8k16", "%4, %5, %6, %7", 8, 9, RNN_WGMMA_OUT4, RNN_WGMMA_D4)
 RNN_WGMMA_RS2(16, "16k16", "%8, %9, %10, %11", 12, 13, RNN_WGMMA_OUT8, RNN_WGMMA_D8)
 RNN_WGMMA_RS2(32, "32k16", "%16, %17, %18, %19", 20, 21, RNN_WGMMA_OUT16, RNN_WGMMA_D16)
 RNN_WGMMA_RS2(64, "64k16", "%32, %33, %34, %35", 36, 37, RNN_WGMMA_OUT32, RNN_WGMMA_D32)

@@ -19,18 +19,24 @@ import ctypes.util
 
 import numpy as np
 
+from ..codegen.cublas_enums import (
+    CUBLAS_COMPUTE_32F,
+    CUBLAS_COMPUTE_32F_FAST_TF32,
+    CUBLAS_GEMM_DEFAULT,
+    CUBLAS_POINTER_MODE_HOST,
+    CUDA_R_16BF,
+    CUDA_R_16F,
+    CUDA_R_32F,
+)
 from ..codegen.cuda import KERNELS_DIR, helper_source
 from ..codegen.nvrtc import load_module
 from ..codegen.precision import precision as lookup
 
-CUDA_R_32F = 0                 # cudaDataType_t of A, B and C
-CUBLAS_GEMM_DEFAULT = -1       # cublasGemmAlgo_t: cuBLAS's heuristics choose
-CUBLAS_COMPUTE_32F = 68
-# Each reduced mode's GEMM operands as cublasGemmEx takes them (library_types.h, cublas_api.h): data type, bytes an
-# element, compute type, and the kernel of kernels/round_operands.cu that rounds an fp32 operand into that format
-OPERANDS = {"tf32": (0, 4, 77, "round_operand_tf32"),          # CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32
-            "float16": (2, 2, CUBLAS_COMPUTE_32F, "round_operand_fp16"),     # CUDA_R_16F
-            "bfloat16": (14, 2, CUBLAS_COMPUTE_32F, "round_operand_bf16")}   # CUDA_R_16BF
+# Each reduced mode's GEMM operands as cublasGemmEx takes them: data type, bytes an element, compute type, and the
+# kernel of kernels/round_operands.cu that rounds an fp32 operand into that format
+OPERANDS = {"tf32": (CUDA_R_32F, 4, CUBLAS_COMPUTE_32F_FAST_TF32, "round_operand_tf32"),
+            "float16": (CUDA_R_16F, 2, CUBLAS_COMPUTE_32F, "round_operand_fp16"),
+            "bfloat16": (CUDA_R_16BF, 2, CUBLAS_COMPUTE_32F, "round_operand_bf16")}
 ROUND_OPERANDS_FILE = KERNELS_DIR / "round_operands.cu"
 ROUNDING_HELPER = "tile_gemm.cuh"          # rnn_tf32_bits, rnn_bits16: the kernels' own roundings
 ROUND_THREADS = 256
@@ -73,7 +79,7 @@ class Sgemm:
         self._check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
         self.workspace = cupy.empty(self.WORKSPACE, dtype=cupy.uint8)
         self._check(lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr, self.WORKSPACE), "workspace")
-        self._check(lib.cublasSetPointerMode_v2(self.handle, 0), "pointer mode")      # CUBLAS_POINTER_MODE_HOST
+        self._check(lib.cublasSetPointerMode_v2(self.handle, CUBLAS_POINTER_MODE_HOST), "pointer mode")
         self._check(lib.cublasSetMathMode(self.handle, 0), "math mode")              # CUBLAS_DEFAULT_MATH
         self.one, self.zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self.p_one, self.p_zero = ctypes.pointer(self.one), ctypes.pointer(self.zero)

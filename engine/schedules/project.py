@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import numpy as np
 
-# cublas_api.h / library_types.h (CUDA 13): operations, data types, compute types, the default algorithm.
-CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
-CUBLAS_POINTER_MODE_HOST = 0
-CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
-CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32 = 68, 77
-CUBLAS_GEMM_DEFAULT = -1
+from ..codegen.cublas_enums import (
+    CUBLAS_COMPUTE_32F,
+    CUBLAS_COMPUTE_32F_FAST_TF32,
+    CUBLAS_GEMM_DEFAULT,
+    CUBLAS_OP_N,
+    CUBLAS_OP_T,
+    CUBLAS_POINTER_MODE_HOST,
+    CUDA_R_16BF,
+    CUDA_R_16F,
+    CUDA_R_32F,
+)
 
 K_CHUNK_X3 = 256                # float32x3: x_hi w_hi's K per GEMM (the docstring says why)
 _ONE = np.array(1.0, dtype=np.float32)

@@ -141,17 +141,15 @@ def staging_text(tiling: Tiling) -> str:
         return "no staging: the warps read X from L2 into registers (a batch of at most 4 rows)"
     if not tiling.gemms:
         return "no GEMM in the kernel"
-    if tiling.cluster and tiling.wgmma[0]:
-        return (f"no staging: every block keeps its cluster's 16-bit h in shared memory (in wgmma's swizzled layout) "
-                f"and its weight rows in registers; the cell code writes its units there, and after the cluster "
-                f"barrier the block reads the other {tiling.cluster - 1} blocks' units from their shared memory "
-                "(distributed shared memory) before the GEMM; the GEMM outputs and the input projection's rows "
-                "(copied a step ahead) stay in shared memory too")
     if tiling.cluster:
-        return (f"no staging: every block keeps its cluster's 16-bit h in shared memory; the cell code writes its "
-                f"units there and the block copies them into the other {tiling.cluster - 1} blocks of its cluster "
-                "(distributed shared memory) before the cluster barrier; the GEMM outputs and the input projection's "
-                "rows (copied a step ahead) stay in shared memory too")
+        others = tiling.cluster - 1
+        how = ((" (in wgmma's swizzled layout) and its weight rows in registers; the cell code writes its units there, "
+                f"and after the cluster barrier the block reads the other {others} blocks' units from their shared "
+                "memory (distributed shared memory) before the GEMM") if tiling.wgmma[0] else
+               (f"; the cell code writes its units there and the block copies them into the other {others} blocks of "
+                "its cluster (distributed shared memory) before the cluster barrier"))
+        return (f"no staging: every block keeps its cluster's 16-bit h in shared memory{how}; the GEMM outputs and the "
+                "input projection's rows (copied a step ahead) stay in shared memory too")
     if tiling.bulk:
         keep = "" if tiling.l2_keep >= 1 else (f"; {tiling.l2_keep:.0%} of the streamed weights marked to stay in "
                                                "L2")

@@ -596,5 +596,4 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                                "hint: sync='grid' or 'layer'")
     return Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent,
                   tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
-                  bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs,
-                  rs)
+                  bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs, rs)

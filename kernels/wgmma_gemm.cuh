@@ -16,7 +16,8 @@
 // The local X copies are wgmma's B operand: K-major, chunks of 64 columns, each NB rows of 128 bytes whose 16-byte
 // groups are XOR-swizzled by row (rnn_swz128, the 128-byte swizzle of the matrix descriptor), every copy starting
 // on a 1024-byte boundary (rnn_align1024). The cell code writes a block's own units through rnn_swz_index, and the
-// block pulls the other blocks' units before the GEMM that reads them (rnn_cluster_pull_swz).
+// block pulls the other blocks' units before the GEMM that reads them (rnn_cluster_pull_swz), or where every copy is a
+// double buffer, each block pushes its units into the others' with st.async (rnn_cluster_push_swz, below).
 #ifndef RNN_WGMMA_GEMM_CUH
 #define RNN_WGMMA_GEMM_CUH
 
@@ -172,6 +173,84 @@ __device__ __forceinline__ void rnn_cluster_pull_swz(unsigned short* local, int 
         *reinterpret_cast<V*>(reinterpret_cast<char*>(local) + at) = rnn_cluster_get<V>(base + at, peer);
     }
     rnn_fence_async_shared();
+}
+
+// ---- the push exchange: where every local copy is a double buffer (engine/schedules/cluster.py exchange) ----
+// A block sends its slice of the next version of a local copy into every other block's copy with st.async (PTX ISA
+// "st.async", sm_90), each store's bytes completing a transaction on the receiver's mbarrier for that version; the
+// receiver waits on that barrier (acquire at cluster scope) before the GEMM that reads the version, and no cluster
+// barrier stands on the step's path. A barrier a version, one phase a use of the version: armed (arrive.expect_tx of
+// the peers' bytes) at the kernel's start and again by the receiver once it has waited, so stores can land before
+// the arrival: the phase completes when both the arrival and every byte are in.
+// Why a version is not overwritten while a block still reads it: the next stores into version v of block C come
+// with the values of two steps later, and a peer computes those only after C's values of the step between, which C
+// writes after its GEMM read version v. The cluster-barrier exchange waited ~1.7 us a step for the barrier and the
+// pull at 16 blocks (phase profile of the LSTM at H = 512, B = 16, H200, 2026-11-27).
+
+// A 4-, 8- or 16-byte st.async into shared::cluster address `remote`, completing on the mbarrier at `remote_bar`.
+__device__ __forceinline__ void rnn_st_async(unsigned remote, const uint4& v, unsigned remote_bar)
+{
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
+                 ::"r"(remote), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar) : "memory");
+}
+__device__ __forceinline__ void rnn_st_async(unsigned remote, const uint2& v, unsigned remote_bar)
+{
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n"
+                 ::"r"(remote), "r"(v.x), "r"(v.y), "r"(remote_bar) : "memory");
+}
+__device__ __forceinline__ void rnn_st_async(unsigned remote, const unsigned& v, unsigned remote_bar)
+{
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+                 ::"r"(remote), "r"(v), "r"(remote_bar) : "memory");
+}
+
+// This block's slice (columns [r cols, r cols + cols) of `rows` rows, r its rank) of a local copy in the B layout
+// into every other block's copy at the same place, V at a time, completing on their barriers at the same offset as
+// `bar` (a shared::cta address). The caller has met at a block barrier since the slice was written.
+template <int CS, int NB, typename V>
+__device__ __forceinline__ void rnn_cluster_push_swz(const unsigned short* local, unsigned bar, int rows, int cols)
+{
+    unsigned me;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(me));
+    const unsigned base = (unsigned)__cvta_generic_to_shared(local);
+    constexpr int E = (int)sizeof(V) / 2;    // elements a V
+    const int per_row = cols / E, n = rows * per_row;
+    for (int i = threadIdx.x; i < n * (CS - 1); i += blockDim.x) {
+        const int k = i / n, e = i - k * n, row = e / per_row;
+        const unsigned peer = (unsigned)k + ((unsigned)k >= me);
+        const int at = 2 * rnn_swz_index<NB>(row, (int)me * cols + (e - row * per_row) * E);
+        const V v = *reinterpret_cast<const V*>(reinterpret_cast<const char*>(local) + at);
+        unsigned remote, remote_bar;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(base + at), "r"(peer));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_bar) : "r"(bar), "r"(peer));
+        rnn_st_async(remote, v, remote_bar);
+    }
+}
+
+// Waits for the phase of `parity` of this block's barrier `bar`, with acquire at cluster scope (the peers' stores
+// are visible after it), then fences toward the async proxy: the tensor cores read what arrived and what this
+// thread wrote. The caller meets at a block barrier before the GEMM.
+__device__ __forceinline__ void rnn_cluster_receive(unsigned bar, unsigned parity)
+{
+    unsigned done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+    rnn_fence_async_shared();
+}
+
+// This block's barriers of the push exchange, once a launch before the cluster barrier that precedes any push:
+// COUNT barriers from `bars` (shared::cta address, 8 bytes each), one arrival a phase, each armed for `bytes`.
+__device__ __forceinline__ void rnn_cluster_receive_init(unsigned bars, int count, unsigned bytes)
+{
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < count; ++i) {
+            rnn_bar_init(bars + 8 * i, 1);
+            rnn_bar_expect(bars + 8 * i, bytes);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
 }
 
 #endif  // RNN_WGMMA_GEMM_CUH

@@ -11,6 +11,7 @@ from nvcc_check import compile_sources
 from test_schedules_cpu import render
 
 import engine
+from engine.codegen.cluster import exchange
 from engine.errors import CompileError
 from engine.schedules import cluster
 from engine.schedules.autotune import candidates
@@ -94,7 +95,8 @@ def test_the_wgmma_path_holds_the_weights_in_registers():
     """On sm_90 with 16-bit operands the step GEMMs run on wgmma from registers (kernels/wgmma_gemm.cuh): the LSTM at
     H = 512 in 16 blocks of 32 units has 128 weight rows a block, 2 tiles of 64, K = 512 in 2 parts over 4
     warpgroups (64 registers of weights a thread); h's local copies in wgmma's B layout, each block writing its own
-    units and pulling the others' by 16-byte pieces before the GEMM."""
+    units and, h being a double buffer, pushing them into the others' by 16-byte st.async (no cluster barrier a
+    step): the GEMM waits on the block's barrier of the version it reads."""
     _, source, tiling = render("lstm", 512, 512, 1, 16, TileConfig(sync="cluster"), True, "bfloat16")
     assert tiling.wgmma == (2, 2, 16) and tiling.config.threads == 512
     assert "wgmma (bfloat16) with the weights in registers: 2 tiles of 64 weight rows, K in 2 parts" in tiling.describe()
@@ -105,11 +107,19 @@ def test_the_wgmma_path_holds_the_weights_in_registers():
     assert "rnn_wgmma_gemms_rs<RNN_BF16, NB, KSP, PARTS, TILES>(jobs, wreg, 0, B, smem + SCRATCH + X_LOCAL);" in source
     assert "rnn_mma_gemms_local" not in source.split("// ---- end of kernels/wgmma_gemm.cuh ----")[1]
     assert "rnn_wgmma_rs_load<KSP>(wreg," in source and "unsigned wreg[KSP][4];" in source
-    assert "lstm_stage_1(L, layer, t, u0, tu, smem, wreg);" in source
+    assert "lstm_stage_1(L, layer, t, u0, tu, smem, wreg, T);" in source
     assert "[rnn_swz_index<NB>((int)b, j - (u0 / GROUP) * GROUP)] = rnn_bits16<RNN_BF16>(h_next);" in source
-    stage = source.split("void lstm_stage_1(")[1].split("\n}\n")[0]       # the other blocks' units pulled, then the GEMM
-    assert stage.index("rnn_cluster_pull_swz<CLUSTER, NB, uint4>(") < stage.index("rnn_wgmma_gemms_rs<")
-    assert "rnn_cluster_share" not in stage and "rnn_cluster_arrive();" in stage
+    assert exchange(tiling) == "push" and "pushing its units into the others' with st.async" in tiling.describe()
+    stage = source.split("void lstm_stage_1(")[1].split("\n}\n")[0]
+    receive, gemm = stage.index("rnn_cluster_receive("), stage.index("rnn_wgmma_gemms_rs<")
+    push = stage.index("rnn_cluster_push_swz<CLUSTER, NB, uint4>(")
+    assert receive < gemm < stage.index("rnn_bits16<RNN_BF16>(h_next)") < push    # wait, multiply, h, send
+    assert "((t + 1) & 1) * 4096), (unsigned)__cvta_generic_to_shared(rnn_xchg_bar + 0 + ((t + 1) & 1))" in stage
+    assert "if (t + 1 < T)" in stage and "(t & 1)), ((t - 1) >> 1) & 1);" in stage
+    assert "rnn_cluster_share" not in stage and "rnn_cluster_arrive" not in stage and "rnn_cluster_pull" not in stage
+    loop = source.split("for (int t = 0; t < T; ++t)")[1]
+    assert "rnn_cluster_wait" not in loop and "rnn_bar_expect(" in loop          # re-armed, never a cluster barrier
+    assert source.index("rnn_cluster_receive_init(") < source.index("rnn_cluster_sync();   // every block's copies")
     # a cell of two stages: each stage's GEMM is its own tiles (GRU-Cho at 16 units a block: 32 + 16 columns)
     _, source, tiling = render("gru_cho", 64, 256, 1, 40, TileConfig(units_per_block=16, sync="cluster"), True,
                                "float16")
@@ -119,6 +129,10 @@ def test_the_wgmma_path_holds_the_weights_in_registers():
     assert tiling.wgmma[:2] == (2, tiling.config.threads // 256)
     assert source.count("rnn_wgmma_gemms_rs<RNN_FP16, NB, KSP, PARTS, TILES>(jobs, wreg, ") == 2
     assert "(jobs, wreg, 0, B," in source and "(jobs, wreg, 1, B," in source
+    # r * h is written and read within a step (one version): pulled after a cluster barrier a stage instead
+    assert exchange(tiling) == "pull" and "then each block pulls the others' units" in tiling.describe()
+    assert source.count("rnn_cluster_pull_swz<") == 2 and "rnn_cluster_push_swz<CLUSTER" not in source
+    assert source.count("rnn_cluster_wait();") == 2
 
 
 @pytest.mark.parametrize("kwargs,why", [

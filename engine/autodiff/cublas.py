@@ -15,7 +15,6 @@ down-conversion, and on an H200 (CUDA 13.0, 2026-11-27) _FAST_16BF and _FAST_16F
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from ..codegen.cublas_enums import (
     CUDA_R_32F,
 )
 from ..codegen.cuda import KERNELS_DIR, helper_source
+from ..codegen.libraries import loaded_library
 from ..codegen.nvrtc import load_module
 from ..codegen.precision import precision as lookup
 
@@ -62,7 +62,7 @@ class Sgemm:
         self.rounded: list = []            # the two compact operand buffers of a reduced mode (reserve)
         self.retired: list = []            # smaller ones they replaced, alive while the handle is
         self.capacity = 0                  # elements each holds
-        lib = ctypes.CDLL(_libcublas_path(cupy)) if lib is None else lib
+        lib = ctypes.CDLL(loaded_library("cublas")) if lib is None else lib
         vp, i, fp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
         lib.cublasSgemm_v2.argtypes = [vp, i, i, i, i, i, fp, vp, i, vp, i, fp, vp, i]
         ll = ctypes.c_longlong
@@ -201,24 +201,6 @@ class _RoundingKernels:
         blocks = max(1, min(-(-rows * cols // ROUND_THREADS), self.blocks))
         function((blocks,), (ROUND_THREADS,), (np.uint64(src), np.uint64(dst), np.int32(rows), np.int32(cols),
                                                np.int64(ld)))
-
-
-def _libcublas_path(cupy) -> str:
-    """The libcublas that CuPy's cuBLAS module loaded (read from the process's memory map), else the loader's."""
-    # deferred: CuPy is optional (no GPU in CI); importing it loads libcublas
-    from cupy_backends.cuda.libs import cublas  # noqa: F401
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1]
-                if "/libcublas.so" in path:
-                    return path
-    except OSError:
-        pass
-    found = ctypes.util.find_library("cublas")
-    if found is None:
-        raise RuntimeError("libcublas was not found in the process or on the loader's path")
-    return found
 
 
 # A GEMM of a step has few output tiles (B = 64 rows), and cuBLAS then runs a handful of blocks down a long K on a

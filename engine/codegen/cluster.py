@@ -15,6 +15,21 @@ CLUSTER_HELPER = "cluster_sync.cuh"
 WGMMA_HELPERS = ("wgmma.cuh", "wgmma_gemm.cuh")     # the wgmma path (tiling.wgmma), after mma_gemm and cluster_sync
 
 
+def exchange(tiling) -> str:
+    """How the blocks of a cluster exchange their units of the local copies each step:
+    - "share": each stores its slice into the others' copies, then a cluster barrier a stage (the mma.sync path);
+    - "pull": a cluster barrier a stage, then each reads the others' slices (the wgmma path, B layout);
+    - "push": each sends its slice of the next version with st.async, completing on the receiver's transaction
+      barrier, and no cluster barrier (the wgmma path where every copy is a double buffer, so a version is not
+      written again before its readers are done: kernels/wgmma_gemm.cuh says why; st.async moves 4 bytes at least,
+      so an even number of units a block)."""
+    if not tiling.wgmma[0]:
+        return "share"
+    if all(x.versions == 2 for x in tiling.local_x) and tiling.units_per_block % 2 == 0:
+        return "push"
+    return "pull"
+
+
 def constants(tiling) -> list[str]:
     groups = tiling.blocks_per_layer // tiling.cluster
     lines = [f"constexpr int CLUSTER = {tiling.cluster};                // blocks of a cluster: one "
@@ -22,6 +37,9 @@ def constants(tiling) -> list[str]:
              f"constexpr int GROUP = H / {groups};            // hidden units of a cluster",
              f"constexpr int X_LOCAL = {tiling.x_local_floats};          // floats of the local copies of X at smem + "
              "SCRATCH (the split-K sums after them)"]
+    if exchange(tiling) == "push":
+        lines.append(f"__shared__ __align__(8) unsigned long long rnn_xchg_bar[{2 * len(tiling.local_x)}];"
+                     "   // the push exchange's barriers: copy c, version v at 2 c + v")
     if tiling.wgmma[0]:
         tiles, parts, ksp = tiling.wgmma
         lines.append(f"constexpr int NB = {round_up16(tiling.batch)}, TILES = {tiles}, PARTS = {parts}, KSP = {ksp};"
@@ -34,7 +52,10 @@ def round_up16(n: int) -> int:
 
 
 def stage_params(tiling) -> tuple[str, str]:
-    """(the stage functions' extra parameter, the argument of their calls): the wgmma path's weights in registers."""
+    """(the stage functions' extra parameters, the arguments of their calls): the wgmma path's weights in registers,
+    and with the push exchange the number of steps."""
+    if exchange(tiling) == "push":          # T: the last step sends nothing (no block reads it, some may be gone)
+        return ", const unsigned (&wreg)[KSP][4], const int T", ", wreg, T"
     return (", const unsigned (&wreg)[KSP][4]", ", wreg") if tiling.wgmma[0] else ("", "")
 
 
@@ -114,6 +135,8 @@ def share(tiling, written: list[tuple[str, str]], indent: str) -> list[str]:
     """After a stage's cell code: a block barrier, then this block's slice of each (buffer, version) it wrote
     copied into every other block of the cluster, as wide as the slice's alignment allows. (The stage then arrives
     at the cluster barrier: rnn_cluster_arrive.)"""
+    if exchange(tiling) == "push":
+        return push(tiling, written, indent)
     written = [(buffer, version) for buffer, version in dict.fromkeys(written) if not _local(tiling, buffer).swizzled]
     if not written:
         return []                        # (the wgmma path's copies are pulled by their readers instead: pull)
@@ -124,6 +147,34 @@ def share(tiling, written: list[tuple[str, str]], indent: str) -> list[str]:
         lines.append(f"{indent}rnn_cluster_share<CLUSTER, {vector}>({pointer(tiling, buffer, version)}, B, "
                      f"{2 * x.stride}, 2 * (u0 - (u0 / GROUP) * GROUP), 2 * UNITS);")
     return lines
+
+
+def barrier(tiling, buffer: str, version: str) -> str:
+    """The shared::cta address of the push exchange's barrier of `buffer`, version `version` (a C expression)."""
+    c = [x.buffer for x in tiling.local_x].index(buffer)
+    return f"(unsigned)__cvta_generic_to_shared(rnn_xchg_bar + {2 * c} + ({version}))"
+
+
+def push(tiling, written: list[tuple[str, str]], indent: str) -> list[str]:
+    """The push exchange after a stage's cell code: a block barrier, then this block's slice of each copy's next
+    version sent into every other block's (kernels/wgmma_gemm.cuh rnn_cluster_push_swz), except at the last step."""
+    lines = []
+    for buffer, version in dict.fromkeys(written):
+        if version != "(t + 1) & 1":
+            raise CompileError(f"the push exchange sends the next version of a double buffer, and buffer {buffer!r} "
+                               f"is written as version {version}; hint: this is a bug in engine.schedules.cluster "
+                               "exchange(), run with TileConfig(wgmma=False) meanwhile")
+        lines.append(f"{indent}if (t + 1 < T)   // (the last step's values go to no GEMM)")
+        lines.append(f"{indent}    rnn_cluster_push_swz<CLUSTER, NB, {_vector(tiling)}>({pointer(tiling, buffer, version)}, "
+                     f"{barrier(tiling, buffer, version)}, B, UNITS);")
+    if not lines:
+        return []
+    return [f"{indent}__syncthreads();   // this block's units are in its own copies: now into the cluster's others"] + lines
+
+
+def arrive(tiling, indent: str) -> list[str]:
+    """The end of a stage's exchange: the cluster barrier's arrive, or nothing with the push exchange."""
+    return [] if exchange(tiling) == "push" else [f"{indent}rnn_cluster_arrive();"]
 
 
 def _vector(tiling) -> str:
@@ -140,6 +191,13 @@ def pull(tiling, buffers: list[str], indent: str) -> list[str]:
     copies = [b for b in dict.fromkeys(buffers) if _local(tiling, b).swizzled]
     if not copies:
         return []
+    if exchange(tiling) == "push":        # step 0 reads version 0 as the host wrote it; step t >= 1 the pushes of t - 1
+        lines = [f"{indent}if (t > 0) {{   // the peers' units of this step have landed (phase (t - 1) / 2 of version t & 1)"]
+        lines += [f"{indent}    rnn_cluster_receive({barrier(tiling, b, 't & 1')}, ((t - 1) >> 1) & 1);" for b in copies]
+        lines += [f"{indent}}} else {{",
+                  f"{indent}    rnn_fence_async_shared();   // what the block wrote, to the tensor cores",
+                  f"{indent}}}"]
+        return lines + [f"{indent}__syncthreads();   // every thread has waited: this block's copies are whole"]
     lines = [f"{indent}rnn_cluster_pull_swz<CLUSTER, NB, {_vector(tiling)}>({pointer(tiling, b, 't & 1')}, B, UNITS);"
              for b in copies]
     return lines + [f"{indent}__syncthreads();   // this block's copies are whole"]
@@ -199,7 +257,7 @@ def reads_tiles(kernel, program, tiling):
     return replace(kernel, loads=tuple(loads)), pointers
 
 
-def preloaded(kernel, precision, indent: str, around, copies: list[str]) -> list[str]:
+def preloaded(kernel, precision, indent: str, around, copies: list[str], tiling) -> list[str]:
     """The body of a stage's one kernel around its GEMMs, one element a thread (B x UNITS <= THREADS): the loads
     that read no output of the stage's GEMMs (states, parameters, the input projection's tile) first, so that their
     L2 round trip overlaps the GEMMs; then the GEMMs (around[0]); then the GEMM outputs' loads, the statements and
@@ -223,8 +281,9 @@ def preloaded(kernel, precision, indent: str, around, copies: list[str]) -> list
     lines += [f"{indent}    if (live) {{   // the 16-bit copies into this block's shared memory"]
     lines += [f"{indent}        {line}" for line in copies] + [f"{indent}    }}"]
     lines += ["    " + line for line in shared]
-    lines += [f"{indent}    rnn_cluster_arrive();   // the cluster's copies are written; the stores below overlap the wait",
-              f"{indent}    if (live) {{"]
+    lines += [f"{indent}    {line.strip()}   // the cluster's copies are written; the stores below overlap the wait"
+              for line in arrive(tiling, "")]
+    lines += [f"{indent}    if (live) {{"]
     lines += [f"{indent}        {store.access.param}[{index_expr(store.access)}] = {precision.store(stored(store))};"
               for store in kernel.stores]
     return lines + [f"{indent}    }}", f"{indent}}}"]
@@ -247,8 +306,9 @@ def signature(prefix: str) -> str:
 
 def loop(program, tiling, prefix: str, present, columns: dict[str, str]) -> list[str]:
     """After the resident weights: on the wgmma path their tiles into registers; the local copies loaded from the
-    16-bit copies the host wrote (step 0 reads version 0), a cluster barrier, then the steps. columns: the C
-    expression of each copied buffer's columns."""
+    16-bit copies the host wrote (step 0 reads version 0), the push exchange's barriers, a cluster barrier, then the
+    steps (each stage ending at a cluster barrier, or with the push exchange re-arming the barriers of the version
+    read). columns: the C expression of each copied buffer's columns."""
     lines = register_weights(program, tiling)
     lines += ["    // The local copies of X: the host's 16-bit values of this cluster's columns, zeros past B rows and the",
               "    // group's columns (whole MMA tiles)."]
@@ -263,6 +323,12 @@ def loop(program, tiling, prefix: str, present, columns: dict[str, str]) -> list
                       "    }"]
     if any(x.swizzled for x in tiling.local_x):
         lines.append("    rnn_fence_async_shared();   // written by this block's threads, read by its tensor cores")
+    push = exchange(tiling) == "push"
+    if push:
+        lines += ["    // The push exchange's barriers, each armed for the peers' bytes of its first phase (version 1 is sent at",
+                  "    // step 0, version 0 at step 1), published to the cluster by the barrier below.",
+                  f"    rnn_cluster_receive_init((unsigned)__cvta_generic_to_shared(rnn_xchg_bar), {2 * len(tiling.local_x)}, "
+                  "(CLUSTER - 1) * B * UNITS * 2);"]
     lines += ["    rnn_cluster_sync();   // every block's copies are loaded before any block of the cluster writes into them"]
     ahead = copies(program, tiling, "0", "    ")
     lines += (["    if (T > 0) {   // the input projections' rows of step 0 (each step copies the next step's)"]
@@ -273,6 +339,14 @@ def loop(program, tiling, prefix: str, present, columns: dict[str, str]) -> list
                   "        __syncthreads();",
                   "        if (t + 1 < T) {"] + copies(program, tiling, "t + 1", "            ") + ["        }"]
     for s in present:
-        lines += [f"        {prefix}_stage_{s}(L, layer, t, u0, tu, smem{stage_params(tiling)[1]});   // ends with its arrive",
-                  "        rnn_cluster_wait();"]
+        if push:
+            lines.append(f"        {prefix}_stage_{s}(L, layer, t, u0, tu, smem{stage_params(tiling)[1]});")
+        else:
+            lines += [f"        {prefix}_stage_{s}(L, layer, t, u0, tu, smem{stage_params(tiling)[1]});   // ends with its arrive",
+                      "        rnn_cluster_wait();"]
+    if push:               # every thread has waited on version t & 1 (a block barrier since): its next phase
+        lines += ["        if (threadIdx.x == 0 && t > 0) {   // armed for the peers' bytes of step t + 2",
+                  *[f"            rnn_bar_expect({barrier(tiling, x.buffer, 't & 1')}, (CLUSTER - 1) * B * UNITS * 2);"
+                    for x in tiling.local_x],
+                  "        }"]
     return lines + ["    }", "}"]

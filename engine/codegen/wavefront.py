@@ -235,7 +235,7 @@ def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halve
             copies.append(f"{store.access.param}{HALF_SUFFIX}[{_half_index(store.access, bulk)}] = "
                           f"rnn_bits16<{mode}>({stored(store)});")
     if around is not None:
-        return lines + cluster_source.preloaded(kernel, precision, indent, around, copies)
+        return lines + cluster_source.preloaded(kernel, precision, indent, around, copies, cluster)
     lines.append(f"{indent}    for (int e = threadIdx.x; e < B * tu; e += blockDim.x) {{")
     lines.append(f"{indent}        const long b = e / tu;")
     lines.append(f"{indent}        const int j = u0 + (int)(e - b * tu);")
@@ -388,7 +388,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
             lines += _elementwise(k, program, prec, "    ", halves, tiling.bulk, pooled,
                                   tiling if tiling.cluster else None, around)
         if tiling.cluster and not preload:     # (the preloaded kernel shares and arrives itself, before its stores)
-            lines += cluster_source.share(tiling, written, "    ") + ["    rnn_cluster_arrive();"]
+            lines += cluster_source.share(tiling, written, "    ") + cluster_source.arrive(tiling, "    ")
         for g in program.gemms:
             if g.name in program.reductions and partial_from[g.name] == s:
                 free = tiling.smem_bytes // 4 - tiling.scratch_offset - STAGING_SKIP

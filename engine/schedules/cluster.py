@@ -22,7 +22,8 @@ H200 (sm_90) with 16, 32 or 64 batch rows after padding, wgmma with the weights 
 launch instead (kernels/wgmma_gemm.cuh, TileConfig.wgmma; register_plan says where it applies): shared memory then
 carries only h, once a warpgroup, the local copies take wgmma's B layout (LocalX.swizzled), and a block reads the
 other blocks' units from their shared memory after the barrier (a pull) instead of storing its own into theirs
-before it. One layer a
+before it; and where every copy is a double buffer, a block sends its units with st.async into the others' copies,
+completing on their transaction barriers, and no cluster barrier stands on the step's path (exchange()). One layer a
 launch: layers above run after it, their input projection one cuBLAS GEMM over the sequence (layers_per_launch=1).
 
 Why: a grid barrier or an arrival counter costs ~1.3 us a stage on an H100 or H200 (L2 atomics and polling, whatever
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..codegen.cluster import exchange
 from ..errors import CompileError
 from .heads import gemm_heads
 
@@ -167,6 +169,17 @@ def describe_wgmma(plan: tuple[int, int, int], precision: str) -> str:
         return ""
     return (f"wgmma ({precision}) with the weights in registers: {tiles} tiles of 64 weight rows, "
             f"K in {parts} part{'s' if parts > 1 else ''} of {ksp} k steps a warpgroup")
+
+
+def describe_exchange(tiling) -> str:
+    """Tiling.describe's words for the clusters and their exchange."""
+    group = "head" if tiling.blocks_per_layer > tiling.cluster else "layer"
+    how = {"share": "a cluster barrier a stage",
+           "pull": "a cluster barrier a stage, then each block pulls the others' units",
+           "push": "each block pushing its units into the others' with st.async and waiting on its own transaction "
+                   "barrier (no cluster barrier a step)"}[exchange(tiling)]
+    return (f", clusters of {tiling.cluster} blocks (a {group} each) exchanging h through distributed shared memory, "
+            f"{how}")
 
 
 def register_sums(plan: tuple[int, int, int], rows: int) -> int:

@@ -1,14 +1,17 @@
-"""Input projections of the schedules: one cuBLAS GEMM over the whole sequence, in the run's precision.
+"""Input projections of the schedules: one GEMM over the whole sequence, in the run's precision.
 
     project(cupy, source, weight, bias, out, "bfloat16")
     # out (M, N) = round(source (M, K)) @ weight (N, K)^T + bias,  on the current stream
 
-- float32: cupy.matmul (IEEE fp32 as long as CUPY_TF32 is unset, which the benchmarks record).
+The GEMM goes through cublasLt with the bias added by its epilogue (engine/schedules/cublaslt.py: the add alone
+was 4 % of a small-batch call); where cublasLt offers no algorithm, through cuBLAS and an add.
+- float32: CUBLAS_COMPUTE_32F, IEEE fp32 (the fallback, cupy.matmul, is as long as CUPY_TF32 is unset, which the
+  benchmarks record).
 - tf32: the activations are rounded to TF32 first (round to nearest, ties away: cvt.rna, as the kernels do),
-  then cublasGemmEx with CUBLAS_COMPUTE_32F_FAST_TF32, so cuBLAS multiplies exactly the values the
-  kernels and the emulating reference multiply (the weight is stored rounded already).
-- float16 / bfloat16: the activations are rounded to 16 bits (nearest even), then cublasGemmEx with 16-bit
-  A and B, an fp32 C and CUBLAS_COMPUTE_32F (fp32 accumulation). The weight is stored in 16 bits.
+  then CUBLAS_COMPUTE_32F_FAST_TF32, so cuBLAS multiplies exactly the values the kernels and the emulating reference
+  multiply (the weight is stored rounded already).
+- float16 / bfloat16: the activations are rounded to 16 bits (nearest even), then 16-bit A and B, an fp32 C and
+  CUBLAS_COMPUTE_32F (fp32 accumulation). The weight is stored in 16 bits.
 - float32x3: three TF32 GEMMs of the split parts (3xTF32, as the kernels' MMAs): the activations and the (unrounded
   fp32) weight each split into hi = tf32(v) and lo = tf32(v - hi), then cublasGemmEx with
   CUBLAS_COMPUTE_32F_FAST_TF32 three times into the same fp32 output, the small products first: x_hi w_lo, then
@@ -36,7 +39,11 @@ from ..codegen.cublas_enums import (
     CUDA_R_16F,
     CUDA_R_32F,
 )
+from .cublaslt import LtProjection
 
+# each mode's operand type and compute type for cublasLt (the module's docstring: the products the kernels make)
+LT_OPERANDS = {"float32": (CUDA_R_32F, CUBLAS_COMPUTE_32F), "tf32": (CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32),
+               "float16": (CUDA_R_16F, CUBLAS_COMPUTE_32F), "bfloat16": (CUDA_R_16BF, CUBLAS_COMPUTE_32F)}
 K_CHUNK_X3 = 256                # float32x3: x_hi w_hi's K per GEMM (the docstring says why)
 _ONE = np.array(1.0, dtype=np.float32)
 _ZERO = np.array(0.0, dtype=np.float32)
@@ -89,7 +96,15 @@ def round_activations(cupy, source, precision: str):
 
 
 def project(cupy, source, weight, bias, out, precision: str) -> None:
-    """out (M, N) = source (M, K) @ weight (N, K)^T (+ bias (N,)), in `precision`; everything C-contiguous."""
+    """out (M, N) = source (M, K) @ weight (N, K)^T (+ bias (N,)), in `precision`; everything C-contiguous.
+    cublasLt first, the bias in its epilogue (engine/schedules/cublaslt.py says why); cuBLAS and an add where
+    cublasLt offers no algorithm, and for float32x3's three products."""
+    if (precision in LT_OPERANDS and source.dtype == cupy.float32
+            and all(a.flags.c_contiguous for a in (source, weight, out))):
+        operand = source if precision == "float32" else round_activations(cupy, source, precision)
+        data_type, compute = LT_OPERANDS[precision]
+        if LtProjection.on_current_device(cupy).matmul(operand, weight, bias, out, data_type, compute):
+            return
     if precision == "float32":
         cupy.matmul(source, weight.T, out=out)
     elif precision == "float32x3":

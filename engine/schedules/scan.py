@@ -36,6 +36,7 @@ from ..ir import CellGraph
 from ..ops import apply_elementwise
 from ..passes.scan import ScanAnalysis, analyse_scan
 from . import scan_kernel
+from .project import project
 
 KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "scan.cu"
 CHUNK = 64                 # steps per chunk: T / CHUNK maps per chain to carry, CHUNK dependent FMAs a thread
@@ -286,7 +287,11 @@ def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp, gr
                      + [operand], env, layer_params, xp)
         weights = [layer_params[cell[n].args[0]] for n in names]
         stacked = stacked_weights(layer_params, [cell[n].args[0] for n in names], xp)
-        product = env[operand] @ stacked.T
+        if xp is np or stacked.dtype != np.float32:
+            product = env[operand] @ stacked.T
+        else:                   # through cublasLt (engine/schedules/cublaslt.py: faster than cupy.matmul here)
+            product = xp.empty((env[operand].shape[0], stacked.shape[0]), dtype=stacked.dtype)
+            project(xp, xp.ascontiguousarray(env[operand]), stacked, None, product, "float32")
         offset = 0
         for name, weight in zip(names, weights):
             env[name] = product[:, offset:offset + weight.shape[0]]

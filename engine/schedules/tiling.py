@@ -193,8 +193,7 @@ class Tiling:
         if self.config.sync == "layer":
             groups += ", layers synchronised by per-layer arrival counters"
         elif self.cluster:
-            groups += (f", clusters of {self.cluster} blocks (a {'head' if self.blocks_per_layer > self.cluster else 'layer'}"
-                       " each) exchanging h through distributed shared memory, a cluster barrier a stage")
+            groups += cluster_mode.describe_exchange(self)
         elif self.config.sync == "head":
             groups += (f", heads synchronised by per-head arrival counters ({self.blocks_per_head} blocks a head "
                        "wait for each other only)")

@@ -1,0 +1,148 @@
+"""The schedules' input projections through cublasLt: out (M, N) = A (M, K) @ W (N, K)^T + bias in one call, the
+bias added by the GEMM's epilogue (CUBLASLT_EPILOGUE_BIAS), with the algorithm cublasLt's heuristic ranks first.
+
+    LtProjection.on_current_device(cupy).matmul(operand, weight, bias, out, data_type, compute)   # True: done
+
+Why not cupy.matmul / cublasGemmEx, then `out += bias`: on an H200 (2026-11-27, CUDA 13.0) one LSTM layer at
+B = 16, T = 1024, H = 512 in bf16 spent 160 us of its 4.0 ms call on the bias add (128 MiB read and written), and
+the minGRU scan's strict-fp32 GEMM (32768 x 1024 x 512) took 0.824 ms through cupy.matmul against 0.760 with
+cublasLt's first algorithm (benchmarks/probe_scan_gemm.py): cuBLAS's and cublasLt's heuristics pick different
+kernels. And cublasLt through ctypes can be captured into a CUDA graph, which CuPy's wrappers refuse
+(engine/chunk_replay.py).
+
+The operand types and compute types are the callers' (engine/schedules/project.py): fp32 operands with
+CUBLAS_COMPUTE_32F (strict, no TF32), tf32-rounded fp32 operands with CUBLAS_COMPUTE_32F_FAST_TF32, 16-bit operands
+with CUBLAS_COMPUTE_32F; C and D are fp32, and so is the bias (cublasLt's rule: the bias has D's type). One handle and
+a 32 MiB workspace per device (cuBLAS's recommendation for Hopper); a plan (descriptors, layouts and the algorithm)
+per shape, types and epilogue, made once.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from ..codegen.cublas_enums import (
+    CUBLAS_OP_N,
+    CUBLAS_OP_T,
+    CUDA_R_32F,
+    LT_ALGO_BYTES,
+    LT_DESC_BIAS_POINTER,
+    LT_DESC_EPILOGUE,
+    LT_DESC_TRANSA,
+    LT_DESC_TRANSB,
+    LT_EPILOGUE_BIAS,
+    LT_EPILOGUE_DEFAULT,
+    LT_HEURISTIC_RESULT_BYTES,
+    LT_PREF_MAX_WORKSPACE_BYTES,
+)
+from ..codegen.libraries import loaded_library
+
+WORKSPACE = 32 << 20
+_ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+
+class LtError(RuntimeError):
+    """A cublasLt call returned an error status."""
+
+
+@dataclass
+class Plan:
+    """One product's descriptors (kept alive: cublasLt reads them at every call) and its algorithm; algo None:
+    the heuristic offered none (the caller multiplies another way)."""
+    desc: ctypes.c_void_p
+    layouts: tuple
+    algo: object
+    bias: int = 0                    # the bias pointer the descriptor holds now
+
+
+class LtProjection:
+    """cublasLt on one device: its handle, workspace and plans."""
+
+    _by_device: dict = {}
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self.lib = ctypes.CDLL(loaded_library("cublasLt"))
+        self.handle = ctypes.c_void_p()
+        self._check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        self.workspace = cupy.empty(WORKSPACE, dtype=cupy.uint8)
+        self.plans: dict = {}
+
+    @classmethod
+    def on_current_device(cls, cupy) -> LtProjection:
+        device = cupy.cuda.Device().id
+        if device not in cls._by_device:
+            cls._by_device[device] = cls(cupy)
+        return cls._by_device[device]
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise LtError(f"{what} returned cuBLAS status {status}")
+
+    def _layout(self, data_type: int, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+        out = ctypes.c_void_p()
+        self._check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(out), ctypes.c_int(data_type),
+                                                        ctypes.c_uint64(rows), ctypes.c_uint64(cols),
+                                                        ctypes.c_int64(ld)), "cublasLtMatrixLayoutCreate")
+        return out
+
+    def _set(self, desc, attribute: int, value) -> None:
+        self._check(self.lib.cublasLtMatmulDescSetAttribute(desc, ctypes.c_int(attribute), ctypes.byref(value),
+                                                            ctypes.c_size_t(ctypes.sizeof(value))),
+                    "cublasLtMatmulDescSetAttribute")
+
+    def plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int) -> Plan:
+        """The plan of out (M, N) = A (M, K) W (N, K)^T (+ bias when bias != 0): column-major, out^T (N, M) =
+        W^T . A^T with W read as a column-major (K, N) matrix transposed and A as (K, M)."""
+        key = (M, N, K, data_type, compute, bias != 0)
+        if key in self.plans:
+            return self.plans[key]
+        desc = ctypes.c_void_p()
+        self._check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), ctypes.c_int(compute),
+                                                      ctypes.c_int(CUDA_R_32F)), "cublasLtMatmulDescCreate")
+        self._set(desc, LT_DESC_TRANSA, ctypes.c_int32(CUBLAS_OP_T))
+        self._set(desc, LT_DESC_TRANSB, ctypes.c_int32(CUBLAS_OP_N))
+        self._set(desc, LT_DESC_EPILOGUE, ctypes.c_int32(LT_EPILOGUE_BIAS if bias else LT_EPILOGUE_DEFAULT))
+        if bias:             # the heuristic reads the pointer's alignment
+            self._set(desc, LT_DESC_BIAS_POINTER, ctypes.c_void_p(bias))
+        w = self._layout(data_type, K, N, K)
+        a = self._layout(data_type, K, M, K)
+        c = self._layout(CUDA_R_32F, N, M, N)
+        preference = ctypes.c_void_p()
+        self._check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(preference)), "cublasLtMatmulPreferenceCreate")
+        size = ctypes.c_uint64(WORKSPACE)
+        self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(preference, ctypes.c_int(LT_PREF_MAX_WORKSPACE_BYTES),
+                                                                  ctypes.byref(size), ctypes.c_size_t(8)),
+                    "cublasLtMatmulPreferenceSetAttribute")
+        result = (ctypes.c_uint8 * LT_HEURISTIC_RESULT_BYTES)()
+        found = ctypes.c_int(0)
+        status = self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, w, a, c, c, preference, ctypes.c_int(1),
+                                                         result, ctypes.byref(found))
+        self.lib.cublasLtMatmulPreferenceDestroy(preference)
+        algo = (ctypes.c_uint8 * LT_ALGO_BYTES).from_buffer_copy(bytes(result)[:LT_ALGO_BYTES]) \
+            if status == 0 and found.value > 0 else None
+        plan = self.plans[key] = Plan(desc, (w, a, c), algo, bias)
+        return plan
+
+    def matmul(self, operand, weight, bias, out, data_type: int, compute: int) -> bool:
+        """out (M, N) = operand (M, K) @ weight (N, K)^T (+ bias (N,) fp32) on the current stream; every array
+        C-contiguous. False where cublasLt offers no algorithm for it (nothing was written)."""
+        M, K = operand.shape
+        N = weight.shape[0]
+        bias_ptr = 0 if bias is None else bias.data.ptr
+        plan = self.plan(M, N, K, data_type, compute, bias_ptr)
+        if plan.algo is None:
+            return False
+        if bias_ptr and bias_ptr != plan.bias:
+            self._set(plan.desc, LT_DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr))
+            plan.bias = bias_ptr
+        w, a, c = plan.layouts
+        stream = ctypes.c_void_p(self.cupy.cuda.get_current_stream().ptr)
+        self._check(self.lib.cublasLtMatmul(self.handle, plan.desc, ctypes.byref(_ONE),
+                                            ctypes.c_void_p(weight.data.ptr), w, ctypes.c_void_p(operand.data.ptr), a,
+                                            ctypes.byref(_ZERO), ctypes.c_void_p(out.data.ptr), c,
+                                            ctypes.c_void_p(out.data.ptr), c, plan.algo,
+                                            ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(WORKSPACE),
+                                            stream), "cublasLtMatmul")
+        return True

@@ -63,7 +63,7 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
             phases.append(name)
         return phases.index(name)
 
-    out, stage, in_call, calls, reduced, local, arrived, shared = [], None, None, 0, False, False, False, False
+    out, stage, in_call, calls, reduced, local, arrived, shared, pushed = [], None, None, 0, False, False, False, False, False
     lines = source.splitlines()
     for i, line in enumerate(lines):
         if inner:                       # marks inside the cluster mode's GEMM helper (kernels/mma_gemm.cuh)
@@ -99,6 +99,13 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
                 shared = True
             elif line.strip().startswith("__syncthreads();   // this block's copies are whole"):   # the wgmma path
                 out.append(f"            rnn_prof_mark({phase(f's{stage} cluster pull')});")
+            elif line.strip().startswith("__syncthreads();   // every thread has waited"):   # the push exchange
+                out.append(f"            rnn_prof_mark({phase(f's{stage} cluster receive')});")
+            elif line.strip().startswith("__syncthreads();   // this block's units are in its own copies"):
+                out.append(f"    rnn_prof_mark({phase(f's{stage} cell math')});")
+            elif line.strip().startswith("rnn_cluster_push_swz<"):
+                out.append(f"    rnn_prof_mark({phase(f's{stage} cluster push')});")
+                pushed = True
             elif line.strip().startswith("rnn_cluster_arrive();"):
                 if not shared:                     # the wgmma path: no share, the cell code runs up to the arrive
                     out.insert(len(out) - 1, f"    rnn_prof_mark({phase(f's{stage} cell math')});")
@@ -110,9 +117,10 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
                 out.append(f"    rnn_prof_mark({phase(f's{stage} cell math')});")
                 reduced = True
             elif line.strip() == "(void)I;":
-                what = "partials" if reduced else "stores after the arrive" if arrived else "cell math"
+                what = ("partials" if reduced else "stores after the arrive" if arrived else
+                        "stores after the push" if pushed else "cell math")
                 out.append(f"    rnn_prof_mark({phase(f's{stage} {what}')});")
-                reduced = arrived = False
+                reduced = arrived = pushed = False
             if line == "}":
                 stage, calls = None, 0
             continue

@@ -15,8 +15,9 @@ read from L2 under the warp GEMV at B=3, and in bf16); and the sLSTM, whose bloc
 the recurrent weight (engine/schedules/heads.py gemm_heads: the warp GEMV at B=3, the bulk pipeline in bf16 at
 B=16), with per-head arrival counters (TileConfig(sync="head")) and as thread-block clusters exchanging h through
 distributed shared memory (TileConfig(sync="cluster"): 8 and 16 blocks a cluster, and an LSTM whose cluster is the
-layer; on an H100 / H200 the step GEMMs of these run on wgmma with the weights in registers, and one LSTM takes the
-mma.sync path with TileConfig(wgmma=False)). `python3 benchmarks/sanitize_persistent.py cluster` runs the cluster
+layer; on an H100 / H200 the step GEMMs of these run on wgmma with the weights in registers and exchange h by
+st.async pushes, a GRU-Cho exchanges by the pull (its r * h is read in the step that writes it), and one LSTM takes
+the mma.sync path with TileConfig(wgmma=False)). `python3 benchmarks/sanitize_persistent.py cluster` runs the cluster
 cases alone. Each run is checked against the reference (emulating the mode), so a clean report is also a correct one.
 """
 from __future__ import annotations
@@ -55,6 +56,8 @@ def main() -> int:
                                                 ("lstm", 16, TileConfig(sync="cluster", wgmma=False), "bfloat16",
                                                  (64, 256)),
                                                 ("lstm", 16, TileConfig(sync="cluster"), "bfloat16", (64, 256)),
+                                                # r * h read in the step that writes it: the pull exchange
+                                                ("gru_cho", 16, TileConfig(16, sync="cluster"), "bfloat16", (64, 256)),
                                                 ("lstm", 19, TileConfig(), "float32x3", small),         # split MMAs
                                                 ("lstm", 33, TileConfig(resident=False), "float32x3", small)]
     only = sys.argv[1] if len(sys.argv) > 1 else None   # "bfloat16", "ln_lstm", "cluster": a precision's, a cell's

@@ -139,7 +139,7 @@ def share(tiling, written: list[tuple[str, str]], indent: str) -> list[str]:
         return push(tiling, written, indent)
     written = [(buffer, version) for buffer, version in dict.fromkeys(written) if not _local(tiling, buffer).swizzled]
     if not written:
-        return []                        # (the wgmma path's copies are pulled by their readers instead: pull)
+        return []                        # (the wgmma path's copies are gathered by their readers: gather)
     vector = _vector(tiling)
     lines = [f"{indent}__syncthreads();   // this block's units of h are in its own copy: now into the cluster's others"]
     for buffer, version in written:
@@ -183,11 +183,12 @@ def _vector(tiling) -> str:
     return {16: "uint4", 8: "uint2", 4: "unsigned", 2: "unsigned short"}[width]
 
 
-def pull(tiling, buffers: list[str], indent: str) -> list[str]:
-    """The wgmma path, before a stage's GEMMs: the other blocks' slices of the local copies they read (version
-    t & 1), pulled from the cluster into this block's (kernels/wgmma_gemm.cuh rnn_cluster_pull_swz), then a block
-    barrier. The stage that wrote them ended at the cluster barrier, and no block writes them again before every
-    block has passed the next one."""
+def gather(tiling, buffers: list[str], indent: str) -> list[str]:
+    """The wgmma path, before a stage's GEMMs, the other blocks' slices of the local copies they read (version
+    t & 1) made whole in this block's, then a block barrier. The push exchange waits on the copies' barriers
+    (kernels/wgmma_gemm.cuh rnn_cluster_receive); the pull reads the slices from the cluster (rnn_cluster_pull_swz):
+    the stage that wrote them ended at the cluster barrier, and no block writes them again before every block has
+    passed the next one."""
     copies = [b for b in dict.fromkeys(buffers) if _local(tiling, b).swizzled]
     if not copies:
         return []

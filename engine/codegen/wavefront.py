@@ -158,7 +158,7 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
         lines.append(f"{indent}    }};")
         if tiling.wgmma[0]:
             first = cluster_source.first_tiles(program, tiling)[gemms[0].name]
-            lines += cluster_source.pull(tiling, [g.in_buffer for g in gemms], indent + "    ")
+            lines += cluster_source.gather(tiling, [g.in_buffer for g in gemms], indent + "    ")
             lines.append(f"{indent}    rnn_wgmma_gemms_rs<{MODE_NAMES[prec.mode]}, NB, KSP, PARTS, TILES>(jobs, wreg, {first}, B, "
                          "smem + SCRATCH + X_LOCAL);")
         elif tiling.cluster:

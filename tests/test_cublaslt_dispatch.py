@@ -1,0 +1,88 @@
+"""Which multiply the schedules' input projection takes (engine/schedules/project.py), without a GPU: NumPy stands in
+for CuPy and a recording stand-in for cublasLt. cublasLt (the bias in its epilogue) for every mode it serves, on
+C-contiguous fp32 sources; the cuBLAS path and an add where cublasLt offers no algorithm or the source is strided;
+never for float32x3. The values themselves are checked on the GPU (tests/gpu/test_cublaslt_gpu.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.schedules import project as projection
+from engine.schedules.cublaslt import LtProjection
+
+
+class RecordingLt:
+    """cublasLt as project() calls it: records (operand, weight, bias, data type, compute type) and writes the
+    product (the bias added) where `offers` is True."""
+
+    def __init__(self, offers: bool):
+        self.offers, self.calls = offers, []
+
+    def matmul(self, operand, weight, bias, out, data_type, compute) -> bool:
+        self.calls.append((operand, weight, bias, data_type, compute))
+        if self.offers:
+            out[...] = operand @ weight.T + (0 if bias is None else bias)
+        return self.offers
+
+
+@pytest.fixture
+def lt(monkeypatch):
+    def install(offers: bool) -> RecordingLt:
+        stand_in = RecordingLt(offers)
+        monkeypatch.setattr(LtProjection, "on_current_device", classmethod(lambda cls, cupy: stand_in))
+        return stand_in
+    return install
+
+
+def operands(rows=12, k=8, n=6, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32),
+            rng.standard_normal(n).astype(np.float32))
+
+
+def test_float32_goes_through_cublaslt_with_the_bias_in_its_epilogue(lt):
+    stand_in = lt(offers=True)
+    x, w, b = operands()
+    out = np.full((12, 6), np.nan, dtype=np.float32)
+    projection.project(np, x, w, b, out, "float32")
+    (call,) = stand_in.calls
+    assert call[0] is x and call[1] is w and call[2] is b                 # the source itself: no rounded copy
+    assert call[3:] == projection.LT_OPERANDS["float32"]
+    np.testing.assert_allclose(out, x @ w.T + b, rtol=1e-6)              # the bias once, not added again after
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bfloat16"])
+def test_reduced_modes_hand_cublaslt_the_rounded_operand(lt, monkeypatch, precision):
+    stand_in = lt(offers=True)
+    rounded = []
+    monkeypatch.setattr(projection, "round_activations",
+                        lambda cupy, source, p: rounded.append(p) or source.astype(np.float32) * 2)
+    x, w, b = operands()
+    projection.project(np, x, w, b, np.empty((12, 6), dtype=np.float32), precision)
+    (call,) = stand_in.calls
+    assert rounded == [precision] and np.array_equal(call[0], 2 * x)
+    assert call[3:] == projection.LT_OPERANDS[precision]
+
+
+def test_no_algorithm_falls_back_to_cublas_and_an_add(lt):
+    stand_in = lt(offers=False)
+    x, w, b = operands(seed=1)
+    out = np.full((12, 6), np.nan, dtype=np.float32)
+    projection.project(np, x, w, b, out, "float32")
+    assert len(stand_in.calls) == 1
+    np.testing.assert_allclose(out, x @ w.T + b, rtol=1e-6)
+
+
+def test_a_strided_source_skips_cublaslt(lt):
+    stand_in = lt(offers=True)
+    x, w, b = operands(k=16, seed=2)
+    source = x[:, :8]                                   # rows of 16: not C-contiguous
+    out = np.full((12, 6), np.nan, dtype=np.float32)
+    projection.project(np, source, w[:, :8].copy(), b, out, "float32")
+    assert stand_in.calls == []
+    np.testing.assert_allclose(out, source @ w[:, :8].T + b, rtol=1e-6)
+
+
+def test_float32x3_never_asks_cublaslt(lt):
+    assert "float32x3" not in projection.LT_OPERANDS
+    assert set(projection.LT_OPERANDS) == {"float32", "tf32", "float16", "bfloat16"}

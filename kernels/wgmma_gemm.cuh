@@ -110,20 +110,18 @@ __device__ __forceinline__ void rnn_wgmma_gemms_rs(const RnnMmaJob<MODE> (&jobs)
     rnn_wgmma_commit();
     rnn_wgmma_wait<0>();
     if constexpr (PARTS > 1) {
-        // element e of a warpgroup's sums at [e][thread]: a warp's 32 threads hit 32 banks (thread-major, a thread's
-        // NB / 2 floats side by side, they hit 4: 8-way conflicts on every store and load)
         if (job >= 0 && part > 0) {
-            float* r = red + ((part - 1) * TILES + tile) * (NB / 2) * 128 + (threadIdx.x & 127);
+            float* r = red + (((part - 1) * TILES + tile) * 128 + (threadIdx.x & 127)) * (NB / 2);
 #pragma unroll
-            for (int e = 0; e < NB / 2; ++e) r[e * 128] = d[e];
+            for (int e = 0; e < NB / 2; ++e) r[e] = d[e];
         }
         __syncthreads();
         if (job >= 0 && part == 0) {
 #pragma unroll 1
             for (int p = 1; p < PARTS; ++p) {
-                const float* r = red + ((p - 1) * TILES + tile) * (NB / 2) * 128 + (threadIdx.x & 127);
+                const float* r = red + (((p - 1) * TILES + tile) * 128 + (threadIdx.x & 127)) * (NB / 2);
 #pragma unroll
-                for (int e = 0; e < NB / 2; ++e) d[e] += r[e * 128];
+                for (int e = 0; e < NB / 2; ++e) d[e] += r[e];
             }
         }
     }

@@ -189,16 +189,12 @@ def register_sums(plan: tuple[int, int, int], rows: int) -> int:
 
 
 def local_y(gemms: list[tuple[str, int]], batch: int, units: int, offset: int,
-            versions: int = 1, padded: bool = False) -> tuple[tuple[LocalY, ...], int]:
+            versions: int = 1) -> tuple[tuple[LocalY, ...], int]:
     """GEMM outputs ((name, terms) each) for this block's units in shared memory from float `offset`, `versions`
-    copies each, and the float after them. padded: rows of ld = 4 or 12 (mod 16) floats, where wgmma's stores of Y
-    (kernels/wgmma_gemm.cuh: rows 2 t apart, columns g + 16 q within a warp) hit 32 banks; at ld = 0 (mod 16) four of
-    them share one."""
+    copies each, and the float after them."""
     out = []
     for name, terms in gemms:
-        ld = terms * units
-        ld += 4 if padded and ld % 4 == 0 and ld % 16 in (0, 8) else 0
-        out.append(LocalY(name, terms, ld, offset, versions))
+        out.append(LocalY(name, terms, terms * units, offset, versions))
         offset += versions * batch * out[-1].floats
     return tuple(out), offset
 
@@ -209,7 +205,7 @@ def shared_layout(program, tiles, batch: int, rows: int, units: int, stride_of, 
     (where they come as 16-byte copies). swizzled: the X copies in wgmma's B layout (the wgmma path)."""
     reads = {g.in_buffer: (g.in_buffer, program.buffer(g.in_buffer).double, k) for g, k, _ in tiles}
     local, floats = local_x(list(reads.values()), rows, stride_of, swizzled)
-    outputs, floats = local_y([(g.name, len(g.terms)) for g, _, _ in tiles], batch, units, floats, padded=swizzled)
+    outputs, floats = local_y([(g.name, len(g.terms)) for g, _, _ in tiles], batch, units, floats)
     hoisted = [(g.name, len(g.terms)) for g in program.hoisted_gemms]
     if hoisted and all(terms * units % 4 == 0 for _, terms in hoisted):
         projections, floats = local_y(hoisted, batch, units, floats, versions=2)

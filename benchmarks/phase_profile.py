@@ -64,6 +64,7 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
         return phases.index(name)
 
     out, stage, in_call, calls, reduced, local, arrived, shared, pushed = [], None, None, 0, False, False, False, False, False
+    wgmma = False
     lines = source.splitlines()
     for i, line in enumerate(lines):
         if inner:                       # marks inside the cluster mode's GEMM helper (kernels/mma_gemm.cuh)
@@ -74,6 +75,20 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
             elif local and line.strip().startswith("rnn_store_mma<WM, WN>("):
                 out += [f"            rnn_prof_mark({phase('gemm: products')});", line,
                         f"            rnn_prof_mark({phase('gemm: split-K sums, Y stored')});"]
+                continue
+        if inner:                       # and inside the wgmma path's (kernels/wgmma_gemm.cuh)
+            if line.startswith("__device__ __forceinline__ void rnn_wgmma_gemms_rs("):
+                wgmma = True
+            elif wgmma and line == "}":
+                wgmma = False
+            elif wgmma and line.strip() == "rnn_wgmma_wait<0>();":
+                out += [line, f"    rnn_prof_mark({phase('gemm: fence, wgmma chain, wait')});"]
+                continue
+            elif wgmma and line.strip() == "__syncthreads();":
+                out += [line, f"        rnn_prof_mark({phase('gemm: K parts stored')});"]
+                continue
+            elif wgmma and line.strip().startswith("__syncthreads();") and "Y is complete" in line:
+                out += [line, f"    rnn_prof_mark({phase('gemm: K parts summed, Y stored')});"]
                 continue
         if inner and stage is not None and line.strip().startswith("{   // the stage's GEMMs"):
             out.append(f"    rnn_prof_mark({phase(f's{stage} prefetch')});")
@@ -218,7 +233,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--layers-per-launch", type=int, default=None)
     parser.add_argument("--sync", default=None, help="grid, layer, head or cluster (TileConfig.sync); default: the tiling's")
-    parser.add_argument("--inner", action="store_true", help="marks inside the cluster mode's GEMM helper too")
+    parser.add_argument("--inner", action="store_true", help="marks inside the cluster mode's GEMM helpers too")
     parser.add_argument("--warp", default=None, help="TileConfig.warp_tile as RxC MMA tiles (tensor-core path)")
     parser.add_argument("--no-wgmma", action="store_true", help="cluster mode: mma.sync from shared memory "
                         "(TileConfig.wgmma=False), not wgmma with the weights in registers")

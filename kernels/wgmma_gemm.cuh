@@ -148,6 +148,23 @@ __device__ __forceinline__ void rnn_wgmma_gemms_rs(const RnnMmaJob<MODE> (&jobs)
     __syncthreads();                         // Y is complete for the whole block
 }
 
+// This thread's share of a slice exchange in the B layout: f(peer, at) for every other block of the cluster (peer,
+// its rank) and every E-element piece of `rows` rows x `cols` columns of a slice, at its byte offset `at` in a local
+// copy. The slice is the peer's (MINE false: a pull reads the peer's units) or this block's (MINE true: a push sends
+// them); block r owns columns [r cols, r cols + cols), and E elements never cross a 16-byte group of the swizzle.
+template <int CS, int NB, int E, bool MINE, typename F>
+__device__ __forceinline__ void rnn_cluster_slices(int rows, int cols, F&& f)
+{
+    unsigned me;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(me));
+    const int per_row = cols / E, n = rows * per_row;
+    for (int i = threadIdx.x; i < n * (CS - 1); i += blockDim.x) {
+        const int k = i / n, e = i - k * n, row = e / per_row;
+        const unsigned peer = (unsigned)k + ((unsigned)k >= me);
+        f(peer, 2 * rnn_swz_index<NB>(row, (int)(MINE ? me : peer) * cols + (e - row * per_row) * E));
+    }
+}
+
 // The other blocks' slices of a local copy in the B layout, read from their shared memory into this block's (the
 // wgmma path's exchange: each block writes only its own units, the cluster barrier publishes them, and a block pulls
 // the rest before the GEMM that reads the copy). Block r of the cluster owns columns [r cols, r cols + cols) of
@@ -161,17 +178,10 @@ __device__ __forceinline__ void rnn_wgmma_gemms_rs(const RnnMmaJob<MODE> (&jobs)
 template <int CS, int NB, typename V>
 __device__ __forceinline__ void rnn_cluster_pull_swz(unsigned short* local, int rows, int cols)
 {
-    unsigned me;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(me));
     const unsigned base = (unsigned)__cvta_generic_to_shared(local);
-    constexpr int E = (int)sizeof(V) / 2;    // elements a V
-    const int per_row = cols / E, n = rows * per_row;
-    for (int i = threadIdx.x; i < n * (CS - 1); i += blockDim.x) {
-        const int k = i / n, e = i - k * n, row = e / per_row;
-        const unsigned peer = (unsigned)k + ((unsigned)k >= me);
-        const int at = 2 * rnn_swz_index<NB>(row, (int)peer * cols + (e - row * per_row) * E);
+    rnn_cluster_slices<CS, NB, sizeof(V) / 2, false>(rows, cols, [&](unsigned peer, int at) {
         *reinterpret_cast<V*>(reinterpret_cast<char*>(local) + at) = rnn_cluster_get<V>(base + at, peer);
-    }
+    });
     rnn_fence_async_shared();
 }
 
@@ -210,21 +220,14 @@ __device__ __forceinline__ void rnn_st_async(unsigned remote, const unsigned& v,
 template <int CS, int NB, typename V>
 __device__ __forceinline__ void rnn_cluster_push_swz(const unsigned short* local, unsigned bar, int rows, int cols)
 {
-    unsigned me;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(me));
     const unsigned base = (unsigned)__cvta_generic_to_shared(local);
-    constexpr int E = (int)sizeof(V) / 2;    // elements a V
-    const int per_row = cols / E, n = rows * per_row;
-    for (int i = threadIdx.x; i < n * (CS - 1); i += blockDim.x) {
-        const int k = i / n, e = i - k * n, row = e / per_row;
-        const unsigned peer = (unsigned)k + ((unsigned)k >= me);
-        const int at = 2 * rnn_swz_index<NB>(row, (int)me * cols + (e - row * per_row) * E);
+    rnn_cluster_slices<CS, NB, sizeof(V) / 2, true>(rows, cols, [&](unsigned peer, int at) {
         const V v = *reinterpret_cast<const V*>(reinterpret_cast<const char*>(local) + at);
         unsigned remote, remote_bar;
         asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(base + at), "r"(peer));
         asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_bar) : "r"(bar), "r"(peer));
         rnn_st_async(remote, v, remote_bar);
-    }
+    });
 }
 
 // Waits for the phase of `parity` of this block's barrier `bar`, with acquire at cluster scope (the peers' stores

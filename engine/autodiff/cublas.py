@@ -27,7 +27,7 @@ from ..codegen.cublas_enums import (
     CUDA_R_16F,
     CUDA_R_32F,
 )
-from ..codegen.cuda import KERNELS_DIR, helper_source
+from ..codegen.cuda import KERNELS_DIR, round_operands_source
 from ..codegen.libraries import loaded_library
 from ..codegen.nvrtc import load_module
 from ..codegen.precision import precision as lookup
@@ -37,8 +37,6 @@ from ..codegen.precision import precision as lookup
 OPERANDS = {"tf32": (CUDA_R_32F, 4, CUBLAS_COMPUTE_32F_FAST_TF32, "round_operand_tf32"),
             "float16": (CUDA_R_16F, 2, CUBLAS_COMPUTE_32F, "round_operand_fp16"),
             "bfloat16": (CUDA_R_16BF, 2, CUBLAS_COMPUTE_32F, "round_operand_bf16")}
-ROUND_OPERANDS_FILE = KERNELS_DIR / "round_operands.cu"
-ROUNDING_HELPER = "tile_gemm.cuh"          # rnn_tf32_bits, rnn_bits16: the kernels' own roundings
 ROUND_THREADS = 256
 
 
@@ -181,11 +179,6 @@ class Sgemm:
                 self.p_zero, part, CUDA_R_32F, n, m * n, splits, self.compute, CUBLAS_GEMM_DEFAULT)
         self._check(status, "sgemm (split K)" if self.compute is None or exact else
                     f"gemmEx ({self.precision}, split K)")
-
-
-def round_operands_source() -> str:
-    """kernels/round_operands.cu with the helper file whose roundings it calls inlined before it."""
-    return helper_source(ROUNDING_HELPER) + ROUND_OPERANDS_FILE.read_text()
 
 
 class _RoundingKernels:

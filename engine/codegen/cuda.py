@@ -27,6 +27,13 @@ def helper_source(filename: str) -> str:
     return f"// ---- kernels/{filename} (inlined) ----\n{text.rstrip()}\n// ---- end of kernels/{filename} ----\n"
 
 
+def round_operands_source() -> str:
+    """kernels/round_operands.cu (an fp32 operand rounded to a reduced precision mode: the training step's GEMM
+    operands, the schedules' projection inputs) with tile_gemm.cuh, whose roundings (rnn_tf32_bits, rnn_bits16: the
+    kernels' own) it calls, inlined before it."""
+    return helper_source("tile_gemm.cuh") + (KERNELS_DIR / "round_operands.cu").read_text()
+
+
 def c_factor(lin: Lin) -> str:
     """The extent as a C expression that is safe to multiply: parenthesised when it is a sum."""
     text = lin.c_expr()

@@ -390,8 +390,8 @@ class WavefrontSchedule:
                     target.fill(0.0)
                 else:
                     target[...] = cupy.asarray(value, dtype=cupy.float32)
-        outputs = replay.launch(first=not initial_states).copy()     # the graph's buffers are rewritten next run
-        final = {name: value.copy() for name, value in carried.items()}
+        outputs = device_copy(cupy, replay.launch(first=not initial_states))   # rewritten by the next run
+        final = {name: device_copy(cupy, value) for name, value in carried.items()}
         if not isinstance(x, cupy.ndarray):
             outputs = cupy.asnumpy(outputs)
             final = {k: cupy.asnumpy(v) for k, v in final.items()}
@@ -443,7 +443,7 @@ class WavefrontSchedule:
             outputs = self.buffers[-1][program.output_buffer].reshape(self.steps_[last].steps, B,
                                                                       network.output_size)
         if copy_out:
-            outputs = outputs.copy()
+            outputs = device_copy(cupy, outputs)
         final = {}
         for home in program.homes:
             per_layer = []
@@ -522,4 +522,16 @@ class WavefrontSchedule:
 
     def launches_per_sequence(self, T: int) -> int:
         raise NotImplementedError
+
+
+def device_copy(cupy, a):
+    """A copy of the CuPy array `a` on the current stream: one device-to-device memcpy where `a` is C-contiguous, else
+    a.copy(). (ndarray.copy runs an elementwise kernel: 41 us for a 32 MiB output, where a memcpy of the same size took
+    16 us; H200, 2026-11-27.)"""
+    if not a.flags.c_contiguous:
+        return a.copy()
+    out = cupy.empty_like(a)
+    if a.nbytes:
+        out.data.copy_from_device_async(a.data, a.nbytes)
+    return out
 

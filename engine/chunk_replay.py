@@ -14,9 +14,10 @@ length share one `carry`, so chunk k + 1 starts where chunk k ended whatever the
 captured body allocates comes from a pool of the replay's own, so nothing the graph writes on a later launch (its
 temporaries included) can be handed to anyone else; the outputs and the states stay referenced here.
 
-CuPy refuses cuBLAS calls during capture (cupy issue #6290), so a body that calls cuBLAS (the fused backend; a
-one-layer piece's input projection) cannot be captured: ChunkReplay raises CaptureError, and the pipeline runs that
-GPU's chunks directly, saying why.
+CuPy refuses cuBLAS calls during capture (cupy issue #6290), so a body that calls cuBLAS through CuPy (the fused
+backend; a float32x3 input projection) cannot be captured: ChunkReplay raises CaptureError, and the pipeline runs
+that GPU's chunks directly, saying why. The schedules' other projections call cublasLt through ctypes
+(engine/schedules/cublaslt.py), which captures.
 """
 from __future__ import annotations
 
@@ -26,14 +27,16 @@ class CaptureError(RuntimeError):
 
 
 class ChunkReplay:
-    def __init__(self, cupy, body, x_shape: tuple, carry: dict):
+    def __init__(self, cupy, body, x_shape: tuple, carry: dict, x=None):
+        """x: the fixed input buffer (float32, x_shape), where the body's own input buffer can be it (the body then
+        skips its copy of x); by default one of the replay's own, zeros."""
         self.cupy, self.body, self.carry = cupy, body, carry
         self.pool = cupy.cuda.MemoryPool()
         # One direct run before any capture: it builds and compiles the body's programs for this chunk length (nothing
         # of that may happen inside a capture), shows the shapes of the states to carry, and leaves in the replay's
         # pool the blocks the captured run will allocate again.
         with cupy.cuda.using_allocator(self.pool.malloc):
-            self.x = cupy.zeros(x_shape, dtype=cupy.float32)
+            self.x = cupy.zeros(x_shape, dtype=cupy.float32) if x is None else x
             _, states = body(self.x, {})
         for key, named in states.items():
             if named and key not in carry:

@@ -341,8 +341,8 @@ class WavefrontSchedule:
         graphs of the whole run (engine/chunk_replay.py: x copied into a fixed buffer, one graph launch, the outputs
         and final states copied out), so the host issues a few calls instead of every launch, copy and memset of the
         run; the first run at a shape runs directly (a one-off run pays no capture). A run that cannot be captured (a
-        one-layer network's input projection is a cuBLAS call, which CuPy refuses during capture) runs directly from
-        then on, and `replayed` says why."""
+        float32x3 input projection is a cuBLAS call through CuPy, which refuses capture) runs directly from then on,
+        and `replayed` says why."""
         cupy, network = self.cupy, self.network
         check_gpu_run_inputs(f"schedule '{self.name}'", cupy, network, x, initial_states)
         T, B, _ = x.shape
@@ -370,7 +370,9 @@ class WavefrontSchedule:
             result = self._run_direct(x, states.get("run"), copy_out=False, lengths=key[2])
             return result.outputs, {"run": result.final_states}
         try:
-            replay = ChunkReplay(self.cupy, body, (*key[:2], self.network.input_size), {})
+            # the replay's input buffer is the build's own: the captured run does not copy x again
+            replay = ChunkReplay(self.cupy, body, (*key[:2], self.network.input_size), {},
+                                 x=self.x_device.reshape(*key[:2], self.network.input_size))
         except CaptureError as e:
             self.replay = False
             self.replayed = f"not replayed: the run could not be captured ({e}); runs directly"
@@ -427,7 +429,8 @@ class WavefrontSchedule:
                         array.fill(fill)
             for array in self.pooled.values():
                 array.fill(math.nan)
-        self.x_device[...] = cupy.asarray(x, dtype=cupy.float32).reshape(T * B, network.input_size)
+        if not (on_gpu and x.data.ptr == self.x_device.data.ptr):     # (a replay's input is the buffer itself)
+            self.x_device[...] = cupy.asarray(x, dtype=cupy.float32).reshape(T * B, network.input_size)
         if self.x_half is not None:
             self._write_half(self.x_half, self.x_device)
         self._init_states(initial_states)

@@ -64,7 +64,8 @@ def test_a_strided_source_takes_the_fallback_with_the_same_values(cupy):
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_a_one_layer_schedule_replays_from_cuda_graphs(cupy, precision):
-    """Its projection was a cuBLAS call through CuPy, which refuses capture; through cublasLt it is captured."""
+    """Its projection was a cuBLAS call through CuPy, which refuses capture; through cublasLt it is captured. The
+    replay's input buffer is the build's own (no second copy of x), so a later x must be the one it runs on."""
     network = engine.Network(engine.preset("lstm").cell, 32, 64, 1)
     params = engine.init_params(network, seed=1)
     x = cupy.asarray(np.random.default_rng(2).standard_normal((12, 4, 32)), dtype=cupy.float32)
@@ -73,3 +74,10 @@ def test_a_one_layer_schedule_replays_from_cuda_graphs(cupy, precision):
     second = program.run(x)
     assert second.info["replayed"].startswith("replayed from CUDA graphs"), second.info["replayed"]
     np.testing.assert_array_equal(cupy.asnumpy(first.outputs), cupy.asnumpy(second.outputs))
+    # the replay reads its input from the build's own buffer: a new x is the one multiplied, not the last
+    other = cupy.asarray(np.random.default_rng(3).standard_normal((12, 4, 32)), dtype=cupy.float32)
+    replayed = program.run(other)
+    direct = schedule_class("persistent")(network, params, precision=precision).run(other)
+    assert replayed.info["replayed"].startswith("replayed from CUDA graphs")
+    np.testing.assert_array_equal(cupy.asnumpy(replayed.outputs), cupy.asnumpy(direct.outputs))
+    assert not np.array_equal(cupy.asnumpy(replayed.outputs), cupy.asnumpy(first.outputs))

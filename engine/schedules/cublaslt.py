@@ -36,12 +36,13 @@ from ..codegen.cublas_enums import (
     LT_PREF_MAX_WORKSPACE_BYTES,
 )
 from ..codegen.libraries import loaded_library
+from ..errors import BackendError
 
 WORKSPACE = 32 << 20
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
 
-class LtError(RuntimeError):
+class LtError(BackendError):
     """A cublasLt call returned an error status."""
 
 
@@ -78,7 +79,9 @@ class LtProjection:
     @staticmethod
     def _check(status: int, what: str) -> None:
         if status != 0:
-            raise LtError(f"{what} returned cuBLAS status {status}")
+            raise LtError(f"the input projection's {what} returned cuBLAS status {status} (cublas_api.h: 3 is an allocation "
+                          "that failed, 7 an invalid value, 13 a failed launch); hint: check that the GPU has memory free "
+                          "and run again; backend='fused' (float32) multiplies without cublasLt")
 
     def _layout(self, data_type: int, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
         out = ctypes.c_void_p()

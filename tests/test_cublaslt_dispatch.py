@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.errors import BackendError
 from engine.schedules import project as projection
 from engine.schedules.cublaslt import LtProjection
 
@@ -86,3 +87,9 @@ def test_a_strided_source_skips_cublaslt(lt):
 def test_float32x3_never_asks_cublaslt(lt):
     assert "float32x3" not in projection.LT_OPERANDS
     assert set(projection.LT_OPERANDS) == {"float32", "tf32", "float16", "bfloat16"}
+
+
+def test_a_failing_cublaslt_call_is_a_backend_error_with_a_hint():
+    with pytest.raises(BackendError, match=r"cublasLtMatmul returned cuBLAS status 3 .*hint: "):
+        LtProjection._check(3, "cublasLtMatmul")
+    LtProjection._check(0, "cublasLtMatmul")                     # success raises nothing

@@ -162,7 +162,7 @@ def push(tiling, written: list[tuple[str, str]], indent: str) -> list[str]:
     for buffer, version in dict.fromkeys(written):
         if version != "(t + 1) & 1":
             raise CompileError(f"the push exchange sends the next version of a double buffer, and buffer {buffer!r} "
-                               f"is written as version {version}; hint: this is a bug in engine.schedules.cluster "
+                               f"is written as version {version}; hint: this is a bug in engine.codegen.cluster "
                                "exchange(), run with TileConfig(wgmma=False) meanwhile")
         lines.append(f"{indent}if (t + 1 < T)   // (the last step's values go to no GEMM)")
         lines.append(f"{indent}    rnn_cluster_push_swz<CLUSTER, NB, {_vector(tiling)}>({pointer(tiling, buffer, version)}, "

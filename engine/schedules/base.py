@@ -537,4 +537,3 @@ def device_copy(cupy, a):
     if a.nbytes:
         out.data.copy_from_device_async(a.data, a.nbytes)
     return out
-

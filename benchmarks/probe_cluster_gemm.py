@@ -23,7 +23,6 @@ medians of CUDA-event timed launches after warm-up.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe_schedules import time_ms  # noqa: E402  (benchmarks/, the script's folder)
+from probe_schedules import step_probe_args, time_ms  # noqa: E402  (benchmarks/, the script's folder)
 from probe_wgmma import _module  # noqa: E402
 
 WGMMA_HEADER = Path(__file__).resolve().parents[1] / "kernels" / "wgmma.cuh"
@@ -191,14 +190,7 @@ extern "C" __global__ void rs_wgmma(const unsigned short* __restrict__ x, const 
             RnnWgmmaRs<16, false>::mma(d, a[s], rnn_wgmma_desc(xb + (s / 4) * __BR__ * 128 + (s % 4) * 32), s > 0);
         rnn_wgmma_commit();
         rnn_wgmma_wait<0>();
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {            // D: rows (gate columns) 64 wg + 16 q + g, + 8; columns (batch) 8 j + 2 t ..
-            const int col = 64 * wg + 16 * q + g, row = 8 * j + 2 * t;
-            ys[row * NC + col] = d[4 * j];
-            ys[(row + 1) * NC + col] = d[4 * j + 1];
-            ys[row * NC + col + 8] = d[4 * j + 2];
-            ys[(row + 1) * NC + col + 8] = d[4 * j + 3];
-        }
+        rnn_wgmma_store_t16(ys, NC, 64 * wg, d);
         __syncthreads();
     }
     store_y(y, ys, B, N);
@@ -243,11 +235,7 @@ def run_case(cupy, module, name: str, B: int, nc: int, k: int, steps: int, reps:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--json")
-    args = parser.parse_args()
+    args = step_probe_args(__doc__)
     import cupy
 
     from engine.codegen.nvrtc import compile_cubin

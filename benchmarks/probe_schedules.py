@@ -42,6 +42,16 @@ def time_ms(fn, warmup: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
+def step_probe_args(doc: str):
+    """The command line of the step-GEMM probes (probe_cluster_gemm.py, probe_tf32_cluster_gemm.py): steps a launch,
+    timed launches, and where to write the JSON."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--json")
+    return parser.parse_args()
+
+
 def cudnn_ms(preset: str, cfg, x, warmup: int, repeats: int, precision: str = "float32"):
     """cuDNN in the same mode: TF32 allowed only for tf32; fp16/bf16 modules and inputs for those."""
     import torch

@@ -26,7 +26,6 @@ clock in tf32, ~1.1 us; at 1,024 a clock in bf16, ~0.55 us.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe_schedules import time_ms  # noqa: E402  (benchmarks/, the script's folder)
+from probe_schedules import step_probe_args, time_ms  # noqa: E402  (benchmarks/, the script's folder)
 from probe_wgmma import _module  # noqa: E402
 
 WGMMA_HEADER = Path(__file__).resolve().parents[1] / "kernels" / "wgmma.cuh"
@@ -138,14 +137,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) split_tf32(const float* __r
         if (part == 0) {
 #pragma unroll
             for (int e = 0; e < 8; ++e) d[e] += red[(tile * 8 + e) * 128 + threadIdx.x % 128];
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {      // D: rows (gate columns) 64 tile + 16 q + g, + 8; columns (batch) 8 j + 2 t
-                const int col = 64 * tile + 16 * q + g, row = 8 * j + 2 * t;
-                ys[row * NC + col] = d[4 * j];
-                ys[(row + 1) * NC + col] = d[4 * j + 1];
-                ys[row * NC + col + 8] = d[4 * j + 2];
-                ys[(row + 1) * NC + col + 8] = d[4 * j + 3];
-            }
+            rnn_wgmma_store_t16(ys, NC, 64 * tile, d);
         }
         __syncthreads();
     }
@@ -187,11 +179,7 @@ def run(cupy, module, reg_ks: int, B: int, steps: int, reps: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--json")
-    args = parser.parse_args()
+    args = step_probe_args(__doc__)
     import cupy
 
     from engine.codegen.nvrtc import compile_cubin

@@ -47,6 +47,24 @@ __device__ __forceinline__ void rnn_fence_async_shared()
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// The accumulators of an m64n16 wgmma of the transposed product Y^T = W X^T (its rows are weight rows, its columns
+// batch rows) into Y (batch rows of `ld` floats), the tile's weight rows from m0: thread (q, g, t) of the warpgroup
+// holds weight rows m0 + 16 q + g and + 8, batch rows 8 j + 2 t and + 1 (benchmarks/probe_cluster_gemm.py and
+// probe_tf32_cluster_gemm.py; the engine's own store, with its bias and bounds, is kernels/wgmma_gemm.cuh's).
+__device__ __forceinline__ void rnn_wgmma_store_t16(float* y, int ld, int m0, const float (&d)[8])
+{
+    const int q = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int col = m0 + 16 * q + g;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int row = 8 * j + 2 * t;
+        y[row * ld + col] = d[4 * j];
+        y[(row + 1) * ld + col] = d[4 * j + 1];
+        y[row * ld + col + 8] = d[4 * j + 2];
+        y[(row + 1) * ld + col + 8] = d[4 * j + 3];
+    }
+}
+
 template <int N, bool TF32> struct RnnWgmma;
 
 // The accumulators of an m64nN wgmma as asm operands: their names in the instruction text, and their bindings.

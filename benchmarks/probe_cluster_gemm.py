@@ -23,7 +23,6 @@ medians of CUDA-event timed launches after warm-up.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe_schedules import step_probe_args, time_ms  # noqa: E402  (benchmarks/, the script's folder)
+from probe_schedules import checked, finish, step_probe_args, time_ms  # noqa: E402  (benchmarks/)
 from probe_wgmma import _module  # noqa: E402
 
 WGMMA_HEADER = Path(__file__).resolve().parents[1] / "kernels" / "wgmma.cuh"
@@ -246,13 +245,8 @@ def main() -> int:
         rows.append(row)
         for kernel in ("ss_mma", "rs_mma", "rs_wgmma"):
             r = row[kernel]
-            ok = r["max_rel_error"] <= 1e-5
-            failed |= not ok
-            print(f"{name:16s} {kernel:9s} B={B} NC={nc} K={k} {r['threads']} threads: {r['us_per_step']:.3f} us a "
-                  f"step, max rel error {r['max_rel_error']:.2g}{'' if ok else '  WRONG'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
-    return 1 if failed else 0
+            failed |= not checked(f"{name:16s} {kernel:9s} B={B} NC={nc} K={k} {r['threads']} threads", r)
+    return finish(rows, args.json, failed)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,22 @@ def step_probe_args(doc: str):
     return parser.parse_args()
 
 
+def checked(label: str, result: dict, digits: int = 3, note: str = "") -> bool:
+    """Print one probe kernel's line (its label, us a step with `digits` decimals, `note`, its largest relative error
+    against NumPy) and return whether the error is within 1e-5."""
+    ok = result["max_rel_error"] <= 1e-5
+    print(f"{label}: {result['us_per_step']:.{digits}f} us a step{note}, max rel error {result['max_rel_error']:.2g}"
+          f"{'' if ok else '  WRONG'}")
+    return ok
+
+
+def finish(rows: list, json_path: str | None, failed: bool) -> int:
+    """The step probes' end: their rows into `json_path` (where given), and the exit status."""
+    if json_path:
+        Path(json_path).write_text(json.dumps({"rows": rows}, indent=1))
+    return 1 if failed else 0
+
+
 def cudnn_ms(preset: str, cfg, x, warmup: int, repeats: int, precision: str = "float32"):
     """cuDNN in the same mode: TF32 allowed only for tf32; fp16/bf16 modules and inputs for those."""
     import torch

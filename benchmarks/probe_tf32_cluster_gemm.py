@@ -26,7 +26,6 @@ clock in tf32, ~1.1 us; at 1,024 a clock in bf16, ~0.55 us.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe_schedules import step_probe_args, time_ms  # noqa: E402  (benchmarks/, the script's folder)
+from probe_schedules import checked, finish, step_probe_args, time_ms  # noqa: E402  (benchmarks/)
 from probe_wgmma import _module  # noqa: E402
 
 WGMMA_HEADER = Path(__file__).resolve().parents[1] / "kernels" / "wgmma.cuh"
@@ -188,14 +187,9 @@ def main() -> int:
         module = _module(cupy, compile_cubin(source(reg_ks), "90a"))
         row = run(cupy, module, reg_ks, B_ROWS, args.steps, args.reps)
         rows.append(row)
-        ok = row["max_rel_error"] <= 1e-5
-        failed |= not ok
-        print(f"tf32, {reg_ks} of 32 k steps in registers: B={row['B']} NC={NC} K={K} {THREADS} threads, "
-              f"{row['shared_bytes'] / 1024:.0f} KiB shared: {row['us_per_step']:.3f} us a step, max rel error "
-              f"{row['max_rel_error']:.2g}{'' if ok else '  WRONG'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
-    return 1 if failed else 0
+        failed |= not checked(f"tf32, {reg_ks} of 32 k steps in registers: B={row['B']} NC={NC} K={K} {THREADS} "
+                              f"threads, {row['shared_bytes'] / 1024:.0f} KiB shared", row)
+    return finish(rows, args.json, failed)
 
 
 if __name__ == "__main__":

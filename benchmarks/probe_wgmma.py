@@ -25,7 +25,6 @@ operands already rounded to tf32): `large` (K = H = 1024, B = 128, 128 blocks of
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe_schedules import time_ms  # noqa: E402  (benchmarks/, the script's folder)
+from probe_schedules import checked, finish, time_ms  # noqa: E402  (benchmarks/, the script's folder)
 
 THREADS_PER_GROUP = 128        # a warpgroup
 # Per operand kind: the element's C type, elements a 16-byte group, and the mma.sync instruction (a k step is 32
@@ -292,15 +291,10 @@ def main() -> int:
         rows.append(row)
         for kernel in ("step_wgmma", "step_wgmma_db", "step_mma"):
             r = row[kernel]
-            ok = r["max_rel_error"] <= 1e-5
-            failed |= not ok
             once = f" ({r['us_per_step_mma_only']:.2f} with h staged once)" if "us_per_step_mma_only" in r else ""
-            print(f"{name:10s} {kernel:13s} B={case['B']} K={case['K']} NT={case['nt']} x {case['blocks']} blocks: "
-                  f"{r['us_per_step']:.2f} us a step{once}, max rel error {r['max_rel_error']:.2g}"
-                  f"{'' if ok else '  WRONG'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
-    return 1 if failed else 0
+            failed |= not checked(f"{name:10s} {kernel:13s} B={case['B']} K={case['K']} NT={case['nt']} x "
+                                  f"{case['blocks']} blocks", r, digits=2, note=once)
+    return finish(rows, args.json, failed)
 
 
 def _module(cupy, cubin: bytes):

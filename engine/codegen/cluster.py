@@ -1,6 +1,7 @@
 """Source of the persistent schedule's cluster mode (engine/schedules/cluster.py): the local copies of the step GEMMs'
-operand in every block's shared memory, the cell code's stores into every block of the cluster, and the kernel's
-entry (a cluster barrier after every stage, not a grid-wide one). engine/codegen/wavefront.py calls these where
+operand in every block's shared memory, the exchange of each block's units with the others (exchange(): stores and a
+cluster barrier after every stage, a pull after it, or st.async pushes onto each block's transaction barriers), and
+the kernel's entry (no grid-wide barrier). engine/codegen/wavefront.py calls these where
 tiling.cluster is set; everything else of the kernel is the same source."""
 from __future__ import annotations
 

@@ -451,8 +451,11 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append("// Layers synchronised by arrival counters (kernels/layer_sync.cuh): arrivals[l] counts the "
                      "finished stages of layer l's blocks.")
     if tiling.cluster:
+        meet = ("send their units of h into each other's with st.async onto transaction barriers, no cluster "
+                "barrier a step" if cluster_source.exchange(tiling) == "push" else
+                "meet at a cluster barrier after every stage")
         lines.append("// Cluster mode (engine/schedules/cluster.py): the blocks of a cluster exchange h through their shared "
-                     "memory and meet at a cluster barrier after every stage; clusters never wait for each other.")
+                     f"memory and {meet}; clusters never wait for each other.")
         lines.append(cluster_source.signature(prefix))
     elif by_layer:
         lines.append(f'extern "C" __global__ void __launch_bounds__(THREADS, 1) {prefix}_persistent('

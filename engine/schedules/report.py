@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .. import backends
+from ..codegen.cluster import exchange
 from ..codegen.precision import precision as lookup_precision
 from ..codegen.wavefront import render_wavefront, stages
 from ..errors import CompileError
@@ -143,11 +144,15 @@ def staging_text(tiling: Tiling) -> str:
         return "no GEMM in the kernel"
     if tiling.cluster:
         others = tiling.cluster - 1
-        how = ((" (in wgmma's swizzled layout) and its weight rows in registers; the cell code writes its units there, "
-                f"and after the cluster barrier the block reads the other {others} blocks' units from their shared "
-                "memory (distributed shared memory) before the GEMM") if tiling.wgmma[0] else
-               (f"; the cell code writes its units there and the block copies them into the other {others} blocks of "
-                "its cluster (distributed shared memory) before the cluster barrier"))
+        how = {"share": (f"; the cell code writes its units there and the block copies them into the other {others} "
+                         "blocks of its cluster (distributed shared memory) before the cluster barrier"),
+               "pull": (" (in wgmma's swizzled layout) and its weight rows in registers; the cell code writes its "
+                        f"units there, and after the cluster barrier the block reads the other {others} blocks' units "
+                        "from their shared memory (distributed shared memory) before the GEMM"),
+               "push": (" (in wgmma's swizzled layout) and its weight rows in registers; the cell code writes its "
+                        f"units there and sends them into the other {others} blocks' copies with st.async, each "
+                        "store completing on the receiver's transaction barrier, which the receiver waits on before "
+                        "its GEMM")}[exchange(tiling)]
         return (f"no staging: every block keeps its cluster's 16-bit h in shared memory{how}; the GEMM outputs and the "
                 "input projection's rows (copied a step ahead) stay in shared memory too")
     if tiling.bulk:
@@ -204,13 +209,21 @@ def wavefront_entry(name: str, plan: Plan, limits: DeviceLimits, config: TileCon
         steps = f"{wave_steps} wavefront steps x {len(present)} stage(s)"
         if tiling.cluster:
             owner = "head" if tiling.blocks_per_layer > tiling.cluster else "layer"
-            entry["how"] = f"one kernel of thread-block clusters (one a {owner}) for the whole sequence: {steps}, " \
-                           "a cluster barrier after each"
-            exchange = ("each block reads the others' units after it" if tiling.wgmma[0] else
-                        "each block copies its units into the others before it")
-            entry["sync"] = (f"cluster barrier after every stage: the {tiling.cluster} blocks of a {owner} keep h in "
-                             f"their shared memory, and {exchange} (distributed shared memory; "
-                             "engine/schedules/cluster.py)")
+            how = exchange(tiling)
+            entry["how"] = (f"one kernel of thread-block clusters (one a {owner}) for the whole sequence: {steps}, "
+                            + ("each block waiting only for its peers' units of h (no cluster barrier a step)"
+                               if how == "push" else "a cluster barrier after each"))
+            entry["sync"] = {
+                "share": (f"cluster barrier after every stage: the {tiling.cluster} blocks of a {owner} keep h in "
+                          "their shared memory, and each block copies its units into the others before it "
+                          "(distributed shared memory; engine/schedules/cluster.py)"),
+                "pull": (f"cluster barrier after every stage: the {tiling.cluster} blocks of a {owner} keep h in "
+                         "their shared memory, and each block reads the others' units after it (distributed shared "
+                         "memory; engine/schedules/cluster.py)"),
+                "push": (f"transaction barriers, no cluster barrier a step: the {tiling.cluster} blocks of a {owner} "
+                         "keep h in their shared memory, each sends its units of the next version into the others' "
+                         "with st.async, completing on the receiver's mbarrier, and waits on its own before the GEMM "
+                         "(distributed shared memory; engine/schedules/cluster.py, kernels/wgmma_gemm.cuh)")}[how]
         elif tiling.config.sync in ("layer", "head"):
             group = tiling.config.sync
             entry["how"] = f"one cooperative kernel for the whole sequence: {steps}, each {group} waiting on " \

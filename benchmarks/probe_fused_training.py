@@ -68,6 +68,8 @@ def main(argv=None) -> int:
     parser.add_argument("--persistent", choices=("off", "auto", "on"), default=None,
                         help="persistent launches (persistent.PERSISTENT): off, auto (where worthwhile), on (wherever "
                              "a layer qualifies); default: the engine's")
+    parser.add_argument("--precision", default="float32",
+                        help="the step's GEMM mode (bptt precision=: float32, tf32, float16, bfloat16)")
     parser.add_argument("--launches", nargs="*", default=None, metavar="PRESETS CONFIGS",
                         help="GPU time of each launch of one layer-step instead (comma-separated presets and configs; "
                              "default lstm,gru mid,blogB)")
@@ -93,15 +95,18 @@ def main(argv=None) -> int:
     if args.launches is not None:
         profile_main(*([r.split(",") for r in args.launches[:2]] if len(args.launches) >= 2 else []))
         return 0
-    print("| cell | config | forward ms | step ms | step wall ms |\n|---|---|---|---|---|")
+    print(f"{args.precision}, persistent.PERSISTENT = {persistent.PERSISTENT!r}")
+    print("| cell | config | forward ms | step ms | step wall ms | head-local |\n|---|---|---|---|---|---|")
     for name in args.preset or ["lstm"]:
         for config in parse_configs(args.config or ["mid"]):
             network, gpu_params, x, w = probe_case(cupy, name, config)
-            fwd, _ = timed(cupy, lambda: record(network, gpu_params, x, dtype=np.float32, backend="fused"),
-                           args.repeats)
-            step, wall = timed(cupy, lambda: record(network, gpu_params, x, dtype=np.float32,
-                                                    backend="fused").backward(w), args.repeats)
-            print(f"| {name} | {config.name} | {fwd:.2f} | {step:.2f} | {wall:.2f} |")
+            def forward():
+                return record(network, gpu_params, x, dtype=np.float32, backend="fused", precision=args.precision)
+            fwd, _ = timed(cupy, forward, args.repeats)
+            step, wall = timed(cupy, lambda: forward().backward(w), args.repeats)
+            pairs = forward().program.persistent or []
+            heads = [launch.layout.heads if launch is not None else "-" for pair in pairs if pair for launch in pair]
+            print(f"| {name} | {config.name} | {fwd:.2f} | {step:.2f} | {wall:.2f} | {heads or 'none'} |")
     return 0
 
 

@@ -77,4 +77,81 @@ __device__ __forceinline__ void rnn_rows_gemm(const float* __restrict__ X, int B
     }
 }
 
+// ---- a block that owns whole heads (persistent.py's head-local launches) -------------------------------------------
+// Where every step GEMM's weight is block-diagonal by heads, a block that owns a head's units (and a few batch rows)
+// needs only that head's columns of X, and no other block's values: the launch has no grid barrier at all. The head's
+// columns of K are S runs of KH (the forward's operand h: one run; the backward's dy holds each member's adjoint side
+// by side: one run a member), `seg` floats apart in X's rows:
+//
+//     Y_s[b, c] = sum_{k < KH} X[b, s * seg + k] * W_s[c, k]      b < B (RW-row tasks), c < nc, s < S
+//
+// each run's partial sums into its own Y_s (Y + s * ys), so that the warps share the runs too (the caller adds the S
+// parts in order). X is global, written by this block before the last block barrier: read through L2 (__ldcg), row
+// stride ldx, 16-byte aligned (KH, seg and ldx multiples of 4). W_s: nc rows of stride ldw of the mode's weight type
+// in shared memory (rnn_load_head_rows), wseg elements apart. Every operand enters its product rounded to MODE
+// (rnn_operand4; the weights were rounded when loaded), products summed in fp32 in a fixed order, reduced across the
+// lanes by the transposing butterfly above.
+template <int MODE, int RW, int CG, int KH, int S>
+__device__ __forceinline__ void rnn_head_gemm(const float* __restrict__ X, long ldx, long seg, int B,
+                                              const typename RnnWeight<MODE>::type* __restrict__ Ws, int ldw,
+                                              long wseg, int nc, float* __restrict__ Y, int ldy, int ys)
+{
+    static_assert(RW * CG == 64, "the butterfly reduces 64 values a lane");
+    static_assert(KH % 4 == 0, "float4 loads of X");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int row_tasks = (B + RW - 1) / RW, col_tasks = (nc + CG - 1) / CG;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int task = warp; task < row_tasks * col_tasks * S; task += warps) {
+        const int s = task / (row_tasks * col_tasks), rc = task - s * row_tasks * col_tasks;
+        const int r0 = (rc % row_tasks) * RW, c0 = (rc / row_tasks) * CG;
+        const float* xs = X + s * seg;
+        const typename RnnWeight<MODE>::type* ws = Ws + s * wseg;
+        float v[RW * CG];
+#pragma unroll
+        for (int i = 0; i < RW * CG; ++i) v[i] = 0.0f;
+#pragma unroll 2
+        for (int k = lane * 4; k < KH; k += 128) {
+            float4 x[RW], w[CG];
+#pragma unroll
+            for (int r = 0; r < RW; ++r)
+                x[r] = r0 + r < B ? rnn_operand4<MODE>(__ldcg(reinterpret_cast<const float4*>(xs + (long)(r0 + r) * ldx
+                                                                                               + k)))
+                                  : zero;
+#pragma unroll
+            for (int c = 0; c < CG; ++c)
+                w[c] = c0 + c < nc ? rnn_weight4<MODE, false>(ws + (long)(c0 + c) * ldw + k) : zero;
+#pragma unroll
+            for (int r = 0; r < RW; ++r)
+#pragma unroll
+                for (int c = 0; c < CG; ++c) v[r * CG + c] = rnn_dot4(x[r], w[c], v[r * CG + c]);
+        }
+        rnn_halve<64>(v, lane, 16);
+        rnn_halve<32>(v, lane, 8);
+        rnn_halve<16>(v, lane, 4);
+        rnn_halve<8>(v, lane, 2);
+        rnn_halve<4>(v, lane, 1);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int i = 2 * lane + j, r = r0 + i / CG, c = c0 + i % CG;
+            if (r < B && c < nc) Y[s * ys + r * ldy + c] = v[j];
+        }
+    }
+}
+
+// The head's rows of a weight for rnn_head_gemm: rows 0..nc-1 of w (row stride ldw, fp32), the S runs of KH columns
+// `seg` apart of each, rounded to MODE (rnn_operand) and stored in its weight type at ws[s * wseg + c * ldr + k], zeros
+// past KH (to ldr). Once a launch, before the step loop.
+template <int MODE>
+__device__ void rnn_load_head_rows(typename RnnWeight<MODE>::type* __restrict__ ws, const float* __restrict__ w,
+                                   long ldw, long seg, int KH, int S, int nc, int ldr, long wseg)
+{
+    for (long i = threadIdx.x; i < (long)S * nc * ldr; i += blockDim.x) {
+        const int s = (int)(i / ((long)nc * ldr)), rest = (int)(i - (long)s * nc * ldr), c = rest / ldr,
+                  k = rest - c * ldr;
+        const float v = k < KH ? rnn_operand<MODE>(__ldg(w + (long)c * ldw + s * seg + k)) : 0.0f;
+        if constexpr (MODE == RNN_FP16 || MODE == RNN_BF16) ws[s * wseg + (long)c * ldr + k] = rnn_bits16<MODE>(v);
+        else ws[s * wseg + (long)c * ldr + k] = v;
+    }
+}
+
 #endif  // RNN_PERSISTENT_GEMM_CUH

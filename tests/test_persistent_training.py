@@ -129,3 +129,92 @@ def test_the_layer_norm_presets_are_refused_by_name():
         for forward in (True, False):
             why = persistent.refusal(plan, stages_of(plan, forward), {"I": 8, "H": 12, "P": 12}, 1, 132, forward)
             assert why is not None and "does not fuse with a kernel" in why, (name, forward, why)
+
+
+def test_a_cell_of_heads_gets_a_launch_whose_blocks_own_whole_heads():
+    """The sLSTM's R_* are block-diagonal by 4 heads (engine/dense.py marks them `diagonal`): a block owns a head's
+    H / 4 units and a few batch rows, every weight row of its head but only the head's columns (one run of H / 4
+    forward, four backward: dy holds the gates' adjoints side by side), and no block reads another's values."""
+    plan = training_plan(engine.preset("slstm").cell, precision="bfloat16")
+    sizes = {"I": 512, "H": 512, "P": 512}
+    for forward, runs in ((True, 1), (False, 4)):
+        stages = stages_of(plan, forward)
+        per_step, _ = persistent.step_items(plan, stages, forward)
+        assert persistent.head_local(plan, per_step, sizes) == 4
+        lay = persistent.make_plan(plan, stages, sizes, 16, 132, forward)
+        assert (lay.heads, lay.rows, lay.grid, lay.mode) == (4, 1, 64, "bfloat16")
+        it = next(it for it in lay.items if it.stage is not None)
+        assert it.units == 128 and it.k // 512 == runs
+        # the head's rows, bf16, rows of rnn_wstride<RNN_BF16>(128) = 136: 128 x 4 members forward, 128 backward
+        assert lay.dots * 4 == 512 * 136 * 2
+        assert lay.shared_bytes <= persistent.MAX_SHARED_BYTES
+        source = persistent.render(plan, lay)
+        assert "grid.sync" not in source and "cooperative_groups" not in source
+        assert f"rnn_head_gemm<RNN_BF16, RB, 64, 128, {runs}>" in source
+        assert "rnn_load_head_rows<RNN_BF16>" in source
+    # more heads than fit: 768 / 4 = 192 units a head is 288 KiB of bf16 rows; fp32 falls back to the grid launch
+    why = persistent.refusal(plan, stages_of(plan, True), {"I": 768, "H": 768, "P": 768}, 16, 132, True)
+    assert "a block owning a head needs" in why and "shared memory" in why
+    fp32 = training_plan(engine.preset("slstm").cell)
+    assert persistent.make_plan(fp32, stages_of(fp32, True), {"I": 768, "H": 768, "P": 768}, 16, 132, True).heads == 0
+    assert persistent.make_plan(fp32, stages_of(fp32, True), {"I": 64, "H": 256, "P": 256}, 16, 132, True).heads == 4
+
+
+def test_what_keeps_a_cell_from_owning_whole_heads():
+    lstm = training_plan(engine.preset("lstm").cell)
+    per_step, _ = persistent.step_items(lstm, stages_of(lstm, True), True)
+    assert "not block-diagonal" in persistent.head_local(lstm, per_step, {"I": 64, "H": 64, "P": 64})
+    slstm = training_plan(engine.preset("slstm").cell)
+    per_step, _ = persistent.step_items(slstm, stages_of(slstm, True), True)
+    assert "multiple of 4 units" in persistent.head_local(slstm, per_step, {"I": 12, "H": 12, "P": 12})
+    # a reduced mode takes no other persistent launch: its GEMMs would multiply in fp32 under the mode's name
+    bf16 = training_plan(engine.preset("lstm").cell, precision="bfloat16")
+    why = persistent.refusal(bf16, stages_of(bf16, True), {"I": 64, "H": 64, "P": 64}, 16, 132, True)
+    assert "strict fp32" in why and "bfloat16" in why
+
+
+def test_head_rows_fill_the_sms_without_a_second_wave():
+    assert persistent.head_rows(16, 4, 132) == 1          # 64 blocks
+    assert persistent.head_rows(64, 4, 132) == 2          # 256 blocks of one row would be two waves: 128 of two
+    assert persistent.head_rows(64, 4, 66) == 4           # a layer's share in the wavefront
+    assert persistent.head_rows(200, 4, 132) == 4         # more than one wave even so
+    assert persistent.head_rows(7, 4, 1) == 1             # only 1 divides 7
+
+
+def test_persistent_on_refuses_a_reduced_mode_it_cannot_run_by_name():
+    """PERSISTENT = True with a bf16 plan whose weights are not by heads: a BackendError naming the mode, not a launch
+    that multiplies fp32 under bf16's name."""
+    from types import SimpleNamespace
+
+    from engine.autodiff.stage_fusion import fused_stages
+    from engine.errors import BackendError
+    plan = training_plan(engine.preset("lstm").cell, precision="bfloat16")
+    runner = SimpleNamespace(plan=plan, stages=fused_stages(plan), sms=132)
+    old = persistent.PERSISTENT
+    try:
+        persistent.PERSISTENT = True
+        with pytest.raises(BackendError, match="precision='bfloat16'.*strict fp32"):
+            persistent.persistent_launch(runner, {"I": 64, "H": 64, "P": 64}, 16, 132, True)
+        persistent.PERSISTENT = "auto"
+        assert persistent.persistent_launch(runner, {"I": 64, "H": 64, "P": 64}, 16, 132, True) is None
+    finally:
+        persistent.PERSISTENT = old
+
+
+@pytest.mark.nvcc
+def test_head_local_launches_compile_with_nvcc_in_every_mode(tmp_path):
+    """Both directions of the sLSTM's head-local launch in each training mode, at 1, 2 and 4 rows a block."""
+    sources = {}
+    for mode in ("float32", "tf32", "float16", "bfloat16"):
+        plan = training_plan(engine.preset("slstm").cell, precision=mode)
+        for B, blocks in ((16, 132), (64, 132), (64, 66)):
+            for forward in (True, False):
+                lay = persistent.make_plan(plan, stages_of(plan, forward), {"I": 64, "H": 256, "P": 256}, B, blocks,
+                                           forward)
+                assert lay.heads == 4
+                sources[(mode, B, blocks, forward)] = persistent.render(plan, lay).replace(
+                    lay.name, f"{lay.name}_{mode}_{B}_{blocks}")
+    # one module: the helpers once (each source brings them: keep the first's, the kernels of the rest)
+    first, *rest = sources.values()
+    kernels = [s[s.index('extern "C"'):] for s in rest]
+    _nvcc({"all": "\n".join([first, *kernels])}, tmp_path)

@@ -5,7 +5,7 @@ sLSTM (presets/slstm.py, 4 heads): one layer, I = H = 512 and 768, B = 16, T = 1
 forward in float32 and bfloat16 (`autotune.tune` then `prepare`, as engine.run(backend="auto") runs it), and forward +
 backward through the generated training step (engine.bptt(backend="fused")) in float32 and in bfloat16 (each GEMM's
 operands rounded to bf16, fp32 sums and master weights; its gradients' largest relative difference from float32's is
-recorded). FlashRNN 1.0.8 (`flashrnn(Wx, R, b, function="slstm", backend="cuda_fused")`),
+recorded; the training rows take the parameters already on the GPU, as a training loop and FlashRNN keep them). FlashRNN 1.0.8 (`flashrnn(Wx, R, b, function="slstm", backend="cuda_fused")`),
 its input projection (one torch matmul) timed with it, forward and forward + backward of sum(y * dy). Every engine
 forward is first checked against the float64 reference on the first CHECK_STEPS steps (poisoned outputs), and
 FlashRNN's output against the engine's.
@@ -113,16 +113,19 @@ def slstm_rows(H: int, cupy, rows: list, T=1024, B=16) -> None:
         except engine.EngineError as e:
             rows.append({"case": where, "row": f"engine forward {precision}", "error": str(e).splitlines()[0]})
     d_out = cupy.asarray(rng.standard_normal((T, B, H)), dtype=cupy.float32)
+    # the parameters on the GPU for the training rows, as a training loop (CellRNN) and FlashRNN keep them
+    gpu_params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()}
+                                for layer in params.layers])
     engine_grads = None
     try:
-        engine_grads = engine.bptt(network, params, x, d_outputs=d_out, dtype=np.float32, backend="fused").params[0]
+        engine_grads = engine.bptt(network, gpu_params, x, d_outputs=d_out, dtype=np.float32, backend="fused").params[0]
         rows.append({"case": where, "row": "engine forward + backward float32 (bptt fused)",
-                     "ms": median_ms(lambda: engine.bptt(network, params, x, d_outputs=d_out, dtype=np.float32,
+                     "ms": median_ms(lambda: engine.bptt(network, gpu_params, x, d_outputs=d_out, dtype=np.float32,
                                                          backend="fused"), warmup=2, reps=10)})
     except engine.EngineError as e:
         rows.append({"case": where, "row": "engine forward + backward float32", "error": str(e).splitlines()[0]})
     try:           # bf16 training: each GEMM's operands rounded to bf16, fp32 sums and master weights (issue #34)
-        run = lambda: engine.bptt(network, params, x, d_outputs=d_out, dtype=np.float32, backend="fused",  # noqa: E731
+        run = lambda: engine.bptt(network, gpu_params, x, d_outputs=d_out, dtype=np.float32, backend="fused",  # noqa: E731
                                   precision="bfloat16")
         mode_grads = run().params[0]
         rows.append({"case": where, "row": "engine forward + backward bfloat16 (bptt fused)",

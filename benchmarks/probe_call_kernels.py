@@ -5,6 +5,7 @@ with its start relative to the call's first kernel and its duration, so the gaps
 recurrence are visible.
 
     python3 benchmarks/probe_call_kernels.py --preset lstm --config 512,512,1,1024,16 --precision bfloat16
+    python3 benchmarks/probe_call_kernels.py --train --preset slstm ...    # a training step (bptt "fused") instead
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def main() -> int:
     parser.add_argument("--config", default="512,512,1,1024,16")
     parser.add_argument("--precision", default="bfloat16")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--train", action="store_true",
+                        help="profile one training step (forward + backward, bptt backend 'fused') in the mode")
     args = parser.parse_args()
     import cupy
     import torch
@@ -39,24 +42,36 @@ def main() -> int:
     (config,) = parse_configs([args.config])
     network = engine.Network(engine.preset(args.preset).cell, config.input_size, config.hidden_size, config.num_layers)
     params = engine.init_params(network, seed=0)
-    choice = autotune.tune(network, params, config.steps, config.batch, precision=args.precision)
-    program = autotune.prepare(choice.candidate, network, params, precision=args.precision)
     x = cupy.asarray(np.random.default_rng(1).standard_normal((config.steps, config.batch, config.input_size)),
                      dtype=cupy.float32)
-    whole = time_runs(lambda k: program.run(x), cupy_timer, buffers=1, warmup=5, reps=30).median_ms
+    if args.train:
+        from engine.autodiff import record
+        w = cupy.asarray(np.random.default_rng(2).standard_normal((config.steps, config.batch, network.output_size)),
+                         dtype=cupy.float32)
+
+        def run():
+            return record(network, params, x, dtype=np.float32, backend="fused", precision=args.precision).backward(w)
+        what = "training step (bptt fused)"
+    else:
+        choice = autotune.tune(network, params, config.steps, config.batch, precision=args.precision)
+        program = autotune.prepare(choice.candidate, network, params, precision=args.precision)
+
+        def run():
+            return program.run(x)
+        what = f"{choice.schedule} ({choice.config.label() if choice.config else '-'})"
+    whole = time_runs(lambda k: run(), cupy_timer, buffers=1, warmup=5, reps=30).median_ms
     print(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: {args.preset} {args.config} "
-          f"{args.precision}: {choice.schedule} ({choice.config.label() if choice.config else '-'}), "
-          f"whole call {whole:.3f} ms (median of 30)")
+          f"{args.precision}: {what}, whole call {whole:.3f} ms (median of 30)")
     cupy.cuda.Device().synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(3):
-            program.run(x)
+            run()
             cupy.cuda.Device().synchronize()
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
     calls, current = [], []
     for e in kernels:                                       # a call: kernels closer than 1 ms to the one before
-        if current and e.time_range.start - current[-1].time_range.end > 1000:
+        if current and e.time_range.start - current[-1].time_range.end > (5000 if args.train else 1000):
             calls.append(current)
             current = []
         current.append(e)
@@ -75,7 +90,7 @@ def main() -> int:
           f"longest {longest['us']:.1f} us ({longest['name'][:50]}), the rest {busy - longest['us']:.1f} us busy")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"whole_ms": whole, "schedule": choice.schedule, "kernels": rows},
+        Path(args.json).write_text(json.dumps({"whole_ms": whole, "what": what, "kernels": rows},
                                               indent=1))
     return 0
 

@@ -108,6 +108,13 @@ def round_like(a, precision: str):
     _refuse_split("round_like", name)
     if name == "float32":
         return a
+    if type(a).__module__.split(".")[0] == "cupy" and a.dtype == np.float32:
+        from .codegen.cuda import round_values  # one launch of the kernels' own rounding, not eight
+        if a.flags.c_contiguous:
+            return round_values(a, name)
+        if a.flags.f_contiguous:                # a transposed operand (W^T dy): the same memory, rounded in place order
+            return round_values(a.T, name).T
+        return round_values(a.copy(), name)
     dtype = a.dtype
     single = a.astype("float32")
     if name == "float16":

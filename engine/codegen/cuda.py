@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..ops import OPS
 from ..plan import Access, Kernel, Lin, Program
 from .equations import text_equations
@@ -32,6 +34,28 @@ def round_operands_source() -> str:
     operands, the schedules' projection inputs) with tile_gemm.cuh, whose roundings (rnn_tf32_bits, rnn_bits16: the
     kernels' own) it calls, inlined before it."""
     return helper_source("tile_gemm.cuh") + (KERNELS_DIR / "round_operands.cu").read_text()
+
+
+ROUND_VALUES = {"tf32": "round_values_tf32", "float16": "round_values_fp16", "bfloat16": "round_values_bf16"}
+ROUND_THREADS = 256
+_round_values: dict = {}
+
+
+def round_values(a, precision: str):
+    """A C-contiguous float32 CuPy array rounded to a reduced mode ("tf32", "float16", "bfloat16"), as float32 values
+    (what engine.rounding.round_like gives): one launch of kernels/round_operands.cu round_values_*, the kernels' own
+    roundings, 16 bytes a thread."""
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
+
+    from .nvrtc import load_module
+    name = ROUND_VALUES[precision]
+    if name not in _round_values:
+        _round_values[name] = load_module(round_operands_source()).get_function(name)
+    out = cupy.empty_like(a)
+    if a.size:
+        blocks = min(-(-a.size // (4 * ROUND_THREADS)), cupy.cuda.Device().attributes["MultiProcessorCount"] * 16)
+        _round_values[name]((max(blocks, 1),), (ROUND_THREADS,), (a, out, np.int64(a.size)))
+    return out
 
 
 def c_factor(lin: Lin) -> str:

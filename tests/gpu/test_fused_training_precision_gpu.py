@@ -178,3 +178,31 @@ def test_cell_rnn_in_bfloat16_on_cuda_runs_the_fused_step_in_the_mode(cupy):
     for layer, tensors in enumerate(rnn.layer_parameters()):
         for p_name, tensor in zip(rnn.names[layer], tensors):
             assert relative(tensor.grad.double().cpu().numpy(), strict.params[layer][p_name]) < MODE_BOUND["bfloat16"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("size", [1, 7, 4096 + 3])
+def test_round_like_on_the_gpu_is_the_numpy_rounding_bit_for_bit(cupy, mode, size):
+    """engine.rounding.round_like of a float32 CuPy array is one launch of kernels/round_operands.cu round_values_*
+    (the training step's interpreted matmuls): bit for bit NumPy's, ties, subnormals, Inf and NaN included; a
+    strided array takes the elementwise spelling and agrees too."""
+    from engine.rounding import round_like
+    rng = np.random.default_rng(size)
+    a = (rng.standard_normal(size) * 10.0 ** rng.integers(-40, 39, size)).astype(np.float32)
+    specials = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0 + 2.0 ** -8, 1.0 + 2.0 ** -11, 1e-41, 65520.0],
+                        dtype=np.float32)
+    a[:min(size, specials.size)] = specials[:size]
+    want = round_like(a, mode)
+    got = round_like(cupy.asarray(a), mode)
+    assert got.dtype == cupy.float32 and got.shape == a.shape
+
+    def same(got, want):                  # NaN's payload is the conversion's own: NaN where NaN, bits elsewhere
+        got = cupy.asnumpy(got)
+        assert (np.isnan(got) == np.isnan(want)).all()
+        np.testing.assert_array_equal(got[~np.isnan(got)].view(np.uint32), want[~np.isnan(want)].view(np.uint32))
+    same(got, want)
+    if size > 2:
+        same(round_like(cupy.asarray(a)[::2], mode), want[::2])
+    if size > 6:                              # a transposed (Fortran-ordered) view, as W^T dy hands it over
+        square = a[:4 * (size // 4)].reshape(4, -1)
+        same(round_like(cupy.asarray(square).T, mode), round_like(square.T, mode))

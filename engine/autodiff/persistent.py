@@ -31,95 +31,40 @@ Sizes, the batch and the grid are compile-time constants: one module a (plan, di
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..c_names import ascii_identifiers, kernel_prefix
 from ..codegen.cuda import CELL_HELPERS, helper_source
-from ..codegen.precision import precision
-from ..codegen.wavefront import MODE_NAMES, TILE_GEMM_HELPER, gemv_ksteps
+from ..codegen.wavefront import TILE_GEMM_HELPER
 from ..errors import BackendError
 from ..schedules.base import compile_kernel
-from ..schedules.tiling import weight_stride
-from .fused_codegen import declare, element, gemm_loads, kernel_params, statement_body, statement_expr, store_lines, var
-from .fused_plan import GemmPlan, KernelPlan, TrainingPlan
-from .stage_fusion import FusedStage, launch_sequence
+from .fused_codegen import declare
+from .fused_plan import TrainingPlan
+from .persistent_heads import head_local, head_plan, head_rows, render_heads
+from .persistent_items import item_lines
+from .persistent_plan import (
+    CG,
+    GEMV_MAX_ROWS,
+    MAX_SHARED_BYTES,
+    ROWS_GEMM,
+    THREADS,
+    Item,
+    PersistentPlan,
+    Refused,
+    params_of,
+    round_up,
+    row_stride,
+)
+from .stage_fusion import launch_sequence
 from .stage_fusion import lay_out as stage_lay_out
 
-THREADS = 256
-GEMV_MAX_ROWS = 4                  # rnn_warp_gemvs (kernels/tile_gemm.cuh) up to this many rows, rnn_rows_gemm above
-ROWS_GEMM = "persistent_gemm.cuh"  # rnn_rows_gemm, for more rows than the GEMV takes
-RW, CG = 8, 8                      # its task: rows x columns a warp (64 partial sums a lane)
-MAX_SHARED_BYTES = 227 * 1024      # an H100's or H200's shared memory a block may opt in to
+__all__ = ["MAX_SHARED_BYTES", "PERSISTENT", "PersistentLaunch", "Refused", "head_local", "head_rows", "make_plan",
+           "persistent_launch", "refusal", "render", "step_items", "worthwhile", "x_bytes"]
+
 PERSISTENT = "auto"                # the fused step runs persistent launches where a layer qualifies (Program): True
                                    # wherever it qualifies, "auto" only where worthwhile() expects a win, False never
 AUTO_MAX_X_BYTES = 256 * 1024      # "auto": the most X a block may read from L2 a step (see worthwhile)
 AUTO_MIN_STAGES = 2                # "auto": the fewest GEMM stages a step (see worthwhile)
-
-
-def _round(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
-def row_stride(k: int) -> int:
-    """kernels/tile_gemm.cuh rnn_row_stride: a resident row's floats."""
-    return _round(k, 4) + 4
-
-
-class Refused(Exception):
-    """A layer that cannot run persistent; the message says why."""
-
-
-@dataclass(frozen=True)
-class Item:
-    """One item of a step, in order: a fused stage (a GEMM of step t + lag, then the kernel of step t on the same
-    units), a kernel alone, or (gemm_only) the last GEMM of a backward chunk alone."""
-    kernel: KernelPlan | None
-    stage: FusedStage | None
-    units: int                      # TU: units a block owns
-    dim: int                        # D: the kernel's size (a GEMM's output block)
-    k: int = 0                      # the GEMM's K
-    members: int = 1
-    offset: int = 0                 # floats of shared memory before the block's resident rows
-    lag: int = 0
-    weight: int = -1                # which of the launch's weights (W_<weight>) the GEMM reads
-    gemm_only: bool = False
-
-    @property
-    def gemm(self) -> GemmPlan | None:
-        return None if self.stage is None else self.stage.gemm
-
-    @property
-    def columns(self) -> int:
-        return self.units * self.members
-
-    @property
-    def rows(self) -> int:
-        """Resident rows, zeros past the block's columns up to a multiple of 8 (the GEMM's tasks read them)."""
-        return _round(self.columns, 8)
-
-
-@dataclass(frozen=True)
-class PersistentPlan:
-    name: str
-    forward: bool
-    items: tuple[Item, ...]         # a step's, in order
-    last: Item | None               # backward: the GEMM of step t0 alone, after the loop
-    stages: tuple[FusedStage, ...]  # one weight each, in the launch's order
-    grid: int                       # blocks (at most one an SM)
-    batch: int
-    sizes: tuple                    # (I, H, P) of the layer
-    dots: int                       # floats of shared memory where a block's GEMM columns go (B x the widest)
-    shared_floats: int
-    heads: int = 0                  # head-local (head_local): the heads a block owns one of; 0: blocks own slices of
-                                    # every item's units and meet at grid barriers
-    rows: int = 0                   # head-local: the batch rows a block owns (head_rows)
-    mode: str = "float32"           # head-local: the GEMMs' precision mode (engine/codegen/precision.py)
-
-    @property
-    def shared_bytes(self) -> int:
-        return 4 * self.shared_floats
 
 
 def step_items(plan: TrainingPlan, stages: dict, forward: bool) -> tuple[list, object]:
@@ -155,7 +100,7 @@ def make_plan(plan: TrainingPlan, stages: dict, sizes: dict, B: int, blocks: int
     heads = head_local(plan, per_step, sizes)
     if isinstance(heads, int):
         try:
-            return _head_plan(plan, per_step, last, sizes, B, blocks, forward, heads)
+            return head_plan(plan, per_step, last, sizes, B, blocks, forward, heads)
         except Refused:
             if plan.precision != "float32":
                 raise
@@ -186,79 +131,10 @@ def make_plan(plan: TrainingPlan, stages: dict, sizes: dict, B: int, blocks: int
     direction = "fwd" if forward else "bwd"
     layout = PersistentPlan(f"{kernel_prefix(plan.cell.name)}_persistent_{direction}", forward, tuple(items),
                             final, tuple(weights), grid, B, (sizes.get("I", 0), sizes.get("H", 0), sizes.get("P", 0)),
-                            dots, dots + _round(B * widest, 4))
+                            dots, dots + round_up(B * widest, 4))
     if layout.shared_bytes > MAX_SHARED_BYTES:
         raise Refused(f"a block needs {layout.shared_bytes} bytes of shared memory (its weight rows and GEMM "
                       f"columns), more than {MAX_SHARED_BYTES}")
-    return layout
-
-
-def head_local(plan: TrainingPlan, per_step: list, sizes: dict) -> int | str:
-    """The heads a block may own whole, or why not (a str). Where every item is of the hidden size and every step
-    GEMM's weights are block-diagonal by the same k heads (`W(..., heads=k)`, marked `diagonal` in the dense form:
-    engine/dense.py), the outputs of a head's units read only that head's columns of the operand: H / k of each run of
-    H columns (the backward's operand holds the members' adjoints side by side, a run each). A block that owns a head
-    and a few batch rows then reads no other block's values, and the launch needs no grid barrier."""
-    H = sizes.get("H", 0)
-    found = set()
-    for kind, item, _ in per_step:
-        kernel = item.kernel if kind == "fused" else item
-        if kernel.dim != "H":
-            return f"kernel {kernel.name} is not of the hidden size"
-        if kind != "fused":
-            continue
-        gemm = item.gemm
-        if gemm.grid != 1:
-            return f"GEMM {gemm.name} stacks a grid of weights"
-        found |= {plan.cell.by_name[w].attr("diagonal", 1) if w in plan.cell.by_name else 1 for w in gemm.weights}
-        if not H or gemm.k(sizes) % H:
-            return f"GEMM {gemm.name}'s K is not whole runs of H"
-    if len(found) != 1 or min(found) < 2:
-        return "the step GEMMs' weights are not block-diagonal by one number of heads"
-    heads = found.pop()
-    if H % heads or (H // heads) % 4:
-        return f"H = {H} does not split into {heads} heads of a multiple of 4 units"
-    return heads
-
-
-def head_rows(B: int, heads: int, blocks: int) -> int:
-    """Batch rows a head-local block owns: the fewest of 1, 2, 4 that divides B and keeps heads x B / rows blocks
-    within `blocks` (one wave), else the most of them that divides B (rnn_head_gemm's tasks take 1, 2 or 4 rows)."""
-    fits = [r for r in (1, 2, 4) if B % r == 0]
-    return next((r for r in fits if heads * B // r <= blocks), fits[-1])
-
-
-def _head_plan(plan: TrainingPlan, per_step: list, last, sizes: dict, B: int, blocks: int, forward: bool,
-               heads: int) -> PersistentPlan:
-    """The head-local layout (head_local): blocks (head, rows), each a head's HU = H / heads units of every item and
-    its rows of each GEMM's weight, the head's columns only, resident in the mode's weight type (weight_stride)."""
-    mode = precision(plan.precision)
-    H = sizes["H"]
-    units = H // heads
-    rows = head_rows(B, heads, blocks)
-    items, weights, offset, widest = [], [], 0, 0
-    for kind, item, lag in per_step:
-        if kind != "fused":
-            items.append(Item(item, None, units, H))
-            continue
-        k = item.gemm.k(sizes)
-        it = Item(item.kernel, item, units, H, k, item.members, offset, lag, len(weights))
-        weights.append(item)
-        runs = k // H
-        offset += _round(runs * it.columns * weight_stride(units, mode) * mode.weight_bytes, 16) // 4
-        widest = max(widest, runs * it.columns)
-        items.append(it)
-    final = None
-    if last is not None:
-        twin = next(it for it in items if it.stage is last)
-        final = Item(None, last, twin.units, twin.dim, twin.k, twin.members, twin.offset, 0, twin.weight, True)
-    direction = "fwd" if forward else "bwd"
-    layout = PersistentPlan(f"{kernel_prefix(plan.cell.name)}_heads_{direction}", forward, tuple(items), final,
-                            tuple(weights), heads * (B // rows), B, (sizes.get("I", 0), H, sizes.get("P", 0)),
-                            offset, offset + _round(rows * widest, 4), heads, rows, plan.precision)
-    if layout.shared_bytes > MAX_SHARED_BYTES:
-        raise Refused(f"a block owning a head needs {layout.shared_bytes} bytes of shared memory (the head's weight "
-                      f"rows in {plan.precision}), more than {MAX_SHARED_BYTES}")
     return layout
 
 
@@ -295,20 +171,10 @@ def worthwhile(layout: PersistentPlan) -> bool:
     return stages >= AUTO_MIN_STAGES and x_bytes(layout) <= AUTO_MAX_X_BYTES
 
 
-def params_of(layout: PersistentPlan) -> list[str]:
-    """The buffer arguments of the launch, in the order render declares them (then one weight a fused stage)."""
-    names = set()
-    for it in layout.items:
-        names |= set(kernel_params(it.kernel))
-        if it.stage is not None:
-            names |= {it.gemm.operand.buffer, it.gemm.out.buffer}
-    return sorted(names)
-
-
 def render(plan: TrainingPlan, layout: PersistentPlan) -> str:
     """The CUDA source of one layer's persistent launch (see the module's docstring)."""
     if layout.heads:
-        return _render_heads(plan, layout)
+        return render_heads(plan, layout)
     columns, B = plan.columns, layout.batch
     written = set()
     for it in layout.items:
@@ -343,199 +209,16 @@ def render(plan: TrainingPlan, layout: PersistentPlan) -> str:
     lines.append("    for (int t = t0; t < t1; ++t) {                   // the launch's steps" if layout.forward else
                  "    for (int t = t1 - 1; t >= t0; --t) {              // the launch's steps, the last first")
     for it in layout.items:
-        lines += _item(it, columns, B)
+        lines += item_lines(it, columns, B)
         lines.append("        grid.sync();               // every block's units of this item (a block barrier too)")
     lines.append("    }")
     if layout.last is not None:
         lines += ["    {   // after the loop: the GEMM of step t0 (the next chunk's first kernel reads it)",
                   "        const int t = t0;"]
-        lines += _item(layout.last, columns, B)
+        lines += item_lines(layout.last, columns, B)
         lines.append("    }")
     lines += ["    (void)I; (void)H; (void)P;", "}"]
     return ascii_identifiers("\n".join(lines) + "\n")
-
-
-def _render_heads(plan: TrainingPlan, layout: PersistentPlan) -> str:
-    """The CUDA source of a head-local launch (head_local): block (hd, g) owns the units of head hd and batch rows
-    g * RB .. g * RB + RB - 1 of every item; its rows of each weight, the head's columns only, stay in shared memory
-    in the mode's type; a block barrier, no grid barrier, between items, as every value an item reads was written by
-    this block (global memory written before __syncthreads is visible to the block after it)."""
-    columns, B = plan.columns, layout.batch
-    written = set()
-    for it in layout.items:
-        written |= {p.buffer for _, p in it.kernel.stores}
-        if it.stage is not None:
-            written.add(it.gemm.out.buffer)
-    direction = "forward" if layout.forward else "backward"
-    units, H = layout.items[0].units, layout.sizes[1]
-    mode = MODE_NAMES[precision(layout.mode).mode]
-    lines = [f"// Generated by engine.autodiff.persistent for cell '{plan.cell.name}' (structure hash "
-             f"{plan.cell.structural_hash}): the training step's {direction},",
-             f"// steps t0 .. t1 - 1 of one layer in one launch of {layout.heads} heads x {B // layout.rows} row "
-             f"groups, each block a head's {units} units and {layout.rows} batch row(s), GEMMs in {plan.precision} "
-             "(operands rounded, fp32 sums).",
-             "// Do not edit.", helper_source(CELL_HELPERS), helper_source(TILE_GEMM_HELPER), helper_source(ROWS_GEMM),
-             ""]
-    lines.append(f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) {layout.name}(')
-    lines += declare(params_of(layout), written)
-    lines += [f"    const float* __restrict__ W_{n}," for n in range(len(layout.stages))]
-    lines.append("    const int t0, const int t1, const int I, const int H, const int P)")
-    lines += ["{", f"    constexpr int B = {B};                              // batch rows",
-              f"    constexpr int RB = {layout.rows};                              // of them this block's",
-              f"    const int j0 = blockIdx.x * {units}, nu = {units};       // the head's units",
-              "    const int r0 = blockIdx.y * RB;                   // the block's first batch row",
-              "    extern __shared__ __align__(16) float smem[];"]
-    if layout.stages:
-        lines.append(f"    float* dots = smem + {layout.dots};          // a fused item's RB x columns of its GEMM, a "
-                     "part a run")
-    for it in layout.items:               # the block's rows of each GEMM's weight, the head's columns, once
-        if it.stage is None:
-            continue
-        runs, ldr = it.k // H, _head_stride(layout, it)
-        lines += [f"    // {it.gemm.name}: the head's {it.columns} rows (units x members), {runs} run(s) of {units} "
-                  f"columns each, in {plan.precision}",
-                  f"    rnn_load_head_rows<{mode}>(reinterpret_cast<RnnWeight<{mode}>::type*>(smem + {it.offset}), "
-                  f"W_{it.weight} + (long)j0 * {it.members} * {it.k} + j0, {it.k}, H, {units}, {runs}, "
-                  f"{it.columns}, {ldr}, {it.columns * ldr}L);"]
-    lines.append("    __syncthreads();")
-    lines.append("    for (int t = t0; t < t1; ++t) {                   // the launch's steps" if layout.forward else
-                 "    for (int t = t1 - 1; t >= t0; --t) {              // the launch's steps, the last first")
-    for it in layout.items:
-        lines += _item(it, columns, B, layout)
-        lines.append("        __syncthreads();           // this block's values of the item, for the next")
-    lines.append("    }")
-    if layout.last is not None:
-        lines += ["    {   // after the loop: the GEMM of step t0 (the next chunk's first kernel reads it)",
-                  "        const int t = t0;"]
-        lines += _item(layout.last, columns, B, layout)
-        lines.append("    }")
-    lines += ["    (void)I; (void)H; (void)P;", "}"]
-    return ascii_identifiers("\n".join(lines) + "\n")
-
-
-def _head_stride(layout: PersistentPlan, it: Item) -> int:
-    """Elements between a head-local block's resident weight rows (rnn_wstride of the mode)."""
-    return weight_stride(it.units, precision(layout.mode))
-
-
-def _head_gemm_lines(it: Item, columns: dict, layout: PersistentPlan, tg: str, pad: str) -> list[str]:
-    """A head-local block's GEMM of step tg: its RB rows x the head's columns (rnn_head_gemm, a part a run of K), the
-    parts added in order into dots and where the GEMM writes (to what is there when it accumulates)."""
-    gemm, out = it.gemm, it.gemm.out
-    M, COLS, runs, rows = it.members, it.columns, it.k // layout.sizes[1], layout.rows
-    mode = MODE_NAMES[precision(layout.mode).mode]
-    operand = gemm.operand
-    ldx = f"({columns[operand.buffer].c_expr()})"
-    offset = operand.offset.c_expr()
-    x = (f"{operand.buffer} + ((long)({tg} + {operand.shift}) * B + r0) * {ldx}"
-         + (f" + ({offset})" if offset != "0" else "") + " + j0")
-    parts = " + ".join(f"dots[{p * rows * COLS} + i]" for p in range(runs))
-    lines = [f"{pad}rnn_head_gemm<{mode}, RB, {64 // rows}, {it.units}, {runs}>({x}, {ldx}, H, RB, "
-             f"reinterpret_cast<const RnnWeight<{mode}>::type*>(smem + {it.offset}), {_head_stride(layout, it)}, "
-             f"{COLS * _head_stride(layout, it)}L, {COLS}, dots, {COLS}, {rows * COLS});",
-             f"{pad}__syncthreads();                       // the block's GEMM columns are in dots, a part a run",
-             f"{pad}for (int i = threadIdx.x; i < RB * {COLS}; i += blockDim.x) {{   // ... summed, and where the GEMM "
-             "writes",
-             f"{pad}    const int r = i / {COLS}, c = i - r * {COLS}, u = c / {M}, m = c - u * {M};",
-             f"{pad}    float* o = {out.buffer} + ((long)({tg} + {out.shift}) * B + r0 + r) * "
-             f"({columns[out.buffer].c_expr()}) + ({out.offset.c_expr()}) + m * {it.dim} + j0 + u;",
-             f"{pad}    const float v = {'*o + ' if gemm.accumulate else ''}({parts});",
-             f"{pad}    *o = v;",
-             f"{pad}    dots[i] = v;",
-             f"{pad}}}",
-             f"{pad}__syncthreads();"]
-    return lines
-
-
-def _gemm_lines(it: Item, columns: dict, B: int, tg: str, pad: str) -> list[str]:
-    """The block's columns of the item's GEMM of step tg into dots, then where the GEMM writes (added to what is
-    there when it accumulates; then dots holds the sums too)."""
-    gemm, out = it.gemm, it.gemm.out
-    M, K, COLS = it.members, it.k, it.columns
-    x = f"{gemm.operand.buffer} + (long)({tg} + {gemm.operand.shift}) * B * {K}"
-    if B <= GEMV_MAX_ROWS:
-        cw = -(-COLS // (THREADS // 32))
-        weight = f"W_{it.weight} + (long)j0 * {M} * {K}"
-        lines = [f"{pad}const RnnGemvJob<RNN_FP32> jobs[1] = {{{{{x}, {K}, {K}, {weight}, {K}, "
-                 f"smem + {it.offset}, nu * {M}, dots, {COLS}, nullptr}}}};",
-                 f"{pad}rnn_warp_gemvs<B, {cw}, 4, RNN_FP32, 1, {gemv_ksteps(1, B, K)}, 1u>(jobs);"]
-    else:
-        lines = [f"{pad}rnn_rows_gemm<{RW}, {CG}, {K}>({x}, B, smem + {it.offset}, {row_stride(K)}, nu * {M}, "
-                 f"dots, {COLS});"]
-    lines += [f"{pad}__syncthreads();                       // the block's GEMM columns are in dots",
-              f"{pad}for (int i = threadIdx.x; i < B * nu * {M}; i += blockDim.x) {{   // ... and, in place, where "
-              "the GEMM writes",
-              f"{pad}    const int r = i / (nu * {M}), c = i - r * (nu * {M}), u = c / {M}, m = c - u * {M};",
-              f"{pad}    float* o = {out.buffer} + ((long)({tg} + {out.shift}) * B + r) * "
-              f"({columns[out.buffer].c_expr()}) + ({out.offset.c_expr()}) + m * {it.dim} + j0 + u;",
-              f"{pad}    const float v = {'*o + ' if gemm.accumulate else ''}dots[r * {COLS} + c];",
-              f"{pad}    *o = v;"]
-    if gemm.accumulate:
-        return lines + [f"{pad}    dots[r * {COLS} + c] = v;", f"{pad}}}", f"{pad}__syncthreads();"]
-    return lines + [f"{pad}}}"]
-
-
-def _item(it: Item, columns: dict, B: int, heads: PersistentPlan | None = None) -> list[str]:
-    """One item of step t on this block's units. Where the block's elements fit its threads (B x TU <= THREADS) each
-    thread issues its element's loads other than the GEMM's before the GEMM, so their latency hides behind it (as the
-    fused stages do); the grid barrier after the item is the block's barrier too. A lag-1 item's GEMM (of step t + 1)
-    is skipped at the chunk's first step: the kernel then reads those values where the GEMM wrote them. heads: the
-    head-local layout, whose block owns RB batch rows from r0 and the head's units from j0 (_render_heads)."""
-    kernel, stage = it.kernel, it.stage
-    pad = "                "
-    what = (f"GEMM {it.gemm.name} of step t alone" if it.gemm_only else
-            f"{kernel.name}" + (f" after GEMM {it.gemm.name} of step t{' + 1' if it.lag else ''}" if stage else ""))
-    rows, first = ("RB", "r0 + ") if heads else ("B", "")
-    lines = [f"        {{   // {what}, on this block's units"]
-    if not heads:
-        lines.append(f"            const int j0 = blockIdx.x * {it.units}, nu = min({it.units}, {it.dim} - j0);")
-    lines.append("            if (nu > 0) {")
-    close = [f"{pad[:-4]}}}", "        }"]
-
-    def gemm_lines(tg: str, indent: str) -> list[str]:
-        return _head_gemm_lines(it, columns, heads, tg, indent) if heads else _gemm_lines(it, columns, B, tg, indent)
-
-    def element_index(indent: str) -> list[str]:
-        if heads:
-            return [f"{indent}const int er = e / nu;", f"{indent}const long b = r0 + er;",
-                    f"{indent}const int j = j0 + (e - er * nu);"]
-        return [f"{indent}const long b = e / nu;", f"{indent}const int j = j0 + (int)(e - b * nu);"]
-    if it.gemm_only:
-        return lines + gemm_lines("t", pad) + close
-    if stage is None:
-        lines += [f"{pad}for (int e = threadIdx.x; e < {rows} * nu; e += blockDim.x) {{"] + element_index(pad + "    ")
-        lines += statement_body(kernel, columns, pad + "    ")
-        return lines + [f"{pad}}}"] + close
-    M, COLS = it.members, it.columns
-    from_dots = gemm_loads(stage)
-    early = [(value, place) for value, place in kernel.loads if value not in from_dots]
-    gemm_values = [(value, place) for value, place in kernel.loads if value in from_dots]
-    row = "(b - r0)" if heads else "b"
-
-    def from_gemm(value, place) -> str:
-        dot = f"dots[{row} * {COLS} + (j - j0) * {M} + {from_dots[value]}]"
-        return f"here ? {dot} : {element(place, columns)}" if it.lag else dot
-    math = [f"const float {var(st.var)} = {statement_expr(st)};" for st in kernel.statements]
-    stores = store_lines(kernel, columns)
-    one_each = (heads.rows if heads else B) * it.units <= THREADS
-    if it.lag:
-        lines.append(f"{pad}const bool here = t + 1 < t1;         // else the chunk before ran this GEMM")
-    if one_each:                         # an element a thread: its other loads in flight during the GEMM
-        lines.append(f"{pad}const int e = (int)threadIdx.x < {rows} * nu ? (int)threadIdx.x : 0;")
-        lines += element_index(pad)
-        lines += [f"{pad}const float {var(value)} = {element(place, columns)};" for value, place in early]
-    tg = "t + 1" if it.lag else "t"
-    gemm = gemm_lines(tg, pad + ("    " if it.lag else ""))
-    lines += ([f"{pad}if (here) {{"] + gemm + [f"{pad}}}"]) if it.lag else gemm
-    if one_each:
-        lines.append(f"{pad}if ((int)threadIdx.x < {rows} * nu) {{")
-        body = [f"const float {var(value)} = {from_gemm(value, place)};" for value, place in gemm_values]
-    else:
-        lines += [f"{pad}for (int e = threadIdx.x; e < {rows} * nu; e += blockDim.x) {{"] + element_index(pad + "    ")
-        body = ([f"const float {var(value)} = {element(place, columns)};" for value, place in early]
-                + [f"const float {var(value)} = {from_gemm(value, place)};" for value, place in gemm_values])
-    lines += [f"{pad}    {line}" for line in body + math + stores]
-    return lines + [f"{pad}}}"] + close
 
 
 class PersistentLaunch:

@@ -70,11 +70,17 @@ def main(argv=None) -> int:
                              "a layer qualifies); default: the engine's")
     parser.add_argument("--precision", default="float32",
                         help="the step's GEMM mode (bptt precision=: float32, tf32, float16, bfloat16)")
+    parser.add_argument("--min-split", type=int, default=None,
+                        help="head-local launches: the fewest blocks a head (persistent_heads.MIN_SPLIT)")
+    parser.add_argument("--max-blocks", type=int, default=None,
+                        help="head-local launches: the most blocks a launch fills (persistent_heads.MAX_BLOCKS)")
     parser.add_argument("--launches", nargs="*", default=None, metavar="PRESETS CONFIGS",
                         help="GPU time of each launch of one layer-step instead (comma-separated presets and configs; "
                              "default lstm,gru mid,blogB)")
     args = parser.parse_args(argv)
-    from engine.autodiff import cublas, fused_tape, persistent, stage_fusion
+    from engine.autodiff import cublas, fused_tape, persistent, persistent_heads, stage_fusion
+    persistent_heads.MIN_SPLIT = args.min_split or persistent_heads.MIN_SPLIT
+    persistent_heads.MAX_BLOCKS = args.max_blocks
     if args.persistent is not None:
         persistent.PERSISTENT = {"off": False, "auto": "auto", "on": True}[args.persistent]
     if args.tile:
@@ -105,7 +111,8 @@ def main(argv=None) -> int:
             fwd, _ = timed(cupy, forward, args.repeats)
             step, wall = timed(cupy, lambda: forward().backward(w), args.repeats)
             pairs = forward().program.persistent or []
-            heads = [launch.layout.heads if launch is not None else "-" for pair in pairs if pair for launch in pair]
+            heads = [f"{launch.layout.heads}x{launch.layout.split}/{launch.layout.rows}r" if launch is not None
+                     else "-" for pair in pairs if pair for launch in pair]
             print(f"| {name} | {config.name} | {fwd:.2f} | {step:.2f} | {wall:.2f} | {heads or 'none'} |")
     return 0
 

@@ -152,12 +152,21 @@ def test_a_cell_of_heads_gets_a_launch_whose_blocks_own_whole_heads():
         assert "grid.sync" not in source and "cooperative_groups" not in source
         assert f"rnn_head_gemm<RNN_BF16, RB, 64, 128, {runs}>" in source
         assert "rnn_load_head_rows<RNN_BF16>" in source
-    # more heads than fit: 768 / 4 = 192 units a head is 288 KiB of bf16 rows; fp32 falls back to the grid launch
-    why = persistent.refusal(plan, stages_of(plan, True), {"I": 768, "H": 768, "P": 768}, 16, 132, True)
-    assert "a block owning a head needs" in why and "shared memory" in why
+    # a head too large for one SM's shared memory takes a cluster of blocks: at H = 768 a head's 192 units are 288 KiB
+    # of bf16 rows, so 2 blocks of 96 units (150 KiB each), meeting at cluster barriers
+    for forward in (True, False):
+        lay = persistent.make_plan(plan, stages_of(plan, forward), {"I": 768, "H": 768, "P": 768}, 16, 132, forward)
+        assert (lay.heads, lay.split, lay.rows, lay.grid, lay.items[0].units) == (4, 2, 1, 128, 96)
+        source = persistent.render(plan, lay)
+        assert "__cluster_dims__(2, 1, 1)" in source and "cooperative_groups::this_cluster().sync();" in source
+        assert "grid.sync" not in source and "rnn_head_gemm<RNN_BF16, RB, 64, 192, " in source
     fp32 = training_plan(engine.preset("slstm").cell)
-    assert persistent.make_plan(fp32, stages_of(fp32, True), {"I": 768, "H": 768, "P": 768}, 16, 132, True).heads == 0
-    assert persistent.make_plan(fp32, stages_of(fp32, True), {"I": 64, "H": 256, "P": 256}, 16, 132, True).heads == 4
+    lay = persistent.make_plan(fp32, stages_of(fp32, True), {"I": 768, "H": 768, "P": 768}, 16, 132, True)
+    assert (lay.split, lay.rows, lay.grid) == (4, 2, 128)          # fp32 rows twice the bytes: 4 blocks a head
+    assert persistent.make_plan(fp32, stages_of(fp32, True), {"I": 64, "H": 256, "P": 256}, 16, 132, True).split == 1
+    # past 8 blocks a head (the portable cluster): refused by name
+    why = persistent.refusal(plan, stages_of(plan, True), {"I": 64, "H": 4096, "P": 4096}, 16, 132, True)
+    assert "1/8 of a head needs" in why and "shared memory" in why
 
 
 def test_what_keeps_a_cell_from_owning_whole_heads():
@@ -205,6 +214,10 @@ def test_persistent_on_refuses_a_reduced_mode_it_cannot_run_by_name():
 def test_head_local_launches_compile_with_nvcc_in_every_mode(tmp_path):
     """Both directions of the sLSTM's head-local launch in each training mode, at 1, 2 and 4 rows a block."""
     sources = {}
+    plan = training_plan(engine.preset("slstm").cell, precision="bfloat16")
+    for forward in (True, False):       # a head in a cluster of 2 (H = 768)
+        lay = persistent.make_plan(plan, stages_of(plan, forward), {"I": 768, "H": 768, "P": 768}, 16, 132, forward)
+        sources[("split", forward)] = persistent.render(plan, lay).replace(lay.name, f"{lay.name}_split")
     for mode in ("float32", "tf32", "float16", "bfloat16"):
         plan = training_plan(engine.preset("slstm").cell, precision=mode)
         for B, blocks in ((16, 132), (64, 132), (64, 66)):

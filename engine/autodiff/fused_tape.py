@@ -13,8 +13,9 @@ buffers (fused_layer.py), a (network, T, B)'s as a Program (fused_program.py: CU
 
 A precision mode (record(precision=...), TrainingPlan.precision) changes the GEMMs alone: their operands rounded to it
 before cuBLAS (the runner), and the operands' rounding in the after part's interpreted matmuls (engine/autodiff/step.py); every buffer,
-kernel and the rest of the math stay fp32. Fused stages (stage_fusion) then stay apart, and persistent launches
-(persistent.py, whose GEMMs multiply in fp32) are not taken.
+kernel and the rest of the math stay fp32. Fused stages (stage_fusion) then stay apart, and of the persistent launches
+(persistent.py) only the head-local ones are taken, whose GEMMs round their operands to the mode
+(persistent_heads.py); the others multiply in fp32.
 """
 from __future__ import annotations
 

@@ -27,6 +27,11 @@ be resident).
     launch.lay_out(layer)                     # after Program.load: the weights, a unit's members side by side
     launch.launch(layer, steps)               # on the stream of the chunk's GEMMs
 
+Where every step GEMM's weights are block-diagonal by heads (the sLSTM), make_plan takes the head-local layout of
+engine/autodiff/persistent_heads.py instead: a block (or a cluster of 2-8 blocks) owns a head and a few batch rows,
+reads no other block's values, and meets no grid barrier; it is also the one persistent launch a reduced precision
+mode takes. benchmarks/results/head-local-training-20261127-H200/ has its figures.
+
 Sizes, the batch and the grid are compile-time constants: one module a (plan, direction, layer sizes, B, grid).
 """
 from __future__ import annotations
@@ -164,7 +169,9 @@ def worthwhile(layout: PersistentPlan) -> bool:
     every cell at `lat`) and lost at 512 KB - 1 MB (`mid`, lstm_fgr at `blogB`;
     benchmarks/results/training-20261125-0353-H100/persistent-forward-tiles-H100.md); of those, the cells of one
     stage a step (the LSTM, peephole_lstm) came out even or slower from run to run, the two-stage ones (GRU-Cho, MGU,
-    lstm_proj) faster (benchmarks/results/training-20261125-0628-H100/)."""
+    lstm_proj) faster (benchmarks/results/training-20261125-0628-H100/). A head-local launch always: it has no grid
+    barrier, and it took the sLSTM's bf16 step at H = 512, B = 16, T = 1024 from 18.8 to 9.3 ms on an H200
+    (benchmarks/results/head-local-training-20261127-H200/)."""
     if layout.heads:
         return True
     stages = sum(1 for it in layout.items if it.stage is not None and not it.gemm_only)
@@ -227,7 +234,8 @@ class PersistentLaunch:
     def __init__(self, runner, plan: TrainingPlan, layout: PersistentPlan):
         self.runner, self.plan, self.layout = runner, plan, layout
         self.source = render(plan, layout)
-        self.kernel = compile_kernel(self.source, layout.name, not layout.heads, layout.shared_bytes, plan.cell.name)
+        self.kernel = compile_kernel(self.source, layout.name, not layout.heads, layout.shared_bytes, plan.cell.name,
+                                     cluster=layout.split if layout.heads else 0)
         per_sm = runner.xp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(self.kernel.kernel.ptr, THREADS,
                                                                                  layout.shared_bytes)
         if per_sm < 1:
@@ -259,7 +267,7 @@ class PersistentLaunch:
         """The layer's `steps`, one launch, reading the weights lay_out made in Program.load."""
         I, H, P = self.layout.sizes
         args = tuple(layer.buffers[p] for p in self.params) + tuple(getattr(layer, self.attribute))
-        grid = ((self.layout.heads, self.layout.batch // self.layout.rows) if self.layout.heads else
+        grid = ((self.layout.heads * self.layout.split, self.layout.batch // self.layout.rows) if self.layout.heads else
                 (self.layout.grid,))
         self.kernel(grid, (THREADS,), args + (np.int32(steps.start), np.int32(steps.stop), np.int32(I), np.int32(H),
                                              np.int32(P)),

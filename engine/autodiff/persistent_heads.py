@@ -45,6 +45,11 @@ def head_local(plan: TrainingPlan, per_step: list, sizes: dict) -> int | str:
     return heads
 
 
+SPLITS = (1, 2, 4, 8)    # blocks a head may take: a cluster of at most 8 (the portable cluster size)
+MIN_SPLIT = 1            # the fewest (the tests raise it to run the clusters at small sizes)
+MAX_BLOCKS = None        # a cap on the blocks a launch fills (None: the SMs it is given; probes lower it)
+
+
 def head_rows(B: int, heads: int, blocks: int) -> int:
     """Batch rows a head-local block owns: the fewest of 1, 2, 4 that divides B and keeps heads x B / rows blocks
     within `blocks` (one wave), else the most of them that divides B (rnn_head_gemm's tasks take 1, 2 or 4 rows)."""
@@ -53,13 +58,29 @@ def head_rows(B: int, heads: int, blocks: int) -> int:
 
 
 def head_plan(plan: TrainingPlan, per_step: list, last, sizes: dict, B: int, blocks: int, forward: bool,
-               heads: int) -> PersistentPlan:
-    """The head-local layout (head_local): blocks (head, rows), each a head's HU = H / heads units of every item and
-    its rows of each GEMM's weight, the head's columns only, resident in the mode's weight type (weight_stride)."""
+              heads: int) -> PersistentPlan:
+    """The head-local layout (head_local): the fewest blocks a head (`split`, from MIN_SPLIT: 1, 2, 4 or 8, a
+    thread-block cluster where more than one) whose share of the head's weight rows fits shared memory. Block (head,
+    part, rows) owns H / heads / split units of every item and its rows of each GEMM's weight, the head's columns
+    only, resident in the mode's weight type (weight_stride)."""
+    why = ""
+    for split in (s for s in SPLITS if s >= MIN_SPLIT):
+        if (sizes["H"] // heads) % split:
+            continue
+        try:
+            return _split_plan(plan, per_step, last, sizes, B, blocks, forward, heads, split)
+        except Refused as e:
+            why = str(e)
+    raise Refused(why or f"a head of {sizes['H'] // heads} units does not split into {SPLITS} blocks")
+
+
+def _split_plan(plan: TrainingPlan, per_step: list, last, sizes: dict, B: int, blocks: int, forward: bool,
+                heads: int, split: int) -> PersistentPlan:
     mode = precision(plan.precision)
     H = sizes["H"]
-    units = H // heads
-    rows = head_rows(B, heads, blocks)
+    units = H // heads // split
+    rows = head_rows(B, heads * split, min(blocks, MAX_BLOCKS or blocks))
+    stride = weight_stride(H // heads, mode)
     items, weights, offset, widest = [], [], 0, 0
     for kind, item, lag in per_step:
         if kind != "fused":
@@ -69,7 +90,7 @@ def head_plan(plan: TrainingPlan, per_step: list, last, sizes: dict, B: int, blo
         it = Item(item.kernel, item, units, H, k, item.members, offset, lag, len(weights))
         weights.append(item)
         runs = k // H
-        offset += round_up(runs * it.columns * weight_stride(units, mode) * mode.weight_bytes, 16) // 4
+        offset += round_up(runs * it.columns * stride * mode.weight_bytes, 16) // 4
         widest = max(widest, runs * it.columns)
         items.append(it)
     final = None
@@ -78,19 +99,22 @@ def head_plan(plan: TrainingPlan, per_step: list, last, sizes: dict, B: int, blo
         final = Item(None, last, twin.units, twin.dim, twin.k, twin.members, twin.offset, 0, twin.weight, True)
     direction = "fwd" if forward else "bwd"
     layout = PersistentPlan(f"{kernel_prefix(plan.cell.name)}_heads_{direction}", forward, tuple(items), final,
-                            tuple(weights), heads * (B // rows), B, (sizes.get("I", 0), H, sizes.get("P", 0)),
-                            offset, offset + round_up(rows * widest, 4), heads, rows, plan.precision)
+                            tuple(weights), heads * split * (B // rows), B, (sizes.get("I", 0), H, sizes.get("P", 0)),
+                            offset, offset + round_up(rows * widest, 4), heads, rows, plan.precision, split)
     if layout.shared_bytes > MAX_SHARED_BYTES:
-        raise Refused(f"a block owning a head needs {layout.shared_bytes} bytes of shared memory (the head's weight "
-                      f"rows in {plan.precision}), more than {MAX_SHARED_BYTES}")
+        raise Refused(f"a block owning {'a head' if split == 1 else f'1/{split} of a head'} needs "
+                      f"{layout.shared_bytes} bytes of shared memory (its weight rows in {plan.precision}), more than "
+                      f"{MAX_SHARED_BYTES}")
     return layout
 
 
 def render_heads(plan: TrainingPlan, layout: PersistentPlan) -> str:
-    """The CUDA source of a head-local launch (head_local): block (hd, g) owns the units of head hd and batch rows
-    g * RB .. g * RB + RB - 1 of every item; its rows of each weight, the head's columns only, stay in shared memory
-    in the mode's type; a block barrier, no grid barrier, between items, as every value an item reads was written by
-    this block (global memory written before __syncthreads is visible to the block after it)."""
+    """The CUDA source of a head-local launch (head_local): block (hd * SPLIT + part, g) owns units part * U ..
+    part * U + U - 1 of head hd (U = H / heads / SPLIT) and batch rows g * RB .. g * RB + RB - 1 of every item; its
+    rows of each weight, the head's columns only, stay in shared memory in the mode's type. Between items a block
+    barrier, or with SPLIT > 1 a barrier of the head's cluster, and no grid barrier: every value an item reads was
+    written by the block or its cluster (global memory written before __syncthreads, or before the cluster barrier's
+    arrive, which releases at cluster scope, is visible after it)."""
     columns, B = plan.columns, layout.batch
     written = set()
     for it in layout.items:
@@ -98,22 +122,27 @@ def render_heads(plan: TrainingPlan, layout: PersistentPlan) -> str:
         if it.stage is not None:
             written.add(it.gemm.out.buffer)
     direction = "forward" if layout.forward else "backward"
-    units, H = layout.items[0].units, layout.sizes[1]
+    units, H, split = layout.items[0].units, layout.sizes[1], layout.split
+    head = layout.head_units
     mode = MODE_NAMES[precision(layout.mode).mode]
+    barrier = ("cooperative_groups::this_cluster().sync();   // the cluster's values of the item, for the next"
+               if split > 1 else "__syncthreads();           // this block's values of the item, for the next")
     lines = [f"// Generated by engine.autodiff.persistent for cell '{plan.cell.name}' (structure hash "
              f"{plan.cell.structural_hash}): the training step's {direction},",
              f"// steps t0 .. t1 - 1 of one layer in one launch of {layout.heads} heads x {B // layout.rows} row "
-             f"groups, each block a head's {units} units and {layout.rows} batch row(s), GEMMs in {plan.precision} "
-             "(operands rounded, fp32 sums).",
-             "// Do not edit.", helper_source(CELL_HELPERS), helper_source(TILE_GEMM_HELPER), helper_source(ROWS_GEMM),
-             ""]
-    lines.append(f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) {layout.name}(')
+             f"groups, each block {units} units of a head ({split} block(s) a head) and {layout.rows} batch row(s), "
+             f"GEMMs in {plan.precision} (operands rounded, fp32 sums).",
+             "// Do not edit.", *(["#include <cooperative_groups.h>"] if split > 1 else []),
+             helper_source(CELL_HELPERS), helper_source(TILE_GEMM_HELPER), helper_source(ROWS_GEMM), ""]
+    cluster = f" __cluster_dims__({split}, 1, 1)" if split > 1 else ""
+    lines.append(f'extern "C" __global__ void __launch_bounds__({THREADS}, 1){cluster} {layout.name}(')
     lines += declare(params_of(layout), written)
     lines += [f"    const float* __restrict__ W_{n}," for n in range(len(layout.stages))]
     lines.append("    const int t0, const int t1, const int I, const int H, const int P)")
     lines += ["{", f"    constexpr int B = {B};                              // batch rows",
               f"    constexpr int RB = {layout.rows};                              // of them this block's",
-              f"    const int j0 = blockIdx.x * {units}, nu = {units};       // the head's units",
+              f"    const int k0 = blockIdx.x / {split} * {head};          // the head's first unit: its columns of K",
+              f"    const int j0 = k0 + blockIdx.x % {split} * {units}, nu = {units};   // the block's units",
               "    const int r0 = blockIdx.y * RB;                   // the block's first batch row",
               "    extern __shared__ __align__(16) float smem[];"]
     if layout.stages:
@@ -123,17 +152,17 @@ def render_heads(plan: TrainingPlan, layout: PersistentPlan) -> str:
         if it.stage is None:
             continue
         runs, ldr = it.k // H, head_stride(layout, it)
-        lines += [f"    // {it.gemm.name}: the head's {it.columns} rows (units x members), {runs} run(s) of {units} "
-                  f"columns each, in {plan.precision}",
+        lines += [f"    // {it.gemm.name}: the block's {it.columns} rows (units x members), {runs} run(s) of the head's "
+                  f"{head} columns each, in {plan.precision}",
                   f"    rnn_load_head_rows<{mode}>(reinterpret_cast<RnnWeight<{mode}>::type*>(smem + {it.offset}), "
-                  f"W_{it.weight} + (long)j0 * {it.members} * {it.k} + j0, {it.k}, H, {units}, {runs}, "
+                  f"W_{it.weight} + (long)j0 * {it.members} * {it.k} + k0, {it.k}, H, {head}, {runs}, "
                   f"{it.columns}, {ldr}, {it.columns * ldr}L);"]
     lines.append("    __syncthreads();")
     lines.append("    for (int t = t0; t < t1; ++t) {                   // the launch's steps" if layout.forward else
                  "    for (int t = t1 - 1; t >= t0; --t) {              // the launch's steps, the last first")
     for it in layout.items:
         lines += item_lines(it, columns, B, layout)
-        lines.append("        __syncthreads();           // this block's values of the item, for the next")
+        lines.append(f"        {barrier}")
     lines.append("    }")
     if layout.last is not None:
         lines += ["    {   // after the loop: the GEMM of step t0 (the next chunk's first kernel reads it)",

@@ -11,13 +11,14 @@ from .persistent_plan import CG, GEMV_MAX_ROWS, RW, THREADS, Item, PersistentPla
 
 
 def head_stride(layout: PersistentPlan, it: Item) -> int:
-    """Elements between a head-local block's resident weight rows (rnn_wstride of the mode)."""
-    return weight_stride(it.units, precision(layout.mode))
+    """Elements between a head-local block's resident weight rows, a head's columns each (rnn_wstride of the mode)."""
+    return weight_stride(layout.head_units, precision(layout.mode))
 
 
 def head_gemm_lines(it: Item, columns: dict, layout: PersistentPlan, tg: str, pad: str) -> list[str]:
-    """A head-local block's GEMM of step tg: its RB rows x the head's columns (rnn_head_gemm, a part a run of K), the
-    parts added in order into dots and where the GEMM writes (to what is there when it accumulates)."""
+    """A head-local block's GEMM of step tg: its RB rows x its units' columns, over the head's columns of each run of K
+    from k0 (rnn_head_gemm, a part a run), the parts added in order into dots and where the GEMM writes (to what is
+    there when it accumulates)."""
     gemm, out = it.gemm, it.gemm.out
     M, COLS, runs, rows = it.members, it.columns, it.k // layout.sizes[1], layout.rows
     mode = MODE_NAMES[precision(layout.mode).mode]
@@ -25,9 +26,9 @@ def head_gemm_lines(it: Item, columns: dict, layout: PersistentPlan, tg: str, pa
     ldx = f"({columns[operand.buffer].c_expr()})"
     offset = operand.offset.c_expr()
     x = (f"{operand.buffer} + ((long)({tg} + {operand.shift}) * B + r0) * {ldx}"
-         + (f" + ({offset})" if offset != "0" else "") + " + j0")
+         + (f" + ({offset})" if offset != "0" else "") + " + k0")
     parts = " + ".join(f"dots[{p * rows * COLS} + i]" for p in range(runs))
-    lines = [f"{pad}rnn_head_gemm<{mode}, RB, {64 // rows}, {it.units}, {runs}>({x}, {ldx}, H, RB, "
+    lines = [f"{pad}rnn_head_gemm<{mode}, RB, {64 // rows}, {layout.head_units}, {runs}>({x}, {ldx}, H, RB, "
              f"reinterpret_cast<const RnnWeight<{mode}>::type*>(smem + {it.offset}), {head_stride(layout, it)}, "
              f"{COLS * head_stride(layout, it)}L, {COLS}, dots, {COLS}, {rows * COLS});",
              f"{pad}__syncthreads();                       // the block's GEMM columns are in dots, a part a run",

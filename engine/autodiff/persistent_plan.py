@@ -73,6 +73,12 @@ class PersistentPlan:
                                     # every item's units and meet at grid barriers
     rows: int = 0                   # head-local: the batch rows a block owns (head_rows)
     mode: str = "float32"           # head-local: the GEMMs' precision mode (engine/codegen/precision.py)
+    split: int = 1                  # head-local: blocks a head (a thread-block cluster where more than 1)
+
+    @property
+    def head_units(self) -> int:
+        """Head-local: a head's units, H / heads (the head's columns of each run of K)."""
+        return self.sizes[1] // self.heads
 
     @property
     def shared_bytes(self) -> int:

@@ -1,7 +1,8 @@
 """The training step's head-local launches (engine/autodiff/persistent.py head_local): a cell whose step GEMMs are all
 block-diagonal by heads (the sLSTM) runs each direction as one launch of blocks that own a head and a few batch rows,
 with no grid barrier. Against the float64 reference in fp32 (work buffers poisoned with NaN first), at 1, 2 and 4 rows
-a block, in wavefront chunks and layer by layer, under PERSISTENT = "auto" (the default takes them) and True; and in
+a block, a head on one block and on a cluster of 2 or 4 (persistent_heads.MIN_SPLIT raised: the cluster barrier between
+items), in wavefront chunks and layer by layer, under PERSISTENT = "auto" (the default takes them) and True; and in
 tf32, float16 and bfloat16 against the plan run by NumPy in the mode (tests/gpu/test_fused_training_precision_gpu.py's
 yardstick), where these launches are the only persistent ones a mode may take."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ from test_fused_training_precision_gpu import case as mode_case
 from test_fused_training_precision_gpu import check_against_the_emulation
 
 import engine
-from engine.autodiff import bptt, fused_tape, persistent
+from engine.autodiff import bptt, fused_tape, persistent, persistent_heads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("release_gpu_memory")]
 
@@ -37,30 +38,38 @@ def check_fp32(cupy, seed, wavefront=None, **sizes):
     return tape
 
 
+@pytest.mark.parametrize("split", [1, 2, 4], ids=["a-block-a-head", "cluster-2", "cluster-4"])
 @pytest.mark.parametrize("setting", ["auto", True])
 @pytest.mark.parametrize("B,rows", [(3, 1), (32, 2), (200, 4)], ids=["1-row", "2-rows", "4-rows-two-waves"])
-def test_fp32_equals_the_reference(cupy, monkeypatch, setting, B, rows):
-    """H = 32: 4 heads of 8 units. Two layers in the wavefront, each on its share of the SMs (66 of an H100's or
+def test_fp32_equals_the_reference(cupy, monkeypatch, setting, B, rows, split):
+    """H = 32 x split: 4 heads of 8 units a block. Two layers in the wavefront, each on its share of the SMs (66 of an H100's or
     H200's 132): B = 32 is 4 x 16 blocks of 2 rows, B = 200 4 x 50 blocks of 4 rows, more than the share (no grid
     barrier needs them resident)."""
     monkeypatch.setattr(persistent, "PERSISTENT", setting)
-    tape = check_fp32(cupy, seed=B, layers=2, I=8, H=32, T=6, B=B)
+    monkeypatch.setattr(persistent_heads, "MIN_SPLIT", split)
+    tape = check_fp32(cupy, seed=B + split, layers=2, I=8, H=32 * split, T=6, B=B)
     layouts = [launch.layout for pair in tape.program.persistent for launch in pair]
-    assert {lay.rows for lay in layouts} == {rows}, [lay.rows for lay in layouts]
+    if split > 1:                         # a cluster a head: more blocks, so fewer row groups fit the share
+        rows = persistent.head_rows(B, 4 * split, tape.program.runner.sms // 2)
+    assert {(lay.split, lay.rows) for lay in layouts} == {(split, rows)}, [(lay.split, lay.rows) for lay in layouts]
 
 
 @pytest.mark.parametrize("wavefront", [True, False], ids=["wavefront-chunks", "layers"])
-def test_a_long_sequence_in_chunks_and_layer_by_layer(cupy, wavefront):
+@pytest.mark.parametrize("split", [1, 2], ids=["a-block-a-head", "cluster-2"])
+def test_a_long_sequence_in_chunks_and_layer_by_layer(cupy, monkeypatch, wavefront, split):
     """T = 70: launches of WAVEFRONT_CHUNK steps, a chunk's first backward step reading the GEMM the chunk after it
     ran (lag 1); three layers."""
+    monkeypatch.setattr(persistent_heads, "MIN_SPLIT", split)
     check_fp32(cupy, seed=5, wavefront=wavefront, layers=3, I=16, H=64, T=70, B=5)
 
 
+@pytest.mark.parametrize("split", [1, 2], ids=["a-block-a-head", "cluster-2"])
 @pytest.mark.parametrize("mode", ["tf32", "float16", "bfloat16"])
-def test_each_mode_matches_its_emulation(cupy, mode):
+def test_each_mode_matches_its_emulation(cupy, monkeypatch, mode, split):
     """I = 64, H = 256 (4 heads of 64 units), 2 layers, B = 16, T = 40: the head-local launches both ways in the
     mode (operands rounded as they enter the products, weights rounded once a load, fp32 sums), checked as every
     mode's step is: near the NumPy plan in the mode, and the mode's own distance from float64."""
+    monkeypatch.setattr(persistent_heads, "MIN_SPLIT", split)
     network, params, x, initial, d_out = mode_case(engine.preset("slstm").cell, seed=9, layers=2, I=64, H=256, T=40,
                                                    B=16)
     tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32),

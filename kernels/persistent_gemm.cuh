@@ -154,4 +154,62 @@ __device__ void rnn_load_head_rows(typename RnnWeight<MODE>::type* __restrict__ 
     }
 }
 
+// rnn_head_gemm's product on tensor cores, for the 16-bit modes (needs mma_gemm.cuh): mma.sync m16n8k16 with the
+// block's weight rows as A (16 rows a tile, ldmatrix from the resident rows, whose stride rnn_wstride keeps 16 bytes
+// past a multiple of 32: conflict-free) and the batch rows as B's 8 columns, those past B zero. Same contract, same
+// Y_s parts; KH a multiple of 16. A warp takes a contiguous range of (run, 16-row tile) tasks, runs outermost; it
+// loads a run's X fragments for all of K at once (one L2 round trip a run, rounded to the mode as they are packed),
+// then KH / 16 MMAs a task. The FFMA form
+// spent ~2 instructions a multiply-add (the conversion of each bf16 weight): at H = 768 a block's 74 K a step were
+// the step's largest part (benchmarks/NOTES.md, 2026-11-27 11:45). Sums are the tensor cores' (fp32 accumulators),
+// as in every other 16-bit path of the engine.
+template <int MODE, int KH, int S>
+__device__ __forceinline__ void rnn_head_mma(const float* __restrict__ X, long ldx, long seg, int B,
+                                             const unsigned short* __restrict__ Ws, int ldw, long wseg, int nc,
+                                             float* __restrict__ Y, int ldy, int ys)
+{
+    static_assert(MODE == RNN_FP16 || MODE == RNN_BF16, "16-bit modes only");
+    static_assert(KH % 16 == 0, "whole k steps of 16");
+    constexpr int KS = KH / 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int tiles = (nc + 15) / 16, per = (tiles * S + warps - 1) / warps;
+    unsigned b[KS][2];                      // batch row g's X of run `loaded`, k = 16 i + 2q, +1 and 16 i + 2q + 8, +9
+    int loaded = -1;
+    // a warp's tasks are one run of them, runs outermost: its X fragments load once a run, not once a task
+    for (int task = warp * per; task < min((warp + 1) * per, tiles * S); ++task) {
+        const int s = task / tiles, m0 = (task - s * tiles) * 16;
+        if (s != loaded) {
+            const float* xr = X + s * seg + (long)g * ldx + 2 * q;
+#pragma unroll
+            for (int i = 0; i < KS; ++i) {
+                float2 lo = make_float2(0.0f, 0.0f), hi = lo;
+                if (g < B) {
+                    lo = __ldcg(reinterpret_cast<const float2*>(xr + 16 * i));
+                    hi = __ldcg(reinterpret_cast<const float2*>(xr + 16 * i + 8));
+                }
+                b[i][0] = rnn_bits16<MODE>(lo.x) | ((unsigned)rnn_bits16<MODE>(lo.y) << 16);
+                b[i][1] = rnn_bits16<MODE>(hi.x) | ((unsigned)rnn_bits16<MODE>(hi.y) << 16);
+            }
+            loaded = s;
+        }
+        const int row = min(m0 + (lane & 15), nc - 1);     // rows past nc compute on row nc - 1, never stored
+        const unsigned at = (unsigned)__cvta_generic_to_shared(Ws + s * wseg + (long)row * ldw + 8 * (lane >> 4));
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < KS; ++i) {
+            unsigned a[4];
+            rnn_ldmatrix4(a[0], a[1], a[2], a[3], at + 32 * i);
+            const unsigned bb[2] = {b[i][0], b[i][1]};
+            rnn_mma<MODE>(c, a, bb);
+        }
+        // c0, c1: row m0 + g, batch rows 2q, 2q + 1; c2, c3: row m0 + g + 8, the same batch rows
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int r = 2 * q + (j & 1), col = m0 + g + 8 * (j >> 1);
+            if (r < B && col < nc) Y[s * ys + r * ldy + col] = c[j];
+        }
+    }
+}
+
 #endif  // RNN_PERSISTENT_GEMM_CUH

@@ -150,7 +150,7 @@ def test_a_cell_of_heads_gets_a_launch_whose_blocks_own_whole_heads():
         assert lay.shared_bytes <= persistent.MAX_SHARED_BYTES
         source = persistent.render(plan, lay)
         assert "grid.sync" not in source and "cooperative_groups" not in source
-        assert f"rnn_head_gemm<RNN_BF16, RB, 64, 128, {runs}>" in source
+        assert f"rnn_head_mma<RNN_BF16, 128, {runs}>" in source and "rnn_head_gemm<" not in source    # tensor cores
         assert "rnn_load_head_rows<RNN_BF16>" in source
     # a head too large for one SM's shared memory takes a cluster of blocks: at H = 768 a head's 192 units are 288 KiB
     # of bf16 rows, so 2 blocks of 96 units (150 KiB each), meeting at cluster barriers
@@ -159,7 +159,7 @@ def test_a_cell_of_heads_gets_a_launch_whose_blocks_own_whole_heads():
         assert (lay.heads, lay.split, lay.rows, lay.grid, lay.items[0].units) == (4, 2, 1, 128, 96)
         source = persistent.render(plan, lay)
         assert "__cluster_dims__(2, 1, 1)" in source and "cooperative_groups::this_cluster().sync();" in source
-        assert "grid.sync" not in source and "rnn_head_gemm<RNN_BF16, RB, 64, 192, " in source
+        assert "grid.sync" not in source and "rnn_head_mma<RNN_BF16, 192, " in source
     fp32 = training_plan(engine.preset("slstm").cell)
     lay = persistent.make_plan(fp32, stages_of(fp32, True), {"I": 768, "H": 768, "P": 768}, 16, 132, True)
     assert (lay.split, lay.rows, lay.grid) == (4, 2, 128)          # fp32 rows twice the bytes: 4 blocks a head
@@ -167,6 +167,21 @@ def test_a_cell_of_heads_gets_a_launch_whose_blocks_own_whole_heads():
     # past 8 blocks a head (the portable cluster): refused by name
     why = persistent.refusal(plan, stages_of(plan, True), {"I": 64, "H": 4096, "P": 4096}, 16, 132, True)
     assert "1/8 of a head needs" in why and "shared memory" in why
+
+
+def test_the_16_bit_modes_multiply_a_head_on_tensor_cores_and_fp32_and_tf32_on_ffma():
+    """rnn_head_mma (mma.sync m16n8k16) where the mode is fp16 or bf16 and a head's columns are whole k steps of 16;
+    rnn_head_gemm (FFMA, operands rounded) otherwise: strict fp32 never on tensor cores."""
+    for mode, H, product in (("bfloat16", 256, "rnn_head_mma<RNN_BF16, 64, 1>"),
+                             ("float16", 256, "rnn_head_mma<RNN_FP16, 64, 1>"),
+                             ("bfloat16", 48, "rnn_head_gemm<RNN_BF16, RB, 64, 12, 1>"),      # 12 columns a head
+                             ("tf32", 256, "rnn_head_gemm<RNN_TF32, RB, 64, 64, 1>"),
+                             ("float32", 256, "rnn_head_gemm<RNN_FP32, RB, 64, 64, 1>")):
+        plan = training_plan(engine.preset("slstm").cell, precision=mode)
+        lay = persistent.make_plan(plan, stages_of(plan, True), {"I": 16, "H": H, "P": H}, 16, 132, True)
+        source = persistent.render(plan, lay)
+        assert product in source, (mode, H)
+        assert ("kernels/mma_gemm.cuh" in source) == ("rnn_head_mma" in product), (mode, H)
 
 
 def test_what_keeps_a_cell_from_owning_whole_heads():

@@ -13,7 +13,7 @@ from ..codegen.wavefront import MODE_NAMES, TILE_GEMM_HELPER
 from ..schedules.tiling import weight_stride
 from .fused_codegen import declare
 from .fused_plan import TrainingPlan
-from .persistent_items import head_stride, item_lines
+from .persistent_items import head_on_tensor_cores, head_stride, item_lines
 from .persistent_plan import MAX_SHARED_BYTES, ROWS_GEMM, THREADS, Item, PersistentPlan, Refused, params_of, round_up
 
 
@@ -45,6 +45,7 @@ def head_local(plan: TrainingPlan, per_step: list, sizes: dict) -> int | str:
     return heads
 
 
+MMA_GEMM = "mma_gemm.cuh"    # rnn_mma, rnn_ldmatrix4: the 16-bit modes' head GEMM (rnn_head_mma)
 SPLITS = (1, 2, 4, 8)    # blocks a head may take: a cluster of at most 8 (the portable cluster size)
 MIN_SPLIT = 1            # the fewest (the tests raise it to run the clusters at small sizes)
 MAX_BLOCKS = None        # a cap on the blocks a launch fills (None: the SMs it is given; probes lower it)
@@ -133,7 +134,8 @@ def render_heads(plan: TrainingPlan, layout: PersistentPlan) -> str:
              f"groups, each block {units} units of a head ({split} block(s) a head) and {layout.rows} batch row(s), "
              f"GEMMs in {plan.precision} (operands rounded, fp32 sums).",
              "// Do not edit.", *(["#include <cooperative_groups.h>"] if split > 1 else []),
-             helper_source(CELL_HELPERS), helper_source(TILE_GEMM_HELPER), helper_source(ROWS_GEMM), ""]
+             helper_source(CELL_HELPERS), helper_source(TILE_GEMM_HELPER),
+             *([helper_source(MMA_GEMM)] if head_on_tensor_cores(layout) else []), helper_source(ROWS_GEMM), ""]
     cluster = f" __cluster_dims__({split}, 1, 1)" if split > 1 else ""
     lines.append(f'extern "C" __global__ void __launch_bounds__({THREADS}, 1){cluster} {layout.name}(')
     lines += declare(params_of(layout), written)

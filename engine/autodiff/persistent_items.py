@@ -15,6 +15,12 @@ def head_stride(layout: PersistentPlan, it: Item) -> int:
     return weight_stride(layout.head_units, precision(layout.mode))
 
 
+def head_on_tensor_cores(layout: PersistentPlan) -> bool:
+    """Whether a head-local launch's GEMMs run on mma.sync (kernels/persistent_gemm.cuh rnn_head_mma): the 16-bit
+    modes, a head's columns whole k steps of 16. fp32 stays FFMA (strict), tf32 too."""
+    return layout.mode in ("float16", "bfloat16") and layout.head_units % 16 == 0
+
+
 def head_gemm_lines(it: Item, columns: dict, layout: PersistentPlan, tg: str, pad: str) -> list[str]:
     """A head-local block's GEMM of step tg: its RB rows x its units' columns, over the head's columns of each run of K
     from k0 (rnn_head_gemm, a part a run), the parts added in order into dots and where the GEMM writes (to what is
@@ -28,7 +34,9 @@ def head_gemm_lines(it: Item, columns: dict, layout: PersistentPlan, tg: str, pa
     x = (f"{operand.buffer} + ((long)({tg} + {operand.shift}) * B + r0) * {ldx}"
          + (f" + ({offset})" if offset != "0" else "") + " + k0")
     parts = " + ".join(f"dots[{p * rows * COLS} + i]" for p in range(runs))
-    lines = [f"{pad}rnn_head_gemm<{mode}, RB, {64 // rows}, {layout.head_units}, {runs}>({x}, {ldx}, H, RB, "
+    product = (f"rnn_head_mma<{mode}, {layout.head_units}, {runs}>" if head_on_tensor_cores(layout) else
+               f"rnn_head_gemm<{mode}, RB, {64 // rows}, {layout.head_units}, {runs}>")
+    lines = [f"{pad}{product}({x}, {ldx}, H, RB, "
              f"reinterpret_cast<const RnnWeight<{mode}>::type*>(smem + {it.offset}), {head_stride(layout, it)}, "
              f"{COLS * head_stride(layout, it)}L, {COLS}, dots, {COLS}, {rows * COLS});",
              f"{pad}__syncthreads();                       // the block's GEMM columns are in dots, a part a run",

@@ -63,14 +63,16 @@ def test_a_long_sequence_in_chunks_and_layer_by_layer(cupy, monkeypatch, wavefro
     check_fp32(cupy, seed=5, wavefront=wavefront, layers=3, I=16, H=64, T=70, B=5)
 
 
-@pytest.mark.parametrize("split", [1, 2], ids=["a-block-a-head", "cluster-2"])
+@pytest.mark.parametrize("split,H", [(1, 256), (2, 256), (1, 48)], ids=["a-block-a-head", "cluster-2", "ffma-head"])
 @pytest.mark.parametrize("mode", ["tf32", "float16", "bfloat16"])
-def test_each_mode_matches_its_emulation(cupy, monkeypatch, mode, split):
+def test_each_mode_matches_its_emulation(cupy, monkeypatch, mode, split, H):
     """I = 64, H = 256 (4 heads of 64 units), 2 layers, B = 16, T = 40: the head-local launches both ways in the
-    mode (operands rounded as they enter the products, weights rounded once a load, fp32 sums), checked as every
-    mode's step is: near the NumPy plan in the mode, and the mode's own distance from float64."""
+    mode (operands rounded as they enter the products, weights rounded once a load, fp32 sums: fp16 and bf16 on
+    tensor cores, rnn_head_mma), checked as every mode's step is: near the NumPy plan in the mode, and the mode's own
+    distance from float64. H = 48 (12 columns a head, not whole k steps of 16) takes the FFMA product in every
+    mode."""
     monkeypatch.setattr(persistent_heads, "MIN_SPLIT", split)
-    network, params, x, initial, d_out = mode_case(engine.preset("slstm").cell, seed=9, layers=2, I=64, H=256, T=40,
+    network, params, x, initial, d_out = mode_case(engine.preset("slstm").cell, seed=9, layers=2, I=64, H=H, T=40,
                                                    B=16)
     tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32),
                              {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()}, poison=True,

@@ -93,3 +93,36 @@ def test_a_failing_cublaslt_call_is_a_backend_error_with_a_hint():
     with pytest.raises(BackendError, match=r"cublasLtMatmul returned cuBLAS status 3 .*hint: "):
         LtProjection._check(3, "cublasLtMatmul")
     LtProjection._check(0, "cublasLtMatmul")                     # success raises nothing
+
+
+def test_plans_past_the_limit_are_destroyed_least_recently_used_first(monkeypatch):
+    """A process that sees many shapes (sequences of many lengths) keeps at most MAX_PLANS plans a device; the least
+    recently used one's descriptor and layouts are destroyed when a new one would pass it, and a plan used again
+    moves to the back. A stand-in for the library records the calls (every call succeeds, no algorithm offered)."""
+    from engine.schedules import cublaslt
+
+    class Lib:
+        def __init__(self):
+            self.destroyed, self.made = [], 0
+
+        def __getattr__(self, name):
+            def call(*args):
+                if name in ("cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate"):
+                    self.made += 1
+                    args[0]._obj.value = self.made            # a distinct handle for each descriptor and layout
+                if name in ("cublasLtMatmulDescDestroy", "cublasLtMatrixLayoutDestroy"):
+                    self.destroyed.append((name, args[0].value))
+                return 0
+            return call
+
+    monkeypatch.setattr(cublaslt, "MAX_PLANS", 3)
+    lt = object.__new__(LtProjection)
+    lt.lib, lt.handle, lt.plans = Lib(), None, cublaslt.OrderedDict()
+    first = lt.plan(16, 8, 8, 0, 68, 0)
+    for M in (32, 48):
+        lt.plan(M, 8, 8, 0, 68, 0)
+    assert lt.plan(16, 8, 8, 0, 68, 0) is first                      # reused, now the most recent
+    lt.plan(64, 8, 8, 0, 68, 0)                                      # a fourth: the least recent (M = 32) goes
+    assert [key[0] for key in lt.plans] == [48, 16, 64]
+    assert [name for name, _ in lt.lib.destroyed] == ["cublasLtMatmulDescDestroy"] + ["cublasLtMatrixLayoutDestroy"] * 3
+    assert first.desc.value not in [handle for _, handle in lt.lib.destroyed]

@@ -19,6 +19,7 @@ per shape, types and epilogue, made once.
 from __future__ import annotations
 
 import ctypes
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..codegen.cublas_enums import (
@@ -39,6 +40,8 @@ from ..codegen.libraries import loaded_library
 from ..errors import BackendError
 
 WORKSPACE = 32 << 20
+MAX_PLANS = 256          # plans kept a device, the least recently used destroyed past it (a process that sees many
+                         # shapes, sequences of many lengths say, would otherwise keep every one)
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
 
@@ -67,7 +70,7 @@ class LtProjection:
         self.handle = ctypes.c_void_p()
         self._check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         self.workspace = cupy.empty(WORKSPACE, dtype=cupy.uint8)
-        self.plans: dict = {}
+        self.plans: OrderedDict = OrderedDict()
 
     @classmethod
     def on_current_device(cls, cupy) -> LtProjection:
@@ -100,7 +103,10 @@ class LtProjection:
         W^T . A^T with W read as a column-major (K, N) matrix transposed and A as (K, M)."""
         key = (M, N, K, data_type, compute, bias != 0)
         if key in self.plans:
+            self.plans.move_to_end(key)
             return self.plans[key]
+        while len(self.plans) >= MAX_PLANS:
+            self._destroy(self.plans.popitem(last=False)[1])
         desc = ctypes.c_void_p()
         self._check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), ctypes.c_int(compute),
                                                       ctypes.c_int(CUDA_R_32F)), "cublasLtMatmulDescCreate")
@@ -127,6 +133,13 @@ class LtProjection:
             if status == 0 and found.value > 0 else None
         plan = self.plans[key] = Plan(desc, (w, a, c), algo, bias)
         return plan
+
+    def _destroy(self, plan: Plan) -> None:
+        """A plan's descriptors freed (cublasLt reads them when a product is issued, not when a captured graph
+        replays it, so no graph holds them)."""
+        self.lib.cublasLtMatmulDescDestroy(plan.desc)
+        for layout in plan.layouts:
+            self.lib.cublasLtMatrixLayoutDestroy(layout)
 
     def matmul(self, operand, weight, bias, out, data_type: int, compute: int) -> bool:
         """out (M, N) = operand (M, K) @ weight (N, K)^T (+ bias (N,) fp32) on the current stream; every array

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .codegen.cuda import round_values
 from .codegen.precision import precision as lookup
 from .errors import CompileError
 
@@ -108,8 +109,7 @@ def round_like(a, precision: str):
     _refuse_split("round_like", name)
     if name == "float32":
         return a
-    if type(a).__module__.split(".")[0] == "cupy" and a.dtype == np.float32:
-        from .codegen.cuda import round_values  # one launch of the kernels' own rounding, not eight
+    if type(a).__module__.split(".")[0] == "cupy" and a.dtype == np.float32:     # one launch of the kernels' rounding
         if a.flags.c_contiguous:
             return round_values(a, name)
         if a.flags.f_contiguous:                # a transposed operand (W^T dy): the same memory, rounded in place order

@@ -23,6 +23,7 @@ from engine.autodiff import bptt, fused_tape, persistent
 from engine.autodiff.cublas import OPERANDS, Sgemm
 from engine.autodiff.fused_numpy import NumpyRunner
 from engine.autodiff.fused_planner import training_plan
+from engine.autodiff.stage_fusion import fused_stages
 from engine.dense import dense_form
 from engine.errors import BackendError
 
@@ -121,16 +122,17 @@ def test_unknown_modes_are_refused_by_name():
 
 
 def test_reduced_modes_take_no_fused_stage_and_no_persistent_launch(monkeypatch):
-    """Those launches multiply in fp32: the mode's GEMMs stay cuBLAS's; PERSISTENT = True is refused by name."""
+    """Those launches multiply in fp32 (all but the head-local ones of a cell of heads: tests/test_persistent_training.py):
+    the mode's GEMMs stay cuBLAS's; PERSISTENT = True is refused by name."""
     cell = engine.preset("gru_cho").cell
     network = engine.Network(cell, 8, 8, 1)
     assert NumpyRunner(training_plan(cell)).fuses(network, 1)
     assert not NumpyRunner(training_plan(cell, precision="bf16")).fuses(network, 1)
     plan = training_plan(cell, precision="bf16")
-    runner = SimpleNamespace(plan=plan, sms=132, stages={})
+    runner = SimpleNamespace(plan=plan, sms=132, stages=fused_stages(plan))
     assert persistent.persistent_launch(runner, network.layer_sizes(0), 4, 132, True) is None     # "auto"
     monkeypatch.setattr(persistent, "PERSISTENT", True)
-    with pytest.raises(BackendError, match="persistent training launches multiply in fp32"):
+    with pytest.raises(BackendError, match="cannot run precision='bfloat16'.*multiply in strict fp32"):
         persistent.persistent_launch(runner, network.layer_sizes(0), 4, 132, True)
 
 

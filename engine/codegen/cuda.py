@@ -15,6 +15,7 @@ import numpy as np
 from ..ops import OPS
 from ..plan import Access, Kernel, Lin, Program
 from .equations import text_equations
+from .nvrtc import load_module
 from .precision import Precision
 
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
@@ -47,7 +48,6 @@ def round_values(a, precision: str):
     roundings, 16 bytes a thread."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
 
-    from .nvrtc import load_module
     name = ROUND_VALUES[precision]
     if name not in _round_values:
         _round_values[name] = load_module(round_operands_source()).get_function(name)

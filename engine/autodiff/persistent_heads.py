@@ -14,7 +14,17 @@ from ..schedules.tiling import weight_stride
 from .fused_codegen import declare
 from .fused_plan import TrainingPlan
 from .persistent_items import head_on_tensor_cores, head_stride, item_lines
-from .persistent_plan import MAX_SHARED_BYTES, ROWS_GEMM, THREADS, Item, PersistentPlan, Refused, params_of, round_up
+from .persistent_plan import (
+    MAX_SHARED_BYTES,
+    ROWS_GEMM,
+    THREADS,
+    Item,
+    PersistentPlan,
+    Refused,
+    params_of,
+    round_up,
+    written_buffers,
+)
 
 
 def head_local(plan: TrainingPlan, per_step: list, sizes: dict) -> int | str:
@@ -117,11 +127,7 @@ def render_heads(plan: TrainingPlan, layout: PersistentPlan) -> str:
     written by the block or its cluster (global memory written before __syncthreads, or before the cluster barrier's
     arrive, which releases at cluster scope, is visible after it)."""
     columns, B = plan.columns, layout.batch
-    written = set()
-    for it in layout.items:
-        written |= {p.buffer for _, p in it.kernel.stores}
-        if it.stage is not None:
-            written.add(it.gemm.out.buffer)
+    written = written_buffers(layout)
     direction = "forward" if layout.forward else "backward"
     units, H, split = layout.items[0].units, layout.sizes[1], layout.split
     head = layout.head_units

@@ -93,3 +93,13 @@ def params_of(layout: PersistentPlan) -> list[str]:
         if it.stage is not None:
             names |= {it.gemm.operand.buffer, it.gemm.out.buffer}
     return sorted(names)
+
+
+def written_buffers(layout: PersistentPlan) -> set[str]:
+    """The buffers the launch writes (its kernels' stores and its GEMMs' outputs): declared without const."""
+    written = set()
+    for it in layout.items:
+        written |= {p.buffer for _, p in it.kernel.stores}
+        if it.stage is not None:
+            written.add(it.gemm.out.buffer)
+    return written

@@ -27,7 +27,7 @@ from ..codegen.cublas_enums import (
     CUDA_R_16F,
     CUDA_R_32F,
 )
-from ..codegen.cuda import KERNELS_DIR, round_operands_source
+from ..codegen.cuda import KERNELS_DIR, ROUND_THREADS, round_operands_source
 from ..codegen.libraries import loaded_library
 from ..codegen.nvrtc import load_module
 from ..codegen.precision import precision as lookup
@@ -37,7 +37,6 @@ from ..codegen.precision import precision as lookup
 OPERANDS = {"tf32": (CUDA_R_32F, 4, CUBLAS_COMPUTE_32F_FAST_TF32, "round_operand_tf32"),
             "float16": (CUDA_R_16F, 2, CUBLAS_COMPUTE_32F, "round_operand_fp16"),
             "bfloat16": (CUDA_R_16BF, 2, CUBLAS_COMPUTE_32F, "round_operand_bf16")}
-ROUND_THREADS = 256
 
 
 class Sgemm:

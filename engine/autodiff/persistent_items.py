@@ -10,7 +10,7 @@ from .fused_codegen import element, gemm_loads, statement_body, statement_expr, 
 from .persistent_plan import CG, GEMV_MAX_ROWS, RW, THREADS, Item, PersistentPlan, row_stride
 
 
-def head_stride(layout: PersistentPlan, it: Item) -> int:
+def head_stride(layout: PersistentPlan) -> int:
     """Elements between a head-local block's resident weight rows, a head's columns each (rnn_wstride of the mode)."""
     return weight_stride(layout.head_units, precision(layout.mode))
 
@@ -36,9 +36,10 @@ def head_gemm_lines(it: Item, columns: dict, layout: PersistentPlan, tg: str, pa
     parts = " + ".join(f"dots[{p * rows * COLS} + i]" for p in range(runs))
     product = (f"rnn_head_mma<{mode}, {layout.head_units}, {runs}>" if head_on_tensor_cores(layout) else
                f"rnn_head_gemm<{mode}, RB, {64 // rows}, {layout.head_units}, {runs}>")
+    ldr = head_stride(layout)
     lines = [f"{pad}{product}({x}, {ldx}, H, RB, "
-             f"reinterpret_cast<const RnnWeight<{mode}>::type*>(smem + {it.offset}), {head_stride(layout, it)}, "
-             f"{COLS * head_stride(layout, it)}L, {COLS}, dots, {COLS}, {rows * COLS});",
+             f"reinterpret_cast<const RnnWeight<{mode}>::type*>(smem + {it.offset}), {ldr}, "
+             f"{COLS * ldr}L, {COLS}, dots, {COLS}, {rows * COLS});",
              f"{pad}__syncthreads();                       // the block's GEMM columns are in dots, a part a run",
              f"{pad}for (int i = threadIdx.x; i < RB * {COLS}; i += blockDim.x) {{   // ... summed, and where the GEMM "
              "writes",

@@ -38,23 +38,40 @@ def round_operands_source() -> str:
 
 
 ROUND_VALUES = {"tf32": "round_values_tf32", "float16": "round_values_fp16", "bfloat16": "round_values_bf16"}
-ROUND_THREADS = 256
-_round_values: dict = {}
+ROUND_THREADS = 256          # threads a block of kernels/round_operands.cu's grid-stride entries
+_round_entries: dict = {}    # (entry, device) -> the loaded function
+_sms: dict = {}              # device -> its SMs
+
+
+def round_entry(cupy, name: str):
+    """kernels/round_operands.cu's entry `name` on the current device, loaded once a process and device."""
+    key = (name, cupy.cuda.Device().id)
+    if key not in _round_entries:
+        _round_entries[key] = load_module(round_operands_source()).get_function(name)
+    return _round_entries[key]
+
+
+def round_blocks(cupy, items: int) -> int:
+    """Blocks of ROUND_THREADS for a grid-stride loop over `items`: one an item up to 16 an SM (the SM count read
+    once a device, not at every call)."""
+    device = cupy.cuda.Device().id
+    if device not in _sms:
+        _sms[device] = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    return max(1, min(-(-items // ROUND_THREADS), _sms[device] * 16))
 
 
 def round_values(a, precision: str):
     """A C-contiguous float32 CuPy array rounded to a reduced mode ("tf32", "float16", "bfloat16"), as float32 values
     (what engine.rounding.round_like gives): one launch of kernels/round_operands.cu round_values_*, the kernels' own
-    roundings, 16 bytes a thread."""
+    roundings, 16 bytes a thread (a view that does not start on 16 bytes is copied first)."""
     import cupy  # deferred: CuPy is optional (no GPU in CI)
 
-    name = ROUND_VALUES[precision]
-    if name not in _round_values:
-        _round_values[name] = load_module(round_operands_source()).get_function(name)
+    if a.data.ptr % 16:
+        a = a.copy()
     out = cupy.empty_like(a)
     if a.size:
-        blocks = min(-(-a.size // (4 * ROUND_THREADS)), cupy.cuda.Device().attributes["MultiProcessorCount"] * 16)
-        _round_values[name]((max(blocks, 1),), (ROUND_THREADS,), (a, out, np.int64(a.size)))
+        round_entry(cupy, ROUND_VALUES[precision])((round_blocks(cupy, -(-a.size // 4)),), (ROUND_THREADS,),
+                                                   (a, out, np.int64(a.size)))
     return out
 
 

@@ -39,14 +39,12 @@ from ..codegen.cublas_enums import (
     CUDA_R_16F,
     CUDA_R_32F,
 )
-from ..codegen.cuda import round_operands_source
-from ..codegen.nvrtc import load_module
+from ..codegen.cuda import ROUND_THREADS, round_blocks, round_entry
 from .cublaslt import LtProjection
 
 # each mode's operand type and compute type for cublasLt (the module's docstring: the products the kernels make)
 LT_OPERANDS = {"float32": (CUDA_R_32F, CUBLAS_COMPUTE_32F), "tf32": (CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32),
                "float16": (CUDA_R_16F, CUBLAS_COMPUTE_32F), "bfloat16": (CUDA_R_16BF, CUBLAS_COMPUTE_32F)}
-ROUND_THREADS = 256
 ROUND_ENTRIES = {"tf32": "round_contiguous_tf32", "float16": "round_contiguous_fp16", "bfloat16": "round_contiguous_bf16"}
 K_CHUNK_X3 = 256                # float32x3: x_hi w_hi's K per GEMM (the docstring says why)
 _ONE = np.array(1.0, dtype=np.float32)
@@ -101,20 +99,12 @@ def round_activations(cupy, source, precision: str):
         out = cupy.empty(source.shape, dtype=cupy.float32 if precision == "tf32" else
                          cupy.float16 if precision == "float16" else cupy.uint16)
         n4 = source.size // 4
-        blocks = min(-(-n4 // ROUND_THREADS), cupy.cuda.Device().attributes["MultiProcessorCount"] * 16)
-        _contiguous_rounding(cupy, precision)((blocks,), (ROUND_THREADS,), (source, out, np.int64(n4)))
+        round_entry(cupy, ROUND_ENTRIES[precision])((round_blocks(cupy, n4),), (ROUND_THREADS,),
+                                                   (source, out, np.int64(n4)))
         return out
     if precision == "float16":
         return source.astype(cupy.float16)          # round to nearest even
     return _rounding_kernel(cupy, precision)(source)
-
-
-def _contiguous_rounding(cupy, precision: str):
-    """kernels/round_operands.cu's entry for `precision` (round_contiguous_tf32, _fp16, _bf16), loaded once."""
-    name = ROUND_ENTRIES[precision]
-    if name not in _kernels:
-        _kernels[name] = load_module(round_operands_source()).get_function(name)
-    return _kernels[name]
 
 
 def project(cupy, source, weight, bias, out, precision: str) -> None:

@@ -44,7 +44,7 @@ PHASES = [(bptt_module, "record", "bptt.record (all of the forward call)"),
           (fused_tape, "start_backward", "  start_backward (checks, FiniteCheck)"),
           (fused_tape.FusedTape, "_seed_states", "  FusedTape._seed_states"),
           (fused_tape, "gradient_views", "  gradient_views"),
-          (fused_program.Program, "wavefront_backward", "Program.wavefront_backward (graph launches)"),
+          (fused_program.Program, "backward", "Program.backward (graph launches)"),
           (fused_tape.FusedTape, "_after", "FusedTape._after (gradient GEMMs, a layer)"),
           (fused_program.Program, "after", "Program.after (the captured after part)"),
           (fused_tape, "zero_gradients", "zero_gradients")]

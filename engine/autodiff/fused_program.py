@@ -1,8 +1,9 @@
 """A network's fused training step for one (T, B): every layer's memory (engine/autodiff/fused_layer.py) and the
 step's launches, captured once as CUDA graphs and replayed. The layers run as a wavefront both ways
 (engine/autodiff/wavefront.py: layer l's chunk of WAVEFRONT_CHUNK steps after the layer below's, a stream a layer),
-launched as CUDA graphs of 1, 2, 4, ... diagonals; or layer by layer, a graph a layer and direction, as does the
-backward of a cell whose input adjoint is not one GEMM. A layer's steps may run as persistent launches
+launched as CUDA graphs of 1, 2, 4, ... diagonals; or layer by layer, a graph a layer and direction (a one-layer
+network, WAVEFRONT off), where a layer's backward graph ends with its input adjoint's GEMM; a cell whose input adjoint is
+not one GEMM leaves it to the interpreter after each layer's backward. A layer's steps may run as persistent launches
 (engine/autodiff/persistent.py). The values live in per-layer buffers at row (t + shift) * B + b, so nothing is copied
 between steps and the backward reads the forward's values where the forward wrote them; a step's inputs and
 parameters go in with one launch of kernels/copy_pieces.cu. engine/autodiff/fused_cache.py keeps programs for reuse.
@@ -58,8 +59,10 @@ class Program:
         for layer in self.layers:
             layer.persistent = tuple(persistent_launch(runner, layer.sizes, B, blocks, forward)
                                      for forward in (True, False))
-        self.d_input = None               # the x gradient, written by layer 0's input GEMM (the backward wavefront)
-        if self.wavefront and runner.plan.input_gemm is not None:
+        # the x gradient, written by layer 0's input GEMM; each layer's input GEMM writes the d_out of the layer
+        # below (backward()), in the wavefront and layer by layer alike
+        self.d_input = None
+        if runner.plan.input_gemm is not None:
             self.d_input = xp.full((T * B, network.input_size), np.nan if poison else 0.0, dtype=xp.float32)
             for l, layer in enumerate(self.layers):
                 layer.buffers[D_INPUT_BUFFER] = (self.d_input if l == 0 else
@@ -168,9 +171,17 @@ class Program:
             return
         self._wavefront("forward", forward_wavefront, self.runner.wavefront_forward)
 
-    def wavefront_backward(self) -> None:
-        """Every layer's backward and input adjoint as one reverse wavefront (needs self.d_input)."""
-        self._wavefront("backward", backward_wavefront, self.runner.wavefront_backward)
+    def backward(self) -> None:
+        """Every layer's backward and input adjoint (needs self.d_input): one reverse wavefront, or layer by layer
+        from the top, a graph a layer (a one-layer network: its backward, then its input adjoint as one GEMM over
+        the T x B rows, instead of the interpreter's matmul a term)."""
+        if self.wavefront:
+            self._wavefront("backward", backward_wavefront, self.runner.wavefront_backward)
+            return
+        runner = self.runner
+        for l in reversed(range(len(self.layers))):
+            self._replay((l, "backward", "input"),
+                         lambda layer=self.layers[l]: runner.backward(layer, input_adjoint=True))
 
     def _wavefront(self, direction: str, order, issue) -> None:
         """A wavefront of WAVEFRONT_CHUNK-step chunks, a graph per piece of diagonals (diagonal_pieces)."""

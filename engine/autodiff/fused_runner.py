@@ -389,9 +389,13 @@ class Runner:
             return
         self.issue(layer, self.launches(self.plan.forward, steps, True, layer), forward=True)
 
-    def backward(self, layer: Layer) -> None:
+    def backward(self, layer: Layer, input_adjoint: bool = False) -> None:
+        """The layer's backward over its T steps; input_adjoint: then its input's adjoint (plan.input_gemm) over
+        them."""
         self.bind()
         self.backward_steps(layer, range(layer.T))
+        if input_adjoint:
+            self.input_adjoint(layer, range(layer.T))
 
     def backward_steps(self, layer: Layer, steps: range) -> None:
         """The backward of `steps`, the last first: each step's kernels and GEMMs, or one persistent launch for them

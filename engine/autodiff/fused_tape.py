@@ -82,8 +82,8 @@ class FusedTape:
             return self._backward_captured(d_above, d_final_states)
         grads, self.stacked_grads = zero_gradients(xp, network)
         d_initial = {s: xp.empty((L, B, network.state_size(s)), dtype=xp.float32) for s in cell.state_names}
-        if program.d_input is not None:           # the reverse wavefront: every layer in one graph
-            return self._backward_wavefront(d_above, d_final_states, grads, d_initial)
+        if program.d_input is not None:           # every layer's backward and input adjoint, then the rest
+            return self._backward_in_program(d_above, d_final_states, grads, d_initial)
         for l in reversed(range(L)):
             layer = program.layers[l]
             layer.buffers[D_OUTPUT_BUFFER][...] = 0.0 if d_above is None else d_above
@@ -93,32 +93,32 @@ class FusedTape:
         return Gradients(params=grads, x=d_above.reshape(T, B, -1), initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
 
-    def _wavefront_sweep(self, d_above, d_final_states: dict) -> None:
-        """The reverse wavefront of every layer: the top layer's d_out and every layer's final state adjoints in,
-        then the program's backward graphs."""
+    def _reverse_sweep(self, d_above, d_final_states: dict) -> None:
+        """Every layer's backward and input adjoint (a reverse wavefront, or layer by layer from the top): the top
+        layer's d_out and every layer's final state adjoints in, then the program's backward graphs."""
         program = self.program
         program.layers[-1].buffers[D_OUTPUT_BUFFER][...] = 0.0 if d_above is None else d_above
         for l, layer in enumerate(program.layers):
             self._seed_states(layer, l, d_final_states)
-        program.wavefront_backward()
+        program.backward()
 
-    def _backward_wavefront(self, d_above, d_final_states: dict, grads: list, d_initial: dict):
+    def _backward_in_program(self, d_above, d_final_states: dict, grads: list, d_initial: dict):
         xp, program = self.xp, self.program
         T, B = program.T, program.B
-        self._wavefront_sweep(d_above, d_final_states)
+        self._reverse_sweep(d_above, d_final_states)
         for l, layer in enumerate(program.layers):
             self._after(layer, l, grads[l], d_initial, nodes=self.plan.after_rest)
         return Gradients(params=grads, x=xp.array(program.d_input).reshape(T, B, -1), initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
 
     def _backward_captured(self, d_above, d_final_states: dict):
-        """The reverse wavefront, then the after part as one replayed graph (Program.after), its gradients and
+        """The reverse sweep, then the after part as one replayed graph (Program.after), its gradients and
         initial states' adjoints copied out of the program's buffers: one copy and a view a parameter instead of a
         cuBLAS call a GradGemm, a table upload a layer and a copy a state from Python (lstm_fgr at `lat`: 0.9 ms of
         host time a step; benchmarks/NOTES.md, 2026-11-25 02:13)."""
         xp, program = self.xp, self.program
         T, B = program.T, program.B
-        self._wavefront_sweep(d_above, d_final_states)
+        self._reverse_sweep(d_above, d_final_states)
         flat, _, d_initial = program.after()
         grads, _ = gradient_views(xp, self.network, flat.copy())
         return Gradients(params=grads, x=xp.array(program.d_input).reshape(T, B, -1),

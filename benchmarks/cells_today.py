@@ -130,26 +130,47 @@ def slstm_rows(H: int, cupy, rows: list, T=1024, B=16) -> None:
         mode_grads = run().params[0]
         rows.append({"case": where, "row": "engine forward + backward bfloat16 (bptt fused)",
                      "ms": median_ms(run, warmup=2, reps=10),
-                     "rel_diff_vs_float32_grads": None if engine_grads is None else max(
-                         float(cupy.linalg.norm(mode_grads[k] - g) / cupy.linalg.norm(g))
-                         for k, g in engine_grads.items())})
+                     **({} if engine_grads is None else largest_difference(
+                         gradient_differences(mode_grads, engine_grads), "vs_float32_grads"))})
     except engine.EngineError as e:
         rows.append({"case": where, "row": "engine forward + backward bfloat16", "error": str(e).splitlines()[0]})
     flashrnn_rows(network, params, x_host, d_out, engine_out, where, rows, engine_grads)
 
 
-def gradient_differences(torch_grads: dict, engine_grads: dict) -> dict:
-    """For each parameter of the cell: ||FlashRNN's - the engine's|| / ||the engine's||, and the engine's norm over
+def host(a) -> np.ndarray:
+    """A CuPy, torch or NumPy array as float64 NumPy."""
+    a = a.get() if hasattr(a, "get") else a.detach().cpu().numpy() if hasattr(a, "detach") else a
+    return np.asarray(a, dtype=np.float64)
+
+
+def gradient_differences(got_grads: dict, engine_grads: dict) -> dict:
+    """For each parameter of the cell: ||got - the engine's fp32|| / ||the engine's||, and the engine's norm over
     the largest gradient's (a gradient near 0, a sum that cancels, shows a large relative difference from rounding
     alone). float64 on the host."""
-    wants = {name: want.get().astype(np.float64) for name, want in engine_grads.items()}
+    wants = {name: host(want) for name, want in engine_grads.items()}
     largest = max(np.linalg.norm(w) for w in wants.values())
     out = {}
     for name, want in wants.items():
-        got = torch_grads[name].reshape(want.shape)
+        got = host(got_grads[name]).reshape(want.shape)
         out[name] = {"rel_diff": float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)),
                      "norm_vs_largest": float(np.linalg.norm(want) / largest)}
     return out
+
+
+# A gradient under this share of the largest one's norm is a sum that cancels: the sLSTM's b_i is 0 analytically
+# with zero initial states (6.5e-18 of the largest in float64: c and n both scale with the input gate, h = c / n does
+# not), so its relative difference measures rounding noise (1.1 between FlashRNN's fp32 and the engine's, 1.4 between
+# the engine's bf16 and fp32 on an H200, 2026-11-27) and is left out of the row's largest.
+NEGLIGIBLE = 1e-6
+
+
+def largest_difference(differences: dict, what: str) -> dict:
+    """The largest relative difference over the gradients that are not negligible, with its parameter, and the
+    parameters left out."""
+    kept = {k: v for k, v in differences.items() if v["norm_vs_largest"] >= NEGLIGIBLE}
+    name = max(kept, key=lambda k: kept[k]["rel_diff"])
+    return {f"rel_diff_{what}": kept[name]["rel_diff"], f"rel_diff_{what}_param": name,
+            f"negligible_{what}": sorted(set(differences) - set(kept)), f"grad_rel_diff_{what}": differences}
 
 
 def flashrnn_gradients(w_leaf, r, bias, heads, d) -> dict:
@@ -205,8 +226,8 @@ def flashrnn_rows(network, params, x_host, d_out, engine_out, where, rows, engin
                 row["rel_diff_vs_engine_fp32"] = float(np.linalg.norm(got - want) / np.linalg.norm(want))
             if dtype_name == "float32" and engine_grads is not None:     # the gradients, before the timed runs
                 forward_backward()
-                row["grad_rel_diff_vs_engine_fp32"] = gradient_differences(
-                    flashrnn_gradients(w_leaf, r, bias, heads, d), engine_grads)
+                row.update(largest_difference(gradient_differences(
+                    flashrnn_gradients(w_leaf, r, bias, heads, d), engine_grads), "vs_engine_fp32_grads"))
                 w_leaf.grad = r.grad = bias.grad = None
             with torch.no_grad():
                 row["ms"] = median_ms(forward, torch_timer)
@@ -260,7 +281,7 @@ def main(argv=None) -> int:
     print(f"{'case':12s} {'row':58s} {'median ms':>10s} {'rel err':>10s}")
     for r in rows:
         if "ms" in r:
-            err = r.get("rel_err_vs_float64", r.get("rel_diff_vs_engine_fp32"))
+            err = r.get("rel_err_vs_float64", r.get("rel_diff_vs_engine_fp32", r.get("rel_diff_vs_float32_grads")))
             print(f"{r['case']:12s} {r['row']:58s} {r['ms']:10.3f} {'-' if err is None else f'{err:.2e}':>10s}")
         else:
             print(f"{r['case']:12s} {r['row']:58s} {r['error']}")

@@ -180,8 +180,8 @@ class Program:
             return
         runner = self.runner
         for l in reversed(range(len(self.layers))):
-            self._replay((l, "backward", "input"),
-                         lambda layer=self.layers[l]: runner.backward(layer, input_adjoint=True))
+            # the key launch() uses: a program runs its layers' backward one way only (d_input is set or not)
+            self._replay((l, "backward"), lambda layer=self.layers[l]: runner.backward(layer, input_adjoint=True))
 
     def _wavefront(self, direction: str, order, issue) -> None:
         """A wavefront of WAVEFRONT_CHUNK-step chunks, a graph per piece of diagonals (diagonal_pieces)."""

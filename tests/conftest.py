@@ -19,6 +19,18 @@ import engine
 from engine.errors import CompileError
 from engine.export import cublas_location
 
+# BLAS libraries read their thread count when they load, in each xdist worker after this. One worker a core
+# (pytest.ini: -n auto) with a BLAS thread a core each oversubscribes the host: 16 workers x 16 OpenBLAS threads on
+# a 16-core GPU machine, whose tests compute float64 references. A value the caller set is kept.
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pytest_configure(config):
+    """Before xdist starts its workers (pytest_sessionstart): one BLAS thread each where the run has workers."""
+    if getattr(config.option, "numprocesses", None):
+        for name in BLAS_THREADS:
+            os.environ.setdefault(name, "1")
+
 
 @dataclass
 class Case:

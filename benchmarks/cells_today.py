@@ -138,9 +138,8 @@ def slstm_rows(H: int, cupy, rows: list, T=1024, B=16) -> None:
 
 
 def host(a) -> np.ndarray:
-    """A CuPy, torch or NumPy array as float64 NumPy."""
-    a = a.get() if hasattr(a, "get") else a.detach().cpu().numpy() if hasattr(a, "detach") else a
-    return np.asarray(a, dtype=np.float64)
+    """A CuPy (the engine's gradients) or NumPy (flashrnn_gradients') array as float64 NumPy."""
+    return np.asarray(a.get() if hasattr(a, "get") else a, dtype=np.float64)
 
 
 def gradient_differences(got_grads: dict, engine_grads: dict) -> dict:

@@ -178,10 +178,8 @@ class Program:
         if self.wavefront:
             self._wavefront("backward", backward_wavefront, self.runner.wavefront_backward)
             return
-        runner = self.runner
         for l in reversed(range(len(self.layers))):
-            # the key launch() uses: a program runs its layers' backward one way only (d_input is set or not)
-            self._replay((l, "backward"), lambda layer=self.layers[l]: runner.backward(layer, input_adjoint=True))
+            self.launch(l, "backward", input_adjoint=True)
 
     def _wavefront(self, direction: str, order, issue) -> None:
         """A wavefront of WAVEFRONT_CHUNK-step chunks, a graph per piece of diagonals (diagonal_pieces)."""
@@ -190,11 +188,15 @@ class Program:
         for k, piece in enumerate(diagonal_pieces(order(L, len(chunks)), L, len(chunks))):
             self._replay((direction, "wavefront", k), lambda piece=piece: issue(self.layers, chunks, piece))
 
-    def launch(self, l: int, direction: str) -> None:
-        """Layer l's forward or backward step loop: its graph replayed, or the launches one by one."""
+    def launch(self, l: int, direction: str, input_adjoint: bool = False) -> None:
+        """Layer l's forward or backward step loop (input_adjoint: the backward, then its input adjoint's GEMM): its
+        graph replayed, or the launches one by one. One key a layer and direction: a program runs its backward one
+        way only (d_input is set or not)."""
         layer, runner = self.layers[l], self.runner
-        run = runner.forward if direction == "forward" else runner.backward
-        self._replay((l, direction), lambda: run(layer))
+        if direction == "forward":
+            self._replay((l, direction), lambda: runner.forward(layer))
+        else:
+            self._replay((l, direction), lambda: runner.backward(layer, input_adjoint))
 
     def _replay(self, key, issue) -> None:
         """issue() captured once into the graph `key` and replayed; issued directly where capture is not possible."""

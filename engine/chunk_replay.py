@@ -21,6 +21,32 @@ that GPU's chunks directly, saying why. The schedules' other projections call cu
 """
 from __future__ import annotations
 
+import gc
+
+
+def capture_graph(cupy, body):
+    """body() captured into a CUDA graph on a stream of its own (capture needs one), not run: (graph, body's value).
+
+    Python's garbage collector runs before the capture and is held off during it. An object of an earlier run that
+    the collector frees mid-capture (a memory pool returning its blocks, a module, a stream) makes CUDA calls that
+    invalidate the capture (cudaErrorStreamCaptureInvalidated: "operation failed due to a previous error during
+    capture"); the GPU suite under xdist met it where a capture happened to coincide with a collection."""
+    stream = cupy.cuda.Stream(non_blocking=True)
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        with stream:
+            stream.begin_capture()
+            try:
+                value = body()
+            finally:
+                graph = stream.end_capture()
+    finally:
+        if collecting:
+            gc.enable()
+    return graph, value
+
 
 class CaptureError(RuntimeError):
     """A GPU's chunk could not be captured into a CUDA graph; the message says why."""
@@ -53,19 +79,14 @@ class ChunkReplay:
         return outputs
 
     def _capture(self, first: bool):
-        cupy = self.cupy
-        stream = cupy.cuda.Stream(non_blocking=True)          # capture needs a stream of its own
-        graph = None
+        def body():
+            with self.cupy.cuda.using_allocator(self.pool.malloc):
+                value, states = self.body(self.x, {} if first else self.carry)
+                for key, named in states.items():
+                    for name, final in (named or {}).items():
+                        self.carry[key][name][...] = final
+            return value
         try:
-            with cupy.cuda.using_allocator(self.pool.malloc), stream:
-                stream.begin_capture()
-                try:
-                    value, states = self.body(self.x, {} if first else self.carry)
-                    for key, named in states.items():
-                        for name, final in (named or {}).items():
-                            self.carry[key][name][...] = final
-                finally:
-                    graph = stream.end_capture()
+            return capture_graph(self.cupy, body)
         except Exception as e:  # noqa: BLE001 -- any failure of capture means: run this GPU's chunks directly
             raise CaptureError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-        return graph, value

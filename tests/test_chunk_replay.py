@@ -6,6 +6,7 @@ capture reported as CaptureError with the stream's capture ended. What the graph
 (tests/gpu/test_pipeline_gpu.py, tests/gpu/test_schedules.py: replayed runs equal direct runs bit for bit)."""
 from __future__ import annotations
 
+import gc
 from contextlib import contextmanager
 
 import numpy as np
@@ -89,7 +90,7 @@ def recording_body(cupy, calls, fail_in_capture=False):
     def body(x, states):
         stream = cupy.cuda.get_current_stream()
         calls.append({"states": states, "allocator": cupy.cuda.allocator, "stream": stream.name,
-                      "capturing": stream.capturing})
+                      "capturing": stream.capturing, "collecting": gc.isenabled()})
         if fail_in_capture and stream.capturing:
             raise ValueError("boom: cuBLAS refused")
         start = states.get("piece", {}).get("h", 0.0)
@@ -141,3 +142,24 @@ def test_a_failed_capture_is_a_capture_error_and_leaves_no_stream_capturing(inva
         ChunkReplay(cupy, recording_body(cupy, calls, fail_in_capture=True), (3, 2, 4), {})
     assert all(not s.capturing and s.ended == 1 for s in cupy.cuda.streams)
     assert cupy.cuda.allocator == "default" and cupy.cuda.current.name == "caller"
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_garbage_collector_is_held_off_during_a_capture_and_restored_after(fail):
+    """An earlier run's objects freed by the collector mid-capture make CUDA calls that invalidate it; the collector
+    runs before each capture instead, and is on again after it (also after a failed one), unless it was off."""
+    cupy, calls = FakeCupy(), []
+    assert gc.isenabled()
+    if fail:
+        with pytest.raises(CaptureError):
+            ChunkReplay(cupy, recording_body(cupy, calls, fail_in_capture=True), (3, 2, 4), {})
+    else:
+        ChunkReplay(cupy, recording_body(cupy, calls), (3, 2, 4), {})
+    assert [c["collecting"] for c in calls] == [True, False] + ([] if fail else [False])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        ChunkReplay(cupy, recording_body(cupy, []), (3, 2, 4), {})
+        assert not gc.isenabled()                                          # a caller's choice is kept
+    finally:
+        gc.enable()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..chunk_replay import capture_graph
 from ..codegen.cuda import KERNELS_DIR
 from ..codegen.nvrtc import load_module
 from . import cublas, stage_fusion
@@ -365,13 +366,7 @@ class Runner:
 
     def capture(self, launches):
         """The launches of `launches()` captured into a CUDA graph on a stream of their own (not run)."""
-        stream = self.xp.cuda.Stream(non_blocking=True)
-        with stream:
-            stream.begin_capture()
-            try:
-                launches()
-            finally:
-                graph = stream.end_capture()
+        graph, _ = capture_graph(self.xp, launches)
         self.bind()                      # the handle back on the current stream, not the capture's
         return graph
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..chunk_replay import capture_graph
 from ..errors import BackendError
 from .base import WavefrontSchedule
 
@@ -22,14 +23,8 @@ class GraphSchedule(WavefrontSchedule):
 
     def _prepare_launch(self, T: int, B: int) -> None:
         args = self._launch_args(T)
-        stream = self.cupy.cuda.Stream(non_blocking=True)     # capture needs a stream of its own
         try:
-            with stream:
-                stream.begin_capture()
-                try:
-                    self._issue(args)
-                finally:
-                    self.graph = stream.end_capture()
+            self.graph, _ = capture_graph(self.cupy, lambda: self._issue(args))
         except Exception as e:
             raise BackendError(f"schedule 'graph' could not capture its {len(args)} launches into a CUDA graph: "
                                f"{type(e).__name__}: {e}; hint: use backend='persistent' or 'fused'") from None

@@ -140,11 +140,15 @@ def within_line(lengths: str) -> str:
     return f"const bool within = t < {lengths}[b];   // step t lies within sequence b: else its states are held"
 
 
-def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", lengths: str = "lengths") -> list[str]:
+def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", lengths: str = "lengths",
+                places=None) -> list[str]:
     """The per-element work of a kernel, given b, j, t, B, I, H and its pointer arguments by name:
     loads into named registers, one statement per op, stores. The fused kernels and the wavefront
     schedules (engine/codegen/wavefront.py) wrap the same lines in their own loops. A kernel that holds rows past
-    their end (lengths=) reads the lengths from the C expression `lengths`."""
+    their end (lengths=) reads the lengths from the C expression `lengths`. places ({param: f(access) -> C
+    expressions}): where a param's elements live instead of its global array (the wavefront schedules' shared-memory
+    copies, engine/codegen/reductions.py): a load reads the first expression, a store writes every one."""
+    places = places or {}
     compute = precision.compute
     lines = []
     if reads_rows(kernel):
@@ -155,7 +159,8 @@ def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", 
         if load.literal is not None:
             lines.append(f"const {compute} {load.var} = {literal(load.literal, precision)};")
         else:
-            source = f"{load.access.param}[{index_expr(load.access)}]"
+            place = places.get(load.access.param)
+            source = place(load.access)[0] if place else f"{load.access.param}[{index_expr(load.access)}]"
             lines.append(f"const {compute} {load.var} = {precision.load(source)};")
     if kernel.statements:
         lines.append("// compute")
@@ -166,8 +171,9 @@ def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", 
     if any(store.past_end is not None for store in kernel.stores):
         lines.append(within_line(lengths))
     for store in kernel.stores:
-        target = f"{store.access.param}[{index_expr(store.access)}]"
-        lines.append(f"{target} = {precision.store(stored(store))};")
+        place = places.get(store.access.param)
+        for target in place(store.access) if place else [f"{store.access.param}[{index_expr(store.access)}]"]:
+            lines.append(f"{target} = {precision.store(stored(store))};")
     return [indent + line for line in lines]
 
 

@@ -21,8 +21,11 @@ rounds matmul operands only (engine/backends/reference.py).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import CompileError
 from ..plan import Gemm, Lin, Program
+from .cuda import index_expr
 
 SCALE = {"sum_h": "", "mean_h": " * (1.0f / H)"}
 
@@ -73,22 +76,110 @@ def staged_floats(gemm: Gemm, units: int, batch: int) -> int:
     return batch * len(gemm.operands) * units
 
 
-def reduction_partials(program: Program, gemm: Gemm, indent: str, staging: bool = False) -> list[str]:
-    """At the end of the producing stage: this block's partials of every term, per batch row. staging: first copy
-    the block's units of every operand into the GEMMs' staging area (free between the stage's GEMMs and the next
-    stage's), consecutive threads reading consecutive units, so that the sums read shared memory; without it each
-    thread reads its row's units from L2, a request per row and line (4.8 us a stage at `mid` on an H200)."""
+def _shared(offset: int) -> str:
+    """The staging area's float at `offset` past STAGING_SKIP, as C."""
+    return f"smem + SCRATCH + {STAGING_SKIP + offset}"
+
+
+@dataclass(frozen=True)
+class StageShared:
+    """A stage's reduction values kept in the GEMMs' staging area of shared memory (free from the end of the
+    stage's GEMMs to the start of the next stage's), so that they make no round trip through L2:
+    - sums: for each reduction the stage consumes, its terms' row values (B floats a term, row b of term k at
+      (offset + k) * B + b), written once a row by reduction_sums and read by the cell code, rather than once a
+      unit into the GEMM's output buffer and loaded back;
+    - vals: for each reduction whose partials the stage writes and whose operands only this stage's cell code
+      stores, the block's (B, operands, UNITS) values, written by the cell code as it computes them, rather than
+      stored to the operand buffer and copied back from L2 by reduction_partials.
+    A buffer another stage or GEMM reads is still written to global memory too (keep). Offsets are floats past
+    STAGING_SKIP; `end` is the first float free after them."""
+    sums: dict                    # {GEMM name: (Gemm, offset)}
+    vals: dict                    # {GEMM name: (Gemm, offset)}
+    keep: frozenset
+    end: int
+
+    def places(self, kernel) -> dict:
+        """kernel_body's places for the kernel's params that live here."""
+        sums = {g.out_buffer: off for g, off in self.sums.values()}
+        vals = {g.in_buffer: (g, off) for g, off in self.vals.values()}
+        places = {}
+        for p in kernel.params:
+            if not p.writes and p.source in sums:
+                places[p.name] = lambda a, off=sums[p.source]: [f"({_shared(off)})[{a.offset.c} * B + b]"]
+            elif p.writes and p.source in vals:
+                gemm, off = vals[p.source]
+                global_copy = p.source in self.keep
+                places[p.name] = (lambda a, n=len(gemm.operands), off=off, index=_operand_index(gemm),
+                                  name=p.name, global_copy=global_copy:
+                                  [f"({_shared(off)})[((int)b * {n} + {index[a.offset]}) * UNITS + (j - u0)]"]
+                                  + ([f"{name}[{index_expr(a)}]"] if global_copy else []))
+        return places
+
+
+def _operand_index(gemm: Gemm) -> dict:
+    """{operand's offset in the GEMM's input row: its index}."""
+    return {gemm.operand_offset(op.name): i for i, op in enumerate(gemm.operands)}
+
+
+def _readers(program: Program, buffer: str, but: str) -> set:
+    """The stages of the kernels that load `buffer` and of the GEMMs other than `but` that read it."""
+    stages = {k.stage for k in program.kernels for p in k.params if p.source == buffer and not p.writes}
+    return stages | {g.stage for g in program.gemms if g.in_buffer == buffer and g.name != but}
+
+
+def stage_shared(program: Program, stage: int, consumed: list[Gemm], produced: list[Gemm], units: int, batch: int,
+                 free: int) -> StageShared:
+    """What of the stage's reductions goes through shared memory (StageShared), in `free` floats past STAGING_SKIP:
+    the sums of the reductions it consumes whose loads in this stage all read a row value (a term at a fixed column
+    of the unit), and the operands of those it produces partials of, stored by this stage's kernels only, each at an
+    operand's place. What does not fit stays in global memory, as before."""
+    sums, vals, keep, end = {}, {}, set(), 0
+    mine = [k for k in program.kernels if k.stage == stage]
+    for g in consumed:
+        nt = len(g.terms)
+        loads = [ld.access for k in mine for ld in k.loads if ld.access is not None
+                 and next(p for p in k.params if p.name == ld.access.param).source == g.out_buffer]
+        if all(a.rows == "batch" and a.stride == nt and a.offset == Lin(c=a.offset.c) and a.offset.c < nt
+               for a in loads) and end + batch * nt <= free:
+            sums[g.name], end = (g, end), end + batch * nt
+    for g in produced:
+        index = _operand_index(g)
+        stores = [(k, st.access) for k in program.kernels for st in k.stores
+                  if next(p for p in k.params if p.name == st.access.param).source == g.in_buffer]
+        size = batch * len(g.operands) * units
+        if (all(k.stage == stage and a.rows == "batch" and a.stride == 1 and a.offset in index for k, a in stores)
+                and {index[a.offset] for _, a in stores} == set(range(len(g.operands))) and end + size <= free):
+            vals[g.name], end = (g, end), end + size
+            if _readers(program, g.in_buffer, g.name):
+                keep.add(g.in_buffer)
+    for g, _ in sums.values():
+        if _readers(program, g.out_buffer, "") - {stage}:
+            keep.add(g.out_buffer)
+    return StageShared(sums, vals, frozenset(keep), end)
+
+
+def reduction_partials(program: Program, gemm: Gemm, indent: str, staging: bool = False, offset: int = 0,
+                       direct: bool = False) -> list[str]:
+    """At the end of the producing stage: this block's partials of every term, per batch row. direct: the cell code
+    has written the block's operand values to shared memory at `offset` (StageShared.vals). Else staging: first copy
+    the block's units of every operand into the GEMMs' staging area at `offset` (free between the stage's GEMMs and
+    the next stage's), consecutive threads reading consecutive units, so that the sums read shared memory; without
+    it each thread reads its row's units from L2, a request per row and line (4.8 us a stage at `mid` on an H200)."""
     terms = _terms(program, gemm)
     nt, nops = len(terms), len(gemm.operands)
     index_of = {op.name: i for i, op in enumerate(gemm.operands)}
     if any(gemm.operand_offset(op.name) != Lin(h=i) for i, op in enumerate(gemm.operands)):
-        staging = False                      # operands not H apart (a reduction reads H-sized values: never)
+        staging = direct = False             # operands not H apart (a reduction reads H-sized values: never)
     lines = [f"{indent}__syncthreads();   // this block's units of {gemm.name}'s operands are stored",
-             f"{indent}{{   // partials of {gemm.name} over this block's units",
-             f"{indent}    const int K = {gemm.k.c_expr()};",
-             f"{indent}    const int blk = u0 / UNITS;"]
-    if staging:
-        lines += [f"{indent}    float* vals = smem + SCRATCH + {STAGING_SKIP};   // (B, {nops} operands, UNITS)",
+             f"{indent}{{   // partials of {gemm.name} over this block's units"]
+    lines += [] if direct else [f"{indent}    const int K = {gemm.k.c_expr()};"]
+    lines += [f"{indent}    const int blk = u0 / UNITS;"]
+    if direct:
+        lines.append(f"{indent}    const float* vals = {_shared(offset)};   // (B, {nops} operands, UNITS), "
+                     "written by the cell code")
+        staging = True
+    elif staging:
+        lines += [f"{indent}    float* vals = {_shared(offset)};   // (B, {nops} operands, UNITS)",
                   f"{indent}    for (int e = threadIdx.x; e < B * {nops} * UNITS; e += blockDim.x) {{",
                   f"{indent}        const int j = e % UNITS, r = e / UNITS, i = r % {nops}, b = r / {nops};",
                   f"{indent}        vals[e] = j < tu ? L.{gemm.in_buffer}[(long)b * K + i * H + u0 + j] : 0.0f;",
@@ -194,26 +285,35 @@ def _whole_rows(gemm: Gemm, pairs, indent: str) -> list[str]:
     return lines
 
 
-def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool], indent: str) -> list[str]:
+def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool], indent: str,
+                   shared: StageShared | None = None) -> list[str]:
     """Each term's row value, for every reduction GEMM of the stage at once (a thread per row and term of any of
     them: their loads all in flight together), written to this block's units (interleaved columns: unit j of term
-    k at j * terms + k); from the blocks' partials where partial[gemm], else from the whole rows of the operands."""
+    k at j * terms + k), or once a row to shared memory where shared.sums has the GEMM (and to the units too where
+    another stage reads them); from the blocks' partials where partial[gemm], else from the whole rows of the
+    operands."""
     slots = [(g, index, pairs) for g in gemms for index, pairs in enumerate(_terms(program, g))]
+    sums = shared.sums if shared else {}
     lines = [f"{indent}{{   // reductions, no GEMM: " + "; ".join(
                  f"{g.name} term {index} = " + " + ".join(f"{op}({operand})" for operand, op in pairs)
                  for g, index, pairs in slots),
              f"{indent}    for (int e = threadIdx.x; e < B * {len(slots)}; e += blockDim.x) {{",
              f"{indent}        const int slot = e / B, b = e - slot * B;   // a warp's threads share a term",
              f"{indent}        float acc = 0.0f;",
-             f"{indent}        float* out;",
+             f"{indent}        float* out = nullptr;   // the units' columns in global memory",
+             f"{indent}        float* row_value = nullptr;   // the row's value in shared memory",
              f"{indent}        int nt = 1;   // terms of the slot's GEMM: its units' columns are nt apart"]
     inner = indent + "            "
     for number, (g, index, pairs) in enumerate(slots):
         nt = len(g.terms)
-        lines += [f"{indent}        {'if' if number == 0 else 'else if'} (slot == {number}) {{   // {g.name} term {index}",
-                  f"{inner}const int N = {g.n.c_expr()};",
-                  f"{inner}out = L.{g.out_buffer} + (long)b * N + (long)u0 * {nt} + {index};",
-                  f"{inner}nt = {nt};"]
+        lines.append(f"{indent}        {'if' if number == 0 else 'else if'} (slot == {number}) {{   // {g.name} "
+                     f"term {index}")
+        if g.name in sums:
+            lines.append(f"{inner}row_value = {_shared(sums[g.name][1])} + {index} * B + b;")
+        if g.name not in sums or g.out_buffer in shared.keep:
+            lines += [f"{inner}const int N = {g.n.c_expr()};",
+                      f"{inner}out = L.{g.out_buffer} + (long)b * N + (long)u0 * {nt} + {index};",
+                      f"{inner}nt = {nt};"]
         if partial[g.name]:
             lines.append(f"{inner}const float* part = L.{g.partial_buffer} + b;   // slot s of row b at s * B + b")
             lines += _combine_partials(index, nt, len(pairs), pairs[0][1] == "var_h", inner)
@@ -222,7 +322,7 @@ def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool]
             lines.append(f"{inner}const float* row = L.{g.in_buffer}{current} + (long)b * ({g.k.c_expr()});")
             lines += _whole_rows(g, pairs, inner)
         lines.append(f"{indent}        }}")
-    lines += [f"{indent}        else out = nullptr;",
+    lines += [f"{indent}        if (row_value) *row_value = acc;",
               f"{indent}        if (out) for (int j = 0; j < tu; ++j) out[j * nt] = acc;",
               f"{indent}    }}", f"{indent}}}"]
     return lines

@@ -29,7 +29,8 @@ from .cuda import c_factor, helper_source, index_expr, kernel_body, stored
 from .equations import text_equations
 from .layer_args import HALF_SUFFIX, half_copies, param_fields, struct_lines
 from .precision import precision as lookup_precision
-from .reductions import STAGING_SKIP, partial_stage, reduction_partials, reduction_sums, staged_floats
+from .reductions import (STAGING_SKIP, partial_stage, reduction_partials, reduction_sums, stage_shared,
+                         staged_floats)
 
 TILE_GEMM_HELPER = "tile_gemm.cuh"
 MMA_GEMM_HELPER = "mma_gemm.cuh"
@@ -209,15 +210,19 @@ def _pooled_store(kernel: Kernel, program: Program, precision, body: list[str], 
 
 
 def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halves=(), bulk: bool = False,
-                 pooled: bool = False, cluster=None, around=None) -> list[str]:
+                 pooled: bool = False, cluster=None, around=None, places=None) -> list[str]:
     """The kernel's statements on this block's units; a store of a buffer a GEMM reads also writes its 16-bit copy
     (in cluster mode, cluster: the tiling, into this block's copy). around: (the stage's GEMM lines, their output
     buffers), cluster mode with one element a thread: the loads that need no GEMM output go before the GEMMs
-    (engine/codegen/cluster.py preloaded)."""
+    (engine/codegen/cluster.py preloaded). places: kernel_body's, the params kept in shared memory
+    (engine/codegen/reductions.py StageShared)."""
     lines = [f"{indent}{{   // {kernel.name}: the fused backend's kernel body, on this block's units"]
     copied = {p.name for p in kernel.params if p.writes and p.kind == "buffer" and p.source in halves}
     kernel, tiles = cluster_source.reads_tiles(kernel, program, cluster) if cluster else (kernel, {})
+    body = kernel_body(kernel, precision, indent + "        ", lengths="L.lengths", places=places)
     for p in kernel.params:
+        if places and p.name in places and not any(f"{p.name}[" in line for line in body):
+            continue                           # every element in shared memory: no pointer to declare
         qualifier = "" if p.writes else "const "
         lines.append(f"{indent}    {qualifier}float* __restrict__ {p.name} = {tiles.get(p.name) or _pointer(program, p)};")
         if p.name in copied and not cluster:
@@ -239,7 +244,6 @@ def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halve
     lines.append(f"{indent}    for (int e = threadIdx.x; e < B * tu; e += blockDim.x) {{")
     lines.append(f"{indent}        const long b = e / tu;")
     lines.append(f"{indent}        const int j = u0 + (int)(e - b * tu);")
-    body = kernel_body(kernel, precision, indent + "        ", lengths="L.lengths")
     lines += _pooled_store(kernel, program, precision, body, indent + "        ") if pooled else body
     lines += [f"{indent}        {line}" for line in copies]
     lines.append(f"{indent}    }}")
@@ -375,9 +379,13 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                    and tiling.batch * tiling.units_per_block <= tiling.config.threads)
         if gemms and not preload:
             lines += _gemm_calls(program, gemms, tiling, "    ")
+        produced = [g for g in program.gemms if g.name in program.reductions and partial_from[g.name] == s]
+        free = tiling.smem_bytes // 4 - tiling.scratch_offset - STAGING_SKIP
+        shared = (stage_shared(program, s, reductions, produced, tiling.units_per_block, tiling.batch, free)
+                  if tiling.path == "tiled" and tiling.gemms and not tiling.cluster else None)
         if reductions:
             lines += reduction_sums(program, reductions, {g.name: partial_from[g.name] is not None for g in reductions},
-                                    "    ")
+                                    "    ", shared)
             lines.append("    __syncthreads();   // the reductions' sums are stored for the cell math")
         written = []                           # cluster mode: (buffer, version) whose slice goes to the cluster
         for k in kernels:
@@ -386,14 +394,17 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
             around = ((_gemm_calls(program, gemms, tiling, "    "), {g.out_buffer for g in gemms},
                        cluster_source.share(tiling, written, "    ")) if preload else None)
             lines += _elementwise(k, program, prec, "    ", halves, tiling.bulk, pooled,
-                                  tiling if tiling.cluster else None, around)
+                                  tiling if tiling.cluster else None, around, shared.places(k) if shared else None)
         if tiling.cluster and not preload:     # (the preloaded kernel shares and arrives itself, before its stores)
             lines += cluster_source.share(tiling, written, "    ") + cluster_source.arrive(tiling, "    ")
-        for g in program.gemms:
-            if g.name in program.reductions and partial_from[g.name] == s:
-                free = tiling.smem_bytes // 4 - tiling.scratch_offset - STAGING_SKIP
-                staging = tiling.path == "tiled" and staged_floats(g, tiling.units_per_block, tiling.batch) <= free
-                lines += reduction_partials(program, g, "    ", staging)
+        end = shared.end if shared else 0
+        for g in produced:
+            if shared and g.name in shared.vals:
+                lines += reduction_partials(program, g, "    ", offset=shared.vals[g.name][1], direct=True)
+            else:
+                staging = (tiling.path == "tiled"
+                           and end + staged_floats(g, tiling.units_per_block, tiling.batch) <= free)
+                lines += reduction_partials(program, g, "    ", staging, offset=end)
         lines.append("    (void)I;")
         lines.append("}")
         lines.append("")

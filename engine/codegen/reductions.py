@@ -22,6 +22,7 @@ rounds matmul operands only (engine/backends/reference.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from ..errors import CompileError
 from ..plan import Gemm, Lin, Program
@@ -105,15 +106,22 @@ class StageShared:
         places = {}
         for p in kernel.params:
             if not p.writes and p.source in sums:
-                places[p.name] = lambda a, off=sums[p.source]: [f"({_shared(off)})[{a.offset.c} * B + b]"]
+                places[p.name] = partial(_row_value, sums[p.source])
             elif p.writes and p.source in vals:
-                gemm, off = vals[p.source]
-                global_copy = p.source in self.keep
-                places[p.name] = (lambda a, n=len(gemm.operands), off=off, index=_operand_index(gemm),
-                                  name=p.name, global_copy=global_copy:
-                                  [f"({_shared(off)})[((int)b * {n} + {index[a.offset]}) * UNITS + (j - u0)]"]
-                                  + ([f"{name}[{index_expr(a)}]"] if global_copy else []))
+                places[p.name] = partial(_operand_value, *vals[p.source], p.name, p.source in self.keep)
         return places
+
+
+def _row_value(offset: int, access) -> list[str]:
+    """A load of a reduction's output at term access.offset: the row's value in StageShared.sums."""
+    return [f"({_shared(offset)})[{access.offset.c} * B + b]"]
+
+
+def _operand_value(gemm: Gemm, offset: int, param: str, global_copy: bool, access) -> list[str]:
+    """A store of a reduction's operand: its unit's place in StageShared.vals, and its global element if kept."""
+    index = _operand_index(gemm)[access.offset]
+    return ([f"({_shared(offset)})[((int)b * {len(gemm.operands)} + {index}) * UNITS + (j - u0)]"]
+            + ([f"{param}[{index_expr(access)}]"] if global_copy else []))
 
 
 def _operand_index(gemm: Gemm) -> dict:

@@ -29,8 +29,7 @@ from .cuda import c_factor, helper_source, index_expr, kernel_body, stored
 from .equations import text_equations
 from .layer_args import HALF_SUFFIX, half_copies, param_fields, struct_lines
 from .precision import precision as lookup_precision
-from .reductions import (STAGING_SKIP, partial_stage, reduction_partials, reduction_sums, stage_shared,
-                         staged_floats)
+from .reductions import STAGING_SKIP, partial_stage, reduction_partials, reduction_sums, stage_shared, staged_floats
 
 TILE_GEMM_HELPER = "tile_gemm.cuh"
 MMA_GEMM_HELPER = "mma_gemm.cuh"

@@ -14,7 +14,7 @@ import pytest
 from test_schedules_cpu import nvcc_command
 
 import engine
-from engine.codegen.reductions import partial_stage
+from engine.codegen.reductions import partial_stage, stage_shared
 from engine.codegen.wavefront import render_wavefront, stages
 from engine.compiler import make_plan
 from engine.dense import dense_form, variance_form, wavefront_network
@@ -163,3 +163,33 @@ def test_explain_says_what_the_wavefront_schedules_run():
     assert dense["stages_per_step"] == 5                  # backend 'fused' multiplies by the fixed matrices
     text = engine.explain_text(network, steps=10, batch=64, sources=False)
     assert "wavefront schedules: no GEMM; 6 row sum(s)" in text and "3 stage(s) a step" in text
+
+
+def test_reduction_values_stay_in_shared_memory_where_nothing_else_reads_them():
+    """On the tiled path the cell code writes a reduction's operands into the staging area where the block's
+    partials read them, and the consumer writes each term's row value there once for the cell code: no round trip
+    through L2. A buffer another stage reads is still written to global memory too (ln_lstm's c_next, which stage 3
+    loads); with no room, or on the warp-GEMV path (no staging area), everything goes through global memory."""
+    program, source = rendered("ln_lstm", 64, 2, 24)
+    reductions = [g for g in program.gemms if g.name in program.reductions]
+    assert len(reductions) == 3
+    for g in reductions:
+        assert f"L.{g.out_buffer}" not in source, g.name            # the row values: shared memory only
+        assert f"partials of {g.name}" in source
+    state_free = [g for g in reductions if g.stage == 2]           # W x and R h: only the partials read them
+    for g in state_free:
+        assert f"L.{g.in_buffer}" not in source, g.name
+    (c_next,) = [g for g in reductions if g.stage == 3]
+    assert f"{c_next.in_buffer}[b * H + j] = c_next;" in source     # stage 3 loads it: kept in global memory
+    assert source.count("written by the cell code") == 3
+    assert "* B + b] = acc" not in source and "row_value = smem + SCRATCH" in source
+
+    network, program = wave_program("ln_lstm", 64, 2, 24)
+    tiling = make_tiling(program, network, 24, TileConfig(), H100)
+    produced = [g for g in program.gemms if g.name in program.reductions and g.stage == 3]
+    none = stage_shared(program, 2, reductions[:2], produced, tiling.units_per_block, 24, free=0)
+    assert none.sums == {} and none.vals == {} and none.end == 0
+    some = stage_shared(program, 2, reductions[:2], produced, tiling.units_per_block, 24, free=24 * 4)
+    assert len(some.sums) == 2 and some.vals == {}                 # the operands no longer fit
+    _, gemv = rendered(ln_small, 48, 2, 3)
+    assert "row_value = smem" not in gemv and "written by the cell code" not in gemv

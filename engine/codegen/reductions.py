@@ -14,7 +14,10 @@ fixed matrices of engine/dense.py), which the wavefront schedules never multiply
 Per step and layer that is 2 x B x blocks floats and the barrier the stage has anyway, where the dense form's GEMM
 was 2 B H^2 FLOPs. Where the operands are not all stored by the step's own earlier stages (a reduction of a state),
 every block sums whole rows instead. Each thread owns a (row, term) and adds in a fixed order: reruns are
-bit-identical.
+bit-identical. Within a block nothing else goes through L2 on the tiled path (StageShared): the cell code writes the
+operands of its own units into the GEMMs' staging area, where the partials read them, and the row values go there
+once a row for the cell code to read; a buffer another stage reads is written to global memory as well. At `mid`
+that took the LayerNorm LSTM from 70.8 to 51.8 us a wavefront step on an H200 (benchmarks/NOTES.md, 2026-11-27).
 
 Rounding: none in any precision mode. A reduction is a float32 sum, not a matmul; the reference's emulation of a mode
 rounds matmul operands only (engine/backends/reference.py).

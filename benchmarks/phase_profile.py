@@ -129,7 +129,8 @@ def instrument(source: str, inner: bool = False) -> tuple[str, list[str]]:
             elif line.strip().startswith("__syncthreads();   // the reductions' sums"):      # engine/codegen/reductions.py
                 out.append(f"    rnn_prof_mark({phase(f's{stage} reduction sums')});")
             elif line.strip().startswith("__syncthreads();   // this block's units of"):
-                out.append(f"    rnn_prof_mark({phase(f's{stage} cell math')});")
+                # the first ends the cell math; a later one the partials of the reduction before it
+                out.append(f"    rnn_prof_mark({phase(f's{stage} partials' if reduced else f's{stage} cell math')});")
                 reduced = True
             elif line.strip() == "(void)I;":
                 what = ("partials" if reduced else "stores after the arrive" if arrived else

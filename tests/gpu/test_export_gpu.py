@@ -5,10 +5,8 @@ match the fused backend (same kernels, same packed weights) and the float64 NumP
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -30,8 +28,10 @@ def _arch(cupy) -> str:
 
 
 @pytest.fixture(scope="module")
-def programs(cupy, tmp_path_factory):
-    """name -> (plan, path of the built program), built in parallel."""
+def build(cupy, tmp_path_factory):
+    """name -> (plan, path of the built program), each preset's program built when a test first asks for it. Under
+    xdist the tests spread over the workers; a module fixture that built every preset in each of them ran ~15 x 25
+    nvcc builds at once (60 s of setup a worker on a 16-core host), where one build takes ~3 s."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
     try:
@@ -40,27 +40,24 @@ def programs(cupy, tmp_path_factory):
         pytest.skip(str(e))
     root = tmp_path_factory.mktemp("exports")
     arch = _arch(cupy)
-    plans = {name: export_plan(engine.preset(name), I, engine.preset(name).cell.fit_size(H), L, chunk_steps=5)
-             for name in PRESETS}
+    built = {}
 
-    def build(name):
-        plan = plans[name]
-        source = root / f"{program_name(plan)}.cu"
-        source.write_text(render_program(plan, arch=arch))
-        binary = root / program_name(plan)
-        run = subprocess.run(nvcc_command(source, binary, arch=arch), capture_output=True, text=True, timeout=600)
-        return name, binary, run
-
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        built = list(pool.map(build, PRESETS))
-    failures = [f"{name}:\n{run.stdout}{run.stderr}"[-3000:] for name, _, run in built if run.returncode != 0]
-    assert not failures, "nvcc failed:\n" + "\n".join(failures)
-    return {name: (plans[name], binary) for name, binary, _ in built}
+    def program(name):
+        if name not in built:
+            plan = export_plan(engine.preset(name), I, engine.preset(name).cell.fit_size(H), L, chunk_steps=5)
+            source = root / f"{program_name(plan)}.cu"
+            source.write_text(render_program(plan, arch=arch))
+            binary = root / program_name(plan)
+            run = subprocess.run(nvcc_command(source, binary, arch=arch), capture_output=True, text=True, timeout=600)
+            assert run.returncode == 0, f"nvcc failed for {name}:\n" + f"{run.stdout}{run.stderr}"[-3000:]
+            built[name] = plan, binary
+        return built[name]
+    return program
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_exported_program_matches_the_engine(cupy, programs, name, tmp_path):
-    plan, binary = programs[name]
+def test_exported_program_matches_the_engine(cupy, build, name, tmp_path):
+    plan, binary = build(name)
     network = plan.network
     params = engine.init_params(network, seed=5)
     rng = np.random.default_rng(9)

@@ -25,10 +25,10 @@ from engine.schedules.tiling import H100, TileConfig, make_tiling
 from engine.serialize import from_dict, to_dict
 
 
-def wave_program(name_or_cell, hidden=64, layers=2, batch=8, precision="float32"):
+def wave_program(name_or_cell, hidden=64, layers=2, batch=8, precision="float32", lengths=False):
     c = engine.preset(name_or_cell).cell if isinstance(name_or_cell, str) else name_or_cell
     network = wavefront_network(engine.Network(c, 16, c.fit_size(hidden), layers))
-    return network, make_plan(network, 5, batch, layout="interleaved", precision=precision).program
+    return network, make_plan(network, 5, batch, layout="interleaved", precision=precision, lengths=lengths).program
 
 
 def fixed_weights(c, op):
@@ -103,9 +103,9 @@ def ln_small(x, h, c):
     return {"h": tanh(layer_norm(c_next)), "c": c_next}
 
 
-def rendered(c, hidden, layers, batch, precision="float32"):
-    network, program = wave_program(c, hidden, layers, batch, precision)
-    tiling = make_tiling(program, network, batch, TileConfig(), H100)
+def rendered(c, hidden, layers, batch, precision="float32", persistent=True, lengths=False):
+    network, program = wave_program(c, hidden, layers, batch, precision, lengths)
+    tiling = make_tiling(program, network, batch, TileConfig(), H100, persistent=persistent)
     return program, render_wavefront(program, network, tiling)
 
 
@@ -125,10 +125,13 @@ def test_reduction_sources_compile_with_nvcc(tmp_path):
              "ln_small_gemv": (ln_small, 48, 2, 3, "float32"),          # warp GEMV, no staging area
              "ln_small_tiled": (ln_small, 40, 3, 24, "float32"),        # staged partials, a last block of fewer units
              "ln_lstm_bf16": ("ln_lstm", 64, 2, 19, "bfloat16"),        # tensor cores, the bulk pipeline's barriers
-             "ln_gru_tf32": ("ln_gru", 48, 1, 64, "tf32")}
+             "ln_gru_tf32": ("ln_gru", 48, 1, 64, "tf32"),
+             # the values in shared memory (StageShared) in the graph schedule's stage kernels, and with lengths
+             "ln_lstm_graph": ("ln_lstm", 64, 2, 24, "float32", {"persistent": False}),
+             "ln_lstm_lengths": ("ln_lstm", 64, 2, 24, "float32", {"lengths": True})}
     jobs = []
-    for label, (c, hidden, layers, batch, precision) in cases.items():
-        _, source = rendered(c, hidden, layers, batch, precision)
+    for label, (c, hidden, layers, batch, precision, *options) in cases.items():
+        _, source = rendered(c, hidden, layers, batch, precision, **(options[0] if options else {}))
         path = tmp_path / f"{label}.cu"
         path.write_text(source)
         jobs.append((label, nvcc_command(path, tmp_path / f"{label}.cubin")))

@@ -40,11 +40,20 @@ def partial_stage(program: Program, gemm: Gemm, present: tuple[int, ...]) -> int
     before = [p for p in present if p < gemm.stage]
     if not before or program.buffer(gemm.in_buffer).double:
         return None
-    writers = [k.stage for k in program.kernels for st in k.stores
-               if next(p for p in k.params if p.name == st.access.param).source == gemm.in_buffer]
+    writers = [k.stage for k, _ in _stores_into(program, gemm.in_buffer)]
     if not writers or max(writers) > before[-1]:
         return None
     return before[-1]
+
+
+def _source(kernel, access) -> str:
+    """The buffer a kernel's load or store reaches (its param's source)."""
+    return next(p for p in kernel.params if p.name == access.param).source
+
+
+def _stores_into(program: Program, buffer: str) -> list:
+    """(kernel, access) of every store into `buffer`."""
+    return [(k, st.access) for k in program.kernels for st in k.stores if _source(k, st.access) == buffer]
 
 
 def _terms(program: Program, gemm: Gemm) -> tuple[tuple[tuple[str, str], ...], ...]:
@@ -148,15 +157,14 @@ def stage_shared(program: Program, stage: int, consumed: list[Gemm], produced: l
     mine = [k for k in program.kernels if k.stage == stage]
     for g in consumed:
         nt = len(g.terms)
-        loads = [ld.access for k in mine for ld in k.loads if ld.access is not None
-                 and next(p for p in k.params if p.name == ld.access.param).source == g.out_buffer]
+        loads = [ld.access for k in mine for ld in k.loads
+                 if ld.access is not None and _source(k, ld.access) == g.out_buffer]
         if all(a.rows == "batch" and a.stride == nt and a.offset == Lin(c=a.offset.c) and a.offset.c < nt
                for a in loads) and end + batch * nt <= free:
             sums[g.name], end = (g, end), end + batch * nt
     for g in produced:
         index = _operand_index(g)
-        stores = [(k, st.access) for k in program.kernels for st in k.stores
-                  if next(p for p in k.params if p.name == st.access.param).source == g.in_buffer]
+        stores = _stores_into(program, g.in_buffer)
         size = batch * len(g.operands) * units
         if (all(k.stage == stage and a.rows == "batch" and a.stride == 1 and a.offset in index for k, a in stores)
                 and {index[a.offset] for _, a in stores} == set(range(len(g.operands))) and end + size <= free):

@@ -20,6 +20,8 @@ specific to one network and batch, and the code specializes on them (no runtime 
 """
 from __future__ import annotations
 
+import re
+
 from ..c_names import kernel_prefix
 from ..errors import CompileError
 from ..network import Network
@@ -220,7 +222,7 @@ def _elementwise(kernel: Kernel, program: Program, precision, indent: str, halve
     kernel, tiles = cluster_source.reads_tiles(kernel, program, cluster) if cluster else (kernel, {})
     body = kernel_body(kernel, precision, indent + "        ", lengths="L.lengths", places=places)
     for p in kernel.params:
-        if places and p.name in places and not any(f"{p.name}[" in line for line in body):
+        if places and p.name in places and not any(re.search(rf"\b{p.name}\[", line) for line in body):
             continue                           # every element in shared memory: no pointer to declare
         qualifier = "" if p.writes else "const "
         lines.append(f"{indent}    {qualifier}float* __restrict__ {p.name} = {tiles.get(p.name) or _pointer(program, p)};")

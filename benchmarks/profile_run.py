@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", default="float32")
     parser.add_argument("--layers-per-launch", type=int, default=None)
     parser.add_argument("--launches", type=int, default=2)
+    parser.add_argument("--sync", default=None, help="grid or layer (TileConfig.sync); default: the tiling's")
+    parser.add_argument("--units", type=int, default=None, help="hidden units a block (TileConfig.units_per_block)")
     args = parser.parse_args(argv)
     import cupy
 
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
     params = engine.init_params(network, seed=0)
     x = cupy.asarray(np.random.default_rng(1).standard_normal((cfg.steps, cfg.batch, cfg.input_size)),
                      dtype=cupy.float32)
-    config = TileConfig(layers_per_launch=args.layers_per_launch)
+    config = TileConfig(layers_per_launch=args.layers_per_launch, sync=args.sync, units_per_block=args.units)
     sched = schedule_class(args.schedule)(network, params, config=config, precision=args.precision)
     out = sched.run(x, poison=True).outputs
     ref = fused.prepare(network, params).run(x).outputs

@@ -266,17 +266,21 @@ def _chunks(indent: str, loads: dict[str, str], passes: list[str], between: list
     return lines + [f"{indent}    {line}" for line in after] + [f"{indent}}}"]
 
 
-def _combine_partials(index: int, nt: int, parts: int, var: bool, indent: str) -> list[str]:
-    """acc = the row's value of term `index` from the blocks' partials. A variance: per chunk of 32 blocks, their
-    mean from their sums and their squares about it (independent operations, no chain of divisions), then the
-    chunk merged into the running (count, mean, squares) (Chan, Golub & LeVeque's pairwise update)."""
+def _combine_partials(col: str, col2: str, parts: int, var: bool, indent: str) -> list[str]:
+    """acc = the row's value of the term whose partials are at column `col` (a variance's squares at `col2`; both
+    C expressions) from the blocks' partials. A variance: per chunk of 32 blocks, their mean from their sums and
+    their squares about it (independent operations, no chain of divisions), then the chunk merged into the running
+    (count, mean, squares) (Chan, Golub & LeVeque's pairwise update). A block's mean is its sum times the reciprocal
+    of its count, a constant once the loop is unrolled: a division by a count that is not a power of two (24 at
+    blogB) is an IEEE division with a branch to its slow path, and 43 of them in a row, with the code they took,
+    cost ~1.5 us of each consumer at blogB (H200, benchmarks/NOTES.md 2026-11-27 16:30)."""
     if not var:
-        return _chunks(indent, {"sums": str(index)}, ["acc += sums[i];"])
+        return _chunks(indent, {"sums": col}, ["acc += sums[i];"])
     size = f"(float)({parts} * min(UNITS, H - blk * UNITS))"      # the values a block's partials cover
     return ([f"{indent}float n = 0.0f, mean = 0.0f, m2 = 0.0f;   // the chunks merged one by one"]
-            + _chunks(indent, {"sums": str(index), "m2s": f"{nt} + {index}"},
+            + _chunks(indent, {"sums": col, "m2s": col2},
                       ["cs += sums[i]; cn += " + size + ";",
-                       f"const float d = sums[i] / {size} - cmean; cm2 += m2s[i] + {size} * d * d;"],
+                       f"const float d = sums[i] * (1.0f / {size}) - cmean; cm2 += m2s[i] + {size} * d * d;"],
                       before=["float cs = 0.0f, cn = 0.0f;"],
                       between=["const float cmean = cs / cn;", "float cm2 = 0.0f;"],
                       after=["const float d = cmean - mean, total = n + cn;",
@@ -310,7 +314,10 @@ def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool]
     them: their loads all in flight together), written to this block's units (interleaved columns: unit j of term
     k at j * terms + k), or once a row to shared memory where shared.sums has the GEMM (and to the units too where
     another stage reads them); from the blocks' partials where partial[gemm], else from the whole rows of the
-    operands."""
+    operands. The slots' sums share one copy of their code for each shape (a sum, or a variance of so many operands),
+    which reads the slot's partials at the columns its branch sets: a copy a slot made the LayerNorm LSTM's kernel
+    136 KB of code at blogB, and its GEMM, the same instructions, took 9.4 us a step instead of 8.4 at 100 KB (H200;
+    a kernel past the SM's instruction cache refetches its code every step)."""
     slots = [(g, index, pairs) for g in gemms for index, pairs in enumerate(_terms(program, g))]
     sums = shared.sums if shared else {}
     lines = [f"{indent}{{   // reductions, no GEMM: " + "; ".join(
@@ -322,7 +329,13 @@ def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool]
              f"{indent}        float* out = nullptr;   // the units' columns in global memory",
              f"{indent}        float* row_value = nullptr;   // the row's value in shared memory",
              f"{indent}        int nt = 1;   // terms of the slot's GEMM: its units' columns are nt apart"]
+    lines += [] if not any(partial[g.name] for g, _, _ in slots) else [
+              f"{indent}        const float* part = nullptr;   // the slot's partials: row b's term at column col "
+              "(col * BLOCKS_PER_LAYER * B + b), a variance's squares at col2",
+              f"{indent}        int col = 0, col2 = 0, shape = -1;   // shape: which of the sums below adds them",
+              f"{indent}        (void)col2;"]
     inner = indent + "            "
+    shapes: dict = {}                          # (variance, operands): the number of its code, one copy for all slots
     for number, (g, index, pairs) in enumerate(slots):
         nt = len(g.terms)
         lines.append(f"{indent}        {'if' if number == 0 else 'else if'} (slot == {number}) {{   // {g.name} "
@@ -334,12 +347,18 @@ def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool]
                       f"{inner}out = L.{g.out_buffer} + (long)b * N + (long)u0 * {nt} + {index};",
                       f"{inner}nt = {nt};"]
         if partial[g.name]:
-            lines.append(f"{inner}const float* part = L.{g.partial_buffer} + b;   // slot s of row b at s * B + b")
-            lines += _combine_partials(index, nt, len(pairs), pairs[0][1] == "var_h", inner)
+            shape = shapes.setdefault((pairs[0][1] == "var_h", len(pairs)), len(shapes))
+            lines.append(f"{inner}part = L.{g.partial_buffer} + b; col = {index}; col2 = {nt} + {index}; "
+                         f"shape = {shape};")
         else:
             current = "[t & 1]" if program.buffer(g.in_buffer).double else ""    # a state's home: its version of step t
             lines.append(f"{inner}const float* row = L.{g.in_buffer}{current} + (long)b * ({g.k.c_expr()});")
             lines += _whole_rows(g, pairs, inner)
+        lines.append(f"{indent}        }}")
+    for (var, parts), shape in shapes.items():
+        lines.append(f"{indent}        {'if' if shape == 0 else 'else if'} (shape == {shape}) {{   // "
+                     + (f"a variance of {parts} operands" if var else "a sum"))
+        lines += _combine_partials("col", "col2", parts, var, inner)
         lines.append(f"{indent}        }}")
     lines += [f"{indent}        if (row_value) *row_value = acc;",
               f"{indent}        if (out) for (int j = 0; j < tu; ++j) out[j * nt] = acc;",

@@ -273,7 +273,7 @@ def _combine_partials(col: str, col2: str, parts: int, var: bool, indent: str) -
     (count, mean, squares) (Chan, Golub & LeVeque's pairwise update). A block's mean is its sum times the reciprocal
     of its count, a constant once the loop is unrolled: a division by a count that is not a power of two (24 at
     blogB) is an IEEE division with a branch to its slow path, and 43 of them in a row, with the code they took,
-    cost ~1.5 us of each consumer at blogB (H200, benchmarks/NOTES.md 2026-11-27 16:30)."""
+    cost ~1.5 us of each consumer at blogB (H200, benchmarks/NOTES.md 2026-11-27 15:50)."""
     if not var:
         return _chunks(indent, {"sums": col}, ["acc += sums[i];"])
     size = f"(float)({parts} * min(UNITS, H - blk * UNITS))"      # the values a block's partials cover

@@ -123,10 +123,11 @@ def _balanced(text: str) -> bool:
     return depth == 0
 
 
-def reads_rows(kernel: Kernel) -> bool:
-    """Whether the kernel touches a (T*B, .) sequence buffer, so it needs the row of step t."""
-    return any(load.access is not None and load.access.rows == "sequence" for load in kernel.loads) or any(
-        s.access.rows == "sequence" for s in kernel.stores)
+def reads_rows(kernel: Kernel, places=()) -> bool:
+    """Whether the kernel touches a (T*B, .) sequence buffer, so it needs the row of step t (a load of a param in
+    `places` reads shared memory instead)."""
+    return any(load.access is not None and load.access.rows == "sequence" and load.access.param not in places
+               for load in kernel.loads) or any(s.access.rows == "sequence" for s in kernel.stores)
 
 
 def stored(store) -> str:
@@ -151,7 +152,7 @@ def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", 
     places = places or {}
     compute = precision.compute
     lines = []
-    if reads_rows(kernel):
+    if reads_rows(kernel, places):
         lines.append("const long row = (long)t * B + b;   // row of step t in (T*B, .) sequence buffers")
     if kernel.loads:
         lines.append("// load")

@@ -32,6 +32,8 @@ from .equations import text_equations
 from .layer_args import HALF_SUFFIX, half_copies, param_fields, struct_lines
 from .precision import precision as lookup_precision
 from .reductions import STAGING_SKIP, partial_stage, reduction_partials, reduction_sums, stage_shared, staged_floats
+from .shared_outputs import places as output_places
+from .shared_outputs import staging_floats
 
 TILE_GEMM_HELPER = "tile_gemm.cuh"
 MMA_GEMM_HELPER = "mma_gemm.cuh"
@@ -62,7 +64,8 @@ def _head_columns(heads: int, head_k: str) -> str:
     return f"(long)(u0 / (H / {heads})) * {head_k}"
 
 
-def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = False, cluster=None) -> dict[str, str]:
+def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = False, cluster=None,
+                   tiling=None) -> dict[str, str]:
     """The C expressions of one GEMM's operands for this block (its nt x tu columns); X is the 16-bit copy
     when the buffer has one (half_copies), and in cluster mode (cluster: the tiling) the block's own copy of it in
     shared memory. A weight streamed by the bulk pipeline is chunked per block (engine/schedules/base.py
@@ -96,6 +99,9 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
             out["Y"], out["N"] = cluster_source.gemm_output(cluster, gemm)
         out["bias"] = "nullptr"
         out["what"] = ", ".join(t.name for t in gemm.terms)
+    for name, offset, _ in (tiling.y_shared if tiling else ()):   # Y kept in shared memory (shared_outputs.py)
+        if name == gemm.name:
+            out["Y"] = f"smem + {offset}"
     return out
 
 
@@ -127,13 +133,14 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
     """Every GEMM of one stage for this block, then a barrier: their outputs are complete for the block."""
     tiles = {t.name: t for t in tiling.gemms}
     halves = half_copies(program, tiling)
-    ops = [_gemm_operands(program, g, tiles[g.name], halves, tiling.bulk, tiling if tiling.cluster else None)
+    ops = [_gemm_operands(program, g, tiles[g.name], halves, tiling.bulk, tiling if tiling.cluster else None, tiling)
            for g in gemms]
     lines = [f"{indent}{{   // the stage's GEMMs, this block's columns: "
              + "; ".join(f"{g.name} ({o['what']})" for g, o in zip(gemms, ops))]
+    kept = {name: ld for name, _, ld in tiling.y_shared}   # Y in shared memory: N is its row stride there
     for g in gemms:                      # (cluster mode: Y is a tile of its own width in shared memory)
         lines.append(f"{indent}    const int K_{g.name} = {g.k.c_expr()}" +
-                     (";" if tiling.cluster and not g.hoisted else f", N_{g.name} = {g.n.c_expr()};"))
+                     (";" if tiling.cluster and not g.hoisted else f", N_{g.name} = {kept.get(g.name, g.n.c_expr())};"))
     prec = lookup_precision(program.precision)
     if tiling.path == "gemv":
         warps = tiling.config.threads // 32
@@ -381,7 +388,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
         if gemms and not preload:
             lines += _gemm_calls(program, gemms, tiling, "    ")
         produced = [g for g in program.gemms if g.name in program.reductions and partial_from[g.name] == s]
-        free = tiling.smem_bytes // 4 - tiling.scratch_offset - STAGING_SKIP
+        free = staging_floats(tiling) - tiling.scratch_offset - STAGING_SKIP
         shared = (stage_shared(program, s, reductions, produced, tiling.units_per_block, tiling.batch, free)
                   if tiling.path == "tiled" and tiling.gemms and not tiling.cluster else None)
         if reductions:
@@ -394,8 +401,9 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
             written += [(sources[name], version) for name, version in _copied_versions(k, halves)]
             around = ((_gemm_calls(program, gemms, tiling, "    "), {g.out_buffer for g in gemms},
                        cluster_source.share(tiling, written, "    ")) if preload else None)
+            places = {**(shared.places(k) if shared else {}), **output_places(k, program, tiling)}
             lines += _elementwise(k, program, prec, "    ", halves, tiling.bulk, pooled,
-                                  tiling if tiling.cluster else None, around, shared.places(k) if shared else None)
+                                  tiling if tiling.cluster else None, around, places or None)
         if tiling.cluster and not preload:     # (the preloaded kernel shares and arrives itself, before its stores)
             lines += cluster_source.share(tiling, written, "    ") + cluster_source.arrive(tiling, "    ")
         end = shared.end if shared else 0

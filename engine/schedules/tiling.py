@@ -9,7 +9,6 @@ the persistent kernel, a kernel boundary in the graph schedule).
 
     tiling = make_tiling(program, network, batch, TileConfig(units_per_block=16), device)
     tiling.blocks, tiling.smem_bytes, tiling.resident      # what the launch needs
-
 All of it is plain arithmetic on sizes, testable without a GPU. `DeviceLimits` carries the few
 device properties it needs (read from CuPy on the GPU, fixed numbers in tests).
 """
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from ..codegen.precision import Precision
 from ..codegen.precision import precision as lookup_precision
+from ..codegen.shared_outputs import shared_outputs
 from ..errors import CompileError
 from ..network import Network
 from ..plan import Program
@@ -139,6 +139,7 @@ class Tiling:
     local_x: tuple = ()                # sync="cluster": the step GEMMs' operands in shared memory (cluster.LocalX)
     local_y: tuple = ()                # sync="cluster": the step GEMMs' outputs in shared memory (cluster.LocalY)
     wgmma: tuple[int, int, int] = (0, 0, 0)   # sync="cluster": the wgmma path's (tiles, parts, k steps a part), or 0s
+    y_shared: tuple = ()               # the step GEMMs' outputs in shared memory (shared_outputs.py): (name, at, ld)
 
     def __post_init__(self):
         if not self.network_layers:
@@ -203,7 +204,7 @@ class Tiling:
                 f"{self.smem_bytes / 1024:.1f} KiB shared memory per block, "
                 f"weights resident in shared memory: {res}"
                 + (", layer 0 projects its input in the kernel" if self.layer0_in_kernel else "")
-                + "".join(f", {g.name} reads one head's {g.k_max} of {g.k_max * g.heads} columns (heads: {g.heads})"
+                + (", the GEMMs' outputs kept in shared memory" if self.y_shared else "") + "".join(f", {g.name} reads one head's {g.k_max} of {g.k_max * g.heads} columns (heads: {g.heads})"
                           for g in self.gemms if g.heads > 1))
 
 
@@ -593,6 +594,7 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         if why:
             raise CompileError(f"TileConfig.sync='head' cannot synchronise cell '{program.cell.name}' by heads: {why}; "
                                "hint: sync='grid' or 'layer'")
-    return Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent,
-                  tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
-                  bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs, rs)
+    return shared_outputs(program, Tiling(
+        config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent, tuple(notes), path,
+        layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile, bulk, round(l2_keep, 3),
+        bpl // group_heads if cluster else 0, local, outputs, rs))

@@ -172,13 +172,17 @@ class WavefrontSchedule:
         L = network.num_layers
         # Version 0 of every buffer that holds a state's home sits in one arena: zero states are one memset.
         homes = {h.slot.buffer for h in program.homes}
+        # The GEMM outputs the kernel keeps in shared memory (engine/codegen/shared_outputs.py) are never touched in
+        # global memory: one element each (an input projection's would be T x B x its columns a layer).
+        unused = {g.out_buffer for g in program.gemms for name, _, _ in tiling.y_shared if g.name == name}
         shapes = {}
         for layer in range(L):
             sizes = plan.layer_sizes(layer)
             Tl = self.steps_[layer].steps          # T, or fewer steps above a pool
             for buf in program.buffers:
                 if buf.name != program.input_buffer:
-                    shapes[layer, buf.name] = (Tl * B if buf.rows == "sequence" else B, buf.cols(sizes))
+                    shapes[layer, buf.name] = ((1, 1) if buf.name in unused else
+                                               (Tl * B if buf.rows == "sequence" else B, buf.cols(sizes)))
         # Each view starts on a 256-byte boundary, as a buffer of its own would: the kernels read rows as float4.
         def span(shape):
             return -(-shape[0] * shape[1] // 64) * 64

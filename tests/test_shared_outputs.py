@@ -49,3 +49,16 @@ def test_outputs_stay_in_global_memory_where_they_do_not_fit_or_the_kernel_is_no
     program = make_plan(network, 10, 64, layout="interleaved", precision="bfloat16").program
     bf16 = make_tiling(program, network, 64, TileConfig(), H100, persistent=True)
     assert bf16.y_shared == ()                                    # the tensor-core MMAs write Y as before
+
+
+def test_the_outputs_kept_in_shared_memory_are_not_counted_as_device_memory():
+    from engine.backends.fused import plan_bytes
+    from engine.codegen.shared_outputs import untouched
+    I, H, L, T, B = 64, 256, 3, 1000, 64
+    network = wavefront_network(engine.Network(engine.preset("lstm").cell, I, H, L))
+    plan = make_plan(network, T, B, layout="interleaved")
+    tiling = make_tiling(plan.program, network, B, TileConfig(), H100, persistent=True)
+    unused = untouched(plan.program, tiling)
+    assert unused == {g.out_buffer for g in plan.program.gemms}          # x_proj's and h_gemm's results
+    # the input projection's result alone is T x B x 4H floats a layer
+    assert plan_bytes(plan) - plan_bytes(plan, unused) == L * (T * B + B) * 4 * H * 4

@@ -192,15 +192,16 @@ class Executor:
         trace.append((name, layer, t, start, self.device.record(layer, timing=True)))
 
 
-def plan_bytes(plan: Plan) -> int:
-    """Device memory the run allocates: buffers, packed weights, parameter vectors and the input."""
+def plan_bytes(plan: Plan, untouched=frozenset()) -> int:
+    """Device memory the run allocates: buffers (but those in `untouched`, one element each), packed weights,
+    parameter vectors and the input."""
     program, network = plan.program, plan.network
     T, B = plan.steps, plan.batch
     total = T * B * network.input_size
     for layer in range(network.num_layers):
         sizes = network.layer_sizes(layer)
         for buf in program.buffers:
-            if buf.name == program.input_buffer:
+            if buf.name == program.input_buffer or buf.name in untouched:
                 continue
             rows = T * B if buf.rows == "sequence" else B
             total += rows * buf.cols(sizes) * (2 if buf.double else 1)

@@ -40,6 +40,12 @@ def shared_outputs(program, tiling):
     return kept if readable(program, kept) else tiling
 
 
+def untouched(program, tiling) -> set:
+    """The GEMM output buffers the kernel never reads or writes in global memory (its Y is in shared memory): a run
+    allocates one element for each (an input projection's would be T x B x its columns a layer)."""
+    return {g.out_buffer for g in program.gemms for name, _, _ in tiling.y_shared if g.name == name}
+
+
 def staging_floats(tiling) -> int:
     """Floats of shared memory before the outputs' region (all of it where there is none)."""
     return min((offset for _, offset, _ in tiling.y_shared), default=tiling.smem_bytes // FLOAT_BYTES)

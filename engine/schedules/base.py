@@ -28,6 +28,7 @@ from ..backends.lengths import check_lengths
 from ..chunk_replay import CaptureError, ChunkReplay
 from ..codegen.layer_args import half_copies, layer_fields
 from ..codegen.nvrtc import load_module
+from ..codegen.shared_outputs import untouched
 from ..codegen.wavefront import POOL_OPS, entry_points, render_wavefront, stages
 from ..compiler import make_plan
 from ..dense import dense, variance_network
@@ -172,9 +173,7 @@ class WavefrontSchedule:
         L = network.num_layers
         # Version 0 of every buffer that holds a state's home sits in one arena: zero states are one memset.
         homes = {h.slot.buffer for h in program.homes}
-        # The GEMM outputs the kernel keeps in shared memory (engine/codegen/shared_outputs.py) are never touched in
-        # global memory: one element each (an input projection's would be T x B x its columns a layer).
-        unused = {g.out_buffer for g in program.gemms for name, _, _ in tiling.y_shared if g.name == name}
+        unused = untouched(program, tiling)    # Y in shared memory (engine/codegen/shared_outputs.py): one element
         shapes = {}
         for layer in range(L):
             sizes = plan.layer_sizes(layer)
@@ -326,7 +325,7 @@ class WavefrontSchedule:
         return getattr(self.steps_[layer], name)
 
     def _check_memory(self, plan: Plan) -> None:
-        needed = plan_bytes(plan)
+        needed = plan_bytes(plan, untouched(plan.program, self.tiling))
         check_fits(needed, f"schedule '{self.name}' with T={plan.steps}, B={plan.batch}, L={self.network.num_layers}, "
                    f"H={self.network.hidden_size}", "x's steps and batch, hidden_size", on="device",
                    limit=available_device_bytes(self.cupy), hint="run fewer steps or a smaller batch at a time")

@@ -249,6 +249,11 @@ class Access:
     offset: Lin = Lin()
     stride: int = 1
 
+    def fixed_term(self, terms: int) -> bool:
+        """Whether this reads unit j of one term of an interleaved GEMM output of `terms` terms: stride `terms`, a
+        constant offset below it."""
+        return self.stride == terms and self.offset == Lin(c=self.offset.c) and 0 <= self.offset.c < terms
+
 
 @dataclass(frozen=True)
 class Load:

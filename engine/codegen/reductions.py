@@ -159,8 +159,7 @@ def stage_shared(program: Program, stage: int, consumed: list[Gemm], produced: l
         nt = len(g.terms)
         loads = [ld.access for k in mine for ld in k.loads
                  if ld.access is not None and _source(k, ld.access) == g.out_buffer]
-        if all(a.rows == "batch" and a.stride == nt and a.offset == Lin(c=a.offset.c) and a.offset.c < nt
-               for a in loads) and end + batch * nt <= free:
+        if all(a.rows == "batch" and a.fixed_term(nt) for a in loads) and end + batch * nt <= free:
             sums[g.name], end = (g, end), end + batch * nt
     for g in produced:
         index = _operand_index(g)

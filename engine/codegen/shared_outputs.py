@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..plan import Lin
-
 FLOAT_BYTES = 4
 
 
@@ -40,10 +38,16 @@ def shared_outputs(program, tiling):
     return kept if readable(program, kept) else tiling
 
 
+def _kept(program, tiling) -> dict:
+    """{output buffer: (GEMM, float offset, row stride)} of the outputs kept in shared memory."""
+    return {g.out_buffer: (g, offset, ld) for g in program.gemms for name, offset, ld in tiling.y_shared
+            if g.name == name}
+
+
 def untouched(program, tiling) -> set:
     """The GEMM output buffers the kernel never reads or writes in global memory (its Y is in shared memory): a run
     allocates one element for each (an input projection's would be T x B x its columns a layer)."""
-    return {g.out_buffer for g in program.gemms for name, _, _ in tiling.y_shared if g.name == name}
+    return set(_kept(program, tiling))
 
 
 def staging_floats(tiling) -> int:
@@ -55,15 +59,9 @@ def places(kernel, program, tiling) -> dict:
     """kernel_body's places for the kernel's loads of an output kept in shared memory: element (row b, term offset c,
     unit j) of GEMM output Y at b * ld + c + terms * (j - u0) of its region (shared_outputs keeps an output there only
     where every load of it has that form: readable)."""
-    found = {}
-    shared = {g.out_buffer: (g, offset, ld) for g in program.gemms for name, offset, ld in tiling.y_shared
-              if g.name == name}
-    for p in kernel.params:
-        if p.writes or p.source not in shared:
-            continue
-        g, offset, ld = shared[p.source]
-        found[p.name] = _reader(offset, ld, len(g.terms))
-    return found
+    kept = _kept(program, tiling)
+    return {p.name: _reader(kept[p.source][1], kept[p.source][2], len(kept[p.source][0].terms))
+            for p in kernel.params if not p.writes and p.source in kept}
 
 
 def _reader(offset: int, ld: int, terms: int):
@@ -75,15 +73,12 @@ def _reader(offset: int, ld: int, terms: int):
 def readable(program, tiling) -> bool:
     """Whether every load of every kept output reads an element of the form places() writes: a row of the step
     (batch rows, or the step's row of a sequence), a term at a fixed offset, the block's own unit."""
-    kept = {g.out_buffer: g for g in program.gemms for name, _, _ in tiling.y_shared if g.name == name}
+    kept = _kept(program, tiling)
     for k in program.kernels:
         sources = {p.name: p.source for p in k.params}
         for ld in k.loads:
             a = ld.access
-            if a is None or sources.get(a.param) not in kept:
-                continue
-            g = kept[sources[a.param]]
-            if (a.rows not in ("batch", "sequence") or a.stride != len(g.terms) or a.offset != Lin(c=a.offset.c)
-                    or not 0 <= a.offset.c < len(g.terms)):
+            if a is not None and sources.get(a.param) in kept and not (
+                    a.rows in ("batch", "sequence") and a.fixed_term(len(kept[sources[a.param]][0].terms))):
                 return False
     return True

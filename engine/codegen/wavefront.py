@@ -64,13 +64,13 @@ def _head_columns(heads: int, head_k: str) -> str:
     return f"(long)(u0 / (H / {heads})) * {head_k}"
 
 
-def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = False, cluster=None,
-                   tiling=None) -> dict[str, str]:
+def _gemm_operands(program: Program, gemm: Gemm, tile, tiling, halves=()) -> dict[str, str]:
     """The C expressions of one GEMM's operands for this block (its nt x tu columns); X is the 16-bit copy
-    when the buffer has one (half_copies), and in cluster mode (cluster: the tiling) the block's own copy of it in
-    shared memory. A weight streamed by the bulk pipeline is chunked per block (engine/schedules/base.py
+    when the buffer has one (half_copies), and in cluster mode the block's own copy of it in shared memory; Y is in
+    shared memory where the tiling keeps it there (shared_outputs.py). A weight streamed by the bulk pipeline is chunked per block (engine/schedules/base.py
     chunked_weight): NC_STREAMED rows a block."""
     nt = len(gemm.terms)
+    bulk, cluster = tiling.bulk, (tiling if tiling.cluster else None)
     wt = lookup_precision(program.precision).weight_type
     resident = f"smem + {tile.smem_offset}" if wt == "float" else f"reinterpret_cast<const {wt}*>(smem + {tile.smem_offset})"
     rows = "(u0 / UNITS) * NC_STREAMED" if bulk and not tile.resident else f"u0 * {nt}"
@@ -99,7 +99,7 @@ def _gemm_operands(program: Program, gemm: Gemm, tile, halves=(), bulk: bool = F
             out["Y"], out["N"] = cluster_source.gemm_output(cluster, gemm)
         out["bias"] = "nullptr"
         out["what"] = ", ".join(t.name for t in gemm.terms)
-    for name, offset, _ in (tiling.y_shared if tiling else ()):   # Y kept in shared memory (shared_outputs.py)
+    for name, offset, _ in tiling.y_shared:
         if name == gemm.name:
             out["Y"] = f"smem + {offset}"
     return out
@@ -133,8 +133,7 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
     """Every GEMM of one stage for this block, then a barrier: their outputs are complete for the block."""
     tiles = {t.name: t for t in tiling.gemms}
     halves = half_copies(program, tiling)
-    ops = [_gemm_operands(program, g, tiles[g.name], halves, tiling.bulk, tiling if tiling.cluster else None, tiling)
-           for g in gemms]
+    ops = [_gemm_operands(program, g, tiles[g.name], tiling, halves) for g in gemms]
     lines = [f"{indent}{{   // the stage's GEMMs, this block's columns: "
              + "; ".join(f"{g.name} ({o['what']})" for g, o in zip(gemms, ops))]
     kept = {name: ld for name, _, ld in tiling.y_shared}   # Y in shared memory: N is its row stride there

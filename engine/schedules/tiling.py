@@ -9,6 +9,7 @@ the persistent kernel, a kernel boundary in the graph schedule).
 
     tiling = make_tiling(program, network, batch, TileConfig(units_per_block=16), device)
     tiling.blocks, tiling.smem_bytes, tiling.resident      # what the launch needs
+
 All of it is plain arithmetic on sizes, testable without a GPU. `DeviceLimits` carries the few
 device properties it needs (read from CuPy on the GPU, fixed numbers in tests).
 """
@@ -204,7 +205,8 @@ class Tiling:
                 f"{self.smem_bytes / 1024:.1f} KiB shared memory per block, "
                 f"weights resident in shared memory: {res}"
                 + (", layer 0 projects its input in the kernel" if self.layer0_in_kernel else "")
-                + (", the GEMMs' outputs kept in shared memory" if self.y_shared else "") + "".join(f", {g.name} reads one head's {g.k_max} of {g.k_max * g.heads} columns (heads: {g.heads})"
+                + (", the GEMMs' outputs kept in shared memory" if self.y_shared else "")
+                + "".join(f", {g.name} reads one head's {g.k_max} of {g.k_max * g.heads} columns (heads: {g.heads})"
                           for g in self.gemms if g.heads > 1))
 
 
@@ -438,7 +440,6 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     # With several layers a launch, the first projects its input in the kernel like the others: its blocks have
     # only the recurrent GEMM otherwise, so the projection rides free on the wavefront's critical path.
     layer0_in_kernel = L > 1
-
     tiles, head_of = [], {}
     for g in program.gemms:
         if g.hoisted and L == 1:
@@ -594,7 +595,6 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         if why:
             raise CompileError(f"TileConfig.sync='head' cannot synchronise cell '{program.cell.name}' by heads: {why}; "
                                "hint: sync='grid' or 'layer'")
-    return shared_outputs(program, Tiling(
-        config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits, persistent, tuple(notes), path,
-        layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile, bulk, round(l2_keep, 3),
-        bpl // group_heads if cluster else 0, local, outputs, rs))
+    return shared_outputs(program, Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits,
+        persistent, tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
+        bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs, rs))

@@ -328,13 +328,13 @@ def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool]
              f"{indent}        float* out = nullptr;   // the units' columns in global memory",
              f"{indent}        float* row_value = nullptr;   // the row's value in shared memory",
              f"{indent}        int nt = 1;   // terms of the slot's GEMM: its units' columns are nt apart"]
-    lines += [] if not any(partial[g.name] for g, _, _ in slots) else [
-              f"{indent}        const float* part = nullptr;   // the slot's partials: row b's term at column col "
-              "(col * BLOCKS_PER_LAYER * B + b), a variance's squares at col2",
-              f"{indent}        int col = 0, col2 = 0, shape = -1;   // shape: which of the sums below adds them",
-              f"{indent}        (void)col2;"]
+    if any(partial[g.name] for g, _, _ in slots):
+        lines += [f"{indent}        const float* part = nullptr;   // the slot's partials: row b's term at column col "
+                  "(col * BLOCKS_PER_LAYER * B + b), a variance's squares at col2",
+                  f"{indent}        int col = 0, col2 = 0, shape = -1;   // shape: which of the sums below adds them",
+                  f"{indent}        (void)col2;"]
     inner = indent + "            "
-    shapes: dict = {}                          # (variance, operands): the number of its code, one copy for all slots
+    shapes: dict = {}       # (variance, its operands; a sum: 0): the number of its code, one copy for all slots
     for number, (g, index, pairs) in enumerate(slots):
         nt = len(g.terms)
         lines.append(f"{indent}        {'if' if number == 0 else 'else if'} (slot == {number}) {{   // {g.name} "
@@ -346,7 +346,8 @@ def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool]
                       f"{inner}out = L.{g.out_buffer} + (long)b * N + (long)u0 * {nt} + {index};",
                       f"{inner}nt = {nt};"]
         if partial[g.name]:
-            shape = shapes.setdefault((pairs[0][1] == "var_h", len(pairs)), len(shapes))
+            var = pairs[0][1] == "var_h"
+            shape = shapes.setdefault((var, len(pairs) if var else 0), len(shapes))
             lines.append(f"{inner}part = L.{g.partial_buffer} + b; col = {index}; col2 = {nt} + {index}; "
                          f"shape = {shape};")
         else:

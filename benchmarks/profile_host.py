@@ -1,6 +1,7 @@
 """The host (Python) time of one schedule run, and where it goes: cProfile over many runs of a prepared program.
 
-    python benchmarks/profile_host.py [--preset lstm] [-I 512] [-H 512] [-L 4] [-T 32] [-B 64] [--states]
+    python benchmarks/profile_host.py [--preset lstm] [--schedule persistent|graph|scan] [-I 512] [-H 512] [-L 4]
+                                      [-T 32] [-B 64] [--states]
 
 A pipelined net (engine/multigpu) runs each GPU's layers chunk by chunk, with the states carried over: when the
 host takes longer to issue a chunk than the GPU takes to run it, the GPUs wait on Python. This prints the host time
@@ -23,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine  # noqa: E402
-from engine.schedules import schedule_class  # noqa: E402
+from engine.schedules import scan, schedule_class  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -40,7 +41,9 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args(argv)
     network = engine.Network(engine.preset(args.preset).cell, args.I, args.H, args.L)
-    program = schedule_class(args.schedule)(network, engine.init_params(network, seed=0))
+    params = engine.init_params(network, seed=0)
+    program = (scan.prepare(network, params) if args.schedule == "scan"       # a cell whose recurrence is linear
+               else schedule_class(args.schedule)(network, params))
     x = cupy.asarray(np.random.default_rng(1).standard_normal((args.T, args.B, args.I)), dtype=cupy.float32)
     states = program.run(x).final_states if args.states else None
     for _ in range(5):

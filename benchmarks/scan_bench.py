@@ -3,8 +3,9 @@ cell and against the paper's log-space parallel scan written in plain PyTorch.
 
 One layer, I = H = 512, B = 8, T = 4096 by default (--steps, --batch, --hidden), float32 (CuPy's and torch's TF32 off).
 Every time is a median of CUDA-event intervals after warm-up, on random inputs; every engine output is checked
-against the float64 reference first (poisoned where the schedule takes it). The PyTorch rows compute the paper's
-log-space form (Feng et al. 2024, Sec. 3.1.3 and Appendix: g(h_tilde), log-space coefficients, logcumsumexp), which
+against the float64 reference first (poisoned where the schedule takes it). The engine's rows are timed in
+ROUNDS interleaved rounds and report the median of the rounds' medians (the rounds in the JSON). The PyTorch rows
+compute the paper's log-space form (Feng et al. 2024, Sec. 3.1.3 and Appendix: g(h_tilde), log-space coefficients, logcumsumexp), which
 is a different function from the sequential minGRU (the g), timed as what a researcher would otherwise run:
 forward, and forward + backward of the sum of the outputs.
 
@@ -27,6 +28,8 @@ from engine.backends import fused  # noqa: E402
 from engine.bench.timing import cupy_timer, time_runs  # noqa: E402
 from engine.schedules import scan  # noqa: E402
 from engine.schedules.registry import schedule_class  # noqa: E402
+
+ROUNDS = 3                  # the engine's rows are timed in turn this many times; each row's figure is the median
 
 
 def median_ms(run, warmup=3, reps=20) -> float:
@@ -75,14 +78,20 @@ def main(argv=None) -> int:
             programs[name] = schedule_class(name)(network, params)
         except engine.EngineError as e:
             rows.append({"name": name, "error": str(e).splitlines()[0]})
+    checked = {}
     for name, program in programs.items():
         try:
             out = program.run(x, poison=True)
-            error = float(cupy.abs(out.outputs - cupy.asarray(want)).max().get()) / scale
-            ms = median_ms(lambda: program.run(x))
-            rows.append({"name": f"engine {name}", "ms": ms, "rel_err_vs_float64": error})
+            checked[name] = float(cupy.abs(out.outputs - cupy.asarray(want)).max().get()) / scale
         except engine.EngineError as e:
             rows.append({"name": f"engine {name}", "error": str(e).splitlines()[0]})
+    rounds: dict[str, list[float]] = {name: [] for name in checked}
+    for _ in range(ROUNDS):             # interleaved: a row timed while the GPU ramps up would read slow
+        for name in checked:
+            rounds[name].append(median_ms(lambda: programs[name].run(x), reps=10 if name == "fused" else 20))
+    for name, error in checked.items():
+        rows.append({"name": f"engine {name}", "ms": float(np.median(rounds[name])), "rounds_ms": rounds[name],
+                     "rel_err_vs_float64": error})
     from engine.schedules.scan_grad import scan_gradients
     d_out = cupy.asarray(rng.standard_normal((T, B, H)), dtype=cupy.float32)
     try:
@@ -91,6 +100,12 @@ def main(argv=None) -> int:
                                                             xp=cupy))})
     except engine.EngineError as e:
         rows.append({"name": "engine scan, forward + backward", "error": str(e).splitlines()[0]})
+    try:                # the step-by-step gradients (the generated training kernels), what the scan's replace
+        rows.append({"name": "engine fused bptt (step by step), forward + backward",
+                     "ms": median_ms(lambda: engine.bptt(network, params, x, None, d_out, dtype=np.float32,
+                                                         backend="fused"), warmup=1, reps=3)})
+    except engine.EngineError as e:
+        rows.append({"name": "engine fused bptt, forward + backward", "error": str(e).splitlines()[0]})
     try:
         import torch
         import torch.nn.functional as F  # noqa: N812
@@ -114,6 +129,9 @@ def main(argv=None) -> int:
     torch_both = by_name.get("torch log-space scan, forward + backward")
     if both and torch_both:
         print(f"forward + backward: PyTorch's log-space scan / the engine's scan = {torch_both / both:.2f}x")
+    stepped = by_name.get("engine fused bptt (step by step), forward + backward")
+    if both and stepped:
+        print(f"forward + backward: the step-by-step bptt / the engine's scan = {stepped / both:.2f}x")
     scan_ms = by_name.get("engine scan")
     print(f"minGRU, I = H = {H}, B = {B}, T = {T}, float32 (TF32 off), {results['device']}")
     print(f"{'row':48s} {'median ms':>10s} {'scan speedup':>13s} {'rel err':>10s}")

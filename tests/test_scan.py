@@ -3,6 +3,7 @@ cells are a linear recurrence, which node stops the others and why, and the exec
 scan is held to the reference in tests/gpu/test_scan_gpu.py."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -178,12 +179,10 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
             if len(found.scanned) == 1 and not found.after:          # the scan that forms a and b itself
                 layouts = tuple(Layout("vector") if graph[n].is_param else Layout("rows", 10, 2) for n in spec.inputs)
                 fused = fused_scan_source(spec, layouts, dtype)
-                fused_sources.append(fused.replace('extern "C" __global__ void scan_',
-                                                   f'extern "C" __global__ void {graph.name}_{c_type}_scan_')
-                                     .replace("coefficients(", f"{graph.name}_{c_type}_coefficients(")
-                                     .replace("#define SCAN_T", "#undef SCAN_T\n#define SCAN_T")
-                                     .replace("#define SCAN_U1", "#undef SCAN_U1\n#define SCAN_U1")
-                                     .replace("#define SCAN_U3", "#undef SCAN_U3\n#define SCAN_U3"))
+                own = re.sub(r"\b(Raw|Vec|load_raw|load_vec|form|coefficients|scan_(?:chunks|carry|apply|walk))\b",
+                             rf"{graph.name}_{c_type}_\1", fused)
+                fused_sources.append(re.sub(r"#define (SCAN_T|SCAN_U1|SCAN_U3|WALK_WARPS|WALK_U)\b",
+                                            r"#undef \1\n#define \1", own))
                 (state,) = found.scanned                                # and its backward's state-free part
                 backward = backward_source(graph, spec, state, layouts, np.dtype(dtype))
                 fused_sources.append(backward.replace("scan_free_backward", f"{graph.name}_{c_type}_backward"))
@@ -248,3 +247,16 @@ def test_bptt_with_the_scan_needs_a_gpu_and_says_so(monkeypatch):
         engine.bptt(network, engine.init_params(network), np.zeros((2, 1, 3)), backend="scan")
     grads = engine.bptt(network, engine.init_params(network), np.ones((2, 1, 3)), d_outputs=np.ones((2, 1, 4)))
     assert grads.x.shape == (2, 1, 3)                         # the other backends as before
+
+
+def test_the_walk_call_takes_the_cells_whose_layer_is_one_gemm_of_its_input_and_parameters():
+    """scan.WalkCall issues a run as one cublasLt product and one scan_walk launch a layer: only for a float32 cell
+    whose scan forms its coefficients itself from one GEMM of the layer input and parameters."""
+    from engine.schedules.scan import WalkCall, scan_plan
+    mingru = engine.preset("mingru").cell
+    assert WalkCall.fits(mingru, scan_plan(mingru, np.float32, True, on_gpu=True), np.float32)
+    assert not WalkCall.fits(mingru, scan_plan(mingru, np.float64, True, on_gpu=True), np.float64)
+    assert not WalkCall.fits(mingru, scan_plan(mingru, np.float32, True, on_gpu=False), np.float32)   # NumPy: no
+    qrnn = engine.preset("qrnn_f").cell                       # h = o * c after the scan: not formed inside it
+    assert not WalkCall.fits(qrnn, scan_plan(qrnn, np.float32, True, on_gpu=True), np.float32)
+    assert WalkCall.fits(diagonal_linear, scan_plan(diagonal_linear, np.float32, True, on_gpu=True), np.float32)

@@ -107,6 +107,10 @@ class LtProjection:
             return self.plans[key]
         while len(self.plans) >= MAX_PLANS:
             self._destroy(self.plans.popitem(last=False)[1])
+        plan = self.plans[key] = self._new_plan(M, N, K, data_type, compute, bias)
+        return plan
+
+    def _new_plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int) -> Plan:
         desc = ctypes.c_void_p()
         self._check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), ctypes.c_int(compute),
                                                       ctypes.c_int(CUDA_R_32F)), "cublasLtMatmulDescCreate")
@@ -131,8 +135,17 @@ class LtProjection:
         self.lib.cublasLtMatmulPreferenceDestroy(preference)
         algo = (ctypes.c_uint8 * LT_ALGO_BYTES).from_buffer_copy(bytes(result)[:LT_ALGO_BYTES]) \
             if status == 0 and found.value > 0 else None
-        plan = self.plans[key] = Plan(desc, (w, a, c), algo, bias)
-        return plan
+        return Plan(desc, (w, a, c), algo, bias)
+
+    def bind(self, weight, out, data_type: int, compute: int) -> BoundProduct | None:
+        """out (M, N) = A (M, K) @ weight (N, K)^T with everything but A and the stream bound, for a product issued
+        again and again (scan.WalkCall); None where cublasLt offers no algorithm. Its plan is its own, outside the
+        plans this object evicts."""
+        plan = self._new_plan(out.shape[0], out.shape[1], weight.shape[1], data_type, compute, 0)
+        if plan.algo is None:
+            self._destroy(plan)
+            return None
+        return BoundProduct(self, plan, weight, out)
 
     def _destroy(self, plan: Plan) -> None:
         """A plan's descriptors freed (cublasLt reads them when a product is issued, not when a captured graph
@@ -162,3 +175,25 @@ class LtProjection:
                                             ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(WORKSPACE),
                                             stream), "cublasLtMatmul")
         return True
+
+
+class BoundProduct:
+    """One product's cublasLtMatmul arguments made once (LtProjection.bind): a call passes A's pointer and the
+    stream's, ~16 ctypes conversions fewer than LtProjection.matmul on the path to the GPU's first kernel."""
+
+    def __init__(self, lt: LtProjection, plan: Plan, weight, out):
+        w, a, c = plan.layouts
+        self.lt, self.plan, self.arrays = lt, plan, (weight, out)          # the arrays kept alive with their pointers
+        out_ptr = ctypes.c_void_p(out.data.ptr)
+        self.head = (lt.handle, plan.desc, ctypes.byref(_ONE), ctypes.c_void_p(weight.data.ptr), w)
+        self.tail = (a, ctypes.byref(_ZERO), out_ptr, c, out_ptr, c, plan.algo,
+                     ctypes.c_void_p(lt.workspace.data.ptr), ctypes.c_size_t(WORKSPACE))
+
+    def __call__(self, operand_ptr: int, stream_ptr: int) -> None:
+        status = self.lt.lib.cublasLtMatmul(*self.head, ctypes.c_void_p(operand_ptr), *self.tail,
+                                            ctypes.c_void_p(stream_ptr))
+        if status != 0:
+            self.lt._check(status, "cublasLtMatmul")
+
+    def __del__(self):
+        self.lt._destroy(self.plan)

@@ -10,7 +10,9 @@ RNN). Then, layer by layer:
 3. the recurrence runs as a chunked scan (kernels/scan.cu): each chunk of CHUNK steps is reduced to one affine map,
    the maps carry the state from chunk to chunk, and each chunk is replayed from its entering state, every chain
    (batch row x hidden unit) in its own thread. It reads a and b twice and writes s once: bandwidth-bound, with no
-   step-by-step launch or synchronisation;
+   step-by-step launch or synchronisation. Where one state is scanned and its coefficients are formed inside the
+   scan (minGRU), and the chains are enough to fill the GPU (`walks`), one kernel walks the sequence in tiles
+   instead (scan_kernel's scan_walk: the chunk maps composed in shared memory, the GEMM output read once);
 4. what the scanned states feed and nothing reads back (QRNN's h = o * c) is computed for the whole sequence at
    once, from the scanned sequences.
 
@@ -29,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.common import RunResult, check_float32_only, check_inputs
+from ..codegen.cublas_enums import CUBLAS_COMPUTE_32F, CUDA_R_32F
 from ..codegen.nvrtc import load_module
 from ..dense import dense
 from ..errors import BackendError
@@ -36,6 +39,7 @@ from ..ir import CellGraph
 from ..ops import apply_elementwise
 from ..passes.scan import ScanAnalysis, analyse_scan
 from . import scan_kernel
+from .cublaslt import LtProjection
 from .project import project
 
 KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "scan.cu"
@@ -130,7 +134,7 @@ class ScanPlan:
     kernel: object
     inline: bool
     groups: tuple
-    launches: dict = field(default_factory=dict)       # layouts -> the inline scan's kernels
+    launches: dict = field(default_factory=dict)       # (layouts, walk shape) -> the inline scan's kernels
 
 
 def scan_plan(cell: CellGraph, dtype, fuse: bool, on_gpu: bool) -> ScanPlan:
@@ -230,31 +234,71 @@ def kernel_inputs(names, env: dict, blocks: dict, layer_params: dict, n: int, xp
     return tuple(layouts), pointers
 
 
+def inline_functions(plan, cell, layouts, dtype) -> tuple:
+    """The inline scan's kernels for these input layouts (scan_chunks, scan_carry, scan_apply, scan_walk), compiled
+    once per source and kept in the plan."""
+    key = (layouts, scan_kernel.WALK)
+    if key not in plan.launches:
+        source = scan_kernel.fused_scan_source(plan.kernel, layouts, np.dtype(dtype), scan_kernel.WALK)
+        if source not in _modules:
+            _modules[source] = load_module(source, cell=cell.name, kernel="scan")
+        plan.launches[key] = tuple(_modules[source].get_function(k)
+                                   for k in ("scan_chunks", "scan_carry", "scan_apply", "scan_walk"))
+    return plan.launches[key]
+
+
+def walk_launch(walk, pointers, initial, out, final, T: int, B: int, n: int) -> None:
+    """scan_walk over (T, B, n): a block of WALK[0] warps per 32 chains."""
+    walk((-(-(B * n) // 32),), (32 * scan_kernel.WALK[0],), (*pointers, initial, out, final, np.int32(T), np.int32(B),
+                                                              np.int64(n)))
+
+
 def _inline_scan(plan, cell, env, blocks, layer_params, T, B, n, initial, dtype, xp, poison):
-    """The one scanned state's sequence, its coefficients formed in the scan's passes from the GEMM output and
-    the parameters (no a and b arrays)."""
-    kernel = plan.kernel
-    layouts, pointers = kernel_inputs(kernel.inputs, env, blocks, layer_params, n, xp)
-    functions = plan.launches.get(layouts)
-    if functions is None:
-        source = scan_kernel.fused_scan_source(kernel, layouts, np.dtype(dtype))
-        module = _modules.get(source)
-        if module is None:
-            module = _modules[source] = load_module(source, cell=cell.name, kernel="scan")
-        functions = plan.launches[layouts] = tuple(module.get_function(k) for k in ("scan_chunks", "scan_carry",
-                                                                                    "scan_apply"))
-    chunks, carry, apply = functions
+    """The one scanned state's sequence, its coefficients formed in the scan's kernels from the GEMM output and
+    the parameters (no a and b arrays): scan_walk where the chains fill the GPU (walks), else the three passes."""
+    layouts, pointers = kernel_inputs(plan.kernel.inputs, env, blocks, layer_params, n, xp)
+    chunks, carry, apply, walk = inline_functions(plan, cell, layouts, dtype)
     chains, count = B * n, -(-T // CHUNK)
+    out = xp.full((T, B, n), np.nan, dtype=dtype) if poison else xp.empty((T, B, n), dtype=dtype)
+    initial = xp.ascontiguousarray(initial)
+    if walks(chains, T, xp):
+        walk_launch(walk, pointers, initial, out, xp.empty((B, n), dtype=dtype), T, B, n)
+        return out
     map_a = xp.empty((count, chains), dtype=dtype)
     map_b, entering = xp.empty_like(map_a), xp.empty_like(map_a)
-    out = xp.full((T, B, n), np.nan, dtype=dtype) if poison else xp.empty((T, B, n), dtype=dtype)
     blocks_x = -(-chains // THREADS)
     sizes = (np.int32(T), np.int32(B), np.int64(n), np.int32(CHUNK))
     chunks((blocks_x, count), (THREADS,), (*pointers, map_a, map_b, *sizes))
-    carry((blocks_x,), (THREADS,), (map_a, map_b, xp.ascontiguousarray(initial), entering, np.int32(count),
-                                    np.int64(chains)))
+    carry((blocks_x,), (THREADS,), (map_a, map_b, initial, entering, np.int32(count), np.int64(chains)))
     apply((blocks_x, count), (THREADS,), (*pointers, entering, out, *sizes))
     return out
+
+
+WALK_FILL = 0.5            # scan_walk runs where its blocks (32 chains each) fill at least this share of the SMs,
+WALK_TILES = 32            # or where the sequence is at most this many of its tiles long
+
+
+def walks(chains: int, steps: int, xp) -> bool:
+    """Whether the inline scan runs as scan_walk (one pass, a block per 32 chains for the whole sequence) rather
+    than the three passes (a thread per chain and chunk): the walk reads the GEMM output once instead of twice and
+    is one launch instead of three, but its parallelism is the chains alone, and a block walks its tiles one after
+    another. Measured on an H200 (benchmarks/results/scan-walk-20261127-H200): at T = 4096 (16 tiles) the walk was
+    faster at every batch from B = 1 (16 blocks) to 16 (256). FORCE_WALK (a module switch) forces it: True, False
+    or None for the rule."""
+    if FORCE_WALK is not None:
+        return FORCE_WALK
+    tile = scan_kernel.WALK[0] * scan_kernel.WALK[1]
+    return (-(-chains // 32) >= WALK_FILL * _sm_count(xp.cuda.Device().id)
+            or -(-steps // tile) <= WALK_TILES)
+
+
+FORCE_WALK = None
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
+    return cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMultiProcessorCount, device)
 
 
 @functools.lru_cache(maxsize=64)
@@ -362,11 +406,86 @@ class ScanProgram:
                        for layer in range(network.num_layers)]
         self.plan = scan_plan(network.cell, self.dtype, True, on_gpu=True)     # worked out once
         cuda_scan(self.dtype)                                  # compiled (or loaded) now, not in the first run
+        self.walk = WalkCall(self) if WalkCall.fits(network.cell, self.plan, self.dtype) else None
 
     def run(self, x, initial_states=None, poison: bool = False) -> RunResult:
-        x = check_inputs(self.network, x, initial_states, xp=self.cupy)
-        return run_arrays(self.network, self.params, self.cupy.asarray(x), initial_states, self.dtype, self.cupy,
-                          poison=poison, plan=self.plan)
+        x = self.cupy.asarray(check_inputs(self.network, x, initial_states, xp=self.cupy))
+        if self.walk is not None and walks(x.shape[1] * self.walk.n, x.shape[0], self.cupy):
+            return self.walk(self.cupy.ascontiguousarray(x, dtype=self.dtype), initial_states, poison)
+        return run_arrays(self.network, self.params, x, initial_states, self.dtype, self.cupy, poison=poison,
+                          plan=self.plan)
+
+
+class WalkCall:
+    """A run of the scan that walks (scan_walk) issued with nothing else: per layer the GEMM through cublasLt into a
+    product buffer the call keeps, and one scan_walk launch that also writes the final state. run_arrays's general
+    path spends ~0.1 ms of host time (dicts, views, the final states stacked) before and after its two launches,
+    and the GPU waits for the first of them: minGRU at T = 4096, B = 8 is a 0.79 ms call on an H200's GPU
+    (benchmarks/probe_scan_walk.py). For a float32 cell whose layer multiplies only its input, in one GEMM, and
+    whose scan reads only that GEMM's columns and parameters (minGRU, minLSTM's gates, a diagonal linear RNN)."""
+
+    @staticmethod
+    def fits(cell: CellGraph, plan: ScanPlan, dtype) -> bool:
+        if not plan.inline or np.dtype(dtype) != np.dtype(np.float32) or len(plan.groups) != 1:
+            return False
+        ((operand, names),) = plan.groups
+        return cell[operand].op == "input" and all(n in names or cell[n].is_param for n in plan.kernel.inputs)
+
+    def __init__(self, program: ScanProgram):
+        network, cupy, plan = program.network, program.cupy, program.plan
+        cell, ((_, names),) = network.cell, plan.groups
+        (state,) = plan.found.scanned
+        self.cupy, self.state, self.n = cupy, state, network.state_size(state)
+        self.layers = []                   # per layer: (stacked weight, kernel inputs: a column offset or a vector)
+        for layer_params in program.params:
+            weight = stacked_weights(layer_params, [cell[m].args[0] for m in names], cupy)
+            offsets = dict(zip(names, np.cumsum([0] + [layer_params[cell[m].args[0]].shape[0] for m in names])))
+            inputs = tuple(int(offsets[name]) if name in offsets else
+                           cupy.ascontiguousarray(cupy.broadcast_to(layer_params[name], (self.n,)))
+                           for name in plan.kernel.inputs)
+            layouts = tuple(scan_kernel.Layout("rows", weight.shape[0], v) if isinstance(v, int)
+                            else scan_kernel.Layout("vector") for v in inputs)
+            walk = inline_functions(plan, cell, layouts, np.float32)[3]
+            self.layers.append((weight, inputs, walk))
+        self.lt = LtProjection.on_current_device(cupy)
+        self.rows, self.products = 0, []   # per layer (its GEMM's output, its bound product), for one T x B (_bind)
+        self.zeros: dict = {}              # batch size -> the zero initial states
+
+    def __call__(self, x, initial_states: dict | None, poison: bool) -> RunResult:
+        cupy, n = self.cupy, self.n
+        T, B, _ = x.shape
+        if T * B != self.rows:
+            self._bind(T * B)
+        stream = cupy.cuda.get_current_stream().ptr
+        source = x
+        for layer, (weight, inputs, walk) in enumerate(self.layers):
+            product, gemm = self.products[layer]
+            if gemm is not None:           # issued first: the host's work below runs while the GPU multiplies
+                gemm(source.data.ptr, stream)
+            else:                          # cublasLt offers no algorithm for this shape
+                cupy.matmul(source.reshape(T * B, -1), weight.T, out=product)
+            if layer == 0:
+                finals = cupy.empty((len(self.layers), B, n), dtype=cupy.float32)
+                given = (initial_states or {}).get(self.state)
+                initial = (cupy.ascontiguousarray(cupy.asarray(given, dtype=cupy.float32)) if given is not None
+                           else self.zeros.get(B))
+                if initial is None:        # zeros made once a batch size (the kernel only reads them)
+                    initial = self.zeros[B] = cupy.zeros((len(self.layers), B, n), dtype=cupy.float32)
+            out = cupy.full((T, B, n), np.nan, dtype=cupy.float32) if poison else cupy.empty((T, B, n), cupy.float32)
+            walk_launch(walk, tuple(product if isinstance(v, int) else v for v in inputs), initial[layer], out,
+                        finals[layer], T, B, n)
+            source = out
+        return RunResult(outputs=out, final_states={self.state: finals}, backend="scan")
+
+    def _bind(self, rows: int) -> None:
+        """The GEMM outputs for rows = T x B (one a width, shared by the layers of that width) and each layer's
+        product bound to its weight and output."""
+        self.rows, by_width, self.products = rows, {}, []
+        for weight, _, _ in self.layers:
+            if weight.shape[0] not in by_width:
+                by_width[weight.shape[0]] = self.cupy.empty((rows, weight.shape[0]), dtype=self.cupy.float32)
+            product = by_width[weight.shape[0]]
+            self.products.append((product, self.lt.bind(weight, product, CUDA_R_32F, CUBLAS_COMPUTE_32F)))
 
 
 def prepare(network, params, dtype=np.float32, precision: str = "float32") -> ScanProgram:

@@ -130,29 +130,43 @@ class Layout:
     offset: int = 0
 
 
+WALK = (16, 16)             # scan_walk's shape: warps a block, steps a warp's slice of a tile (tile = their product)
+
+
 @lru_cache(maxsize=64)
-def fused_scan_source(spec: FreeKernel, layouts: tuple[Layout, ...], dtype) -> str:
-    """CUDA source of scan_chunks and scan_apply (kernels/scan.cu's passes 1 and 3) with the statements of `spec`
-    (free_kernel of a cell with one scanned state and nothing wanted) computing a[t] and b[t] in place, and
-    kernels/scan_carry.cuh (pass 2) as it is."""
+def fused_scan_source(spec: FreeKernel, layouts: tuple[Layout, ...], dtype, walk: tuple[int, int] = WALK) -> str:
+    """CUDA source of the scans that form a[t] and b[t] in place with the statements of `spec` (free_kernel of a cell
+    with one scanned state and nothing wanted): scan_chunks and scan_apply (kernels/scan.cu's passes 1 and 3) with
+    kernels/scan_carry.cuh (pass 2) as it is, and scan_walk, the one-pass form (its docstring in the source)."""
     c_type = "double" if np.dtype(dtype) == np.dtype(np.float64) else "float"
     params = "".join(f"const {c_type}* __restrict__ p{k}, " for k in range(len(layouts)))
-
-    def loads(row: str) -> str:
-        out = []
-        for k, layout in enumerate(layouts):
-            index = f"{row} * {layout.ld}LL + {layout.offset} + j" if layout.kind == "rows" else "j"
-            out.append(f"const {c_type} in{k} = p{k}[{index}];")
-        return " ".join(out)
-
-    coefficients = (f"{c_type} out0, out1;\n" + spec.operation)
+    rows = [k for k, layout in enumerate(layouts) if layout.kind == "rows"]
+    vectors = [k for k, layout in enumerate(layouts) if layout.kind != "rows"]
+    raw = " ".join(f"{c_type} in{k};" for k in rows) or "char unused;"
+    vec = " ".join(f"{c_type} in{k};" for k in vectors) or "char unused;"
+    load_raw = " ".join(f"r.in{k} = p{k}[row * {layouts[k].ld}LL + {layouts[k].offset} + j];" for k in rows)
+    load_vec = " ".join(f"v.in{k} = p{k}[j];" for k in vectors)
+    unpack = " ".join([f"const {c_type} in{k} = r.in{k};" for k in rows] + [f"const {c_type} in{k} = v.in{k};"
+                                                                                for k in vectors])
     args = "".join(f"p{k}, " for k in range(len(layouts)))
+    warps, steps = walk
     body = f"""
 #define SCAN_T {c_type}
-{unroll_defines(c_type)}__device__ __forceinline__ void coefficients(SCAN_T& a, SCAN_T& b, {params}long long row, long long j) {{
-  {loads("row")}
-  {coefficients}
+{unroll_defines(c_type)}#define WALK_WARPS {warps}
+#define WALK_U {steps}
+struct Raw {{ {raw} }};          // a step's inputs read by rows (GEMM outputs, the layer input)
+struct Vec {{ {vec} }};          // the inputs read by unit alone (parameters), loaded once a thread
+
+__device__ __forceinline__ void load_raw(Raw& r, {params}long long row, long long j) {{ {load_raw} }}
+__device__ __forceinline__ void load_vec(Vec& v, {params}long long j) {{ {load_vec} }}
+__device__ __forceinline__ void form(SCAN_T& a, SCAN_T& b, const Raw& r, const Vec& v) {{
+  {unpack}
+  {c_type} out0, out1;
+  {spec.operation}
   a = out0; b = out1;
+}}
+__device__ __forceinline__ void coefficients(SCAN_T& a, SCAN_T& b, {params}long long row, long long j) {{
+  Raw r; Vec v; load_raw(r, {args}row, j); load_vec(v, {args}j); form(a, b, r, v);
 }}
 
 extern "C" __global__ void scan_chunks({params}SCAN_T* __restrict__ map_a, SCAN_T* __restrict__ map_b, int steps,
@@ -192,6 +206,64 @@ extern "C" __global__ void scan_apply({params}const SCAN_T* __restrict__ enterin
     for (int i = 0; i < SCAN_U3; ++i)
       if (t + i < t1) {{ s = a[i] * s + b[i]; out[(long long)(t + i) * batch * n + c] = s; }}
   }}
+}}
+
+// The one-pass scan: a block owns 32 chains (a lane each) for the whole sequence and walks it in tiles of
+// WALK_WARPS x WALK_U steps, warp w holding the tile's steps [w U, w U + U) in registers. A tile: each warp composes
+// its U steps into one map, the maps meet in shared memory, each warp enters its slice from the tile's entering state
+// through the maps of the warps before it, replays its steps and writes them; the last warp's end state enters the
+// next tile. The next tile's inputs are loaded while this one is worked: the GEMM output is read once and the
+// sequence written once, with no second pass and no maps in global memory. It needs B n / 32 blocks to fill the GPU.
+// final: the last step's state, (batch, n) like initial.
+extern "C" __global__ void __launch_bounds__(WALK_WARPS * 32) scan_walk({params}const SCAN_T* __restrict__ initial,
+                                                                        SCAN_T* __restrict__ out,
+                                                                        SCAN_T* __restrict__ final, int steps,
+                                                                        int batch, long long n) {{
+  __shared__ SCAN_T map_a[WALK_WARPS][32], map_b[WALK_WARPS][32], entering[2][32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const long long chains = batch * n, c = (long long)blockIdx.x * 32 + lane;
+  const bool live = c < chains;
+  const long long bi = (live ? c : chains - 1) / n, j = (live ? c : chains - 1) % n;   // a dead lane reads, never writes
+  Vec v;
+  load_vec(v, {args}j);
+  if (w == 0) entering[0][lane] = initial[live ? c : chains - 1];
+  const int tile = WALK_WARPS * WALK_U, tiles = (steps + tile - 1) / tile;
+  Raw cur[WALK_U], next[WALK_U];
+#pragma unroll
+  for (int i = 0; i < WALK_U; ++i)
+    load_raw(cur[i], {args}(long long)min(w * WALK_U + i, steps - 1) * batch + bi, j);
+  SCAN_T s = 0;
+  for (int k = 0; k < tiles; ++k) {{
+    const int t0 = k * tile + w * WALK_U;
+    if (k + 1 < tiles) {{
+#pragma unroll
+      for (int i = 0; i < WALK_U; ++i)
+        load_raw(next[i], {args}(long long)min(t0 + tile + i, steps - 1) * batch + bi, j);
+    }}
+    SCAN_T a[WALK_U], b[WALK_U], pa = 1, pb = 0;
+#pragma unroll
+    for (int i = 0; i < WALK_U; ++i) {{
+      form(a[i], b[i], cur[i], v);
+      if (t0 + i >= steps) {{ a[i] = 1; b[i] = 0; }}      // past the end: the identity map
+      pb = a[i] * pb + b[i];
+      pa *= a[i];
+    }}
+    map_a[w][lane] = pa;
+    map_b[w][lane] = pb;
+    __syncthreads();
+    s = entering[k & 1][lane];
+    for (int u = 0; u < w; ++u) s = map_a[u][lane] * s + map_b[u][lane];
+#pragma unroll
+    for (int i = 0; i < WALK_U; ++i) {{
+      s = a[i] * s + b[i];
+      if (live && t0 + i < steps) out[(long long)(t0 + i) * chains + c] = s;
+    }}
+    if (w == WALK_WARPS - 1) entering[(k + 1) & 1][lane] = s;   // the other buffer: this tile's is still being read
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < WALK_U; ++i) cur[i] = next[i];
+  }}
+  if (live && w == WALK_WARPS - 1) final[c] = s;             // past the end the maps were the identity
 }}
 """
     return preamble() + body.replace("// @CARRY", CARRY.read_text())

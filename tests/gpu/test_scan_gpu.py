@@ -9,7 +9,7 @@ import pytest
 from test_scan import CASES, diagonal_linear
 
 import engine
-from engine.schedules import scan
+from engine.schedules import scan, scan_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -27,9 +27,13 @@ def case(graph, I=5, H=37, L=2, T=130, B=3, seed=0):
     return network, params, x, initial
 
 
+@pytest.mark.parametrize("walk", [False, True], ids=["passes", "walk"])
 @pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
 @pytest.mark.parametrize("T", [1, 5, scan.CHUNK, 130])
-def test_scan_equals_the_reference(cupy, graph, T):
+def test_scan_equals_the_reference(cupy, monkeypatch, graph, T, walk):
+    """Every qualifying cell, its scan in three passes and walking (scan_walk, through WalkCall where the cell fits
+    it); a cell whose coefficients are not formed inside the scan (qrnn_f) takes kernels/scan.cu either way."""
+    monkeypatch.setattr(scan, "FORCE_WALK", walk)
     network, params, x, initial = case(graph, T=T)
     want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64)
     got = scan.prepare(network, params).run(x.astype(np.float32), initial, poison=True)
@@ -40,11 +44,15 @@ def test_scan_equals_the_reference(cupy, graph, T):
     assert relative(cupy.asnumpy(exact.outputs), want.outputs) <= 1e-12
 
 
-@pytest.mark.parametrize("T", [31, 32, 33, 1000])
-def test_the_single_pass_scan_looks_back_over_chunks_and_chain_groups(cupy, T):
-    """minGRU forms its coefficients inside one kernel that looks back over the chunks before its own
-    (scan_kernel.scan_single): T around one chunk and many chunks, 5 x 300 chains (6 groups of 256, the last partial),
-    poisoned output, against the float64 reference; reruns bit-identical (the look-back's order is fixed)."""
+@pytest.mark.parametrize("walk", [True, False], ids=["walk", "passes"])
+@pytest.mark.parametrize("T", [1, 31, 255, 256, 257, 1000])
+def test_the_scan_that_forms_its_coefficients_in_either_form(cupy, monkeypatch, T, walk):
+    """minGRU forms its coefficients inside the scan's kernels: scan_walk (a block per 32 chains walks the sequence in
+    tiles of 16 x 16 steps: T below, at and past one tile and over many) or the three passes (chunks of 64). 5 x 300
+    chains (47 blocks of 32, the last partial), two layers, poisoned output, against the float64 reference; reruns
+    bit-identical (each form's order of operations is fixed)."""
+    monkeypatch.setattr(scan, "FORCE_WALK", walk)
+    assert scan_kernel.WALK == (16, 16)
     network, params, x, initial = case(engine.preset("mingru").cell, I=7, H=300, L=2, T=T, B=5, seed=4)
     program = scan.prepare(network, params)
     assert program.plan.inline
@@ -54,6 +62,19 @@ def test_the_single_pass_scan_looks_back_over_chunks_and_chain_groups(cupy, T):
     assert relative(cupy.asnumpy(first.final_states["h"]), want.final_states["h"]) <= 1e-5
     again = program.run(x.astype(np.float32), initial, poison=True)
     assert bool((again.outputs == first.outputs).all())
+
+
+def test_the_walk_is_taken_where_the_chains_fill_the_gpu_or_the_sequence_is_short(cupy):
+    """scan.walks: one block per 32 chains, taken where they fill WALK_FILL of the SMs (minGRU's 4,096 chains at
+    B = 8, H = 512 on a 132-SM H100 or H200: 128 blocks) or the sequence is at most WALK_TILES tiles long; the three
+    passes for few chains over a long sequence."""
+    sms = cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMultiProcessorCount, 0)
+    tile = scan_kernel.WALK[0] * scan_kernel.WALK[1]
+    long = tile * scan.WALK_TILES + 1
+    assert scan.FORCE_WALK is None
+    assert scan.walks(32 * sms, long, cupy)
+    assert scan.walks(32, tile * scan.WALK_TILES, cupy)
+    assert not scan.walks(32 * int(sms * scan.WALK_FILL) - 32, long, cupy)
 
 
 def test_a_long_sequence_stays_within_the_float32_error_of_the_step_by_step_run(cupy):

@@ -1,0 +1,40 @@
+"""The scan that walks (scan_kernel's scan_walk through scan.WalkCall) on a small case for compute-sanitizer: minGRU,
+I = 7, H = 300, two layers, T = 300 (two tiles and a part), B = 5 (47 blocks, the last with 28 live lanes), given
+initial states, poisoned output, checked against the float64 reference.
+
+    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_scan.py
+    compute-sanitizer --tool racecheck python3 benchmarks/sanitize_scan.py
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402
+from engine.schedules import scan  # noqa: E402
+
+
+def main() -> int:
+    import cupy
+    scan.FORCE_WALK = True
+    network = engine.Network(engine.preset("mingru").cell, 7, 300, 2)
+    params = engine.init_params(network, seed=0)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((300, 5, 7))
+    initial = {"h": rng.uniform(-0.8, 0.8, (2, 5, 300))}
+    program = scan.prepare(network, params)
+    if program.walk is None:
+        raise SystemExit("minGRU did not take scan.WalkCall")
+    got = program.run(x.astype(np.float32), initial, poison=True)
+    want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64)
+    error = float(np.abs(cupy.asnumpy(got.outputs) - want.outputs).max() / np.abs(want.outputs).max())
+    print(f"scan_walk through WalkCall: max relative error {error:.2e} against float64")
+    return 0 if error < 1e-5 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

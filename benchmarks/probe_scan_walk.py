@@ -5,7 +5,8 @@ One layer, I = H = 512, T = 4096, B = 1, 2, 4, 8, 16 (512-8192 chains), float32 
 the whole call after warm-up; each output checked against the float64 reference (poisoned first) and rerun for
 bit-identity. Then, at B = 8, where the call's time goes: each piece timed as the call sees it and on the GPU
 alone (the events recorded behind a 2 ms spin kernel, so that the host has issued everything before the first
-event runs): the whole call, the GEMM, the walk and the three passes on the GEMM's output.
+event runs): the whole call, the GEMM, the walk and the three passes on the GEMM's output. Last, the gradients'
+walk back (scan_walk_back) in four shapes, forward + backward timed whole.
 
     python3 benchmarks/probe_scan_walk.py [--out DIR]
 """
@@ -56,6 +57,7 @@ def main() -> int:
             print(f"{B:3d} {name:>17s} {ms:9.3f} {error:9.2e} {str(same):>6s}", flush=True)
     scan.FORCE_WALK, scan_kernel.WALK = None, (16, 16)
     rows.extend(pieces(cupy, 4096, 8, 512))
+    rows.extend(backward_shapes(cupy, 4096, 8, 512))
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "probe_scan_walk.json").write_text(json.dumps(rows, indent=1))
@@ -105,6 +107,33 @@ def pieces(cupy, T, B, H) -> list[dict]:
         out.append({"B": B, "piece": name, "as_called_ms": called, "gpu_alone_ms": alone})
         print(f"{'':7s}{name:>8s} {called:10.3f} {alone:10.3f}", flush=True)
     scan.FORCE_WALK = None
+    return out
+
+
+def backward_shapes(cupy, T, B, H) -> list[dict]:
+    """The gradients' walks (scan_grad.walk_gradients) at B = 8 with scan_walk_back in several shapes: forward +
+    backward timed whole (parameters on the GPU), the parameters' gradients checked against the first shape's."""
+    from engine.schedules import scan_backward_kernel, scan_grad
+    network, x, _ = mingru_case(T, B, H)
+    params = engine.init_params(network, seed=0)
+    params = engine.Params([{k: cupy.asarray(v) for k, v in layer.items()} for layer in params.layers])
+    d_out = cupy.asarray(np.random.default_rng(2).standard_normal((T, B, H)), dtype=cupy.float32)
+    out, first = [], None
+    print(f"B = {B}, forward + backward: {'walk back':>10s} {'ms':>8s} {'max diff':>9s}")
+    for shape in ((16, 8), (32, 4), (8, 16), (16, 16)):
+        scan_backward_kernel.BACK = scan_grad.BACK = shape
+        scan_backward_kernel.walk_back_source.cache_clear()
+
+        def run():
+            return scan_grad.scan_gradients(network, params, x, None, d_out, dtype=np.float32, xp=cupy)
+        got = cupy.asnumpy(run().params[0]["W_z"])
+        first = got if first is None else first
+        diff = float(np.abs(got - first).max() / np.abs(first).max())
+        ms = median_ms(run)
+        out.append({"B": B, "walk_back": list(shape), "forward_backward_ms": ms, "rel_diff_W_z": diff})
+        print(f"{'':30s} {shape[0]:>4d} x {shape[1]:<3d} {ms:8.3f} {diff:9.2e}", flush=True)
+    scan_backward_kernel.BACK = scan_grad.BACK = (16, 8)
+    scan_backward_kernel.walk_back_source.cache_clear()
     return out
 
 

@@ -1,6 +1,7 @@
-"""The scan that walks (scan_kernel's scan_walk through scan.WalkCall) on a small case for compute-sanitizer: minGRU,
-I = 7, H = 300, two layers, T = 300 (two tiles and a part), B = 5 (47 blocks, the last with 28 live lanes), given
-initial states, poisoned output, checked against the float64 reference.
+"""The scan that walks (scan_kernel's scan_walk through scan.WalkCall) and its gradients' walk back (scan_walk_back)
+on a small case for compute-sanitizer: minGRU, I = 7, H = 300, two layers, T = 300 (the forward's tiles of 256
+steps: one and a part; the walk back's of 128: two and a part), B = 5 (47 blocks, the last with 28 live lanes), given
+initial states and a final states' adjoint, poisoned output, checked against the float64 reference.
 
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_scan.py
     compute-sanitizer --tool racecheck python3 benchmarks/sanitize_scan.py
@@ -33,7 +34,15 @@ def main() -> int:
     want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64)
     error = float(np.abs(cupy.asnumpy(got.outputs) - want.outputs).max() / np.abs(want.outputs).max())
     print(f"scan_walk through WalkCall: max relative error {error:.2e} against float64")
-    return 0 if error < 1e-5 else 1
+    from engine.schedules.scan_grad import scan_gradients
+    d_out, d_final = rng.standard_normal((300, 5, 300)), {"h": rng.standard_normal((2, 5, 300))}
+    grads = scan_gradients(network, params, cupy.asarray(x, dtype=cupy.float32), initial,
+                           cupy.asarray(d_out, dtype=cupy.float32), d_final, dtype=np.float32, xp=cupy)
+    step = engine.bptt(network, params, x, initial, d_outputs=d_out, d_final_states=d_final)
+    worst = max(float(np.abs(cupy.asnumpy(grads.params[layer][name]) - value).max() / np.abs(value).max())
+                for layer in range(2) for name, value in step.params[layer].items())
+    print(f"scan_walk_back: max relative error of the parameters' gradients {worst:.2e} against float64")
+    return 0 if error < 1e-5 and worst < 2e-5 else 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ against the float64 reference first (poisoned where the schedule takes it). The 
 ROUNDS interleaved rounds and report the median of the rounds' medians (the rounds in the JSON). The PyTorch rows
 compute the paper's log-space form (Feng et al. 2024, Sec. 3.1.3 and Appendix: g(h_tilde), log-space coefficients, logcumsumexp), which
 is a different function from the sequential minGRU (the g), timed as what a researcher would otherwise run:
-forward, and forward + backward of the sum of the outputs.
+forward, and forward + backward of the sum of the outputs. The forward + backward rows take the parameters on the
+GPU, as a training loop holds them (all three: the engine's two and PyTorch's).
 
     python3 benchmarks/scan_bench.py --out $OUT
 """
@@ -94,6 +95,7 @@ def main(argv=None) -> int:
                      "rel_err_vs_float64": error})
     from engine.schedules.scan_grad import scan_gradients
     d_out = cupy.asarray(rng.standard_normal((T, B, H)), dtype=cupy.float32)
+    params = engine.Params([{k: cupy.asarray(v) for k, v in layer.items()} for layer in params.layers])  # as trained
     try:
         rows.append({"name": "engine scan, forward + backward (scan_gradients)",
                      "ms": median_ms(lambda: scan_gradients(network, params, x, None, d_out, dtype=np.float32,

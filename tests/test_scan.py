@@ -16,7 +16,7 @@ from engine.dsl import W, b, cell, sigmoid, tanh, v
 from engine.errors import BackendError
 from engine.passes.scan import analyse_scan
 from engine.schedules.scan import KERNEL, grouped_matmuls, run_arrays
-from engine.schedules.scan_backward_kernel import backward_source
+from engine.schedules.scan_backward_kernel import backward_source, walk_back_source
 from engine.schedules.scan_grad import scan_gradients
 from engine.schedules.scan_kernel import CARRY, Layout, free_kernel, fused_scan_source, unroll_defines
 
@@ -178,12 +178,13 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
                           f"{loads}\n{spec.operation}\n{stores}}}")
             if len(found.scanned) == 1 and not found.after:          # the scan that forms a and b itself
                 layouts = tuple(Layout("vector") if graph[n].is_param else Layout("rows", 10, 2) for n in spec.inputs)
-                fused = fused_scan_source(spec, layouts, dtype)
-                own = re.sub(r"\b(Raw|Vec|load_raw|load_vec|form|coefficients|scan_(?:chunks|carry|apply|walk))\b",
-                             rf"{graph.name}_{c_type}_\1", fused)
-                fused_sources.append(re.sub(r"#define (SCAN_T|SCAN_U1|SCAN_U3|WALK_WARPS|WALK_U)\b",
+                (state,) = found.scanned                # the forward's kernels with the gradients' walk back
+                fused = walk_back_source(graph, spec, state, layouts, np.dtype(dtype))
+                assert fused.startswith(fused_scan_source(spec, layouts, dtype))
+                own = re.sub(r"\b(Raw|Vec|DVec|load_raw|load_vec|form|coefficients|backward_step|"
+                             r"scan_(?:chunks|carry|apply|walk|walk_back))\b", rf"{graph.name}_{c_type}_\1", fused)
+                fused_sources.append(re.sub(r"#define (SCAN_T|SCAN_U1|SCAN_U3|WALK_WARPS|WALK_U|BACK_WARPS|BACK_U)\b",
                                             r"#undef \1\n#define \1", own))
-                (state,) = found.scanned                                # and its backward's state-free part
                 backward = backward_source(graph, spec, state, layouts, np.dtype(dtype))
                 fused_sources.append(backward.replace("scan_free_backward", f"{graph.name}_{c_type}_backward"))
     assert len(fused_sources) == 16         # mingru, minlstm, diagonal_linear, decaying; float32 and float64

@@ -416,6 +416,28 @@ class ScanProgram:
                           plan=self.plan)
 
 
+def walk_fits(cell: CellGraph, plan: ScanPlan) -> bool:
+    """One scanned state whose coefficients the scan forms itself (plan.inline), from one GEMM of the layer input
+    and from parameters: what WalkCall and the gradients' walks (scan_grad.walk_gradients) take."""
+    if not plan.inline or len(plan.groups) != 1:
+        return False
+    ((operand, names),) = plan.groups
+    return cell[operand].op == "input" and all(n in names or cell[n].is_param for n in plan.kernel.inputs)
+
+
+def walk_inputs(cell: CellGraph, plan: ScanPlan, layer_params: dict, n: int, xp) -> tuple:
+    """For a cell that walk_fits: the layer's stacked weight, and per input of the scan's kernel its layout and its
+    source, a column offset into the GEMM output (an int) or the parameter broadcast to n units."""
+    ((_, names),) = plan.groups
+    weight = stacked_weights(layer_params, [cell[m].args[0] for m in names], xp)
+    offsets = dict(zip(names, np.cumsum([0] + [layer_params[cell[m].args[0]].shape[0] for m in names])))
+    sources = tuple(int(offsets[name]) if name in offsets else
+                    xp.ascontiguousarray(xp.broadcast_to(layer_params[name], (n,))) for name in plan.kernel.inputs)
+    layouts = tuple(scan_kernel.Layout("rows", weight.shape[0], v) if isinstance(v, int)
+                    else scan_kernel.Layout("vector") for v in sources)
+    return weight, layouts, sources
+
+
 class WalkCall:
     """A run of the scan that walks (scan_walk) issued with nothing else: per layer the GEMM through cublasLt into a
     product buffer the call keeps, and one scan_walk launch that also writes the final state. run_arrays's general
@@ -426,27 +448,16 @@ class WalkCall:
 
     @staticmethod
     def fits(cell: CellGraph, plan: ScanPlan, dtype) -> bool:
-        if not plan.inline or np.dtype(dtype) != np.dtype(np.float32) or len(plan.groups) != 1:
-            return False
-        ((operand, names),) = plan.groups
-        return cell[operand].op == "input" and all(n in names or cell[n].is_param for n in plan.kernel.inputs)
+        return np.dtype(dtype) == np.dtype(np.float32) and walk_fits(cell, plan)
 
     def __init__(self, program: ScanProgram):
         network, cupy, plan = program.network, program.cupy, program.plan
-        cell, ((_, names),) = network.cell, plan.groups
         (state,) = plan.found.scanned
         self.cupy, self.state, self.n = cupy, state, network.state_size(state)
         self.layers = []                   # per layer: (stacked weight, kernel inputs: a column offset or a vector)
         for layer_params in program.params:
-            weight = stacked_weights(layer_params, [cell[m].args[0] for m in names], cupy)
-            offsets = dict(zip(names, np.cumsum([0] + [layer_params[cell[m].args[0]].shape[0] for m in names])))
-            inputs = tuple(int(offsets[name]) if name in offsets else
-                           cupy.ascontiguousarray(cupy.broadcast_to(layer_params[name], (self.n,)))
-                           for name in plan.kernel.inputs)
-            layouts = tuple(scan_kernel.Layout("rows", weight.shape[0], v) if isinstance(v, int)
-                            else scan_kernel.Layout("vector") for v in inputs)
-            walk = inline_functions(plan, cell, layouts, np.float32)[3]
-            self.layers.append((weight, inputs, walk))
+            weight, layouts, inputs = walk_inputs(network.cell, plan, layer_params, self.n, cupy)
+            self.layers.append((weight, inputs, inline_functions(plan, network.cell, layouts, np.float32)[3]))
         self.lt = LtProjection.on_current_device(cupy)
         self.rows, self.products = 0, []   # per layer (its GEMM's output, its bound product), for one T x B (_bind)
         self.zeros: dict = {}              # batch size -> the zero initial states

@@ -25,6 +25,7 @@ from ..codegen.nvrtc import load_module
 from ..dense import compact_gradients, dense
 from ..ops import OPS, apply_backward
 from . import scan_kernel
+from .project import project
 from .scan import (
     after_the_scan,
     analysis_or_refusal,
@@ -35,10 +36,15 @@ from .scan import (
     initial_state,
     kernel_inputs,
     matmuls_by_operand,
+    scan_plan,
     sequential_scan,
     stacked_weights,
+    walk_fits,
+    walk_inputs,
+    walk_launch,
+    walks,
 )
-from .scan_backward_kernel import backward_source
+from .scan_backward_kernel import BACK, backward_source, walk_back_source
 
 
 def _reduce_to(term, shape, xp):
@@ -67,6 +73,10 @@ def scan_gradients(network, params, x, initial_states: dict | None = None, d_out
 def _scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, scan) -> Gradients:
     cell = network.cell
     found = analysis_or_refusal(cell)
+    if scan is None and xp is not np:
+        plan = scan_plan(cell, dtype, True, on_gpu=True)
+        if walk_fits(cell, plan) and walks(x.shape[1] * network.state_size(cell.output), x.shape[0], xp):
+            return walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan)
     if scan is None and xp is not np and fast_path_fits(cell):
         return fast_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp)
     if scan is None:
@@ -261,6 +271,88 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
         d_out = d_in.reshape(T, B, -1)
     return Gradients(params=param_grads, x=d_out, initial_states={state: xp.stack(d_initial)},
                      outputs=outputs, final_states=final_states)
+
+
+# ---- the walks: the forward and the adjoint each one kernel a layer, beside the three GEMMs ----------------------
+
+def walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan) -> Gradients:
+    """fast_gradients's result for a cell that walk_fits, where the chains fill the GPU (scan.walks): a layer's
+    forward is its GEMM and scan_walk (the states and the final state), its backward scan_walk_back (the GEMM output's
+    adjoint, the parameter vectors' adjoints summed over the steps, the initial state's adjoint) and two GEMMs (the
+    weights' gradient and the input's adjoint). Nothing of the sequence is kept but the GEMM output and the states;
+    at minGRU T = 4096, B = 8, H = 512 the fast path's forward wrote a, b and a shifted copy of the states, and its
+    backward ran a three-pass reverse scan and summed (rows, n) arrays for the biases."""
+    cell = network.cell
+    (state,) = plan.found.scanned
+    n, L = network.state_size(state), network.num_layers
+    T, B, _ = x.shape
+    rows, chains = T * B, B * n
+    ((operand, names),) = plan.groups
+    layer_in, tapes = xp.ascontiguousarray(xp.asarray(x, dtype=dtype)), []
+    for layer in range(L):
+        lp = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
+        weight = stacked_weights(lp, [cell[m].args[0] for m in names], xp)     # kept in lp for walk_inputs
+        product = xp.empty((rows, weight.shape[0]), dtype=dtype)
+        if np.dtype(dtype) == np.dtype(np.float32):     # issued first: the GPU multiplies while the host goes on
+            project(xp, layer_in.reshape(rows, -1), weight, None, product, "float32")
+        else:
+            xp.matmul(layer_in.reshape(rows, -1), weight.T, out=product)
+        if layer == 0:
+            given = (initial_states or {}).get(state)
+            initial = (xp.zeros((L, B, n), dtype=dtype) if given is None
+                       else xp.ascontiguousarray(xp.asarray(given, dtype=dtype)))
+            finals = xp.empty((L, B, n), dtype=dtype)
+        _, layouts, sources = walk_inputs(cell, plan, lp, n, xp)
+        pointers = tuple(product if isinstance(v, int) else v for v in sources)
+        module = _walk_module(walk_back_source(cell, plan.kernel, state, layouts, np.dtype(dtype)), cell.name)
+        sequence = xp.empty((T, B, n), dtype=dtype)
+        walk_launch(module.get_function("scan_walk"), pointers, initial[layer], sequence, finals[layer], T, B, n)
+        tapes.append((layer_in, lp, weight, product, sources, pointers, module, sequence))
+        layer_in = sequence
+    outputs = layer_in
+    d_out = (xp.zeros_like(outputs) if d_outputs is None
+             else xp.ascontiguousarray(xp.asarray(d_outputs, dtype=dtype)))
+    given_final = (d_final_states or {}).get(state)
+    d_finals = (xp.zeros((L, B, n), dtype=dtype) if given_final is None
+                else xp.ascontiguousarray(xp.asarray(given_final, dtype=dtype)))
+    param_grads, d_initial = [None] * L, xp.empty((L, B, n), dtype=dtype)
+    for layer in reversed(range(L)):
+        layer_input, lp, weight, product, sources, pointers, module, sequence = tapes[layer]
+        covered = {int(v) for v in sources if isinstance(v, int)} >= set(_offsets(cell, names, lp))
+        q = xp.empty_like(product) if covered else xp.zeros_like(product)   # every column written, or zeros
+        vectors = [name for name, v in zip(plan.kernel.inputs, sources) if not isinstance(v, int)]
+        q_vec = xp.empty((max(len(vectors), 1), chains), dtype=dtype)
+        warps = BACK[0]
+        module.get_function("scan_walk_back")(
+            (-(-chains // 32),), (32 * warps,),
+            (*pointers, sequence, initial[layer], d_out, d_finals[layer], q, q_vec, d_initial[layer], np.int32(T),
+             np.int32(B), np.int64(n)))
+        grads = {p.name: xp.zeros_like(lp[p.name]) for p in cell.params}
+        for m, name in enumerate(vectors):
+            grads[name] += _reduce_to(q_vec[m].reshape(B, n), lp[name].shape, xp)
+        d_weight = q.T @ layer_input.reshape(rows, -1)
+        for w, offset in zip([cell[m].args[0] for m in names], _offsets(cell, names, lp)):
+            grads[w] += d_weight[offset:offset + lp[w].shape[0]]
+        param_grads[layer] = grads
+        d_out = (q @ weight).reshape(T, B, -1)
+    return Gradients(params=param_grads, x=d_out, initial_states={state: d_initial}, outputs=outputs,
+                     final_states={state: finals})
+
+
+def _offsets(cell, names, lp) -> list[int]:
+    """The column offset of each matmul of the group in the stacked GEMM output."""
+    sizes = [lp[cell[m].args[0]].shape[0] for m in names]
+    return [int(v) for v in np.cumsum([0] + sizes[:-1])]
+
+
+_walk_modules: dict = {}
+
+
+def _walk_module(source: str, cell_name: str):
+    module = _walk_modules.get(source)
+    if module is None:
+        module = _walk_modules[source] = load_module(source, cell=cell_name, kernel="scan_walk_back")
+    return module
 
 
 _backward_modules: dict = {}

@@ -106,10 +106,14 @@ def test_a_diagonal_linear_rnn_scans_with_a_parameter_as_its_coefficient(cupy):
     assert relative(cupy.asnumpy(got.outputs), want.outputs) <= 1e-5
 
 
+@pytest.mark.parametrize("walk", [False, None], ids=["scans", "rule"])
 @pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
 @pytest.mark.parametrize("dtype, tolerance", [(np.float64, 1e-10), (np.float32, 2e-5)])
-def test_the_gradients_as_scans_on_the_gpu_equal_bptt(cupy, graph, dtype, tolerance):
+def test_the_gradients_as_scans_on_the_gpu_equal_bptt(cupy, monkeypatch, graph, dtype, tolerance, walk):
+    """By the rule (the walks, scan_grad.walk_gradients, for every cell but qrnn_f: 111 chains over one tile) and
+    with the walks off (fast_gradients' scans, or the general path for qrnn_f)."""
     from engine.schedules.scan_grad import scan_gradients
+    monkeypatch.setattr(scan, "FORCE_WALK", walk)
     network, params, x, initial = case(graph, T=150, L=2)
     rng = np.random.default_rng(9)
     d_out = rng.standard_normal((150, 3, 37))
@@ -124,6 +128,34 @@ def test_the_gradients_as_scans_on_the_gpu_equal_bptt(cupy, graph, dtype, tolera
     for layer in range(2):
         for name, value in want.params[layer].items():
             assert relative(cupy.asnumpy(got.params[layer][name]), value) <= tolerance, (layer, name)
+
+
+@pytest.mark.parametrize("T", [1, 127, 128, 300])
+def test_the_gradients_walk_back_over_tiles_chain_blocks_and_the_final_states_adjoint(cupy, T):
+    """scan_walk_back over T within, at and past a tile of 16 x 8 steps, 5 x 300 chains (47 blocks, the last partial),
+    two layers, given initial states and an adjoint of the final states: every gradient against the step-by-step
+    bptt in float64, in float32 and float64; reruns bit-identical."""
+    from engine.schedules.scan_backward_kernel import BACK
+    from engine.schedules.scan_grad import scan_gradients
+    assert BACK == (16, 8) and scan.FORCE_WALK is None
+    network, params, x, initial = case(engine.preset("mingru").cell, I=7, H=300, L=2, T=T, B=5, seed=6)
+    rng = np.random.default_rng(7)
+    d_out, d_final = rng.standard_normal((T, 5, 300)), {"h": rng.standard_normal((2, 5, 300))}
+    want = engine.bptt(network, params, x, initial, d_outputs=d_out, d_final_states=d_final)
+    for dtype, tolerance in ((np.float32, 2e-5), (np.float64, 1e-10)):
+        def run(dtype=dtype):
+            return scan_gradients(network, params, cupy.asarray(x, dtype=dtype), initial,
+                                  cupy.asarray(d_out, dtype=dtype), d_final, dtype=dtype, xp=cupy)
+        got = run()
+        assert relative(cupy.asnumpy(got.outputs), want.outputs) <= tolerance
+        assert relative(cupy.asnumpy(got.final_states["h"]), want.final_states["h"]) <= tolerance
+        assert relative(cupy.asnumpy(got.x), want.x) <= tolerance
+        assert relative(cupy.asnumpy(got.initial_states["h"]), want.initial_states["h"]) <= tolerance
+        for layer in range(2):
+            for name, value in want.params[layer].items():
+                assert relative(cupy.asnumpy(got.params[layer][name]), value) <= tolerance, (layer, name)
+        again = run()
+        assert bool((again.x == got.x).all()) and bool((again.params[0]["b_z"] == got.params[0]["b_z"]).all())
 
 
 @pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])

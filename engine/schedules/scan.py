@@ -444,7 +444,8 @@ class WalkCall:
     path spends ~0.1 ms of host time (dicts, views, the final states stacked) before and after its two launches,
     and the GPU waits for the first of them: minGRU at T = 4096, B = 8 is a 0.79 ms call on an H200's GPU
     (benchmarks/probe_scan_walk.py). For a float32 cell whose layer multiplies only its input, in one GEMM, and
-    whose scan reads only that GEMM's columns and parameters (minGRU, minLSTM's gates, a diagonal linear RNN)."""
+    whose scan reads only that GEMM's columns and parameters (minGRU, minLSTM's gates, a diagonal linear RNN). The
+    kept GEMM output makes a program's runs one stream's work, as a wavefront schedule's build buffers do."""
 
     @staticmethod
     def fits(cell: CellGraph, plan: ScanPlan, dtype) -> bool:

@@ -8,7 +8,8 @@ ROUNDS interleaved rounds and report the median of the rounds' medians (the roun
 compute the paper's log-space form (Feng et al. 2024, Sec. 3.1.3 and Appendix: g(h_tilde), log-space coefficients, logcumsumexp), which
 is a different function from the sequential minGRU (the g), timed as what a researcher would otherwise run:
 forward, and forward + backward of the sum of the outputs. The forward + backward rows take the parameters on the
-GPU, as a training loop holds them (all three: the engine's two and PyTorch's).
+GPU, as a training loop holds them (all three: the engine's two and PyTorch's). Last, CellRNN's training step on
+the same sequence (forward and backward through torch autograd), through the scan's walks and step by step.
 
     python3 benchmarks/scan_bench.py --out $OUT
 """
@@ -124,6 +125,14 @@ def main(argv=None) -> int:
             torch_log_space(torch, F, tx, leaf, h0).sum().backward()
         rows.append({"name": "torch log-space scan, forward + backward", "ms": median_ms(forward_backward)})
         results["torch"] = torch.__version__
+        from engine.torch_module import CellRNN
+        tx_seq = torch.tensor(x_host, device="cuda")                                   # (T, B, H), time first
+        for scan_on in (True, False):          # CellRNN's training step: the scan's walks, or step by step
+            rnn = CellRNN(engine.preset("mingru").cell, H, H, 1, seed=0, scan=scan_on).cuda()
+            rnn(tx_seq)
+            name = f"CellRNN forward + backward ({rnn.last_backend})"
+            rows.append({"name": name, "ms": median_ms(lambda rnn=rnn: rnn(tx_seq)[0].sum().backward(),
+                                                       warmup=2, reps=10 if scan_on else 5)})
     except ImportError as e:
         rows.append({"name": "torch", "error": f"not installed ({e})"})
     by_name = {r["name"]: r.get("ms") for r in rows}

@@ -14,6 +14,12 @@ and the backward pass (engine.autodiff: record, then Tape.backward) run on the G
 reference. All are checked against the engine's own float64 gradients, and fp32 against torch's LSTM and GRU.
 `last_backend` says which one the last forward pass ran on.
 
+A cell whose recurrence is linear (minGRU, minLSTM's gates, a diagonal linear RNN: engine/passes/scan.py) trains as a
+scan on CUDA in fp32 where its scan walks (engine/schedules/scan_grad.py walk_record: one GEMM and one walk a layer
+forward, one walk back and two GEMMs backward), not step by step: minGRU at I = H = 512, B = 8, T = 4096 in 2.7-2.8 ms
+a step against the step-by-step 19.5-20.3 (H200, benchmarks/results/scan-walk-20261127-H200/). scan=False keeps the
+step-by-step path; sequences of several lengths and the reduced precisions take it too.
+
 precision="tf32", "bfloat16" or "float16" (bf16, fp16 too) trains in that mode: the parameters, inputs, states and
 gradients stay fp32 tensors (fp32 master weights), and every matmul of both passes rounds its operands to the mode's
 format and sums in fp32 (engine/codegen/precision.py): on CUDA the fused step's GEMMs on tensor cores, on the CPU the
@@ -33,6 +39,7 @@ from .errors import BackendError
 from .ir import CellGraph
 from .network import Network
 from .params import Params, init_params
+from .schedules.scan_grad import walk_record
 
 try:
     import torch  # deferred: torch is optional (the cuDNN and torch baselines)
@@ -44,7 +51,8 @@ class CellRNN(torch.nn.Module):
     """num_layers stacked layers of `cell`, over (T, B, input_size) sequences (time first, as nn.LSTM's default)."""
 
     def __init__(self, cell: CellGraph, input_size: int, hidden_size: int, num_layers: int = 1, *,
-                 proj_size: int | None = None, seed: int = 0, dtype=torch.float32, precision: str = "float32"):
+                 proj_size: int | None = None, seed: int = 0, dtype=torch.float32, precision: str = "float32",
+                 scan: bool = True):
         super().__init__()
         if not isinstance(cell, CellGraph):
             raise BackendError(f"CellRNN needs a CellGraph, got {type(cell).__name__}; hint: engine.preset('lstm').cell "
@@ -56,7 +64,8 @@ class CellRNN(torch.nn.Module):
                                "precision='float32')")
         self.network = Network(cell, input_size, hidden_size, num_layers, proj_size)
         self.names = [[p.name for p in cell.params] for _ in range(num_layers)]
-        self.last_backend: str | None = None      # "fused", "naive" or "reference": what the last forward ran on
+        self.scan = bool(scan)                    # a linear recurrence trained as a scan where it walks (below)
+        self.last_backend: str | None = None      # "scan", "fused", "naive" or "reference": the last forward's
         for layer, values in enumerate(init_params(self.network, seed=seed).layers):
             for name in self.names[layer]:
                 self.register_parameter(f"layer{layer}_{name}",
@@ -132,12 +141,19 @@ class _CellFunction(torch.autograd.Function):
             dtype = np.float64 if x.dtype == torch.float64 else np.float32
             # CUDA fp32: the generated training step; CUDA fp64: the CuPy interpreter; CPU: the NumPy reference
             backend = ("fused" if dtype == np.float32 else "naive") if x.is_cuda else "reference"
-            module.last_backend = backend
             if module.precision != "float32" and dtype != np.float32:
                 raise BackendError(f"CellRNN(precision={module.precision!r}) runs float32 tensors, got {x.dtype}; "
                                    "hint: .float() the module and its input")
-            tape = record(network, Params(layers), _array(x), {s: _array(v) for s, v in zip(names, states)},
-                          dtype=dtype, backend=backend, lengths=lengths, precision=module.precision)
+            given = {s: _array(v) for s, v in zip(names, states)}
+            tape = None
+            if module.scan and backend == "fused" and module.precision == "float32" and lengths is None:
+                import cupy  # deferred: CuPy is optional (no GPU in CI)
+                tape = walk_record(network, Params(layers), _array(x), given, dtype=dtype, xp=cupy)
+                backend = "scan" if tape is not None else backend
+            if tape is None:
+                tape = record(network, Params(layers), _array(x), given, dtype=dtype, backend=backend,
+                              lengths=lengths, precision=module.precision)
+            module.last_backend = backend
             ctx.tape, ctx.names, ctx.shapes = tape, names, [tuple(p.shape) for p in params]
             return (_tensor(tape.outputs, x), *(_tensor(tape.final_states[s], x) for s in names))
 

@@ -20,7 +20,8 @@ The same steps run on NumPy (`run_arrays(..., xp=numpy)`, with a sequential loop
 the executor to the reference there, and the GPU suite holds the CUDA scan to it. The scan reassociates the
 recurrence (chunk maps multiply the a's of a chunk first); against float64 its float32 error stays within
 what the step-by-step float32 run has, measured in tests/gpu/test_scan_gpu.py. The gradients, as scans too, are
-engine/schedules/scan_grad.py's (engine.bptt(backend="scan")); training still steps through time.
+engine/schedules/scan_grad.py's (engine.bptt(backend="scan"); CellRNN and engine.train take its walks where they
+apply, scan_grad.walk_record).
 """
 from __future__ import annotations
 
@@ -409,11 +410,20 @@ class ScanProgram:
         self.walk = WalkCall(self) if WalkCall.fits(network.cell, self.plan, self.dtype) else None
 
     def run(self, x, initial_states=None, poison: bool = False) -> RunResult:
-        x = self.cupy.asarray(check_inputs(self.network, x, initial_states, xp=self.cupy))
-        if self.walk is not None and walks(x.shape[1] * self.walk.n, x.shape[0], self.cupy):
-            return self.walk(self.cupy.ascontiguousarray(x, dtype=self.dtype), initial_states, poison)
-        return run_arrays(self.network, self.params, x, initial_states, self.dtype, self.cupy, poison=poison,
-                          plan=self.plan)
+        """x: (T, B, I), NumPy or CuPy: CuPy arrays come back when x is CuPy, NumPy otherwise (as the wavefront
+        schedules give them)."""
+        cupy = self.cupy
+        on_host = not isinstance(x, cupy.ndarray)
+        x = cupy.asarray(check_inputs(self.network, x, initial_states, xp=cupy))
+        if self.walk is not None and walks(x.shape[1] * self.walk.n, x.shape[0], cupy):
+            result = self.walk(cupy.ascontiguousarray(x, dtype=self.dtype), initial_states, poison)
+        else:
+            result = run_arrays(self.network, self.params, x, initial_states, self.dtype, cupy, poison=poison,
+                                plan=self.plan)
+        if on_host:
+            result.outputs = cupy.asnumpy(result.outputs)
+            result.final_states = {k: cupy.asnumpy(v) for k, v in result.final_states.items()}
+        return result
 
 
 def walk_fits(cell: CellGraph, plan: ScanPlan) -> bool:
@@ -505,5 +515,6 @@ def prepare(network, params, dtype=np.float32, precision: str = "float32") -> Sc
 
 
 def run(network, params, x, initial_states=None, dtype=np.float32, precision: str = "float32") -> RunResult:
-    """backend='scan' on the GPU (CuPy arrays or NumPy arrays, which are copied over). float32 (strict) or float64."""
+    """backend='scan' on the GPU: CuPy arrays in, CuPy out; NumPy arrays are copied over and come back as NumPy.
+    float32 (strict) or float64."""
     return prepare(network, params, dtype, precision).run(x, initial_states)

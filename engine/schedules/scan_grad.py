@@ -23,7 +23,9 @@ import numpy as np
 from ..autodiff.gradients import Gradients
 from ..codegen.nvrtc import load_module
 from ..dense import compact_gradients, dense
+from ..errors import BackendError
 from ..ops import OPS, apply_backward
+from ..passes.scan import analyse_scan
 from . import scan_kernel
 from .project import project
 from .scan import (
@@ -276,67 +278,109 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
 # ---- the walks: the forward and the adjoint each one kernel a layer, beside the three GEMMs ----------------------
 
 def walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan) -> Gradients:
-    """fast_gradients's result for a cell that walk_fits, where the chains fill the GPU (scan.walks): a layer's
-    forward is its GEMM and scan_walk (the states and the final state), its backward scan_walk_back (the GEMM output's
-    adjoint, the parameter vectors' adjoints summed over the steps, the initial state's adjoint) and two GEMMs (the
-    weights' gradient and the input's adjoint). Nothing of the sequence is kept but the GEMM output and the states;
-    at minGRU T = 4096, B = 8, H = 512 the fast path's forward wrote a, b and a shifted copy of the states, and its
-    backward ran a three-pass reverse scan and summed (rows, n) arrays for the biases."""
-    cell = network.cell
-    (state,) = plan.found.scanned
-    n, L = network.state_size(state), network.num_layers
-    T, B, _ = x.shape
-    rows, chains = T * B, B * n
-    ((operand, names),) = plan.groups
-    layer_in, tapes = xp.ascontiguousarray(xp.asarray(x, dtype=dtype)), []
-    for layer in range(L):
-        lp = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
-        weight = stacked_weights(lp, [cell[m].args[0] for m in names], xp)     # kept in lp for walk_inputs
-        product = xp.empty((rows, weight.shape[0]), dtype=dtype)
-        if np.dtype(dtype) == np.dtype(np.float32):     # issued first: the GPU multiplies while the host goes on
-            project(xp, layer_in.reshape(rows, -1), weight, None, product, "float32")
-        else:
-            xp.matmul(layer_in.reshape(rows, -1), weight.T, out=product)
-        if layer == 0:
-            given = (initial_states or {}).get(state)
-            initial = (xp.zeros((L, B, n), dtype=dtype) if given is None
-                       else xp.ascontiguousarray(xp.asarray(given, dtype=dtype)))
-            finals = xp.empty((L, B, n), dtype=dtype)
-        _, layouts, sources = walk_inputs(cell, plan, lp, n, xp)
-        pointers = tuple(product if isinstance(v, int) else v for v in sources)
-        module = _walk_module(walk_back_source(cell, plan.kernel, state, layouts, np.dtype(dtype)), cell.name)
-        sequence = xp.empty((T, B, n), dtype=dtype)
-        walk_launch(module.get_function("scan_walk"), pointers, initial[layer], sequence, finals[layer], T, B, n)
-        tapes.append((layer_in, lp, weight, product, sources, pointers, module, sequence))
-        layer_in = sequence
-    outputs = layer_in
-    d_out = (xp.zeros_like(outputs) if d_outputs is None
-             else xp.ascontiguousarray(xp.asarray(d_outputs, dtype=dtype)))
-    given_final = (d_final_states or {}).get(state)
-    d_finals = (xp.zeros((L, B, n), dtype=dtype) if given_final is None
-                else xp.ascontiguousarray(xp.asarray(given_final, dtype=dtype)))
-    param_grads, d_initial = [None] * L, xp.empty((L, B, n), dtype=dtype)
-    for layer in reversed(range(L)):
-        layer_input, lp, weight, product, sources, pointers, module, sequence = tapes[layer]
-        covered = {int(v) for v in sources if isinstance(v, int)} >= set(_offsets(cell, names, lp))
-        q = xp.empty_like(product) if covered else xp.zeros_like(product)   # every column written, or zeros
-        vectors = [name for name, v in zip(plan.kernel.inputs, sources) if not isinstance(v, int)]
-        q_vec = xp.empty((max(len(vectors), 1), chains), dtype=dtype)
-        warps = BACK[0]
-        module.get_function("scan_walk_back")(
-            (-(-chains // 32),), (32 * warps,),
-            (*pointers, sequence, initial[layer], d_out, d_finals[layer], q, q_vec, d_initial[layer], np.int32(T),
-             np.int32(B), np.int64(n)))
-        grads = {p.name: xp.zeros_like(lp[p.name]) for p in cell.params}
-        for m, name in enumerate(vectors):
-            grads[name] += _reduce_to(q_vec[m].reshape(B, n), lp[name].shape, xp)
-        d_weight = q.T @ layer_input.reshape(rows, -1)
-        for w, offset in zip([cell[m].args[0] for m in names], _offsets(cell, names, lp)):
-            grads[w] += d_weight[offset:offset + lp[w].shape[0]]
-        param_grads[layer] = grads
-        d_out = (q @ weight).reshape(T, B, -1)
-    return Gradients(params=param_grads, x=d_out, initial_states={state: d_initial}, outputs=outputs,
-                     final_states={state: finals})
+    """fast_gradients's result for a cell that walk_fits, where the chains fill the GPU (scan.walks): WalkTape's
+    forward, then its backward."""
+    return WalkTape(network, params, x, initial_states, dtype, xp, plan).backward(d_outputs, d_final_states)
+
+
+def walk_record(network, params, x, initial_states: dict | None = None, dtype=np.float32, xp=None):
+    """A WalkTape of the run where the network's cell walks on the GPU (its recurrence linear, its scan forming its
+    coefficients from one GEMM of the layer input and parameters, the chains or the sequence short enough: walk_fits
+    and scan.walks), else None: how CellRNN and engine.train train such a cell as a scan. A cell of heads or
+    reductions runs in its dense form, its gradients given back in the cell's own shapes."""
+    source = network
+    network, params = dense(network, params)
+    if not analyse_scan(network.cell).qualifies:
+        return None
+    plan = scan_plan(network.cell, dtype, True, on_gpu=True)
+    if not (walk_fits(network.cell, plan)
+            and walks(x.shape[1] * network.state_size(network.cell.output), x.shape[0], xp)):
+        return None
+    return WalkTape(network, params, x, initial_states, dtype, xp, plan, source=source)
+
+
+class WalkTape:
+    """The gradients' walks in the two halves a training step takes them, as engine.autodiff's Tape: the forward
+    when made (`outputs`, `final_states`), backward(d_outputs, d_final_states) once, later.
+
+    A layer's forward is its GEMM and scan_walk (the states and the final state); its backward is scan_walk_back
+    (the GEMM output's adjoint, the parameter vectors' adjoints summed over the steps, the initial state's adjoint)
+    and two GEMMs (the weights' gradient and the input's adjoint). The tape keeps each layer's input, GEMM output and
+    states; at minGRU T = 4096, B = 8, H = 512 the fast path's forward also wrote a, b and a shifted copy of the
+    states, and its backward ran a three-pass reverse scan and summed (rows, n) arrays for the biases."""
+
+    def __init__(self, network, params, x, initial_states, dtype, xp, plan, source=None):
+        cell = network.cell
+        (state,) = plan.found.scanned
+        n, L = network.state_size(state), network.num_layers
+        T, B, _ = x.shape
+        rows = T * B
+        ((_, names),) = plan.groups
+        self.network, self.plan, self.source, self.dtype, self.xp = network, plan, source, dtype, xp
+        layer_in, self.layers = xp.ascontiguousarray(xp.asarray(x, dtype=dtype)), []
+        for layer in range(L):
+            lp = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
+            weight = stacked_weights(lp, [cell[m].args[0] for m in names], xp)     # kept in lp for walk_inputs
+            product = xp.empty((rows, weight.shape[0]), dtype=dtype)
+            if np.dtype(dtype) == np.dtype(np.float32):     # issued first: the GPU multiplies while the host goes on
+                project(xp, layer_in.reshape(rows, -1), weight, None, product, "float32")
+            else:
+                xp.matmul(layer_in.reshape(rows, -1), weight.T, out=product)
+            if layer == 0:
+                given = (initial_states or {}).get(state)
+                self.initial = (xp.zeros((L, B, n), dtype=dtype) if given is None
+                                else xp.ascontiguousarray(xp.asarray(given, dtype=dtype)))
+                finals = xp.empty((L, B, n), dtype=dtype)
+            _, layouts, sources = walk_inputs(cell, plan, lp, n, xp)
+            pointers = tuple(product if isinstance(v, int) else v for v in sources)
+            module = _walk_module(walk_back_source(cell, plan.kernel, state, layouts, np.dtype(dtype)), cell.name)
+            sequence = xp.empty((T, B, n), dtype=dtype)
+            walk_launch(module.get_function("scan_walk"), pointers, self.initial[layer], sequence, finals[layer],
+                        T, B, n)
+            self.layers.append((layer_in, lp, weight, product, sources, pointers, module, sequence))
+            layer_in = sequence
+        self.outputs, self.final_states = layer_in, {state: finals}
+
+    def backward(self, d_outputs=None, d_final_states: dict | None = None) -> Gradients:
+        """The gradients of every parameter, of x and of the initial states, given the outputs' adjoint (T, B, H)
+        and the final states' ({name: (L, B, H)}; zeros where None). Once: the tape's values are freed."""
+        if self.layers is None:
+            raise BackendError("this tape's backward pass has run already (it frees what it kept); hint: record the "
+                               "forward again")
+        cell, plan, xp, dtype = self.network.cell, self.plan, self.xp, self.dtype
+        (state,) = plan.found.scanned
+        ((_, names),) = plan.groups
+        T, B, n = self.outputs.shape
+        L, rows, chains = len(self.layers), T * B, B * n
+        d_out = (xp.zeros_like(self.outputs) if d_outputs is None
+                 else xp.ascontiguousarray(xp.asarray(d_outputs, dtype=dtype)))
+        given_final = (d_final_states or {}).get(state)
+        d_finals = (xp.zeros((L, B, n), dtype=dtype) if given_final is None
+                    else xp.ascontiguousarray(xp.asarray(given_final, dtype=dtype)))
+        param_grads, d_initial = [None] * L, xp.empty((L, B, n), dtype=dtype)
+        for layer in reversed(range(L)):
+            layer_input, lp, weight, product, sources, pointers, module, sequence = self.layers[layer]
+            covered = {int(v) for v in sources if isinstance(v, int)} >= set(_offsets(cell, names, lp))
+            q = xp.empty_like(product) if covered else xp.zeros_like(product)   # every column written, or zeros
+            vectors = [name for name, v in zip(plan.kernel.inputs, sources) if not isinstance(v, int)]
+            q_vec = xp.empty((max(len(vectors), 1), chains), dtype=dtype)
+            module.get_function("scan_walk_back")(
+                (-(-chains // 32),), (32 * BACK[0],),
+                (*pointers, sequence, self.initial[layer], d_out, d_finals[layer], q, q_vec, d_initial[layer],
+                 np.int32(T), np.int32(B), np.int64(n)))
+            grads = {p.name: xp.zeros_like(lp[p.name]) for p in cell.params}
+            for m, name in enumerate(vectors):
+                grads[name] += _reduce_to(q_vec[m].reshape(B, n), lp[name].shape, xp)
+            d_weight = q.T @ layer_input.reshape(rows, -1)
+            for w, offset in zip([cell[m].args[0] for m in names], _offsets(cell, names, lp)):
+                grads[w] += d_weight[offset:offset + lp[w].shape[0]]
+            param_grads[layer] = grads
+            d_out = (q @ weight).reshape(T, B, -1)
+        self.layers = None
+        if self.source is not None:
+            param_grads = compact_gradients(self.source, param_grads)
+        return Gradients(params=param_grads, x=d_out, initial_states={state: d_initial}, outputs=self.outputs,
+                         final_states=self.final_states)
 
 
 def _offsets(cell, names, lp) -> list[int]:

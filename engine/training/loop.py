@@ -34,6 +34,7 @@ from ..gallery import get as get_preset
 from ..ir import CellGraph
 from ..network import Network
 from ..params import Params, init_params
+from ..schedules.scan_grad import walk_record
 from ..serialize import to_dict
 from .errors import TrainingError
 from .loss import init_readout, readout_loss
@@ -210,8 +211,11 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for step in range(1, steps + 1):
             data = to_device(task.batch(train_rng, batch, seq_len), xp, dtype)
-            tape = record(network, params, data.x, dtype=dtype, backend=backend,    # one forward: loss and gradients
-                          precision=precision)
+            tape = None                            # a linear recurrence walks on the GPU (scan_grad.walk_record)
+            if backend == "fused" and precision == "float32" and np.dtype(dtype) == np.dtype(np.float32):
+                tape = walk_record(network, params, data.x, dtype=dtype, xp=xp)
+            if tape is None:                       # one forward: loss and gradients
+                tape = record(network, params, data.x, dtype=dtype, backend=backend, precision=precision)
             scored = readout_loss(tape.outputs, readout, data, task.loss)
             if not math.isfinite(scored.loss):
                 raise diverged(step, steps, "loss", scored.loss, lr, clip)

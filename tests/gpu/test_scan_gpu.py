@@ -202,3 +202,73 @@ def test_the_reverse_scan_with_the_shifted_coefficient(cupy, T, dtype):
     got = scan.cuda_scan(dtype)(*(cupy.asarray(v, dtype=dtype) for v in (a, b, initial)), cupy, poison=True,
                                 reverse=True, a_shift=1)
     assert relative(cupy.asnumpy(got), want) <= (1e-12 if dtype == np.float64 else 1e-5)
+
+
+@pytest.mark.parametrize("name", ["mingru", "minlstm"])
+def test_cell_rnn_trains_a_linear_recurrence_as_a_scan(cupy, name):
+    """CellRNN on CUDA fp32: a cell whose scan walks trains through scan_grad.walk_record (last_backend "scan"),
+    with given initial states and the final states in the loss, against the engine's float64 bptt; scan=False
+    keeps the step-by-step training step."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    from engine.torch_module import CellRNN
+    cell = engine.preset(name).cell
+    rnn = CellRNN(cell, 5, 40, 2, seed=4).cuda()
+    rng = np.random.default_rng(8)
+    x = torch.from_numpy(rng.standard_normal((300, 3, 5)).astype(np.float32)).cuda().requires_grad_()
+    h0 = {s: torch.from_numpy(rng.uniform(-0.5, 0.5, (2, 3, 40)).astype(np.float32)).cuda().requires_grad_()
+          for s in cell.state_names}
+    w_out, w_final = rng.standard_normal((300, 3, 40)), rng.standard_normal((2, 3, 40))
+    out, states = rnn(x, h0)
+    assert rnn.last_backend == "scan"
+    state = cell.state_names[0]
+    ((out * torch.from_numpy(w_out).float().cuda()).sum()
+     + (states[state] * torch.from_numpy(w_final).float().cuda()).sum()).backward()
+    want = engine.bptt(rnn.network, rnn.engine_params(), x.detach().double().cpu().numpy(),
+                       {s: v.detach().double().cpu().numpy() for s, v in h0.items()}, d_outputs=w_out,
+                       d_final_states={state: w_final})
+    assert relative(out.detach().cpu().numpy(), want.outputs) < 2e-5
+    assert relative(x.grad.cpu().numpy(), want.x) < 2e-5
+    assert relative(h0[state].grad.cpu().numpy(), want.initial_states[state]) < 2e-5
+    for layer, tensors in enumerate(rnn.layer_parameters()):
+        for p, tensor in zip(rnn.names[layer], tensors):
+            assert relative(tensor.grad.cpu().numpy(), want.params[layer][p]) < 2e-5, (layer, p)
+    stepped = CellRNN(cell, 5, 40, 2, seed=4, scan=False).cuda()
+    again, _ = stepped(x, h0)
+    assert stepped.last_backend == "fused"
+    assert relative(again.detach().cpu().numpy(), want.outputs) < 2e-5
+
+
+def test_the_training_loop_trains_a_min_gru_as_a_scan_on_the_gpu(cupy, monkeypatch):
+    """engine.train(device="gpu") takes the walk's tape for minGRU (scan_grad.walk_record, counted here): its first
+    losses follow the float64 CPU run's, it learns, and a second run repeats it exactly."""
+    from engine.schedules import scan_grad
+    from engine.training import loop
+    taken = []
+
+    def counted(*args, **kwargs):
+        tape = scan_grad.walk_record(*args, **kwargs)
+        taken.append(tape is not None)
+        return tape
+    monkeypatch.setattr(loop, "walk_record", counted)
+    settings = dict(hidden_size=16, num_layers=2, steps=40, batch=16, seq_len=12, seed=3)
+    cpu = engine.train("mingru", "adding", **settings)
+    gpu = engine.train("mingru", "adding", **settings, device="gpu")
+    again = engine.train("mingru", "adding", **settings, device="gpu")
+    assert taken and all(taken)
+    np.testing.assert_allclose(gpu.losses[:5], cpu.losses[:5], rtol=1e-4)
+    assert gpu.eval_losses[-1] < gpu.eval_losses[0]
+    assert gpu.losses == again.losses and gpu.eval_metrics == again.eval_metrics
+
+
+def test_the_scan_gives_outputs_of_the_kind_it_was_given(cupy):
+    """NumPy in, NumPy out; CuPy in, CuPy out (as the wavefront schedules): engine.run(backend="auto") may pick the
+    scan for a NumPy caller."""
+    network, params, x, initial = case(engine.preset("mingru").cell, T=40)
+    program = scan.prepare(network, params)
+    host = program.run(x.astype(np.float32), initial)
+    assert isinstance(host.outputs, np.ndarray) and all(isinstance(v, np.ndarray) for v in host.final_states.values())
+    device = program.run(cupy.asarray(x, dtype=cupy.float32), initial)
+    assert isinstance(device.outputs, cupy.ndarray)
+    assert bool((cupy.asarray(host.outputs) == device.outputs).all())

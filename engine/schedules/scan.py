@@ -240,12 +240,18 @@ def inline_functions(plan, cell, layouts, dtype) -> tuple:
     once per source and kept in the plan."""
     key = (layouts, scan_kernel.WALK)
     if key not in plan.launches:
-        source = scan_kernel.fused_scan_source(plan.kernel, layouts, np.dtype(dtype), scan_kernel.WALK)
-        if source not in _modules:
-            _modules[source] = load_module(source, cell=cell.name, kernel="scan")
-        plan.launches[key] = tuple(_modules[source].get_function(k)
+        module = module_of(scan_kernel.fused_scan_source(plan.kernel, layouts, np.dtype(dtype), scan_kernel.WALK),
+                           cell.name, "scan")
+        plan.launches[key] = tuple(module.get_function(k)
                                    for k in ("scan_chunks", "scan_carry", "scan_apply", "scan_walk"))
     return plan.launches[key]
+
+
+def module_of(source: str, cell_name: str, kernel: str):
+    """The module of a generated source (the scan's kernels, its gradients'), loaded once a source."""
+    if source not in _modules:
+        _modules[source] = load_module(source, cell=cell_name, kernel=kernel)
+    return _modules[source]
 
 
 def walk_launch(walk, pointers, initial, out, final, T: int, B: int, n: int) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff.gradients import Gradients
-from ..codegen.nvrtc import load_module
 from ..dense import compact_gradients, dense
 from ..errors import BackendError
 from ..ops import OPS, apply_backward
@@ -38,6 +37,7 @@ from .scan import (
     initial_state,
     kernel_inputs,
     matmuls_by_operand,
+    module_of,
     scan_plan,
     sequential_scan,
     stacked_weights,
@@ -242,7 +242,8 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
                 outs.append(products.setdefault(id(pointer), (pointer, xp.zeros_like(pointer)))[1])
             else:
                 outs.append(xp.zeros_like(pointer) if name in env else xp.empty((rows, n), dtype=dtype))
-        module = _backward_module(backward_source(cell, spec, state, layouts, np.dtype(dtype)), cell.name)
+        module = module_of(backward_source(cell, spec, state, layouts, np.dtype(dtype)), cell.name,
+                           "scan_free_backward")
         kernel = module.get_function("scan_free_backward")
         threads = 256
         kernel((-(-rows * n // threads),), (threads,),
@@ -333,7 +334,8 @@ class WalkTape:
                 finals = xp.empty((L, B, n), dtype=dtype)
             _, layouts, sources = walk_inputs(cell, plan, lp, n, xp)
             pointers = tuple(product if isinstance(v, int) else v for v in sources)
-            module = _walk_module(walk_back_source(cell, plan.kernel, state, layouts, np.dtype(dtype)), cell.name)
+            module = module_of(walk_back_source(cell, plan.kernel, state, layouts, np.dtype(dtype)), cell.name,
+                               "scan_walk_back")
             sequence = xp.empty((T, B, n), dtype=dtype)
             walk_launch(module.get_function("scan_walk"), pointers, self.initial[layer], sequence, finals[layer],
                         T, B, n)
@@ -387,23 +389,3 @@ def _offsets(cell, names, lp) -> list[int]:
     """The column offset of each matmul of the group in the stacked GEMM output."""
     sizes = [lp[cell[m].args[0]].shape[0] for m in names]
     return [int(v) for v in np.cumsum([0] + sizes[:-1])]
-
-
-_walk_modules: dict = {}
-
-
-def _walk_module(source: str, cell_name: str):
-    module = _walk_modules.get(source)
-    if module is None:
-        module = _walk_modules[source] = load_module(source, cell=cell_name, kernel="scan_walk_back")
-    return module
-
-
-_backward_modules: dict = {}
-
-
-def _backward_module(source: str, cell_name: str):
-    module = _backward_modules.get(source)
-    if module is None:
-        module = _backward_modules[source] = load_module(source, cell=cell_name, kernel="scan_free_backward")
-    return module

@@ -371,8 +371,10 @@ class WalkTape:
                 (*pointers, sequence, self.initial[layer], d_out, d_finals[layer], q, q_vec, d_initial[layer],
                  np.int32(T), np.int32(B), np.int64(n)))
             grads = {p.name: xp.zeros_like(lp[p.name]) for p in cell.params}
+            if vectors:                    # every vector's sum over the batch in one reduction
+                summed = q_vec[:len(vectors)].reshape(len(vectors), B, n).sum(axis=1)
             for m, name in enumerate(vectors):
-                grads[name] += _reduce_to(q_vec[m].reshape(B, n), lp[name].shape, xp)
+                grads[name] += summed[m] if lp[name].shape == (n,) else _reduce_to(summed[m], lp[name].shape, xp)
             d_weight = q.T @ layer_input.reshape(rows, -1)
             for w, offset in zip([cell[m].args[0] for m in names], _offsets(cell, names, lp)):
                 grads[w] += d_weight[offset:offset + lp[w].shape[0]]

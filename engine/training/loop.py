@@ -107,12 +107,22 @@ def check_settings(task: Task, steps, batch, seq_len, lr, clip, seed, eval_every
                             hint="clip=1.0 bounds each step's gradient norm; 0 or None turns clipping off")
 
 
+def forward_tape(network: Network, params, x, dtype, backend: str, precision: str):
+    """The forward pass of a training step, keeping what its backward reads: the scan's walks for a cell that walks
+    on the GPU in float32 (scan_grad.walk_record: a linear recurrence, minGRU), else engine.autodiff's record."""
+    if backend == "fused" and precision == "float32" and np.dtype(dtype) == np.dtype(np.float32):
+        tape = walk_record(network, params, x, dtype=dtype, xp=array_module_of(x))
+        if tape is not None:
+            return tape
+    return record(network, params, x, dtype=dtype, backend=backend, precision=precision)
+
+
 def evaluate(network: Network, params, readout, batch: Batch, task: Task,
              precision: str = "float32") -> tuple[float, float]:
     """(loss, metric) on a batch, forward only (on the GPU, in float32, when the batch is there), its matmuls in
     the precision mode the model trains in."""
     if array_module_of(batch.x) is not np:       # on the GPU: the training step's forward (the tape is dropped)
-        outputs = record(network, params, batch.x, dtype=np.float32, backend="fused", precision=precision).outputs
+        outputs = forward_tape(network, params, batch.x, np.float32, "fused", precision).outputs
     else:
         outputs = reference_run(network, params, batch.x, dtype=np.float64, precision=precision).outputs  # (T, B, H)
     scored = readout_loss(outputs, readout, batch, task.loss)
@@ -211,11 +221,7 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for step in range(1, steps + 1):
             data = to_device(task.batch(train_rng, batch, seq_len), xp, dtype)
-            tape = None                            # a linear recurrence walks on the GPU (scan_grad.walk_record)
-            if backend == "fused" and precision == "float32" and np.dtype(dtype) == np.dtype(np.float32):
-                tape = walk_record(network, params, data.x, dtype=dtype, xp=xp)
-            if tape is None:                       # one forward: loss and gradients
-                tape = record(network, params, data.x, dtype=dtype, backend=backend, precision=precision)
+            tape = forward_tape(network, params, data.x, dtype, backend, precision)   # one forward: loss, gradients
             scored = readout_loss(tape.outputs, readout, data, task.loss)
             if not math.isfinite(scored.loss):
                 raise diverged(step, steps, "loss", scored.loss, lr, clip)

@@ -362,7 +362,8 @@ class WalkTape:
         param_grads, d_initial = [None] * L, xp.empty((L, B, n), dtype=dtype)
         for layer in reversed(range(L)):
             layer_input, lp, weight, product, sources, pointers, module, sequence = self.layers[layer]
-            covered = {int(v) for v in sources if isinstance(v, int)} >= set(_offsets(cell, names, lp))
+            offsets = _offsets(cell, names, lp)
+            covered = {int(v) for v in sources if isinstance(v, int)} >= set(offsets)
             q = xp.empty_like(product) if covered else xp.zeros_like(product)   # every column written, or zeros
             vectors = [name for name, v in zip(plan.kernel.inputs, sources) if not isinstance(v, int)]
             q_vec = xp.empty((max(len(vectors), 1), chains), dtype=dtype)
@@ -370,15 +371,17 @@ class WalkTape:
                 (-(-chains // 32),), (32 * BACK[0],),
                 (*pointers, sequence, self.initial[layer], d_out, d_finals[layer], q, q_vec, d_initial[layer],
                  np.int32(T), np.int32(B), np.int64(n)))
-            grads = {p.name: xp.zeros_like(lp[p.name]) for p in cell.params}
+            found: dict = {}               # each gradient as its term's own array (a weight used twice adds up)
+            add = _accumulator(found)
             if vectors:                    # every vector's sum over the batch in one reduction
                 summed = q_vec[:len(vectors)].reshape(len(vectors), B, n).sum(axis=1)
             for m, name in enumerate(vectors):
-                grads[name] += summed[m] if lp[name].shape == (n,) else _reduce_to(summed[m], lp[name].shape, xp)
+                add(name, summed[m] if lp[name].shape == (n,) else _reduce_to(summed[m], lp[name].shape, xp))
             d_weight = q.T @ layer_input.reshape(rows, -1)
-            for w, offset in zip([cell[m].args[0] for m in names], _offsets(cell, names, lp)):
-                grads[w] += d_weight[offset:offset + lp[w].shape[0]]
-            param_grads[layer] = grads
+            for w, offset in zip([cell[m].args[0] for m in names], offsets):
+                add(w, d_weight[offset:offset + lp[w].shape[0]])
+            param_grads[layer] = {p.name: found[p.name] if p.name in found else xp.zeros_like(lp[p.name])
+                                  for p in cell.params}
             d_out = (q @ weight).reshape(T, B, -1)
         self.layers = None
         if self.source is not None:

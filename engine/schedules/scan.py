@@ -441,13 +441,30 @@ def walk_fits(cell: CellGraph, plan: ScanPlan) -> bool:
     return cell[operand].op == "input" and all(n in names or cell[n].is_param for n in plan.kernel.inputs)
 
 
+def group_offsets(cell: CellGraph, names, layer_params: dict) -> list[int]:
+    """The column offset of each matmul of a group (`names`) in its stacked GEMM output."""
+    sizes = [layer_params[cell[m].args[0]].shape[0] for m in names]
+    return [int(v) for v in np.cumsum([0] + sizes[:-1])]
+
+
+def walk_plan(network, x, dtype, xp) -> ScanPlan | None:
+    """The scan's plan where a run of `network` (in its dense form) on x walks on the GPU, from its forward to its
+    gradients (walk_fits and walks), else None."""
+    if not analyse_scan(network.cell).qualifies:
+        return None
+    plan = scan_plan(network.cell, dtype, True, on_gpu=True)
+    walking = walk_fits(network.cell, plan) and walks(x.shape[1] * network.state_size(network.cell.output),
+                                                      x.shape[0], xp)
+    return plan if walking else None
+
+
 def walk_inputs(cell: CellGraph, plan: ScanPlan, layer_params: dict, n: int, xp) -> tuple:
     """For a cell that walk_fits: the layer's stacked weight, and per input of the scan's kernel its layout and its
     source, a column offset into the GEMM output (an int) or the parameter broadcast to n units."""
     ((_, names),) = plan.groups
     weight = stacked_weights(layer_params, [cell[m].args[0] for m in names], xp)
-    offsets = dict(zip(names, np.cumsum([0] + [layer_params[cell[m].args[0]].shape[0] for m in names])))
-    sources = tuple(int(offsets[name]) if name in offsets else
+    offsets = dict(zip(names, group_offsets(cell, names, layer_params)))
+    sources = tuple(offsets[name] if name in offsets else
                     xp.ascontiguousarray(xp.broadcast_to(layer_params[name], (n,))) for name in plan.kernel.inputs)
     layouts = tuple(scan_kernel.Layout("rows", weight.shape[0], v) if isinstance(v, int)
                     else scan_kernel.Layout("vector") for v in sources)

@@ -24,7 +24,6 @@ from ..autodiff.gradients import Gradients
 from ..dense import compact_gradients, dense
 from ..errors import BackendError
 from ..ops import OPS, apply_backward
-from ..passes.scan import analyse_scan
 from . import scan_kernel
 from .project import project
 from .scan import (
@@ -33,18 +32,17 @@ from .scan import (
     cuda_scan,
     evaluate,
     full_array,
+    group_offsets,
     grouped_matmuls,
     initial_state,
     kernel_inputs,
     matmuls_by_operand,
     module_of,
-    scan_plan,
     sequential_scan,
     stacked_weights,
-    walk_fits,
     walk_inputs,
     walk_launch,
-    walks,
+    walk_plan,
 )
 from .scan_backward_kernel import BACK, backward_source, walk_back_source
 
@@ -75,10 +73,9 @@ def scan_gradients(network, params, x, initial_states: dict | None = None, d_out
 def _scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, scan) -> Gradients:
     cell = network.cell
     found = analysis_or_refusal(cell)
-    if scan is None and xp is not np:
-        plan = scan_plan(cell, dtype, True, on_gpu=True)
-        if walk_fits(cell, plan) and walks(x.shape[1] * network.state_size(cell.output), x.shape[0], xp):
-            return walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan)
+    plan = walk_plan(network, x, dtype, xp) if scan is None and xp is not np else None
+    if plan is not None:
+        return walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan)
     if scan is None and xp is not np and fast_path_fits(cell):
         return fast_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp)
     if scan is None:
@@ -279,25 +276,20 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
 # ---- the walks: the forward and the adjoint each one kernel a layer, beside the three GEMMs ----------------------
 
 def walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan) -> Gradients:
-    """fast_gradients's result for a cell that walk_fits, where the chains fill the GPU (scan.walks): WalkTape's
-    forward, then its backward."""
+    """fast_gradients's result where the run walks (`plan` from scan.walk_plan): WalkTape's forward, then its
+    backward."""
     return WalkTape(network, params, x, initial_states, dtype, xp, plan).backward(d_outputs, d_final_states)
 
 
 def walk_record(network, params, x, initial_states: dict | None = None, dtype=np.float32, xp=None):
     """A WalkTape of the run where the network's cell walks on the GPU (its recurrence linear, its scan forming its
-    coefficients from one GEMM of the layer input and parameters, the chains or the sequence short enough: walk_fits
-    and scan.walks), else None: how CellRNN and engine.train train such a cell as a scan. A cell of heads or
+    coefficients from one GEMM of the layer input and parameters, the chains or the sequence short enough:
+    scan.walk_plan), else None: how CellRNN and engine.train train such a cell as a scan. A cell of heads or
     reductions runs in its dense form, its gradients given back in the cell's own shapes."""
     source = network
     network, params = dense(network, params)
-    if not analyse_scan(network.cell).qualifies:
-        return None
-    plan = scan_plan(network.cell, dtype, True, on_gpu=True)
-    if not (walk_fits(network.cell, plan)
-            and walks(x.shape[1] * network.state_size(network.cell.output), x.shape[0], xp)):
-        return None
-    return WalkTape(network, params, x, initial_states, dtype, xp, plan, source=source)
+    plan = walk_plan(network, x, dtype, xp)
+    return None if plan is None else WalkTape(network, params, x, initial_states, dtype, xp, plan, source=source)
 
 
 class WalkTape:
@@ -360,11 +352,10 @@ class WalkTape:
         d_finals = (xp.zeros((L, B, n), dtype=dtype) if given_final is None
                     else xp.ascontiguousarray(xp.asarray(given_final, dtype=dtype)))
         param_grads, d_initial = [None] * L, xp.empty((L, B, n), dtype=dtype)
+        covered = set(names) <= set(plan.kernel.inputs)      # the walk back writes every column of the GEMM output
         for layer in reversed(range(L)):
             layer_input, lp, weight, product, sources, pointers, module, sequence = self.layers[layer]
-            offsets = _offsets(cell, names, lp)
-            covered = {int(v) for v in sources if isinstance(v, int)} >= set(offsets)
-            q = xp.empty_like(product) if covered else xp.zeros_like(product)   # every column written, or zeros
+            q = xp.empty_like(product) if covered else xp.zeros_like(product)
             vectors = [name for name, v in zip(plan.kernel.inputs, sources) if not isinstance(v, int)]
             q_vec = xp.empty((max(len(vectors), 1), chains), dtype=dtype)
             module.get_function("scan_walk_back")(
@@ -378,7 +369,7 @@ class WalkTape:
             for m, name in enumerate(vectors):
                 add(name, summed[m] if lp[name].shape == (n,) else _reduce_to(summed[m], lp[name].shape, xp))
             d_weight = q.T @ layer_input.reshape(rows, -1)
-            for w, offset in zip([cell[m].args[0] for m in names], offsets):
+            for w, offset in zip([cell[m].args[0] for m in names], group_offsets(cell, names, lp)):
                 add(w, d_weight[offset:offset + lp[w].shape[0]])
             param_grads[layer] = {p.name: found[p.name] if p.name in found else xp.zeros_like(lp[p.name])
                                   for p in cell.params}
@@ -388,9 +379,3 @@ class WalkTape:
             param_grads = compact_gradients(self.source, param_grads)
         return Gradients(params=param_grads, x=d_out, initial_states={state: d_initial}, outputs=self.outputs,
                          final_states=self.final_states)
-
-
-def _offsets(cell, names, lp) -> list[int]:
-    """The column offset of each matmul of the group in the stacked GEMM output."""
-    sizes = [lp[cell[m].args[0]].shape[0] for m in names]
-    return [int(v) for v in np.cumsum([0] + sizes[:-1])]

@@ -116,7 +116,7 @@ def backward_shapes(cupy, T, B, H) -> list[dict]:
     from engine.schedules import scan_backward_kernel, scan_grad
     network, x, _ = mingru_case(T, B, H)
     params = engine.init_params(network, seed=0)
-    params = engine.Params([{k: cupy.asarray(v) for k, v in layer.items()} for layer in params.layers])
+    params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()} for layer in params.layers])
     d_out = cupy.asarray(np.random.default_rng(2).standard_normal((T, B, H)), dtype=cupy.float32)
     out, first = [], None
     print(f"B = {B}, forward + backward: {'walk back':>10s} {'ms':>8s} {'max diff':>9s}")

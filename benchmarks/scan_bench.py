@@ -8,8 +8,10 @@ ROUNDS interleaved rounds and report the median of the rounds' medians (the roun
 compute the paper's log-space form (Feng et al. 2024, Sec. 3.1.3 and Appendix: g(h_tilde), log-space coefficients, logcumsumexp), which
 is a different function from the sequential minGRU (the g), timed as what a researcher would otherwise run:
 forward, and forward + backward of the sum of the outputs. The forward + backward rows take the parameters on the
-GPU, as a training loop holds them (all three: the engine's two and PyTorch's). Last, CellRNN's training step on
-the same sequence (forward and backward through torch autograd), through the scan's walks and step by step.
+GPU, as a training loop holds them (all three: the engine's two and PyTorch's); the engine's are timed with x's
+gradient and without it (input_gradient=False: x as data, as PyTorch's row takes it, whose x needs no gradient).
+Last, CellRNN's training step on the same sequence (forward and backward through torch autograd, x data), through
+the scan's walks and step by step.
 
     python3 benchmarks/scan_bench.py --out $OUT
 """
@@ -96,19 +98,24 @@ def main(argv=None) -> int:
                      "rel_err_vs_float64": error})
     from engine.schedules.scan_grad import scan_gradients
     d_out = cupy.asarray(rng.standard_normal((T, B, H)), dtype=cupy.float32)
-    params = engine.Params([{k: cupy.asarray(v) for k, v in layer.items()} for layer in params.layers])  # as trained
-    try:
-        rows.append({"name": "engine scan, forward + backward (scan_gradients)",
-                     "ms": median_ms(lambda: scan_gradients(network, params, x, None, d_out, dtype=np.float32,
-                                                            xp=cupy))})
-    except engine.EngineError as e:
-        rows.append({"name": "engine scan, forward + backward", "error": str(e).splitlines()[0]})
-    try:                # the step-by-step gradients (the generated training kernels), what the scan's replace
-        rows.append({"name": "engine fused bptt (step by step), forward + backward",
-                     "ms": median_ms(lambda: engine.bptt(network, params, x, None, d_out, dtype=np.float32,
-                                                         backend="fused"), warmup=1, reps=3)})
-    except engine.EngineError as e:
-        rows.append({"name": "engine fused bptt, forward + backward", "error": str(e).splitlines()[0]})
+    params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()}
+                           for layer in params.layers])              # as an fp32 training loop holds them
+    for asked, tag in ((True, ""), (False, ", no x gradient")):   # x's gradient, or x as data (input_gradient)
+        try:
+            rows.append({"name": f"engine scan, forward + backward{tag}",
+                         "ms": median_ms(lambda asked=asked: scan_gradients(network, params, x, None, d_out,
+                                                                            dtype=np.float32, xp=cupy,
+                                                                            input_gradient=asked))})
+        except engine.EngineError as e:
+            rows.append({"name": f"engine scan, forward + backward{tag}", "error": str(e).splitlines()[0]})
+        try:            # the step-by-step gradients (the generated training kernels), what the scan's replace
+            rows.append({"name": f"engine fused bptt (step by step), forward + backward{tag}",
+                         "ms": median_ms(lambda asked=asked: engine.bptt(network, params, x, None, d_out,
+                                                                         dtype=np.float32, backend="fused",
+                                                                         input_gradient=asked),
+                                         warmup=1, reps=3)})
+        except engine.EngineError as e:
+            rows.append({"name": f"engine fused bptt, forward + backward{tag}", "error": str(e).splitlines()[0]})
     try:
         import torch
         import torch.nn.functional as F  # noqa: N812
@@ -130,19 +137,20 @@ def main(argv=None) -> int:
         for scan_on in (True, False):          # CellRNN's training step: the scan's walks, or step by step
             rnn = CellRNN(engine.preset("mingru").cell, H, H, 1, seed=0, scan=scan_on).cuda()
             rnn(tx_seq)
-            name = f"CellRNN forward + backward ({rnn.last_backend})"
+            name = f"CellRNN forward + backward ({rnn.last_backend}), x data"     # x.requires_grad is False
             rows.append({"name": name, "ms": median_ms(lambda rnn=rnn: rnn(tx_seq)[0].sum().backward(),
                                                        warmup=2, reps=10 if scan_on else 5)})
     except ImportError as e:
         rows.append({"name": "torch", "error": f"not installed ({e})"})
     by_name = {r["name"]: r.get("ms") for r in rows}
-    both = by_name.get("engine scan, forward + backward (scan_gradients)")
-    torch_both = by_name.get("torch log-space scan, forward + backward")
-    if both and torch_both:
-        print(f"forward + backward: PyTorch's log-space scan / the engine's scan = {torch_both / both:.2f}x")
-    stepped = by_name.get("engine fused bptt (step by step), forward + backward")
-    if both and stepped:
-        print(f"forward + backward: the step-by-step bptt / the engine's scan = {stepped / both:.2f}x")
+    torch_both = by_name.get("torch log-space scan, forward + backward")       # x data: no x gradient there
+    for tag in ("", ", no x gradient"):
+        both = by_name.get(f"engine scan, forward + backward{tag}")
+        stepped = by_name.get(f"engine fused bptt (step by step), forward + backward{tag}")
+        if both and torch_both:
+            print(f"forward + backward{tag}: PyTorch's log-space scan / the engine's scan = {torch_both / both:.2f}x")
+        if both and stepped:
+            print(f"forward + backward{tag}: the step-by-step bptt / the engine's scan = {stepped / both:.2f}x")
     scan_ms = by_name.get("engine scan")
     print(f"minGRU, I = H = {H}, B = {B}, T = {T}, float32 (TF32 off), {results['device']}")
     print(f"{'row':48s} {'median ms':>10s} {'scan speedup':>13s} {'rel err':>10s}")

@@ -10,6 +10,7 @@ import inspect
 import numpy as np
 
 from . import backends
+from .arguments import shown
 from .autodiff import bptt as step_bptt
 from .autodiff.checks import check_dtype, check_network
 from .backends.common import check_finite, check_inputs, check_precision
@@ -49,15 +50,21 @@ def bench(presets, configs=None, **options):
 
 
 def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None, d_final_states: dict | None = None,
-         dtype=np.float64, backend: str = "reference", lengths=None, precision: str = "float32"):
+         dtype=np.float64, backend: str = "reference", lengths=None, precision: str = "float32",
+         input_gradient: bool = True):
     """engine.autodiff.bptt (backend "reference", "naive" or "fused": step by step), or backend="scan" for a cell
     whose recurrence is linear (engine/passes/scan.py): the gradients as scans over the whole sequence
     (engine/schedules/scan_grad.py) on the GPU, CuPy arrays out. A d_outputs given as a function of the outputs
     costs the scan one forward pass more. precision: "tf32", "float16" or "bfloat16" rounds every matmul operand of
-    both passes to that format ("fused" runs it, "reference" emulates it; engine/autodiff/bptt.py)."""
+    both passes to that format ("fused" runs it, "reference" emulates it; engine/autodiff/bptt.py).
+    input_gradient=False: x's gradient is not computed (gradients.x is None), as when x is data: "fused" and "scan"
+    leave its GEMM out."""
     if not (isinstance(backend, str) and backend == "scan"):
         return step_bptt(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, backend=backend,
-                         lengths=lengths, precision=precision)
+                         lengths=lengths, precision=precision, input_gradient=input_gradient)
+    if not isinstance(input_gradient, bool):
+        raise BackendError(f"argument 'input_gradient' of bptt must be True or False, got {shown(input_gradient)}; "
+                           "hint: False where x is data and its gradient is not wanted")
     if lengths is not None:
         raise only_on("scan", "bptt", takes=BPTT_BACKENDS)
     if check_precision(precision) != "float32":
@@ -75,4 +82,5 @@ def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None,
     x = cupy.asarray(x, dtype=dtype)
     if callable(d_outputs):
         d_outputs = d_outputs(run(network, params, x, initial_states, backend="scan", dtype=dtype).outputs)
-    return scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, xp=cupy)
+    return scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, xp=cupy,
+                          input_gradient=input_gradient)

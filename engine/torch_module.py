@@ -163,11 +163,12 @@ class _CellFunction(torch.autograd.Function):
         like = d_outputs
         with _on(like):
             grads = ctx.tape.backward(_array(d_outputs), {s: _array(d) for s, d in zip(ctx.names, d_finals)
-                                                          if d is not None})
+                                                          if d is not None},
+                                      input_gradient=ctx.needs_input_grad[1])    # x's, only where autograd asks
             d_params = [_tensor(g, like) for layer in grads.params for g in layer.values()]
             d_states = [_tensor(grads.initial_states[s], like) for s in ctx.names]
         ctx.tape = None
-        return (None, _tensor(grads.x, like), None, *d_states, *d_params)
+        return (None, None if grads.x is None else _tensor(grads.x, like), None, *d_states, *d_params)
 
 
 _CUPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}

@@ -207,6 +207,24 @@ def test_no_loss_gradient_gives_zero_gradients_and_missing_states_are_zeros():
     assert only_h.initial_states["c"].any() and only_h.params[0]["W_ii"].any()
 
 
+def test_without_the_input_gradient_x_gets_none_and_nothing_else_changes():
+    """input_gradient=False (x is data): gradients.x is None, every other gradient the same as with it, through
+    bptt and through a tape's backward."""
+    case = make_case(engine.preset("lstm").cell, seed=2)
+    full = case.gradients()
+    lean = bptt(case.network, case.params, case.x, case.initial_states, case.d_outputs, case.d_final_states,
+                input_gradient=False)
+    tape = engine.autodiff.record(case.network, case.params, case.x, case.initial_states)
+    taped = tape.backward(case.d_outputs, case.d_final_states, input_gradient=False)
+    for got in (lean, taped):
+        assert got.x is None
+        for layer in range(case.network.num_layers):
+            for name, value in full.params[layer].items():
+                assert np.array_equal(got.params[layer][name], value), (layer, name)
+        for s, value in full.initial_states.items():
+            assert np.array_equal(got.initial_states[s], value), s
+
+
 def test_an_unused_parameter_gets_a_zero_gradient_of_its_shape():
     case = make_case(CELLS["dead_value"])
     g = case.gradients()
@@ -242,6 +260,8 @@ BAD_INPUTS = {
     "initial state unknown": (lambda c: {"initial_states": {"z": c.initial_states["h"]}},
                               "initial_states: 'z' is not a state"),
     "dtype": (lambda c: {"dtype": np.float16}, "argument 'dtype': bptt computes in float64 or float32"),
+    "input_gradient": (lambda c: {"input_gradient": "no"},
+                       "argument 'input_gradient' of bptt must be True or False, got 'no'"),
 }
 
 

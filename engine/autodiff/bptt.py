@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backends
+from ..arguments import shown
 from ..backends.common import FiniteCheck, check_inputs, check_training_precision, inputs_named
 from ..backends.lengths import check_lengths, step_masks
 from ..errors import BackendError
@@ -32,7 +33,7 @@ BACKENDS = ("reference", "naive", "fused")
 
 def bptt(network: Network, params: Params, x, initial_states: dict | None = None, d_outputs=None,
          d_final_states: dict | None = None, dtype=np.float64, backend: str = "reference",
-         lengths=None, precision: str = "float32") -> Gradients:
+         lengths=None, precision: str = "float32", input_gradient: bool = True) -> Gradients:
     """x: (T, B, I). initial_states: name -> (L, B, size), zeros where not given (as engine.run). d_outputs:
     (T, B, output size), the loss's gradient with respect to the top layer's outputs (None: zeros), or a function
     of the forward outputs (T, B, output size) that returns it: a loss that needs the outputs first (training) then
@@ -40,12 +41,17 @@ def bptt(network: Network, params: Params, x, initial_states: dict | None = None
     backend="naive": the same interpreter on the GPU (CuPy arrays in, or NumPy ones copied over; CuPy arrays out).
     lengths: (B,) the steps of each sequence of a batch padded at the end (engine/backends/lengths.py; every backend:
     the fused step through kernels that hold the rows past their end, engine/autodiff/fused_lengths.py). precision:
-    the matmuls' mode (the module's docstring). One call is record(...) then Tape.backward(...)."""
+    the matmuls' mode (the module's docstring). input_gradient=False: x's gradient is not computed (gradients.x is
+    None; the fused step leaves layer 0's input adjoint GEMM out), as when x is data. One call is record(...) then
+    Tape.backward(...)."""
+    if not isinstance(input_gradient, bool):
+        raise BackendError(f"argument 'input_gradient' of bptt must be True or False, got {shown(input_gradient)}; "
+                           "hint: False where x is data and its gradient is not wanted")
     tape = record(network, params, x, initial_states, dtype=dtype, backend=backend, lengths=lengths,
                   precision=precision)
     if callable(d_outputs):
         d_outputs = d_outputs(tape.outputs)
-    return tape.backward(d_outputs, d_final_states)
+    return tape.backward(d_outputs, d_final_states, input_gradient=input_gradient)
 
 
 def record(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float64,

@@ -62,6 +62,7 @@ class Program:
         # the x gradient, written by layer 0's input GEMM; each layer's input GEMM writes the d_out of the layer
         # below (backward()), in the wavefront and layer by layer alike
         self.d_input = None
+        self.input_gradient = True                # backward(): layer 0's input adjoint (x's gradient) too
         if runner.plan.input_gemm is not None:
             self.d_input = xp.full((T * B, network.input_size), np.nan if poison else 0.0, dtype=xp.float32)
             for l, layer in enumerate(self.layers):
@@ -172,31 +173,36 @@ class Program:
         self._wavefront("forward", forward_wavefront, self.runner.wavefront_forward)
 
     def backward(self) -> None:
-        """Every layer's backward and input adjoint (needs self.d_input): one reverse wavefront, or layer by layer
+        """Every layer's backward and input adjoint (needs self.d_input; layer 0's only where self.input_gradient,
+        else x's gradient is left uncomputed): one reverse wavefront, or layer by layer
         from the top, a graph a layer (a one-layer network: its backward, then its input adjoint as one GEMM over
         the T x B rows, instead of the interpreter's matmul a term)."""
         if self.wavefront:
             self._wavefront("backward", backward_wavefront, self.runner.wavefront_backward)
             return
         for l in reversed(range(len(self.layers))):
-            self.launch(l, "backward", input_adjoint=True)
+            self.launch(l, "backward", input_adjoint=l > 0 or self.input_gradient)
 
     def _wavefront(self, direction: str, order, issue) -> None:
         """A wavefront of WAVEFRONT_CHUNK-step chunks, a graph per piece of diagonals (diagonal_pieces)."""
         C, L = WAVEFRONT_CHUNK, len(self.layers)
         chunks = [range(t, min(t + C, self.T)) for t in range(0, self.T, C)]
+        skip = direction == "backward" and not self.input_gradient      # layer 0's input adjoint
         for k, piece in enumerate(diagonal_pieces(order(L, len(chunks)), L, len(chunks))):
-            self._replay((direction, "wavefront", k), lambda piece=piece: issue(self.layers, chunks, piece))
+            if skip:
+                self._replay((direction, "wavefront", k, skip),
+                             lambda piece=piece: issue(self.layers, chunks, piece, input_gradient=False))
+            else:
+                self._replay((direction, "wavefront", k), lambda piece=piece: issue(self.layers, chunks, piece))
 
     def launch(self, l: int, direction: str, input_adjoint: bool = False) -> None:
         """Layer l's forward or backward step loop (input_adjoint: the backward, then its input adjoint's GEMM): its
-        graph replayed, or the launches one by one. One key a layer and direction: a program runs its backward one
-        way only (d_input is set or not)."""
+        graph replayed, or the launches one by one. One key a layer, direction and input adjoint."""
         layer, runner = self.layers[l], self.runner
         if direction == "forward":
             self._replay((l, direction), lambda: runner.forward(layer))
         else:
-            self._replay((l, direction), lambda: runner.backward(layer, input_adjoint))
+            self._replay((l, direction, input_adjoint), lambda: runner.backward(layer, input_adjoint))
 
     def _replay(self, key, issue) -> None:
         """issue() captured once into the graph `key` and replayed; issued directly where capture is not possible."""

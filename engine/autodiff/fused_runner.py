@@ -330,11 +330,14 @@ class Runner:
         """Items of the layers' forward wavefront (forward_wavefront), a stream a layer."""
         self.issue_on_streams(items, lambda l, c: self.forward_steps(layers[l], chunks[c]))
 
-    def wavefront_backward(self, layers: list[Layer], chunks: list[range], items: list) -> None:
-        """Items of the layers' backward and input adjoints as a reverse wavefront (backward_wavefront)."""
+    def wavefront_backward(self, layers: list[Layer], chunks: list[range], items: list,
+                           input_gradient: bool = True) -> None:
+        """Items of the layers' backward and input adjoints as a reverse wavefront (backward_wavefront); layer 0's
+        input adjoint (x's gradient) only where input_gradient."""
         def run(l: int, c: int) -> None:
             self.backward_steps(layers[l], chunks[c])
-            self.input_adjoint(layers[l], chunks[c])
+            if l > 0 or input_gradient:
+                self.input_adjoint(layers[l], chunks[c])
         self.issue_on_streams(items, run)
 
     def issue_on_streams(self, items, run) -> None:

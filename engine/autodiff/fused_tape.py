@@ -54,11 +54,16 @@ class FusedTape:
         self.dtype, self.xp, self.used = np.float32, program.runner.xp, False
         self._release = weakref.finalize(self, program.release)     # a tape dropped unused frees its program
 
-    def backward(self, d_outputs=None, d_final_states: dict | None = None):
+    def backward(self, d_outputs=None, d_final_states: dict | None = None, input_gradient: bool = True):
+        """As Tape.backward; input_gradient=False: x's gradient is not computed (layer 0's input adjoint GEMM is
+        left out), gradients.x is None."""
         d_outputs, d_final_states, finite = start_backward(self, d_outputs, d_final_states)
         release = True
         try:
+            self.program.input_gradient = input_gradient
             gradients = self._backward(d_outputs, d_final_states)
+            if not input_gradient:
+                gradients.x = None
             if self.source is not self.network:      # the dense form's: back to the cell's own parameters and shapes
                 gradients.params = compact_gradients(self.source, gradients.params)
             try:                   # asked once the backward is queued: the GPU runs it meanwhile
@@ -93,6 +98,13 @@ class FusedTape:
         return Gradients(params=grads, x=d_above.reshape(T, B, -1), initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
 
+    def _x_gradient(self):
+        """x's gradient out of the program's buffer (a copy: the buffer serves the next record), where asked."""
+        program = self.program
+        if not program.input_gradient:
+            return None
+        return self.xp.array(program.d_input).reshape(program.T, program.B, -1)
+
     def _reverse_sweep(self, d_above, d_final_states: dict) -> None:
         """Every layer's backward and input adjoint (a reverse wavefront, or layer by layer from the top): the top
         layer's d_out and every layer's final state adjoints in, then the program's backward graphs."""
@@ -103,12 +115,11 @@ class FusedTape:
         program.backward()
 
     def _backward_in_program(self, d_above, d_final_states: dict, grads: list, d_initial: dict):
-        xp, program = self.xp, self.program
-        T, B = program.T, program.B
+        program = self.program
         self._reverse_sweep(d_above, d_final_states)
         for l, layer in enumerate(program.layers):
             self._after(layer, l, grads[l], d_initial, nodes=self.plan.after_rest)
-        return Gradients(params=grads, x=xp.array(program.d_input).reshape(T, B, -1), initial_states=d_initial,
+        return Gradients(params=grads, x=self._x_gradient(), initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
 
     def _backward_captured(self, d_above, d_final_states: dict):
@@ -117,11 +128,10 @@ class FusedTape:
         cuBLAS call a GradGemm, a table upload a layer and a copy a state from Python (lstm_fgr at `lat`: 0.9 ms of
         host time a step; benchmarks/NOTES.md, 2026-11-25 02:13)."""
         xp, program = self.xp, self.program
-        T, B = program.T, program.B
         self._reverse_sweep(d_above, d_final_states)
         flat, _, d_initial = program.after()
         grads, _ = gradient_views(xp, self.network, flat.copy())
-        return Gradients(params=grads, x=xp.array(program.d_input).reshape(T, B, -1),
+        return Gradients(params=grads, x=self._x_gradient(),
                          initial_states={s: v.copy() for s, v in d_initial.items()}, outputs=self.outputs,
                          final_states=self.final_states)
 

@@ -11,7 +11,7 @@ import numpy as np
 class Gradients:
     """NumPy arrays from backend="reference", CuPy arrays (on the GPU) from backend="naive"."""
     params: list[dict[str, np.ndarray]]    # per layer: parameter name -> gradient, the parameter's shape
-    x: np.ndarray                          # (T, B, I)
+    x: np.ndarray | None                   # (T, B, I); None where the backward was asked not to (input_gradient)
     initial_states: dict[str, np.ndarray]  # state name -> (L, B, size)
     outputs: np.ndarray                    # (T, B, output size): the forward outputs of the same pass
     final_states: dict[str, np.ndarray]    # state name -> (L, B, size): the forward final states

@@ -34,16 +34,20 @@ class Tape:
     masks: list | None = None                  # [t]: (B, 1), 1 within each sequence, 0 past its end (lengths=)
     precision: str = "float32"                 # the mode whose matmul rounding both passes emulate
 
-    def backward(self, d_outputs=None, d_final_states: dict | None = None) -> Gradients:
+    def backward(self, d_outputs=None, d_final_states: dict | None = None, input_gradient: bool = True) -> Gradients:
         """The gradients, given the loss's gradients with respect to the outputs (T, B, output size; None: zeros)
-        and final states (name -> (L, B, size); None or names left out: zeros). Once: the saved values go."""
+        and final states (name -> (L, B, size); None or names left out: zeros). input_gradient=False: gradients.x
+        is None (the fast tapes leave its GEMM out; this interpreter drops it). Once: the saved values go."""
         d_outputs, d_final_states, finite = start_backward(self, d_outputs, d_final_states)
         finite.raise_if_bad()
         network, xp, dtype = self.network, self.xp, self.dtype
         T, B, _ = self.outputs.shape
         if d_outputs is None:
             d_outputs = xp.zeros((T, B, network.output_size), dtype=dtype)
-        return reverse(network, self, d_outputs.astype(dtype, copy=False), d_final_states, dtype, xp)
+        gradients = reverse(network, self, d_outputs.astype(dtype, copy=False), d_final_states, dtype, xp)
+        if not input_gradient:
+            gradients.x = None
+        return gradients
 
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..codegen.cublas_enums import (
     CUBLAS_OP_N,
@@ -57,6 +57,7 @@ class Plan:
     layouts: tuple
     algo: object
     bias: int = 0                    # the bias pointer the descriptor holds now
+    candidates: list = field(default_factory=list)    # the heuristic's algorithms, best first (algo: the one used)
 
 
 class LtProjection:
@@ -110,7 +111,9 @@ class LtProjection:
         plan = self.plans[key] = self._new_plan(M, N, K, data_type, compute, bias)
         return plan
 
-    def _new_plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int) -> Plan:
+    def _new_plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int, count: int = 1) -> Plan:
+        """The product's descriptors and the algorithm cublasLt's heuristic ranks first (plan.candidates: its first
+        `count`, best first)."""
         desc = ctypes.c_void_p()
         self._check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), ctypes.c_int(compute),
                                                       ctypes.c_int(CUDA_R_32F)), "cublasLtMatmulDescCreate")
@@ -128,20 +131,23 @@ class LtProjection:
         self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(preference, ctypes.c_int(LT_PREF_MAX_WORKSPACE_BYTES),
                                                                   ctypes.byref(size), ctypes.c_size_t(8)),
                     "cublasLtMatmulPreferenceSetAttribute")
-        result = (ctypes.c_uint8 * LT_HEURISTIC_RESULT_BYTES)()
+        results = (ctypes.c_uint8 * (LT_HEURISTIC_RESULT_BYTES * count))()
         found = ctypes.c_int(0)
-        status = self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, w, a, c, c, preference, ctypes.c_int(1),
-                                                         result, ctypes.byref(found))
+        status = self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, w, a, c, c, preference,
+                                                         ctypes.c_int(count), results, ctypes.byref(found))
         self.lib.cublasLtMatmulPreferenceDestroy(preference)
-        algo = (ctypes.c_uint8 * LT_ALGO_BYTES).from_buffer_copy(bytes(result)[:LT_ALGO_BYTES]) \
-            if status == 0 and found.value > 0 else None
-        return Plan(desc, (w, a, c), algo, bias)
+        raw = bytes(results)
+        candidates = [(ctypes.c_uint8 * LT_ALGO_BYTES).from_buffer_copy(
+            raw[k * LT_HEURISTIC_RESULT_BYTES:k * LT_HEURISTIC_RESULT_BYTES + LT_ALGO_BYTES])
+            for k in range(found.value if status == 0 else 0)]
+        return Plan(desc, (w, a, c), candidates[0] if candidates else None, bias, candidates)
 
-    def bind(self, weight, out, data_type: int, compute: int) -> BoundProduct | None:
+    def bind(self, weight, out, data_type: int, compute: int, count: int = 1) -> BoundProduct | None:
         """out (M, N) = A (M, K) @ weight (N, K)^T with everything but A and the stream bound, for a product issued
         again and again (scan.WalkCall); None where cublasLt offers no algorithm. Its plan is its own, outside the
-        plans this object evicts."""
-        plan = self._new_plan(out.shape[0], out.shape[1], weight.shape[1], data_type, compute, 0)
+        plans this object evicts; count > 1 keeps the heuristic's first `count` algorithms (plan.candidates) for
+        BoundProduct.use (benchmarks/probe_scan_overlap.py times them)."""
+        plan = self._new_plan(out.shape[0], out.shape[1], weight.shape[1], data_type, compute, 0, count)
         if plan.algo is None:
             self._destroy(plan)
             return None
@@ -194,6 +200,11 @@ class BoundProduct:
                                             ctypes.c_void_p(stream_ptr))
         if status != 0:
             self.lt._check(status, "cublasLtMatmul")
+
+    def use(self, algo) -> None:
+        """Issue the product with `algo` (one of plan.candidates) from now on."""
+        self.plan.algo = algo
+        self.tail = (*self.tail[:6], algo, *self.tail[7:])
 
     def __del__(self):
         self.lt._destroy(self.plan)

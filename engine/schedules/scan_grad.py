@@ -29,6 +29,7 @@ from .project import project
 from .scan import (
     after_the_scan,
     analysis_or_refusal,
+    as_dtype,
     cuda_scan,
     evaluate,
     full_array,
@@ -60,22 +61,29 @@ def _reduce_to(term, shape, xp):
 
 
 def scan_gradients(network, params, x, initial_states: dict | None = None, d_outputs=None,
-                   d_final_states: dict | None = None, dtype=np.float64, xp=np, scan=None) -> Gradients:
+                   d_final_states: dict | None = None, dtype=np.float64, xp=np, scan=None,
+                   input_gradient: bool = True) -> Gradients:
     """engine.bptt's result for a cell that runs as a scan, computed as scans (see the module docstring). A cell of
-    heads or reductions runs in its dense form (engine/dense.py); its gradients come back in the cell's own shapes."""
+    heads or reductions runs in its dense form (engine/dense.py); its gradients come back in the cell's own shapes.
+    input_gradient=False: gradients.x is None (the walks leave its GEMM out)."""
     source = network
     network, params = dense(network, params)
-    grads = _scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, scan)
+    grads = _scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, scan,
+                            input_gradient)
     grads.params = compact_gradients(source, grads.params)
+    if not input_gradient:
+        grads.x = None
     return grads
 
 
-def _scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, scan) -> Gradients:
+def _scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, scan,
+                    input_gradient: bool = True) -> Gradients:
     cell = network.cell
     found = analysis_or_refusal(cell)
     plan = walk_plan(network, x, dtype, xp) if scan is None and xp is not np else None
     if plan is not None:
-        return walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan)
+        return walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan,
+                              input_gradient)
     if scan is None and xp is not np and fast_path_fits(cell):
         return fast_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp)
     if scan is None:
@@ -275,10 +283,12 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
 
 # ---- the walks: the forward and the adjoint each one kernel a layer, beside the three GEMMs ----------------------
 
-def walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan) -> Gradients:
+def walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan,
+                   input_gradient: bool = True) -> Gradients:
     """fast_gradients's result where the run walks (`plan` from scan.walk_plan): WalkTape's forward, then its
     backward."""
-    return WalkTape(network, params, x, initial_states, dtype, xp, plan).backward(d_outputs, d_final_states)
+    return WalkTape(network, params, x, initial_states, dtype, xp, plan).backward(d_outputs, d_final_states,
+                                                                                  input_gradient)
 
 
 def walk_record(network, params, x, initial_states: dict | None = None, dtype=np.float32, xp=None):
@@ -310,9 +320,11 @@ class WalkTape:
         rows = T * B
         ((_, names),) = plan.groups
         self.network, self.plan, self.source, self.dtype, self.xp = network, plan, source, dtype, xp
-        layer_in, self.layers = xp.ascontiguousarray(xp.asarray(x, dtype=dtype)), []
+        layer_in, self.layers = as_dtype(x, dtype, xp), []
+        if not layer_in.flags.c_contiguous:
+            layer_in = xp.ascontiguousarray(layer_in)
         for layer in range(L):
-            lp = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
+            lp = {k: as_dtype(v, dtype, xp) for k, v in params[layer].items()}
             weight = stacked_weights(lp, [cell[m].args[0] for m in names], xp)     # kept in lp for walk_inputs
             product = xp.empty((rows, weight.shape[0]), dtype=dtype)
             if np.dtype(dtype) == np.dtype(np.float32):     # issued first: the GPU multiplies while the host goes on
@@ -335,9 +347,11 @@ class WalkTape:
             layer_in = sequence
         self.outputs, self.final_states = layer_in, {state: finals}
 
-    def backward(self, d_outputs=None, d_final_states: dict | None = None) -> Gradients:
+    def backward(self, d_outputs=None, d_final_states: dict | None = None, input_gradient: bool = True) -> Gradients:
         """The gradients of every parameter, of x and of the initial states, given the outputs' adjoint (T, B, H)
-        and the final states' ({name: (L, B, H)}; zeros where None). Once: the tape's values are freed."""
+        and the final states' ({name: (L, B, H)}; zeros where None). input_gradient=False: x's is not computed (one
+        GEMM the size of the forward's fewer; gradients.x is None), as when x is data. Once: the tape's values are
+        freed."""
         if self.layers is None:
             raise BackendError("this tape's backward pass has run already (it frees what it kept); hint: record the "
                                "forward again")
@@ -373,7 +387,7 @@ class WalkTape:
                 add(w, d_weight[offset:offset + lp[w].shape[0]])
             param_grads[layer] = {p.name: found[p.name] if p.name in found else xp.zeros_like(lp[p.name])
                                   for p in cell.params}
-            d_out = (q @ weight).reshape(T, B, -1)
+            d_out = (q @ weight).reshape(T, B, -1) if layer or input_gradient else None
         self.layers = None
         if self.source is not None:
             param_grads = compact_gradients(self.source, param_grads)

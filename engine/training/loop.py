@@ -225,7 +225,7 @@ def train(cell_or_network, task: str | Task, *, hidden_size: int | None = None, 
             scored = readout_loss(tape.outputs, readout, data, task.loss)
             if not math.isfinite(scored.loss):
                 raise diverged(step, steps, "loss", scored.loss, lr, clip)
-            grads = tape.backward(scored.d_outputs)
+            grads = tape.backward(scored.d_outputs, input_gradient=False)      # x is data
             groups = [*grads.params, scored.d_readout]
             norm = global_norm(groups)
             if not math.isfinite(norm):

@@ -427,7 +427,7 @@ def test_the_wavefronts_on_streams_and_layer_by_layer_equal_the_reference(cupy, 
                             {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()},
                             wavefront=wavefront)
         forward, backward = (("forward", "wavefront", 0), ("backward", "wavefront", 0)) if wavefront else \
-            ((0, "forward"), (0, "backward"))
+            ((0, "forward"), (0, "backward", True))
         assert tape.program.wavefront == wavefront and forward in tape.program.graphs
         got = tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
                             {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()})
@@ -437,6 +437,56 @@ def test_the_wavefronts_on_streams_and_layer_by_layer_equal_the_reference(cupy, 
         for layer in range(network.num_layers):
             for p, value in want.params[layer].items():
                 assert relative(got.params[layer][p].get(), value) < TOL, (layer, p)
+
+
+@pytest.mark.parametrize("wavefront", [True, False], ids=["wavefront", "layers"])
+@pytest.mark.parametrize("layers", [1, 3])
+def test_without_the_input_gradient_layer_0s_input_gemm_is_left_out(cupy, layers, wavefront, monkeypatch):
+    """backward(input_gradient=False): x's gradient is None and its buffer is left as it was (NaN here: layer 0's
+    input adjoint GEMM did not run), every other gradient bit for bit as with it; the two ways are graphs of their
+    own on the one cached program, taken in either order."""
+    from engine.autodiff import fused_program
+    monkeypatch.setattr(fused_program, "WAVEFRONT_CHUNK", 3)
+    network, params, x, initial, d_out, d_final = case(engine.preset("lstm").cell, seed=17, layers=layers, T=10)
+    want = bptt(network, params, x, initial, d_out, d_final)
+    got = []
+    for asked in (True, False, True):
+        tape = fused_tape.record(network, params, cupy.asarray(x, dtype=cupy.float32),
+                                 {s: cupy.asarray(v, dtype=cupy.float32) for s, v in initial.items()},
+                                 wavefront=wavefront)
+        tape.program.d_input[...] = cupy.nan
+        got.append(tape.backward(cupy.asarray(d_out, dtype=cupy.float32),
+                                 {s: cupy.asarray(v, dtype=cupy.float32) for s, v in d_final.items()},
+                                 input_gradient=asked))
+        assert bool(cupy.isnan(tape.program.d_input).all()) != asked
+    assert got[1].x is None and tape.program.capture_error is None
+    assert relative(got[0].x.get(), want.x) < TOL and cupy.array_equal(got[2].x, got[0].x)
+    for layer in range(layers):
+        for p, value in want.params[layer].items():
+            assert relative(got[1].params[layer][p].get(), value) < TOL, (layer, p)
+            assert cupy.array_equal(got[1].params[layer][p], got[0].params[layer][p]), (layer, p)
+    lean = bptt(network, params, cupy.asarray(x, dtype=cupy.float32), None, cupy.asarray(d_out, dtype=cupy.float32),
+                dtype=np.float32, backend="fused", input_gradient=False)
+    assert lean.x is None and lean.params[0]["W_ii"].shape == params[0]["W_ii"].shape
+
+
+def test_cell_rnn_leaves_x_s_gradient_out_where_autograd_does_not_ask_for_it(cupy):
+    """x without requires_grad (data): CellRNN's backward skips its GEMM; the parameters' gradients are the same."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    from engine.torch_module import CellRNN
+    rnn = CellRNN(engine.preset("gru_cho").cell, 5, 6, 2, seed=4).cuda()
+    data = torch.randn(7, 3, 5, device="cuda")
+    grads = []
+    for x in (data.clone().requires_grad_(), data):
+        rnn.zero_grad()
+        out, _ = rnn(x)
+        (out * torch.linspace(-1, 1, out.numel(), device="cuda").reshape(out.shape)).sum().backward()
+        grads.append([p.grad.clone() for p in rnn.parameters()])
+    assert data.grad is None
+    for with_x, without in zip(*grads):
+        assert torch.equal(with_x, without)
 
 
 def test_the_training_loop_on_the_gpu_follows_the_cpu_and_repeats(cupy):

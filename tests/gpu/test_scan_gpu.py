@@ -158,6 +158,41 @@ def test_the_gradients_walk_back_over_tiles_chain_blocks_and_the_final_states_ad
         assert bool((again.x == got.x).all()) and bool((again.params[0]["b_z"] == got.params[0]["b_z"]).all())
 
 
+def test_without_the_input_gradient_the_walks_give_the_same_parameter_gradients(cupy):
+    """input_gradient=False through the walks (two layers: layer 1's input adjoint still feeds layer 0): x's gradient
+    is None, every other gradient bit for bit as with it; engine.bptt(backend='scan') and CellRNN take it."""
+    from engine.schedules.scan_grad import scan_gradients
+    network, params, x, initial = case(engine.preset("mingru").cell, I=7, H=300, L=2, T=130, B=5, seed=9)
+    d_out = cupy.asarray(np.random.default_rng(10).standard_normal((130, 5, 300)), dtype=cupy.float32)
+    x_gpu = cupy.asarray(x, dtype=cupy.float32)
+    full, lean = (scan_gradients(network, params, x_gpu, initial, d_out, dtype=np.float32, xp=cupy,
+                                 input_gradient=asked) for asked in (True, False))
+    assert lean.x is None and full.x is not None
+    for layer in range(2):
+        for name, value in full.params[layer].items():
+            assert cupy.array_equal(lean.params[layer][name], value), (layer, name)
+    assert cupy.array_equal(lean.initial_states["h"], full.initial_states["h"])
+    assert engine.bptt(network, params, x_gpu, initial, d_outputs=d_out, dtype=np.float32, backend="scan",
+                       input_gradient=False).x is None
+    with pytest.raises(engine.BackendError, match="'input_gradient'"):
+        engine.bptt(network, params, x_gpu, backend="scan", input_gradient=1)
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    from engine.torch_module import CellRNN
+    rnn = CellRNN(engine.preset("mingru").cell, 7, 300, 2, seed=4).cuda()
+    data = torch.from_numpy(x.astype(np.float32)).cuda()
+    grads = []
+    for given in (data.clone().requires_grad_(), data):
+        rnn.zero_grad()
+        out, _ = rnn(given)
+        assert rnn.last_backend == "scan"
+        (out * torch.as_tensor(d_out, device="cuda")).sum().backward()
+        grads.append([p.grad.clone() for p in rnn.parameters()])
+    for with_x, without in zip(*grads):
+        assert torch.equal(with_x, without)
+
+
 @pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
 def test_engine_bptt_with_the_scan_equals_the_step_by_step_bptt(cupy, graph):
     network, params, x, initial = case(graph, T=64, L=2)

@@ -95,7 +95,8 @@ class FusedTape:
             self._seed_states(layer, l, d_final_states)
             program.launch(l, "backward")
             d_above = self._after(layer, l, grads[l], d_initial)
-        return Gradients(params=grads, x=d_above.reshape(T, B, -1), initial_states=d_initial,
+        return Gradients(params=grads, x=None if d_above is None else d_above.reshape(T, B, -1),
+                         initial_states=d_initial,
                          outputs=self.outputs, final_states=self.final_states)
 
     def _x_gradient(self):
@@ -154,8 +155,11 @@ class FusedTape:
             return sizes[d] if d != SCALAR else 1
 
         todo = plan.after_layers if nodes is None else nodes
+        skip = nodes is None and l == 0 and not self.program.input_gradient     # x's gradient not asked for
+        if skip:
+            todo = gradient_nodes(todo)
         read = {a for n in todo for a in n.args}              # views of what is read only (host time)
-        if nodes is None:
+        if nodes is None and not skip:
             read.add(graph.input_adjoint)                     # returned; recorded when the step loop computes it
         dims = {n.name: n.of for n in graph.nodes} | {i.name: i.of for i in graph.inputs}
         rows = {name: layer.view(plan.back_places[name], size_of(dims[name])) for name in split.recorded
@@ -181,7 +185,7 @@ class FusedTape:
                                plan.fixed_weights)
         for s in cell.state_names:
             d_initial[s][l] = layer.state(s, 0, adjoint=True)
-        if nodes is not None:
+        if nodes is not None or skip:
             return None
         if graph.input_adjoint is None:
             return xp.zeros((T * B, network.layer_input_size(l)), dtype=xp.float32)
@@ -226,3 +230,14 @@ def record(network, params, x, initial_states: dict | None, poison: bool = False
         within = within.reshape(T * B, 1)
     final_states = {s: xp.stack([layer.state(s, T) for layer in program.layers]) for s in cell.state_names}
     return FusedTape(network, program, outputs, final_states, source, within)
+
+
+def gradient_nodes(nodes: tuple) -> tuple:
+    """The part of an after part's nodes that the parameters' gradients need (the nodes that add into a gradient and
+    what they read), in order: layer 0's, without the input's adjoint, where x's gradient is not asked for."""
+    names, wanted, kept = {n.name for n in nodes}, set(), []
+    for node in reversed(nodes):
+        if node.accumulates or node.name in wanted:
+            kept.append(node)
+            wanted.update(a for a in node.args if a in names)
+    return tuple(reversed(kept))

@@ -85,8 +85,16 @@ STAGING_SKIP = 64          # floats at the start of the staging area left alone 
 
 
 def staged_floats(gemm: Gemm, units: int, batch: int) -> int:
-    """Shared memory reduction_partials stages the block's operand values in: (B, operands, UNITS) floats."""
-    return batch * len(gemm.operands) * units
+    """Shared memory reduction_partials stages the block's operand values in: B rows of row_floats."""
+    return batch * (len(gemm.operands) * units | 1)
+
+
+def _row(nops: int) -> str:
+    """The floats between two batch rows of the staged operand values, as C: the row's nops x UNITS values made odd.
+    A warp's threads each read their own row at one column, so an even row length put them on few banks: at blogB
+    (4 operands x 6 units) 24 floats a row is 8 threads a bank, an 8-way conflict on every load of the partials;
+    an odd length is 32 banks for 32 rows."""
+    return f"({nops} * UNITS | 1)"
 
 
 def _shared(offset: int) -> str:
@@ -102,7 +110,7 @@ class StageShared:
       (offset + k) * B + b), written once a row by reduction_sums and read by the cell code, rather than once a
       unit into the GEMM's output buffer and loaded back;
     - vals: for each reduction whose partials the stage writes and whose operands only this stage's cell code
-      stores, the block's (B, operands, UNITS) values, written by the cell code as it computes them, rather than
+      stores, the block's values (B rows of operands x UNITS, the row made odd: _row), written by the cell code as it computes them, rather than
       stored to the operand buffer and copied back from L2 by reduction_partials.
     A buffer another stage or GEMM reads is still written to global memory too (keep). Offsets are floats past
     STAGING_SKIP; `end` is the first float free after them."""
@@ -132,7 +140,7 @@ def _row_value(offset: int, access) -> list[str]:
 def _operand_value(gemm: Gemm, offset: int, param: str, global_copy: bool, access) -> list[str]:
     """A store of a reduction's operand: its unit's place in StageShared.vals, and its global element if kept."""
     index = _operand_index(gemm)[access.offset]
-    return ([f"({_shared(offset)})[((int)b * {len(gemm.operands)} + {index}) * UNITS + (j - u0)]"]
+    return ([f"({_shared(offset)})[(int)b * {_row(len(gemm.operands))} + {index} * UNITS + (j - u0)]"]
             + ([f"{param}[{index_expr(access)}]"] if global_copy else []))
 
 
@@ -164,7 +172,7 @@ def stage_shared(program: Program, stage: int, consumed: list[Gemm], produced: l
     for g in produced:
         index = _operand_index(g)
         stores = _stores_into(program, g.in_buffer)
-        size = batch * len(g.operands) * units
+        size = staged_floats(g, units, batch)
         if (all(k.stage == stage and a.rows == "batch" and a.stride == 1 and a.offset in index for k, a in stores)
                 and {index[a.offset] for _, a in stores} == set(range(len(g.operands))) and end + size <= free):
             vals[g.name], end = (g, end), end + size
@@ -179,41 +187,72 @@ def stage_shared(program: Program, stage: int, consumed: list[Gemm], produced: l
 def reduction_partials(program: Program, gemm: Gemm, indent: str, staging: bool = False, offset: int = 0,
                        direct: bool = False) -> list[str]:
     """At the end of the producing stage: this block's partials of every term, per batch row. direct: the cell code
-    has written the block's operand values to shared memory at `offset` (StageShared.vals). Else staging: first copy
-    the block's units of every operand into the GEMMs' staging area at `offset` (free between the stage's GEMMs and
-    the next stage's), consecutive threads reading consecutive units, so that the sums read shared memory; without
-    it each thread reads its row's units from L2, a request per row and line (4.8 us a stage at `mid` on an H200)."""
-    terms = _terms(program, gemm)
-    nt, nops = len(terms), len(gemm.operands)
-    index_of = {op.name: i for i, op in enumerate(gemm.operands)}
-    if any(gemm.operand_offset(op.name) != Lin(h=i) for i, op in enumerate(gemm.operands)):
-        staging = direct = False             # operands not H apart (a reduction reads H-sized values: never)
-    lines = [f"{indent}__syncthreads();   // this block's units of {gemm.name}'s operands are stored",
-             f"{indent}{{   // partials of {gemm.name} over this block's units"]
-    lines += [] if direct else [f"{indent}    const int K = {gemm.k.c_expr()};"]
-    lines += [f"{indent}    const int blk = u0 / UNITS;"]
+    has written the block's operand values to shared memory at `offset` (StageShared.vals; direct_partials takes
+    several such GEMMs in one loop). Else staging: first copy the block's units of every operand into the GEMMs'
+    staging area at `offset` (free between the stage's GEMMs and the next stage's), consecutive threads reading
+    consecutive units, so that the sums read shared memory; without it each thread reads its row's units from L2, a
+    request per row and line (4.8 us a stage at `mid` on an H200)."""
     if direct:
-        lines.append(f"{indent}    const float* vals = {_shared(offset)};   // (B, {nops} operands, UNITS), "
-                     "written by the cell code")
-        staging = True
-    elif staging:
-        lines += [f"{indent}    float* vals = {_shared(offset)};   // (B, {nops} operands, UNITS)",
+        return direct_partials(program, [(gemm, offset)], indent)
+    nops = len(gemm.operands)
+    if any(gemm.operand_offset(op.name) != Lin(h=i) for i, op in enumerate(gemm.operands)):
+        staging = False                      # operands not H apart (a reduction reads H-sized values: never)
+    lines = [f"{indent}__syncthreads();   // this block's units of {gemm.name}'s operands are stored",
+             f"{indent}{{   // partials of {gemm.name} over this block's units",
+             f"{indent}    const int K = {gemm.k.c_expr()};",
+             f"{indent}    const int blk = u0 / UNITS;"]
+    if staging:
+        lines += [f"{indent}    float* vals = {_shared(offset)};   // B rows of {nops} operands x UNITS",
                   f"{indent}    for (int e = threadIdx.x; e < B * {nops} * UNITS; e += blockDim.x) {{",
                   f"{indent}        const int j = e % UNITS, r = e / UNITS, i = r % {nops}, b = r / {nops};",
-                  f"{indent}        vals[e] = j < tu ? L.{gemm.in_buffer}[(long)b * K + i * H + u0 + j] : 0.0f;",
+                  f"{indent}        vals[b * {_row(nops)} + i * UNITS + j] = "
+                  f"j < tu ? L.{gemm.in_buffer}[(long)b * K + i * H + u0 + j] : 0.0f;",
                   f"{indent}    }}",
                   f"{indent}    __syncthreads();"]
-    lines += [f"{indent}    for (int e = threadIdx.x; e < B * {nt}; e += blockDim.x) {{",
-              f"{indent}        const int k = e / B, b = e - k * B;   // a warp's threads share a term: no divergence",
-              f"{indent}        const float* row = vals + b * {nops} * UNITS;" if staging else
-              f"{indent}        const float* row = L.{gemm.in_buffer} + (long)b * K + u0;",
-              f"{indent}        float* part = L.{gemm.partial_buffer} + b;   // slot s of row b at s * B + b"]
+    row = (f"vals + b * {_row(nops)}" if staging else f"L.{gemm.in_buffer} + (long)b * K + u0")
+    lines += [f"{indent}    for (int e = threadIdx.x; e < B * {len(gemm.terms)}; e += blockDim.x) {{",
+              f"{indent}        const int k = e / B, b = e - k * B;   // a warp's threads share a term: no divergence"]
+    lines += _term_branches(program, gemm, row, staging, 0, indent + "        ")
+    return lines + [f"{indent}    }}", f"{indent}}}"]
+
+
+def direct_partials(program: Program, items: list[tuple[Gemm, int]], indent: str) -> list[str]:
+    """The partials of several reductions whose operand values the cell code has written to shared memory (each
+    GEMM with its StageShared.vals offset), in one loop over (row, term) of all of them: one block barrier, and
+    their terms' sums run side by side rather than each on B x its terms of the block's threads in turn."""
+    names = ", ".join(g.name for g, _ in items)
+    lines = [f"{indent}__syncthreads();   // this block's units of {names}'s operands are stored",
+             f"{indent}{{   // " + "; ".join(f"partials of {g.name}" for g, _ in items) + " over this block's units",
+             f"{indent}    const int blk = u0 / UNITS;"]
+    lines += [f"{indent}    // {g.name}: B rows of {len(g.operands)} operands x UNITS at {_shared(offset)}, written by "
+              "the cell code" for g, offset in items]
+    lines += [f"{indent}    for (int e = threadIdx.x; e < B * {sum(len(g.terms) for g, _ in items)}; "
+              "e += blockDim.x) {",
+             f"{indent}        const int k = e / B, b = e - k * B;   // a warp's threads share a term: no divergence"]
+    first = 0
+    for gemm, offset in items:
+        row = f"{_shared(offset)} + b * {_row(len(gemm.operands))}"
+        lines += _term_branches(program, gemm, row, True, first, indent + "        ")
+        first += len(gemm.terms)
+    return lines + [f"{indent}    }}", f"{indent}}}"]
+
+
+def _term_branches(program: Program, gemm: Gemm, row: str, staged: bool, first: int, indent: str) -> list[str]:
+    """`if (k == first + index) { ... }` for every term of the GEMM: the block's partial of row b, from the row's
+    values at `row` (a C pointer: the staged values, B rows of operands x UNITS, or the operand buffer's row)."""
+    terms = _terms(program, gemm)
+    nt = len(terms)
+    index_of = {op.name: i for i, op in enumerate(gemm.operands)}
 
     def offset(operand: str) -> str:
-        return f"{index_of[operand]} * UNITS" if staging else gemm.operand_offset(operand).c_expr()
-    inner = indent + "            "
+        return f"{index_of[operand]} * UNITS" if staged else gemm.operand_offset(operand).c_expr()
+    inner = indent + "    "
+    lines = []
     for index, pairs in enumerate(terms):
-        lines.append(f"{indent}        {'if' if index == 0 else 'else if'} (k == {index}) {{")
+        lines += [f"{indent}{'if' if first + index == 0 else 'else if'} (k == {first + index}) {{   // "
+                  f"{gemm.name} term {index}",
+                  f"{inner}const float* row = {row};",
+                  f"{inner}float* part = L.{gemm.partial_buffer} + b;   // slot s of row b at s * B + b"]
         if pairs[0][1] == "var_h":
             lines += [f"{inner}// the variance of {', '.join(o for o, _ in pairs)}: this block's sum, then its "
                       "squares about its own mean",
@@ -234,21 +273,26 @@ def reduction_partials(program: Program, gemm: Gemm, indent: str, staging: bool 
                 lines.append(f"{inner}    acc += s{SCALE[op]};")
                 lines.append(f"{inner}}}")
             lines.append(f"{inner}part[({index} * BLOCKS_PER_LAYER + blk) * B] = acc;")
-        lines.append(f"{indent}        }}")
-    return lines + [f"{indent}    }}", f"{indent}}}"]
+        lines.append(f"{indent}}}")
+    return lines
+
+
+PART_CHUNK = "(BLOCKS_PER_LAYER < 64 ? BLOCKS_PER_LAYER : 64)"   # partials loaded in flight at once, per name
 
 
 def _chunks(indent: str, loads: dict[str, str], passes: list[str], between: list[str] = (),
             after: list[str] = (), before: list[str] = ()) -> list[str]:
-    """For every 32 blocks of the layer, in order: load each name of `loads` (that block's partial at slot (its
-    expression) * BLOCKS_PER_LAYER + blk), every load in flight before the first use (the index clamped to the last
-    block, the values past it dropped: a chunk costs one L2 round trip); then the lines of `before`, each of
-    `passes` for every block of the chunk with the lines of `between` between them, and those of `after` last."""
-    lines = [f"{indent}#pragma unroll",
-             f"{indent}for (int c = 0; c < BLOCKS_PER_LAYER; c += 32) {{",
-             f"{indent}    float " + ", ".join(f"{name}[32]" for name in loads) + ";",
+    """For every PART_CHUNK blocks of the layer (all of them up to 64: one L2 round trip; blogB's 43 took two in
+    chunks of 32), in order: load each name of `loads` (that block's partial at slot (its expression) *
+    BLOCKS_PER_LAYER + blk), every load in flight before the first use (the index clamped to the last block, the
+    values past it dropped: a chunk costs one L2 round trip); then the lines of `before`, each of `passes` for every
+    block of the chunk with the lines of `between` between them, and those of `after` last."""
+    lines = [f"{indent}constexpr int CH = {PART_CHUNK};",
+             f"{indent}#pragma unroll",
+             f"{indent}for (int c = 0; c < BLOCKS_PER_LAYER; c += CH) {{",
+             f"{indent}    float " + ", ".join(f"{name}[CH]" for name in loads) + ";",
              f"{indent}    #pragma unroll",
-             f"{indent}    for (int i = 0; i < 32; ++i) {{",
+             f"{indent}    for (int i = 0; i < CH; ++i) {{",
              f"{indent}        const int blk = min(c + i, BLOCKS_PER_LAYER - 1);"]
     lines += [f"{indent}        {name}[i] = __ldcg(part + (({column}) * BLOCKS_PER_LAYER + blk) * B);"
               for name, column in loads.items()]
@@ -258,7 +302,7 @@ def _chunks(indent: str, loads: dict[str, str], passes: list[str], between: list
         if number:
             lines += [f"{indent}    {line}" for line in between]
         lines += [f"{indent}    #pragma unroll",
-                  f"{indent}    for (int i = 0; i < 32; ++i) {{",
+                  f"{indent}    for (int i = 0; i < CH; ++i) {{",
                   f"{indent}        const int blk = c + i;",
                   f"{indent}        if (blk < BLOCKS_PER_LAYER) {{ {body} }}",
                   f"{indent}    }}"]
@@ -267,7 +311,7 @@ def _chunks(indent: str, loads: dict[str, str], passes: list[str], between: list
 
 def _combine_partials(col: str, col2: str, parts: int, var: bool, indent: str) -> list[str]:
     """acc = the row's value of the term whose partials are at column `col` (a variance's squares at `col2`; both
-    C expressions) from the blocks' partials. A variance: per chunk of 32 blocks, their mean from their sums and
+    C expressions) from the blocks' partials. A variance: per chunk of blocks (_chunks), their mean from their sums and
     their squares about it (independent operations, no chain of divisions), then the chunk merged into the running
     (count, mean, squares) (Chan, Golub & LeVeque's pairwise update). A block's mean is its sum times the reciprocal
     of its count, a constant once the loop is unrolled: a division by a count that is not a power of two (24 at

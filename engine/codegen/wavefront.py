@@ -31,7 +31,15 @@ from .cuda import c_factor, helper_source, index_expr, kernel_body, stored
 from .equations import text_equations
 from .layer_args import HALF_SUFFIX, half_copies, param_fields, struct_lines
 from .precision import precision as lookup_precision
-from .reductions import STAGING_SKIP, partial_stage, reduction_partials, reduction_sums, stage_shared, staged_floats
+from .reductions import (
+    STAGING_SKIP,
+    direct_partials,
+    partial_stage,
+    reduction_partials,
+    reduction_sums,
+    stage_shared,
+    staged_floats,
+)
 from .shared_outputs import places as output_places
 from .shared_outputs import staging_floats
 
@@ -406,10 +414,11 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
         if tiling.cluster and not preload:     # (the preloaded kernel shares and arrives itself, before its stores)
             lines += cluster_source.share(tiling, written, "    ") + cluster_source.arrive(tiling, "    ")
         end = shared.end if shared else 0
+        direct = [(g, shared.vals[g.name][1]) for g in produced if shared and g.name in shared.vals]
+        if direct:                             # one loop for all whose values the cell code left in shared memory
+            lines += direct_partials(program, direct, "    ")
         for g in produced:
-            if shared and g.name in shared.vals:
-                lines += reduction_partials(program, g, "    ", offset=shared.vals[g.name][1], direct=True)
-            else:
+            if not (shared and g.name in shared.vals):
                 staging = (tiling.path == "tiled"
                            and end + staged_floats(g, tiling.units_per_block, tiling.batch) <= free)
                 lines += reduction_partials(program, g, "    ", staging, offset=end)

@@ -9,7 +9,8 @@ compute the paper's log-space form (Feng et al. 2024, Sec. 3.1.3 and Appendix: g
 is a different function from the sequential minGRU (the g), timed as what a researcher would otherwise run:
 forward, and forward + backward of the sum of the outputs. The forward + backward rows take the parameters on the
 GPU, as a training loop holds them (all three: the engine's two and PyTorch's); the engine's are timed with x's
-gradient and without it (input_gradient=False: x as data, as PyTorch's row takes it, whose x needs no gradient).
+gradient and without it (input_gradient=False: x as data, as PyTorch's row takes it, whose x needs no gradient),
+in ROUNDS interleaved rounds too.
 Last, CellRNN's training step on the same sequence (forward and backward through torch autograd, x data), through
 the scan's walks and step by step.
 
@@ -100,22 +101,20 @@ def main(argv=None) -> int:
     d_out = cupy.asarray(rng.standard_normal((T, B, H)), dtype=cupy.float32)
     params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()}
                            for layer in params.layers])              # as an fp32 training loop holds them
-    for asked, tag in ((True, ""), (False, ", no x gradient")):   # x's gradient, or x as data (input_gradient)
-        try:
-            rows.append({"name": f"engine scan, forward + backward{tag}",
-                         "ms": median_ms(lambda asked=asked: scan_gradients(network, params, x, None, d_out,
-                                                                            dtype=np.float32, xp=cupy,
-                                                                            input_gradient=asked))})
-        except engine.EngineError as e:
-            rows.append({"name": f"engine scan, forward + backward{tag}", "error": str(e).splitlines()[0]})
-        try:            # the step-by-step gradients (the generated training kernels), what the scan's replace
-            rows.append({"name": f"engine fused bptt (step by step), forward + backward{tag}",
-                         "ms": median_ms(lambda asked=asked: engine.bptt(network, params, x, None, d_out,
-                                                                         dtype=np.float32, backend="fused",
-                                                                         input_gradient=asked),
-                                         warmup=1, reps=3)})
-        except engine.EngineError as e:
-            rows.append({"name": f"engine fused bptt, forward + backward{tag}", "error": str(e).splitlines()[0]})
+    calls = {}                          # x's gradient, or x as data (input_gradient): the scan and the stepped bptt
+    for asked, tag in ((True, ""), (False, ", no x gradient")):
+        calls[f"engine scan, forward + backward{tag}"] = (lambda asked=asked: scan_gradients(
+            network, params, x, None, d_out, dtype=np.float32, xp=cupy, input_gradient=asked)), 20
+        calls[f"engine fused bptt (step by step), forward + backward{tag}"] = (lambda asked=asked: engine.bptt(
+            network, params, x, None, d_out, dtype=np.float32, backend="fused", input_gradient=asked)), 3
+    both_rounds: dict[str, list[float]] = {}
+    try:
+        for _ in range(ROUNDS):         # interleaved, as the forward rows
+            for name, (call, reps) in calls.items():
+                both_rounds.setdefault(name, []).append(median_ms(call, warmup=1, reps=reps))
+        rows += [{"name": name, "ms": float(np.median(ms)), "rounds_ms": ms} for name, ms in both_rounds.items()]
+    except engine.EngineError as e:
+        rows.append({"name": "engine forward + backward", "error": str(e).splitlines()[0]})
     try:
         import torch
         import torch.nn.functional as F  # noqa: N812

@@ -156,17 +156,23 @@ class _CellFunction(torch.autograd.Function):
                               lengths=lengths, precision=module.precision)
             module.last_backend = backend
             ctx.tape, ctx.names, ctx.shapes = tape, names, [tuple(p.shape) for p in params]
+            ctx.set_materialize_grads(False)      # an output the loss does not use: None, not a tensor of zeros
             return (_tensor(tape.outputs, x), *(_tensor(tape.final_states[s], x) for s in names))
 
     @staticmethod
     def backward(ctx, d_outputs, *d_finals):
-        like = d_outputs
+        """The tape's backward; a gradient only where autograd asks for it (ctx.needs_input_grad: x as data, the
+        zero initial states CellRNN makes, a frozen parameter), each an engine array wrapped as a tensor."""
+        like = next(d for d in (d_outputs, *d_finals) if d is not None)
+        wanted = ctx.needs_input_grad
         with _on(like):
-            grads = ctx.tape.backward(_array(d_outputs), {s: _array(d) for s, d in zip(ctx.names, d_finals)
-                                                          if d is not None},
-                                      input_gradient=ctx.needs_input_grad[1])    # x's, only where autograd asks
-            d_params = [_tensor(g, like) for layer in grads.params for g in layer.values()]
-            d_states = [_tensor(grads.initial_states[s], like) for s in ctx.names]
+            grads = ctx.tape.backward(None if d_outputs is None else _array(d_outputs),
+                                      {s: _array(d) for s, d in zip(ctx.names, d_finals) if d is not None},
+                                      input_gradient=wanted[1])
+            arrays = [g for layer in grads.params for g in layer.values()]
+            d_params = [_tensor(g, like) if w else None for g, w in zip(arrays, wanted[3 + len(ctx.names):])]
+            d_states = [_tensor(grads.initial_states[s], like) if w else None
+                        for s, w in zip(ctx.names, wanted[3:])]
         ctx.tape = None
         return (None, None if grads.x is None else _tensor(grads.x, like), None, *d_states, *d_params)
 

@@ -50,6 +50,27 @@ def test_outputs_and_gradients_equal_the_engines(name):
             assert np.allclose(tensor.grad.numpy(), want.params[layer][p_name], rtol=0, atol=1e-12), (layer, p_name)
 
 
+def test_only_the_gradients_autograd_asks_for_come_back():
+    """A loss of the final states alone (the outputs' gradient is None: not materialized as zeros), x as data, a
+    frozen parameter: those get no gradient, and every other one equals engine.bptt's with a zero outputs' adjoint."""
+    cell = engine.preset("lstm").cell
+    rnn = CellRNN(cell, input_size=3, hidden_size=4, num_layers=2, seed=5, dtype=torch.float64)
+    frozen = rnn.layer_parameters()[0][0]
+    frozen.requires_grad_(False)
+    rng = np.random.default_rng(6)
+    x = torch.from_numpy(rng.standard_normal((5, 2, 3)))
+    d_h = rng.standard_normal((2, 2, 4))
+    _, states = rnn(x)
+    (states["h"] * torch.from_numpy(d_h)).sum().backward()
+    want = engine.bptt(rnn.network, rnn.engine_params(), x.numpy(), d_final_states={"h": d_h})
+    assert x.grad is None and frozen.grad is None
+    for layer, tensors in enumerate(rnn.layer_parameters()):
+        for p_name, tensor in zip(rnn.names[layer], tensors):
+            if tensor is frozen:
+                continue
+            assert np.allclose(tensor.grad.numpy(), want.params[layer][p_name], rtol=0, atol=1e-12), (layer, p_name)
+
+
 def test_the_gru_matches_torch_nn_gru_with_the_same_weights():
     reference = torch.nn.GRU(3, 5, 2).double()
     rnn = CellRNN(engine.preset("gru").cell, 3, 5, 2, dtype=torch.float64)

@@ -244,8 +244,9 @@ def kernel_inputs(names, env: dict, blocks: dict, layer_params: dict, n: int, xp
 
 def inline_functions(plan, cell, layouts, dtype) -> tuple:
     """The inline scan's kernels for these input layouts (scan_chunks, scan_carry, scan_apply, scan_walk), compiled
-    once per source and kept in the plan."""
-    key = (layouts, scan_kernel.WALK)
+    once per source and kept in the plan, a set a device (a plan serves every device: scan_plan)."""
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
+    key = (layouts, scan_kernel.WALK, cupy.cuda.runtime.getDevice())
     if key not in plan.launches:
         module = module_of(scan_kernel.fused_scan_source(plan.kernel, layouts, np.dtype(dtype), scan_kernel.WALK),
                            cell.name, "scan")
@@ -255,10 +256,13 @@ def inline_functions(plan, cell, layouts, dtype) -> tuple:
 
 
 def module_of(source: str, cell_name: str, kernel: str):
-    """The module of a generated source (the scan's kernels, its gradients'), loaded once a source."""
-    if source not in _modules:
-        _modules[source] = load_module(source, cell=cell_name, kernel=kernel)
-    return _modules[source]
+    """The module of a generated source (the scan's kernels, its gradients') on the current device, loaded once a
+    source and device (a module is loaded into one device's context)."""
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
+    key = (cupy.cuda.runtime.getDevice(), source)
+    if key not in _modules:
+        _modules[key] = load_module(source, cell=cell_name, kernel=kernel)
+    return _modules[key]
 
 
 def walk_launch(walk, pointers, initial, out, final, T: int, B: int, n: int) -> None:

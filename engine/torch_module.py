@@ -184,29 +184,21 @@ def _array(t: torch.Tensor):
     """The tensor's memory as a CuPy array (CUDA, no copy) or a NumPy array (CPU, no copy). On CUDA the array wraps
     the tensor's pointer and keeps the tensor alive; the work on it is ordered with torch's by _on's stream. DLPack's
     exchange (cupy.from_dlpack, kept for other dtypes) took 41 us a tensor on an H200 against 12 (2026-11-27), and
-    a training step converts eight or more. The pointer is read off the tensor itself (data_ptr needs no detach),
-    copied first only where it is not contiguous."""
+    a training step converts eight or more."""
+    t = t.detach().contiguous()
     if not t.is_cuda:
-        return t.detach().contiguous().numpy()
-    if not t.is_contiguous():
-        t = t.contiguous()
+        return t.numpy()
     import cupy  # deferred: CuPy is optional (no GPU in CI)
     dtype = _CUPY_DTYPES.get(t.dtype)
     if dtype is None or t.numel() == 0:
-        return cupy.from_dlpack(t.detach())
+        return cupy.from_dlpack(t)
     memory = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t, t.device.index)
     return cupy.ndarray(tuple(t.shape), dtype, cupy.cuda.MemoryPointer(memory, 0))
 
 
 def _tensor(a, like: torch.Tensor) -> torch.Tensor:
-    """A CuPy or NumPy array as a tensor on `like`'s device (no copy). On CUDA through the array's DLPack capsule
-    for the current stream (inside _on, torch's): torch.from_dlpack(array) asks torch for its current stream and
-    negotiates, 36 us a tensor in a minGRU training step on an H200 against ~4 for the capsule."""
-    if not like.is_cuda:
-        return torch.from_numpy(np.ascontiguousarray(a))
-    import cupy  # deferred: CuPy is optional (no GPU in CI)
-    stream = cupy.cuda.get_current_stream().ptr
-    return torch.utils.dlpack.from_dlpack(a.__dlpack__(stream=stream or 1))   # 1: the legacy default stream
+    """A CuPy or NumPy array as a tensor on `like`'s device (no copy)."""
+    return torch.from_dlpack(a) if like.is_cuda else torch.from_numpy(np.ascontiguousarray(a))
 
 
 @contextlib.contextmanager

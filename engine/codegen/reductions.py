@@ -85,7 +85,7 @@ STAGING_SKIP = 64          # floats at the start of the staging area left alone 
 
 
 def staged_floats(gemm: Gemm, units: int, batch: int) -> int:
-    """Shared memory reduction_partials stages the block's operand values in: B rows of row_floats."""
+    """Shared memory reduction_partials stages the block's operand values in: B rows of _row's floats."""
     return batch * (len(gemm.operands) * units | 1)
 
 
@@ -110,8 +110,8 @@ class StageShared:
       (offset + k) * B + b), written once a row by reduction_sums and read by the cell code, rather than once a
       unit into the GEMM's output buffer and loaded back;
     - vals: for each reduction whose partials the stage writes and whose operands only this stage's cell code
-      stores, the block's values (B rows of operands x UNITS, the row made odd: _row), written by the cell code as it computes them, rather than
-      stored to the operand buffer and copied back from L2 by reduction_partials.
+      stores, the block's values (B rows of operands x UNITS, the row made odd: _row), written by the cell code as
+      it computes them, rather than stored to the operand buffer and copied back from L2 by reduction_partials.
     A buffer another stage or GEMM reads is still written to global memory too (keep). Offsets are floats past
     STAGING_SKIP; `end` is the first float free after them."""
     sums: dict                    # {GEMM name: (Gemm, offset)}

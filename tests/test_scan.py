@@ -188,6 +188,8 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
                 backward = backward_source(graph, spec, state, layouts, np.dtype(dtype))
                 fused_sources.append(backward.replace("scan_free_backward", f"{graph.name}_{c_type}_backward"))
     assert len(fused_sources) == 16         # mingru, minlstm, diagonal_linear, decaying; float32 and float64
+    from engine.schedules.scan_grad import BATCH_SUMS
+    fused_sources += [BATCH_SUMS.format(t=t) for t in ("float", "double")]     # the walks' bias sums
     for c_type in ("float", "double"):          # and the plain scan's kernels (CudaScan), as it composes them
         plain = (f"#undef SCAN_T\n#define SCAN_T {c_type}\n#undef SCAN_U1\n#undef SCAN_U3\n" + unroll_defines(c_type)
                  + CARRY.read_text() + KERNEL.read_text())
@@ -197,6 +199,21 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
     done = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-Werror", "all-warnings", "-c", str(path), "-o",
                            str(tmp_path / "free.o")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_walks_host_helpers_on_numpy():
+    """scan.as_dtype gives the array itself where its dtype is already the one asked for, a converted copy otherwise;
+    scan.stack_rows is np.concatenate by rows; scan_grad.batch_sums sums (rows, B x n) over B. Their CuPy branches
+    run in tests/gpu/test_scan_gpu.py (every walk's gradients)."""
+    from engine.schedules.scan import as_dtype, stack_rows
+    from engine.schedules.scan_grad import batch_sums
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert as_dtype(a, np.float32, np) is a
+    converted = as_dtype(a, np.float64, np)
+    assert converted.dtype == np.float64 and np.array_equal(converted, a)
+    assert np.array_equal(stack_rows([a, a[:1] * 2], np), np.concatenate([a, a[:1] * 2]))
+    q = np.random.default_rng(0).standard_normal((2, 3 * 5))
+    assert np.allclose(batch_sums(q, 3, 5, np), q.reshape(2, 3, 5).sum(axis=1))
 
 
 @pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])

@@ -10,9 +10,8 @@ import inspect
 import numpy as np
 
 from . import backends
-from .arguments import shown
 from .autodiff import bptt as step_bptt
-from .autodiff.checks import check_dtype, check_network
+from .autodiff.checks import check_dtype, check_input_gradient, check_network
 from .backends.common import check_finite, check_inputs, check_precision
 from .backends.lengths import BPTT_BACKENDS, only_on
 from .bench import run_bench
@@ -62,9 +61,7 @@ def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None,
     if not (isinstance(backend, str) and backend == "scan"):
         return step_bptt(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, backend=backend,
                          lengths=lengths, precision=precision, input_gradient=input_gradient)
-    if not isinstance(input_gradient, bool):
-        raise BackendError(f"argument 'input_gradient' of bptt must be True or False, got {shown(input_gradient)}; "
-                           "hint: False where x is data and its gradient is not wanted")
+    check_input_gradient(input_gradient)
     if lengths is not None:
         raise only_on("scan", "bptt", takes=BPTT_BACKENDS)
     if check_precision(precision) != "float32":

@@ -17,9 +17,9 @@ forward pass ran on.
 
 A cell whose recurrence is linear (minGRU, minLSTM's gates, a diagonal linear RNN: engine/passes/scan.py) trains as a
 scan on CUDA in fp32 where its scan walks (engine/schedules/scan_grad.py walk_record: one GEMM and one walk a layer
-forward, one walk back and two GEMMs backward), not step by step: minGRU at I = H = 512, B = 8, T = 4096 in 2.7-2.8 ms
-a step against the step-by-step 19.5-20.3 (H200, benchmarks/results/scan-walk-20261127-H200/). scan=False keeps the
-step-by-step path; sequences of several lengths and the reduced precisions take it too.
+forward, one walk back and two GEMMs backward), not step by step: minGRU at I = H = 512, B = 8, T = 4096, x data, in
+2.05-2.22 ms a step against the step-by-step 18.7-18.8 (H200, benchmarks/results/input-gradient-20261127-H200/).
+scan=False keeps the step-by-step path; sequences of several lengths and the reduced precisions take it too.
 
 precision="tf32", "bfloat16" or "float16" (bf16, fp16 too) trains in that mode: the parameters, inputs, states and
 gradients stay fp32 tensors (fp32 master weights), and every matmul of both passes rounds its operands to the mode's

@@ -14,14 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backends
-from ..arguments import shown
 from ..backends.common import FiniteCheck, check_inputs, check_training_precision, inputs_named
 from ..backends.lengths import check_lengths, step_masks
 from ..errors import BackendError
 from ..network import Network
 from ..params import Params, check_params
 from . import fused_tape
-from .checks import check_bptt_memory, check_dtype, check_network
+from .checks import check_bptt_memory, check_dtype, check_input_gradient, check_network
 from .gradients import Gradients
 from .hoist import derived
 from .tape import Tape, forward
@@ -44,9 +43,7 @@ def bptt(network: Network, params: Params, x, initial_states: dict | None = None
     the matmuls' mode (the module's docstring). input_gradient=False: x's gradient is not computed (gradients.x is
     None; the fused step leaves layer 0's input adjoint GEMM out), as when x is data. One call is record(...) then
     Tape.backward(...)."""
-    if not isinstance(input_gradient, bool):
-        raise BackendError(f"argument 'input_gradient' of bptt must be True or False, got {shown(input_gradient)}; "
-                           "hint: False where x is data and its gradient is not wanted")
+    check_input_gradient(input_gradient)
     tape = record(network, params, x, initial_states, dtype=dtype, backend=backend, lengths=lengths,
                   precision=precision)
     if callable(d_outputs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import memory
+from ..arguments import shown
 from ..backends.common import FiniteCheck
 from ..errors import BackendError
 from ..network import Network
@@ -23,6 +24,13 @@ def check_dtype(dtype) -> type:
                            f"{np.dtype(dtype).name if dtype is not None else 'a dtype'}; "
                            "hint: dtype=np.float64 (the default) for gradient checks, np.float32 for speed")
     return dtype
+
+
+def check_input_gradient(value) -> bool:
+    if not isinstance(value, bool):
+        raise BackendError(f"argument 'input_gradient' of bptt must be True or False, got {shown(value)}; "
+                           "hint: False where x is data and its gradient is not wanted")
+    return value
 
 
 def check_network(network) -> Network:

@@ -61,9 +61,7 @@ class FusedTape:
         release = True
         try:
             self.program.input_gradient = input_gradient
-            gradients = self._backward(d_outputs, d_final_states)
-            if not input_gradient:
-                gradients.x = None
+            gradients = self._backward(d_outputs, d_final_states)     # x None where not asked (_x_gradient, _after)
             if self.source is not self.network:      # the dense form's: back to the cell's own parameters and shapes
                 gradients.params = compact_gradients(self.source, gradients.params)
             try:                   # asked once the backward is queued: the GPU runs it meanwhile

@@ -390,6 +390,12 @@ def stack_rows(arrays: list, xp):
     return out
 
 
+def contiguous(value, dtype, xp):
+    """value as a C-contiguous array of xp in dtype, not copied where it is one already (as_dtype)."""
+    array = as_dtype(value, dtype, xp)
+    return array if array.flags.c_contiguous else xp.ascontiguousarray(array)
+
+
 def as_dtype(value, dtype, xp):
     """xp.asarray(value, dtype): the array itself where it is already one of xp's in that dtype (cupy.asarray took
     ~20 us of host time a parameter on an H200 even then, and a training step's walk converts every parameter)."""
@@ -548,8 +554,7 @@ class WalkCall:
             if layer == 0:
                 finals = cupy.empty((len(self.layers), B, n), dtype=cupy.float32)
                 given = (initial_states or {}).get(self.state)
-                initial = (cupy.ascontiguousarray(cupy.asarray(given, dtype=cupy.float32)) if given is not None
-                           else self.zeros.get(B))
+                initial = contiguous(given, np.float32, cupy) if given is not None else self.zeros.get(B)
                 if initial is None:        # zeros made once a batch size (the kernel only reads them)
                     initial = self.zeros[B] = cupy.zeros((len(self.layers), B, n), dtype=cupy.float32)
             out = cupy.full((T, B, n), np.nan, dtype=cupy.float32) if poison else cupy.empty((T, B, n), cupy.float32)

@@ -30,6 +30,7 @@ from .scan import (
     after_the_scan,
     analysis_or_refusal,
     as_dtype,
+    contiguous,
     cuda_scan,
     evaluate,
     full_array,
@@ -320,9 +321,7 @@ class WalkTape:
         rows = T * B
         ((_, names),) = plan.groups
         self.network, self.plan, self.source, self.dtype, self.xp = network, plan, source, dtype, xp
-        layer_in, self.layers = as_dtype(x, dtype, xp), []
-        if not layer_in.flags.c_contiguous:
-            layer_in = xp.ascontiguousarray(layer_in)
+        layer_in, self.layers = contiguous(x, dtype, xp), []
         for layer in range(L):
             lp = {k: as_dtype(v, dtype, xp) for k, v in params[layer].items()}
             weight = stacked_weights(lp, [cell[m].args[0] for m in names], xp)     # kept in lp for walk_inputs
@@ -334,7 +333,7 @@ class WalkTape:
             if layer == 0:
                 given = (initial_states or {}).get(state)
                 self.initial = (xp.zeros((L, B, n), dtype=dtype) if given is None
-                                else _contiguous(given, dtype, xp))
+                                else contiguous(given, dtype, xp))
                 finals = xp.empty((L, B, n), dtype=dtype)
             _, layouts, sources = walk_inputs(cell, plan, lp, n, xp)
             pointers = tuple(product if isinstance(v, int) else v for v in sources)
@@ -360,10 +359,10 @@ class WalkTape:
         ((_, names),) = plan.groups
         T, B, n = self.outputs.shape
         L, rows, chains = len(self.layers), T * B, B * n
-        d_out = xp.zeros_like(self.outputs) if d_outputs is None else _contiguous(d_outputs, dtype, xp)
+        d_out = xp.zeros_like(self.outputs) if d_outputs is None else contiguous(d_outputs, dtype, xp)
         given_final = (d_final_states or {}).get(state)
         d_finals = (xp.zeros((L, B, n), dtype=dtype) if given_final is None
-                    else _contiguous(given_final, dtype, xp))
+                    else contiguous(given_final, dtype, xp))
         param_grads, d_initial = [None] * L, xp.empty((L, B, n), dtype=dtype)
         covered = set(names) <= set(plan.kernel.inputs)      # the walk back writes every column of the GEMM output
         for layer in reversed(range(L)):
@@ -392,12 +391,6 @@ class WalkTape:
             param_grads = compact_gradients(self.source, param_grads)
         return Gradients(params=param_grads, x=d_out, initial_states={state: d_initial}, outputs=self.outputs,
                          final_states=self.final_states)
-
-
-def _contiguous(value, dtype, xp):
-    """value as a C-contiguous array of xp in dtype, not copied where it is one already."""
-    array = as_dtype(value, dtype, xp)
-    return array if array.flags.c_contiguous else xp.ascontiguousarray(array)
 
 
 BATCH_SUMS = r"""

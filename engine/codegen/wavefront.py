@@ -27,6 +27,8 @@ from ..errors import CompileError
 from ..network import Network
 from ..plan import Gemm, Kernel, Program
 from . import cluster as cluster_source
+from .carried import carried
+from .carried import places as carried_places
 from .cuda import c_factor, helper_source, index_expr, kernel_body, stored
 from .equations import text_equations
 from .layer_args import HALF_SUFFIX, half_copies, param_fields, struct_lines
@@ -376,10 +378,12 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
     lines.append("")
     lines += struct_lines(program, tiling, pooled) + [""]
 
+    carry = carried(program, tiling)           # values kept in registers between the stages (carried.py)
     for s in present:
         lines.append(f"// Stage {s} of step t for this block's units [u0, u0 + tu) of layer `layer`.")
         lines.append(f"__device__ __forceinline__ void {prefix}_stage_{s}(const LayerArgs& L, const int layer, "
-                     f"const int t, const int u0, const int tu, float* smem{cluster_source.stage_params(tiling)[0]})")
+                     f"const int t, const int u0, const int tu, float* smem{cluster_source.stage_params(tiling)[0]}"
+                     + (", float* carry)" if carry else ")"))
         lines.append("{")
         lines.append("    const int I = (int)L.I;")
         gemms = list(program.hoisted_gemms) if s == present[0] and tiling.num_layers > 1 else []
@@ -409,6 +413,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
             around = ((_gemm_calls(program, gemms, tiling, "    "), {g.out_buffer for g in gemms},
                        cluster_source.share(tiling, written, "    ")) if preload else None)
             places = {**(shared.places(k) if shared else {}), **output_places(k, program, tiling)}
+            places.update(carried_places(k, program, carry, places))
             lines += _elementwise(k, program, prec, "    ", halves, tiling.bulk, pooled,
                                   tiling if tiling.cluster else None, around, places or None)
         if tiling.cluster and not preload:     # (the preloaded kernel shares and arrives itself, before its stores)
@@ -518,6 +523,11 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append("    }")
     lines.append("    (void)I;")
     lines.append("    __syncthreads();")
+    carry = carried(program, tiling)
+    carry_arg = ", carry" if carry else ""
+    if carry:
+        lines.append(f"    float carry[{len(carry)}];   // " + ", ".join(carry) + ": this thread's element, from the stage "
+                     "that stores it to the later ones that load it (carried.py)")
     if tiling.cluster:
         columns = {g.in_buffer: g.k.c_expr() for g in program.gemms if g.name in {t.name for t in tiling.gemms}}
         return lines + cluster_source.loop(program, tiling, prefix, present, columns)
@@ -542,7 +552,7 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
                 lines.append("            for (int hd = 0; hd < HEADS; ++hd)")
                 lines.append(f"                rnn_wait_for(arrivals + (layer - 1) * HEADS + hd, BLOCKS_PER_HEAD * {below});")
             lines.append("        __syncthreads();")
-            lines.append(f"        if (tu > 0) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
+            lines.append(f"        if (tu > 0) {prefix}_stage_{s}(L, layer, t, u0, tu, smem{carry_arg});")
             lines.append("        rnn_arrive(own);")
         lines.append("    }")
         lines.append("}")
@@ -556,7 +566,7 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append("        const int t = k - layer;")
         lines.append("        const bool busy = tu > 0 && t >= 0 && t < T;")
     for s in present:
-        lines.append(f"        if (busy) {prefix}_stage_{s}(L, layer, t, u0, tu, smem);")
+        lines.append(f"        if (busy) {prefix}_stage_{s}(L, layer, t, u0, tu, smem{carry_arg});")
         lines.append("        grid.sync();")
     lines.append("    }")
     lines.append("}")

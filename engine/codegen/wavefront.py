@@ -522,12 +522,12 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append(f"        {load}({target}, {source}, K, {k}, {nt} * tu, rnn_round_up({rows}, {ncp}));")
         lines.append("    }")
     lines.append("    (void)I;")
-    lines.append("    __syncthreads();")
     carry = carried(program, tiling)
     carry_arg = ", carry" if carry else ""
     if carry:
         lines.append(f"    float carry[{len(carry)}];   // " + ", ".join(carry) + ": this thread's element, from the stage "
                      "that stores it to the later ones that load it (carried.py)")
+    lines.append("    __syncthreads();")
     if tiling.cluster:
         columns = {g.in_buffer: g.k.c_expr() for g in program.gemms if g.name in {t.name for t in tiling.gemms}}
         return lines + cluster_source.loop(program, tiling, prefix, present, columns)

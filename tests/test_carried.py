@@ -1,8 +1,10 @@
 """Values the persistent kernel carries in registers between the stages of a step (engine/codegen/carried.py): which
-buffers, that the stage storing them writes carry[] and the later stages read it there, that a spill nothing else
-reads is no longer stored while a buffer a reduction reads still is, and where nothing is carried (the graph
-schedule's launch a stage, more elements than threads). The rendered kernel compiles with nvcc; its numbers are
-checked on the GPU against the float64 reference by the schedule tests that run the persistent kernel."""
+buffers; that the stage storing them writes carry[] and the later stages read it there; that a state's store writes
+carry[] and its global element, and the next step reads carry[] (the first step the initial state); that a spill
+nothing else reads is no longer stored, nor one whose reduction reads it from shared memory, while one whose
+reduction reads it from L2 still is; and where nothing is carried (the graph schedule's launch a stage, more
+elements than threads). The rendered kernel compiles with nvcc; its numbers are checked on the GPU against the
+float64 reference by the schedule tests that run the persistent kernel."""
 from __future__ import annotations
 
 import re
@@ -42,13 +44,16 @@ def test_the_layernorm_lstm_carries_stage_2s_values_to_stage_3_at_blogb(tmp_path
     source = render_wavefront(program, network, tiling)
     two, three = stage(source, 2), stage(source, 3)
     for name, index in carry.items():
+        if program.buffer(name).double:                          # c_state: across steps (the next test)
+            continue
         assert f"carry[{index}] = " in two, name
         assert re.search(rf"= carry\[{index}\];", three), name
         assert f"{name}[b * H + j]" not in three, name           # no load from global memory
     for name in spills:
         assert f"{name}[b * H + j] = " not in two, name          # a spill only stage 3 reads: not stored
-    for name in reduced & set(carry):
-        assert f"{name}[b * H + j] = " in two, name              # still stored for its reduction
+    for name in reduced & set(carry):                             # its reduction's partials read shared memory
+        assert f"{name}[b * H + j] = " not in two, name
+        assert re.search(rf"\(smem \+ SCRATCH \+ \d+\)\[\(int\)b \* .*\] = {name.removesuffix('_gemm_in')};", two), name
     assert f"float carry[{len(carry)}];" in source
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -60,6 +65,36 @@ def test_the_layernorm_lstm_carries_stage_2s_values_to_stage_3_at_blogb(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.parametrize("name, sizes, batch, stage_number", [
+    ("lstm", (64, 256, 3), 64, 1), ("ln_lstm", (64, 256, 3), 64, 2), ("gru_cho", (24, 40, 2), 3, 2)])
+def test_a_state_passes_from_one_step_to_the_next_in_a_register(name, sizes, batch, stage_number):
+    network, program, tiling = tiled(name, sizes, batch)
+    carry = carried(program, tiling)
+    states = [n for n in carry if program.buffer(n).double]
+    assert states
+    source = render_wavefront(program, network, tiling)
+    for state in states:
+        index = carry[state]
+        loads = re.findall(rf"= \(t == 0 \? (\w+)\[b \* H \+ j\] : carry\[{index}\]\);", source)
+        assert loads and set(loads) == {f"{state}_cur"}, state                 # step 0: the initial state
+        assert f"{state}_cur[b * H + j];" not in source, state                 # no other load of it
+        body = source[source.index(f"_stage_{stage_number}("):]
+        body = body[:body.index("\n}\n")]
+        store = body.index(f"{state}_next[b * H + j] = ")                     # stored for the final states ...
+        assert re.search(rf"carry\[{index}\] = \w+;", body), state         # ... and carried to step t + 1
+        assert store > max(m.start() for m in re.finditer(r"\(t == 0 \?", body)), state   # loaded before stored
+
+
+def test_a_carried_value_whose_reduction_reads_l2_is_still_stored_there():
+    network, program, tiling = tiled("ln_lstm", (24, 40, 2), 3)             # B = 3: the partials read L2
+    carry = carried(program, tiling)
+    reduced = {g.in_buffer for g in program.gemms if g.name in program.reductions} & set(carry)
+    assert reduced
+    two = stage(render_wavefront(program, network, tiling), 2)
+    for name in reduced:
+        assert f"carry[{carry[name]}] = " in two and f"{name}[b * H + j] = " in two, name
+
+
 def test_nothing_is_carried_where_a_thread_has_several_elements_or_each_stage_is_a_launch():
     network, program, tiling = tiled("ln_lstm", (512, 512, 2), 64)          # mid: 64 rows x 16 units a block
     assert tiling.batch * tiling.units_per_block > tiling.config.threads
@@ -67,5 +102,5 @@ def test_nothing_is_carried_where_a_thread_has_several_elements_or_each_stage_is
     assert "carry" not in render_wavefront(program, network, tiling)
     network, program, tiling = tiled("ln_lstm", (64, 256, 3), 64, persistent=False)
     assert carried(program, tiling) == {}
-    network, program, tiling = tiled("lstm", (64, 256, 3), 64)                # one stage: nothing to carry
+    network, program, tiling = tiled("lstm", (64, 256, 3), 64, persistent=False)   # nor the LSTM's c state
     assert carried(program, tiling) == {}

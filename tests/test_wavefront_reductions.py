@@ -171,8 +171,8 @@ def test_explain_says_what_the_wavefront_schedules_run():
 def test_reduction_values_stay_in_shared_memory_where_nothing_else_reads_them():
     """On the tiled path the cell code writes a reduction's operands into the staging area where the block's
     partials read them, and the consumer writes each term's row value there once for the cell code: no round trip
-    through L2. A buffer another stage reads is still written to global memory too (ln_lstm's c_next, which stage 3
-    loads); with no room, or on the warp-GEMV path (no staging area), everything goes through global memory."""
+    through L2. A buffer another stage loads from global memory is still written there too (ln_lstm's c_next, where
+    stage 3 is a launch of its own; the persistent kernel carries it in a register); with no room, or on the warp-GEMV path (no staging area), everything goes through global memory."""
     program, source = rendered("ln_lstm", 64, 2, 24)
     reductions = [g for g in program.gemms if g.name in program.reductions]
     assert len(reductions) == 3
@@ -183,8 +183,10 @@ def test_reduction_values_stay_in_shared_memory_where_nothing_else_reads_them():
     for g in state_free:
         assert f"L.{g.in_buffer}" not in source, g.name
     (c_next,) = [g for g in reductions if g.stage == 3]
-    assert f"{c_next.in_buffer}[b * H + j] = c_next;" in source     # stage 3 loads it: kept in global memory
+    assert f"{c_next.in_buffer}[b * H + j] = c_next;" not in source   # stage 3 reads it from a register (carried.py)
     assert source.count("written by the cell code") == 3
+    _, launched = rendered("ln_lstm", 64, 2, 24, persistent=False)      # a launch a stage: stage 3 loads it from L2
+    assert f"{c_next.in_buffer}[b * H + j] = c_next;" in launched and launched.count("written by the cell code") == 3
     assert "* B + b] = acc" not in source and "row_value = smem + SCRATCH" in source
 
     network, program = wave_program("ln_lstm", 64, 2, 24)

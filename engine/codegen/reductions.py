@@ -149,18 +149,22 @@ def _operand_index(gemm: Gemm) -> dict:
     return {gemm.operand_offset(op.name): i for i, op in enumerate(gemm.operands)}
 
 
-def _readers(program: Program, buffer: str, but: str) -> set:
-    """The stages of the kernels that load `buffer` and of the GEMMs other than `but` that read it."""
-    stages = {k.stage for k in program.kernels for p in k.params if p.source == buffer and not p.writes}
+def _readers(program: Program, buffer: str, but: str, carried=frozenset()) -> set:
+    """The stages of the kernels that load `buffer` (but from a register, where it is carried: carried.py) and of the
+    GEMMs other than `but` that read it."""
+    stages = {k.stage for k in program.kernels for p in k.params
+              if p.source == buffer and not p.writes and buffer not in carried}
     return stages | {g.stage for g in program.gemms if g.in_buffer == buffer and g.name != but}
 
 
 def stage_shared(program: Program, stage: int, consumed: list[Gemm], produced: list[Gemm], units: int, batch: int,
-                 free: int) -> StageShared:
+                 free: int, carried=frozenset()) -> StageShared:
     """What of the stage's reductions goes through shared memory (StageShared), in `free` floats past STAGING_SKIP:
     the sums of the reductions it consumes whose loads in this stage all read a row value (a term at a fixed column
     of the unit), and the operands of those it produces partials of, stored by this stage's kernels only, each at an
-    operand's place. What does not fit stays in global memory, as before."""
+    operand's place. What does not fit stays in global memory, as before. `carried`: the buffers the persistent
+    kernel carries in registers to the later stages that load them (carried.py), whose global copy only another
+    GEMM or reduction needs."""
     sums, vals, keep, end = {}, {}, set(), 0
     mine = [k for k in program.kernels if k.stage == stage]
     for g in consumed:
@@ -176,7 +180,7 @@ def stage_shared(program: Program, stage: int, consumed: list[Gemm], produced: l
         if (all(k.stage == stage and a.rows == "batch" and a.stride == 1 and a.offset in index for k, a in stores)
                 and {index[a.offset] for _, a in stores} == set(range(len(g.operands))) and end + size <= free):
             vals[g.name], end = (g, end), end + size
-            if _readers(program, g.in_buffer, g.name):
+            if _readers(program, g.in_buffer, g.name, carried):
                 keep.add(g.in_buffer)
     for g, _ in sums.values():
         if _readers(program, g.out_buffer, "") - {stage}:

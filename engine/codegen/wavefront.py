@@ -400,7 +400,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
             lines += _gemm_calls(program, gemms, tiling, "    ")
         produced = [g for g in program.gemms if g.name in program.reductions and partial_from[g.name] == s]
         free = staging_floats(tiling) - tiling.scratch_offset - STAGING_SKIP
-        shared = (stage_shared(program, s, reductions, produced, tiling.units_per_block, tiling.batch, free)
+        shared = (stage_shared(program, s, reductions, produced, tiling.units_per_block, tiling.batch, free,
+                               frozenset(carry))
                   if tiling.path == "tiled" and tiling.gemms and not tiling.cluster else None)
         if reductions:
             lines += reduction_sums(program, reductions, {g.name: partial_from[g.name] is not None for g in reductions},
@@ -526,7 +527,7 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
     carry_arg = ", carry" if carry else ""
     if carry:
         lines.append(f"    float carry[{len(carry)}];   // " + ", ".join(carry) + ": this thread's element, from the stage "
-                     "that stores it to the later ones that load it (carried.py)")
+                     "that stores it to the later stages or steps that load it (carried.py)")
     lines.append("    __syncthreads();")
     if tiling.cluster:
         columns = {g.in_buffer: g.k.c_expr() for g in program.gemms if g.name in {t.name for t in tiling.gemms}}

@@ -16,7 +16,9 @@ drops those reads first (`FLASHRNN_PATH` names the folder; without it the FlashR
 
 LSTM variants: `python -m engine bench` rows are the harness's; this script times the engine's autotuned forward of
 lstm, ln_lstm and lstm_expmax (an LSTM whose input gate is exp(log_sigmoid(.)) and whose candidate reads
-max(., -3)) at blogB and mid, float32, each checked against the float64 reference first.
+max(., -3)) at blogB and mid, float32, each checked against the float64 reference first. Each row records the
+autotuner's pick (printed after the row) and every candidate's timing, so a row that moves between runs shows whether
+the pick did.
 
 Every time is the median of CUDA-event intervals after warm-up. TF32 is off (CuPy and torch); no cuDNN row here.
 
@@ -252,7 +254,9 @@ def variant_rows(cupy, rows: list) -> None:
                 choice, program = autotuned(network, params, T, B, "float32")
                 error = checked(program, network, params, x_host, cupy)
                 rows.append({"case": config, "row": f"{name} ({choice.schedule})",
-                             "ms": median_ms(lambda: program.run(x)), "rel_err_vs_float64": error})
+                             "ms": median_ms(lambda: program.run(x)), "rel_err_vs_float64": error,
+                             "config": choice.config.label() if choice.config is not None else None,
+                             "timings": choice.timings})     # what the autotuner picked, and from which
             except engine.EngineError as e:
                 rows.append({"case": config, "row": name, "error": str(e).splitlines()[0]})
 
@@ -281,7 +285,8 @@ def main(argv=None) -> int:
     for r in rows:
         if "ms" in r:
             err = r.get("rel_err_vs_float64", r.get("rel_diff_vs_engine_fp32", r.get("rel_diff_vs_float32_grads")))
-            print(f"{r['case']:12s} {r['row']:58s} {r['ms']:10.3f} {'-' if err is None else f'{err:.2e}':>10s}")
+            print(f"{r['case']:12s} {r['row']:58s} {r['ms']:10.3f} {'-' if err is None else f'{err:.2e}':>10s}"
+                  + (f"   {r['config']}" if r.get("config") else ""))
         else:
             print(f"{r['case']:12s} {r['row']:58s} {r['error']}")
     return 0

@@ -378,7 +378,7 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
     lines.append("")
     lines += struct_lines(program, tiling, pooled) + [""]
 
-    carry = carried(program, tiling)           # values kept in registers between the stages (carried.py)
+    carry = carried(program, tiling)           # values kept in registers between stages and steps (carried.py)
     for s in present:
         lines.append(f"// Stage {s} of step t for this block's units [u0, u0 + tu) of layer `layer`.")
         lines.append(f"__device__ __forceinline__ void {prefix}_stage_{s}(const LayerArgs& L, const int layer, "
@@ -443,7 +443,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
     if tiling.cluster:
         block_setup = block_setup[:-1] + cluster_source.ARGS
     if tiling.persistent:
-        return "\n".join(lines + _persistent_entry(program, tiling, prefix, present, block_setup, pooled)) + "\n"
+        return "\n".join(lines + _persistent_entry(program, tiling, prefix, present, block_setup, pooled,
+                                                    carry)) + "\n"
     for s in present:
         timing = ("each layer on its own step timing, T wavefront steps" if pooled else
                   "layer l runs step k - l, T + L - 1 wavefront steps")
@@ -472,7 +473,7 @@ def _stepped(indent: str, k: str) -> list[str]:
 
 
 def _persistent_entry(program: Program, tiling, prefix: str, present, block_setup: list[str],
-                      pooled: bool = False) -> list[str]:
+                      pooled: bool = False, carry: dict | None = None) -> list[str]:
     by_layer = tiling.config.sync in ("layer", "head")
     heads = tiling.sync_heads
     lines = ["// Persistent schedule: the whole sequence in one " + ("launch of clusters." if tiling.cluster else
@@ -523,7 +524,6 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append(f"        {load}({target}, {source}, K, {k}, {nt} * tu, rnn_round_up({rows}, {ncp}));")
         lines.append("    }")
     lines.append("    (void)I;")
-    carry = carried(program, tiling)
     carry_arg = ", carry" if carry else ""
     if carry:
         lines.append(f"    float carry[{len(carry)}];   // " + ", ".join(carry) + ": this thread's element, from the stage "

@@ -376,9 +376,11 @@ def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None
 def registers_text(tiling: dict) -> str:
     """What a thread keeps in registers, from a schedule's tiling in explain_json."""
     if tiling["path"] == "gemv":
-        return "partial dot products of the warp GEMV (a batch of at most 4 rows: no accumulator tile)"
+        kept = f"; and {tiling['carried_text']}" if tiling.get("carried_text") else ""
+        return f"partial dot products of the warp GEMV (a batch of at most 4 rows: no accumulator tile){kept}"
     rows, cols = tiling["accumulator"]
-    return f"a {rows} x {cols} accumulator tile per thread ({rows * cols} floats)"
+    kept = f"; and {tiling['carried_text']}" if tiling.get("carried_text") else ""
+    return f"a {rows} x {cols} accumulator tile per thread ({rows * cols} floats){kept}"
 
 
 def schedules_to_text(report: dict, plan: Plan) -> list[str]:

@@ -104,3 +104,20 @@ def test_nothing_is_carried_where_a_thread_has_several_elements_or_each_stage_is
     assert carried(program, tiling) == {}
     network, program, tiling = tiled("lstm", (64, 256, 3), 64, persistent=False)   # nor the LSTM's c state
     assert carried(program, tiling) == {}
+
+
+def test_the_schedule_report_says_what_the_kernel_keeps_in_registers():
+    """explain_json's persistent tiling (the app's Schedule page) names the carried buffers in a sentence; the graph
+    schedule and a kernel with more elements than threads keep nothing there."""
+    from engine.explain import explain_json
+    report = explain_json("ln_lstm", 64, 256, 3, 100, 64)["schedules"]
+    tiling = report["persistent"]["tiling"]
+    assert tiling["carried"] == list(carried(*tiled("ln_lstm", (64, 256, 3), 64)[1:]))
+    assert "c_state (state) from one step to the next" in tiling["carried_text"]
+    assert "i_rsqrt_tmp from the stage that computes them to the later stages" in tiling["carried_text"]
+    assert "64 rows x 6 units <= 384 threads" in tiling["carried_text"]
+    assert report["graph"]["tiling"]["carried"] == [] and report["graph"]["tiling"]["carried_text"] == ""
+    mid = explain_json("ln_lstm", 512, 512, 2, 100, 64)["schedules"]["persistent"]["tiling"]
+    assert mid["carried"] == [] and mid["carried_text"] == ""
+    text = engine.explain("ln_lstm", 64, 256, 3, 100, 64, schedule="persistent")
+    assert f"(16 floats); and {tiling['carried_text']}" in text                  # explain()'s registers line

@@ -240,6 +240,8 @@ def wavefront_schedule_ui(cell: engine.CellGraph, cell_json: str, sizes: dict[st
     st.dataframe(figures.shared_memory_table(tiling), hide_index=True, key="schedule.smem")
     if tiling.get("staging"):
         st.caption(f"Staging: {tiling['staging']}.")
+    if tiling.get("carried_text"):
+        st.caption(f"Registers: {tiling['carried_text']}.")
     for note in tiling["notes"]:
         st.caption(note)
     if st.toggle("Show the generated CUDA", key="schedule.show_source"):

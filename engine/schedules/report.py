@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .. import backends
+from ..codegen.carried import carried
 from ..codegen.cluster import exchange
 from ..codegen.precision import precision as lookup_precision
 from ..codegen.wavefront import render_wavefront, stages
@@ -133,7 +134,24 @@ def tiling_dict(tiling: Tiling, plan: Plan) -> dict:
             # tensor-core MMA (tf32/float16/bfloat16): warp tiles of 16-row x 8-column MMA tiles
             "precision": tiling.precision, "mma": tiling.mma, "warp_tile": list(tiling.warp_tile),
             "resident": list(tiling.resident), "smem_bytes": tiling.smem_bytes, "gemms": slices,
-            "notes": list(tiling.notes), "config": config.label(), "blocks_owned": owned}
+            "notes": list(tiling.notes), "config": config.label(), "blocks_owned": owned,
+            # values the persistent kernel keeps in registers between stages and steps (engine/codegen/carried.py)
+            "carried": list(carried(program, tiling)), "carried_text": carried_text(program, tiling)}
+
+
+def carried_text(program, tiling: Tiling) -> str:
+    """What the persistent kernel keeps in registers between stages and steps, in one sentence ("" where nothing)."""
+    carry = carried(program, tiling)
+    if not carry:
+        return ""
+    states = [n for n in carry if program.buffer(n).double]
+    values = [n for n in carry if n not in states]
+    parts = ([f"{', '.join(states)} (state{'s' if len(states) > 1 else ''}) from one step to the next"] if states
+             else []) + \
+        ([f"{', '.join(values)} from the stage that computes them to the later stages"] if values else [])
+    return (f"each thread owns one (row, unit) element ({tiling.batch} rows x {tiling.units_per_block} units <= "
+            f"{tiling.config.threads} threads), so it keeps " + " and ".join(parts) + " in registers instead of "
+            "a round trip through L2")
 
 
 def staging_text(tiling: Tiling) -> str:

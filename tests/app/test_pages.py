@@ -265,6 +265,8 @@ def test_schedule_draws_the_persistent_blocks_by_default(open_page, autotune_cac
     assert list(compare["schedule"]) == ["fused", "graph", "persistent"]
     assert list(compare["launched as"]) == ["per-step launches", "graph replay", "one persistent kernel"]
     assert "no choice cached" in texts(at.caption)
+    registers = [str(c.value) for c in at.caption if str(c.value).startswith("Registers:")]
+    assert tiling["carried"] and registers == [f"Registers: {tiling['carried_text']}."]     # the LSTM's c state
     assert not at.error and not at.warning
 
 

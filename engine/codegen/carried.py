@@ -46,9 +46,7 @@ def carried(program: Program, tiling) -> dict[str, int]:
             continue
         if any(g.out_buffer == buffer.name for g in program.gemms):
             continue
-        stores = [(k, st) for k in program.kernels for st in k.stores if _source(k, st.access) == buffer.name]
-        loads = [(k, ld) for k in program.kernels for ld in k.loads
-                 if ld.access is not None and _source(k, ld.access) == buffer.name]
+        stores, loads = _accesses(program, buffer.name)
         if len(stores) != 1 or not loads:
             continue
         writer, store = stores[0]
@@ -63,15 +61,21 @@ def _across_steps(program: Program, name: str) -> bool:
     """Whether a two-version buffer's element passes from step t's store to step t + 1's loads in one thread: one
     kernel stores version "next", and only kernels of its stage or earlier load version "cur", all at the own
     element (a kernel loads before it stores)."""
-    stores = [(k, st) for k in program.kernels for st in k.stores if _source(k, st.access) == name]
-    loads = [(k, ld) for k in program.kernels for ld in k.loads
-             if ld.access is not None and _source(k, ld.access) == name]
+    stores, loads = _accesses(program, name)
     if len(stores) != 1 or not loads:
         return False
     writer, store = stores[0]
     return (_version(writer, store.access) == "next" and _own_element(store.access)
             and all(k.stage <= writer.stage and k.dim == writer.dim and _version(k, ld.access) == "cur"
                     and _own_element(ld.access) for k, ld in loads))
+
+
+def _accesses(program: Program, name: str) -> tuple[list, list]:
+    """(kernel, store) of every store into buffer `name`, and (kernel, load) of every load from it."""
+    stores = [(k, st) for k in program.kernels for st in k.stores if _source(k, st.access) == name]
+    loads = [(k, ld) for k in program.kernels for ld in k.loads
+             if ld.access is not None and _source(k, ld.access) == name]
+    return stores, loads
 
 
 def _version(kernel, access) -> str | None:

@@ -125,6 +125,7 @@ def tiling_dict(tiling: Tiling, plan: Plan) -> dict:
                        "columns_per_block": tile.terms * units, "k": k_max,
                        "weight_kib_per_block": tile.terms * units * k_max * weight_bytes / 1024})
     config = tiling.config
+    carry = carried(program, tiling)
     return {"describe": tiling.describe(), "staging": staging_text(tiling), "blocks": tiling.blocks,
             "blocks_per_layer": per_layer,
             "num_layers": tiling.num_layers, "units_per_block": units, "threads": config.threads,
@@ -136,12 +137,12 @@ def tiling_dict(tiling: Tiling, plan: Plan) -> dict:
             "resident": list(tiling.resident), "smem_bytes": tiling.smem_bytes, "gemms": slices,
             "notes": list(tiling.notes), "config": config.label(), "blocks_owned": owned,
             # values the persistent kernel keeps in registers between stages and steps (engine/codegen/carried.py)
-            "carried": list(carried(program, tiling)), "carried_text": carried_text(program, tiling)}
+            "carried": list(carry), "carried_text": carried_text(program, tiling, carry)}
 
 
-def carried_text(program, tiling: Tiling) -> str:
-    """What the persistent kernel keeps in registers between stages and steps, in one sentence ("" where nothing)."""
-    carry = carried(program, tiling)
+def carried_text(program, tiling: Tiling, carry: dict) -> str:
+    """What the persistent kernel keeps in registers between stages and steps (`carry`: carried()), in one sentence
+    ("" where nothing)."""
     if not carry:
         return ""
     states = [n for n in carry if program.buffer(n).double]

@@ -14,7 +14,7 @@ import pytest
 from test_schedules_cpu import nvcc_command
 
 import engine
-from engine.codegen.reductions import partial_stage, stage_shared
+from engine.codegen.reductions import partial_stage, stage_shared, twins
 from engine.codegen.wavefront import render_wavefront, stages
 from engine.compiler import make_plan
 from engine.dense import dense_form, variance_form, wavefront_network
@@ -128,7 +128,8 @@ def test_reduction_sources_compile_with_nvcc(tmp_path):
              "ln_gru_tf32": ("ln_gru", 48, 1, 64, "tf32"),
              # the values in shared memory (StageShared) in the graph schedule's stage kernels, and with lengths
              "ln_lstm_graph": ("ln_lstm", 64, 2, 24, "float32", {"persistent": False}),
-             "ln_lstm_lengths": ("ln_lstm", 64, 2, 24, "float32", {"lengths": True})}
+             "ln_lstm_lengths": ("ln_lstm", 64, 2, 24, "float32", {"lengths": True}),
+             "sum_beside": (sum_beside, 64, 1, 16, "float32")}                 # a sum_h twin beside a mean alone
     jobs = []
     for label, (c, hidden, layers, batch, precision, *options) in cases.items():
         _, source = rendered(c, hidden, layers, batch, precision, **(options[0] if options else {}))
@@ -198,3 +199,43 @@ def test_reduction_values_stay_in_shared_memory_where_nothing_else_reads_them():
     assert len(some.sums) == 2 and some.vals == {}                 # the operands no longer fit
     _, gemv = rendered(ln_small, 48, 2, 3)
     assert "row_value = smem" not in gemv and "written by the cell code" not in gemv
+
+
+@cell
+def sum_beside(x, h):
+    # the sum of v beside its variance (twins: the variance's thread writes the sum), and a mean of w alone
+    v = W("W_v") @ x + W("R_v") @ h
+    w = W("W_w") @ x
+    d = v - mean_h(v)
+    return {"h": tanh(v * mean_h(d * d) + sum_h(v) * 0.01 + mean_h(w) + b("b"))}
+
+
+def test_a_layer_norms_mean_is_written_by_its_variances_consumer():
+    """twins(): a LayerNorm's mean term adds the values its variance term's partials already sum, so it has no
+    partials of its own and no consumer thread; the variance's thread writes both row values (half the partials a
+    block loads). A sum_h of the variance's values is a twin too; a mean of other values keeps its own partials."""
+    network, program = wave_program("ln_lstm", 64, 2, 64)
+    reductions = [g for g in program.gemms if g.name in program.reductions]
+    for g in reductions:
+        terms = program.reductions[g.name]
+        assert len(terms) == 2 and terms[0][0][1] == "mean_h" and terms[1][0][1] == "var_h", g.name
+        assert twins(program, g) == {0: 1}, g.name
+    _, source = rendered("ln_lstm", 64, 2, 64)
+    for g in reductions:
+        assert f"{g.name} term 0 with term 1" in source                   # no slot of its own ...
+        assert f"// {g.name} term 1 and term 0" in source                  # ... the variance's slot writes it
+        assert f"k == 0) {{   // {g.name} term 0" not in source            # and no partials
+    assert source.count("twin_acc = tot * (1.0f / H);") == 2               # one copy for each stage's shape
+    stage_2 = source[source.index("void ln_lstm_stage_2("):]
+    assert "for (int e = threadIdx.x; e < B * 2; e += blockDim.x)" in stage_2[:stage_2.index("the cell math")]
+    _, launched = rendered("ln_lstm", 64, 2, 64, persistent=False)          # the stage launches: the same
+    assert launched.count("twin_acc = tot * (1.0f / H);") == 2
+
+    _, plain = wave_program(sum_beside, 64, 1, 16)
+    found = {g.name: (plain.reductions[g.name], twins(plain, g)) for g in plain.gemms if g.name in plain.reductions}
+    (v_terms, v_twins), (w_terms, w_twins) = found["v_gemm"], found["w_gemm"]
+    assert [p[0][1] for p in v_terms] == ["var_h", "sum_h"] and v_twins == {1: 0}
+    assert [p[0][1] for p in w_terms] == ["mean_h"] and w_twins == {}
+    _, source = rendered(sum_beside, 64, 1, 16)
+    assert "twin_acc = tot;   // sum_h of the same operands" in source
+    assert "w_gemm term 0 = mean_h(w)" in source and "v_gemm term 1 with term 0" in source

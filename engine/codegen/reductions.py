@@ -10,7 +10,9 @@ fixed matrices of engine/dense.py), which the wavefront schedules never multiply
   (terms + k) * BLOCKS_PER_LAYER + blk;
 - after the grid-wide barrier that ends the stage, every block adds the BLOCKS_PER_LAYER partials of each row and
   term (a variance combines its blocks' sums and squares pairwise: Chan, Golub & LeVeque, "Updating formulae and a
-  pairwise algorithm for computing sample variances", 1979) and writes the row's value to each of its units.
+  pairwise algorithm for computing sample variances", 1979) and writes the row's value to each of its units. A
+  sum or mean of the same values as a variance (a LayerNorm's mean: twins()) has no partials of its own; the
+  variance's thread adds its blocks' sums and writes both.
 Per step and layer that is 2 x B x blocks floats and the barrier the stage has anyway, where the dense form's GEMM
 was 2 B H^2 FLOPs. Where the operands are not all stored by the step's own earlier stages (a reduction of a state),
 every block sums whole rows instead. Each thread owns a (row, term) and adds in a fixed order: reruns are
@@ -70,6 +72,31 @@ def _terms(program: Program, gemm: Gemm) -> tuple[tuple[tuple[str, str], ...], .
                                    "variance; hint: this is a bug in engine.dense.variance_form, run the cell with "
                                    "backend='fused' meanwhile")
     return terms
+
+
+def twins(program: Program, gemm: Gemm) -> dict[int, int]:
+    """{index of a sum term: index of the variance term of the same operands}. A LayerNorm's mean term (the mean_h
+    of its operands) adds the same values as its variance term, whose partials carry each block's sum: so its
+    consumer merges the variance's sums and writes the mean as well, and the mean term has no partials of its own.
+    That halves the partials a block loads for a LayerNorm, 43 blocks' worth a row at blogB, every block reading
+    every other block's (8.5 MB of L2 reads a step over three layers for the LayerNorm LSTM's stage 2)."""
+    terms = _terms(program, gemm)
+    found = {}
+    for index, pairs in enumerate(terms):
+        if len({op for _, op in pairs}) != 1 or pairs[0][1] == "var_h":
+            continue
+        operands = sorted(o for o, _ in pairs)
+        for other, var in enumerate(terms):
+            if var[0][1] == "var_h" and sorted(o for o, _ in var) == operands and other not in found.values():
+                found[index] = other
+                break
+    return found
+
+
+def _produced(program: Program, gemm: Gemm) -> list[tuple[int, tuple]]:
+    """(index, pairs) of the terms whose partials the producer writes: all but the twins' sums."""
+    skip = twins(program, gemm)
+    return [(index, pairs) for index, pairs in enumerate(_terms(program, gemm)) if index not in skip]
 
 
 def _unit_loop(indent: str, offset: str, body: str) -> list[str]:
@@ -214,7 +241,7 @@ def reduction_partials(program: Program, gemm: Gemm, indent: str, staging: bool 
                   f"{indent}    }}",
                   f"{indent}    __syncthreads();"]
     row = (f"vals + b * {_row(nops)}" if staging else f"L.{gemm.in_buffer} + (long)b * K + u0")
-    lines += [f"{indent}    for (int e = threadIdx.x; e < B * {len(gemm.terms)}; e += blockDim.x) {{",
+    lines += [f"{indent}    for (int e = threadIdx.x; e < B * {len(_produced(program, gemm))}; e += blockDim.x) {{",
               f"{indent}        const int k = e / B, b = e - k * B;   // a warp's threads share a term: no divergence"]
     lines += _term_branches(program, gemm, row, staging, 0, indent + "        ")
     return lines + [f"{indent}    }}", f"{indent}}}"]
@@ -230,30 +257,30 @@ def direct_partials(program: Program, items: list[tuple[Gemm, int]], indent: str
              f"{indent}    const int blk = u0 / UNITS;"]
     lines += [f"{indent}    // {g.name}: B rows of {len(g.operands)} operands x UNITS at {_shared(offset)}, written by "
               "the cell code" for g, offset in items]
-    lines += [f"{indent}    for (int e = threadIdx.x; e < B * {sum(len(g.terms) for g, _ in items)}; "
+    lines += [f"{indent}    for (int e = threadIdx.x; e < B * {sum(len(_produced(program, g)) for g, _ in items)}; "
               "e += blockDim.x) {",
              f"{indent}        const int k = e / B, b = e - k * B;   // a warp's threads share a term: no divergence"]
     first = 0
     for gemm, offset in items:
         row = f"{_shared(offset)} + b * {_row(len(gemm.operands))}"
         lines += _term_branches(program, gemm, row, True, first, indent + "        ")
-        first += len(gemm.terms)
+        first += len(_produced(program, gemm))
     return lines + [f"{indent}    }}", f"{indent}}}"]
 
 
 def _term_branches(program: Program, gemm: Gemm, row: str, staged: bool, first: int, indent: str) -> list[str]:
-    """`if (k == first + index) { ... }` for every term of the GEMM: the block's partial of row b, from the row's
-    values at `row` (a C pointer: the staged values, B rows of operands x UNITS, or the operand buffer's row)."""
-    terms = _terms(program, gemm)
-    nt = len(terms)
+    """`if (k == first + number) { ... }` for every term of the GEMM that has partials (_produced): the block's
+    partial of row b, from the row's values at `row` (a C pointer: the staged values, B rows of operands x UNITS, or
+    the operand buffer's row)."""
+    nt = len(gemm.terms)
     index_of = {op.name: i for i, op in enumerate(gemm.operands)}
 
     def offset(operand: str) -> str:
         return f"{index_of[operand]} * UNITS" if staged else gemm.operand_offset(operand).c_expr()
     inner = indent + "    "
     lines = []
-    for index, pairs in enumerate(terms):
-        lines += [f"{indent}{'if' if first + index == 0 else 'else if'} (k == {first + index}) {{   // "
+    for number, (index, pairs) in enumerate(_produced(program, gemm)):
+        lines += [f"{indent}{'if' if first + number == 0 else 'else if'} (k == {first + number}) {{   // "
                   f"{gemm.name} term {index}",
                   f"{inner}const float* row = {row};",
                   f"{inner}float* part = L.{gemm.partial_buffer} + b;   // slot s of row b at s * B + b"]
@@ -313,9 +340,10 @@ def _chunks(indent: str, loads: dict[str, str], passes: list[str], between: list
     return lines + [f"{indent}    {line}" for line in after] + [f"{indent}}}"]
 
 
-def _combine_partials(col: str, col2: str, parts: int, var: bool, indent: str) -> list[str]:
+def _combine_partials(col: str, col2: str, parts: int, var: bool, indent: str, twin: str | None = None) -> list[str]:
     """acc = the row's value of the term whose partials are at column `col` (a variance's squares at `col2`; both
-    C expressions) from the blocks' partials. A variance: per chunk of blocks (_chunks), their mean from their sums and
+    C expressions) from the blocks' partials; twin ("sum_h" or "mean_h", a variance's only): also twin_acc = that
+    reduction of the same operands, from the same sums (twins()). A variance: per chunk of blocks (_chunks), their mean from their sums and
     their squares about it (independent operations, no chain of divisions), then the chunk merged into the running
     (count, mean, squares) (Chan, Golub & LeVeque's pairwise update). A block's mean is its sum times the reciprocal
     of its count, a constant once the loop is unrolled: a division by a count that is not a power of two (24 at
@@ -324,15 +352,18 @@ def _combine_partials(col: str, col2: str, parts: int, var: bool, indent: str) -
     if not var:
         return _chunks(indent, {"sums": col}, ["acc += sums[i];"])
     size = f"(float)({parts} * min(UNITS, H - blk * UNITS))"      # the values a block's partials cover
+    total = ["tot += cs;"] if twin else []
     return ([f"{indent}float n = 0.0f, mean = 0.0f, m2 = 0.0f;   // the chunks merged one by one"]
+            + ([f"{indent}float tot = 0.0f;   // the sum of every value: the twin's"] if twin else [])
             + _chunks(indent, {"sums": col, "m2s": col2},
                       ["cs += sums[i]; cn += " + size + ";",
                        f"const float d = sums[i] * (1.0f / {size}) - cmean; cm2 += m2s[i] + {size} * d * d;"],
                       before=["float cs = 0.0f, cn = 0.0f;"],
                       between=["const float cmean = cs / cn;", "float cm2 = 0.0f;"],
-                      after=["const float d = cmean - mean, total = n + cn;",
+                      after=[*total, "const float d = cmean - mean, total = n + cn;",
                              "mean += d * (cn / total); m2 += cm2 + d * d * (n * cn / total); n = total;"])
-            + [f"{indent}acc = m2 * (1.0f / H);   // the sum over the parts of mean_h((v_k - mean)^2)"])
+            + [f"{indent}acc = m2 * (1.0f / H);   // the sum over the parts of mean_h((v_k - mean)^2)"]
+            + ([f"{indent}twin_acc = tot{SCALE[twin]};   // {twin} of the same operands"] if twin else []))
 
 
 def _whole_rows(gemm: Gemm, pairs, indent: str) -> list[str]:
@@ -361,41 +392,57 @@ def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool]
     them: their loads all in flight together), written to this block's units (interleaved columns: unit j of term
     k at j * terms + k), or once a row to shared memory where shared.sums has the GEMM (and to the units too where
     another stage reads them); from the blocks' partials where partial[gemm], else from the whole rows of the
-    operands. The slots' sums share one copy of their code for each shape (a sum, or a variance of so many operands),
-    which reads the slot's partials at the columns its branch sets: a copy a slot made the LayerNorm LSTM's kernel
-    136 KB of code at blogB, and its GEMM, the same instructions, took 9.4 us a step instead of 8.4 at 100 KB (H200;
-    a kernel past the SM's instruction cache refetches its code every step)."""
-    slots = [(g, index, pairs) for g in gemms for index, pairs in enumerate(_terms(program, g))]
+    operands. A sum term with a twin variance (twins(): a LayerNorm's mean) has no thread of its own: the
+    variance's thread writes it too. The slots' sums share one copy of their code for each shape (a sum, or a
+    variance of so many operands, with or without a twin), which reads the slot's partials at the columns its branch
+    sets: a copy a slot made the LayerNorm LSTM's kernel 136 KB of code at blogB, and its GEMM, the same
+    instructions, took 9.4 us a step instead of 8.4 at 100 KB (H200; a kernel past the SM's instruction cache
+    refetches its code every step)."""
+    pairs_of = {g.name: twins(program, g) if partial[g.name] else {} for g in gemms}
+    slots = [(g, index, pairs) for g in gemms for index, pairs in enumerate(_terms(program, g))
+             if index not in pairs_of[g.name]]
     sums = shared.sums if shared else {}
+    folded = [(g, index) for g in gemms for index in pairs_of[g.name]]
     lines = [f"{indent}{{   // reductions, no GEMM: " + "; ".join(
                  f"{g.name} term {index} = " + " + ".join(f"{op}({operand})" for operand, op in pairs)
-                 for g, index, pairs in slots),
+                 for g, index, pairs in slots)
+             + "".join(f"; {g.name} term {index} with term {pairs_of[g.name][index]}" for g, index in folded),
              f"{indent}    for (int e = threadIdx.x; e < B * {len(slots)}; e += blockDim.x) {{",
              f"{indent}        const int slot = e / B, b = e - slot * B;   // a warp's threads share a term",
              f"{indent}        float acc = 0.0f;",
              f"{indent}        float* out = nullptr;   // the units' columns in global memory",
              f"{indent}        float* row_value = nullptr;   // the row's value in shared memory",
              f"{indent}        int nt = 1;   // terms of the slot's GEMM: its units' columns are nt apart"]
+    if folded:
+        lines += [f"{indent}        float twin_acc = 0.0f;   // a variance's twin sum (twins()), and where it goes",
+                  f"{indent}        float* twin_out = nullptr;",
+                  f"{indent}        float* twin_row = nullptr;"]
     if any(partial[g.name] for g, _, _ in slots):
         lines += [f"{indent}        const float* part = nullptr;   // the slot's partials: row b's term at column col "
                   "(col * BLOCKS_PER_LAYER * B + b), a variance's squares at col2",
                   f"{indent}        int col = 0, col2 = 0, shape = -1;   // shape: which of the sums below adds them",
                   f"{indent}        (void)col2;"]
     inner = indent + "            "
-    shapes: dict = {}       # (variance, its operands; a sum: 0): the number of its code, one copy for all slots
+    shapes: dict = {}       # (variance, its operands, its twin's op; a sum: 0): the number of its code
     for number, (g, index, pairs) in enumerate(slots):
         nt = len(g.terms)
+        twin = next((m for m, v in pairs_of[g.name].items() if v == index), None)
         lines.append(f"{indent}        {'if' if number == 0 else 'else if'} (slot == {number}) {{   // {g.name} "
-                     f"term {index}")
+                     f"term {index}" + (f" and term {twin}" if twin is not None else ""))
         if g.name in sums:
             lines.append(f"{inner}row_value = {_shared(sums[g.name][1])} + {index} * B + b;")
+            if twin is not None:
+                lines.append(f"{inner}twin_row = {_shared(sums[g.name][1])} + {twin} * B + b;")
         if g.name not in sums or g.out_buffer in shared.keep:
             lines += [f"{inner}const int N = {g.n.c_expr()};",
                       f"{inner}out = L.{g.out_buffer} + (long)b * N + (long)u0 * {nt} + {index};",
                       f"{inner}nt = {nt};"]
+            if twin is not None:
+                lines.append(f"{inner}twin_out = L.{g.out_buffer} + (long)b * N + (long)u0 * {nt} + {twin};")
         if partial[g.name]:
             var = pairs[0][1] == "var_h"
-            shape = shapes.setdefault((var, len(pairs) if var else 0), len(shapes))
+            key = (var, len(pairs) if var else 0, _terms(program, g)[twin][0][1] if twin is not None else None)
+            shape = shapes.setdefault(key, len(shapes))
             lines.append(f"{inner}part = L.{g.partial_buffer} + b; col = {index}; col2 = {nt} + {index}; "
                          f"shape = {shape};")
         else:
@@ -403,12 +450,15 @@ def reduction_sums(program: Program, gemms: list[Gemm], partial: dict[str, bool]
             lines.append(f"{inner}const float* row = L.{g.in_buffer}{current} + (long)b * ({g.k.c_expr()});")
             lines += _whole_rows(g, pairs, inner)
         lines.append(f"{indent}        }}")
-    for (var, parts), shape in shapes.items():
+    for (var, parts, twin), shape in shapes.items():
         lines.append(f"{indent}        {'if' if shape == 0 else 'else if'} (shape == {shape}) {{   // "
-                     + (f"a variance of {parts} operands" if var else "a sum"))
-        lines += _combine_partials("col", "col2", parts, var, inner)
+                     + (f"a variance of {parts} operands" + (f", and their {twin}" if twin else "") if var
+                        else "a sum"))
+        lines += _combine_partials("col", "col2", parts, var, inner, twin)
         lines.append(f"{indent}        }}")
     lines += [f"{indent}        if (row_value) *row_value = acc;",
-              f"{indent}        if (out) for (int j = 0; j < tu; ++j) out[j * nt] = acc;",
-              f"{indent}    }}", f"{indent}}}"]
-    return lines
+              f"{indent}        if (out) for (int j = 0; j < tu; ++j) out[j * nt] = acc;"]
+    if folded:
+        lines += [f"{indent}        if (twin_row) *twin_row = twin_acc;",
+                  f"{indent}        if (twin_out) for (int j = 0; j < tu; ++j) twin_out[j * nt] = twin_acc;"]
+    return lines + [f"{indent}    }}", f"{indent}}}"]

@@ -7,8 +7,11 @@ Candidates: the fused backend (float32 only), and, when the program allows the w
 persistent kernel with a few tilings (accumulator tiles suited to the batch; as many blocks as SMs,
 and half as many) and the graph schedule. Each candidate runs once on fresh random inputs and is
 compared with the first candidate's output (relative error over 1e-4 in float32, 1e-2 in a reduced
-precision, disqualifies it: a fast wrong answer is never chosen), then timed: the median wall time of `repeats` runs, which is what a caller
-of engine.run waits for.
+precision, disqualifies it: a fast wrong answer is never chosen), then timed: the median wall time of `repeats` runs,
+which is what a caller of engine.run waits for. Each of those timings follows the candidate's compile, seconds in
+which the GPU idles and its clock drops, so the first pass only shortlists: the candidates within 10% of its best
+(three at most) run again after a warm-up, taking turns in three rounds (runoff()), and the fastest median of the
+runoff is the choice.
 
 fp32 on tensor cores is opt-in: with allow_tensor_core_fp32=True, precision="float32" also times every schedule
 candidate in float32x3 (3xTF32, engine/codegen/precision.py), held to the float32 tolerance against the first
@@ -62,6 +65,13 @@ DISQUALIFY_REL_ERR = 1e-4
 # In a reduced precision the candidates are compared with the first one in the same mode: they multiply the same
 # rounded operands, but a different summation order can flip a rounding of h, which then propagates.
 DISQUALIFY_REL_ERR_REDUCED = 1e-2
+# The runoff: the first pass times each candidate right after its compile, while the GPU has idled for seconds, so
+# a close second can win on the clock's ramp. Candidates within RUNOFF_WITHIN of the first pass's best (at most
+# RUNOFF_FINALISTS) are timed again after a warm-up, in RUNOFF_ROUNDS interleaved rounds.
+RUNOFF_WITHIN = 0.10
+RUNOFF_FINALISTS = 3
+RUNOFF_ROUNDS = 3
+RUNOFF_WARM_MS = 100.0
 
 
 @dataclass(frozen=True)
@@ -277,6 +287,33 @@ def prepare(candidate: Candidate, network: Network, params: Params, precision: s
     return schedule_class(candidate.schedule)(network, params, config=candidate.config, precision=precision)
 
 
+def finalists(timed: list[tuple[float, object]], within: float = RUNOFF_WITHIN,
+              most: int = RUNOFF_FINALISTS) -> list:
+    """The candidates of the runoff from the first pass's (ms, candidate) pairs: the fastest and those within
+    `within` of it, at most `most`, fastest first."""
+    ranked = sorted(timed, key=lambda t: t[0])
+    if not ranked:
+        return []
+    best = ranked[0][0]
+    return [c for ms, c in ranked[:most] if ms <= best * (1.0 + within)]
+
+
+def runoff(entrants: list, time_one, repeats: int, rounds: int = RUNOFF_ROUNDS,
+           warm_ms: float = RUNOFF_WARM_MS) -> list[float]:
+    """Each entrant's median run time (ms) over `rounds` rounds of `repeats` runs each, the entrants taking turns
+    within every round (0, 1, 2, 0, 1, 2, ...), after the first entrant has run for `warm_ms` of wall time: a drift
+    of the GPU's clock over the runoff lands on every entrant alike. time_one(entrant) -> the ms of one run, the
+    result waited for."""
+    spent = 0.0
+    while spent < warm_ms:
+        spent += max(time_one(entrants[0]), 1e-3)
+    samples: list[list[float]] = [[] for _ in entrants]
+    for _ in range(rounds):
+        for i, entrant in enumerate(entrants):
+            samples[i] += [time_one(entrant) for _ in range(repeats)]
+    return [float(np.median(s)) for s in samples]
+
+
 def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: int = 10, use_cache: bool = True,
          seed: int = 0, precision: str = "float32", lengths: bool = False,
          allow_tensor_core_fp32: bool = False) -> Choice:
@@ -304,6 +341,7 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
         options = {"lengths": drawn}
     reference = None
     timings = []
+    timed = []                  # (ms, candidate) of the first pass
     best = None
     tolerance = DISQUALIFY_REL_ERR if precision == "float32" else DISQUALIFY_REL_ERR_REDUCED
     for cand in candidates(network, batch, limits, precision, lengths, allow_tensor_core_fp32):
@@ -320,14 +358,9 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
                     timings.append({"candidate": cand.label(),
                                     "error": f"output differs from the first candidate's by {err:.2e}"})
                     continue
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                program.run(x, **options)
-                cupy.cuda.get_current_stream().synchronize()     # runs are asynchronous: wait for the result
-                samples.append((time.perf_counter() - start) * 1e3)
-            ms = float(np.median(samples))
+            ms = float(np.median([_time_run(cupy, program, x, options) for _ in range(repeats)]))
             timings.append({"candidate": cand.label(), "ms": ms})
+            timed.append((ms, cand))
             if best is None or ms < best[1]:
                 best = (cand, ms)
         except (BackendError, CompileError) as e:
@@ -337,13 +370,50 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
     if best is None:
         raise BackendError(f"no schedule could run network '{network.cell.name}' at T={steps}, B={batch}: "
                            + "; ".join(f"{t['candidate']}: {t.get('error')}" for t in timings))
+    final, ms_of = _runoff(cupy, finalists(timed), network, params, precision, x, options, repeats, timings)
+    if final is not None:
+        best = final
     cand, ms = best
-    ranked = sorted((t for t in timings if "ms" in t), key=lambda t: t["ms"])
-    runner_up = f"; next {ranked[1]['candidate']} at {ranked[1]['ms']:.3g} ms" if len(ranked) > 1 else ""
+    key_ms = "runoff_ms" if final is not None else "ms"
+    ranked = sorted((t for t in timings if key_ms in t), key=lambda t: t[key_ms])
+    runner_up = (f"; next {ranked[1]['candidate']} at {ranked[1][key_ms]:.3g} ms" if len(ranked) > 1 else "")
     mode = ", float32x3 allowed" if allow_tensor_core_fp32 else "" if precision == "float32" else f", {precision}"
-    why = (f"fastest of {len(ranked)} correct candidate(s) on {limits.name}: {cand.label()} at {ms:.3g} ms "
-           f"(median of {repeats} runs, T={steps}, B={batch}{mode}){runner_up}")
+    how = (f"median of {RUNOFF_ROUNDS} interleaved rounds of {repeats} runs, a runoff of the {len(ms_of)} within "
+           f"{RUNOFF_WITHIN:.0%} of the first pass's best" if final is not None else f"median of {repeats} runs")
+    correct = len([t for t in timings if "ms" in t])
+    why = (f"fastest of {correct} correct candidate(s) on {limits.name}: {cand.label()} at {ms:.3g} ms "
+           f"({how}, T={steps}, B={batch}{mode}){runner_up}")
     choice = Choice(cand.schedule, cand.config, why, key, timings, precision=cand.precision)
     if use_cache:
         write_entry(key, choice)
     return choice
+
+
+def _time_run(cupy, program, x, options) -> float:
+    """The wall time (ms) of one run, the result waited for: what a caller of engine.run waits."""
+    start = time.perf_counter()
+    program.run(x, **options)
+    cupy.cuda.get_current_stream().synchronize()     # runs are asynchronous: wait for the result
+    return (time.perf_counter() - start) * 1e3
+
+
+def _runoff(cupy, entrants: list, network, params, precision, x, options, repeats: int, timings: list):
+    """The runoff of the first pass's finalists (runoff()): ((candidate, ms) of the fastest, {label: ms}), each
+    finalist's timing entry given its runoff_ms; (None, {}) when there is one finalist or a finalist cannot be
+    prepared again beside the others (the first pass's pick then stands)."""
+    if len(entrants) < 2:
+        return None, {}
+    try:
+        programs = [prepare(c, network, params, precision) for c in entrants]
+        medians = runoff(programs, lambda p: _time_run(cupy, p, x, options), repeats)
+    except (BackendError, CompileError, cupy.cuda.memory.OutOfMemoryError) as e:
+        log.info("autotune: runoff skipped (%s); the first pass's pick stands", str(e).splitlines()[0])
+        return None, {}
+    finally:
+        programs = None
+    ms_of = {c.label(): ms for c, ms in zip(entrants, medians)}
+    for t in timings:
+        if t["candidate"] in ms_of:
+            t["runoff_ms"] = ms_of[t["candidate"]]
+    i = int(np.argmin(medians))
+    return (entrants[i], medians[i]), ms_of

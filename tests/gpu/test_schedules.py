@@ -164,6 +164,14 @@ def test_autotuner_picks_a_correct_schedule_and_caches_it(cupy, tmp_path, monkey
     choice = autotune.tune(network, params, 17, 3, repeats=3)
     assert choice.schedule in ("fused", "graph", "persistent") and not choice.cached
     assert "fastest" in choice.why and any("ms" in t for t in choice.timings)
+    timed = [(t["ms"], t["candidate"]) for t in choice.timings if "ms" in t]
+    ran_off = [t for t in choice.timings if "runoff_ms" in t]
+    if len(autotune.finalists(timed)) > 1:                 # close candidates: timed again, the pick is the runoff's
+        assert {t["candidate"] for t in ran_off} == set(autotune.finalists(timed)) and "runoff" in choice.why
+        best = min(ran_off, key=lambda t: t["runoff_ms"])
+        assert best["candidate"].startswith(choice.schedule)
+    else:
+        assert not ran_off and "runoff" not in choice.why
     again = autotune.tune(network, params, 17, 3, repeats=3)
     assert again.cached and again.schedule == choice.schedule and again.config == choice.config
     (tmp_path / "autotune.json").write_text("{not json")

@@ -18,7 +18,7 @@ os.environ.setdefault("CUPY_TF32", "0")
 
 import engine  # noqa: E402
 from engine.bench.timing import cupy_timer, time_runs  # noqa: E402
-from engine.schedules import scan  # noqa: E402
+from engine.schedules import scan, scan_values  # noqa: E402
 
 
 def median_ms(run, warmup=5, reps=30) -> float:
@@ -55,7 +55,7 @@ def main() -> int:
 
     plan = program.plan
     env = {"x": rows}
-    blocks = scan.grouped_matmuls(network.cell, plan.found.free, env, program.params[0], cupy, plan.groups)
+    blocks = scan_values.grouped_matmuls(network.cell, plan.found.free, env, program.params[0], cupy, plan.groups)
     initial = cupy.zeros((B, H), dtype=cupy.float32)
     def kernel_ms():
         return median_ms(lambda: scan._inline_scan(plan, network.cell, env, blocks, program.params[0], T, B, H,

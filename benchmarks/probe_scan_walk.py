@@ -26,7 +26,7 @@ os.environ.setdefault("CUPY_TF32", "0")
 from probe_scan_forward import median_ms, mingru_case  # noqa: E402
 
 import engine  # noqa: E402
-from engine.schedules import scan, scan_kernel  # noqa: E402
+from engine.schedules import scan, scan_kernel, scan_values  # noqa: E402
 
 SHAPES = ((16, 8), (16, 16))
 
@@ -79,7 +79,7 @@ def pieces(cupy, T, B, H) -> list[dict]:
 
     def env_blocks():
         env = {n.name: rows_x for n in cell.nodes if n.op == "input"}
-        return env, scan.grouped_matmuls(cell, plan.found.free, env, p0, cupy, plan.groups)
+        return env, scan_values.grouped_matmuls(cell, plan.found.free, env, p0, cupy, plan.groups)
     env, blocks = env_blocks()
     initial = cupy.zeros((B, H), dtype=cupy.float32)
 

@@ -14,7 +14,14 @@ in ROUNDS interleaved rounds too.
 Last, CellRNN's training step on the same sequence (forward and backward through torch autograd, x data), through
 the scan's walks and step by step.
 
+--precision tf32 / float16 / bfloat16 / float32x3 runs every engine row in that mode (the matmuls' operands rounded,
+fp32 sums: engine/schedules/scan_modes.py; float32x3 forward only, as it trains nowhere; the fused backend's
+forward is strict fp32 only, so its row is left out) and PyTorch's rows under torch.autocast in the 16-bit modes
+(TF32 allowed in tf32 and float32x3). The relative error against float64 is reported, not gated: the GPU suite holds
+each mode to the reference's emulation of it (tests/gpu/test_scan_modes_gpu.py).
+
     python3 benchmarks/scan_bench.py --out $OUT
+    python3 benchmarks/scan_bench.py --precision bfloat16 --out $OUT
 """
 from __future__ import annotations
 
@@ -60,8 +67,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--precision", default="float32",
+                        choices=("float32", "tf32", "float16", "bfloat16", "float32x3"))
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    mode = args.precision
+    trains = mode != "float32x3"
     import cupy
     os.environ.setdefault("CUPY_TF32", "0")
     T, B, H = args.steps, args.batch, args.hidden
@@ -75,12 +86,14 @@ def main(argv=None) -> int:
     scale = float(np.abs(want).max())
     rows: list[dict] = []
     results = {"device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cupy": cupy.__version__,
-               "T": T, "B": B, "H": H, "I": H, "rows": rows}
+               "T": T, "B": B, "H": H, "I": H, "precision": mode, "rows": rows}
 
-    programs = {"scan": scan.prepare(network, params), "fused": fused.prepare(network, params)}
+    programs = {"scan": scan.prepare(network, params, precision=mode)}
+    if mode == "float32":
+        programs["fused"] = fused.prepare(network, params)
     for name in ("persistent", "graph"):
         try:
-            programs[name] = schedule_class(name)(network, params)
+            programs[name] = schedule_class(name)(network, params, precision=mode)
         except engine.EngineError as e:
             rows.append({"name": name, "error": str(e).splitlines()[0]})
     checked = {}
@@ -102,11 +115,12 @@ def main(argv=None) -> int:
     params = engine.Params([{k: cupy.asarray(v, dtype=cupy.float32) for k, v in layer.items()}
                            for layer in params.layers])              # as an fp32 training loop holds them
     calls = {}                          # x's gradient, or x as data (input_gradient): the scan and the stepped bptt
-    for asked, tag in ((True, ""), (False, ", no x gradient")):
+    for asked, tag in ((True, ""), (False, ", no x gradient")) if trains else ():
         calls[f"engine scan, forward + backward{tag}"] = (lambda asked=asked: scan_gradients(
-            network, params, x, None, d_out, dtype=np.float32, xp=cupy, input_gradient=asked)), 20
+            network, params, x, None, d_out, dtype=np.float32, xp=cupy, input_gradient=asked, precision=mode)), 20
         calls[f"engine fused bptt (step by step), forward + backward{tag}"] = (lambda asked=asked: engine.bptt(
-            network, params, x, None, d_out, dtype=np.float32, backend="fused", input_gradient=asked)), 3
+            network, params, x, None, d_out, dtype=np.float32, backend="fused", input_gradient=asked,
+            precision=mode)), 3
     both_rounds: dict[str, list[float]] = {}
     try:
         for _ in range(ROUNDS):         # interleaved, as the forward rows
@@ -118,23 +132,33 @@ def main(argv=None) -> int:
     try:
         import torch
         import torch.nn.functional as F  # noqa: N812
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = mode in ("tf32", "float32x3")
+        half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(mode)
+        results["torch_mode"] = f"autocast {half}" if half else f"float32, TF32 {'on' if mode != 'float32' else 'off'}"
+
+        def in_mode(call):             # the 16-bit modes under autocast, as a PyTorch training loop would run them
+            if half is None:
+                return call
+
+            def autocast():
+                with torch.autocast("cuda", dtype=half):
+                    return call()
+            return autocast
         tp = {k: torch.tensor(v, device="cuda", dtype=torch.float32) for k, v in params[0].items()}
         tx = torch.tensor(x_host, device="cuda").transpose(0, 1).contiguous()          # (B, T, H)
         h0 = torch.zeros(B, H, device="cuda")
         rows.append({"name": "torch log-space scan, forward (paper's form)",
-                     "ms": median_ms(lambda: torch_log_space(torch, F, tx, tp, h0))})
+                     "ms": median_ms(in_mode(lambda: torch_log_space(torch, F, tx, tp, h0)))})
         leaf = {k: v.clone().requires_grad_(True) for k, v in tp.items()}
 
         def forward_backward():
-            torch_log_space(torch, F, tx, leaf, h0).sum().backward()
+            in_mode(lambda: torch_log_space(torch, F, tx, leaf, h0).float().sum())().backward()
         rows.append({"name": "torch log-space scan, forward + backward", "ms": median_ms(forward_backward)})
         results["torch"] = torch.__version__
         from engine.torch_module import CellRNN
         tx_seq = torch.tensor(x_host, device="cuda")                                   # (T, B, H), time first
-        for scan_on in (True, False):          # CellRNN's training step: the scan's walks, or step by step
-            rnn = CellRNN(engine.preset("mingru").cell, H, H, 1, seed=0, scan=scan_on).cuda()
+        for scan_on in (True, False) if trains else ():     # CellRNN's step: the scan's walks, or step by step
+            rnn = CellRNN(engine.preset("mingru").cell, H, H, 1, seed=0, scan=scan_on, precision=mode).cuda()
             rnn(tx_seq)
             name = f"CellRNN forward + backward ({rnn.last_backend}), x data"     # x.requires_grad is False
             rows.append({"name": name, "ms": median_ms(lambda rnn=rnn: rnn(tx_seq)[0].sum().backward(),
@@ -151,7 +175,8 @@ def main(argv=None) -> int:
         if both and stepped:
             print(f"forward + backward{tag}: the step-by-step bptt / the engine's scan = {stepped / both:.2f}x")
     scan_ms = by_name.get("engine scan")
-    print(f"minGRU, I = H = {H}, B = {B}, T = {T}, float32 (TF32 off), {results['device']}")
+    print(f"minGRU, I = H = {H}, B = {B}, T = {T}, precision {mode} (CuPy's TF32 off; PyTorch: "
+          f"{results.get('torch_mode', 'not run')}), {results['device']}")
     print(f"{'row':48s} {'median ms':>10s} {'scan speedup':>13s} {'rel err':>10s}")
     for r in rows:
         if "ms" in r:
@@ -162,7 +187,8 @@ def main(argv=None) -> int:
             print(f"{r['name']:48s} {r['error']}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "scan_bench.json").write_text(json.dumps(results, indent=1))
+        name = "scan_bench.json" if mode == "float32" else f"scan_bench-{mode}.json"
+        (Path(args.out) / name).write_text(json.dumps(results, indent=1))
     return 0
 
 

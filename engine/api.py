@@ -12,14 +12,14 @@ import numpy as np
 from . import backends
 from .autodiff import bptt as step_bptt
 from .autodiff.checks import check_dtype, check_input_gradient, check_network
-from .backends.common import check_finite, check_inputs, check_precision
+from .backends.common import check_finite, check_inputs, check_training_precision
 from .backends.lengths import BPTT_BACKENDS, only_on
 from .bench import run_bench
 from .errors import BackendError
 from .execute import run  # engine.run: the backend choice and the run live below the networks that call it too
 from .export import export_cuda as render_export
 from .params import check_params
-from .schedules.scan import analysis_or_refusal
+from .schedules.scan import analysis_or_refusal, check_mode
 from .schedules.scan_grad import scan_gradients
 
 __all__ = ["run", "export_cuda", "bench", "bptt"]
@@ -55,7 +55,8 @@ def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None,
     whose recurrence is linear (engine/passes/scan.py): the gradients as scans over the whole sequence
     (engine/schedules/scan_grad.py) on the GPU, CuPy arrays out. A d_outputs given as a function of the outputs
     costs the scan one forward pass more. precision: "tf32", "float16" or "bfloat16" rounds every matmul operand of
-    both passes to that format ("fused" runs it, "reference" emulates it; engine/autodiff/bptt.py).
+    both passes to that format ("fused" and "scan" run it, float32 only; "reference" emulates it;
+    engine/autodiff/bptt.py, engine/schedules/scan_modes.py).
     input_gradient=False: x's gradient is not computed (gradients.x is None), as when x is data: "fused" and "scan"
     leave its GEMM out."""
     if not (isinstance(backend, str) and backend == "scan"):
@@ -64,10 +65,8 @@ def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None,
     check_input_gradient(input_gradient)
     if lengths is not None:
         raise only_on("scan", "bptt", takes=BPTT_BACKENDS)
-    if check_precision(precision) != "float32":
-        raise BackendError(f"bptt(backend='scan') computes in float32 or float64 only, not precision={precision!r}; "
-                           "hint: backend='fused' runs the mode on the GPU, backend='reference' emulates it")
     network, dtype = check_network(network), check_dtype(dtype)
+    precision = check_mode(check_training_precision("bptt(backend='scan')", precision), dtype)
     ok, why = backends.gpu_status()
     if not ok:
         raise BackendError(f"bptt(backend='scan') needs a GPU: {why}. hint: backend='reference' on the CPU")
@@ -78,6 +77,7 @@ def bptt(network, params, x, initial_states: dict | None = None, d_outputs=None,
     check_finite(network, params, x, initial_states)
     x = cupy.asarray(x, dtype=dtype)
     if callable(d_outputs):
-        d_outputs = d_outputs(run(network, params, x, initial_states, backend="scan", dtype=dtype).outputs)
+        d_outputs = d_outputs(run(network, params, x, initial_states, backend="scan", dtype=dtype,
+                                  precision=precision).outputs)
     return scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype=dtype, xp=cupy,
-                          input_gradient=input_gradient)
+                          input_gradient=input_gradient, precision=precision)

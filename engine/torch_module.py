@@ -16,10 +16,10 @@ the engine's own float64 gradients, and fp32 against torch's LSTM and GRU. `last
 forward pass ran on.
 
 A cell whose recurrence is linear (minGRU, minLSTM's gates, a diagonal linear RNN: engine/passes/scan.py) trains as a
-scan on CUDA in fp32 where its scan walks (engine/schedules/scan_grad.py walk_record: one GEMM and one walk a layer
+scan on CUDA in fp32 (and in the precision modes below) where its scan walks (engine/schedules/scan_grad.py walk_record: one GEMM and one walk a layer
 forward, one walk back and two GEMMs backward), not step by step: minGRU at I = H = 512, B = 8, T = 4096, x data, in
 2.05-2.22 ms a step against the step-by-step 18.7-18.8 (H200, benchmarks/results/input-gradient-20261127-H200/).
-scan=False keeps the step-by-step path; sequences of several lengths and the reduced precisions take it too.
+scan=False keeps the step-by-step path; sequences of several lengths take it too.
 
 precision="tf32", "bfloat16" or "float16" (bf16, fp16 too) trains in that mode: the parameters, inputs, states and
 gradients stay fp32 tensors (fp32 master weights), and every matmul of both passes rounds its operands to the mode's
@@ -147,9 +147,10 @@ class _CellFunction(torch.autograd.Function):
                                    "hint: .float() the module and its input")
             given = {s: _array(v) for s, v in zip(names, states)}
             tape = None
-            if module.scan and backend == "fused" and module.precision == "float32" and lengths is None:
+            if module.scan and backend == "fused" and lengths is None:
                 import cupy  # deferred: CuPy is optional (no GPU in CI)
-                tape = walk_record(network, Params(layers), _array(x), given, dtype=dtype, xp=cupy)
+                tape = walk_record(network, Params(layers), _array(x), given, dtype=dtype, xp=cupy,
+                                   precision=module.precision)
                 backend = "scan" if tape is not None else backend
             if tape is None:
                 tape = record(network, Params(layers), _array(x), given, dtype=dtype, backend=backend,

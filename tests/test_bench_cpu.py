@@ -635,11 +635,12 @@ def test_reduced_precision_rows_are_named_and_ordered():
     everything = default_implementations(1.0)
     names = [i.name for i in everything]
     # after the fp32 rows, each reduced mode: cuDNN first, then the engine's schedules and auto in that mode
-    assert names[7:19] == [f"{base}-{mode}" for mode in REDUCED for base in ("cudnn", "graph", "persistent", "auto")]
-    assert not {"naive-bf16", "fused-fp16", "fused-tf32", "scan-bf16"} & set(names)     # strict fp32 backends only
+    assert names[7:22] == [f"{base}-{mode}" for mode in REDUCED
+                           for base in ("cudnn", "graph", "persistent", "scan", "auto")]
+    assert not {"naive-bf16", "fused-fp16", "fused-tf32"} & set(names)     # strict fp32 backends only
     by_name = {i.name: i for i in everything}
     for mode in REDUCED:
-        for base in ("graph", "persistent", "auto"):
+        for base in ("graph", "persistent", "scan", "auto"):
             row = by_name[f"{base}-{mode}"]
             assert (row.family, row.precision, row.tf32) == ("engine", mode, mode == "tf32")
     assert isinstance(by_name["auto-fp16"], AutoSchedule)

@@ -228,3 +228,14 @@ def test_explain_describes_the_autotuners_cluster_choice(monkeypatch, tmp_path):
     assert "into the other 7 blocks' copies with st.async" in entry["tiling"]["staging"]
     assert "st.async" in entry["tiling"]["describe"]
     assert "cluster barrier" not in entry["tiling"]["staging"]
+
+
+@pytest.mark.parametrize("name", ["mingru", "indrnn"])
+def test_a_cell_with_no_recurrent_matmul_is_not_run_in_clusters(name):
+    """No matmul reads a state: nothing to hold in the cluster, and the kernel's shared layout had no room for its
+    exchange (compute-sanitizer caught minGRU's bf16 cluster kernel writing past it). Refused by name, and the
+    autotuner leaves the mode out."""
+    with pytest.raises(CompileError, match="no matmul reads a state"):
+        render(name, 128, 128, 1, 8, TileConfig(sync="cluster"), True, "bfloat16")
+    network = engine.Network(engine.preset(name).cell, 128, 128, 1)
+    assert all(c.config is None or c.config.sync != "cluster" for c in candidates(network, 8, H100, "bfloat16"))

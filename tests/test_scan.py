@@ -15,10 +15,11 @@ from engine.backends.naive import preamble
 from engine.dsl import W, b, cell, sigmoid, tanh, v
 from engine.errors import BackendError
 from engine.passes.scan import analyse_scan
-from engine.schedules.scan import KERNEL, grouped_matmuls, run_arrays
+from engine.schedules.scan import KERNEL, run_arrays
 from engine.schedules.scan_backward_kernel import backward_source, walk_back_source
 from engine.schedules.scan_grad import scan_gradients
 from engine.schedules.scan_kernel import CARRY, Layout, free_kernel, fused_scan_source, unroll_defines
+from engine.schedules.scan_values import grouped_matmuls
 
 
 @cell
@@ -202,11 +203,11 @@ def test_the_generated_state_free_kernels_compile(tmp_path):
 
 
 def test_the_walks_host_helpers_on_numpy():
-    """scan.as_dtype gives the array itself where its dtype is already the one asked for, a converted copy otherwise;
-    scan.stack_rows is np.concatenate by rows; scan_grad.batch_sums sums (rows, B x n) over B. Their CuPy branches
+    """scan_values.as_dtype gives the array itself where its dtype is already the one asked for, a converted copy otherwise;
+    scan_values.stack_rows is np.concatenate by rows; scan_grad.batch_sums sums (rows, B x n) over B. Their CuPy branches
     run in tests/gpu/test_scan_gpu.py (every walk's gradients)."""
-    from engine.schedules.scan import as_dtype, stack_rows
     from engine.schedules.scan_grad import batch_sums
+    from engine.schedules.scan_values import as_dtype, stack_rows
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     assert as_dtype(a, np.float32, np) is a
     converted = as_dtype(a, np.float64, np)

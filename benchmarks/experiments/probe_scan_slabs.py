@@ -18,7 +18,7 @@ os.environ.setdefault("CUPY_TF32", "0")
 
 from probe_scan_forward import median_ms, mingru_case  # noqa: E402
 
-from engine.schedules import scan  # noqa: E402
+from engine.schedules import scan, scan_values  # noqa: E402
 
 
 def main() -> int:
@@ -31,7 +31,7 @@ def main() -> int:
     print(f"whole call            {median_ms(lambda: program.run(x)):.3f} ms")
     rows = x.reshape(T * B, H)
     env = {"x": rows}
-    blocks = scan.grouped_matmuls(cell, plan.found.free, env, p0, cupy, plan.groups)
+    blocks = scan_values.grouped_matmuls(cell, plan.found.free, env, p0, cupy, plan.groups)
     (name, (product, _)), = list(blocks.items())[:1]
     stacked = p0[[k for k in p0 if "+" in k][0]]
     print(f"GEMM alone            {median_ms(lambda: cupy.matmul(rows, stacked.T, out=product)):.3f} ms")

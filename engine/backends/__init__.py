@@ -25,7 +25,7 @@ from ..errors import BackendError
 BACKENDS = ("reference", "naive", "fused", "graph", "persistent", "scan")
 GPU_BACKENDS = ("naive", "fused", "graph", "persistent", "scan")
 SCHEDULE_BACKENDS = ("graph", "persistent", "scan")      # modules in engine/schedules
-PRECISION_BACKENDS = ("graph", "persistent")             # the ones that also run tf32, float16 and bfloat16
+PRECISION_BACKENDS = ("graph", "persistent", "scan")     # the ones that also run tf32, float16 and bfloat16
 
 
 @lru_cache(maxsize=1)

@@ -50,8 +50,8 @@ def check_float32_only(what: str, precision) -> None:
     """For the backends that compute in strict float32 only (naive, fused)."""
     if check_precision(precision) != "float32":
         raise BackendError(f"{what} computes in strict float32 only, not precision={precision!r}; hint: use "
-                           "backend='persistent', 'graph' or 'auto' for reduced precision, or backend='reference' "
-                           "for its emulation on the CPU")
+                           "backend='persistent', 'graph', 'scan' (a linear recurrence) or 'auto' for reduced "
+                           "precision, or backend='reference' for its emulation on the CPU")
 
 
 def check_float32_gpu_program(what: str, network: Network, params, dtype) -> None:

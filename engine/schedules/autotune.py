@@ -147,7 +147,7 @@ def _candidates(network: Network, batch: int, limits: DeviceLimits, precision: s
                 lengths: bool) -> list[Candidate]:
     program = compile_program(network.cell, layout="interleaved", precision=precision, lengths=lengths)
     found = [Candidate("fused")] if precision == "float32" else []
-    if precision == "float32" and not lengths and analyse_scan(network.cell).qualifies:   # a linear recurrence
+    if not lengths and analyse_scan(network.cell).qualifies:   # a linear recurrence, in any mode
         found.append(Candidate("scan"))
     why = eligibility(program)
     if why is not None:

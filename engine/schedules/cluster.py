@@ -241,4 +241,9 @@ def why_not(program, persistent: bool, mma: bool, half_bytes: int, layers: int) 
     if program.reductions:
         return (f"its reduction(s) over H ({', '.join(sorted(program.reductions))}) need every block of the layer; "
                 "hint: sync='grid'")
+    if not any(not g.hoisted for g in program.gemms):
+        # Nothing to keep on chip: no matmul reads a state (minGRU, IndRNN). The kernel's shared layout had no room
+        # for its exchange then, and wrote past it (compute-sanitizer, minGRU in bf16, 2026-11-27).
+        return ("no matmul reads a state, so there are no recurrent weights to hold in the cluster; hint: "
+                "sync='grid', or backend='scan' for a linear recurrence")
     return None

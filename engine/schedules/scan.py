@@ -16,6 +16,10 @@ RNN). Then, layer by layer:
 4. what the scanned states feed and nothing reads back (QRNN's h = o * c) is computed for the whole sequence at
    once, from the scanned sequences.
 
+In a precision mode (precision="tf32", "float16", "bfloat16", "float32x3") the matmuls of step 1 and 4 take their
+operands rounded to the mode and sum in fp32 (engine/schedules/scan_modes.py); the scan and the elementwise math stay
+float32, as every schedule's modes define it (engine/codegen/precision.py).
+
 The same steps run on NumPy (`run_arrays(..., xp=numpy)`, with a sequential loop as the scan): the CPU tests hold
 the executor to the reference there, and the GPU suite holds the CUDA scan to it. The scan reassociates the
 recurrence (chunk maps multiply the a's of a chunk first); against float64 its float32 error stays within
@@ -31,17 +35,26 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends.common import RunResult, check_float32_only, check_inputs
+from ..backends.common import RunResult, check_inputs, check_precision
 from ..codegen.cublas_enums import CUBLAS_COMPUTE_32F, CUDA_R_32F
 from ..codegen.nvrtc import load_module
 from ..dense import dense
 from ..errors import BackendError
 from ..ir import CellGraph
-from ..ops import apply_elementwise
 from ..passes.scan import ScanAnalysis, analyse_scan
 from . import scan_kernel
 from .cublaslt import LtProjection
-from .project import project
+from .project import LT_OPERANDS, round_activations
+from .scan_modes import Products, fixed_weight
+from .scan_values import (
+    contiguous,
+    evaluate,
+    full_array,
+    grouped_matmuls,
+    initial_state,
+    matmuls_by_operand,
+    stacked_weights,
+)
 
 KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "scan.cu"
 CHUNK = 64                 # steps per chunk: T / CHUNK maps per chain to carry, CHUNK dependent FMAs a thread
@@ -55,23 +68,6 @@ def analysis_or_refusal(cell: CellGraph) -> ScanAnalysis:
                            "backend='auto' (it picks the scan only for cells that qualify), or make each state's "
                            "update a[t] * s[t-1] + b[t] with a and b computed from the input (minGRU, minLSTM)")
     return found
-
-
-def evaluate(cell: CellGraph, names, env: dict, layer_params: dict, xp) -> None:
-    """Compute the op nodes `names` (in topological order) into env, every value on all rows at once."""
-    for name in names:
-        if name in env:
-            continue
-        node = cell[name]
-        if node.is_param:
-            env[name] = layer_params[name]
-        elif node.op == "const":
-            env[name] = node.attr("value")
-        elif node.op == "matmul":
-            weight, operand = env[node.args[0]], env[node.args[1]]
-            env[name] = operand @ weight.T
-        elif not node.is_leaf:
-            env[name] = apply_elementwise(node.op, [env[a] for a in node.args], node.attr_dict)
 
 
 def sequential_scan(a, b, initial, xp):
@@ -155,12 +151,15 @@ def _scan_plan(cell: CellGraph, dtype: str, fuse: bool, on_gpu: bool) -> ScanPla
 
 
 def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=None, poison: bool = False,
-               fuse: bool | None = None, plan: ScanPlan | None = None) -> RunResult:
+               fuse: bool | None = None, plan: ScanPlan | None = None, precision: str = "float32",
+               products: Products | None = None) -> RunResult:
     """The scan schedule on arrays of module xp (NumPy or CuPy). scan(a, b, initial, xp): the recurrence (default:
     step by step on NumPy, kernels/scan.cu on CuPy, whose output starts as NaN with poison=True). fuse: the
     state-free elementwise math as one generated kernel (engine/schedules/scan_kernel.py; default on CuPy) or op by
-    op through the ops' NumPy meanings. plan: scan_plan(...) made before (a ScanProgram's)."""
+    op through the ops' NumPy meanings. plan: scan_plan(...) made before (a ScanProgram's). precision: the mode of
+    the matmuls (engine/schedules/scan_modes.py; products: a Products of it made before, a program's)."""
     cell = network.cell
+    products = products if products is not None else Products(precision, xp)
     if plan is None:
         fuse = xp is not np if fuse is None else fuse
         plan = scan_plan(cell, dtype, fuse, on_gpu=xp is not np and scan is None)
@@ -175,7 +174,7 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
         layer_params = (params[layer] if isinstance(params, list) else     # a ScanProgram's, uploaded once
                         {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()})
         env = {n.name: layer_in.reshape(rows, -1) for n in cell.nodes if n.op == "input"}
-        blocks = grouped_matmuls(cell, found.free, env, layer_params, xp, plan.groups)
+        blocks = grouped_matmuls(cell, found.free, env, layer_params, xp, plan.groups, products)
         coefficients = {}
         if inline:                  # a and b formed inside the scan (scan_kernel.fused_scan_source)
             (state,) = found.scanned
@@ -195,7 +194,7 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
             coefficients = dict(zip(kernel.outputs, outs))
             env.update((o, v) for o, v in coefficients.items() if ":" not in o)
         else:
-            evaluate(cell, [n for n in cell.topo_order if n in found.free], env, layer_params, xp)
+            evaluate(cell, [n for n in cell.topo_order if n in found.free], env, layer_params, xp, products)
         sequences = {}
         for state, affine in found.scanned.items():
             size = network.state_size(state)
@@ -210,7 +209,7 @@ def run_arrays(network, params, x, initial_states: dict | None, dtype, xp, scan=
             if any(state in cell[n].args for n in post):          # read after the scan: its value at t - 1
                 env[state] = xp.concatenate([initial[None], sequence[:-1]]).reshape(rows, size)
             env[nexts[state]] = sequence.reshape(rows, size)
-        evaluate(cell, post, env, layer_params, xp)
+        evaluate(cell, post, env, layer_params, xp, products)
         for state in found.after:
             size = network.state_size(state)
             sequences[state] = full_array(env[nexts[state]], (rows, size), dtype, xp).reshape(T, B, size)
@@ -338,113 +337,13 @@ def after_the_scan(cell: CellGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return post, wanted
 
 
-def grouped_matmuls(cell: CellGraph, free, env: dict, layer_params: dict, xp, groups=None) -> dict:
-    """The state-free matmuls, one GEMM per operand: the weights that multiply the same value stacked, its
-    result's column blocks (strided views) the matmuls' values. minGRU's W_z x and W_h x are one GEMM.
-    Returns {matmul: (the GEMM's whole output, its column offset)}."""
-    blocks = {}
-    for operand, names in groups if groups is not None else matmuls_by_operand(cell, frozenset(free)):
-        if operand not in env:
-            evaluate(cell, [n for n in cell.topo_order if n in free and n != operand and n in _upstream(cell, operand)]
-                     + [operand], env, layer_params, xp)
-        weights = [layer_params[cell[n].args[0]] for n in names]
-        stacked = stacked_weights(layer_params, [cell[n].args[0] for n in names], xp)
-        if xp is np or stacked.dtype != np.float32:
-            product = env[operand] @ stacked.T
-        else:                   # through cublasLt (engine/schedules/cublaslt.py: faster than cupy.matmul here)
-            product = xp.empty((env[operand].shape[0], stacked.shape[0]), dtype=stacked.dtype)
-            project(xp, xp.ascontiguousarray(env[operand]), stacked, None, product, "float32")
-        offset = 0
-        for name, weight in zip(names, weights):
-            env[name] = product[:, offset:offset + weight.shape[0]]
-            blocks[name] = (product, offset)
-            offset += weight.shape[0]
-    return blocks
-
-
-def stacked_weights(layer_params: dict, names: list[str], xp):
-    """The weights `names` stacked by rows, for one GEMM; kept with the parameters under "W_a+W_b" (a program's
-    are uploaded once, so they are stacked once)."""
-    if len(names) == 1:
-        return layer_params[names[0]]
-    key = "+".join(names)
-    if key not in layer_params:
-        layer_params[key] = stack_rows([layer_params[w] for w in names], xp)
-    return layer_params[key]
-
-
-def stack_rows(arrays: list, xp):
-    """xp.concatenate(arrays) (by rows); on the GPU, for C-contiguous arrays of one dtype, one device-to-device copy
-    an array into a new buffer: cupy.concatenate spent 41 us of host time stacking minGRU's two (512, 512) weights
-    on an H200, in front of a training step's first GEMM, against ~15."""
-    first = arrays[0]
-    if xp is np or any(a.dtype != first.dtype or a.shape[1:] != first.shape[1:] or not a.flags.c_contiguous
-                       for a in arrays):
-        return xp.concatenate(arrays)
-    out = xp.empty((sum(a.shape[0] for a in arrays), *first.shape[1:]), dtype=first.dtype)
-    stream, offset = xp.cuda.get_current_stream().ptr, 0
-    for a in arrays:
-        xp.cuda.runtime.memcpyAsync(out.data.ptr + offset, a.data.ptr, a.nbytes,
-                                    xp.cuda.runtime.memcpyDeviceToDevice, stream)
-        offset += a.nbytes
-    return out
-
-
-def contiguous(value, dtype, xp):
-    """value as a C-contiguous array of xp in dtype, not copied where it is one already (as_dtype)."""
-    array = as_dtype(value, dtype, xp)
-    return array if array.flags.c_contiguous else xp.ascontiguousarray(array)
-
-
-def as_dtype(value, dtype, xp):
-    """xp.asarray(value, dtype): the array itself where it is already one of xp's in that dtype (cupy.asarray took
-    ~20 us of host time a parameter on an H200 even then, and a training step's walk converts every parameter)."""
-    if isinstance(value, xp.ndarray) and value.dtype == dtype:
-        return value
-    return xp.asarray(value, dtype=dtype)
-
-
-@functools.lru_cache(maxsize=64)
-def matmuls_by_operand(cell: CellGraph, free: frozenset) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """The state-free matmuls grouped by the value they multiply, in the order the cell computes them."""
-    by_operand: dict[str, list[str]] = {}
-    for name in cell.topo_order:
-        if name in free and cell[name].op == "matmul":
-            by_operand.setdefault(cell[name].args[1], []).append(name)
-    return tuple((operand, tuple(names)) for operand, names in by_operand.items())
-
-
-def _upstream(cell: CellGraph, name: str) -> set[str]:
-    found, stack = set(), [name]
-    while stack:
-        n = stack.pop()
-        if n not in found:
-            found.add(n)
-            stack.extend(cell[n].args)
-    return found
-
-
-def initial_state(initial_states, state, layer, shape, dtype, xp):
-    if initial_states is not None and state in initial_states:
-        return xp.ascontiguousarray(xp.asarray(initial_states[state], dtype=dtype)[layer])
-    return xp.zeros(shape, dtype=dtype)
-
-
-def full_array(value, shape, dtype, xp):
-    """`value` (a number, a (rows, n) or (n,) array) as a contiguous array of `shape` (steps, batch, n) or (rows, n)."""
-    array = xp.asarray(value, dtype=dtype)
-    if array.ndim == 2 and len(shape) == 3:
-        array = array.reshape(shape)
-    return xp.ascontiguousarray(xp.broadcast_to(array, shape))
-
-
 class ScanProgram:
     """The scan schedule for one network and its parameters, uploaded once (what the autotuner times and
     engine.run(backend="auto") runs when it picks the scan)."""
 
     def __init__(self, network, params, dtype=np.float32, precision: str = "float32"):
         import cupy  # deferred: CuPy is optional (no GPU in CI)
-        check_float32_only("schedule 'scan'", precision)
+        precision = check_mode(precision, dtype)
         if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise BackendError(f"schedule 'scan' runs in float32 or float64, not {np.dtype(dtype).name}; hint: "
                                "dtype=np.float32")
@@ -454,8 +353,9 @@ class ScanProgram:
         self.params = [{k: cupy.asarray(v, dtype=self.dtype) for k, v in params[layer].items()}
                        for layer in range(network.num_layers)]
         self.plan = scan_plan(network.cell, self.dtype, True, on_gpu=True)     # worked out once
+        self.precision, self.products = precision, Products(precision, cupy)
         cuda_scan(self.dtype)                                  # compiled (or loaded) now, not in the first run
-        self.walk = WalkCall(self) if WalkCall.fits(network.cell, self.plan, self.dtype) else None
+        self.walk = WalkCall(self) if WalkCall.fits(network.cell, self.plan, self.dtype, precision) else None
 
     def run(self, x, initial_states=None, poison: bool = False) -> RunResult:
         """x: (T, B, I), NumPy or CuPy: CuPy arrays come back when x is CuPy, NumPy otherwise (as the wavefront
@@ -467,19 +367,22 @@ class ScanProgram:
             result = self.walk(cupy.ascontiguousarray(x, dtype=self.dtype), initial_states, poison)
         else:
             result = run_arrays(self.network, self.params, x, initial_states, self.dtype, cupy, poison=poison,
-                                plan=self.plan)
+                                plan=self.plan, products=self.products)
         if on_host:
             result.outputs = cupy.asnumpy(result.outputs)
             result.final_states = {k: cupy.asnumpy(v) for k, v in result.final_states.items()}
         return result
 
 
-def walk_fits(cell: CellGraph, plan: ScanPlan) -> bool:
+def walk_fits(cell: CellGraph, plan: ScanPlan, precision: str = "float32") -> bool:
     """One scanned state whose coefficients the scan forms itself (plan.inline), from one GEMM of the layer input
-    and from parameters: what WalkCall and the gradients' walks (scan_grad.walk_gradients) take."""
+    and from parameters: what WalkCall and the gradients' walks (scan_grad.walk_gradients) take. In a reduced mode
+    the GEMM multiplies no reduction's fixed matrix (which no mode rounds: run_arrays splits it off)."""
     if not plan.inline or len(plan.groups) != 1:
         return False
     ((operand, names),) = plan.groups
+    if precision != "float32" and any(fixed_weight(cell, cell[n].args[0]) for n in names):
+        return False
     return cell[operand].op == "input" and all(n in names or cell[n].is_param for n in plan.kernel.inputs)
 
 
@@ -489,13 +392,13 @@ def group_offsets(cell: CellGraph, names, layer_params: dict) -> list[int]:
     return [int(v) for v in np.cumsum([0] + sizes[:-1])]
 
 
-def walk_plan(network, x, dtype, xp) -> ScanPlan | None:
+def walk_plan(network, x, dtype, xp, precision: str = "float32") -> ScanPlan | None:
     """The scan's plan where a run of `network` (in its dense form) on x walks on the GPU, from its forward to its
     gradients (walk_fits and walks), else None."""
     if not analyse_scan(network.cell).qualifies:
         return None
     plan = scan_plan(network.cell, dtype, True, on_gpu=True)
-    walking = walk_fits(network.cell, plan) and walks(x.shape[1] * network.state_size(network.cell.output),
+    walking = walk_fits(network.cell, plan, precision) and walks(x.shape[1] * network.state_size(network.cell.output),
                                                       x.shape[0], xp)
     return plan if walking else None
 
@@ -523,11 +426,12 @@ class WalkCall:
     kept GEMM output makes a program's runs one stream's work, as a wavefront schedule's build buffers do."""
 
     @staticmethod
-    def fits(cell: CellGraph, plan: ScanPlan, dtype) -> bool:
-        return np.dtype(dtype) == np.dtype(np.float32) and walk_fits(cell, plan)
+    def fits(cell: CellGraph, plan: ScanPlan, dtype, precision: str = "float32") -> bool:
+        return np.dtype(dtype) == np.dtype(np.float32) and walk_fits(cell, plan, precision)
 
     def __init__(self, program: ScanProgram):
         network, cupy, plan = program.network, program.cupy, program.plan
+        self.precision, self.products = program.precision, program.products
         (state,) = plan.found.scanned
         self.cupy, self.state, self.n = cupy, state, network.state_size(state)
         self.layers = []                   # per layer: (stacked weight, kernel inputs: a column offset or a vector)
@@ -535,7 +439,7 @@ class WalkCall:
             weight, layouts, inputs = walk_inputs(network.cell, plan, layer_params, self.n, cupy)
             self.layers.append((weight, inputs, inline_functions(plan, network.cell, layouts, np.float32)[3]))
         self.lt = LtProjection.on_current_device(cupy)
-        self.rows, self.products = 0, []   # per layer (its GEMM's output, its bound product), for one T x B (_bind)
+        self.rows, self.bound = 0, []      # per layer (its GEMM's output, its bound product), for one T x B (_bind)
         self.zeros: dict = {}              # batch size -> the zero initial states
 
     def __call__(self, x, initial_states: dict | None, poison: bool) -> RunResult:
@@ -546,11 +450,15 @@ class WalkCall:
         stream = cupy.cuda.get_current_stream().ptr
         source = x
         for layer, (weight, inputs, walk) in enumerate(self.layers):
-            product, gemm = self.products[layer]
+            product, gemm = self.bound[layer]
             if gemm is not None:           # issued first: the host's work below runs while the GPU multiplies
-                gemm(source.data.ptr, stream)
-            else:                          # cublasLt offers no algorithm for this shape
+                operand = source if self.precision == "float32" else \
+                    round_activations(cupy, source.reshape(T * B, -1), self.precision)
+                gemm(operand.data.ptr, stream)
+            elif self.precision == "float32":          # cublasLt offers no algorithm for this shape
                 cupy.matmul(source.reshape(T * B, -1), weight.T, out=product)
+            else:                          # float32x3's three products, or no cublasLt algorithm for the mode
+                self.products.project(source.reshape(T * B, -1), weight, out=product)
             if layer == 0:
                 finals = cupy.empty((len(self.layers), B, n), dtype=cupy.float32)
                 given = (initial_states or {}).get(self.state)
@@ -566,12 +474,18 @@ class WalkCall:
     def _bind(self, rows: int) -> None:
         """The GEMM outputs for rows = T x B (one a width, shared by the layers of that width) and each layer's
         product bound to its weight and output."""
-        self.rows, by_width, self.products = rows, {}, []
+        self.rows, by_width, self.bound = rows, {}, []
         for weight, _, _ in self.layers:
             if weight.shape[0] not in by_width:
                 by_width[weight.shape[0]] = self.cupy.empty((rows, weight.shape[0]), dtype=self.cupy.float32)
             product = by_width[weight.shape[0]]
-            self.products.append((product, self.lt.bind(weight, product, CUDA_R_32F, CUBLAS_COMPUTE_32F)))
+            if self.precision == "float32x3":          # three products through cuBLAS (project.py), not one
+                gemm = None
+            elif self.precision == "float32":
+                gemm = self.lt.bind(weight, product, CUDA_R_32F, CUBLAS_COMPUTE_32F)
+            else:                          # the weight in the mode's storage; the operand rounded at each call
+                gemm = self.lt.bind(self.products.weight(weight), product, *LT_OPERANDS[self.precision])
+            self.bound.append((product, gemm))
 
 
 def prepare(network, params, dtype=np.float32, precision: str = "float32") -> ScanProgram:
@@ -580,5 +494,17 @@ def prepare(network, params, dtype=np.float32, precision: str = "float32") -> Sc
 
 def run(network, params, x, initial_states=None, dtype=np.float32, precision: str = "float32") -> RunResult:
     """backend='scan' on the GPU: CuPy arrays in, CuPy out; NumPy arrays are copied over and come back as NumPy.
-    float32 (strict) or float64."""
+    float32 (strict) or float64; in float32, precision "tf32", "float16", "bfloat16" or "float32x3" takes the
+    matmuls in that mode (engine/schedules/scan_modes.py)."""
     return prepare(network, params, dtype, precision).run(x, initial_states)
+
+
+def check_mode(precision, dtype, xp=None) -> str:
+    """The precision's canonical name; a reduced mode needs float32 on the GPU (its products are summed in fp32;
+    NumPy, xp=np, emulates it in float64 too, as the reference backend does)."""
+    name = check_precision(precision)
+    if name != "float32" and np.dtype(dtype) != np.dtype(np.float32) and xp is not np:
+        raise BackendError(f"schedule 'scan' takes precision={name!r} in float32 only, not "
+                           f"{np.dtype(dtype).name}; hint: dtype=np.float32 (a mode rounds the matmuls' operands and "
+                           "sums in fp32), or precision='float32' for float64")
+    return name

@@ -21,32 +21,37 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff.gradients import Gradients
+from ..backends.common import check_training_precision
 from ..dense import compact_gradients, dense
 from ..errors import BackendError
 from ..ops import OPS, apply_backward
+from ..rounding import round_like
 from . import scan_kernel
-from .project import project
 from .scan import (
     after_the_scan,
     analysis_or_refusal,
-    as_dtype,
-    contiguous,
+    check_mode,
     cuda_scan,
-    evaluate,
-    full_array,
     group_offsets,
-    grouped_matmuls,
-    initial_state,
     kernel_inputs,
-    matmuls_by_operand,
     module_of,
     sequential_scan,
-    stacked_weights,
     walk_inputs,
     walk_launch,
     walk_plan,
 )
 from .scan_backward_kernel import BACK, backward_source, walk_back_source
+from .scan_modes import Products, fixed_weight
+from .scan_values import (
+    as_dtype,
+    contiguous,
+    evaluate,
+    full_array,
+    grouped_matmuls,
+    initial_state,
+    matmuls_by_operand,
+    stacked_weights,
+)
 
 
 def _reduce_to(term, shape, xp):
@@ -63,14 +68,16 @@ def _reduce_to(term, shape, xp):
 
 def scan_gradients(network, params, x, initial_states: dict | None = None, d_outputs=None,
                    d_final_states: dict | None = None, dtype=np.float64, xp=np, scan=None,
-                   input_gradient: bool = True) -> Gradients:
+                   input_gradient: bool = True, precision: str = "float32") -> Gradients:
     """engine.bptt's result for a cell that runs as a scan, computed as scans (see the module docstring). A cell of
     heads or reductions runs in its dense form (engine/dense.py); its gradients come back in the cell's own shapes.
-    input_gradient=False: gradients.x is None (the walks leave its GEMM out)."""
+    input_gradient=False: gradients.x is None (the walks leave its GEMM out). precision: "tf32", "float16" or
+    "bfloat16" rounds both operands of every matmul of both passes (engine/schedules/scan_modes.py), float32 only."""
+    precision = check_mode(check_training_precision("the scan's gradients", precision), dtype, xp)
     source = network
     network, params = dense(network, params)
     grads = _scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, scan,
-                            input_gradient)
+                            input_gradient, Products(precision, xp))
     grads.params = compact_gradients(source, grads.params)
     if not input_gradient:
         grads.x = None
@@ -78,15 +85,15 @@ def scan_gradients(network, params, x, initial_states: dict | None = None, d_out
 
 
 def _scan_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, scan,
-                    input_gradient: bool = True) -> Gradients:
+                    input_gradient: bool, products: Products) -> Gradients:
     cell = network.cell
     found = analysis_or_refusal(cell)
-    plan = walk_plan(network, x, dtype, xp) if scan is None and xp is not np else None
+    plan = walk_plan(network, x, dtype, xp, products.precision) if scan is None and xp is not np else None
     if plan is not None:
         return walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan,
-                              input_gradient)
+                              input_gradient, products)
     if scan is None and xp is not np and fast_path_fits(cell):
-        return fast_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp)
+        return fast_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, products)
     if scan is None:
         scan = sequential_scan if xp is np else cuda_scan(dtype)
     T, B, _ = x.shape
@@ -99,7 +106,7 @@ def _scan_gradients(network, params, x, initial_states, d_outputs, d_final_state
     for layer in range(network.num_layers):                    # forward, keeping the sequence's values
         lp = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
         env = {n.name: layer_in.reshape(rows, -1) for n in cell.nodes if n.op == "input"}
-        evaluate(cell, free, env, lp, xp)
+        evaluate(cell, free, env, lp, xp, products)
         tape = {"env": env, "params": lp, "input": layer_in, "scanned": {}}
         for state, affine in found.scanned.items():
             n = network.state_size(state)
@@ -111,7 +118,7 @@ def _scan_gradients(network, params, x, initial_states, d_outputs, d_final_state
             tape["scanned"][state] = (a, previous)
             env[state] = previous.reshape(rows, n)
             env[nexts[state]] = sequence.reshape(rows, n)
-        evaluate(cell, post, env, lp, xp)
+        evaluate(cell, post, env, lp, xp, products)
         tapes.append(tape)
         layer_in = env[nexts[cell.output]].reshape(T, B, -1)
     outputs = layer_in
@@ -133,7 +140,7 @@ def _scan_gradients(network, params, x, initial_states, d_outputs, d_final_state
                 last[-1] = xp.asarray(given, dtype=dtype)[layer]
                 add(nexts[state], last.reshape(rows, -1))
         for name in reversed(post):                              # the values computed after the scan
-            _backward_node(cell, name, adj.pop(name, None), env, add)
+            _backward_node(cell, name, adj.pop(name, None), env, add, products)
         for state, (a, previous) in tape["scanned"].items():
             n = network.state_size(state)
             direct = full_array(adj.pop(nexts[state], 0.0), (T, B, n), dtype, xp).copy()     # added to below
@@ -159,7 +166,7 @@ def _scan_gradients(network, params, x, initial_states, d_outputs, d_final_state
             node = cell[name]
             if node.is_leaf:
                 continue
-            _backward_node(cell, name, adj.pop(name, None), env, add)
+            _backward_node(cell, name, adj.pop(name, None), env, add, products)
         param_grads[layer] = {p.name: _reduce_to(adj[p.name], lp[p.name].shape, xp) if p.name in adj
                               else xp.zeros_like(lp[p.name]) for p in cell.params}
         inputs = [n.name for n in cell.nodes if n.op == "input"]
@@ -177,17 +184,26 @@ def _accumulator(adj: dict):
     return add
 
 
-def _backward_node(cell, name: str, dy, env: dict, add) -> None:
-    """Push the adjoint dy of op node `name` to its arguments through the op's gradient rules (engine/ops.py)."""
+def _backward_node(cell, name: str, dy, env: dict, add, products: Products | None = None) -> None:
+    """Push the adjoint dy of op node `name` to its arguments through the op's gradient rules (engine/ops.py); a
+    matmul's operands rounded to products' mode first (engine/autodiff/step.py does the same step by step)."""
     if dy is None:
         return
     node = cell[name]
     spec = OPS[node.op]
     frame = {"dy": dy, "y": env[name], **{port: env.get(arg) for port, arg in zip(spec.ports, node.args)}}
+    rounds = (products is not None and not products.strict and node.op == "matmul"
+              and not fixed_weight(cell, node.args[0]))
     for arg, rule in zip(node.args, spec.vjp):
         if cell[arg].op == "const":
             continue
-        term = dy if rule.passes_through else apply_backward(rule.op, [frame[a] for a in rule.args], node.attr_dict)
+        if rule.passes_through:
+            term = dy
+        else:
+            operands = [frame[a] for a in rule.args]
+            if rounds:
+                operands = [round_like(o, products.precision) for o in operands]
+            term = apply_backward(rule.op, operands, node.attr_dict)
         add(arg, term)
 
 
@@ -204,7 +220,8 @@ def fast_path_fits(cell) -> bool:
     return all(cell[n].args[1] in inputs for n in found.free if cell[n].op == "matmul")
 
 
-def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp) -> Gradients:
+def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp,
+                   mode: Products | None = None) -> Gradients:
     cell = network.cell
     found = analysis_or_refusal(cell)
     (state,) = found.scanned
@@ -218,7 +235,7 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
     for layer in range(network.num_layers):
         lp = {k: xp.asarray(v, dtype=dtype) for k, v in params[layer].items()}
         env = {node.name: layer_in.reshape(rows, -1) for node in cell.nodes if node.op == "input"}
-        blocks = grouped_matmuls(cell, found.free, env, lp, xp)
+        blocks = grouped_matmuls(cell, found.free, env, lp, xp, products=mode)
         a, b = xp.empty((rows, n), dtype=dtype), xp.empty((rows, n), dtype=dtype)
         scan_kernel.compiled(spec)(*[env[i] if i in env else lp[i] for i in spec.inputs], a, b)
         a, b = a.reshape(T, B, n), b.reshape(T, B, n)
@@ -269,13 +286,23 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
             if gradient is None:
                 continue
             weights = [cell[m].args[0] for m in names]
-            stacked = stacked_weights(lp, weights, xp)            # the forward's GEMM stacked them
-            d_in += gradient @ stacked
-            d_stacked = gradient.T @ env[operand]
-            offset = 0
-            for w in weights:
-                grads[w] += d_stacked[offset:offset + lp[w].shape[0]]
-                offset += lp[w].shape[0]
+            fixed = [fixed_weight(cell, w) for w in weights]
+            mode = mode if mode is not None else Products("float32", xp)
+            if mode.strict or not any(fixed):
+                stacked = stacked_weights(lp, weights, xp)            # the forward's GEMM stacked them
+                d_in += mode.matmul(gradient, stacked)
+                d_stacked = mode.matmul(gradient.T, env[operand])
+                offset = 0
+                for w in weights:
+                    grads[w] += d_stacked[offset:offset + lp[w].shape[0]]
+                    offset += lp[w].shape[0]
+            else:                  # a reduction's fixed matrix beside mode weights: each its own products
+                offset = 0
+                for w, is_fixed in zip(weights, fixed):
+                    part = gradient[:, offset:offset + lp[w].shape[0]]
+                    d_in += mode.matmul(part, lp[w], exact=is_fixed)
+                    grads[w] += mode.matmul(part.T, env[operand], exact=is_fixed)
+                    offset += lp[w].shape[0]
         param_grads[layer] = grads
         d_out = d_in.reshape(T, B, -1)
     return Gradients(params=param_grads, x=d_out, initial_states={state: xp.stack(d_initial)},
@@ -285,22 +312,26 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
 # ---- the walks: the forward and the adjoint each one kernel a layer, beside the three GEMMs ----------------------
 
 def walk_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp, plan,
-                   input_gradient: bool = True) -> Gradients:
+                   input_gradient: bool = True, products: Products | None = None) -> Gradients:
     """fast_gradients's result where the run walks (`plan` from scan.walk_plan): WalkTape's forward, then its
     backward."""
-    return WalkTape(network, params, x, initial_states, dtype, xp, plan).backward(d_outputs, d_final_states,
-                                                                                  input_gradient)
+    return WalkTape(network, params, x, initial_states, dtype, xp, plan, products=products).backward(
+        d_outputs, d_final_states, input_gradient)
 
 
-def walk_record(network, params, x, initial_states: dict | None = None, dtype=np.float32, xp=None):
+def walk_record(network, params, x, initial_states: dict | None = None, dtype=np.float32, xp=None,
+                precision: str = "float32"):
     """A WalkTape of the run where the network's cell walks on the GPU (its recurrence linear, its scan forming its
     coefficients from one GEMM of the layer input and parameters, the chains or the sequence short enough:
     scan.walk_plan), else None: how CellRNN and engine.train train such a cell as a scan. A cell of heads or
-    reductions runs in its dense form, its gradients given back in the cell's own shapes."""
+    reductions runs in its dense form, its gradients given back in the cell's own shapes. precision: the mode of
+    both passes' GEMMs ("float32", "tf32", "float16", "bfloat16"; float32 arrays)."""
+    precision = check_mode(check_training_precision("the scan's walks", precision), dtype, xp)
     source = network
     network, params = dense(network, params)
-    plan = walk_plan(network, x, dtype, xp)
-    return None if plan is None else WalkTape(network, params, x, initial_states, dtype, xp, plan, source=source)
+    plan = walk_plan(network, x, dtype, xp, precision)
+    return None if plan is None else WalkTape(network, params, x, initial_states, dtype, xp, plan, source=source,
+                                              products=Products(precision, xp))
 
 
 class WalkTape:
@@ -313,8 +344,10 @@ class WalkTape:
     states; at minGRU T = 4096, B = 8, H = 512 the fast path's forward also wrote a, b and a shifted copy of the
     states, and its backward ran a three-pass reverse scan and summed (rows, n) arrays for the biases."""
 
-    def __init__(self, network, params, x, initial_states, dtype, xp, plan, source=None):
+    def __init__(self, network, params, x, initial_states, dtype, xp, plan, source=None,
+                 products: Products | None = None):
         cell = network.cell
+        self.products = products = products if products is not None else Products("float32", xp)
         (state,) = plan.found.scanned
         n, L = network.state_size(state), network.num_layers
         T, B, _ = x.shape
@@ -327,7 +360,7 @@ class WalkTape:
             weight = stacked_weights(lp, [cell[m].args[0] for m in names], xp)     # kept in lp for walk_inputs
             product = xp.empty((rows, weight.shape[0]), dtype=dtype)
             if np.dtype(dtype) == np.dtype(np.float32):     # issued first: the GPU multiplies while the host goes on
-                project(xp, layer_in.reshape(rows, -1), weight, None, product, "float32")
+                products.project(layer_in.reshape(rows, -1), weight, out=product)
             else:
                 xp.matmul(layer_in.reshape(rows, -1), weight.T, out=product)
             if layer == 0:
@@ -380,12 +413,12 @@ class WalkTape:
                 summed = batch_sums(q_vec[:len(vectors)], B, n, xp)
             for m, name in enumerate(vectors):
                 add(name, summed[m] if lp[name].shape == (n,) else _reduce_to(summed[m], lp[name].shape, xp))
-            d_weight = q.T @ layer_input.reshape(rows, -1)
+            d_weight = self.products.matmul(q.T, layer_input.reshape(rows, -1))
             for w, offset in zip([cell[m].args[0] for m in names], group_offsets(cell, names, lp)):
                 add(w, d_weight[offset:offset + lp[w].shape[0]])
             param_grads[layer] = {p.name: found[p.name] if p.name in found else xp.zeros_like(lp[p.name])
                                   for p in cell.params}
-            d_out = (q @ weight).reshape(T, B, -1) if layer or input_gradient else None
+            d_out = self.products.matmul(q, weight).reshape(T, B, -1) if layer or input_gradient else None
         self.layers = None
         if self.source is not None:
             param_grads = compact_gradients(self.source, param_grads)

@@ -109,9 +109,10 @@ def check_settings(task: Task, steps, batch, seq_len, lr, clip, seed, eval_every
 
 def forward_tape(network: Network, params, x, dtype, backend: str, precision: str):
     """The forward pass of a training step, keeping what its backward reads: the scan's walks for a cell that walks
-    on the GPU in float32 (scan_grad.walk_record: a linear recurrence, minGRU), else engine.autodiff's record."""
-    if backend == "fused" and precision == "float32" and np.dtype(dtype) == np.dtype(np.float32):
-        tape = walk_record(network, params, x, dtype=dtype, xp=array_module_of(x))
+    on the GPU in float32, its GEMMs in the precision mode (scan_grad.walk_record: a linear recurrence, minGRU),
+    else engine.autodiff's record."""
+    if backend == "fused" and np.dtype(dtype) == np.dtype(np.float32):
+        tape = walk_record(network, params, x, dtype=dtype, xp=array_module_of(x), precision=precision)
         if tape is not None:
             return tape
     return record(network, params, x, dtype=dtype, backend=backend, precision=precision)

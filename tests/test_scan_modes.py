@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_heads_reductions import case as heads_case
 from test_heads_reductions import ln_mingru
 from test_scan import CASES
 
@@ -22,13 +23,8 @@ MODES = ("tf32", "float16", "bfloat16", "float32x3")
 TRAINING_MODES = MODES[:3]
 
 
-def case(graph, I=6, H=8, L=2, T=19, B=3, seed=0):
-    network = engine.Network(graph, I, H, L)
-    params = engine.init_params(network, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    x = rng.standard_normal((T, B, I))
-    states = {s: rng.uniform(-0.8, 0.8, (L, B, H)) for s in graph.state_names}
-    return network, params, x, states, rng.standard_normal((T, B, H))
+def case(graph):
+    return heads_case(graph, T=19)
 
 
 def relative(got, want) -> float:

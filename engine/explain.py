@@ -355,7 +355,11 @@ def plan_to_text(plan: Plan, sources: bool = True, schedules: dict | None = None
                        f"matrices ({w['heads']}x the FLOPs of their blocks); the persistent schedule reads only a "
                        "block's own head where its units lie in one (warp GEMV, or fp16/bf16 tensor cores)")
     out += ["", "linear recurrence (schedule 'scan', engine/passes/scan.py):"]
-    out += ["  " + line for line in analyse_scan(cell).describe().splitlines()]
+    found_scan = analyse_scan(cell)
+    out += ["  " + line for line in found_scan.describe().splitlines()]
+    if found_scan.qualifies:
+        out.append("  precision modes: the scan's matmuls take any (tf32, float16, bfloat16 on tensor cores, float32x3 "
+                   "forward only; engine/schedules/scan_modes.py); the scan itself runs in fp32")
     backward = backward_to_json(cell)
     out += ["", "backward step (training: engine.autodiff; the gradients of bptt, CellRNN and engine.train):"]
     out += ["  " + line for line in (backward.get("text") or backward["error"]).rstrip("\n").splitlines()]

@@ -133,6 +133,8 @@ def test_explain_says_whether_and_why():
     assert data["qualifies"] and data["states"] == {"c": {"a": "f", "b": "c_next_mul"}} and data["after"] == ["h"]
     text = engine.explain_text("lstm", 3, 4, 1, 5, 2, sources=False)
     assert "scan: no: node 'W_hi_h' multiplies state 'h' by the matrix 'W_hi'" in text
+    assert "precision modes: the scan's matmuls" not in text
+    assert "precision modes: the scan's matmuls take any" in engine.explain_text("mingru", 3, 4, 1, 5, 2, sources=False)
 
 
 def test_backend_scan_needs_a_gpu_and_says_so(monkeypatch):

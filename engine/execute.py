@@ -58,13 +58,13 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     the node that made the first NaN or Inf, with its layer and step (replayed on the NumPy reference).
     """
     check_network(network)
+    precision = check_precision(precision)        # the arguments first, then whether this machine can run them
     name, reason = backends.select(backend)
     check_params(network, params)
     if not isinstance(check_finite, bool):
         raise BackendError(f"argument 'check_finite' must be True or False, got {shown(check_finite)}; hint: "
                            "check_finite=True looks for NaN and Inf in the inputs first")
     dtype = float_dtype(dtype)
-    precision = check_precision(precision)
     allow_tensor_core_fp32 = autotune.check_tensor_core_fp32(allow_tensor_core_fp32, precision)
     if allow_tensor_core_fp32 and backend != "auto":
         raise BackendError(f"allow_tensor_core_fp32=True lets backend='auto' choose float32x3; backend={backend!r} "

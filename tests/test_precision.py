@@ -97,6 +97,9 @@ def test_reference_refuses_an_unknown_precision_by_name():
         reference.run(network, params, x, precision="float8")
     with pytest.raises(BackendError, match="'precision'"):
         engine.run(network, params, x, backend="reference", precision="half")
+    for backend in ("scan", "persistent", "auto"):      # named before the GPU is looked for (CI has none)
+        with pytest.raises(BackendError, match="'precision' is 'int8'"):
+            engine.run(network, params, x, backend=backend, precision="int8")
 
 
 @pytest.mark.parametrize("precision", ["tf32", "float16", "bfloat16"])

@@ -409,8 +409,6 @@ def _runoff(cupy, entrants: list, network, params, precision, x, options, repeat
     except (BackendError, CompileError, cupy.cuda.memory.OutOfMemoryError) as e:
         log.info("autotune: runoff skipped (%s); the first pass's pick stands", str(e).splitlines()[0])
         return None, {}
-    finally:
-        programs = None
     ms_of = {c.label(): ms for c, ms in zip(entrants, medians)}
     for t in timings:
         if t["candidate"] in ms_of:

@@ -223,6 +223,7 @@ def fast_path_fits(cell) -> bool:
 def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states, dtype, xp,
                    mode: Products | None = None) -> Gradients:
     cell = network.cell
+    mode = mode if mode is not None else Products("float32", xp)
     found = analysis_or_refusal(cell)
     (state,) = found.scanned
     n = network.state_size(state)
@@ -287,7 +288,6 @@ def fast_gradients(network, params, x, initial_states, d_outputs, d_final_states
                 continue
             weights = [cell[m].args[0] for m in names]
             fixed = [fixed_weight(cell, w) for w in weights]
-            mode = mode if mode is not None else Products("float32", xp)
             if mode.strict or not any(fixed):
                 stacked = stacked_weights(lp, weights, xp)            # the forward's GEMM stacked them
                 d_in += mode.matmul(gradient, stacked)

@@ -21,7 +21,7 @@ from .backends.lengths import RUN_BACKENDS, check_lengths, only_on
 from .errors import BackendError
 from .network import Network, check_network
 from .params import Params, check_params
-from .schedules import autotune
+from .schedules import autotune, fused_modes
 
 log = logging.getLogger("engine")
 
@@ -40,7 +40,8 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     precision: "float32" (strict, the default), "tf32", "float16" or "bfloat16" (engine.codegen.precision:
     matmul operands rounded to that format, fp32 accumulation, cell math and states), or "float32x3" (3xTF32:
     each operand split into two TF32 parts, three tensor-core products, fp32-level error). The schedules run
-    every mode on the GPU; the reference emulates it on the CPU; naive and fused are float32 only.
+    every mode on the GPU; the reference emulates it on the CPU; fused runs tf32, float16 and bfloat16 (its GEMMs
+    on cuBLAS's tensor cores, engine/schedules/fused_modes.py); naive is float32 only.
 
     allow_tensor_core_fp32=True (backend='auto', precision='float32' only): the autotuner may pick a schedule in
     float32x3 when it is faster and within the float32 tolerance; result.info["precision"] names the mode that
@@ -59,6 +60,8 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     """
     check_network(network)
     precision = check_precision(precision)        # the arguments first, then whether this machine can run them
+    if backend == "fused" and precision != "float32":
+        fused_modes.check_fused_mode(precision)
     name, reason = backends.select(backend)
     check_params(network, params)
     if not isinstance(check_finite, bool):
@@ -107,6 +110,9 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
             if name == "reference":
                 result = module.run(network, params, x, initial_states, dtype=dtype, precision=precision,
                                     lengths=lengths)
+            elif name == "fused" and precision != "float32":      # the fused backend's mode path
+                result = fused_modes.run(network, params, x, initial_states, dtype=dtype, precision=precision,
+                                         lengths=lengths)
             elif lengths is not None:        # graph, persistent or fused (the others refused it above)
                 options = {"precision": precision} if name in backends.SCHEDULE_BACKENDS else {}
                 if not options:

@@ -634,13 +634,15 @@ def test_reduced_precision_rows_are_named_and_ordered():
     from engine.bench.implementations import default_implementations
     everything = default_implementations(1.0)
     names = [i.name for i in everything]
-    # after the fp32 rows, each reduced mode: cuDNN first, then the engine's schedules and auto in that mode
-    assert names[7:22] == [f"{base}-{mode}" for mode in REDUCED
-                           for base in ("cudnn", "graph", "persistent", "scan", "auto")]
-    assert not {"naive-bf16", "fused-fp16", "fused-tf32"} & set(names)     # strict fp32 backends only
+    # after the fp32 rows, each reduced mode: cuDNN first, then the fused backend (its mode path), the engine's
+    # schedules and auto in that mode; float32x3 has neither cuDNN nor fused
+    assert names[7:25] == [f"{base}-{mode}" for mode in REDUCED
+                           for base in ("cudnn", "fused", "graph", "persistent", "scan", "auto")]
+    assert names[25:29] == [f"{base}-fp32x3" for base in ("graph", "persistent", "scan", "auto")]
+    assert not {"naive-bf16", "naive-tf32", "fused-fp32x3"} & set(names)     # strict fp32 only, and no 3xTF32
     by_name = {i.name: i for i in everything}
     for mode in REDUCED:
-        for base in ("graph", "persistent", "scan", "auto"):
+        for base in ("fused", "graph", "persistent", "scan", "auto"):
             row = by_name[f"{base}-{mode}"]
             assert (row.family, row.precision, row.tf32) == ("engine", mode, mode == "tf32")
     assert isinstance(by_name["auto-fp16"], AutoSchedule)
@@ -656,8 +658,10 @@ def test_reduced_precision_rows_are_selectable_by_name():
     assert (row.name, row.backend, row.precision) == ("persistent-bf16", "persistent", "bf16")
     assert [i.name for i in select(everything, ["cudnn-tf32", "graph-tf32", "persistent"])] == \
         ["persistent", "cudnn-tf32", "graph-tf32"]                              # measuring order, not asked order
-    with pytest.raises(BackendError, match="unknown implementation 'fused-bf16'"):
-        select(everything, ["fused-bf16"])
+    (fused,) = select(everything, ["fused-bf16"])
+    assert (fused.backend, fused.precision) == ("fused", "bf16")
+    with pytest.raises(BackendError, match="unknown implementation 'fused-fp32x3'"):
+        select(everything, ["fused-fp32x3"])
     with pytest.raises(ValueError, match="not one of fp32, tf32, fp16, bf16"):
         EngineBackend("persistent", precision="float16")                        # the harness takes short names
 

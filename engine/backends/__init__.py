@@ -2,7 +2,8 @@
 
 - reference: NumPy on the CPU, the definition of every op.
 - naive: CuPy, one kernel per IR op (the baseline that shows what the passes buy).
-- fused: cuBLAS GEMMs + generated fused kernels, hoisted input GEMM, layer wavefront on streams.
+- fused: cuBLAS GEMMs + generated fused kernels, hoisted input GEMM, layer wavefront on streams; in tf32,
+  float16 and bfloat16 through engine/schedules/fused_modes.py (engine.execute routes it).
 - graph, persistent: the fast schedules of engine/schedules (one module each), selectable by name.
 - scan: a cell whose recurrence is linear (minGRU, minLSTM, QRNN) as a parallel scan over time
   (engine/schedules/scan.py).
@@ -25,7 +26,8 @@ from ..errors import BackendError
 BACKENDS = ("reference", "naive", "fused", "graph", "persistent", "scan")
 GPU_BACKENDS = ("naive", "fused", "graph", "persistent", "scan")
 SCHEDULE_BACKENDS = ("graph", "persistent", "scan")      # modules in engine/schedules
-PRECISION_BACKENDS = ("graph", "persistent", "scan")     # the ones that also run tf32, float16 and bfloat16
+PRECISION_BACKENDS = ("graph", "persistent", "scan")     # schedules that also run tf32, float16, bfloat16 (and
+#                                                           fused, whose modes live in engine/schedules/fused_modes.py)
 
 
 @lru_cache(maxsize=1)

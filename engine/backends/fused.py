@@ -155,25 +155,34 @@ class Executor:
             self._timed(layer, gemm.name, rows.start // B, self._gemm_bias, self.inputs[layer][rows], weight, bias, out)
 
     def _step(self, layer: int, t: int) -> None:
-        buffers = self.layers[layer]
         sizes = self.plan.layer_sizes(layer)
         for kind, item in self.order:
             if kind == "gemm":
-                weight, _ = self.weights[layer][item.name]
-                operands = self._version(buffers[item.in_buffer], "cur", t)
-                self._timed(layer, item.name, t, self.device.gemm, operands, weight, buffers[item.out_buffer])
+                self._step_gemm(layer, item, t)
                 continue
-            args = []
-            for p in item.params:
-                if p.kind == "param":
-                    args.append(self.vectors[layer][p.source])
-                elif p.source == self.program.input_buffer:
-                    args.append(self.inputs[layer])
-                else:
-                    args.append(self._version(buffers[p.source], p.version, t))
+            args = self._kernel_args(layer, item, t)
             if self.program.lengths:
                 args.append(self.lengths)
             self._timed(layer, item.name, t, self.device.launch, item, args, t, self.plan.batch, sizes)
+
+    def _step_gemm(self, layer: int, item, t: int) -> None:
+        buffers = self.layers[layer]
+        weight, _ = self.weights[layer][item.name]
+        operands = self._version(buffers[item.in_buffer], "cur", t)
+        self._timed(layer, item.name, t, self.device.gemm, operands, weight, buffers[item.out_buffer])
+
+    def _kernel_args(self, layer: int, item, t: int) -> list:
+        """A step kernel's pointer arguments at step t, in its params' order."""
+        buffers = self.layers[layer]
+        args = []
+        for p in item.params:
+            if p.kind == "param":
+                args.append(self.vectors[layer][p.source])
+            elif p.source == self.program.input_buffer:
+                args.append(self.inputs[layer])
+            else:
+                args.append(self._version(buffers[p.source], p.version, t))
+        return args
 
     def _gemm_bias(self, operands, weight, bias, out) -> None:
         self.device.gemm(operands, weight, out)
@@ -210,6 +219,18 @@ def plan_bytes(plan: Plan, untouched=frozenset()) -> int:
         for name in program.kernel_params:
             total += sizes[network.cell[name].attr("dim", "H")]
     return total * FLOAT_BYTES
+
+
+def fitting_plan(cupy, network: Network, T: int, B: int, options: dict, lengths: bool) -> tuple[Plan, int]:
+    """(the fused plan at (T, B) with `options` (passes, layout, chunk_steps), the device bytes it needs), checked
+    to fit the current GPU's free memory (a named error otherwise)."""
+    plan = make_plan(network, T, B, options["passes"], layout=options["layout"], chunk_steps=options["chunk_steps"],
+                     lengths=lengths)
+    needed = plan_bytes(plan)
+    check_fits(needed, f"backend 'fused' with T={T}, B={B}, L={network.num_layers}, H={network.hidden_size}",
+               "x's steps and batch, hidden_size", on="device", limit=available_device_bytes(cupy),
+               hint="run fewer steps or a smaller batch at a time")
+    return plan, needed
 
 
 class CupyDevice:
@@ -298,12 +319,7 @@ class FusedProgram:
         """The executor for (T, B), its kernels compiled to take lengths or not."""
         if self._shape != (T, B, lengths):
             cupy, network = self.cupy, self.network
-            plan = make_plan(network, T, B, self.options["passes"], layout=self.options["layout"],
-                             chunk_steps=self.options["chunk_steps"], lengths=lengths)
-            needed = plan_bytes(plan)
-            check_fits(needed, f"backend 'fused' with T={T}, B={B}, L={network.num_layers}, "
-                       f"H={network.hidden_size}", "x's steps and batch, hidden_size", on="device",
-                       limit=available_device_bytes(cupy), hint="run fewer steps or a smaller batch at a time")
+            plan, needed = fitting_plan(cupy, network, T, B, self.options, lengths)
             module = compile_module(plan.program)
             device = CupyDevice(cupy, module, network.num_layers,
                                 streams=network.num_layers > 1 and plan.num_chunks > 1,

@@ -34,7 +34,7 @@ from ..codegen.precision import SHORT_NAMES
 from ..compiler import compile_program
 from ..errors import BackendError
 from ..passes.scan import analyse_scan
-from ..schedules import autotune
+from ..schedules import autotune, fused_modes
 from ..schedules.tiling import eligibility
 from ..torch_layout import to_torch_state_dict
 from .flashrnn import FlashRNN
@@ -67,7 +67,7 @@ class EngineBackend(Implementation):
 
     def precision_options(self) -> dict:
         """The engine's precision argument. fp32 rows pass none, so they call every backend exactly as
-        before the modes existed (naive and fused compute in strict float32 only)."""
+        before the modes existed (naive computes in strict float32 only; fused's modes are fused_modes')."""
         return {} if self.precision == "fp32" else {"precision": SHORT_NAMES[self.precision]}
 
     def unavailable_reason(self, case: Case) -> str | None:
@@ -77,6 +77,10 @@ class EngineBackend(Implementation):
             self.module = backends.get(self.backend)
         except Exception as e:
             return f"backend '{self.backend}' does not import ({short_reason(e)})"
+        if self.backend == "fused" and self.precision != "fp32":      # the fused backend's modes
+            if SHORT_NAMES[self.precision] not in fused_modes.MODES:
+                return f"backend 'fused' runs {', '.join(fused_modes.MODES)} beside float32, not {self.precision}"
+            self.module = fused_modes
         if self.backend in ("graph", "persistent"):        # cells the wavefront tiling does not take (e.g. LSTMP)
             why = eligibility(compile_program(case.cell, layout="interleaved"))
             if why:
@@ -284,7 +288,7 @@ class TorchCell(TorchImplementation):
 def default_implementations(compile_budget_s: float) -> list[Implementation]:
     """In measuring order: cuDNN fp32 first (the others' divergence is also taken against it), the
     engine's fp32 rows, then per reduced precision cuDNN and the engine's schedules and auto in that
-    mode (naive and fused are strict fp32 only). torch.compile and TorchScript each get the compile
+    mode (fused in tf32, fp16 and bf16; naive is strict fp32 only). torch.compile and TorchScript each get the compile
     budget (TorchScript's is rarely touched). FlashRNN's rows last (engine/bench/flashrnn.py; reported unavailable
     where it is not installed or has no such cell)."""
     flash_budget = CompileBudget(compile_budget_s)       # FlashRNN builds its kernels at its first call
@@ -292,6 +296,8 @@ def default_implementations(compile_budget_s: float) -> list[Implementation]:
     reduced = []
     for precision in PRECISIONS[1:]:
         schedules = [EngineBackend(name, precision=precision) for name in backends.PRECISION_BACKENDS]
+        if SHORT_NAMES[precision] in fused_modes.MODES:
+            schedules.insert(0, EngineBackend("fused", precision=precision))
         cudnn = [Cudnn(precision)] if precision in CUDNN_PRECISIONS else []
         reduced += [*cudnn, *schedules, AutoSchedule(precision=precision)]
     return [Cudnn("fp32"), *[EngineBackend(name) for name in gpu_backends], AutoSchedule(), *reduced,

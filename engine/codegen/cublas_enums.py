@@ -13,5 +13,6 @@ LT_DESC_TRANSA, LT_DESC_TRANSB = 3, 4                       # cublasLtMatmulDesc
 LT_DESC_EPILOGUE, LT_DESC_BIAS_POINTER = 7, 8
 LT_EPILOGUE_DEFAULT, LT_EPILOGUE_BIAS = 1, 4                 # cublasLtEpilogue_t
 LT_PREF_MAX_WORKSPACE_BYTES = 1                              # cublasLtMatmulPreferenceAttributes_t
+LT_PREF_MIN_ALIGNMENT_BYTES = (5, 6, 7, 8)                     # A, B, C, D (cublasLt.h: the heuristic assumes 256 B unless told)
 LT_HEURISTIC_RESULT_BYTES = 96   # cublasLtMatmulHeuristicResult_t: algo (64 B), workspaceSize, state, wavesCount, int[4]
 LT_ALGO_BYTES = 64               # cublasLtMatmulAlgo_t: uint64_t data[8]

@@ -178,7 +178,11 @@ def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", 
     return [indent + line for line in lines]
 
 
-def render_kernel(kernel: Kernel, program: Program, precision: Precision) -> str:
+def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies=None) -> str:
+    """One fused kernel's source. copies ({param: (copy param, C type, C function)}, engine/codegen/operand_copies.py):
+    every store to `param` also writes function(value) to the copy param, an extra pointer argument after the
+    kernel's own (a GEMM operand kept in a precision mode's format beside its fp32 values)."""
+    copies = copies or {}
     storage = precision.storage
     d = kernel.dim
     lines = [f"// {kernel.name}: stage {kernel.stage} of a time step, one thread per (b, j), b < B, j < {d}."]
@@ -195,6 +199,8 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision) -> str
     for p in kernel.params:
         qualifier = "" if p.writes else "const "
         args.append((f"    {qualifier}{storage}* __restrict__ {p.name},", p.doc))
+    for param, (copy, c_type, _) in copies.items():
+        args.append((f"    {c_type}* __restrict__ {copy},", f"{param} in the GEMM's operand format"))
     if program.lengths:
         args.append(("    const int* __restrict__ lengths,", "(B,) the steps of each sequence (lengths=)"))
     if program.cell.uses_projection:
@@ -212,6 +218,10 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision) -> str
     lines.append(f"        const long b = idx / {d};")
     lines.append(f"        const int j = (int)(idx - b * {d});")
     lines += kernel_body(kernel, precision)
+    for store in kernel.stores:
+        if store.access.param in copies:
+            copy, _, function = copies[store.access.param]
+            lines.append(f"        {copy}[{index_expr(store.access)}] = {function}({stored(store)});")
     lines.append("    }")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
     choice = tune(network, params, steps=100, batch=64)      # times candidates, or reads the cache
     choice.schedule, choice.config, choice.why                # e.g. "persistent", TileConfig(...), "..."
 
-Candidates: the fused backend (float32 only), and, when the program allows the wavefront tiling, the
+Candidates: the fused backend (strict float32, and tf32, float16 and bfloat16 through
+engine/schedules/fused_modes.py), and, when the program allows the wavefront tiling, the
 persistent kernel with a few tilings (accumulator tiles suited to the batch; as many blocks as SMs,
 and half as many) and the graph schedule. Each candidate runs once on fresh random inputs and is
 compared with the first candidate's output (relative error over 1e-4 in float32, 1e-2 in a reduced
@@ -50,7 +51,7 @@ from ..files import cache_root, load_json, write_text
 from ..network import Network
 from ..params import Params
 from ..passes.scan import analyse_scan
-from . import scan
+from . import fused_modes, scan
 from .registry import schedule_class
 from .tiling import GEMV_MAX_ROWS, DeviceLimits, TileConfig, eligibility, make_tiling
 
@@ -130,7 +131,7 @@ def tile_shapes(batch: int, precision: str = "float32") -> list[tuple[int, int]]
 
 def candidates(network: Network, batch: int, limits: DeviceLimits, precision: str = "float32",
                lengths: bool = False, tensor_core_fp32: bool = False) -> list[Candidate]:
-    """What tune() times. The fused backend is strict float32 only, so reduced precisions try the schedules. lengths:
+    """What tune() times: the fused backend (not in float32x3) and the schedules that take the cell. lengths:
     only those that take it (the scan runs batches of one length). tensor_core_fp32 (precision "float32" only): the
     schedule candidates once more in float32x3, after the strict ones (the first candidate stays strict fp32)."""
     found = _candidates(network, batch, limits, precision, lengths)
@@ -146,7 +147,7 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
 def _candidates(network: Network, batch: int, limits: DeviceLimits, precision: str,
                 lengths: bool) -> list[Candidate]:
     program = compile_program(network.cell, layout="interleaved", precision=precision, lengths=lengths)
-    found = [Candidate("fused")] if precision == "float32" else []
+    found = [Candidate("fused")] if precision == "float32" or precision in fused_modes.MODES else []
     if not lengths and analyse_scan(network.cell).qualifies:   # a linear recurrence, in any mode
         found.append(Candidate("scan"))
     why = eligibility(program)
@@ -280,6 +281,8 @@ def prepare(candidate: Candidate, network: Network, params: Params, precision: s
     """The candidate's runnable program (prepare(...).run(x)), in the candidate's own mode when it has one."""
     precision = candidate.precision or precision
     if candidate.schedule == "fused":
+        if precision in fused_modes.MODES:
+            return fused_modes.prepare(network, params, precision=precision)
         check_float32_only("backend 'fused'", precision)
         return fused.prepare(network, params)
     if candidate.schedule == "scan":

@@ -372,34 +372,15 @@ class WavefrontSchedule:
         def body(x, states):                    # the outputs as views of the program's buffers: copied out once
             result = self._run_direct(x, states.get("run"), copy_out=False, lengths=key[2])
             return result.outputs, {"run": result.final_states}
-        try:
-            # the replay's input buffer is the build's own: the captured run does not copy x again
-            replay = ChunkReplay(self.cupy, body, (*key[:2], self.network.input_size), {},
-                                 x=self.x_device.reshape(*key[:2], self.network.input_size))
-        except CaptureError as e:
-            self.replay = False
-            self.replayed = f"not replayed: the run could not be captured ({e}); runs directly"
-            return None
-        self._replays[key] = replay
-        self.replayed = f"replayed from CUDA graphs at T={key[0]}, B={key[1]}" + (" with lengths" if key[2] else "")
+        # the replay's input buffer is the build's own: the captured run does not copy x again
+        replay = whole_run_replay(self, body, key, self.network.input_size,
+                                  x=self.x_device.reshape(*key[:2], self.network.input_size))
+        if replay is not None:
+            self._replays[key] = replay
         return replay
 
     def _run_replayed(self, replay, x, initial_states: dict | None) -> RunResult:
-        cupy = self.cupy
-        replay.x[...] = cupy.asarray(x, dtype=cupy.float32)
-        carried = replay.carry["run"]
-        if initial_states:                      # as _init_states: the states given, zeros for the others
-            for name, target in carried.items():
-                value = initial_states.get(name)
-                if value is None:
-                    target.fill(0.0)
-                else:
-                    target[...] = cupy.asarray(value, dtype=cupy.float32)
-        outputs = device_copy(cupy, replay.launch(first=not initial_states))   # rewritten by the next run
-        final = {name: device_copy(cupy, value) for name, value in carried.items()}
-        if not isinstance(x, cupy.ndarray):
-            outputs = cupy.asnumpy(outputs)
-            final = {k: cupy.asnumpy(v) for k, v in final.items()}
+        outputs, final = launch_replay(self.cupy, replay, x, initial_states)
         return RunResult(outputs=outputs, final_states=final, backend=self.name, info=self._info(int(x.shape[0])))
 
     def _info(self, T: int) -> dict:
@@ -528,6 +509,40 @@ class WavefrontSchedule:
 
     def launches_per_sequence(self, T: int) -> int:
         raise NotImplementedError
+
+
+def whole_run_replay(owner, body, key: tuple, input_size: int, x=None):
+    """The ChunkReplay of body (a whole run: (x, {"run": states}) -> (outputs, {"run": final states})) at key = (T, B,
+    lengths), or None where it cannot be captured. owner.replay and owner.replayed (a program's flag and the words its
+    runs report) say which: a program that cannot be captured runs directly from then on."""
+    try:
+        replay = ChunkReplay(owner.cupy, body, (*key[:2], input_size), {}, x=x)
+    except CaptureError as e:
+        owner.replay = False
+        owner.replayed = f"not replayed: the run could not be captured ({e}); runs directly"
+        return None
+    owner.replayed = f"replayed from CUDA graphs at T={key[0]}, B={key[1]}" + (" with lengths" if key[2] else "")
+    return replay
+
+
+def launch_replay(cupy, replay, x, initial_states: dict | None) -> tuple:
+    """A whole run's ChunkReplay (carry "run": the final states) launched on x: x copied into its buffer, the
+    initial states into its carry (the states given, zeros for the others; the `first` graph, zero states, where none
+    is given), the outputs and final states copied out (the replay rewrites them), as NumPy for a NumPy x."""
+    replay.x[...] = cupy.asarray(x, dtype=cupy.float32)
+    carried = replay.carry["run"]
+    if initial_states:
+        for name, target in carried.items():
+            value = initial_states.get(name)
+            if value is None:
+                target.fill(0.0)
+            else:
+                target[...] = cupy.asarray(value, dtype=cupy.float32)
+    outputs = device_copy(cupy, replay.launch(first=not initial_states))
+    final = {name: device_copy(cupy, value) for name, value in carried.items()}
+    if not isinstance(x, cupy.ndarray):
+        outputs, final = cupy.asnumpy(outputs), {k: cupy.asnumpy(v) for k, v in final.items()}
+    return outputs, final
 
 
 def device_copy(cupy, a):

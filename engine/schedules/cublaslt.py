@@ -35,6 +35,7 @@ from ..codegen.cublas_enums import (
     LT_EPILOGUE_DEFAULT,
     LT_HEURISTIC_RESULT_BYTES,
     LT_PREF_MAX_WORKSPACE_BYTES,
+    LT_PREF_MIN_ALIGNMENT_BYTES,
 )
 from ..codegen.libraries import loaded_library
 from ..errors import BackendError
@@ -58,6 +59,11 @@ class Plan:
     algo: object
     bias: int = 0                    # the bias pointer the descriptor holds now
     candidates: list = field(default_factory=list)    # the heuristic's algorithms, best first (algo: the one used)
+
+
+def alignment(pointer: int) -> int:
+    """The largest power of two up to 256 that divides the address (what cublasLt's alignment preferences take)."""
+    return min(256, pointer & -pointer) if pointer else 256
 
 
 class LtProjection:
@@ -99,21 +105,25 @@ class LtProjection:
                                                             ctypes.c_size_t(ctypes.sizeof(value))),
                     "cublasLtMatmulDescSetAttribute")
 
-    def plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int) -> Plan:
+    def plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int,
+             aligned: tuple[int, int, int] = (256, 256, 256)) -> Plan:
         """The plan of out (M, N) = A (M, K) W (N, K)^T (+ bias when bias != 0): column-major, out^T (N, M) =
-        W^T . A^T with W read as a column-major (K, N) matrix transposed and A as (K, M)."""
-        key = (M, N, K, data_type, compute, bias != 0)
+        W^T . A^T with W read as a column-major (K, N) matrix transposed and A as (K, M). aligned: the bytes that
+        W's, A's and out's addresses are multiples of (alignment())."""
+        key = (M, N, K, data_type, compute, bias != 0, aligned)
         if key in self.plans:
             self.plans.move_to_end(key)
             return self.plans[key]
         while len(self.plans) >= MAX_PLANS:
             self._destroy(self.plans.popitem(last=False)[1])
-        plan = self.plans[key] = self._new_plan(M, N, K, data_type, compute, bias)
+        plan = self.plans[key] = self._new_plan(M, N, K, data_type, compute, bias, aligned=aligned)
         return plan
 
-    def _new_plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int, count: int = 1) -> Plan:
+    def _new_plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int, count: int = 1,
+                  aligned: tuple[int, int, int] = (256, 256, 256)) -> Plan:
         """The product's descriptors and the algorithm cublasLt's heuristic ranks first (plan.candidates: its first
-        `count`, best first)."""
+        `count`, best first). The heuristic assumes every matrix 256-byte aligned unless told: `aligned` (W, A,
+        out) tells it, so a product on a row slice (a chunk of a sequence) gets an algorithm that reads it right."""
         desc = ctypes.c_void_p()
         self._check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), ctypes.c_int(compute),
                                                       ctypes.c_int(CUDA_R_32F)), "cublasLtMatmulDescCreate")
@@ -130,6 +140,11 @@ class LtProjection:
         size = ctypes.c_uint64(WORKSPACE)
         self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(preference, ctypes.c_int(LT_PREF_MAX_WORKSPACE_BYTES),
                                                                   ctypes.byref(size), ctypes.c_size_t(8)),
+                    "cublasLtMatmulPreferenceSetAttribute")
+        for attribute, value in zip(LT_PREF_MIN_ALIGNMENT_BYTES, (aligned[0], aligned[1], aligned[2], aligned[2])):
+            if value < 256:
+                self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(
+                    preference, ctypes.c_int(attribute), ctypes.byref(ctypes.c_uint32(value)), ctypes.c_size_t(4)),
                     "cublasLtMatmulPreferenceSetAttribute")
         results = (ctypes.c_uint8 * (LT_HEURISTIC_RESULT_BYTES * count))()
         found = ctypes.c_int(0)
@@ -160,13 +175,15 @@ class LtProjection:
         for layout in plan.layouts:
             self.lib.cublasLtMatrixLayoutDestroy(layout)
 
-    def matmul(self, operand, weight, bias, out, data_type: int, compute: int) -> bool:
+    def matmul(self, operand, weight, bias, out, data_type: int, compute: int, workspace=None) -> bool:
         """out (M, N) = operand (M, K) @ weight (N, K)^T (+ bias (N,) fp32) on the current stream; every array
-        C-contiguous. False where cublasLt offers no algorithm for it (nothing was written)."""
+        C-contiguous. False where cublasLt offers no algorithm for it (nothing was written). workspace: a WORKSPACE-byte
+        buffer of the caller's, for products issued on several streams at once (cuBLAS: one workspace a stream)."""
         M, K = operand.shape
         N = weight.shape[0]
         bias_ptr = 0 if bias is None else bias.data.ptr
-        plan = self.plan(M, N, K, data_type, compute, bias_ptr)
+        plan = self.plan(M, N, K, data_type, compute, bias_ptr,
+                         (alignment(weight.data.ptr), alignment(operand.data.ptr), alignment(out.data.ptr)))
         if plan.algo is None:
             return False
         if bias_ptr and bias_ptr != plan.bias:
@@ -178,7 +195,8 @@ class LtProjection:
                                             ctypes.c_void_p(weight.data.ptr), w, ctypes.c_void_p(operand.data.ptr), a,
                                             ctypes.byref(_ZERO), ctypes.c_void_p(out.data.ptr), c,
                                             ctypes.c_void_p(out.data.ptr), c, plan.algo,
-                                            ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(WORKSPACE),
+                                            ctypes.c_void_p((self.workspace if workspace is None else workspace)
+                                                            .data.ptr), ctypes.c_size_t(WORKSPACE),
                                             stream), "cublasLtMatmul")
         return True
 

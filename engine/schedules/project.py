@@ -94,17 +94,27 @@ def round_activations(cupy, source, precision: str):
     """source (M, K) float32 as the GEMM's A operand: tf32-rounded float32, float16, or bf16 bits (uint16). A
     C-contiguous source of whole 16-byte groups goes through kernels/round_operands.cu 16 bytes a thread (the
     kernels' own roundings); any other element by element."""
+    return round_into(cupy, source, cupy.empty(source.shape, dtype=operand_dtype(cupy, precision)), precision)
+
+
+def operand_dtype(cupy, precision: str):
+    """The array dtype of a mode's rounded operand: float32 (tf32), float16, or uint16 (bf16's bits)."""
+    return cupy.float32 if precision == "tf32" else cupy.float16 if precision == "float16" else cupy.uint16
+
+
+def round_into(cupy, source, out, precision: str):
+    """round_activations into `out` (source's shape, operand_dtype's type; C-contiguous): no allocation, so a
+    captured run can round into a buffer of its own every step (engine/backends/fused_modes.py)."""
     if (source.flags.c_contiguous and source.size % 4 == 0 and source.data.ptr % 16 == 0 and source.size
-            and source.dtype == cupy.float32):
-        out = cupy.empty(source.shape, dtype=cupy.float32 if precision == "tf32" else
-                         cupy.float16 if precision == "float16" else cupy.uint16)
+            and source.dtype == cupy.float32 and out.data.ptr % 16 == 0):
         n4 = source.size // 4
         round_entry(cupy, ROUND_ENTRIES[precision])((round_blocks(cupy, n4),), (ROUND_THREADS,),
                                                    (source, out, np.int64(n4)))
-        return out
-    if precision == "float16":
-        return source.astype(cupy.float16)          # round to nearest even
-    return _rounding_kernel(cupy, precision)(source)
+    elif precision == "float16":
+        out[...] = source                            # round to nearest even
+    else:
+        _rounding_kernel(cupy, precision)(source, out)
+    return out
 
 
 def project(cupy, source, weight, bias, out, precision: str) -> None:

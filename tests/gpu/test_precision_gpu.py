@@ -42,7 +42,7 @@ def errors(result, ref):
     return found
 
 
-def check_mode(result, network, params, x, states, precision, what):
+def check_mode(result, network, params, x, states, precision, what, unexplained=UNEXPLAINED):
     assert not np.isnan(result.outputs).any(), f"{what}: NaN in the outputs (a value read before it was written)"
     emulated = errors(result, reference.run(network, params, x, states, precision=precision))
     strict = errors(result, reference.run(network, params, x, states))
@@ -50,7 +50,7 @@ def check_mode(result, network, params, x, states, precision, what):
     assert emulated[worst] <= EMULATED_TOLERANCE, \
         f"{what}: {worst} differs from the {precision} emulation by {emulated[worst]:.3g}"
     assert strict["outputs"] > 0, f"{what}: bit-equal to float64: the mode rounds nothing"
-    assert emulated["outputs"] <= UNEXPLAINED * strict["outputs"], (
+    assert emulated["outputs"] <= unexplained * strict["outputs"], (
         f"{what}: the {precision} emulation explains too little of the divergence: {emulated['outputs']:.3g} from "
         f"it, {strict['outputs']:.3g} from float64")
 
@@ -129,19 +129,22 @@ def test_twenty_runs_are_bit_identical(cupy, schedule, precision):
         assert np.array_equal(program.run(x_gpu).outputs.get(), first), f"{schedule} {precision}: runs differ"
 
 
-def test_api_runs_every_mode_and_refuses_it_on_float32_backends(cupy, tmp_path, monkeypatch):
+def test_api_runs_every_mode_and_refuses_it_on_the_float32_backend(cupy, tmp_path, monkeypatch):
     monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
     size = {"input_size": 32, "hidden_size": 64, "batch": 8, "steps": 6}
     network, params, x, states = make_case(engine.preset("gru").cell, 2, seed=2, sizes=size)
     for precision in ("bf16", "tf32"):
         result = engine.run(network, params, x, states, backend="auto", precision=precision)
         canonical = {"bf16": "bfloat16"}.get(precision, precision)
-        assert result.info["precision"] == canonical and result.backend in SCHEDULES
+        assert result.info["precision"] == canonical and result.backend in (*SCHEDULES, "fused")
         check_mode(result, network, params, x, states, canonical, f"auto {precision}")
     choice = autotune.tune(network, params, 6, 8, precision="float16")
-    assert "float16" in choice.key and choice.schedule in SCHEDULES and "float16" in choice.why
-    for backend in ("fused", "naive"):
-        with pytest.raises(BackendError, match="precision"):
-            engine.run(network, params, x, states, backend=backend, precision="float16")
+    assert "float16" in choice.key and choice.schedule in (*SCHEDULES, "fused") and "float16" in choice.why
+    with pytest.raises(BackendError, match="precision"):
+        engine.run(network, params, x, states, backend="naive", precision="float16")
+    fused = engine.run(network, params, x, states, backend="fused", precision="float16")     # its mode path
+    check_mode(fused, network, params, x, states, "float16", "fused float16")
+    with pytest.raises(BackendError, match="float32x3"):
+        engine.run(network, params, x, states, backend="fused", precision="float32x3")
     with pytest.raises(BackendError, match="'precision'"):
         engine.run(network, params, x, states, backend="persistent", precision="float8")

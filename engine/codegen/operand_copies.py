@@ -1,0 +1,60 @@
+"""The fused kernels of a precision mode: every value a kernel stores into a step GEMM's operand buffer is also
+stored rounded to the mode's format, into a copy of that buffer, so cuBLAS reads the step's operand ready and no
+rounding launch runs between the kernel and the GEMM (engine/schedules/fused_modes.py).
+
+    copies = operand_copies(program, "bfloat16", exact={"J_mean_h_gemm"})   # {kernel: {param: (copy, type, fn)}}
+    source = render_copies_module(program, "bfloat16", copies)
+
+The kernels' own math and buffers stay float32 (a mode rounds the matmuls' operands only): a cell that reads h back
+(the GRU's (1 - z) h) reads the fp32 values. The roundings are kernels/tile_gemm.cuh's (rnn_tf32_bits: nearest, ties
+away; rnn_bits16: nearest, ties to even), which kernels/round_operands.cu and the schedules' MMAs use, and
+engine/rounding.py emulates. On an H200 (2026-11-28, ncu) the separate rounding launch it replaces took 2.7 us of a
+26 us step of the blogA LSTM in bf16.
+"""
+from __future__ import annotations
+
+from ..plan import Program
+from .cuda import CELL_HELPERS, helper_source, module_header, render_kernel
+from .precision import precision as lookup
+
+# a mode's copy: its C element type and the rounding (a function of tile_gemm.cuh's, or one defined below)
+COPY_TYPES = {"tf32": ("float", "rnn_copy_tf32"), "float16": ("unsigned short", "rnn_bits16<RNN_FP16>"),
+              "bfloat16": ("unsigned short", "rnn_bits16<RNN_BF16>")}
+SUFFIX = "_mode"
+TF32_COPY = ("__device__ __forceinline__ float rnn_copy_tf32(const float v) "
+             "{ return __uint_as_float(rnn_tf32_bits(v)); }\n")
+
+
+def copy_name(name: str) -> str:
+    """The copy of buffer or parameter `name` (a C identifier, as the plan's names are)."""
+    return name + SUFFIX
+
+
+def operand_copies(program: Program, precision: str, exact=frozenset()) -> dict[str, dict]:
+    """{kernel name: {param: (copy param, C type, rounding function)}} for every kernel store into the operand buffer
+    of a step GEMM that is not in `exact` (a reduction's fixed matrix: its operand stays fp32)."""
+    c_type, function = COPY_TYPES[lookup(precision).name]
+    operands = {g.in_buffer for g in program.gemms if not g.hoisted and g.name not in exact}
+    found = {}
+    for kernel in program.kernels:
+        by_name = {p.name: p for p in kernel.params}
+        params = {s.access.param for s in kernel.stores if by_name[s.access.param].source in operands}
+        if params:
+            found[kernel.name] = {p: (copy_name(p), c_type, function) for p in sorted(params)}
+    return found
+
+
+def copied_buffers(program: Program, copies: dict[str, dict]) -> set[str]:
+    """The buffers whose copies the kernels write."""
+    sources = {(k.name, p.name): p.source for k in program.kernels for p in k.params}
+    return {sources[(kernel, param)] for kernel, params in copies.items() for param in params}
+
+
+def render_copies_module(program: Program, precision: str, copies: dict[str, dict], generator_version: int) -> str:
+    """The fused module of `program` (float32 math) with the copies' stores and tile_gemm.cuh's roundings."""
+    fp32 = lookup("float32")
+    parts = [module_header(program, "", generator_version, fp32),
+             f"// Operand copies in {lookup(precision).name}: engine/codegen/operand_copies.py.\n",
+             helper_source(CELL_HELPERS), helper_source("tile_gemm.cuh"), TF32_COPY]
+    parts += [render_kernel(k, program, fp32, copies.get(k.name)) for k in program.kernels]
+    return "\n".join(parts)

@@ -1,0 +1,82 @@
+"""The fused backend in tf32, float16 and bfloat16 (engine/schedules/fused_modes.py) against the reference that
+emulates each mode: every preset, two layers, odd sizes; the CUDA-graph replay bit-identical to the direct run, with
+initial states and with lengths; engine.run's routing. The host logic is held to the emulation exactly on the CPU
+(tests/test_fused_modes.py); here cuBLAS's products and the generated kernels are."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_fused import make_case, relative_error
+from test_precision_gpu import check_mode
+
+import engine
+from engine.backends import reference
+from engine.schedules import fused_modes
+
+pytestmark = pytest.mark.gpu
+
+MODES = ("tf32", "float16", "bfloat16")
+SIZES = {"input_size": 37, "hidden_size": 129, "batch": 19, "steps": 17}
+# The share of the mode's divergence from float64 the emulation may leave unexplained. The rest is fp32 arithmetic,
+# and an fp32 difference that flips one operand's rounding moves it by a whole unit of the mode. The Elman cells feed
+# h straight back through tanh: on an H200 (2026-11-28, seeds 3, 7, 11, 19) the persistent schedule left 0.15-0.26 of
+# it unexplained and this backend (whose projection adds its bias in fp32 before the step's sum) 0.19-0.30. A
+# missing or wrong rounding leaves about all of it; the CPU suite holds the host logic to the emulation exactly.
+UNEXPLAINED = 0.4
+
+
+@pytest.mark.parametrize("precision", MODES)
+@pytest.mark.parametrize("name", sorted(engine.presets()))
+def test_every_preset_matches_its_emulation(cupy, name, precision):
+    network, params, x, states = make_case(engine.preset(name).cell, 2, seed=7, sizes=SIZES)
+    result = fused_modes.prepare(network, params, precision=precision).run(x, states, poison=True)
+    assert result.info["precision"] == precision
+    check_mode(result, network, params, x, states, precision, f"fused {name} {precision}", UNEXPLAINED)
+
+
+@pytest.mark.parametrize("precision", MODES)
+def test_the_replay_is_the_direct_run(cupy, precision):
+    sizes = {"input_size": 64, "hidden_size": 96, "batch": 16, "steps": 23}
+    for name, layers in (("lstm", 3), ("gru_cho", 1)):
+        network, params, x, states = make_case(engine.preset(name).cell, layers, seed=3, sizes=sizes)
+        program = fused_modes.prepare(network, params, precision=precision)
+        direct = program.run(x, states, poison=True)
+        check_mode(direct, network, params, x, states, precision, f"fused {name} {precision} direct")
+        for given in (states, None, states):            # captured at the second run, replayed after
+            program.run(x, given)
+        again = program.run(x, states)
+        assert again.info["replayed"].startswith("replayed from CUDA graphs"), again.info["replayed"]
+        np.testing.assert_array_equal(again.outputs, direct.outputs)
+        for state, value in direct.final_states.items():
+            np.testing.assert_array_equal(again.final_states[state], value)
+        zero = program.run(x)                             # no initial states: zeros, not the last run's carry
+        np.testing.assert_array_equal(zero.outputs, program.run(x, poison=True).outputs)
+        x2 = np.random.default_rng(5).standard_normal(x.shape)      # new inputs through the fixed buffer
+        np.testing.assert_array_equal(program.run(x2, states).outputs, program.run(x2, states, poison=True).outputs)
+
+
+def test_lengths_replay(cupy):
+    sizes = {"input_size": 32, "hidden_size": 64, "batch": 6, "steps": 9}
+    network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=4, sizes=sizes)
+    program = fused_modes.prepare(network, params, precision="bfloat16")
+    for lengths in (np.array([9, 3, 1, 9, 5, 7]), np.array([2, 9, 9, 4, 1, 8]), np.array([9, 3, 1, 9, 5, 7])):
+        emulated = reference.run(network, params, x, states, precision="bfloat16", lengths=lengths)
+        strict = reference.run(network, params, x, states, lengths=lengths)
+        runs = [program.run(x, states, lengths=lengths, poison=True)] + [program.run(x, states, lengths=lengths)
+                                                                        for _ in range(3)]
+        assert runs[-1].info["replayed"].startswith("replayed"), runs[-1].info["replayed"]
+        for result in runs:
+            np.testing.assert_array_equal(result.outputs, runs[0].outputs)
+            assert relative_error(result.outputs, emulated.outputs) <= 2e-3
+            assert relative_error(result.outputs, emulated.outputs) < 0.4 * relative_error(result.outputs,
+                                                                                          strict.outputs)
+            for state, value in emulated.final_states.items():
+                assert relative_error(result.final_states[state], value) <= 2e-3, state
+            assert not result.outputs[lengths[2]:, 2].any(), "outputs past a row's end are zero"
+
+
+def test_engine_run_routes_the_modes_to_it(cupy):
+    network, params, x, states = make_case(engine.preset("gru").cell, 1, seed=2, sizes=SIZES)
+    result = engine.run(network, params, x, states, backend="fused", precision="bf16")
+    assert result.backend == "fused" and result.info["precision"] == "bfloat16"
+    check_mode(result, network, params, x, states, "bfloat16", "engine.run fused bf16")

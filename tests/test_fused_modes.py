@@ -1,0 +1,134 @@
+"""The fused backend in a precision mode (engine/schedules/fused_modes.py), on the CPU.
+
+Its Executor runs here with a NumPy device whose GEMMs round as the reference emulates the mode: the same plan,
+packed weights, buffers and order as on the GPU, so the host logic (which weights are rounded, which stay strict,
+where the projections' bias goes) is held to the reference in float64, every preset, every mode. The GPU suite then
+holds cuBLAS and the kernels to the same emulation (tests/gpu/test_fused_modes_gpu.py).
+"""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from nvcc_check import compile_sources
+
+import engine
+from engine.backends import reference
+from engine.backends.plan_numpy import NumpyDevice
+from engine.codegen.operand_copies import copied_buffers, operand_copies, render_copies_module
+from engine.compiler import make_plan
+from engine.dense import dense
+from engine.errors import BackendError
+from engine.schedules.autotune import candidates
+from engine.schedules.cublaslt import alignment
+from engine.schedules.fused_modes import ModeExecutor, check_fused_mode, fixed_gemms, numpy_mode_device
+from engine.schedules.tiling import H100
+
+MODES = ("tf32", "float16", "bfloat16")
+SIZES = {"input_size": 7, "hidden_size": 12, "batch": 3, "steps": 5}
+
+
+def case(name: str, layers: int = 2, seed: int = 1):
+    cell = engine.preset(name).cell
+    hidden = cell.fit_size(SIZES["hidden_size"])
+    network = engine.Network(cell, SIZES["input_size"], hidden, layers)
+    params = engine.init_params(network, seed=seed)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((SIZES["steps"], SIZES["batch"], SIZES["input_size"]))
+    states = {n: rng.uniform(-0.8, 0.8, (layers, SIZES["batch"], hidden)) for n in cell.state_names}
+    return network, params, x, states
+
+
+def run_modes(network, params, x, states, precision, lengths=None):
+    dense_network, dense_params = dense(network, params)
+    T, B, _ = x.shape
+    plan = make_plan(dense_network, T, B, lengths=lengths is not None)
+    device = numpy_mode_device(NumpyDevice, np.float64, precision)
+    return ModeExecutor(plan, device).run(dense_params, device.asarray(x), states, poison=True, lengths=lengths)
+
+
+def relative(got, want) -> float:
+    return float(np.linalg.norm(np.asarray(got) - want) / max(np.linalg.norm(want), 1e-30))
+
+
+@pytest.mark.parametrize("precision", MODES)
+@pytest.mark.parametrize("name", sorted(engine.presets()))
+def test_the_host_logic_is_the_modes_emulation(name, precision):
+    network, params, x, states = case(name)
+    outputs, final = run_modes(network, params, x, states, precision)
+    emulated = reference.run(network, params, x, states, precision=precision)
+    strict = reference.run(network, params, x, states)
+    assert relative(outputs, emulated.outputs) < 1e-12, name
+    for state, value in emulated.final_states.items():
+        assert relative(final[state], value) < 1e-12, (name, state)
+    assert relative(outputs, strict.outputs) > 1e-6, f"{name}: nothing was rounded in {precision}"
+
+
+def test_lengths_hold_each_rows_states():
+    network, params, x, states = case("lstm")
+    lengths = np.array([5, 2, 4])
+    outputs, final = run_modes(network, params, x, states, "bfloat16", lengths=lengths)
+    emulated = reference.run(network, params, x, states, precision="bfloat16", lengths=lengths)
+    assert relative(outputs, emulated.outputs) < 1e-12
+    assert relative(final["c"], emulated.final_states["c"]) < 1e-12
+    assert not outputs[2:, 1].any(), "a row's outputs past its end are zero"
+
+
+def test_a_reductions_fixed_matrix_stays_strict():
+    def fixed(name):
+        network, params, _, _ = case(name)
+        program = make_plan(dense(network, params)[0], 4, 2).program
+        return fixed_gemms(program, program.cell)
+    layer_norm = fixed("ln_lstm")          # the mean's and variance's matrices strict, the learned weights rounded
+    assert any(layer_norm.values()) and not all(layer_norm.values()), layer_norm
+    assert not any(fixed("lstm").values())
+
+
+def test_float32x3_is_refused_by_name():
+    with pytest.raises(BackendError, match="does not run precision 'float32x3'"):
+        check_fused_mode("fp32x3")
+    assert check_fused_mode("bf16") == "bfloat16"
+    with pytest.raises(BackendError, match="float32x3"):
+        engine.run(*case("lstm")[:3], backend="fused", precision="float32x3")
+
+
+def test_the_autotuner_times_fused_in_the_reduced_modes():
+    network = engine.Network(engine.preset("lstm").cell, 64, 1024, 2)
+    for precision in MODES:
+        assert candidates(network, 128, H100, precision)[0].schedule == "fused", precision
+    assert not [c for c in candidates(network, 128, H100, "float32x3") if c.schedule == "fused"]
+    # a cell the wavefront schedules do not take (values of size P) now has a candidate in a mode
+    lstmp = engine.Network(engine.preset("lstm_proj").cell, 16, 32, 1)
+    assert [c.schedule for c in candidates(lstmp, 4, H100, "bfloat16")] == ["fused"]
+
+
+def test_the_kernels_write_each_step_operand_rounded():
+    # stores into a step GEMM's operand buffer get a copy in the mode's format; a fixed matrix's operand does not
+    program = make_plan(dense(*case("gru_cho")[:2])[0], 4, 2).program
+    copies = operand_copies(program, "bfloat16")
+    assert copied_buffers(program, copies) == {"h_gemm_in", "r_h_mul_gemm_in"}
+    source = render_copies_module(program, "bfloat16", copies, 1)
+    assert "r_h_mul_gemm_in_mode[b * H + j] = rnn_bits16<RNN_BF16>(" in source
+    layer_norm = make_plan(dense(*case("ln_lstm")[:2])[0], 4, 2).program
+    exact = {name for name, fixed in fixed_gemms(layer_norm, layer_norm.cell).items() if fixed}
+    written = copied_buffers(layer_norm, operand_copies(layer_norm, "tf32", exact))
+    assert written and not {g.in_buffer for g in layer_norm.gemms if g.name in exact} & written
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the generated CUDA is compiled there)")
+def test_the_copies_modules_compile(tmp_path):
+    sources = {}
+    for name, precision in (("lstm", "bfloat16"), ("gru_cho", "float16"), ("ln_lstm", "tf32"),
+                            ("lstm_proj", "bfloat16"), ("slstm", "tf32")):
+        network, params, _, _ = case(name)
+        program = make_plan(dense(network, params)[0], 4, 2, lengths=name == "lstm").program
+        exact = {g for g, fixed in fixed_gemms(program, program.cell).items() if fixed}
+        sources[f"{name}_{precision}"] = render_copies_module(program, precision,
+                                                              operand_copies(program, precision, exact), 1)
+    compile_sources(sources, tmp_path)
+
+
+def test_cublaslt_is_told_each_operands_alignment():
+    # cublasLt's heuristic assumes 256-byte aligned matrices unless told; a chunk of a sequence starts anywhere
+    assert [alignment(p) for p in (0x1000, 0x1010, 0x1004, 0x1008 + 0x40, 0)] == [256, 16, 4, 8, 256]

@@ -150,7 +150,8 @@ class ModeExecutor(Executor):
 
 
 class ModeDevice(CupyDevice):
-    """CupyDevice whose GEMMs take the mode: out = round(x) @ W^T (+ bias) through cublasLt, one stream."""
+    """CupyDevice whose GEMMs take the mode: out = round(x) @ W^T (+ bias) through cublasLt, on the current stream
+    (a layer's, where the layers have streams)."""
 
     def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
                  streams: bool = False):

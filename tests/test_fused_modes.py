@@ -132,3 +132,11 @@ def test_the_copies_modules_compile(tmp_path):
 def test_cublaslt_is_told_each_operands_alignment():
     # cublasLt's heuristic assumes 256-byte aligned matrices unless told; a chunk of a sequence starts anywhere
     assert [alignment(p) for p in (0x1000, 0x1010, 0x1004, 0x1008 + 0x40, 0)] == [256, 16, 4, 8, 256]
+
+
+def test_each_kernel_gets_its_copies_after_its_own_arguments():
+    program = make_plan(dense(*case("gru_cho")[:2])[0], 4, 2)
+    copies = operand_copies(program.program, "bfloat16")
+    executor = ModeExecutor(program, numpy_mode_device(NumpyDevice, np.float64, "bfloat16"), copies)
+    assert executor.copy_sources == {"gru_cho_stage1": [("r_h_mul_gemm_in", None)],
+                                     "gru_cho_stage2": [("h_gemm_in", "next")]}

@@ -90,10 +90,15 @@ class ModeExecutor(Executor):
     operands in the mode's format, which the GEMMs then read as they are; without them (the NumPy device) each step
     GEMM rounds its operand first."""
 
-    def __init__(self, plan, device, copies=None):
+    def __init__(self, plan, device, copies=None, fixed: dict | None = None):
         super().__init__(plan, device)
-        self.copies = copies or {}
-        self.copied = copied_buffers(self.program, self.copies)
+        self.fixed = fixed_gemms(self.program, self.program.cell) if fixed is None else fixed
+        copies = copies or {}
+        self.copied = copied_buffers(self.program, copies)
+        # per kernel, the (buffer, version) of each copy argument, in render_kernel's order after its own params
+        params = {(k.name, p.name): p for k in self.program.kernels for p in k.params}
+        self.copy_sources = {kernel: [(params[(kernel, name)].source, params[(kernel, name)].version) for name in named]
+                             for kernel, named in copies.items()}
 
     def _allocate(self, poison: bool) -> list[dict]:
         layers = super()._allocate(poison)
@@ -126,15 +131,12 @@ class ModeExecutor(Executor):
     def _kernel_args(self, layer: int, item, t: int) -> list:
         """The kernel's own arguments, then its copies' (render_kernel puts them after the kernel's params)."""
         args = super()._kernel_args(layer, item, t)
-        by_name = {p.name: p for p in item.params}
-        for param in self.copies.get(item.name, {}):
-            source = by_name[param]
-            args.append(self._version(self.copy_arrays[layer][source.source], source.version, t))
+        for source, version in self.copy_sources.get(item.name, ()):
+            args.append(self._version(self.copy_arrays[layer][source], version, t))
         return args
 
     def _upload_params(self, params: Params):
-        plan, device = self.plan, self.device
-        fixed = fixed_gemms(self.program, self.program.cell)
+        plan, device, fixed = self.plan, self.device, self.fixed
         weights, vectors = [], []
         for layer in range(plan.network.num_layers):
             packed = pack_weights(self.program, plan.network, params, layer)
@@ -160,7 +162,7 @@ class ModeDevice(CupyDevice):
         self.lt = LtProjection.on_current_device(cupy)
         self.rounded: dict = {}            # (stream, rows, cols) -> a rounded operand's buffer, reused in turn
         # a cublasLt workspace a layer stream: their products run at once (the device's own serves one stream)
-        self.workspaces = [cupy.empty(WORKSPACE, dtype=cupy.uint8) for _ in self.streams] if self.streams else []
+        self.workspaces = {stream.ptr: cupy.empty(WORKSPACE, dtype=cupy.uint8) for stream in self.streams or ()}
         self.forked: set = set()           # the layer streams a capture has forked from its stream, to join at its end
 
     def stream(self, layer: int):
@@ -237,12 +239,7 @@ class ModeDevice(CupyDevice):
 
     def _workspace(self):
         """The current layer stream's cublasLt workspace (None: the device's own, on any other stream)."""
-        if self.streams:
-            current = self.xp.cuda.get_current_stream().ptr
-            for stream, workspace in zip(self.streams, self.workspaces):
-                if stream.ptr == current:
-                    return workspace
-        return None
+        return self.workspaces.get(self.xp.cuda.get_current_stream().ptr)
 
 
 class NumpyModeDevice:
@@ -297,13 +294,13 @@ class FusedModeProgram:
             cupy, network = self.cupy, self.network
             plan, needed = fitting_plan(cupy, network, T, B, self.options, lengths)
             program = plan.program
-            exact = {name for name, fixed in fixed_gemms(program, program.cell).items() if fixed}
-            copies = operand_copies(program, self.precision, exact)
+            fixed = fixed_gemms(program, program.cell)
+            copies = operand_copies(program, self.precision, {name for name, strict in fixed.items() if strict})
             source = render_copies_module(program, self.precision, copies, GENERATOR_VERSION)
             device = ModeDevice(cupy, load_module(source, cell=network.cell.name), network.num_layers,
                                 self.precision, projection=network.cell.uses_projection,
                                 streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1)
-            executor = ModeExecutor(plan, device, copies)
+            executor = ModeExecutor(plan, device, copies, fixed)
             executor.load(self.params)
             executor.bytes = needed
             self._shape, self._executor = (T, B, lengths), executor

@@ -15,14 +15,13 @@ from nvcc_check import compile_sources
 
 import engine
 from engine.backends import reference
-from engine.backends.plan_numpy import NumpyDevice
 from engine.codegen.operand_copies import copied_buffers, operand_copies, render_copies_module
 from engine.compiler import make_plan
 from engine.dense import dense
 from engine.errors import BackendError
 from engine.schedules.autotune import candidates
 from engine.schedules.cublaslt import alignment
-from engine.schedules.fused_modes import ModeExecutor, check_fused_mode, fixed_gemms, numpy_mode_device
+from engine.schedules.fused_modes import ModeExecutor, NumpyModeDevice, check_fused_mode, fixed_gemms
 from engine.schedules.tiling import H100
 
 MODES = ("tf32", "float16", "bfloat16")
@@ -44,7 +43,7 @@ def run_modes(network, params, x, states, precision, lengths=None):
     dense_network, dense_params = dense(network, params)
     T, B, _ = x.shape
     plan = make_plan(dense_network, T, B, lengths=lengths is not None)
-    device = numpy_mode_device(NumpyDevice, np.float64, precision)
+    device = NumpyModeDevice(np.float64, precision)
     return ModeExecutor(plan, device).run(dense_params, device.asarray(x), states, poison=True, lengths=lengths)
 
 
@@ -137,6 +136,6 @@ def test_cublaslt_is_told_each_operands_alignment():
 def test_each_kernel_gets_its_copies_after_its_own_arguments():
     program = make_plan(dense(*case("gru_cho")[:2])[0], 4, 2)
     copies = operand_copies(program.program, "bfloat16")
-    executor = ModeExecutor(program, numpy_mode_device(NumpyDevice, np.float64, "bfloat16"), copies)
+    executor = ModeExecutor(program, NumpyModeDevice(np.float64, "bfloat16"), copies)
     assert executor.copy_sources == {"gru_cho_stage1": [("r_h_mul_gemm_in", None)],
                                      "gru_cho_stage2": [("h_gemm_in", "next")]}

@@ -37,6 +37,7 @@ import numpy as np
 from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
 from ..backends.fused import CupyDevice, Executor, fitting_plan
 from ..backends.lengths import check_lengths
+from ..backends.plan_numpy import NumpyDevice
 from ..codegen import GENERATOR_VERSION
 from ..codegen.nvrtc import load_module
 from ..codegen.operand_copies import copied_buffers, operand_copies, render_copies_module
@@ -242,11 +243,13 @@ class ModeDevice(CupyDevice):
         return self.workspaces.get(self.xp.cuda.get_current_stream().ptr)
 
 
-class NumpyModeDevice:
-    """The mode's GEMMs on NumPy, as the reference emulates them (engine.rounding.mode_matmul): for the CPU tests,
-    with engine.backends.plan_numpy's NumpyDevice as the rest (mixed in by `numpy_mode_device`)."""
+class NumpyModeDevice(NumpyDevice):
+    """plan_numpy's NumpyDevice with the mode's GEMMs as the reference emulates them (engine.rounding.mode_matmul):
+    the CPU tests run ModeExecutor's host logic on it."""
 
-    precision = "float32"
+    def __init__(self, dtype, precision: str):
+        super().__init__(dtype)
+        self.precision = precision
 
     def mode_weight(self, weight, exact: bool) -> ModeWeight:
         return ModeWeight(self.asarray(weight), exact)
@@ -257,12 +260,6 @@ class NumpyModeDevice:
         if bias is not None:
             out += bias
         self.launches += 1
-
-
-def numpy_mode_device(numpy_device_class, dtype, precision: str):
-    """An instance of plan_numpy's NumpyDevice with NumpyModeDevice's GEMMs in `precision`."""
-    kind = type("NumpyModeDevice", (NumpyModeDevice, numpy_device_class), {"precision": precision})
-    return kind(dtype)
 
 
 class FusedModeProgram:

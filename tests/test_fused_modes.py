@@ -15,7 +15,10 @@ from nvcc_check import compile_sources
 
 import engine
 from engine.backends import reference
+from engine.codegen.cuda import render_kernel
 from engine.codegen.operand_copies import copied_buffers, operand_copies, render_copies_module
+from engine.codegen.precision import precision as lookup_precision
+from engine.codegen.programmatic import programmatic_waits
 from engine.compiler import make_plan
 from engine.dense import dense
 from engine.errors import BackendError
@@ -124,7 +127,8 @@ def test_the_copies_modules_compile(tmp_path):
         program = make_plan(dense(network, params)[0], 4, 2, lengths=name == "lstm").program
         exact = {g for g, fixed in fixed_gemms(program, program.cell).items() if fixed}
         sources[f"{name}_{precision}"] = render_copies_module(program, precision,
-                                                              operand_copies(program, precision, exact), 1)
+                                                              operand_copies(program, precision, exact), 1,
+                                                              programmatic_waits(program))
     compile_sources(sources, tmp_path)
 
 
@@ -139,3 +143,32 @@ def test_each_kernel_gets_its_copies_after_its_own_arguments():
     executor = ModeExecutor(program, NumpyModeDevice(np.float64, "bfloat16"), copies)
     assert executor.copy_sources == {"gru_cho_stage1": [("r_h_mul_gemm_in", None)],
                                      "gru_cho_stage2": [("h_gemm_in", "next")]}
+
+
+def test_a_kernel_after_a_step_gemm_reads_its_output_only_after_the_wait():
+    # programmatic dependent launch: the kernel may start while the GEMM before it runs, so what the GEMM writes is
+    # read after RNN_WAIT_PRIMARY(), the other loads before it, every store after it
+    program = make_plan(dense(*case("gru_cho")[:2])[0], 4, 2).program
+    waits = programmatic_waits(program)
+    assert waits == {"gru_cho_stage1": {"h_gemm_out"}, "gru_cho_stage2": {"h_gemm_out", "r_h_mul_gemm_out"}}
+    source = render_copies_module(program, "bfloat16", operand_copies(program, "bfloat16"), 1, waits)
+    assert source.count("#define RNN_WAIT_PRIMARY()") == 2           # griddepcontrol on sm_90, nothing before it
+    kernel = source[source.index("void gru_cho_stage2("):]
+    wait = kernel.index("RNN_WAIT_PRIMARY();")
+    assert kernel.count("RNN_WAIT_PRIMARY();") == 1
+    assert kernel.index("x_proj_out[row") < wait < kernel.index("= h_gemm_out[") < kernel.index("// store")
+    assert wait < kernel.index("= r_h_mul_gemm_out[")
+    # a kernel with no GEMM before it in a step (minGRU's, stage 0) is launched as before: no wait
+    mingru = make_plan(dense(*case("mingru")[:2])[0], 4, 2).program
+    assert programmatic_waits(mingru) == {}
+    plain = render_copies_module(mingru, "bfloat16", operand_copies(mingru, "bfloat16"), 1, {})
+    assert "RNN_WAIT_PRIMARY" not in plain
+    # without waits the module is the one before programmatic launches existed
+    assert "RNN_WAIT_PRIMARY" not in render_copies_module(program, "bfloat16", operand_copies(program, "bfloat16"), 1)
+
+
+def test_a_kernel_that_reads_nothing_from_the_gemm_still_waits_before_its_stores():
+    program = make_plan(dense(*case("lstm")[:2])[0], 4, 2).program
+    (kernel,) = program.kernels
+    text = render_kernel(kernel, program, lookup_precision("float32"), None, frozenset())
+    assert text.index("x_proj_out[row") < text.index("RNN_WAIT_PRIMARY();") < text.index("// compute")

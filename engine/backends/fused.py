@@ -260,6 +260,12 @@ class CupyDevice:
         out += bias
 
     def launch(self, kernel, args, t: int, batch: int, sizes: dict) -> None:
+        function, grid, arguments = self.launch_arguments(kernel, args, t, batch, sizes)
+        function(grid, (THREADS_PER_BLOCK,), arguments)
+
+    def launch_arguments(self, kernel, args, t: int, batch: int, sizes: dict) -> tuple:
+        """(the kernel's RawKernel, its grid, its whole argument tuple) for a launch at step t: the pointers, then
+        t, B and the layer's sizes; blocks of THREADS_PER_BLOCK."""
         function = self.functions.get(kernel.name)
         if function is None:
             function = self.functions[kernel.name] = self.module.get_function(kernel.name)
@@ -268,7 +274,7 @@ class CupyDevice:
         sizes_args = (np.int32(sizes["I"]), np.int32(sizes["H"]))
         if self.projection:
             sizes_args += (np.int32(sizes["P"]),)
-        function((blocks,), (THREADS_PER_BLOCK,), tuple(args) + (np.int32(t), np.int32(batch)) + sizes_args)
+        return function, (blocks,), tuple(args) + (np.int32(t), np.int32(batch)) + sizes_args
 
     def stream(self, layer: int):
         if self.streams is None:

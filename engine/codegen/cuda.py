@@ -22,6 +22,16 @@ KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 CELL_HELPERS = "cell_ops.cuh"
 ROW_BIAS_HELPER = "row_bias.cuh"
 THREADS_PER_BLOCK = 256
+# A kernel launched as a programmatic dependent of the GEMM before it (engine/codegen/programmatic.py) waits here for
+# that GEMM to finish and its memory to be visible (PTX ISA 7.8, griddepcontrol, sm_90); on an older GPU there is no
+# such launch and the wait is nothing.
+WAIT_MACRO = """#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RNN_WAIT_PRIMARY() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define RNN_WAIT_PRIMARY() do { } while (0)
+#endif
+"""
+WAIT_LINE = "RNN_WAIT_PRIMARY();   // the GEMM before this launch has finished: read what it wrote"
 
 
 def helper_source(filename: str) -> str:
@@ -142,13 +152,16 @@ def within_line(lengths: str) -> str:
 
 
 def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", lengths: str = "lengths",
-                places=None) -> list[str]:
+                places=None, wait_for=None) -> list[str]:
     """The per-element work of a kernel, given b, j, t, B, I, H and its pointer arguments by name:
     loads into named registers, one statement per op, stores. The fused kernels and the wavefront
     schedules (engine/codegen/wavefront.py) wrap the same lines in their own loops. A kernel that holds rows past
     their end (lengths=) reads the lengths from the C expression `lengths`. places ({param: f(access) -> C
     expressions}): where a param's elements live instead of its global array (the wavefront schedules' shared-memory
-    copies, engine/codegen/reductions.py): a load reads the first expression, a store writes every one."""
+    copies, engine/codegen/reductions.py): a load reads the first expression, a store writes every one. wait_for (a
+    set of params, engine/codegen/programmatic.py): the kernel is launched as a programmatic dependent of the GEMM
+    before it; the loads of other params come first, then RNN_WAIT_PRIMARY(), then these params' loads, so nothing
+    the GEMM writes is read, and nothing is stored, before it has finished."""
     places = places or {}
     compute = precision.compute
     lines = []
@@ -156,13 +169,21 @@ def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", 
         lines.append("const long row = (long)t * B + b;   // row of step t in (T*B, .) sequence buffers")
     if kernel.loads:
         lines.append("// load")
-    for load in kernel.loads:
+    loads = list(kernel.loads)
+    if wait_for is not None:       # the loads of what the GEMM before writes last, after the wait
+        loads.sort(key=lambda load: load.literal is None and load.access.param in wait_for)
+        waited = sum(1 for load in loads if load.literal is None and load.access.param in wait_for)
+    for k, load in enumerate(loads):
+        if wait_for is not None and k == len(loads) - waited:
+            lines.append(WAIT_LINE)
         if load.literal is not None:
             lines.append(f"const {compute} {load.var} = {literal(load.literal, precision)};")
         else:
             place = places.get(load.access.param)
             source = place(load.access)[0] if place else f"{load.access.param}[{index_expr(load.access)}]"
             lines.append(f"const {compute} {load.var} = {precision.load(source)};")
+    if wait_for is not None and not waited:
+        lines.append(WAIT_LINE)
     if kernel.statements:
         lines.append("// compute")
     for st in kernel.statements:
@@ -178,10 +199,12 @@ def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", 
     return [indent + line for line in lines]
 
 
-def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies=None) -> str:
+def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies=None, wait_for=None) -> str:
     """One fused kernel's source. copies ({param: (copy param, C type, C function)}, engine/codegen/operand_copies.py):
     every store to `param` also writes function(value) to the copy param, an extra pointer argument after the
-    kernel's own (a GEMM operand kept in a precision mode's format beside its fp32 values)."""
+    kernel's own (a GEMM operand kept in a precision mode's format beside its fp32 values). wait_for: the params
+    read after RNN_WAIT_PRIMARY() (kernel_body), for a kernel launched as a programmatic dependent (the module must
+    define WAIT_MACRO)."""
     copies = copies or {}
     storage = precision.storage
     d = kernel.dim
@@ -217,7 +240,7 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies
                  " idx += (long)gridDim.x * blockDim.x) {")
     lines.append(f"        const long b = idx / {d};")
     lines.append(f"        const int j = (int)(idx - b * {d});")
-    lines += kernel_body(kernel, precision)
+    lines += kernel_body(kernel, precision, wait_for=wait_for)
     for store in kernel.stores:
         if store.access.param in copies:
             copy, _, function = copies[store.access.param]

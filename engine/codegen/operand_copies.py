@@ -14,7 +14,7 @@ engine/rounding.py emulates. On an H200 (2026-11-28, ncu) the separate rounding 
 from __future__ import annotations
 
 from ..plan import Program
-from .cuda import CELL_HELPERS, helper_source, module_header, render_kernel
+from .cuda import CELL_HELPERS, WAIT_MACRO, helper_source, module_header, render_kernel
 from .precision import precision as lookup
 
 # a mode's copy: its C element type and the rounding (a function of tile_gemm.cuh's, or one defined below)
@@ -50,11 +50,14 @@ def copied_buffers(program: Program, copies: dict[str, dict]) -> set[str]:
     return {sources[(kernel, param)] for kernel, params in copies.items() for param in params}
 
 
-def render_copies_module(program: Program, precision: str, copies: dict[str, dict], generator_version: int) -> str:
-    """The fused module of `program` (float32 math) with the copies' stores and tile_gemm.cuh's roundings."""
-    fp32 = lookup("float32")
+def render_copies_module(program: Program, precision: str, copies: dict[str, dict], generator_version: int,
+                         waits: dict | None = None) -> str:
+    """The fused module of `program` (float32 math) with the copies' stores and tile_gemm.cuh's roundings. waits
+    ({kernel: params}, engine/codegen/programmatic.py): those kernels wait for the GEMM before them, to be launched as
+    its programmatic dependents."""
+    fp32, waits = lookup("float32"), waits or {}
     parts = [module_header(program, "", generator_version, fp32),
              f"// Operand copies in {lookup(precision).name}: engine/codegen/operand_copies.py.\n",
-             helper_source(CELL_HELPERS), helper_source("tile_gemm.cuh"), TF32_COPY]
-    parts += [render_kernel(k, program, fp32, copies.get(k.name)) for k in program.kernels]
+             helper_source(CELL_HELPERS), helper_source("tile_gemm.cuh"), TF32_COPY, WAIT_MACRO if waits else ""]
+    parts += [render_kernel(k, program, fp32, copies.get(k.name), waits.get(k.name)) for k in program.kernels]
     return "\n".join(parts)

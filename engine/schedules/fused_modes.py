@@ -12,7 +12,9 @@ in cublasLt's epilogue. A step's operand needs no rounding launch: the cell's ke
 mode's format as they write its fp32 values (engine/codegen/operand_copies.py). The elementwise math and the states
 stay float32, as in every schedule's modes. A reduction's fixed matrix (engine/dense.py) is a sum, which no mode
 rounds: its GEMMs stay strict fp32. Layers run on their own streams, chunk by chunk (the fused backend's wavefront),
-each with its own cublasLt workspace.
+each with its own cublasLt workspace. On sm_90 and later a kernel that follows a step GEMM is launched as its
+programmatic dependent (engine/codegen/programmatic.py): its loads of the projection's row and the states are issued
+while the GEMM finishes.
 
 Why it exists: where a layer's recurrent weight does not fit on chip (H = 1024 with B = 128, H = 2560), the wavefront
 schedules stream it through their own tile GEMMs every step, and a step's product is a skinny GEMM (B rows) whose
@@ -35,12 +37,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
-from ..backends.fused import CupyDevice, Executor, fitting_plan
+from ..backends.fused import THREADS_PER_BLOCK, CupyDevice, Executor, fitting_plan
 from ..backends.lengths import check_lengths
 from ..backends.plan_numpy import NumpyDevice
 from ..codegen import GENERATOR_VERSION
 from ..codegen.nvrtc import load_module
 from ..codegen.operand_copies import copied_buffers, operand_copies, render_copies_module
+from ..codegen.programmatic import ProgrammaticLaunch, programmatic_waits
 from ..dense import dense
 from ..errors import BackendError
 from ..network import Network
@@ -157,9 +160,11 @@ class ModeDevice(CupyDevice):
     (a layer's, where the layers have streams)."""
 
     def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
-                 streams: bool = False):
+                 streams: bool = False, programmatic=None, dependents=frozenset()):
         super().__init__(cupy, module, num_layers, streams=streams, projection=projection)
         self.precision = precision
+        # kernels launched as programmatic dependents of the step GEMM before them (engine/codegen/programmatic.py)
+        self.programmatic, self.dependents = programmatic, frozenset(dependents) if programmatic else frozenset()
         self.lt = LtProjection.on_current_device(cupy)
         self.rounded: dict = {}            # (stream, rows, cols) -> a rounded operand's buffer, reused in turn
         # a cublasLt workspace a layer stream: their products run at once (the device's own serves one stream)
@@ -177,6 +182,13 @@ class ModeDevice(CupyDevice):
                 self.streams[layer].wait_event(event)
                 self.forked.add(layer)
         return super().stream(layer)
+
+    def launch(self, kernel, args, t: int, batch: int, sizes: dict) -> None:
+        if kernel.name not in self.dependents:
+            super().launch(kernel, args, t, batch, sizes)
+            return
+        function, grid, arguments = self.launch_arguments(kernel, args, t, batch, sizes)
+        self.programmatic(function, grid, (THREADS_PER_BLOCK,), arguments, self.xp.cuda.get_current_stream().ptr)
 
     def mode_weight(self, weight, exact: bool) -> ModeWeight:
         stored = self.asarray(weight)
@@ -269,7 +281,7 @@ class FusedModeProgram:
 
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16",
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
-                 layer_streams: bool = True):
+                 layer_streams: bool = True, programmatic: bool = True):
         self.precision = check_fused_mode(precision)
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
@@ -281,6 +293,8 @@ class FusedModeProgram:
         self.options = dict(passes=passes, layout=layout, chunk_steps=chunk_steps)
         self.replay = replay
         self.layer_streams = layer_streams           # False: every layer on one stream (benchmarks/probe_fused_modes.py)
+        # False: no programmatic dependent launches (engine/codegen/programmatic.py), for probes and tests
+        self.programmatic = ProgrammaticLaunch.on_current_device(cupy) if programmatic else None
         self._shape = None
         self._executor = None
         self._replays: dict = {}           # (T, B, lengths) -> ChunkReplay
@@ -293,10 +307,12 @@ class FusedModeProgram:
             program = plan.program
             fixed = fixed_gemms(program, program.cell)
             copies = operand_copies(program, self.precision, {name for name, strict in fixed.items() if strict})
-            source = render_copies_module(program, self.precision, copies, GENERATOR_VERSION)
+            waits = programmatic_waits(program) if self.programmatic else {}
+            source = render_copies_module(program, self.precision, copies, GENERATOR_VERSION, waits)
             device = ModeDevice(cupy, load_module(source, cell=network.cell.name), network.num_layers,
                                 self.precision, projection=network.cell.uses_projection,
-                                streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1)
+                                streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1,
+                                programmatic=self.programmatic, dependents=waits)
             executor = ModeExecutor(plan, device, copies, fixed)
             executor.load(self.params)
             executor.bytes = needed
@@ -355,10 +371,11 @@ class FusedModeProgram:
 
 def prepare(network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16", passes=None,
             layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
-            layer_streams: bool = True) -> FusedModeProgram:
+            layer_streams: bool = True, programmatic: bool = True) -> FusedModeProgram:
     """Plan, compile and upload once; the result's run(x) is what the benchmark times."""
     return FusedModeProgram(network, params, dtype, precision=precision, passes=passes, layout=layout,
-                            chunk_steps=chunk_steps, replay=replay, layer_streams=layer_streams)
+                            chunk_steps=chunk_steps, replay=replay, layer_streams=layer_streams,
+                            programmatic=programmatic)
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,

@@ -44,7 +44,7 @@ from ..ir import CellGraph
 from ..passes.scan import ScanAnalysis, analyse_scan
 from . import scan_kernel
 from .cublaslt import LtProjection
-from .project import LT_OPERANDS, round_activations
+from .project import LT_OPERANDS, operand_dtype, round_into
 from .scan_modes import Products, fixed_weight
 from .scan_values import (
     contiguous,
@@ -441,6 +441,7 @@ class WalkCall:
         self.lt = LtProjection.on_current_device(cupy)
         self.rows, self.bound = 0, []      # per layer (its GEMM's output, its bound product), for one T x B (_bind)
         self.zeros: dict = {}              # batch size -> the zero initial states
+        self.rounded: dict = {}            # (stream, width) -> a mode's rounded operand at self.rows, reused
 
     def __call__(self, x, initial_states: dict | None, poison: bool) -> RunResult:
         cupy, n = self.cupy, self.n
@@ -453,7 +454,8 @@ class WalkCall:
             product, gemm = self.bound[layer]
             if gemm is not None:           # issued first: the host's work below runs while the GPU multiplies
                 operand = source if self.precision == "float32" else \
-                    round_activations(cupy, source.reshape(T * B, -1), self.precision)
+                    round_into(cupy, source.reshape(T * B, -1), self._rounded(stream, T * B, source.shape[-1]),
+                               self.precision)
                 gemm(operand.data.ptr, stream)
             elif self.precision == "float32":          # cublasLt offers no algorithm for this shape
                 cupy.matmul(source.reshape(T * B, -1), weight.T, out=product)
@@ -471,10 +473,21 @@ class WalkCall:
             source = out
         return RunResult(outputs=out, final_states={self.state: finals}, backend="scan")
 
+    def _rounded(self, stream: int, rows: int, width: int):
+        """The buffer a layer's operand is rounded into, one a stream and width (at self.rows; _bind drops them when
+        the rows change): the layers of a call and later calls on that stream use it in stream order, the GEMM that
+        reads it issued before the next rounding."""
+        buffer = self.rounded.get((stream, width))
+        if buffer is None:
+            buffer = self.rounded[(stream, width)] = self.cupy.empty((rows, width),
+                                                                     operand_dtype(self.cupy, self.precision))
+        return buffer
+
     def _bind(self, rows: int) -> None:
         """The GEMM outputs for rows = T x B (one a width, shared by the layers of that width) and each layer's
         product bound to its weight and output."""
         self.rows, by_width, self.bound = rows, {}, []
+        self.rounded = {}
         for weight, _, _ in self.layers:
             if weight.shape[0] not in by_width:
                 by_width[weight.shape[0]] = self.cupy.empty((rows, weight.shape[0]), dtype=self.cupy.float32)

@@ -80,3 +80,24 @@ def test_engine_run_routes_the_modes_to_it(cupy):
     result = engine.run(network, params, x, states, backend="fused", precision="bf16")
     assert result.backend == "fused" and result.info["precision"] == "bfloat16"
     check_mode(result, network, params, x, states, "bfloat16", "engine.run fused bf16")
+
+
+def test_programmatic_launches_change_no_bit(cupy):
+    # the kernels after a step GEMM launch as its programmatic dependents on sm_90 and later; with or without, the
+    # same math in the same order: the outputs and states are bit-identical, direct and replayed from graphs
+    if int(cupy.cuda.Device().compute_capability) < 90:
+        pytest.skip("programmatic dependent launch (griddepcontrol) needs sm_90 or later; this GPU is older")
+    sizes = {"input_size": 48, "hidden_size": 80, "batch": 12, "steps": 19}
+    for name, layers in (("lstm", 2), ("gru_cho", 2), ("ln_lstm", 1), ("lstm_proj", 1)):
+        network, params, x, states = make_case(engine.preset(name).cell, layers, seed=9, sizes=sizes)
+        on = fused_modes.prepare(network, params, precision="bfloat16")
+        off = fused_modes.prepare(network, params, precision="bfloat16", programmatic=False)
+        want = off.run(x, states, poison=True)
+        assert on.executor(x.shape[0], x.shape[1]).device.dependents, f"{name}: no kernel launched as a dependent"
+        assert not off.executor(x.shape[0], x.shape[1]).device.dependents
+        for run in range(3):                              # direct, captured, replayed
+            got = on.run(x, states, poison=run == 0)
+            np.testing.assert_array_equal(got.outputs, want.outputs, err_msg=f"{name} run {run}")
+            for state, value in want.final_states.items():
+                np.testing.assert_array_equal(got.final_states[state], value, err_msg=f"{name} {state} run {run}")
+        assert got.info["replayed"].startswith("replayed from CUDA graphs"), got.info["replayed"]

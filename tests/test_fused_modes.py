@@ -24,7 +24,7 @@ from engine.dense import dense
 from engine.errors import BackendError
 from engine.schedules.autotune import candidates
 from engine.schedules.cublaslt import alignment
-from engine.schedules.fused_modes import ModeExecutor, NumpyModeDevice, check_fused_mode, fixed_gemms
+from engine.schedules.fused_modes import ModeExecutor, NumpyModeDevice, ahead_steps, check_fused_mode, fixed_gemms
 from engine.schedules.tiling import H100
 
 MODES = ("tf32", "float16", "bfloat16")
@@ -172,3 +172,32 @@ def test_a_kernel_that_reads_nothing_from_the_gemm_still_waits_before_its_stores
     (kernel,) = program.kernels
     text = render_kernel(kernel, program, lookup_precision("float32"), None, frozenset())
     assert text.index("x_proj_out[row") < text.index("RNN_WAIT_PRIMARY();") < text.index("// compute")
+
+
+@pytest.mark.parametrize("name, layers", [("lstm", 2), ("gru_cho", 1), ("lstm_proj", 2)])
+def test_layer_zeros_projection_in_pieces_ahead_of_the_steps(name, layers):
+    # layer 0's projection in pieces of 2 steps (issued ahead on a stream of its own on the GPU): the same outputs,
+    # one GEMM a piece instead of one for the sequence
+    network, params, x, states = case(name, layers)
+    dense_network, dense_params = dense(network, params)
+    T, B, _ = x.shape
+    plan = make_plan(dense_network, T, B)
+    runs = {}
+    for ahead in (None, 2):
+        device = NumpyModeDevice(np.float64, "bfloat16")
+        executor = ModeExecutor(plan, device, ahead=ahead)
+        runs[ahead] = (executor.run(dense_params, device.asarray(x), states, poison=True), device.launches)
+    (want, plain), (got, pieces) = runs[None], runs[2]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-14)
+    for state, value in want[1].items():
+        np.testing.assert_allclose(got[1][state], value, rtol=1e-12, atol=1e-14)
+    hoisted = len(plan.program.hoisted_gemms)
+    assert pieces - plain == (-(-T // 2) - 1) * hoisted           # 3 pieces of 5 steps where there was 1
+
+
+def test_the_pieces_ahead_are_large_gemms_or_none():
+    assert ahead_steps(200, 64) == 32            # blogA: 2048 rows a piece, 7 pieces
+    assert ahead_steps(100, 128) == 16           # large: 7 pieces
+    assert ahead_steps(1024, 16) == 128          # one layer at B = 16: 8 pieces
+    assert ahead_steps(100, 1) is None           # lat: the whole sequence is one small GEMM
+    assert ahead_steps(100, 64) == 32

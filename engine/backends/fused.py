@@ -38,9 +38,12 @@ MAX_BLOCKS = 65535
 class Executor:
     """Runs a Plan on a device. The device supplies arrays, GEMMs, kernel launches, streams and events."""
 
-    def __init__(self, plan: Plan, device):
+    def __init__(self, plan: Plan, device, ahead: int | None = None):
         self.plan, self.program, self.device = plan, plan.program, device
         self.order = tuple(plan.program.step_order())      # the same every step: built once, not per step
+        # steps a piece of layer 0's projection, issued ahead on the device's projection stream (_project_ahead);
+        # None: one GEMM over the whole sequence before layer 0's first step
+        self.ahead = ahead if ahead and ahead < plan.steps else None
 
     # ---- set-up ---------------------------------------------------------------------------------
     def _allocate(self, poison: bool) -> list[dict]:
@@ -116,6 +119,7 @@ class Executor:
             self.inputs.append(self.layers[layer - 1][self.program.output_buffer])
         self._init_states(self.layers, initial_states)
         device.synchronize()      # the set-up ran on the default stream; the layer streams do not wait for it
+        pieces = self._project_ahead()
         done = {}
         for diagonal in plan.chunk_order():
             for layer, chunk in diagonal:
@@ -124,6 +128,8 @@ class Executor:
                         device.wait(layer, done[(layer - 1, chunk)])
                     self._project(layer, chunk)
                     for t in plan.chunk_range(chunk):
+                        if layer == 0 and t in pieces:
+                            device.wait_ahead(pieces[t])
                         self._step(layer, t)
                     done[(layer, chunk)] = device.record(layer)
         device.synchronize()
@@ -138,12 +144,31 @@ class Executor:
             final[home.state] = device.xp.stack(per_layer)
         return outputs, final
 
+    def _project_ahead(self) -> dict:
+        """Layer 0's hoisted GEMMs in pieces of self.ahead steps on the device's projection stream, all issued before
+        the first step: {a piece's first step: the event its steps wait for}. The steps of one piece then run while
+        the next is projected (the steps leave the tensor cores mostly idle). {} where self.ahead is None. The first
+        piece takes the whole GPU (nothing else runs yet); the others are planned for the SMs the steps leave."""
+        if self.ahead is None:
+            return {}
+        plan, device = self.plan, self.device
+        B, pieces = plan.batch, {}
+        for first in range(0, plan.steps, self.ahead):
+            rows = slice(first * B, min(first + self.ahead, plan.steps) * B)
+            with device.projection_stream(shared=first > 0):
+                for gemm in self.program.hoisted_gemms:
+                    weight, bias = self.weights[0][gemm.name]
+                    self._gemm_bias(self.inputs[0][rows], weight, bias, self.layers[0][gemm.out_buffer][rows])
+                pieces[first] = device.record_ahead()
+        return pieces
+
     def _project(self, layer: int, chunk: int) -> None:
-        """The hoisted GEMMs: layer 0 projects the whole sequence with its first chunk."""
+        """The hoisted GEMMs: layer 0 projects the whole sequence with its first chunk (or in pieces ahead:
+        _project_ahead)."""
         plan = self.plan
         B = plan.batch
         if layer == 0:
-            if chunk > 0:
+            if chunk > 0 or self.ahead is not None:
                 return
             rows = slice(0, plan.steps * B)
         else:

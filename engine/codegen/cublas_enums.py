@@ -11,6 +11,7 @@ CUBLAS_GEMM_DEFAULT = -1                                     # cublasGemmAlgo_t:
 # cublasLt.h (CUDA 13), for the schedules' projections through cublasLt (engine/schedules/cublaslt.py)
 LT_DESC_TRANSA, LT_DESC_TRANSB = 3, 4                       # cublasLtMatmulDescAttributes_t
 LT_DESC_EPILOGUE, LT_DESC_BIAS_POINTER = 7, 8
+LT_DESC_SM_COUNT_TARGET = 15      # int32: the SMs the heuristic plans for, where a concurrent stream has the rest
 LT_EPILOGUE_DEFAULT, LT_EPILOGUE_BIAS = 1, 4                 # cublasLtEpilogue_t
 LT_PREF_MAX_WORKSPACE_BYTES = 1                              # cublasLtMatmulPreferenceAttributes_t
 LT_PREF_MIN_ALIGNMENT_BYTES = (5, 6, 7, 8)                     # A, B, C, D (cublasLt.h: the heuristic assumes 256 B unless told)

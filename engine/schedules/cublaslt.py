@@ -29,6 +29,7 @@ from ..codegen.cublas_enums import (
     LT_ALGO_BYTES,
     LT_DESC_BIAS_POINTER,
     LT_DESC_EPILOGUE,
+    LT_DESC_SM_COUNT_TARGET,
     LT_DESC_TRANSA,
     LT_DESC_TRANSB,
     LT_EPILOGUE_BIAS,
@@ -106,24 +107,25 @@ class LtProjection:
                     "cublasLtMatmulDescSetAttribute")
 
     def plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int,
-             aligned: tuple[int, int, int] = (256, 256, 256)) -> Plan:
+             aligned: tuple[int, int, int] = (256, 256, 256), sms: int = 0) -> Plan:
         """The plan of out (M, N) = A (M, K) W (N, K)^T (+ bias when bias != 0): column-major, out^T (N, M) =
         W^T . A^T with W read as a column-major (K, N) matrix transposed and A as (K, M). aligned: the bytes that
-        W's, A's and out's addresses are multiples of (alignment())."""
-        key = (M, N, K, data_type, compute, bias != 0, aligned)
+        W's, A's and out's addresses are multiples of (alignment()). sms: the SMs to plan for (0: all of them)."""
+        key = (M, N, K, data_type, compute, bias != 0, aligned, sms)
         if key in self.plans:
             self.plans.move_to_end(key)
             return self.plans[key]
         while len(self.plans) >= MAX_PLANS:
             self._destroy(self.plans.popitem(last=False)[1])
-        plan = self.plans[key] = self._new_plan(M, N, K, data_type, compute, bias, aligned=aligned)
+        plan = self.plans[key] = self._new_plan(M, N, K, data_type, compute, bias, aligned=aligned, sms=sms)
         return plan
 
     def _new_plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int, count: int = 1,
-                  aligned: tuple[int, int, int] = (256, 256, 256)) -> Plan:
+                  aligned: tuple[int, int, int] = (256, 256, 256), sms: int = 0) -> Plan:
         """The product's descriptors and the algorithm cublasLt's heuristic ranks first (plan.candidates: its first
         `count`, best first). The heuristic assumes every matrix 256-byte aligned unless told: `aligned` (W, A,
-        out) tells it, so a product on a row slice (a chunk of a sequence) gets an algorithm that reads it right."""
+        out) tells it, so a product on a row slice (a chunk of a sequence) gets an algorithm that reads it right.
+        sms > 0: CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, for a product that runs beside a concurrent stream's work."""
         desc = ctypes.c_void_p()
         self._check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), ctypes.c_int(compute),
                                                       ctypes.c_int(CUDA_R_32F)), "cublasLtMatmulDescCreate")
@@ -132,6 +134,8 @@ class LtProjection:
         self._set(desc, LT_DESC_EPILOGUE, ctypes.c_int32(LT_EPILOGUE_BIAS if bias else LT_EPILOGUE_DEFAULT))
         if bias:             # the heuristic reads the pointer's alignment
             self._set(desc, LT_DESC_BIAS_POINTER, ctypes.c_void_p(bias))
+        if sms:
+            self._set(desc, LT_DESC_SM_COUNT_TARGET, ctypes.c_int32(sms))
         w = self._layout(data_type, K, N, K)
         a = self._layout(data_type, K, M, K)
         c = self._layout(CUDA_R_32F, N, M, N)
@@ -175,15 +179,16 @@ class LtProjection:
         for layout in plan.layouts:
             self.lib.cublasLtMatrixLayoutDestroy(layout)
 
-    def matmul(self, operand, weight, bias, out, data_type: int, compute: int, workspace=None) -> bool:
+    def matmul(self, operand, weight, bias, out, data_type: int, compute: int, workspace=None, sms: int = 0) -> bool:
         """out (M, N) = operand (M, K) @ weight (N, K)^T (+ bias (N,) fp32) on the current stream; every array
         C-contiguous. False where cublasLt offers no algorithm for it (nothing was written). workspace: a WORKSPACE-byte
-        buffer of the caller's, for products issued on several streams at once (cuBLAS: one workspace a stream)."""
+        buffer of the caller's, for products issued on several streams at once (cuBLAS: one workspace a stream).
+        sms: plan for that many SMs (0: all), where another stream's work holds the rest."""
         M, K = operand.shape
         N = weight.shape[0]
         bias_ptr = 0 if bias is None else bias.data.ptr
         plan = self.plan(M, N, K, data_type, compute, bias_ptr,
-                         (alignment(weight.data.ptr), alignment(operand.data.ptr), alignment(out.data.ptr)))
+                         (alignment(weight.data.ptr), alignment(operand.data.ptr), alignment(out.data.ptr)), sms)
         if plan.algo is None:
             return False
         if bias_ptr and bias_ptr != plan.bias:

@@ -14,7 +14,8 @@ stay float32, as in every schedule's modes. A reduction's fixed matrix (engine/d
 rounds: its GEMMs stay strict fp32. Layers run on their own streams, chunk by chunk (the fused backend's wavefront),
 each with its own cublasLt workspace. On sm_90 and later a kernel that follows a step GEMM is launched as its
 programmatic dependent (engine/codegen/programmatic.py): its loads of the projection's row and the states are issued
-while the GEMM finishes.
+while the GEMM finishes. A one-layer network projects its input in pieces on a stream of its own, ahead of the steps
+that wait for them (Executor._project_ahead), so the first step need not wait for the whole sequence's projection.
 
 Why it exists: where a layer's recurrent weight does not fit on chip (H = 1024 with B = 128, H = 2560), the wavefront
 schedules stream it through their own tile GEMMs every step, and a step's product is a skinny GEMM (B rows) whose
@@ -32,6 +33,7 @@ are the wavefront schedules' own).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +57,17 @@ from .cublaslt import WORKSPACE, LtProjection
 from .project import LT_OPERANDS, operand_dtype, round_into
 
 MODES = ("tf32", "float16", "bfloat16")
+AHEAD_PIECES = 8         # layer 0's projection ahead of the steps in at most this many pieces (Executor._project_ahead)
+AHEAD_ROWS = 2048        # of at least this many rows (T x B) each, so that each piece is still a large GEMM
+
+
+def ahead_steps(T: int, B: int) -> int | None:
+    """The steps a piece of layer 0's projection, or None where one piece would cover the sequence. On an H200
+    (2026-11-28, benchmarks/probe_fused_ahead.py) the pieces made blogA 2-4 % faster in bf16 and one layer at B = 16,
+    T = 1024 8-10 %; at `large` and `mid` (several layers) they cost up to 1.4 %, so FusedModeProgram uses them for
+    one-layer networks."""
+    steps = max(-(-T // AHEAD_PIECES), -(-AHEAD_ROWS // B))
+    return steps if steps < T else None
 
 
 def check_fused_mode(precision) -> str:
@@ -94,8 +107,8 @@ class ModeExecutor(Executor):
     operands in the mode's format, which the GEMMs then read as they are; without them (the NumPy device) each step
     GEMM rounds its operand first."""
 
-    def __init__(self, plan, device, copies=None, fixed: dict | None = None):
-        super().__init__(plan, device)
+    def __init__(self, plan, device, copies=None, fixed: dict | None = None, ahead: int | None = None):
+        super().__init__(plan, device, ahead)
         self.fixed = fixed_gemms(self.program, self.program.cell) if fixed is None else fixed
         copies = copies or {}
         self.copied = copied_buffers(self.program, copies)
@@ -160,28 +173,62 @@ class ModeDevice(CupyDevice):
     (a layer's, where the layers have streams)."""
 
     def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
-                 streams: bool = False, programmatic=None, dependents=frozenset()):
+                 streams: bool = False, programmatic=None, dependents=frozenset(), ahead: bool = False,
+                 shared_sms: int = 0):
         super().__init__(cupy, module, num_layers, streams=streams, projection=projection)
         self.precision = precision
         # kernels launched as programmatic dependents of the step GEMM before them (engine/codegen/programmatic.py)
         self.programmatic, self.dependents = programmatic, frozenset(dependents) if programmatic else frozenset()
         self.lt = LtProjection.on_current_device(cupy)
         self.rounded: dict = {}            # (stream, rows, cols) -> a rounded operand's buffer, reused in turn
+        # layer 0's projection in pieces ahead of the steps (Executor._project_ahead), on a stream of its own
+        self.ahead_stream = cupy.cuda.Stream(non_blocking=True) if ahead else None
+        self.shared_sms = shared_sms       # the SMs a piece after the first plans for (0: all)
+        self.sms = 0                       # the SMs the products being issued plan for
         # a cublasLt workspace a layer stream: their products run at once (the device's own serves one stream)
-        self.workspaces = {stream.ptr: cupy.empty(WORKSPACE, dtype=cupy.uint8) for stream in self.streams or ()}
+        self.workspaces = {stream.ptr: cupy.empty(WORKSPACE, dtype=cupy.uint8)
+                           for stream in [*(self.streams or ()), *([self.ahead_stream] if ahead else [])]}
         self.forked: set = set()           # the layer streams a capture has forked from its stream, to join at its end
+        self.ahead_forked = False          # the projection stream, forked the same way
 
     def stream(self, layer: int):
         """The layer's stream; in a capture, forked from the capturing stream first (an event it waits on), as CUDA
         requires of every stream that takes part in one."""
-        if self.streams is not None and layer not in self.forked:
-            current = self.xp.cuda.get_current_stream()
-            if current.is_capturing():
-                event = self.xp.cuda.Event(disable_timing=True)
-                event.record(current)
-                self.streams[layer].wait_event(event)
-                self.forked.add(layer)
+        if self.streams is not None and layer not in self.forked and self._fork(self.streams[layer]):
+            self.forked.add(layer)
         return super().stream(layer)
+
+    def _fork(self, stream) -> bool:
+        """In a capture, `stream` made to wait for the capturing stream (an event): True where it was forked."""
+        current = self.xp.cuda.get_current_stream()
+        if not current.is_capturing():
+            return False
+        event = self.xp.cuda.Event(disable_timing=True)
+        event.record(current)
+        stream.wait_event(event)
+        return True
+
+    @contextlib.contextmanager
+    def projection_stream(self, shared: bool):
+        """The projection stream as the current stream (forked from a capture's stream first); shared: its products
+        plan for shared_sms SMs, the steps running beside them."""
+        if not self.ahead_forked:
+            self.ahead_forked = self._fork(self.ahead_stream)
+        self.sms = self.shared_sms if shared else 0
+        try:
+            with self.ahead_stream:
+                yield self.ahead_stream
+        finally:
+            self.sms = 0
+
+    def record_ahead(self):
+        event = self.xp.cuda.Event(disable_timing=True)
+        event.record(self.ahead_stream)
+        return event
+
+    def wait_ahead(self, event) -> None:
+        """The current stream (layer 0's) waits for a piece of its projection."""
+        self.xp.cuda.get_current_stream().wait_event(event)
 
     def launch(self, kernel, args, t: int, batch: int, sizes: dict) -> None:
         if kernel.name not in self.dependents:
@@ -231,7 +278,7 @@ class ModeDevice(CupyDevice):
             raise BackendError("backend 'fused' in a precision mode writes GEMM outputs whole: got a strided one; "
                                "hint: this is a bug in engine/schedules/fused_modes.py")
         data_type, compute = LT_OPERANDS[mode]
-        if not self.lt.matmul(operand, weight.stored, bias, out, data_type, compute, self._workspace()):
+        if not self.lt.matmul(operand, weight.stored, bias, out, data_type, compute, self._workspace(), self.sms):
             M, K = operand.shape
             raise BackendError(f"backend 'fused' in precision '{self.precision}': cublasLt offers no algorithm for a "
                                f"({M} x {K}) @ ({K} x {weight.stored.shape[0]}) product; "
@@ -243,12 +290,16 @@ class ModeDevice(CupyDevice):
         current = self.xp.cuda.get_current_stream()
         if not current.is_capturing():
             super().synchronize()
+            if self.ahead_stream is not None:
+                self.ahead_stream.synchronize()
             return
-        for layer in sorted(self.forked):
+        joined = [self.streams[layer] for layer in sorted(self.forked)]
+        for stream in joined + ([self.ahead_stream] if self.ahead_forked else []):
             event = self.xp.cuda.Event(disable_timing=True)
-            event.record(self.streams[layer])
+            event.record(stream)
             current.wait_event(event)
         self.forked.clear()
+        self.ahead_forked = False
 
     def _workspace(self):
         """The current layer stream's cublasLt workspace (None: the device's own, on any other stream)."""
@@ -266,6 +317,16 @@ class NumpyModeDevice(NumpyDevice):
     def mode_weight(self, weight, exact: bool) -> ModeWeight:
         return ModeWeight(self.asarray(weight), exact)
 
+    @contextlib.contextmanager
+    def projection_stream(self, shared: bool):
+        yield None                         # one host thread: the pieces run in order (the GPU's streams overlap them)
+
+    def record_ahead(self):
+        return None
+
+    def wait_ahead(self, event) -> None:
+        pass
+
     def gemm(self, x, weight, out, bias=None) -> None:
         w = weight.stored
         out[...] = x @ w.T if weight.exact else mode_matmul(w, x, self.precision, lambda a, b: b @ a.T)
@@ -281,7 +342,8 @@ class FusedModeProgram:
 
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16",
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
-                 layer_streams: bool = True, programmatic: bool = True):
+                 layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
+                 projection_sms: int = 0):
         self.precision = check_fused_mode(precision)
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
@@ -295,6 +357,11 @@ class FusedModeProgram:
         self.layer_streams = layer_streams           # False: every layer on one stream (benchmarks/probe_fused_modes.py)
         # False: no programmatic dependent launches (engine/codegen/programmatic.py), for probes and tests
         self.programmatic = ProgrammaticLaunch.on_current_device(cupy) if programmatic else None
+        # layer 0's projection in pieces on a stream of its own, ahead of the steps (Executor._project_ahead): True,
+        # pieces of ahead_steps(T, B) for a one-layer network (with more layers the chunks' wavefront overlaps the
+        # projections already, and pieces cost ~1 % at `large`); an int, pieces of that many steps, any network; the
+        # pieces after the first plan for projection_sms SMs (0: all; benchmarks/probe_fused_ahead.py: no better)
+        self.projection_ahead, self.projection_sms = projection_ahead, projection_sms
         self._shape = None
         self._executor = None
         self._replays: dict = {}           # (T, B, lengths) -> ChunkReplay
@@ -309,11 +376,14 @@ class FusedModeProgram:
             copies = operand_copies(program, self.precision, {name for name, strict in fixed.items() if strict})
             waits = programmatic_waits(program) if self.programmatic else {}
             source = render_copies_module(program, self.precision, copies, GENERATOR_VERSION, waits)
+            ahead = self.projection_ahead if type(self.projection_ahead) is int else \
+                ahead_steps(T, B) if self.projection_ahead and network.num_layers == 1 else None
             device = ModeDevice(cupy, load_module(source, cell=network.cell.name), network.num_layers,
                                 self.precision, projection=network.cell.uses_projection,
                                 streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1,
-                                programmatic=self.programmatic, dependents=waits)
-            executor = ModeExecutor(plan, device, copies, fixed)
+                                programmatic=self.programmatic, dependents=waits, ahead=ahead is not None,
+                                shared_sms=self.projection_sms)
+            executor = ModeExecutor(plan, device, copies, fixed, ahead)
             executor.load(self.params)
             executor.bytes = needed
             self._shape, self._executor = (T, B, lengths), executor
@@ -371,11 +441,13 @@ class FusedModeProgram:
 
 def prepare(network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16", passes=None,
             layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
-            layer_streams: bool = True, programmatic: bool = True) -> FusedModeProgram:
+            layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
+            projection_sms: int = 0) -> FusedModeProgram:
     """Plan, compile and upload once; the result's run(x) is what the benchmark times."""
     return FusedModeProgram(network, params, dtype, precision=precision, passes=passes, layout=layout,
                             chunk_steps=chunk_steps, replay=replay, layer_streams=layer_streams,
-                            programmatic=programmatic)
+                            programmatic=programmatic, projection_ahead=projection_ahead,
+                            projection_sms=projection_sms)
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,

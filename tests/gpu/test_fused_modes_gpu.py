@@ -101,3 +101,32 @@ def test_programmatic_launches_change_no_bit(cupy):
             for state, value in want.final_states.items():
                 np.testing.assert_array_equal(got.final_states[state], value, err_msg=f"{name} {state} run {run}")
         assert got.info["replayed"].startswith("replayed from CUDA graphs"), got.info["replayed"]
+
+
+@pytest.mark.parametrize("precision", ("bfloat16", "tf32"))
+def test_layer_zeros_projection_ahead_in_pieces(cupy, precision):
+    # layer 0's projection in pieces of 4 steps on a stream of its own, the steps waiting for their piece: the
+    # emulation holds, the replay equals the direct run, and the outputs stay within the mode's rounding of the run
+    # with one projection (the pieces' products may sum in another order, and a different fp32 sum can move an
+    # operand by a unit of the mode)
+    sizes = {"input_size": 48, "hidden_size": 80, "batch": 16, "steps": 23}
+    for name, layers in (("lstm", 2), ("gru_cho", 1), ("lstm_proj", 2)):
+        network, params, x, states = make_case(engine.preset(name).cell, layers, seed=13, sizes=sizes)
+        for sms in (0, 16):
+            program = fused_modes.prepare(network, params, precision=precision, projection_ahead=4,
+                                          projection_sms=sms)
+            assert program.executor(x.shape[0], x.shape[1]).ahead == 4
+            direct = program.run(x, states, poison=True)
+            check_mode(direct, network, params, x, states, precision, f"fused {name} {precision} ahead, {sms} SMs",
+                       UNEXPLAINED)
+            for _ in range(2):                             # captured, then replayed
+                again = program.run(x, states)
+            assert again.info["replayed"].startswith("replayed from CUDA graphs"), again.info["replayed"]
+            np.testing.assert_array_equal(again.outputs, direct.outputs)
+            x2 = np.random.default_rng(21).standard_normal(x.shape)    # new inputs: a step that did not wait for
+            np.testing.assert_array_equal(program.run(x2, states).outputs,  # its piece would read the last run's
+                                          program.run(x2, states, poison=True).outputs)
+            whole = fused_modes.prepare(network, params, precision=precision, projection_ahead=False)
+            assert whole.executor(x.shape[0], x.shape[1]).ahead is None
+            assert relative_error(whole.run(x, states).outputs, direct.outputs) < (1e-2 if precision == "bfloat16"
+                                                                                  else 1e-3)

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from step_chain import graph_ms  # noqa: E402
 
 CASES = [("large", 1024, 128, 100), ("blogA", 2560, 64, 200), ("B=16 H=512", 512, 16, 1024)]
 HEADER = """    const long total = (long)B * H;
@@ -143,18 +145,7 @@ def main() -> None:
                 for t in range(T):
                     launch(t)
                 graph = stream.end_capture()
-            for _ in range(3):
-                graph.launch(stream)
-            stream.synchronize()
-            times = []
-            for _ in range(args.reps):
-                a, b = cupy.cuda.Event(), cupy.cuda.Event()
-                a.record(stream)
-                graph.launch(stream)
-                b.record(stream)
-                b.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(a, b))
-            ms = statistics.median(times)
+            ms = graph_ms(cupy, stream, graph, args.reps)
             rows.append({"case": case, "H": H, "B": B, "T": T, "variant": variant, "ms": ms,
                          "us_per_launch": 1e3 * ms / T})
             print(f"{case:12s} {variant:24s} {1e3 * ms / T:6.2f} us a launch", flush=True)

@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from step_chain import StepChain  # noqa: E402
 
 CASES = [  # name, H, B, T, gates, mode
     ("lstm large (a layer)", 1024, 128, 100, 4, "bfloat16"),
@@ -37,70 +39,6 @@ CONFIG = {"id": (0, ctypes.c_int32), "tile": (1, ctypes.c_uint32), "splitk": (2,
           "stages": (6, ctypes.c_uint32), "inner": (7, ctypes.c_uint16), "cluster": (8, ctypes.c_uint16)}
 CAP_SPLITK_SUPPORT, CAP_REDUCTION_MASK = 0, 1
 REDUCTIONS = {1: "inplace", 2: "compute-type", 4: "output-type"}
-
-
-class StepChain:
-    """T chained steps of `product(operand_ptr, stream_ptr)` then next operand = mode(tanh(out[:, :H])), captured
-    into one CUDA graph and timed (median ms)."""
-
-    def __init__(self, cupy, mode: str, H: int, B: int, N: int, T: int, reps: int = 11):
-        import numpy as np
-
-        from engine.schedules.project import operand_dtype, round_into
-        self.cupy, self.mode, self.H, self.T, self.reps = cupy, mode, H, T, reps
-        self.round_into = round_into
-        rng = np.random.default_rng(0)
-        self.w32 = cupy.asarray(rng.standard_normal((N, H), dtype=np.float32) / H ** 0.5)
-        self.h32 = cupy.asarray(rng.standard_normal((B, H), dtype=np.float32))
-        self.w = round_into(cupy, self.w32, cupy.empty(self.w32.shape, operand_dtype(cupy, mode)), mode)
-        self.h0 = round_into(cupy, self.h32, cupy.empty(self.h32.shape, operand_dtype(cupy, mode)), mode)
-        self.h = self.h0.copy()
-        self.out = cupy.empty((B, N), dtype=cupy.float32)
-        self.hf = cupy.empty((B, H), dtype=cupy.float32)
-        self.tanh = cupy.ElementwiseKernel("float32 g", "float32 h", "h = tanhf(g)", "probe_step_tanh")
-        self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.ref = None
-
-    def error(self, product) -> float:
-        """One product of the first operand against float64 (out poisoned with NaN first)."""
-        cupy = self.cupy
-        if self.ref is None:
-            self.ref = self.h32.astype(cupy.float64) @ self.w32.astype(cupy.float64).T
-        self.out.fill(float("nan"))
-        with self.stream:
-            product(self.h0.data.ptr, self.stream.ptr)
-            self.tanh(self.out[:, :self.H], self.hf)               # compiled before any capture
-            self.round_into(cupy, self.hf, cupy.empty_like(self.h), self.mode)
-        self.stream.synchronize()
-        return float(cupy.abs(self.out - self.ref).max() / cupy.abs(self.ref).max())
-
-    def capture(self, product):
-        cupy, stream = self.cupy, self.stream
-        with stream:
-            stream.begin_capture()
-            for _ in range(self.T):
-                product(self.h.data.ptr, stream.ptr)
-                self.tanh(self.out[:, :self.H], self.hf)
-                self.round_into(cupy, self.hf, self.h, self.mode)
-            return stream.end_capture()
-
-    def time(self, graph) -> float:
-        cupy, stream = self.cupy, self.stream
-        self.h[...] = self.h0
-        for _ in range(3):
-            graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(self.reps):
-            a, b = cupy.cuda.Event(), cupy.cuda.Event()
-            a.record(stream)
-            graph.launch(stream)
-            b.record(stream)
-            b.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(a, b))
-        if not bool(cupy.isfinite(self.hf).all()):
-            raise AssertionError("non-finite h after the chain")
-        return statistics.median(times)
 
 
 def describe(lib, algo) -> dict:

@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from step_chain import StepChain  # noqa: E402
 
 CASES = [  # name, H, B, T, gates, mode
     ("lstm blogA", 2560, 64, 200, 4, "bfloat16"),
@@ -88,10 +90,9 @@ class Driver:
 
 def main() -> None:
     import cupy
-    import numpy as np
 
     from engine.schedules.cublaslt import LtProjection
-    from engine.schedules.project import LT_OPERANDS, operand_dtype, round_into
+    from engine.schedules.project import LT_OPERANDS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None)
@@ -106,55 +107,20 @@ def main() -> None:
     print(f"L2 {l2 / 1e6:.1f} MB, max persisting {max_persist / 1e6:.1f} MB, max window {max_window / 1e6:.1f} MB",
           flush=True)
     lt = LtProjection.on_current_device(cupy)
-    step_kernel = {
-        "bfloat16": cupy.ElementwiseKernel("float32 g", "float32 h", "h = tanhf(g)", "step_tanh"),
-    }["bfloat16"]
     rows = []
     for name, H, B, T, G, mode in CASES:
-        rng = np.random.default_rng(0)
         N = G * H
-        w32 = cupy.asarray(rng.standard_normal((N, H), dtype=np.float32) / H ** 0.5)
-        h32 = cupy.asarray(rng.standard_normal((B, H), dtype=np.float32))
-        w = round_into(cupy, w32, cupy.empty(w32.shape, operand_dtype(cupy, mode)), mode)
-        h = round_into(cupy, h32, cupy.empty(h32.shape, operand_dtype(cupy, mode)), mode)
-        out = cupy.full((B, N), np.nan, dtype=cupy.float32)
-        hf = cupy.empty((B, H), dtype=cupy.float32)
-        data_type, compute = LT_OPERANDS[mode]
-        bound = lt.bind(w, out, data_type, compute, count=args.algos)
+        chain = StepChain(cupy, mode, H, B, N, T, args.reps)
+        w, stream = chain.w, chain.stream
+        bound = lt.bind(w, chain.out, *LT_OPERANDS[mode], count=args.algos)
         candidates = list(bound.plan.candidates)
-        stream = cupy.cuda.Stream(non_blocking=True)
-        with stream:
-            bound(h.data.ptr, stream.ptr)
-            step_kernel(out[:, :H], hf)              # compiled before any capture
-            round_into(cupy, hf, cupy.empty_like(h), mode)
-        stream.synchronize()
-        ref = cupy.asnumpy(h32.astype(cupy.float64) @ w32.astype(cupy.float64).T)
-        err = float(np.abs(cupy.asnumpy(out) - ref).max() / np.abs(ref).max())
+        err = chain.error(bound)
         weight_bytes = w.nbytes
 
         def capture():
-            with stream:
-                stream.begin_capture()
-                for _ in range(T):
-                    bound(h.data.ptr, stream.ptr)
-                    step_kernel(out[:, :H], hf)
-                    round_into(cupy, hf, h, mode)
-                return stream.end_capture()
+            return chain.capture(bound)
 
-        def timed(graph):
-            for _ in range(3):
-                graph.launch(stream)
-            stream.synchronize()
-            times = []
-            for _ in range(args.reps):
-                a, b = cupy.cuda.Event(), cupy.cuda.Event()
-                a.record(stream)
-                graph.launch(stream)
-                b.record(stream)
-                b.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(a, b))
-            assert bool(cupy.isfinite(hf).all()), "non-finite h"
-            return statistics.median(times)
+        timed = chain.time
 
         def record(variant: str, ms: float, **extra):
             row = {"case": name, "mode": mode, "H": H, "B": B, "T": T, "gates": G, "variant": variant, "ms": ms,
@@ -200,7 +166,7 @@ def main() -> None:
         drv.window(stream.ptr, w.data.ptr, min(weight_bytes, max_window), min(1.0, got / min(weight_bytes, max_window)))
         with stream:
             for _ in range(3):
-                bound(h.data.ptr, stream.ptr)
+                bound(chain.h0.data.ptr, stream.ptr)
         drv.clear(stream.ptr)
         stream.synchronize()
         record("no window after reset (set-aside max)", ms_before)
@@ -214,16 +180,9 @@ def main() -> None:
             drv.clear(stream.ptr)
             record(f"algo {best[0]} + ratio window, set-aside max", timed(graph), algo=best[0])
         # 4. eager (no graph): does the window work where no capture is involved?
-        def eager():
-            with stream:
-                for _ in range(T):
-                    bound(h.data.ptr, stream.ptr)
-                    step_kernel(out[:, :H], hf)
-                    round_into(cupy, hf, h, mode)
-
         class Eager:
             def launch(self, _stream):
-                eager()
+                chain.steps(bound)
         bound.use(candidates[0])
         for variant, persist in (("eager, no set-aside", 0), ("eager, ratio window, set-aside max", max_persist),
                                  ("eager, ratio window, set-aside 3/4 max", max_persist * 3 // 4)):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -33,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from probe_cell_kernel import HEADER, ROWS_IN_Y  # noqa: E402
+from step_chain import graph_ms  # noqa: E402
 
 CASES = [("large (a layer)", 1024, 128, 100), ("blogA", 2560, 64, 200), ("B=16 H=512", 512, 16, 1024)]
 WAIT = '        asm volatile("griddepcontrol.wait;" ::: "memory");\n'
@@ -144,18 +144,7 @@ def main() -> None:
             graph.launch(stream)
             stream.synchronize()
             finals[variant] = cupy.asnumpy(h)
-            for _ in range(3):
-                graph.launch(stream)
-            stream.synchronize()
-            times = []
-            for _ in range(args.reps):
-                a, b = cupy.cuda.Event(), cupy.cuda.Event()
-                a.record(stream)
-                graph.launch(stream)
-                b.record(stream)
-                b.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(a, b))
-            ms = statistics.median(times)
+            ms = graph_ms(cupy, stream, graph, args.reps)
             same = bool(np.array_equal(finals[variant], finals["plain"]))
             finite = bool(np.isfinite(finals[variant]).all())
             rows.append({"case": case, "H": H, "B": B, "T": T, "variant": variant, "ms": ms,

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from step_chain import graph_ms  # noqa: E402
 
 CASES = [("lstm blogA bf16", 4 * 2560 * 2560 * 2, 200), ("gru blogA bf16", 3 * 2560 * 2560 * 2, 200),
          ("lstm blogA tf32", 4 * 2560 * 2560 * 4, 200), ("lstm large layer bf16", 4 * 1024 * 1024 * 2, 100)]
@@ -76,18 +78,8 @@ def main() -> None:
                 for _ in range(T):
                     kernel((blocks,), (threads,), (w, np.int64(n), out))
                 graph = stream.end_capture()
-            for _ in range(3):
-                graph.launch(stream)
-            stream.synchronize()
-            times = []
-            for _ in range(args.reps):
-                a, b = cupy.cuda.Event(), cupy.cuda.Event()
-                a.record(stream)
-                graph.launch(stream)
-                b.record(stream)
-                b.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(a, b))
-            us = 1e3 * statistics.median(times) / T
+            ms = graph_ms(cupy, stream, graph, args.reps)
+            us = 1e3 * ms / T
             rows.append({"case": name, "MB": nbytes / 1e6, "blocks": blocks, "threads": threads, "us_per_read": us,
                          "TB_per_s": nbytes / (us * 1e-6) / 1e12})
             print(f"{name:24s} {nbytes / 1e6:7.1f} MB  {blocks:5d} x {threads:3d}  {us:7.2f} us a read  "

@@ -26,12 +26,33 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from probe_step_algos import StepChain  # noqa: E402
+from step_chain import StepChain  # noqa: E402
 
 CASES = [("lstm blogA", 2560, 64, 200, 4), ("gru blogA", 2560, 64, 200, 3), ("lstm B=16 H=512", 512, 16, 1024, 4)]
 SOURCE = r"""
 #define NT 64          // W rows a block
 #define KC 64          // K columns a chunk
+
+// One chunk of the ring: NT rows of W, then B rows of X, 64 columns each, at shared address sw: 16-byte copies into
+// 128-byte rows whose pieces are swizzled (piece c of row r at c ^ (r % 8)), so ldmatrix's 8 rows hit 8 bank groups.
+template <int B>
+__device__ __forceinline__ void ring_load(const unsigned sw, const unsigned short* __restrict__ x,
+                                          const unsigned short* __restrict__ w, const int n0, const int K,
+                                          const long k0, const int tid)
+{
+    #pragma unroll
+    for (int i = tid; i < NT * 8; i += 128) {                 // W: NT rows x 8 pieces of 16 bytes
+        const int r = i >> 3, c = i & 7;
+        const unsigned dst = sw + r * 128 + ((c ^ (r & 7)) << 4);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(w + (long)(n0 + r) * K + k0 + c * 8));
+    }
+    #pragma unroll
+    for (int i = tid; i < B * 8; i += 128) {                  // X: B rows x 8 pieces, after W's NT rows
+        const int r = i >> 3, c = i & 7;
+        const unsigned dst = sw + (NT + r) * 128 + ((c ^ (r & 7)) << 4);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(x + (long)r * K + k0 + c * 8));
+    }
+}
 template <int B, int STAGES>
 __global__ void __launch_bounds__(128) stream_gemm(const unsigned short* __restrict__ x,
                                                    const unsigned short* __restrict__ w,
@@ -44,24 +65,7 @@ __global__ void __launch_bounds__(128) stream_gemm(const unsigned short* __restr
     const int chunks = K / KC;
     const unsigned base = (unsigned)__cvta_generic_to_shared(smem);
 
-    auto load = [&](int chunk, int stage) {
-        const unsigned sw = base + stage * STAGE, sx = sw + W_BYTES;
-        const long k0 = (long)chunk * KC;
-        #pragma unroll
-        for (int i = tid; i < NT * 8; i += 128) {             // W: NT rows x 8 pieces of 16 bytes
-            const int r = i >> 3, c = i & 7;
-            const unsigned dst = sw + r * 128 + ((c ^ (r & 7)) << 4);
-            const unsigned short* src = w + (long)(n0 + r) * K + k0 + c * 8;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
-        }
-        #pragma unroll
-        for (int i = tid; i < B * 8; i += 128) {              // X: B rows x 8 pieces
-            const int r = i >> 3, c = i & 7;
-            const unsigned dst = sx + r * 128 + ((c ^ (r & 7)) << 4);
-            const unsigned short* src = x + (long)r * K + k0 + c * 8;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
-        }
-    };
+    auto load = [&](int chunk, int stage) { ring_load<B>(base + stage * STAGE, x, w, n0, K, (long)chunk * KC, tid); };
 
     float acc[B / 8][4];
     #pragma unroll
@@ -134,22 +138,7 @@ __global__ void __launch_bounds__(128) stream_gemm_ks(const unsigned short* __re
     const int chunks = K / KC;
     const unsigned base = (unsigned)__cvta_generic_to_shared(smem);
 
-    auto load = [&](int chunk, int stage) {
-        const unsigned sw = base + stage * STAGE, sx = sw + W_BYTES;
-        const long k0 = (long)chunk * KC;
-        #pragma unroll
-        for (int i = tid; i < NT * 8; i += 128) {
-            const int r = i >> 3, c = i & 7;
-            const unsigned dst = sw + r * 128 + ((c ^ (r & 7)) << 4);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(w + (long)(n0 + r) * K + k0 + c * 8));
-        }
-        #pragma unroll
-        for (int i = tid; i < B * 8; i += 128) {
-            const int r = i >> 3, c = i & 7;
-            const unsigned dst = sx + r * 128 + ((c ^ (r & 7)) << 4);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(x + (long)r * K + k0 + c * 8));
-        }
-    };
+    auto load = [&](int chunk, int stage) { ring_load<B>(base + stage * STAGE, x, w, n0, K, (long)chunk * KC, tid); };
 
     float acc[NT / 16][B / 8][4];
     #pragma unroll

@@ -148,7 +148,8 @@ class Executor:
         """Layer 0's hoisted GEMMs in pieces of self.ahead steps on the device's projection stream, all issued before
         the first step: {a piece's first step: the event its steps wait for}. The steps of one piece then run while
         the next is projected (the steps leave the tensor cores mostly idle). {} where self.ahead is None. The first
-        piece takes the whole GPU (nothing else runs yet); the others are planned for the SMs the steps leave."""
+        piece takes the whole GPU (nothing else runs yet); the device may plan the others for fewer SMs
+        (projection_stream(shared=True): fused_modes' projection_sms, off by default)."""
         if self.ahead is None:
             return {}
         plan, device = self.plan, self.device

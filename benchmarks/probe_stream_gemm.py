@@ -9,6 +9,9 @@ all B batch rows (mma.sync m16n8k16, bf16 in, fp32 sums; W as A, X as B). K goes
 ring of 64-column chunks of W and X (16-byte copies, a 128-byte row swizzled so ldmatrix reads 8 rows without bank
 conflicts), so 16-24 KB a block are in flight. No split of K: one block sums each output. B <= 64, multiples of 16.
 
+A third kernel keeps the ring and puts the products on wgmma (one warpgroup a block, B = 64 only, sm_90a; built
+2026-11-28 after the other two were measured, compiled with nvcc, not yet run on a GPU).
+
 Checked against float64 on the same bf16 values, then timed in the chain of probe_step_algos.StepChain (the product,
 then a tanh and a rounding kernel that make the next operand), beside cublasLt's product in the same chain.
 
@@ -217,6 +220,84 @@ template __global__ void stream_gemm<16, 10>(const unsigned short*, const unsign
 """
 
 
+WGMMA_SOURCE = r"""
+// The ring of stream_gemm with the products on wgmma (kernels/wgmma.cuh, inlined before this): one warpgroup a
+// block, A = the 64 batch rows of X's chunk, B = the block's 64 rows of W, d (64 x 64 fp32, 32 a thread) = X W^T.
+// cp.async writes through the generic proxy, so each thread fences to the async proxy after its copies land and the
+// block meets at a barrier before the MMAs read them (as kernels/wgmma.cuh's users do after ordinary stores).
+#define WG_NT 64
+#define WG_STAGE (2 * 64 * 128)       // W's 64 rows, then X's 64 rows, 128 bytes each: 16 KB, 1024-aligned
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+template <int STAGES>
+__device__ __forceinline__ void stream_wgmma_body(const unsigned short* __restrict__ x,
+                                                  const unsigned short* __restrict__ w, float* __restrict__ out,
+                                                  const int N, const int K)
+{
+    extern __shared__ unsigned char raw[];
+    unsigned char* ring = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
+    const unsigned base = smem_u32(ring);
+    const int tid = threadIdx.x, n0 = blockIdx.x * WG_NT, chunks = K / 64;
+    auto load = [&](int chunk, int stage) {
+        const unsigned sw = base + stage * WG_STAGE, sx = sw + WG_NT * 128;
+        const long k0 = (long)chunk * 64;
+        #pragma unroll
+        for (int i = tid; i < WG_NT * 8; i += 128) {
+            const int r = i >> 3, c = i & 7;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                         :: "r"(sw + rnn_swz128(r, c)), "l"(w + (long)(n0 + r) * K + k0 + c * 8));
+        }
+        #pragma unroll
+        for (int i = tid; i < 64 * 8; i += 128) {
+            const int r = i >> 3, c = i & 7;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                         :: "r"(sx + rnn_swz128(r, c)), "l"(x + (long)r * K + k0 + c * 8));
+        }
+    };
+    float d[32];
+    #pragma unroll
+    for (int i = 0; i < 32; ++i) d[i] = 0.0f;
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < chunks) load(s, s);
+        asm volatile("cp.async.commit_group;");
+    }
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2));
+        rnn_fence_async_shared();
+        __syncthreads();                      // chunk's copies are in, and chunk - 1's MMAs are done (wait<0> below)
+        const int next = chunk + STAGES - 1;
+        if (next < chunks) load(next, next % STAGES);
+        asm volatile("cp.async.commit_group;");
+        const unsigned sw = base + (chunk % STAGES) * WG_STAGE, sx = sw + WG_NT * 128;
+        rnn_wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            RnnWgmma<64, false>::mma(d, rnn_wgmma_desc(sx + kk * 32), rnn_wgmma_desc(sw + kk * 32), 1);
+        rnn_wgmma_commit();
+        rnn_wgmma_wait<0>();
+    }
+    asm volatile("cp.async.wait_group 0;");
+    // d: warp q's batch rows 16 q + g and + 8; for each 8-feature group j, features 8 j + 2 t and + 1
+    const int q = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, row = q * 16 + g;
+    #pragma unroll
+    for (int j = 0; j < WG_NT / 8; ++j) {
+        const int n = n0 + 8 * j + 2 * t;
+        out[(long)row * N + n] = d[4 * j];
+        out[(long)row * N + n + 1] = d[4 * j + 1];
+        out[(long)(row + 8) * N + n] = d[4 * j + 2];
+        out[(long)(row + 8) * N + n + 1] = d[4 * j + 3];
+    }
+}
+#define WG_ENTRY(S) extern "C" __global__ void __launch_bounds__(128) stream_wgmma_##S(                             \
+    const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, float* __restrict__ out, int N,     \
+    int K) { stream_wgmma_body<S>(x, w, out, N, K); }
+WG_ENTRY(4)
+WG_ENTRY(6)
+WG_ENTRY(8)
+"""
+
+
 def main() -> None:
     import cupy
 
@@ -227,6 +308,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--reps", type=int, default=11)
     args = ap.parse_args()
+    from engine.codegen.cuda import helper_source
+    from engine.codegen.nvrtc import load_module
+
+    wgmma = load_module(helper_source("wgmma.cuh") + WGMMA_SOURCE, kernel="stream_wgmma") \
+        if int(cupy.cuda.Device().compute_capability) == 90 else None
     names = [f"stream_gemm<{b}, {s}>" for b, s in ((64, 4), (64, 6), (16, 6), (16, 10))]
     names += [f"stream_gemm_ks<{b}, {s}>" for b, s in ((64, 4), (64, 6), (16, 10))]
     module = cupy.RawModule(code=SOURCE, options=("--std=c++17",), name_expressions=names)
@@ -248,6 +334,15 @@ def main() -> None:
                 kernel((N // 64,), (128,), (np.uint64(operand_ptr), chain.w, chain.out, np.int32(N), np.int32(K)),
                        shared_mem=smem)
             variants[f"{entry}, {stages} stages"] = product
+        for stages in ((4, 6, 8) if B == 64 and wgmma is not None else ()):
+            kernel = wgmma.get_function(f"stream_wgmma_{stages}")
+            smem = stages * 2 * 64 * 128 + 1024            # + the slack that aligns the ring to 1024 bytes
+            kernel.max_dynamic_shared_size_bytes = smem
+
+            def product(operand_ptr, _stream_ptr, kernel=kernel, smem=smem):
+                kernel((N // 64,), (128,), (np.uint64(operand_ptr), chain.w, chain.out, np.int32(N), np.int32(K)),
+                       shared_mem=smem)
+            variants[f"stream_wgmma, {stages} stages"] = product
         for label, product in variants.items():
             err = chain.error(product)
             ms = chain.time(chain.capture(product))

@@ -13,6 +13,8 @@ import json
 import os
 import sys
 import threading
+import zipfile
+import zlib
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -20,6 +22,10 @@ from .arguments import shown
 from .errors import EngineError, FileError
 
 MakeError = Callable[[str, str], EngineError]     # (message, hint) -> the loader's own error
+# What reading a damaged or foreign .npz archive raises through np.load and zipfile: besides OSError, ValueError and
+# EOFError, a bad central directory (BadZipFile), a corrupt deflate stream (zlib.error), a member whose compression
+# method is unknown (NotImplementedError) or whose flags say it is encrypted (RuntimeError).
+DAMAGED_ARCHIVE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError)
 
 
 def _where(what: str, flag: str | None) -> str:

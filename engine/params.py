@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import functools
 import io
-import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import numpy as np
 
 from .arguments import float_dtype, integer
 from .errors import BackendError
-from .files import check_destination, error_of, read_bytes, write_with
+from .files import DAMAGED_ARCHIVE, check_destination, error_of, read_bytes, write_with
 from .memory import check_fits, parameter_bytes
 from .network import Network, check_network
 
@@ -55,7 +53,7 @@ class Params:
         data = read_bytes(path, "parameter file", error=error_of(BackendError), hint=PARAMS_HINT)
         try:
             layers = read_npz(data)
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # a damaged or foreign file
+        except DAMAGED_ARCHIVE as e:  # a damaged or foreign file
             raise BackendError(f"parameter file {str(path)!r} is not a readable .npz archive ({type(e).__name__}: "
                                f"{str(e)[:200]}); hint: {PARAMS_HINT}") from None
         except KeyError as e:

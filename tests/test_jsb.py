@@ -75,6 +75,14 @@ def test_the_cache_round_trips_and_a_bad_one_is_built_again(jsb_subset, tmp_path
     assert all(np.array_equal(a, b) for a, b in zip(again.rolls, jsb_subset.rolls))
     path.write_bytes(b"not a zip file")
     assert jsb.load(path) is None
+    jsb.save(jsb_subset, path)
+    good = path.read_bytes()
+    for offset, value in ((10, 99), (8, 1)):      # a member of unknown compression, one marked encrypted
+        damaged = bytearray(good)
+        at = damaged.find(b"PK\x01\x02")
+        damaged[at + offset:at + offset + 2] = value.to_bytes(2, "little")
+        path.write_bytes(bytes(damaged))
+        assert jsb.load(path) is None
     monkeypatch.setattr(jsb, "FORMAT", jsb.FORMAT + 1)
     jsb.save(jsb_subset, path)
     monkeypatch.setattr(jsb, "FORMAT", jsb.FORMAT - 1)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import cache_root, write_with
+from ..files import DAMAGED_ARCHIVE, cache_root, write_with
 from .errors import TrainingError
 
 KEYS = 88                   # the piano's keys
@@ -156,7 +156,7 @@ def load(path: Path) -> Chorales | None:
             version = str(f["music21_version"])
             lengths, names, splits = f["lengths"], [str(n) for n in f["names"]], [str(s) for s in f["splits"]]
             frames = np.unpackbits(f["packed"], axis=1, count=KEYS).astype(bool)
-    except (OSError, ValueError, KeyError, EOFError):
+    except (*DAMAGED_ARCHIVE, KeyError):     # a damaged cache is rebuilt
         return None
     if len(lengths) != len(names) or len(names) != len(splits) or int(lengths.sum()) != len(frames) \
             or not set(splits) <= set(SPLITS):

@@ -60,7 +60,7 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     """
     check_network(network)
     precision = check_precision(precision)        # the arguments first, then whether this machine can run them
-    if backend == "fused" and precision != "float32":
+    if isinstance(backend, str) and backend == "fused" and precision != "float32":   # select names anything else
         fused_modes.check_fused_mode(precision)
     name, reason = backends.select(backend)
     check_params(network, params)

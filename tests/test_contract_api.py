@@ -248,6 +248,14 @@ def test_a_preset_name_where_a_cell_is_expected_points_at_engine_preset():
     assert "Params takes a list" in str(call(engine.Params, {"W_ii": np.zeros(3)}).error)
 
 
+@pytest.mark.parametrize("backend", [np.ones((2, 2)), ["fused"], None, 3])
+def test_a_backend_that_is_not_a_name_is_refused_naming_it(backend):
+    # engine.run compared backend with "fused" before naming it: an array answered with NumPy's ValueError
+    # (found by the entry test above with more examples)
+    outcome = call(engine.run, NETWORK, engine.init_params(NETWORK, seed=0), X, backend=backend, precision="tf32")
+    assert "unknown backend" in str(outcome.error)
+
+
 def test_a_net_block_whose_kind_is_a_list_is_refused():
     data = engine.net_to_dict(small_net())
     data["blocks"][0]["kind"] = ["layers"]

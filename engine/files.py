@@ -47,6 +47,9 @@ def check_destination(path: str | Path, what: str, *, flag: str | None = None, o
     name to suggest inside a folder. Returns the path."""
     where = _where(what, flag)
     path = as_path(path, where)
+    if path.name != path.name.strip():      # legal, but a quoting slip: "out.npz " would be written as it is
+        raise FileError(f"{where}: the file name {path.name!r} begins or ends with white space; hint: remove it, "
+                        f"e.g. {str(path.with_name(path.name.strip() or 'out'))!r}")
     try:
         return _check_destination(path, where, overwrite, example, flag)
     except OSError as e:              # a name too long, a folder that cannot be looked into

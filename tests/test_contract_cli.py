@@ -78,6 +78,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("cli_contract")
     (root / "folder").mkdir()
     (root / "garbage.npy").write_text("garbage\n")
+    (root / "garbage_out.npy").write_text("garbage\n")     # an existing file an output may overwrite (not an input)
     (root / "garbage.json").write_text("{not json")
     (root / "binary.json").write_bytes(b"\xff\xfe\x00\x81 binary")
     (root / "list.json").write_text("[1, 2]")
@@ -90,12 +91,14 @@ def files(tmp_path_factory) -> dict[str, Path]:
             "missing_npy": root / "missing.npy", "garbage": root / "garbage.npy", "garbage_json": root / "garbage.json",
             "binary_json": root / "binary.json", "list_json": root / "list.json", "object_json": root / "object.json",
             "npz": root / "archive.npz", "x": root / "x.npy", "x2d": root / "x2d.npy", "cell": root / "gru.json",
-            "inside_file": root / "garbage.npy" / "out.npz", "new_folder": root / "new" / "sub" / "out.npz"}
+            "inside_file": root / "garbage.npy" / "out.npz", "new_folder": root / "new" / "sub" / "out.npz",
+            "garbage_out": root / "garbage_out.npy"}
 
 
 INPUT_PATHS = ["folder", "missing", "missing_npy", "garbage", "garbage_json", "binary_json", "list_json",
                "object_json", "npz", "x", "x2d", "cell"]
-OUTPUT_PATHS = ["folder", "inside_file", "new_folder", "garbage", "fresh"]
+# "garbage_out", not "garbage": a run that overwrites it would turn an input the other tests read into an archive
+OUTPUT_PATHS = ["folder", "inside_file", "new_folder", "garbage_out", "fresh"]
 
 
 def value_strategy(kind: str, files: dict[str, Path]):
@@ -244,6 +247,14 @@ def test_a_binary_or_folder_file_argument_names_what_it_is(files, argv):
         code, _, err = run_cli([*argv, str(files[name])])
         assert code == 2 and str(files[name]) in err, err
         assert "not UTF-8 text" in err or "is a folder" in err or "is not an anchor name" in err, err
+
+
+@pytest.mark.parametrize("name", [" ", "0 ", "\tout.npz", "out.npz\n"])
+def test_an_output_name_that_begins_or_ends_with_white_space_is_refused(name, tmp_path):
+    # a legal name, but a quoting slip: it was written as given, and "saved ... to 0 " read like "to 0"
+    code, _, err = run_cli(["run", "gru", "-I", "2", "-H", "3", "-T", "2", "-B", "1", "-o", name], cwd=tmp_path)
+    assert code == 2 and err.startswith("error: --output") and "begins or ends with white space" in err and "hint:" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_run_writes_exactly_the_path_it_prints(tmp_path):

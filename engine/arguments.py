@@ -78,7 +78,7 @@ def float_dtype(dtype, name: str = "dtype", *, error: Callable[[str], EngineErro
     """`dtype` as np.dtype when it is float32 or float64; `error` naming the argument otherwise."""
     try:
         value = np.dtype(dtype)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, SyntaxError):     # np.dtype(",") parses the string as a Python literal
         value = None
     if value is None or value not in (np.float32, np.float64):
         shown_dtype = value.name if value is not None else shown(dtype)

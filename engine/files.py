@@ -50,6 +50,9 @@ def check_destination(path: str | Path, what: str, *, flag: str | None = None, o
     if path.name != path.name.strip():      # legal, but a quoting slip: "out.npz " would be written as it is
         raise FileError(f"{where}: the file name {path.name!r} begins or ends with white space; hint: remove it, "
                         f"e.g. {str(path.with_name(path.name.strip() or 'out'))!r}")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in path.name):     # a line break or tab inside: the same slip
+        raise FileError(f"{where}: the file name {path.name!r} holds a control character (a line break, a tab); "
+                        "hint: choose a name of printable characters")
     try:
         return _check_destination(path, where, overwrite, example, flag)
     except OSError as e:              # a name too long, a folder that cannot be looked into

@@ -248,6 +248,16 @@ def test_a_preset_name_where_a_cell_is_expected_points_at_engine_preset():
     assert "Params takes a list" in str(call(engine.Params, {"W_ii": np.zeros(3)}).error)
 
 
+@pytest.mark.parametrize("dtype", [",", ",,"])
+def test_a_dtype_string_numpy_parses_as_python_is_refused_naming_it(dtype):
+    # np.dtype(",") hands the string to ast.literal_eval and raises SyntaxError (found with CONTRACT_EXAMPLES=20000)
+    assert "argument 'dtype'" in str(call(engine.run, NETWORK, engine.init_params(NETWORK, seed=0), X,
+                                          backend="reference", dtype=dtype).error)
+    assert "argument 'dtype'" in str(call(engine.init_params, NETWORK, 0, dtype).error)
+    assert "argument 'dtype'" in str(call(engine.bptt, NETWORK, engine.init_params(NETWORK, seed=0), X,
+                                          dtype=dtype).error)
+
+
 @pytest.mark.parametrize("backend", [np.ones((2, 2)), ["fused"], None, 3])
 def test_a_backend_that_is_not_a_name_is_refused_naming_it(backend):
     # engine.run compared backend with "fused" before naming it: an array answered with NumPy's ValueError

@@ -249,12 +249,22 @@ def test_a_binary_or_folder_file_argument_names_what_it_is(files, argv):
         assert "not UTF-8 text" in err or "is a folder" in err or "is not an anchor name" in err, err
 
 
-@pytest.mark.parametrize("name", [" ", "0 ", "\tout.npz", "out.npz\n"])
-def test_an_output_name_that_begins_or_ends_with_white_space_is_refused(name, tmp_path):
-    # a legal name, but a quoting slip: it was written as given, and "saved ... to 0 " read like "to 0"
+@pytest.mark.parametrize("name, says", [(" ", "begins or ends with white space"), ("0 ", "begins or ends"),
+                                        ("\tout.npz", "begins or ends"), ("out.npz\n", "begins or ends"),
+                                        ("0\r0", "holds a control character"), ("a\nb.npz", "control character")])
+def test_an_output_name_with_white_space_at_its_ends_or_a_control_character_is_refused(name, says, tmp_path):
+    # legal names, but quoting slips: they were written as given, and "saved ... to 0 " read like "to 0"
     code, _, err = run_cli(["run", "gru", "-I", "2", "-H", "3", "-T", "2", "-B", "1", "-o", name], cwd=tmp_path)
-    assert code == 2 and err.startswith("error: --output") and "begins or ends with white space" in err and "hint:" in err
+    assert code == 2 and err.startswith("error: --output") and says in err and "hint:" in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("extra", [["--split", "1,2", "--gpus", "1"], ["--chunk", "0"]])
+def test_a_net_split_or_chunk_that_does_not_fit_is_refused_with_a_hint(extra, tmp_path):
+    # the pipeline planner's errors had no hint line (found with CONTRACT_EXAMPLES=20000)
+    code, _, err = run_cli(["net", "stack", "-I", "3", "-H", "3", "-T", "4", "-B", "2", "-o",
+                            str(tmp_path / "net.npz"), *extra])
+    assert code == 2 and err.startswith("error: ") and "\n  hint: " in err, err
 
 
 def test_run_writes_exactly_the_path_it_prints(tmp_path):

@@ -17,7 +17,7 @@ from .hoist import BackwardSplit
 def check_dtype(dtype) -> type:
     try:
         dtype = np.dtype(dtype).type
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, SyntaxError):      # np.dtype(",") parses the string as a Python literal
         dtype = None
     if dtype not in (np.float64, np.float32):
         raise BackendError(f"argument 'dtype': bptt computes in float64 or float32, not "

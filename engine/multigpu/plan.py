@@ -197,7 +197,7 @@ def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[in
     schedule run per piece (host_us_per_run each)."""
     for name, value in (("gpus", gpus), ("steps", steps), ("batch", batch)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise BackendError(f"{name} must be a positive integer, got {value!r}")
+            raise BackendError(f"{name} must be a positive integer, got {value!r}; hint: {name}=1 or more")
     if available is not None and gpus > available:
         raise BackendError(f"{gpus} GPUs asked for, but this host has {available}; hint: gpus={available} or fewer")
     net.steps(steps)                                   # pools that do not fit are refused, naming the block
@@ -209,14 +209,17 @@ def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[in
     if split is not None:
         if (not isinstance(split, (list, tuple)) or len(split) != gpus
                 or any(not isinstance(s, int) or isinstance(s, bool) for s in split)):
-            raise BackendError(f"split must list the number of layers of each of the {gpus} GPUs, got {split!r}")
+            raise BackendError(f"split must list the number of layers of each of the {gpus} GPUs, got {split!r}; "
+                               f"hint: {gpus} whole numbers that add up to the net's {len(units)} layers, or no split "
+                               "to let the planner choose")
         empty = [g for g, s in enumerate(split) if s < 1]
         if empty:
             raise BackendError(f"split {list(split)} leaves GPU {empty[0]} without layers; hint: every GPU takes at "
                                "least one layer")
         if sum(split) != len(units):
             raise BackendError(f"split {list(split)} places {sum(split)} layers, but net '{net.name}' has "
-                               f"{len(units)}: " + ", ".join(u.label for u in units))
+                               f"{len(units)}: " + ", ".join(u.label for u in units)
+                               + f"; hint: counts that add up to {len(units)}")
         runs, start = [], 0
         for n in split:
             runs.append(list(range(start, start + n)))
@@ -226,7 +229,8 @@ def plan_pipeline(net: Net, gpus: int, steps: int, batch: int, *, split: list[in
         notes.append("a bidirectional layer needs the whole sequence of the layer below before its backward "
                      "direction starts: the GPUs on either side of it do not overlap, so the prediction is optimistic")
     if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
-        raise BackendError(f"chunk must be a positive integer, got {chunk!r}")
+        raise BackendError(f"chunk must be a positive integer, got {chunk!r}; hint: chunk=1 or more (the steps a GPU "
+                           "hands on at a time), or no chunk to let the planner choose")
 
     def timing(runs: list[list[int]], c: int):
         per_gpu = [sum(step_us[u] for u in run) for run in runs]

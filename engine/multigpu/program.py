@@ -65,7 +65,8 @@ class PipelineProgram:
             present = cupy.cuda.runtime.getDeviceCount()
             devices = list(range(plan.gpus)) if devices is None else list(devices)
             if len(devices) != plan.gpus or any(not 0 <= d < present for d in devices):
-                raise BackendError(f"devices {devices} do not name {plan.gpus} of the {present} GPU(s) of this host")
+                raise BackendError(f"devices {devices} do not name {plan.gpus} of the {present} GPU(s) of this host; "
+                                   f"hint: {plan.gpus} distinct device numbers below {present}, or no devices")
         self.devices = devices
         self.programs: dict = {}
         self.replay = replay and backend in ("graph", "persistent")
@@ -151,7 +152,8 @@ class PipelineProgram:
         net, plan = self.net, self.plan
         steps = x.shape[0]
         if steps != plan.steps or x.shape[1] != plan.batch:
-            raise BackendError(f"the pipeline plan is for T={plan.steps}, B={plan.batch}; x has shape {tuple(x.shape)}")
+            raise BackendError(f"the pipeline plan is for T={plan.steps}, B={plan.batch}; x has shape {tuple(x.shape)}; "
+                               "hint: plan the pipeline for x's steps and batch")
         on_gpus = self.backend != "reference"
         chunk, _ = chunk_steps(net, steps, plan.chunk)
         starts = list(range(0, steps, chunk))

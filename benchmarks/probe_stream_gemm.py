@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_chain import StepChain  # noqa: E402
 
 CASES = [("lstm blogA", 2560, 64, 200, 4), ("gru blogA", 2560, 64, 200, 3), ("lstm B=16 H=512", 512, 16, 1024, 4)]
-SOURCE = r"""
+RING_SOURCE = r"""
 #define NT 64          // W rows a block
 #define KC 64          // K columns a chunk
 
@@ -56,36 +56,60 @@ __device__ __forceinline__ void ring_load(const unsigned sw, const unsigned shor
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(x + (long)r * K + k0 + c * 8));
     }
 }
+
+// The ring of STAGES chunks at shared address base: start() issues the first STAGES - 1; advance(chunk) waits for
+// chunk's copies (and, for readers in the async proxy, wgmma, fences them over), meets the block at a barrier (so
+// the slot of chunk - 1 is free), issues chunk + STAGES - 1's, and returns chunk's stage: W's NT rows, then X's B.
+template <int B, int STAGES>
+struct Ring {
+    static constexpr int STAGE = (NT + B) * KC * 2;
+    unsigned base;
+    const unsigned short* __restrict__ x;
+    const unsigned short* __restrict__ w;
+    int n0, K, chunks, tid;
+
+    __device__ __forceinline__ void start() const
+    {
+        #pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < chunks) ring_load<B>(base + s * STAGE, x, w, n0, K, (long)s * KC, tid);
+            asm volatile("cp.async.commit_group;");
+        }
+    }
+
+    template <bool ASYNC_READERS = false>
+    __device__ __forceinline__ unsigned advance(const int chunk) const
+    {
+        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2));
+        if constexpr (ASYNC_READERS) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+        const int next = chunk + STAGES - 1;
+        if (next < chunks) ring_load<B>(base + (next % STAGES) * STAGE, x, w, n0, K, (long)next * KC, tid);
+        asm volatile("cp.async.commit_group;");
+        return base + (chunk % STAGES) * STAGE;
+    }
+};
+"""
+SOURCE = RING_SOURCE + r"""
 template <int B, int STAGES>
 __global__ void __launch_bounds__(128) stream_gemm(const unsigned short* __restrict__ x,
                                                    const unsigned short* __restrict__ w,
                                                    float* __restrict__ out, const int N, const int K)
 {
     extern __shared__ __align__(128) unsigned char smem[];
-    constexpr int W_BYTES = NT * KC * 2, X_BYTES = B * KC * 2, STAGE = W_BYTES + X_BYTES;
+    constexpr int W_BYTES = NT * KC * 2;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n0 = blockIdx.x * NT;
     const int chunks = K / KC;
-    const unsigned base = (unsigned)__cvta_generic_to_shared(smem);
-
-    auto load = [&](int chunk, int stage) { ring_load<B>(base + stage * STAGE, x, w, n0, K, (long)chunk * KC, tid); };
+    const Ring<B, STAGES> ring{(unsigned)__cvta_generic_to_shared(smem), x, w, n0, K, chunks, tid};
 
     float acc[B / 8][4];
     #pragma unroll
     for (int j = 0; j < B / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-    #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < chunks) load(s, s);
-        asm volatile("cp.async.commit_group;");
-    }
+    ring.start();
     for (int chunk = 0; chunk < chunks; ++chunk) {
-        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2));
-        __syncthreads();
-        const int next = chunk + STAGES - 1;
-        if (next < chunks) load(next, next % STAGES);
-        asm volatile("cp.async.commit_group;");
-        const unsigned sw = base + (chunk % STAGES) * STAGE, sx = sw + W_BYTES;
+        const unsigned sw = ring.advance(chunk), sx = sw + W_BYTES;
         #pragma unroll
         for (int ks = 0; ks < KC / 16; ++ks) {
             unsigned a[4];
@@ -134,14 +158,12 @@ __global__ void __launch_bounds__(128) stream_gemm_ks(const unsigned short* __re
                                                       float* __restrict__ out, const int N, const int K)
 {
     extern __shared__ __align__(128) unsigned char smem[];
-    constexpr int W_BYTES = NT * KC * 2, X_BYTES = B * KC * 2, STAGE = W_BYTES + X_BYTES;
-    static_assert(STAGES * STAGE >= 4 * NT * B * 4, "the partial sums reuse the ring");
+    constexpr int W_BYTES = NT * KC * 2;
+    static_assert(STAGES * Ring<B, STAGES>::STAGE >= 4 * NT * B * 4, "the partial sums reuse the ring");
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n0 = blockIdx.x * NT;
     const int chunks = K / KC;
-    const unsigned base = (unsigned)__cvta_generic_to_shared(smem);
-
-    auto load = [&](int chunk, int stage) { ring_load<B>(base + stage * STAGE, x, w, n0, K, (long)chunk * KC, tid); };
+    const Ring<B, STAGES> ring{(unsigned)__cvta_generic_to_shared(smem), x, w, n0, K, chunks, tid};
 
     float acc[NT / 16][B / 8][4];
     #pragma unroll
@@ -149,18 +171,9 @@ __global__ void __launch_bounds__(128) stream_gemm_ks(const unsigned short* __re
         #pragma unroll
         for (int j = 0; j < B / 8; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
 
-    #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < chunks) load(s, s);
-        asm volatile("cp.async.commit_group;");
-    }
+    ring.start();
     for (int chunk = 0; chunk < chunks; ++chunk) {
-        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2));
-        __syncthreads();
-        const int next = chunk + STAGES - 1;
-        if (next < chunks) load(next, next % STAGES);
-        asm volatile("cp.async.commit_group;");
-        const unsigned sw = base + (chunk % STAGES) * STAGE, sx = sw + W_BYTES;
+        const unsigned sw = ring.advance(chunk), sx = sw + W_BYTES;
         const int ks = warp;                                   // KC / 16 == 4 k steps, one a warp
         unsigned a[NT / 16][4];
         #pragma unroll
@@ -221,12 +234,10 @@ template __global__ void stream_gemm<16, 10>(const unsigned short*, const unsign
 
 
 WGMMA_SOURCE = r"""
-// The ring of stream_gemm with the products on wgmma (kernels/wgmma.cuh, inlined before this): one warpgroup a
-// block, A = the 64 batch rows of X's chunk, B = the block's 64 rows of W, d (64 x 64 fp32, 32 a thread) = X W^T.
-// cp.async writes through the generic proxy, so each thread fences to the async proxy after its copies land and the
-// block meets at a barrier before the MMAs read them (as kernels/wgmma.cuh's users do after ordinary stores).
-#define WG_NT 64
-#define WG_STAGE (2 * 64 * 128)       // W's 64 rows, then X's 64 rows, 128 bytes each: 16 KB, 1024-aligned
+// The ring of stream_gemm with the products on wgmma (kernels/wgmma.cuh and RING_SOURCE inlined before this): one
+// warpgroup a block, A = the 64 batch rows of X's chunk, B = the block's 64 rows of W, d (64 x 64 fp32, 32 a thread)
+// = X W^T. cp.async writes through the generic proxy, so each thread fences to the async proxy after its copies land
+// and the block meets at a barrier before the MMAs read them (Ring::advance<true>).
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 template <int STAGES>
@@ -235,41 +246,16 @@ __device__ __forceinline__ void stream_wgmma_body(const unsigned short* __restri
                                                   const int N, const int K)
 {
     extern __shared__ unsigned char raw[];
-    unsigned char* ring = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);
-    const unsigned base = smem_u32(ring);
-    const int tid = threadIdx.x, n0 = blockIdx.x * WG_NT, chunks = K / 64;
-    auto load = [&](int chunk, int stage) {
-        const unsigned sw = base + stage * WG_STAGE, sx = sw + WG_NT * 128;
-        const long k0 = (long)chunk * 64;
-        #pragma unroll
-        for (int i = tid; i < WG_NT * 8; i += 128) {
-            const int r = i >> 3, c = i & 7;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-                         :: "r"(sw + rnn_swz128(r, c)), "l"(w + (long)(n0 + r) * K + k0 + c * 8));
-        }
-        #pragma unroll
-        for (int i = tid; i < 64 * 8; i += 128) {
-            const int r = i >> 3, c = i & 7;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-                         :: "r"(sx + rnn_swz128(r, c)), "l"(x + (long)r * K + k0 + c * 8));
-        }
-    };
+    unsigned char* aligned = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);   // wgmma's tiles: 1024-byte aligned
+    const int tid = threadIdx.x, n0 = blockIdx.x * NT, chunks = K / KC;
+    const Ring<64, STAGES> ring{smem_u32(aligned), x, w, n0, K, chunks, tid};     // 16 KB stages: aligned too
     float d[32];
     #pragma unroll
     for (int i = 0; i < 32; ++i) d[i] = 0.0f;
-    #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < chunks) load(s, s);
-        asm volatile("cp.async.commit_group;");
-    }
+    ring.start();
     for (int chunk = 0; chunk < chunks; ++chunk) {
-        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2));
-        rnn_fence_async_shared();
-        __syncthreads();                      // chunk's copies are in, and chunk - 1's MMAs are done (wait<0> below)
-        const int next = chunk + STAGES - 1;
-        if (next < chunks) load(next, next % STAGES);
-        asm volatile("cp.async.commit_group;");
-        const unsigned sw = base + (chunk % STAGES) * WG_STAGE, sx = sw + WG_NT * 128;
+        // chunk's copies are in and fenced over to wgmma, and chunk - 1's MMAs are done (wait<0> below)
+        const unsigned sw = ring.advance<true>(chunk), sx = sw + NT * 128;
         rnn_wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -281,7 +267,7 @@ __device__ __forceinline__ void stream_wgmma_body(const unsigned short* __restri
     // d: warp q's batch rows 16 q + g and + 8; for each 8-feature group j, features 8 j + 2 t and + 1
     const int q = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, row = q * 16 + g;
     #pragma unroll
-    for (int j = 0; j < WG_NT / 8; ++j) {
+    for (int j = 0; j < NT / 8; ++j) {
         const int n = n0 + 8 * j + 2 * t;
         out[(long)row * N + n] = d[4 * j];
         out[(long)row * N + n + 1] = d[4 * j + 1];
@@ -311,7 +297,7 @@ def main() -> None:
     from engine.codegen.cuda import helper_source
     from engine.codegen.nvrtc import load_module
 
-    wgmma = load_module(helper_source("wgmma.cuh") + WGMMA_SOURCE, kernel="stream_wgmma") \
+    wgmma = load_module(helper_source("wgmma.cuh") + RING_SOURCE + WGMMA_SOURCE, kernel="stream_wgmma") \
         if int(cupy.cuda.Device().compute_capability) == 90 else None
     names = [f"stream_gemm<{b}, {s}>" for b, s in ((64, 4), (64, 6), (16, 6), (16, 10))]
     names += [f"stream_gemm_ks<{b}, {s}>" for b, s in ((64, 4), (64, 6), (16, 10))]

@@ -104,7 +104,7 @@ def operand_dtype(cupy, precision: str):
 
 def round_into(cupy, source, out, precision: str):
     """round_activations into `out` (source's shape, operand_dtype's type; C-contiguous): no allocation, so a
-    captured run can round into a buffer of its own every step (engine/backends/fused_modes.py)."""
+    captured run can round into a buffer of its own every step (engine/schedules/fused_modes.py)."""
     if (source.flags.c_contiguous and source.size % 4 == 0 and source.data.ptr % 16 == 0 and source.size
             and source.dtype == cupy.float32 and out.data.ptr % 16 == 0):
         n4 = source.size // 4

@@ -136,21 +136,35 @@ def add_block(page, frame, fx: float, fy: float, category: str, block: str):
     return node
 
 
+_ELEMENT_AT = """(root, [x, y]) => {
+  const e = document.elementFromPoint(x, y);
+  if (!e) return null;
+  const h = e.closest('.react-flow__handle');
+  const at = h ? ` @ ${h.dataset.nodeid}/${h.dataset.handleid}` : '';
+  return `${e.tagName}.${e.className}${at}`;
+}"""
+_HANDLE = "h => ` @ ${h.dataset.nodeid}/${h.dataset.handleid}`"
+
+
 def _under(page, frame, point) -> str:
     """What a press at `point` (page coordinates) would reach: the page's element there and, inside the canvas's
-    iframe, the element there with its classes (e.g. "IFRAME > DIV.react-flow__handle target open")."""
+    iframe, the element there with its classes and, on a handle, its block and port
+    (e.g. "IFRAME > DIV.react-flow__handle target open @ node__k3x/h")."""
     top = _top_element(page, point)
     if top != "IFRAME":
         return str(top)
     box = page.locator('.st-key-designer-editor iframe[title*="cell_canvas"]').bounding_box()
-    inner = frame.locator(":root").evaluate(
-        "(root, [x, y]) => { const e = document.elementFromPoint(x, y); return e ? `${e.tagName}.${e.className}` : null; }",
-        [point[0] - box["x"], point[1] - box["y"]])
+    inner = frame.locator(":root").evaluate(_ELEMENT_AT, [point[0] - box["x"], point[1] - box["y"]])
     return f"IFRAME > {inner}"
 
 
 def _centre(box) -> list[float]:
     return [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2]
+
+
+def _wire_labels(frame) -> list[str]:
+    """React Flow's label of every wire on the canvas: "Edge from <block id> to <block id>"."""
+    return frame.locator(".react-flow__edge").evaluate_all("es => es.map(e => e.getAttribute('aria-label'))")
 
 
 def connect(page, frame, source, target, attempts: int = 3) -> None:
@@ -163,7 +177,9 @@ def connect(page, frame, source, target, attempts: int = 3) -> None:
     would make a different cell than the test means (a port with a wire has the class "wired").
     Before pressing, the test looks at what is under the mouse, as a person sees it: a handle under the page's
     sticky header is scrolled into view, and one covered by another block (a selected block grows by its fields)
-    is uncovered by clicking an empty place of the canvas, which clears the selection.
+    is uncovered by clicking an empty place of the canvas, which clears the selection. Under the press and the
+    drop it wants the very handles meant, not a neighbour's (an empty cell's x and h sit close together), and after
+    the drop it reads the new wire's ends: a wire between other blocks than meant is undone and drawn again.
     """
     edges = frame.locator(".react-flow__edge")
     before = edges.count()
@@ -173,7 +189,8 @@ def connect(page, frame, source, target, attempts: int = 3) -> None:
         for _look in range(3):
             a, b = _centre(source.bounding_box()), _centre(target.bounding_box())
             under = _under(page, frame, a), _under(page, frame, b)
-            if all("react-flow__handle" in u for u in under):
+            meant = source.evaluate(_HANDLE), target.evaluate(_HANDLE)
+            if all("react-flow__handle" in u and u.endswith(m) for u, m in zip(under, meant)):
                 break
             if any(not u.startswith("IFRAME") for u in under):
                 frame.locator(".react-flow__pane").evaluate("e => e.scrollIntoView({block: 'center'})")
@@ -190,9 +207,15 @@ def connect(page, frame, source, target, attempts: int = 3) -> None:
         page.mouse.up()
         try:
             expect(edges).to_have_count(before + 1, timeout=2_000)
-            break
         except AssertionError:
             continue
+        wait_until_idle(page)
+        ends = [h.evaluate("h => h.dataset.nodeid") for h in (source, target)]
+        if f"Edge from {ends[0]} to {ends[1]}" in _wire_labels(frame):
+            break
+        seen.append(f"a wire between other blocks: {_wire_labels(frame)}")
+        page.get_by_role("button", name="Undo", exact=True).click()
+        expect(edges).to_have_count(before, timeout=RERUN_S * 1000)
     else:
         shot = Path(tempfile.mkdtemp(prefix="wire-")) / "page.png"
         page.screenshot(path=str(shot), full_page=True)

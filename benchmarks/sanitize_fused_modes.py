@@ -6,6 +6,10 @@ the mode.
 
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_fused_modes.py bfloat16
     compute-sanitizer --tool racecheck python3 benchmarks/sanitize_fused_modes.py tf32
+    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_fused_modes.py float32x3 48
+
+float32x3 takes the K chunk of its accumulators second (48: H = 129 in chunks of 44, 44 and 41, a strided batch and
+a rest; engine/schedules/split_products.py).
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ def main() -> int:
     lengths = np.array([11, 4, 1, 9, 11])
     want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64, precision=mode,
                       lengths=lengths)
-    program = fused_modes.prepare(network, params, precision=mode)
+    options = {"x3_chunk": int(sys.argv[2])} if mode == "float32x3" and len(sys.argv) > 2 else {}
+    program = fused_modes.prepare(network, params, precision=mode, **options)
     worst = 0.0
     for poison in (True, False, False):                  # direct (poisoned), direct, then captured and replayed
         got = program.run(x.astype(np.float32), initial, poison=poison, lengths=lengths)

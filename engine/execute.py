@@ -40,8 +40,8 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     precision: "float32" (strict, the default), "tf32", "float16" or "bfloat16" (engine.codegen.precision:
     matmul operands rounded to that format, fp32 accumulation, cell math and states), or "float32x3" (3xTF32:
     each operand split into two TF32 parts, three tensor-core products, fp32-level error). The schedules run
-    every mode on the GPU; the reference emulates it on the CPU; fused runs tf32, float16 and bfloat16 (its GEMMs
-    on cuBLAS's tensor cores, engine/schedules/fused_modes.py); naive is float32 only.
+    every mode on the GPU; the reference emulates it on the CPU; fused runs every mode too (its GEMMs on cuBLAS's
+    tensor cores, engine/schedules/fused_modes.py); naive is float32 only.
 
     allow_tensor_core_fp32=True (backend='auto', precision='float32' only): the autotuner may pick a schedule in
     float32x3 when it is faster and within the float32 tolerance; result.info["precision"] names the mode that
@@ -60,8 +60,6 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     """
     check_network(network)
     precision = check_precision(precision)        # the arguments first, then whether this machine can run them
-    if isinstance(backend, str) and backend == "fused" and precision != "float32":   # select names anything else
-        fused_modes.check_fused_mode(precision)
     name, reason = backends.select(backend)
     check_params(network, params)
     if not isinstance(check_finite, bool):

@@ -143,8 +143,8 @@ def explain_json(cell_or_network, input_size: int | None = None, hidden_size: in
     schedule: None, "fused", "graph", "persistent" or "auto". The "schedules" section describes every
     schedule either way; a wavefront schedule asked for (or picked by "auto") brings its generated
     CUDA, in data["schedules"][name]["source"]. precision: the mode the wavefront schedules are planned in
-    (tf32/float16/bfloat16/float32x3 tile their GEMMs for tensor cores; the fused backend takes all but float32x3,
-    its GEMMs on cuBLAS: engine/schedules/fused_modes.py).
+    (tf32/float16/bfloat16/float32x3 tile their GEMMs for tensor cores; the fused backend takes every mode, its
+    GEMMs on cuBLAS: engine/schedules/fused_modes.py).
     allow_tensor_core_fp32: the autotuner's choices shown are those tuned with float32x3 allowed (engine.run's
     flag of that name), for precision="float32"."""
     check_schedule(schedule)

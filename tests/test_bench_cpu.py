@@ -635,11 +635,11 @@ def test_reduced_precision_rows_are_named_and_ordered():
     everything = default_implementations(1.0)
     names = [i.name for i in everything]
     # after the fp32 rows, each reduced mode: cuDNN first, then the fused backend (its mode path), the engine's
-    # schedules and auto in that mode; float32x3 has neither cuDNN nor fused
+    # schedules and auto in that mode; float32x3 has no cuDNN mode
     assert names[7:25] == [f"{base}-{mode}" for mode in REDUCED
                            for base in ("cudnn", "fused", "graph", "persistent", "scan", "auto")]
-    assert names[25:29] == [f"{base}-fp32x3" for base in ("graph", "persistent", "scan", "auto")]
-    assert not {"naive-bf16", "naive-tf32", "fused-fp32x3"} & set(names)     # strict fp32 only, and no 3xTF32
+    assert names[25:30] == [f"{base}-fp32x3" for base in ("fused", "graph", "persistent", "scan", "auto")]
+    assert not {"naive-bf16", "naive-tf32", "naive-fp32x3", "cudnn-fp32x3"} & set(names)     # strict fp32 only
     by_name = {i.name: i for i in everything}
     for mode in REDUCED:
         for base in ("fused", "graph", "persistent", "scan", "auto"):
@@ -660,8 +660,10 @@ def test_reduced_precision_rows_are_selectable_by_name():
         ["persistent", "cudnn-tf32", "graph-tf32"]                              # measuring order, not asked order
     (fused,) = select(everything, ["fused-bf16"])
     assert (fused.backend, fused.precision) == ("fused", "bf16")
-    with pytest.raises(BackendError, match="unknown implementation 'fused-fp32x3'"):
-        select(everything, ["fused-fp32x3"])
+    (split,) = select(everything, ["fused-fp32x3"])
+    assert (split.backend, split.precision) == ("fused", "fp32x3")
+    with pytest.raises(BackendError, match="unknown implementation 'naive-fp32x3'"):
+        select(everything, ["naive-fp32x3"])
     with pytest.raises(ValueError, match="not one of fp32, tf32, fp16, bf16"):
         EngineBackend("persistent", precision="float16")                        # the harness takes short names
 

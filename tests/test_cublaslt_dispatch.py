@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from engine.errors import BackendError
+from engine.schedules import cublaslt
 from engine.schedules import project as projection
-from engine.schedules.cublaslt import LtProjection
+from engine.schedules.cublaslt import LtProjection, Product
 
 
 class RecordingLt:
@@ -24,6 +25,32 @@ class RecordingLt:
         if self.offers:
             out[...] = operand @ weight.T + (0 if bias is None else bias)
         return self.offers
+
+
+class RecordingLib:
+    """The cublasLt library as a recorder: every call succeeds and is kept in `calls`; a descriptor or layout made
+    gets a distinct handle, and the ones destroyed are listed in `destroyed`."""
+
+    def __init__(self):
+        self.calls, self.destroyed, self.made = [], [], 0
+
+    def __getattr__(self, name):
+        def call(*args):
+            if name in ("cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate"):
+                self.made += 1
+                args[0]._obj.value = self.made            # a distinct handle for each descriptor and layout
+            if name in ("cublasLtMatmulDescDestroy", "cublasLtMatrixLayoutDestroy"):
+                self.destroyed.append((name, args[0].value))
+            self.calls.append((name, args))
+            return 0
+        return call
+
+
+def recording_lt() -> LtProjection:
+    """An LtProjection on a RecordingLib, without a GPU (no handle, workspace or CuPy)."""
+    lt = object.__new__(LtProjection)
+    lt.lib, lt.handle, lt.plans = RecordingLib(), None, cublaslt.OrderedDict()
+    return lt
 
 
 @pytest.fixture
@@ -99,30 +126,13 @@ def test_plans_past_the_limit_are_destroyed_least_recently_used_first(monkeypatc
     """A process that sees many shapes (sequences of many lengths) keeps at most MAX_PLANS plans a device; the least
     recently used one's descriptor and layouts are destroyed when a new one would pass it, and a plan used again
     moves to the back. A stand-in for the library records the calls (every call succeeds, no algorithm offered)."""
-    from engine.schedules import cublaslt
-
-    class Lib:
-        def __init__(self):
-            self.destroyed, self.made = [], 0
-
-        def __getattr__(self, name):
-            def call(*args):
-                if name in ("cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate"):
-                    self.made += 1
-                    args[0]._obj.value = self.made            # a distinct handle for each descriptor and layout
-                if name in ("cublasLtMatmulDescDestroy", "cublasLtMatrixLayoutDestroy"):
-                    self.destroyed.append((name, args[0].value))
-                return 0
-            return call
-
     monkeypatch.setattr(cublaslt, "MAX_PLANS", 3)
-    lt = object.__new__(LtProjection)
-    lt.lib, lt.handle, lt.plans = Lib(), None, cublaslt.OrderedDict()
-    first = lt.plan(16, 8, 8, 0, 68, 0)
+    lt = recording_lt()
+    first = lt.plan(Product.dense(16, 8, 8), 0, 68, 0)
     for M in (32, 48):
-        lt.plan(M, 8, 8, 0, 68, 0)
-    assert lt.plan(16, 8, 8, 0, 68, 0) is first                      # reused, now the most recent
-    lt.plan(64, 8, 8, 0, 68, 0)                                      # a fourth: the least recent (M = 32) goes
-    assert [key[0] for key in lt.plans] == [48, 16, 64]
+        lt.plan(Product.dense(M, 8, 8), 0, 68, 0)
+    assert lt.plan(Product.dense(16, 8, 8), 0, 68, 0) is first                      # reused, now the most recent
+    lt.plan(Product.dense(64, 8, 8), 0, 68, 0)                                      # a fourth: the least recent (M = 32) goes
+    assert [key[0].M for key in lt.plans] == [48, 16, 64]
     assert [name for name, _ in lt.lib.destroyed] == ["cublasLtMatmulDescDestroy"] + ["cublasLtMatrixLayoutDestroy"] * 3
     assert first.desc.value not in [handle for _, handle in lt.lib.destroyed]

@@ -27,7 +27,7 @@ from engine.schedules.cublaslt import alignment
 from engine.schedules.fused_modes import ModeExecutor, NumpyModeDevice, ahead_steps, check_fused_mode, fixed_gemms
 from engine.schedules.tiling import H100
 
-MODES = ("tf32", "float16", "bfloat16")
+MODES = ("tf32", "float16", "bfloat16", "float32x3")
 SIZES = {"input_size": 7, "hidden_size": 12, "batch": 3, "steps": 5}
 
 
@@ -42,11 +42,12 @@ def case(name: str, layers: int = 2, seed: int = 1):
     return network, params, x, states
 
 
-def run_modes(network, params, x, states, precision, lengths=None):
+def run_modes(network, params, x, states, precision, lengths=None, x3_chunk=5):
+    """x3_chunk: float32x3's K of one accumulator, small here so that K (7, 12) runs in chunks and a rest."""
     dense_network, dense_params = dense(network, params)
     T, B, _ = x.shape
     plan = make_plan(dense_network, T, B, lengths=lengths is not None)
-    device = NumpyModeDevice(np.float64, precision)
+    device = NumpyModeDevice(np.float64, precision, x3_chunk)
     return ModeExecutor(plan, device).run(dense_params, device.asarray(x), states, poison=True, lengths=lengths)
 
 
@@ -64,7 +65,10 @@ def test_the_host_logic_is_the_modes_emulation(name, precision):
     assert relative(outputs, emulated.outputs) < 1e-12, name
     for state, value in emulated.final_states.items():
         assert relative(final[state], value) < 1e-12, (name, state)
-    assert relative(outputs, strict.outputs) > 1e-6, f"{name}: nothing was rounded in {precision}"
+    if precision == "float32x3":           # the split parts' products: fp32's accuracy, yet not strict fp32's values
+        assert 1e-12 < relative(outputs, strict.outputs) < 1e-6, name
+    else:
+        assert relative(outputs, strict.outputs) > 1e-6, f"{name}: nothing was rounded in {precision}"
 
 
 def test_lengths_hold_each_rows_states():
@@ -87,19 +91,25 @@ def test_a_reductions_fixed_matrix_stays_strict():
     assert not any(fixed("lstm").values())
 
 
-def test_float32x3_is_refused_by_name():
-    with pytest.raises(BackendError, match="does not run precision 'float32x3'"):
-        check_fused_mode("fp32x3")
-    assert check_fused_mode("bf16") == "bfloat16"
-    with pytest.raises(BackendError, match="float32x3"):
-        engine.run(*case("lstm")[:3], backend="fused", precision="float32x3")
+def test_every_mode_runs_on_the_fused_backend():
+    assert check_fused_mode("fp32x3") == "float32x3" and check_fused_mode("bf16") == "bfloat16"
+    with pytest.raises(BackendError, match="argument 'precision' is 'fp64'; hint: "):
+        check_fused_mode("fp64")
+
+
+def test_float32x3_products_are_the_split_parts_in_chunks_whatever_the_chunk():
+    # the chunks change which products share a tensor-core accumulator (on the GPU), not what is multiplied
+    network, params, x, states = case("lstm")
+    emulated = reference.run(network, params, x, states, precision="float32x3")
+    for chunk in (None, 3, 4, 256):
+        outputs, _ = run_modes(network, params, x, states, "float32x3", x3_chunk=chunk)
+        assert relative(outputs, emulated.outputs) < 1e-12, chunk
 
 
 def test_the_autotuner_times_fused_in_the_reduced_modes():
     network = engine.Network(engine.preset("lstm").cell, 64, 1024, 2)
     for precision in MODES:
         assert candidates(network, 128, H100, precision)[0].schedule == "fused", precision
-    assert not [c for c in candidates(network, 128, H100, "float32x3") if c.schedule == "fused"]
     # a cell the wavefront schedules do not take (values of size P) now has a candidate in a mode
     lstmp = engine.Network(engine.preset("lstm_proj").cell, 16, 32, 1)
     assert [c.schedule for c in candidates(lstmp, 4, H100, "bfloat16")] == ["fused"]
@@ -112,6 +122,11 @@ def test_the_kernels_write_each_step_operand_rounded():
     assert copied_buffers(program, copies) == {"h_gemm_in", "r_h_mul_gemm_in"}
     source = render_copies_module(program, "bfloat16", copies, 1)
     assert "r_h_mul_gemm_in_mode[b * H + j] = rnn_bits16<RNN_BF16>(" in source
+    assert "rnn_copy_split" not in source
+    # float32x3: both TF32 parts, lo one buffer (B rows of the buffer's width) after hi
+    split = render_copies_module(program, "float32x3", operand_copies(program, "float32x3"), 1)
+    assert "rnn_copy_split(r_h_mul_gemm_in_mode, b * H + j, (long)B * H, " in split
+    assert "copy[lo + i] = __uint_as_float(rnn_tf32_bits(v - hi));" in split
     layer_norm = make_plan(dense(*case("ln_lstm")[:2])[0], 4, 2).program
     exact = {name for name, fixed in fixed_gemms(layer_norm, layer_norm.cell).items() if fixed}
     written = copied_buffers(layer_norm, operand_copies(layer_norm, "tf32", exact))
@@ -122,7 +137,8 @@ def test_the_kernels_write_each_step_operand_rounded():
 def test_the_copies_modules_compile(tmp_path):
     sources = {}
     for name, precision in (("lstm", "bfloat16"), ("gru_cho", "float16"), ("ln_lstm", "tf32"),
-                            ("lstm_proj", "bfloat16"), ("slstm", "tf32")):
+                            ("lstm_proj", "bfloat16"), ("slstm", "tf32"), ("gru_cho", "float32x3"),
+                            ("ln_lstm", "float32x3")):
         network, params, _, _ = case(name)
         program = make_plan(dense(network, params)[0], 4, 2, lengths=name == "lstm").program
         exact = {g for g, fixed in fixed_gemms(program, program.cell).items() if fixed}

@@ -122,8 +122,8 @@ def precision_ui() -> tuple[str, bool]:
                          help="float32: strict IEEE fp32 on CUDA cores. tf32, float16, bfloat16: matmul operands "
                               "rounded to that format on tensor cores (mma.sync), fp32 accumulation, cell math and "
                               "states; float32x3: each operand split into two TF32 parts, three tensor-core products "
-                              "(3xTF32), fp32-level error; the fused backend runs all but float32x3, its step "
-                              "GEMMs on cuBLAS")
+                              "(3xTF32), fp32-level error; the fused backend runs every mode, its step GEMMs on "
+                              "cuBLAS")
     if precision != "float32":
         return precision, False
     allow = st.checkbox("allow tensor cores for fp32 (3xTF32)", key="schedule.tensor_core_fp32",

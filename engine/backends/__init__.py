@@ -3,7 +3,7 @@
 - reference: NumPy on the CPU, the definition of every op.
 - naive: CuPy, one kernel per IR op (the baseline that shows what the passes buy).
 - fused: cuBLAS GEMMs + generated fused kernels, hoisted input GEMM, layer wavefront on streams; in tf32,
-  float16 and bfloat16 through engine/schedules/fused_modes.py (engine.execute routes it).
+  float16, bfloat16 and float32x3 through engine/schedules/fused_modes.py (engine.execute routes it).
 - graph, persistent: the fast schedules of engine/schedules (one module each), selectable by name.
 - scan: a cell whose recurrence is linear (minGRU, minLSTM, QRNN) as a parallel scan over time
   (engine/schedules/scan.py).

@@ -17,9 +17,9 @@ sLSTM, engine/bench/flashrnn.py). torch is imported only when used.
 Precision modes by their short names: fp32 (strict IEEE, TF32 off), tf32, fp16, bf16, fp32x3. An engine row in
 mode m passes precision=SHORT_NAMES[m] ("float32", "tf32", "float16", "bfloat16", "float32x3") to the engine; a
 cuDNN row runs torch.nn in that mode. Both round the matmul operands and accumulate in fp32. fp32x3 (3xTF32: fp32
-accuracy on tensor cores) has no cuDNN mode: graph-fp32x3 and persistent-fp32x3 run the schedules in it, auto-fp32x3
-is engine.run's opt-in (precision float32, allow_tensor_core_fp32=True), and each is compared with cudnn-fp32 (TF32
-off), its error too (runner.add_derived: "error_vs_cudnn_bound", the issue's 2x bound).
+accuracy on tensor cores) has no cuDNN mode: fused-fp32x3, graph-fp32x3 and persistent-fp32x3 run the engine in
+it, auto-fp32x3 is engine.run's opt-in (precision float32, allow_tensor_core_fp32=True), and each is compared with
+cudnn-fp32 (TF32 off), its error too (runner.add_derived: "error_vs_cudnn_bound", the issue's 2x bound).
 """
 from __future__ import annotations
 
@@ -288,7 +288,7 @@ class TorchCell(TorchImplementation):
 def default_implementations(compile_budget_s: float) -> list[Implementation]:
     """In measuring order: cuDNN fp32 first (the others' divergence is also taken against it), the
     engine's fp32 rows, then per reduced precision cuDNN and the engine's schedules and auto in that
-    mode (fused in tf32, fp16 and bf16; naive is strict fp32 only). torch.compile and TorchScript each get the compile
+    mode (fused in every mode; naive is strict fp32 only). torch.compile and TorchScript each get the compile
     budget (TorchScript's is rarely touched). FlashRNN's rows last (engine/bench/flashrnn.py; reported unavailable
     where it is not installed or has no such cell)."""
     flash_budget = CompileBudget(compile_budget_s)       # FlashRNN builds its kernels at its first call

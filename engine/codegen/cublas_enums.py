@@ -13,6 +13,7 @@ LT_DESC_TRANSA, LT_DESC_TRANSB = 3, 4                       # cublasLtMatmulDesc
 LT_DESC_EPILOGUE, LT_DESC_BIAS_POINTER = 7, 8
 LT_DESC_SM_COUNT_TARGET = 15      # int32: the SMs the heuristic plans for, where a concurrent stream has the rest
 LT_EPILOGUE_DEFAULT, LT_EPILOGUE_BIAS = 1, 4                 # cublasLtEpilogue_t
+LT_LAYOUT_BATCH_COUNT, LT_LAYOUT_STRIDED_BATCH_OFFSET = 5, 6   # cublasLtMatrixLayoutAttribute_t: int32, int64
 LT_PREF_MAX_WORKSPACE_BYTES = 1                              # cublasLtMatmulPreferenceAttributes_t
 LT_PREF_MIN_ALIGNMENT_BYTES = (5, 6, 7, 8)                     # A, B, C, D (cublasLt.h: the heuristic assumes 256 B unless told)
 LT_HEURISTIC_RESULT_BYTES = 96   # cublasLtMatmulHeuristicResult_t: algo (64 B), workspaceSize, state, wavesCount, int[4]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import CompileError
 from ..ops import OPS
 from ..plan import Access, Kernel, Lin, Program
 from .equations import text_equations
@@ -22,6 +23,9 @@ KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 CELL_HELPERS = "cell_ops.cuh"
 ROW_BIAS_HELPER = "row_bias.cuh"
 THREADS_PER_BLOCK = 256
+# float32x3's copy of a step GEMM's operand (engine/codegen/operand_copies.py): two TF32 parts, hi where the value's
+# element is and lo one buffer further (rows B .. 2B of the stacked operand, engine/schedules/split_products.py)
+SPLIT_COPY = "rnn_copy_split"
 # A kernel launched as a programmatic dependent of the GEMM before it (engine/codegen/programmatic.py) waits here for
 # that GEMM to finish and its memory to be visible (PTX ISA 7.8, griddepcontrol, sm_90); on an older GPU there is no
 # such launch and the wait is nothing.
@@ -244,7 +248,15 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies
     for store in kernel.stores:
         if store.access.param in copies:
             copy, _, function = copies[store.access.param]
-            lines.append(f"        {copy}[{index_expr(store.access)}] = {function}({stored(store)});")
+            if function == SPLIT_COPY:
+                if store.access.rows != "batch":
+                    raise CompileError(f"kernel '{kernel.name}' stores {store.var} into {store.access.param}, a buffer of "
+                                       "the sequence's rows, which a step GEMM's split operand cannot be; hint: this is "
+                                       "a bug in engine/codegen/operand_copies.py")
+                lines.append(f"        {function}({copy}, {index_expr(store.access)}, (long)B * "
+                             f"{c_factor(store.access.ld)}, {stored(store)});")
+            else:
+                lines.append(f"        {copy}[{index_expr(store.access)}] = {function}({stored(store)});")
     lines.append("    }")
     lines.append("}")
     return "\n".join(lines) + "\n"

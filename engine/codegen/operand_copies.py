@@ -5,6 +5,8 @@ rounding launch runs between the kernel and the GEMM (engine/schedules/fused_mod
     copies = operand_copies(program, "bfloat16", exact={"J_mean_h_gemm"})   # {kernel: {param: (copy, type, fn)}}
     source = render_copies_module(program, "bfloat16", copies)
 
+float32x3's copy holds the operand's two TF32 parts, hi where the value is and lo one buffer further (the copy is
+twice the buffer: engine/schedules/split_products.py multiplies it as rows [hi; lo]).
 The kernels' own math and buffers stay float32 (a mode rounds the matmuls' operands only): a cell that reads h back
 (the GRU's (1 - z) h) reads the fp32 values. The roundings are kernels/tile_gemm.cuh's (rnn_tf32_bits: nearest, ties
 away; rnn_bits16: nearest, ties to even), which kernels/round_operands.cu and the schedules' MMAs use, and
@@ -14,15 +16,20 @@ engine/rounding.py emulates. On an H200 (2026-11-28, ncu) the separate rounding 
 from __future__ import annotations
 
 from ..plan import Program
-from .cuda import CELL_HELPERS, WAIT_MACRO, helper_source, module_header, render_kernel
+from .cuda import CELL_HELPERS, SPLIT_COPY, WAIT_MACRO, helper_source, module_header, render_kernel
 from .precision import precision as lookup
 
 # a mode's copy: its C element type and the rounding (a function of tile_gemm.cuh's, or one defined below)
 COPY_TYPES = {"tf32": ("float", "rnn_copy_tf32"), "float16": ("unsigned short", "rnn_bits16<RNN_FP16>"),
-              "bfloat16": ("unsigned short", "rnn_bits16<RNN_BF16>")}
+              "bfloat16": ("unsigned short", "rnn_bits16<RNN_BF16>"), "float32x3": ("float", SPLIT_COPY)}
 SUFFIX = "_mode"
 TF32_COPY = ("__device__ __forceinline__ float rnn_copy_tf32(const float v) "
              "{ return __uint_as_float(rnn_tf32_bits(v)); }\n")
+# float32x3: hi = tf32(v) at element i, lo = tf32(v - hi) one buffer (`lo` elements) further: the stacked operand
+# [hi; lo] (2B, K) that engine/schedules/split_products.py multiplies (v - hi is exact in fp32)
+SPLIT_COPY_SOURCE = (f"__device__ __forceinline__ void {SPLIT_COPY}(float* __restrict__ copy, const long i, const long lo, "
+                     "const float v)\n{\n    const float hi = __uint_as_float(rnn_tf32_bits(v));\n    copy[i] = hi;\n"
+                     "    copy[lo + i] = __uint_as_float(rnn_tf32_bits(v - hi));\n}\n")
 
 
 def copy_name(name: str) -> str:
@@ -58,6 +65,7 @@ def render_copies_module(program: Program, precision: str, copies: dict[str, dic
     fp32, waits = lookup("float32"), waits or {}
     parts = [module_header(program, "", generator_version, fp32),
              f"// Operand copies in {lookup(precision).name}: engine/codegen/operand_copies.py.\n",
-             helper_source(CELL_HELPERS), helper_source("tile_gemm.cuh"), TF32_COPY, WAIT_MACRO if waits else ""]
+             helper_source(CELL_HELPERS), helper_source("tile_gemm.cuh"), TF32_COPY,
+             SPLIT_COPY_SOURCE if lookup(precision).split else "", WAIT_MACRO if waits else ""]
     parts += [render_kernel(k, program, fp32, copies.get(k.name), waits.get(k.name)) for k in program.kernels]
     return "\n".join(parts)

@@ -35,6 +35,8 @@ from ..codegen.cublas_enums import (
     LT_EPILOGUE_BIAS,
     LT_EPILOGUE_DEFAULT,
     LT_HEURISTIC_RESULT_BYTES,
+    LT_LAYOUT_BATCH_COUNT,
+    LT_LAYOUT_STRIDED_BATCH_OFFSET,
     LT_PREF_MAX_WORKSPACE_BYTES,
     LT_PREF_MIN_ALIGNMENT_BYTES,
 )
@@ -49,6 +51,25 @@ _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
 class LtError(BackendError):
     """A cublasLt call returned an error status."""
+
+
+@dataclass(frozen=True)
+class Product:
+    """The shape of out (M, N) = A (M, K) @ W (N, K)^T as cublasLt is told it, row-major: A's rows lda elements
+    apart and W's ldw (a K slice of wider matrices: lda, ldw > K), out's N. batch > 1: that many such products,
+    A_i, W_i and out_i `strides` (A, W, out) elements after A_0, W_0 and out_0 (strides of K-slice width: the
+    K chunks of one product, engine/schedules/split_products.py)."""
+    M: int
+    N: int
+    K: int
+    lda: int
+    ldw: int
+    batch: int = 1
+    strides: tuple[int, int, int] = (0, 0, 0)
+
+    @classmethod
+    def dense(cls, M: int, N: int, K: int) -> Product:
+        return cls(M, N, K, K, K)
 
 
 @dataclass
@@ -101,26 +122,31 @@ class LtProjection:
                                                         ctypes.c_int64(ld)), "cublasLtMatrixLayoutCreate")
         return out
 
+    def _layout_set(self, layout, attribute: int, value) -> None:
+        self._check(self.lib.cublasLtMatrixLayoutSetAttribute(layout, ctypes.c_int(attribute), ctypes.byref(value),
+                                                              ctypes.c_size_t(ctypes.sizeof(value))),
+                    "cublasLtMatrixLayoutSetAttribute")
+
     def _set(self, desc, attribute: int, value) -> None:
         self._check(self.lib.cublasLtMatmulDescSetAttribute(desc, ctypes.c_int(attribute), ctypes.byref(value),
                                                             ctypes.c_size_t(ctypes.sizeof(value))),
                     "cublasLtMatmulDescSetAttribute")
 
-    def plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int,
+    def plan(self, shape: Product, data_type: int, compute: int, bias: int,
              aligned: tuple[int, int, int] = (256, 256, 256), sms: int = 0) -> Plan:
         """The plan of out (M, N) = A (M, K) W (N, K)^T (+ bias when bias != 0): column-major, out^T (N, M) =
         W^T . A^T with W read as a column-major (K, N) matrix transposed and A as (K, M). aligned: the bytes that
         W's, A's and out's addresses are multiples of (alignment()). sms: the SMs to plan for (0: all of them)."""
-        key = (M, N, K, data_type, compute, bias != 0, aligned, sms)
+        key = (shape, data_type, compute, bias != 0, aligned, sms)
         if key in self.plans:
             self.plans.move_to_end(key)
             return self.plans[key]
         while len(self.plans) >= MAX_PLANS:
             self._destroy(self.plans.popitem(last=False)[1])
-        plan = self.plans[key] = self._new_plan(M, N, K, data_type, compute, bias, aligned=aligned, sms=sms)
+        plan = self.plans[key] = self._new_plan(shape, data_type, compute, bias, aligned=aligned, sms=sms)
         return plan
 
-    def _new_plan(self, M: int, N: int, K: int, data_type: int, compute: int, bias: int, count: int = 1,
+    def _new_plan(self, shape: Product | tuple, data_type: int, compute: int, bias: int, count: int = 1,
                   aligned: tuple[int, int, int] = (256, 256, 256), sms: int = 0) -> Plan:
         """The product's descriptors and the algorithm cublasLt's heuristic ranks first (plan.candidates: its first
         `count`, best first). The heuristic assumes every matrix 256-byte aligned unless told: `aligned` (W, A,
@@ -136,9 +162,15 @@ class LtProjection:
             self._set(desc, LT_DESC_BIAS_POINTER, ctypes.c_void_p(bias))
         if sms:
             self._set(desc, LT_DESC_SM_COUNT_TARGET, ctypes.c_int32(sms))
-        w = self._layout(data_type, K, N, K)
-        a = self._layout(data_type, K, M, K)
+        shape = shape if isinstance(shape, Product) else Product.dense(*shape)
+        M, N, K = shape.M, shape.N, shape.K
+        w = self._layout(data_type, K, N, shape.ldw)
+        a = self._layout(data_type, K, M, shape.lda)
         c = self._layout(CUDA_R_32F, N, M, N)
+        if shape.batch > 1:
+            for layout, stride in zip((a, w, c), shape.strides):
+                self._layout_set(layout, LT_LAYOUT_BATCH_COUNT, ctypes.c_int32(shape.batch))
+                self._layout_set(layout, LT_LAYOUT_STRIDED_BATCH_OFFSET, ctypes.c_int64(stride))
         preference = ctypes.c_void_p()
         self._check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(preference)), "cublasLtMatmulPreferenceCreate")
         size = ctypes.c_uint64(WORKSPACE)
@@ -166,7 +198,7 @@ class LtProjection:
         again and again (scan.WalkCall); None where cublasLt offers no algorithm. Its plan is its own, outside the
         plans this object evicts; count > 1 keeps the heuristic's first `count` algorithms (plan.candidates) for
         BoundProduct.use (benchmarks/probe_scan_overlap.py times them)."""
-        plan = self._new_plan(out.shape[0], out.shape[1], weight.shape[1], data_type, compute, 0, count)
+        plan = self._new_plan((out.shape[0], out.shape[1], weight.shape[1]), data_type, compute, 0, count)
         if plan.algo is None:
             self._destroy(plan)
             return None
@@ -185,21 +217,37 @@ class LtProjection:
         buffer of the caller's, for products issued on several streams at once (cuBLAS: one workspace a stream).
         sms: plan for that many SMs (0: all), where another stream's work holds the rest."""
         M, K = operand.shape
-        N = weight.shape[0]
-        bias_ptr = 0 if bias is None else bias.data.ptr
-        plan = self.plan(M, N, K, data_type, compute, bias_ptr,
-                         (alignment(weight.data.ptr), alignment(operand.data.ptr), alignment(out.data.ptr)), sms)
+        return self.product(Product.dense(M, weight.shape[0], K), operand.data.ptr, weight.data.ptr, out.data.ptr,
+                            data_type, compute, bias=0 if bias is None else bias.data.ptr, workspace=workspace,
+                            sms=sms)
+
+    @staticmethod
+    def _aligned(shape: Product, a: int, w: int, out: int, data_type: int) -> tuple[int, int, int]:
+        """The alignments (W, A, out) to tell the heuristic: each address's, and for a K slice or a batch the
+        least of every row's or batch member's start (a dense product's rows follow from its address)."""
+        if shape == Product.dense(shape.M, shape.N, shape.K):
+            return alignment(w), alignment(a), alignment(out)
+        item = 4 if data_type == CUDA_R_32F else 2
+        strides = (shape.strides if shape.batch > 1 else (0, 0, 0))
+        starts = ((w, item, shape.ldw, strides[1]), (a, item, shape.lda, strides[0]), (out, 4, shape.N, strides[2]))
+        return tuple(min(alignment(p), *(alignment(n * size) for n in steps if n)) for p, size, *steps in starts)
+
+    def product(self, shape: Product, a: int, w: int, out: int, data_type: int, compute: int, *, bias: int = 0,
+                accumulate: bool = False, workspace=None, sms: int = 0) -> bool:
+        """The product `shape` of the matrices at device addresses a, w and out (the first of a batch), on the
+        current stream: out = A W^T (+ bias), or out += A W^T with accumulate (beta = 1: an fp32 addition into out,
+        as the K chunks of float32x3's product are summed). False where cublasLt offers no algorithm."""
+        plan = self.plan(shape, data_type, compute, bias, self._aligned(shape, a, w, out, data_type), sms)
         if plan.algo is None:
             return False
-        if bias_ptr and bias_ptr != plan.bias:
-            self._set(plan.desc, LT_DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr))
-            plan.bias = bias_ptr
-        w, a, c = plan.layouts
+        if bias and bias != plan.bias:
+            self._set(plan.desc, LT_DESC_BIAS_POINTER, ctypes.c_void_p(bias))
+            plan.bias = bias
+        w_layout, a_layout, c = plan.layouts
         stream = ctypes.c_void_p(self.cupy.cuda.get_current_stream().ptr)
-        self._check(self.lib.cublasLtMatmul(self.handle, plan.desc, ctypes.byref(_ONE),
-                                            ctypes.c_void_p(weight.data.ptr), w, ctypes.c_void_p(operand.data.ptr), a,
-                                            ctypes.byref(_ZERO), ctypes.c_void_p(out.data.ptr), c,
-                                            ctypes.c_void_p(out.data.ptr), c, plan.algo,
+        self._check(self.lib.cublasLtMatmul(self.handle, plan.desc, ctypes.byref(_ONE), ctypes.c_void_p(w), w_layout,
+                                            ctypes.c_void_p(a), a_layout, ctypes.byref(_ONE if accumulate else _ZERO),
+                                            ctypes.c_void_p(out), c, ctypes.c_void_p(out), c, plan.algo,
                                             ctypes.c_void_p((self.workspace if workspace is None else workspace)
                                                             .data.ptr), ctypes.c_size_t(WORKSPACE),
                                             stream), "cublasLtMatmul")

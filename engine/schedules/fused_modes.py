@@ -28,8 +28,13 @@ fit on chip the wavefront schedules stay ahead; the autotuner times both.
 Replay: the first run at a (T, B) runs directly (every launch issued from Python: ~40 us of host time a step, more
 than the GPU's work); the second captures the run into CUDA graphs (engine/chunk_replay.py) and every later run is
 one graph launch, x copied into a fixed buffer and the outputs copied out. lengths= are copied into a fixed buffer
-before the launch, so runs with lengths replay too. float32x3 is refused by name (its three split products a step
-are the wavefront schedules' own).
+before the launch, so runs with lengths replay too.
+
+float32x3 multiplies TF32 parts (engine/schedules/split_products.py): the weights are stored as their two parts
+stacked, [W_hi; W_lo]; the kernels write a step's operand as its two parts, [h_hi; h_lo]; one strided-batched TF32
+GEMM multiplies them in K chunks and one small kernel folds the chunks' products into the step's output. The
+projections split their input into a buffer of the run's own and make three TF32 products into their output
+(x_hi W_lo with the bias, then x_lo W_hi, then x_hi W_hi in K chunks, each added by cublasLt's fp32 epilogue).
 """
 from __future__ import annotations
 
@@ -53,10 +58,12 @@ from ..params import Params
 from ..plan import pack_weights
 from ..rounding import mode_matmul
 from .base import launch_replay, whole_run_replay
-from .cublaslt import WORKSPACE, LtProjection
+from .cublaslt import WORKSPACE, LtProjection, Product
 from .project import LT_OPERANDS, operand_dtype, round_into
+from .split_products import X3_CHUNK, chunked_product_numpy, chunking, fold, fold_numpy, split_into, stack_split
 
-MODES = ("tf32", "float16", "bfloat16")
+MODES = ("tf32", "float16", "bfloat16", "float32x3")
+X3_PRODUCTS = LT_OPERANDS["tf32"]       # float32x3's parts are TF32 values: fp32 storage, TF32 tensor-core products
 AHEAD_PIECES = 8         # layer 0's projection ahead of the steps in at most this many pieces (Executor._project_ahead)
 AHEAD_ROWS = 2048        # of at least this many rows (T x B) each, so that each piece is still a large GEMM
 
@@ -71,12 +78,8 @@ def ahead_steps(T: int, B: int) -> int | None:
 
 
 def check_fused_mode(precision) -> str:
-    """The mode's canonical name, one the fused backend runs in; BackendError naming the flag otherwise."""
-    name = check_precision(precision)
-    if name == "float32x3":
-        raise BackendError("backend 'fused' does not run precision 'float32x3' (3xTF32 would be three split GEMMs a "
-                           "step); hint: backend='persistent' or 'graph' run it, or use precision='tf32'")
-    return name
+    """The mode's canonical name (every mode runs on the fused backend); BackendError naming the flag otherwise."""
+    return check_precision(precision)
 
 
 @dataclass(frozen=True)
@@ -174,9 +177,12 @@ class ModeDevice(CupyDevice):
 
     def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
                  streams: bool = False, programmatic=None, dependents=frozenset(), ahead: bool = False,
-                 shared_sms: int = 0):
+                 shared_sms: int = 0, x3_chunk: int | None = X3_CHUNK):
         super().__init__(cupy, module, num_layers, streams=streams, projection=projection)
         self.precision = precision
+        self.split = precision == "float32x3"
+        self.x3_chunk = x3_chunk           # float32x3: K of one accumulator (split_products.chunking; None: all of K)
+        self.partials: dict = {}           # float32x3: (stream, chunks, rows, cols) -> the chunks' products P
         # kernels launched as programmatic dependents of the step GEMM before them (engine/codegen/programmatic.py)
         self.programmatic, self.dependents = programmatic, frozenset(dependents) if programmatic else frozenset()
         self.lt = LtProjection.on_current_device(cupy)
@@ -238,23 +244,29 @@ class ModeDevice(CupyDevice):
         self.programmatic(function, grid, (THREADS_PER_BLOCK,), arguments, self.xp.cuda.get_current_stream().ptr)
 
     def mode_weight(self, weight, exact: bool) -> ModeWeight:
+        """The weight as the GEMMs read it: rounded to the mode (float32x3: its two TF32 parts stacked, (2N, K))."""
         stored = self.asarray(weight)
-        if not exact:
+        if self.split and not exact:
+            stored = stack_split(self.xp, stored)
+        elif not exact:
             stored = round_into(self.xp, stored, self.xp.empty(stored.shape, operand_dtype(self.xp, self.precision)),
                                 self.precision)
         return ModeWeight(stored, exact)
 
     def operand_like(self, array, poison: bool):
-        """A buffer for `array` (float32) in the mode's operand format; poison: NaN bit patterns (0xFFFF is a NaN in
-        fp16 and bf16)."""
+        """A buffer for `array` (float32) in the mode's operand format (float32x3: two, hi and lo, stacked); poison:
+        NaN bit patterns (0xFFFF is a NaN in fp16 and bf16)."""
         cupy = self.xp
-        copy = cupy.empty(array.shape, operand_dtype(cupy, self.precision))
+        copy = cupy.empty(((2,) if self.split else ()) + tuple(array.shape), operand_dtype(cupy, self.precision))
         copy.view(cupy.uint16 if copy.itemsize == 2 else cupy.uint32).fill(
             (0xFFFF if copy.itemsize == 2 else 0x7FC00000) if poison else 0)
         return copy
 
     def round_copy(self, source, copy) -> None:
-        round_into(self.xp, source, copy, self.precision)
+        if self.split:
+            split_into(self.xp, self.xp.ascontiguousarray(source), copy)
+        else:
+            round_into(self.xp, source, copy, self.precision)
 
     def gemm(self, x, weight: ModeWeight, out, bias=None) -> None:
         """out = round(x) @ W^T (+ bias): x rounded into a buffer of this device first, unless W is exact."""
@@ -266,12 +278,66 @@ class ModeDevice(CupyDevice):
         key = (cupy.cuda.get_current_stream().ptr, *x.shape)
         buffer = self.rounded.get(key)
         if buffer is None:
-            buffer = self.rounded[key] = cupy.empty(x.shape, operand_dtype(cupy, self.precision))
-        self._multiply(round_into(cupy, x, buffer, self.precision), weight, out, bias, self.precision)
+            shape = ((2,) if self.split else ()) + x.shape
+            buffer = self.rounded[key] = cupy.empty(shape, operand_dtype(cupy, self.precision))
+        if self.split:
+            self._split_products(split_into(cupy, x, buffer), weight, out, bias)
+        else:
+            self._multiply(round_into(cupy, x, buffer, self.precision), weight, out, bias, self.precision)
 
     def product(self, operand, weight: ModeWeight, out) -> None:
-        """out = operand @ W^T, the operand in the mode's format already (a kernel's copy)."""
-        self._multiply(operand, weight, out, None, self.precision)
+        """out = operand @ W^T, the operand in the mode's format already (a kernel's copy; float32x3: its parts)."""
+        if self.split:                     # (a fixed matrix's operand has no copy: gemm() multiplies it)
+            self._stacked_product(operand, weight, out)
+        else:
+            self._multiply(operand, weight, out, None, self.precision)
+
+    def _split_products(self, parts, weight: ModeWeight, out, bias) -> None:
+        """float32x3's product of many rows (a projection): parts (2, M, K) = [x_hi; x_lo], the weight (2N, K) =
+        [W_hi; W_lo]; out = x_hi W_lo^T + bias, then += x_lo W_hi^T, then += x_hi W_hi^T chunk by chunk."""
+        _, M, K = parts.shape
+        N = weight.stored.shape[0] // 2
+        x_hi, x_lo = parts.data.ptr, parts.data.ptr + M * K * 4
+        w_hi, w_lo = weight.stored.data.ptr, weight.stored.data.ptr + N * K * 4
+        self._lt(Product.dense(M, N, K), x_hi, w_lo, out, bias=0 if bias is None else bias.data.ptr)
+        self._lt(Product.dense(M, N, K), x_lo, w_hi, out, accumulate=True)
+        for first, count in chunking(K, self.x3_chunk).bounds():
+            self._lt(Product(M, N, count, K, K), x_hi + 4 * first, w_hi + 4 * first, out, accumulate=True)
+
+    def _stacked_product(self, operand, weight: ModeWeight, out) -> None:
+        """float32x3's step product (engine/schedules/split_products.py): operand (2, R, K) = [h_hi; h_lo] by the
+        weight (2N, K) = [W_hi; W_lo] in K chunks into P (chunks, 2R, 2N), one strided-batched GEMM (and one more for
+        a rest), then the fold into out (R, N)."""
+        _, R, K = operand.shape
+        N = weight.stored.shape[0] // 2
+        chunks = chunking(K, self.x3_chunk)
+        key = (self.xp.cuda.get_current_stream().ptr, chunks.count, R, N)
+        partial = self.partials.get(key)
+        if partial is None:
+            partial = self.partials[key] = self.xp.empty((chunks.count, 2 * R, 2 * N), dtype=self.xp.float32)
+        a, w, p = operand.data.ptr, weight.stored.data.ptr, partial.data.ptr
+        plane = 4 * R * N
+        self._lt(Product(2 * R, 2 * N, chunks.size, K, K, chunks.full, (chunks.size, chunks.size, plane)), a, w,
+                 partial, at=p)
+        if chunks.rest:
+            first = chunks.full * chunks.size
+            self._lt(Product(2 * R, 2 * N, chunks.rest, K, K), a + 4 * first, w + 4 * first, partial,
+                     at=p + 4 * chunks.full * plane)
+        fold(self.xp, partial, out, R, N, chunks.count)
+
+    def _lt(self, shape: Product, a: int, w: int, out, *, bias: int = 0, accumulate: bool = False,
+            at: int | None = None) -> None:
+        """One TF32 product of float32x3's parts into out (at: the address in it to write), through cublasLt."""
+        if not out.flags.c_contiguous:
+            raise BackendError("backend 'fused' in a precision mode writes GEMM outputs whole: got a strided one; "
+                               "hint: this is a bug in engine/schedules/fused_modes.py")
+        data_type, compute = X3_PRODUCTS
+        if not self.lt.product(shape, a, w, out.data.ptr if at is None else at, data_type, compute, bias=bias,
+                               accumulate=accumulate, workspace=self._workspace(), sms=self.sms):
+            raise BackendError(f"backend 'fused' in precision 'float32x3': cublasLt offers no algorithm for a "
+                               f"({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) TF32 product"
+                               f"{f' in {shape.batch} chunks' if shape.batch > 1 else ''}; "
+                               "hint: use backend='persistent' or 'graph' in this mode")
 
     def _multiply(self, operand, weight: ModeWeight, out, bias, mode: str) -> None:
         if not out.flags.c_contiguous:
@@ -310,12 +376,17 @@ class NumpyModeDevice(NumpyDevice):
     """plan_numpy's NumpyDevice with the mode's GEMMs as the reference emulates them (engine.rounding.mode_matmul):
     the CPU tests run ModeExecutor's host logic on it."""
 
-    def __init__(self, dtype, precision: str):
+    def __init__(self, dtype, precision: str, x3_chunk: int | None = X3_CHUNK):
         super().__init__(dtype)
         self.precision = precision
+        self.x3_chunk = x3_chunk
 
     def mode_weight(self, weight, exact: bool) -> ModeWeight:
-        return ModeWeight(self.asarray(weight), exact)
+        """float32x3: the parts stacked (2N, K), as ModeDevice stores them."""
+        stored = self.asarray(weight)
+        if self.precision == "float32x3" and not exact:
+            stored = stack_split(np, stored).astype(stored.dtype)
+        return ModeWeight(stored, exact)
 
     @contextlib.contextmanager
     def projection_stream(self, shared: bool):
@@ -329,7 +400,15 @@ class NumpyModeDevice(NumpyDevice):
 
     def gemm(self, x, weight, out, bias=None) -> None:
         w = weight.stored
-        out[...] = x @ w.T if weight.exact else mode_matmul(w, x, self.precision, lambda a, b: b @ a.T)
+        if weight.exact:
+            out[...] = x @ w.T
+        elif self.precision == "float32x3":            # the stacked parts in K chunks, folded: as ModeDevice's step
+            rows, K = x.shape
+            parts = split_into(np, np.ascontiguousarray(x, dtype=np.float32), np.empty((2, rows, K), np.float32))
+            partial = chunked_product_numpy(parts.reshape(2 * rows, K), w, chunking(K, self.x3_chunk))
+            out[...] = fold_numpy(partial, rows, w.shape[0] // 2)
+        else:
+            out[...] = mode_matmul(w, x, self.precision, lambda a, b: b @ a.T)
         if bias is not None:
             out += bias
         self.launches += 1
@@ -343,7 +422,7 @@ class FusedModeProgram:
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16",
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
                  layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
-                 projection_sms: int = 0):
+                 projection_sms: int = 0, x3_chunk: int | None = X3_CHUNK):
         self.precision = check_fused_mode(precision)
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
@@ -362,6 +441,8 @@ class FusedModeProgram:
         # projections already, and pieces cost ~1 % at `large`); an int, pieces of that many steps, any network; the
         # pieces after the first plan for projection_sms SMs (0: all; benchmarks/probe_fused_ahead.py: no better)
         self.projection_ahead, self.projection_sms = projection_ahead, projection_sms
+        # float32x3: K of one tensor-core accumulator (engine/schedules/split_products.py; None: all of K)
+        self.x3_chunk = x3_chunk
         self._shape = None
         self._executor = None
         self._replays: dict = {}           # (T, B, lengths) -> ChunkReplay
@@ -382,7 +463,7 @@ class FusedModeProgram:
                                 self.precision, projection=network.cell.uses_projection,
                                 streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1,
                                 programmatic=self.programmatic, dependents=waits, ahead=ahead is not None,
-                                shared_sms=self.projection_sms)
+                                shared_sms=self.projection_sms, x3_chunk=self.x3_chunk)
             executor = ModeExecutor(plan, device, copies, fixed, ahead)
             executor.load(self.params)
             executor.bytes = needed
@@ -442,12 +523,12 @@ class FusedModeProgram:
 def prepare(network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16", passes=None,
             layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
             layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
-            projection_sms: int = 0) -> FusedModeProgram:
+            projection_sms: int = 0, x3_chunk: int | None = X3_CHUNK) -> FusedModeProgram:
     """Plan, compile and upload once; the result's run(x) is what the benchmark times."""
     return FusedModeProgram(network, params, dtype, precision=precision, passes=passes, layout=layout,
                             chunk_steps=chunk_steps, replay=replay, layer_streams=layer_streams,
                             programmatic=programmatic, projection_ahead=projection_ahead,
-                            projection_sms=projection_sms)
+                            projection_sms=projection_sms, x3_chunk=x3_chunk)
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,

@@ -85,9 +85,10 @@ def _split_kernel(cupy):
     return _kernels["split"]
 
 
-def split_tf32(cupy, source):
-    """source (float32, any shape) as float32x3's two TF32 parts (hi, lo)."""
-    return _split_kernel(cupy)(source)
+def split_tf32(cupy, source, hi=None, lo=None):
+    """source (float32, any shape) as float32x3's two TF32 parts (hi, lo); into hi and lo (source's shape) where
+    given."""
+    return _split_kernel(cupy)(source) if hi is None else _split_kernel(cupy)(source, hi, lo)
 
 
 def round_activations(cupy, source, precision: str):
@@ -98,8 +99,9 @@ def round_activations(cupy, source, precision: str):
 
 
 def operand_dtype(cupy, precision: str):
-    """The array dtype of a mode's rounded operand: float32 (tf32), float16, or uint16 (bf16's bits)."""
-    return cupy.float32 if precision == "tf32" else cupy.float16 if precision == "float16" else cupy.uint16
+    """The array dtype of a mode's rounded operand: float32 (tf32, and float32x3's TF32 parts), float16, or uint16
+    (bf16's bits)."""
+    return cupy.float32 if precision in ("tf32", "float32x3") else cupy.float16 if precision == "float16" else cupy.uint16
 
 
 def round_into(cupy, source, out, precision: str):

@@ -6,7 +6,9 @@ fp32's level against float64, far below tf32's error on the same inputs (a lost 
 gives tf32's error and fails here). Paths: the warp GEMV of few rows (B = 3, strict fp32 in this mode), the MMA
 path (B = 19, 33, 40: odd sizes, one and several 16-row tiles, split K), resident and streamed weights, layer 0
 projected in the kernel (L = 2) or by the three cublasGemmEx calls (L = 1, layer by layer), one `large`-like size,
-poisoned outputs, and auto's opt-in (its bit-identical reruns: tests/gpu/test_precision_gpu.py).
+poisoned outputs, and auto's opt-in (its bit-identical reruns: tests/gpu/test_precision_gpu.py). The fused backend
+in float32x3 (one TF32 GEMM of the stacked parts in K chunks, then a fold: engine/schedules/split_products.py) is held
+to the same checks: every preset, chunks with and without a rest, its CUDA-graph replay, a `large`-like size.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from test_fused import make_case, relative_error
 
 import engine
 from engine.backends import reference
-from engine.schedules import autotune, schedule_class
+from engine.schedules import autotune, fused_modes, schedule_class
 from engine.schedules.tiling import TileConfig
 
 pytestmark = pytest.mark.gpu
@@ -112,3 +114,49 @@ def test_auto_takes_float32x3_only_when_allowed(cupy, tmp_path, monkeypatch):
     assert relative_error(allowed.outputs, reference_out) <= STRICT_TOLERANCE
     explicit = engine.run(network, params, x, states, backend="persistent", precision="float32x3")
     check_x3(explicit, network, params, x, states, "engine.run persistent float32x3")
+
+
+# ---- the fused backend in float32x3 (engine/schedules/split_products.py) ----------------------------------------
+
+FUSED_PRESETS = sorted(engine.presets())        # projected states too: the fused backend takes them
+
+
+@pytest.mark.parametrize("name", FUSED_PRESETS)
+def test_fused_every_preset_matches_its_emulation(cupy, name):
+    size = {"input_size": 37, "hidden_size": 129, "batch": 19, "steps": 17}
+    network, params, x, states = make_case(engine.preset(name).cell, 2, seed=19, sizes=size)
+    result = fused_modes.prepare(network, params, precision="float32x3").run(x, states, poison=True)
+    tf32 = fused_modes.prepare(network, params, precision="tf32").run(x, states, poison=True)
+    check_x3(result, network, params, x, states, f"fused {name} float32x3", tf32)
+
+
+@pytest.mark.parametrize("chunk", [None, 32, 48, 100])
+def test_fused_chunks_and_the_replay(cupy, chunk):
+    """The step's K = H = 98 in chunks of about 32 (three of 28, a batch, and a rest of 14), 48 (two of 36 and 26),
+    100 and None (one); the projection's K = I = 50 in 28 and 22, or one. The CUDA-graph replay bit-identical to a
+    poisoned direct run, on new inputs too."""
+    size = {"input_size": 50, "hidden_size": 98, "batch": 16, "steps": 11}
+    for name, layers in (("lstm", 2), ("gru_cho", 1)):
+        network, params, x, states = make_case(engine.preset(name).cell, layers, seed=5, sizes=size)
+        program = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=chunk)
+        direct = program.run(x, states, poison=True)
+        check_x3(direct, network, params, x, states, f"fused {name} float32x3 chunk {chunk}")
+        for _ in range(3):
+            again = program.run(x, states)
+        assert again.info["replayed"].startswith("replayed from CUDA graphs"), again.info["replayed"]
+        np.testing.assert_array_equal(again.outputs, direct.outputs)
+        x2 = np.random.default_rng(6).standard_normal(x.shape)
+        np.testing.assert_array_equal(program.run(x2, states).outputs, program.run(x2, states, poison=True).outputs)
+
+
+def test_fused_large_like_size_stays_at_fp32_level(cupy):
+    """`large` with T cut to 30: the fused backend's float32x3 (chunks of 256) at most 2x strict fp32's error
+    against float64 (the fused backend in float32) plus an ulp, and engine.run routes backend='fused' to it."""
+    size = {"input_size": 1024, "hidden_size": 1024, "batch": 128, "steps": 30}
+    network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=7, sizes=size)
+    result = engine.run(network, params, x, states, backend="fused", precision="float32x3")
+    tf32 = engine.run(network, params, x, states, backend="fused", precision="tf32")
+    error = check_x3(result, network, params, x, states, "fused lstm large-like float32x3", tf32)
+    fp32 = engine.run(network, params, x, states, backend="fused")
+    fp32_error = relative_error(fp32.outputs, reference.run(network, params, x, states).outputs)
+    assert error <= 2 * fp32_error + 2.0 ** -24, f"float32x3 {error:.3g} against strict fp32's {fp32_error:.3g}"

@@ -1,0 +1,220 @@
+"""float32x3 on the fused backend (engine/schedules/split_products.py; issue #34's fp32-accurate target: at least 2x
+cuDNN fp32 with TF32 off at `large` and blogA, its max relative error against float64 at most 2x cuDNN fp32's on the
+same inputs). The K chunk of one tensor-core accumulator trades the chunks' partial products (bytes written and
+folded every step) against the accumulators' drift, so each chunk size is a row: its time and its error beside
+cuDNN fp32's, with the fused backend in strict fp32 and in tf32, and the persistent schedule in float32x3, as they
+stand today.
+
+Every row is the benchmark harness's own (engine/bench/runner.py bench_cell): a float64 reference on the GPU,
+poisoned outputs checked first, CUDA-event timing after warm-up, medians; cuDNN fp32 with TF32 off.
+
+--products first measures the step's product alone at the LSTM's and GRU's `large` and blogA shapes: strict fp32
+(cublasLt, CUBLAS_COMPUTE_32F), tf32, and float32x3's stacked product folded, with its K chunks as a strided batch
+(split_products.py's way) or as cublasLt's own split-K (each split its own accumulator too, summed in place or in
+the workspace, so P is one plane): each its error against the float64 product (norm-relative, over strict fp32's)
+and its time in a chain of 50 captured into a CUDA graph (median of 11 launches).
+
+    python3 benchmarks/probe_fused_x3.py --out /tmp/probe [--configs large,blogA] [--chunks none,512,256,128]
+    python3 benchmarks/probe_fused_x3.py --out /tmp/probe --products
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+from probe_step_algos import CAP_REDUCTION_MASK, CAP_SPLITK_SUPPORT, REDUCTIONS, capability, configured  # noqa: E402
+from step_chain import graph_ms  # noqa: E402
+
+import engine  # noqa: E402
+from engine.bench.configs import parse_configs  # noqa: E402
+from engine.bench.implementations import Cudnn, EngineBackend  # noqa: E402
+from engine.bench.runner import bench_cell, environment, measure_launch, measure_sgemm, resolve_settings  # noqa: E402
+from engine.codegen.cublas_enums import CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F  # noqa: E402
+from engine.schedules.cublaslt import LtProjection, Product  # noqa: E402
+from engine.schedules.split_products import chunking, fold, split_into, stack_split  # noqa: E402
+
+
+class ChunkedX3(EngineBackend):
+    """fused-fp32x3 with its accumulators' K chunk set (fused_modes.prepare(..., x3_chunk=chunk))."""
+
+    def __init__(self, chunk: int | None):
+        super().__init__("fused", precision="fp32x3")
+        self.chunk = chunk
+        self.name = f"fused-fp32x3-k{chunk or 'all'}"
+
+    def precision_options(self) -> dict:
+        return {**super().precision_options(), "x3_chunk": self.chunk}
+
+
+def rows_of(result: dict) -> list[dict]:
+    rows = []
+    for entry in result["implementations"]:
+        bound = entry.get("error_vs_cudnn_bound") or {}
+        rows.append({"cell": result["preset"], "config": result["config"]["name"], "name": entry["name"],
+                     "status": entry["status"], "reason": entry.get("reason"), "median_ms": entry.get("median_ms"),
+                     "vs_cudnn_fp32": (entry.get("speedup") or {}).get("vs_cudnn_fp32"),
+                     "error_rel": (entry.get("error") or {}).get("rel"), "error_vs_cudnn": bound.get("ratio")})
+    return rows
+
+
+SHAPES = [("lstm", "large", 128, 1024, 4096), ("gru", "large", 128, 1024, 3072),
+          ("lstm", "blogA", 64, 2560, 10240), ("gru", "blogA", 64, 2560, 7680)]
+CHAIN = 50
+
+
+def products(cp, chunks) -> list[dict]:
+    """The step's product alone, every variant: (cell, config, variant, error over strict fp32's, us a product)."""
+    lt, rows = LtProjection.on_current_device(cp), []
+    stream = cp.cuda.Stream(non_blocking=True)
+    for cell, config, R, K, N in SHAPES:
+        rng = np.random.default_rng(0)
+        h = cp.asarray(rng.uniform(-1, 1, (R, K)).astype(np.float32))
+        w = cp.asarray((rng.standard_normal((N, K)) / K ** 0.5).astype(np.float32))
+        exact = h.astype(cp.float64) @ w.astype(cp.float64).T
+        stacked_w = stack_split(cp, w)
+        parts = split_into(cp, h, cp.empty((2, R, K), dtype=cp.float32))
+        out = cp.empty((R, N), dtype=cp.float32)
+        cp.cuda.Device().synchronize()              # made on the null stream, used on `stream`
+
+        def measure(label, issue):
+            out.fill(float("nan"))
+            cp.cuda.Device().synchronize()
+            with stream:
+                issue()
+            stream.synchronize()
+            error = float(cp.linalg.norm(out - exact) / cp.linalg.norm(exact))
+            with stream:
+                stream.begin_capture()
+                for _ in range(CHAIN):
+                    issue()
+                graph = stream.end_capture()
+            us = graph_ms(cp, stream, graph) * 1e3 / CHAIN
+            rows.append({"cell": cell, "config": config, "variant": label, "error": error, "us": us})
+            return error
+
+        def dense(compute, a=h, weight=w):
+            return lambda: lt.product(Product.dense(R, N, K), a.data.ptr, weight.data.ptr, out.data.ptr, CUDA_R_32F,
+                                      compute) or fail("dense")
+
+        strict = measure("strict fp32", dense(CUBLAS_COMPUTE_32F))
+        measure("tf32 (rounded by cuBLAS)", dense(CUBLAS_COMPUTE_32F_FAST_TF32))
+        for chunk in chunks:
+            found = chunking(K, chunk)
+            partial = cp.empty((found.count, 2 * R, 2 * N), dtype=cp.float32)
+            cp.cuda.Device().synchronize()
+
+            def batched(found=found, partial=partial):
+                shape = Product(2 * R, 2 * N, found.size, K, K, found.full, (found.size, found.size, 4 * R * N))
+                lt.product(shape, parts.data.ptr, stacked_w.data.ptr, partial.data.ptr, CUDA_R_32F,
+                           CUBLAS_COMPUTE_32F_FAST_TF32) or fail("batched")
+                if found.rest:
+                    first = found.full * found.size
+                    lt.product(Product(2 * R, 2 * N, found.rest, K, K), parts.data.ptr + 4 * first,
+                               stacked_w.data.ptr + 4 * first, partial.data.ptr + 16 * found.full * R * N,
+                               CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32) or fail("rest")
+                fold(cp, partial, out, R, N, found.count)
+            measure(f"x3 batch of {found.count} x {found.size}", batched)
+        split_k(cp, lt, measure, parts, stacked_w, out, R, K, N)
+        for row in rows:
+            if row["cell"] == cell and row["config"] == config:
+                row["error_over_strict"] = row["error"] / strict
+    return rows
+
+
+def split_k(cp, lt, measure, parts, stacked_w, out, R, K, N) -> None:
+    """float32x3's stacked product with cublasLt's split-K (K / 512, K / 256, K / 128 splits, each reduction scheme
+    it supports), folded as one chunk into out: the first of the heuristic's 8 algorithms that can split K."""
+    partial = cp.empty((1, 2 * R, 2 * N), dtype=cp.float32)
+    cp.cuda.Device().synchronize()
+    plan = lt._new_plan(Product.dense(2 * R, 2 * N, K), CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 0, 8)
+    w_layout, a_layout, c_layout = plan.layouts
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    for k, algo in enumerate(plan.candidates):
+        if not capability(lt.lib, algo, CAP_SPLITK_SUPPORT):
+            continue
+        mask = capability(lt.lib, algo, CAP_REDUCTION_MASK)
+        for chunk in (512, 256, 128):
+            for scheme, scheme_name in REDUCTIONS.items():
+                variant = configured(lt.lib, algo, splitk=K // chunk, reduction=scheme) if mask & scheme else None
+                if variant is None:
+                    continue
+
+                def issue(variant=variant):
+                    status = lt.lib.cublasLtMatmul(
+                        lt.handle, plan.desc, ctypes.byref(one), ctypes.c_void_p(stacked_w.data.ptr), w_layout,
+                        ctypes.c_void_p(parts.data.ptr), a_layout, ctypes.byref(zero),
+                        ctypes.c_void_p(partial.data.ptr), c_layout, ctypes.c_void_p(partial.data.ptr), c_layout,
+                        ctypes.byref(variant), ctypes.c_void_p(lt.workspace.data.ptr), ctypes.c_size_t(32 << 20),
+                        ctypes.c_void_p(cp.cuda.get_current_stream().ptr))
+                    if status:
+                        raise RuntimeError(f"cublasLtMatmul status {status}")
+                    fold(cp, partial, out, R, N, 1)
+                try:
+                    measure(f"x3 algo {k} split-K {K // chunk} ({chunk}) {scheme_name}", issue)
+                except RuntimeError as e:
+                    print(f"algo {k} split {K // chunk} {scheme_name}: {e}", flush=True)
+        return
+    print(f"none of the heuristic's {len(plan.candidates)} algorithms for ({2 * R} x {K}) @ ({K} x {2 * N}) splits K",
+          flush=True)
+
+
+def fail(what: str):
+    raise RuntimeError(f"cublasLt offered no algorithm for the {what} product")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--configs", default="large,blogA")
+    parser.add_argument("--cells", default="lstm,gru")
+    parser.add_argument("--chunks", default="none,512,256,128")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--products", action="store_true", help="the step's product alone, every variant")
+    args = parser.parse_args()
+    chunks = [None if c == "none" else int(c) for c in args.chunks.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.products:
+        import cupy
+        rows = products(cupy, chunks)
+        (out / "probe_fused_x3_products.json").write_text(json.dumps({"environment": environment(), "rows": rows},
+                                                                     indent=1))
+        print("\ncell config variant                                 us a product  error (x strict fp32's)")
+        for r in rows:
+            print(f"{r['cell']:4s} {r['config']:6s} {r['variant']:40s} {r['us']:9.2f}  {r['error']:.2e} "
+                  f"({r['error_over_strict']:.2f}x)")
+        return
+    settings = resolve_settings(quick=True, reps=args.reps, warmup=3, buffers=2, compile_budget_s=0.0, seed=0,
+                                time_budget_s=None)
+    measurements = {**measure_sgemm(), **measure_launch()}
+    implementations = [Cudnn("fp32"), EngineBackend("fused"), EngineBackend("fused", precision="tf32"),
+                       *[ChunkedX3(c) for c in chunks], EngineBackend("persistent", precision="fp32x3")]
+    rows = []
+    for config in parse_configs(args.configs.split(",")):
+        for name in args.cells.split(","):
+            result = bench_cell(name, engine.preset(name).cell, engine.preset(name), config, implementations, settings,
+                                measurements, deadline=None, progress=None, done=0, total=0)
+            if result["status"] != "ok":
+                print(f"{name} {config.name}: {result['status']}: {result['reason']}", flush=True)
+            for row in rows_of(result):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    (out / "probe_fused_x3.json").write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))
+    print("\ncell config implementation            median ms  x cuDNN fp32  error rel  x cuDNN's error")
+    for r in rows:
+        ms = f"{r['median_ms']:9.3f}" if r["median_ms"] else f"{'-':>9s}"
+        speed = f"{r['vs_cudnn_fp32']:11.2f}x" if r["vs_cudnn_fp32"] else f"{'-':>12s}"
+        error = f"{r['error_rel']:9.2e}" if r["error_rel"] is not None else f"{'-':>9s}"
+        ratio = f"{r['error_vs_cudnn']:8.2f}x" if r["error_vs_cudnn"] is not None else f"{'-':>9s}"
+        print(f"{r['cell']:4s} {r['config']:6s} {r['name']:24s} {ms} {speed} {error} {ratio}"
+              + ("" if r["status"] == "ok" else f"  {r['status']}: {str(r['reason'])[:80]}"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""float32x3 in the fused backend: a step's product as one TF32 GEMM of stacked parts, folded by one small kernel.
+
+    weight = stack_split(numpy, w)                 # (2N, K): [W_hi; W_lo], stored once (ModeDevice.mode_weight)
+    operand: (2, R, K), [h_hi; h_lo]: the kernels write it beside h (engine/codegen/operand_copies.py)
+    chunks = chunking(K, X3_CHUNK)                 # K in chunks, each product summed in an accumulator of its own
+    P (C, 2R, 2N) = [h_hi; h_lo] @ [W_hi; W_lo]^T, chunk by chunk   (one strided-batched cublasLt call)
+    out (R, N) = sum_c (P_c[hi, W_lo] + P_c[lo, W_hi]) + sum_c P_c[hi, W_hi]    (kernels/split_products.cu fold_x3)
+
+The product is float32x3's (engine/codegen/precision.py): each operand split into hi = tf32(v) and lo = tf32(v - hi),
+three of the four products of the parts summed in fp32. The stacked GEMM makes the fourth (lo W_lo) too and the fold
+leaves it out: at a step's few rows (R = B) that costs a quarter more tensor-core work, where the weight's bytes are
+the step's floor, and it reads each weight part once. Three GEMMs of (R x K) by (K x N), as the schedules'
+projections do it (engine/schedules/project.py), would read W_hi twice.
+
+The chunks: tensor cores add into their accumulator with truncation (Fasi et al. 2021, "Numerical behavior of NVIDIA
+tensor cores", PeerJ CS 7:e330), so one accumulator over a long K drifts toward zero. On an H200 (2026-11-27,
+benchmarks/probe_fp32x3_projection.py, K = 1024) one GEMM had 4.2x strict SGEMM's error, chunks of 256 1.1x, of 128
+0.6x. A chunk's P_c is 16 R N bytes written and read again by the fold, beside the weight's 8 N K bytes a step.
+
+Napkin math, one step (fp32 parts, weight stored as 2N x K floats):
+- blogA LSTM (B = 64, K = H = 2560, N = 4H): the parts 210 MB, 45 us at the 4.66 TB/s a read of the weight alone
+  reaches on an H200 (2026-11-28, benchmarks/probe_stream_floor.py); 13.4 GFLOP of TF32, 27 us at the 494 TFLOPS
+  dense peak. Chunks of 256 add 2 x 105 MB of P. cuDNN fp32 (TF32 off) takes 179 us a step (35.7 ms for 200 steps,
+  docs/performance.md).
+- `large` LSTM (B = 128, K = H = 1024): the parts 33.5 MB (7 us), 4.3 GFLOP (9 us at peak), P 8 MB a chunk; cuDNN
+  fp32 takes 64 us a layer step (12.8 ms for 2 x 100).
+So the fp32-accurate step can be 2-3x cuDNN fp32 where the chunks' P stays small; the chunk size trades P's bytes
+against the accumulators' drift, and benchmarks/probe_fused_x3.py measures both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..codegen.cuda import KERNELS_DIR, helper_source, round_blocks
+from ..codegen.nvrtc import load_module
+from ..rounding import split_tf32
+from .project import split_tf32 as split_elementwise
+
+X3_CHUNK = 256            # K of one chunk's accumulator (the module's docstring: the drift against P's bytes)
+FOLD_THREADS = 256
+_entries: dict = {}       # (entry, device) -> the loaded function
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """K cut into `full` chunks of `size` (one strided-batched product) and, where they do not cover it, one more of
+    `rest` (a second product)."""
+    size: int
+    full: int
+    rest: int = 0
+
+    @property
+    def count(self) -> int:
+        return self.full + (1 if self.rest else 0)
+
+    def bounds(self) -> list[tuple[int, int]]:
+        """(first column, columns) of each chunk, in order."""
+        found = [(c * self.size, self.size) for c in range(self.full)]
+        return found + ([(self.full * self.size, self.rest)] if self.rest else [])
+
+
+def chunking(K: int, chunk: int | None = X3_CHUNK) -> Chunks:
+    """K in chunks of at most about `chunk` (None or 0: one chunk): as many as that needs, of even size rounded up to
+    4 elements (16 bytes, so each chunk's columns start where cublasLt's tensor-core kernels can read them)."""
+    if K < 1:
+        raise ValueError(f"a product's K must be positive, got {K}")
+    if not chunk or chunk >= K:
+        return Chunks(K, 1)
+    count = -(-K // chunk)
+    even = -(-K // count)
+    size = -(-even // 4) * 4
+    full = K // size
+    return Chunks(size, full, K - full * size)
+
+
+def stack_split(xp, weight):
+    """(N, K) float32 -> (2N, K) float32: [tf32(w); tf32(w - tf32(w))], the parts a TF32 GEMM multiplies exactly."""
+    if xp is np:
+        hi, lo = split_tf32(weight)
+        return np.concatenate([hi, lo]).astype(np.float32)
+    out = xp.empty((2 * weight.shape[0], weight.shape[1]), dtype=xp.float32)
+    return split_into(xp, xp.ascontiguousarray(weight, dtype=xp.float32), out)
+
+
+def split_into(xp, source, out):
+    """source (float32, C-contiguous) -> out (2, *source's shape, or as many elements): [hi; lo] (float32), what the
+    kernels write as a step operand's copy (engine/codegen/operand_copies.py). Returns out."""
+    if xp is np:
+        hi, lo = split_tf32(source)
+        out.reshape(2, -1)[...] = np.stack([hi.ravel(), lo.ravel()])
+        return out
+    n = source.size
+    if n % 4 or source.data.ptr % 16 or out.data.ptr % 16 or not source.flags.c_contiguous:
+        parts = out.reshape((2, *source.shape))
+        split_elementwise(xp, source, parts[0], parts[1])            # into out itself: nothing allocated
+        return out
+    entry(xp, "split_contiguous_tf32")((round_blocks(xp, n // 4),), (FOLD_THREADS,), (source, out, np.int64(n // 4)))
+    return out
+
+
+def entry(cupy, name: str):
+    """kernels/split_products.cu's entry `name` on the current device, loaded once a process and device."""
+    key = (name, cupy.cuda.Device().id)
+    if key not in _entries:
+        source = helper_source("tile_gemm.cuh") + (KERNELS_DIR / "split_products.cu").read_text()
+        _entries[key] = load_module(source).get_function(name)
+    return _entries[key]
+
+
+def fold(cupy, partial, out, R: int, N: int, count: int) -> None:
+    """out (R, N) from the chunks' products P (count, 2R, 2N), on the current stream (kernels/split_products.cu)."""
+    entry(cupy, "fold_x3")((round_blocks(cupy, R * N),), (FOLD_THREADS,),
+                           (partial, out, np.int32(R), np.int32(N), np.int32(count)))
+
+
+def chunked_product_numpy(stacked, weight, chunks: Chunks):
+    """What the chunked GEMM computes, in float64: P (count, 2R, 2N) from stacked (2R, K) and weight (2N, K)."""
+    a, w = np.asarray(stacked, dtype=np.float64), np.asarray(weight, dtype=np.float64)
+    return np.stack([a[:, first:first + n] @ w[:, first:first + n].T for first, n in chunks.bounds()])
+
+
+def fold_numpy(partial, R: int, N: int):
+    """kernels/split_products.cu's fold_x3 in NumPy: out (R, N) from P (count, 2R, 2N)."""
+    small = (partial[:, :R, N:] + partial[:, R:, :N]).sum(axis=0)
+    return small + partial[:, :R, :N].sum(axis=0)

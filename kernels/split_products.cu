@@ -1,0 +1,45 @@
+// float32x3 in the fused backend (engine/schedules/split_products.py): an operand split into its two TF32 parts,
+// stacked, and the fold that sums the parts' products. tile_gemm.cuh (rnn_tf32_bits: cvt.rna, the kernels' own
+// rounding, which engine/rounding.py emulates) is inlined before this file.
+//
+// A step's product multiplies the operand's parts stacked as rows, [hi; lo] (2R x K), by the weight's,
+// [W_hi; W_lo] (2N x K), in C chunks of K (a chunk's products summed in one tensor-core accumulator), into
+// P (C, 2R, 2N), row-major. For row r < R and column n < N of chunk c:
+//   P_c[r][n] = hi W_hi,   P_c[r][N + n] = hi W_lo,   P_c[R + r][n] = lo W_hi,   P_c[R + r][N + n] = lo W_lo (unused).
+
+// src (n4 groups of 4 floats, C-contiguous) -> dst[0 .. 4 n4) = hi = tf32(v), dst[4 n4 .. 8 n4) = lo = tf32(v - hi):
+// the operand's copy as the kernels write it (engine/codegen/operand_copies.py), for the values no kernel wrote (the
+// states of step 0, the projections' inputs). v - hi is exact in fp32; Inf and NaN give a NaN lo.
+extern "C" __global__ void split_contiguous_tf32(const float4* __restrict__ src, float4* __restrict__ dst, const long n4)
+{
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (long)gridDim.x * blockDim.x) {
+        const float4 v = src[i];
+        const float4 hi = make_float4(__uint_as_float(rnn_tf32_bits(v.x)), __uint_as_float(rnn_tf32_bits(v.y)),
+                                      __uint_as_float(rnn_tf32_bits(v.z)), __uint_as_float(rnn_tf32_bits(v.w)));
+        dst[i] = hi;
+        dst[n4 + i] = make_float4(__uint_as_float(rnn_tf32_bits(v.x - hi.x)), __uint_as_float(rnn_tf32_bits(v.y - hi.y)),
+                                  __uint_as_float(rnn_tf32_bits(v.z - hi.z)), __uint_as_float(rnn_tf32_bits(v.w - hi.w)));
+    }
+}
+
+// out (R, N) = sum over chunks of (hi W_lo + lo W_hi), then + the sum over chunks of hi W_hi: the small products
+// first, in fp32, as the schedules' split MMAs add them (engine/codegen/precision.py). One thread an element of out,
+// its C chunks in a loop.
+extern "C" __global__ void fold_x3(const float* __restrict__ P, float* __restrict__ out, const int R, const int N,
+                                   const int C)
+{
+    const long total = (long)R * N;
+    const long chunk = 4L * R * N;          // one chunk's P_c
+    const long lower = 2L * R * N;          // row R of P_c: the lo rows
+    for (long idx = (long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (long)gridDim.x * blockDim.x) {
+        const long r = idx / N;
+        const long n = idx - r * N;
+        const float* p = P + r * 2L * N + n;
+        float small = 0.0f, big = 0.0f;
+        for (int c = 0; c < C; ++c, p += chunk) {
+            small += p[N] + p[lower];
+            big += p[0];
+        }
+        out[idx] = small + big;
+    }
+}

@@ -1,0 +1,148 @@
+"""float32x3's stacked product for the fused backend (engine/schedules/split_products.py), on the CPU: the chunks
+cover K, the stacked parts' chunked products folded are exactly the emulation's three products (the fourth, lo W_lo,
+left out), the fold's flat indices are kernels/split_products.cu's, the kernels compile, and cublasLt is told a
+chunked product as a strided batch. The GPU suite runs it (tests/gpu/test_precision_fp32x3_gpu.py)."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+
+import numpy as np
+import pytest
+from nvcc_check import compile_sources
+from test_cublaslt_dispatch import recording_lt
+
+from engine.codegen.cublas_enums import CUDA_R_32F, LT_LAYOUT_BATCH_COUNT, LT_LAYOUT_STRIDED_BATCH_OFFSET
+from engine.codegen.cuda import KERNELS_DIR, helper_source
+from engine.rounding import mode_matmul, split_tf32
+from engine.schedules.cublaslt import LtProjection, Product
+from engine.schedules.split_products import (
+    Chunks,
+    chunked_product_numpy,
+    chunking,
+    fold_numpy,
+    split_into,
+    stack_split,
+)
+
+
+@pytest.mark.parametrize("K", [1, 3, 7, 12, 50, 98, 256, 300, 1024, 2560, 2561])
+@pytest.mark.parametrize("chunk", [None, 4, 32, 48, 256])
+def test_the_chunks_cover_k_once_in_16_byte_steps(K, chunk):
+    found = chunking(K, chunk)
+    bounds = found.bounds()
+    assert bounds[0][0] == 0 and sum(n for _, n in bounds) == K
+    assert all(first + n == after for (first, n), (after, _) in zip(bounds, bounds[1:]))
+    assert len(bounds) == found.count
+    if chunk and chunk < K:
+        assert found.size % 4 == 0 and found.size <= chunk + 3, found
+        assert found.count <= -(-K // chunk) + 1, found
+    else:
+        assert found == Chunks(K, 1)
+    with pytest.raises(ValueError):
+        chunking(0, chunk)
+
+
+@pytest.mark.parametrize("rows, cols, K, chunk", [(3, 5, 37, None), (3, 5, 37, 8), (4, 6, 98, 32), (2, 3, 50, 48)])
+def test_the_folded_chunks_are_the_three_products_of_the_parts(rows, cols, K, chunk):
+    rng = np.random.default_rng(K)
+    x = rng.standard_normal((rows, K)).astype(np.float32)
+    w = (rng.standard_normal((cols, K)) * 10.0 ** rng.integers(-3, 3, (cols, K))).astype(np.float32)
+    stacked = stack_split(np, w)
+    assert stacked.shape == (2 * cols, K) and stacked.dtype == np.float32
+    w_hi, w_lo = split_tf32(w)
+    np.testing.assert_array_equal(stacked, np.concatenate([w_hi, w_lo]))
+    parts = split_into(np, x, np.full((2, rows, K), np.nan, np.float32))
+    partial = chunked_product_numpy(parts.reshape(2 * rows, K), stacked, chunking(K, chunk))
+    got = fold_numpy(partial, rows, cols)
+    emulated = mode_matmul(w.astype(np.float64), x.astype(np.float64), "float32x3", lambda a, b: b @ a.T)
+    np.testing.assert_allclose(got, emulated, rtol=1e-13, atol=1e-13)
+    x_hi, x_lo = split_tf32(x)
+    lo_lo = x_lo @ w_lo.T                                  # the fourth product the fold leaves out
+    assert np.abs(lo_lo).max() > 0
+    np.testing.assert_allclose(got + lo_lo, (x_hi + x_lo) @ (w_hi + w_lo).T, rtol=1e-13, atol=1e-13)
+    # and at fp32's level from the exact product (hi + lo is v to within 2^-22 of it)
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert np.abs(got - exact).max() <= 2.0 ** -20 * (np.abs(x).astype(np.float64) @ np.abs(w).T).max()
+
+
+def test_the_fold_reads_the_kernels_flat_indices():
+    """fold_x3's loop, index for index (kernels/split_products.cu), on a flat P: the same as fold_numpy's slices."""
+    rng = np.random.default_rng(3)
+    R, N, C = 3, 4, 2
+    partial = rng.standard_normal((C, 2 * R, 2 * N))
+    flat, out = partial.ravel(), np.empty(R * N)
+    for idx in range(R * N):
+        r, n = divmod(idx, N)
+        p = r * 2 * N + n
+        small = big = 0.0
+        for _ in range(C):
+            small += flat[p + N] + flat[p + 2 * R * N]
+            big += flat[p]
+            p += 4 * R * N
+        out[idx] = small + big
+    np.testing.assert_allclose(out.reshape(R, N), fold_numpy(partial, R, N), rtol=1e-15)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")
+def test_the_split_and_fold_kernels_compile(tmp_path):
+    source = helper_source("tile_gemm.cuh") + (KERNELS_DIR / "split_products.cu").read_text()
+    compile_sources({"split_products": source}, tmp_path)
+
+
+def test_a_chunked_product_is_a_strided_batch_of_k_slices():
+    lt = recording_lt()
+    shape = Product(2 * 64, 2 * 10240, 256, 2560, 2560, 10, (256, 256, 4 * 64 * 10240))
+    plan = lt.plan(shape, CUDA_R_32F, 77, 0)
+    layouts = [args for name, args in lt.lib.calls if name == "cublasLtMatrixLayoutCreate"]
+    # W (K slice x 2N, ld K), A (K slice x 2R, ld K), out (2N x 2R): column-major, as cublasLt reads row-major ones
+    assert [tuple(a.value for a in args[2:]) for args in layouts] == [(256, 20480, 2560), (256, 128, 2560),
+                                                                      (20480, 128, 20480)]
+    sets = [(args[0].value, args[1].value, args[2]._obj.value) for name, args in lt.lib.calls
+            if name == "cublasLtMatrixLayoutSetAttribute"]
+    w, a, c = (layout.value for layout in plan.layouts)
+    assert sorted(sets) == sorted([(x, LT_LAYOUT_BATCH_COUNT, 10) for x in (a, w, c)] + [
+        (a, LT_LAYOUT_STRIDED_BATCH_OFFSET, 256), (w, LT_LAYOUT_STRIDED_BATCH_OFFSET, 256),
+        (c, LT_LAYOUT_STRIDED_BATCH_OFFSET, 4 * 64 * 10240)])
+    # a dense product sets no batch
+    lt.lib.calls.clear()
+    lt.plan(Product.dense(64, 512, 256), CUDA_R_32F, 77, 0)
+    assert not [name for name, _ in lt.lib.calls if name == "cublasLtMatrixLayoutSetAttribute"]
+
+
+def test_the_heuristic_is_told_each_k_slices_alignment():
+    # a dense product: each address's own (as before); a K slice: its rows and batch members start at most that
+    # aligned (rows of 98 floats start 8-byte aligned; out's rows of 196 floats 16-byte)
+    assert LtProjection._aligned(Product.dense(8, 16, 32), 0x1000, 0x2000, 0x3000, CUDA_R_32F) == (256, 256, 256)
+    chunk = Product(32, 196, 14, 98, 98)
+    assert LtProjection._aligned(chunk, 0x1000 + 4 * 84, 0x2000 + 4 * 84, 0x3000, CUDA_R_32F) == (8, 8, 16)
+    assert LtProjection._aligned(Product(32, 192, 32, 128, 128), 0x1000 + 4 * 32, 0x2000, 0x3000,
+                                 CUDA_R_32F) == (256, 128, 256)
+    batch = Product(32, 196, 28, 98, 98, 3, (28, 28, 32 * 196))
+    assert LtProjection._aligned(batch, 0x1000, 0x2000, 0x3000, CUDA_R_32F) == (8, 8, 16)
+
+
+def test_accumulate_passes_beta_one():
+    lt = recording_lt()
+    lt.lib.cublasLtMatmulAlgoGetHeuristic = lambda *args: (args[-1]._obj.__setattr__("value", 1), 0)[1]
+
+    class Stream:
+        ptr = 0
+
+    class Cuda:
+        @staticmethod
+        def get_current_stream():
+            return Stream()
+
+    class Cupy:
+        cuda = Cuda
+
+    class Workspace:
+        class data:
+            ptr = 0x9000
+    lt.cupy, lt.workspace = Cupy, Workspace
+    for accumulate, beta in ((False, 0.0), (True, 1.0)):
+        lt.lib.calls.clear()
+        assert lt.product(Product.dense(4, 8, 16), 0x1000, 0x2000, 0x3000, CUDA_R_32F, 77, accumulate=accumulate)
+        (args,) = [args for name, args in lt.lib.calls if name == "cublasLtMatmul"]
+        assert ctypes.cast(args[7], ctypes.POINTER(ctypes.c_float)).contents.value == beta

@@ -131,7 +131,7 @@ def tile_shapes(batch: int, precision: str = "float32") -> list[tuple[int, int]]
 
 def candidates(network: Network, batch: int, limits: DeviceLimits, precision: str = "float32",
                lengths: bool = False, tensor_core_fp32: bool = False) -> list[Candidate]:
-    """What tune() times: the fused backend (in every mode) and the schedules that take the cell. lengths:
+    """What tune() times: the fused backend (fused_modes.TUNED_MODES) and the schedules that take the cell. lengths:
     only those that take it (the scan runs batches of one length). tensor_core_fp32 (precision "float32" only): the
     schedule candidates once more in float32x3, after the strict ones (the first candidate stays strict fp32)."""
     found = _candidates(network, batch, limits, precision, lengths)
@@ -147,7 +147,7 @@ def candidates(network: Network, batch: int, limits: DeviceLimits, precision: st
 def _candidates(network: Network, batch: int, limits: DeviceLimits, precision: str,
                 lengths: bool) -> list[Candidate]:
     program = compile_program(network.cell, layout="interleaved", precision=precision, lengths=lengths)
-    found = [Candidate("fused")] if precision == "float32" or precision in fused_modes.MODES else []
+    found = [Candidate("fused")] if precision == "float32" or precision in fused_modes.TUNED_MODES else []
     if not lengths and analyse_scan(network.cell).qualifies:   # a linear recurrence, in any mode
         found.append(Candidate("scan"))
     why = eligibility(program)

@@ -63,6 +63,9 @@ from .project import LT_OPERANDS, operand_dtype, round_into
 from .split_products import X3_CHUNK, chunked_product_numpy, chunking, fold, fold_numpy, split_into, stack_split
 
 MODES = ("tf32", "float16", "bfloat16", "float32x3")
+# the modes the autotuner times this backend in: float32x3's stacked product (engine/schedules/split_products.py) is
+# held to the emulation by the CPU suite, and joins once the GPU suite has run it (tests/gpu/test_precision_fp32x3_gpu.py)
+TUNED_MODES = ("tf32", "float16", "bfloat16")
 X3_PRODUCTS = LT_OPERANDS["tf32"]       # float32x3's parts are TF32 values: fp32 storage, TF32 tensor-core products
 AHEAD_PIECES = 8         # layer 0's projection ahead of the steps in at most this many pieces (Executor._project_ahead)
 AHEAD_ROWS = 2048        # of at least this many rows (T x B) each, so that each piece is still a large GEMM

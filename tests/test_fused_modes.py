@@ -98,6 +98,25 @@ def test_every_mode_runs_on_the_fused_backend():
         check_fused_mode("fp64")
 
 
+@pytest.mark.parametrize("chunk", [0, -4, 2.5, "256", True])
+def test_a_bad_chunk_is_refused_by_name(chunk):
+    network, params, _, _ = case("lstm")
+    with pytest.raises(BackendError, match=r"argument 'x3_chunk' \(None: all of K\) must be a positive integer"):
+        fused_modes.FusedModeProgram(network, params, precision="float32x3", x3_chunk=chunk)
+
+
+def test_float32x3s_extra_memory_is_counted():
+    # one LSTM layer, I = 7, H = 12, T = 5, B = 3: the projection (48 x 7) and the step's product (48 x 12)
+    network = engine.Network(engine.preset("lstm").cell, 7, 12, 1)
+    plan = make_plan(network, 5, 3)
+    assert [(g.hoisted, g.n(network.layer_sizes(0)), g.k(network.layer_sizes(0))) for g in plan.program.gemms] == [
+        (True, 48, 7), (False, 48, 12)]
+    weights = 48 * 7 + 48 * 12
+    projection = 2 * 5 * 3 * 7                              # [x_hi; x_lo]
+    assert fused_modes.split_bytes(plan, None) == 4 * (weights + projection + 1 * 4 * 3 * 48 + 2 * 3 * 12)
+    assert fused_modes.split_bytes(plan, 4) == 4 * (weights + projection + 3 * 4 * 3 * 48 + 2 * 3 * 12)
+
+
 def test_float32x3_products_are_the_split_parts_in_chunks_whatever_the_chunk():
     # the chunks change which products share a tensor-core accumulator (on the GPU), not what is multiplied
     network, params, x, states = case("lstm")

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arguments import integer
 from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
 from ..backends.fused import THREADS_PER_BLOCK, CupyDevice, Executor, fitting_plan
 from ..backends.lengths import check_lengths
@@ -53,9 +54,10 @@ from ..codegen.operand_copies import copied_buffers, operand_copies, render_copi
 from ..codegen.programmatic import ProgrammaticLaunch, programmatic_waits
 from ..dense import dense
 from ..errors import BackendError
+from ..memory import available_device_bytes, check_fits
 from ..network import Network
 from ..params import Params
-from ..plan import pack_weights
+from ..plan import FLOAT_BYTES, pack_weights
 from ..rounding import mode_matmul
 from .base import launch_replay, whole_run_replay
 from .cublaslt import WORKSPACE, LtProjection, Product
@@ -78,6 +80,24 @@ def ahead_steps(T: int, B: int) -> int | None:
     one-layer networks."""
     steps = max(-(-T // AHEAD_PIECES), -(-AHEAD_ROWS // B))
     return steps if steps < T else None
+
+
+def split_bytes(plan, chunk: int | None) -> int:
+    """float32x3's device memory beyond the plan's (backends/fused.py plan_bytes): each weight's lo part, a step
+    GEMM's chunks' products P and its operand's two parts (a set a layer: the layers run on streams of their own),
+    and a projection's split input (2 x its rows x K)."""
+    program, network = plan.program, plan.network
+    total = 0
+    for layer in range(network.num_layers):
+        sizes = network.layer_sizes(layer)
+        for gemm in program.gemms:
+            n, k = gemm.n(sizes), gemm.k(sizes)
+            total += n * k
+            if gemm.hoisted:
+                total += 2 * plan.steps * plan.batch * k
+            else:
+                total += chunking(k, chunk).count * 4 * plan.batch * n + 2 * plan.batch * k
+    return total * FLOAT_BYTES
 
 
 def check_fused_mode(precision) -> str:
@@ -430,6 +450,8 @@ class FusedModeProgram:
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
                                "engine.backends.fused runs strict float32")
+        # float32x3: K of one tensor-core accumulator (engine/schedules/split_products.py; None: all of K)
+        self.x3_chunk = None if x3_chunk is None else integer(x3_chunk, "argument 'x3_chunk' (None: all of K)")
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
         network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
         import cupy  # deferred: CuPy is optional (no GPU in CI)
@@ -444,8 +466,6 @@ class FusedModeProgram:
         # projections already, and pieces cost ~1 % at `large`); an int, pieces of that many steps, any network; the
         # pieces after the first plan for projection_sms SMs (0: all; benchmarks/probe_fused_ahead.py: no better)
         self.projection_ahead, self.projection_sms = projection_ahead, projection_sms
-        # float32x3: K of one tensor-core accumulator (engine/schedules/split_products.py; None: all of K)
-        self.x3_chunk = x3_chunk
         self._shape = None
         self._executor = None
         self._replays: dict = {}           # (T, B, lengths) -> ChunkReplay
@@ -455,6 +475,12 @@ class FusedModeProgram:
         if self._shape != (T, B, lengths):
             cupy, network = self.cupy, self.network
             plan, needed = fitting_plan(cupy, network, T, B, self.options, lengths)
+            if self.precision == "float32x3":
+                needed += split_bytes(plan, self.x3_chunk)
+                check_fits(needed, f"backend 'fused' in float32x3 with T={T}, B={B}, L={network.num_layers}, "
+                           f"H={network.hidden_size}", "x's steps and batch, hidden_size", on="device",
+                           limit=available_device_bytes(cupy), hint="run fewer steps or a smaller batch at a time, "
+                           "or fewer K chunks (x3_chunk)")
             program = plan.program
             fixed = fixed_gemms(program, program.cell)
             copies = operand_copies(program, self.precision, {name for name, strict in fixed.items() if strict})

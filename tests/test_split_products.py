@@ -21,8 +21,11 @@ from engine.schedules.split_products import (
     chunked_product_numpy,
     chunking,
     fold_numpy,
+    run_calls_numpy,
+    split_calls,
     split_into,
     stack_split,
+    stacked_calls,
 )
 
 
@@ -64,6 +67,39 @@ def test_the_folded_chunks_are_the_three_products_of_the_parts(rows, cols, K, ch
     # and at fp32's level from the exact product (hi + lo is v to within 2^-22 of it)
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
     assert np.abs(got - exact).max() <= 2.0 ** -20 * (np.abs(x).astype(np.float64) @ np.abs(w).T).max()
+
+
+@pytest.mark.parametrize("R, K, N, chunk", [(3, 37, 5, None), (3, 37, 5, 8), (4, 98, 6, 32), (2, 50, 3, 48),
+                                            (5, 12, 7, 4)])
+def test_the_products_issued_are_the_emulations(R, K, N, chunk):
+    """The offsets, leading dimensions and batch strides the GPU path gives cublasLt (stacked_calls, split_calls),
+    run as Product defines them on flat buffers (each read checked to stay inside its buffer): the step's P folded,
+    and the projection's three products (the bias on the first, added by cublasLt's epilogue), are the float32x3
+    emulation."""
+    rng = np.random.default_rng(R * K)
+    x = rng.standard_normal((R, K)).astype(np.float32)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    emulated = mode_matmul(w.astype(np.float64), x.astype(np.float64), "float32x3", lambda a, b: b @ a.T)
+    chunks = chunking(K, chunk)
+    parts = split_into(np, x, np.empty((2, R, K), np.float32)).ravel().astype(np.float64)
+    stacked = stack_split(np, w).ravel().astype(np.float64)
+    partial = np.full(chunks.count * 4 * R * N, np.nan)
+    run_calls_numpy(stacked_calls(R, K, N, chunks), parts, stacked, partial)
+    assert not np.isnan(partial).any(), "every chunk's plane written"
+    np.testing.assert_allclose(fold_numpy(partial.reshape(chunks.count, 2 * R, 2 * N), R, N), emulated,
+                               rtol=1e-13, atol=1e-13)
+    out = np.full(R * N, np.nan)
+    calls = split_calls(R, K, N, chunks, bias=True)
+    assert [c.bias for c in calls] == [True] + [False] * (len(calls) - 1)
+    assert not calls[0].accumulate and all(c.accumulate for c in calls[1:])
+    run_calls_numpy(calls, parts, stacked, out)
+    np.testing.assert_allclose(out.reshape(R, N), emulated, rtol=1e-13, atol=1e-13)    # the bias: the epilogue's
+
+
+def test_a_product_past_its_buffer_is_caught():
+    call = stacked_calls(2, 8, 3, Chunks(4, 2))[0]
+    with pytest.raises(ValueError, match="reads A past its"):
+        run_calls_numpy([call], np.zeros(2 * 2 * 8 - 1), np.zeros(2 * 3 * 8), np.zeros(2 * 4 * 2 * 3))
 
 
 def test_the_fold_reads_the_kernels_flat_indices():

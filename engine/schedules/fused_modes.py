@@ -62,7 +62,17 @@ from ..rounding import mode_matmul
 from .base import launch_replay, whole_run_replay
 from .cublaslt import WORKSPACE, LtProjection, Product
 from .project import LT_OPERANDS, operand_dtype, round_into
-from .split_products import X3_CHUNK, chunked_product_numpy, chunking, fold, fold_numpy, split_into, stack_split
+from .split_products import (
+    X3_CHUNK,
+    chunked_product_numpy,
+    chunking,
+    fold,
+    fold_numpy,
+    split_calls,
+    split_into,
+    stack_split,
+    stacked_calls,
+)
 
 MODES = ("tf32", "float16", "bfloat16", "float32x3")
 # the modes the autotuner times this backend in: float32x3's stacked product (engine/schedules/split_products.py) is
@@ -319,13 +329,10 @@ class ModeDevice(CupyDevice):
         """float32x3's product of many rows (a projection): parts (2, M, K) = [x_hi; x_lo], the weight (2N, K) =
         [W_hi; W_lo]; out = x_hi W_lo^T + bias, then += x_lo W_hi^T, then += x_hi W_hi^T chunk by chunk."""
         _, M, K = parts.shape
-        N = weight.stored.shape[0] // 2
-        x_hi, x_lo = parts.data.ptr, parts.data.ptr + M * K * 4
-        w_hi, w_lo = weight.stored.data.ptr, weight.stored.data.ptr + N * K * 4
-        self._lt(Product.dense(M, N, K), x_hi, w_lo, out, bias=0 if bias is None else bias.data.ptr)
-        self._lt(Product.dense(M, N, K), x_lo, w_hi, out, accumulate=True)
-        for first, count in chunking(K, self.x3_chunk).bounds():
-            self._lt(Product(M, N, count, K, K), x_hi + 4 * first, w_hi + 4 * first, out, accumulate=True)
+        a, w, o = parts.data.ptr, weight.stored.data.ptr, out.data.ptr
+        for call in split_calls(M, K, weight.stored.shape[0] // 2, chunking(K, self.x3_chunk), bias is not None):
+            self._lt(call.shape, a + 4 * call.a, w + 4 * call.w, out, at=o + 4 * call.out,
+                     bias=bias.data.ptr if call.bias else 0, accumulate=call.accumulate)
 
     def _stacked_product(self, operand, weight: ModeWeight, out) -> None:
         """float32x3's step product (engine/schedules/split_products.py): operand (2, R, K) = [h_hi; h_lo] by the
@@ -339,13 +346,8 @@ class ModeDevice(CupyDevice):
         if partial is None:
             partial = self.partials[key] = self.xp.empty((chunks.count, 2 * R, 2 * N), dtype=self.xp.float32)
         a, w, p = operand.data.ptr, weight.stored.data.ptr, partial.data.ptr
-        plane = 4 * R * N
-        self._lt(Product(2 * R, 2 * N, chunks.size, K, K, chunks.full, (chunks.size, chunks.size, plane)), a, w,
-                 partial, at=p)
-        if chunks.rest:
-            first = chunks.full * chunks.size
-            self._lt(Product(2 * R, 2 * N, chunks.rest, K, K), a + 4 * first, w + 4 * first, partial,
-                     at=p + 4 * chunks.full * plane)
+        for call in stacked_calls(R, K, N, chunks):
+            self._lt(call.shape, a + 4 * call.a, w + 4 * call.w, partial, at=p + 4 * call.out)
         fold(self.xp, partial, out, R, N, chunks.count)
 
     def _lt(self, shape: Product, a: int, w: int, out, *, bias: int = 0, accumulate: bool = False,

@@ -36,6 +36,7 @@ import numpy as np
 from ..codegen.cuda import KERNELS_DIR, helper_source, round_blocks
 from ..codegen.nvrtc import load_module
 from ..rounding import split_tf32
+from .cublaslt import Product
 from .project import split_tf32 as split_elementwise
 
 X3_CHUNK = 256            # K of one chunk's accumulator (the module's docstring: the drift against P's bytes)
@@ -73,6 +74,58 @@ def chunking(K: int, chunk: int | None = X3_CHUNK) -> Chunks:
     size = -(-even // 4) * 4
     full = K // size
     return Chunks(size, full, K - full * size)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One cublasLt product of float32x3's parts: `shape` with A, W and out starting `a`, `w` and `out` floats into
+    their buffers (the operand's parts, the stacked weight, the output or P); accumulate: out += (beta = 1); bias:
+    the projection's bias added by the epilogue."""
+    shape: Product
+    a: int
+    w: int
+    out: int
+    accumulate: bool = False
+    bias: bool = False
+
+
+def stacked_calls(R: int, K: int, N: int, chunks: Chunks) -> list[Call]:
+    """A step's product: the parts [h_hi; h_lo] (2R x K) by [W_hi; W_lo] (2N x K) into P (count, 2R, 2N), the full
+    chunks as one strided batch, a rest as one more product into the last plane."""
+    plane = 4 * R * N
+    calls = [Call(Product(2 * R, 2 * N, chunks.size, K, K, chunks.full, (chunks.size, chunks.size, plane)), 0, 0, 0)]
+    if chunks.rest:
+        first = chunks.full * chunks.size
+        calls.append(Call(Product(2 * R, 2 * N, chunks.rest, K, K), first, first, chunks.full * plane))
+    return calls
+
+
+def split_calls(M: int, K: int, N: int, chunks: Chunks, bias: bool) -> list[Call]:
+    """A projection's product (many rows): the parts [x_hi; x_lo] (2 x M x K) and [W_hi; W_lo] (2N x K) into out
+    (M, N): x_hi W_lo^T (+ bias), then += x_lo W_hi^T, then += x_hi W_hi^T chunk by chunk."""
+    x_lo, w_lo = M * K, N * K
+    calls = [Call(Product.dense(M, N, K), 0, w_lo, 0, bias=bias), Call(Product.dense(M, N, K), x_lo, 0, 0, True)]
+    return calls + [Call(Product(M, N, n, K, K), first, first, 0, True) for first, n in chunks.bounds()]
+
+
+def run_calls_numpy(calls: list[Call], a, w, out) -> None:
+    """What cublasLt computes for `calls` on flat float arrays a, w and out (float64 products), bias aside: the
+    meaning of Product (row-major A and W with leading dimensions lda and ldw, out rows of N, batch members
+    `strides` apart), for the CPU tests of the offsets the GPU path issues."""
+    for call in calls:
+        s = call.shape
+        for i in range(s.batch):
+            da, dw, do = (i * stride for stride in s.strides) if s.batch > 1 else (0, 0, 0)
+            for name, flat, start, rows, ld, cols in (("A", a, call.a + da, s.M, s.lda, s.K),
+                                                      ("W", w, call.w + dw, s.N, s.ldw, s.K),
+                                                      ("out", out, call.out + do, s.M, s.N, s.N)):
+                if start < 0 or cols > ld or start + (rows - 1) * ld + cols > flat.size:
+                    raise ValueError(f"{call}: batch member {i} reads {name} past its {flat.size} elements")
+            rows_a = np.lib.stride_tricks.as_strided(a[call.a + da:], (s.M, s.K), (s.lda * a.itemsize, a.itemsize))
+            rows_w = np.lib.stride_tricks.as_strided(w[call.w + dw:], (s.N, s.K), (s.ldw * w.itemsize, w.itemsize))
+            product = rows_a.astype(np.float64) @ rows_w.astype(np.float64).T
+            target = out[call.out + do:call.out + do + s.M * s.N].reshape(s.M, s.N)
+            target[...] = target + product if call.accumulate else product
 
 
 def stack_split(xp, weight):

@@ -31,6 +31,10 @@
 #      sanitize_persistent.py, and phase profiles of the LSTM (I = H = 512) and sLSTM (H = 768) at B = 16 on each path;
 #  11b. train (only when named): `python -m engine bench --train` at mid and blogB, every mode's rows (fp32 with
 #      TF32 off, tf32, bf16, fp16) against cuDNN in the same mode, each with its gradient error against float64;
+#  11c. x3 (only when named): float32x3 on the fused backend (engine/schedules/split_products.py): its GPU tests,
+#      compute-sanitizer memcheck and racecheck on a small case in K chunks with a rest, the step's product alone in
+#      every variant (probe_fused_x3.py --products: batched chunks, cublasLt's split-K, one GEMM) and the harness's rows
+#      at `large` and blogA against cuDNN fp32 (probe_fused_x3.py; NOTES 2026-11-28 04:01);
 #  12. the markdown tables, last.
 # STAGES="tests sanitize bench precision" (default: all but the optional ones) picks stages, so the suite can be split
 # over two calls of under 10 minutes each on an H100. A failing stage does not stop the next one.
@@ -202,6 +206,19 @@ if [[ " $STAGES " == *" train "* ]]; then
   train_rc=${PIPESTATUS[0]}
 fi
 
+x3_rc=skipped
+if [[ " $STAGES " == *" x3 "* ]]; then
+  section "float32x3 on the fused backend: tests, compute-sanitizer, the step's product, the harness's rows"
+  x3_rc=0; : > "$OUT/x3.log"
+  step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/x3.log" | tail -${X3_TAIL:-12}; rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || x3_rc=$rc; }
+  step timeout 240 "$PY" -m pytest tests/gpu/test_precision_fp32x3_gpu.py -k fused -q -rfEs -p no:cacheprovider
+  for tool in memcheck racecheck; do
+    step timeout 180 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/sanitize_fused_modes.py float32x3 48
+  done
+  X3_TAIL=40 step timeout 240 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --products
+  X3_TAIL=40 step timeout 420 "$PY" benchmarks/probe_fused_x3.py --out "$OUT"
+fi
+
 section "table"
 "$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/bench_table.md"
 import sys
@@ -221,5 +238,6 @@ PYEOF
 echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
      "precision bench exit code: $precision_rc; nets: $nets_rc; wheels: $wheels_rc; layersync: $layersync_rc;" \
-     "phases: $phases_rc; lengths: $lengths_rc; probes: $probes_rc; cluster: $cluster_rc; train: $train_rc" \
+     "phases: $phases_rc; lengths: $lengths_rc; probes: $probes_rc; cluster: $cluster_rc; train: $train_rc;" \
+     "x3: $x3_rc" \
      "(124 = timed out); total $(( $(date +%s) - start )) s"

@@ -9,10 +9,11 @@ Every row is the benchmark harness's own (engine/bench/runner.py bench_cell): a 
 poisoned outputs checked first, CUDA-event timing after warm-up, medians; cuDNN fp32 with TF32 off.
 
 --products first measures the step's product alone at the LSTM's and GRU's `large` and blogA shapes: strict fp32
-(cublasLt, CUBLAS_COMPUTE_32F), tf32, and float32x3's stacked product folded, with its K chunks as a strided batch
-(split_products.py's way) or as cublasLt's own split-K (each split its own accumulator too, summed in place or in
-the workspace, so P is one plane): each its error against the float64 product (norm-relative, over strict fp32's)
-and its time in a chain of 50 captured into a CUDA graph (median of 11 launches).
+(cublasLt, CUBLAS_COMPUTE_32F), tf32, and float32x3's stacked product folded, with the W_hi product's K chunks as a
+strided batch (split_products.py's way, the engine's own calls) or as cublasLt's own split-K (each split its own
+accumulator too, summed in place or in the workspace, so P1 is one plane): each its error against the float64
+product (norm-relative, over strict fp32's) and its time in a chain of 50 captured into a CUDA graph (median of 11
+launches).
 
     python3 benchmarks/probe_fused_x3.py --out /tmp/probe [--configs large,blogA] [--chunks none,512,256,128]
     python3 benchmarks/probe_fused_x3.py --out /tmp/probe --products
@@ -37,7 +38,14 @@ from engine.bench.implementations import Cudnn, EngineBackend  # noqa: E402
 from engine.bench.runner import bench_cell, environment, measure_launch, measure_sgemm, resolve_settings  # noqa: E402
 from engine.codegen.cublas_enums import CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F  # noqa: E402
 from engine.schedules.cublaslt import LtProjection, Product  # noqa: E402
-from engine.schedules.split_products import chunking, fold, split_into, stack_split  # noqa: E402
+from engine.schedules.split_products import (  # noqa: E402
+    chunking,
+    fold,
+    partial_size,
+    split_into,
+    stack_split,
+    stacked_calls,
+)
 
 
 class ChunkedX3(EngineBackend):
@@ -106,18 +114,13 @@ def products(cp, chunks) -> list[dict]:
         measure("tf32 (rounded by cuBLAS)", dense(CUBLAS_COMPUTE_32F_FAST_TF32))
         for chunk in chunks:
             found = chunking(K, chunk)
-            partial = cp.empty((found.count, 2 * R, 2 * N), dtype=cp.float32)
+            partial = cp.empty(partial_size(R, N, found), dtype=cp.float32)
             cp.cuda.Device().synchronize()
 
-            def batched(found=found, partial=partial):
-                shape = Product(2 * R, 2 * N, found.size, K, K, found.full, (found.size, found.size, 4 * R * N))
-                lt.product(shape, parts.data.ptr, stacked_w.data.ptr, partial.data.ptr, CUDA_R_32F,
-                           CUBLAS_COMPUTE_32F_FAST_TF32) or fail("batched")
-                if found.rest:
-                    first = found.full * found.size
-                    lt.product(Product(2 * R, 2 * N, found.rest, K, K), parts.data.ptr + 4 * first,
-                               stacked_w.data.ptr + 4 * first, partial.data.ptr + 16 * found.full * R * N,
-                               CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32) or fail("rest")
+            def batched(found=found, partial=partial):       # the engine's own calls (ModeDevice._stacked_product)
+                for call in stacked_calls(R, K, N, found):
+                    lt.product(call.shape, parts.data.ptr + 4 * call.a, stacked_w.data.ptr + 4 * call.w,
+                               partial.data.ptr + 4 * call.out, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32) or fail("x3")
                 fold(cp, partial, out, R, N, found.count)
             measure(f"x3 batch of {found.count} x {found.size}", batched)
         split_k(cp, lt, measure, parts, stacked_w, out, R, K, N)
@@ -128,11 +131,15 @@ def products(cp, chunks) -> list[dict]:
 
 
 def split_k(cp, lt, measure, parts, stacked_w, out, R, K, N) -> None:
-    """float32x3's stacked product with cublasLt's split-K (K / 512, K / 256, K / 128 splits, each reduction scheme
-    it supports), folded as one chunk into out: the first of the heuristic's 8 algorithms that can split K."""
-    partial = cp.empty((1, 2 * R, 2 * N), dtype=cp.float32)
+    """float32x3's step product with its W_hi product on cublasLt's split-K instead of the batch of chunks (K / 512,
+    K / 256, K / 128 splits, each reduction scheme it supports: each split its own accumulator, summed in place or
+    in the workspace, so P1 is one plane), then h_hi W_lo and the fold as the engine makes them: the first of the
+    heuristic's 8 algorithms that can split K."""
+    one_chunk = chunking(K, None)
+    partial = cp.empty(partial_size(R, N, one_chunk), dtype=cp.float32)
+    lo_call = stacked_calls(R, K, N, one_chunk)[-1]                     # h_hi W_lo into P2
     cp.cuda.Device().synchronize()
-    plan = lt._new_plan(Product.dense(2 * R, 2 * N, K), CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 0, 8)
+    plan = lt._new_plan(Product.dense(2 * R, N, K), CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 0, 8)
     w_layout, a_layout, c_layout = plan.layouts
     one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
     for k, algo in enumerate(plan.candidates):
@@ -154,13 +161,16 @@ def split_k(cp, lt, measure, parts, stacked_w, out, R, K, N) -> None:
                         ctypes.c_void_p(cp.cuda.get_current_stream().ptr))
                     if status:
                         raise RuntimeError(f"cublasLtMatmul status {status}")
+                    lt.product(lo_call.shape, parts.data.ptr + 4 * lo_call.a, stacked_w.data.ptr + 4 * lo_call.w,
+                               partial.data.ptr + 4 * lo_call.out, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32) \
+                        or fail("h_hi W_lo")
                     fold(cp, partial, out, R, N, 1)
                 try:
                     measure(f"x3 algo {k} split-K {K // chunk} ({chunk}) {scheme_name}", issue)
                 except RuntimeError as e:
                     print(f"algo {k} split {K // chunk} {scheme_name}: {e}", flush=True)
         return
-    print(f"none of the heuristic's {len(plan.candidates)} algorithms for ({2 * R} x {K}) @ ({K} x {2 * N}) splits K",
+    print(f"none of the heuristic's {len(plan.candidates)} algorithms for ({2 * R} x {K}) @ ({K} x {N}) splits K",
           flush=True)
 
 

@@ -2,10 +2,10 @@
 // stacked, and the fold that sums the parts' products. tile_gemm.cuh (rnn_tf32_bits: cvt.rna, the kernels' own
 // rounding, which engine/rounding.py emulates) is inlined before this file.
 //
-// A step's product multiplies the operand's parts stacked as rows, [hi; lo] (2R x K), by the weight's,
-// [W_hi; W_lo] (2N x K), in C chunks of K (a chunk's products summed in one tensor-core accumulator), into
-// P (C, 2R, 2N), row-major. For row r < R and column n < N of chunk c:
-//   P_c[r][n] = hi W_hi,   P_c[r][N + n] = hi W_lo,   P_c[R + r][n] = lo W_hi,   P_c[R + r][N + n] = lo W_lo (unused).
+// A step's product multiplies the operand's parts stacked as rows, [hi; lo] (2R x K), by W_hi (N x K) in C chunks of K
+// (a chunk's products summed in one tensor-core accumulator) into P1 (C, 2R, N), and hi by W_lo (N x K) into P2
+// (R, N) after it; row-major. For row r < R and column n < N of chunk c:
+//   P1_c[r][n] = hi W_hi,   P1_c[R + r][n] = lo W_hi,   P2[r][n] = hi W_lo.
 
 // src (n4 groups of 4 floats, C-contiguous) -> dst[0 .. 4 n4) = hi = tf32(v), dst[4 n4 .. 8 n4) = lo = tf32(v - hi):
 // the operand's copy as the kernels write it (engine/codegen/operand_copies.py), for the values no kernel wrote (the
@@ -22,22 +22,19 @@ extern "C" __global__ void split_contiguous_tf32(const float4* __restrict__ src,
     }
 }
 
-// out (R, N) = sum over chunks of (hi W_lo + lo W_hi), then + the sum over chunks of hi W_hi: the small products
-// first, in fp32, as the schedules' split MMAs add them (engine/codegen/precision.py). One thread an element of out,
-// its C chunks in a loop.
+// out (R, N) = (hi W_lo + the sum over chunks of lo W_hi) + the sum over chunks of hi W_hi: the small products first,
+// in fp32, as the schedules' split MMAs add them (engine/codegen/precision.py). One thread an element of out, its C
+// chunks in a loop.
 extern "C" __global__ void fold_x3(const float* __restrict__ P, float* __restrict__ out, const int R, const int N,
                                    const int C)
 {
     const long total = (long)R * N;
-    const long chunk = 4L * R * N;          // one chunk's P_c
-    const long lower = 2L * R * N;          // row R of P_c: the lo rows
+    const long chunk = 2L * R * N;          // one chunk's P1_c
     for (long idx = (long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (long)gridDim.x * blockDim.x) {
-        const long r = idx / N;
-        const long n = idx - r * N;
-        const float* p = P + r * 2L * N + n;
-        float small = 0.0f, big = 0.0f;
+        const float* p = P + idx;           // P1_0[r][n]: row r of N columns, idx = r N + n
+        float small = P[C * chunk + idx], big = 0.0f;
         for (int c = 0; c < C; ++c, p += chunk) {
-            small += p[N] + p[lower];
+            small += p[total];              // P1_c[R + r][n]
             big += p[0];
         }
         out[idx] = small + big;

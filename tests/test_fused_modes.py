@@ -113,8 +113,9 @@ def test_float32x3s_extra_memory_is_counted():
         (True, 48, 7), (False, 48, 12)]
     weights = 48 * 7 + 48 * 12
     projection = 2 * 5 * 3 * 7                              # [x_hi; x_lo]
-    assert fused_modes.split_bytes(plan, None) == 4 * (weights + projection + 1 * 4 * 3 * 48 + 2 * 3 * 12)
-    assert fused_modes.split_bytes(plan, 4) == 4 * (weights + projection + 3 * 4 * 3 * 48 + 2 * 3 * 12)
+    # P: P1 (chunks, 2B, N) and P2 (B, N); the operand's two parts (2B, K)
+    assert fused_modes.split_bytes(plan, None) == 4 * (weights + projection + (1 * 2 + 1) * 3 * 48 + 2 * 3 * 12)
+    assert fused_modes.split_bytes(plan, 4) == 4 * (weights + projection + (3 * 2 + 1) * 3 * 48 + 2 * 3 * 12)
 
 
 def test_float32x3_products_are_the_split_parts_in_chunks_whatever_the_chunk():

@@ -1,7 +1,7 @@
 """float32x3's stacked product for the fused backend (engine/schedules/split_products.py), on the CPU: the chunks
-cover K, the stacked parts' chunked products folded are exactly the emulation's three products (the fourth, lo W_lo,
-left out), the fold's flat indices are kernels/split_products.cu's, the kernels compile, and cublasLt is told a
-chunked product as a strided batch. The GPU suite runs it (tests/gpu/test_precision_fp32x3_gpu.py)."""
+cover K, the products the GPU path issues (offsets, leading dimensions, batch strides) folded are exactly the
+emulation's three products (the fourth, lo W_lo, never made), the fold's flat indices are kernels/split_products.cu's,
+the kernels compile, and cublasLt is told a chunked product as a strided batch. The GPU suite runs it (tests/gpu/test_precision_fp32x3_gpu.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -18,14 +18,15 @@ from engine.rounding import mode_matmul, split_tf32
 from engine.schedules.cublaslt import LtProjection, Product
 from engine.schedules.split_products import (
     Chunks,
-    chunked_product_numpy,
     chunking,
     fold_numpy,
+    partial_size,
     run_calls_numpy,
     split_calls,
     split_into,
     stack_split,
     stacked_calls,
+    stacked_product_numpy,
 )
 
 
@@ -47,7 +48,7 @@ def test_the_chunks_cover_k_once_in_16_byte_steps(K, chunk):
 
 
 @pytest.mark.parametrize("rows, cols, K, chunk", [(3, 5, 37, None), (3, 5, 37, 8), (4, 6, 98, 32), (2, 3, 50, 48)])
-def test_the_folded_chunks_are_the_three_products_of_the_parts(rows, cols, K, chunk):
+def test_the_folded_products_are_the_three_products_of_the_parts(rows, cols, K, chunk):
     rng = np.random.default_rng(K)
     x = rng.standard_normal((rows, K)).astype(np.float32)
     w = (rng.standard_normal((cols, K)) * 10.0 ** rng.integers(-3, 3, (cols, K))).astype(np.float32)
@@ -56,12 +57,11 @@ def test_the_folded_chunks_are_the_three_products_of_the_parts(rows, cols, K, ch
     w_hi, w_lo = split_tf32(w)
     np.testing.assert_array_equal(stacked, np.concatenate([w_hi, w_lo]))
     parts = split_into(np, x, np.full((2, rows, K), np.nan, np.float32))
-    partial = chunked_product_numpy(parts.reshape(2 * rows, K), stacked, chunking(K, chunk))
-    got = fold_numpy(partial, rows, cols)
+    got = stacked_product_numpy(parts, stacked, chunking(K, chunk))
     emulated = mode_matmul(w.astype(np.float64), x.astype(np.float64), "float32x3", lambda a, b: b @ a.T)
     np.testing.assert_allclose(got, emulated, rtol=1e-13, atol=1e-13)
     x_hi, x_lo = split_tf32(x)
-    lo_lo = x_lo @ w_lo.T                                  # the fourth product the fold leaves out
+    lo_lo = x_lo @ w_lo.T                                  # the fourth product, never made
     assert np.abs(lo_lo).max() > 0
     np.testing.assert_allclose(got + lo_lo, (x_hi + x_lo) @ (w_hi + w_lo).T, rtol=1e-13, atol=1e-13)
     # and at fp32's level from the exact product (hi + lo is v to within 2^-22 of it)
@@ -75,7 +75,7 @@ def test_the_products_issued_are_the_emulations(R, K, N, chunk):
     """The offsets, leading dimensions and batch strides the GPU path gives cublasLt (stacked_calls, split_calls),
     run as Product defines them on flat buffers (each read checked to stay inside its buffer): the step's P folded,
     and the projection's three products (the bias on the first, added by cublasLt's epilogue), are the float32x3
-    emulation."""
+    emulation; every float of P is written, and W_hi and W_lo are each read by one product of the step."""
     rng = np.random.default_rng(R * K)
     x = rng.standard_normal((R, K)).astype(np.float32)
     w = rng.standard_normal((N, K)).astype(np.float32)
@@ -83,11 +83,12 @@ def test_the_products_issued_are_the_emulations(R, K, N, chunk):
     chunks = chunking(K, chunk)
     parts = split_into(np, x, np.empty((2, R, K), np.float32)).ravel().astype(np.float64)
     stacked = stack_split(np, w).ravel().astype(np.float64)
-    partial = np.full(chunks.count * 4 * R * N, np.nan)
-    run_calls_numpy(stacked_calls(R, K, N, chunks), parts, stacked, partial)
-    assert not np.isnan(partial).any(), "every chunk's plane written"
-    np.testing.assert_allclose(fold_numpy(partial.reshape(chunks.count, 2 * R, 2 * N), R, N), emulated,
-                               rtol=1e-13, atol=1e-13)
+    partial = np.full(partial_size(R, N, chunks), np.nan)
+    calls = stacked_calls(R, K, N, chunks)
+    run_calls_numpy(calls, parts, stacked, partial)
+    assert not np.isnan(partial).any(), "every chunk's plane and P2 written"
+    np.testing.assert_allclose(fold_numpy(partial, R, N, chunks.count), emulated, rtol=1e-13, atol=1e-13)
+    assert [c.w < N * K for c in calls] == [True] * (len(calls) - 1) + [False]       # W_hi by the chunks, W_lo once
     out = np.full(R * N, np.nan)
     calls = split_calls(R, K, N, chunks, bias=True)
     assert [c.bias for c in calls] == [True] + [False] * (len(calls) - 1)
@@ -99,25 +100,24 @@ def test_the_products_issued_are_the_emulations(R, K, N, chunk):
 def test_a_product_past_its_buffer_is_caught():
     call = stacked_calls(2, 8, 3, Chunks(4, 2))[0]
     with pytest.raises(ValueError, match="reads A past its"):
-        run_calls_numpy([call], np.zeros(2 * 2 * 8 - 1), np.zeros(2 * 3 * 8), np.zeros(2 * 4 * 2 * 3))
+        run_calls_numpy([call], np.zeros(2 * 2 * 8 - 1), np.zeros(2 * 3 * 8), np.zeros(partial_size(2, 3, Chunks(4, 2))))
 
 
 def test_the_fold_reads_the_kernels_flat_indices():
     """fold_x3's loop, index for index (kernels/split_products.cu), on a flat P: the same as fold_numpy's slices."""
     rng = np.random.default_rng(3)
     R, N, C = 3, 4, 2
-    partial = rng.standard_normal((C, 2 * R, 2 * N))
-    flat, out = partial.ravel(), np.empty(R * N)
-    for idx in range(R * N):
-        r, n = divmod(idx, N)
-        p = r * 2 * N + n
-        small = big = 0.0
+    flat, out = rng.standard_normal(partial_size(R, N, Chunks(8, C))), np.empty(R * N)
+    total, chunk = R * N, 2 * R * N
+    for idx in range(total):
+        p = idx
+        small, big = flat[C * chunk + idx], 0.0
         for _ in range(C):
-            small += flat[p + N] + flat[p + 2 * R * N]
+            small += flat[p + total]
             big += flat[p]
-            p += 4 * R * N
+            p += chunk
         out[idx] = small + big
-    np.testing.assert_allclose(out.reshape(R, N), fold_numpy(partial, R, N), rtol=1e-15)
+    np.testing.assert_allclose(out.reshape(R, N), fold_numpy(flat, R, N, C), rtol=1e-15)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")

@@ -32,7 +32,8 @@ before the launch, so runs with lengths replay too.
 
 float32x3 multiplies TF32 parts (engine/schedules/split_products.py): the weights are stored as their two parts
 stacked, [W_hi; W_lo]; the kernels write a step's operand as its two parts, [h_hi; h_lo]; one strided-batched TF32
-GEMM multiplies them in K chunks and one small kernel folds the chunks' products into the step's output. The
+GEMM multiplies both by W_hi in K chunks, one more h_hi by W_lo, and one small kernel folds the products into the
+step's output. The
 projections split their input into a buffer of the run's own and make three TF32 products into their output
 (x_hi W_lo with the bias, then x_lo W_hi, then x_hi W_hi in K chunks, each added by cublasLt's fp32 epilogue).
 """
@@ -64,14 +65,14 @@ from .cublaslt import WORKSPACE, LtProjection, Product
 from .project import LT_OPERANDS, operand_dtype, round_into
 from .split_products import (
     X3_CHUNK,
-    chunked_product_numpy,
     chunking,
     fold,
-    fold_numpy,
+    partial_size,
     split_calls,
     split_into,
     stack_split,
     stacked_calls,
+    stacked_product_numpy,
 )
 
 MODES = ("tf32", "float16", "bfloat16", "float32x3")
@@ -106,7 +107,7 @@ def split_bytes(plan, chunk: int | None) -> int:
             if gemm.hoisted:
                 total += 2 * plan.steps * plan.batch * k
             else:
-                total += chunking(k, chunk).count * 4 * plan.batch * n + 2 * plan.batch * k
+                total += partial_size(plan.batch, n, chunking(k, chunk)) + 2 * plan.batch * k
     return total * FLOAT_BYTES
 
 
@@ -335,16 +336,16 @@ class ModeDevice(CupyDevice):
                      bias=bias.data.ptr if call.bias else 0, accumulate=call.accumulate)
 
     def _stacked_product(self, operand, weight: ModeWeight, out) -> None:
-        """float32x3's step product (engine/schedules/split_products.py): operand (2, R, K) = [h_hi; h_lo] by the
-        weight (2N, K) = [W_hi; W_lo] in K chunks into P (chunks, 2R, 2N), one strided-batched GEMM (and one more for
-        a rest), then the fold into out (R, N)."""
+        """float32x3's step product (engine/schedules/split_products.py): operand (2, R, K) = [h_hi; h_lo] by W_hi in
+        K chunks into P1 (chunks, 2R, N), one strided-batched GEMM (and one more for a rest), h_hi by W_lo into P2,
+        then the fold into out (R, N)."""
         _, R, K = operand.shape
         N = weight.stored.shape[0] // 2
         chunks = chunking(K, self.x3_chunk)
         key = (self.xp.cuda.get_current_stream().ptr, chunks.count, R, N)
         partial = self.partials.get(key)
         if partial is None:
-            partial = self.partials[key] = self.xp.empty((chunks.count, 2 * R, 2 * N), dtype=self.xp.float32)
+            partial = self.partials[key] = self.xp.empty(partial_size(R, N, chunks), dtype=self.xp.float32)
         a, w, p = operand.data.ptr, weight.stored.data.ptr, partial.data.ptr
         for call in stacked_calls(R, K, N, chunks):
             self._lt(call.shape, a + 4 * call.a, w + 4 * call.w, partial, at=p + 4 * call.out)
@@ -430,8 +431,7 @@ class NumpyModeDevice(NumpyDevice):
         elif self.precision == "float32x3":            # the stacked parts in K chunks, folded: as ModeDevice's step
             rows, K = x.shape
             parts = split_into(np, np.ascontiguousarray(x, dtype=np.float32), np.empty((2, rows, K), np.float32))
-            partial = chunked_product_numpy(parts.reshape(2 * rows, K), w, chunking(K, self.x3_chunk))
-            out[...] = fold_numpy(partial, rows, w.shape[0] // 2)
+            out[...] = stacked_product_numpy(parts, w, chunking(K, self.x3_chunk))
         else:
             out[...] = mode_matmul(w, x, self.precision, lambda a, b: b @ a.T)
         if bias is not None:

@@ -1,31 +1,32 @@
-"""float32x3 in the fused backend: a step's product as one TF32 GEMM of stacked parts, folded by one small kernel.
+"""float32x3 in the fused backend: a step's product as two TF32 GEMMs of stacked parts, folded by one small kernel.
 
     weight = stack_split(numpy, w)                 # (2N, K): [W_hi; W_lo], stored once (ModeDevice.mode_weight)
     operand: (2, R, K), [h_hi; h_lo]: the kernels write it beside h (engine/codegen/operand_copies.py)
     chunks = chunking(K, X3_CHUNK)                 # K in chunks, each product summed in an accumulator of its own
-    P (C, 2R, 2N) = [h_hi; h_lo] @ [W_hi; W_lo]^T, chunk by chunk   (one strided-batched cublasLt call)
-    out (R, N) = sum_c (P_c[hi, W_lo] + P_c[lo, W_hi]) + sum_c P_c[hi, W_hi]    (kernels/split_products.cu fold_x3)
+    P1 (C, 2R, N) = [h_hi; h_lo] @ W_hi^T, chunk by chunk        (one strided-batched cublasLt call)
+    P2 (R, N)     = h_hi @ W_lo^T                                (one more)
+    out (R, N) = (P2 + sum_c P1_c[lo rows]) + sum_c P1_c[hi rows]    (kernels/split_products.cu fold_x3)
 
 The product is float32x3's (engine/codegen/precision.py): each operand split into hi = tf32(v) and lo = tf32(v - hi),
-three of the four products of the parts summed in fp32. The stacked GEMM makes the fourth (lo W_lo) too and the fold
-leaves it out: at a step's few rows (R = B) that costs a quarter more tensor-core work, where the weight's bytes are
-the step's floor, and it reads each weight part once. Three GEMMs of (R x K) by (K x N), as the schedules'
-projections do it (engine/schedules/project.py), would read W_hi twice.
+three of the four products of the parts summed in fp32, the small ones first. Each weight part is read once a step
+(W_hi by the rows of both operand parts, W_lo by h_hi's), and no fourth product (lo W_lo) is made. Three GEMMs of
+(R x K) by (K x N), as the schedules' projections do it (engine/schedules/project.py), would read W_hi twice.
 
 The chunks: tensor cores add into their accumulator with truncation (Fasi et al. 2021, "Numerical behavior of NVIDIA
 tensor cores", PeerJ CS 7:e330), so one accumulator over a long K drifts toward zero. On an H200 (2026-11-27,
 benchmarks/probe_fp32x3_projection.py, K = 1024) one GEMM had 4.2x strict SGEMM's error, chunks of 256 1.1x, of 128
-0.6x. A chunk's P_c is 16 R N bytes written and read again by the fold, beside the weight's 8 N K bytes a step.
+0.6x. Only the products by W_hi need them: W_lo's is 2^-11 of the result, and its drift with it. A chunk's P1_c is
+8 R N bytes, written and read again by the fold, beside the weight's 8 N K bytes a step.
 
 Napkin math, one step (fp32 parts, weight stored as 2N x K floats):
 - blogA LSTM (B = 64, K = H = 2560, N = 4H): the parts 210 MB, 45 us at the 4.66 TB/s a read of the weight alone
-  reaches on an H200 (2026-11-28, benchmarks/probe_stream_floor.py); 13.4 GFLOP of TF32, 27 us at the 494 TFLOPS
-  dense peak. Chunks of 256 add 2 x 105 MB of P. cuDNN fp32 (TF32 off) takes 179 us a step (35.7 ms for 200 steps,
-  docs/performance.md).
-- `large` LSTM (B = 128, K = H = 1024): the parts 33.5 MB (7 us), 4.3 GFLOP (9 us at peak), P 8 MB a chunk; cuDNN
-  fp32 takes 64 us a layer step (12.8 ms for 2 x 100).
-So the fp32-accurate step can be 2-3x cuDNN fp32 where the chunks' P stays small; the chunk size trades P's bytes
-against the accumulators' drift, and benchmarks/probe_fused_x3.py measures both.
+  reaches on an H200 (2026-11-28, benchmarks/probe_stream_floor.py); 10 GFLOP of TF32, 20 us at the 494 TFLOPS
+  dense peak. Chunks of 256: P1 52 MB (more than L2's 50 MB), written and read; of 512: 26 MB. cuDNN fp32 (TF32
+  off) takes 179 us a step (35.7 ms for 200 steps, docs/performance.md).
+- `large` LSTM (B = 128, K = H = 1024): the parts 33.5 MB (7 us), 3.2 GFLOP (7 us at peak), P1 17 MB in chunks of
+  256; cuDNN fp32 takes 64 us a layer step (12.8 ms for 2 x 100).
+So the fp32-accurate step can be 2-3x cuDNN fp32; the chunk size trades P1's bytes against the accumulators' drift,
+and benchmarks/probe_fused_x3.py measures both.
 """
 from __future__ import annotations
 
@@ -89,15 +90,21 @@ class Call:
     bias: bool = False
 
 
+def partial_size(R: int, N: int, chunks: Chunks) -> int:
+    """Floats of P: P1 (chunks, 2R, N), then P2 (R, N)."""
+    return chunks.count * 2 * R * N + R * N
+
+
 def stacked_calls(R: int, K: int, N: int, chunks: Chunks) -> list[Call]:
-    """A step's product: the parts [h_hi; h_lo] (2R x K) by [W_hi; W_lo] (2N x K) into P (count, 2R, 2N), the full
-    chunks as one strided batch, a rest as one more product into the last plane."""
-    plane = 4 * R * N
-    calls = [Call(Product(2 * R, 2 * N, chunks.size, K, K, chunks.full, (chunks.size, chunks.size, plane)), 0, 0, 0)]
+    """A step's product: the parts [h_hi; h_lo] (2R x K) by W_hi (the stacked weight's first N rows) into P1
+    (count, 2R, N), the full chunks as one strided batch and a rest as one more product into the last plane; then
+    h_hi by W_lo (its last N rows) into P2 (R, N) after them."""
+    plane = 2 * R * N
+    calls = [Call(Product(2 * R, N, chunks.size, K, K, chunks.full, (chunks.size, chunks.size, plane)), 0, 0, 0)]
     if chunks.rest:
         first = chunks.full * chunks.size
-        calls.append(Call(Product(2 * R, 2 * N, chunks.rest, K, K), first, first, chunks.full * plane))
-    return calls
+        calls.append(Call(Product(2 * R, N, chunks.rest, K, K), first, first, chunks.full * plane))
+    return calls + [Call(Product.dense(R, N, K), 0, N * K, chunks.count * plane)]
 
 
 def split_calls(M: int, K: int, N: int, chunks: Chunks, bias: bool) -> list[Call]:
@@ -163,18 +170,25 @@ def entry(cupy, name: str):
 
 
 def fold(cupy, partial, out, R: int, N: int, count: int) -> None:
-    """out (R, N) from the chunks' products P (count, 2R, 2N), on the current stream (kernels/split_products.cu)."""
+    """out (R, N) from P (partial_size floats: P1 of `count` chunks, then P2), on the current stream
+    (kernels/split_products.cu)."""
     entry(cupy, "fold_x3")((round_blocks(cupy, R * N),), (FOLD_THREADS,),
                            (partial, out, np.int32(R), np.int32(N), np.int32(count)))
 
 
-def chunked_product_numpy(stacked, weight, chunks: Chunks):
-    """What the chunked GEMM computes, in float64: P (count, 2R, 2N) from stacked (2R, K) and weight (2N, K)."""
-    a, w = np.asarray(stacked, dtype=np.float64), np.asarray(weight, dtype=np.float64)
-    return np.stack([a[:, first:first + n] @ w[:, first:first + n].T for first, n in chunks.bounds()])
+def stacked_product_numpy(parts, stacked, chunks: Chunks):
+    """What the GPU's step product computes, in float64: the stacked_calls on parts (2, R, K) and the stacked weight
+    (2N, K), folded (fold_numpy): out (R, N)."""
+    _, R, K = parts.shape
+    N = stacked.shape[0] // 2
+    partial = np.full(partial_size(R, N, chunks), np.nan)
+    run_calls_numpy(stacked_calls(R, K, N, chunks), np.asarray(parts, np.float64).ravel(),
+                    np.asarray(stacked, np.float64).ravel(), partial)
+    return fold_numpy(partial, R, N, chunks.count)
 
 
-def fold_numpy(partial, R: int, N: int):
-    """kernels/split_products.cu's fold_x3 in NumPy: out (R, N) from P (count, 2R, 2N)."""
-    small = (partial[:, :R, N:] + partial[:, R:, :N]).sum(axis=0)
-    return small + partial[:, :R, :N].sum(axis=0)
+def fold_numpy(partial, R: int, N: int, count: int):
+    """kernels/split_products.cu's fold_x3 in NumPy: out (R, N) from the flat P (P1 of `count` chunks, then P2)."""
+    p1 = partial[:count * 2 * R * N].reshape(count, 2 * R, N)
+    p2 = partial[count * 2 * R * N:count * 2 * R * N + R * N].reshape(R, N)
+    return (p2 + p1[:, R:].sum(axis=0)) + p1[:, :R].sum(axis=0)

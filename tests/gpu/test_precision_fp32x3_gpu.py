@@ -7,7 +7,7 @@ gives tf32's error and fails here). Paths: the warp GEMV of few rows (B = 3, str
 path (B = 19, 33, 40: odd sizes, one and several 16-row tiles, split K), resident and streamed weights, layer 0
 projected in the kernel (L = 2) or by the three cublasGemmEx calls (L = 1, layer by layer), one `large`-like size,
 poisoned outputs, and auto's opt-in (its bit-identical reruns: tests/gpu/test_precision_gpu.py). The fused backend
-in float32x3 (one TF32 GEMM of the stacked parts in K chunks, then a fold: engine/schedules/split_products.py) is held
+in float32x3 (two TF32 GEMMs of the stacked parts, K chunks as a batch, then a fold: engine/schedules/split_products.py) is held
 to the same checks: every preset, chunks with and without a rest, its CUDA-graph replay, a `large`-like size.
 """
 from __future__ import annotations

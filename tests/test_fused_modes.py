@@ -105,6 +105,14 @@ def test_a_bad_chunk_is_refused_by_name(chunk):
         fused_modes.FusedModeProgram(network, params, precision="float32x3", x3_chunk=chunk)
 
 
+@pytest.mark.parametrize("options, flag", [({"x3_fold": "fold"}, "x3_fold"), ({"x3_fold": None}, "x3_fold"),
+                                           ({"k_slices": 0}, "k_slices"), ({"k_slices": 1.5}, "k_slices")])
+def test_bad_product_layouts_are_refused_by_name(options, flag):
+    network, params, _, _ = case("lstm")
+    with pytest.raises(BackendError, match=f"argument '{flag}"):
+        fused_modes.FusedModeProgram(network, params, precision="bfloat16", **options)
+
+
 def test_float32x3s_extra_memory_is_counted():
     # one LSTM layer, I = 7, H = 12, T = 5, B = 3: the projection (48 x 7) and the step's product (48 x 12)
     network = engine.Network(engine.preset("lstm").cell, 7, 12, 1)

@@ -12,15 +12,28 @@ import pytest
 from nvcc_check import compile_sources
 from test_cublaslt_dispatch import recording_lt
 
+import engine
 from engine.codegen.cublas_enums import CUDA_R_32F, LT_LAYOUT_BATCH_COUNT, LT_LAYOUT_STRIDED_BATCH_OFFSET
 from engine.codegen.cuda import KERNELS_DIR, helper_source
+from engine.codegen.operand_copies import operand_copies, render_copies_module
+from engine.codegen.programmatic import programmatic_waits
+from engine.compiler import make_plan
+from engine.dense import dense
+from engine.plan import Access, Lin
 from engine.rounding import mode_matmul, split_tf32
 from engine.schedules.cublaslt import LtProjection, Product
+from engine.schedules.fused_modes import fixed_gemms
 from engine.schedules.split_products import (
     Chunks,
+    Left,
     chunking,
     fold_numpy,
+    fold_read,
+    left_bytes,
+    left_products,
     partial_size,
+    planes_read,
+    read_places,
     run_calls_numpy,
     split_calls,
     split_into,
@@ -118,6 +131,70 @@ def test_the_fold_reads_the_kernels_flat_indices():
             p += chunk
         out[idx] = small + big
     np.testing.assert_allclose(out.reshape(R, N), fold_numpy(flat, R, N, C), rtol=1e-15)
+
+
+def evaluate(expression: str, arrays: dict, **names) -> float:
+    """A generated load expression evaluated in Python (its C casts dropped): arrays by param name, b, j, B, H."""
+    return eval(expression.replace("(long)", ""), {}, {**arrays, **names})  # noqa: S307 - the engine's own text
+
+
+def test_a_kernel_reads_the_planes_summed_and_the_fold_in_its_order():
+    """The loads planes_read and fold_read generate, evaluated at every (b, j): the planes' sum, and the fold kernel's
+    value (fold_numpy) of float32x3's P. The access is a GEMM output's (rows of H floats)."""
+    access = Access("g_out", "batch", ld=Lin(h=1))
+    B, H = 3, 5
+    rng = np.random.default_rng(4)
+    planes = rng.standard_normal(4 * B * H)
+    (text,) = planes_read(4)(access)
+    assert text.startswith("(g_out[b * H + j] + g_out[b * H + j + 1 * (long)B * H]")
+    for b in range(B):
+        for j in range(H):
+            want = sum(planes[s * B * H + b * H + j] for s in range(4))
+            assert evaluate(text, {"g_out": planes}, b=b, j=j, B=B, H=H) == pytest.approx(want, rel=1e-15)
+    count = 3
+    partial = rng.standard_normal(Left("fold", count).floats(B, H))
+    (text,) = fold_read(count)(access)
+    folded = fold_numpy(partial, B, H, count)
+    for b in range(B):
+        for j in range(H):
+            assert evaluate(text, {"g_out": partial}, b=b, j=j, B=B, H=H) == pytest.approx(folded[b, j], rel=1e-15)
+
+
+def test_which_step_products_are_left_for_the_kernels():
+    network = engine.Network(engine.preset("gru_cho").cell, 24, 64, 2)
+    plan = make_plan(network, 4, 2)
+    program = plan.program
+    fixed = {g.name: False for g in program.gemms}
+    copied = {g.in_buffer for g in program.gemms if not g.hoisted}
+    steps = sorted(g.name for g in program.gemms if not g.hoisted)
+    assert left_products(plan, "bfloat16", copied, fixed) == {}                      # k_slices=1: one product
+    assert left_products(plan, "bfloat16", copied, fixed, k_slices=4) == {g: Left("planes", 4) for g in steps}
+    assert left_products(plan, "bfloat16", copied, fixed, k_slices=16) == {}         # 64 / 16 = 4 columns: no
+    assert left_products(plan, "float32x3", copied, fixed, k_slices=4) == {}         # x3 folds by a launch
+    assert left_products(plan, "float32x3", copied, fixed, x3_chunk=16, x3_fold="kernel") == {
+        g: Left("fold", 4) for g in steps}
+    assert left_products(plan, "bfloat16", set(), fixed, k_slices=4) == {}           # no copy: gemm() rounds it
+    n = next(g for g in program.gemms if g.name == steps[0]).n(plan.layer_sizes(0))
+    assert left_bytes(plan, {steps[0]: Left("planes", 4)}) == 2 * 3 * 2 * n * 4    # 3 more planes of (B, N), 2 layers
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")
+def test_modules_that_sum_the_products_as_they_read_them_compile(tmp_path):
+    sources = {}
+    for name, precision, left in (("gru_cho", "bfloat16", Left("planes", 4)), ("lstm", "float32x3", Left("fold", 3)),
+                                  ("ln_lstm", "tf32", Left("planes", 2))):
+        network = engine.Network(engine.preset(name).cell, 24, 64, 2)
+        program = make_plan(dense(network, engine.init_params(network, seed=0))[0], 4, 2).program
+        fixed = fixed_gemms(program, program.cell)
+        copies = operand_copies(program, precision, {g for g, strict in fixed.items() if strict})
+        readers = {g.out_buffer: left.reader() for g in program.gemms if not g.hoisted and not fixed[g.name]}
+        places = read_places(program, readers)
+        assert places, name
+        source = render_copies_module(program, precision, copies, 1, programmatic_waits(program), places)
+        assert "_gemm_out[b * " in source and " * (long)B * " in source, name          # the loads sum what is left
+        assert ("rnn_copy_split" in source) == (precision == "float32x3")
+        sources[f"{name}_{precision}"] = source
+    compile_sources(sources, tmp_path)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")

@@ -203,12 +203,14 @@ def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", 
     return [indent + line for line in lines]
 
 
-def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies=None, wait_for=None) -> str:
+def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies=None, wait_for=None,
+                  places=None) -> str:
     """One fused kernel's source. copies ({param: (copy param, C type, C function)}, engine/codegen/operand_copies.py):
     every store to `param` also writes function(value) to the copy param, an extra pointer argument after the
     kernel's own (a GEMM operand kept in a precision mode's format beside its fp32 values). wait_for: the params
     read after RNN_WAIT_PRIMARY() (kernel_body), for a kernel launched as a programmatic dependent (the module must
-    define WAIT_MACRO)."""
+    define WAIT_MACRO). places ({param: f(access) -> [C expression]}, kernel_body's): how a param's loads read it
+    (a step product's planes summed as they are read, engine/schedules/split_products.py)."""
     copies = copies or {}
     storage = precision.storage
     d = kernel.dim
@@ -244,7 +246,7 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies
                  " idx += (long)gridDim.x * blockDim.x) {")
     lines.append(f"        const long b = idx / {d};")
     lines.append(f"        const int j = (int)(idx - b * {d});")
-    lines += kernel_body(kernel, precision, wait_for=wait_for)
+    lines += kernel_body(kernel, precision, places=places, wait_for=wait_for)
     for store in kernel.stores:
         if store.access.param in copies:
             copy, _, function = copies[store.access.param]

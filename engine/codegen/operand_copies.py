@@ -58,14 +58,16 @@ def copied_buffers(program: Program, copies: dict[str, dict]) -> set[str]:
 
 
 def render_copies_module(program: Program, precision: str, copies: dict[str, dict], generator_version: int,
-                         waits: dict | None = None) -> str:
+                         waits: dict | None = None, places: dict | None = None) -> str:
     """The fused module of `program` (float32 math) with the copies' stores and tile_gemm.cuh's roundings. waits
     ({kernel: params}, engine/codegen/programmatic.py): those kernels wait for the GEMM before them, to be launched as
-    its programmatic dependents."""
-    fp32, waits = lookup("float32"), waits or {}
+    its programmatic dependents. places ({kernel: {param: f(access) -> [C expression]}}): how those params' loads
+    read them (a step product left in planes, summed as the kernels read it: engine/schedules/split_products.py)."""
+    fp32, waits, places = lookup("float32"), waits or {}, places or {}
     parts = [module_header(program, "", generator_version, fp32),
              f"// Operand copies in {lookup(precision).name}: engine/codegen/operand_copies.py.\n",
              helper_source(CELL_HELPERS), helper_source("tile_gemm.cuh"), TF32_COPY,
              SPLIT_COPY_SOURCE if lookup(precision).split else "", WAIT_MACRO if waits else ""]
-    parts += [render_kernel(k, program, fp32, copies.get(k.name), waits.get(k.name)) for k in program.kernels]
+    parts += [render_kernel(k, program, fp32, copies.get(k.name), waits.get(k.name), places.get(k.name))
+              for k in program.kernels]
     return "\n".join(parts)

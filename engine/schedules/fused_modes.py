@@ -40,6 +40,7 @@ projections split their input into a buffer of the run's own and make three TF32
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,16 +59,23 @@ from ..errors import BackendError
 from ..memory import available_device_bytes, check_fits
 from ..network import Network
 from ..params import Params
-from ..plan import FLOAT_BYTES, pack_weights
+from ..plan import pack_weights
 from ..rounding import mode_matmul
 from .base import launch_replay, whole_run_replay
 from .cublaslt import WORKSPACE, LtProjection, Product
 from .project import LT_OPERANDS, operand_dtype, round_into
 from .split_products import (
     X3_CHUNK,
+    X3_FOLDS,
+    Left,
     chunking,
     fold,
+    left_bytes,
+    left_products,
     partial_size,
+    read_places,
+    slice_calls,
+    split_bytes,
     split_calls,
     split_into,
     stack_split,
@@ -91,24 +99,6 @@ def ahead_steps(T: int, B: int) -> int | None:
     one-layer networks."""
     steps = max(-(-T // AHEAD_PIECES), -(-AHEAD_ROWS // B))
     return steps if steps < T else None
-
-
-def split_bytes(plan, chunk: int | None) -> int:
-    """float32x3's device memory beyond the plan's (backends/fused.py plan_bytes): each weight's lo part, a step
-    GEMM's chunks' products P and its operand's two parts (a set a layer: the layers run on streams of their own),
-    and a projection's split input (2 x its rows x K)."""
-    program, network = plan.program, plan.network
-    total = 0
-    for layer in range(network.num_layers):
-        sizes = network.layer_sizes(layer)
-        for gemm in program.gemms:
-            n, k = gemm.n(sizes), gemm.k(sizes)
-            total += n * k
-            if gemm.hoisted:
-                total += 2 * plan.steps * plan.batch * k
-            else:
-                total += partial_size(plan.batch, n, chunking(k, chunk)) + 2 * plan.batch * k
-    return total * FLOAT_BYTES
 
 
 def check_fused_mode(precision) -> str:
@@ -144,9 +134,11 @@ class ModeExecutor(Executor):
     operands in the mode's format, which the GEMMs then read as they are; without them (the NumPy device) each step
     GEMM rounds its operand first."""
 
-    def __init__(self, plan, device, copies=None, fixed: dict | None = None, ahead: int | None = None):
+    def __init__(self, plan, device, copies=None, fixed: dict | None = None, ahead: int | None = None,
+                 left: dict | None = None):
         super().__init__(plan, device, ahead)
         self.fixed = fixed_gemms(self.program, self.program.cell) if fixed is None else fixed
+        self.left = left or {}             # {step GEMM: Left}: products the kernels sum as they read them
         copies = copies or {}
         self.copied = copied_buffers(self.program, copies)
         # per kernel, the (buffer, version) of each copy argument, in render_kernel's order after its own params
@@ -165,6 +157,12 @@ class ModeExecutor(Executor):
                 arrays = [self.device.operand_like(v, poison) for v in versions]
                 copies[name] = arrays if isinstance(source, list) else arrays[0]
             self.copy_arrays.append(copies)
+        for layer, buffers in enumerate(layers):        # products left in planes or as P: their buffers, flat
+            sizes = self.plan.layer_sizes(layer)
+            for gemm in self.program.gemms:
+                if gemm.name in self.left:
+                    floats = self.left[gemm.name].floats(self.plan.batch, gemm.n(sizes))
+                    buffers[gemm.out_buffer] = self.device.full((floats,), math.nan if poison else 0.0)
         return layers
 
     def _init_states(self, layers: list[dict], initial_states: dict | None) -> None:
@@ -180,7 +178,7 @@ class ModeExecutor(Executor):
             return
         weight, _ = self.weights[layer][item.name]
         self._timed(layer, item.name, t, self.device.product, self._version(copies[item.in_buffer], "cur", t),
-                    weight, self.layers[layer][item.out_buffer])
+                    weight, self.layers[layer][item.out_buffer], self.left.get(item.name))
 
     def _kernel_args(self, layer: int, item, t: int) -> list:
         """The kernel's own arguments, then its copies' (render_kernel puts them after the kernel's params)."""
@@ -319,10 +317,19 @@ class ModeDevice(CupyDevice):
         else:
             self._multiply(round_into(cupy, x, buffer, self.precision), weight, out, bias, self.precision)
 
-    def product(self, operand, weight: ModeWeight, out) -> None:
-        """out = operand @ W^T, the operand in the mode's format already (a kernel's copy; float32x3: its parts)."""
+    def product(self, operand, weight: ModeWeight, out, left: Left | None = None) -> None:
+        """out = operand @ W^T, the operand in the mode's format already (a kernel's copy; float32x3: its parts).
+        left (split_products.Left): the product left for the kernels to sum as they read it, out flat: K in planes
+        (a reduced mode), or float32x3's P unfolded."""
         if self.split:                     # (a fixed matrix's operand has no copy: gemm() multiplies it)
-            self._stacked_product(operand, weight, out)
+            self._stacked_product(operand, weight, out, launch_fold=left is None)
+        elif left is not None:
+            R, K = operand.shape
+            a, w, o = operand.data.ptr, weight.stored.data.ptr, out.data.ptr
+            item = operand.itemsize
+            for call in slice_calls(R, K, weight.stored.shape[0], left.count):
+                self._lt(call.shape, a + item * call.a, w + item * call.w, out, at=o + 4 * call.out,
+                         products=LT_OPERANDS[self.precision])
         else:
             self._multiply(operand, weight, out, None, self.precision)
 
@@ -335,35 +342,38 @@ class ModeDevice(CupyDevice):
             self._lt(call.shape, a + 4 * call.a, w + 4 * call.w, out, at=o + 4 * call.out,
                      bias=bias.data.ptr if call.bias else 0, accumulate=call.accumulate)
 
-    def _stacked_product(self, operand, weight: ModeWeight, out) -> None:
+    def _stacked_product(self, operand, weight: ModeWeight, out, launch_fold: bool = True) -> None:
         """float32x3's step product (engine/schedules/split_products.py): operand (2, R, K) = [h_hi; h_lo] by W_hi in
         K chunks into P1 (chunks, 2R, N), one strided-batched GEMM (and one more for a rest), h_hi by W_lo into P2,
-        then the fold into out (R, N)."""
+        then the fold into out (R, N); launch_fold=False: P into out (flat), for the kernels to fold as they read
+        it."""
         _, R, K = operand.shape
         N = weight.stored.shape[0] // 2
         chunks = chunking(K, self.x3_chunk)
         key = (self.xp.cuda.get_current_stream().ptr, chunks.count, R, N)
-        partial = self.partials.get(key)
+        partial = self.partials.get(key) if launch_fold else out
         if partial is None:
             partial = self.partials[key] = self.xp.empty(partial_size(R, N, chunks), dtype=self.xp.float32)
         a, w, p = operand.data.ptr, weight.stored.data.ptr, partial.data.ptr
         for call in stacked_calls(R, K, N, chunks):
             self._lt(call.shape, a + 4 * call.a, w + 4 * call.w, partial, at=p + 4 * call.out)
-        fold(self.xp, partial, out, R, N, chunks.count)
+        if launch_fold:
+            fold(self.xp, partial, out, R, N, chunks.count)
 
     def _lt(self, shape: Product, a: int, w: int, out, *, bias: int = 0, accumulate: bool = False,
-            at: int | None = None) -> None:
-        """One TF32 product of float32x3's parts into out (at: the address in it to write), through cublasLt."""
+            at: int | None = None, products: tuple = X3_PRODUCTS) -> None:
+        """One product into out (at: the address in it to write) through cublasLt: float32x3's parts (TF32), or a
+        reduced mode's K slices (products: LT_OPERANDS' data and compute types)."""
         if not out.flags.c_contiguous:
             raise BackendError("backend 'fused' in a precision mode writes GEMM outputs whole: got a strided one; "
                                "hint: this is a bug in engine/schedules/fused_modes.py")
-        data_type, compute = X3_PRODUCTS
+        data_type, compute = products
         if not self.lt.product(shape, a, w, out.data.ptr if at is None else at, data_type, compute, bias=bias,
                                accumulate=accumulate, workspace=self._workspace(), sms=self.sms):
-            raise BackendError(f"backend 'fused' in precision 'float32x3': cublasLt offers no algorithm for a "
-                               f"({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) TF32 product"
-                               f"{f' in {shape.batch} chunks' if shape.batch > 1 else ''}; "
-                               "hint: use backend='persistent' or 'graph' in this mode")
+            raise BackendError(f"backend 'fused' in precision '{self.precision}': cublasLt offers no algorithm for a "
+                               f"({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) product"
+                               f"{f' in {shape.batch} K slices' if shape.batch > 1 else ''}; "
+                               "hint: use backend='persistent' or 'graph' in this mode, or k_slices=1")
 
     def _multiply(self, operand, weight: ModeWeight, out, bias, mode: str) -> None:
         if not out.flags.c_contiguous:
@@ -447,13 +457,21 @@ class FusedModeProgram:
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16",
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
                  layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
-                 projection_sms: int = 0, x3_chunk: int | None = X3_CHUNK):
+                 projection_sms: int = 0, x3_chunk: int | None = X3_CHUNK, x3_fold: str = "launch",
+                 k_slices: int = 1):
         self.precision = check_fused_mode(precision)
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
                                "engine.backends.fused runs strict float32")
         # float32x3: K of one tensor-core accumulator (engine/schedules/split_products.py; None: all of K)
         self.x3_chunk = None if x3_chunk is None else integer(x3_chunk, "argument 'x3_chunk' (None: all of K)")
+        # float32x3: "launch", P folded by a kernel of its own; "kernel", by the kernels that read the product.
+        # k_slices (tf32, float16, bfloat16): a step product's K in that many slices, one strided-batched GEMM whose
+        # planes the kernels sum as they read them (engine/schedules/split_products.py; 1: one product)
+        if x3_fold not in X3_FOLDS:
+            raise BackendError(f"argument 'x3_fold' must be one of {', '.join(X3_FOLDS)}, got {x3_fold!r}; hint: "
+                               "'launch' folds float32x3's products in a kernel of their own, 'kernel' in the cell's")
+        self.x3_fold, self.k_slices = x3_fold, integer(k_slices, "argument 'k_slices' (1: one product)")
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
         network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
         import cupy  # deferred: CuPy is optional (no GPU in CI)
@@ -477,17 +495,22 @@ class FusedModeProgram:
         if self._shape != (T, B, lengths):
             cupy, network = self.cupy, self.network
             plan, needed = fitting_plan(cupy, network, T, B, self.options, lengths)
-            if self.precision == "float32x3":
-                needed += split_bytes(plan, self.x3_chunk)
-                check_fits(needed, f"backend 'fused' in float32x3 with T={T}, B={B}, L={network.num_layers}, "
-                           f"H={network.hidden_size}", "x's steps and batch, hidden_size", on="device",
-                           limit=available_device_bytes(cupy), hint="run fewer steps or a smaller batch at a time, "
-                           "or fewer K chunks (x3_chunk)")
             program = plan.program
             fixed = fixed_gemms(program, program.cell)
             copies = operand_copies(program, self.precision, {name for name, strict in fixed.items() if strict})
             waits = programmatic_waits(program) if self.programmatic else {}
-            source = render_copies_module(program, self.precision, copies, GENERATOR_VERSION, waits)
+            left = left_products(plan, self.precision, copied_buffers(program, copies), fixed, self.k_slices,
+                                 self.x3_chunk, self.x3_fold)
+            extra = split_bytes(plan, self.x3_chunk) if self.precision == "float32x3" else left_bytes(plan, left)
+            if extra:
+                needed += extra
+                check_fits(needed, f"backend 'fused' in {self.precision} with T={T}, B={B}, L={network.num_layers}, "
+                           f"H={network.hidden_size}", "x's steps and batch, hidden_size", on="device",
+                           limit=available_device_bytes(cupy), hint="run fewer steps or a smaller batch at a time, "
+                           "or fewer K chunks or slices (x3_chunk, k_slices)")
+            readers = {g.out_buffer: left[g.name].reader() for g in program.gemms if g.name in left}
+            source = render_copies_module(program, self.precision, copies, GENERATOR_VERSION, waits,
+                                          read_places(program, readers))
             ahead = self.projection_ahead if type(self.projection_ahead) is int else \
                 ahead_steps(T, B) if self.projection_ahead and network.num_layers == 1 else None
             device = ModeDevice(cupy, load_module(source, cell=network.cell.name), network.num_layers,
@@ -495,7 +518,7 @@ class FusedModeProgram:
                                 streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1,
                                 programmatic=self.programmatic, dependents=waits, ahead=ahead is not None,
                                 shared_sms=self.projection_sms, x3_chunk=self.x3_chunk)
-            executor = ModeExecutor(plan, device, copies, fixed, ahead)
+            executor = ModeExecutor(plan, device, copies, fixed, ahead, left)
             executor.load(self.params)
             executor.bytes = needed
             self._shape, self._executor = (T, B, lengths), executor
@@ -554,12 +577,13 @@ class FusedModeProgram:
 def prepare(network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16", passes=None,
             layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
             layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
-            projection_sms: int = 0, x3_chunk: int | None = X3_CHUNK) -> FusedModeProgram:
+            projection_sms: int = 0, x3_chunk: int | None = X3_CHUNK, x3_fold: str = "launch",
+            k_slices: int = 1) -> FusedModeProgram:
     """Plan, compile and upload once; the result's run(x) is what the benchmark times."""
     return FusedModeProgram(network, params, dtype, precision=precision, passes=passes, layout=layout,
                             chunk_steps=chunk_steps, replay=replay, layer_streams=layer_streams,
                             programmatic=programmatic, projection_ahead=projection_ahead,
-                            projection_sms=projection_sms, x3_chunk=x3_chunk)
+                            projection_sms=projection_sms, x3_chunk=x3_chunk, x3_fold=x3_fold, k_slices=k_slices)
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,

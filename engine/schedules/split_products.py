@@ -34,13 +34,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codegen.cuda import KERNELS_DIR, helper_source, round_blocks
+from ..codegen.cuda import KERNELS_DIR, c_factor, helper_source, index_expr, round_blocks
 from ..codegen.nvrtc import load_module
+from ..plan import FLOAT_BYTES
 from ..rounding import split_tf32
 from .cublaslt import Product
 from .project import split_tf32 as split_elementwise
 
 X3_CHUNK = 256            # K of one chunk's accumulator (the module's docstring: the drift against P's bytes)
+X3_FOLDS = ("launch", "kernel")   # float32x3's P folded by a kernel of its own, or by the kernels that read it
 FOLD_THREADS = 256
 _entries: dict = {}       # (entry, device) -> the loaded function
 
@@ -113,6 +115,67 @@ def split_calls(M: int, K: int, N: int, chunks: Chunks, bias: bool) -> list[Call
     x_lo, w_lo = M * K, N * K
     calls = [Call(Product.dense(M, N, K), 0, w_lo, 0, bias=bias), Call(Product.dense(M, N, K), x_lo, 0, 0, True)]
     return calls + [Call(Product(M, N, n, K, K), first, first, 0, True) for first, n in chunks.bounds()]
+
+
+def sliceable(K: int, slices: int) -> bool:
+    """Whether a product's K cuts into `slices` slices of whole 16-byte groups (8 columns of a 16-bit mode)."""
+    return slices > 1 and K % slices == 0 and (K // slices) % 8 == 0
+
+
+def slice_calls(R: int, K: int, N: int, slices: int) -> list[Call]:
+    """A reduced mode's step product with K in `slices` slices, one strided batch: plane s of out (slices, R, N) is
+    the product over columns s K / slices .. (s + 1) K / slices; the kernels that read the product sum the planes
+    (planes_read)."""
+    width = K // slices
+    return [Call(Product(R, N, width, K, K, slices, (width, width, R * N)), 0, 0, 0)]
+
+
+def planes_read(planes: int):
+    """A kernel's load of a product left in `planes` planes (slice_calls): their sum, plane 0 first, each plane
+    B rows of the buffer's width after the one before (a C expression; fused kernels know B)."""
+    def place(access) -> list[str]:
+        index, plane = index_expr(access), f"(long)B * {c_factor(access.ld)}"
+        terms = [f"{access.param}[{index}]"] + [f"{access.param}[{index} + {s} * {plane}]" for s in range(1, planes)]
+        return ["(" + " + ".join(terms) + ")"]
+    return place
+
+
+def fold_read(count: int):
+    """A kernel's load of float32x3's product left as P (stacked_calls, `count` chunks): fold_x3's sum, in its order
+    (hi W_lo, then each chunk's lo W_hi, then each chunk's hi W_hi), so it is the fold kernel's value bit for bit."""
+    def place(access) -> list[str]:
+        index, plane = index_expr(access), f"(long)B * {c_factor(access.ld)}"
+        at = lambda offset: f"{access.param}[{index} + {offset}]" if offset else f"{access.param}[{index}]"  # noqa: E731
+        small = [at(f"{2 * count} * {plane}")] + [at(f"{2 * c + 1} * {plane}") for c in range(count)]
+        big = [at(f"{2 * c} * {plane}" if c else "") for c in range(count)]
+        return [f"(({' + '.join(small)}) + ({' + '.join(big)}))"]
+    return place
+
+
+@dataclass(frozen=True)
+class Left:
+    """How a step's product is left for the kernels that read it: "planes" (a reduced mode's K slices, slice_calls:
+    `count` planes) or "fold" (float32x3's P, stacked_calls: `count` chunks), summed as they are read."""
+    kind: str
+    count: int
+
+    def floats(self, R: int, N: int) -> int:
+        """The product's buffer: count planes of (R, N), or P1 (count, 2R, N) and P2 (R, N)."""
+        return self.count * R * N if self.kind == "planes" else (2 * self.count + 1) * R * N
+
+    def reader(self):
+        return planes_read(self.count) if self.kind == "planes" else fold_read(self.count)
+
+
+def read_places(program, readers: dict) -> dict:
+    """{kernel: {param: place}} for every kernel param that reads a buffer in `readers` ({buffer: place}): the step
+    products left in planes or as float32x3's P, summed where the kernels read them."""
+    found = {}
+    for kernel in program.kernels:
+        places = {p.name: readers[p.source] for p in kernel.params if p.kind == "buffer" and p.source in readers}
+        if places:
+            found[kernel.name] = places
+    return found
 
 
 def run_calls_numpy(calls: list[Call], a, w, out) -> None:
@@ -192,3 +255,55 @@ def fold_numpy(partial, R: int, N: int, count: int):
     p1 = partial[:count * 2 * R * N].reshape(count, 2 * R, N)
     p2 = partial[count * 2 * R * N:count * 2 * R * N + R * N].reshape(R, N)
     return (p2 + p1[:, R:].sum(axis=0)) + p1[:, :R].sum(axis=0)
+
+
+def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int = 1, x3_chunk: int | None = X3_CHUNK,
+                  x3_fold: str = "launch") -> dict[str, Left]:
+    """{step GEMM: how its product is left for the kernels} (split_products.Left) for the step GEMMs whose operand the
+    kernels copy: float32x3's P when x3_fold is "kernel" (the kernels fold it as they read it, no fold launch), a
+    reduced mode's K in k_slices planes (one strided-batched GEMM, the planes summed as they are read) where K cuts
+    into them in every layer. The others leave one (B, N) product."""
+    program, found = plan.program, {}
+    for gemm in program.gemms:
+        if gemm.hoisted or fixed.get(gemm.name) or gemm.in_buffer not in copied:
+            continue
+        ks = {gemm.k(plan.layer_sizes(layer)) for layer in range(plan.network.num_layers)}
+        if len(ks) != 1:
+            continue
+        (K,) = ks
+        if precision == "float32x3":
+            if x3_fold == "kernel":
+                found[gemm.name] = Left("fold", chunking(K, x3_chunk).count)
+        elif sliceable(K, k_slices):
+            found[gemm.name] = Left("planes", k_slices)
+    return found
+
+
+def split_bytes(plan, chunk: int | None) -> int:
+    """float32x3's device memory beyond the plan's (backends/fused.py plan_bytes): each weight's lo part, a step
+    GEMM's chunks' products P and its operand's two parts (a set a layer: the layers run on streams of their own),
+    and a projection's split input (2 x its rows x K)."""
+    program, network = plan.program, plan.network
+    total = 0
+    for layer in range(network.num_layers):
+        sizes = network.layer_sizes(layer)
+        for gemm in program.gemms:
+            n, k = gemm.n(sizes), gemm.k(sizes)
+            total += n * k
+            if gemm.hoisted:
+                total += 2 * plan.steps * plan.batch * k
+            else:
+                total += partial_size(plan.batch, n, chunking(k, chunk)) + 2 * plan.batch * k
+    return total * FLOAT_BYTES
+
+
+def left_bytes(plan, left: dict) -> int:
+    """The device memory the products left in planes take beyond one (B, N) product each (left_products)."""
+    total = 0
+    for layer in range(plan.network.num_layers):
+        sizes = plan.layer_sizes(layer)
+        for gemm in plan.program.gemms:
+            if gemm.name in left:
+                n = gemm.n(sizes)
+                total += left[gemm.name].floats(plan.batch, n) - plan.batch * n
+    return total * FLOAT_BYTES

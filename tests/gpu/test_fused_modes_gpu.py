@@ -1,6 +1,6 @@
 """The fused backend in tf32, float16 and bfloat16 (engine/schedules/fused_modes.py) against the reference that
 emulates each mode: every preset, two layers, odd sizes; the CUDA-graph replay bit-identical to the direct run, with
-initial states and with lengths; engine.run's routing. The host logic is held to the emulation exactly on the CPU
+initial states and with lengths; engine.run's routing; a step product's K in slices summed by the kernels. The host logic is held to the emulation exactly on the CPU
 (tests/test_fused_modes.py); here cuBLAS's products and the generated kernels are."""
 from __future__ import annotations
 
@@ -130,3 +130,21 @@ def test_layer_zeros_projection_ahead_in_pieces(cupy, precision):
             assert whole.executor(x.shape[0], x.shape[1]).ahead is None
             assert relative_error(whole.run(x, states).outputs, direct.outputs) < (1e-2 if precision == "bfloat16"
                                                                                   else 1e-3)
+
+
+@pytest.mark.parametrize("precision", MODES)
+def test_k_in_slices_summed_by_the_kernels(cupy, precision):
+    """k_slices: a step product's K in slices, one strided-batched GEMM whose planes the cell kernels sum as they read
+    them (engine/schedules/split_products.py): held to the emulation, poisoned, with lengths, and its replay to the
+    direct run. K = H = 96 in 2 slices of 48 or 4 of 24; 5 does not cut it, so that run makes one product."""
+    sizes = {"input_size": 40, "hidden_size": 96, "batch": 16, "steps": 13}
+    for name, layers in (("lstm", 2), ("gru_cho", 1)):
+        network, params, x, states = make_case(engine.preset(name).cell, layers, seed=8, sizes=sizes)
+        for slices in (2, 4, 5):
+            program = fused_modes.prepare(network, params, precision=precision, k_slices=slices)
+            direct = program.run(x, states, poison=True)
+            check_mode(direct, network, params, x, states, precision, f"fused {name} {precision} k_slices={slices}")
+            for _ in range(3):
+                again = program.run(x, states)
+            assert again.info["replayed"].startswith("replayed from CUDA graphs"), again.info["replayed"]
+            np.testing.assert_array_equal(again.outputs, direct.outputs)

@@ -160,3 +160,21 @@ def test_fused_large_like_size_stays_at_fp32_level(cupy):
     fp32 = engine.run(network, params, x, states, backend="fused")
     fp32_error = relative_error(fp32.outputs, reference.run(network, params, x, states).outputs)
     assert error <= 2 * fp32_error + 2.0 ** -24, f"float32x3 {error:.3g} against strict fp32's {fp32_error:.3g}"
+
+
+def test_fused_fold_in_the_kernels_is_the_fold_launch(cupy):
+    """x3_fold="kernel": the cell kernels fold P as they read it (split_products.fold_read), in the fold kernel's
+    order, so the outputs are the separate fold's bit for bit; poisoned, replayed, in chunks with a rest."""
+    size = {"input_size": 50, "hidden_size": 98, "batch": 16, "steps": 11}
+    for name, layers in (("lstm", 2), ("gru_cho", 1)):
+        network, params, x, states = make_case(engine.preset(name).cell, layers, seed=9, sizes=size)
+        launch = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32)
+        kernel = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32, x3_fold="kernel")
+        want = launch.run(x, states, poison=True)
+        got = kernel.run(x, states, poison=True)
+        check_x3(got, network, params, x, states, f"fused {name} float32x3 folded in the kernels")
+        np.testing.assert_array_equal(got.outputs, want.outputs)
+        for _ in range(3):
+            again = kernel.run(x, states)
+        assert again.info["replayed"].startswith("replayed from CUDA graphs"), again.info["replayed"]
+        np.testing.assert_array_equal(again.outputs, want.outputs)

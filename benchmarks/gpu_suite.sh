@@ -35,7 +35,8 @@
 #      compute-sanitizer memcheck and racecheck on a small case in K chunks with a rest, the step's product alone in
 #      every variant (probe_fused_x3.py --products: batched chunks, cublasLt's split-K, one GEMM) and the harness's rows
 #      at `large` and blogA against cuDNN fp32 (probe_fused_x3.py; NOTES 2026-11-28 04:01); and a step's bf16 and tf32
-#      product with K in slices as one strided batch (probe_step_batched_k.py: the batched GEMM alone and with a sum);
+#      product with K in slices as one strided batch (probe_step_batched_k.py: the batched GEMM alone and with a sum),
+#      and the fused backend's k_slices in bf16 and tf32 against cuDNN in the same mode (probe_fused_x3.py --slices);
 #  12. the markdown tables, last.
 # STAGES="tests sanitize bench precision" (default: all but the optional ones) picks stages, so the suite can be split
 # over two calls of under 10 minutes each on an H100. A failing stage does not stop the next one.
@@ -219,6 +220,7 @@ if [[ " $STAGES " == *" x3 "* ]]; then
   X3_TAIL=40 step timeout 240 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --products
   X3_TAIL=40 step timeout 420 "$PY" benchmarks/probe_fused_x3.py --out "$OUT"
   X3_TAIL=40 step timeout 180 "$PY" benchmarks/probe_step_batched_k.py --out "$OUT"
+  X3_TAIL=60 step timeout 420 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --slices 1,2,4,5,8
 fi
 
 section "table"

@@ -17,6 +17,11 @@ launches).
 
     python3 benchmarks/probe_fused_x3.py --out /tmp/probe [--configs large,blogA] [--chunks none,512,256,128]
     python3 benchmarks/probe_fused_x3.py --out /tmp/probe --products
+    python3 benchmarks/probe_fused_x3.py --out /tmp/probe --slices 1,2,4,5,8
+
+--slices instead runs the fused backend in bf16 and tf32 with a step product's K in that many slices (k_slices: one
+strided-batched GEMM whose planes the cell kernels sum as they read them), beside cuDNN in the same mode. The x3 rows
+end with the smallest chunk folded in the cell kernels (x3_fold="kernel") instead of by a launch of its own.
 """
 from __future__ import annotations
 
@@ -48,16 +53,16 @@ from engine.schedules.split_products import (  # noqa: E402
 )
 
 
-class ChunkedX3(EngineBackend):
-    """fused-fp32x3 with its accumulators' K chunk set (fused_modes.prepare(..., x3_chunk=chunk))."""
+class Variant(EngineBackend):
+    """The fused backend in a mode with fused_modes.prepare options of its own, as a harness row named for them."""
 
-    def __init__(self, chunk: int | None):
-        super().__init__("fused", precision="fp32x3")
-        self.chunk = chunk
-        self.name = f"fused-fp32x3-k{chunk or 'all'}"
+    def __init__(self, precision: str, options: dict, label: str):
+        super().__init__("fused", precision=precision)
+        self.options = options
+        self.name = f"fused-{precision}-{label}"
 
     def precision_options(self) -> dict:
-        return {**super().precision_options(), "x3_chunk": self.chunk}
+        return {**super().precision_options(), **self.options}
 
 
 def rows_of(result: dict) -> list[dict]:
@@ -67,6 +72,7 @@ def rows_of(result: dict) -> list[dict]:
         rows.append({"cell": result["preset"], "config": result["config"]["name"], "name": entry["name"],
                      "status": entry["status"], "reason": entry.get("reason"), "median_ms": entry.get("median_ms"),
                      "vs_cudnn_fp32": (entry.get("speedup") or {}).get("vs_cudnn_fp32"),
+                     "vs_cudnn_same": (entry.get("speedup") or {}).get("vs_cudnn_same"),
                      "error_rel": (entry.get("error") or {}).get("rel"), "error_vs_cudnn": bound.get("ratio")})
     return rows
 
@@ -178,6 +184,36 @@ def fail(what: str):
     raise RuntimeError(f"cublasLt offered no algorithm for the {what} product")
 
 
+def harness_rows(implementations, configs: str, cells: str, reps: int) -> list[dict]:
+    """bench_cell's rows for every config and cell, each printed as it comes."""
+    settings = resolve_settings(quick=True, reps=reps, warmup=3, buffers=2, compile_budget_s=0.0, seed=0,
+                                time_budget_s=None)
+    measurements = {**measure_sgemm(), **measure_launch()}
+    rows = []
+    for config in parse_configs(configs.split(",")):
+        for name in cells.split(","):
+            result = bench_cell(name, engine.preset(name).cell, engine.preset(name), config, implementations, settings,
+                                measurements, deadline=None, progress=None, done=0, total=0)
+            if result["status"] != "ok":
+                print(f"{name} {config.name}: {result['status']}: {result['reason']}", flush=True)
+            for row in rows_of(result):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    print("\ncell config implementation              median ms  x cuDNN fp32  x cuDNN same  error rel  x cuDNN's error")
+    for r in rows:
+        ms = f"{r['median_ms']:9.3f}" if r["median_ms"] else f"{'-':>9s}"
+        speed = f"{r['vs_cudnn_fp32']:11.2f}x" if r["vs_cudnn_fp32"] else f"{'-':>12s}"
+        same = f"{r['vs_cudnn_same']:11.2f}x" if r["vs_cudnn_same"] else f"{'-':>12s}"
+        error = f"{r['error_rel']:9.2e}" if r["error_rel"] is not None else f"{'-':>9s}"
+        ratio = f"{r['error_vs_cudnn']:8.2f}x" if r["error_vs_cudnn"] is not None else f"{'-':>9s}"
+        print(f"{r['cell']:4s} {r['config']:6s} {r['name']:26s} {ms} {speed} {same} {error} {ratio}"
+              + ("" if r["status"] == "ok" else f"  {r['status']}: {str(r['reason'])[:80]}"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
@@ -186,6 +222,8 @@ def main() -> None:
     parser.add_argument("--chunks", default="none,512,256,128")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--products", action="store_true", help="the step's product alone, every variant")
+    parser.add_argument("--slices", default=None,
+                        help="instead: the fused backend in bf16 and tf32 with k_slices of these (e.g. 1,2,4,5,8)")
     args = parser.parse_args()
     chunks = [None if c == "none" else int(c) for c in args.chunks.split(",")]
     out = Path(args.out)
@@ -200,30 +238,21 @@ def main() -> None:
             print(f"{r['cell']:4s} {r['config']:6s} {r['variant']:40s} {r['us']:9.2f}  {r['error']:.2e} "
                   f"({r['error_over_strict']:.2f}x)")
         return
-    settings = resolve_settings(quick=True, reps=args.reps, warmup=3, buffers=2, compile_budget_s=0.0, seed=0,
-                                time_budget_s=None)
-    measurements = {**measure_sgemm(), **measure_launch()}
-    implementations = [Cudnn("fp32"), EngineBackend("fused"), EngineBackend("fused", precision="tf32"),
-                       *[ChunkedX3(c) for c in chunks], EngineBackend("persistent", precision="fp32x3")]
-    rows = []
-    for config in parse_configs(args.configs.split(",")):
-        for name in args.cells.split(","):
-            result = bench_cell(name, engine.preset(name).cell, engine.preset(name), config, implementations, settings,
-                                measurements, deadline=None, progress=None, done=0, total=0)
-            if result["status"] != "ok":
-                print(f"{name} {config.name}: {result['status']}: {result['reason']}", flush=True)
-            for row in rows_of(result):
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    (out / "probe_fused_x3.json").write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))
-    print("\ncell config implementation            median ms  x cuDNN fp32  error rel  x cuDNN's error")
-    for r in rows:
-        ms = f"{r['median_ms']:9.3f}" if r["median_ms"] else f"{'-':>9s}"
-        speed = f"{r['vs_cudnn_fp32']:11.2f}x" if r["vs_cudnn_fp32"] else f"{'-':>12s}"
-        error = f"{r['error_rel']:9.2e}" if r["error_rel"] is not None else f"{'-':>9s}"
-        ratio = f"{r['error_vs_cudnn']:8.2f}x" if r["error_vs_cudnn"] is not None else f"{'-':>9s}"
-        print(f"{r['cell']:4s} {r['config']:6s} {r['name']:24s} {ms} {speed} {error} {ratio}"
-              + ("" if r["status"] == "ok" else f"  {r['status']}: {str(r['reason'])[:80]}"))
+    if args.slices:
+        slices = [int(n) for n in args.slices.split(",")]
+        implementations = [Cudnn(mode) for mode in ("bf16", "tf32")] + [
+            Variant(mode, {"k_slices": n}, f"s{n}") for mode in ("bf16", "tf32") for n in slices]
+        name = "probe_fused_slices.json"
+    else:
+        implementations = [Cudnn("fp32"), EngineBackend("fused"), EngineBackend("fused", precision="tf32"),
+                           *[Variant("fp32x3", {"x3_chunk": c}, f"k{c or 'all'}") for c in chunks],
+                           Variant("fp32x3", {"x3_chunk": chunks[-1], "x3_fold": "kernel"},
+                                   f"k{chunks[-1] or 'all'}-in-kernel"),
+                           EngineBackend("persistent", precision="fp32x3")]
+        name = "probe_fused_x3.json"
+    rows = harness_rows(implementations, args.configs, args.cells, args.reps)
+    (out / name).write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))
+    print_rows(rows)
 
 
 if __name__ == "__main__":

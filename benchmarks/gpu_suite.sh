@@ -31,12 +31,15 @@
 #      sanitize_persistent.py, and phase profiles of the LSTM (I = H = 512) and sLSTM (H = 768) at B = 16 on each path;
 #  11b. train (only when named): `python -m engine bench --train` at mid and blogB, every mode's rows (fp32 with
 #      TF32 off, tf32, bf16, fp16) against cuDNN in the same mode, each with its gradient error against float64;
-#  11c. x3 (only when named): float32x3 on the fused backend (engine/schedules/split_products.py): its GPU tests,
+#  11c. x3 (only when named): float32x3 on the fused backend (engine/schedules/split_products.py): its GPU tests and
+#      those of the reduced modes' k_slices,
 #      compute-sanitizer memcheck and racecheck on a small case in K chunks with a rest, the step's product alone in
-#      every variant (probe_fused_x3.py --products: batched chunks, cublasLt's split-K, one GEMM) and the harness's rows
-#      at `large` and blogA against cuDNN fp32 (probe_fused_x3.py; NOTES 2026-11-28 04:01); and a step's bf16 and tf32
-#      product with K in slices as one strided batch (probe_step_batched_k.py: the batched GEMM alone and with a sum),
-#      and the fused backend's k_slices in bf16 and tf32 against cuDNN in the same mode (probe_fused_x3.py --slices);
+#      every variant (probe_fused_x3.py --products: batched chunks, cublasLt's split-K, one GEMM),
+#      and a step's bf16 and tf32 product with K in slices as one strided batch (probe_step_batched_k.py: the batched
+#      GEMM alone and with a sum; NOTES 2026-11-28 04:01);
+#  11d. x3rows (only when named, a call of its own): the harness's rows at `large` and blogA, fused float32x3 per
+#      chunk against cuDNN fp32 (probe_fused_x3.py), and the fused backend's k_slices in bf16 and tf32 against cuDNN
+#      in the same mode (probe_fused_x3.py --slices);
 #  12. the markdown tables, last.
 # STAGES="tests sanitize bench precision" (default: all but the optional ones) picks stages, so the suite can be split
 # over two calls of under 10 minutes each on an H100. A failing stage does not stop the next one.
@@ -210,17 +213,24 @@ fi
 
 x3_rc=skipped
 if [[ " $STAGES " == *" x3 "* ]]; then
-  section "float32x3 on the fused backend: tests, compute-sanitizer, the step's product, the harness's rows"
+  section "float32x3 on the fused backend and k_slices: tests, compute-sanitizer, the step's product"
   x3_rc=0; : > "$OUT/x3.log"
   step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/x3.log" | tail -${X3_TAIL:-12}; rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || x3_rc=$rc; }
-  step timeout 240 "$PY" -m pytest tests/gpu/test_precision_fp32x3_gpu.py -k fused -q -rfEs -p no:cacheprovider
+  step timeout 200 "$PY" -m pytest tests/gpu/test_precision_fp32x3_gpu.py -k fused -q -rfEs -p no:cacheprovider
+  step timeout 90 "$PY" -m pytest "tests/gpu/test_fused_modes_gpu.py::test_k_in_slices_summed_by_the_kernels" -q -rfEs \
+    -p no:cacheprovider
   for tool in memcheck racecheck; do
-    step timeout 180 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/sanitize_fused_modes.py float32x3 48
+    step timeout 120 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/sanitize_fused_modes.py float32x3 48
   done
-  X3_TAIL=40 step timeout 240 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --products
-  X3_TAIL=40 step timeout 420 "$PY" benchmarks/probe_fused_x3.py --out "$OUT"
-  X3_TAIL=40 step timeout 180 "$PY" benchmarks/probe_step_batched_k.py --out "$OUT"
-  X3_TAIL=60 step timeout 420 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --slices 1,2,4,5,8
+  X3_TAIL=40 step timeout 120 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --products
+  X3_TAIL=40 step timeout 90 "$PY" benchmarks/probe_step_batched_k.py --out "$OUT"
+fi
+if [[ " $STAGES " == *" x3rows "* ]]; then
+  section "the harness's rows: fused float32x3 per chunk against cuDNN fp32; k_slices in bf16 and tf32"
+  [ "$x3_rc" = skipped ] && x3_rc=0 && : > "$OUT/x3.log"
+  step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/x3.log" | tail -${X3_TAIL:-12}; rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || x3_rc=$rc; }
+  X3_TAIL=40 step timeout 280 "$PY" benchmarks/probe_fused_x3.py --out "$OUT"
+  X3_TAIL=60 step timeout 280 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --slices 1,2,4,5,8
 fi
 
 section "table"

@@ -162,6 +162,31 @@ def _centre(box) -> list[float]:
     return [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2]
 
 
+AUTO_PAN_PX = 48      # React Flow pans the canvas while a wire is dragged within 40 px of its edge (calcAutoPan)
+
+
+def _off_pane(point, pane, margin: float) -> bool:
+    """Whether `point` is outside the pane shrunk by `margin` px on every side."""
+    return not (pane["x"] + margin <= point[0] <= pane["x"] + pane["width"] - margin
+                and pane["y"] + margin <= point[1] <= pane["y"] + pane["height"] - margin)
+
+
+def _view_changed(frame, control: str, *handles) -> None:
+    """Press one of the canvas's view controls ("fit view", "zoom out") as a person would to bring the blocks in
+    from its edges, then wait until the handles stand still (React Flow may animate the view)."""
+    button = frame.get_by_role("button", name=control)
+    if button.is_disabled():                  # zoomed out as far as the canvas goes: nothing to do
+        return
+    button.click()
+    last = None
+    for _ in range(40):
+        boxes = [h.bounding_box() for h in handles]
+        if boxes == last:
+            return
+        last = boxes
+        frame.locator(":root").evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+
+
 def _wire_labels(frame) -> list[str]:
     """React Flow's label of every wire on the canvas: "Edge from <block id> to <block id>"."""
     return frame.locator(".react-flow__edge").evaluate_all("es => es.map(e => e.getAttribute('aria-label'))")
@@ -179,15 +204,24 @@ def connect(page, frame, source, target, attempts: int = 3) -> None:
     sticky header is scrolled into view, and one covered by another block (a selected block grows by its fields)
     is uncovered by clicking an empty place of the canvas, which clears the selection. Under the press and the
     drop it wants the very handles meant, not a neighbour's (an empty cell's x and h sit close together), and after
-    the drop it reads the new wire's ends: a wire between other blocks than meant is undone and drawn again.
+    the drop it reads the new wire's ends: a wire between other blocks than meant is undone and drawn again. A handle
+    near the canvas's edge is brought in with "zoom out" first (a wire dragged there pans the canvas under the
+    mouse), and one panned out of sight by a missed drag with "fit view".
     """
     edges = frame.locator(".react-flow__edge")
     before = edges.count()
     seen = []
     for _ in range(attempts):
         wait_until_idle(page)
-        for _look in range(3):
+        for _look in range(4):
             a, b = _centre(source.bounding_box()), _centre(target.bounding_box())
+            pane = frame.locator(".react-flow__pane").bounding_box()
+            if any(_off_pane(p, pane, 0) for p in (a, b)):            # panned away (a drag near an edge pans)
+                _view_changed(frame, "fit view", source, target)
+                continue
+            if any(_off_pane(p, pane, AUTO_PAN_PX) for p in (a, b)):  # a drop there would pan the canvas under it
+                _view_changed(frame, "zoom out", source, target)
+                continue
             under = _under(page, frame, a), _under(page, frame, b)
             meant = source.evaluate(_HANDLE), target.evaluate(_HANDLE)
             if all("react-flow__handle" in u and u.endswith(m) for u, m in zip(under, meant)):

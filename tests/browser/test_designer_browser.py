@@ -101,7 +101,8 @@ def _free_point(frame, pane, fx: float, fy: float) -> list[float]:
 
 def add_block(page, frame, fx: float, fy: float, category: str, block: str):
     """Right-click the pane at (fx, fy) of its width and height, pick category > block; the new block, found by the
-    label the editor gives it (`<block>-1`: the first of its type; ⚠ before it while it is not wired)."""
+    label the editor gives it (`<block>-1`: the first of its type; ⚠ before it while it is not wired) or the one the
+    app gives it when it draws the canvas afresh (`<block>_1 · <block>`)."""
     entry = frame.get_by_role("menuitem", name=category, exact=True)
     item = frame.get_by_role("menuitem", name=block, exact=True)
     # A click that lands while the app reruns (or scrolls the page) opens no menu, and a rerun that redraws the
@@ -131,7 +132,11 @@ def add_block(page, frame, fx: float, fy: float, category: str, block: str):
                     f"{point} the page had {_top_element(page, point)!r} on top, the canvas "
                     f"{frame.locator('.react-flow__node').count()} blocks and {frame.get_by_role('menuitem').count()} "
                     f"menu items, the pane at {pane}; the page: {shot}")
-    node = frame.locator(".react-flow__node", has_text=re.compile("^(⚠ )?" + re.escape(f"{block}-1")))
+    # Its label is the canvas's ("gate-1") until the app draws the canvas afresh, which labels it by the name the
+    # app gave it ("gate_1 · gate", app/designer/adapter.py): either names the same block.
+    named = re.sub(r"\W", "_", block) + "_1 · " + block
+    node = frame.locator(".react-flow__node", has_text=re.compile(
+        "^(⚠ )?(" + re.escape(f"{block}-1") + "|" + re.escape(named) + ")"))
     expect(node).to_have_count(1, timeout=RERUN_S * 1000)
     return node
 

@@ -397,6 +397,8 @@ def schedules_to_text(report: dict, plan: Plan) -> list[str]:
     fused = report["fused"]
     out.append(f"  fused: {fused['launches_per_step']} launches per step from the host, "
                f"{fused['kernel_launches_per_sequence']} per sequence; {fused['sync']}")
+    if "; in " in fused["how"]:                      # a precision mode: how its products run
+        out.append(f"    in {fused['how'].split('; in ', 1)[1]}")
     for name in ("graph", "persistent"):
         entry = report[name]
         if not entry["eligible"]:

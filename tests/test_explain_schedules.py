@@ -63,6 +63,21 @@ def test_launches_and_barriers_per_sequence(name):
     assert fused["barriers_per_sequence"] is None
 
 
+def test_the_fused_backends_modes_are_described():
+    """In a mode each step product runs on cublasLt's tensor cores; in float32x3 as two TF32 GEMMs and a fold, two
+    more launches a step product (the gru_cho's two, at H = 40 one K chunk each)."""
+    T, L = SIZES["steps"], SIZES["num_layers"]
+    plain = explain_json("gru_cho", **SIZES)["schedules"]["fused"]
+    bf16 = explain_json("gru_cho", **SIZES, precision="bfloat16")["schedules"]["fused"]
+    x3 = explain_json("gru_cho", **SIZES, precision="float32x3")["schedules"]["fused"]
+    assert "cublasLt" not in plain["how"] and "in bfloat16 each step's product on cublasLt" in bf16["how"]
+    assert bf16["launches_per_step"] == plain["launches_per_step"]
+    assert "two TF32 GEMMs" in x3["how"] and x3["launches_per_step"] == plain["launches_per_step"] + 2 * 2
+    assert x3["kernel_launches_per_sequence"] == plain["kernel_launches_per_sequence"] + 2 * 2 * T * L
+    text = explain("gru_cho", **SIZES, precision="float32x3", schedule="fused")
+    assert "    in float32x3 each step's product on cublasLt's tensor cores" in text
+
+
 @pytest.mark.parametrize("schedule", ["graph", "persistent"])
 def test_tiling_is_the_engines_and_every_unit_has_one_owner(schedule):
     network = _network()

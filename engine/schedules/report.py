@@ -26,6 +26,7 @@ from ..codegen.wavefront import render_wavefront, stages
 from ..errors import CompileError
 from ..plan import Plan
 from .autotune import Choice, cache_key, cache_path, read_cache
+from .split_products import X3_CHUNK, chunking
 from .tiling import H100, DeviceLimits, TileConfig, Tiling, eligibility, make_tiling
 
 SCHEDULE_CHOICES = ("fused", "graph", "persistent", "auto")
@@ -91,15 +92,29 @@ def _preferred(choices: list[dict], device: str | None) -> dict | None:
 
 # ---- one schedule ---------------------------------------------------------------------------------
 
-def fused_entry(plan: Plan) -> dict:
-    """The fused backend: launched from the host step by step (engine/backends/fused.py)."""
+def fused_entry(plan: Plan, precision: str = "float32") -> dict:
+    """The fused backend: launched from the host step by step (engine/backends/fused.py); in a precision mode its
+    step products on cublasLt's tensor cores (engine/schedules/fused_modes.py), float32x3's as two GEMMs of the
+    operands' and weights' TF32 parts and a fold a product (engine/schedules/split_products.py, its defaults)."""
     per_sequence = sum(c.launches_total for c in plan.costs)
-    return {"name": "fused", "eligible": True, "why_not": None,
-            "how": "cuBLAS GEMMs and the generated fused kernels, launched from the host every step; layer l "
-                   "on its own CUDA stream, waiting on events of the layer below",
-            "host_launch": "per-step launches",
-            "launches_per_step": plan.launches_per_step, "kernel_launches_per_sequence": per_sequence,
-            "host_launches_per_sequence": per_sequence, "barriers_per_sequence": None,
+    mode = lookup_precision(precision).name
+    how = ("cuBLAS GEMMs and the generated fused kernels, launched from the host every step; layer l on its own "
+           "CUDA stream, waiting on events of the layer below")
+    extra = 0
+    if mode != "float32":
+        how += (f"; in {mode} each step's product on cublasLt's tensor cores, its operand written in the mode's "
+                "format by the cell kernels, the run replayed from CUDA graphs")
+    if mode == "float32x3":
+        sizes = plan.layer_sizes(0)
+        steps = [g for g in plan.program.gemms if not g.hoisted]
+        extra = sum(1 + 1 + (1 if chunking(g.k(sizes)).rest else 0) for g in steps)     # W_lo's GEMM, the fold
+        how += (f": two TF32 GEMMs of the TF32 parts ([h_hi; h_lo] by W_hi in K chunks of {X3_CHUNK}, h_hi by W_lo) "
+                "and a fold kernel a product")
+    steps_total = plan.steps * plan.network.num_layers
+    return {"name": "fused", "eligible": True, "why_not": None, "how": how, "host_launch": "per-step launches",
+            "launches_per_step": plan.launches_per_step + extra,
+            "kernel_launches_per_sequence": per_sequence + extra * steps_total,
+            "host_launches_per_sequence": per_sequence + extra * steps_total, "barriers_per_sequence": None,
             "sync": "stream order within a layer, CUDA events between layers (no grid-wide barrier)"}
 
 
@@ -293,7 +308,8 @@ def schedules_report(plan: Plan, wavefront_plan: Plan, schedule: str | None = No
     selected wavefront schedule (graph, persistent, or what auto picks) goes in its entry's "source"."""
     schedule = check_schedule(schedule)
     limits, limits_info = device_limits()
-    report: dict[str, Any] = {"requested": schedule, "limits": limits_info, "fused": fused_entry(plan)}
+    report: dict[str, Any] = {"requested": schedule, "limits": limits_info,
+                              "fused": fused_entry(plan, wavefront_plan.program.precision)}
     choices = cached_choices(wavefront_plan, tensor_core_fp32)
     tuned = _preferred(choices, None if limits_info["nominal"] else limits.name)
     configs = {name: tuned_config(tuned, name) for name in WAVEFRONT_SCHEDULES}

@@ -1,0 +1,144 @@
+"""The fused backend's mode products as the GPU path issues them (engine/schedules/fused_modes.py ModeDevice:
+float32x3's stacked product and its projections, a reduced mode's K slices), run on the CPU: NumPy arrays stand in
+for CuPy's (their real addresses as device pointers), and a stand-in for cublasLt executes each product it is given
+on that memory as cublasLt defines it (row-major A and W at those addresses with their leading dimensions, batch
+members `strides` apart, beta, the bias), so the addresses, element sizes and offsets ModeDevice computes are
+checked end to end against the emulation (engine/rounding.py). The fold is kernels/split_products.cu's (fold_numpy,
+whose flat indices tests/test_split_products.py checks against the kernel's)."""
+from __future__ import annotations
+
+import ctypes
+import types
+
+import numpy as np
+import pytest
+
+from engine.codegen.cublas_enums import CUDA_R_16BF, CUDA_R_32F
+from engine.rounding import mode_matmul, round_operand
+from engine.schedules import fused_modes
+from engine.schedules.fused_modes import ModeDevice, ModeWeight
+from engine.schedules.split_products import Left, chunking, fold_numpy, split_into, stack_split
+
+
+class DeviceArray(np.ndarray):
+    """An ndarray with CuPy's `.data.ptr` (its address)."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+def device(array) -> DeviceArray:
+    return np.ascontiguousarray(array).view(DeviceArray)
+
+
+def memory(address: int, dtype, count: int) -> np.ndarray:
+    """`count` elements of `dtype` at `address` (a view, not a copy)."""
+    return np.frombuffer((ctypes.c_char * (count * np.dtype(dtype).itemsize)).from_address(address), dtype=dtype)
+
+
+def values(address: int, data_type: int, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The (rows, cols) matrix of rows ld elements apart at `address`, as float64 (bf16 from its bits)."""
+    if data_type == CUDA_R_16BF:
+        flat = memory(address, np.uint16, (rows - 1) * ld + cols).astype(np.uint32) << 16
+        flat = flat.view(np.float32)
+    else:
+        flat = memory(address, np.float32, (rows - 1) * ld + cols)
+    return np.lib.stride_tricks.as_strided(flat, (rows, cols), (ld * flat.itemsize, flat.itemsize)).astype(np.float64)
+
+
+class ExecutingLt:
+    """cublasLt as ModeDevice calls it (LtProjection.product), executing every product on host memory."""
+
+    def __init__(self):
+        self.calls = []
+
+    def product(self, shape, a, w, out, data_type, compute, *, bias=0, accumulate=False, workspace=None, sms=0):
+        self.calls.append((shape, data_type, accumulate, bias != 0))
+        item = 4 if data_type == CUDA_R_32F else 2
+        for i in range(shape.batch):
+            da, dw, do = (i * s for s in shape.strides) if shape.batch > 1 else (0, 0, 0)
+            product = values(a + item * da, data_type, shape.M, shape.K, shape.lda) @ \
+                values(w + item * dw, data_type, shape.N, shape.K, shape.ldw).T
+            if bias:
+                product += memory(bias, np.float32, shape.N)
+            target = memory(out + 4 * do, np.float32, shape.M * shape.N).reshape(shape.M, shape.N)
+            target[...] = (target + product) if accumulate else product
+        return True
+
+
+def mode_device(precision: str, chunk=8) -> ModeDevice:
+    """A ModeDevice without a GPU: its attributes as __init__ sets them, NumPy for CuPy, ExecutingLt for cublasLt."""
+    dev = object.__new__(ModeDevice)
+    dev.xp = types.SimpleNamespace(float32=np.float32, empty=lambda shape, dtype: device(np.empty(shape, dtype)),
+                                   cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0)))
+    dev.precision, dev.split, dev.x3_chunk = precision, precision == "float32x3", chunk
+    dev.lt, dev.partials, dev.rounded, dev.workspaces, dev.sms = ExecutingLt(), {}, {}, {}, 0
+    return dev
+
+
+@pytest.fixture
+def host_fold(monkeypatch):
+    """kernels/split_products.cu's fold_x3 as fold_numpy, on the partial's memory."""
+    def fold(xp, partial, out, R, N, count):
+        out[...] = fold_numpy(np.asarray(partial, dtype=np.float64).ravel(), R, N, count)
+    monkeypatch.setattr(fused_modes, "fold", fold)
+
+
+def case(R, K, N, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((R, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)
+
+
+def emulated(w, x, precision):
+    return mode_matmul(w.astype(np.float64), x.astype(np.float64), precision, lambda a, b: b @ a.T)
+
+
+@pytest.mark.parametrize("R, K, N, chunk", [(3, 37, 5, 8), (4, 98, 6, 32), (2, 24, 3, None), (5, 12, 7, 4)])
+def test_float32x3s_step_product_as_issued(host_fold, R, K, N, chunk):
+    x, w = case(R, K, N)
+    dev = mode_device("float32x3", chunk)
+    parts = device(split_into(np, x, np.empty((2, R, K), np.float32)))          # the kernels' copy of the operand
+    weight = ModeWeight(device(stack_split(np, w)), False)
+    out = device(np.full((R, N), np.nan, np.float32))
+    dev.product(parts, weight, out)
+    np.testing.assert_allclose(out, emulated(w, x, "float32x3"), rtol=2e-6, atol=2e-6)
+    chunks = chunking(K, chunk)
+    assert [c[0].batch for c in dev.lt.calls] == [chunks.full] + [1] * (1 + (chunks.rest > 0))
+    # folded in the kernels instead: P left in the product's buffer, whose fold is the same sum
+    left = Left("fold", chunks.count)
+    partial = device(np.full(left.floats(R, N), np.nan, np.float32))
+    dev.product(parts, weight, partial, left)
+    np.testing.assert_array_equal(fold_numpy(partial.astype(np.float64), R, N, chunks.count).astype(np.float32), out)
+
+
+@pytest.mark.parametrize("M, K, N, chunk", [(9, 37, 5, 8), (6, 20, 4, None)])
+def test_float32x3s_projection_as_issued(host_fold, M, K, N, chunk):
+    x, w = case(M, K, N, seed=1)
+    bias = device(np.random.default_rng(2).standard_normal(N).astype(np.float32))
+    dev = mode_device("float32x3", chunk)
+    parts = device(split_into(np, x, np.empty((2, M, K), np.float32)))
+    out = device(np.full((M, N), np.nan, np.float32))
+    dev._split_products(parts, ModeWeight(device(stack_split(np, w)), False), out, bias)
+    np.testing.assert_allclose(out, emulated(w, x, "float32x3") + bias, rtol=2e-6, atol=2e-6)
+    assert [(c[2], c[3]) for c in dev.lt.calls] == [(False, True)] + [(True, False)] * (len(dev.lt.calls) - 1)
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "tf32"])
+@pytest.mark.parametrize("slices", [2, 4])
+def test_k_slices_as_issued(precision, slices):
+    R, K, N = 3, 64, 5
+    x, w = case(R, K, N, seed=3)
+    dev = mode_device(precision)
+    if precision == "bfloat16":
+        store = lambda a: (round_operand(a, "bfloat16").astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # noqa: E731
+    else:
+        store = lambda a: round_operand(a, "tf32").astype(np.float32)  # noqa: E731
+    out = device(np.full(slices * R * N, np.nan, np.float32))
+    dev.product(device(store(x)), ModeWeight(device(store(w)), False), out, Left("planes", slices))
+    planes = out.reshape(slices, R, N).astype(np.float64)
+    assert not np.isnan(planes).any()
+    np.testing.assert_allclose(planes.sum(axis=0), emulated(w, x, precision), rtol=1e-6, atol=1e-6)
+    ((shape, data_type, accumulate, bias),) = dev.lt.calls
+    assert (shape.batch, shape.K, shape.lda, data_type, accumulate, bias) == (
+        slices, K // slices, K, CUDA_R_16BF if precision == "bfloat16" else CUDA_R_32F, False, False)

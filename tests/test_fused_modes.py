@@ -26,6 +26,7 @@ from engine.schedules import fused_modes
 from engine.schedules.autotune import candidates
 from engine.schedules.cublaslt import alignment
 from engine.schedules.fused_modes import ModeExecutor, NumpyModeDevice, ahead_steps, check_fused_mode, fixed_gemms
+from engine.schedules.split_products import Left
 from engine.schedules.tiling import H100
 
 MODES = ("tf32", "float16", "bfloat16", "float32x3")
@@ -111,6 +112,18 @@ def test_bad_product_layouts_are_refused_by_name(options, flag):
     network, params, _, _ = case("lstm")
     with pytest.raises(BackendError, match=f"argument '{flag}"):
         fused_modes.FusedModeProgram(network, params, precision="bfloat16", **options)
+
+
+def test_products_left_for_the_kernels_get_flat_buffers_of_their_size():
+    network, params, _, _ = case("gru_cho")
+    plan = make_plan(dense(network, params)[0], 4, 3)
+    steps = {g.name: g for g in plan.program.gemms if not g.hoisted}
+    left = {name: Left("planes", 2) for name in steps}
+    executor = ModeExecutor(plan, NumpyModeDevice(np.float64, "bfloat16"), left=left)
+    for buffers, layer in zip(executor._allocate(poison=True), range(plan.network.num_layers)):
+        for gemm in steps.values():
+            n = gemm.n(plan.layer_sizes(layer))
+            assert buffers[gemm.out_buffer].shape == (2 * 3 * n,) and np.isnan(buffers[gemm.out_buffer]).all()
 
 
 def test_float32x3s_extra_memory_is_counted():

@@ -2,8 +2,8 @@
 cuDNN fp32 with TF32 off at `large` and blogA, its max relative error against float64 at most 2x cuDNN fp32's on the
 same inputs). The K chunk of one tensor-core accumulator trades the chunks' partial products (bytes written and
 folded every step) against the accumulators' drift, so each chunk size is a row: its time and its error beside
-cuDNN fp32's, with the fused backend in strict fp32 and in tf32, and the persistent schedule in float32x3, as they
-stand today.
+cuDNN fp32's, with the fused backend in strict fp32 and in tf32, and the persistent schedule in float32x3 beside
+them.
 
 Every row is the benchmark harness's own (engine/bench/runner.py bench_cell): a float64 reference on the GPU,
 poisoned outputs checked first, CUDA-event timing after warm-up, medians; cuDNN fp32 with TF32 off.

@@ -100,3 +100,12 @@ def test_the_rules_can_fail(tmp_path):
     assert private == ["engine.a imports private _hidden from engine.b"]
     function, node = next(function_imports(ast.parse((package / "b.py").read_text())))
     assert imported_roots(node) == ["engine"] and function.name == "f"
+
+
+def test_every_benchmark_script_is_in_the_benchmarks_readme():
+    """benchmarks/README.md is where a reader finds what each script measures and where its results went: a new
+    probe or suite script gets its row there."""
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh"))
+    missing = [name for name in scripts if f"`{name}`" not in readme]
+    assert not missing, f"benchmarks/README.md has no row for {missing}; hint: add one to its table"

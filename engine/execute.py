@@ -60,7 +60,7 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     """
     check_network(network)
     precision = check_precision(precision)        # the arguments first, then whether this machine can run them
-    name, reason = backends.select(backend)
+    backends.check_name(backend)
     check_params(network, params)
     if not isinstance(check_finite, bool):
         raise BackendError(f"argument 'check_finite' must be True or False, got {shown(check_finite)}; hint: "
@@ -70,6 +70,7 @@ def run(network: Network, params: Params, x, initial_states: dict | None = None,
     if allow_tensor_core_fp32 and backend != "auto":
         raise BackendError(f"allow_tensor_core_fp32=True lets backend='auto' choose float32x3; backend={backend!r} "
                            "runs one mode; hint: precision='float32x3' runs that backend in it")
+    name, reason = backends.select(backend)
     if check_finite:
         check_inputs(network, x, initial_states, xp=np)        # shapes and dtypes only, NumPy or CuPy alike
         find_non_finite(network, params, x, initial_states)

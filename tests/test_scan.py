@@ -145,6 +145,21 @@ def test_backend_scan_needs_a_gpu_and_says_so(monkeypatch):
         engine.run(network, engine.init_params(network), np.zeros((2, 1, 3)), backend="scan")
 
 
+def test_engine_run_names_a_bad_argument_before_saying_the_gpu_is_missing(monkeypatch):
+    """The arguments first, then whether this machine can run them: a dtype, check_finite or opt-in that is wrong is
+    named even where the backend asked for needs a GPU the machine lacks."""
+    from engine import backends
+    monkeypatch.setattr(backends, "gpu_status", lambda: (False, "no GPU here"))
+    network = engine.Network(engine.preset("lstm").cell, 3, 4, 1)
+    params, x = engine.init_params(network), np.zeros((2, 1, 3))
+    for options, named in (({"dtype": "int8"}, "dtype"), ({"check_finite": "yes"}, "check_finite"),
+                           ({"allow_tensor_core_fp32": True}, "allow_tensor_core_fp32")):
+        with pytest.raises(BackendError, match=named):
+            engine.run(network, params, x, backend="fused", **options)
+    with pytest.raises(BackendError, match="backend 'fused' needs a GPU: no GPU here"):
+        engine.run(network, params, x, backend="fused")
+
+
 @pytest.mark.parametrize("graph", CASES, ids=[c.name for c in CASES])
 def test_the_executor_with_every_matmul_grouped_equals_the_op_by_op_run(graph):
     """run_arrays stacks the weights that multiply the same value into one GEMM; the NumPy run checks its slicing."""

@@ -50,11 +50,19 @@ def gpu_status() -> tuple[bool, str]:
     return True, f"GPU {name} via CuPy {cupy.__version__}"
 
 
-def select(name: str = "auto") -> tuple[str, str]:
-    """Resolve 'auto' to a backend name, with the reason (the caller shows it)."""
+def check_name(name) -> str:
+    """`name` if it names a backend ('auto' or one of BACKENDS); BackendError naming the argument otherwise. Only the
+    argument: whether this machine can run it is select()'s."""
     if not isinstance(name, str) or (name != "auto" and name not in BACKENDS):
         raise BackendError(f"unknown backend {shown(name)}; choose one of: auto, {', '.join(BACKENDS)}; hint: "
                            "backend='auto' picks the fastest where there is a GPU, 'reference' runs NumPy")
+    return name
+
+
+def select(name: str = "auto") -> tuple[str, str]:
+    """Resolve 'auto' to a backend name, with the reason (the caller shows it); BackendError where this machine
+    cannot run the backend named."""
+    check_name(name)
     if name == "auto":
         ok, why = gpu_status()
         return ("auto", f"using the autotuned schedule on {why}") if ok else (

@@ -212,25 +212,25 @@ if [[ " $STAGES " == *" train "* ]]; then
 fi
 
 x3_rc=skipped
+# a step of the x3 stages: its output to x3.log, the tail shown, a failure kept in x3_rc
+x3_step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/x3.log" | tail -${X3_TAIL:-12}; rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || x3_rc=$rc; }
 if [[ " $STAGES " == *" x3 "* ]]; then
   section "float32x3 on the fused backend and k_slices: tests, compute-sanitizer, the step's product"
   x3_rc=0; : > "$OUT/x3.log"
-  step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/x3.log" | tail -${X3_TAIL:-12}; rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || x3_rc=$rc; }
-  step timeout 200 "$PY" -m pytest tests/gpu/test_precision_fp32x3_gpu.py -k fused -q -rfEs -p no:cacheprovider
-  step timeout 90 "$PY" -m pytest "tests/gpu/test_fused_modes_gpu.py::test_k_in_slices_summed_by_the_kernels" -q -rfEs \
+  x3_step timeout 200 "$PY" -m pytest tests/gpu/test_precision_fp32x3_gpu.py -k fused -q -rfEs -p no:cacheprovider
+  x3_step timeout 90 "$PY" -m pytest "tests/gpu/test_fused_modes_gpu.py::test_k_in_slices_summed_by_the_kernels" -q -rfEs \
     -p no:cacheprovider
   for tool in memcheck racecheck; do
-    step timeout 120 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/sanitize_fused_modes.py float32x3 48
+    x3_step timeout 120 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/sanitize_fused_modes.py float32x3 48
   done
-  X3_TAIL=40 step timeout 120 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --products
-  X3_TAIL=40 step timeout 90 "$PY" benchmarks/probe_step_batched_k.py --out "$OUT"
+  X3_TAIL=40 x3_step timeout 120 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --products
+  X3_TAIL=40 x3_step timeout 90 "$PY" benchmarks/probe_step_batched_k.py --out "$OUT"
 fi
 if [[ " $STAGES " == *" x3rows "* ]]; then
   section "the harness's rows: fused float32x3 per chunk against cuDNN fp32; k_slices in bf16 and tf32"
   [ "$x3_rc" = skipped ] && x3_rc=0 && : > "$OUT/x3.log"
-  step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/x3.log" | tail -${X3_TAIL:-12}; rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || x3_rc=$rc; }
-  X3_TAIL=40 step timeout 280 "$PY" benchmarks/probe_fused_x3.py --out "$OUT"
-  X3_TAIL=60 step timeout 280 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --slices 1,2,4,5,8
+  X3_TAIL=40 x3_step timeout 280 "$PY" benchmarks/probe_fused_x3.py --out "$OUT"
+  X3_TAIL=60 x3_step timeout 280 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --slices 1,2,4,5,8
 fi
 
 section "table"

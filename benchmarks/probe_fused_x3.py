@@ -26,7 +26,6 @@ end with the smallest chunk folded in the cell kernels (x3_fold="kernel") instea
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
 from pathlib import Path
@@ -42,7 +41,7 @@ from engine.bench.configs import parse_configs  # noqa: E402
 from engine.bench.implementations import Cudnn, EngineBackend  # noqa: E402
 from engine.bench.runner import bench_cell, environment, measure_launch, measure_sgemm, resolve_settings  # noqa: E402
 from engine.codegen.cublas_enums import CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F  # noqa: E402
-from engine.schedules.cublaslt import LtProjection, Product  # noqa: E402
+from engine.schedules.cublaslt import LtError, LtProjection, Product  # noqa: E402
 from engine.schedules.split_products import (  # noqa: E402
     chunking,
     fold,
@@ -145,10 +144,11 @@ def split_k(cp, lt, measure, parts, stacked_w, out, R, K, N) -> None:
     partial = cp.empty(partial_size(R, N, one_chunk), dtype=cp.float32)
     lo_call = stacked_calls(R, K, N, one_chunk)[-1]                     # h_hi W_lo into P2
     cp.cuda.Device().synchronize()
-    plan = lt._new_plan(Product.dense(2 * R, N, K), CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 0, 8)
-    w_layout, a_layout, c_layout = plan.layouts
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    for k, algo in enumerate(plan.candidates):
+    # [h_hi; h_lo] by W_hi (the stacked weight's first N rows) into P1, the heuristic's first 8 algorithms kept
+    bound = lt.bind(stacked_w[:N], partial[:2 * R * N].reshape(2 * R, N), CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 8)
+    if bound is None:
+        fail("W_hi")
+    for k, algo in enumerate(bound.plan.candidates):
         if not capability(lt.lib, algo, CAP_SPLITK_SUPPORT):
             continue
         mask = capability(lt.lib, algo, CAP_REDUCTION_MASK)
@@ -159,25 +159,19 @@ def split_k(cp, lt, measure, parts, stacked_w, out, R, K, N) -> None:
                     continue
 
                 def issue(variant=variant):
-                    status = lt.lib.cublasLtMatmul(
-                        lt.handle, plan.desc, ctypes.byref(one), ctypes.c_void_p(stacked_w.data.ptr), w_layout,
-                        ctypes.c_void_p(parts.data.ptr), a_layout, ctypes.byref(zero),
-                        ctypes.c_void_p(partial.data.ptr), c_layout, ctypes.c_void_p(partial.data.ptr), c_layout,
-                        ctypes.byref(variant), ctypes.c_void_p(lt.workspace.data.ptr), ctypes.c_size_t(32 << 20),
-                        ctypes.c_void_p(cp.cuda.get_current_stream().ptr))
-                    if status:
-                        raise RuntimeError(f"cublasLtMatmul status {status}")
+                    bound.use(variant)
+                    bound(parts.data.ptr, cp.cuda.get_current_stream().ptr)   # an error status raises LtError
                     lt.product(lo_call.shape, parts.data.ptr + 4 * lo_call.a, stacked_w.data.ptr + 4 * lo_call.w,
                                partial.data.ptr + 4 * lo_call.out, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32) \
                         or fail("h_hi W_lo")
                     fold(cp, partial, out, R, N, 1)
                 try:
                     measure(f"x3 algo {k} split-K {K // chunk} ({chunk}) {scheme_name}", issue)
-                except RuntimeError as e:
+                except (RuntimeError, LtError) as e:
                     print(f"algo {k} split {K // chunk} {scheme_name}: {e}", flush=True)
         return
-    print(f"none of the heuristic's {len(plan.candidates)} algorithms for ({2 * R} x {K}) @ ({K} x {N}) splits K",
-          flush=True)
+    print(f"none of the heuristic's {len(bound.plan.candidates)} algorithms for ({2 * R} x {K}) @ ({K} x {N}) "
+          "splits K", flush=True)
 
 
 def fail(what: str):

@@ -14,7 +14,7 @@ from test_cublaslt_dispatch import recording_lt
 
 import engine
 from engine.codegen.cublas_enums import CUDA_R_32F, LT_LAYOUT_BATCH_COUNT, LT_LAYOUT_STRIDED_BATCH_OFFSET
-from engine.codegen.cuda import KERNELS_DIR, helper_source
+from engine.codegen.cuda import kernel_file_source
 from engine.codegen.operand_copies import operand_copies, render_copies_module
 from engine.codegen.programmatic import programmatic_waits
 from engine.compiler import make_plan
@@ -199,7 +199,7 @@ def test_modules_that_sum_the_products_as_they_read_them_compile(tmp_path):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")
 def test_the_split_and_fold_kernels_compile(tmp_path):
-    source = helper_source("tile_gemm.cuh") + (KERNELS_DIR / "split_products.cu").read_text()
+    source = kernel_file_source("split_products.cu")
     compile_sources({"split_products": source}, tmp_path)
 
 

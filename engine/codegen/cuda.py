@@ -44,25 +44,36 @@ def helper_source(filename: str) -> str:
     return f"// ---- kernels/{filename} (inlined) ----\n{text.rstrip()}\n// ---- end of kernels/{filename} ----\n"
 
 
+def kernel_file_source(filename: str) -> str:
+    """kernels/<filename> with tile_gemm.cuh, whose roundings (rnn_tf32_bits, rnn_bits16: the kernels' own) it calls,
+    inlined before it."""
+    return helper_source("tile_gemm.cuh") + (KERNELS_DIR / filename).read_text()
+
+
 def round_operands_source() -> str:
     """kernels/round_operands.cu (an fp32 operand rounded to a reduced precision mode: the training step's GEMM
-    operands, the schedules' projection inputs) with tile_gemm.cuh, whose roundings (rnn_tf32_bits, rnn_bits16: the
-    kernels' own) it calls, inlined before it."""
-    return helper_source("tile_gemm.cuh") + (KERNELS_DIR / "round_operands.cu").read_text()
+    operands, the schedules' projection inputs), as kernel_file_source gives it."""
+    return kernel_file_source("round_operands.cu")
 
 
 ROUND_VALUES = {"tf32": "round_values_tf32", "float16": "round_values_fp16", "bfloat16": "round_values_bf16"}
 ROUND_THREADS = 256          # threads a block of kernels/round_operands.cu's grid-stride entries
-_round_entries: dict = {}    # (entry, device) -> the loaded function
+_file_entries: dict = {}     # (file, entry, device) -> the loaded function
 _sms: dict = {}              # device -> its SMs
 
 
+def file_entry(cupy, filename: str, name: str):
+    """kernels/<filename>'s entry `name` (kernel_file_source) on the current device, loaded once a process and
+    device."""
+    key = (filename, name, cupy.cuda.Device().id)
+    if key not in _file_entries:
+        _file_entries[key] = load_module(kernel_file_source(filename)).get_function(name)
+    return _file_entries[key]
+
+
 def round_entry(cupy, name: str):
-    """kernels/round_operands.cu's entry `name` on the current device, loaded once a process and device."""
-    key = (name, cupy.cuda.Device().id)
-    if key not in _round_entries:
-        _round_entries[key] = load_module(round_operands_source()).get_function(name)
-    return _round_entries[key]
+    """kernels/round_operands.cu's entry `name` on the current device (file_entry)."""
+    return file_entry(cupy, "round_operands.cu", name)
 
 
 def round_blocks(cupy, items: int) -> int:

@@ -323,13 +323,9 @@ class ModeDevice(CupyDevice):
         (a reduced mode), or float32x3's P unfolded."""
         if self.split:                     # (a fixed matrix's operand has no copy: gemm() multiplies it)
             self._stacked_product(operand, weight, out, launch_fold=left is None)
-        elif left is not None:
-            R, K = operand.shape
-            a, w, o = operand.data.ptr, weight.stored.data.ptr, out.data.ptr
-            item = operand.itemsize
-            for call in slice_calls(R, K, weight.stored.shape[0], left.count):
-                self._lt(call.shape, a + item * call.a, w + item * call.w, out, at=o + 4 * call.out,
-                         products=LT_OPERANDS[self.precision])
+        elif left is not None:                 # one strided batch of K slices, from the starts of A, W and out
+            (call,) = slice_calls(*operand.shape, weight.stored.shape[0], left.count)
+            self._lt(call.shape, operand.data.ptr, weight.stored.data.ptr, out, products=LT_OPERANDS[self.precision])
         else:
             self._multiply(operand, weight, out, None, self.precision)
 
@@ -362,29 +358,25 @@ class ModeDevice(CupyDevice):
 
     def _lt(self, shape: Product, a: int, w: int, out, *, bias: int = 0, accumulate: bool = False,
             at: int | None = None, products: tuple = X3_PRODUCTS) -> None:
-        """One product into out (at: the address in it to write) through cublasLt: float32x3's parts (TF32), or a
-        reduced mode's K slices (products: LT_OPERANDS' data and compute types)."""
+        """One product into out (at: the address in it to write) through cublasLt: float32x3's parts (TF32), or the
+        mode's operands (products: LT_OPERANDS' data and compute types), whole or in K slices."""
         if not out.flags.c_contiguous:
             raise BackendError("backend 'fused' in a precision mode writes GEMM outputs whole: got a strided one; "
                                "hint: this is a bug in engine/schedules/fused_modes.py")
         data_type, compute = products
         if not self.lt.product(shape, a, w, out.data.ptr if at is None else at, data_type, compute, bias=bias,
                                accumulate=accumulate, workspace=self._workspace(), sms=self.sms):
+            sliced = "" if shape.batch == 1 else ", or x3_chunk=None" if self.split else ", or k_slices=1"
             raise BackendError(f"backend 'fused' in precision '{self.precision}': cublasLt offers no algorithm for a "
                                f"({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) product"
                                f"{f' in {shape.batch} K slices' if shape.batch > 1 else ''}; "
-                               "hint: use backend='persistent' or 'graph' in this mode, or k_slices=1")
+                               f"hint: use backend='persistent' or 'graph' in this mode{sliced}")
 
     def _multiply(self, operand, weight: ModeWeight, out, bias, mode: str) -> None:
-        if not out.flags.c_contiguous:
-            raise BackendError("backend 'fused' in a precision mode writes GEMM outputs whole: got a strided one; "
-                               "hint: this is a bug in engine/schedules/fused_modes.py")
-        data_type, compute = LT_OPERANDS[mode]
-        if not self.lt.matmul(operand, weight.stored, bias, out, data_type, compute, self._workspace(), self.sms):
-            M, K = operand.shape
-            raise BackendError(f"backend 'fused' in precision '{self.precision}': cublasLt offers no algorithm for a "
-                               f"({M} x {K}) @ ({K} x {weight.stored.shape[0]}) product; "
-                               "hint: use backend='persistent' or 'graph' in this mode")
+        """out = operand @ W^T (+ bias), both whole, in `mode` (float32 for a reduction's fixed matrix)."""
+        M, K = operand.shape
+        self._lt(Product.dense(M, weight.stored.shape[0], K), operand.data.ptr, weight.stored.data.ptr, out,
+                 bias=0 if bias is None else bias.data.ptr, products=LT_OPERANDS[mode])
 
     def synchronize(self) -> None:
         """Outside a capture, wait for the GPU. In one, join the forked layer streams into the capturing stream (the

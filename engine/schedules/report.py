@@ -107,7 +107,7 @@ def fused_entry(plan: Plan, precision: str = "float32") -> dict:
     if mode == "float32x3":
         sizes = plan.layer_sizes(0)
         steps = [g for g in plan.program.gemms if not g.hoisted]
-        extra = sum(1 + 1 + (1 if chunking(g.k(sizes)).rest else 0) for g in steps)     # W_lo's GEMM, the fold
+        extra = sum(2 + (1 if chunking(g.k(sizes)).rest else 0) for g in steps)     # W_lo's GEMM, the fold, a rest
         how += (f": two TF32 GEMMs of the TF32 parts ([h_hi; h_lo] by W_hi in K chunks of {X3_CHUNK}, h_hi by W_lo) "
                 "and a fold kernel a product")
     steps_total = plan.steps * plan.network.num_layers

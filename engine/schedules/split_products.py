@@ -30,21 +30,22 @@ and benchmarks/probe_fused_x3.py measures both.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..codegen.cuda import KERNELS_DIR, c_factor, helper_source, index_expr, round_blocks
-from ..codegen.nvrtc import load_module
+from ..codegen.cuda import c_factor, file_entry, index_expr, round_blocks
 from ..plan import FLOAT_BYTES
 from ..rounding import split_tf32
 from .cublaslt import Product
+from .project import K_CHUNK_X3
 from .project import split_tf32 as split_elementwise
 
-X3_CHUNK = 256            # K of one chunk's accumulator (the module's docstring: the drift against P's bytes)
+X3_CHUNK = K_CHUNK_X3     # K of one chunk's accumulator, the projections' (the module's docstring: the drift
+                          # against P's bytes)
 X3_FOLDS = ("launch", "kernel")   # float32x3's P folded by a kernel of its own, or by the kernels that read it
 FOLD_THREADS = 256
-_entries: dict = {}       # (entry, device) -> the loaded function
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Chunks:
         return found + ([(self.full * self.size, self.rest)] if self.rest else [])
 
 
+@functools.cache      # (it and the call lists below: a direct run asks for them every step, the same each time)
 def chunking(K: int, chunk: int | None = X3_CHUNK) -> Chunks:
     """K in chunks of at most about `chunk` (None or 0: one chunk): as many as that needs, of even size rounded up to
     4 elements (16 bytes, so each chunk's columns start where cublasLt's tensor-core kernels can read them)."""
@@ -97,7 +99,8 @@ def partial_size(R: int, N: int, chunks: Chunks) -> int:
     return chunks.count * 2 * R * N + R * N
 
 
-def stacked_calls(R: int, K: int, N: int, chunks: Chunks) -> list[Call]:
+@functools.cache
+def stacked_calls(R: int, K: int, N: int, chunks: Chunks) -> tuple[Call, ...]:
     """A step's product: the parts [h_hi; h_lo] (2R x K) by W_hi (the stacked weight's first N rows) into P1
     (count, 2R, N), the full chunks as one strided batch and a rest as one more product into the last plane; then
     h_hi by W_lo (its last N rows) into P2 (R, N) after them."""
@@ -106,15 +109,16 @@ def stacked_calls(R: int, K: int, N: int, chunks: Chunks) -> list[Call]:
     if chunks.rest:
         first = chunks.full * chunks.size
         calls.append(Call(Product(2 * R, N, chunks.rest, K, K), first, first, chunks.full * plane))
-    return calls + [Call(Product.dense(R, N, K), 0, N * K, chunks.count * plane)]
+    return (*calls, Call(Product.dense(R, N, K), 0, N * K, chunks.count * plane))
 
 
-def split_calls(M: int, K: int, N: int, chunks: Chunks, bias: bool) -> list[Call]:
+@functools.cache
+def split_calls(M: int, K: int, N: int, chunks: Chunks, bias: bool) -> tuple[Call, ...]:
     """A projection's product (many rows): the parts [x_hi; x_lo] (2 x M x K) and [W_hi; W_lo] (2N x K) into out
     (M, N): x_hi W_lo^T (+ bias), then += x_lo W_hi^T, then += x_hi W_hi^T chunk by chunk."""
     x_lo, w_lo = M * K, N * K
     calls = [Call(Product.dense(M, N, K), 0, w_lo, 0, bias=bias), Call(Product.dense(M, N, K), x_lo, 0, 0, True)]
-    return calls + [Call(Product(M, N, n, K, K), first, first, 0, True) for first, n in chunks.bounds()]
+    return (*calls, *(Call(Product(M, N, n, K, K), first, first, 0, True) for first, n in chunks.bounds()))
 
 
 def sliceable(K: int, slices: int) -> bool:
@@ -122,12 +126,13 @@ def sliceable(K: int, slices: int) -> bool:
     return slices > 1 and K % slices == 0 and (K // slices) % 8 == 0
 
 
-def slice_calls(R: int, K: int, N: int, slices: int) -> list[Call]:
+@functools.cache
+def slice_calls(R: int, K: int, N: int, slices: int) -> tuple[Call, ...]:
     """A reduced mode's step product with K in `slices` slices, one strided batch: plane s of out (slices, R, N) is
     the product over columns s K / slices .. (s + 1) K / slices; the kernels that read the product sum the planes
     (planes_read)."""
     width = K // slices
-    return [Call(Product(R, N, width, K, K, slices, (width, width, R * N)), 0, 0, 0)]
+    return (Call(Product(R, N, width, K, K, slices, (width, width, R * N)), 0, 0, 0),)
 
 
 def planes_read(planes: int):
@@ -178,7 +183,7 @@ def read_places(program, readers: dict) -> dict:
     return found
 
 
-def run_calls_numpy(calls: list[Call], a, w, out) -> None:
+def run_calls_numpy(calls, a, w, out) -> None:
     """What cublasLt computes for `calls` on flat float arrays a, w and out (float64 products), bias aside: the
     meaning of Product (row-major A and W with leading dimensions lda and ldw, out rows of N, batch members
     `strides` apart), for the CPU tests of the offsets the GPU path issues."""
@@ -219,23 +224,15 @@ def split_into(xp, source, out):
         parts = out.reshape((2, *source.shape))
         split_elementwise(xp, source, parts[0], parts[1])            # into out itself: nothing allocated
         return out
-    entry(xp, "split_contiguous_tf32")((round_blocks(xp, n // 4),), (FOLD_THREADS,), (source, out, np.int64(n // 4)))
+    file_entry(xp, "split_products.cu", "split_contiguous_tf32")((round_blocks(xp, n // 4),), (FOLD_THREADS,),
+                                                                (source, out, np.int64(n // 4)))
     return out
-
-
-def entry(cupy, name: str):
-    """kernels/split_products.cu's entry `name` on the current device, loaded once a process and device."""
-    key = (name, cupy.cuda.Device().id)
-    if key not in _entries:
-        source = helper_source("tile_gemm.cuh") + (KERNELS_DIR / "split_products.cu").read_text()
-        _entries[key] = load_module(source).get_function(name)
-    return _entries[key]
 
 
 def fold(cupy, partial, out, R: int, N: int, count: int) -> None:
     """out (R, N) from P (partial_size floats: P1 of `count` chunks, then P2), on the current stream
     (kernels/split_products.cu)."""
-    entry(cupy, "fold_x3")((round_blocks(cupy, R * N),), (FOLD_THREADS,),
+    file_entry(cupy, "split_products.cu", "fold_x3")((round_blocks(cupy, R * N),), (FOLD_THREADS,),
                            (partial, out, np.int32(R), np.int32(N), np.int32(count)))
 
 

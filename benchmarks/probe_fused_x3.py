@@ -15,13 +15,15 @@ accumulator too, summed in place or in the workspace, so P1 is one plane): each 
 product (norm-relative, over strict fp32's) and its time in a chain of 50 captured into a CUDA graph (median of 11
 launches).
 
-    python3 benchmarks/probe_fused_x3.py --out /tmp/probe [--configs large,blogA] [--chunks none,512,256,128]
+    python3 benchmarks/probe_fused_x3.py --out /tmp/probe [--configs large,blogA | a .json] [--chunks auto,none,512,256,128]
     python3 benchmarks/probe_fused_x3.py --out /tmp/probe --products
     python3 benchmarks/probe_fused_x3.py --out /tmp/probe --slices 1,2,4,5,8
 
 --slices instead runs the fused backend in bf16 and tf32 with a step product's K in that many slices (k_slices: one
 strided-batched GEMM whose planes the cell kernels sum as they read them), beside cuDNN in the same mode. The x3 rows
-end with the smallest chunk folded in the cell kernels (x3_fold="kernel") instead of by a launch of its own.
+fold in the cell kernels (x3_fold="kernel", the default) and end with the last chunk folded by a launch of its own
+(x3_fold="launch"); "auto" is the default chunk (split_products.chunk_size: by each product's K). Each row says
+whether its timed runs were CUDA-graph replays, and the free device memory is printed before each row.
 """
 from __future__ import annotations
 
@@ -72,7 +74,8 @@ def rows_of(result: dict) -> list[dict]:
                      "status": entry["status"], "reason": entry.get("reason"), "median_ms": entry.get("median_ms"),
                      "vs_cudnn_fp32": (entry.get("speedup") or {}).get("vs_cudnn_fp32"),
                      "vs_cudnn_same": (entry.get("speedup") or {}).get("vs_cudnn_same"),
-                     "error_rel": (entry.get("error") or {}).get("rel"), "error_vs_cudnn": bound.get("ratio")})
+                     "error_rel": (entry.get("error") or {}).get("rel"), "error_vs_cudnn": bound.get("ratio"),
+                     "replayed": (entry.get("detail") or {}).get("replayed"), "peak_bytes": entry.get("peak_bytes")})
     return rows
 
 
@@ -184,10 +187,15 @@ def harness_rows(implementations, configs: str, cells: str, reps: int) -> list[d
                                 time_budget_s=None)
     measurements = {**measure_sgemm(), **measure_launch()}
     rows = []
-    for config in parse_configs(configs.split(",")):
+    import cupy
+
+    def free_memory(done, total, label):           # the device's free memory before each row (a leak shows here)
+        print(f"  {label}: {cupy.cuda.runtime.memGetInfo()[0] / 2 ** 30:.1f} GiB free", flush=True)
+
+    for config in parse_configs([configs] if configs.endswith(".json") else configs.split(",")):
         for name in cells.split(","):
             result = bench_cell(name, engine.preset(name).cell, engine.preset(name), config, implementations, settings,
-                                measurements, deadline=None, progress=None, done=0, total=0)
+                                measurements, deadline=None, progress=free_memory, done=0, total=0)
             if result["status"] != "ok":
                 print(f"{name} {config.name}: {result['status']}: {result['reason']}", flush=True)
             for row in rows_of(result):
@@ -204,7 +212,8 @@ def print_rows(rows: list[dict]) -> None:
         same = f"{r['vs_cudnn_same']:11.2f}x" if r["vs_cudnn_same"] else f"{'-':>12s}"
         error = f"{r['error_rel']:9.2e}" if r["error_rel"] is not None else f"{'-':>9s}"
         ratio = f"{r['error_vs_cudnn']:8.2f}x" if r["error_vs_cudnn"] is not None else f"{'-':>9s}"
-        print(f"{r['cell']:4s} {r['config']:6s} {r['name']:26s} {ms} {speed} {same} {error} {ratio}"
+        replay = "" if not r.get("replayed") or r["replayed"].startswith("replayed") else "  (direct runs)"
+        print(f"{r['cell']:4s} {r['config']:11s} {r['name']:28s} {ms} {speed} {same} {error} {ratio}{replay}"
               + ("" if r["status"] == "ok" else f"  {r['status']}: {str(r['reason'])[:80]}"))
 
 
@@ -213,13 +222,13 @@ def main() -> None:
     parser.add_argument("--out", default=".")
     parser.add_argument("--configs", default="large,blogA")
     parser.add_argument("--cells", default="lstm,gru")
-    parser.add_argument("--chunks", default="none,512,256,128")
+    parser.add_argument("--chunks", default="auto,none,512,256,128")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--products", action="store_true", help="the step's product alone, every variant")
     parser.add_argument("--slices", default=None,
                         help="instead: the fused backend in bf16 and tf32 with k_slices of these (e.g. 1,2,4,5,8)")
     args = parser.parse_args()
-    chunks = [None if c == "none" else int(c) for c in args.chunks.split(",")]
+    chunks = [None if c == "none" else c if c == "auto" else int(c) for c in args.chunks.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.products:
@@ -240,8 +249,8 @@ def main() -> None:
     else:
         implementations = [Cudnn("fp32"), EngineBackend("fused"), EngineBackend("fused", precision="tf32"),
                            *[Variant("fp32x3", {"x3_chunk": c}, f"k{c or 'all'}") for c in chunks],
-                           Variant("fp32x3", {"x3_chunk": chunks[-1], "x3_fold": "kernel"},
-                                   f"k{chunks[-1] or 'all'}-in-kernel"),
+                           Variant("fp32x3", {"x3_chunk": chunks[-1], "x3_fold": "launch"},
+                                   f"k{chunks[-1] or 'all'}-fold-launch"),
                            EngineBackend("persistent", precision="fp32x3")]
         name = "probe_fused_x3.json"
     rows = harness_rows(implementations, args.configs, args.cells, args.reps)

@@ -99,11 +99,14 @@ def test_every_mode_runs_on_the_fused_backend():
         check_fused_mode("fp64")
 
 
-@pytest.mark.parametrize("chunk", [0, -4, 2.5, "256", True])
+@pytest.mark.parametrize("chunk", [0, -4, 2.5, "256", "Auto", True, np.float32(8)])
 def test_a_bad_chunk_is_refused_by_name(chunk):
     network, params, _, _ = case("lstm")
-    with pytest.raises(BackendError, match=r"argument 'x3_chunk' \(None: all of K\) must be a positive integer"):
+    with pytest.raises(BackendError, match=r"argument 'x3_chunk' must be \"auto\", None or a positive integer, got "
+                                           r".*; hint: \"auto\" \(the default\) sizes each product's chunks by its K"):
         fused_modes.FusedModeProgram(network, params, precision="float32x3", x3_chunk=chunk)
+    assert fused_modes.check_x3_chunk(np.int64(128)) == 128 and type(fused_modes.check_x3_chunk(np.int64(8))) is int
+    assert fused_modes.check_x3_chunk("auto") == "auto" and fused_modes.check_x3_chunk(None) is None
 
 
 @pytest.mark.parametrize("options, flag", [({"x3_fold": "fold"}, "x3_fold"), ({"x3_fold": None}, "x3_fold"),

@@ -120,7 +120,9 @@ def test_auto_tries_float32x3_only_when_allowed():
     assert allowed[:len(strict)] == strict, "the strict candidates come first, the first stays the yardstick"
     extra = allowed[len(strict):]
     assert extra and all(c.precision == "float32x3" for c in extra)
-    assert {c.schedule for c in extra} == {"graph", "persistent"}          # fused_modes.TUNED_MODES: not fused yet
+    assert {c.schedule for c in extra} == {"fused", "graph", "persistent"} and extra[0].schedule == "fused"
+    with_lengths = autotune.candidates(network, 32, H100, lengths=True, tensor_core_fp32=True)
+    assert {c.schedule for c in with_lengths if c.precision == "float32x3"} == {"graph", "persistent"}  # X3Gate
     assert "[float32x3]" in extra[0].label()
     assert autotune.candidates(network, 32, H100, "tf32", tensor_core_fp32=True) == autotune.candidates(
         network, 32, H100, "tf32")
@@ -159,3 +161,32 @@ def test_the_bench_has_fp32x3_rows_compared_with_cudnn_fp32():
     assert bound["ratio"] == 1.5 and bound["within"] and bound["cudnn_fp32_rel"] == 2e-6
     assert not error_bound(dict(row, error={"rel": 5e-6}), cudnn)["within"]
     assert error_bound(dict(row, precision="tf32"), cudnn) is None and error_bound(row, None) is None
+
+
+class _Exact:
+    def __init__(self, outputs, calls):
+        self.outputs, self.calls = outputs, calls
+
+    def run(self, x):
+        self.calls.append(x)
+        return self
+
+
+def test_a_float32x3_candidate_is_held_to_twice_strict_fp32s_error_against_float64(monkeypatch):
+    rng = np.random.default_rng(3)
+    exact = rng.standard_normal((5, 3, 8))
+    made = []
+    monkeypatch.setattr(autotune.naive, "prepare", lambda network, params, dtype: made.append(dtype) or _Exact(
+        exact, calls))
+    calls = []
+    x = rng.standard_normal((5, 3, 4))
+    gate = autotune.X3Gate(np, "network", "params", x)
+    scale = np.abs(exact).max()
+    strict = exact + 1e-6 * scale * rng.choice([-1.0, 1.0], exact.shape)          # relative error 1e-6
+    assert gate.refuses(exact + 1.9e-6 * scale, strict) is None
+    refused = gate.refuses(exact + 2.1e-6 * scale, strict)
+    assert refused == ("relative error 2.10e-06 against float64 is over 2x strict fp32's (1.00e-06) on the same input")
+    assert made == [np.float64] and len(calls) == 1 and calls[0] is x     # float64, made once, on the tuning input
+    # a strict output as exact as float64 still leaves fp32's unit roundoff to the candidate
+    assert gate.refuses(exact + 1e-7 * scale, exact) is None and gate.refuses(exact + 2e-7 * scale, exact)
+

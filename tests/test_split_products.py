@@ -26,6 +26,7 @@ from engine.schedules.fused_modes import fixed_gemms
 from engine.schedules.split_products import (
     Chunks,
     Left,
+    chunk_size,
     chunking,
     fold_numpy,
     fold_read,
@@ -58,6 +59,15 @@ def test_the_chunks_cover_k_once_in_16_byte_steps(K, chunk):
         assert found == Chunks(K, 1)
     with pytest.raises(ValueError):
         chunking(0, chunk)
+
+
+@pytest.mark.parametrize("K, size, count", [(16, 64, 1), (64, 64, 1), (256, 64, 4), (511, 64, 8), (512, 128, 4),
+                                            (1024, 256, 4), (2560, 512, 5), (4096, 1024, 4)])
+def test_auto_chunks_a_product_into_at_least_four_accumulators_of_a_power_of_two(K, size, count):
+    assert chunk_size(K, "auto") == size and chunk_size(K, 100) == 100 and chunk_size(K, None) is None
+    found = chunking(K, "auto")
+    assert (found.size, found.count) == ((K, 1) if K <= 64 else (size, count))
+    assert chunking(K) == found                                        # the default
 
 
 @pytest.mark.parametrize("rows, cols, K, chunk", [(3, 5, 37, None), (3, 5, 37, 8), (4, 6, 98, 32), (2, 3, 50, 48)])
@@ -170,7 +180,8 @@ def test_which_step_products_are_left_for_the_kernels():
     assert left_products(plan, "bfloat16", copied, fixed) == {}                      # k_slices=1: one product
     assert left_products(plan, "bfloat16", copied, fixed, k_slices=4) == {g: Left("planes", 4) for g in steps}
     assert left_products(plan, "bfloat16", copied, fixed, k_slices=16) == {}         # 64 / 16 = 4 columns: no
-    assert left_products(plan, "float32x3", copied, fixed, k_slices=4) == {}         # x3 folds by a launch
+    assert left_products(plan, "float32x3", copied, fixed, k_slices=4, x3_fold="launch") == {}   # a fold launch
+    assert left_products(plan, "float32x3", copied, fixed) == {g: Left("fold", 1) for g in steps}  # K=64: 1 chunk
     assert left_products(plan, "float32x3", copied, fixed, x3_chunk=16, x3_fold="kernel") == {
         g: Left("fold", 4) for g in steps}
     assert left_products(plan, "bfloat16", set(), fixed, k_slices=4) == {}           # no copy: gemm() rounds it

@@ -123,6 +123,9 @@ class EngineBackend(Implementation):
         return self._run(self.inputs[k]).outputs
 
     def teardown(self) -> None:
+        replayed = getattr(self.program, "replayed", None)
+        if isinstance(replayed, str):          # whether the timed runs were CUDA-graph replays, and why not
+            self.detail["replayed"] = replayed
         self.program = self._run = self.inputs = None
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arguments import integer
+from ..arguments import integer, shown
 from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
 from ..backends.fused import THREADS_PER_BLOCK, CupyDevice, Executor, fitting_plan
 from ..backends.lengths import check_lengths
@@ -84,9 +84,9 @@ from .split_products import (
 )
 
 MODES = ("tf32", "float16", "bfloat16", "float32x3")
-# the modes the autotuner times this backend in: float32x3's stacked product (engine/schedules/split_products.py) is
-# held to the emulation by the CPU suite, and joins once the GPU suite has run it (tests/gpu/test_precision_fp32x3_gpu.py)
-TUNED_MODES = ("tf32", "float16", "bfloat16")
+# the modes the autotuner times this backend in (float32x3 only where a user allows it, and each candidate's error held
+# against float64 there: autotune.X3Gate)
+TUNED_MODES = ("tf32", "float16", "bfloat16", "float32x3")
 X3_PRODUCTS = LT_OPERANDS["tf32"]       # float32x3's parts are TF32 values: fp32 storage, TF32 tensor-core products
 AHEAD_PIECES = 8         # layer 0's projection ahead of the steps in at most this many pieces (Executor._project_ahead)
 AHEAD_ROWS = 2048        # of at least this many rows (T x B) each, so that each piece is still a large GEMM
@@ -209,11 +209,11 @@ class ModeDevice(CupyDevice):
 
     def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
                  streams: bool = False, programmatic=None, dependents=frozenset(), ahead: bool = False,
-                 shared_sms: int = 0, x3_chunk: int | None = X3_CHUNK):
+                 shared_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK):
         super().__init__(cupy, module, num_layers, streams=streams, projection=projection)
         self.precision = precision
         self.split = precision == "float32x3"
-        self.x3_chunk = x3_chunk           # float32x3: K of one accumulator (split_products.chunking; None: all of K)
+        self.x3_chunk = x3_chunk           # float32x3: K of one accumulator (split_products.chunking)
         self.partials: dict = {}           # float32x3: (stream, chunks, rows, cols) -> the chunks' products P
         # kernels launched as programmatic dependents of the step GEMM before them (engine/codegen/programmatic.py)
         self.programmatic, self.dependents = programmatic, frozenset(dependents) if programmatic else frozenset()
@@ -404,7 +404,7 @@ class NumpyModeDevice(NumpyDevice):
     """plan_numpy's NumpyDevice with the mode's GEMMs as the reference emulates them (engine.rounding.mode_matmul):
     the CPU tests run ModeExecutor's host logic on it."""
 
-    def __init__(self, dtype, precision: str, x3_chunk: int | None = X3_CHUNK):
+    def __init__(self, dtype, precision: str, x3_chunk: int | str | None = X3_CHUNK):
         super().__init__(dtype)
         self.precision = precision
         self.x3_chunk = x3_chunk
@@ -441,6 +441,17 @@ class NumpyModeDevice(NumpyDevice):
         self.launches += 1
 
 
+def check_x3_chunk(chunk):
+    """x3_chunk checked: "auto" (by each product's K), None (all of K) or a positive int."""
+    if chunk is None or (isinstance(chunk, str) and chunk == "auto"):
+        return chunk
+    if type(chunk) is not bool and isinstance(chunk, (int, np.integer)) and chunk > 0:
+        return int(chunk)
+    raise BackendError(f"argument 'x3_chunk' must be \"auto\", None or a positive integer, got "
+                       f"{type(chunk).__name__} {shown(chunk)}; hint: \"auto\" (the default) sizes each product's "
+                       "chunks by its K, None makes one chunk, 256 chunks of 256 columns")
+
+
 class FusedModeProgram:
     """A network with its parameters uploaded once, run in a precision mode; run(x) as FusedProgram.run."""
 
@@ -449,15 +460,17 @@ class FusedModeProgram:
     def __init__(self, network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16",
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
                  layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
-                 projection_sms: int = 0, x3_chunk: int | None = X3_CHUNK, x3_fold: str = "launch",
+                 projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
                  k_slices: int = 1):
         self.precision = check_fused_mode(precision)
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
                                "engine.backends.fused runs strict float32")
-        # float32x3: K of one tensor-core accumulator (engine/schedules/split_products.py; None: all of K)
-        self.x3_chunk = None if x3_chunk is None else integer(x3_chunk, "argument 'x3_chunk' (None: all of K)")
-        # float32x3: "launch", P folded by a kernel of its own; "kernel", by the kernels that read the product.
+        # float32x3: K of one tensor-core accumulator (engine/schedules/split_products.py; "auto": by each product's
+        # K, split_products.chunk_size; None: all of K)
+        self.x3_chunk = check_x3_chunk(x3_chunk)
+        # float32x3: "kernel", P folded by the kernels that read the product (the default: one launch fewer a step,
+        # 2-16 % faster over the anchors on an H200, 2026-11-28, the same bits); "launch", by a kernel of its own.
         # k_slices (tf32, float16, bfloat16): a step product's K in that many slices, one strided-batched GEMM whose
         # planes the kernels sum as they read them (engine/schedules/split_products.py; 1: one product)
         if x3_fold not in X3_FOLDS:
@@ -569,7 +582,7 @@ class FusedModeProgram:
 def prepare(network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16", passes=None,
             layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
             layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
-            projection_sms: int = 0, x3_chunk: int | None = X3_CHUNK, x3_fold: str = "launch",
+            projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
             k_slices: int = 1) -> FusedModeProgram:
     """Plan, compile and upload once; the result's run(x) is what the benchmark times."""
     return FusedModeProgram(network, params, dtype, precision=precision, passes=passes, layout=layout,

@@ -107,9 +107,11 @@ def fused_entry(plan: Plan, precision: str = "float32") -> dict:
     if mode == "float32x3":
         sizes = plan.layer_sizes(0)
         steps = [g for g in plan.program.gemms if not g.hoisted]
-        extra = sum(2 + (1 if chunking(g.k(sizes)).rest else 0) for g in steps)     # W_lo's GEMM, the fold, a rest
-        how += (f": two TF32 GEMMs of the TF32 parts ([h_hi; h_lo] by W_hi in K chunks of {X3_CHUNK}, h_hi by W_lo) "
-                "and a fold kernel a product")
+        extra = sum(1 + (1 if chunking(g.k(sizes)).rest else 0) for g in steps)     # W_lo's GEMM, and a rest
+        chunks = ", ".join(f"{g.name} K={g.k(sizes)} in {chunking(g.k(sizes)).count}" for g in steps)
+        how += (f": two TF32 GEMMs of the TF32 parts a product, [h_hi; h_lo] by W_hi in K chunks of an accumulator "
+                f"each (x3_chunk={X3_CHUNK!r}: {chunks}) and h_hi by W_lo, folded by the cell kernels as they read "
+                "them")
     steps_total = plan.steps * plan.network.num_layers
     return {"name": "fused", "eligible": True, "why_not": None, "how": how, "host_launch": "per-step launches",
             "launches_per_step": plan.launches_per_step + extra,

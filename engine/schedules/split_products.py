@@ -39,11 +39,16 @@ from ..codegen.cuda import c_factor, file_entry, index_expr, round_blocks
 from ..plan import FLOAT_BYTES
 from ..rounding import split_tf32
 from .cublaslt import Product
-from .project import K_CHUNK_X3
 from .project import split_tf32 as split_elementwise
 
-X3_CHUNK = K_CHUNK_X3     # K of one chunk's accumulator, the projections' (the module's docstring: the drift
-                          # against P's bytes)
+# K of one chunk's accumulator (the module's docstring: the drift against P's bytes). "auto": the largest power of two
+# at most K / X3_ACCUMULATORS, and at least X3_CHUNK_MIN (chunk_size). On an H200 (2026-11-28, benchmarks/
+# probe_fused_x3.py over the anchors and each at T = 1000) a fixed 256 kept the error within 2x cuDNN fp32's at
+# `large` and blogA but not at K = 256 or 512 (lat, blogB, mid: up to 3.4x), and 512 cost blogA nothing (0.8x) and
+# `large` the bound (2.3x): cuDNN's own error grows with K, so the chunk that stays within twice it does too.
+X3_CHUNK = "auto"
+X3_ACCUMULATORS = 4
+X3_CHUNK_MIN = 64
 X3_FOLDS = ("launch", "kernel")   # float32x3's P folded by a kernel of its own, or by the kernels that read it
 FOLD_THREADS = 256
 
@@ -66,12 +71,22 @@ class Chunks:
         return found + ([(self.full * self.size, self.rest)] if self.rest else [])
 
 
+def chunk_size(K: int, chunk: int | str | None = X3_CHUNK) -> int | None:
+    """The chunk asked for a product of K: `chunk` itself, or for "auto" the largest power of two at most
+    K / X3_ACCUMULATORS and at least X3_CHUNK_MIN (K = 2560: 512; 1024: 256; 512: 128; 256 and less: 64)."""
+    if chunk != "auto":
+        return chunk
+    return max(X3_CHUNK_MIN, 1 << max(0, (K // X3_ACCUMULATORS).bit_length() - 1))
+
+
 @functools.cache      # (it and the call lists below: a direct run asks for them every step, the same each time)
-def chunking(K: int, chunk: int | None = X3_CHUNK) -> Chunks:
-    """K in chunks of at most about `chunk` (None or 0: one chunk): as many as that needs, of even size rounded up to
-    4 elements (16 bytes, so each chunk's columns start where cublasLt's tensor-core kernels can read them)."""
+def chunking(K: int, chunk: int | str | None = X3_CHUNK) -> Chunks:
+    """K in chunks of at most about `chunk` ("auto": chunk_size's; None or 0: one chunk): as many as that needs, of
+    even size rounded up to 4 elements (16 bytes, so each chunk's columns start where cublasLt's tensor-core kernels
+    can read them)."""
     if K < 1:
         raise ValueError(f"a product's K must be positive, got {K}")
+    chunk = chunk_size(K, chunk)
     if not chunk or chunk >= K:
         return Chunks(K, 1)
     count = -(-K // chunk)
@@ -254,8 +269,8 @@ def fold_numpy(partial, R: int, N: int, count: int):
     return (p2 + p1[:, R:].sum(axis=0)) + p1[:, :R].sum(axis=0)
 
 
-def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int = 1, x3_chunk: int | None = X3_CHUNK,
-                  x3_fold: str = "launch") -> dict[str, Left]:
+def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int = 1, x3_chunk: int | str | None = X3_CHUNK,
+                  x3_fold: str = "kernel") -> dict[str, Left]:
     """{step GEMM: how its product is left for the kernels} (split_products.Left) for the step GEMMs whose operand the
     kernels copy: float32x3's P when x3_fold is "kernel" (the kernels fold it as they read it, no fold launch), a
     reduced mode's K in k_slices planes (one strided-batched GEMM, the planes summed as they are read) where K cuts
@@ -276,7 +291,7 @@ def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int 
     return found
 
 
-def split_bytes(plan, chunk: int | None) -> int:
+def split_bytes(plan, chunk: int | str | None) -> int:
     """float32x3's device memory beyond the plan's (backends/fused.py plan_bytes): each weight's lo part, a step
     GEMM's chunks' products P and its operand's two parts (a set a layer: the layers run on streams of their own),
     and a projection's split input (2 x its rows x K)."""

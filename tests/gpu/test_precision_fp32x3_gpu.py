@@ -17,7 +17,7 @@ import pytest
 from test_fused import make_case, relative_error
 
 import engine
-from engine.backends import reference
+from engine.backends import fused, reference
 from engine.schedules import autotune, fused_modes, schedule_class
 from engine.schedules.tiling import TileConfig
 
@@ -116,6 +116,34 @@ def test_auto_takes_float32x3_only_when_allowed(cupy, tmp_path, monkeypatch):
     check_x3(explicit, network, params, x, states, "engine.run persistent float32x3")
 
 
+def test_the_tuner_times_only_float32x3_candidates_within_twice_strict_fp32s_error(cupy, tmp_path, monkeypatch):
+    """allow_tensor_core_fp32: the fused float32x3 candidate is tried, and every float32x3 candidate the tuner timed
+    is within 2x the strict first candidate's error against float64 on the tuning input (autotune.X3Gate), checked
+    here on that input with the NumPy reference; one forced past the bound is refused with the figures."""
+    monkeypatch.setenv("CELLFORGE_CACHE_DIR", str(tmp_path))
+    network, params, _, _ = make_case(engine.preset("lstm").cell, 1, seed=4,
+                                      sizes={"input_size": 96, "hidden_size": 256, "batch": 16, "steps": 12})
+    choice = autotune.tune(network, params, 12, 16, repeats=2, allow_tensor_core_fp32=True, use_cache=False)
+    x3 = [t for t in choice.timings if "[float32x3]" in t["candidate"]]
+    assert any(t["candidate"].startswith("fused") for t in x3), choice.timings
+    x = cupy.asarray(np.random.default_rng(0).standard_normal((12, 16, 96)), dtype=cupy.float32)   # tune()'s input
+    exact = reference.run(network, params, cupy.asnumpy(x).astype(np.float64)).outputs
+    strict = fused.run(network, params, x).outputs
+    strict_error = relative_error(cupy.asnumpy(strict), exact)
+    timed = [t for t in x3 if "ms" in t]
+    assert timed, choice.timings
+    for entry in x3:
+        assert "ms" in entry or "against float64 is over 2x strict fp32's" in entry["error"], entry
+    if choice.precision == "float32x3":
+        program = autotune.prepare(choice.candidate, network, params)
+        error = relative_error(cupy.asnumpy(program.run(x).outputs), exact)
+        assert error <= 2 * max(strict_error, 2.0 ** -24), (error, strict_error)
+    gate = autotune.X3Gate(cupy, network, params, x)
+    assert gate.refuses(strict, strict) is None
+    worse = strict + 3 * max(strict_error, 2.0 ** -24) * float(cupy.abs(strict).max())
+    assert "against float64 is over 2x strict fp32's" in gate.refuses(worse, strict)
+
+
 # ---- the fused backend in float32x3 (engine/schedules/split_products.py) ----------------------------------------
 
 FUSED_PRESETS = sorted(engine.presets())        # projected states too: the fused backend takes them
@@ -130,11 +158,11 @@ def test_fused_every_preset_matches_its_emulation(cupy, name):
     check_x3(result, network, params, x, states, f"fused {name} float32x3", tf32)
 
 
-@pytest.mark.parametrize("chunk", [None, 32, 48, 100])
+@pytest.mark.parametrize("chunk", [None, 32, 48, 100, "auto"])
 def test_fused_chunks_and_the_replay(cupy, chunk):
     """The step's K = H = 98 in chunks of about 32 (three of 28, a batch, and a rest of 14), 48 (two of 36 and 26),
-    100 and None (one); the projection's K = I = 50 in 28 and 22, or one. The CUDA-graph replay bit-identical to a
-    poisoned direct run, on new inputs too."""
+    "auto" (64: one of 52 and a rest of 46), 100 and None (one); the projection's K = I = 50 in 28 and 22, or one.
+    The CUDA-graph replay bit-identical to a poisoned direct run, on new inputs too."""
     size = {"input_size": 50, "hidden_size": 98, "batch": 16, "steps": 11}
     for name, layers in (("lstm", 2), ("gru_cho", 1)):
         network, params, x, states = make_case(engine.preset(name).cell, layers, seed=5, sizes=size)
@@ -150,7 +178,7 @@ def test_fused_chunks_and_the_replay(cupy, chunk):
 
 
 def test_fused_large_like_size_stays_at_fp32_level(cupy):
-    """`large` with T cut to 30: the fused backend's float32x3 (chunks of 256) at most 2x strict fp32's error
+    """`large` with T cut to 30: the fused backend's float32x3 ("auto": chunks of 256 at K = 1024) at most 2x strict fp32's error
     against float64 (the fused backend in float32) plus an ulp, and engine.run routes backend='fused' to it."""
     size = {"input_size": 1024, "hidden_size": 1024, "batch": 128, "steps": 30}
     network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=7, sizes=size)
@@ -163,13 +191,14 @@ def test_fused_large_like_size_stays_at_fp32_level(cupy):
 
 
 def test_fused_fold_in_the_kernels_is_the_fold_launch(cupy):
-    """x3_fold="kernel": the cell kernels fold P as they read it (split_products.fold_read), in the fold kernel's
-    order, so the outputs are the separate fold's bit for bit; poisoned, replayed, in chunks with a rest."""
+    """x3_fold="kernel" (the default): the cell kernels fold P as they read it (split_products.fold_read), in the fold
+    kernel's order, so the outputs are x3_fold="launch"'s (a fold kernel) bit for bit; poisoned, replayed, in chunks
+    with a rest."""
     size = {"input_size": 50, "hidden_size": 98, "batch": 16, "steps": 11}
     for name, layers in (("lstm", 2), ("gru_cho", 1)):
         network, params, x, states = make_case(engine.preset(name).cell, layers, seed=9, sizes=size)
-        launch = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32)
-        kernel = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32, x3_fold="kernel")
+        launch = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32, x3_fold="launch")
+        kernel = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32)
         want = launch.run(x, states, poison=True)
         got = kernel.run(x, states, poison=True)
         check_x3(got, network, params, x, states, f"fused {name} float32x3 folded in the kernels")

@@ -78,6 +78,20 @@ class ChunkReplay:
         graph.launch(self.cupy.cuda.get_current_stream())
         return outputs
 
+    def __del__(self):
+        """Give the replay's memory back to the device. CuPy keeps the cached blocks of a MemoryPool that is dropped
+        (CuPy 14.2: a fused program's replay at mid, T = 1000 held 6 GB after the program, the replay and its pool
+        were gone, until free_all_blocks; H200, 2026-11-28), so the graphs and buffers go first, then the pool's
+        blocks. Also where __init__ failed (a capture that could not be made)."""
+        pool = self.__dict__.get("pool")
+        self.__dict__.pop("graphs", None)
+        self.__dict__.pop("x", None)
+        if pool is not None:
+            try:
+                pool.free_all_blocks()
+            except Exception:  # noqa: BLE001 -- at interpreter exit CuPy may be gone; nothing is left to give back
+                pass
+
     def _capture(self, first: bool):
         def body():
             with self.cupy.cuda.using_allocator(self.pool.malloc):

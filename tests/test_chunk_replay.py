@@ -7,6 +7,7 @@ capture reported as CaptureError with the stream's capture ended. What the graph
 from __future__ import annotations
 
 import gc
+import weakref
 from contextlib import contextmanager
 
 import numpy as np
@@ -54,9 +55,17 @@ class FakeCuda:
         self.streams = []
         self.invalidate = False
 
+    freed = []                                   # (pool, whether the replay's graphs and input were gone by then)
+
     class MemoryPool:
+        def __init__(self):
+            self.owner = None
+
         def malloc(self, size):                  # never called by the stand-in arrays
             raise AssertionError
+
+        def free_all_blocks(self):
+            FakeCuda.freed.append((self, self.owner is None or self.owner() is None))
 
     @contextmanager
     def using_allocator(self, malloc):
@@ -163,3 +172,23 @@ def test_the_garbage_collector_is_held_off_during_a_capture_and_restored_after(f
         assert not gc.isenabled()                                          # a caller's choice is kept
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_dropped_replay_gives_its_pools_blocks_back(fail):
+    """CuPy keeps the cached blocks of a MemoryPool that is dropped: a replay frees its pool's blocks when it goes,
+    after its graphs and input buffer, and so does one whose capture failed."""
+    cupy, calls = FakeCupy(), []
+    FakeCuda.freed.clear()
+    if fail:
+        with pytest.raises(CaptureError):
+            ChunkReplay(cupy, recording_body(cupy, calls, fail_in_capture=True), (3, 2, 4), {})
+    else:
+        replay = ChunkReplay(cupy, recording_body(cupy, calls), (3, 2, 4), {})
+        graph, x = weakref.ref(replay.graphs[True][0]), weakref.ref(replay.x)
+        assert FakeCuda.freed == []                                        # not while it lives
+        replay.pool.owner = lambda: graph() or x()
+        del replay
+    gc.collect()
+    assert len(FakeCuda.freed) == 1 and FakeCuda.freed[0][1], FakeCuda.freed
+

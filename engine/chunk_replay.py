@@ -48,6 +48,21 @@ def capture_graph(cupy, body):
     return graph, value
 
 
+_RETIRED: list = []          # the pools of replays that have gone, until every block of theirs is back and freed
+
+
+def release_retired() -> None:
+    """Free the blocks that have come back to the pools of replays that have gone (ChunkReplay.__del__); a pool with
+    none in use any more is dropped. Runs when a replay goes or is made, and from the bench's memory release."""
+    for pool in list(_RETIRED):
+        try:
+            pool.free_all_blocks()
+            if pool.used_bytes() == 0:
+                _RETIRED.remove(pool)
+        except Exception:  # noqa: BLE001 -- at interpreter exit CuPy may be gone; nothing is left to give back
+            _RETIRED.remove(pool)
+
+
 class CaptureError(RuntimeError):
     """A GPU's chunk could not be captured into a CUDA graph; the message says why."""
 
@@ -57,6 +72,7 @@ class ChunkReplay:
         """x: the fixed input buffer (float32, x_shape), where the body's own input buffer can be it (the body then
         skips its copy of x); by default one of the replay's own, zeros."""
         self.cupy, self.body, self.carry = cupy, body, carry
+        release_retired()
         self.pool = cupy.cuda.MemoryPool()
         # One direct run before any capture: it builds and compiles the body's programs for this chunk length (nothing
         # of that may happen inside a capture), shows the shapes of the states to carry, and leaves in the replay's
@@ -79,18 +95,17 @@ class ChunkReplay:
         return outputs
 
     def __del__(self):
-        """Give the replay's memory back to the device. CuPy keeps the cached blocks of a MemoryPool that is dropped
-        (CuPy 14.2: a fused program's replay at mid, T = 1000 held 6 GB after the program, the replay and its pool
-        were gone, until free_all_blocks; H200, 2026-11-28), so the graphs and buffers go first, then the pool's
-        blocks. Also where __init__ failed (a capture that could not be made)."""
+        """Give the replay's memory back to the device (also where __init__ failed: a capture that could not be
+        made). CuPy keeps the cached blocks of a MemoryPool that is dropped (CuPy 14.2: a fused program's replay at
+        mid, T = 1000 held 6 GB after the program, the replay and its pool were gone; H200, 2026-11-28), and buffers
+        its owner made in the warm-up run (an executor's caches) come back to the pool after the replay has gone, so
+        the pool is retired: kept, and its free blocks freed now and whenever release_retired() runs again."""
         pool = self.__dict__.get("pool")
         self.__dict__.pop("graphs", None)
         self.__dict__.pop("x", None)
         if pool is not None:
-            try:
-                pool.free_all_blocks()
-            except Exception:  # noqa: BLE001 -- at interpreter exit CuPy may be gone; nothing is left to give back
-                pass
+            _RETIRED.append(pool)
+            release_retired()
 
     def _capture(self, first: bool):
         def body():

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
+from engine import chunk_replay
 from engine.chunk_replay import CaptureError, ChunkReplay
 
 
@@ -59,7 +60,10 @@ class FakeCuda:
 
     class MemoryPool:
         def __init__(self):
-            self.owner = None
+            self.owner, self.in_use = None, 0
+
+        def used_bytes(self):
+            return self.in_use
 
         def malloc(self, size):                  # never called by the stand-in arrays
             raise AssertionError
@@ -191,4 +195,21 @@ def test_a_dropped_replay_gives_its_pools_blocks_back(fail):
         del replay
     gc.collect()
     assert len(FakeCuda.freed) == 1 and FakeCuda.freed[0][1], FakeCuda.freed
+    assert chunk_replay._RETIRED == []                                     # nothing in use: dropped
+
+
+def test_a_retired_pool_is_kept_until_its_blocks_come_back():
+    """Buffers an owner made in the warm-up run (an executor's caches) come back to the pool after the replay has
+    gone: the pool stays retired, and release_retired() frees them once they are back."""
+    cupy, calls = FakeCupy(), []
+    FakeCuda.freed.clear()
+    replay = ChunkReplay(cupy, recording_body(cupy, calls), (3, 2, 4), {})
+    pool = replay.pool
+    pool.in_use = 4096                                                     # the owner's buffers, still alive
+    del replay
+    gc.collect()
+    assert chunk_replay._RETIRED == [pool] and len(FakeCuda.freed) == 1
+    pool.in_use = 0                                                        # the owner has gone too
+    kept = ChunkReplay(cupy, recording_body(cupy, calls), (3, 2, 4), {})   # a new replay releases the retired first
+    assert chunk_replay._RETIRED == [] and [p for p, _ in FakeCuda.freed] == [pool, pool] and kept.pool is not pool
 

@@ -30,6 +30,7 @@ from .. import backends
 from ..arguments import integer, shown
 from ..backends import naive
 from ..backends import reference as numpy_reference
+from ..chunk_replay import release_retired
 from ..errors import BackendError, EngineError
 from ..files import as_path, check_destination
 from ..flops import network_flops
@@ -69,6 +70,7 @@ def _free_device_memory() -> None:
     gc.collect()
     try:
         import cupy  # deferred: CuPy is optional (no GPU in CI)
+        release_retired()                     # what replays that have gone still held (engine/chunk_replay.py)
         cupy.get_default_memory_pool().free_all_blocks()
     except Exception:
         pass

@@ -37,9 +37,9 @@
 #      every variant (probe_fused_x3.py --products: batched chunks, cublasLt's split-K, one GEMM),
 #      and a step's bf16 and tf32 product with K in slices as one strided batch (probe_step_batched_k.py: the batched
 #      GEMM alone and with a sum; NOTES 2026-11-28 04:01);
-#  11d. x3rows (only when named, a call of its own): the harness's rows at `large` and blogA, fused float32x3 per
-#      chunk against cuDNN fp32 (probe_fused_x3.py), and the fused backend's k_slices in bf16 and tf32 against cuDNN
-#      in the same mode (probe_fused_x3.py --slices);
+#  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
+#      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") and chunks of 256 against cuDNN fp32,
+#      each row's error over cuDNN's (issue #34's bound), whether it ran from replays, the free memory per row;
 #  12. the markdown tables, last.
 # STAGES="tests sanitize bench precision" (default: all but the optional ones) picks stages, so the suite can be split
 # over two calls of under 10 minutes each on an H100. A failing stage does not stop the next one.
@@ -227,10 +227,10 @@ if [[ " $STAGES " == *" x3 "* ]]; then
   X3_TAIL=40 x3_step timeout 90 "$PY" benchmarks/probe_step_batched_k.py --out "$OUT"
 fi
 if [[ " $STAGES " == *" x3rows "* ]]; then
-  section "the harness's rows: fused float32x3 per chunk against cuDNN fp32; k_slices in bf16 and tf32"
+  section "the harness's rows: fused float32x3 (auto, 256) against cuDNN fp32, the anchors and T = 1000"
   [ "$x3_rc" = skipped ] && x3_rc=0 && : > "$OUT/x3.log"
-  X3_TAIL=40 x3_step timeout 280 "$PY" benchmarks/probe_fused_x3.py --out "$OUT"
-  X3_TAIL=60 x3_step timeout 280 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --slices 1,2,4,5,8
+  X3_TAIL=50 x3_step timeout 450 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --configs benchmarks/configs/x3_error.json \
+    --chunks auto,256
 fi
 
 section "table"

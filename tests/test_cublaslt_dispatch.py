@@ -119,6 +119,8 @@ def test_float32x3_never_asks_cublaslt(lt):
 def test_a_failing_cublaslt_call_is_a_backend_error_with_a_hint():
     with pytest.raises(BackendError, match=r"cublasLtMatmul returned cuBLAS status 3 .*hint: "):
         LtProjection._check(3, "cublasLtMatmul")
+    with pytest.raises(BackendError, match=r"cuBLAS status 15 \(not supported: .*hint: run it without the setting"):
+        LtProjection._check(15, "cublasLtMatmul")
     LtProjection._check(0, "cublasLtMatmul")                     # success raises nothing
 
 

@@ -110,6 +110,10 @@ class LtProjection:
 
     @staticmethod
     def _check(status: int, what: str) -> None:
+        if status == 15:            # CUBLAS_STATUS_NOT_SUPPORTED: e.g. a split-K count the algorithm does not take
+            raise LtError(f"the input projection's {what} returned cuBLAS status 15 (not supported: this cublasLt "
+                          "takes no such product, layout or setting on this GPU); hint: run it without the setting "
+                          "(e.g. no split-K); backend='fused' (float32) multiplies without cublasLt")
         if status != 0:
             raise LtError(f"the input projection's {what} returned cuBLAS status {status} (cublas_api.h: 3 is an allocation "
                           "that failed, 7 an invalid value, 13 a failed launch); hint: check that the GPU has memory free "

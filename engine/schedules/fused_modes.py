@@ -470,7 +470,7 @@ class FusedModeProgram:
         # K, split_products.chunk_size; None: all of K)
         self.x3_chunk = check_x3_chunk(x3_chunk)
         # float32x3: "kernel", P folded by the kernels that read the product (the default: one launch fewer a step,
-        # 2-16 % faster over the anchors on an H200, 2026-11-28, the same bits); "launch", by a kernel of its own.
+        # 2-18 % faster over the anchors on an H200, 2026-11-28, the same bits); "launch", by a kernel of its own.
         # k_slices (tf32, float16, bfloat16): a step product's K in that many slices, one strided-batched GEMM whose
         # planes the kernels sum as they read them (engine/schedules/split_products.py; 1: one product)
         if x3_fold not in X3_FOLDS:

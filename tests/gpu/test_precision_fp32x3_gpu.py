@@ -138,6 +138,11 @@ def test_the_tuner_times_only_float32x3_candidates_within_twice_strict_fp32s_err
         program = autotune.prepare(choice.candidate, network, params)
         error = relative_error(cupy.asnumpy(program.run(x).outputs), exact)
         assert error <= 2 * max(strict_error, 2.0 ** -24), (error, strict_error)
+    only_x3 = [c for c in autotune.candidates(network, 16, autotune.DeviceLimits.current(),
+                                              tensor_core_fp32=True) if c.precision == "float32x3"]
+    monkeypatch.setattr(autotune, "candidates", lambda *args: only_x3)
+    with pytest.raises(engine.BackendError, match="no strict fp32 candidate ran: nothing to hold its error"):
+        autotune.tune(network, params, 12, 16, repeats=2, allow_tensor_core_fp32=True, use_cache=False)
     gate = autotune.X3Gate(cupy, network, params, x)
     assert gate.refuses(strict, strict) is None
     worse = strict + 3 * max(strict_error, 2.0 ** -24) * float(cupy.abs(strict).max())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,15 @@ def _centre(box) -> list[float]:
 AUTO_PAN_PX = 48      # React Flow pans the canvas while a wire is dragged within 40 px of its edge (calcAutoPan)
 
 
+def _port_edge_distances(frame) -> list[float]:
+    """Each port's distance (px) from the nearest edge of the canvas's pane (negative: outside it)."""
+    return frame.locator(".react-flow").first.evaluate(
+        """el => { const p = el.querySelector('.react-flow__pane').getBoundingClientRect();
+                   return [...el.querySelectorAll('.react-flow__handle')].map(h => {
+                       const r = h.getBoundingClientRect(), x = r.x + r.width / 2, y = r.y + r.height / 2;
+                       return Math.min(x - p.left, p.right - x, y - p.top, p.bottom - y); }); }""")
+
+
 def _off_pane(point, pane, margin: float) -> bool:
     """Whether `point` is outside the pane shrunk by `margin` px on every side."""
     return not (pane["x"] + margin <= point[0] <= pane["x"] + pane["width"] - margin
@@ -278,6 +288,13 @@ def test_wire_a_new_block_into_the_lstm(page, app_url):
     frame = canvas(page)
     expect(frame.locator(".react-flow__node")).to_have_count(LSTM_BLOCKS, timeout=RERUN_S * 1000)
     expect(frame.locator(".react-flow__node", has_text="g · tanh")).to_have_count(1)
+    # The fitted view keeps every port out of the 40 px band along the edges where a wire being drawn pans the canvas
+    # (the view is fitted a frame after the blocks are drawn: poll).
+    deadline = time.monotonic() + 15
+    while min(_port_edge_distances(frame)) < 40 and time.monotonic() < deadline:
+        page.wait_for_timeout(200)
+    distances = _port_edge_distances(frame)
+    assert len(distances) > LSTM_BLOCKS and min(distances) >= 40, sorted(distances)[:5]
     equations_before = page.locator('[data-testid="stMain"] .katex').first.inner_text()
     assert "relu" not in equations_before
 

@@ -11,8 +11,10 @@ import { setComponentValue } from "./streamlit";
 import type { BlockSpec, CanvasArgs, Category, OptionValue, RawNode, Schema } from "./types";
 
 const nodeTypes = { cell: CellNode };
-// Fit view leaves the minimap (bottom right) and the zoom buttons (bottom left) their own margins.
-const FIT: FitViewOptions = { padding: { top: "8px", right: "156px", bottom: "22px", left: "44px" }, maxZoom: 1.2 };
+// Fit view leaves the minimap (bottom right) and the zoom buttons (bottom left) their own margins, and keeps every
+// block's ports out of the 40 px band along the edges where a wire being drawn pans the canvas (React Flow's
+// autoPanOnConnect): a top row 8 px from the edge slid away under a person wiring to it.
+const FIT: FitViewOptions = { padding: { top: "44px", right: "156px", bottom: "44px", left: "44px" }, maxZoom: 1.2 };
 
 type Menu = { x: number; y: number; flow: { x: number; y: number }; category: string | null };
 

@@ -289,12 +289,20 @@ def test_wire_a_new_block_into_the_lstm(page, app_url):
     expect(frame.locator(".react-flow__node")).to_have_count(LSTM_BLOCKS, timeout=RERUN_S * 1000)
     expect(frame.locator(".react-flow__node", has_text="g · tanh")).to_have_count(1)
     # The fitted view keeps every port out of the 40 px band along the edges where a wire being drawn pans the canvas
-    # (the view is fitted a frame after the blocks are drawn: poll).
-    deadline = time.monotonic() + 15
-    while min(_port_edge_distances(frame)) < 40 and time.monotonic() < deadline:
-        page.wait_for_timeout(200)
-    distances = _port_edge_distances(frame)
-    assert len(distances) > LSTM_BLOCKS and min(distances) >= 40, sorted(distances)[:5]
+    # (the view is fitted a frame after the blocks are drawn: poll); and so does the "fit view" button, which also
+    # leaves the minimap its corner.
+    for press in (False, True):
+        if press:
+            frame.get_by_role("button", name="fit view").click()
+        deadline = time.monotonic() + 15
+        while min(_port_edge_distances(frame)) < 40 and time.monotonic() < deadline:
+            page.wait_for_timeout(200)
+        distances = _port_edge_distances(frame)
+        assert len(distances) > LSTM_BLOCKS and min(distances) >= 40, (press, sorted(distances)[:5])
+        minimap = frame.locator(".react-flow__minimap").bounding_box()
+        under = [b for b in (n.bounding_box() for n in frame.locator(".react-flow__node").all())
+                 if b and b["x"] + b["width"] > minimap["x"] and b["y"] + b["height"] > minimap["y"]]
+        assert not under, (press, under[:3])
     equations_before = page.locator('[data-testid="stMain"] .katex').first.inner_text()
     assert "relu" not in equations_before
 

@@ -205,7 +205,7 @@ export default function Canvas({ args }: { args: CanvasArgs }) {
         deleteKeyCode={["Backspace", "Delete"]} minZoom={0.05} maxZoom={2.5} fitView
         fitViewOptions={FIT} proOptions={{ hideAttribution: true }}>
         <Background gap={24} size={1} />
-        <Controls />
+        <Controls fitViewOptions={FIT} />
         <MiniMap pannable zoomable nodeStrokeWidth={3} style={{ width: 140, height: 96 }}
                  nodeColor={(n) => ((n.data as CellNodeData).mark ? "#d9480f" : "#868e96")} />
       </ReactFlow>

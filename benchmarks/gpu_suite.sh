@@ -40,6 +40,8 @@
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") and chunks of 256 against cuDNN fp32,
 #      each row's error over cuDNN's (issue #34's bound), whether it ran from replays, the free memory per row;
+#  11e. targets (only when named): benchmarks/issue34_targets.py, issue #34's targets met or not on this GPU, the parts
+#      in TARGET_PARTS (default "bf16"; also fp16, tf32, x3, flashrnn, train: one or two a call of 10 minutes);
 #  12. the markdown tables, last.
 # STAGES="tests sanitize bench precision" (default: all but the optional ones) picks stages, so the suite can be split
 # over two calls of under 10 minutes each on an H100. A failing stage does not stop the next one.
@@ -226,6 +228,15 @@ if [[ " $STAGES " == *" x3 "* ]]; then
   X3_TAIL=40 x3_step timeout 120 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --products
   X3_TAIL=40 x3_step timeout 90 "$PY" benchmarks/probe_step_batched_k.py --out "$OUT"
 fi
+targets_rc=skipped
+if [[ " $STAGES " == *" targets "* ]]; then
+  section "issue #34's targets: ${TARGET_PARTS:-bf16}"
+  parts=""; for part in ${TARGET_PARTS:-bf16}; do parts="$parts --part $part"; done
+  timeout 560 "$PY" benchmarks/issue34_targets.py --out "$OUT" $parts --time-budget "${TARGET_BUDGET:-400}" 2>&1 \
+    | tee "$OUT/targets.log" | grep -v "^\s*$" | tail -16
+  targets_rc=${PIPESTATUS[0]}
+fi
+
 if [[ " $STAGES " == *" x3rows "* ]]; then
   section "the harness's rows: fused float32x3 (auto, 256) against cuDNN fp32, the anchors and T = 1000"
   [ "$x3_rc" = skipped ] && x3_rc=0 && : > "$OUT/x3.log"
@@ -253,5 +264,5 @@ echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
      "precision bench exit code: $precision_rc; nets: $nets_rc; wheels: $wheels_rc; layersync: $layersync_rc;" \
      "phases: $phases_rc; lengths: $lengths_rc; probes: $probes_rc; cluster: $cluster_rc; train: $train_rc;" \
-     "x3: $x3_rc" \
+     "x3: $x3_rc; targets: $targets_rc" \
      "(124 = timed out); total $(( $(date +%s) - start )) s"

@@ -90,6 +90,17 @@ def test_bad_config_is_reported_before_looking_for_a_gpu(no_gpu, capsys):
     assert "I,H,L,T,B" in capsys.readouterr().err
 
 
+def test_bad_implementation_names_are_reported_before_looking_for_a_gpu(no_gpu, capsys):
+    assert main(["bench", "--impl", "auto-bf16", "--impl", "fused-fp64", "-c", "mid"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown implementation 'fused-fp64'" in err and "auto-fp32x3" in err and "needs a CUDA GPU" not in err
+    assert main(["bench", "--train", "--impl", "fused-bf16", "--impl", "persistent", "-c", "mid"]) == 2
+    err = capsys.readouterr().err
+    assert "--impl persistent: not a training-step implementation" in err and "engine-fused-bf16" in err
+    assert main(["bench", "--train", "--impl", "fused-bf16", "--impl", "cudnn-bf16", "-c", "mid"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err                  # good names: on to the GPU check
+
+
 def test_list_configs_works_without_a_gpu(no_gpu, capsys):
     assert main(["bench", "--list-configs"]) == 0
     out = capsys.readouterr().out

@@ -248,17 +248,16 @@ def training_implementations(chosen, device: str) -> list:
             return [EngineTrain("reference")]
         return [CudnnTrain(), EngineTrain("fused"), EngineTrain("naive")] + [
             impl for mode in REDUCED for impl in (CudnnTrain(mode), EngineTrain("fused", mode))]
-    impls = []
-    for item in chosen:
-        if not isinstance(item, str):
-            impls.append(item)
-            continue
-        key = item if item in TRAIN_IMPLS else {"cudnn": "cudnn-fp32"}.get(item, f"engine-{item}")
-        if key not in TRAIN_IMPLS:
-            raise BackendError(f"--impl {item}: not a training-step implementation; hint: one of "
-                               + ", ".join(TRAIN_IMPLS))
-        impls.append(TRAIN_IMPLS[key]())
-    return impls
+    return [item if not isinstance(item, str) else TRAIN_IMPLS[training_key(item)]() for item in chosen]
+
+
+def training_key(item: str) -> str:
+    """The TRAIN_IMPLS key of an --impl name ("cudnn", "fused-bf16", "engine-fused", ...); BackendError naming an
+    unknown one (no GPU needed: `python -m engine bench --train` checks its names first)."""
+    key = item if item in TRAIN_IMPLS else {"cudnn": "cudnn-fp32"}.get(item, f"engine-{item}")
+    if key not in TRAIN_IMPLS:
+        raise BackendError(f"--impl {item}: not a training-step implementation; hint: one of " + ", ".join(TRAIN_IMPLS))
+    return key
 
 
 def bench_training(presets=("lstm",), configs=None, *, implementations=None, reps: int = 5, warmup: int = 1,

@@ -4,9 +4,10 @@ from __future__ import annotations
 from .. import backends
 from ..bench import ANCHORS, NET_ANCHORS, markdown_table, parse_configs, run_bench, text_summary
 from ..bench import results as bench_results
+from ..bench.implementations import select
 from ..bench.nets import net_markdown_table
 from ..bench.progress import TextProgress
-from ..bench.training import bench_training, training_table
+from ..bench.training import bench_training, training_key, training_table
 from ..errors import BackendError
 from ..gallery import get as get_preset
 from ._common import add_seed_arg, check_input_file, check_output_folder, float_flag, int_flag, resolve_cell
@@ -70,6 +71,8 @@ def main(args) -> int:
     check_output_folder(args.out or bench_results.RESULTS_DIR, "--out", "benchmark results")
     if args.copy_to:
         check_output_folder(args.copy_to, "--copy-to", "copy of the benchmark results")
+    for name in args.impl or []:              # named before the GPU is looked for, as the configurations are
+        training_key(name) if args.train else select([], [name])
     ok, why = backends.gpu_status()
     if not ok:
         raise BackendError(f"`python -m engine bench` needs a CUDA GPU: {why}\n  hint: run it on a machine with an "

@@ -97,12 +97,13 @@ class ChunkReplay:
     def __del__(self):
         """Give the replay's memory back to the device (also where __init__ failed: a capture that could not be
         made). CuPy keeps the cached blocks of a MemoryPool that is dropped (CuPy 14.2: a fused program's replay at
-        mid, T = 1000 held 6 GB after the program, the replay and its pool were gone; H200, 2026-11-28), and buffers
-        its owner made in the warm-up run (an executor's caches) come back to the pool after the replay has gone, so
-        the pool is retired: kept, and its free blocks freed now and whenever release_retired() runs again."""
+        mid, T = 1000 held 6 GB after the program, the replay and its pool were gone; H200, 2026-11-28). The graphs,
+        the input, the body (whose closure holds the owner's executor, with the buffers it made in the warm-up run)
+        and the carry go first, so that what only they held is back in the pool; a pool with blocks still in use
+        elsewhere is retired: kept, and its free blocks freed now and whenever release_retired() runs again."""
         pool = self.__dict__.get("pool")
-        self.__dict__.pop("graphs", None)
-        self.__dict__.pop("x", None)
+        for name in ("graphs", "x", "body", "carry"):      # the body's closure holds its owner's executor and buffers
+            self.__dict__.pop(name, None)
         if pool is not None:
             _RETIRED.append(pool)
             release_retired()

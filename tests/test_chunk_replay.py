@@ -213,3 +213,24 @@ def test_a_retired_pool_is_kept_until_its_blocks_come_back():
     kept = ChunkReplay(cupy, recording_body(cupy, calls), (3, 2, 4), {})   # a new replay releases the retired first
     assert chunk_replay._RETIRED == [] and [p for p, _ in FakeCuda.freed] == [pool, pool] and kept.pool is not pool
 
+
+def test_what_only_the_body_held_is_given_back_at_once():
+    """The body's closure holds its owner's executor and the buffers it made in the warm-up run: dropped with the
+    replay, they are back in the pool before it is freed, so the pool is not left retired."""
+    cupy, calls = FakeCupy(), []
+    FakeCuda.freed.clear()
+
+    class Buffers:                                     # the executor's warm-up buffers, in the replay's pool
+        def __del__(self):
+            pool.in_use = 0
+
+    def closure(held, body):
+        return lambda x, states: (held, body(x, states))[1]
+
+    replay = ChunkReplay(cupy, closure(Buffers(), recording_body(cupy, calls)), (3, 2, 4), {})
+    pool = replay.pool
+    pool.in_use = 4096
+    del replay
+    gc.collect()
+    assert chunk_replay._RETIRED == [] and [p for p, _ in FakeCuda.freed] == [pool] and pool.in_use == 0
+

@@ -33,6 +33,7 @@ reported, moved aside as `autotune.json.corrupt-<time>`, and rebuilt; it is neve
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -46,6 +47,7 @@ import numpy as np
 from ..arguments import shown
 from ..backends import fused, naive
 from ..backends.common import check_float32_only, check_precision
+from ..chunk_replay import release_retired
 from ..codegen import GENERATOR_VERSION
 from ..compiler import compile_program
 from ..errors import BackendError, CompileError, FileError
@@ -388,6 +390,8 @@ def tune(network: Network, params: Params, steps: int, batch: int, *, repeats: i
         raise BackendError(f"no schedule could run network '{network.cell.name}' at T={steps}, B={batch}: "
                            + "; ".join(f"{t['candidate']}: {t.get('error')}" for t in timings))
     final, ms_of = _runoff(cupy, finalists(timed), network, params, precision, x, options, repeats, timings)
+    gc.collect()                  # the candidates' programs are gone: what their replays held goes back to the device
+    release_retired()
     if final is not None:
         best = final
     cand, ms = best

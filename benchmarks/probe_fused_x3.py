@@ -13,7 +13,7 @@ poisoned outputs checked first, CUDA-event timing after warm-up, medians; cuDNN 
 strided batch (split_products.py's way, the engine's own calls) or as cublasLt's own split-K (each split its own
 accumulator too, summed in place or in the workspace, so P1 is one plane): each its error against the float64
 product (norm-relative, over strict fp32's) and its time in a chain of 50 captured into a CUDA graph (median of 11
-launches). Last, the same product with the TF32 parts held exactly as scaled fp16 on fp16 tensor cores (fp16_parts:
+launches). Last, the same product with the TF32 parts held as fp16 on fp16 tensor cores (fp16_parts: the same products from
 half the bytes; an idea for the fused backend, NOTES 2026-11-28 06:18).
 
     python3 benchmarks/probe_fused_x3.py --out /tmp/probe [--configs large,blogA | a .json] [--chunks auto,none,512,256,128]
@@ -181,50 +181,45 @@ def split_k(cp, lt, measure, parts, stacked_w, out, R, K, N) -> None:
 
 SPLIT16 = r"""
 #include <cuda_fp16.h>
-// x (n floats) -> dst[0 .. n) = half(tf32(x) * hi_scale), dst[n .. 2n) = half(tf32(x - tf32(x)) * lo_scale): the
-// parts are TF32 values (11 significant bits), so in fp16's normal range the scaled halves hold them exactly.
+// x (n floats) -> dst[0 .. n) = hi = half(tf32(x)), dst[n .. 2n) = half(tf32(x - hi) * 2^11). A TF32 value has 11
+// significant bits, as a half has: hi is tf32(x) exactly wherever it is in fp16's normal range, and lo, taken from hi
+// as stored, carries what a subnormal hi lost; 2^11 lifts lo into the range hi has.
 __device__ __forceinline__ float tf32_rna(float v) {
     unsigned u = __float_as_uint(v);
     return isfinite(v) ? __uint_as_float((u + 0x1000u) & 0xFFFFE000u) : v;
 }
-extern "C" __global__ void split16(const float* x, __half* dst, long n, float hi_scale, float lo_scale) {
+extern "C" __global__ void split16(const float* x, __half* dst, long n) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-        const float hi = tf32_rna(x[i]);
-        dst[i] = __float2half_rn(hi * hi_scale);
-        dst[n + i] = __float2half_rn(tf32_rna(x[i] - hi) * lo_scale);
+        const __half hi = __float2half_rn(tf32_rna(x[i]));
+        dst[i] = hi;
+        dst[n + i] = __float2half_rn(tf32_rna(x[i] - __half2float(hi)) * 2048.0f);
     }
 }
-// out (R x N) from P: P1 (count, 2R, N) of [hi rows; lo rows], then P2 (R, N): ((P2 + sum lo) * lo_back + sum hi) * back
-extern "C" __global__ void fold16(const float* p, float* out, long rn, int count, float lo_back, float back) {
+// out (R x N) from P: P1 (count, 2R, N) of [hi rows; lo rows], then P2 (R, N): (P2 + sum lo) * 2^-11 + sum hi
+extern "C" __global__ void fold16(const float* p, float* out, long rn, int count) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < rn; i += (long)gridDim.x * blockDim.x) {
         float small = p[(long)count * 2 * rn + i], big = 0.0f;
         for (int c = 0; c < count; ++c) small += p[(long)c * 2 * rn + rn + i];
         for (int c = 0; c < count; ++c) big += p[(long)c * 2 * rn + i];
-        out[i] = (small * lo_back + big) * back;
+        out[i] = small * 0x1p-11f + big;
     }
 }
 """
 
 
-def power_of_two_scale(cp, array, top: int = 14) -> int:
-    """The exponent s with max |array| * 2^s in [2^(top - 1), 2^top): fp16's normal range for the scaled parts."""
-    peak = float(cp.abs(array).max())
-    return top - int(np.ceil(np.log2(peak))) if peak > 0 else 0
-
-
 def fp16_parts(cp, lt, measure, h, w, out, R, K, N, chunks) -> None:
-    """float32x3's step product with its TF32 parts held as scaled fp16 (an idea for the fused backend, NOTES
-    2026-11-28 06:18): each part has 11 significant bits, which fp16 holds exactly where a power-of-two scale keeps it
-    in the normal range (h_hi by 2^s_h, h_lo by 2^(s_h + 11), W_hi by 2^s_w, W_lo by 2^(s_w + 11)), so the three
-    products are the TF32 ones, on fp16 tensor cores, reading half the bytes; the fold undoes the scales. The scales
-    here come from the arrays' maxima (the engine would need them without a reduction a step)."""
+    """float32x3's step product with its TF32 parts held as fp16 (an idea for the fused backend, NOTES 2026-11-28
+    06:18): each part has 11 significant bits, as a half has, so hi = half(tf32(v)) is exact in fp16's normal range
+    and lo = half(tf32(v - hi) * 2^11), taken from hi as stored, carries what a subnormal hi lost; the two small
+    products then carry 2^11 each, which the fold takes off their sum. The products are the TF32 ones (in NumPy:
+    7.0e-8 from float64 at R 64, K 2560, N 1024 either way), on fp16 tensor cores from half the bytes. |v| >= 65504
+    would overflow: the engine would have to catch it (NOTES)."""
     module = cp.RawModule(code=SPLIT16)
     split16, fold16 = module.get_function("split16"), module.get_function("fold16")
-    s_h, s_w = power_of_two_scale(cp, h), power_of_two_scale(cp, w)
     parts = cp.empty((2, R, K), dtype=cp.float16)
     stacked = cp.empty((2, N, K), dtype=cp.float16)
-    split16((264,), (256,), (h, parts, np.int64(R * K), np.float32(2.0 ** s_h), np.float32(2.0 ** (s_h + 11))))
-    split16((264,), (256,), (w, stacked, np.int64(N * K), np.float32(2.0 ** s_w), np.float32(2.0 ** (s_w + 11))))
+    split16((264,), (256,), (h, parts, np.int64(R * K)))
+    split16((264,), (256,), (w, stacked, np.int64(N * K)))
     cp.cuda.Device().synchronize()
     for chunk in chunks:
         found = chunking(K, chunk)
@@ -235,8 +230,7 @@ def fp16_parts(cp, lt, measure, h, w, out, R, K, N, chunks) -> None:
             for call in stacked_calls(R, K, N, found):        # element offsets: 2 bytes an operand element here
                 lt.product(call.shape, parts.data.ptr + 2 * call.a, stacked.data.ptr + 2 * call.w,
                            partial.data.ptr + 4 * call.out, CUDA_R_16F, CUBLAS_COMPUTE_32F) or fail("x3 fp16")
-            fold16((264,), (256,), (partial, out, np.int64(R * N), np.int32(found.count), np.float32(2.0 ** -11),
-                                    np.float32(2.0 ** -(s_h + s_w))))
+            fold16((264,), (256,), (partial, out, np.int64(R * N), np.int32(found.count)))
         measure(f"x3 fp16 parts, batch of {found.count} x {found.size}", issue)
 
 

@@ -36,7 +36,8 @@
 #      compute-sanitizer memcheck and racecheck on a small case in K chunks with a rest, the step's product alone in
 #      every variant (probe_fused_x3.py --products: batched chunks, cublasLt's split-K, one GEMM),
 #      and a step's bf16 and tf32 product with K in slices as one strided batch (probe_step_batched_k.py: the batched
-#      GEMM alone and with a sum; NOTES 2026-11-28 04:01);
+#      GEMM alone and with a sum; NOTES 2026-11-28 04:01), and whether dropped replayed programs give their memory back
+#      (probe_replay_memory.py);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") and chunks of 256 against cuDNN fp32,
 #      each row's error over cuDNN's (issue #34's bound), whether it ran from replays, the free memory per row;
@@ -227,6 +228,7 @@ if [[ " $STAGES " == *" x3 "* ]]; then
   done
   X3_TAIL=40 x3_step timeout 120 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --products
   X3_TAIL=40 x3_step timeout 90 "$PY" benchmarks/probe_step_batched_k.py --out "$OUT"
+  X3_TAIL=12 x3_step timeout 120 "$PY" benchmarks/probe_replay_memory.py
 fi
 targets_rc=skipped
 if [[ " $STAGES " == *" targets "* ]]; then

@@ -138,6 +138,10 @@ def test_the_tuner_times_only_float32x3_candidates_within_twice_strict_fp32s_err
         program = autotune.prepare(choice.candidate, network, params)
         error = relative_error(cupy.asnumpy(program.run(x).outputs), exact)
         assert error <= 2 * max(strict_error, 2.0 ** -24), (error, strict_error)
+    with_lengths = autotune.tune(network, params, 12, 16, repeats=2, allow_tensor_core_fp32=True, use_cache=False,
+                                 lengths=True)             # no float64 gate with lengths (the naive backend has none)
+    assert not any("against float64" in str(t.get("error")) for t in with_lengths.timings), with_lengths.timings
+    assert any("[float32x3]" in t["candidate"] and "ms" in t for t in with_lengths.timings), with_lengths.timings
     only_x3 = [c for c in autotune.candidates(network, 16, autotune.DeviceLimits.current(),
                                               tensor_core_fp32=True) if c.precision == "float32x3"]
     monkeypatch.setattr(autotune, "candidates", lambda *args: only_x3)

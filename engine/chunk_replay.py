@@ -15,9 +15,9 @@ captured body allocates comes from a pool of the replay's own, so nothing the gr
 temporaries included) can be handed to anyone else; the outputs and the states stay referenced here.
 
 CuPy refuses cuBLAS calls during capture (cupy issue #6290), so a body that calls cuBLAS through CuPy (the fused
-backend; a float32x3 input projection) cannot be captured: ChunkReplay raises CaptureError, and the pipeline runs
-that GPU's chunks directly, saying why. The schedules' other projections call cublasLt through ctypes
-(engine/schedules/cublaslt.py), which captures.
+backend's strict fp32 path; a projection for which cublasLt offers no algorithm) cannot be captured: ChunkReplay
+raises CaptureError, and the pipeline runs that GPU's chunks directly, saying why. The schedules' projections call
+cublasLt through ctypes (engine/schedules/cublaslt.py; float32x3's three products too), which captures.
 """
 from __future__ import annotations
 

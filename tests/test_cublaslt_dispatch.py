@@ -1,7 +1,7 @@
 """Which multiply the schedules' input projection takes (engine/schedules/project.py), without a GPU: NumPy stands in
 for CuPy and a recording stand-in for cublasLt. cublasLt (the bias in its epilogue) for every mode it serves, on
-C-contiguous fp32 sources; the cuBLAS path and an add where cublasLt offers no algorithm or the source is strided;
-never for float32x3. The values themselves are checked on the GPU (tests/gpu/test_cublaslt_gpu.py)."""
+C-contiguous fp32 sources, float32x3's three products too; the cuBLAS path and an add where cublasLt offers no
+algorithm or the source is strided. The values themselves are checked on the GPU (tests/gpu/test_cublaslt_gpu.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -111,9 +111,19 @@ def test_a_strided_source_skips_cublaslt(lt):
     np.testing.assert_allclose(out, source @ w[:, :8].T + b, rtol=1e-6)
 
 
-def test_float32x3_never_asks_cublaslt(lt):
+def test_float32x3_goes_through_its_three_cublaslt_products(lt, monkeypatch):
+    """float32x3 is not one product of a mode's operands (not in LT_OPERANDS): its three TF32 products go through
+    split_products_lt (tests/test_fused_mode_products.py runs them), the bias with them, nothing added after."""
     assert "float32x3" not in projection.LT_OPERANDS
     assert set(projection.LT_OPERANDS) == {"float32", "tf32", "float16", "bfloat16"}
+    stand_in, made = lt(offers=True), []
+    monkeypatch.setattr(projection, "split_products_lt",
+                        lambda cupy, source, weight, bias, out: made.append((source, weight, bias)) or True)
+    x, w, b = operands(seed=3)
+    out = np.zeros((12, 6), dtype=np.float32)
+    projection.project(np, x, w, b, out, "float32x3")
+    assert stand_in.calls == [] and len(made) == 1 and made[0][0] is x and made[0][2] is b
+    assert not out.any()                                # the bias is not added again after the products
 
 
 def test_a_failing_cublaslt_call_is_a_backend_error_with_a_hint():

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from engine.codegen.cublas_enums import CUDA_R_16BF, CUDA_R_32F
-from engine.rounding import mode_matmul, round_operand
-from engine.schedules import fused_modes
+from engine.rounding import mode_matmul, round_operand, split_tf32
+from engine.schedules import fused_modes, project
 from engine.schedules.fused_modes import ModeDevice, ModeWeight
 from engine.schedules.split_products import Left, chunking, fold_numpy, split_into, stack_split
 
@@ -122,6 +122,24 @@ def test_float32x3s_projection_as_issued(host_fold, M, K, N, chunk):
     dev._split_products(parts, ModeWeight(device(stack_split(np, w)), False), out, bias)
     np.testing.assert_allclose(out, emulated(w, x, "float32x3") + bias, rtol=2e-6, atol=2e-6)
     assert [(c[2], c[3]) for c in dev.lt.calls] == [(False, True)] + [(True, False)] * (len(dev.lt.calls) - 1)
+
+
+@pytest.mark.parametrize("M, K, N", [(9, 600, 5), (6, 20, 4), (3, 256, 2)])
+def test_the_schedules_float32x3_projection_through_cublaslt(monkeypatch, M, K, N):
+    """engine/schedules/project.py's float32x3 products through cublasLt (capturable, where CuPy's cuBLAS is not):
+    x_hi w_lo with the bias, then x_lo w_hi, then x_hi w_hi in K chunks of 256, each added; the emulation's value."""
+    x, w = case(M, K, N, seed=4)
+    bias = device(np.random.default_rng(5).standard_normal(N).astype(np.float32))
+    lt = ExecutingLt()
+    monkeypatch.setattr(project.LtProjection, "on_current_device", classmethod(lambda cls, cupy: lt))
+    monkeypatch.setattr(project, "split_tf32", lambda xp, a: tuple(device(p.astype(np.float32)) for p in split_tf32(a)))
+    out = device(np.full((M, N), np.nan, np.float32))
+    assert project.split_products_lt(np, device(x), device(w), bias, out)
+    np.testing.assert_allclose(out, emulated(w, x, "float32x3") + bias, rtol=2e-6, atol=2e-6)
+    chunks = -(-K // project.K_CHUNK_X3)
+    assert [(c[0].K, c[2], c[3]) for c in lt.calls] == [(K, False, True), (K, True, False)] + [
+        (min(project.K_CHUNK_X3, K - k * project.K_CHUNK_X3), True, False) for k in range(chunks)]
+    assert not project.split_products_lt(np, device(x), device(w).T, bias, out)       # strided: the cuBLAS path
 
 
 @pytest.mark.parametrize("precision", ["bfloat16", "tf32"])

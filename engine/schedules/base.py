@@ -344,8 +344,8 @@ class WavefrontSchedule:
         graphs of the whole run (engine/chunk_replay.py: x copied into a fixed buffer, one graph launch, the outputs
         and final states copied out), so the host issues a few calls instead of every launch, copy and memset of the
         run; the first run at a shape runs directly (a one-off run pays no capture). A run that cannot be captured (a
-        float32x3 input projection is a cuBLAS call through CuPy, which refuses capture) runs directly from then on,
-        and `replayed` says why."""
+        projection cublasLt has no algorithm for falls back to cuBLAS through CuPy, which refuses capture) runs
+        directly from then on, and `replayed` says why."""
         cupy, network = self.cupy, self.network
         check_gpu_run_inputs(f"schedule '{self.name}'", cupy, network, x, initial_states)
         T, B, _ = x.shape

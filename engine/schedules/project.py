@@ -13,9 +13,10 @@ was 4 % of a small-batch call); where cublasLt offers no algorithm, through cuBL
 - float16 / bfloat16: the activations are rounded to 16 bits (nearest even), then 16-bit A and B, an fp32 C and
   CUBLAS_COMPUTE_32F (fp32 accumulation). The weight is stored in 16 bits.
 - float32x3: three TF32 GEMMs of the split parts (3xTF32, as the kernels' MMAs): the activations and the (unrounded
-  fp32) weight each split into hi = tf32(v) and lo = tf32(v - hi), then cublasGemmEx with
-  CUBLAS_COMPUTE_32F_FAST_TF32 three times into the same fp32 output, the small products first: x_hi w_lo, then
-  x_lo w_hi and x_hi w_hi added (beta = 1). Every part is a TF32 value already, so cuBLAS multiplies exactly the
+  fp32) weight each split into hi = tf32(v) and lo = tf32(v - hi), then three TF32 products into the same fp32
+  output, the small products first: x_hi w_lo (the bias in its epilogue), then x_lo w_hi and x_hi w_hi added
+  (beta = 1), through cublasLt (split_products_lt: capturable) or, where it has no algorithm, cublasGemmEx with
+  CUBLAS_COMPUTE_32F_FAST_TF32 and the bias added after. Every part is a TF32 value already, so cuBLAS multiplies exactly the
   parts the emulating reference multiplies (engine.rounding.mode_matmul). The weight's split is redone every call:
   (N, K) elementwise work beside an (M, N, K) product. x_hi w_hi runs in K chunks of K_CHUNK_X3, each a GEMM added
   into the output by cuBLAS's fp32 epilogue: tensor cores add into their accumulator with truncation (Fasi et al.
@@ -40,7 +41,7 @@ from ..codegen.cublas_enums import (
     CUDA_R_32F,
 )
 from ..codegen.cuda import ROUND_THREADS, round_blocks, round_entry
-from .cublaslt import LtProjection
+from .cublaslt import LtProjection, Product
 
 # each mode's operand type and compute type for cublasLt (the module's docstring: the products the kernels make)
 LT_OPERANDS = {"float32": (CUDA_R_32F, CUBLAS_COMPUTE_32F), "tf32": (CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32),
@@ -121,14 +122,16 @@ def round_into(cupy, source, out, precision: str):
 
 def project(cupy, source, weight, bias, out, precision: str) -> None:
     """out (M, N) = source (M, K) @ weight (N, K)^T (+ bias (N,)), in `precision`; everything C-contiguous.
-    cublasLt first, the bias in its epilogue (engine/schedules/cublaslt.py says why); cuBLAS and an add where
-    cublasLt offers no algorithm, and for float32x3's three products."""
+    cublasLt first, the bias in its epilogue (engine/schedules/cublaslt.py says why), float32x3's three products too
+    (split_products_lt); cuBLAS and an add where cublasLt offers no algorithm."""
     if (precision in LT_OPERANDS and source.dtype == cupy.float32
             and all(a.flags.c_contiguous for a in (source, weight, out))):
         operand = source if precision == "float32" else round_activations(cupy, source, precision)
         data_type, compute = LT_OPERANDS[precision]
         if LtProjection.on_current_device(cupy).matmul(operand, weight, bias, out, data_type, compute):
             return
+    if precision == "float32x3" and split_products_lt(cupy, source, weight, bias, out):
+        return
     if precision == "float32":
         cupy.matmul(source, weight.T, out=out)
     elif precision == "float32x3":
@@ -146,6 +149,27 @@ def project(cupy, source, weight, bias, out, precision: str) -> None:
         _gemm_ex(cupy, weight, operand, out, data_type, compute, _ZERO)
     if bias is not None:
         out += bias
+
+
+def split_products_lt(cupy, source, weight, bias, out) -> bool:
+    """float32x3's three products through cublasLt, in the cuBLAS path's order (x_hi w_lo, then x_lo w_hi, then x_hi
+    w_hi in K chunks of K_CHUNK_X3, each added with beta = 1; the bias in the first one's epilogue), so that a run
+    captured into a CUDA graph can hold them: CuPy refuses its cuBLAS calls during a capture (engine/chunk_replay.py),
+    which left the schedules' float32x3 runs at `large` and blogA unreplayed (H200, 2026-11-28). False where the
+    arrays are not C-contiguous float32 or cublasLt offers no algorithm for one product (out is then rewritten by the
+    cuBLAS path)."""
+    if source.dtype != cupy.float32 or not all(a.flags.c_contiguous for a in (source, weight, out)):
+        return False
+    (M, K), N = source.shape, weight.shape[0]
+    (x_hi, x_lo), (w_hi, w_lo) = split_tf32(cupy, source), split_tf32(cupy, weight)
+    lt, (data_type, compute) = LtProjection.on_current_device(cupy), LT_OPERANDS["tf32"]
+    calls = [(Product.dense(M, N, K), x_lo.data.ptr, w_hi.data.ptr)]
+    calls += [(Product(M, N, min(K_CHUNK_X3, K - k), K, K), x_hi.data.ptr + 4 * k, w_hi.data.ptr + 4 * k)
+              for k in range(0, K, K_CHUNK_X3)]
+    if not lt.product(Product.dense(M, N, K), x_hi.data.ptr, w_lo.data.ptr, out.data.ptr, data_type, compute,
+                      bias=0 if bias is None else bias.data.ptr):
+        return False
+    return all(lt.product(shape, a, w, out.data.ptr, data_type, compute, accumulate=True) for shape, a, w in calls)
 
 
 def _gemm_ex(cupy, weight, operand, out, data_type: int, compute: int, beta, k_range=None) -> None:

@@ -18,7 +18,7 @@ from test_fused import make_case, relative_error
 
 import engine
 from engine.backends import fused, reference
-from engine.schedules import autotune, fused_modes, schedule_class
+from engine.schedules import autotune, fused_modes, project, schedule_class
 from engine.schedules.tiling import TileConfig
 
 pytestmark = pytest.mark.gpu
@@ -151,6 +151,25 @@ def test_the_tuner_times_only_float32x3_candidates_within_twice_strict_fp32s_err
     assert gate.refuses(strict, strict) is None
     worse = strict + 3 * max(strict_error, 2.0 ** -24) * float(cupy.abs(strict).max())
     assert "against float64 is over 2x strict fp32's" in gate.refuses(worse, strict)
+
+
+@pytest.mark.parametrize("schedule", ["persistent", "graph"])
+def test_the_schedules_float32x3_runs_are_replayed(cupy, schedule, monkeypatch):
+    """Their input projection's three TF32 products go through cublasLt (project.split_products_lt), which a capture
+    holds (CuPy's cuBLAS was refused, so `large` and blogA went unreplayed, H200 2026-11-28): at `large`'s layer
+    sizes the third run is a replay, bit-identical to a poisoned direct run."""
+    size = {"input_size": 1024, "hidden_size": 1024, "batch": 128, "steps": 6}
+    network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=8, sizes=size)
+    made, through_lt = [], project.split_products_lt
+    monkeypatch.setattr(project, "split_products_lt", lambda *args: made.append(1) or through_lt(*args))
+    program = schedule_class(schedule)(network, params, precision="float32x3")
+    direct = program.run(x, states, poison=True)
+    assert made, "the projection did not go through split_products_lt at this size"
+    check_x3(direct, network, params, x, states, f"{schedule} lstm float32x3, its projection on cublasLt")
+    for _ in range(3):
+        again = program.run(x, states)
+    assert again.info["replayed"].startswith("replayed from CUDA graphs"), again.info["replayed"]
+    np.testing.assert_array_equal(again.outputs, direct.outputs)
 
 
 # ---- the fused backend in float32x3 (engine/schedules/split_products.py) ----------------------------------------

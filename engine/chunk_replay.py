@@ -105,8 +105,11 @@ class ChunkReplay:
         for name in ("graphs", "x", "body", "carry"):      # the body's closure holds its owner's executor and buffers
             self.__dict__.pop(name, None)
         if pool is not None:
-            _RETIRED.append(pool)
-            release_retired()
+            try:
+                _RETIRED.append(pool)
+                release_retired()
+            except Exception:  # noqa: BLE001 -- at interpreter exit this module's names may be gone already
+                pass
 
     def _capture(self, first: bool):
         def body():

@@ -36,8 +36,9 @@
 #      compute-sanitizer memcheck and racecheck on a small case in K chunks with a rest, the step's product alone in
 #      every variant (probe_fused_x3.py --products: batched chunks, cublasLt's split-K, one GEMM),
 #      and a step's bf16 and tf32 product with K in slices as one strided batch (probe_step_batched_k.py: the batched
-#      GEMM alone and with a sum; NOTES 2026-11-28 04:01), and whether dropped replayed programs give their memory back
-#      (probe_replay_memory.py);
+#      GEMM alone and with a sum; NOTES 2026-11-28 04:01), whether dropped replayed programs give their memory back
+#      (probe_replay_memory.py), and the engine's own streaming product with K over several blocks
+#      (probe_stream_gemm.py);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") and chunks of 256 against cuDNN fp32,
 #      each row's error over cuDNN's (issue #34's bound), whether it ran from replays, the free memory per row;
@@ -229,6 +230,7 @@ if [[ " $STAGES " == *" x3 "* ]]; then
   X3_TAIL=40 x3_step timeout 120 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --products
   X3_TAIL=40 x3_step timeout 90 "$PY" benchmarks/probe_step_batched_k.py --out "$OUT"
   X3_TAIL=12 x3_step timeout 120 "$PY" benchmarks/probe_replay_memory.py
+  X3_TAIL=30 x3_step timeout 150 "$PY" benchmarks/probe_stream_gemm.py --out "$OUT"
 fi
 targets_rc=skipped
 if [[ " $STAGES " == *" targets "* ]]; then

@@ -9,8 +9,9 @@ all B batch rows (mma.sync m16n8k16, bf16 in, fp32 sums; W as A, X as B). K goes
 ring of 64-column chunks of W and X (16-byte copies, a 128-byte row swizzled so ldmatrix reads 8 rows without bank
 conflicts), so 16-24 KB a block are in flight. No split of K: one block sums each output. B <= 64, multiples of 16.
 
-A third kernel keeps the ring and puts the products on wgmma (one warpgroup a block, B = 64 only, sm_90a; built
-2026-11-28 after the other two were measured, compiled with nvcc, not yet run on a GPU).
+A third kernel keeps the ring and puts the products on wgmma (one warpgroup a block, B = 64 only, sm_90a; 28.3 us
+against cublasLt's 20.0 at blogA's LSTM on an H200, 2026-11-28); its last rows cut K over 2, 4 or 8 blocks a
+feature tile, each into a plane of its own, and sum the planes after (more bytes in flight an SM; not yet run).
 
 Checked against float64 on the same bf16 values, then timed in the chain of probe_step_algos.StepChain (the product,
 then a tanh and a rounding kernel that make the next operand), beside cublasLt's product in the same chain.
@@ -240,6 +241,9 @@ WGMMA_SOURCE = r"""
 // and the block meets at a barrier before the MMAs read them (Ring::advance<true>).
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
+// gridDim.y > 1: K in that many slices, block (x, y) the columns of slice y into plane y of out ((slices, 64, N)),
+// for a sum after: more blocks, so more bytes in flight an SM (one slice: 160 blocks, ~1.2 a SM at blogA's LSTM,
+// where ncu saw 5 warps an SM and DRAM at 42 %).
 template <int STAGES>
 __device__ __forceinline__ void stream_wgmma_body(const unsigned short* __restrict__ x,
                                                   const unsigned short* __restrict__ w, float* __restrict__ out,
@@ -247,7 +251,11 @@ __device__ __forceinline__ void stream_wgmma_body(const unsigned short* __restri
 {
     extern __shared__ unsigned char raw[];
     unsigned char* aligned = raw + ((1024 - (smem_u32(raw) & 1023)) & 1023);   // wgmma's tiles: 1024-byte aligned
-    const int tid = threadIdx.x, n0 = blockIdx.x * NT, chunks = K / KC;
+    const int chunks = K / KC / gridDim.y, k0 = blockIdx.y * chunks * KC;
+    x += k0;
+    w += k0;
+    out += (long)blockIdx.y * 64 * N;
+    const int tid = threadIdx.x, n0 = blockIdx.x * NT;
     const Ring<64, STAGES> ring{smem_u32(aligned), x, w, n0, K, chunks, tid};     // 16 KB stages: aligned too
     float d[32];
     #pragma unroll
@@ -281,6 +289,20 @@ __device__ __forceinline__ void stream_wgmma_body(const unsigned short* __restri
 WG_ENTRY(4)
 WG_ENTRY(6)
 WG_ENTRY(8)
+
+// out (n floats) = the sum of `planes` planes of n floats each, plane 0 first
+extern "C" __global__ void sum_planes(const float4* __restrict__ planes, float4* __restrict__ out, const long n4,
+                                      const int count)
+{
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (long)gridDim.x * blockDim.x) {
+        float4 v = planes[i];
+        for (int p = 1; p < count; ++p) {
+            const float4 u = planes[(long)p * n4 + i];
+            v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+        }
+        out[i] = v;
+    }
+}
 """
 
 
@@ -329,6 +351,21 @@ def main() -> None:
                 kernel((N // 64,), (128,), (np.uint64(operand_ptr), chain.w, chain.out, np.int32(N), np.int32(K)),
                        shared_mem=smem)
             variants[f"stream_wgmma, {stages} stages"] = product
+        if B == 64 and wgmma is not None:
+            total = cupy.empty((8 * B, N), dtype=cupy.float32)        # up to 8 planes of (B, N)
+            summing = wgmma.get_function("sum_planes")
+            for slices in (2, 4, 8):
+                if (K // 64) % slices:
+                    continue
+                kernel = wgmma.get_function("stream_wgmma_6")
+                smem = 6 * 2 * 64 * 128 + 1024
+
+                def product(operand_ptr, _stream_ptr, kernel=kernel, smem=smem, slices=slices):
+                    kernel((N // 64, slices), (128,), (np.uint64(operand_ptr), chain.w, total, np.int32(N),
+                                                       np.int32(K)), shared_mem=smem)
+                    n4 = B * N // 4
+                    summing((min(1024, -(-n4 // 256)),), (256,), (total, chain.out, np.int64(n4), np.int32(slices)))
+                variants[f"stream_wgmma, 6 stages, K in {slices} + sum"] = product
         for label, product in variants.items():
             err = chain.error(product)
             ms = chain.time(chain.capture(product))

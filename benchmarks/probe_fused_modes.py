@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import engine  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
 from engine.schedules import fused_modes  # noqa: E402
-from engine.schedules.cublaslt import BoundProduct, LtProjection  # noqa: E402
+from engine.schedules.cublaslt import BoundProduct, LtProjection, Product  # noqa: E402
 from engine.schedules.project import LT_OPERANDS, operand_dtype, round_into  # noqa: E402
 
 
@@ -66,11 +66,11 @@ def algorithms(cp, B: int, N: int, K: int, T: int, precision: str, count: int) -
     operand = round_into(cp, h32, cp.empty((B, K), operand_dtype(cp, precision)), precision)
     out = cp.full((B, N), cp.nan, dtype=cp.float32)
     data_type, compute = LT_OPERANDS[precision]
-    plan = lt._new_plan((B, N, K), data_type, compute, 0, count)
+    plan = lt._new_plan(Product.dense(B, N, K), data_type, compute, 0, count)
     rows = []
     stream = cp.cuda.Stream(non_blocking=True)
     for index, algo in enumerate(plan.candidates):
-        bound = BoundProduct(lt, lt._new_plan((B, N, K), data_type, compute, 0), weight, out)
+        bound = BoundProduct(lt, lt._new_plan(Product.dense(B, N, K), data_type, compute, 0), weight, out)
         bound.use(algo)
         out.fill(cp.nan)
         bound(operand.data.ptr, cp.cuda.get_current_stream().ptr)

@@ -150,7 +150,7 @@ class LtProjection:
         plan = self.plans[key] = self._new_plan(shape, data_type, compute, bias, aligned=aligned, sms=sms)
         return plan
 
-    def _new_plan(self, shape: Product | tuple, data_type: int, compute: int, bias: int, count: int = 1,
+    def _new_plan(self, shape: Product, data_type: int, compute: int, bias: int, count: int = 1,
                   aligned: tuple[int, int, int] = (256, 256, 256), sms: int = 0) -> Plan:
         """The product's descriptors and the algorithm cublasLt's heuristic ranks first (plan.candidates: its first
         `count`, best first). The heuristic assumes every matrix 256-byte aligned unless told: `aligned` (W, A,
@@ -166,7 +166,6 @@ class LtProjection:
             self._set(desc, LT_DESC_BIAS_POINTER, ctypes.c_void_p(bias))
         if sms:
             self._set(desc, LT_DESC_SM_COUNT_TARGET, ctypes.c_int32(sms))
-        shape = shape if isinstance(shape, Product) else Product.dense(*shape)
         M, N, K = shape.M, shape.N, shape.K
         w = self._layout(data_type, K, N, shape.ldw)
         a = self._layout(data_type, K, M, shape.lda)
@@ -202,7 +201,8 @@ class LtProjection:
         again and again (scan.WalkCall); None where cublasLt offers no algorithm. Its plan is its own, outside the
         plans this object evicts; count > 1 keeps the heuristic's first `count` algorithms (plan.candidates) for
         BoundProduct.use (benchmarks/probe_scan_overlap.py times them)."""
-        plan = self._new_plan((out.shape[0], out.shape[1], weight.shape[1]), data_type, compute, 0, count)
+        plan = self._new_plan(Product.dense(out.shape[0], out.shape[1], weight.shape[1]), data_type, compute, 0,
+                              count)
         if plan.algo is None:
             self._destroy(plan)
             return None

@@ -106,9 +106,9 @@ def fused_entry(plan: Plan, precision: str = "float32") -> dict:
                 "format by the cell kernels, the run replayed from CUDA graphs")
     if mode == "float32x3":
         sizes = plan.layer_sizes(0)
-        steps = [g for g in plan.program.gemms if not g.hoisted]
-        extra = sum(1 + (1 if chunking(g.k(sizes)).rest else 0) for g in steps)     # W_lo's GEMM, and a rest
-        chunks = ", ".join(f"{g.name} K={g.k(sizes)} in {chunking(g.k(sizes)).count}" for g in steps)
+        steps = {g.name: (g.k(sizes), chunking(g.k(sizes))) for g in plan.program.gemms if not g.hoisted}
+        extra = sum(1 + (1 if c.rest else 0) for _, c in steps.values())        # W_lo's GEMM, and a rest
+        chunks = ", ".join(f"{name} K={K} in {c.count}" for name, (K, c) in steps.items())
         how += (f": two TF32 GEMMs of the TF32 parts a product, [h_hi; h_lo] by W_hi in K chunks of an accumulator "
                 f"each (x3_chunk={X3_CHUNK!r}: {chunks}) and h_hi by W_lo, folded by the cell kernels as they read "
                 "them")

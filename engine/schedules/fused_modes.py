@@ -32,9 +32,8 @@ before the launch, so runs with lengths replay too.
 
 float32x3 multiplies TF32 parts (engine/schedules/split_products.py): the weights are stored as their two parts
 stacked, [W_hi; W_lo]; the kernels write a step's operand as its two parts, [h_hi; h_lo]; one strided-batched TF32
-GEMM multiplies both by W_hi in K chunks, one more h_hi by W_lo, and one small kernel folds the products into the
-step's output. The
-projections split their input into a buffer of the run's own and make three TF32 products into their output
+GEMM multiplies both by W_hi in K chunks, one more h_hi by W_lo, and the cell kernels fold the products as they
+read them (x3_fold="kernel"; "launch": one small kernel of its own). The projections split their input into a buffer of the run's own and make three TF32 products into their output
 (x_hi W_lo with the bias, then x_lo W_hi, then x_hi W_hi in K chunks, each added by cublasLt's fp32 epilogue).
 """
 from __future__ import annotations

@@ -24,7 +24,8 @@ half the bytes; an idea for the fused backend, NOTES 2026-11-28 06:18).
 strided-batched GEMM whose planes the cell kernels sum as they read them), beside cuDNN in the same mode. The x3 rows
 fold in the cell kernels (x3_fold="kernel", the default) and end with the last chunk folded by a launch of its own
 (x3_fold="launch"); "auto" is the default chunk (split_products.chunk_size: by each product's K). Each row says
-whether its timed runs were CUDA-graph replays, and the free device memory is printed before each row.
+whether its timed runs were CUDA-graph replays, and the free device memory is printed before each row. --parts
+tf32,fp16 adds the fused rows with float32x3's parts held as fp16 (x3_parts="fp16", named "-fp16").
 """
 from __future__ import annotations
 
@@ -280,6 +281,8 @@ def main() -> None:
     parser.add_argument("--configs", default="large,blogA")
     parser.add_argument("--cells", default="lstm,gru")
     parser.add_argument("--chunks", default="auto,none,512,256,128")
+    parser.add_argument("--parts", default="tf32", help="float32x3's parts for the fused rows: tf32, fp16 or both "
+                        "(x3_parts; e.g. tf32,fp16)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--products", action="store_true", help="the step's product alone, every variant")
     parser.add_argument("--slices", default=None,
@@ -305,7 +308,9 @@ def main() -> None:
         name = "probe_fused_slices.json"
     else:
         implementations = [Cudnn("fp32"), EngineBackend("fused"), EngineBackend("fused", precision="tf32"),
-                           *[Variant("fp32x3", {"x3_chunk": c}, f"k{c or 'all'}") for c in chunks],
+                           *[Variant("fp32x3", {"x3_chunk": c, "x3_parts": parts},
+                                     f"k{c or 'all'}" + ("" if parts == "tf32" else f"-{parts}"))
+                             for parts in args.parts.split(",") for c in chunks],
                            Variant("fp32x3", {"x3_chunk": chunks[-1], "x3_fold": "launch"},
                                    f"k{chunks[-1] or 'all'}-fold-launch"),
                            EngineBackend("persistent", precision="fp32x3")]

@@ -22,11 +22,27 @@ extern "C" __global__ void split_contiguous_tf32(const float4* __restrict__ src,
     }
 }
 
-// out (R, N) = (hi W_lo + the sum over chunks of lo W_hi) + the sum over chunks of hi W_hi: the small products first,
-// in fp32, as the schedules' split MMAs add them (engine/codegen/precision.py). One thread an element of out, its C
+// src (n floats, C-contiguous) -> dst[0 .. n) = hi = fp16(tf32(v)), dst[n .. 2n) = lo = fp16(tf32(v - hi) * 2^11), lo
+// from hi as stored: float32x3's parts held as fp16 (x3_parts="fp16"; engine/rounding.py split_fp16, the kernels' copy
+// rnn_copy_split_fp16). A value past fp16's range (|v| > 65504) sets *range.
+extern "C" __global__ void split_contiguous_fp16(const float* __restrict__ src, unsigned short* __restrict__ dst,
+                                                 const long n, unsigned int* __restrict__ range)
+{
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        const float v = src[i];
+        const unsigned short hi = rnn_bits16<RNN_FP16>(__uint_as_float(rnn_tf32_bits(v)));
+        dst[i] = hi;
+        dst[n + i] = rnn_bits16<RNN_FP16>(__uint_as_float(rnn_tf32_bits(v - rnn_half_to_float(hi))) * 2048.0f);
+        if (fabsf(v) > 65504.0f) *range = 1u;
+    }
+}
+
+// out (R, N) = (hi W_lo + the sum over chunks of lo W_hi) * scale + the sum over chunks of hi W_hi: the small products
+// first, in fp32, as the schedules' split MMAs add them (engine/codegen/precision.py); scale: 1, or 2^-11 for fp16
+// parts (their lo parts carry 2^11; a power of two, so the product is exact). One thread an element of out, its C
 // chunks in a loop.
 extern "C" __global__ void fold_x3(const float* __restrict__ P, float* __restrict__ out, const int R, const int N,
-                                   const int C)
+                                   const int C, const float scale)
 {
     const long total = (long)R * N;
     const long chunk = 2L * R * N;          // one chunk's P1_c
@@ -37,6 +53,6 @@ extern "C" __global__ void fold_x3(const float* __restrict__ P, float* __restric
             small += p[total];              // P1_c[R + r][n]
             big += p[0];
         }
-        out[idx] = small + big;
+        out[idx] = small * scale + big;
     }
 }

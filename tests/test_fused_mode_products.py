@@ -13,11 +13,13 @@ import types
 import numpy as np
 import pytest
 
-from engine.codegen.cublas_enums import CUDA_R_16BF, CUDA_R_32F
+from engine.codegen.cublas_enums import CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F
+from engine.errors import BackendError
 from engine.rounding import mode_matmul, round_operand, split_tf32
-from engine.schedules import fused_modes, project
-from engine.schedules.fused_modes import ModeDevice, ModeWeight
-from engine.schedules.split_products import Left, chunking, fold_numpy, split_into, stack_split
+from engine.schedules import mode_device as mode_devices
+from engine.schedules import project
+from engine.schedules.mode_device import ModeDevice, ModeWeight
+from engine.schedules.split_products import LO_SCALE, Left, chunking, fold_numpy, split_into, stack_split
 
 
 class DeviceArray(np.ndarray):
@@ -42,6 +44,8 @@ def values(address: int, data_type: int, rows: int, cols: int, ld: int) -> np.nd
     if data_type == CUDA_R_16BF:
         flat = memory(address, np.uint16, (rows - 1) * ld + cols).astype(np.uint32) << 16
         flat = flat.view(np.float32)
+    elif data_type == CUDA_R_16F:
+        flat = memory(address, np.float16, (rows - 1) * ld + cols)
     else:
         flat = memory(address, np.float32, (rows - 1) * ld + cols)
     return np.lib.stride_tricks.as_strided(flat, (rows, cols), (ld * flat.itemsize, flat.itemsize)).astype(np.float64)
@@ -73,6 +77,7 @@ def mode_device(precision: str, chunk=8) -> ModeDevice:
     dev.xp = types.SimpleNamespace(float32=np.float32, empty=lambda shape, dtype: device(np.empty(shape, dtype)),
                                    cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0)))
     dev.precision, dev.split, dev.x3_chunk = precision, precision == "float32x3", chunk
+    dev.x3_parts = "tf32" if dev.split else None
     dev.lt, dev.partials, dev.rounded, dev.workspaces, dev.sms = ExecutingLt(), {}, {}, {}, 0
     return dev
 
@@ -80,9 +85,9 @@ def mode_device(precision: str, chunk=8) -> ModeDevice:
 @pytest.fixture
 def host_fold(monkeypatch):
     """kernels/split_products.cu's fold_x3 as fold_numpy, on the partial's memory."""
-    def fold(xp, partial, out, R, N, count):
-        out[...] = fold_numpy(np.asarray(partial, dtype=np.float64).ravel(), R, N, count)
-    monkeypatch.setattr(fused_modes, "fold", fold)
+    def fold(xp, partial, out, R, N, count, scale=1.0):
+        out[...] = fold_numpy(np.asarray(partial, dtype=np.float64).ravel(), R, N, count, scale)
+    monkeypatch.setattr(mode_devices, "fold", fold)
 
 
 def case(R, K, N, seed=0):
@@ -94,22 +99,38 @@ def emulated(w, x, precision):
     return mode_matmul(w.astype(np.float64), x.astype(np.float64), precision, lambda a, b: b @ a.T)
 
 
+@pytest.mark.parametrize("parts", ["tf32", "fp16"])
 @pytest.mark.parametrize("R, K, N, chunk", [(3, 37, 5, 8), (4, 98, 6, 32), (2, 24, 3, None), (5, 12, 7, 4)])
-def test_float32x3s_step_product_as_issued(host_fold, R, K, N, chunk):
+def test_float32x3s_step_product_as_issued(host_fold, R, K, N, chunk, parts):
+    """The parts as TF32 values (fp32 products) or as fp16 ones (fp16 products, the lo parts times 2^11, which the
+    fold takes off): the emulation's value either way, from the addresses ModeDevice computes for each."""
     x, w = case(R, K, N)
     dev = mode_device("float32x3", chunk)
-    parts = device(split_into(np, x, np.empty((2, R, K), np.float32)))          # the kernels' copy of the operand
-    weight = ModeWeight(device(stack_split(np, w)), False)
+    dtype = np.float16 if parts == "fp16" else np.float32
+    parts_x = device(split_into(np, x, np.empty((2, R, K), dtype), parts))     # the kernels' copy of the operand
+    weight = ModeWeight(device(stack_split(np, w, parts)), False, parts)
+    assert weight.stored.dtype == dtype
     out = device(np.full((R, N), np.nan, np.float32))
-    dev.product(parts, weight, out)
+    dev.product(parts_x, weight, out)
     np.testing.assert_allclose(out, emulated(w, x, "float32x3"), rtol=2e-6, atol=2e-6)
     chunks = chunking(K, chunk)
     assert [c[0].batch for c in dev.lt.calls] == [chunks.full] + [1] * (1 + (chunks.rest > 0))
+    assert {c[1] for c in dev.lt.calls} == {CUDA_R_16F if parts == "fp16" else CUDA_R_32F}
     # folded in the kernels instead: P left in the product's buffer, whose fold is the same sum
-    left = Left("fold", chunks.count)
+    left = Left("fold", chunks.count, LO_SCALE[parts])
     partial = device(np.full(left.floats(R, N), np.nan, np.float32))
-    dev.product(parts, weight, partial, left)
-    np.testing.assert_array_equal(fold_numpy(partial.astype(np.float64), R, N, chunks.count).astype(np.float32), out)
+    dev.product(parts_x, weight, partial, left)
+    np.testing.assert_array_equal(fold_numpy(partial.astype(np.float64), R, N, chunks.count, LO_SCALE[parts])
+                                  .astype(np.float32), out)
+
+
+def test_float32x3s_step_product_refuses_parts_that_do_not_match(host_fold):
+    x, w = case(3, 16, 4)
+    dev = mode_device("float32x3", None)
+    parts_x = device(split_into(np, x, np.empty((2, 3, 16), np.float32)))
+    weight = ModeWeight(device(stack_split(np, w, "fp16")), False, "fp16")
+    with pytest.raises(BackendError, match="float32 parts against a weight in float16 parts"):
+        dev.product(parts_x, weight, device(np.zeros((3, 4), np.float32)))
 
 
 @pytest.mark.parametrize("M, K, N, chunk", [(9, 37, 5, 8), (6, 20, 4, None)])

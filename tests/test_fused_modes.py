@@ -25,7 +25,8 @@ from engine.errors import BackendError
 from engine.schedules import fused_modes
 from engine.schedules.autotune import candidates
 from engine.schedules.cublaslt import alignment
-from engine.schedules.fused_modes import ModeExecutor, NumpyModeDevice, ahead_steps, check_fused_mode, fixed_gemms
+from engine.schedules.fused_modes import ModeExecutor, ahead_steps, check_fused_mode, fixed_gemms
+from engine.schedules.mode_device import NumpyModeDevice, X3RangeError
 from engine.schedules.split_products import Left
 from engine.schedules.tiling import H100
 
@@ -44,12 +45,12 @@ def case(name: str, layers: int = 2, seed: int = 1):
     return network, params, x, states
 
 
-def run_modes(network, params, x, states, precision, lengths=None, x3_chunk=5):
+def run_modes(network, params, x, states, precision, lengths=None, x3_chunk=5, x3_parts="tf32"):
     """x3_chunk: float32x3's K of one accumulator, small here so that K (7, 12) runs in chunks and a rest."""
     dense_network, dense_params = dense(network, params)
     T, B, _ = x.shape
     plan = make_plan(dense_network, T, B, lengths=lengths is not None)
-    device = NumpyModeDevice(np.float64, precision, x3_chunk)
+    device = NumpyModeDevice(np.float64, precision, x3_chunk, x3_parts)
     return ModeExecutor(plan, device).run(dense_params, device.asarray(x), states, poison=True, lengths=lengths)
 
 
@@ -71,6 +72,35 @@ def test_the_host_logic_is_the_modes_emulation(name, precision):
         assert 1e-12 < relative(outputs, strict.outputs) < 1e-6, name
     else:
         assert relative(outputs, strict.outputs) > 1e-6, f"{name}: nothing was rounded in {precision}"
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru_cho", "ln_lstm", "lstm_proj"])
+def test_fp16_parts_are_the_emulation_and_refuse_weights_past_their_range(name):
+    """float32x3 with its step products' parts held as fp16 (x3_parts="fp16"): the step GEMMs take them, the projections
+    and a reduction's fixed matrices do not, and the run is the float32x3 emulation's to fp32's level; a weight past
+    65504 is refused by name (X3RangeError: the program then runs in TF32 parts)."""
+    network, params, x, states = case(name)
+    outputs, _ = run_modes(network, params, x, states, "float32x3", x3_parts="fp16")
+    emulated = reference.run(network, params, x, states, precision="float32x3")
+    assert relative(outputs, emulated.outputs) < 1e-6, name
+    dense_network, dense_params = dense(network, params)
+    plan = make_plan(dense_network, 4, 3)
+    executor = ModeExecutor(plan, NumpyModeDevice(np.float64, "float32x3", 5, "fp16"))
+    fixed = fixed_gemms(plan.program, plan.program.cell)
+    assert executor.parts == {g.name: "tf32" if g.hoisted or fixed[g.name] else "fp16" for g in plan.program.gemms}
+    step = next(g for g in plan.program.gemms if not g.hoisted and not fixed[g.name])
+    weight = next(m for t in step.terms for m in t.matmuls)
+    big = [dict(layer) for layer in dense_params.layers]
+    big[0][plan.program.cell[weight].args[0]] = big[0][plan.program.cell[weight].args[0]] * 1e6
+    with pytest.raises(X3RangeError, match=f"layer 0's weight of GEMM '{step.name}' has values past fp16's range"):
+        executor.load(engine.Params(big))
+
+
+@pytest.mark.parametrize("parts", ["bf16", None, "FP16"])
+def test_bad_x3_parts_are_refused_by_name(parts):
+    network, params, _, _ = case("lstm")
+    with pytest.raises(BackendError, match=r"argument 'x3_parts' must be one of tf32, fp16, got .*; hint: 'tf32' holds"):
+        fused_modes.FusedModeProgram(network, params, precision="float32x3", x3_parts=parts)
 
 
 def test_lengths_hold_each_rows_states():
@@ -182,15 +212,17 @@ def test_the_kernels_write_each_step_operand_rounded():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the generated CUDA is compiled there)")
 def test_the_copies_modules_compile(tmp_path):
     sources = {}
-    for name, precision in (("lstm", "bfloat16"), ("gru_cho", "float16"), ("ln_lstm", "tf32"),
-                            ("lstm_proj", "bfloat16"), ("slstm", "tf32"), ("gru_cho", "float32x3"),
-                            ("ln_lstm", "float32x3")):
+    for name, precision, parts in (("lstm", "bfloat16", "tf32"), ("gru_cho", "float16", "tf32"),
+                                   ("ln_lstm", "tf32", "tf32"), ("lstm_proj", "bfloat16", "tf32"),
+                                   ("slstm", "tf32", "tf32"), ("gru_cho", "float32x3", "tf32"),
+                                   ("ln_lstm", "float32x3", "tf32"), ("ln_lstm", "float32x3", "fp16"),
+                                   ("lstm", "float32x3", "fp16")):
         network, params, _, _ = case(name)
         program = make_plan(dense(network, params)[0], 4, 2, lengths=name == "lstm").program
         exact = {g for g, fixed in fixed_gemms(program, program.cell).items() if fixed}
-        sources[f"{name}_{precision}"] = render_copies_module(program, precision,
-                                                              operand_copies(program, precision, exact), 1,
-                                                              programmatic_waits(program))
+        sources[f"{name}_{precision}_{parts}"] = render_copies_module(
+            program, precision, operand_copies(program, precision, exact, parts), 1, programmatic_waits(program),
+            x3_parts=parts)
     compile_sources(sources, tmp_path)
 
 

@@ -20,7 +20,7 @@ from engine.codegen.programmatic import programmatic_waits
 from engine.compiler import make_plan
 from engine.dense import dense
 from engine.plan import Access, Lin
-from engine.rounding import mode_matmul, split_tf32
+from engine.rounding import mode_matmul, split_fp16, split_tf32
 from engine.schedules.cublaslt import LtProjection, Product
 from engine.schedules.fused_modes import fixed_gemms
 from engine.schedules.split_products import (
@@ -30,6 +30,7 @@ from engine.schedules.split_products import (
     chunking,
     fold_numpy,
     fold_read,
+    in_fp16_range,
     left_bytes,
     left_products,
     partial_size,
@@ -163,11 +164,14 @@ def test_a_kernel_reads_the_planes_summed_and_the_fold_in_its_order():
             assert evaluate(text, {"g_out": planes}, b=b, j=j, B=B, H=H) == pytest.approx(want, rel=1e-15)
     count = 3
     partial = rng.standard_normal(Left("fold", count).floats(B, H))
-    (text,) = fold_read(count)(access)
-    folded = fold_numpy(partial, B, H, count)
-    for b in range(B):
-        for j in range(H):
-            assert evaluate(text, {"g_out": partial}, b=b, j=j, B=B, H=H) == pytest.approx(folded[b, j], rel=1e-15)
+    for scale in (1.0, 2048.0):                    # fp16 parts: the small products' sum over 2^11
+        (text,) = fold_read(count, scale)(access)
+        assert ("0.00048828125f" in text) == (scale != 1.0)
+        folded = fold_numpy(partial, B, H, count, scale)
+        for b in range(B):
+            for j in range(H):
+                got = evaluate(text.replace("0.00048828125f", "0.00048828125"), {"g_out": partial}, b=b, j=j, B=B, H=H)
+                assert got == pytest.approx(folded[b, j], rel=1e-15)
 
 
 def test_which_step_products_are_left_for_the_kernels():
@@ -184,6 +188,8 @@ def test_which_step_products_are_left_for_the_kernels():
     assert left_products(plan, "float32x3", copied, fixed) == {g: Left("fold", 1) for g in steps}  # K=64: 1 chunk
     assert left_products(plan, "float32x3", copied, fixed, x3_chunk=16, x3_fold="kernel") == {
         g: Left("fold", 4) for g in steps}
+    assert left_products(plan, "float32x3", copied, fixed, x3_parts="fp16") == {g: Left("fold", 1, 2048.0)
+                                                                               for g in steps}
     assert left_products(plan, "bfloat16", set(), fixed, k_slices=4) == {}           # no copy: gemm() rounds it
     n = next(g for g in program.gemms if g.name == steps[0]).n(plan.layer_sizes(0))
     assert left_bytes(plan, {steps[0]: Left("planes", 4)}) == 2 * 3 * 2 * n * 4    # 3 more planes of (B, N), 2 layers
@@ -192,19 +198,24 @@ def test_which_step_products_are_left_for_the_kernels():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")
 def test_modules_that_sum_the_products_as_they_read_them_compile(tmp_path):
     sources = {}
-    for name, precision, left in (("gru_cho", "bfloat16", Left("planes", 4)), ("lstm", "float32x3", Left("fold", 3)),
-                                  ("ln_lstm", "tf32", Left("planes", 2))):
+    for name, precision, left, parts in (("gru_cho", "bfloat16", Left("planes", 4), "tf32"),
+                                         ("lstm", "float32x3", Left("fold", 3), "tf32"),
+                                         ("gru_cho", "float32x3", Left("fold", 2, 2048.0), "fp16"),
+                                         ("ln_lstm", "tf32", Left("planes", 2), "tf32")):
         network = engine.Network(engine.preset(name).cell, 24, 64, 2)
         program = make_plan(dense(network, engine.init_params(network, seed=0))[0], 4, 2).program
         fixed = fixed_gemms(program, program.cell)
-        copies = operand_copies(program, precision, {g for g, strict in fixed.items() if strict})
+        copies = operand_copies(program, precision, {g for g, strict in fixed.items() if strict}, parts)
         readers = {g.out_buffer: left.reader() for g in program.gemms if not g.hoisted and not fixed[g.name]}
         places = read_places(program, readers)
         assert places, name
-        source = render_copies_module(program, precision, copies, 1, programmatic_waits(program), places)
+        source = render_copies_module(program, precision, copies, 1, programmatic_waits(program), places, parts)
         assert "_gemm_out[b * " in source and " * (long)B * " in source, name          # the loads sum what is left
         assert ("rnn_copy_split" in source) == (precision == "float32x3")
-        sources[f"{name}_{precision}"] = source
+        # fp16 parts: the copies write halves and flag values past fp16's range, the loads take 2^11 off
+        assert ("rnn_copy_split_fp16(" in source and "rnn_x3_range = 1u" in source
+                and "0.00048828125f" in source) == (parts == "fp16"), name
+        sources[f"{name}_{precision}_{parts}"] = source
     compile_sources(sources, tmp_path)
 
 
@@ -270,3 +281,23 @@ def test_accumulate_passes_beta_one():
         assert lt.product(Product.dense(4, 8, 16), 0x1000, 0x2000, 0x3000, CUDA_R_32F, 77, accumulate=accumulate)
         (args,) = [args for name, args in lt.lib.calls if name == "cublasLtMatmul"]
         assert ctypes.cast(args[7], ctypes.POINTER(ctypes.c_float)).contents.value == beta
+
+
+def test_fp16_parts_are_the_tf32_parts_held_in_half_the_bytes():
+    """engine.rounding.split_fp16 (the kernels' rnn_copy_split_fp16 and split_contiguous_fp16): in fp16's normal range
+    hi is split_tf32's hi and lo its lo times 2^11, exactly; below it (a subnormal hi) lo carries what hi lost, so
+    hi + lo / 2^11 stays within 2^-22 of the value; past 65504 hi is infinite, which in_fp16_range refuses first."""
+    rng = np.random.default_rng(11)
+    normal = (rng.standard_normal(20000) * 30).astype(np.float32)
+    normal = normal[np.abs(normal) > 2.0 ** -13]
+    hi, lo = split_fp16(normal)
+    hi32, lo32 = split_tf32(normal)
+    np.testing.assert_array_equal(hi, hi32)
+    np.testing.assert_array_equal(lo, lo32 * 2048)
+    tiny = (rng.standard_normal(5000) * 1e-6).astype(np.float32)
+    hi, lo = split_fp16(tiny)
+    assert np.abs(hi + lo / 2048 - tiny).max() <= 2.0 ** -22 * 2.0 ** -13
+    assert in_fp16_range(np.array([65504.0, -65504.0, np.nan])) and not in_fp16_range(np.array([1.0, -65520.0]))
+    assert np.isinf(split_fp16(np.array([70000.0]))[0]).all()
+    stacked = stack_split(np, normal.reshape(-1, 4)[:6], "fp16")
+    assert stacked.dtype == np.float16 and stacked.shape == (12, 4)

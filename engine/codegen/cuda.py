@@ -26,6 +26,7 @@ THREADS_PER_BLOCK = 256
 # float32x3's copy of a step GEMM's operand (engine/codegen/operand_copies.py): two TF32 parts, hi where the value's
 # element is and lo one buffer further (rows B .. 2B of the stacked operand, engine/schedules/split_products.py)
 SPLIT_COPY = "rnn_copy_split"
+SPLIT_COPY_FP16 = "rnn_copy_split_fp16"     # float32x3's parts held as fp16 (engine/codegen/operand_copies.py)
 # A kernel launched as a programmatic dependent of the GEMM before it (engine/codegen/programmatic.py) waits here for
 # that GEMM to finish and its memory to be visible (PTX ISA 7.8, griddepcontrol, sm_90); on an older GPU there is no
 # such launch and the wait is nothing.
@@ -261,7 +262,7 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies
     for store in kernel.stores:
         if store.access.param in copies:
             copy, _, function = copies[store.access.param]
-            if function == SPLIT_COPY:
+            if function in (SPLIT_COPY, SPLIT_COPY_FP16):
                 if store.access.rows != "batch":
                     raise CompileError(f"kernel '{kernel.name}' stores {store.var} into {store.access.param}, a buffer of "
                                        "the sequence's rows, which a step GEMM's split operand cannot be; hint: this is "

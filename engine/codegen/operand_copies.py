@@ -16,7 +16,7 @@ engine/rounding.py emulates. On an H200 (2026-11-28, ncu) the separate rounding 
 from __future__ import annotations
 
 from ..plan import Program
-from .cuda import CELL_HELPERS, SPLIT_COPY, WAIT_MACRO, helper_source, module_header, render_kernel
+from .cuda import CELL_HELPERS, SPLIT_COPY, SPLIT_COPY_FP16, WAIT_MACRO, helper_source, module_header, render_kernel
 from .precision import precision as lookup
 
 # a mode's copy: its C element type and the rounding (a function of tile_gemm.cuh's, or one defined below)
@@ -30,6 +30,15 @@ TF32_COPY = ("__device__ __forceinline__ float rnn_copy_tf32(const float v) "
 SPLIT_COPY_SOURCE = (f"__device__ __forceinline__ void {SPLIT_COPY}(float* __restrict__ copy, const long i, const long lo, "
                      "const float v)\n{\n    const float hi = __uint_as_float(rnn_tf32_bits(v));\n    copy[i] = hi;\n"
                      "    copy[lo + i] = __uint_as_float(rnn_tf32_bits(v - hi));\n}\n")
+# float32x3 in fp16 parts (x3_parts="fp16"): hi = fp16(tf32(v)), lo = fp16(tf32(v - hi) * 2^11) from hi as stored (the
+# same 11-bit parts, engine/rounding.py split_fp16); a value past fp16's range sets the module's flag, which the
+# program reads after the run (engine/schedules/mode_device.py RANGE_FLAG)
+SPLIT_COPY_FP16_SOURCE = (
+    'extern "C" { __device__ unsigned int rnn_x3_range = 0u; }\n'
+    f"__device__ __forceinline__ void {SPLIT_COPY_FP16}(unsigned short* __restrict__ copy, const long i, const long lo, "
+    "const float v)\n{\n    const unsigned short hi = rnn_bits16<RNN_FP16>(__uint_as_float(rnn_tf32_bits(v)));\n"
+    "    copy[i] = hi;\n    copy[lo + i] = rnn_bits16<RNN_FP16>(__uint_as_float(rnn_tf32_bits(v - rnn_half_to_float(hi)))"
+    " * 2048.0f);\n    if (fabsf(v) > 65504.0f) rnn_x3_range = 1u;\n}\n")
 
 
 def copy_name(name: str) -> str:
@@ -37,10 +46,13 @@ def copy_name(name: str) -> str:
     return name + SUFFIX
 
 
-def operand_copies(program: Program, precision: str, exact=frozenset()) -> dict[str, dict]:
+def operand_copies(program: Program, precision: str, exact=frozenset(), x3_parts: str = "tf32") -> dict[str, dict]:
     """{kernel name: {param: (copy param, C type, rounding function)}} for every kernel store into the operand buffer
-    of a step GEMM that is not in `exact` (a reduction's fixed matrix: its operand stays fp32)."""
-    c_type, function = COPY_TYPES[lookup(precision).name]
+    of a step GEMM that is not in `exact` (a reduction's fixed matrix: its operand stays fp32); float32x3's parts held
+    as `x3_parts` ("tf32" or "fp16")."""
+    name = lookup(precision).name
+    c_type, function = ("unsigned short", SPLIT_COPY_FP16) if name == "float32x3" and x3_parts == "fp16" else \
+        COPY_TYPES[name]
     operands = {g.in_buffer for g in program.gemms if not g.hoisted and g.name not in exact}
     found = {}
     for kernel in program.kernels:
@@ -58,16 +70,18 @@ def copied_buffers(program: Program, copies: dict[str, dict]) -> set[str]:
 
 
 def render_copies_module(program: Program, precision: str, copies: dict[str, dict], generator_version: int,
-                         waits: dict | None = None, places: dict | None = None) -> str:
+                         waits: dict | None = None, places: dict | None = None, x3_parts: str = "tf32") -> str:
     """The fused module of `program` (float32 math) with the copies' stores and tile_gemm.cuh's roundings. waits
     ({kernel: params}, engine/codegen/programmatic.py): those kernels wait for the GEMM before them, to be launched as
     its programmatic dependents. places ({kernel: {param: f(access) -> [C expression]}}): how those params' loads
-    read them (a step product left in planes, summed as the kernels read it: engine/schedules/split_products.py)."""
+    read them (a step product left in planes, summed as the kernels read it: engine/schedules/split_products.py).
+    x3_parts: float32x3's parts as operand_copies was given them."""
     fp32, waits, places = lookup("float32"), waits or {}, places or {}
     parts = [module_header(program, "", generator_version, fp32),
              f"// Operand copies in {lookup(precision).name}: engine/codegen/operand_copies.py.\n",
              helper_source(CELL_HELPERS), helper_source("tile_gemm.cuh"), TF32_COPY,
-             SPLIT_COPY_SOURCE if lookup(precision).split else "", WAIT_MACRO if waits else ""]
+             (SPLIT_COPY_FP16_SOURCE if x3_parts == "fp16" else SPLIT_COPY_SOURCE) if lookup(precision).split else "",
+             WAIT_MACRO if waits else ""]
     parts += [render_kernel(k, program, fp32, copies.get(k.name), waits.get(k.name), places.get(k.name))
               for k in program.kernels]
     return "\n".join(parts)

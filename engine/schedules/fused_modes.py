@@ -38,17 +38,14 @@ read them (x3_fold="kernel"; "launch": one small kernel of its own). The project
 """
 from __future__ import annotations
 
-import contextlib
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..arguments import integer, shown
 from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_run_inputs, check_precision
-from ..backends.fused import THREADS_PER_BLOCK, CupyDevice, Executor, fitting_plan
+from ..backends.fused import Executor, fitting_plan
 from ..backends.lengths import check_lengths
-from ..backends.plan_numpy import NumpyDevice
 from ..codegen import GENERATOR_VERSION
 from ..codegen.nvrtc import load_module
 from ..codegen.operand_copies import copied_buffers, operand_copies, render_copies_module
@@ -59,34 +56,25 @@ from ..memory import available_device_bytes, check_fits
 from ..network import Network
 from ..params import Params
 from ..plan import pack_weights
-from ..rounding import mode_matmul
 from .base import launch_replay, whole_run_replay
-from .cublaslt import WORKSPACE, LtProjection, Product
-from .project import LT_OPERANDS, operand_dtype, round_into
+from .mode_device import ModeDevice, X3RangeError
 from .split_products import (
+    FP16_LIMIT,
     X3_CHUNK,
     X3_FOLDS,
-    Left,
-    chunking,
-    fold,
+    X3_PARTS,
+    X3_PARTS_DEFAULT,
+    in_fp16_range,
     left_bytes,
     left_products,
-    partial_size,
     read_places,
-    slice_calls,
     split_bytes,
-    split_calls,
-    split_into,
-    stack_split,
-    stacked_calls,
-    stacked_product_numpy,
 )
 
 MODES = ("tf32", "float16", "bfloat16", "float32x3")
 # the modes the autotuner times this backend in (float32x3 only where a user allows it, and each candidate's error held
 # against float64 there: autotune.X3Gate)
 TUNED_MODES = ("tf32", "float16", "bfloat16", "float32x3")
-X3_PRODUCTS = LT_OPERANDS["tf32"]       # float32x3's parts are TF32 values: fp32 storage, TF32 tensor-core products
 AHEAD_PIECES = 8         # layer 0's projection ahead of the steps in at most this many pieces (Executor._project_ahead)
 AHEAD_ROWS = 2048        # of at least this many rows (T x B) each, so that each piece is still a large GEMM
 
@@ -103,14 +91,6 @@ def ahead_steps(T: int, B: int) -> int | None:
 def check_fused_mode(precision) -> str:
     """The mode's canonical name (every mode runs on the fused backend); BackendError naming the flag otherwise."""
     return check_precision(precision)
-
-
-@dataclass(frozen=True)
-class ModeWeight:
-    """A packed GEMM weight as the mode multiplies it: `stored` (N, K), in the mode's storage unless `exact` (a
-    reduction's fixed matrix: strict fp32)."""
-    stored: object
-    exact: bool
 
 
 def fixed_gemms(program, cell) -> dict[str, bool]:
@@ -140,6 +120,11 @@ class ModeExecutor(Executor):
         self.left = left or {}             # {step GEMM: Left}: products the kernels sum as they read them
         copies = copies or {}
         self.copied = copied_buffers(self.program, copies)
+        # float32x3: the GEMMs whose parts are the device's x3_parts (fp16 where asked): the step GEMMs whose operand
+        # the kernels copy (all of them on the NumPy device, which has no copies); the others' parts are TF32
+        parts = getattr(device, "x3_parts", None)
+        self.parts = {g.name: parts if parts and not g.hoisted and not self.fixed[g.name]
+                      and (g.in_buffer in self.copied or not copies) else "tf32" for g in self.program.gemms}
         # per kernel, the (buffer, version) of each copy argument, in render_kernel's order after its own params
         params = {(k.name, p.name): p for k in self.program.kernels for p in k.params}
         self.copy_sources = {kernel: [(params[(kernel, name)].source, params[(kernel, name)].version) for name in named]
@@ -165,6 +150,7 @@ class ModeExecutor(Executor):
         return layers
 
     def _init_states(self, layers: list[dict], initial_states: dict | None) -> None:
+        self.device.reset_range()          # fp16 parts: the range flag, before anything can set it
         super()._init_states(layers, initial_states)
         for buffers, copies in zip(layers, self.copy_arrays):   # the operands of step 0, as the kernels write later ones
             for name, copy in copies.items():
@@ -191,7 +177,11 @@ class ModeExecutor(Executor):
         weights, vectors = [], []
         for layer in range(plan.network.num_layers):
             packed = pack_weights(self.program, plan.network, params, layer)
-            weights.append({name: (device.mode_weight(p.weight, fixed[name]),
+            for name, p in packed.items():
+                if self.parts[name] == "fp16" and not in_fp16_range(p.weight):
+                    raise X3RangeError(f"layer {layer}'s weight of GEMM '{name}' has values past fp16's range "
+                                       f"(|w| > {FP16_LIMIT:g})")
+            weights.append({name: (device.mode_weight(p.weight, fixed[name], self.parts[name]),
                                    None if p.bias is None else device.asarray(p.bias))
                             for name, p in packed.items()})
             vectors.append({name: device.asarray(np.asarray(params[layer][name]))
@@ -200,244 +190,6 @@ class ModeExecutor(Executor):
 
     def _gemm_bias(self, operands, weight, bias, out) -> None:
         self.device.gemm(operands, weight, out, bias)
-
-
-class ModeDevice(CupyDevice):
-    """CupyDevice whose GEMMs take the mode: out = round(x) @ W^T (+ bias) through cublasLt, on the current stream
-    (a layer's, where the layers have streams)."""
-
-    def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
-                 streams: bool = False, programmatic=None, dependents=frozenset(), ahead: bool = False,
-                 shared_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK):
-        super().__init__(cupy, module, num_layers, streams=streams, projection=projection)
-        self.precision = precision
-        self.split = precision == "float32x3"
-        self.x3_chunk = x3_chunk           # float32x3: K of one accumulator (split_products.chunking)
-        self.partials: dict = {}           # float32x3: (stream, chunks, rows, cols) -> the chunks' products P
-        # kernels launched as programmatic dependents of the step GEMM before them (engine/codegen/programmatic.py)
-        self.programmatic, self.dependents = programmatic, frozenset(dependents) if programmatic else frozenset()
-        self.lt = LtProjection.on_current_device(cupy)
-        self.rounded: dict = {}            # (stream, rows, cols) -> a rounded operand's buffer, reused in turn
-        # layer 0's projection in pieces ahead of the steps (Executor._project_ahead), on a stream of its own
-        self.ahead_stream = cupy.cuda.Stream(non_blocking=True) if ahead else None
-        self.shared_sms = shared_sms       # the SMs a piece after the first plans for (0: all)
-        self.sms = 0                       # the SMs the products being issued plan for
-        # a cublasLt workspace a layer stream: their products run at once (the device's own serves one stream)
-        self.workspaces = {stream.ptr: cupy.empty(WORKSPACE, dtype=cupy.uint8)
-                           for stream in [*(self.streams or ()), *([self.ahead_stream] if ahead else [])]}
-        self.forked: set = set()           # the layer streams a capture has forked from its stream, to join at its end
-        self.ahead_forked = False          # the projection stream, forked the same way
-
-    def stream(self, layer: int):
-        """The layer's stream; in a capture, forked from the capturing stream first (an event it waits on), as CUDA
-        requires of every stream that takes part in one."""
-        if self.streams is not None and layer not in self.forked and self._fork(self.streams[layer]):
-            self.forked.add(layer)
-        return super().stream(layer)
-
-    def _fork(self, stream) -> bool:
-        """In a capture, `stream` made to wait for the capturing stream (an event): True where it was forked."""
-        current = self.xp.cuda.get_current_stream()
-        if not current.is_capturing():
-            return False
-        event = self.xp.cuda.Event(disable_timing=True)
-        event.record(current)
-        stream.wait_event(event)
-        return True
-
-    @contextlib.contextmanager
-    def projection_stream(self, shared: bool):
-        """The projection stream as the current stream (forked from a capture's stream first); shared: its products
-        plan for shared_sms SMs, the steps running beside them."""
-        if not self.ahead_forked:
-            self.ahead_forked = self._fork(self.ahead_stream)
-        self.sms = self.shared_sms if shared else 0
-        try:
-            with self.ahead_stream:
-                yield self.ahead_stream
-        finally:
-            self.sms = 0
-
-    def record_ahead(self):
-        event = self.xp.cuda.Event(disable_timing=True)
-        event.record(self.ahead_stream)
-        return event
-
-    def wait_ahead(self, event) -> None:
-        """The current stream (layer 0's) waits for a piece of its projection."""
-        self.xp.cuda.get_current_stream().wait_event(event)
-
-    def launch(self, kernel, args, t: int, batch: int, sizes: dict) -> None:
-        if kernel.name not in self.dependents:
-            super().launch(kernel, args, t, batch, sizes)
-            return
-        function, grid, arguments = self.launch_arguments(kernel, args, t, batch, sizes)
-        self.programmatic(function, grid, (THREADS_PER_BLOCK,), arguments, self.xp.cuda.get_current_stream().ptr)
-
-    def mode_weight(self, weight, exact: bool) -> ModeWeight:
-        """The weight as the GEMMs read it: rounded to the mode (float32x3: its two TF32 parts stacked, (2N, K))."""
-        stored = self.asarray(weight)
-        if self.split and not exact:
-            stored = stack_split(self.xp, stored)
-        elif not exact:
-            stored = round_into(self.xp, stored, self.xp.empty(stored.shape, operand_dtype(self.xp, self.precision)),
-                                self.precision)
-        return ModeWeight(stored, exact)
-
-    def operand_like(self, array, poison: bool):
-        """A buffer for `array` (float32) in the mode's operand format (float32x3: two, hi and lo, stacked); poison:
-        NaN bit patterns (0xFFFF is a NaN in fp16 and bf16)."""
-        cupy = self.xp
-        copy = cupy.empty(((2,) if self.split else ()) + tuple(array.shape), operand_dtype(cupy, self.precision))
-        copy.view(cupy.uint16 if copy.itemsize == 2 else cupy.uint32).fill(
-            (0xFFFF if copy.itemsize == 2 else 0x7FC00000) if poison else 0)
-        return copy
-
-    def round_copy(self, source, copy) -> None:
-        if self.split:
-            split_into(self.xp, self.xp.ascontiguousarray(source), copy)
-        else:
-            round_into(self.xp, source, copy, self.precision)
-
-    def gemm(self, x, weight: ModeWeight, out, bias=None) -> None:
-        """out = round(x) @ W^T (+ bias): x rounded into a buffer of this device first, unless W is exact."""
-        cupy = self.xp
-        x = cupy.ascontiguousarray(x)
-        if weight.exact:
-            self._multiply(x, weight, out, bias, "float32")
-            return
-        key = (cupy.cuda.get_current_stream().ptr, *x.shape)
-        buffer = self.rounded.get(key)
-        if buffer is None:
-            shape = ((2,) if self.split else ()) + x.shape
-            buffer = self.rounded[key] = cupy.empty(shape, operand_dtype(cupy, self.precision))
-        if self.split:
-            self._split_products(split_into(cupy, x, buffer), weight, out, bias)
-        else:
-            self._multiply(round_into(cupy, x, buffer, self.precision), weight, out, bias, self.precision)
-
-    def product(self, operand, weight: ModeWeight, out, left: Left | None = None) -> None:
-        """out = operand @ W^T, the operand in the mode's format already (a kernel's copy; float32x3: its parts).
-        left (split_products.Left): the product left for the kernels to sum as they read it, out flat: K in planes
-        (a reduced mode), or float32x3's P unfolded."""
-        if self.split:                     # (a fixed matrix's operand has no copy: gemm() multiplies it)
-            self._stacked_product(operand, weight, out, launch_fold=left is None)
-        elif left is not None:                 # one strided batch of K slices, from the starts of A, W and out
-            (call,) = slice_calls(*operand.shape, weight.stored.shape[0], left.count)
-            self._lt(call.shape, operand.data.ptr, weight.stored.data.ptr, out, products=LT_OPERANDS[self.precision])
-        else:
-            self._multiply(operand, weight, out, None, self.precision)
-
-    def _split_products(self, parts, weight: ModeWeight, out, bias) -> None:
-        """float32x3's product of many rows (a projection): parts (2, M, K) = [x_hi; x_lo], the weight (2N, K) =
-        [W_hi; W_lo]; out = x_hi W_lo^T + bias, then += x_lo W_hi^T, then += x_hi W_hi^T chunk by chunk."""
-        _, M, K = parts.shape
-        a, w, o = parts.data.ptr, weight.stored.data.ptr, out.data.ptr
-        for call in split_calls(M, K, weight.stored.shape[0] // 2, chunking(K, self.x3_chunk), bias is not None):
-            self._lt(call.shape, a + 4 * call.a, w + 4 * call.w, out, at=o + 4 * call.out,
-                     bias=bias.data.ptr if call.bias else 0, accumulate=call.accumulate)
-
-    def _stacked_product(self, operand, weight: ModeWeight, out, launch_fold: bool = True) -> None:
-        """float32x3's step product (engine/schedules/split_products.py): operand (2, R, K) = [h_hi; h_lo] by W_hi in
-        K chunks into P1 (chunks, 2R, N), one strided-batched GEMM (and one more for a rest), h_hi by W_lo into P2,
-        then the fold into out (R, N); launch_fold=False: P into out (flat), for the kernels to fold as they read
-        it."""
-        _, R, K = operand.shape
-        N = weight.stored.shape[0] // 2
-        chunks = chunking(K, self.x3_chunk)
-        key = (self.xp.cuda.get_current_stream().ptr, chunks.count, R, N)
-        partial = self.partials.get(key) if launch_fold else out
-        if partial is None:
-            partial = self.partials[key] = self.xp.empty(partial_size(R, N, chunks), dtype=self.xp.float32)
-        a, w, p = operand.data.ptr, weight.stored.data.ptr, partial.data.ptr
-        for call in stacked_calls(R, K, N, chunks):
-            self._lt(call.shape, a + 4 * call.a, w + 4 * call.w, partial, at=p + 4 * call.out)
-        if launch_fold:
-            fold(self.xp, partial, out, R, N, chunks.count)
-
-    def _lt(self, shape: Product, a: int, w: int, out, *, bias: int = 0, accumulate: bool = False,
-            at: int | None = None, products: tuple = X3_PRODUCTS) -> None:
-        """One product into out (at: the address in it to write) through cublasLt: float32x3's parts (TF32), or the
-        mode's operands (products: LT_OPERANDS' data and compute types), whole or in K slices."""
-        if not out.flags.c_contiguous:
-            raise BackendError("backend 'fused' in a precision mode writes GEMM outputs whole: got a strided one; "
-                               "hint: this is a bug in engine/schedules/fused_modes.py")
-        data_type, compute = products
-        if not self.lt.product(shape, a, w, out.data.ptr if at is None else at, data_type, compute, bias=bias,
-                               accumulate=accumulate, workspace=self._workspace(), sms=self.sms):
-            sliced = "" if shape.batch == 1 else ", or x3_chunk=None" if self.split else ", or k_slices=1"
-            raise BackendError(f"backend 'fused' in precision '{self.precision}': cublasLt offers no algorithm for a "
-                               f"({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) product"
-                               f"{f' in {shape.batch} K slices' if shape.batch > 1 else ''}; "
-                               f"hint: use backend='persistent' or 'graph' in this mode{sliced}")
-
-    def _multiply(self, operand, weight: ModeWeight, out, bias, mode: str) -> None:
-        """out = operand @ W^T (+ bias), both whole, in `mode` (float32 for a reduction's fixed matrix)."""
-        M, K = operand.shape
-        self._lt(Product.dense(M, weight.stored.shape[0], K), operand.data.ptr, weight.stored.data.ptr, out,
-                 bias=0 if bias is None else bias.data.ptr, products=LT_OPERANDS[mode])
-
-    def synchronize(self) -> None:
-        """Outside a capture, wait for the GPU. In one, join the forked layer streams into the capturing stream (the
-        run's end; at its start nothing is forked yet)."""
-        current = self.xp.cuda.get_current_stream()
-        if not current.is_capturing():
-            super().synchronize()
-            if self.ahead_stream is not None:
-                self.ahead_stream.synchronize()
-            return
-        joined = [self.streams[layer] for layer in sorted(self.forked)]
-        for stream in joined + ([self.ahead_stream] if self.ahead_forked else []):
-            event = self.xp.cuda.Event(disable_timing=True)
-            event.record(stream)
-            current.wait_event(event)
-        self.forked.clear()
-        self.ahead_forked = False
-
-    def _workspace(self):
-        """The current layer stream's cublasLt workspace (None: the device's own, on any other stream)."""
-        return self.workspaces.get(self.xp.cuda.get_current_stream().ptr)
-
-
-class NumpyModeDevice(NumpyDevice):
-    """plan_numpy's NumpyDevice with the mode's GEMMs as the reference emulates them (engine.rounding.mode_matmul):
-    the CPU tests run ModeExecutor's host logic on it."""
-
-    def __init__(self, dtype, precision: str, x3_chunk: int | str | None = X3_CHUNK):
-        super().__init__(dtype)
-        self.precision = precision
-        self.x3_chunk = x3_chunk
-
-    def mode_weight(self, weight, exact: bool) -> ModeWeight:
-        """float32x3: the parts stacked (2N, K), as ModeDevice stores them."""
-        stored = self.asarray(weight)
-        if self.precision == "float32x3" and not exact:
-            stored = stack_split(np, stored).astype(stored.dtype)
-        return ModeWeight(stored, exact)
-
-    @contextlib.contextmanager
-    def projection_stream(self, shared: bool):
-        yield None                         # one host thread: the pieces run in order (the GPU's streams overlap them)
-
-    def record_ahead(self):
-        return None
-
-    def wait_ahead(self, event) -> None:
-        pass
-
-    def gemm(self, x, weight, out, bias=None) -> None:
-        w = weight.stored
-        if weight.exact:
-            out[...] = x @ w.T
-        elif self.precision == "float32x3":            # the stacked parts in K chunks, folded: as ModeDevice's step
-            rows, K = x.shape
-            parts = split_into(np, np.ascontiguousarray(x, dtype=np.float32), np.empty((2, rows, K), np.float32))
-            out[...] = stacked_product_numpy(parts, w, chunking(K, self.x3_chunk))
-        else:
-            out[...] = mode_matmul(w, x, self.precision, lambda a, b: b @ a.T)
-        if bias is not None:
-            out += bias
-        self.launches += 1
 
 
 def check_x3_chunk(chunk):
@@ -460,7 +212,7 @@ class FusedModeProgram:
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
                  layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
                  projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
-                 k_slices: int = 1):
+                 k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT):
         self.precision = check_fused_mode(precision)
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
@@ -476,6 +228,15 @@ class FusedModeProgram:
             raise BackendError(f"argument 'x3_fold' must be one of {', '.join(X3_FOLDS)}, got {x3_fold!r}; hint: "
                                "'launch' folds float32x3's products in a kernel of their own, 'kernel' in the cell's")
         self.x3_fold, self.k_slices = x3_fold, integer(k_slices, "argument 'k_slices' (1: one product)")
+        # float32x3: how a step product's parts are held (split_products.py): "tf32", fp32 values on TF32 tensor cores;
+        # "fp16", fp16 values on fp16 tensor cores, half the bytes. A weight or step operand past fp16's range
+        # (|v| > 65504) makes the program run again in "tf32" parts (x3_parts_note says why); the check reads a flag
+        # after each run, so a run captured into a caller's own CUDA graph is not checked: use "tf32" there.
+        if x3_parts not in X3_PARTS:
+            raise BackendError(f"argument 'x3_parts' must be one of {', '.join(X3_PARTS)}, got {shown(x3_parts)}; "
+                               "hint: 'tf32' holds float32x3's parts as fp32 values, 'fp16' as fp16 ones (half the "
+                               "bytes; values past 65504 fall back to 'tf32')")
+        self.x3_parts, self.x3_parts_note = x3_parts, x3_parts
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
         network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
         import cupy  # deferred: CuPy is optional (no GPU in CI)
@@ -501,10 +262,11 @@ class FusedModeProgram:
             plan, needed = fitting_plan(cupy, network, T, B, self.options, lengths)
             program = plan.program
             fixed = fixed_gemms(program, program.cell)
-            copies = operand_copies(program, self.precision, {name for name, strict in fixed.items() if strict})
+            copies = operand_copies(program, self.precision, {name for name, strict in fixed.items() if strict},
+                                    self.x3_parts)
             waits = programmatic_waits(program) if self.programmatic else {}
             left = left_products(plan, self.precision, copied_buffers(program, copies), fixed, self.k_slices,
-                                 self.x3_chunk, self.x3_fold)
+                                 self.x3_chunk, self.x3_fold, self.x3_parts)
             extra = split_bytes(plan, self.x3_chunk) if self.precision == "float32x3" else left_bytes(plan, left)
             if extra:
                 needed += extra
@@ -514,14 +276,14 @@ class FusedModeProgram:
                            "or fewer K chunks or slices (x3_chunk, k_slices)")
             readers = {g.out_buffer: left[g.name].reader() for g in program.gemms if g.name in left}
             source = render_copies_module(program, self.precision, copies, GENERATOR_VERSION, waits,
-                                          read_places(program, readers))
+                                          read_places(program, readers), self.x3_parts)
             ahead = self.projection_ahead if type(self.projection_ahead) is int else \
                 ahead_steps(T, B) if self.projection_ahead and network.num_layers == 1 else None
             device = ModeDevice(cupy, load_module(source, cell=network.cell.name), network.num_layers,
                                 self.precision, projection=network.cell.uses_projection,
                                 streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1,
                                 programmatic=self.programmatic, dependents=waits, ahead=ahead is not None,
-                                shared_sms=self.projection_sms, x3_chunk=self.x3_chunk)
+                                shared_sms=self.projection_sms, x3_chunk=self.x3_chunk, x3_parts=self.x3_parts)
             executor = ModeExecutor(plan, device, copies, fixed, ahead, left)
             executor.load(self.params)
             executor.bytes = needed
@@ -531,7 +293,23 @@ class FusedModeProgram:
 
     def run(self, x, initial_states: dict | None = None, *, poison: bool = False, lengths=None) -> RunResult:
         """x: (T, B, I), NumPy or CuPy; CuPy comes back for CuPy, NumPy otherwise. poison=True fills every work
-        buffer with NaN first and runs directly (tests). lengths: (B,) each sequence's steps."""
+        buffer with NaN first and runs directly (tests). lengths: (B,) each sequence's steps. float32x3 in fp16
+        parts: a weight or step operand past fp16's range runs the program again in TF32 parts, for good."""
+        try:
+            result = self._run(x, initial_states, poison, lengths)
+            past = (self.x3_parts == "fp16" and not self.cupy.cuda.get_current_stream().is_capturing()
+                    and self._executor.device.out_of_range())
+        except X3RangeError as e:
+            past = str(e)
+        if not past:
+            return result
+        self.x3_parts = "tf32"
+        self.x3_parts_note = "tf32 (fp16 parts refused: " + (
+            past if isinstance(past, str) else "a step operand went past fp16's range, |v| > 65504") + ")"
+        self._shape, self._executor, self._replays = None, None, {}
+        return self.run(x, initial_states, poison=poison, lengths=lengths)
+
+    def _run(self, x, initial_states, poison: bool, lengths) -> RunResult:
         cupy = self.cupy
         check_gpu_run_inputs("backend 'fused'", cupy, self.network, x, initial_states)
         T, B, _ = (int(n) for n in x.shape)
@@ -575,19 +353,21 @@ class FusedModeProgram:
         plan = executor.plan
         return {"launches_per_step": plan.launches_per_step, "chunk_steps": plan.chunk_steps,
                 "program": plan.program.key, "bytes": executor.bytes, "lengths": plan.program.lengths,
-                "precision": self.precision, "replayed": self.replayed}
+                "precision": self.precision, "replayed": self.replayed,
+                **({"x3_parts": self.x3_parts_note} if self.precision == "float32x3" else {})}
 
 
 def prepare(network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16", passes=None,
             layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
             layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
             projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
-            k_slices: int = 1) -> FusedModeProgram:
+            k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT) -> FusedModeProgram:
     """Plan, compile and upload once; the result's run(x) is what the benchmark times."""
     return FusedModeProgram(network, params, dtype, precision=precision, passes=passes, layout=layout,
                             chunk_steps=chunk_steps, replay=replay, layer_streams=layer_streams,
                             programmatic=programmatic, projection_ahead=projection_ahead,
-                            projection_sms=projection_sms, x3_chunk=x3_chunk, x3_fold=x3_fold, k_slices=k_slices)
+                            projection_sms=projection_sms, x3_chunk=x3_chunk, x3_fold=x3_fold, k_slices=k_slices,
+                            x3_parts=x3_parts)
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..codegen.cuda import c_factor, file_entry, index_expr, round_blocks
 from ..plan import FLOAT_BYTES
-from ..rounding import split_tf32
+from ..rounding import split_fp16, split_tf32
 from .cublaslt import Product
 from .project import split_tf32 as split_elementwise
 
@@ -51,6 +51,12 @@ X3_ACCUMULATORS = 4
 X3_CHUNK_MIN = 64
 X3_FOLDS = ("launch", "kernel")   # float32x3's P folded by a kernel of its own, or by the kernels that read it
 FOLD_THREADS = 256
+# How a step product's parts are held (the module's docstring, "fp16 parts"): "tf32", as fp32 values for TF32 tensor
+# cores; "fp16", as fp16 values for fp16 tensor cores, the lo parts times LO_SCALE.
+X3_PARTS = ("tf32", "fp16")
+X3_PARTS_DEFAULT = "tf32"
+LO_SCALE = {"tf32": 1.0, "fp16": 2048.0}       # 2^11: an fp16 lo part in the range its hi has
+FP16_LIMIT = 65504.0                           # the largest finite fp16: a value past it has no fp16 hi part
 
 
 @dataclass(frozen=True)
@@ -160,31 +166,36 @@ def planes_read(planes: int):
     return place
 
 
-def fold_read(count: int):
+def fold_read(count: int, scale: float = 1.0):
     """A kernel's load of float32x3's product left as P (stacked_calls, `count` chunks): fold_x3's sum, in its order
-    (hi W_lo, then each chunk's lo W_hi, then each chunk's hi W_hi), so it is the fold kernel's value bit for bit."""
+    (hi W_lo, then each chunk's lo W_hi, then each chunk's hi W_hi), so it is the fold kernel's value bit for bit;
+    scale: the lo parts' LO_SCALE (fp16 parts), whose products' sum is divided by it (exactly: a power of two)."""
     def place(access) -> list[str]:
         index, plane = index_expr(access), f"(long)B * {c_factor(access.ld)}"
         at = lambda offset: f"{access.param}[{index} + {offset}]" if offset else f"{access.param}[{index}]"  # noqa: E731
         small = [at(f"{2 * count} * {plane}")] + [at(f"{2 * c + 1} * {plane}") for c in range(count)]
         big = [at(f"{2 * c} * {plane}" if c else "") for c in range(count)]
-        return [f"(({' + '.join(small)}) + ({' + '.join(big)}))"]
+        if scale == 1.0:
+            return [f"(({' + '.join(small)}) + ({' + '.join(big)}))"]
+        return [f"(({' + '.join(small)}) * {1.0 / scale!r}f + ({' + '.join(big)}))"]
     return place
 
 
 @dataclass(frozen=True)
 class Left:
     """How a step's product is left for the kernels that read it: "planes" (a reduced mode's K slices, slice_calls:
-    `count` planes) or "fold" (float32x3's P, stacked_calls: `count` chunks), summed as they are read."""
+    `count` planes) or "fold" (float32x3's P, stacked_calls: `count` chunks; `scale`, the lo parts' LO_SCALE), summed
+    as they are read."""
     kind: str
     count: int
+    scale: float = 1.0
 
     def floats(self, R: int, N: int) -> int:
         """The product's buffer: count planes of (R, N), or P1 (count, 2R, N) and P2 (R, N)."""
         return self.count * R * N if self.kind == "planes" else (2 * self.count + 1) * R * N
 
     def reader(self):
-        return planes_read(self.count) if self.kind == "planes" else fold_read(self.count)
+        return planes_read(self.count) if self.kind == "planes" else fold_read(self.count, self.scale)
 
 
 def read_places(program, readers: dict) -> dict:
@@ -218,21 +229,42 @@ def run_calls_numpy(calls, a, w, out) -> None:
             target[...] = target + product if call.accumulate else product
 
 
-def stack_split(xp, weight):
-    """(N, K) float32 -> (2N, K) float32: [tf32(w); tf32(w - tf32(w))], the parts a TF32 GEMM multiplies exactly."""
-    if xp is np:
-        hi, lo = split_tf32(weight)
-        return np.concatenate([hi, lo]).astype(np.float32)
-    out = xp.empty((2 * weight.shape[0], weight.shape[1]), dtype=xp.float32)
-    return split_into(xp, xp.ascontiguousarray(weight, dtype=xp.float32), out)
+def part_dtype(xp, parts: str):
+    """The array type of float32x3's parts: float32 (TF32 values) or float16."""
+    return xp.float16 if parts == "fp16" else xp.float32
 
 
-def split_into(xp, source, out):
-    """source (float32, C-contiguous) -> out (2, *source's shape, or as many elements): [hi; lo] (float32), what the
-    kernels write as a step operand's copy (engine/codegen/operand_copies.py). Returns out."""
+def stack_split(xp, weight, parts: str = "tf32"):
+    """(N, K) float32 -> (2N, K): [tf32(w); tf32(w - tf32(w))], the parts a TF32 GEMM multiplies exactly; parts
+    "fp16": the same as fp16 values, the lo part times 2^11 (engine.rounding.split_fp16); the caller checks the range
+    first (in_fp16_range)."""
     if xp is np:
-        hi, lo = split_tf32(source)
+        hi, lo = split_fp16(weight) if parts == "fp16" else split_tf32(weight)
+        return np.concatenate([hi, lo]).astype(part_dtype(np, parts))
+    out = xp.empty((2 * weight.shape[0], weight.shape[1]), dtype=part_dtype(xp, parts))
+    return split_into(xp, xp.ascontiguousarray(weight, dtype=xp.float32), out, parts)
+
+
+def in_fp16_range(values) -> bool:
+    """Whether every value has fp16 parts (|v| <= FP16_LIMIT; NaN aside: a NaN stays one in any parts)."""
+    values = np.asarray(values)
+    return not values.size or not bool((np.abs(values) > FP16_LIMIT).any())
+
+
+def split_into(xp, source, out, parts: str = "tf32", flag=None):
+    """source (float32, C-contiguous) -> out (2, *source's shape, or as many elements): [hi; lo] in `parts` (float32 for
+    "tf32", float16 for "fp16"), what the kernels write as a step operand's copy (engine/codegen/operand_copies.py).
+    flag (fp16 parts, a uint32 device array of one): set to 1 where a value is past fp16's range. Returns out."""
+    if xp is np:
+        hi, lo = split_fp16(source) if parts == "fp16" else split_tf32(source)
         out.reshape(2, -1)[...] = np.stack([hi.ravel(), lo.ravel()])
+        return out
+    if parts == "fp16":
+        n = source.size
+        if flag is None:
+            flag = xp.zeros(1, dtype=xp.uint32)
+        file_entry(xp, "split_products.cu", "split_contiguous_fp16")((round_blocks(xp, n),), (FOLD_THREADS,),
+                                                                    (xp.ascontiguousarray(source), out, np.int64(n), flag))
         return out
     n = source.size
     if n % 4 or source.data.ptr % 16 or out.data.ptr % 16 or not source.flags.c_contiguous:
@@ -244,33 +276,34 @@ def split_into(xp, source, out):
     return out
 
 
-def fold(cupy, partial, out, R: int, N: int, count: int) -> None:
-    """out (R, N) from P (partial_size floats: P1 of `count` chunks, then P2), on the current stream
-    (kernels/split_products.cu)."""
+def fold(cupy, partial, out, R: int, N: int, count: int, scale: float = 1.0) -> None:
+    """out (R, N) from P (partial_size floats: P1 of `count` chunks, then P2; the lo parts times `scale`), on the
+    current stream (kernels/split_products.cu)."""
     file_entry(cupy, "split_products.cu", "fold_x3")((round_blocks(cupy, R * N),), (FOLD_THREADS,),
-                           (partial, out, np.int32(R), np.int32(N), np.int32(count)))
+                           (partial, out, np.int32(R), np.int32(N), np.int32(count), np.float32(1.0 / scale)))
 
 
-def stacked_product_numpy(parts, stacked, chunks: Chunks):
+def stacked_product_numpy(parts, stacked, chunks: Chunks, scale: float = 1.0):
     """What the GPU's step product computes, in float64: the stacked_calls on parts (2, R, K) and the stacked weight
-    (2N, K), folded (fold_numpy): out (R, N)."""
+    (2N, K), folded (fold_numpy; scale: the lo parts' LO_SCALE): out (R, N)."""
     _, R, K = parts.shape
     N = stacked.shape[0] // 2
     partial = np.full(partial_size(R, N, chunks), np.nan)
     run_calls_numpy(stacked_calls(R, K, N, chunks), np.asarray(parts, np.float64).ravel(),
                     np.asarray(stacked, np.float64).ravel(), partial)
-    return fold_numpy(partial, R, N, chunks.count)
+    return fold_numpy(partial, R, N, chunks.count, scale)
 
 
-def fold_numpy(partial, R: int, N: int, count: int):
-    """kernels/split_products.cu's fold_x3 in NumPy: out (R, N) from the flat P (P1 of `count` chunks, then P2)."""
+def fold_numpy(partial, R: int, N: int, count: int, scale: float = 1.0):
+    """kernels/split_products.cu's fold_x3 in NumPy: out (R, N) from the flat P (P1 of `count` chunks, then P2; the lo
+    parts times `scale`)."""
     p1 = partial[:count * 2 * R * N].reshape(count, 2 * R, N)
     p2 = partial[count * 2 * R * N:count * 2 * R * N + R * N].reshape(R, N)
-    return (p2 + p1[:, R:].sum(axis=0)) + p1[:, :R].sum(axis=0)
+    return (p2 + p1[:, R:].sum(axis=0)) / scale + p1[:, :R].sum(axis=0)
 
 
 def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int = 1, x3_chunk: int | str | None = X3_CHUNK,
-                  x3_fold: str = "kernel") -> dict[str, Left]:
+                  x3_fold: str = "kernel", x3_parts: str = X3_PARTS_DEFAULT) -> dict[str, Left]:
     """{step GEMM: how its product is left for the kernels} (split_products.Left) for the step GEMMs whose operand the
     kernels copy: float32x3's P when x3_fold is "kernel" (the kernels fold it as they read it, no fold launch), a
     reduced mode's K in k_slices planes (one strided-batched GEMM, the planes summed as they are read) where K cuts
@@ -285,7 +318,7 @@ def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int 
         (K,) = ks
         if precision == "float32x3":
             if x3_fold == "kernel":
-                found[gemm.name] = Left("fold", chunking(K, x3_chunk).count)
+                found[gemm.name] = Left("fold", chunking(K, x3_chunk).count, LO_SCALE[x3_parts])
         elif sliceable(K, k_slices):
             found[gemm.name] = Left("planes", k_slices)
     return found
@@ -294,7 +327,8 @@ def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int 
 def split_bytes(plan, chunk: int | str | None) -> int:
     """float32x3's device memory beyond the plan's (backends/fused.py plan_bytes): each weight's lo part, a step
     GEMM's chunks' products P and its operand's two parts (a set a layer: the layers run on streams of their own),
-    and a projection's split input (2 x its rows x K)."""
+    and a projection's split input (2 x its rows x K). With fp16 parts a step GEMM's stacked weight and operand parts
+    take half the floats (counted whole here: an upper bound)."""
     program, network = plan.program, plan.network
     total = 0
     for layer in range(network.num_layers):

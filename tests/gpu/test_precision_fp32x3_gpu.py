@@ -19,6 +19,7 @@ from test_fused import make_case, relative_error
 import engine
 from engine.backends import fused, reference
 from engine.schedules import autotune, fused_modes, project, schedule_class
+from engine.schedules.split_products import X3_PARTS_DEFAULT
 from engine.schedules.tiling import TileConfig
 
 pytestmark = pytest.mark.gpu
@@ -156,10 +157,11 @@ def test_the_tuner_times_only_float32x3_candidates_within_twice_strict_fp32s_err
 @pytest.mark.parametrize("schedule", ["persistent", "graph"])
 def test_the_schedules_float32x3_runs_are_replayed(cupy, schedule, monkeypatch):
     """Their input projection's three TF32 products go through cublasLt (project.split_products_lt), which a capture
-    holds (CuPy's cuBLAS was refused, so `large` and blogA went unreplayed, H200 2026-11-28): at `large`'s layer
-    sizes the third run is a replay, bit-identical to a poisoned direct run."""
+    holds (CuPy's cuBLAS was refused, so `large` and blogA went unreplayed, H200 2026-11-28): one layer of `large`'s
+    sizes (one layer a launch projects before the kernel; with more, layer 0 projects in it) replays on the third
+    run, bit-identical to a poisoned direct run."""
     size = {"input_size": 1024, "hidden_size": 1024, "batch": 128, "steps": 6}
-    network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=8, sizes=size)
+    network, params, x, states = make_case(engine.preset("lstm").cell, 1, seed=8, sizes=size)
     made, through_lt = [], project.split_products_lt
     monkeypatch.setattr(project, "split_products_lt", lambda *args: made.append(1) or through_lt(*args))
     program = schedule_class(schedule)(network, params, precision="float32x3")
@@ -175,28 +177,33 @@ def test_the_schedules_float32x3_runs_are_replayed(cupy, schedule, monkeypatch):
 # ---- the fused backend in float32x3 (engine/schedules/split_products.py) ----------------------------------------
 
 FUSED_PRESETS = sorted(engine.presets())        # projected states too: the fused backend takes them
+PARTS = ("tf32", "fp16")                         # x3_parts: how the step products' parts are held
 
 
+@pytest.mark.parametrize("parts", PARTS)
 @pytest.mark.parametrize("name", FUSED_PRESETS)
-def test_fused_every_preset_matches_its_emulation(cupy, name):
+def test_fused_every_preset_matches_its_emulation(cupy, name, parts):
+    """In TF32 parts and in fp16 parts (the same 11-bit parts on fp16 tensor cores): the emulation's value."""
     size = {"input_size": 37, "hidden_size": 129, "batch": 19, "steps": 17}
     network, params, x, states = make_case(engine.preset(name).cell, 2, seed=19, sizes=size)
-    result = fused_modes.prepare(network, params, precision="float32x3").run(x, states, poison=True)
+    result = fused_modes.prepare(network, params, precision="float32x3", x3_parts=parts).run(x, states, poison=True)
+    assert result.info["x3_parts"] == parts, result.info
     tf32 = fused_modes.prepare(network, params, precision="tf32").run(x, states, poison=True)
-    check_x3(result, network, params, x, states, f"fused {name} float32x3", tf32)
+    check_x3(result, network, params, x, states, f"fused {name} float32x3 in {parts} parts", tf32)
 
 
+@pytest.mark.parametrize("parts", PARTS)
 @pytest.mark.parametrize("chunk", [None, 32, 48, 100, "auto"])
-def test_fused_chunks_and_the_replay(cupy, chunk):
+def test_fused_chunks_and_the_replay(cupy, chunk, parts):
     """The step's K = H = 98 in chunks of about 32 (three of 28, a batch, and a rest of 14), 48 (two of 36 and 26),
     "auto" (64: one of 52 and a rest of 46), 100 and None (one); the projection's K = I = 50 in 28 and 22, or one.
     The CUDA-graph replay bit-identical to a poisoned direct run, on new inputs too."""
     size = {"input_size": 50, "hidden_size": 98, "batch": 16, "steps": 11}
     for name, layers in (("lstm", 2), ("gru_cho", 1)):
         network, params, x, states = make_case(engine.preset(name).cell, layers, seed=5, sizes=size)
-        program = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=chunk)
+        program = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=chunk, x3_parts=parts)
         direct = program.run(x, states, poison=True)
-        check_x3(direct, network, params, x, states, f"fused {name} float32x3 chunk {chunk}")
+        check_x3(direct, network, params, x, states, f"fused {name} float32x3 chunk {chunk} {parts} parts")
         for _ in range(3):
             again = program.run(x, states)
         assert again.info["replayed"].startswith("replayed from CUDA graphs"), again.info["replayed"]
@@ -205,28 +212,35 @@ def test_fused_chunks_and_the_replay(cupy, chunk):
         np.testing.assert_array_equal(program.run(x2, states).outputs, program.run(x2, states, poison=True).outputs)
 
 
-def test_fused_large_like_size_stays_at_fp32_level(cupy):
+@pytest.mark.parametrize("parts", PARTS)
+def test_fused_large_like_size_stays_at_fp32_level(cupy, parts):
     """`large` with T cut to 30: the fused backend's float32x3 ("auto": chunks of 256 at K = 1024) at most 2x strict fp32's error
     against float64 (the fused backend in float32) plus an ulp, and engine.run routes backend='fused' to it."""
     size = {"input_size": 1024, "hidden_size": 1024, "batch": 128, "steps": 30}
     network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=7, sizes=size)
-    result = engine.run(network, params, x, states, backend="fused", precision="float32x3")
+    result = fused_modes.run(network, params, x, states, precision="float32x3", x3_parts=parts)
+    assert result.info["x3_parts"] == parts, result.info
+    if parts == X3_PARTS_DEFAULT:               # engine.run routes backend='fused' in float32x3 to it
+        routed = engine.run(network, params, x, states, backend="fused", precision="float32x3")
+        np.testing.assert_array_equal(routed.outputs, result.outputs)
     tf32 = engine.run(network, params, x, states, backend="fused", precision="tf32")
-    error = check_x3(result, network, params, x, states, "fused lstm large-like float32x3", tf32)
+    error = check_x3(result, network, params, x, states, f"fused lstm large-like float32x3 {parts} parts", tf32)
     fp32 = engine.run(network, params, x, states, backend="fused")
     fp32_error = relative_error(fp32.outputs, reference.run(network, params, x, states).outputs)
     assert error <= 2 * fp32_error + 2.0 ** -24, f"float32x3 {error:.3g} against strict fp32's {fp32_error:.3g}"
 
 
-def test_fused_fold_in_the_kernels_is_the_fold_launch(cupy):
+@pytest.mark.parametrize("parts", PARTS)
+def test_fused_fold_in_the_kernels_is_the_fold_launch(cupy, parts):
     """x3_fold="kernel" (the default): the cell kernels fold P as they read it (split_products.fold_read), in the fold
     kernel's order, so the outputs are x3_fold="launch"'s (a fold kernel) bit for bit; poisoned, replayed, in chunks
     with a rest."""
     size = {"input_size": 50, "hidden_size": 98, "batch": 16, "steps": 11}
     for name, layers in (("lstm", 2), ("gru_cho", 1)):
         network, params, x, states = make_case(engine.preset(name).cell, layers, seed=9, sizes=size)
-        launch = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32, x3_fold="launch")
-        kernel = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32)
+        launch = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32, x3_fold="launch",
+                                     x3_parts=parts)
+        kernel = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32, x3_parts=parts)
         want = launch.run(x, states, poison=True)
         got = kernel.run(x, states, poison=True)
         check_x3(got, network, params, x, states, f"fused {name} float32x3 folded in the kernels")
@@ -235,3 +249,30 @@ def test_fused_fold_in_the_kernels_is_the_fold_launch(cupy):
             again = kernel.run(x, states)
         assert again.info["replayed"].startswith("replayed from CUDA graphs"), again.info["replayed"]
         np.testing.assert_array_equal(again.outputs, want.outputs)
+
+
+def test_fp16_parts_past_their_range_run_again_in_tf32_parts(cupy):
+    """x3_parts="fp16" where a value has no fp16 part (|v| > 65504): an Elman relu net whose recurrent weight doubles
+    h every step (an operand past the range mid-run: the copies' flag), initial states past it (the split kernel's
+    flag), and a weight past it (refused at upload). Each time the program runs again in TF32 parts, says so, and
+    gives that run's outputs bit for bit; later runs replay in TF32 parts."""
+    size = {"input_size": 24, "hidden_size": 64, "batch": 8, "steps": 40}
+    network, params, x, states = make_case(engine.preset("elman_relu").cell, 1, seed=3, sizes=size)
+    growing = engine.Params([{**params[0], "W_hh": 2.0 * np.eye(64)}])
+    big_states = {"h": np.full_like(states["h"], 7.0e4)}
+    big_weight = engine.Params([{**params[0], "W_hh": params[0]["W_hh"] * 1e6}])
+    for label, p, s0 in (("h doubling every step", growing, states), ("initial states of 7e4", params, big_states),
+                         ("a recurrent weight times 1e6", big_weight, states)):
+        tf32 = fused_modes.prepare(network, p, precision="float32x3", x3_parts="tf32").run(x, s0, poison=True)
+        program = fused_modes.prepare(network, p, precision="float32x3", x3_parts="fp16")
+        first = program.run(x, s0, poison=True)
+        assert first.info["x3_parts"].startswith("tf32 (fp16 parts refused: "), (label, first.info)
+        np.testing.assert_array_equal(first.outputs, tf32.outputs, err_msg=label)
+        if p is growing:                     # the doubling h did pass the range (the copies' flag, mid-run)
+            assert float(np.abs(tf32.outputs).max()) > 65504 and float(np.abs(tf32.outputs[0]).max()) < 65504
+        for _ in range(3):
+            again = program.run(x, s0)
+        assert again.info["replayed"].startswith("replayed from CUDA graphs"), (label, again.info)
+        np.testing.assert_array_equal(again.outputs, tf32.outputs, err_msg=label)
+    in_range = fused_modes.prepare(network, params, precision="float32x3", x3_parts="fp16").run(x, states, poison=True)
+    assert in_range.info["x3_parts"] == "fp16", in_range.info

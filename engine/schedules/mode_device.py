@@ -1,0 +1,334 @@
+"""The devices of the fused backend in a precision mode (engine/schedules/fused_modes.py): ModeDevice, the CuPy one,
+whose GEMMs take the mode through cublasLt (engine/schedules/cublaslt.py), and NumpyModeDevice, the host logic's
+stand-in for the CPU tests (its GEMMs as engine.rounding emulates the mode).
+
+    device = ModeDevice(cupy, module, num_layers, "float32x3", x3_parts="fp16")
+    weight = device.mode_weight(packed, exact=False, parts="fp16")      # [W_hi; W_lo] as the products read it
+    device.product(operand, weight, out, left)                            # a step's product (its operand a copy)
+
+float32x3's parts (split_products.py): "tf32", each part a TF32 value held in fp32, multiplied on TF32 tensor cores;
+"fp16", the same 11-bit parts held as fp16 (the lo part times 2^11), multiplied on fp16 tensor cores from half the
+bytes; a value past fp16's range (|v| > 65504) sets the range flag of the module (kernels write it) and the program
+runs again in TF32 parts (fused_modes.FusedModeProgram).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backends.fused import THREADS_PER_BLOCK, CupyDevice
+from ..backends.plan_numpy import NumpyDevice
+from ..codegen.cublas_enums import CUBLAS_COMPUTE_32F, CUDA_R_16F
+from ..errors import BackendError
+from ..rounding import mode_matmul
+from .cublaslt import WORKSPACE, LtProjection, Product
+from .project import LT_OPERANDS, operand_dtype, round_into
+from .split_products import (
+    LO_SCALE,
+    X3_CHUNK,
+    Left,
+    chunking,
+    fold,
+    part_dtype,
+    partial_size,
+    slice_calls,
+    split_calls,
+    split_into,
+    stack_split,
+    stacked_calls,
+    stacked_product_numpy,
+)
+
+X3_PRODUCTS = LT_OPERANDS["tf32"]       # float32x3's TF32 parts: fp32 storage, TF32 tensor-core products
+X3_FP16_PRODUCTS = (CUDA_R_16F, CUBLAS_COMPUTE_32F)   # its fp16 parts: fp16 storage, fp32 accumulation
+
+
+RANGE_FLAG = "rnn_x3_range"         # the copies module's flag: a step operand past fp16's range (operand_copies.py)
+
+
+@dataclass(frozen=True)
+class ModeWeight:
+    """A packed GEMM weight as the mode multiplies it: `stored` (N, K), in the mode's storage unless `exact` (a
+    reduction's fixed matrix: strict fp32); float32x3: (2N, K), its parts stacked, held as `parts` ("tf32" or "fp16")."""
+    stored: object
+    exact: bool
+    parts: str | None = None
+
+
+class X3RangeError(BackendError):
+    """float32x3's fp16 parts cannot hold a value (|v| > 65504): the program runs again in TF32 parts
+    (fused_modes.FusedModeProgram)."""
+
+
+class ModeDevice(CupyDevice):
+    """CupyDevice whose GEMMs take the mode: out = round(x) @ W^T (+ bias) through cublasLt, on the current stream
+    (a layer's, where the layers have streams)."""
+
+    def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
+                 streams: bool = False, programmatic=None, dependents=frozenset(), ahead: bool = False,
+                 shared_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_parts: str = "tf32"):
+        super().__init__(cupy, module, num_layers, streams=streams, projection=projection)
+        self.precision = precision
+        self.split = precision == "float32x3"
+        self.x3_chunk = x3_chunk           # float32x3: K of one accumulator (split_products.chunking)
+        self.x3_parts = x3_parts if self.split else None    # float32x3: how the step products' parts are held
+        # fp16 parts: the module's flag (a uint32 the copies set where an operand is past fp16's range), reset at each
+        # run's start and read at its end (fused_modes.FusedModeProgram)
+        self.range_flag = (cupy.ndarray((1,), cupy.uint32, memptr=module.get_global(RANGE_FLAG))
+                           if self.x3_parts == "fp16" else None)
+        self.partials: dict = {}           # float32x3: (stream, chunks, rows, cols) -> the chunks' products P
+        # kernels launched as programmatic dependents of the step GEMM before them (engine/codegen/programmatic.py)
+        self.programmatic, self.dependents = programmatic, frozenset(dependents) if programmatic else frozenset()
+        self.lt = LtProjection.on_current_device(cupy)
+        self.rounded: dict = {}            # (stream, rows, cols) -> a rounded operand's buffer, reused in turn
+        # layer 0's projection in pieces ahead of the steps (Executor._project_ahead), on a stream of its own
+        self.ahead_stream = cupy.cuda.Stream(non_blocking=True) if ahead else None
+        self.shared_sms = shared_sms       # the SMs a piece after the first plans for (0: all)
+        self.sms = 0                       # the SMs the products being issued plan for
+        # a cublasLt workspace a layer stream: their products run at once (the device's own serves one stream)
+        self.workspaces = {stream.ptr: cupy.empty(WORKSPACE, dtype=cupy.uint8)
+                           for stream in [*(self.streams or ()), *([self.ahead_stream] if ahead else [])]}
+        self.forked: set = set()           # the layer streams a capture has forked from its stream, to join at its end
+        self.ahead_forked = False          # the projection stream, forked the same way
+
+    def stream(self, layer: int):
+        """The layer's stream; in a capture, forked from the capturing stream first (an event it waits on), as CUDA
+        requires of every stream that takes part in one."""
+        if self.streams is not None and layer not in self.forked and self._fork(self.streams[layer]):
+            self.forked.add(layer)
+        return super().stream(layer)
+
+    def _fork(self, stream) -> bool:
+        """In a capture, `stream` made to wait for the capturing stream (an event): True where it was forked."""
+        current = self.xp.cuda.get_current_stream()
+        if not current.is_capturing():
+            return False
+        event = self.xp.cuda.Event(disable_timing=True)
+        event.record(current)
+        stream.wait_event(event)
+        return True
+
+    @contextlib.contextmanager
+    def projection_stream(self, shared: bool):
+        """The projection stream as the current stream (forked from a capture's stream first); shared: its products
+        plan for shared_sms SMs, the steps running beside them."""
+        if not self.ahead_forked:
+            self.ahead_forked = self._fork(self.ahead_stream)
+        self.sms = self.shared_sms if shared else 0
+        try:
+            with self.ahead_stream:
+                yield self.ahead_stream
+        finally:
+            self.sms = 0
+
+    def record_ahead(self):
+        event = self.xp.cuda.Event(disable_timing=True)
+        event.record(self.ahead_stream)
+        return event
+
+    def wait_ahead(self, event) -> None:
+        """The current stream (layer 0's) waits for a piece of its projection."""
+        self.xp.cuda.get_current_stream().wait_event(event)
+
+    def launch(self, kernel, args, t: int, batch: int, sizes: dict) -> None:
+        if kernel.name not in self.dependents:
+            super().launch(kernel, args, t, batch, sizes)
+            return
+        function, grid, arguments = self.launch_arguments(kernel, args, t, batch, sizes)
+        self.programmatic(function, grid, (THREADS_PER_BLOCK,), arguments, self.xp.cuda.get_current_stream().ptr)
+
+    def mode_weight(self, weight, exact: bool, parts: str = "tf32") -> ModeWeight:
+        """The weight as the GEMMs read it: rounded to the mode (float32x3: its two parts stacked, (2N, K), in `parts`:
+        the step GEMMs' in the device's x3_parts, the others' in TF32 parts)."""
+        stored = self.asarray(weight)
+        if self.split and not exact:
+            return ModeWeight(stack_split(self.xp, stored, parts), exact, parts)
+        if not exact:
+            stored = round_into(self.xp, stored, self.xp.empty(stored.shape, operand_dtype(self.xp, self.precision)),
+                                self.precision)
+        return ModeWeight(stored, exact)
+
+    def operand_like(self, array, poison: bool):
+        """A buffer for `array` (float32) in the mode's operand format (float32x3: two, hi and lo, stacked, in the
+        device's x3_parts); poison: NaN bit patterns (0xFFFF is a NaN in fp16 and bf16)."""
+        cupy = self.xp
+        dtype = part_dtype(cupy, self.x3_parts) if self.split else operand_dtype(cupy, self.precision)
+        copy = cupy.empty(((2,) if self.split else ()) + tuple(array.shape), dtype)
+        copy.view(cupy.uint16 if copy.itemsize == 2 else cupy.uint32).fill(
+            (0xFFFF if copy.itemsize == 2 else 0x7FC00000) if poison else 0)
+        return copy
+
+    def reset_range(self) -> None:
+        """fp16 parts: the range flag cleared on the current stream (a run's first launch; captured with it)."""
+        if self.range_flag is not None:
+            self.range_flag.fill(0)
+
+    def out_of_range(self) -> bool:
+        """fp16 parts: whether the run just issued put a step operand past fp16's range (waits for it)."""
+        return self.range_flag is not None and bool(int(self.range_flag.get()[0]))
+
+    def round_copy(self, source, copy) -> None:
+        if self.split:
+            split_into(self.xp, self.xp.ascontiguousarray(source), copy, self.x3_parts, self.range_flag)
+        else:
+            round_into(self.xp, source, copy, self.precision)
+
+    def gemm(self, x, weight: ModeWeight, out, bias=None) -> None:
+        """out = round(x) @ W^T (+ bias): x rounded into a buffer of this device first, unless W is exact."""
+        cupy = self.xp
+        x = cupy.ascontiguousarray(x)
+        if weight.exact:
+            self._multiply(x, weight, out, bias, "float32")
+            return
+        if weight.parts == "fp16":
+            raise BackendError("backend 'fused' in float32x3: a weight held in fp16 parts was given an operand no "
+                               "kernel copies; hint: this is a bug in engine/schedules/fused_modes.py (ModeExecutor "
+                               "picks fp16 parts for copied operands only); x3_parts='tf32' avoids it")
+        key = (cupy.cuda.get_current_stream().ptr, *x.shape)
+        buffer = self.rounded.get(key)
+        if buffer is None:
+            shape = ((2,) if self.split else ()) + x.shape
+            buffer = self.rounded[key] = cupy.empty(shape, operand_dtype(cupy, self.precision))
+        if self.split:
+            self._split_products(split_into(cupy, x, buffer), weight, out, bias)
+        else:
+            self._multiply(round_into(cupy, x, buffer, self.precision), weight, out, bias, self.precision)
+
+    def product(self, operand, weight: ModeWeight, out, left: Left | None = None) -> None:
+        """out = operand @ W^T, the operand in the mode's format already (a kernel's copy; float32x3: its parts).
+        left (split_products.Left): the product left for the kernels to sum as they read it, out flat: K in planes
+        (a reduced mode), or float32x3's P unfolded."""
+        if self.split:                     # (a fixed matrix's operand has no copy: gemm() multiplies it)
+            self._stacked_product(operand, weight, out, launch_fold=left is None)
+        elif left is not None:                 # one strided batch of K slices, from the starts of A, W and out
+            (call,) = slice_calls(*operand.shape, weight.stored.shape[0], left.count)
+            self._lt(call.shape, operand.data.ptr, weight.stored.data.ptr, out, products=LT_OPERANDS[self.precision])
+        else:
+            self._multiply(operand, weight, out, None, self.precision)
+
+    def _split_products(self, parts, weight: ModeWeight, out, bias) -> None:
+        """float32x3's product of many rows (a projection): parts (2, M, K) = [x_hi; x_lo], the weight (2N, K) =
+        [W_hi; W_lo]; out = x_hi W_lo^T + bias, then += x_lo W_hi^T, then += x_hi W_hi^T chunk by chunk."""
+        _, M, K = parts.shape
+        a, w, o = parts.data.ptr, weight.stored.data.ptr, out.data.ptr
+        for call in split_calls(M, K, weight.stored.shape[0] // 2, chunking(K, self.x3_chunk), bias is not None):
+            self._lt(call.shape, a + 4 * call.a, w + 4 * call.w, out, at=o + 4 * call.out,
+                     bias=bias.data.ptr if call.bias else 0, accumulate=call.accumulate)
+
+    def _stacked_product(self, operand, weight: ModeWeight, out, launch_fold: bool = True) -> None:
+        """float32x3's step product (engine/schedules/split_products.py): operand (2, R, K) = [h_hi; h_lo] by W_hi in
+        K chunks into P1 (chunks, 2R, N), one strided-batched GEMM (and one more for a rest), h_hi by W_lo into P2,
+        then the fold into out (R, N); launch_fold=False: P into out (flat), for the kernels to fold as they read
+        it."""
+        _, R, K = operand.shape
+        N = weight.stored.shape[0] // 2
+        chunks = chunking(K, self.x3_chunk)
+        key = (self.xp.cuda.get_current_stream().ptr, chunks.count, R, N)
+        partial = self.partials.get(key) if launch_fold else out
+        if partial is None:
+            partial = self.partials[key] = self.xp.empty(partial_size(R, N, chunks), dtype=self.xp.float32)
+        if operand.dtype != weight.stored.dtype:
+            raise BackendError(f"backend 'fused' in float32x3: a step operand in {operand.dtype} parts against a weight "
+                               f"in {weight.stored.dtype} parts; hint: this is a bug in engine/schedules/fused_modes.py")
+        item, products = operand.itemsize, X3_FP16_PRODUCTS if weight.parts == "fp16" else X3_PRODUCTS
+        a, w, p = operand.data.ptr, weight.stored.data.ptr, partial.data.ptr
+        for call in stacked_calls(R, K, N, chunks):
+            self._lt(call.shape, a + item * call.a, w + item * call.w, partial, at=p + 4 * call.out, products=products)
+        if launch_fold:
+            fold(self.xp, partial, out, R, N, chunks.count, LO_SCALE[weight.parts])
+
+    def _lt(self, shape: Product, a: int, w: int, out, *, bias: int = 0, accumulate: bool = False,
+            at: int | None = None, products: tuple = X3_PRODUCTS) -> None:
+        """One product into out (at: the address in it to write) through cublasLt: float32x3's parts (TF32), or the
+        mode's operands (products: LT_OPERANDS' data and compute types), whole or in K slices."""
+        if not out.flags.c_contiguous:
+            raise BackendError("backend 'fused' in a precision mode writes GEMM outputs whole: got a strided one; "
+                               "hint: this is a bug in engine/schedules/fused_modes.py")
+        data_type, compute = products
+        if not self.lt.product(shape, a, w, out.data.ptr if at is None else at, data_type, compute, bias=bias,
+                               accumulate=accumulate, workspace=self._workspace(), sms=self.sms):
+            sliced = "" if shape.batch == 1 else ", or x3_chunk=None" if self.split else ", or k_slices=1"
+            raise BackendError(f"backend 'fused' in precision '{self.precision}': cublasLt offers no algorithm for a "
+                               f"({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) product"
+                               f"{f' in {shape.batch} K slices' if shape.batch > 1 else ''}; "
+                               f"hint: use backend='persistent' or 'graph' in this mode{sliced}")
+
+    def _multiply(self, operand, weight: ModeWeight, out, bias, mode: str) -> None:
+        """out = operand @ W^T (+ bias), both whole, in `mode` (float32 for a reduction's fixed matrix)."""
+        M, K = operand.shape
+        self._lt(Product.dense(M, weight.stored.shape[0], K), operand.data.ptr, weight.stored.data.ptr, out,
+                 bias=0 if bias is None else bias.data.ptr, products=LT_OPERANDS[mode])
+
+    def synchronize(self) -> None:
+        """Outside a capture, wait for the GPU. In one, join the forked layer streams into the capturing stream (the
+        run's end; at its start nothing is forked yet)."""
+        current = self.xp.cuda.get_current_stream()
+        if not current.is_capturing():
+            super().synchronize()
+            if self.ahead_stream is not None:
+                self.ahead_stream.synchronize()
+            return
+        joined = [self.streams[layer] for layer in sorted(self.forked)]
+        for stream in joined + ([self.ahead_stream] if self.ahead_forked else []):
+            event = self.xp.cuda.Event(disable_timing=True)
+            event.record(stream)
+            current.wait_event(event)
+        self.forked.clear()
+        self.ahead_forked = False
+
+    def _workspace(self):
+        """The current layer stream's cublasLt workspace (None: the device's own, on any other stream)."""
+        return self.workspaces.get(self.xp.cuda.get_current_stream().ptr)
+
+
+class NumpyModeDevice(NumpyDevice):
+    """plan_numpy's NumpyDevice with the mode's GEMMs as the reference emulates them (engine.rounding.mode_matmul):
+    the CPU tests run ModeExecutor's host logic on it."""
+
+    def __init__(self, dtype, precision: str, x3_chunk: int | str | None = X3_CHUNK, x3_parts: str = "tf32"):
+        super().__init__(dtype)
+        self.precision = precision
+        self.x3_chunk = x3_chunk
+        self.x3_parts = x3_parts if precision == "float32x3" else None
+
+    def mode_weight(self, weight, exact: bool, parts: str = "tf32") -> ModeWeight:
+        """float32x3: the parts stacked (2N, K) in `parts` (their values, in the device's dtype), as ModeDevice stores
+        them."""
+        stored = self.asarray(weight)
+        if self.precision == "float32x3" and not exact:
+            return ModeWeight(stack_split(np, stored, parts).astype(stored.dtype), exact, parts)
+        return ModeWeight(stored, exact)
+
+    def reset_range(self) -> None:
+        pass
+
+    def out_of_range(self) -> bool:
+        return False
+
+    @contextlib.contextmanager
+    def projection_stream(self, shared: bool):
+        yield None                         # one host thread: the pieces run in order (the GPU's streams overlap them)
+
+    def record_ahead(self):
+        return None
+
+    def wait_ahead(self, event) -> None:
+        pass
+
+    def gemm(self, x, weight, out, bias=None) -> None:
+        w = weight.stored
+        if weight.exact:
+            out[...] = x @ w.T
+        elif self.precision == "float32x3":            # the stacked parts in K chunks, folded: as ModeDevice's step
+            rows, K = x.shape
+            parts = split_into(np, np.ascontiguousarray(x, dtype=np.float32),
+                               np.empty((2, rows, K), part_dtype(np, weight.parts)), weight.parts)
+            out[...] = stacked_product_numpy(parts, w, chunking(K, self.x3_chunk), LO_SCALE[weight.parts])
+        else:
+            out[...] = mode_matmul(w, x, self.precision, lambda a, b: b @ a.T)
+        if bias is not None:
+            out += bias
+        self.launches += 1
+

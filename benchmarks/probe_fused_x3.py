@@ -25,7 +25,8 @@ strided-batched GEMM whose planes the cell kernels sum as they read them), besid
 fold in the cell kernels (x3_fold="kernel", the default) and end with the last chunk folded by a launch of its own
 (x3_fold="launch"); "auto" is the default chunk (split_products.chunk_size: by each product's K). Each row says
 whether its timed runs were CUDA-graph replays, and the free device memory is printed before each row. --parts
-tf32,fp16 adds the fused rows with float32x3's parts held as fp16 (x3_parts="fp16", named "-fp16").
+tf32,fp16 adds the fused rows with float32x3's parts held as fp16 (x3_parts="fp16", named "-fp16"); --lean keeps
+cuDNN fp32 and the fused float32x3 rows only.
 """
 from __future__ import annotations
 
@@ -134,6 +135,8 @@ def products(cp, chunks) -> list[dict]:
                 fold(cp, partial, out, R, N, found.count)
             measure(f"x3 batch of {found.count} x {found.size}", batched)
         split_k(cp, lt, measure, parts, stacked_w, out, R, K, N)
+        split_k(cp, lt, measure, split_into(cp, h, cp.empty((2, R, K), dtype=cp.float16), "fp16"),
+                stack_split(cp, w, "fp16"), out, R, K, N, (CUDA_R_16F, CUBLAS_COMPUTE_32F), "x3 fp16 parts")
         fp16_parts(cp, lt, measure, h, w, out, R, K, N, chunks)
         for row in rows:
             if row["cell"] == cell and row["config"] == config:
@@ -141,17 +144,21 @@ def products(cp, chunks) -> list[dict]:
     return rows
 
 
-def split_k(cp, lt, measure, parts, stacked_w, out, R, K, N) -> None:
+def split_k(cp, lt, measure, parts, stacked_w, out, R, K, N, types=(CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32),
+            name="x3") -> None:
     """float32x3's step product with its W_hi product on cublasLt's split-K instead of the batch of chunks (K / 512,
     K / 256, K / 128 splits, each reduction scheme it supports: each split its own accumulator, summed in place or
     in the workspace, so P1 is one plane), then h_hi W_lo and the fold as the engine makes them: the first of the
-    heuristic's 8 algorithms that can split K."""
+    heuristic's 8 algorithms that can split K. types: the parts' data and compute types (fp16 parts: CUDA_R_16F, fp32
+    accumulation; their lo parts carry 2^11, which the fold takes off)."""
+    data_type, compute = types
+    item, scale = (2, 2048.0) if data_type == CUDA_R_16F else (4, 1.0)
     one_chunk = chunking(K, None)
     partial = cp.empty(partial_size(R, N, one_chunk), dtype=cp.float32)
     lo_call = stacked_calls(R, K, N, one_chunk)[-1]                     # h_hi W_lo into P2
     cp.cuda.Device().synchronize()
     # [h_hi; h_lo] by W_hi (the stacked weight's first N rows) into P1, the heuristic's first 8 algorithms kept
-    bound = lt.bind(stacked_w[:N], partial[:2 * R * N].reshape(2 * R, N), CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, 8)
+    bound = lt.bind(stacked_w[:N], partial[:2 * R * N].reshape(2 * R, N), data_type, compute, 8)
     if bound is None:
         fail("W_hi")
     for k, algo in enumerate(bound.plan.candidates):
@@ -167,12 +174,11 @@ def split_k(cp, lt, measure, parts, stacked_w, out, R, K, N) -> None:
                 def issue(variant=variant):
                     bound.use(variant)
                     bound(parts.data.ptr, cp.cuda.get_current_stream().ptr)   # an error status raises LtError
-                    lt.product(lo_call.shape, parts.data.ptr + 4 * lo_call.a, stacked_w.data.ptr + 4 * lo_call.w,
-                               partial.data.ptr + 4 * lo_call.out, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32) \
-                        or fail("h_hi W_lo")
-                    fold(cp, partial, out, R, N, 1)
+                    lt.product(lo_call.shape, parts.data.ptr + item * lo_call.a, stacked_w.data.ptr + item * lo_call.w,
+                               partial.data.ptr + 4 * lo_call.out, data_type, compute) or fail("h_hi W_lo")
+                    fold(cp, partial, out, R, N, 1, scale)
                 try:
-                    measure(f"x3 algo {k} split-K {K // chunk} ({chunk}) {scheme_name}", issue)
+                    measure(f"{name} algo {k} split-K {K // chunk} ({chunk}) {scheme_name}", issue)
                 except (RuntimeError, LtError) as e:
                     print(f"algo {k} split {K // chunk} {scheme_name}: {e}", flush=True)
         return
@@ -281,6 +287,7 @@ def main() -> None:
     parser.add_argument("--configs", default="large,blogA")
     parser.add_argument("--cells", default="lstm,gru")
     parser.add_argument("--chunks", default="auto,none,512,256,128")
+    parser.add_argument("--lean", action="store_true", help="cuDNN fp32 and the fused float32x3 rows only")
     parser.add_argument("--parts", default="tf32", help="float32x3's parts for the fused rows: tf32, fp16 or both "
                         "(x3_parts; e.g. tf32,fp16)")
     parser.add_argument("--reps", type=int, default=20)
@@ -307,13 +314,13 @@ def main() -> None:
             Variant(mode, {"k_slices": n}, f"s{n}") for mode in ("bf16", "tf32") for n in slices]
         name = "probe_fused_slices.json"
     else:
-        implementations = [Cudnn("fp32"), EngineBackend("fused"), EngineBackend("fused", precision="tf32"),
-                           *[Variant("fp32x3", {"x3_chunk": c, "x3_parts": parts},
-                                     f"k{c or 'all'}" + ("" if parts == "tf32" else f"-{parts}"))
-                             for parts in args.parts.split(",") for c in chunks],
-                           Variant("fp32x3", {"x3_chunk": chunks[-1], "x3_fold": "launch"},
-                                   f"k{chunks[-1] or 'all'}-fold-launch"),
-                           EngineBackend("persistent", precision="fp32x3")]
+        x3 = [Variant("fp32x3", {"x3_chunk": c, "x3_parts": parts}, f"k{c or 'all'}" + ("" if parts == "tf32" else
+                                                                                      f"-{parts}"))
+              for parts in args.parts.split(",") for c in chunks]
+        implementations = [Cudnn("fp32"), *x3] if args.lean else [
+            Cudnn("fp32"), EngineBackend("fused"), EngineBackend("fused", precision="tf32"), *x3,
+            Variant("fp32x3", {"x3_chunk": chunks[-1], "x3_fold": "launch"}, f"k{chunks[-1] or 'all'}-fold-launch"),
+            EngineBackend("persistent", precision="fp32x3")]
         name = "probe_fused_x3.json"
     rows = harness_rows(implementations, args.configs, args.cells, args.reps)
     (out / name).write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))

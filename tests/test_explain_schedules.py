@@ -64,15 +64,16 @@ def test_launches_and_barriers_per_sequence(name):
 
 
 def test_the_fused_backends_modes_are_described():
-    """In a mode each step product runs on cublasLt's tensor cores; in float32x3 as two TF32 GEMMs folded by the cell
-    kernels, one more launch a step product (the gru_cho's two, at H = 40 one K chunk each)."""
+    """In a mode each step product runs on cublasLt's tensor cores; in float32x3 as two GEMMs of fp16-held parts
+    folded by the cell kernels, one more launch a step product (the gru_cho's two, at H = 40 one K chunk each)."""
     T, L = SIZES["steps"], SIZES["num_layers"]
     plain = explain_json("gru_cho", **SIZES)["schedules"]["fused"]
     bf16 = explain_json("gru_cho", **SIZES, precision="bfloat16")["schedules"]["fused"]
     x3 = explain_json("gru_cho", **SIZES, precision="float32x3")["schedules"]["fused"]
     assert "cublasLt" not in plain["how"] and "in bfloat16 each step's product on cublasLt" in bf16["how"]
     assert bf16["launches_per_step"] == plain["launches_per_step"]
-    assert "two TF32 GEMMs" in x3["how"] and x3["launches_per_step"] == plain["launches_per_step"] + 2
+    assert "two GEMMs of the 11-bit parts a product, held as fp16" in x3["how"]
+    assert x3["launches_per_step"] == plain["launches_per_step"] + 2
     assert "folded by the cell kernels" in x3["how"] and "h_gemm K=40 in 1" in x3["how"]
     assert x3["kernel_launches_per_sequence"] == plain["kernel_launches_per_sequence"] + 2 * T * L
     text = explain("gru_cho", **SIZES, precision="float32x3", schedule="fused")

@@ -185,8 +185,9 @@ def test_which_step_products_are_left_for_the_kernels():
     assert left_products(plan, "bfloat16", copied, fixed, k_slices=4) == {g: Left("planes", 4) for g in steps}
     assert left_products(plan, "bfloat16", copied, fixed, k_slices=16) == {}         # 64 / 16 = 4 columns: no
     assert left_products(plan, "float32x3", copied, fixed, k_slices=4, x3_fold="launch") == {}   # a fold launch
-    assert left_products(plan, "float32x3", copied, fixed) == {g: Left("fold", 1) for g in steps}  # K=64: 1 chunk
-    assert left_products(plan, "float32x3", copied, fixed, x3_chunk=16, x3_fold="kernel") == {
+    assert left_products(plan, "float32x3", copied, fixed, x3_parts="tf32") == {
+        g: Left("fold", 1) for g in steps}                                          # K=64: 1 chunk
+    assert left_products(plan, "float32x3", copied, fixed, x3_chunk=16, x3_fold="kernel", x3_parts="tf32") == {
         g: Left("fold", 4) for g in steps}
     assert left_products(plan, "float32x3", copied, fixed, x3_parts="fp16") == {g: Left("fold", 1, 2048.0)
                                                                                for g in steps}

@@ -26,7 +26,7 @@ from ..codegen.wavefront import render_wavefront, stages
 from ..errors import CompileError
 from ..plan import Plan
 from .autotune import Choice, cache_key, cache_path, read_cache
-from .split_products import X3_CHUNK, chunking
+from .split_products import X3_CHUNK, X3_PARTS_DEFAULT, chunking
 from .tiling import H100, DeviceLimits, TileConfig, Tiling, eligibility, make_tiling
 
 SCHEDULE_CHOICES = ("fused", "graph", "persistent", "auto")
@@ -109,9 +109,10 @@ def fused_entry(plan: Plan, precision: str = "float32") -> dict:
         steps = {g.name: (g.k(sizes), chunking(g.k(sizes))) for g in plan.program.gemms if not g.hoisted}
         extra = sum(1 + (1 if c.rest else 0) for _, c in steps.values())        # W_lo's GEMM, and a rest
         chunks = ", ".join(f"{name} K={K} in {c.count}" for name, (K, c) in steps.items())
-        how += (f": two TF32 GEMMs of the TF32 parts a product, [h_hi; h_lo] by W_hi in K chunks of an accumulator "
-                f"each (x3_chunk={X3_CHUNK!r}: {chunks}) and h_hi by W_lo, folded by the cell kernels as they read "
-                "them")
+        how += (f": two GEMMs of the 11-bit parts a product, held as fp16 on fp16 tensor cores (x3_parts="
+                f"{X3_PARTS_DEFAULT!r}; a value past 65504 runs it in TF32 parts), [h_hi; h_lo] by W_hi in K chunks "
+                f"of an accumulator each (x3_chunk={X3_CHUNK!r}: {chunks}) and h_hi by W_lo, folded by the cell "
+                "kernels as they read them")
     steps_total = plan.steps * plan.network.num_layers
     return {"name": "fused", "eligible": True, "why_not": None, "how": how, "host_launch": "per-step launches",
             "launches_per_step": plan.launches_per_step + extra,

@@ -53,8 +53,11 @@ X3_FOLDS = ("launch", "kernel")   # float32x3's P folded by a kernel of its own,
 FOLD_THREADS = 256
 # How a step product's parts are held (the module's docstring, "fp16 parts"): "tf32", as fp32 values for TF32 tensor
 # cores; "fp16", as fp16 values for fp16 tensor cores, the lo parts times LO_SCALE.
+# fp16, the default: on an H200 (2026-11-28, benchmarks/probe_fused_x3.py --parts tf32,fp16) 1.57x / 1.61x cuDNN fp32
+# (LSTM / GRU) at `large` against 1.30x / 1.26x in TF32 parts, 1.93x / 1.99x at blogA against 1.49x / 1.46x, the error
+# no larger (1.22x / 0.97x and 0.77x / 0.66x cuDNN's).
 X3_PARTS = ("tf32", "fp16")
-X3_PARTS_DEFAULT = "tf32"
+X3_PARTS_DEFAULT = "fp16"
 LO_SCALE = {"tf32": 1.0, "fp16": 2048.0}       # 2^11: an fp16 lo part in the range its hi has
 FP16_LIMIT = 65504.0                           # the largest finite fp16: a value past it has no fp16 hi part
 

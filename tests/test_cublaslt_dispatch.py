@@ -148,3 +148,48 @@ def test_plans_past_the_limit_are_destroyed_least_recently_used_first(monkeypatc
     assert [key[0].M for key in lt.plans] == [48, 16, 64]
     assert [name for name, _ in lt.lib.destroyed] == ["cublasLtMatmulDescDestroy"] + ["cublasLtMatrixLayoutDestroy"] * 3
     assert first.desc.value not in [handle for _, handle in lt.lib.destroyed]
+
+
+class SplitLib(RecordingLib):
+    """RecordingLib whose heuristic offers three algorithms (ids 0, 1, 2 in their first byte): 0 cannot split K, 1
+    splits K but sums the splits in place only, 2 splits K and sums them in the workspace in compute type."""
+
+    CAPS = {0: (0, 0), 1: (1, 1), 2: (1, 1 | 2)}        # id: (split-K support, reduction scheme mask)
+
+    def __init__(self):
+        super().__init__()
+        self.configured = []
+
+    def __getattr__(self, name):
+        if name == "cublasLtMatmulAlgoGetHeuristic":
+            def heuristic(*args):
+                count, results, found = args[7].value, args[8], args[9]
+                for k in range(min(3, count)):
+                    results[k * cublaslt.LT_HEURISTIC_RESULT_BYTES] = k
+                found._obj.value = min(3, count)
+                return 0
+            return heuristic
+        if name == "cublasLtMatmulAlgoCapGetAttribute":
+            def capability(algo, attribute, value, size, written):
+                value._obj.value = self.CAPS[algo._obj[0]][attribute.value]
+                return 0
+            return capability
+        if name == "cublasLtMatmulAlgoConfigSetAttribute":
+            def configure(algo, attribute, value, size):
+                self.configured.append((algo._obj[0], attribute.value, value._obj.value))
+                return 0
+            return configure
+        return super().__getattr__(name)
+
+
+def test_a_split_k_product_takes_the_first_algorithm_that_sums_its_splits_in_the_workspace():
+    """Product(splits=4): the heuristic's first algorithm with split-K support and the compute-type reduction
+    (float32x3's K chunks summed in fp32), set to 4 splits; none where the splits' planes pass the workspace."""
+    lt = recording_lt()
+    lt.lib = SplitLib()
+    plan = lt.plan(Product(128, 1024, 2560, 2560, 2560, splits=4), 0, 68, 0)
+    assert plan.algo is not None and plan.algo[0] == 2 and [a[0] for a in plan.candidates] == [2]
+    assert lt.lib.configured == [(2, 2, 4), (2, 3, 2)]        # SPLITK_NUM = 4, REDUCTION_SCHEME = compute type
+    assert lt.plan(Product.dense(128, 1024, 2560), 0, 68, 0).algo[0] == 0   # without splits: the heuristic's first
+    wide = Product(4096, 4096, 256, 256, 256, splits=2)                     # 2 x 4096 x 4096 floats: 128 MiB
+    assert wide.workspace_bytes > cublaslt.WORKSPACE and lt.plan(wide, 0, 68, 0).algo is None

@@ -77,7 +77,7 @@ def mode_device(precision: str, chunk=8) -> ModeDevice:
     dev.xp = types.SimpleNamespace(float32=np.float32, empty=lambda shape, dtype: device(np.empty(shape, dtype)),
                                    cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0)))
     dev.precision, dev.split, dev.x3_chunk = precision, precision == "float32x3", chunk
-    dev.x3_parts = "tf32" if dev.split else None
+    dev.x3_parts, dev.x3_splitk = ("tf32" if dev.split else None), False
     dev.lt, dev.partials, dev.rounded, dev.workspaces, dev.sms = ExecutingLt(), {}, {}, {}, 0
     return dev
 
@@ -99,13 +99,17 @@ def emulated(w, x, precision):
     return mode_matmul(w.astype(np.float64), x.astype(np.float64), precision, lambda a, b: b @ a.T)
 
 
+@pytest.mark.parametrize("splitk", [False, True])
 @pytest.mark.parametrize("parts", ["tf32", "fp16"])
 @pytest.mark.parametrize("R, K, N, chunk", [(3, 37, 5, 8), (4, 98, 6, 32), (2, 24, 3, None), (5, 12, 7, 4)])
-def test_float32x3s_step_product_as_issued(host_fold, R, K, N, chunk, parts):
+def test_float32x3s_step_product_as_issued(host_fold, R, K, N, chunk, parts, splitk):
     """The parts as TF32 values (fp32 products) or as fp16 ones (fp16 products, the lo parts times 2^11, which the
-    fold takes off): the emulation's value either way, from the addresses ModeDevice computes for each."""
+    fold takes off), the W_hi product's K chunks as a strided batch of planes or as cublasLt's split-K (one plane;
+    the stand-in executes the product whole, as cublasLt defines it): the emulation's value, from the addresses
+    ModeDevice computes for each."""
     x, w = case(R, K, N)
     dev = mode_device("float32x3", chunk)
+    dev.x3_splitk = splitk
     dtype = np.float16 if parts == "fp16" else np.float32
     parts_x = device(split_into(np, x, np.empty((2, R, K), dtype), parts))     # the kernels' copy of the operand
     weight = ModeWeight(device(stack_split(np, w, parts)), False, parts)
@@ -114,7 +118,11 @@ def test_float32x3s_step_product_as_issued(host_fold, R, K, N, chunk, parts):
     dev.product(parts_x, weight, out)
     np.testing.assert_allclose(out, emulated(w, x, "float32x3"), rtol=2e-6, atol=2e-6)
     chunks = chunking(K, chunk)
-    assert [c[0].batch for c in dev.lt.calls] == [chunks.full] + [1] * (1 + (chunks.rest > 0))
+    if splitk and chunks.count > 1:
+        assert [(c[0].batch, c[0].splits, c[0].K) for c in dev.lt.calls] == [(1, chunks.count, K), (1, 1, K)]
+        chunks = chunking(K, None)                     # one plane of P1
+    else:
+        assert [c[0].batch for c in dev.lt.calls] == [chunks.full] + [1] * (1 + (chunks.rest > 0))
     assert {c[1] for c in dev.lt.calls} == {CUDA_R_16F if parts == "fp16" else CUDA_R_32F}
     # folded in the kernels instead: P left in the product's buffer, whose fold is the same sum
     left = Left("fold", chunks.count, LO_SCALE[parts])

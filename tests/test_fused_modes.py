@@ -96,6 +96,13 @@ def test_fp16_parts_are_the_emulation_and_refuse_weights_past_their_range(name):
         executor.load(engine.Params(big))
 
 
+@pytest.mark.parametrize("splitk", ["on", 1, None, 0])
+def test_a_bad_split_k_flag_is_refused_by_name(splitk):
+    network, params, _, _ = case("lstm")
+    with pytest.raises(BackendError, match=r"argument 'x3_splitk' must be True, False or \"auto\", got .*; hint: "):
+        fused_modes.FusedModeProgram(network, params, precision="float32x3", x3_splitk=splitk)
+
+
 @pytest.mark.parametrize("parts", ["bf16", None, "FP16"])
 def test_bad_x3_parts_are_refused_by_name(parts):
     network, params, _, _ = case("lstm")

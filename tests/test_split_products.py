@@ -34,14 +34,17 @@ from engine.schedules.split_products import (
     left_bytes,
     left_products,
     partial_size,
+    plane_chunks,
     planes_read,
     read_places,
     run_calls_numpy,
     split_calls,
     split_into,
+    splitk_calls,
     stack_split,
     stacked_calls,
     stacked_product_numpy,
+    uses_splitk,
 )
 
 
@@ -302,3 +305,31 @@ def test_fp16_parts_are_the_tf32_parts_held_in_half_the_bytes():
     assert np.isinf(split_fp16(np.array([70000.0]))[0]).all()
     stacked = stack_split(np, normal.reshape(-1, 4)[:6], "fp16")
     assert stacked.dtype == np.float16 and stacked.shape == (12, 4)
+
+
+def test_split_k_takes_the_chunks_where_k_is_long_and_leaves_one_plane():
+    """x3_splitk "auto": cublasLt's split-K for the W_hi product where K >= X3_SPLITK_MIN_K and it has chunks (blogA's
+    2560 in 5), a strided batch elsewhere (`large`'s 1024); its calls compute the same product, into one plane of P1
+    and P2 after it."""
+    assert uses_splitk(2560) and plane_chunks(2560) == Chunks(2560, 1)
+    assert not uses_splitk(1024) and plane_chunks(1024) == chunking(1024)
+    assert uses_splitk(1024, splitk=True) and not uses_splitk(2560, splitk=False)
+    assert not uses_splitk(4096, chunk=None, splitk=True)              # one chunk: nothing to split
+    R, K, N = 3, 40, 5
+    calls = splitk_calls(R, K, N, 4)
+    assert [(c.shape.M, c.shape.K, c.shape.splits, c.w, c.out) for c in calls] == [(2 * R, K, 4, 0, 0),
+                                                                                     (R, K, 1, N * K, 2 * R * N)]
+    rng = np.random.default_rng(3)
+    h, w = rng.standard_normal((R, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)
+    parts = split_into(np, h, np.empty((2, R, K), np.float32))
+    partial = np.full(partial_size(R, N, Chunks(K, 1)), np.nan)
+    run_calls_numpy(calls, parts.astype(np.float64).ravel(), stack_split(np, w).astype(np.float64).ravel(), partial)
+    np.testing.assert_allclose(fold_numpy(partial, R, N, 1), stacked_product_numpy(parts, stack_split(np, w),
+                                                                                    chunking(K, 8)), rtol=1e-12)
+    network = engine.Network(engine.preset("lstm").cell, 64, 2560, 1)
+    plan = make_plan(network, 4, 2)
+    fixed = {g.name: False for g in plan.program.gemms}
+    copied = {g.in_buffer for g in plan.program.gemms if not g.hoisted}
+    left = left_products(plan, "float32x3", copied, fixed)
+    assert set(left.values()) == {Left("fold", 1, 2048.0)}
+    assert set(left_products(plan, "float32x3", copied, fixed, x3_splitk=False).values()) == {Left("fold", 5, 2048.0)}

@@ -27,6 +27,10 @@ from ..codegen.cublas_enums import (
     CUBLAS_OP_T,
     CUDA_R_32F,
     LT_ALGO_BYTES,
+    LT_ALGO_CAP_REDUCTION_SCHEME_MASK,
+    LT_ALGO_CAP_SPLITK_SUPPORT,
+    LT_ALGO_CONFIG_REDUCTION_SCHEME,
+    LT_ALGO_CONFIG_SPLITK_NUM,
     LT_DESC_BIAS_POINTER,
     LT_DESC_EPILOGUE,
     LT_DESC_SM_COUNT_TARGET,
@@ -39,11 +43,13 @@ from ..codegen.cublas_enums import (
     LT_LAYOUT_STRIDED_BATCH_OFFSET,
     LT_PREF_MAX_WORKSPACE_BYTES,
     LT_PREF_MIN_ALIGNMENT_BYTES,
+    LT_REDUCTION_SCHEME_COMPUTE_TYPE,
 )
 from ..codegen.libraries import loaded_library
 from ..errors import BackendError
 
 WORKSPACE = 32 << 20
+SPLITK_CANDIDATES = 8    # a split-K product: the first of the heuristic's first 8 algorithms that can split K
 MAX_PLANS = 256          # plans kept a device, the least recently used destroyed past it (a process that sees many
                          # shapes, sequences of many lengths say, would otherwise keep every one)
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
@@ -58,7 +64,9 @@ class Product:
     """The shape of out (M, N) = A (M, K) @ W (N, K)^T as cublasLt is told it, row-major: A's rows lda elements
     apart and W's ldw (a K slice of wider matrices: lda, ldw > K), out's N. batch > 1: that many such products,
     A_i, W_i and out_i `strides` (A, W, out) elements after A_0, W_0 and out_0 (strides of K-slice width: the
-    K chunks of one product, engine/schedules/split_products.py)."""
+    K chunks of one product, engine/schedules/split_products.py). splits > 1: cublasLt's own split-K, K cut into
+    that many parts, each summed in an accumulator of its own and the parts added in fp32 in the workspace
+    (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE): float32x3's K chunks in one product, out one plane."""
     M: int
     N: int
     K: int
@@ -66,6 +74,12 @@ class Product:
     ldw: int
     batch: int = 1
     strides: tuple[int, int, int] = (0, 0, 0)
+    splits: int = 1
+
+    @property
+    def workspace_bytes(self) -> int:
+        """What a split-K product's reduction holds in the workspace (one fp32 plane a split), else 0."""
+        return self.splits * self.M * self.N * 4 if self.splits > 1 else 0
 
     @classmethod
     def dense(cls, M: int, N: int, K: int) -> Product:
@@ -185,6 +199,8 @@ class LtProjection:
                 self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(
                     preference, ctypes.c_int(attribute), ctypes.byref(ctypes.c_uint32(value)), ctypes.c_size_t(4)),
                     "cublasLtMatmulPreferenceSetAttribute")
+        if shape.splits > 1:
+            count = max(count, SPLITK_CANDIDATES)
         results = (ctypes.c_uint8 * (LT_HEURISTIC_RESULT_BYTES * count))()
         found = ctypes.c_int(0)
         status = self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, w, a, c, c, preference,
@@ -194,7 +210,32 @@ class LtProjection:
         candidates = [(ctypes.c_uint8 * LT_ALGO_BYTES).from_buffer_copy(
             raw[k * LT_HEURISTIC_RESULT_BYTES:k * LT_HEURISTIC_RESULT_BYTES + LT_ALGO_BYTES])
             for k in range(found.value if status == 0 else 0)]
+        if shape.splits > 1:
+            split = [s for s in (self._split(algo, shape.splits) for algo in candidates) if s is not None]
+            return Plan(desc, (w, a, c), split[0] if split and shape.workspace_bytes <= WORKSPACE else None, bias,
+                        split)
         return Plan(desc, (w, a, c), candidates[0] if candidates else None, bias, candidates)
+
+    def _split(self, algo, splits: int):
+        """A copy of `algo` set to split K `splits` ways, the splits summed in the workspace in fp32; None where the
+        algorithm cannot (cublasLt's capability attributes) or refuses the setting."""
+        def capability(attribute: int) -> int:
+            value, written = ctypes.c_uint32(0), ctypes.c_size_t(0)
+            status = self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), ctypes.c_int(attribute),
+                                                                ctypes.byref(value), ctypes.c_size_t(4),
+                                                                ctypes.byref(written))
+            return int(value.value) if status == 0 else 0
+        if not capability(LT_ALGO_CAP_SPLITK_SUPPORT) or not (
+                capability(LT_ALGO_CAP_REDUCTION_SCHEME_MASK) & LT_REDUCTION_SCHEME_COMPUTE_TYPE):
+            return None
+        copy = type(algo).from_buffer_copy(bytes(algo))
+        for attribute, value in ((LT_ALGO_CONFIG_SPLITK_NUM, splits),
+                                 (LT_ALGO_CONFIG_REDUCTION_SCHEME, LT_REDUCTION_SCHEME_COMPUTE_TYPE)):
+            v = ctypes.c_uint32(value)
+            if self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(copy), ctypes.c_int(attribute),
+                                                             ctypes.byref(v), ctypes.c_size_t(4)) != 0:
+                return None
+        return copy
 
     def bind(self, weight, out, data_type: int, compute: int, count: int = 1) -> BoundProduct | None:
         """out (M, N) = A (M, K) @ weight (N, K)^T with everything but A and the stream bound, for a product issued

@@ -57,13 +57,15 @@ from ..network import Network
 from ..params import Params
 from ..plan import pack_weights
 from .base import launch_replay, whole_run_replay
-from .mode_device import ModeDevice, X3RangeError
+from .mode_device import ModeDevice, X3RangeError, X3SplitKError
 from .split_products import (
     FP16_LIMIT,
     X3_CHUNK,
     X3_FOLDS,
     X3_PARTS,
     X3_PARTS_DEFAULT,
+    X3_SPLITK,
+    X3_SPLITK_MIN_K,
     in_fp16_range,
     left_bytes,
     left_products,
@@ -212,7 +214,7 @@ class FusedModeProgram:
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
                  layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
                  projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
-                 k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT):
+                 k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT, x3_splitk: bool | str = X3_SPLITK):
         self.precision = check_fused_mode(precision)
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
@@ -237,6 +239,13 @@ class FusedModeProgram:
                                "hint: 'tf32' holds float32x3's parts as fp32 values, 'fp16' as fp16 ones (half the "
                                "bytes; values past 65504 fall back to 'tf32')")
         self.x3_parts, self.x3_parts_note = x3_parts, x3_parts
+        # float32x3: the W_hi product's K chunks as cublasLt's split-K (True), a strided batch of planes (False), or
+        # by K ("auto": split_products.uses_splitk); where cublasLt refuses it the program runs again with the batch
+        if x3_splitk not in (True, False, "auto") or type(x3_splitk) not in (bool, str):
+            raise BackendError(f"argument 'x3_splitk' must be True, False or \"auto\", got {shown(x3_splitk)}; hint: "
+                               "\"auto\" (the default) splits K in cublasLt where K is at least "
+                               f"{X3_SPLITK_MIN_K}, False always multiplies the K chunks as a batch")
+        self.x3_splitk, self.x3_splitk_note = x3_splitk, x3_splitk
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
         network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
         import cupy  # deferred: CuPy is optional (no GPU in CI)
@@ -266,7 +275,7 @@ class FusedModeProgram:
                                     self.x3_parts)
             waits = programmatic_waits(program) if self.programmatic else {}
             left = left_products(plan, self.precision, copied_buffers(program, copies), fixed, self.k_slices,
-                                 self.x3_chunk, self.x3_fold, self.x3_parts)
+                                 self.x3_chunk, self.x3_fold, self.x3_parts, self.x3_splitk)
             extra = split_bytes(plan, self.x3_chunk) if self.precision == "float32x3" else left_bytes(plan, left)
             if extra:
                 needed += extra
@@ -283,7 +292,8 @@ class FusedModeProgram:
                                 self.precision, projection=network.cell.uses_projection,
                                 streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1,
                                 programmatic=self.programmatic, dependents=waits, ahead=ahead is not None,
-                                shared_sms=self.projection_sms, x3_chunk=self.x3_chunk, x3_parts=self.x3_parts)
+                                shared_sms=self.projection_sms, x3_chunk=self.x3_chunk, x3_parts=self.x3_parts,
+                                x3_splitk=self.x3_splitk)
             executor = ModeExecutor(plan, device, copies, fixed, ahead, left)
             executor.load(self.params)
             executor.bytes = needed
@@ -301,6 +311,12 @@ class FusedModeProgram:
                     and self._executor.device.out_of_range())
         except X3RangeError as e:
             past = str(e)
+        except X3SplitKError as e:
+            if self.x3_splitk is False:
+                raise
+            self.x3_splitk, self.x3_splitk_note = False, f"False (split-K refused: {e})"
+            self._shape, self._executor, self._replays = None, None, {}
+            return self.run(x, initial_states, poison=poison, lengths=lengths)
         if not past:
             return result
         self.x3_parts = "tf32"
@@ -354,20 +370,21 @@ class FusedModeProgram:
         return {"launches_per_step": plan.launches_per_step, "chunk_steps": plan.chunk_steps,
                 "program": plan.program.key, "bytes": executor.bytes, "lengths": plan.program.lengths,
                 "precision": self.precision, "replayed": self.replayed,
-                **({"x3_parts": self.x3_parts_note} if self.precision == "float32x3" else {})}
+                **({"x3_parts": self.x3_parts_note, "x3_splitk": self.x3_splitk_note}
+                   if self.precision == "float32x3" else {})}
 
 
 def prepare(network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16", passes=None,
             layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
             layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
             projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
-            k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT) -> FusedModeProgram:
+            k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT, x3_splitk: bool | str = X3_SPLITK) -> FusedModeProgram:
     """Plan, compile and upload once; the result's run(x) is what the benchmark times."""
     return FusedModeProgram(network, params, dtype, precision=precision, passes=passes, layout=layout,
                             chunk_steps=chunk_steps, replay=replay, layer_streams=layer_streams,
                             programmatic=programmatic, projection_ahead=projection_ahead,
                             projection_sms=projection_sms, x3_chunk=x3_chunk, x3_fold=x3_fold, k_slices=k_slices,
-                            x3_parts=x3_parts)
+                            x3_parts=x3_parts, x3_splitk=x3_splitk)
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,

@@ -23,7 +23,7 @@ from ..backends.plan_numpy import NumpyDevice
 from ..codegen.cublas_enums import CUBLAS_COMPUTE_32F, CUDA_R_16F
 from ..errors import BackendError
 from ..rounding import mode_matmul
-from .cublaslt import WORKSPACE, LtProjection, Product
+from .cublaslt import WORKSPACE, LtError, LtProjection, Product
 from .project import LT_OPERANDS, operand_dtype, round_into
 from .split_products import (
     LO_SCALE,
@@ -33,12 +33,15 @@ from .split_products import (
     fold,
     part_dtype,
     partial_size,
+    plane_chunks,
     slice_calls,
     split_calls,
     split_into,
+    splitk_calls,
     stack_split,
     stacked_calls,
     stacked_product_numpy,
+    uses_splitk,
 )
 
 X3_PRODUCTS = LT_OPERANDS["tf32"]       # float32x3's TF32 parts: fp32 storage, TF32 tensor-core products
@@ -57,6 +60,11 @@ class ModeWeight:
     parts: str | None = None
 
 
+class X3SplitKError(BackendError):
+    """float32x3's W_hi product cannot be split on cublasLt's split-K here: the program runs again with its K chunks
+    as a strided batch (fused_modes.FusedModeProgram)."""
+
+
 class X3RangeError(BackendError):
     """float32x3's fp16 parts cannot hold a value (|v| > 65504): the program runs again in TF32 parts
     (fused_modes.FusedModeProgram)."""
@@ -68,12 +76,14 @@ class ModeDevice(CupyDevice):
 
     def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
                  streams: bool = False, programmatic=None, dependents=frozenset(), ahead: bool = False,
-                 shared_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_parts: str = "tf32"):
+                 shared_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_parts: str = "tf32",
+                 x3_splitk: bool | str = False):
         super().__init__(cupy, module, num_layers, streams=streams, projection=projection)
         self.precision = precision
         self.split = precision == "float32x3"
         self.x3_chunk = x3_chunk           # float32x3: K of one accumulator (split_products.chunking)
         self.x3_parts = x3_parts if self.split else None    # float32x3: how the step products' parts are held
+        self.x3_splitk = x3_splitk         # float32x3: the W_hi product's K chunks as cublasLt's split-K (uses_splitk)
         # fp16 parts: the module's flag (a uint32 the copies set where an operand is past fp16's range), reset at each
         # run's start and read at its end (fused_modes.FusedModeProgram)
         self.range_flag = (cupy.ndarray((1,), cupy.uint32, memptr=module.get_global(RANGE_FLAG))
@@ -225,6 +235,9 @@ class ModeDevice(CupyDevice):
         _, R, K = operand.shape
         N = weight.stored.shape[0] // 2
         chunks = chunking(K, self.x3_chunk)
+        splitk = uses_splitk(K, self.x3_chunk, self.x3_splitk)
+        calls = splitk_calls(R, K, N, chunks.count) if splitk else stacked_calls(R, K, N, chunks)
+        chunks = plane_chunks(K, self.x3_chunk, self.x3_splitk)          # the planes left in P
         key = (self.xp.cuda.get_current_stream().ptr, chunks.count, R, N)
         partial = self.partials.get(key) if launch_fold else out
         if partial is None:
@@ -234,7 +247,7 @@ class ModeDevice(CupyDevice):
                                f"in {weight.stored.dtype} parts; hint: this is a bug in engine/schedules/fused_modes.py")
         item, products = operand.itemsize, X3_FP16_PRODUCTS if weight.parts == "fp16" else X3_PRODUCTS
         a, w, p = operand.data.ptr, weight.stored.data.ptr, partial.data.ptr
-        for call in stacked_calls(R, K, N, chunks):
+        for call in calls:
             self._lt(call.shape, a + item * call.a, w + item * call.w, partial, at=p + 4 * call.out, products=products)
         if launch_fold:
             fold(self.xp, partial, out, R, N, chunks.count, LO_SCALE[weight.parts])
@@ -247,8 +260,17 @@ class ModeDevice(CupyDevice):
             raise BackendError("backend 'fused' in a precision mode writes GEMM outputs whole: got a strided one; "
                                "hint: this is a bug in engine/schedules/fused_modes.py")
         data_type, compute = products
-        if not self.lt.product(shape, a, w, out.data.ptr if at is None else at, data_type, compute, bias=bias,
-                               accumulate=accumulate, workspace=self._workspace(), sms=self.sms):
+        try:
+            done = self.lt.product(shape, a, w, out.data.ptr if at is None else at, data_type, compute, bias=bias,
+                                   accumulate=accumulate, workspace=self._workspace(), sms=self.sms)
+        except LtError as e:
+            if shape.splits > 1:
+                raise X3SplitKError(f"cublasLt refused the split-K product: {e}") from None
+            raise
+        if not done:
+            if shape.splits > 1:
+                raise X3SplitKError(f"cublasLt offers no algorithm that splits the ({shape.M} x {shape.K}) @ "
+                                    f"({shape.K} x {shape.N}) product's K {shape.splits} ways")
             sliced = "" if shape.batch == 1 else ", or x3_chunk=None" if self.split else ", or k_slices=1"
             raise BackendError(f"backend 'fused' in precision '{self.precision}': cublasLt offers no algorithm for a "
                                f"({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) product"

@@ -59,6 +59,13 @@ FOLD_THREADS = 256
 X3_PARTS = ("tf32", "fp16")
 X3_PARTS_DEFAULT = "fp16"
 LO_SCALE = {"tf32": 1.0, "fp16": 2048.0}       # 2^11: an fp16 lo part in the range its hi has
+# The W_hi product's K chunks as cublasLt's own split-K (each split an accumulator of its own, the splits summed in fp32
+# in cublasLt's workspace: P1 one plane) instead of a strided batch of chunk planes: "auto" where K >= X3_SPLITK_MIN_K.
+# On an H200 (2026-11-28, probe_fused_x3.py --products, fp16 parts, the product alone with its fold) split-K took
+# 59.2 us against the batch's 68.4 at blogA's LSTM (K = 2560, 5 splits) and 46.0 against 53.7 at its GRU, the same
+# error; at `large` (K = 1024, 4 splits) 27.4 against 22.0: slower.
+X3_SPLITK = "auto"
+X3_SPLITK_MIN_K = 2048
 FP16_LIMIT = 65504.0                           # the largest finite fp16: a value past it has no fp16 hi part
 
 
@@ -105,6 +112,18 @@ def chunking(K: int, chunk: int | str | None = X3_CHUNK) -> Chunks:
     return Chunks(size, full, K - full * size)
 
 
+def uses_splitk(K: int, chunk: int | str | None = X3_CHUNK, splitk: bool | str = X3_SPLITK) -> bool:
+    """Whether a step product of K takes its K chunks as cublasLt's split-K (splitk: True, False or "auto", by K)."""
+    if chunking(K, chunk).count < 2:
+        return False
+    return splitk is True or (splitk == "auto" and K >= X3_SPLITK_MIN_K)
+
+
+def plane_chunks(K: int, chunk: int | str | None = X3_CHUNK, splitk: bool | str = X3_SPLITK) -> Chunks:
+    """The chunks whose planes a step product leaves in P: chunking's, or one where split-K sums them in cublasLt."""
+    return Chunks(K, 1) if uses_splitk(K, chunk, splitk) else chunking(K, chunk)
+
+
 @dataclass(frozen=True)
 class Call:
     """One cublasLt product of float32x3's parts: `shape` with A, W and out starting `a`, `w` and `out` floats into
@@ -134,6 +153,13 @@ def stacked_calls(R: int, K: int, N: int, chunks: Chunks) -> tuple[Call, ...]:
         first = chunks.full * chunks.size
         calls.append(Call(Product(2 * R, N, chunks.rest, K, K), first, first, chunks.full * plane))
     return (*calls, Call(Product.dense(R, N, K), 0, N * K, chunks.count * plane))
+
+
+@functools.cache
+def splitk_calls(R: int, K: int, N: int, splits: int) -> tuple[Call, ...]:
+    """A step's product with the W_hi product's K chunks as cublasLt's split-K: [h_hi; h_lo] (2R x K) by W_hi into
+    P1, one plane (2R, N), K in `splits` accumulators summed by cublasLt; then h_hi by W_lo into P2 after it."""
+    return (Call(Product(2 * R, N, K, K, K, splits=splits), 0, 0, 0), Call(Product.dense(R, N, K), 0, N * K, 2 * R * N))
 
 
 @functools.cache
@@ -306,7 +332,8 @@ def fold_numpy(partial, R: int, N: int, count: int, scale: float = 1.0):
 
 
 def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int = 1, x3_chunk: int | str | None = X3_CHUNK,
-                  x3_fold: str = "kernel", x3_parts: str = X3_PARTS_DEFAULT) -> dict[str, Left]:
+                  x3_fold: str = "kernel", x3_parts: str = X3_PARTS_DEFAULT,
+                  x3_splitk: bool | str = X3_SPLITK) -> dict[str, Left]:
     """{step GEMM: how its product is left for the kernels} (split_products.Left) for the step GEMMs whose operand the
     kernels copy: float32x3's P when x3_fold is "kernel" (the kernels fold it as they read it, no fold launch), a
     reduced mode's K in k_slices planes (one strided-batched GEMM, the planes summed as they are read) where K cuts
@@ -321,7 +348,7 @@ def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int 
         (K,) = ks
         if precision == "float32x3":
             if x3_fold == "kernel":
-                found[gemm.name] = Left("fold", chunking(K, x3_chunk).count, LO_SCALE[x3_parts])
+                found[gemm.name] = Left("fold", plane_chunks(K, x3_chunk, x3_splitk).count, LO_SCALE[x3_parts])
         elif sliceable(K, k_slices):
             found[gemm.name] = Left("planes", k_slices)
     return found

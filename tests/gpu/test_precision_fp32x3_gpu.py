@@ -276,3 +276,36 @@ def test_fp16_parts_past_their_range_run_again_in_tf32_parts(cupy):
         np.testing.assert_array_equal(again.outputs, tf32.outputs, err_msg=label)
     in_range = fused_modes.prepare(network, params, precision="float32x3", x3_parts="fp16").run(x, states, poison=True)
     assert in_range.info["x3_parts"] == "fp16", in_range.info
+
+
+@pytest.mark.parametrize("parts", PARTS)
+def test_fused_split_k_at_a_bloga_like_size(cupy, parts):
+    """blogA's sizes (I = H = 2560, B = 64) with T cut to 6: "auto" takes the W_hi product's 5 K chunks as cublasLt's
+    split-K (not refused: x3_splitk stays "auto"), at fp32's level against float64 like the batch of chunk planes,
+    and its replays are a poisoned direct run's bits (the splits summed in the workspace in a fixed order)."""
+    size = {"input_size": 2560, "hidden_size": 2560, "batch": 64, "steps": 6}
+    network, params, x, states = make_case(engine.preset("gru").cell, 1, seed=12, sizes=size)
+    program = fused_modes.prepare(network, params, precision="float32x3", x3_parts=parts)
+    direct = program.run(x, states, poison=True)
+    assert direct.info["x3_splitk"] == "auto", direct.info
+    batch = fused_modes.prepare(network, params, precision="float32x3", x3_parts=parts, x3_splitk=False)
+    tf32 = fused_modes.prepare(network, params, precision="tf32").run(x, states, poison=True)
+    error = check_x3(direct, network, params, x, states, f"fused gru blogA-like split-K {parts} parts", tf32)
+    batch_error = check_x3(batch.run(x, states, poison=True), network, params, x, states, "the batch of planes")
+    assert error <= 1.5 * batch_error + 2.0 ** -24, (error, batch_error)
+    for _ in range(3):
+        again = program.run(x, states)
+    assert again.info["replayed"].startswith("replayed from CUDA graphs"), again.info["replayed"]
+    np.testing.assert_array_equal(again.outputs, direct.outputs)
+
+
+def test_fused_split_k_forced_on_small_k_runs_or_falls_back(cupy):
+    """x3_splitk=True where K = 98 (chunks of 32: 4 splits): cublasLt splits it, or refuses and the program runs
+    again with the batch of planes and says so; the emulation's value either way."""
+    size = {"input_size": 50, "hidden_size": 98, "batch": 16, "steps": 11}
+    network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=13, sizes=size)
+    program = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32, x3_splitk=True)
+    result = program.run(x, states, poison=True)
+    assert result.info["x3_splitk"] is True or result.info["x3_splitk"].startswith("False (split-K refused: "), \
+        result.info
+    check_x3(result, network, params, x, states, f"fused lstm split-K forced ({result.info['x3_splitk']})")

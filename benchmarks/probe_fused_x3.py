@@ -26,7 +26,8 @@ fold in the cell kernels (x3_fold="kernel", the default) and end with the last c
 (x3_fold="launch"); "auto" is the default chunk (split_products.chunk_size: by each product's K). Each row says
 whether its timed runs were CUDA-graph replays, and the free device memory is printed before each row. --parts
 tf32,fp16 adds the fused rows with float32x3's parts held as fp16 (x3_parts="fp16", named "-fp16"); --lean keeps
-cuDNN fp32 and the fused float32x3 rows only.
+cuDNN fp32 and the fused float32x3 rows only; --splitk auto,false adds rows with the W_hi product's K chunks as a
+strided batch of planes beside cublasLt's split-K (x3_splitk).
 """
 from __future__ import annotations
 
@@ -287,6 +288,8 @@ def main() -> None:
     parser.add_argument("--configs", default="large,blogA")
     parser.add_argument("--cells", default="lstm,gru")
     parser.add_argument("--chunks", default="auto,none,512,256,128")
+    parser.add_argument("--splitk", default="auto", help="x3_splitk values for the fused rows: auto, true, false "
+                        "(e.g. auto,false)")
     parser.add_argument("--lean", action="store_true", help="cuDNN fp32 and the fused float32x3 rows only")
     parser.add_argument("--parts", default="tf32", help="float32x3's parts for the fused rows: tf32, fp16 or both "
                         "(x3_parts; e.g. tf32,fp16)")
@@ -314,9 +317,11 @@ def main() -> None:
             Variant(mode, {"k_slices": n}, f"s{n}") for mode in ("bf16", "tf32") for n in slices]
         name = "probe_fused_slices.json"
     else:
-        x3 = [Variant("fp32x3", {"x3_chunk": c, "x3_parts": parts}, f"k{c or 'all'}" + ("" if parts == "tf32" else
-                                                                                      f"-{parts}"))
-              for parts in args.parts.split(",") for c in chunks]
+        flags = {"auto": "auto", "true": True, "false": False}
+        x3 = [Variant("fp32x3", {"x3_chunk": c, "x3_parts": parts, "x3_splitk": flags[splitk]},
+                      f"k{c or 'all'}" + ("" if parts == "tf32" else f"-{parts}") + ("" if splitk == "auto" else
+                                                                                     f"-splitk-{splitk}"))
+              for parts in args.parts.split(",") for c in chunks for splitk in args.splitk.split(",")]
         implementations = [Cudnn("fp32"), *x3] if args.lean else [
             Cudnn("fp32"), EngineBackend("fused"), EngineBackend("fused", precision="tf32"), *x3,
             Variant("fp32x3", {"x3_chunk": chunks[-1], "x3_fold": "launch"}, f"k{chunks[-1] or 'all'}-fold-launch"),

@@ -235,9 +235,9 @@ class ModeDevice(CupyDevice):
         _, R, K = operand.shape
         N = weight.stored.shape[0] // 2
         chunks = chunking(K, self.x3_chunk)
-        splitk = uses_splitk(K, self.x3_chunk, self.x3_splitk)
+        splitk = uses_splitk(K, self.x3_chunk, self.x3_splitk, weight.parts)
         calls = splitk_calls(R, K, N, chunks.count) if splitk else stacked_calls(R, K, N, chunks)
-        chunks = plane_chunks(K, self.x3_chunk, self.x3_splitk)          # the planes left in P
+        chunks = plane_chunks(K, self.x3_chunk, self.x3_splitk, weight.parts)      # the planes left in P
         key = (self.xp.cuda.get_current_stream().ptr, chunks.count, R, N)
         partial = self.partials.get(key) if launch_fold else out
         if partial is None:

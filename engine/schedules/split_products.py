@@ -63,7 +63,8 @@ LO_SCALE = {"tf32": 1.0, "fp16": 2048.0}       # 2^11: an fp16 lo part in the ra
 # in cublasLt's workspace: P1 one plane) instead of a strided batch of chunk planes: "auto" where K >= X3_SPLITK_MIN_K.
 # On an H200 (2026-11-28, probe_fused_x3.py --products, fp16 parts, the product alone with its fold) split-K took
 # 59.2 us against the batch's 68.4 at blogA's LSTM (K = 2560, 5 splits) and 46.0 against 53.7 at its GRU, the same
-# error; at `large` (K = 1024, 4 splits) 27.4 against 22.0: slower.
+# error; at `large` (K = 1024, 4 splits) 27.4 against 22.0: slower. TF32 parts: cublasLt refused every split-K it
+# offered for them (status 15, the same GPU and date), so "auto" splits fp16 parts only.
 X3_SPLITK = "auto"
 X3_SPLITK_MIN_K = 2048
 FP16_LIMIT = 65504.0                           # the largest finite fp16: a value past it has no fp16 hi part
@@ -112,16 +113,19 @@ def chunking(K: int, chunk: int | str | None = X3_CHUNK) -> Chunks:
     return Chunks(size, full, K - full * size)
 
 
-def uses_splitk(K: int, chunk: int | str | None = X3_CHUNK, splitk: bool | str = X3_SPLITK) -> bool:
-    """Whether a step product of K takes its K chunks as cublasLt's split-K (splitk: True, False or "auto", by K)."""
+def uses_splitk(K: int, chunk: int | str | None = X3_CHUNK, splitk: bool | str = X3_SPLITK,
+                parts: str = X3_PARTS_DEFAULT) -> bool:
+    """Whether a step product of K takes its K chunks as cublasLt's split-K (splitk: True, False or "auto": fp16 parts
+    where K >= X3_SPLITK_MIN_K)."""
     if chunking(K, chunk).count < 2:
         return False
-    return splitk is True or (splitk == "auto" and K >= X3_SPLITK_MIN_K)
+    return splitk is True or (splitk == "auto" and parts == "fp16" and K >= X3_SPLITK_MIN_K)
 
 
-def plane_chunks(K: int, chunk: int | str | None = X3_CHUNK, splitk: bool | str = X3_SPLITK) -> Chunks:
+def plane_chunks(K: int, chunk: int | str | None = X3_CHUNK, splitk: bool | str = X3_SPLITK,
+                 parts: str = X3_PARTS_DEFAULT) -> Chunks:
     """The chunks whose planes a step product leaves in P: chunking's, or one where split-K sums them in cublasLt."""
-    return Chunks(K, 1) if uses_splitk(K, chunk, splitk) else chunking(K, chunk)
+    return Chunks(K, 1) if uses_splitk(K, chunk, splitk, parts) else chunking(K, chunk)
 
 
 @dataclass(frozen=True)
@@ -348,7 +352,8 @@ def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int 
         (K,) = ks
         if precision == "float32x3":
             if x3_fold == "kernel":
-                found[gemm.name] = Left("fold", plane_chunks(K, x3_chunk, x3_splitk).count, LO_SCALE[x3_parts])
+                found[gemm.name] = Left("fold", plane_chunks(K, x3_chunk, x3_splitk, x3_parts).count,
+                                        LO_SCALE[x3_parts])
         elif sliceable(K, k_slices):
             found[gemm.name] = Left("planes", k_slices)
     return found

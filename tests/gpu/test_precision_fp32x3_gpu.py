@@ -281,8 +281,9 @@ def test_fp16_parts_past_their_range_run_again_in_tf32_parts(cupy):
 @pytest.mark.parametrize("parts", PARTS)
 def test_fused_split_k_at_a_bloga_like_size(cupy, parts):
     """blogA's sizes (I = H = 2560, B = 64) with T cut to 6: "auto" takes the W_hi product's 5 K chunks as cublasLt's
-    split-K (not refused: x3_splitk stays "auto"), at fp32's level against float64 like the batch of chunk planes,
-    and its replays are a poisoned direct run's bits (the splits summed in the workspace in a fixed order)."""
+    split-K in fp16 parts (not refused: x3_splitk stays "auto"; TF32 parts keep the batch, cublasLt refused their
+    split-K, H200 2026-11-28), at fp32's level against float64 like the batch of chunk planes, and its replays are a
+    poisoned direct run's bits (the splits summed in the workspace in a fixed order)."""
     size = {"input_size": 2560, "hidden_size": 2560, "batch": 64, "steps": 6}
     network, params, x, states = make_case(engine.preset("gru").cell, 1, seed=12, sizes=size)
     program = fused_modes.prepare(network, params, precision="float32x3", x3_parts=parts)

@@ -308,14 +308,15 @@ def test_fp16_parts_are_the_tf32_parts_held_in_half_the_bytes():
 
 
 def test_split_k_takes_the_chunks_where_k_is_long_and_leaves_one_plane():
-    """x3_splitk "auto": cublasLt's split-K for the W_hi product where K >= X3_SPLITK_MIN_K and it has chunks (blogA's
+    """x3_splitk "auto" (the default is False, the batch: split-K was slower in the whole run): cublasLt's split-K for the W_hi product where K >= X3_SPLITK_MIN_K and it has chunks (blogA's
     2560 in 5) in fp16 parts, a strided batch elsewhere (`large`'s 1024, TF32 parts); its calls compute the same product, into one plane of P1
     and P2 after it."""
-    assert uses_splitk(2560) and plane_chunks(2560) == Chunks(2560, 1)
-    assert not uses_splitk(1024) and plane_chunks(1024) == chunking(1024)
+    assert not uses_splitk(2560) and plane_chunks(2560) == chunking(2560)       # the default: the batch
+    assert uses_splitk(2560, splitk="auto") and plane_chunks(2560, splitk="auto") == Chunks(2560, 1)
+    assert not uses_splitk(1024, splitk="auto") and plane_chunks(1024, splitk="auto") == chunking(1024)
     assert uses_splitk(1024, splitk=True) and not uses_splitk(2560, splitk=False)
     assert not uses_splitk(4096, chunk=None, splitk=True)              # one chunk: nothing to split
-    assert not uses_splitk(2560, parts="tf32") and uses_splitk(2560, splitk=True, parts="tf32")   # cublasLt refused
+    assert not uses_splitk(2560, splitk="auto", parts="tf32") and uses_splitk(2560, splitk=True, parts="tf32")
     R, K, N = 3, 40, 5
     calls = splitk_calls(R, K, N, 4)
     assert [(c.shape.M, c.shape.K, c.shape.splits, c.w, c.out) for c in calls] == [(2 * R, K, 4, 0, 0),
@@ -331,7 +332,8 @@ def test_split_k_takes_the_chunks_where_k_is_long_and_leaves_one_plane():
     plan = make_plan(network, 4, 2)
     fixed = {g.name: False for g in plan.program.gemms}
     copied = {g.in_buffer for g in plan.program.gemms if not g.hoisted}
-    left = left_products(plan, "float32x3", copied, fixed)
+    left = left_products(plan, "float32x3", copied, fixed, x3_splitk="auto")
     assert set(left.values()) == {Left("fold", 1, 2048.0)}
-    assert set(left_products(plan, "float32x3", copied, fixed, x3_parts="tf32").values()) == {Left("fold", 5)}
-    assert set(left_products(plan, "float32x3", copied, fixed, x3_splitk=False).values()) == {Left("fold", 5, 2048.0)}
+    assert set(left_products(plan, "float32x3", copied, fixed, x3_parts="tf32", x3_splitk="auto").values()) == {
+        Left("fold", 5)}
+    assert set(left_products(plan, "float32x3", copied, fixed).values()) == {Left("fold", 5, 2048.0)}

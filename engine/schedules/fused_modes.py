@@ -243,8 +243,8 @@ class FusedModeProgram:
         # by K ("auto": split_products.uses_splitk); where cublasLt refuses it the program runs again with the batch
         if x3_splitk not in (True, False, "auto") or type(x3_splitk) not in (bool, str):
             raise BackendError(f"argument 'x3_splitk' must be True, False or \"auto\", got {shown(x3_splitk)}; hint: "
-                               "\"auto\" (the default) splits K in cublasLt where K is at least "
-                               f"{X3_SPLITK_MIN_K}, False always multiplies the K chunks as a batch")
+                               f"\"auto\" splits K in cublasLt where K is at least {X3_SPLITK_MIN_K} (fp16 parts), "
+                               "False (the default) multiplies the K chunks as a strided batch")
         self.x3_splitk, self.x3_splitk_note = x3_splitk, x3_splitk
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
         network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls

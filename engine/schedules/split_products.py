@@ -64,8 +64,10 @@ LO_SCALE = {"tf32": 1.0, "fp16": 2048.0}       # 2^11: an fp16 lo part in the ra
 # On an H200 (2026-11-28, probe_fused_x3.py --products, fp16 parts, the product alone with its fold) split-K took
 # 59.2 us against the batch's 68.4 at blogA's LSTM (K = 2560, 5 splits) and 46.0 against 53.7 at its GRU, the same
 # error; at `large` (K = 1024, 4 splits) 27.4 against 22.0: slower. TF32 parts: cublasLt refused every split-K it
-# offered for them (status 15, the same GPU and date), so "auto" splits fp16 parts only.
-X3_SPLITK = "auto"
+# offered for them (status 15, the same GPU and date), so "auto" splits fp16 parts only. In the whole run, though,
+# split-K was slower (probe_fused_x3.py --splitk auto,false, the same day): blogA 1.83x / 1.82x cuDNN fp32 (LSTM / GRU)
+# against 1.91x / 2.01x with the batch, at T = 1000 1.81x / 1.91x against 1.91x / 2.08x; so the default is the batch.
+X3_SPLITK = False
 X3_SPLITK_MIN_K = 2048
 FP16_LIMIT = 65504.0                           # the largest finite fp16: a value past it has no fp16 hi part
 

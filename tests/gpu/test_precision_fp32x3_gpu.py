@@ -286,7 +286,7 @@ def test_fused_split_k_at_a_bloga_like_size(cupy, parts):
     poisoned direct run's bits (the splits summed in the workspace in a fixed order)."""
     size = {"input_size": 2560, "hidden_size": 2560, "batch": 64, "steps": 6}
     network, params, x, states = make_case(engine.preset("gru").cell, 1, seed=12, sizes=size)
-    program = fused_modes.prepare(network, params, precision="float32x3", x3_parts=parts)
+    program = fused_modes.prepare(network, params, precision="float32x3", x3_parts=parts, x3_splitk="auto")
     direct = program.run(x, states, poison=True)
     assert direct.info["x3_splitk"] == "auto", direct.info
     batch = fused_modes.prepare(network, params, precision="float32x3", x3_parts=parts, x3_splitk=False)

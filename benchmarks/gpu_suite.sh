@@ -40,7 +40,8 @@
 #      (probe_replay_memory.py), and the engine's own streaming product with K over several blocks
 #      (probe_stream_gemm.py);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
-#      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") and chunks of 256 against cuDNN fp32,
+#      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") in fp16 parts (the default) and TF32
+#      parts against cuDNN fp32,
 #      each row's error over cuDNN's (issue #34's bound), whether it ran from replays, the free memory per row;
 #  11e. targets (only when named): benchmarks/issue34_targets.py, issue #34's targets met or not on this GPU, the parts
 #      in TARGET_PARTS (default "bf16"; also fp16, tf32, x3, flashrnn, train: one or two a call of 10 minutes);
@@ -242,10 +243,10 @@ if [[ " $STAGES " == *" targets "* ]]; then
 fi
 
 if [[ " $STAGES " == *" x3rows "* ]]; then
-  section "the harness's rows: fused float32x3 (auto, 256) against cuDNN fp32, the anchors and T = 1000"
+  section "the harness's rows: fused float32x3 (auto chunks, fp16 and TF32 parts) against cuDNN fp32, the anchors and T = 1000"
   [ "$x3_rc" = skipped ] && x3_rc=0 && : > "$OUT/x3.log"
   X3_TAIL=50 x3_step timeout 450 "$PY" benchmarks/probe_fused_x3.py --out "$OUT" --configs benchmarks/configs/x3_error.json \
-    --chunks auto,256
+    --chunks auto --parts fp16,tf32 --lean
 fi
 
 section "table"

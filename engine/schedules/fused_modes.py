@@ -30,11 +30,15 @@ than the GPU's work); the second captures the run into CUDA graphs (engine/chunk
 one graph launch, x copied into a fixed buffer and the outputs copied out. lengths= are copied into a fixed buffer
 before the launch, so runs with lengths replay too.
 
-float32x3 multiplies TF32 parts (engine/schedules/split_products.py): the weights are stored as their two parts
-stacked, [W_hi; W_lo]; the kernels write a step's operand as its two parts, [h_hi; h_lo]; one strided-batched TF32
-GEMM multiplies both by W_hi in K chunks, one more h_hi by W_lo, and the cell kernels fold the products as they
-read them (x3_fold="kernel"; "launch": one small kernel of its own). The projections split their input into a buffer of the run's own and make three TF32 products into their output
-(x_hi W_lo with the bias, then x_lo W_hi, then x_hi W_hi in K chunks, each added by cublasLt's fp32 epilogue).
+float32x3 multiplies 11-bit parts (engine/schedules/split_products.py): the weights are stored as their two parts
+stacked, [W_hi; W_lo]; the kernels write a step's operand as its two parts, [h_hi; h_lo]; one strided-batched GEMM
+multiplies both by W_hi in K chunks, one more h_hi by W_lo, and the cell kernels fold the products as they read them
+(x3_fold="kernel"; "launch": one small kernel of its own). A step product's parts are held as fp16 (x3_parts="fp16",
+the default: half the bytes, fp16 tensor cores, the lo parts times 2^11) or as TF32 values in fp32; a weight or step
+operand past fp16's range (65504) runs the program again in TF32 parts (ModeExecutor refuses the weight at upload,
+the copies flag the operand, FusedModeProgram.run reads the flag after each run). The projections split their input
+into a buffer of the run's own and make three TF32 products into their output (x_hi W_lo with the bias, then x_lo
+W_hi, then x_hi W_hi in K chunks, each added by cublasLt's fp32 epilogue).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""float32x3 in the fused backend: a step's product as two TF32 GEMMs of stacked parts, folded by one small kernel.
+"""float32x3 in the fused backend: a step's product as two GEMMs of stacked parts, folded as the kernels read them.
 
     weight = stack_split(numpy, w)                 # (2N, K): [W_hi; W_lo], stored once (ModeDevice.mode_weight)
     operand: (2, R, K), [h_hi; h_lo]: the kernels write it beside h (engine/codegen/operand_copies.py)
@@ -27,6 +27,16 @@ Napkin math, one step (fp32 parts, weight stored as 2N x K floats):
   256; cuDNN fp32 takes 64 us a layer step (12.8 ms for 2 x 100).
 So the fp32-accurate step can be 2-3x cuDNN fp32; the chunk size trades P1's bytes against the accumulators' drift,
 and benchmarks/probe_fused_x3.py measures both.
+
+fp16 parts (x3_parts="fp16", the default): a TF32 value has 11 significant bits, as an fp16 one has, so the same parts
+can be held as fp16, hi = fp16(tf32(v)) and lo = fp16(tf32(v - hi) * 2^11) (engine.rounding.split_fp16; the 2^11
+keeps lo in the range hi has, and lo, taken from hi as stored, carries what a subnormal hi lost). The products are
+then fp16 products with fp32 accumulation of the same values, from half the bytes (the weight's parts 4 N K bytes a
+step); P2 and each chunk's lo rows carry 2^11, which the fold divides out (exact: a power of two). fp16 holds
+|v| <= 65504 only: FP16_LIMIT, checked for the weights at upload and flagged by the kernels for the operands (the
+program then runs in TF32 parts). Ootomo and Yokota (2022, "Recovering single precision accuracy from Tensor Cores
+while surpassing the FP32 theoretical peak performance", IJHPCA 36(4)) split fp32 into fp16 parts with the low part
+scaled by 2^11 the same way.
 """
 from __future__ import annotations
 

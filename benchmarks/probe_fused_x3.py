@@ -14,7 +14,8 @@ strided batch (split_products.py's way, the engine's own calls) or as cublasLt's
 accumulator too, summed in place or in the workspace, so P1 is one plane): each its error against the float64
 product (norm-relative, over strict fp32's) and its time in a chain of 50 captured into a CUDA graph (median of 11
 launches). Last, the same product with the TF32 parts held as fp16 on fp16 tensor cores (fp16_parts: the same products from
-half the bytes; an idea for the fused backend, NOTES 2026-11-28 06:18).
+half the bytes; the fused backend's x3_parts="fp16" since NOTES 2026-11-28 08:13), as a batch, on cublasLt's split-K,
+and with only the big product (hi W_hi) in chunks and the two small ones as one GEMM of K whole (small_whole).
 
     python3 benchmarks/probe_fused_x3.py --out /tmp/probe [--configs large,blogA | a .json] [--chunks auto,none,512,256,128]
     python3 benchmarks/probe_fused_x3.py --out /tmp/probe --products
@@ -116,6 +117,7 @@ def products(cp, chunks) -> list[dict]:
                 graph = stream.end_capture()
             us = graph_ms(cp, stream, graph) * 1e3 / CHAIN
             rows.append({"cell": cell, "config": config, "variant": label, "error": error, "us": us})
+            print(f"  {cell} {config} {label}: {us:.2f} us, error {error:.2e}", flush=True)
             return error
 
         def dense(compute, a=h, weight=w):
@@ -212,6 +214,14 @@ extern "C" __global__ void fold16(const float* p, float* out, long rn, int count
         out[i] = small * 0x1p-11f + big;
     }
 }
+// out (R x N) from P: `count` planes of hi W_hi (R, N) in K chunks, then the small products' one plane (R, N)
+extern "C" __global__ void fold16s(const float* p, float* out, long rn, int count) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < rn; i += (long)gridDim.x * blockDim.x) {
+        float big = 0.0f;
+        for (int c = 0; c < count; ++c) big += p[(long)c * rn + i];
+        out[i] = p[(long)count * rn + i] * 0x1p-11f + big;
+    }
+}
 """
 
 
@@ -240,6 +250,36 @@ def fp16_parts(cp, lt, measure, h, w, out, R, K, N, chunks) -> None:
                            partial.data.ptr + 4 * call.out, CUDA_R_16F, CUBLAS_COMPUTE_32F) or fail("x3 fp16")
             fold16((264,), (256,), (partial, out, np.int64(R * N), np.int32(found.count)))
         measure(f"x3 fp16 parts, batch of {found.count} x {found.size}", issue)
+    small_whole(cp, lt, measure, module.get_function("fold16s"), parts, stacked, out, R, K, N, chunks)
+
+
+def small_whole(cp, lt, measure, fold16s, parts, stacked, out, R, K, N, chunks) -> None:
+    """fp16 parts with only the big product in K chunks: hi W_hi, R rows (not 2R), a strided batch of chunk planes;
+    the two small products as one GEMM of K whole, [h_lo | h_hi] (R x 2K) by [W_hi | W_lo] (N x 2K), into one plane
+    (their drift is 2^-11 of the result's). P is count + 1 planes of (R, N), not 2 count + 1, and W_hi is read
+    twice: from L2 where the weights fit it (`large`), from HBM at blogA. The weights and operand are laid out with
+    their parts side by side in each row (K columns of W_hi, then K of W_lo)."""
+    wide_w = cp.concatenate([stacked[0], stacked[1]], axis=1)            # (N, 2K): [W_hi | W_lo]
+    wide_a = cp.concatenate([parts[1], parts[0]], axis=1)                # (R, 2K): [h_lo | h_hi]
+    for chunk in chunks:
+        found = chunking(K, chunk)
+        partial = cp.empty((found.count + 1) * R * N, dtype=cp.float32)
+        cp.cuda.Device().synchronize()
+        big = [Product(R, N, found.size, 2 * K, 2 * K, found.full, (found.size, found.size, R * N))]
+        starts = [(K, 0, 0)]
+        if found.rest:
+            first = found.full * found.size
+            big.append(Product(R, N, found.rest, 2 * K, 2 * K))
+            starts.append((K + first, first, found.full * R * N))
+
+        def issue(found=found, partial=partial, big=big, starts=starts):
+            for shape, (a, w, o) in zip(big, starts):
+                lt.product(shape, wide_a.data.ptr + 2 * a, wide_w.data.ptr + 2 * w, partial.data.ptr + 4 * o,
+                           CUDA_R_16F, CUBLAS_COMPUTE_32F) or fail("x3 fp16 hi W_hi")
+            lt.product(Product.dense(R, N, 2 * K), wide_a.data.ptr, wide_w.data.ptr,
+                       partial.data.ptr + 4 * found.count * R * N, CUDA_R_16F, CUBLAS_COMPUTE_32F) or fail("small")
+            fold16s((264,), (256,), (partial, out, np.int64(R * N), np.int32(found.count)))
+        measure(f"x3 fp16 parts, small products K whole, batch of {found.count} x {found.size}", issue)
 
 
 def fail(what: str):

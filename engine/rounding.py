@@ -61,8 +61,9 @@ def split_tf32(a) -> tuple[np.ndarray, np.ndarray]:
 def split_fp16(a) -> tuple[np.ndarray, np.ndarray]:
     """float32x3's two parts held as fp16 (the fused backend's x3_parts="fp16", engine/schedules/split_products.py), as
     float64: hi = fp16(tf32(a)), lo = fp16(tf32(a - hi) * 2^11), lo taken from hi as stored. A TF32 value has 11
-    significant bits, as an fp16 one has, so in fp16's normal range hi is split_tf32's hi and lo its lo times 2^11;
-    where hi is subnormal, lo carries what it lost. |a| > 65504 gives an infinite hi (the kernels flag it)."""
+    significant bits, as an fp16 one has, so for |a| >= 2^-12 hi is split_tf32's hi and lo its lo times 2^11; below,
+    hi or lo can be subnormal and the pair holds a to about 2^-36 absolute (lo carries what a subnormal hi lost).
+    |a| > 65504 gives an infinite hi (the kernels flag it)."""
     single = np.asarray(a, dtype=np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         hi = _tf32_bits(single).view(np.float32).astype(np.float16)

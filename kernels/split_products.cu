@@ -1,5 +1,5 @@
-// float32x3 in the fused backend (engine/schedules/split_products.py): an operand split into its two TF32 parts,
-// stacked, and the fold that sums the parts' products. tile_gemm.cuh (rnn_tf32_bits: cvt.rna, the kernels' own
+// float32x3 in the fused backend (engine/schedules/split_products.py): an operand split into its two 11-bit parts
+// (TF32 values in fp32, or fp16 values with lo times 2^11), stacked, and the fold that sums the parts' products. tile_gemm.cuh (rnn_tf32_bits: cvt.rna, the kernels' own
 // rounding, which engine/rounding.py emulates) is inlined before this file.
 //
 // A step's product multiplies the operand's parts stacked as rows, [hi; lo] (2R x K), by W_hi (N x K) in C chunks of K

@@ -18,7 +18,8 @@ from engine.errors import BackendError
 from engine.rounding import mode_matmul, round_operand, split_tf32
 from engine.schedules import mode_device as mode_devices
 from engine.schedules import project
-from engine.schedules.mode_device import ModeDevice, ModeWeight
+from engine.schedules.cublaslt import LtError
+from engine.schedules.mode_device import ModeDevice, ModeWeight, X3SplitKError
 from engine.schedules.split_products import LO_SCALE, Left, chunking, fold_numpy, split_into, stack_split
 
 
@@ -189,3 +190,24 @@ def test_k_slices_as_issued(precision, slices):
     ((shape, data_type, accumulate, bias),) = dev.lt.calls
     assert (shape.batch, shape.K, shape.lda, data_type, accumulate, bias) == (
         slices, K // slices, K, CUDA_R_16BF if precision == "bfloat16" else CUDA_R_32F, False, False)
+
+
+@pytest.mark.parametrize("refusal", ["no algorithm", "status 15"])
+def test_a_refused_split_k_is_named_with_its_way_back(host_fold, refusal):
+    """x3_splitk: where cublasLt offers no algorithm that splits K (or the splits' planes pass the workspace), or
+    refuses the call, X3SplitKError names the product and the split and points at x3_splitk=False (FusedModeProgram
+    catches it and runs again with the batch)."""
+    x, w = case(4, 98, 6)
+    dev = mode_device("float32x3", 32)
+    dev.x3_splitk = True
+
+    def refuse(shape, *args, **kw):
+        if shape.splits > 1 and refusal == "status 15":
+            raise LtError("the input projection's cublasLtMatmul returned cuBLAS status 15 (not supported)")
+        return shape.splits == 1
+    dev.lt = types.SimpleNamespace(product=refuse)
+    parts_x = device(split_into(np, x, np.empty((2, 4, 98), np.float16), "fp16"))
+    weight = ModeWeight(device(stack_split(np, w, "fp16")), False, "fp16")
+    says = "cuBLAS status 15" if refusal == "status 15" else "offers no algorithm that splits"
+    with pytest.raises(X3SplitKError, match=f"{says}.*hint: x3_splitk=False multiplies the K chunks as a strided batch"):
+        dev.product(parts_x, weight, device(np.zeros((4, 6), np.float32)))

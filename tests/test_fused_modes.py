@@ -89,11 +89,14 @@ def test_fp16_parts_are_the_emulation_and_refuse_weights_past_their_range(name):
     fixed = fixed_gemms(plan.program, plan.program.cell)
     assert executor.parts == {g.name: "tf32" if g.hoisted or fixed[g.name] else "fp16" for g in plan.program.gemms}
     step = next(g for g in plan.program.gemms if not g.hoisted and not fixed[g.name])
-    weight = next(m for t in step.terms for m in t.matmuls)
-    big = [dict(layer) for layer in dense_params.layers]
-    big[0][plan.program.cell[weight].args[0]] = big[0][plan.program.cell[weight].args[0]] * 1e6
-    with pytest.raises(X3RangeError, match=f"layer 0's weight of GEMM '{step.name}' has values past fp16's range"):
-        executor.load(engine.Params(big))
+    names = {plan.program.cell[m].args[0] for t in step.terms for m in t.matmuls}     # every weight in its product
+    for factor, says in ((1e6, "has values past fp16's range"), (1e-6, "is too small for fp16 parts")):
+        scaled = [dict(layer) for layer in dense_params.layers]
+        for name in names:
+            scaled[0][name] = scaled[0][name] * factor
+        with pytest.raises(X3RangeError, match=f"layer 0's weight of GEMM '{step.name}' {says} .*hint: "
+                                               "x3_parts='tf32' holds"):
+            executor.load(engine.Params(scaled))
 
 
 @pytest.mark.parametrize("splitk", ["on", 1, None, 0])

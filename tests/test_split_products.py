@@ -30,6 +30,7 @@ from engine.schedules.split_products import (
     chunking,
     fold_numpy,
     fold_read,
+    fp16_parts_hold,
     in_fp16_range,
     left_bytes,
     left_products,
@@ -293,11 +294,15 @@ def test_fp16_parts_are_the_tf32_parts_held_in_half_the_bytes():
     hi + lo / 2^11 stays within 2^-22 of the value; past 65504 hi is infinite, which in_fp16_range refuses first."""
     rng = np.random.default_rng(11)
     normal = (rng.standard_normal(20000) * 30).astype(np.float32)
-    normal = normal[np.abs(normal) > 2.0 ** -13]
+    normal = normal[np.abs(normal) >= 2.0 ** -12]      # below it lo can be subnormal
+    normal = np.concatenate([normal, np.float32(2.0 ** -12) * (1 + np.arange(2000, dtype=np.float32) / 1000)])
     hi, lo = split_fp16(normal)
     hi32, lo32 = split_tf32(normal)
     np.testing.assert_array_equal(hi, hi32)
     np.testing.assert_array_equal(lo, lo32 * 2048)
+    w = np.random.default_rng(2).standard_normal((64, 32))
+    assert fp16_parts_hold(w * 1e-3) and not fp16_parts_hold(w * 1e-5) and fp16_parts_hold(np.zeros((3, 3)))
+    assert fp16_parts_hold(np.kron(np.eye(4), w[:8, :8] * 1e-3))      # a block-diagonal weight's zeros do not count
     tiny = (rng.standard_normal(5000) * 1e-6).astype(np.float32)
     hi, lo = split_fp16(tiny)
     assert np.abs(hi + lo / 2048 - tiny).max() <= 2.0 ** -22 * 2.0 ** -13

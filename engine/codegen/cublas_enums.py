@@ -19,5 +19,5 @@ LT_PREF_MIN_ALIGNMENT_BYTES = (5, 6, 7, 8)                     # A, B, C, D (cub
 LT_HEURISTIC_RESULT_BYTES = 96   # cublasLtMatmulHeuristicResult_t: algo (64 B), workspaceSize, state, wavesCount, int[4]
 LT_ALGO_BYTES = 64               # cublasLtMatmulAlgo_t: uint64_t data[8]
 LT_ALGO_CONFIG_SPLITK_NUM, LT_ALGO_CONFIG_REDUCTION_SCHEME = 2, 3   # cublasLtMatmulAlgoConfigAttributes_t: uint32 each
-LT_ALGO_CAP_SPLITK_SUPPORT, LT_ALGO_CAP_REDUCTION_SCHEME_MASK = 0, 1  # cublasLtMatmulAlgoCapAttributes_t: uint32 each
+LT_ALGO_CAP_SPLITK_SUPPORT, LT_ALGO_CAP_REDUCTION_SCHEME_MASK = 0, 1  # cublasLtMatmulAlgoCapAttributes_t: int32, uint32
 LT_REDUCTION_SCHEME_COMPUTE_TYPE = 2   # cublasLtReductionScheme_t: the splits summed in the workspace in compute type

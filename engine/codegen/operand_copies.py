@@ -5,8 +5,9 @@ rounding launch runs between the kernel and the GEMM (engine/schedules/fused_mod
     copies = operand_copies(program, "bfloat16", exact={"J_mean_h_gemm"})   # {kernel: {param: (copy, type, fn)}}
     source = render_copies_module(program, "bfloat16", copies)
 
-float32x3's copy holds the operand's two TF32 parts, hi where the value is and lo one buffer further (the copy is
-twice the buffer: engine/schedules/split_products.py multiplies it as rows [hi; lo]).
+float32x3's copy holds the operand's two 11-bit parts, hi where the value is and lo one buffer further (the copy is
+twice the buffer: engine/schedules/split_products.py multiplies it as rows [hi; lo]); as fp16 values (x3_parts="fp16",
+lo times 2^11) or as TF32 values in fp32.
 The kernels' own math and buffers stay float32 (a mode rounds the matmuls' operands only): a cell that reads h back
 (the GRU's (1 - z) h) reads the fp32 values. The roundings are kernels/tile_gemm.cuh's (rnn_tf32_bits: nearest, ties
 away; rnn_bits16: nearest, ties to even), which kernels/round_operands.cu and the schedules' MMAs use, and

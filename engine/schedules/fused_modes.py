@@ -64,12 +64,14 @@ from .base import launch_replay, whole_run_replay
 from .mode_device import ModeDevice, X3RangeError, X3SplitKError
 from .split_products import (
     FP16_LIMIT,
+    FP16_SMALL,
     X3_CHUNK,
     X3_FOLDS,
     X3_PARTS,
     X3_PARTS_DEFAULT,
     X3_SPLITK,
     X3_SPLITK_MIN_K,
+    fp16_parts_hold,
     in_fp16_range,
     left_bytes,
     left_products,
@@ -130,7 +132,8 @@ class ModeExecutor(Executor):
         # the kernels copy (all of them on the NumPy device, which has no copies); the others' parts are TF32
         parts = getattr(device, "x3_parts", None)
         self.parts = {g.name: parts if parts and not g.hoisted and not self.fixed[g.name]
-                      and (g.in_buffer in self.copied or not copies) else "tf32" for g in self.program.gemms}
+                      and (g.in_buffer in self.copied or not device.copies_operands) else "tf32"
+                      for g in self.program.gemms}
         # per kernel, the (buffer, version) of each copy argument, in render_kernel's order after its own params
         params = {(k.name, p.name): p for k in self.program.kernels for p in k.params}
         self.copy_sources = {kernel: [(params[(kernel, name)].source, params[(kernel, name)].version) for name in named]
@@ -186,7 +189,11 @@ class ModeExecutor(Executor):
             for name, p in packed.items():
                 if self.parts[name] == "fp16" and not in_fp16_range(p.weight):
                     raise X3RangeError(f"layer {layer}'s weight of GEMM '{name}' has values past fp16's range "
-                                       f"(|w| > {FP16_LIMIT:g})")
+                                       f"(|w| > {FP16_LIMIT:g}); hint: x3_parts='tf32' holds them")
+                if self.parts[name] == "fp16" and not fp16_parts_hold(p.weight):
+                    raise X3RangeError(f"layer {layer}'s weight of GEMM '{name}' is too small for fp16 parts (mean "
+                                       f"|w| < {FP16_SMALL:g}: fp16's subnormals would lose its low bits); hint: "
+                                       "x3_parts='tf32' holds it")
             weights.append({name: (device.mode_weight(p.weight, fixed[name], self.parts[name]),
                                    None if p.bias is None else device.asarray(p.bias))
                             for name, p in packed.items()})
@@ -236,20 +243,22 @@ class FusedModeProgram:
         self.x3_fold, self.k_slices = x3_fold, integer(k_slices, "argument 'k_slices' (1: one product)")
         # float32x3: how a step product's parts are held (split_products.py): "tf32", fp32 values on TF32 tensor cores;
         # "fp16", fp16 values on fp16 tensor cores, half the bytes. A weight or step operand past fp16's range
-        # (|v| > 65504) makes the program run again in "tf32" parts (x3_parts_note says why); the check reads a flag
+        # (|v| > 65504) makes the program run again in "tf32" parts (info["x3_parts_fallback"] says why), and so does a
+        # weight too small for them (mean |w| < 2^-12: fp16's subnormals would cost it its low bits); the check reads a flag
         # after each run, so a run captured into a caller's own CUDA graph is not checked: use "tf32" there.
         if x3_parts not in X3_PARTS:
             raise BackendError(f"argument 'x3_parts' must be one of {', '.join(X3_PARTS)}, got {shown(x3_parts)}; "
                                "hint: 'tf32' holds float32x3's parts as fp32 values, 'fp16' as fp16 ones (half the "
                                "bytes; values past 65504 fall back to 'tf32')")
-        self.x3_parts, self.x3_parts_note = x3_parts, x3_parts
+        self.x3_parts = x3_parts
+        self.fallbacks: dict = {}          # float32x3: {"x3_parts" or "x3_splitk": why it fell back}
         # float32x3: the W_hi product's K chunks as cublasLt's split-K (True), a strided batch of planes (False), or
         # by K ("auto": split_products.uses_splitk); where cublasLt refuses it the program runs again with the batch
         if x3_splitk not in (True, False, "auto") or type(x3_splitk) not in (bool, str):
             raise BackendError(f"argument 'x3_splitk' must be True, False or \"auto\", got {shown(x3_splitk)}; hint: "
                                f"\"auto\" splits K in cublasLt where K is at least {X3_SPLITK_MIN_K} (fp16 parts), "
                                "False (the default) multiplies the K chunks as a strided batch")
-        self.x3_splitk, self.x3_splitk_note = x3_splitk, x3_splitk
+        self.x3_splitk = x3_splitk
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
         network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
         import cupy  # deferred: CuPy is optional (no GPU in CI)
@@ -314,20 +323,26 @@ class FusedModeProgram:
             past = (self.x3_parts == "fp16" and not self.cupy.cuda.get_current_stream().is_capturing()
                     and self._executor.device.out_of_range())
         except X3RangeError as e:
-            past = str(e)
+            past = str(e).split("; hint:")[0]
         except X3SplitKError as e:
             if self.x3_splitk is False:
                 raise
-            self.x3_splitk, self.x3_splitk_note = False, f"False (split-K refused: {e})"
-            self._shape, self._executor, self._replays = None, None, {}
+            self._fall_back("x3_splitk", False, str(e).split("; hint:")[0])
             return self.run(x, initial_states, poison=poison, lengths=lengths)
         if not past:
             return result
-        self.x3_parts = "tf32"
-        self.x3_parts_note = "tf32 (fp16 parts refused: " + (
-            past if isinstance(past, str) else "a step operand went past fp16's range, |v| > 65504") + ")"
-        self._shape, self._executor, self._replays = None, None, {}
+        self._fall_back("x3_parts", "tf32", past if isinstance(past, str) else
+                        "a step operand went past fp16's range (|v| > 65504)")
         return self.run(x, initial_states, poison=poison, lengths=lengths)
+
+    def _fall_back(self, option: str, value, why: str) -> None:
+        """float32x3: `option` set to `value` for good (info[option + "_fallback"] says why) and the program built
+        again at the next run, once the GPU has finished what the dropped one issued (a run cut short by a refused
+        product leaves work on its layer streams, in buffers the new one may be given)."""
+        self.cupy.cuda.Device().synchronize()
+        setattr(self, option, value)
+        self.fallbacks[option] = why
+        self._shape, self._executor, self._replays = None, None, {}
 
     def _run(self, x, initial_states, poison: bool, lengths) -> RunResult:
         cupy = self.cupy
@@ -374,7 +389,8 @@ class FusedModeProgram:
         return {"launches_per_step": plan.launches_per_step, "chunk_steps": plan.chunk_steps,
                 "program": plan.program.key, "bytes": executor.bytes, "lengths": plan.program.lengths,
                 "precision": self.precision, "replayed": self.replayed,
-                **({"x3_parts": self.x3_parts_note, "x3_splitk": self.x3_splitk_note}
+                **({"x3_parts": self.x3_parts, "x3_splitk": self.x3_splitk,
+                    **{f"{option}_fallback": why for option, why in self.fallbacks.items()}}
                    if self.precision == "float32x3" else {})}
 
 

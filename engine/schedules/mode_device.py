@@ -14,6 +14,7 @@ runs again in TF32 parts (fused_modes.FusedModeProgram).
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,8 @@ class X3RangeError(BackendError):
 class ModeDevice(CupyDevice):
     """CupyDevice whose GEMMs take the mode: out = round(x) @ W^T (+ bias) through cublasLt, on the current stream
     (a layer's, where the layers have streams)."""
+
+    copies_operands = True                 # the kernels write each step GEMM's operand in the mode (operand_copies)
 
     def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
                  streams: bool = False, programmatic=None, dependents=frozenset(), ahead: bool = False,
@@ -229,9 +232,10 @@ class ModeDevice(CupyDevice):
 
     def _stacked_product(self, operand, weight: ModeWeight, out, launch_fold: bool = True) -> None:
         """float32x3's step product (engine/schedules/split_products.py): operand (2, R, K) = [h_hi; h_lo] by W_hi in
-        K chunks into P1 (chunks, 2R, N), one strided-batched GEMM (and one more for a rest), h_hi by W_lo into P2,
-        then the fold into out (R, N); launch_fold=False: P into out (flat), for the kernels to fold as they read
-        it."""
+        K chunks into P1 (chunks, 2R, N), one strided-batched GEMM (and one more for a rest), or where x3_splitk takes
+        them as cublasLt's split-K into one plane (2R, N); h_hi by W_lo into P2; then the fold into out (R, N);
+        launch_fold=False: P into out (flat), for the kernels to fold as they read it. The parts' element size and
+        products are the weight's (fp16 or TF32 parts)."""
         _, R, K = operand.shape
         N = weight.stored.shape[0] // 2
         chunks = chunking(K, self.x3_chunk)
@@ -254,8 +258,9 @@ class ModeDevice(CupyDevice):
 
     def _lt(self, shape: Product, a: int, w: int, out, *, bias: int = 0, accumulate: bool = False,
             at: int | None = None, products: tuple = X3_PRODUCTS) -> None:
-        """One product into out (at: the address in it to write) through cublasLt: float32x3's parts (TF32), or the
-        mode's operands (products: LT_OPERANDS' data and compute types), whole or in K slices."""
+        """One product into out (at: the address in it to write) through cublasLt: float32x3's parts (products:
+        their data and compute types, TF32 by default), or the mode's operands (LT_OPERANDS'), whole, in K slices or
+        (shape.splits) on cublasLt's split-K, which X3SplitKError reports refused."""
         if not out.flags.c_contiguous:
             raise BackendError("backend 'fused' in a precision mode writes GEMM outputs whole: got a strided one; "
                                "hint: this is a bug in engine/schedules/fused_modes.py")
@@ -265,12 +270,18 @@ class ModeDevice(CupyDevice):
                                    accumulate=accumulate, workspace=self._workspace(), sms=self.sms)
         except LtError as e:
             if shape.splits > 1:
-                raise X3SplitKError(f"cublasLt refused the split-K product: {e}") from None
+                status = re.search(r"status (\d+)", str(e))
+                raise X3SplitKError(f"cublasLt would not run the ({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) "
+                                    f"product with its K split {shape.splits} ways (cuBLAS status "
+                                    f"{status.group(1) if status else '?'}); hint: x3_splitk=False multiplies the "
+                                    "K chunks as a strided batch") from None
             raise
         if not done:
             if shape.splits > 1:
                 raise X3SplitKError(f"cublasLt offers no algorithm that splits the ({shape.M} x {shape.K}) @ "
-                                    f"({shape.K} x {shape.N}) product's K {shape.splits} ways")
+                                    f"({shape.K} x {shape.N}) product's K {shape.splits} ways with its splits' "
+                                    f"{shape.workspace_bytes >> 20} MiB in the {WORKSPACE >> 20} MiB workspace; "
+                                    "hint: x3_splitk=False multiplies the K chunks as a strided batch")
             sliced = "" if shape.batch == 1 else ", or x3_chunk=None" if self.split else ", or k_slices=1"
             raise BackendError(f"backend 'fused' in precision '{self.precision}': cublasLt offers no algorithm for a "
                                f"({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) product"
@@ -308,6 +319,8 @@ class ModeDevice(CupyDevice):
 class NumpyModeDevice(NumpyDevice):
     """plan_numpy's NumpyDevice with the mode's GEMMs as the reference emulates them (engine.rounding.mode_matmul):
     the CPU tests run ModeExecutor's host logic on it."""
+
+    copies_operands = False                # no kernels: every step GEMM rounds (or splits) its operand itself
 
     def __init__(self, dtype, precision: str, x3_chunk: int | str | None = X3_CHUNK, x3_parts: str = "tf32"):
         super().__init__(dtype)

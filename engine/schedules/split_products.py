@@ -80,6 +80,11 @@ LO_SCALE = {"tf32": 1.0, "fp16": 2048.0}       # 2^11: an fp16 lo part in the ra
 X3_SPLITK = False
 X3_SPLITK_MIN_K = 2048
 FP16_LIMIT = 65504.0                           # the largest finite fp16: a value past it has no fp16 hi part
+# Below 2^-12 an fp16 lo part can be subnormal, so hi + lo / 2^11 holds v to about 2^-36 absolute, not 2^-22
+# relative: a weight whose nonzero entries' mean |w| is below FP16_SMALL would lose fp32's accuracy in its dot
+# products (in NumPy, K = 256: 14x strict fp32's error at a weight scale of 1e-5, 100x at 1e-6); it keeps TF32 parts.
+# A step operand (h) mostly below 2^-12 loses accuracy the same way and is not caught (NOTES 2026-11-28 08:13).
+FP16_SMALL = 2.0 ** -12
 
 
 @dataclass(frozen=True)
@@ -142,8 +147,8 @@ def plane_chunks(K: int, chunk: int | str | None = X3_CHUNK, splitk: bool | str 
 
 @dataclass(frozen=True)
 class Call:
-    """One cublasLt product of float32x3's parts: `shape` with A, W and out starting `a`, `w` and `out` floats into
-    their buffers (the operand's parts, the stacked weight, the output or P); accumulate: out += (beta = 1); bias:
+    """One cublasLt product of float32x3's parts: `shape` with A, W and out starting `a`, `w` and `out` elements into
+    their buffers (4-byte fp32 or 2-byte fp16 parts; P is fp32) (the operand's parts, the stacked weight, the output or P); accumulate: out += (beta = 1); bias:
     the projection's bias added by the epilogue."""
     shape: Product
     a: int
@@ -288,6 +293,14 @@ def stack_split(xp, weight, parts: str = "tf32"):
         return np.concatenate([hi, lo]).astype(part_dtype(np, parts))
     out = xp.empty((2 * weight.shape[0], weight.shape[1]), dtype=part_dtype(xp, parts))
     return split_into(xp, xp.ascontiguousarray(weight, dtype=xp.float32), out, parts)
+
+
+def fp16_parts_hold(values) -> bool:
+    """Whether fp16 parts hold a weight to fp32's accuracy in its products: the mean |w| of its nonzero entries (a
+    block-diagonal weight's zeros aside) at least FP16_SMALL."""
+    values = np.abs(np.asarray(values, dtype=np.float64))
+    nonzero = values[values > 0]
+    return not nonzero.size or float(nonzero.mean()) >= FP16_SMALL
 
 
 def in_fp16_range(values) -> bool:

@@ -19,6 +19,7 @@ from test_fused import make_case, relative_error
 import engine
 from engine.backends import fused, reference
 from engine.schedules import autotune, fused_modes, project, schedule_class
+from engine.schedules.cublaslt import LtProjection
 from engine.schedules.split_products import X3_PARTS_DEFAULT
 from engine.schedules.tiling import TileConfig
 
@@ -266,7 +267,7 @@ def test_fp16_parts_past_their_range_run_again_in_tf32_parts(cupy):
         tf32 = fused_modes.prepare(network, p, precision="float32x3", x3_parts="tf32").run(x, s0, poison=True)
         program = fused_modes.prepare(network, p, precision="float32x3", x3_parts="fp16")
         first = program.run(x, s0, poison=True)
-        assert first.info["x3_parts"].startswith("tf32 (fp16 parts refused: "), (label, first.info)
+        assert first.info["x3_parts"] == "tf32" and first.info["x3_parts_fallback"], (label, first.info)
         np.testing.assert_array_equal(first.outputs, tf32.outputs, err_msg=label)
         if p is growing:                     # the doubling h did pass the range (the copies' flag, mid-run)
             assert float(np.abs(tf32.outputs).max()) > 65504 and float(np.abs(tf32.outputs[0]).max()) < 65504
@@ -275,20 +276,24 @@ def test_fp16_parts_past_their_range_run_again_in_tf32_parts(cupy):
         assert again.info["replayed"].startswith("replayed from CUDA graphs"), (label, again.info)
         np.testing.assert_array_equal(again.outputs, tf32.outputs, err_msg=label)
     in_range = fused_modes.prepare(network, params, precision="float32x3", x3_parts="fp16").run(x, states, poison=True)
-    assert in_range.info["x3_parts"] == "fp16", in_range.info
+    assert in_range.info["x3_parts"] == "fp16" and "x3_parts_fallback" not in in_range.info, in_range.info
 
 
-@pytest.mark.parametrize("parts", PARTS)
-def test_fused_split_k_at_a_bloga_like_size(cupy, parts):
+def test_fused_split_k_at_a_bloga_like_size(cupy, monkeypatch):
     """blogA's sizes (I = H = 2560, B = 64) with T cut to 6: "auto" takes the W_hi product's 5 K chunks as cublasLt's
-    split-K in fp16 parts (not refused: x3_splitk stays "auto"; TF32 parts keep the batch, cublasLt refused their
-    split-K, H200 2026-11-28), at fp32's level against float64 like the batch of chunk planes, and its replays are a
-    poisoned direct run's bits (the splits summed in the workspace in a fixed order)."""
+    split-K in fp16 parts (a product with splits > 1 issued, nothing refused; TF32 parts keep the batch, cublasLt
+    refused their split-K, H200 2026-11-28), at fp32's level against float64 like the batch of chunk planes, and its
+    replays are a poisoned direct run's bits (the splits summed in the workspace in a fixed order)."""
+    parts, split = "fp16", []
+    product = LtProjection.product
+    monkeypatch.setattr(LtProjection, "product", lambda self, shape, *args, **kw: (
+        split.append(shape.splits) if shape.splits > 1 else None) or product(self, shape, *args, **kw))
     size = {"input_size": 2560, "hidden_size": 2560, "batch": 64, "steps": 6}
     network, params, x, states = make_case(engine.preset("gru").cell, 1, seed=12, sizes=size)
     program = fused_modes.prepare(network, params, precision="float32x3", x3_parts=parts, x3_splitk="auto")
     direct = program.run(x, states, poison=True)
-    assert direct.info["x3_splitk"] == "auto", direct.info
+    assert direct.info["x3_splitk"] == "auto" and "x3_splitk_fallback" not in direct.info, direct.info
+    assert split and set(split) == {5}, split                  # K = 2560 in the 5 chunks of "auto"
     batch = fused_modes.prepare(network, params, precision="float32x3", x3_parts=parts, x3_splitk=False)
     tf32 = fused_modes.prepare(network, params, precision="tf32").run(x, states, poison=True)
     error = check_x3(direct, network, params, x, states, f"fused gru blogA-like split-K {parts} parts", tf32)
@@ -307,6 +312,6 @@ def test_fused_split_k_forced_on_small_k_runs_or_falls_back(cupy):
     network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=13, sizes=size)
     program = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32, x3_splitk=True)
     result = program.run(x, states, poison=True)
-    assert result.info["x3_splitk"] is True or result.info["x3_splitk"].startswith("False (split-K refused: "), \
-        result.info
+    assert result.info["x3_splitk"] is True or (result.info["x3_splitk"] is False
+                                                and result.info["x3_splitk_fallback"]), result.info
     check_x3(result, network, params, x, states, f"fused lstm split-K forced ({result.info['x3_splitk']})")

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 from probe_step_algos import CAP_REDUCTION_MASK, CAP_SPLITK_SUPPORT, REDUCTIONS, capability, configured  # noqa: E402
-from step_chain import graph_ms  # noqa: E402
+from step_chain import product_chain  # noqa: E402
 
 import engine  # noqa: E402
 from engine.bench.configs import parse_configs  # noqa: E402
@@ -104,18 +104,7 @@ def products(cp, chunks) -> list[dict]:
         cp.cuda.Device().synchronize()              # made on the null stream, used on `stream`
 
         def measure(label, issue):
-            out.fill(float("nan"))
-            cp.cuda.Device().synchronize()
-            with stream:
-                issue()
-            stream.synchronize()
-            error = float(cp.linalg.norm(out - exact) / cp.linalg.norm(exact))
-            with stream:
-                stream.begin_capture()
-                for _ in range(CHAIN):
-                    issue()
-                graph = stream.end_capture()
-            us = graph_ms(cp, stream, graph) * 1e3 / CHAIN
+            error, us = product_chain(cp, stream, out, exact, issue, CHAIN)
             rows.append({"cell": cell, "config": config, "variant": label, "error": error, "us": us})
             print(f"  {cell} {config} {label}: {us:.2f} us, error {error:.2e}", flush=True)
             return error

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from step_chain import graph_ms  # noqa: E402
+from step_chain import product_chain  # noqa: E402
 
 from engine.codegen.cublas_enums import CUBLAS_COMPUTE_32F, CUDA_R_16F  # noqa: E402
 from engine.codegen.cuda import helper_source  # noqa: E402
@@ -206,18 +206,7 @@ def main() -> None:
         cupy.cuda.Device().synchronize()
 
         def measure(label, issue):
-            out.fill(float("nan"))
-            cupy.cuda.Device().synchronize()
-            with stream:
-                issue()
-            stream.synchronize()
-            error = float(cupy.linalg.norm(out - exact) / cupy.linalg.norm(exact))
-            with stream:
-                stream.begin_capture()
-                for _ in range(CHAIN):
-                    issue()
-                graph = stream.end_capture()
-            us = graph_ms(cupy, stream, graph) * 1e3 / CHAIN
+            error, us = product_chain(cupy, stream, out, exact, issue, CHAIN)
             rows.append({"cell": cell, "config": config, "variant": label, "error": error, "us": us})
             print(f"{cell:4s} {config:6s} {label:44s} {us:8.2f} us  error {error:.2e}", flush=True)
 

@@ -30,6 +30,24 @@ def graph_ms(cupy, stream, graph, reps: int = 11, warm: int = 3) -> float:
     return statistics.median(times)
 
 
+def product_chain(cupy, stream, out, exact, issue, chain: int = 50) -> tuple[float, float]:
+    """A product issued by `issue()` into `out`, checked then timed: out poisoned (NaN), one product, its error
+    against `exact` (norm-relative), then `chain` products captured into one CUDA graph on `stream` and timed by
+    graph_ms. Returns (error, us a product)."""
+    out.fill(float("nan"))
+    cupy.cuda.Device().synchronize()
+    with stream:
+        issue()
+    stream.synchronize()
+    error = float(cupy.linalg.norm(out - exact) / cupy.linalg.norm(exact))
+    with stream:
+        stream.begin_capture()
+        for _ in range(chain):
+            issue()
+        graph = stream.end_capture()
+    return error, graph_ms(cupy, stream, graph) * 1e3 / chain
+
+
 class StepChain:
     """T chained steps of a product, captured into one CUDA graph and timed (median ms)."""
 

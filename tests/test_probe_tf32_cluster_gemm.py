@@ -4,24 +4,15 @@ boundaries (the descriptors' 128-byte swizzle), and its kernel compiles for sm_9
 NumPy."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_tf32_cluster_gemm.py"
+from script_loader import load_script
 
 
 def probe():
-    if str(PROBE.parent) not in sys.path:          # the script imports probe_schedules and probe_wgmma from its folder
-        sys.path.insert(0, str(PROBE.parent))
-    spec = importlib.util.spec_from_file_location("probe_tf32_cluster_gemm", PROBE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("probe_tf32_cluster_gemm")
 
 
 @pytest.mark.parametrize("reg_ks", [12, 16])

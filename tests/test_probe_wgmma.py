@@ -4,25 +4,18 @@ swizzle is a permutation of each row's 16-byte groups, whose 8-row blocks are 10
 stride), and every tile it addresses starts on a 1024-byte boundary. The GPU runs it against NumPy."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_wgmma.py"
 
 
 def probe():
-    if str(PROBE.parent) not in sys.path:          # the script imports probe_schedules from its folder
-        sys.path.insert(0, str(PROBE.parent))
-    spec = importlib.util.spec_from_file_location("probe_wgmma", PROBE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("probe_wgmma", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("probe_wgmma")
 
 
 def swz(row: int, group: int) -> int:        # the kernels' swz()

@@ -5,29 +5,20 @@ backend's chunked product (split_products.stacked_product_numpy), and within fp3
 it against the float64 product and cublasLt."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from nvcc_check import compile_sources
+from script_loader import load_script
 
 from engine.schedules.split_products import chunking, split_into, stack_split, stacked_product_numpy
 
-PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_x3_promote.py"
 SHARED_MEMORY_SM90 = 227 * 1024           # the opt-in dynamic shared memory of a block on an H100 / H200
 
 
 def probe():
-    if str(PROBE.parent) not in sys.path:          # the script imports step_chain from its folder
-        sys.path.insert(0, str(PROBE.parent))
-    spec = importlib.util.spec_from_file_location("probe_x3_promote", PROBE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("probe_x3_promote", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("probe_x3_promote")
 
 
 def test_the_ring_fits_and_every_shape_tiles():

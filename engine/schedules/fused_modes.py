@@ -130,7 +130,7 @@ class ModeExecutor(Executor):
         self.copied = copied_buffers(self.program, copies)
         # float32x3: the GEMMs whose parts are the device's x3_parts (fp16 where asked): the step GEMMs whose operand
         # the kernels copy (all of them on the NumPy device, which has no copies); the others' parts are TF32
-        parts = getattr(device, "x3_parts", None)
+        parts = device.x3_parts
         self.parts = {g.name: parts if parts and not g.hoisted and not self.fixed[g.name]
                       and (g.in_buffer in self.copied or not device.copies_operands) else "tf32"
                       for g in self.program.gemms}
@@ -189,11 +189,10 @@ class ModeExecutor(Executor):
             for name, p in packed.items():
                 if self.parts[name] == "fp16" and not in_fp16_range(p.weight):
                     raise X3RangeError(f"layer {layer}'s weight of GEMM '{name}' has values past fp16's range "
-                                       f"(|w| > {FP16_LIMIT:g}); hint: x3_parts='tf32' holds them")
+                                       f"(|w| > {FP16_LIMIT:g})")
                 if self.parts[name] == "fp16" and not fp16_parts_hold(p.weight):
                     raise X3RangeError(f"layer {layer}'s weight of GEMM '{name}' is too small for fp16 parts (mean "
-                                       f"|w| < {FP16_SMALL:g}: fp16's subnormals would lose its low bits); hint: "
-                                       "x3_parts='tf32' holds it")
+                                       f"|w| < {FP16_SMALL:g}: fp16's subnormals would lose its low bits)")
             weights.append({name: (device.mode_weight(p.weight, fixed[name], self.parts[name]),
                                    None if p.bias is None else device.asarray(p.bias))
                             for name, p in packed.items()})
@@ -323,11 +322,11 @@ class FusedModeProgram:
             past = (self.x3_parts == "fp16" and not self.cupy.cuda.get_current_stream().is_capturing()
                     and self._executor.device.out_of_range())
         except X3RangeError as e:
-            past = str(e).split("; hint:")[0]
+            past = e.reason
         except X3SplitKError as e:
             if self.x3_splitk is False:
                 raise
-            self._fall_back("x3_splitk", False, str(e).split("; hint:")[0])
+            self._fall_back("x3_splitk", False, e.reason)
             return self.run(x, initial_states, poison=poison, lengths=lengths)
         if not past:
             return result

@@ -29,12 +29,12 @@ from .project import LT_OPERANDS, operand_dtype, round_into
 from .split_products import (
     LO_SCALE,
     X3_CHUNK,
+    Chunks,
     Left,
     chunking,
     fold,
     part_dtype,
     partial_size,
-    plane_chunks,
     slice_calls,
     split_calls,
     split_into,
@@ -61,14 +61,26 @@ class ModeWeight:
     parts: str | None = None
 
 
-class X3SplitKError(BackendError):
+class X3Fallback(BackendError):
+    """A float32x3 setting this program cannot keep; fused_modes.FusedModeProgram falls back and runs again, with
+    `reason` (the message without its hint) in info[<option>_fallback]."""
+    hint = ""
+
+    def __init__(self, reason: str):
+        super().__init__(f"{reason}; hint: {self.hint}")
+        self.reason = reason
+
+
+class X3SplitKError(X3Fallback):
     """float32x3's W_hi product cannot be split on cublasLt's split-K here: the program runs again with its K chunks
-    as a strided batch (fused_modes.FusedModeProgram)."""
+    as a strided batch."""
+    hint = "x3_splitk=False multiplies the K chunks as a strided batch"
 
 
-class X3RangeError(BackendError):
-    """float32x3's fp16 parts cannot hold a value (|v| > 65504): the program runs again in TF32 parts
-    (fused_modes.FusedModeProgram)."""
+class X3RangeError(X3Fallback):
+    """float32x3's fp16 parts cannot hold a value (|v| > 65504, or a weight too small): the program runs again in
+    TF32 parts."""
+    hint = "x3_parts='tf32' holds it"
 
 
 class ModeDevice(CupyDevice):
@@ -239,9 +251,10 @@ class ModeDevice(CupyDevice):
         _, R, K = operand.shape
         N = weight.stored.shape[0] // 2
         chunks = chunking(K, self.x3_chunk)
-        splitk = uses_splitk(K, self.x3_chunk, self.x3_splitk, weight.parts)
-        calls = splitk_calls(R, K, N, chunks.count) if splitk else stacked_calls(R, K, N, chunks)
-        chunks = plane_chunks(K, self.x3_chunk, self.x3_splitk, weight.parts)      # the planes left in P
+        if uses_splitk(K, self.x3_chunk, self.x3_splitk, weight.parts):
+            calls, chunks = splitk_calls(R, K, N, chunks.count), Chunks(K, 1)    # one plane: cublasLt sums the splits
+        else:
+            calls = stacked_calls(R, K, N, chunks)
         key = (self.xp.cuda.get_current_stream().ptr, chunks.count, R, N)
         partial = self.partials.get(key) if launch_fold else out
         if partial is None:
@@ -273,15 +286,13 @@ class ModeDevice(CupyDevice):
                 status = re.search(r"status (\d+)", str(e))
                 raise X3SplitKError(f"cublasLt would not run the ({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) "
                                     f"product with its K split {shape.splits} ways (cuBLAS status "
-                                    f"{status.group(1) if status else '?'}); hint: x3_splitk=False multiplies the "
-                                    "K chunks as a strided batch") from None
+                                    f"{status.group(1) if status else '?'})") from None
             raise
         if not done:
             if shape.splits > 1:
                 raise X3SplitKError(f"cublasLt offers no algorithm that splits the ({shape.M} x {shape.K}) @ "
                                     f"({shape.K} x {shape.N}) product's K {shape.splits} ways with its splits' "
-                                    f"{shape.workspace_bytes >> 20} MiB in the {WORKSPACE >> 20} MiB workspace; "
-                                    "hint: x3_splitk=False multiplies the K chunks as a strided batch")
+                                    f"{shape.workspace_bytes >> 20} MiB in the {WORKSPACE >> 20} MiB workspace")
             sliced = "" if shape.batch == 1 else ", or x3_chunk=None" if self.split else ", or k_slices=1"
             raise BackendError(f"backend 'fused' in precision '{self.precision}': cublasLt offers no algorithm for a "
                                f"({shape.M} x {shape.K}) @ ({shape.K} x {shape.N}) product"

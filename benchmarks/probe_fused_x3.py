@@ -28,7 +28,9 @@ fold in the cell kernels (x3_fold="kernel", the default) and end with the last c
 whether its timed runs were CUDA-graph replays, and the free device memory is printed before each row. --parts
 tf32,fp16 adds the fused rows with float32x3's parts held as fp16 (x3_parts="fp16", named "-fp16"); --lean keeps
 cuDNN fp32 and the fused float32x3 rows only; --splitk auto,false adds rows with the W_hi product's K chunks as a
-strided batch of planes beside cublasLt's split-K (x3_splitk).
+strided batch of planes beside cublasLt's split-K (x3_splitk); --product auto,cublaslt adds rows with the step product
+on cublasLt beside the engine's own wgmma kernel that "auto" takes for fp16 parts on sm_90 (x3_product, named
+"-cublaslt"; engine/schedules/x3_wgmma.py).
 """
 from __future__ import annotations
 
@@ -317,11 +319,13 @@ def main() -> None:
     parser.add_argument("--configs", default="large,blogA")
     parser.add_argument("--cells", default="lstm,gru")
     parser.add_argument("--chunks", default="auto,none,512,256,128")
-    parser.add_argument("--splitk", default="auto", help="x3_splitk values for the fused rows: auto, true, false "
+    parser.add_argument("--splitk", default="false", help="x3_splitk values for the fused rows: auto, true, false "
                         "(e.g. auto,false)")
     parser.add_argument("--lean", action="store_true", help="cuDNN fp32 and the fused float32x3 rows only")
     parser.add_argument("--parts", default="tf32", help="float32x3's parts for the fused rows: tf32, fp16 or both "
                         "(x3_parts; e.g. tf32,fp16)")
+    parser.add_argument("--product", default="auto", help="x3_product values for the fused rows: auto, wgmma, "
+                        "cublaslt (e.g. auto,cublaslt)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--products", action="store_true", help="the step's product alone, every variant")
     parser.add_argument("--slices", default=None,
@@ -347,10 +351,12 @@ def main() -> None:
         name = "probe_fused_slices.json"
     else:
         flags = {"auto": "auto", "true": True, "false": False}
-        x3 = [Variant("fp32x3", {"x3_chunk": c, "x3_parts": parts, "x3_splitk": flags[splitk]},
-                      f"k{c or 'all'}" + ("" if parts == "tf32" else f"-{parts}") + ("" if splitk == "auto" else
-                                                                                     f"-splitk-{splitk}"))
-              for parts in args.parts.split(",") for c in chunks for splitk in args.splitk.split(",")]
+        x3 = [Variant("fp32x3", {"x3_chunk": c, "x3_parts": parts, "x3_splitk": flags[splitk], "x3_product": product},
+                      f"k{c or 'all'}" + ("" if parts == "tf32" else f"-{parts}") + ("" if splitk == "false" else
+                                                                                     f"-splitk-{splitk}")
+                      + ("" if product == "auto" else f"-{product}"))
+              for parts in args.parts.split(",") for c in chunks for splitk in args.splitk.split(",")
+              for product in args.product.split(",")]
         implementations = [Cudnn("fp32"), *x3] if args.lean else [
             Cudnn("fp32"), EngineBackend("fused"), EngineBackend("fused", precision="tf32"), *x3,
             Variant("fp32x3", {"x3_chunk": chunks[-1], "x3_fold": "launch"}, f"k{chunks[-1] or 'all'}-fold-launch"),

@@ -105,6 +105,24 @@ __device__ __forceinline__ unsigned short rnn_bits16(float v)
     return h;
 }
 
+// float32x3's two 11-bit parts of v held as fp16 (engine/rounding.py split_fp16): hi = fp16(tf32(v)), lo =
+// fp16(tf32(v - hi) * 2^11), lo from hi as stored. Returns whether v is past fp16's range (|v| > 65504: no fp16 hi).
+__device__ __forceinline__ bool rnn_split_fp16(const float v, unsigned short& hi, unsigned short& lo)
+{
+    hi = rnn_bits16<RNN_FP16>(__uint_as_float(rnn_tf32_bits(v)));
+    lo = rnn_bits16<RNN_FP16>(__uint_as_float(rnn_tf32_bits(v - rnn_half_to_float(hi))) * 2048.0f);
+    return fabsf(v) > 65504.0f;
+}
+
+// Where element (b, k) of a matrix of ld columns sits in float32x3's wgmma tiles (kernels/x3_wgmma.cu,
+// engine/schedules/x3_wgmma.py): blocks of 64 rows, each as (ld rounded up to 64) / 64 tiles of 64 x 64, in a tile
+// row r's 16-byte group c at group c ^ (r % 8) (engine/schedules/base.py chunked).
+__device__ __forceinline__ long rnn_x3_tile_at(const long b, const long k, const long ld)
+{
+    const long tiles = (ld + 63) >> 6;
+    return ((b >> 6) * tiles + (k >> 6)) * 4096 + (b & 63) * 64 + ((((k >> 3) & 7) ^ (b & 7)) << 3) + (k & 7);
+}
+
 // v as it enters a product in this mode (exactly representable in the mode's format, held as a float); fp32 and
 // float32x3 (whose warp GEMV is strict fp32): v itself.
 template <int MODE>

@@ -17,7 +17,16 @@ engine/rounding.py emulates. On an H200 (2026-11-28, ncu) the separate rounding 
 from __future__ import annotations
 
 from ..plan import Program
-from .cuda import CELL_HELPERS, SPLIT_COPY, SPLIT_COPY_FP16, WAIT_MACRO, helper_source, module_header, render_kernel
+from .cuda import (
+    CELL_HELPERS,
+    SPLIT_COPY,
+    SPLIT_COPY_FP16,
+    SPLIT_COPY_TILES,
+    WAIT_MACRO,
+    helper_source,
+    module_header,
+    render_kernel,
+)
 from .precision import precision as lookup
 
 # a mode's copy: its C element type and the rounding (a function of tile_gemm.cuh's, or one defined below)
@@ -33,13 +42,20 @@ SPLIT_COPY_SOURCE = (f"__device__ __forceinline__ void {SPLIT_COPY}(float* __res
                      "    copy[lo + i] = __uint_as_float(rnn_tf32_bits(v - hi));\n}\n")
 # float32x3 in fp16 parts (x3_parts="fp16"): hi = fp16(tf32(v)), lo = fp16(tf32(v - hi) * 2^11) from hi as stored (the
 # same 11-bit parts, engine/rounding.py split_fp16); a value past fp16's range sets the module's flag, which the
-# program reads after the run (engine/schedules/mode_device.py RANGE_FLAG)
+# program reads after the run (engine/schedules/mode_device.py RANGE_FLAG). Held as rows [hi; lo], or for the
+# engine's own wgmma product (engine/schedules/x3_wgmma.py) in 64 x 64 tiles: element (b, k) of a part of (B, ld)
+# in the tile of row block b / 64 and column block k / 64 (each part's rows and columns padded to whole tiles), its
+# 16-byte group swizzled by row (kernels/tile_gemm.cuh rnn_x3_tile_at); the lo part after the hi part's padded rows.
+# The parts themselves: tile_gemm.cuh rnn_split_fp16.
 SPLIT_COPY_FP16_SOURCE = (
     'extern "C" { __device__ unsigned int rnn_x3_range = 0u; }\n'
     f"__device__ __forceinline__ void {SPLIT_COPY_FP16}(unsigned short* __restrict__ copy, const long i, const long lo, "
-    "const float v)\n{\n    const unsigned short hi = rnn_bits16<RNN_FP16>(__uint_as_float(rnn_tf32_bits(v)));\n"
-    "    copy[i] = hi;\n    copy[lo + i] = rnn_bits16<RNN_FP16>(__uint_as_float(rnn_tf32_bits(v - rnn_half_to_float(hi)))"
-    " * 2048.0f);\n    if (fabsf(v) > 65504.0f) rnn_x3_range = 1u;\n}\n")
+    "const float v)\n{\n    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) rnn_x3_range = 1u;\n"
+    "    copy[i] = h;\n    copy[lo + i] = l;\n}\n"
+    f"__device__ __forceinline__ void {SPLIT_COPY_TILES}(unsigned short* __restrict__ copy, const long i, const long ld, "
+    "const long B, const float v)\n{\n    const long b = i / ld, at = rnn_x3_tile_at(b, i - b * ld, ld);\n"
+    "    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) rnn_x3_range = 1u;\n    copy[at] = h;\n"
+    "    copy[(B + 63) / 64 * 64 * ((ld + 63) / 64 * 64) + at] = l;\n}\n")
 
 
 def copy_name(name: str) -> str:
@@ -47,13 +63,14 @@ def copy_name(name: str) -> str:
     return name + SUFFIX
 
 
-def operand_copies(program: Program, precision: str, exact=frozenset(), x3_parts: str = "tf32") -> dict[str, dict]:
+def operand_copies(program: Program, precision: str, exact=frozenset(), x3_parts: str = "tf32",
+                   tiles: bool = False) -> dict[str, dict]:
     """{kernel name: {param: (copy param, C type, rounding function)}} for every kernel store into the operand buffer
     of a step GEMM that is not in `exact` (a reduction's fixed matrix: its operand stays fp32); float32x3's parts held
-    as `x3_parts` ("tf32" or "fp16")."""
+    as `x3_parts` ("tf32" or "fp16"; fp16 parts in tiles where `tiles`: the wgmma product's)."""
     name = lookup(precision).name
-    c_type, function = ("unsigned short", SPLIT_COPY_FP16) if name == "float32x3" and x3_parts == "fp16" else \
-        COPY_TYPES[name]
+    fp16 = SPLIT_COPY_TILES if tiles else SPLIT_COPY_FP16
+    c_type, function = ("unsigned short", fp16) if name == "float32x3" and x3_parts == "fp16" else COPY_TYPES[name]
     operands = {g.in_buffer for g in program.gemms if not g.hoisted and g.name not in exact}
     found = {}
     for kernel in program.kernels:

@@ -78,6 +78,7 @@ from .split_products import (
     read_places,
     split_bytes,
 )
+from .x3_wgmma import X3_PRODUCTS, resolve_product, wgmma_capable
 
 MODES = ("tf32", "float16", "bfloat16", "float32x3")
 # the modes the autotuner times this backend in (float32x3 only where a user allows it, and each candidate's error held
@@ -204,6 +205,21 @@ class ModeExecutor(Executor):
         self.device.gemm(operands, weight, out, bias)
 
 
+def check_x3_product(product, parts: str, splitk, capable: bool) -> str:
+    """x3_product checked: one of X3_PRODUCTS; "wgmma" only with fp16 parts, no split-K, on an sm_90 GPU."""
+    if not isinstance(product, str) or product not in X3_PRODUCTS:
+        raise BackendError(f"argument 'x3_product' must be one of {', '.join(X3_PRODUCTS)}, got {shown(product)}; "
+                           "hint: \"auto\" multiplies float32x3's fp16 parts on the engine's wgmma kernel where the GPU "
+                           "has one (sm_90), on cublasLt otherwise")
+    if product == "wgmma":
+        why = ("x3_parts='fp16' (it multiplies fp16 parts)" if parts != "fp16" else
+               "x3_splitk=False (cublasLt's split-K is the other product)" if splitk is not False else
+               None if capable else "an sm_90 GPU (H100, H200: it issues wgmma)")
+        if why:
+            raise BackendError(f"x3_product='wgmma' needs {why}; hint: x3_product='auto' picks the product that runs")
+    return product
+
+
 def check_x3_chunk(chunk):
     """x3_chunk checked: "auto" (by each product's K), None (all of K) or a positive int."""
     if chunk is None or (isinstance(chunk, str) and chunk == "auto"):
@@ -224,7 +240,8 @@ class FusedModeProgram:
                  passes=None, layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
                  layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
                  projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
-                 k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT, x3_splitk: bool | str = X3_SPLITK):
+                 k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT, x3_splitk: bool | str = X3_SPLITK,
+                 x3_product: str = "auto"):
         self.precision = check_fused_mode(precision)
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
@@ -261,6 +278,9 @@ class FusedModeProgram:
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
         network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
         import cupy  # deferred: CuPy is optional (no GPU in CI)
+        # float32x3 in fp16 parts: the step products on the engine's wgmma kernel ("wgmma", sm_90), on cublasLt's batch
+        # of K chunks ("cublaslt"), or the first where it can run ("auto"; after a fallback to TF32 parts, cublasLt)
+        self.x3_product = check_x3_product(x3_product, x3_parts, x3_splitk, wgmma_capable(cupy))
         self.cupy, self.network, self.params = cupy, network, params
         self.options = dict(passes=passes, layout=layout, chunk_steps=chunk_steps)
         self.replay = replay
@@ -283,11 +303,13 @@ class FusedModeProgram:
             plan, needed = fitting_plan(cupy, network, T, B, self.options, lengths)
             program = plan.program
             fixed = fixed_gemms(program, program.cell)
+            tiles = self.precision == "float32x3" and self.product() == "wgmma"
             copies = operand_copies(program, self.precision, {name for name, strict in fixed.items() if strict},
-                                    self.x3_parts)
+                                    self.x3_parts, tiles)
             waits = programmatic_waits(program) if self.programmatic else {}
-            left = left_products(plan, self.precision, copied_buffers(program, copies), fixed, self.k_slices,
-                                 self.x3_chunk, self.x3_fold, self.x3_parts, self.x3_splitk)
+            left = {} if tiles else left_products(plan, self.precision, copied_buffers(program, copies), fixed,
+                                                  self.k_slices, self.x3_chunk, self.x3_fold, self.x3_parts,
+                                                  self.x3_splitk)
             extra = split_bytes(plan, self.x3_chunk) if self.precision == "float32x3" else left_bytes(plan, left)
             if extra:
                 needed += extra
@@ -305,7 +327,7 @@ class FusedModeProgram:
                                 streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1,
                                 programmatic=self.programmatic, dependents=waits, ahead=ahead is not None,
                                 shared_sms=self.projection_sms, x3_chunk=self.x3_chunk, x3_parts=self.x3_parts,
-                                x3_splitk=self.x3_splitk)
+                                x3_splitk=self.x3_splitk, x3_tiles=tiles)
             executor = ModeExecutor(plan, device, copies, fixed, ahead, left)
             executor.load(self.params)
             executor.bytes = needed
@@ -333,6 +355,10 @@ class FusedModeProgram:
         self._fall_back("x3_parts", "tf32", past if isinstance(past, str) else
                         "a step operand went past fp16's range (|v| > 65504)")
         return self.run(x, initial_states, poison=poison, lengths=lengths)
+
+    def product(self) -> str:
+        """float32x3's step product as it runs now: "wgmma" or "cublaslt" (x3_wgmma.resolve_product)."""
+        return resolve_product(self.x3_product, self.x3_parts, self.x3_splitk, wgmma_capable(self.cupy))
 
     def _fall_back(self, option: str, value, why: str) -> None:
         """float32x3: `option` set to `value` for good (info[option + "_fallback"] says why) and the program built
@@ -388,7 +414,7 @@ class FusedModeProgram:
         return {"launches_per_step": plan.launches_per_step, "chunk_steps": plan.chunk_steps,
                 "program": plan.program.key, "bytes": executor.bytes, "lengths": plan.program.lengths,
                 "precision": self.precision, "replayed": self.replayed,
-                **({"x3_parts": self.x3_parts, "x3_splitk": self.x3_splitk,
+                **({"x3_parts": self.x3_parts, "x3_splitk": self.x3_splitk, "x3_product": self.product(),
                     **{f"{option}_fallback": why for option, why in self.fallbacks.items()}}
                    if self.precision == "float32x3" else {})}
 
@@ -397,13 +423,14 @@ def prepare(network: Network, params: Params, dtype=np.float32, *, precision: st
             layout: str = "blocked", chunk_steps: int | None = None, replay: bool = True,
             layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
             projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
-            k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT, x3_splitk: bool | str = X3_SPLITK) -> FusedModeProgram:
+            k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT, x3_splitk: bool | str = X3_SPLITK,
+            x3_product: str = "auto") -> FusedModeProgram:
     """Plan, compile and upload once; the result's run(x) is what the benchmark times."""
     return FusedModeProgram(network, params, dtype, precision=precision, passes=passes, layout=layout,
                             chunk_steps=chunk_steps, replay=replay, layer_streams=layer_streams,
                             programmatic=programmatic, projection_ahead=projection_ahead,
                             projection_sms=projection_sms, x3_chunk=x3_chunk, x3_fold=x3_fold, k_slices=k_slices,
-                            x3_parts=x3_parts, x3_splitk=x3_splitk)
+                            x3_parts=x3_parts, x3_splitk=x3_splitk, x3_product=x3_product)
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,

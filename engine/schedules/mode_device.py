@@ -9,7 +9,8 @@ stand-in for the CPU tests (its GEMMs as engine.rounding emulates the mode).
 float32x3's parts (split_products.py): "tf32", each part a TF32 value held in fp32, multiplied on TF32 tensor cores;
 "fp16", the same 11-bit parts held as fp16 (the lo part times 2^11), multiplied on fp16 tensor cores from half the
 bytes; a value past fp16's range (|v| > 65504) sets the range flag of the module (kernels write it) and the program
-runs again in TF32 parts (fused_modes.FusedModeProgram).
+runs again in TF32 parts (fused_modes.FusedModeProgram). x3_tiles (fp16 parts on sm_90): the step products on the
+engine's own wgmma kernel (x3_wgmma.py), the weights and the operands' copies in its 64 x 64 tiles.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from .split_products import (
     stacked_product_numpy,
     uses_splitk,
 )
+from .x3_wgmma import promote_columns, promoted_product, tile_split_into, tile_weight, tiled_operand
 
 X3_PRODUCTS = LT_OPERANDS["tf32"]       # float32x3's TF32 parts: fp32 storage, TF32 tensor-core products
 X3_FP16_PRODUCTS = (CUDA_R_16F, CUBLAS_COMPUTE_32F)   # its fp16 parts: fp16 storage, fp32 accumulation
@@ -55,10 +57,12 @@ RANGE_FLAG = "rnn_x3_range"         # the copies module's flag: a step operand p
 @dataclass(frozen=True)
 class ModeWeight:
     """A packed GEMM weight as the mode multiplies it: `stored` (N, K), in the mode's storage unless `exact` (a
-    reduction's fixed matrix: strict fp32); float32x3: (2N, K), its parts stacked, held as `parts` ("tf32" or "fp16")."""
+    reduction's fixed matrix: strict fp32); float32x3: (2N, K), its parts stacked, held as `parts` ("tf32" or "fp16"),
+    or where `tiles` is its (N, K), flat in the wgmma product's tiles (x3_wgmma.tile_weight)."""
     stored: object
     exact: bool
     parts: str | None = None
+    tiles: tuple | None = None
 
 
 class X3Fallback(BackendError):
@@ -92,13 +96,15 @@ class ModeDevice(CupyDevice):
     def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
                  streams: bool = False, programmatic=None, dependents=frozenset(), ahead: bool = False,
                  shared_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_parts: str = "tf32",
-                 x3_splitk: bool | str = False):
+                 x3_splitk: bool | str = False, x3_tiles: bool = False):
         super().__init__(cupy, module, num_layers, streams=streams, projection=projection)
         self.precision = precision
         self.split = precision == "float32x3"
         self.x3_chunk = x3_chunk           # float32x3: K of one accumulator (split_products.chunking)
         self.x3_parts = x3_parts if self.split else None    # float32x3: how the step products' parts are held
         self.x3_splitk = x3_splitk         # float32x3: the W_hi product's K chunks as cublasLt's split-K (uses_splitk)
+        # float32x3 in fp16 parts: the step products on the wgmma kernel (x3_wgmma.py), operands and weights in tiles
+        self.tiles = x3_tiles and self.x3_parts == "fp16"
         # fp16 parts: the module's flag (a uint32 the copies set where an operand is past fp16's range), reset at each
         # run's start and read at its end (fused_modes.FusedModeProgram)
         self.range_flag = (cupy.ndarray((1,), cupy.uint32, memptr=module.get_global(RANGE_FLAG))
@@ -168,6 +174,8 @@ class ModeDevice(CupyDevice):
         """The weight as the GEMMs read it: rounded to the mode (float32x3: its two parts stacked, (2N, K), in `parts`:
         the step GEMMs' in the device's x3_parts, the others' in TF32 parts)."""
         stored = self.asarray(weight)
+        if self.split and not exact and parts == "fp16" and self.tiles:
+            return ModeWeight(tile_weight(self.xp, stored), exact, parts, tiles=tuple(stored.shape))
         if self.split and not exact:
             return ModeWeight(stack_split(self.xp, stored, parts), exact, parts)
         if not exact:
@@ -177,8 +185,11 @@ class ModeDevice(CupyDevice):
 
     def operand_like(self, array, poison: bool):
         """A buffer for `array` (float32) in the mode's operand format (float32x3: two, hi and lo, stacked, in the
-        device's x3_parts); poison: NaN bit patterns (0xFFFF is a NaN in fp16 and bf16)."""
+        device's x3_parts; in the wgmma product's tiles where the device has them); poison: NaN bit patterns (0xFFFF
+        is a NaN in fp16 and bf16)."""
         cupy = self.xp
+        if self.tiles:
+            return tiled_operand(cupy, array.shape[0], array.size // array.shape[0], poison)
         dtype = part_dtype(cupy, self.x3_parts) if self.split else operand_dtype(cupy, self.precision)
         copy = cupy.empty(((2,) if self.split else ()) + tuple(array.shape), dtype)
         copy.view(cupy.uint16 if copy.itemsize == 2 else cupy.uint32).fill(
@@ -195,7 +206,10 @@ class ModeDevice(CupyDevice):
         return self.range_flag is not None and bool(int(self.range_flag.get()[0]))
 
     def round_copy(self, source, copy) -> None:
-        if self.split:
+        if self.tiles:
+            tile_split_into(self.xp, self.xp.ascontiguousarray(source).reshape(source.shape[0], -1), copy,
+                            self.range_flag)
+        elif self.split:
             split_into(self.xp, self.xp.ascontiguousarray(source), copy, self.x3_parts, self.range_flag)
         else:
             round_into(self.xp, source, copy, self.precision)
@@ -225,7 +239,14 @@ class ModeDevice(CupyDevice):
         """out = operand @ W^T, the operand in the mode's format already (a kernel's copy; float32x3: its parts).
         left (split_products.Left): the product left for the kernels to sum as they read it, out flat: K in planes
         (a reduced mode), or float32x3's P unfolded."""
-        if self.split:                     # (a fixed matrix's operand has no copy: gemm() multiplies it)
+        if weight.tiles:                   # float32x3 on the wgmma kernel: out whole, nothing left to fold
+            N, K = weight.tiles
+            if left is not None or not out.flags.c_contiguous:
+                raise BackendError("backend 'fused' in float32x3: the wgmma product writes its output whole; hint: "
+                                   "this is a bug in engine/schedules/fused_modes.py (left_products with tiles)")
+            promoted_product(self.xp, operand, weight.stored, out, out.size // N, K, N,
+                             promote_columns(self.x3_chunk, K))
+        elif self.split:                   # (a fixed matrix's operand has no copy: gemm() multiplies it)
             self._stacked_product(operand, weight, out, launch_fold=left is None)
         elif left is not None:                 # one strided batch of K slices, from the starts of A, W and out
             (call,) = slice_calls(*operand.shape, weight.stored.shape[0], left.count)

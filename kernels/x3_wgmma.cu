@@ -1,0 +1,144 @@
+// float32x3's step product in fp16 parts on Hopper's warpgroup MMA, each K chunk's tensor-core accumulator promoted
+// into an fp32 sum in registers (engine/schedules/x3_wgmma.py; issue #34's fp32-accurate mode). Needs tile_gemm.cuh,
+// mma_gemm.cuh (the bulk copies and their barriers) and wgmma.cuh before it.
+//
+//     out (R, N) = (h_lo W_hi + h_hi W_lo) / 2^11 + sum over groups of `promote` K chunks of (h_hi W_hi over the group)
+//
+// Why: the tensor cores add into their accumulator with truncation, so one accumulator over a long K drifts (Fasi et
+// al. 2021). cuBLAS can only keep the drift short by a batch of K chunks, each a plane of P written to memory and read
+// again by a fold. Here the accumulator of `promote` chunks of 64 columns is added into an fp32 sum (round to nearest)
+// and starts again from zero, as DeepSeek-V3's FP8 GEMM promotes its partial sums every 128 elements (DeepSeek-AI
+// 2024, "DeepSeek-V3 Technical Report", section 3.3.2): K is one product, P is gone. The small products need no
+// promotion (2^-11 of the result).
+//
+// Operands, all fp16 bits in the bulk pipeline's chunked layout (mma_gemm.cuh rnn_chunked, engine/schedules/base.py
+// chunked): blocks of 64 rows, each as Kp / 64 chunks of 64 x 64 elements, one 8 KB tile whose row r's 16-byte group
+// c sits at group c ^ (r % 8), wgmma's 128-byte swizzle. parts: Rp / 64 blocks of h_hi, then Rp / 64 of h_lo (the
+// copies write them so: engine/codegen/operand_copies.py); weight: Np / 64 blocks of W_hi, then Np / 64 of W_lo.
+// Rows and columns past R, N and K are zeros (rows past R and N are never stored).
+//
+// A block owns 64 features and 64 batch rows, one warpgroup. Thread 0 fills a ring of STAGES slots with four bulk
+// copies a chunk (W_hi, W_lo, h_hi, h_lo: 32 KB), counted by the slot's mbarrier; each chunk is 12 wgmma m64n64k16
+// (fp16 in, fp32 accumulators: big += h_hi W_hi, small += h_lo W_hi and h_hi W_lo). A slot is filled again once the
+// block has met past the chunk's MMA. Two slots where the grid has more blocks than the GPU has SMs (three blocks an
+// SM then fit), four otherwise (engine/schedules/x3_wgmma.py stages).
+#define X3_TILE_ELEMENTS 4096                // one 64 x 64 tile
+#define X3_TILE_BYTES 8192
+#define X3_STAGE_BYTES (4 * X3_TILE_BYTES)   // W_hi, W_lo, h_hi, h_lo
+
+// d (m64n64 fp32, 32 a thread) = A B^T + (scale_d ? d : 0) for one k step of 16 fp16 columns, A and B K-major
+// tiles of 128-byte swizzled rows (wgmma.cuh's layout and descriptors).
+__device__ __forceinline__ void x3_mma(float (&d)[32], unsigned long long a, unsigned long long b, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" RNN_WGMMA_OUT32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : RNN_WGMMA_D32 : "l"(a), "l"(b), "r"(scale_d));
+}
+
+// One chunk's 12 MMA on the slot at shared address `sw`; big promoted into sum after every `promote` chunks and at
+// the last.
+__device__ __forceinline__ void x3_chunk(float (&big)[32], float (&small)[32], float (&sum)[32], const unsigned sw,
+                                         const int chunk, const int chunks, const int promote)
+{
+    const int fresh = chunk % promote == 0;                     // big starts a new accumulation here
+    rnn_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const unsigned long long whi = rnn_wgmma_desc(sw + kk * 32);
+        const unsigned long long wlo = rnn_wgmma_desc(sw + X3_TILE_BYTES + kk * 32);
+        const unsigned long long hhi = rnn_wgmma_desc(sw + 2 * X3_TILE_BYTES + kk * 32);
+        const unsigned long long hlo = rnn_wgmma_desc(sw + 3 * X3_TILE_BYTES + kk * 32);
+        x3_mma(big, hhi, whi, !(fresh && kk == 0));
+        x3_mma(small, hlo, whi, 1);
+        x3_mma(small, hhi, wlo, 1);
+    }
+    rnn_wgmma_commit();
+    rnn_wgmma_wait<0>();
+    if ((chunk + 1) % promote == 0 || chunk + 1 == chunks) {
+        #pragma unroll
+        for (int i = 0; i < 32; ++i) sum[i] += big[i];         // fp32, round to nearest: the group promoted
+    }
+}
+
+// out (R, N), row-major: rows m0 .., features n0 ..; Rp, Np the parts' and the weight's rows rounded up to 64; Kp the
+// columns, a multiple of 64; scale: 1 / 2^11.
+template <int STAGES>
+__device__ __forceinline__ void x3_wgmma_body(const unsigned short* __restrict__ parts,
+                                              const unsigned short* __restrict__ weight, float* __restrict__ out,
+                                              const int R, const int N, const int Rp, const int Np, const int Kp,
+                                              const int promote, const float scale)
+{
+    extern __shared__ unsigned char x3_raw[];
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(x3_raw);
+    const unsigned base = raw + ((1024u - (raw & 1023u)) & 1023u);   // wgmma's tiles: 1024-byte aligned
+    const unsigned bars = base + STAGES * X3_STAGE_BYTES;
+    const int tid = threadIdx.x, nb = blockIdx.x, mb = blockIdx.y, chunks = Kp / 64;
+    const long block = (long)chunks * X3_TILE_ELEMENTS;             // elements of a block of 64 rows
+    const unsigned short* src[4] = {weight + nb * block, weight + (Np / 64 + nb) * block,
+                                    parts + mb * block, parts + (Rp / 64 + mb) * block};
+    float big[32], small[32], sum[32];
+    #pragma unroll
+    for (int i = 0; i < 32; ++i) big[i] = small[i] = sum[i] = 0.0f;
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) rnn_bar_init(bars + 8 * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int c = 0; c < STAGES && c < chunks; ++c) {
+            const unsigned bar = bars + 8 * c;
+            rnn_bar_expect(bar, X3_STAGE_BYTES);
+            #pragma unroll
+            for (int m = 0; m < 4; ++m)
+                rnn_bulk_copy(base + c * X3_STAGE_BYTES + m * X3_TILE_BYTES, src[m] + (long)c * X3_TILE_ELEMENTS,
+                              X3_TILE_BYTES, bar);
+        }
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+        const int slot = chunk % STAGES;
+        rnn_bar_wait(bars + 8 * slot, (chunk / STAGES) & 1);
+        x3_chunk(big, small, sum, base + slot * X3_STAGE_BYTES, chunk, chunks, promote);
+        __syncthreads();                                          // every warp's MMA has read the slot
+        const int next = chunk + STAGES;
+        if (tid == 0 && next < chunks) {
+            const unsigned bar = bars + 8 * slot;
+            rnn_bar_expect(bar, X3_STAGE_BYTES);
+            #pragma unroll
+            for (int m = 0; m < 4; ++m)
+                rnn_bulk_copy(base + slot * X3_STAGE_BYTES + m * X3_TILE_BYTES,
+                              src[m] + (long)next * X3_TILE_ELEMENTS, X3_TILE_BYTES, bar);
+        }
+    }
+    // accumulators (wgmma.cuh): warp q's batch rows 16 q + g and + 8; for each 8-feature group j, features 8 j + 2 t
+    // and + 1
+    const int q = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = mb * 64 + q * 16 + g + 8 * half;
+        if (row >= R) continue;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int n = nb * 64 + 8 * j + 2 * t;
+            const int i = 4 * j + 2 * half;
+            if (n < N) out[(long)row * N + n] = small[i] * scale + sum[i];
+            if (n + 1 < N) out[(long)row * N + n + 1] = small[i + 1] * scale + sum[i + 1];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) x3_wgmma_2(const unsigned short* __restrict__ parts,
+                                                              const unsigned short* __restrict__ weight,
+                                                              float* __restrict__ out, const int R, const int N,
+                                                              const int Rp, const int Np, const int Kp,
+                                                              const int promote, const float scale)
+{
+    x3_wgmma_body<2>(parts, weight, out, R, N, Rp, Np, Kp, promote, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(128) x3_wgmma_4(const unsigned short* __restrict__ parts,
+                                                              const unsigned short* __restrict__ weight,
+                                                              float* __restrict__ out, const int R, const int N,
+                                                              const int Rp, const int Np, const int Kp,
+                                                              const int promote, const float scale)
+{
+    x3_wgmma_body<4>(parts, weight, out, R, N, Rp, Np, Kp, promote, scale);
+}

@@ -1,0 +1,143 @@
+"""float32x3's step product on the engine's own wgmma kernel (engine/schedules/x3_wgmma.py, kernels/x3_wgmma.cu), on
+the CPU: the tiles are the bulk pipeline's chunked layout with zero padding, the C index the copies write through
+(tile_gemm.cuh rnn_x3_tile_at) is that layout, what the kernel computes (promoted_numpy) is float32x3's product of
+the fp16 parts within fp32's reach of float64, the choice of product and its errors, and the kernel and the copies in
+tiles compile for sm_90a. tests/gpu/test_x3_wgmma_gpu.py runs them."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+from nvcc_check import compile_sources
+
+import engine
+from engine.codegen.cuda import KERNELS_DIR, kernel_file_source
+from engine.codegen.operand_copies import operand_copies, render_copies_module
+from engine.compiler import make_plan
+from engine.dense import dense
+from engine.errors import BackendError
+from engine.rounding import split_fp16
+from engine.schedules.base import chunked
+from engine.schedules.fused_modes import check_x3_product, fixed_gemms
+from engine.schedules.split_products import chunking, split_into, stack_split, stacked_product_numpy
+from engine.schedules.x3_wgmma import (
+    PROMOTE,
+    X3_PRODUCTS,
+    kernel_source,
+    padded,
+    promote_columns,
+    promoted_numpy,
+    resolve_product,
+    smem_bytes,
+    tile_weight,
+    tiled,
+    tiled_operand,
+)
+
+SHARED_MEMORY_SM90 = 227 * 1024           # the opt-in dynamic shared memory of a block on an H100 / H200
+
+
+def tile_at(b: int, k: int, ld: int) -> int:
+    """kernels/tile_gemm.cuh rnn_x3_tile_at, read from the header and evaluated (the C expression, not a copy)."""
+    text = (KERNELS_DIR / "tile_gemm.cuh").read_text()
+    body = re.search(r"rnn_x3_tile_at\(const long b, const long k, const long ld\)\n\{\n(.*?)\n\}", text, re.S).group(1)
+    tiles = (ld + 63) >> 6
+    (expression,) = re.findall(r"return (.*);", body)
+    return eval(expression, {"b": b, "k": k, "tiles": tiles})        # the C integer ops on non-negative ints
+
+
+@pytest.mark.parametrize("rows, cols", [(64, 64), (19, 129), (130, 200), (5, 7)])
+def test_the_c_index_is_the_tiles_layout(rows, cols):
+    """Element (b, k) of each part lands where tiled() puts it, and the padding is zeros."""
+    rng = np.random.default_rng(rows * cols)
+    parts = rng.integers(1, 60000, (2, rows, cols)).astype(np.uint16)
+    flat = tiled(np, parts, rows, cols)
+    assert flat.size == 2 * padded(rows) * padded(cols)
+    lo = padded(rows) * padded(cols)
+    for b, k in [(0, 0), (rows - 1, cols - 1), (rows // 2, cols // 3), (min(rows - 1, 9), min(cols - 1, 70))]:
+        at = tile_at(b, k, cols)
+        assert flat[at] == parts[0, b, k] and flat[lo + at] == parts[1, b, k], (b, k)
+    assert np.count_nonzero(flat) == 2 * rows * cols                # everything else is padding, zero
+
+
+def test_tiles_are_the_bulk_pipelines_chunks():
+    parts = np.arange(2 * 128 * 128, dtype=np.uint16).reshape(2, 128, 128)
+    np.testing.assert_array_equal(tiled(np, parts, 128, 128), chunked(np, parts.reshape(256, 128), 64, 64))
+
+
+def test_a_poisoned_operand_is_nan_where_values_go_and_zero_in_the_padding():
+    copy = tiled_operand(np, 19, 100, poison=True)
+    assert copy.shape == (2, 64, 128)
+    bits = copy.view(np.uint16).ravel()
+    marks = np.zeros((2, 19, 100), np.uint16) + 0xFFFF
+    np.testing.assert_array_equal(bits, tiled(np, marks, 19, 100))
+    assert not tiled_operand(np, 19, 100, poison=False).view(np.uint16).any()
+
+
+def test_the_weight_tiles_are_its_fp16_parts():
+    w = np.random.default_rng(1).standard_normal((72, 100)).astype(np.float32)
+    got = tile_weight(np, w)
+    hi, lo = split_fp16(w)
+    want = tiled(np, np.stack([hi, lo]).astype(np.float16), 72, 100)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("promote", [64, 128, 512])
+def test_the_promoted_sums_are_float32x3s_product_of_the_fp16_parts(promote):
+    rng = np.random.default_rng(promote)
+    R, K, N = 48, 512, 80
+    h = rng.uniform(-1, 1, (R, K)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / K ** 0.5).astype(np.float32)
+    got = promoted_numpy(h, w, promote)
+    parts = split_into(np, h, np.empty((2, R, K), np.float16), "fp16").astype(np.float64)
+    want = stacked_product_numpy(parts, stack_split(np, w, "fp16").astype(np.float64), chunking(K, promote), 2048.0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    exact = h.astype(np.float64) @ w.astype(np.float64).T
+    assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 1e-6        # fp32's level: only lo x lo dropped
+
+
+def test_promote_columns_follow_x3_chunk():
+    assert promote_columns("auto", 1024) == PROMOTE == 128
+    assert promote_columns(None, 1000) == 1024                # all of K, whole tiles
+    assert promote_columns(100, 1024) == 128 and promote_columns(256, 1024) == 256
+
+
+def test_which_product_runs():
+    assert resolve_product("auto", "fp16", False, True) == "wgmma"
+    assert resolve_product("auto", "fp16", False, False) == "cublaslt"          # not sm_90
+    assert resolve_product("auto", "tf32", False, True) == "cublaslt"           # TF32 parts (a fallback too)
+    assert resolve_product("wgmma", "tf32", False, True) == "cublaslt"
+    assert resolve_product("auto", "fp16", "auto", True) == "cublaslt"          # split-K is cublasLt's
+    assert resolve_product("cublaslt", "fp16", False, True) == "cublaslt"
+    assert check_x3_product("wgmma", "fp16", False, True) == "wgmma"
+    for product, parts, splitk, capable, named in (("wgmma", "tf32", False, True, "x3_parts='fp16'"),
+                                                   ("wgmma", "fp16", True, True, "x3_splitk=False"),
+                                                   ("wgmma", "fp16", False, False, "sm_90"),
+                                                   ("cuBLAS", "fp16", False, True, "x3_product"),
+                                                   (None, "fp16", False, True, "x3_product")):
+        with pytest.raises(BackendError, match=re.escape(named)) as caught:
+            check_x3_product(product, parts, splitk, capable)
+        assert "hint:" in str(caught.value)
+    assert set(X3_PRODUCTS) == {"auto", "wgmma", "cublaslt"}
+
+
+def test_the_ring_fits_a_hopper_block():
+    assert smem_bytes(4) <= SHARED_MEMORY_SM90 and 3 * smem_bytes(2) <= 228 * 1024       # three blocks an SM at 2
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")
+def test_the_kernel_and_the_copies_in_tiles_compile(tmp_path):
+    sources = {"x3_wgmma": kernel_source(), "split_products": kernel_file_source("split_products.cu")}
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in sources["x3_wgmma"]
+    for name in ("lstm", "gru_cho"):
+        network = engine.Network(engine.preset(name).cell, 24, 100, 2)
+        program = make_plan(dense(network, engine.init_params(network, seed=0))[0], 4, 19).program
+        fixed = fixed_gemms(program, program.cell)
+        copies = operand_copies(program, "float32x3", {g for g, strict in fixed.items() if strict}, "fp16", True)
+        assert copies and all(f == "rnn_copy_split_fp16_tiles" for c in copies.values() for _, _, f in c.values())
+        source = render_copies_module(program, "float32x3", copies, 1, None, None, "fp16")
+        assert "rnn_copy_split_fp16_tiles(" in source and "(long)B, " in source, name
+        sources[f"copies_{name}"] = source
+    compile_sources(sources, tmp_path)

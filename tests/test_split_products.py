@@ -5,6 +5,7 @@ the kernels compile, and cublasLt is told a chunked product as a strided batch. 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import shutil
 
 import numpy as np
@@ -123,6 +124,25 @@ def test_the_products_issued_are_the_emulations(R, K, N, chunk):
     assert not calls[0].accumulate and all(c.accumulate for c in calls[1:])
     run_calls_numpy(calls, parts, stacked, out)
     np.testing.assert_allclose(out.reshape(R, N), emulated, rtol=1e-13, atol=1e-13)    # the bias: the epilogue's
+
+
+def test_a_projection_in_fp16_parts_scales_its_two_small_products():
+    """ModeDevice._split_products in fp16 parts: the first two of split_calls (x_hi W_lo, x_lo W_hi: each with one
+    lo part, which carries 2^11) scaled by 2^-11 (cublasLt's alpha), the chunks of x_hi W_hi not: float32x3's product
+    of the fp16 parts, within fp32's reach of float64."""
+    rng = np.random.default_rng(4)
+    R, K, N = 6, 100, 9
+    x = rng.standard_normal((R, K)).astype(np.float32)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    parts = split_into(np, x, np.empty((2, R, K), np.float16), "fp16").ravel().astype(np.float64)
+    stacked = stack_split(np, w, "fp16").ravel().astype(np.float64)
+    out = np.zeros(R * N)
+    for i, call in enumerate(split_calls(R, K, N, chunking(K, 32), bias=False)):
+        alone = np.zeros(R * N)
+        run_calls_numpy([dataclasses.replace(call, accumulate=False)], parts, stacked, alone)
+        out += alone / (2048.0 if i < 2 else 1.0)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.linalg.norm(out.reshape(R, N) - exact) / np.linalg.norm(exact) < 1e-6
 
 
 def test_a_product_past_its_buffer_is_caught():

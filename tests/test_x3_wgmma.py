@@ -99,7 +99,7 @@ def test_the_promoted_sums_are_float32x3s_product_of_the_fp16_parts(promote):
 
 
 def test_promote_columns_follow_x3_chunk():
-    assert promote_columns("auto", 1024) == PROMOTE == 128
+    assert promote_columns("auto", 1024) == PROMOTE == 64
     assert promote_columns(None, 1000) == 1024                # all of K, whole tiles
     assert promote_columns(100, 1024) == 128 and promote_columns(256, 1024) == 256
 

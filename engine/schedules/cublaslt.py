@@ -278,10 +278,11 @@ class LtProjection:
         return tuple(min(alignment(p), *(alignment(n * size) for n in steps if n)) for p, size, *steps in starts)
 
     def product(self, shape: Product, a: int, w: int, out: int, data_type: int, compute: int, *, bias: int = 0,
-                accumulate: bool = False, workspace=None, sms: int = 0) -> bool:
+                accumulate: bool = False, workspace=None, sms: int = 0, alpha: float = 1.0) -> bool:
         """The product `shape` of the matrices at device addresses a, w and out (the first of a batch), on the
-        current stream: out = A W^T (+ bias), or out += A W^T with accumulate (beta = 1: an fp32 addition into out,
-        as the K chunks of float32x3's product are summed). False where cublasLt offers no algorithm."""
+        current stream: out = alpha A W^T (+ bias), or out += alpha A W^T with accumulate (beta = 1: an fp32 addition
+        into out, as the K chunks of float32x3's product are summed; alpha 2^-11 takes off what float32x3's fp16 lo
+        parts carry). False where cublasLt offers no algorithm."""
         plan = self.plan(shape, data_type, compute, bias, self._aligned(shape, a, w, out, data_type), sms)
         if plan.algo is None:
             return False
@@ -290,7 +291,8 @@ class LtProjection:
             plan.bias = bias
         w_layout, a_layout, c = plan.layouts
         stream = ctypes.c_void_p(self.cupy.cuda.get_current_stream().ptr)
-        self._check(self.lib.cublasLtMatmul(self.handle, plan.desc, ctypes.byref(_ONE), ctypes.c_void_p(w), w_layout,
+        scale = ctypes.byref(_ONE if alpha == 1.0 else ctypes.c_float(alpha))
+        self._check(self.lib.cublasLtMatmul(self.handle, plan.desc, scale, ctypes.c_void_p(w), w_layout,
                                             ctypes.c_void_p(a), a_layout, ctypes.byref(_ONE if accumulate else _ZERO),
                                             ctypes.c_void_p(out), c, ctypes.c_void_p(out), c, plan.algo,
                                             ctypes.c_void_p((self.workspace if workspace is None else workspace)

@@ -129,12 +129,15 @@ class ModeExecutor(Executor):
         self.left = left or {}             # {step GEMM: Left}: products the kernels sum as they read them
         copies = copies or {}
         self.copied = copied_buffers(self.program, copies)
-        # float32x3: the GEMMs whose parts are the device's x3_parts (fp16 where asked): the step GEMMs whose operand
-        # the kernels copy (all of them on the NumPy device, which has no copies); the others' parts are TF32
+        # float32x3: the GEMMs whose parts are the device's x3_parts (fp16 where asked): the projections (their input
+        # split by split_into, which flags values past fp16's range) and the step GEMMs whose operand the kernels copy
+        # (all of them on the NumPy device, which has no copies); a step GEMM with no copy has TF32 parts. tiled: the
+        # copied step GEMMs, whose weights are in the wgmma product's tiles where the device has them
         parts = device.x3_parts
-        self.parts = {g.name: parts if parts and not g.hoisted and not self.fixed[g.name]
-                      and (g.in_buffer in self.copied or not device.copies_operands) else "tf32"
+        self.parts = {g.name: parts if parts and not self.fixed[g.name]
+                      and (g.hoisted or g.in_buffer in self.copied or not device.copies_operands) else "tf32"
                       for g in self.program.gemms}
+        self.tiled = {g.name for g in self.program.gemms if not g.hoisted and g.in_buffer in self.copied}
         # per kernel, the (buffer, version) of each copy argument, in render_kernel's order after its own params
         params = {(k.name, p.name): p for k in self.program.kernels for p in k.params}
         self.copy_sources = {kernel: [(params[(kernel, name)].source, params[(kernel, name)].version) for name in named]
@@ -194,7 +197,7 @@ class ModeExecutor(Executor):
                 if self.parts[name] == "fp16" and not fp16_parts_hold(p.weight):
                     raise X3RangeError(f"layer {layer}'s weight of GEMM '{name}' is too small for fp16 parts (mean "
                                        f"|w| < {FP16_SMALL:g}: fp16's subnormals would lose its low bits)")
-            weights.append({name: (device.mode_weight(p.weight, fixed[name], self.parts[name]),
+            weights.append({name: (device.mode_weight(p.weight, fixed[name], self.parts[name], name in self.tiled),
                                    None if p.bias is None else device.asarray(p.bias))
                             for name, p in packed.items()})
             vectors.append({name: device.asarray(np.asarray(params[layer][name]))
@@ -353,7 +356,7 @@ class FusedModeProgram:
         if not past:
             return result
         self._fall_back("x3_parts", "tf32", past if isinstance(past, str) else
-                        "a step operand went past fp16's range (|v| > 65504)")
+                        "an operand (a step's, or a projection's input) went past fp16's range (|v| > 65504)")
         return self.run(x, initial_states, poison=poison, lengths=lengths)
 
     def product(self) -> str:

@@ -170,11 +170,12 @@ class ModeDevice(CupyDevice):
         function, grid, arguments = self.launch_arguments(kernel, args, t, batch, sizes)
         self.programmatic(function, grid, (THREADS_PER_BLOCK,), arguments, self.xp.cuda.get_current_stream().ptr)
 
-    def mode_weight(self, weight, exact: bool, parts: str = "tf32") -> ModeWeight:
-        """The weight as the GEMMs read it: rounded to the mode (float32x3: its two parts stacked, (2N, K), in `parts`:
-        the step GEMMs' in the device's x3_parts, the others' in TF32 parts)."""
+    def mode_weight(self, weight, exact: bool, parts: str = "tf32", tiles: bool = False) -> ModeWeight:
+        """The weight as the GEMMs read it: rounded to the mode (float32x3: its two parts stacked, (2N, K), in `parts`,
+        the device's x3_parts but for a step GEMM whose operand no kernel copies; tiles: a step GEMM's weight in the
+        wgmma product's tiles, where the device has them)."""
         stored = self.asarray(weight)
-        if self.split and not exact and parts == "fp16" and self.tiles:
+        if self.split and not exact and parts == "fp16" and tiles and self.tiles:
             return ModeWeight(tile_weight(self.xp, stored), exact, parts, tiles=tuple(stored.shape))
         if self.split and not exact:
             return ModeWeight(stack_split(self.xp, stored, parts), exact, parts)
@@ -221,17 +222,19 @@ class ModeDevice(CupyDevice):
         if weight.exact:
             self._multiply(x, weight, out, bias, "float32")
             return
-        if weight.parts == "fp16":
-            raise BackendError("backend 'fused' in float32x3: a weight held in fp16 parts was given an operand no "
-                               "kernel copies; hint: this is a bug in engine/schedules/fused_modes.py (ModeExecutor "
-                               "picks fp16 parts for copied operands only); x3_parts='tf32' avoids it")
-        key = (cupy.cuda.get_current_stream().ptr, *x.shape)
+        if weight.tiles:
+            raise BackendError("backend 'fused' in float32x3: a weight in the wgmma product's tiles was given an "
+                               "operand no kernel copies; hint: this is a bug in engine/schedules/fused_modes.py "
+                               "(ModeExecutor tiles the copied step GEMMs' weights only); x3_product='cublaslt' "
+                               "avoids it")
+        dtype = part_dtype(cupy, weight.parts) if self.split else operand_dtype(cupy, self.precision)
+        key = (cupy.cuda.get_current_stream().ptr, *x.shape, dtype)
         buffer = self.rounded.get(key)
         if buffer is None:
             shape = ((2,) if self.split else ()) + x.shape
-            buffer = self.rounded[key] = cupy.empty(shape, operand_dtype(cupy, self.precision))
-        if self.split:
-            self._split_products(split_into(cupy, x, buffer), weight, out, bias)
+            buffer = self.rounded[key] = cupy.empty(shape, dtype)
+        if self.split:            # fp16 parts: an x past fp16's range sets the range flag, as a step operand's copy does
+            self._split_products(split_into(cupy, x, buffer, weight.parts, self.range_flag), weight, out, bias)
         else:
             self._multiply(round_into(cupy, x, buffer, self.precision), weight, out, bias, self.precision)
 
@@ -256,12 +259,17 @@ class ModeDevice(CupyDevice):
 
     def _split_products(self, parts, weight: ModeWeight, out, bias) -> None:
         """float32x3's product of many rows (a projection): parts (2, M, K) = [x_hi; x_lo], the weight (2N, K) =
-        [W_hi; W_lo]; out = x_hi W_lo^T + bias, then += x_lo W_hi^T, then += x_hi W_hi^T chunk by chunk."""
+        [W_hi; W_lo]; out = x_hi W_lo^T + bias, then += x_lo W_hi^T, then += x_hi W_hi^T chunk by chunk. In fp16
+        parts the two small products are scaled by 2^-11 (alpha), which their lo parts carry."""
         _, M, K = parts.shape
-        a, w, o = parts.data.ptr, weight.stored.data.ptr, out.data.ptr
-        for call in split_calls(M, K, weight.stored.shape[0] // 2, chunking(K, self.x3_chunk), bias is not None):
-            self._lt(call.shape, a + 4 * call.a, w + 4 * call.w, out, at=o + 4 * call.out,
-                     bias=bias.data.ptr if call.bias else 0, accumulate=call.accumulate)
+        a, w, o, item = parts.data.ptr, weight.stored.data.ptr, out.data.ptr, parts.itemsize
+        fp16 = weight.parts == "fp16"
+        products, small = (X3_FP16_PRODUCTS, 1.0 / LO_SCALE["fp16"]) if fp16 else (X3_PRODUCTS, 1.0)
+        for i, call in enumerate(split_calls(M, K, weight.stored.shape[0] // 2, chunking(K, self.x3_chunk),
+                                             bias is not None)):
+            self._lt(call.shape, a + item * call.a, w + item * call.w, out, at=o + 4 * call.out,
+                     bias=bias.data.ptr if call.bias else 0, accumulate=call.accumulate, products=products,
+                     alpha=small if i < 2 else 1.0)
 
     def _stacked_product(self, operand, weight: ModeWeight, out, launch_fold: bool = True) -> None:
         """float32x3's step product (engine/schedules/split_products.py): operand (2, R, K) = [h_hi; h_lo] by W_hi in
@@ -291,7 +299,7 @@ class ModeDevice(CupyDevice):
             fold(self.xp, partial, out, R, N, chunks.count, LO_SCALE[weight.parts])
 
     def _lt(self, shape: Product, a: int, w: int, out, *, bias: int = 0, accumulate: bool = False,
-            at: int | None = None, products: tuple = X3_PRODUCTS) -> None:
+            at: int | None = None, products: tuple = X3_PRODUCTS, alpha: float = 1.0) -> None:
         """One product into out (at: the address in it to write) through cublasLt: float32x3's parts (products:
         their data and compute types, TF32 by default), or the mode's operands (LT_OPERANDS'), whole, in K slices or
         (shape.splits) on cublasLt's split-K, which X3SplitKError reports refused."""
@@ -301,7 +309,7 @@ class ModeDevice(CupyDevice):
         data_type, compute = products
         try:
             done = self.lt.product(shape, a, w, out.data.ptr if at is None else at, data_type, compute, bias=bias,
-                                   accumulate=accumulate, workspace=self._workspace(), sms=self.sms)
+                                   accumulate=accumulate, workspace=self._workspace(), sms=self.sms, alpha=alpha)
         except LtError as e:
             if shape.splits > 1:
                 status = re.search(r"status (\d+)", str(e))
@@ -360,9 +368,9 @@ class NumpyModeDevice(NumpyDevice):
         self.x3_chunk = x3_chunk
         self.x3_parts = x3_parts if precision == "float32x3" else None
 
-    def mode_weight(self, weight, exact: bool, parts: str = "tf32") -> ModeWeight:
+    def mode_weight(self, weight, exact: bool, parts: str = "tf32", tiles: bool = False) -> ModeWeight:
         """float32x3: the parts stacked (2N, K) in `parts` (their values, in the device's dtype), as ModeDevice stores
-        them."""
+        them (tiles: the wgmma product's layout is the GPU's alone; the values are the same)."""
         stored = self.asarray(weight)
         if self.precision == "float32x3" and not exact:
             return ModeWeight(stack_split(np, stored, parts).astype(stored.dtype), exact, parts)

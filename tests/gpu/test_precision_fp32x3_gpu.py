@@ -270,24 +270,28 @@ def test_fused_fold_in_the_kernels_is_the_fold_launch(cupy, parts):
 def test_fp16_parts_past_their_range_run_again_in_tf32_parts(cupy):
     """x3_parts="fp16" where a value has no fp16 part (|v| > 65504): an Elman relu net whose recurrent weight doubles
     h every step (an operand past the range mid-run: the copies' flag), initial states past it (the split kernel's
-    flag), and a weight past it (refused at upload). Each time the program runs again in TF32 parts, says so, and
+    flag), a weight past it (refused at upload), and an input past it (the projection's split flags it). Each time the program runs again in TF32 parts, says so, and
     gives that run's outputs bit for bit; later runs replay in TF32 parts."""
     size = {"input_size": 24, "hidden_size": 64, "batch": 8, "steps": 40}
     network, params, x, states = make_case(engine.preset("elman_relu").cell, 1, seed=3, sizes=size)
     growing = engine.Params([{**params[0], "W_hh": 2.0 * np.eye(64)}])
     big_states = {"h": np.full_like(states["h"], 7.0e4)}
     big_weight = engine.Params([{**params[0], "W_hh": params[0]["W_hh"] * 1e6}])
-    for label, p, s0 in (("h doubling every step", growing, states), ("initial states of 7e4", params, big_states),
-                         ("a recurrent weight times 1e6", big_weight, states)):
-        tf32 = fused_modes.prepare(network, p, precision="float32x3", x3_parts="tf32").run(x, s0, poison=True)
+    big_x = x.copy()
+    big_x[3, 2, 5] = 7.0e4
+    for label, p, s0, xs in (("h doubling every step", growing, states, x),
+                             ("initial states of 7e4", params, big_states, x),
+                             ("a recurrent weight times 1e6", big_weight, states, x),
+                             ("an input of 7e4 (the projection's split)", params, states, big_x)):
+        tf32 = fused_modes.prepare(network, p, precision="float32x3", x3_parts="tf32").run(xs, s0, poison=True)
         program = fused_modes.prepare(network, p, precision="float32x3", x3_parts="fp16")
-        first = program.run(x, s0, poison=True)
+        first = program.run(xs, s0, poison=True)
         assert first.info["x3_parts"] == "tf32" and first.info["x3_parts_fallback"], (label, first.info)
         np.testing.assert_array_equal(first.outputs, tf32.outputs, err_msg=label)
         if p is growing:                     # the doubling h did pass the range (the copies' flag, mid-run)
             assert float(np.abs(tf32.outputs).max()) > 65504 and float(np.abs(tf32.outputs[0]).max()) < 65504
         for _ in range(3):
-            again = program.run(x, s0)
+            again = program.run(xs, s0)
         assert again.info["replayed"].startswith("replayed from CUDA graphs"), (label, again.info)
         np.testing.assert_array_equal(again.outputs, tf32.outputs, err_msg=label)
     in_range = fused_modes.prepare(network, params, precision="float32x3", x3_parts="fp16").run(x, states, poison=True)

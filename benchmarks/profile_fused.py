@@ -1,0 +1,57 @@
+"""The fused backend in a precision mode, one configuration, run a few times (the first directly, the next captured,
+the rest replayed from CUDA graphs): a target for nsys, to see where a step's time goes kernel by kernel.
+
+    nsys profile --cuda-graph-trace=node -o /tmp/x3 python benchmarks/profile_fused.py --preset lstm --config large
+    nsys stats --report cuda_gpu_kern_sum /tmp/x3.nsys-rep
+
+Options of fused_modes.prepare as --option name=value (e.g. --option x3_product=cublaslt).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import engine  # noqa: E402
+from engine.bench.configs import parse_configs  # noqa: E402
+from engine.schedules import fused_modes  # noqa: E402
+
+
+def option(text: str) -> tuple[str, object]:
+    name, _, value = text.partition("=")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="lstm")
+    parser.add_argument("--config", default="large")
+    parser.add_argument("--precision", default="float32x3")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--option", action="append", default=[], type=option, help="name=value for prepare()")
+    args = parser.parse_args(argv)
+    import cupy
+
+    cfg = parse_configs([args.config])[0]
+    network = engine.Network(engine.preset(args.preset).cell, cfg.input_size, cfg.hidden_size, cfg.num_layers)
+    params = engine.init_params(network, seed=0)
+    x = cupy.asarray(np.random.default_rng(0).standard_normal((cfg.steps, cfg.batch, cfg.input_size)),
+                     dtype=cupy.float32)
+    program = fused_modes.prepare(network, params, precision=args.precision, **dict(args.option))
+    for _ in range(args.runs):
+        result = program.run(x)
+    cupy.cuda.Device().synchronize()
+    print({k: v for k, v in result.info.items() if k != "program"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,7 @@ and 4 slots and several promotion widths. sm_90 only (wgmma).
 
     python3 benchmarks/probe_x3_promote.py --out /tmp/probe [--promote 128,256] [--slots 2,4]
 
-History (NOTES 2026-11-28 08:13 and 2026-11-28 10:40): the first version of the kernel copied row-major operands
+History (NOTES 2026-11-28 08:13 and 2026-11-28 09:47): the first version of the kernel copied row-major operands
 with per-thread cp.async and took 33 us at `large` (cuBLAS: 18.6); with the operands pre-laid in 8 KB tiles and
 staged by bulk copies it took 12.6.
 """

@@ -36,7 +36,7 @@ extern "C" __global__ void split_contiguous_fp16(const float* __restrict__ src, 
     }
 }
 
-// src (R, K floats, C-contiguous) -> the same parts in the wgmma product's tiles (rnn_x3_tile_at; the lo part after
+// src (R, K floats, C-contiguous) -> the same parts in the wgmma product's tiles (rnn_tile_at<2>; the lo part after
 // the hi part's R rounded up to 64 rows), as the kernels' copy rnn_copy_split_fp16_tiles writes them; the padding is
 // left as it is (zeros: engine/schedules/x3_wgmma.py tiled_operand).
 extern "C" __global__ void split_tiles_fp16(const float* __restrict__ src, unsigned short* __restrict__ dst,
@@ -44,7 +44,7 @@ extern "C" __global__ void split_tiles_fp16(const float* __restrict__ src, unsig
 {
     const long n = (long)R * K, lo = (long)((R + 63) / 64 * 64) * ((K + 63) / 64 * 64);
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-        const long b = i / K, at = rnn_x3_tile_at(b, i - b * K, K);
+        const long b = i / K, at = rnn_tile_at<2>(b, i - b * K, K);
         unsigned short hi, lo_part;
         if (rnn_split_fp16(src[i], hi, lo_part)) *range = 1u;
         dst[at] = hi;

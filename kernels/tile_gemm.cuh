@@ -114,13 +114,16 @@ __device__ __forceinline__ bool rnn_split_fp16(const float v, unsigned short& hi
     return fabsf(v) > 65504.0f;
 }
 
-// Where element (b, k) of a matrix of ld columns sits in float32x3's wgmma tiles (kernels/x3_wgmma.cu,
-// engine/schedules/x3_wgmma.py): blocks of 64 rows, each as (ld rounded up to 64) / 64 tiles of 64 x 64, in a tile
-// row r's 16-byte group c at group c ^ (r % 8) (engine/schedules/base.py chunked).
-__device__ __forceinline__ long rnn_x3_tile_at(const long b, const long k, const long ld)
+// Where element (b, k) of a matrix of ld columns of BYTES-byte elements sits in the wgmma products' tiles
+// (kernels/x3_wgmma.cu, kernels/mode_wgmma.cu, engine/schedules/x3_wgmma.py): blocks of 64 rows, each as tiles of 64
+// rows x 128 bytes (ld rounded up to whole tiles), in a tile row r's 16-byte group c at group c ^ (r % 8)
+// (engine/schedules/base.py chunked).
+template <int BYTES>
+__device__ __forceinline__ long rnn_tile_at(const long b, const long k, const long ld)
 {
-    const long tiles = (ld + 63) >> 6;
-    return ((b >> 6) * tiles + (k >> 6)) * 4096 + (b & 63) * 64 + ((((k >> 3) & 7) ^ (b & 7)) << 3) + (k & 7);
+    constexpr long cols = 128 / BYTES, group = 16 / BYTES;     // a tile's columns, a 16-byte group's elements
+    const long tiles = (ld + cols - 1) / cols;
+    return ((b >> 6) * tiles + k / cols) * 64 * cols + (b & 63) * cols + (((k / group) % 8) ^ (b & 7)) * group + k % group;
 }
 
 // v as it enters a product in this mode (exactly representable in the mode's format, held as a float); fp32 and

@@ -58,12 +58,13 @@ class ExecutingLt:
     def __init__(self):
         self.calls = []
 
-    def product(self, shape, a, w, out, data_type, compute, *, bias=0, accumulate=False, workspace=None, sms=0):
-        self.calls.append((shape, data_type, accumulate, bias != 0))
+    def product(self, shape, a, w, out, data_type, compute, *, bias=0, accumulate=False, workspace=None, sms=0,
+                alpha=1.0):
+        self.calls.append((shape, data_type, accumulate, bias != 0, alpha))
         item = 4 if data_type == CUDA_R_32F else 2
         for i in range(shape.batch):
             da, dw, do = (i * s for s in shape.strides) if shape.batch > 1 else (0, 0, 0)
-            product = values(a + item * da, data_type, shape.M, shape.K, shape.lda) @ \
+            product = alpha * values(a + item * da, data_type, shape.M, shape.K, shape.lda) @ \
                 values(w + item * dw, data_type, shape.N, shape.K, shape.ldw).T
             if bias:
                 product += memory(bias, np.float32, shape.N)
@@ -142,16 +143,23 @@ def test_float32x3s_step_product_refuses_parts_that_do_not_match(host_fold):
         dev.product(parts_x, weight, device(np.zeros((3, 4), np.float32)))
 
 
+@pytest.mark.parametrize("parts", ["tf32", "fp16"])
 @pytest.mark.parametrize("M, K, N, chunk", [(9, 37, 5, 8), (6, 20, 4, None)])
-def test_float32x3s_projection_as_issued(host_fold, M, K, N, chunk):
+def test_float32x3s_projection_as_issued(host_fold, M, K, N, chunk, parts):
+    """The parts as TF32 values, or as fp16 ones whose two small products (x_hi W_lo with the bias, x_lo W_hi) take
+    an alpha of 2^-11 and the chunks of x_hi W_hi none: the emulation's value."""
     x, w = case(M, K, N, seed=1)
     bias = device(np.random.default_rng(2).standard_normal(N).astype(np.float32))
     dev = mode_device("float32x3", chunk)
-    parts = device(split_into(np, x, np.empty((2, M, K), np.float32)))
+    dtype = np.float16 if parts == "fp16" else np.float32
+    split = device(split_into(np, x, np.empty((2, M, K), dtype), parts))
     out = device(np.full((M, N), np.nan, np.float32))
-    dev._split_products(parts, ModeWeight(device(stack_split(np, w)), False), out, bias)
+    dev._split_products(split, ModeWeight(device(stack_split(np, w, parts)), False, parts), out, bias)
     np.testing.assert_allclose(out, emulated(w, x, "float32x3") + bias, rtol=2e-6, atol=2e-6)
     assert [(c[2], c[3]) for c in dev.lt.calls] == [(False, True)] + [(True, False)] * (len(dev.lt.calls) - 1)
+    small = 1 / LO_SCALE[parts]
+    assert [c[4] for c in dev.lt.calls] == [small, small] + [1.0] * (len(dev.lt.calls) - 2)
+    assert {c[1] for c in dev.lt.calls} == {CUDA_R_16F if parts == "fp16" else CUDA_R_32F}
 
 
 @pytest.mark.parametrize("M, K, N", [(9, 600, 5), (6, 20, 4), (3, 256, 2)])
@@ -187,7 +195,7 @@ def test_k_slices_as_issued(precision, slices):
     planes = out.reshape(slices, R, N).astype(np.float64)
     assert not np.isnan(planes).any()
     np.testing.assert_allclose(planes.sum(axis=0), emulated(w, x, precision), rtol=1e-6, atol=1e-6)
-    ((shape, data_type, accumulate, bias),) = dev.lt.calls
+    ((shape, data_type, accumulate, bias, _),) = dev.lt.calls
     assert (shape.batch, shape.K, shape.lda, data_type, accumulate, bias) == (
         slices, K // slices, K, CUDA_R_16BF if precision == "bfloat16" else CUDA_R_32F, False, False)
 

@@ -1,6 +1,6 @@
 """float32x3's step product on the engine's own wgmma kernel (engine/schedules/x3_wgmma.py, kernels/x3_wgmma.cu), on
 the CPU: the tiles are the bulk pipeline's chunked layout with zero padding, the C index the copies write through
-(tile_gemm.cuh rnn_x3_tile_at) is that layout, what the kernel computes (promoted_numpy) is float32x3's product of
+(tile_gemm.cuh rnn_tile_at) is that layout, what the kernel computes (promoted_numpy) is float32x3's product of
 the fp16 parts within fp32's reach of float64, the choice of product and its errors, and the kernel and the copies in
 tiles compile for sm_90a. tests/gpu/test_x3_wgmma_gpu.py runs them."""
 from __future__ import annotations
@@ -39,13 +39,22 @@ from engine.schedules.x3_wgmma import (
 SHARED_MEMORY_SM90 = 227 * 1024           # the opt-in dynamic shared memory of a block on an H100 / H200
 
 
-def tile_at(b: int, k: int, ld: int) -> int:
-    """kernels/tile_gemm.cuh rnn_x3_tile_at, read from the header and evaluated (the C expression, not a copy)."""
+def tile_at(b: int, k: int, ld: int, size: int = 2) -> int:
+    """kernels/tile_gemm.cuh rnn_tile_at<size>, read from the header and evaluated statement by statement (the C
+    expressions, not a copy; C's / on non-negative integers is Python's //, and the two languages rank *, +, & and ^
+    alike)."""
     text = (KERNELS_DIR / "tile_gemm.cuh").read_text()
-    body = re.search(r"rnn_x3_tile_at\(const long b, const long k, const long ld\)\n\{\n(.*?)\n\}", text, re.S).group(1)
-    tiles = (ld + 63) >> 6
-    (expression,) = re.findall(r"return (.*);", body)
-    return eval(expression, {"b": b, "k": k, "tiles": tiles})        # the C integer ops on non-negative ints
+    body = re.search(r"long rnn_tile_at\(const long b, const long k, const long ld\)\n\{\n(.*?)\n\}", text, re.S).group(1)
+    names = {"b": b, "k": k, "ld": ld, "BYTES": size}
+    code = " ".join(line.split("//")[0] for line in body.splitlines())          # the comments dropped
+    for statement in (part.strip() for part in code.replace("constexpr long", "").replace("const long", "").split(";")):
+        if statement.startswith("return"):
+            return eval(statement[len("return"):].replace("/", "//"), {}, names)
+        for assignment in statement.split(", "):
+            if "=" in assignment:
+                name, expression = assignment.split("=", 1)
+                names[name.strip()] = eval(expression.replace("/", "//"), {}, names)
+    raise AssertionError("rnn_tile_at has no return")
 
 
 @pytest.mark.parametrize("rows, cols", [(64, 64), (19, 129), (130, 200), (5, 7)])

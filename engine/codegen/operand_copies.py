@@ -45,7 +45,7 @@ SPLIT_COPY_SOURCE = (f"__device__ __forceinline__ void {SPLIT_COPY}(float* __res
 # program reads after the run (engine/schedules/mode_device.py RANGE_FLAG). Held as rows [hi; lo], or for the
 # engine's own wgmma product (engine/schedules/x3_wgmma.py) in 64 x 64 tiles: element (b, k) of a part of (B, ld)
 # in the tile of row block b / 64 and column block k / 64 (each part's rows and columns padded to whole tiles), its
-# 16-byte group swizzled by row (kernels/tile_gemm.cuh rnn_x3_tile_at); the lo part after the hi part's padded rows.
+# 16-byte group swizzled by row (kernels/tile_gemm.cuh rnn_tile_at<2>); the lo part after the hi part's padded rows.
 # The parts themselves: tile_gemm.cuh rnn_split_fp16.
 SPLIT_COPY_FP16_SOURCE = (
     'extern "C" { __device__ unsigned int rnn_x3_range = 0u; }\n'
@@ -53,7 +53,7 @@ SPLIT_COPY_FP16_SOURCE = (
     "const float v)\n{\n    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) rnn_x3_range = 1u;\n"
     "    copy[i] = h;\n    copy[lo + i] = l;\n}\n"
     f"__device__ __forceinline__ void {SPLIT_COPY_TILES}(unsigned short* __restrict__ copy, const long i, const long ld, "
-    "const long B, const float v)\n{\n    const long b = i / ld, at = rnn_x3_tile_at(b, i - b * ld, ld);\n"
+    "const long B, const float v)\n{\n    const long b = i / ld, at = rnn_tile_at<2>(b, i - b * ld, ld);\n"
     "    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) rnn_x3_range = 1u;\n    copy[at] = h;\n"
     "    copy[(B + 63) / 64 * 64 * ((ld + 63) / 64 * 64) + at] = l;\n}\n")
 

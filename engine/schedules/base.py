@@ -66,15 +66,16 @@ def compile_kernel(source: str, name: str, cooperative: bool, smem_bytes: int, c
     return kernel
 
 
-def chunked(xp, values, block_rows: int, k_chunk: int):
+def chunked(xp, values, block_rows: int, k_chunk: int, group: int = 8):
     """values (rows, cols) of array module xp, in the bulk pipeline's chunked layout, flat (kernels/mma_gemm.cuh
     rnn_chunked): blocks of block_rows rows, each as cols / k_chunk chunks of block_rows x k_chunk elements, and
-    in a chunk the 16-byte group c of row b at group c ^ (b % 8). Reshapes and one gather, no index array of the
-    matrix's size."""
+    in a chunk the 16-byte group c of row b at group c ^ (b % 8) (group: the elements of 16 bytes, 8 of a 16-bit
+    type, 4 of a 32-bit one). Reshapes and one gather, no index array of the matrix's size."""
     rows, cols = values.shape
-    tiles = values.reshape(rows // block_rows, block_rows, cols // k_chunk, k_chunk // 8, 8).transpose(0, 2, 1, 3, 4)
+    tiles = values.reshape(rows // block_rows, block_rows, cols // k_chunk, k_chunk // group, group)
+    tiles = tiles.transpose(0, 2, 1, 3, 4)
     row = xp.arange(block_rows)[:, None]
-    source = xp.arange(k_chunk // 8)[None, :] ^ (row & 7)      # group p holds group p ^ (b % 8): XOR undoes itself
+    source = xp.arange(k_chunk // group)[None, :] ^ (row & 7)  # group p holds group p ^ (b % 8): XOR undoes itself
     return tiles[:, :, row, source, :].reshape(-1)
 
 

@@ -28,9 +28,11 @@ fold in the cell kernels (x3_fold="kernel", the default) and end with the last c
 whether its timed runs were CUDA-graph replays, and the free device memory is printed before each row. --parts
 tf32,fp16 adds the fused rows with float32x3's parts held as fp16 (x3_parts="fp16", named "-fp16"); --lean keeps
 cuDNN fp32 and the fused float32x3 rows only; --splitk auto,false adds rows with the W_hi product's K chunks as a
-strided batch of planes beside cublasLt's split-K (x3_splitk); --product auto,cublaslt adds rows with the step product
-on cublasLt beside the engine's own wgmma kernel that "auto" takes for fp16 parts on sm_90 (x3_product, named
-"-cublaslt"; engine/schedules/x3_wgmma.py).
+strided batch of planes beside cublasLt's split-K (x3_splitk); --modes tf32,bf16 instead runs the reduced modes with
+their step products on cuBLAS and on the engine's wgmma kernel (step_product), beside cuDNN in the same mode;
+--product auto,cublaslt adds rows with the step product
+on cublasLt beside the engine's own wgmma kernel that "auto" takes for fp16 parts on sm_90 (step_product, named
+"-cublaslt"; engine/schedules/wgmma_products.py).
 """
 from __future__ import annotations
 
@@ -324,10 +326,12 @@ def main() -> None:
     parser.add_argument("--lean", action="store_true", help="cuDNN fp32 and the fused float32x3 rows only")
     parser.add_argument("--parts", default="tf32", help="float32x3's parts for the fused rows: tf32, fp16 or both "
                         "(x3_parts; e.g. tf32,fp16)")
-    parser.add_argument("--product", default="auto", help="x3_product values for the fused rows: auto, wgmma, "
+    parser.add_argument("--product", default="auto", help="step_product values for the fused rows: auto, wgmma, "
                         "cublaslt (e.g. auto,cublaslt)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--products", action="store_true", help="the step's product alone, every variant")
+    parser.add_argument("--modes", default=None, help="instead: the fused backend in these reduced modes (e.g. "
+                        "tf32,bf16,fp16), its step products on cuBLAS and on the engine's wgmma kernel, beside cuDNN")
     parser.add_argument("--slices", default=None,
                         help="instead: the fused backend in bf16 and tf32 with k_slices of these (e.g. 1,2,4,5,8)")
     args = parser.parse_args()
@@ -344,14 +348,20 @@ def main() -> None:
             print(f"{r['cell']:4s} {r['config']:6s} {r['variant']:40s} {r['us']:9.2f}  {r['error']:.2e} "
                   f"({r['error_over_strict']:.2f}x)")
         return
-    if args.slices:
+    if args.modes:
+        modes = args.modes.split(",")
+        implementations = [impl for mode in modes for impl in (
+            Cudnn(mode), Variant(mode, {"step_product": "cublaslt"}, "cublaslt"),
+            Variant(mode, {"step_product": "wgmma"}, "wgmma"))]
+        name = "probe_fused_modes_wgmma.json"
+    elif args.slices:
         slices = [int(n) for n in args.slices.split(",")]
         implementations = [Cudnn(mode) for mode in ("bf16", "tf32")] + [
             Variant(mode, {"k_slices": n}, f"s{n}") for mode in ("bf16", "tf32") for n in slices]
         name = "probe_fused_slices.json"
     else:
         flags = {"auto": "auto", "true": True, "false": False}
-        x3 = [Variant("fp32x3", {"x3_chunk": c, "x3_parts": parts, "x3_splitk": flags[splitk], "x3_product": product},
+        x3 = [Variant("fp32x3", {"x3_chunk": c, "x3_parts": parts, "x3_splitk": flags[splitk], "step_product": product},
                       f"k{c or 'all'}" + ("" if parts == "tf32" else f"-{parts}") + ("" if splitk == "false" else
                                                                                      f"-splitk-{splitk}")
                       + ("" if product == "auto" else f"-{product}"))

@@ -4,7 +4,7 @@ the rest replayed from CUDA graphs): a target for nsys, to see where a step's ti
     nsys profile --cuda-graph-trace=node -o /tmp/x3 python benchmarks/profile_fused.py --preset lstm --config large
     nsys stats --report cuda_gpu_kern_sum /tmp/x3.nsys-rep
 
-Options of fused_modes.prepare as --option name=value (e.g. --option x3_product=cublaslt).
+Options of fused_modes.prepare as --option name=value (e.g. --option step_product=cublaslt).
 """
 from __future__ import annotations
 

@@ -36,22 +36,6 @@ extern "C" __global__ void split_contiguous_fp16(const float* __restrict__ src, 
     }
 }
 
-// src (R, K floats, C-contiguous) -> the same parts in the wgmma product's tiles (rnn_tile_at<2>; the lo part after
-// the hi part's R rounded up to 64 rows), as the kernels' copy rnn_copy_split_fp16_tiles writes them; the padding is
-// left as it is (zeros: engine/schedules/x3_wgmma.py tiled_operand).
-extern "C" __global__ void split_tiles_fp16(const float* __restrict__ src, unsigned short* __restrict__ dst,
-                                            const int R, const int K, unsigned int* __restrict__ range)
-{
-    const long n = (long)R * K, lo = (long)((R + 63) / 64 * 64) * ((K + 63) / 64 * 64);
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-        const long b = i / K, at = rnn_tile_at<2>(b, i - b * K, K);
-        unsigned short hi, lo_part;
-        if (rnn_split_fp16(src[i], hi, lo_part)) *range = 1u;
-        dst[at] = hi;
-        dst[lo + at] = lo_part;
-    }
-}
-
 // out (R, N) = (hi W_lo + the sum over chunks of lo W_hi) * scale + the sum over chunks of hi W_hi: the small products
 // first, in fp32, as the schedules' split MMAs add them (engine/codegen/precision.py); scale: 1, or 2^-11 for fp16
 // parts (their lo parts carry 2^11; a power of two, so the product is exact). One thread an element of out, its C

@@ -115,7 +115,7 @@ __device__ __forceinline__ bool rnn_split_fp16(const float v, unsigned short& hi
 }
 
 // Where element (b, k) of a matrix of ld columns of BYTES-byte elements sits in the wgmma products' tiles
-// (kernels/x3_wgmma.cu, kernels/mode_wgmma.cu, engine/schedules/x3_wgmma.py): blocks of 64 rows, each as tiles of 64
+// (kernels/x3_wgmma.cu, kernels/mode_wgmma.cu, engine/schedules/wgmma_products.py): blocks of 64 rows, each as tiles of 64
 // rows x 128 bytes (ld rounded up to whole tiles), in a tile row r's 16-byte group c at group c ^ (r % 8)
 // (engine/schedules/base.py chunked).
 template <int BYTES>

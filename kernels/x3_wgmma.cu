@@ -1,6 +1,6 @@
 // float32x3's step product in fp16 parts on Hopper's warpgroup MMA, each K chunk's tensor-core accumulator promoted
-// into an fp32 sum in registers (engine/schedules/x3_wgmma.py; issue #34's fp32-accurate mode). Needs tile_gemm.cuh,
-// mma_gemm.cuh (the bulk copies and their barriers) and wgmma.cuh before it.
+// into an fp32 sum in registers (engine/schedules/wgmma_products.py; issue #34's fp32-accurate mode). Needs tile_gemm.cuh,
+// mma_gemm.cuh (the bulk copies and their barriers), wgmma.cuh and tile_ring.cuh before it.
 //
 //     out (R, N) = (h_lo W_hi + h_hi W_lo) / 2^11 + sum over groups of `promote` K chunks of (h_hi W_hi over the group)
 //
@@ -21,10 +21,8 @@
 // copies a chunk (W_hi, W_lo, h_hi, h_lo: 32 KB), counted by the slot's mbarrier; each chunk is 12 wgmma m64n64k16
 // (fp16 in, fp32 accumulators: big += h_hi W_hi, small += h_lo W_hi and h_hi W_lo). A slot is filled again once the
 // block has met past the chunk's MMA. Two slots where the grid has more blocks than the GPU has SMs (three blocks an
-// SM then fit), four otherwise (engine/schedules/x3_wgmma.py stages).
-#define X3_TILE_ELEMENTS 4096                // one 64 x 64 tile
-#define X3_TILE_BYTES 8192
-#define X3_STAGE_BYTES (4 * X3_TILE_BYTES)   // W_hi, W_lo, h_hi, h_lo
+// SM then fit), four otherwise (engine/schedules/wgmma_products.py stages).
+#define X3_TILE_BYTES RNN_TILE_BYTES
 
 // d (m64n64 fp32, 32 a thread) = A B^T + (scale_d ? d : 0) for one k step of 16 fp16 columns, A and B K-major
 // tiles of 128-byte swizzled rows (wgmma.cuh's layout and descriptors).
@@ -69,44 +67,24 @@ __device__ __forceinline__ void x3_wgmma_body(const unsigned short* __restrict__
                                               const int promote, const float scale)
 {
     extern __shared__ unsigned char x3_raw[];
-    const unsigned raw = (unsigned)__cvta_generic_to_shared(x3_raw);
-    const unsigned base = raw + ((1024u - (raw & 1023u)) & 1023u);   // wgmma's tiles: 1024-byte aligned
-    const unsigned bars = base + STAGES * X3_STAGE_BYTES;
     const int tid = threadIdx.x, nb = blockIdx.x, mb = blockIdx.y, chunks = Kp / 64;
-    const long block = (long)chunks * X3_TILE_ELEMENTS;             // elements of a block of 64 rows
-    const unsigned short* src[4] = {weight + nb * block, weight + (Np / 64 + nb) * block,
-                                    parts + mb * block, parts + (Rp / 64 + mb) * block};
+    const long block = (long)chunks * RNN_TILE_BYTES;                // bytes of a block of 64 rows
+    const unsigned char* w = reinterpret_cast<const unsigned char*>(weight);
+    const unsigned char* h = reinterpret_cast<const unsigned char*>(parts);
+    const unsigned char* const src[4] = {w + nb * block, w + (Np / 64 + nb) * block, h + mb * block,
+                                         h + (Rp / 64 + mb) * block};
     float big[32], small[32], sum[32];
     #pragma unroll
     for (int i = 0; i < 32; ++i) big[i] = small[i] = sum[i] = 0.0f;
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) rnn_bar_init(bars + 8 * s, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
+    RnnTileRing<STAGES, 4> ring;
+    ring.init(x3_raw);
     if (tid == 0)
-        for (int c = 0; c < STAGES && c < chunks; ++c) {
-            const unsigned bar = bars + 8 * c;
-            rnn_bar_expect(bar, X3_STAGE_BYTES);
-            #pragma unroll
-            for (int m = 0; m < 4; ++m)
-                rnn_bulk_copy(base + c * X3_STAGE_BYTES + m * X3_TILE_BYTES, src[m] + (long)c * X3_TILE_ELEMENTS,
-                              X3_TILE_BYTES, bar);
-        }
+        for (int c = 0; c < STAGES && c < chunks; ++c) ring.fill(c, src);
     for (int chunk = 0; chunk < chunks; ++chunk) {
-        const int slot = chunk % STAGES;
-        rnn_bar_wait(bars + 8 * slot, (chunk / STAGES) & 1);
-        x3_chunk(big, small, sum, base + slot * X3_STAGE_BYTES, chunk, chunks, promote);
+        ring.wait(chunk);
+        x3_chunk(big, small, sum, ring.slot(chunk), chunk, chunks, promote);
         __syncthreads();                                          // every warp's MMA has read the slot
-        const int next = chunk + STAGES;
-        if (tid == 0 && next < chunks) {
-            const unsigned bar = bars + 8 * slot;
-            rnn_bar_expect(bar, X3_STAGE_BYTES);
-            #pragma unroll
-            for (int m = 0; m < 4; ++m)
-                rnn_bulk_copy(base + slot * X3_STAGE_BYTES + m * X3_TILE_BYTES,
-                              src[m] + (long)next * X3_TILE_ELEMENTS, X3_TILE_BYTES, bar);
-        }
+        if (tid == 0 && chunk + STAGES < chunks) ring.fill(chunk + STAGES, src);
     }
     // accumulators (wgmma.cuh): warp q's batch rows 16 q + g and + 8; for each 8-feature group j, features 8 j + 2 t
     // and + 1

@@ -1,5 +1,5 @@
 """benchmarks/probe_x3_promote.py on the CPU: it loads, its shapes are the step products of `large` and blogA, and
-its arguments parse (the kernel it times is tests/test_x3_wgmma.py's; the GPU suite runs the probe)."""
+its arguments parse (the kernel it times is tests/test_wgmma_products.py's; the GPU suite runs the probe)."""
 from __future__ import annotations
 
 from script_loader import load_script

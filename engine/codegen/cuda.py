@@ -27,7 +27,9 @@ THREADS_PER_BLOCK = 256
 # element is and lo one buffer further (rows B .. 2B of the stacked operand, engine/schedules/split_products.py)
 SPLIT_COPY = "rnn_copy_split"
 SPLIT_COPY_FP16 = "rnn_copy_split_fp16"     # float32x3's parts held as fp16 (engine/codegen/operand_copies.py)
-SPLIT_COPY_TILES = "rnn_copy_split_fp16_tiles"   # the same in 64 x 64 tiles (engine/schedules/x3_wgmma.py)
+SPLIT_COPY_TILES = "rnn_copy_split_fp16_tiles"   # the same in 64 x 64 tiles (engine/schedules/wgmma_products.py)
+# a reduced mode's copy in the wgmma products' tiles (engine/codegen/operand_copies.py)
+TILE_COPIES = {"tf32": "rnn_copy_tiles_tf32", "float16": "rnn_copy_tiles_fp16", "bfloat16": "rnn_copy_tiles_bf16"}
 # A kernel launched as a programmatic dependent of the GEMM before it (engine/codegen/programmatic.py) waits here for
 # that GEMM to finish and its memory to be visible (PTX ISA 7.8, griddepcontrol, sm_90); on an older GPU there is no
 # such launch and the wait is nothing.
@@ -263,13 +265,14 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies
     for store in kernel.stores:
         if store.access.param in copies:
             copy, _, function = copies[store.access.param]
-            if function in (SPLIT_COPY, SPLIT_COPY_FP16, SPLIT_COPY_TILES):
+            tiles = function == SPLIT_COPY_TILES or function in TILE_COPIES.values()
+            if tiles or function in (SPLIT_COPY, SPLIT_COPY_FP16):
                 if store.access.rows != "batch":
                     raise CompileError(f"kernel '{kernel.name}' stores {store.var} into {store.access.param}, a buffer of "
                                        "the sequence's rows, which a step GEMM's split operand cannot be; hint: this is "
                                        "a bug in engine/codegen/operand_copies.py")
                 ld = c_factor(store.access.ld)
-                where = f"(long){ld}, (long)B" if function == SPLIT_COPY_TILES else f"(long)B * {ld}"
+                where = f"(long){ld}, (long)B" if tiles else f"(long)B * {ld}"
                 lines.append(f"        {function}({copy}, {index_expr(store.access)}, {where}, {stored(store)});")
             else:
                 lines.append(f"        {copy}[{index_expr(store.access)}] = {function}({stored(store)});")

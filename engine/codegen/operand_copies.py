@@ -22,6 +22,7 @@ from .cuda import (
     SPLIT_COPY,
     SPLIT_COPY_FP16,
     SPLIT_COPY_TILES,
+    TILE_COPIES,
     WAIT_MACRO,
     helper_source,
     module_header,
@@ -43,7 +44,7 @@ SPLIT_COPY_SOURCE = (f"__device__ __forceinline__ void {SPLIT_COPY}(float* __res
 # float32x3 in fp16 parts (x3_parts="fp16"): hi = fp16(tf32(v)), lo = fp16(tf32(v - hi) * 2^11) from hi as stored (the
 # same 11-bit parts, engine/rounding.py split_fp16); a value past fp16's range sets the module's flag, which the
 # program reads after the run (engine/schedules/mode_device.py RANGE_FLAG). Held as rows [hi; lo], or for the
-# engine's own wgmma product (engine/schedules/x3_wgmma.py) in 64 x 64 tiles: element (b, k) of a part of (B, ld)
+# engine's own wgmma product (engine/schedules/wgmma_products.py) in 64 x 64 tiles: element (b, k) of a part of (B, ld)
 # in the tile of row block b / 64 and column block k / 64 (each part's rows and columns padded to whole tiles), its
 # 16-byte group swizzled by row (kernels/tile_gemm.cuh rnn_tile_at<2>); the lo part after the hi part's padded rows.
 # The parts themselves: tile_gemm.cuh rnn_split_fp16.
@@ -58,6 +59,17 @@ SPLIT_COPY_FP16_SOURCE = (
     "    copy[(B + 63) / 64 * 64 * ((ld + 63) / 64 * 64) + at] = l;\n}\n")
 
 
+# A reduced mode's copy in the wgmma products' tiles (step_product="wgmma"): element (b, k) of the (B, ld) operand at
+# rnn_tile_at<bytes>(b, k, ld), rounded as COPY_TYPES' (B: the calling convention of the tiled copies, unused here).
+TILE_COPY_SOURCE = "".join(
+    f"__device__ __forceinline__ void {TILE_COPIES[mode]}({c_type}* __restrict__ copy, const long i, const long ld, "
+    f"const long B, const float v)\n{{\n    const long b = i / ld;\n    copy[rnn_tile_at<{size}>(b, i - b * ld, ld)] = "
+    f"{rounding}(v);\n}}\n"
+    for mode, c_type, size, rounding in (("tf32", "float", 4, "rnn_copy_tf32"),
+                                         ("float16", "unsigned short", 2, "rnn_bits16<RNN_FP16>"),
+                                         ("bfloat16", "unsigned short", 2, "rnn_bits16<RNN_BF16>")))
+
+
 def copy_name(name: str) -> str:
     """The copy of buffer or parameter `name` (a C identifier, as the plan's names are)."""
     return name + SUFFIX
@@ -67,10 +79,13 @@ def operand_copies(program: Program, precision: str, exact=frozenset(), x3_parts
                    tiles: bool = False) -> dict[str, dict]:
     """{kernel name: {param: (copy param, C type, rounding function)}} for every kernel store into the operand buffer
     of a step GEMM that is not in `exact` (a reduction's fixed matrix: its operand stays fp32); float32x3's parts held
-    as `x3_parts` ("tf32" or "fp16"; fp16 parts in tiles where `tiles`: the wgmma product's)."""
+    as `x3_parts` ("tf32" or "fp16"); in the wgmma products' tiles where `tiles` (float32x3's fp16 parts, or a reduced
+    mode's operand)."""
     name = lookup(precision).name
     fp16 = SPLIT_COPY_TILES if tiles else SPLIT_COPY_FP16
     c_type, function = ("unsigned short", fp16) if name == "float32x3" and x3_parts == "fp16" else COPY_TYPES[name]
+    if tiles and name in TILE_COPIES:
+        function = TILE_COPIES[name]
     operands = {g.in_buffer for g in program.gemms if not g.hoisted and g.name not in exact}
     found = {}
     for kernel in program.kernels:
@@ -98,7 +113,8 @@ def render_copies_module(program: Program, precision: str, copies: dict[str, dic
     parts = [module_header(program, "", generator_version, fp32),
              f"// Operand copies in {lookup(precision).name}: engine/codegen/operand_copies.py.\n",
              helper_source(CELL_HELPERS), helper_source("tile_gemm.cuh"), TF32_COPY,
-             (SPLIT_COPY_FP16_SOURCE if x3_parts == "fp16" else SPLIT_COPY_SOURCE) if lookup(precision).split else "",
+             (SPLIT_COPY_FP16_SOURCE if x3_parts == "fp16" else SPLIT_COPY_SOURCE) if lookup(precision).split
+             else TILE_COPY_SOURCE,
              WAIT_MACRO if waits else ""]
     parts += [render_kernel(k, program, fp32, copies.get(k.name), waits.get(k.name), places.get(k.name))
               for k in program.kernels]

@@ -37,8 +37,13 @@ multiplies both by W_hi in K chunks, one more h_hi by W_lo, and the cell kernels
 the default: half the bytes, fp16 tensor cores, the lo parts times 2^11) or as TF32 values in fp32; a weight or step
 operand past fp16's range (65504) runs the program again in TF32 parts (ModeExecutor refuses the weight at upload,
 the copies flag the operand, FusedModeProgram.run reads the flag after each run). The projections split their input
-into a buffer of the run's own and make three TF32 products into their output (x_hi W_lo with the bias, then x_lo
-W_hi, then x_hi W_hi in K chunks, each added by cublasLt's fp32 epilogue).
+into a buffer of the run's own, in the same parts (the split flags it too), and make three products into their
+output (x_hi W_lo with the bias, then x_lo W_hi, then x_hi W_hi in K chunks, each added by cublasLt's fp32 epilogue;
+in fp16 parts the first two scaled by 2^-11 through cublasLt's alpha). On sm_90 a step's product in fp16 parts runs
+on the engine's own wgmma kernel instead (step_product="auto" or "wgmma"; engine/schedules/wgmma_products.py): one
+launch, each K chunk's accumulator promoted into an fp32 sum in registers, nothing left to fold; the copies and the
+weights are then in its tiles. step_product="wgmma" runs a reduced mode's step products on the engine's own kernel
+of the same design (kernels/mode_wgmma.cu).
 """
 from __future__ import annotations
 
@@ -78,7 +83,7 @@ from .split_products import (
     read_places,
     split_bytes,
 )
-from .x3_wgmma import X3_PRODUCTS, resolve_product, wgmma_capable
+from .wgmma_products import STEP_PRODUCTS, resolve_product, wgmma_capable
 
 MODES = ("tf32", "float16", "bfloat16", "float32x3")
 # the modes the autotuner times this backend in (float32x3 only where a user allows it, and each candidate's error held
@@ -208,18 +213,22 @@ class ModeExecutor(Executor):
         self.device.gemm(operands, weight, out, bias)
 
 
-def check_x3_product(product, parts: str, splitk, capable: bool) -> str:
-    """x3_product checked: one of X3_PRODUCTS; "wgmma" only with fp16 parts, no split-K, on an sm_90 GPU."""
-    if not isinstance(product, str) or product not in X3_PRODUCTS:
-        raise BackendError(f"argument 'x3_product' must be one of {', '.join(X3_PRODUCTS)}, got {shown(product)}; "
-                           "hint: \"auto\" multiplies float32x3's fp16 parts on the engine's wgmma kernel where the GPU "
-                           "has one (sm_90), on cublasLt otherwise")
+def check_step_product(product, precision: str, parts: str, splitk, k_slices: int, capable: bool) -> str:
+    """step_product checked: one of STEP_PRODUCTS; "wgmma" only on an sm_90 GPU, in float32x3 only with fp16 parts
+    and no split-K, in a reduced mode only with its K whole (k_slices=1)."""
+    if not isinstance(product, str) or product not in STEP_PRODUCTS:
+        raise BackendError(f"argument 'step_product' must be one of {', '.join(STEP_PRODUCTS)}, got {shown(product)}; "
+                           "hint: \"wgmma\" multiplies a step's product on the engine's own Hopper kernel, \"cublaslt\" "
+                           "on cuBLAS, \"auto\" picks (float32x3 in fp16 parts: the engine's kernel on sm_90)")
     if product == "wgmma":
-        why = ("x3_parts='fp16' (it multiplies fp16 parts)" if parts != "fp16" else
-               "x3_splitk=False (cublasLt's split-K is the other product)" if splitk is not False else
-               None if capable else "an sm_90 GPU (H100, H200: it issues wgmma)")
+        x3 = precision == "float32x3"
+        why = ("an sm_90 GPU (H100, H200: it issues wgmma)" if not capable else
+               "x3_parts='fp16' (it multiplies fp16 parts)" if x3 and parts != "fp16" else
+               "x3_splitk=False (cublasLt's split-K is the other product)" if x3 and splitk is not False else
+               "k_slices=1 (it multiplies K whole)" if not x3 and k_slices != 1 else None)
         if why:
-            raise BackendError(f"x3_product='wgmma' needs {why}; hint: x3_product='auto' picks the product that runs")
+            raise BackendError(f"step_product='wgmma' needs {why}; hint: step_product='auto' picks the product that "
+                               "runs")
     return product
 
 
@@ -244,7 +253,7 @@ class FusedModeProgram:
                  layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
                  projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
                  k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT, x3_splitk: bool | str = X3_SPLITK,
-                 x3_product: str = "auto"):
+                 step_product: str = "auto"):
         self.precision = check_fused_mode(precision)
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
@@ -281,9 +290,10 @@ class FusedModeProgram:
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
         network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
         import cupy  # deferred: CuPy is optional (no GPU in CI)
-        # float32x3 in fp16 parts: the step products on the engine's wgmma kernel ("wgmma", sm_90), on cublasLt's batch
-        # of K chunks ("cublaslt"), or the first where it can run ("auto"; after a fallback to TF32 parts, cublasLt)
-        self.x3_product = check_x3_product(x3_product, x3_parts, x3_splitk, wgmma_capable(cupy))
+        # the step products on the engine's wgmma kernels ("wgmma", sm_90) or on cuBLAS ("cublaslt"); "auto": float32x3
+        # in fp16 parts on the engine's (after a fallback to TF32 parts, cublasLt), the reduced modes on cuBLAS
+        self.step_product = check_step_product(step_product, self.precision, x3_parts, x3_splitk, self.k_slices,
+                                               wgmma_capable(cupy))
         self.cupy, self.network, self.params = cupy, network, params
         self.options = dict(passes=passes, layout=layout, chunk_steps=chunk_steps)
         self.replay = replay
@@ -306,7 +316,7 @@ class FusedModeProgram:
             plan, needed = fitting_plan(cupy, network, T, B, self.options, lengths)
             program = plan.program
             fixed = fixed_gemms(program, program.cell)
-            tiles = self.precision == "float32x3" and self.product() == "wgmma"
+            tiles = self.product() == "wgmma"
             copies = operand_copies(program, self.precision, {name for name, strict in fixed.items() if strict},
                                     self.x3_parts, tiles)
             waits = programmatic_waits(program) if self.programmatic else {}
@@ -330,7 +340,7 @@ class FusedModeProgram:
                                 streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1,
                                 programmatic=self.programmatic, dependents=waits, ahead=ahead is not None,
                                 shared_sms=self.projection_sms, x3_chunk=self.x3_chunk, x3_parts=self.x3_parts,
-                                x3_splitk=self.x3_splitk, x3_tiles=tiles)
+                                x3_splitk=self.x3_splitk, tiles=tiles)
             executor = ModeExecutor(plan, device, copies, fixed, ahead, left)
             executor.load(self.params)
             executor.bytes = needed
@@ -360,8 +370,9 @@ class FusedModeProgram:
         return self.run(x, initial_states, poison=poison, lengths=lengths)
 
     def product(self) -> str:
-        """float32x3's step product as it runs now: "wgmma" or "cublaslt" (x3_wgmma.resolve_product)."""
-        return resolve_product(self.x3_product, self.x3_parts, self.x3_splitk, wgmma_capable(self.cupy))
+        """The step products as they run now: "wgmma" or "cublaslt" (wgmma_products.resolve_product)."""
+        return resolve_product(self.step_product, self.precision, self.x3_parts, self.x3_splitk,
+                               wgmma_capable(self.cupy))
 
     def _fall_back(self, option: str, value, why: str) -> None:
         """float32x3: `option` set to `value` for good (info[option + "_fallback"] says why) and the program built
@@ -416,8 +427,8 @@ class FusedModeProgram:
         plan = executor.plan
         return {"launches_per_step": plan.launches_per_step, "chunk_steps": plan.chunk_steps,
                 "program": plan.program.key, "bytes": executor.bytes, "lengths": plan.program.lengths,
-                "precision": self.precision, "replayed": self.replayed,
-                **({"x3_parts": self.x3_parts, "x3_splitk": self.x3_splitk, "x3_product": self.product(),
+                "precision": self.precision, "replayed": self.replayed, "step_product": self.product(),
+                **({"x3_parts": self.x3_parts, "x3_splitk": self.x3_splitk,
                     **{f"{option}_fallback": why for option, why in self.fallbacks.items()}}
                    if self.precision == "float32x3" else {})}
 
@@ -427,13 +438,13 @@ def prepare(network: Network, params: Params, dtype=np.float32, *, precision: st
             layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
             projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
             k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT, x3_splitk: bool | str = X3_SPLITK,
-            x3_product: str = "auto") -> FusedModeProgram:
+            step_product: str = "auto") -> FusedModeProgram:
     """Plan, compile and upload once; the result's run(x) is what the benchmark times."""
     return FusedModeProgram(network, params, dtype, precision=precision, passes=passes, layout=layout,
                             chunk_steps=chunk_steps, replay=replay, layer_streams=layer_streams,
                             programmatic=programmatic, projection_ahead=projection_ahead,
                             projection_sms=projection_sms, x3_chunk=x3_chunk, x3_fold=x3_fold, k_slices=k_slices,
-                            x3_parts=x3_parts, x3_splitk=x3_splitk, x3_product=x3_product)
+                            x3_parts=x3_parts, x3_splitk=x3_splitk, step_product=step_product)
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,

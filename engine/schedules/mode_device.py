@@ -9,8 +9,9 @@ stand-in for the CPU tests (its GEMMs as engine.rounding emulates the mode).
 float32x3's parts (split_products.py): "tf32", each part a TF32 value held in fp32, multiplied on TF32 tensor cores;
 "fp16", the same 11-bit parts held as fp16 (the lo part times 2^11), multiplied on fp16 tensor cores from half the
 bytes; a value past fp16's range (|v| > 65504) sets the range flag of the module (kernels write it) and the program
-runs again in TF32 parts (fused_modes.FusedModeProgram). x3_tiles (fp16 parts on sm_90): the step products on the
-engine's own wgmma kernel (x3_wgmma.py), the weights and the operands' copies in its 64 x 64 tiles.
+runs again in TF32 parts (fused_modes.FusedModeProgram). tiles (sm_90; float32x3 in fp16 parts, or a reduced mode):
+the step products on the engine's own wgmma kernels (wgmma_products.py), the weights and the operands' copies in
+their tiles.
 """
 from __future__ import annotations
 
@@ -45,7 +46,17 @@ from .split_products import (
     stacked_product_numpy,
     uses_splitk,
 )
-from .x3_wgmma import promote_columns, promoted_product, tile_split_into, tile_weight, tiled_operand
+from .wgmma_products import (
+    mode_product,
+    promote_columns,
+    promoted_product,
+    round_tiles_into,
+    tile_mode_weight,
+    tile_split_into,
+    tile_weight,
+    tiled_mode_operand,
+    tiled_operand,
+)
 
 X3_PRODUCTS = LT_OPERANDS["tf32"]       # float32x3's TF32 parts: fp32 storage, TF32 tensor-core products
 X3_FP16_PRODUCTS = (CUDA_R_16F, CUBLAS_COMPUTE_32F)   # its fp16 parts: fp16 storage, fp32 accumulation
@@ -58,7 +69,7 @@ RANGE_FLAG = "rnn_x3_range"         # the copies module's flag: a step operand p
 class ModeWeight:
     """A packed GEMM weight as the mode multiplies it: `stored` (N, K), in the mode's storage unless `exact` (a
     reduction's fixed matrix: strict fp32); float32x3: (2N, K), its parts stacked, held as `parts` ("tf32" or "fp16"),
-    or where `tiles` is its (N, K), flat in the wgmma product's tiles (x3_wgmma.tile_weight)."""
+    or where `tiles` is its (N, K), flat in the wgmma product's tiles (wgmma_products.tile_weight)."""
     stored: object
     exact: bool
     parts: str | None = None
@@ -96,15 +107,16 @@ class ModeDevice(CupyDevice):
     def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
                  streams: bool = False, programmatic=None, dependents=frozenset(), ahead: bool = False,
                  shared_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_parts: str = "tf32",
-                 x3_splitk: bool | str = False, x3_tiles: bool = False):
+                 x3_splitk: bool | str = False, tiles: bool = False):
         super().__init__(cupy, module, num_layers, streams=streams, projection=projection)
         self.precision = precision
         self.split = precision == "float32x3"
         self.x3_chunk = x3_chunk           # float32x3: K of one accumulator (split_products.chunking)
         self.x3_parts = x3_parts if self.split else None    # float32x3: how the step products' parts are held
         self.x3_splitk = x3_splitk         # float32x3: the W_hi product's K chunks as cublasLt's split-K (uses_splitk)
-        # float32x3 in fp16 parts: the step products on the wgmma kernel (x3_wgmma.py), operands and weights in tiles
-        self.tiles = x3_tiles and self.x3_parts == "fp16"
+        # the step products on the wgmma kernels (wgmma_products.py), operands and weights in tiles: float32x3 in fp16
+        # parts, or a reduced mode
+        self.tiles = tiles and (self.x3_parts == "fp16" if self.split else True)
         # fp16 parts: the module's flag (a uint32 the copies set where an operand is past fp16's range), reset at each
         # run's start and read at its end (fused_modes.FusedModeProgram)
         self.range_flag = (cupy.ndarray((1,), cupy.uint32, memptr=module.get_global(RANGE_FLAG))
@@ -175,8 +187,9 @@ class ModeDevice(CupyDevice):
         the device's x3_parts but for a step GEMM whose operand no kernel copies; tiles: a step GEMM's weight in the
         wgmma product's tiles, where the device has them)."""
         stored = self.asarray(weight)
-        if self.split and not exact and parts == "fp16" and tiles and self.tiles:
-            return ModeWeight(tile_weight(self.xp, stored), exact, parts, tiles=tuple(stored.shape))
+        if tiles and self.tiles and not exact and (parts == "fp16" or not self.split):
+            layout = tile_weight(self.xp, stored) if self.split else tile_mode_weight(self.xp, stored, self.precision)
+            return ModeWeight(layout, exact, parts if self.split else None, tiles=tuple(stored.shape))
         if self.split and not exact:
             return ModeWeight(stack_split(self.xp, stored, parts), exact, parts)
         if not exact:
@@ -190,7 +203,9 @@ class ModeDevice(CupyDevice):
         is a NaN in fp16 and bf16)."""
         cupy = self.xp
         if self.tiles:
-            return tiled_operand(cupy, array.shape[0], array.size // array.shape[0], poison)
+            R, K = array.shape[0], array.size // array.shape[0]
+            return tiled_operand(cupy, R, K, poison) if self.split else \
+                tiled_mode_operand(cupy, R, K, self.precision, poison)
         dtype = part_dtype(cupy, self.x3_parts) if self.split else operand_dtype(cupy, self.precision)
         copy = cupy.empty(((2,) if self.split else ()) + tuple(array.shape), dtype)
         copy.view(cupy.uint16 if copy.itemsize == 2 else cupy.uint32).fill(
@@ -208,8 +223,11 @@ class ModeDevice(CupyDevice):
 
     def round_copy(self, source, copy) -> None:
         if self.tiles:
-            tile_split_into(self.xp, self.xp.ascontiguousarray(source).reshape(source.shape[0], -1), copy,
-                            self.range_flag)
+            rows = self.xp.ascontiguousarray(source).reshape(source.shape[0], -1)
+            if self.split:
+                tile_split_into(self.xp, rows, copy, self.range_flag)
+            else:
+                round_tiles_into(self.xp, rows, copy, self.precision)
         elif self.split:
             split_into(self.xp, self.xp.ascontiguousarray(source), copy, self.x3_parts, self.range_flag)
         else:
@@ -225,7 +243,7 @@ class ModeDevice(CupyDevice):
         if weight.tiles:
             raise BackendError("backend 'fused' in float32x3: a weight in the wgmma product's tiles was given an "
                                "operand no kernel copies; hint: this is a bug in engine/schedules/fused_modes.py "
-                               "(ModeExecutor tiles the copied step GEMMs' weights only); x3_product='cublaslt' "
+                               "(ModeExecutor tiles the copied step GEMMs' weights only); step_product='cublaslt' "
                                "avoids it")
         dtype = part_dtype(cupy, weight.parts) if self.split else operand_dtype(cupy, self.precision)
         key = (cupy.cuda.get_current_stream().ptr, *x.shape, dtype)
@@ -242,13 +260,16 @@ class ModeDevice(CupyDevice):
         """out = operand @ W^T, the operand in the mode's format already (a kernel's copy; float32x3: its parts).
         left (split_products.Left): the product left for the kernels to sum as they read it, out flat: K in planes
         (a reduced mode), or float32x3's P unfolded."""
-        if weight.tiles:                   # float32x3 on the wgmma kernel: out whole, nothing left to fold
+        if weight.tiles:                   # on the wgmma kernels: out whole, nothing left to fold or sum
             N, K = weight.tiles
             if left is not None or not out.flags.c_contiguous:
-                raise BackendError("backend 'fused' in float32x3: the wgmma product writes its output whole; hint: "
-                                   "this is a bug in engine/schedules/fused_modes.py (left_products with tiles)")
-            promoted_product(self.xp, operand, weight.stored, out, out.size // N, K, N,
-                             promote_columns(self.x3_chunk, K))
+                raise BackendError(f"backend 'fused' in {self.precision}: the wgmma product writes its output whole; "
+                                   "hint: this is a bug in engine/schedules/fused_modes.py (left_products with tiles)")
+            if self.split:
+                promoted_product(self.xp, operand, weight.stored, out, out.size // N, K, N,
+                                 promote_columns(self.x3_chunk, K))
+            else:
+                mode_product(self.xp, operand, weight.stored, out, out.size // N, K, N, self.precision)
         elif self.split:                   # (a fixed matrix's operand has no copy: gemm() multiplies it)
             self._stacked_product(operand, weight, out, launch_fold=left is None)
         elif left is not None:                 # one strided batch of K slices, from the starts of A, W and out

@@ -1,7 +1,8 @@
 """The fused backend in tf32, float16 and bfloat16 (engine/schedules/fused_modes.py) against the reference that
 emulates each mode: every preset, two layers, odd sizes; the CUDA-graph replay bit-identical to the direct run, with
 initial states and with lengths; engine.run's routing; a step product's K in slices summed by the kernels. The host logic is held to the emulation exactly on the CPU
-(tests/test_fused_modes.py); here cuBLAS's products and the generated kernels are."""
+(tests/test_fused_modes.py); here cuBLAS's products and the generated kernels are, and the engine's own wgmma step
+products (step_product="wgmma", sm_90: engine/schedules/wgmma_products.py, kernels/mode_wgmma.cu) in the same checks."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,7 @@ from test_precision_gpu import check_mode
 
 import engine
 from engine.backends import reference
-from engine.schedules import fused_modes
+from engine.schedules import fused_modes, wgmma_products
 
 pytestmark = pytest.mark.gpu
 
@@ -23,23 +24,34 @@ SIZES = {"input_size": 37, "hidden_size": 129, "batch": 19, "steps": 17}
 # it unexplained and this backend (whose projection adds its bias in fp32 before the step's sum) 0.19-0.30. A
 # missing or wrong rounding leaves about all of it; the CPU suite holds the host logic to the emulation exactly.
 UNEXPLAINED = 0.4
+PRODUCTS = ("cublaslt", "wgmma")      # step_product: cuBLAS, or the engine's wgmma kernel (sm_90 only)
 
 
+def product_on(cupy, product: str) -> str:
+    """step_product, the test skipped where the GPU has no wgmma."""
+    if product == "wgmma" and not wgmma_products.wgmma_capable(cupy):
+        pytest.skip("step_product='wgmma' runs on sm_90 (H100, H200) only")
+    return product
+
+
+@pytest.mark.parametrize("product", PRODUCTS)
 @pytest.mark.parametrize("precision", MODES)
 @pytest.mark.parametrize("name", sorted(engine.presets()))
-def test_every_preset_matches_its_emulation(cupy, name, precision):
+def test_every_preset_matches_its_emulation(cupy, name, precision, product):
     network, params, x, states = make_case(engine.preset(name).cell, 2, seed=7, sizes=SIZES)
-    result = fused_modes.prepare(network, params, precision=precision).run(x, states, poison=True)
-    assert result.info["precision"] == precision
-    check_mode(result, network, params, x, states, precision, f"fused {name} {precision}", UNEXPLAINED)
+    result = fused_modes.prepare(network, params, precision=precision,
+                                 step_product=product_on(cupy, product)).run(x, states, poison=True)
+    assert result.info["precision"] == precision and result.info["step_product"] == product, result.info
+    check_mode(result, network, params, x, states, precision, f"fused {name} {precision} {product}", UNEXPLAINED)
 
 
+@pytest.mark.parametrize("product", PRODUCTS)
 @pytest.mark.parametrize("precision", MODES)
-def test_the_replay_is_the_direct_run(cupy, precision):
+def test_the_replay_is_the_direct_run(cupy, precision, product):
     sizes = {"input_size": 64, "hidden_size": 96, "batch": 16, "steps": 23}
     for name, layers in (("lstm", 3), ("gru_cho", 1)):
         network, params, x, states = make_case(engine.preset(name).cell, layers, seed=3, sizes=sizes)
-        program = fused_modes.prepare(network, params, precision=precision)
+        program = fused_modes.prepare(network, params, precision=precision, step_product=product_on(cupy, product))
         direct = program.run(x, states, poison=True)
         check_mode(direct, network, params, x, states, precision, f"fused {name} {precision} direct")
         for given in (states, None, states):            # captured at the second run, replayed after

@@ -9,7 +9,7 @@ projected in the kernel (L = 2) or by the three cublasGemmEx calls (L = 1, layer
 poisoned outputs, and auto's opt-in (its bit-identical reruns: tests/gpu/test_precision_gpu.py). The fused backend
 in float32x3 (two TF32 GEMMs of the stacked parts, K chunks as a batch, then a fold: engine/schedules/split_products.py) is held
 to the same checks: every preset, chunks with and without a rest, its CUDA-graph replay, a `large`-like size; in fp16
-parts both on cublasLt and on the engine's own wgmma kernel (x3_product, engine/schedules/x3_wgmma.py: "auto" takes it
+parts both on cublasLt and on the engine's own wgmma kernel (step_product, engine/schedules/wgmma_products.py: "auto" takes it
 on sm_90, cublasLt elsewhere).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from test_fused import make_case, relative_error
 
 import engine
 from engine.backends import fused, reference
-from engine.schedules import autotune, fused_modes, project, schedule_class, x3_wgmma
+from engine.schedules import autotune, fused_modes, project, schedule_class, wgmma_products
 from engine.schedules.cublaslt import LtProjection
 from engine.schedules.split_products import X3_PARTS_DEFAULT
 from engine.schedules.tiling import TileConfig
@@ -181,13 +181,13 @@ def test_the_schedules_float32x3_runs_are_replayed(cupy, schedule, monkeypatch):
 
 FUSED_PRESETS = sorted(engine.presets())        # projected states too: the fused backend takes them
 PARTS = ("tf32", "fp16")                         # x3_parts: how the step products' parts are held
-# (x3_parts, x3_product): TF32 parts on cublasLt, fp16 parts on cublasLt and on the wgmma kernel where the GPU has it
+# (x3_parts, step_product): TF32 parts on cublasLt, fp16 parts on cublasLt and on the wgmma kernel where the GPU has it
 PRODUCTS = (("tf32", "cublaslt"), ("fp16", "cublaslt"), ("fp16", "auto"))
 
 
 def expected_product(cupy, product: str) -> str:
-    """The step product x3_product asks for on this GPU."""
-    return "cublaslt" if product == "cublaslt" or not x3_wgmma.wgmma_capable(cupy) else "wgmma"
+    """The step product step_product asks for on this GPU."""
+    return "cublaslt" if product == "cublaslt" or not wgmma_products.wgmma_capable(cupy) else "wgmma"
 
 
 @pytest.mark.parametrize("parts, product", PRODUCTS)
@@ -198,8 +198,8 @@ def test_fused_every_preset_matches_its_emulation(cupy, name, parts, product):
     size = {"input_size": 37, "hidden_size": 129, "batch": 19, "steps": 17}
     network, params, x, states = make_case(engine.preset(name).cell, 2, seed=19, sizes=size)
     result = fused_modes.prepare(network, params, precision="float32x3", x3_parts=parts,
-                                 x3_product=product).run(x, states, poison=True)
-    assert result.info["x3_parts"] == parts and result.info["x3_product"] == expected_product(cupy, product), result.info
+                                 step_product=product).run(x, states, poison=True)
+    assert result.info["x3_parts"] == parts and result.info["step_product"] == expected_product(cupy, product), result.info
     tf32 = fused_modes.prepare(network, params, precision="tf32").run(x, states, poison=True)
     check_x3(result, network, params, x, states, f"fused {name} float32x3 in {parts} parts", tf32)
 
@@ -215,7 +215,7 @@ def test_fused_chunks_and_the_replay(cupy, chunk, parts, product):
     for name, layers in (("lstm", 2), ("gru_cho", 1)):
         network, params, x, states = make_case(engine.preset(name).cell, layers, seed=5, sizes=size)
         program = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=chunk, x3_parts=parts,
-                                      x3_product=product)
+                                      step_product=product)
         direct = program.run(x, states, poison=True)
         check_x3(direct, network, params, x, states, f"fused {name} float32x3 chunk {chunk} {parts} parts")
         for _ in range(3):
@@ -233,8 +233,8 @@ def test_fused_large_like_size_stays_at_fp32_level(cupy, parts, product):
     fused backend in float32) plus an ulp, and engine.run routes backend='fused' to it."""
     size = {"input_size": 1024, "hidden_size": 1024, "batch": 128, "steps": 30}
     network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=7, sizes=size)
-    result = fused_modes.run(network, params, x, states, precision="float32x3", x3_parts=parts, x3_product=product)
-    assert result.info["x3_parts"] == parts and result.info["x3_product"] == expected_product(cupy, product), result.info
+    result = fused_modes.run(network, params, x, states, precision="float32x3", x3_parts=parts, step_product=product)
+    assert result.info["x3_parts"] == parts and result.info["step_product"] == expected_product(cupy, product), result.info
     if parts == X3_PARTS_DEFAULT and product == "auto":     # engine.run routes backend='fused' in float32x3 to it
         routed = engine.run(network, params, x, states, backend="fused", precision="float32x3")
         np.testing.assert_array_equal(routed.outputs, result.outputs)
@@ -254,9 +254,9 @@ def test_fused_fold_in_the_kernels_is_the_fold_launch(cupy, parts):
     for name, layers in (("lstm", 2), ("gru_cho", 1)):
         network, params, x, states = make_case(engine.preset(name).cell, layers, seed=9, sizes=size)
         launch = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32, x3_fold="launch",
-                                     x3_parts=parts, x3_product="cublaslt")
+                                     x3_parts=parts, step_product="cublaslt")
         kernel = fused_modes.prepare(network, params, precision="float32x3", x3_chunk=32, x3_parts=parts,
-                                     x3_product="cublaslt")
+                                     step_product="cublaslt")
         want = launch.run(x, states, poison=True)
         got = kernel.run(x, states, poison=True)
         check_x3(got, network, params, x, states, f"fused {name} float32x3 folded in the kernels")
@@ -296,7 +296,7 @@ def test_fp16_parts_past_their_range_run_again_in_tf32_parts(cupy):
         np.testing.assert_array_equal(again.outputs, tf32.outputs, err_msg=label)
     in_range = fused_modes.prepare(network, params, precision="float32x3", x3_parts="fp16").run(x, states, poison=True)
     assert in_range.info["x3_parts"] == "fp16" and "x3_parts_fallback" not in in_range.info, in_range.info
-    assert in_range.info["x3_product"] == expected_product(cupy, "auto"), in_range.info     # the flag of the tiles' copies
+    assert in_range.info["step_product"] == expected_product(cupy, "auto"), in_range.info     # the flag of the tiles' copies
 
 
 def test_fused_split_k_at_a_bloga_like_size(cupy, monkeypatch):

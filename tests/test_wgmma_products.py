@@ -1,8 +1,8 @@
-"""float32x3's step product on the engine's own wgmma kernel (engine/schedules/x3_wgmma.py, kernels/x3_wgmma.cu), on
+"""float32x3's step product on the engine's own wgmma kernel (engine/schedules/wgmma_products.py, kernels/x3_wgmma.cu), on
 the CPU: the tiles are the bulk pipeline's chunked layout with zero padding, the C index the copies write through
 (tile_gemm.cuh rnn_tile_at) is that layout, what the kernel computes (promoted_numpy) is float32x3's product of
 the fp16 parts within fp32's reach of float64, the choice of product and its errors, and the kernel and the copies in
-tiles compile for sm_90a. tests/gpu/test_x3_wgmma_gpu.py runs them."""
+tiles compile for sm_90a. tests/gpu/test_wgmma_products_gpu.py runs them."""
 from __future__ import annotations
 
 import re
@@ -20,11 +20,11 @@ from engine.dense import dense
 from engine.errors import BackendError
 from engine.rounding import split_fp16
 from engine.schedules.base import chunked
-from engine.schedules.fused_modes import check_x3_product, fixed_gemms
+from engine.schedules.fused_modes import check_step_product, fixed_gemms
 from engine.schedules.split_products import chunking, split_into, stack_split, stacked_product_numpy
-from engine.schedules.x3_wgmma import (
+from engine.schedules.wgmma_products import (
     PROMOTE,
-    X3_PRODUCTS,
+    STEP_PRODUCTS,
     kernel_source,
     padded,
     promote_columns,
@@ -57,16 +57,20 @@ def tile_at(b: int, k: int, ld: int, size: int = 2) -> int:
     raise AssertionError("rnn_tile_at has no return")
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
 @pytest.mark.parametrize("rows, cols", [(64, 64), (19, 129), (130, 200), (5, 7)])
-def test_the_c_index_is_the_tiles_layout(rows, cols):
-    """Element (b, k) of each part lands where tiled() puts it, and the padding is zeros."""
+def test_the_c_index_is_the_tiles_layout(rows, cols, dtype):
+    """Element (b, k) of each part lands where tiled() puts it (tiles of 64 columns of a 16-bit type, 32 of a 32-bit
+    one), and the padding is zeros."""
     rng = np.random.default_rng(rows * cols)
-    parts = rng.integers(1, 60000, (2, rows, cols)).astype(np.uint16)
+    parts = rng.integers(1, 60000, (2, rows, cols)).astype(dtype)
+    size = np.dtype(dtype).itemsize
     flat = tiled(np, parts, rows, cols)
-    assert flat.size == 2 * padded(rows) * padded(cols)
-    lo = padded(rows) * padded(cols)
+    columns = -(-cols // (128 // size)) * (128 // size)
+    assert flat.size == 2 * padded(rows) * columns
+    lo = padded(rows) * columns
     for b, k in [(0, 0), (rows - 1, cols - 1), (rows // 2, cols // 3), (min(rows - 1, 9), min(cols - 1, 70))]:
-        at = tile_at(b, k, cols)
+        at = tile_at(b, k, cols, size)
         assert flat[at] == parts[0, b, k] and flat[lo + at] == parts[1, b, k], (b, k)
     assert np.count_nonzero(flat) == 2 * rows * cols                # everything else is padding, zero
 
@@ -114,31 +118,39 @@ def test_promote_columns_follow_x3_chunk():
 
 
 def test_which_product_runs():
-    assert resolve_product("auto", "fp16", False, True) == "wgmma"
-    assert resolve_product("auto", "fp16", False, False) == "cublaslt"          # not sm_90
-    assert resolve_product("auto", "tf32", False, True) == "cublaslt"           # TF32 parts (a fallback too)
-    assert resolve_product("wgmma", "tf32", False, True) == "cublaslt"
-    assert resolve_product("auto", "fp16", "auto", True) == "cublaslt"          # split-K is cublasLt's
-    assert resolve_product("cublaslt", "fp16", False, True) == "cublaslt"
-    assert check_x3_product("wgmma", "fp16", False, True) == "wgmma"
-    for product, parts, splitk, capable, named in (("wgmma", "tf32", False, True, "x3_parts='fp16'"),
-                                                   ("wgmma", "fp16", True, True, "x3_splitk=False"),
-                                                   ("wgmma", "fp16", False, False, "sm_90"),
-                                                   ("cuBLAS", "fp16", False, True, "x3_product"),
-                                                   (None, "fp16", False, True, "x3_product")):
+    assert resolve_product("auto", "float32x3", "fp16", False, True) == "wgmma"
+    assert resolve_product("auto", "float32x3", "fp16", False, False) == "cublaslt"      # not sm_90
+    assert resolve_product("auto", "float32x3", "tf32", False, True) == "cublaslt"       # TF32 parts (a fallback too)
+    assert resolve_product("wgmma", "float32x3", "tf32", False, True) == "cublaslt"
+    assert resolve_product("auto", "float32x3", "fp16", "auto", True) == "cublaslt"     # split-K is cublasLt's
+    assert resolve_product("cublaslt", "float32x3", "fp16", False, True) == "cublaslt"
+    for mode in ("tf32", "float16", "bfloat16"):
+        assert resolve_product("auto", mode, None, False, True) == "cublaslt"          # the modes: where asked
+        assert resolve_product("wgmma", mode, None, False, True) == "wgmma"
+        assert resolve_product("wgmma", mode, None, False, False) == "cublaslt"
+    assert check_step_product("wgmma", "float32x3", "fp16", False, 1, True) == "wgmma"
+    assert check_step_product("wgmma", "bfloat16", "fp16", False, 1, True) == "wgmma"
+    for args, named in ((("wgmma", "float32x3", "tf32", False, 1, True), "x3_parts='fp16'"),
+                        (("wgmma", "float32x3", "fp16", True, 1, True), "x3_splitk=False"),
+                        (("wgmma", "float32x3", "fp16", False, 1, False), "sm_90"),
+                        (("wgmma", "tf32", "fp16", False, 4, True), "k_slices=1"),
+                        (("cuBLAS", "tf32", "fp16", False, 1, True), "step_product"),
+                        ((None, "float32x3", "fp16", False, 1, True), "step_product")):
         with pytest.raises(BackendError, match=re.escape(named)) as caught:
-            check_x3_product(product, parts, splitk, capable)
+            check_step_product(*args)
         assert "hint:" in str(caught.value)
-    assert set(X3_PRODUCTS) == {"auto", "wgmma", "cublaslt"}
+    assert set(STEP_PRODUCTS) == {"auto", "wgmma", "cublaslt"}
 
 
-def test_the_ring_fits_a_hopper_block():
+def test_the_rings_fit_a_hopper_block():
     assert smem_bytes(4) <= SHARED_MEMORY_SM90 and 3 * smem_bytes(2) <= 228 * 1024       # three blocks an SM at 2
+    assert smem_bytes(8, 2) <= SHARED_MEMORY_SM90 and 3 * smem_bytes(4, 2) <= 228 * 1024  # the modes' 16 KB slots
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")
 def test_the_kernel_and_the_copies_in_tiles_compile(tmp_path):
-    sources = {"x3_wgmma": kernel_source(), "split_products": kernel_file_source("split_products.cu")}
+    sources = {"x3_wgmma": kernel_source(), "mode_wgmma": kernel_source("mode_wgmma.cu"),
+               "split_products": kernel_file_source("split_products.cu"), "tiles": kernel_file_source("tiles.cu")}
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in sources["x3_wgmma"]
     for name in ("lstm", "gru_cho"):
         network = engine.Network(engine.preset(name).cell, 24, 100, 2)
@@ -149,4 +161,12 @@ def test_the_kernel_and_the_copies_in_tiles_compile(tmp_path):
         source = render_copies_module(program, "float32x3", copies, 1, None, None, "fp16")
         assert "rnn_copy_split_fp16_tiles(" in source and "(long)B, " in source, name
         sources[f"copies_{name}"] = source
+    for precision in ("tf32", "bfloat16", "float16"):       # a reduced mode's copies in tiles
+        network = engine.Network(engine.preset("lstm").cell, 24, 100, 2)
+        program = make_plan(dense(network, engine.init_params(network, seed=0))[0], 4, 19).program
+        copies = operand_copies(program, precision, (), "tf32", True)
+        assert copies and all(f.startswith("rnn_copy_tiles_") for c in copies.values() for _, _, f in c.values())
+        source = render_copies_module(program, precision, copies, 1, None, None)
+        assert f"rnn_tile_at<{4 if precision == 'tf32' else 2}>" in source and "(long)B, " in source, precision
+        sources[f"copies_lstm_{precision}"] = source
     compile_sources(sources, tmp_path)

@@ -1,0 +1,237 @@
+"""The fused backend's step products on the engine's own Hopper kernels: float32x3 in fp16 parts (kernels/x3_wgmma.cu:
+each K chunk's tensor-core accumulator promoted into an fp32 sum in registers, no P to write and fold) and the
+reduced modes tf32, fp16 and bf16 (kernels/mode_wgmma.cu: one accumulator over K, as cuBLAS's).
+
+    weight = tile_weight(cupy, w)                          # (N, K) fp32 -> [W_hi; W_lo] fp16 in 8 KB tiles
+    copy = tiled_operand(cupy, R, K, poison=False)         # what the kernels write h's parts into (the copies)
+    promoted_product(cupy, copy, weight, out, R, K, N)     # out (R, N) = h @ W^T, float32x3's product
+    weight = tile_mode_weight(cupy, w, "bfloat16")         # a reduced mode's: its rounded weight in tiles
+    mode_product(cupy, tiled_mode_operand(cupy, R, K, "bfloat16", False), weight, out, R, K, N, "bfloat16")
+
+A tile is 64 rows x 128 bytes (64 columns of a 16-bit type, 32 of tf32), in wgmma's 128-byte swizzle already
+(kernels/tile_gemm.cuh rnn_tile_at, base.chunked), so one block of 64 batch rows x 64 weight rows streams its K
+chunks through a ring of slots that one thread fills with bulk copies (kernels/tile_ring.cuh): the weights are
+tiled at upload, a step operand by the kernels that write it (engine/codegen/operand_copies.py), rows and columns
+padded with zeros. The cuBLAS path (split_products.py) keeps float32x3's truncating accumulation short by a strided
+batch of K chunks, each a plane of P (R x N floats) written and read again by the fold. Measured on an H200
+(2026-11-28, benchmarks/probe_x3_promote.py, the product alone in a chain of 50): `large` LSTM (R = 128, K = 1024,
+N = 4096) 12.4 us against cuBLAS's batch and fold's 18.5, at a smaller error (2.1e-7 against 3.5e-7, norm-relative
+to float64); blogA LSTM (R = 64, K = 2560, N = 10240) 35.5 us against 53.7. The same kernel with per-thread cp.async
+copies of row-major operands took 33 us at `large`: the tiles' bulk copies are what make it fast.
+
+Where they run: sm_90 (wgmma). float32x3 in fp16 parts takes its kernel by default (step_product "auto"); the
+reduced modes take theirs where asked (step_product="wgmma"; fused_modes.FusedModeProgram).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..codegen.cuda import KERNELS_DIR, file_entry, helper_source, round_blocks
+from ..codegen.nvrtc import load_module
+from ..rounding import split_fp16
+from .base import chunked
+from .project import operand_dtype, round_into
+from .split_products import FOLD_THREADS, LO_SCALE, split_into
+
+TILE = 64                    # rows of a tile, and its columns of a 16-bit type (8 KB)
+TILE_BYTES = 8192
+MODE_BYTES = {"tf32": 4, "float16": 2, "bfloat16": 2}   # a reduced mode's operand element
+# Columns of one promoted accumulator: one chunk. On an H200 (2026-11-28, probe_x3_promote.py) the time did not depend
+# on it (128, 256, 512 within 1 %) and the error fell with it (2.1e-7 at `large` for 128, 3.5e-7 for 256); with 128
+# the LSTM at `lat`, T = 1000, had 2.03x cuDNN fp32's error (issue #34's bound: 2x), so every chunk is promoted.
+PROMOTE = 64
+STEP_PRODUCTS = ("auto", "wgmma", "cublaslt")
+THREADS = 128                # one warpgroup a block
+
+
+def promote_columns(chunk, K: int) -> int:
+    """Columns of one promoted accumulator for x3_chunk `chunk`: "auto", PROMOTE; None, all of K; an int, itself
+    rounded up to whole tiles (the kernel promotes after whole chunks of 64)."""
+    if chunk == "auto":
+        return PROMOTE
+    return padded(K if chunk is None else chunk)
+
+
+def padded(n: int) -> int:
+    """n rounded up to whole tiles."""
+    return -(-n // TILE) * TILE
+
+
+def wgmma_capable(cupy) -> bool:
+    """Whether the current GPU runs these kernels: sm_90 (H100, H200), whose wgmma they issue."""
+    return cupy.cuda.Device().compute_capability == "90"
+
+
+def resolve_product(product: str, precision: str, parts, splitk, capable: bool) -> str:
+    """step_product as it runs: "cublaslt" where asked or off sm_90 (capable); float32x3 takes "wgmma" where asked
+    or left to "auto" with fp16 parts and no cublasLt split-K (after a fallback to TF32 parts it gives way); a
+    reduced mode takes it where asked (fused_modes.check_step_product refuses "wgmma" where it cannot run)."""
+    if product == "cublaslt" or not capable:
+        return "cublaslt"
+    if precision == "float32x3":
+        return "wgmma" if parts == "fp16" and splitk is False else "cublaslt"
+    return "wgmma" if product == "wgmma" else "cublaslt"
+
+
+def tile_columns(size: int) -> int:
+    """Columns of a tile of `size`-byte elements."""
+    return 128 // size
+
+
+def tiled(xp, parts, rows: int, cols: int):
+    """parts (n, rows, cols), or one (rows, cols), of 2- or 4-byte elements -> flat, each padded with zeros to whole
+    tiles and laid out as the kernels read them (base.chunked: blocks of 64 rows, each as tiles of 64 rows x 128
+    bytes, 16-byte groups swizzled)."""
+    size = parts.dtype.itemsize
+    columns = tile_columns(size)
+    rp, kp = padded(rows), -(-cols // columns) * columns
+    full = xp.zeros((parts.size // (rows * cols), rp, kp), dtype=parts.dtype)
+    full[:, :rows, :cols] = parts.reshape(-1, rows, cols)
+    return xp.ascontiguousarray(chunked(xp, full.reshape(-1, kp), TILE, columns, 16 // size))
+
+
+def tile_weight(xp, weight):
+    """(N, K) float32 -> flat fp16: [W_hi; W_lo] in fp16 parts (split_products.stack_split), each padded to whole
+    tiles and tiled (the caller checks the range first)."""
+    N, K = weight.shape
+    if xp is np:
+        hi, lo = split_fp16(np.asarray(weight, np.float32))
+        parts = np.stack([hi, lo]).astype(np.float16)
+    else:
+        parts = split_into(xp, xp.ascontiguousarray(weight, dtype=xp.float32),
+                           xp.empty((2, N, K), dtype=xp.float16), "fp16")
+    return tiled(xp, parts, N, K)
+
+
+def poisoned(xp, n: int, R: int, K: int, dtype):
+    """n tiled matrices (R, K) of `dtype`: zeros, NaN bit patterns where values go (a NaN in K's padding would reach
+    every output through the weight's zeros, so the padding stays zero)."""
+    bits = xp.uint16 if np.dtype(dtype).itemsize == 2 else xp.uint32
+    marks = xp.zeros((n, R, K), dtype=bits)
+    marks[...] = 0xFFFF if bits is xp.uint16 else 0x7FC00000
+    return tiled(xp, marks, R, K).view(dtype)
+
+
+def tiled_operand(xp, R: int, K: int, poison: bool):
+    """A step operand's copy in tiles: (2, Rp, Kp) fp16 (the shape of its padded parts; the elements in tile order).
+    Zeros past R and K; poison: the rest NaN bit patterns (0xFFFF)."""
+    rp, kp = padded(R), padded(K)
+    if poison:
+        return poisoned(xp, 2, R, K, xp.float16).reshape(2, rp, kp)
+    return xp.zeros((2, rp, kp), dtype=xp.float16)
+
+
+def tile_split_into(xp, source, copy, flag):
+    """source (R, K) float32, C-contiguous -> its fp16 parts in tiles, into `copy` (tiled_operand's; its padding left
+    as it is), on the current stream, nothing allocated (a captured run does this); flag (a uint32 device array of
+    one) set where a value is past fp16's range. What the kernels write as they store h (kernels/tiles.cu
+    split_tiles_fp16; the initial states' copies are made this way)."""
+    R, K = source.shape
+    file_entry(xp, "tiles.cu", "split_tiles_fp16")((round_blocks(xp, R * K),), (FOLD_THREADS,),
+                                                  (source, copy, np.int32(R), np.int32(K), flag))
+    return copy
+
+
+def stages(cupy, blocks: int) -> int:
+    """float32x3's ring slots: 2 where the grid has more blocks than the GPU has SMs (65 KB a block, so three fit an
+    SM and the grid is one wave), else 4. On an H200 (2026-11-28): blogA LSTM (160 blocks) 35.5 us with 2 slots
+    against 52.8 with 4; its GRU (120) 26.6 with 4 against 30.5; `large` (128) 12.4-12.6 with either."""
+    return 2 if blocks > cupy.cuda.Device().attributes["MultiProcessorCount"] else 4
+
+
+def mode_stages(cupy, blocks: int) -> int:
+    """A reduced mode's ring slots (16 KB each): 4 where blocks outnumber SMs (three blocks an SM), else 8."""
+    return 4 if blocks > cupy.cuda.Device().attributes["MultiProcessorCount"] else 8
+
+
+def smem_bytes(slots: int, tiles: int = 4) -> int:
+    """A ring of `slots` slots of `tiles` tiles, its barriers after it, and the slack that aligns it to 1024 bytes
+    (kernels/tile_ring.cuh RNN_TILE_RING_BYTES)."""
+    return slots * tiles * TILE_BYTES + 8 * slots + 1024
+
+
+def kernel_source(filename: str = "x3_wgmma.cu") -> str:
+    """kernels/<filename> with the helpers it needs inlined before it (NVRTC gets no include path)."""
+    helpers = "".join(helper_source(name) for name in ("tile_gemm.cuh", "mma_gemm.cuh", "wgmma.cuh", "tile_ring.cuh"))
+    return helpers + (KERNELS_DIR / filename).read_text()
+
+
+def ring_kernel(cupy, filename: str, name: str, smem: int):
+    """Entry `name` of kernels/<filename> (kernel_source) on the current device, its shared memory opted in; loaded
+    once a process and device."""
+    key = (name, cupy.cuda.Device().id)
+    if key not in _functions:
+        function = load_module(kernel_source(filename), kernel=filename).get_function(name)
+        function.max_dynamic_shared_size_bytes = smem
+        _functions[key] = function
+    return _functions[key]
+
+
+_functions: dict = {}        # (entry, device) -> the loaded kernel
+
+
+def promoted_product(cupy, operand, weight, out, R: int, K: int, N: int, promote: int = PROMOTE) -> None:
+    """out (R, N) float32, C-contiguous = float32x3's product of the tiled operand parts (tiled_operand) and the tiled
+    weight (tile_weight), on the current stream. promote: columns of one promoted accumulator (a multiple of 64)."""
+    rp, np_, kp = padded(R), padded(N), padded(K)
+    grid = (np_ // TILE, rp // TILE)
+    slots = stages(cupy, grid[0] * grid[1])
+    function = ring_kernel(cupy, "x3_wgmma.cu", f"x3_wgmma_{slots}", smem_bytes(slots))
+    function(grid, (THREADS,), (operand, weight, out, np.int32(R), np.int32(N), np.int32(rp), np.int32(np_),
+                                np.int32(kp), np.int32(max(1, promote // TILE)), np.float32(1 / LO_SCALE["fp16"])),
+             shared_mem=smem_bytes(slots))
+
+
+def promoted_numpy(h, w, promote: int = PROMOTE):
+    """What the kernel computes, in float64 sums of its fp16 parts: h (R, K) and w (N, K) float32 split
+    (engine.rounding.split_fp16), the big product over K in groups of `promote` columns each summed apart and added in
+    order, the small products over K whole, divided by 2^11."""
+    (h_hi, h_lo), (w_hi, w_lo) = (tuple(p.astype(np.float64) for p in split_fp16(np.asarray(a, np.float32)))
+                                  for a in (h, w))
+    K = h_hi.shape[1]
+    big = sum(h_hi[:, k:k + promote] @ w_hi[:, k:k + promote].T for k in range(0, K, promote))
+    return (h_lo @ w_hi.T + h_hi @ w_lo.T) / LO_SCALE["fp16"] + big
+
+
+# ---- the reduced modes (kernels/mode_wgmma.cu) ------------------------------------------------------------------
+
+
+def tile_mode_weight(xp, weight, precision: str):
+    """(N, K) float32 -> flat: rounded to the mode's format (project.round_into: tf32 values in fp32, fp16, bf16
+    bits) and tiled."""
+    N, K = weight.shape
+    source = xp.ascontiguousarray(weight, dtype=xp.float32)
+    return tiled(xp, round_into(xp, source, xp.empty((N, K), dtype=operand_dtype(xp, precision)), precision), N, K)
+
+
+def tiled_mode_operand(xp, R: int, K: int, precision: str, poison: bool):
+    """A step operand's copy in a reduced mode, in tiles: (Rp, Kp) of the mode's operand type (its padded shape; the
+    elements in tile order), zeros past R and K; poison: the rest NaN bit patterns."""
+    dtype = operand_dtype(xp, precision)
+    columns = tile_columns(np.dtype(dtype).itemsize)
+    rp, kp = padded(R), -(-K // columns) * columns
+    if poison:
+        return poisoned(xp, 1, R, K, dtype).reshape(rp, kp)
+    return xp.zeros((rp, kp), dtype=dtype)
+
+
+def round_tiles_into(xp, source, copy, precision: str):
+    """source (R, K) float32, C-contiguous -> rounded to the mode, in tiles, into `copy` (tiled_mode_operand's; its
+    padding left as it is), on the current stream, nothing allocated: what the kernels' copies write (kernels/tiles.cu
+    round_tiles_*; the initial states' copies are made this way)."""
+    R, K = source.shape
+    file_entry(xp, "tiles.cu", f"round_tiles_{precision}")((round_blocks(xp, R * K),), (FOLD_THREADS,),
+                                                         (source, copy, np.int32(R), np.int32(K)))
+    return copy
+
+
+def mode_product(cupy, operand, weight, out, R: int, K: int, N: int, precision: str) -> None:
+    """out (R, N) float32, C-contiguous = the tiled operand (tiled_mode_operand) times the tiled weight
+    (tile_mode_weight)^T in a reduced mode, on the current stream."""
+    columns = tile_columns(MODE_BYTES[precision])
+    rp, np_ = padded(R), padded(N)
+    grid = (np_ // TILE, rp // TILE)
+    slots = mode_stages(cupy, grid[0] * grid[1])
+    function = ring_kernel(cupy, "mode_wgmma.cu", f"mode_wgmma_{precision}_{slots}", smem_bytes(slots, 2))
+    function(grid, (THREADS,), (operand, weight, out, np.int32(R), np.int32(N), np.int32(rp), np.int32(np_),
+                                np.int32(-(-K // columns))), shared_mem=smem_bytes(slots, 2))

@@ -74,8 +74,9 @@ def test_the_split_into_tiles_is_the_hosts_layout(hopper):
 @pytest.mark.parametrize("R, K, N", [(64, 64, 64), (19, 129, 516), (130, 1000, 200), (16, 2560, 192)])
 def test_a_modes_product_is_the_rounded_operands_product(hopper, monkeypatch, slots, precision, R, K, N):
     """One fp32 accumulator over K, as cuBLAS's: against the float64 product of the same rounded operands (the mode's
-    own error is the rounding, which both share), no further off than cublasLt's product of them (the tensor cores'
-    accumulation drifts with K alike: 6e-6 at K = 2560 in tf32 on an H200) plus 1e-7."""
+    own error is the rounding, which both share), no further off than cublasLt's product of them, or than the drift of
+    one tensor-core accumulator over K (4e-9 K: 6e-6 at K = 2560 in tf32 on an H200, 2026-11-28, where cublasLt's
+    was the same; at a narrow N cublasLt splits K and drifts less), a hundredth of the mode's own rounding error."""
     cupy = hopper
     monkeypatch.setattr(wgmma_products, "mode_stages", lambda cupy, blocks: slots)
     rng = np.random.default_rng(R + K + N)
@@ -97,7 +98,7 @@ def test_a_modes_product_is_the_rounded_operands_product(hopper, monkeypatch, sl
     assert LtProjection.on_current_device(cupy).product(Product.dense(R, N, K), hr.data.ptr, wr.data.ptr, lt.data.ptr,
                                                         *LT_OPERANDS[precision])
     lt_error = np.linalg.norm(cupy.asnumpy(lt) - want) / np.linalg.norm(want)
-    assert error <= 1.5 * lt_error + 1e-7, f"{error:.3g} from float64 against cublasLt's {lt_error:.3g}"
+    assert error <= max(1.5 * lt_error + 1e-7, 4e-9 * K), f"{error:.3g} from float64 against cublasLt's {lt_error:.3g}"
     again = cupy.full((R, N), np.nan, dtype=cupy.float32)
     wgmma_products.mode_product(cupy, operand, weight, again, R, K, N, precision)
     np.testing.assert_array_equal(cupy.asnumpy(again), cupy.asnumpy(out))

@@ -7,6 +7,7 @@ the mode.
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_fused_modes.py bfloat16
     compute-sanitizer --tool racecheck python3 benchmarks/sanitize_fused_modes.py tf32
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_fused_modes.py float32x3 48
+    compute-sanitizer --tool racecheck python3 benchmarks/sanitize_fused_modes.py bfloat16 wgmma
 
 float32x3 takes the K chunk of its accumulators second (48: H = 129 in chunks of 44, 44 and 41, a strided batch and
 a rest; engine/schedules/split_products.py); on sm_90 its step products in fp16 parts run on the wgmma kernel
@@ -37,6 +38,8 @@ def main() -> int:
     want = engine.run(network, params, x, initial, backend="reference", dtype=np.float64, precision=mode,
                       lengths=lengths)
     options = {"x3_chunk": int(sys.argv[2])} if mode == "float32x3" and len(sys.argv) > 2 else {}
+    if mode != "float32x3" and len(sys.argv) > 2:
+        options = {"step_product": sys.argv[2]}        # e.g. wgmma: the engine's kernel for the mode's products
     program = fused_modes.prepare(network, params, precision=mode, **options)
     worst = 0.0
     for poison in (True, False, False):                  # direct (poisoned), direct, then captured and replayed

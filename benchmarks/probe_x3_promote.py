@@ -8,6 +8,10 @@ and 4 slots and several promotion widths. sm_90 only (wgmma).
 
     python3 benchmarks/probe_x3_promote.py --out /tmp/probe [--promote 128,256] [--slots 2,4]
     python3 benchmarks/probe_x3_promote.py --out /tmp/probe --modes tf32,bfloat16,float16
+    python3 benchmarks/probe_x3_promote.py --out /tmp/probe --promote 64 --pair
+
+--pair adds the float32x3 kernel with two warpgroups a block splitting the chunks (x3_wgmma_pair_*, written
+2026-11-28 and compiled, not yet run on a GPU), its error held to the engine kernel's at --promote 64.
 
 --modes instead times a reduced mode's step product: cublasLt's (the fused backend's) against the engine's wgmma
 kernel for the modes (kernels/mode_wgmma.cu), at 4 and 8 slots, each with its error against the float64 product of
@@ -102,6 +106,8 @@ def main() -> None:
     ap.add_argument("--promote", default="128,256", help="columns of a promoted accumulator, comma-separated")
     ap.add_argument("--slots", default="2,4", help="ring depths, comma-separated")
     ap.add_argument("--modes", default=None, help="instead: reduced modes' products (tf32, float16, bfloat16)")
+    ap.add_argument("--pair", action="store_true", help="also the kernel with two warpgroups splitting the chunks "
+                    "(x3_wgmma_pair_*, kernels/x3_wgmma.cu), checked against the engine's kernel's error")
     args = ap.parse_args()
     if not wgmma_products.wgmma_capable(cupy):
         raise SystemExit("the wgmma product runs on sm_90 (H100, H200) only")
@@ -153,6 +159,22 @@ def main() -> None:
                         lambda promote=promote: wgmma_products.promoted_product(cupy, tiles, weight, out, R, K, N, promote),
                         slots=slots, promote=promote, picked=chosen(cupy, blocks) == slots)
         wgmma_products.stages = chosen
+        if args.pair:
+            engine_error = next(r["error"] for r in reversed(rows) if r["variant"].startswith("wgmma kernel")
+                                and r.get("promote") == 64) if any(r.get("promote") == 64 for r in rows) else None
+            for slots in (2, 3):
+                smem = 2 * wgmma_products.smem_bytes(slots)
+                pair = wgmma_products.ring_kernel(cupy, "x3_wgmma.cu", f"x3_wgmma_pair_{slots}", smem)
+                grid = (wgmma_products.padded(N) // 64, wgmma_products.padded(R) // 64)
+
+                def issue(pair=pair, smem=smem, grid=grid):
+                    pair(grid, (256,), (tiles, weight, out, np.int32(R), np.int32(N), np.int32(grid[1] * 64),
+                                        np.int32(grid[0] * 64), np.int32(wgmma_products.padded(K)), np.int32(1),
+                                        np.float32(1 / 2048)), shared_mem=smem)
+                measure(f"two warpgroups, {slots} slots each", issue, slots=slots, promote=64, pair=True)
+                if engine_error is not None and rows[-1]["error"] > 1.5 * engine_error + 1e-7:
+                    raise SystemExit(f"the two-warpgroup kernel's error {rows[-1]['error']:.3g} is past the engine "
+                                     f"kernel's {engine_error:.3g}: wrong")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "probe_x3_promote.json").write_text(json.dumps(

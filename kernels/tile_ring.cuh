@@ -15,31 +15,34 @@
 template <int STAGES, int TILES>
 struct RnnTileRing {
     unsigned base, bars;
+    int step = 1;                // tiles from one chunk of an operand to the next this ring takes
 
-    // Thread 0 initialises the barriers; every thread meets before the first fill.
-    __device__ __forceinline__ void init(unsigned char* smem)
+    // The leader (thread 0 by default) initialises the barriers; every thread of the block meets before the first
+    // fill (each ring of a block is initialised by all its threads together).
+    __device__ __forceinline__ void init(unsigned char* smem, const bool leader)
     {
         const unsigned raw = (unsigned)__cvta_generic_to_shared(smem);
         base = raw + ((1024u - (raw & 1023u)) & 1023u);
         bars = base + STAGES * TILES * RNN_TILE_BYTES;
-        if (threadIdx.x == 0) {
+        if (leader) {
             for (int s = 0; s < STAGES; ++s) rnn_bar_init(bars + 8 * s, 1);
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
         __syncthreads();
     }
+    __device__ __forceinline__ void init(unsigned char* smem) { init(smem, threadIdx.x == 0); }
     __device__ __forceinline__ unsigned slot(const int chunk) const
     {
         return base + (chunk % STAGES) * TILES * RNN_TILE_BYTES;
     }
-    // Thread 0 only: chunk's tiles into its slot (the slot's previous chunk must be done with).
+    // The leader only: chunk's tiles into its slot (the slot's previous chunk must be done with).
     __device__ __forceinline__ void fill(const int chunk, const unsigned char* const (&src)[TILES]) const
     {
         const unsigned bar = bars + 8 * (chunk % STAGES), at = slot(chunk);
         rnn_bar_expect(bar, TILES * RNN_TILE_BYTES);
         #pragma unroll
         for (int m = 0; m < TILES; ++m)
-            rnn_bulk_copy(at + m * RNN_TILE_BYTES, src[m] + (long)chunk * RNN_TILE_BYTES, RNN_TILE_BYTES, bar);
+            rnn_bulk_copy(at + m * RNN_TILE_BYTES, src[m] + (long)chunk * step * RNN_TILE_BYTES, RNN_TILE_BYTES, bar);
     }
     __device__ __forceinline__ void wait(const int chunk) const
     {

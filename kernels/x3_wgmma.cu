@@ -58,6 +58,26 @@ __device__ __forceinline__ void x3_chunk(float (&big)[32], float (&small)[32], f
     }
 }
 
+// out = small * scale + sum, the block's 64 rows and 64 features. Accumulators (wgmma.cuh): warp q's batch rows
+// 16 q + g and + 8; for each 8-feature group j, features 8 j + 2 t and + 1.
+__device__ __forceinline__ void x3_store(const float (&small)[32], const float (&sum)[32], float* __restrict__ out,
+                                         const int R, const int N, const int mb, const int nb, const float scale)
+{
+    const int tid = threadIdx.x, q = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = mb * 64 + q * 16 + g + 8 * half;
+        if (row >= R) continue;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int n = nb * 64 + 8 * j + 2 * t;
+            const int i = 4 * j + 2 * half;
+            if (n < N) out[(long)row * N + n] = small[i] * scale + sum[i];
+            if (n + 1 < N) out[(long)row * N + n + 1] = small[i + 1] * scale + sum[i + 1];
+        }
+    }
+}
+
 // out (R, N), row-major: rows m0 .., features n0 ..; Rp, Np the parts' and the weight's rows rounded up to 64; Kp the
 // columns, a multiple of 64; scale: 1 / 2^11.
 template <int STAGES>
@@ -86,21 +106,7 @@ __device__ __forceinline__ void x3_wgmma_body(const unsigned short* __restrict__
         __syncthreads();                                          // every warp's MMA has read the slot
         if (tid == 0 && chunk + STAGES < chunks) ring.fill(chunk + STAGES, src);
     }
-    // accumulators (wgmma.cuh): warp q's batch rows 16 q + g and + 8; for each 8-feature group j, features 8 j + 2 t
-    // and + 1
-    const int q = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int row = mb * 64 + q * 16 + g + 8 * half;
-        if (row >= R) continue;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int n = nb * 64 + 8 * j + 2 * t;
-            const int i = 4 * j + 2 * half;
-            if (n < N) out[(long)row * N + n] = small[i] * scale + sum[i];
-            if (n + 1 < N) out[(long)row * N + n + 1] = small[i + 1] * scale + sum[i + 1];
-        }
-    }
+    x3_store(small, sum, out, R, N, mb, nb, scale);
 }
 
 extern "C" __global__ void __launch_bounds__(128) x3_wgmma_2(const unsigned short* __restrict__ parts,
@@ -120,3 +126,70 @@ extern "C" __global__ void __launch_bounds__(128) x3_wgmma_4(const unsigned shor
 {
     x3_wgmma_body<4>(parts, weight, out, R, N, Rp, Np, Kp, promote, scale);
 }
+
+// A variant for grids that fill the SMs at most once (`large`: 128 blocks on 132 SMs), where one warpgroup an SM waits
+// on each chunk's MMA before its next (the MMA is most of the kernel's time there): two warpgroups a block split the
+// chunks between them, even and odd, each with its own ring, accumulators and promotion, so one's MMA run while the
+// other waits; at the end the odd one's sums go through shared memory and the even one adds them (sum_even +
+// sum_odd, a fixed order: runs are bit-identical). Not yet what the engine launches (benchmarks/probe_x3_promote.py
+// --pair). A second accumulator set in one warpgroup with wgmma.wait_group 1 was tried first: ptxas serializes every
+// wgmma when ordinary instructions read one accumulator while another's group is in flight (C7514).
+template <int STAGES>
+__device__ __forceinline__ void x3_pair_body(const unsigned short* __restrict__ parts,
+                                             const unsigned short* __restrict__ weight, float* __restrict__ out,
+                                             const int R, const int N, const int Rp, const int Np, const int Kp,
+                                             const float scale)
+{
+    extern __shared__ unsigned char x3_raw[];
+    const int wg = threadIdx.x >> 7, leader = (threadIdx.x & 127) == 0;
+    const int nb = blockIdx.x, mb = blockIdx.y, chunks = Kp / 64, mine = (chunks - wg + 1) / 2;
+    const long block = (long)chunks * RNN_TILE_BYTES;
+    const unsigned char* w = reinterpret_cast<const unsigned char*>(weight) + wg * RNN_TILE_BYTES;
+    const unsigned char* h = reinterpret_cast<const unsigned char*>(parts) + wg * RNN_TILE_BYTES;
+    const unsigned char* const src[4] = {w + nb * block, w + (Np / 64 + nb) * block, h + mb * block,
+                                         h + (Rp / 64 + mb) * block};
+    float big[32], small[32], sum[32];
+    #pragma unroll
+    for (int i = 0; i < 32; ++i) big[i] = small[i] = sum[i] = 0.0f;
+    RnnTileRing<STAGES, 4> ring;
+    ring.step = 2;                                             // this warpgroup's chunks: every other one
+    ring.init(x3_raw + wg * RNN_TILE_RING_BYTES(STAGES, 4), leader);
+    if (leader)
+        for (int c = 0; c < STAGES && c < mine; ++c) ring.fill(c, src);
+    for (int c = 0; c < mine; ++c) {
+        ring.wait(c);
+        x3_chunk(big, small, sum, ring.slot(c), c, mine, 1);
+        asm volatile("bar.sync %0, 128;" :: "r"(1 + wg) : "memory");   // this warpgroup's MMA have read the slot
+        if (leader && c + STAGES < mine) ring.fill(c + STAGES, src);
+    }
+    __syncthreads();                                           // both rings drained: their memory is free
+    float* odd = reinterpret_cast<float*>(x3_raw + ((1024u - ((unsigned)__cvta_generic_to_shared(x3_raw) & 1023u)) & 1023u));
+    const int t = threadIdx.x & 127;
+    if (wg == 1) {
+        #pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            odd[i * 128 + t] = small[i];
+            odd[(32 + i) * 128 + t] = sum[i];
+        }
+    }
+    __syncthreads();
+    if (wg == 0) {
+        #pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            small[i] += odd[i * 128 + t];
+            sum[i] += odd[(32 + i) * 128 + t];
+        }
+        x3_store(small, sum, out, R, N, mb, nb, scale);
+    }
+}
+
+#define X3_PAIR(STAGES)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) x3_wgmma_pair_##STAGES(                                        \
+        const unsigned short* __restrict__ parts, const unsigned short* __restrict__ weight, float* __restrict__ out, \
+        const int R, const int N, const int Rp, const int Np, const int Kp, const int promote, const float scale)   \
+    {                                                                                                               \
+        x3_pair_body<STAGES>(parts, weight, out, R, N, Rp, Np, Kp, scale);                                          \
+    }
+X3_PAIR(2)
+X3_PAIR(3)
+#undef X3_PAIR

@@ -145,6 +145,7 @@ def test_which_product_runs():
 def test_the_rings_fit_a_hopper_block():
     assert smem_bytes(4) <= SHARED_MEMORY_SM90 and 3 * smem_bytes(2) <= 228 * 1024       # three blocks an SM at 2
     assert smem_bytes(8, 2) <= SHARED_MEMORY_SM90 and 3 * smem_bytes(4, 2) <= 228 * 1024  # the modes' 16 KB slots
+    assert 2 * smem_bytes(3) <= SHARED_MEMORY_SM90           # x3_wgmma_pair_3: a ring of 3 for each warpgroup
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")

@@ -13,12 +13,11 @@ import ast
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import engine  # noqa: E402
-from engine.bench.configs import parse_configs  # noqa: E402
+from profile_run import case  # noqa: E402
+
 from engine.schedules import fused_modes  # noqa: E402
 
 
@@ -40,11 +39,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import cupy
 
-    cfg = parse_configs([args.config])[0]
-    network = engine.Network(engine.preset(args.preset).cell, cfg.input_size, cfg.hidden_size, cfg.num_layers)
-    params = engine.init_params(network, seed=0)
-    x = cupy.asarray(np.random.default_rng(0).standard_normal((cfg.steps, cfg.batch, cfg.input_size)),
-                     dtype=cupy.float32)
+    network, params, x = case(cupy, args.preset, args.config, seed=0)
     program = fused_modes.prepare(network, params, precision=args.precision, **dict(args.option))
     for _ in range(args.runs):
         result = program.run(x)

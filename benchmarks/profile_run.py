@@ -22,6 +22,15 @@ from engine.schedules import schedule_class  # noqa: E402
 from engine.schedules.tiling import TileConfig  # noqa: E402
 
 
+def case(cupy, preset: str, config: str, seed: int):
+    """(network, params, x on the GPU) of a preset at a named configuration; params of seed 0, x normal of `seed`."""
+    cfg = parse_configs([config])[0]
+    network = engine.Network(engine.preset(preset).cell, cfg.input_size, cfg.hidden_size, cfg.num_layers)
+    x = cupy.asarray(np.random.default_rng(seed).standard_normal((cfg.steps, cfg.batch, cfg.input_size)),
+                     dtype=cupy.float32)
+    return network, engine.init_params(network, seed=0), x
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="lstm")
@@ -36,19 +45,15 @@ def main(argv=None) -> int:
     import cupy
 
     from engine.backends import fused
-    cfg = parse_configs([args.config])[0]
-    network = engine.Network(engine.preset(args.preset).cell, cfg.input_size, cfg.hidden_size, cfg.num_layers)
-    params = engine.init_params(network, seed=0)
-    x = cupy.asarray(np.random.default_rng(1).standard_normal((cfg.steps, cfg.batch, cfg.input_size)),
-                     dtype=cupy.float32)
+    network, params, x = case(cupy, args.preset, args.config, seed=1)
     config = TileConfig(layers_per_launch=args.layers_per_launch, sync=args.sync, units_per_block=args.units)
     sched = schedule_class(args.schedule)(network, params, config=config, precision=args.precision)
     out = sched.run(x, poison=True).outputs
     ref = fused.prepare(network, params).run(x).outputs
     print(f"{sched.tiling.describe()}\nmax error / max |ref|: {float(cupy.abs(out - ref).max() / cupy.abs(ref).max()):.3g}")
     for _ in range(args.launches):
-        for first in range(0, cfg.num_layers, sched.tiling.num_layers):
-            sched._launch(cfg.steps, cfg.batch, first)
+        for first in range(0, network.num_layers, sched.tiling.num_layers):
+            sched._launch(x.shape[0], x.shape[1], first)
     cupy.cuda.Device().synchronize()
     return 0
 

@@ -49,9 +49,7 @@ __device__ __forceinline__ void mode_wgmma_body(const void* __restrict__ operand
     #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
     RnnTileRing<STAGES, 2> ring;
-    ring.init(mode_raw);
-    if (tid == 0)
-        for (int c = 0; c < STAGES && c < chunks; ++c) ring.fill(c, src);
+    ring.start(mode_raw, src, chunks, tid == 0);
     for (int chunk = 0; chunk < chunks; ++chunk) {
         ring.wait(chunk);
         const unsigned sw = ring.slot(chunk);
@@ -67,20 +65,7 @@ __device__ __forceinline__ void mode_wgmma_body(const void* __restrict__ operand
         if (tid == 0 && chunk > 0 && next < chunks) ring.fill(next, src);
     }
     rnn_wgmma_wait<0>();
-    // accumulators (wgmma.cuh): warp q's batch rows 16 q + g and + 8; for each 8-feature group j, features 8 j + 2 t
-    // and + 1
-    const int q = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int row = mb * 64 + q * 16 + g + 8 * half;
-        if (row >= R) continue;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int n = nb * 64 + 8 * j + 2 * t, i = 4 * j + 2 * half;
-            if (n < N) out[(long)row * N + n] = acc[i];
-            if (n + 1 < N) out[(long)row * N + n + 1] = acc[i + 1];
-        }
-    }
+    rnn_tile_store(out, R, N, mb, nb, [&](const int i) { return acc[i]; });
 }
 
 #define MODE_WGMMA(NAME, MODE, STAGES)                                                                              \

@@ -31,6 +31,14 @@ struct RnnTileRing {
         __syncthreads();
     }
     __device__ __forceinline__ void init(unsigned char* smem) { init(smem, threadIdx.x == 0); }
+    // init, then the leader fills the first slots with chunks 0 .. (at most `chunks` of them).
+    __device__ __forceinline__ void start(unsigned char* smem, const unsigned char* const (&src)[TILES], const int chunks,
+                                          const bool leader)
+    {
+        init(smem, leader);
+        if (leader)
+            for (int c = 0; c < STAGES && c < chunks; ++c) fill(c, src);
+    }
     __device__ __forceinline__ unsigned slot(const int chunk) const
     {
         return base + (chunk % STAGES) * TILES * RNN_TILE_BYTES;
@@ -49,6 +57,28 @@ struct RnnTileRing {
         rnn_bar_wait(bars + 8 * (chunk % STAGES), (chunk / STAGES) & 1);
     }
 };
+
+// Stores a warpgroup's m64n64 fp32 result into out (R, N), row-major: its rows mb * 64 .., columns nb * 64 .., those
+// inside R x N; value(i) is accumulator element i (wgmma.cuh's layout: warp q's rows 16 q + g and + 8, for each
+// 8-column group j the columns 8 j + 2 t and + 1 at elements 4 j .. 4 j + 3). The first warpgroup's threads call it.
+template <typename Value>
+__device__ __forceinline__ void rnn_tile_store(float* __restrict__ out, const int R, const int N, const int mb,
+                                               const int nb, const Value& value)
+{
+    const int tid = threadIdx.x, q = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = mb * 64 + q * 16 + g + 8 * half;
+        if (row >= R) continue;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int n = nb * 64 + 8 * j + 2 * t;
+            const int i = 4 * j + 2 * half;
+            if (n < N) out[(long)row * N + n] = value(i);
+            if (n + 1 < N) out[(long)row * N + n + 1] = value(i + 1);
+        }
+    }
+}
 
 // The dynamic shared memory a ring takes: its slots, the barriers, and the slack that aligns it.
 #define RNN_TILE_RING_BYTES(STAGES, TILES) ((STAGES) * (TILES) * RNN_TILE_BYTES + 8 * (STAGES) + 1024)

@@ -58,24 +58,26 @@ __device__ __forceinline__ void x3_chunk(float (&big)[32], float (&small)[32], f
     }
 }
 
-// out = small * scale + sum, the block's 64 rows and 64 features. Accumulators (wgmma.cuh): warp q's batch rows
-// 16 q + g and + 8; for each 8-feature group j, features 8 j + 2 t and + 1.
+// out = small * scale + sum, the block's 64 rows and 64 features (tile_ring.cuh rnn_tile_store).
 __device__ __forceinline__ void x3_store(const float (&small)[32], const float (&sum)[32], float* __restrict__ out,
                                          const int R, const int N, const int mb, const int nb, const float scale)
 {
-    const int tid = threadIdx.x, q = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int row = mb * 64 + q * 16 + g + 8 * half;
-        if (row >= R) continue;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int n = nb * 64 + 8 * j + 2 * t;
-            const int i = 4 * j + 2 * half;
-            if (n < N) out[(long)row * N + n] = small[i] * scale + sum[i];
-            if (n + 1 < N) out[(long)row * N + n + 1] = small[i + 1] * scale + sum[i + 1];
-        }
-    }
+    rnn_tile_store(out, R, N, mb, nb, [&](const int i) { return small[i] * scale + sum[i]; });
+}
+
+// The four operands' first tiles for the block of weight rows nb and batch rows mb, `first` tiles along K in:
+// W_hi, W_lo, h_hi, h_lo (each operand's blocks of 64 rows, Kp / 64 tiles a block).
+__device__ __forceinline__ void x3_sources(const unsigned char* (&src)[4], const unsigned short* parts,
+                                           const unsigned short* weight, const int chunks, const int Rp, const int Np,
+                                           const int nb, const int mb, const int first)
+{
+    const long block = (long)chunks * RNN_TILE_BYTES;                // bytes of a block of 64 rows
+    const unsigned char* w = reinterpret_cast<const unsigned char*>(weight) + first * RNN_TILE_BYTES;
+    const unsigned char* h = reinterpret_cast<const unsigned char*>(parts) + first * RNN_TILE_BYTES;
+    src[0] = w + nb * block;
+    src[1] = w + (Np / 64 + nb) * block;
+    src[2] = h + mb * block;
+    src[3] = h + (Rp / 64 + mb) * block;
 }
 
 // out (R, N), row-major: rows m0 .., features n0 ..; Rp, Np the parts' and the weight's rows rounded up to 64; Kp the
@@ -88,18 +90,13 @@ __device__ __forceinline__ void x3_wgmma_body(const unsigned short* __restrict__
 {
     extern __shared__ unsigned char x3_raw[];
     const int tid = threadIdx.x, nb = blockIdx.x, mb = blockIdx.y, chunks = Kp / 64;
-    const long block = (long)chunks * RNN_TILE_BYTES;                // bytes of a block of 64 rows
-    const unsigned char* w = reinterpret_cast<const unsigned char*>(weight);
-    const unsigned char* h = reinterpret_cast<const unsigned char*>(parts);
-    const unsigned char* const src[4] = {w + nb * block, w + (Np / 64 + nb) * block, h + mb * block,
-                                         h + (Rp / 64 + mb) * block};
+    const unsigned char* src[4];
+    x3_sources(src, parts, weight, chunks, Rp, Np, nb, mb, 0);
     float big[32], small[32], sum[32];
     #pragma unroll
     for (int i = 0; i < 32; ++i) big[i] = small[i] = sum[i] = 0.0f;
     RnnTileRing<STAGES, 4> ring;
-    ring.init(x3_raw);
-    if (tid == 0)
-        for (int c = 0; c < STAGES && c < chunks; ++c) ring.fill(c, src);
+    ring.start(x3_raw, src, chunks, tid == 0);
     for (int chunk = 0; chunk < chunks; ++chunk) {
         ring.wait(chunk);
         x3_chunk(big, small, sum, ring.slot(chunk), chunk, chunks, promote);
@@ -109,23 +106,16 @@ __device__ __forceinline__ void x3_wgmma_body(const unsigned short* __restrict__
     x3_store(small, sum, out, R, N, mb, nb, scale);
 }
 
-extern "C" __global__ void __launch_bounds__(128) x3_wgmma_2(const unsigned short* __restrict__ parts,
-                                                              const unsigned short* __restrict__ weight,
-                                                              float* __restrict__ out, const int R, const int N,
-                                                              const int Rp, const int Np, const int Kp,
-                                                              const int promote, const float scale)
-{
-    x3_wgmma_body<2>(parts, weight, out, R, N, Rp, Np, Kp, promote, scale);
-}
-
-extern "C" __global__ void __launch_bounds__(128) x3_wgmma_4(const unsigned short* __restrict__ parts,
-                                                              const unsigned short* __restrict__ weight,
-                                                              float* __restrict__ out, const int R, const int N,
-                                                              const int Rp, const int Np, const int Kp,
-                                                              const int promote, const float scale)
-{
-    x3_wgmma_body<4>(parts, weight, out, R, N, Rp, Np, Kp, promote, scale);
-}
+// The entries: NAME with the kernels' one parameter list, THREADS a block, the body's call after it.
+#define X3_ENTRY(NAME, THREADS, ...)                                                                                \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                                      \
+        const unsigned short* __restrict__ parts, const unsigned short* __restrict__ weight, float* __restrict__ out, \
+        const int R, const int N, const int Rp, const int Np, const int Kp, const int promote, const float scale)   \
+    {                                                                                                               \
+        __VA_ARGS__;                                                                                                \
+    }
+X3_ENTRY(x3_wgmma_2, 128, x3_wgmma_body<2>(parts, weight, out, R, N, Rp, Np, Kp, promote, scale))
+X3_ENTRY(x3_wgmma_4, 128, x3_wgmma_body<4>(parts, weight, out, R, N, Rp, Np, Kp, promote, scale))
 
 // A variant for grids that fill the SMs at most once (`large`: 128 blocks on 132 SMs), where one warpgroup an SM waits
 // on each chunk's MMA before its next (the MMA is most of the kernel's time there): two warpgroups a block split the
@@ -143,19 +133,14 @@ __device__ __forceinline__ void x3_pair_body(const unsigned short* __restrict__ 
     extern __shared__ unsigned char x3_raw[];
     const int wg = threadIdx.x >> 7, leader = (threadIdx.x & 127) == 0;
     const int nb = blockIdx.x, mb = blockIdx.y, chunks = Kp / 64, mine = (chunks - wg + 1) / 2;
-    const long block = (long)chunks * RNN_TILE_BYTES;
-    const unsigned char* w = reinterpret_cast<const unsigned char*>(weight) + wg * RNN_TILE_BYTES;
-    const unsigned char* h = reinterpret_cast<const unsigned char*>(parts) + wg * RNN_TILE_BYTES;
-    const unsigned char* const src[4] = {w + nb * block, w + (Np / 64 + nb) * block, h + mb * block,
-                                         h + (Rp / 64 + mb) * block};
+    const unsigned char* src[4];
+    x3_sources(src, parts, weight, chunks, Rp, Np, nb, mb, wg);           // this warpgroup's first chunk: wg
     float big[32], small[32], sum[32];
     #pragma unroll
     for (int i = 0; i < 32; ++i) big[i] = small[i] = sum[i] = 0.0f;
     RnnTileRing<STAGES, 4> ring;
     ring.step = 2;                                             // this warpgroup's chunks: every other one
-    ring.init(x3_raw + wg * RNN_TILE_RING_BYTES(STAGES, 4), leader);
-    if (leader)
-        for (int c = 0; c < STAGES && c < mine; ++c) ring.fill(c, src);
+    ring.start(x3_raw + wg * RNN_TILE_RING_BYTES(STAGES, 4), src, mine, leader);
     for (int c = 0; c < mine; ++c) {
         ring.wait(c);
         x3_chunk(big, small, sum, ring.slot(c), c, mine, 1);
@@ -183,13 +168,6 @@ __device__ __forceinline__ void x3_pair_body(const unsigned short* __restrict__ 
     }
 }
 
-#define X3_PAIR(STAGES)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256) x3_wgmma_pair_##STAGES(                                        \
-        const unsigned short* __restrict__ parts, const unsigned short* __restrict__ weight, float* __restrict__ out, \
-        const int R, const int N, const int Rp, const int Np, const int Kp, const int promote, const float scale)   \
-    {                                                                                                               \
-        x3_pair_body<STAGES>(parts, weight, out, R, N, Rp, Np, Kp, scale);                                          \
-    }
-X3_PAIR(2)
-X3_PAIR(3)
-#undef X3_PAIR
+X3_ENTRY(x3_wgmma_pair_2, 256, x3_pair_body<2>(parts, weight, out, R, N, Rp, Np, Kp, scale))
+X3_ENTRY(x3_wgmma_pair_3, 256, x3_pair_body<3>(parts, weight, out, R, N, Rp, Np, Kp, scale))
+#undef X3_ENTRY

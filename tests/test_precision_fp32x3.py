@@ -127,7 +127,7 @@ def test_auto_tries_float32x3_only_when_allowed():
     assert autotune.candidates(network, 32, H100, "tf32", tensor_core_fp32=True) == autotune.candidates(
         network, 32, H100, "tf32")
     keys = {autotune.cache_key(network, 100, 32, "GPU", tensor_core_fp32=flag) for flag in (False, True)}
-    assert len(keys) == 2 and any("|float32+3xtf32-gated-fp16|" in k for k in keys)       # not a choice made ungated
+    assert len(keys) == 2 and any("|float32+3xtf32-gated-wgmma|" in k for k in keys)       # not a choice made ungated
     choice = autotune.Choice("persistent", TileConfig(4), "why", "k", precision="float32x3")
     again = autotune.Choice.from_dict("k", choice.to_dict())
     assert again.precision == "float32x3" and again.candidate == autotune.Candidate("persistent", TileConfig(4),

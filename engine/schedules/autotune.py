@@ -19,8 +19,9 @@ float32x3 (3xTF32, engine/codegen/precision.py; the fused backend's without leng
 against the first (strict) candidate like the others and, further, to at most X3_ERROR_BOUND times the strict
 candidate's relative error against float64 on the same input (X3Gate), and the choice records the mode it runs in
 (Choice.precision). Without the flag no float32x3 candidate is tried, and the two are cached under different keys
-(the mode segment "float32+3xtf32-gated-fp16": choices cached before X3Gate ("float32+3xtf32") or before the fused
-candidate's parts were fp16 ("float32+3xtf32-gated") are not read).
+(the mode segment "float32+3xtf32-gated-wgmma": choices cached before X3Gate ("float32+3xtf32"), before the fused
+candidate's parts were fp16 ("float32+3xtf32-gated") or before its step products ran on the engine's wgmma kernel
+("float32+3xtf32-gated-fp16") are not read).
 
 With lengths (a batch padded at the end, engine/backends/lengths.py) the candidates are those that take it (not the
 scan), built with the kernels that hold the rows past their end (engine/passes/lengths.py), and run on random lengths
@@ -229,10 +230,11 @@ def cache_key(network: Network, steps: int, batch: int, device: str, precision: 
 
 
 def tuned_mode(precision: str, tensor_core_fp32: bool) -> str:
-    """The mode segment of a cache key: the precision, or "float32+3xtf32-gated-fp16" when float32 may take
-    float32x3 (candidates held to X3Gate's bound, the fused one in fp16 parts; a choice cached before either,
-    "float32+3xtf32" or "float32+3xtf32-gated", is tuned again)."""
-    return f"{precision}+3xtf32-gated-fp16" if tensor_core_fp32 and precision == "float32" else precision
+    """The mode segment of a cache key: the precision, or "float32+3xtf32-gated-wgmma" when float32 may take
+    float32x3 (candidates held to X3Gate's bound, the fused one in fp16 parts on the wgmma step product where the GPU
+    has it; a choice cached before any of these, "float32+3xtf32", "float32+3xtf32-gated" or
+    "float32+3xtf32-gated-fp16", is tuned again)."""
+    return f"{precision}+3xtf32-gated-wgmma" if tensor_core_fp32 and precision == "float32" else precision
 
 
 @contextmanager

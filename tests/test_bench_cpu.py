@@ -696,6 +696,22 @@ def test_short_precision_names_are_the_engines():
         assert EngineBackend("graph", precision=short).precision_options() == expected
 
 
+def test_a_fused_mode_rows_detail_says_which_step_product_and_parts_ran():
+    """After the timed runs the row's detail has the program's step product (the fused modes' product()) and, in
+    float32x3, the parts that ran (after any fallback); a program without them adds nothing."""
+    import types
+    row = EngineBackend("fused", precision="fp32x3")
+    row.program = types.SimpleNamespace(replayed="replayed from CUDA graphs", precision="float32x3", x3_parts="tf32",
+                                        product=lambda: "cublaslt")
+    row.teardown()
+    assert (row.detail["step_product"], row.detail["x3_parts"], row.detail["replayed"]) == (
+        "cublaslt", "tf32", "replayed from CUDA graphs")
+    plain = EngineBackend("graph")
+    plain.program = types.SimpleNamespace(replayed=None)
+    plain.teardown()
+    assert "step_product" not in plain.detail and "x3_parts" not in plain.detail
+
+
 def _entry(name, precision, median_ms=None, status="ok"):
     entry = {"name": name, "family": name.split("-")[0], "precision": precision, "status": status}
     return entry if median_ms is None else dict(entry, median_ms=median_ms)

@@ -126,6 +126,11 @@ class EngineBackend(Implementation):
         replayed = getattr(self.program, "replayed", None)
         if isinstance(replayed, str):          # whether the timed runs were CUDA-graph replays, and why not
             self.detail["replayed"] = replayed
+        product = getattr(self.program, "product", None)
+        if callable(product):                  # the fused modes: whose step products ran (cuBLAS, the wgmma kernels)
+            self.detail["step_product"] = product()
+            if getattr(self.program, "precision", None) == "float32x3":
+                self.detail["x3_parts"] = self.program.x3_parts        # after any fallback: the parts that ran
         self.program = self._run = self.inputs = None
 
 

@@ -180,6 +180,9 @@ def test_float32x3s_extra_memory_is_counted():
     # P: P1 (chunks, 2B, N) and P2 (B, N); the operand's two parts (2B, K)
     assert fused_modes.split_bytes(plan, None) == 4 * (weights + projection + (1 * 2 + 1) * 3 * 48 + 2 * 3 * 12)
     assert fused_modes.split_bytes(plan, 4) == 4 * (weights + projection + (3 * 2 + 1) * 3 * 48 + 2 * 3 * 12)
+    # the wgmma product: no P; the step weight's and operand's fp16 parts padded to tiles of 64 (N 48 -> 64, K 12 ->
+    # 64, B 3 -> 64), two halves a float
+    assert fused_modes.split_bytes(plan, 4, tiles=True) == 4 * (48 * 7 + projection + 64 * 64 + 64 * 64)
 
 
 def test_float32x3_products_are_the_split_parts_in_chunks_whatever_the_chunk():

@@ -323,7 +323,8 @@ class FusedModeProgram:
             left = {} if tiles else left_products(plan, self.precision, copied_buffers(program, copies), fixed,
                                                   self.k_slices, self.x3_chunk, self.x3_fold, self.x3_parts,
                                                   self.x3_splitk)
-            extra = split_bytes(plan, self.x3_chunk) if self.precision == "float32x3" else left_bytes(plan, left)
+            extra = split_bytes(plan, self.x3_chunk, tiles) if self.precision == "float32x3" else \
+                left_bytes(plan, left)
             if extra:
                 needed += extra
                 check_fits(needed, f"backend 'fused' in {self.precision} with T={T}, B={B}, L={network.num_layers}, "

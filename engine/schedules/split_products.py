@@ -384,22 +384,26 @@ def left_products(plan, precision: str, copied: set, fixed: dict, k_slices: int 
     return found
 
 
-def split_bytes(plan, chunk: int | str | None) -> int:
+def split_bytes(plan, chunk: int | str | None, tiles: bool = False) -> int:
     """float32x3's device memory beyond the plan's (backends/fused.py plan_bytes): each weight's lo part, a step
     GEMM's chunks' products P and its operand's two parts (a set a layer: the layers run on streams of their own),
     and a projection's split input (2 x its rows x K). With fp16 parts a step GEMM's stacked weight and operand parts
-    take half the floats (counted whole here: an upper bound)."""
+    take half the floats (counted whole here: an upper bound). On the wgmma step product (tiles) there is no P, and
+    a step GEMM's weight and operand parts are fp16 padded to whole tiles of 64 (wgmma_products.py): their padded
+    sizes in floats (two fp16 parts a float)."""
     program, network = plan.program, plan.network
+    tile = lambda n: -(-n // 64) * 64  # noqa: E731
     total = 0
     for layer in range(network.num_layers):
         sizes = network.layer_sizes(layer)
         for gemm in program.gemms:
             n, k = gemm.n(sizes), gemm.k(sizes)
-            total += n * k
             if gemm.hoisted:
-                total += 2 * plan.steps * plan.batch * k
+                total += n * k + 2 * plan.steps * plan.batch * k
+            elif tiles:
+                total += tile(n) * tile(k) + tile(plan.batch) * tile(k)
             else:
-                total += partial_size(plan.batch, n, chunking(k, chunk)) + 2 * plan.batch * k
+                total += n * k + partial_size(plan.batch, n, chunking(k, chunk)) + 2 * plan.batch * k
     return total * FLOAT_BYTES
 
 

@@ -160,8 +160,8 @@ def main() -> None:
                         slots=slots, promote=promote, picked=chosen(cupy, blocks) == slots)
         wgmma_products.stages = chosen
         if args.pair:
-            engine_error = next(r["error"] for r in reversed(rows) if r["variant"].startswith("wgmma kernel")
-                                and r.get("promote") == 64) if any(r.get("promote") == 64 for r in rows) else None
+            engine_error = next((r["error"] for r in reversed(rows) if r["variant"].startswith("wgmma kernel")
+                                 and r.get("promote") == 64), None)          # this shape's, at --promote 64
             for slots in (2, 3):
                 smem = 2 * wgmma_products.smem_bytes(slots)
                 pair = wgmma_products.ring_kernel(cupy, "x3_wgmma.cu", f"x3_wgmma_pair_{slots}", smem)

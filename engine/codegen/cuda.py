@@ -48,10 +48,10 @@ def helper_source(filename: str) -> str:
     return f"// ---- kernels/{filename} (inlined) ----\n{text.rstrip()}\n// ---- end of kernels/{filename} ----\n"
 
 
-def kernel_file_source(filename: str) -> str:
-    """kernels/<filename> with tile_gemm.cuh, whose roundings (rnn_tf32_bits, rnn_bits16: the kernels' own) it calls,
-    inlined before it."""
-    return helper_source("tile_gemm.cuh") + (KERNELS_DIR / filename).read_text()
+def kernel_file_source(filename: str, helpers: tuple = ("tile_gemm.cuh",)) -> str:
+    """kernels/<filename> with its helper headers inlined before it, by default tile_gemm.cuh, whose roundings
+    (rnn_tf32_bits, rnn_bits16: the kernels' own) it calls."""
+    return "".join(helper_source(name) for name in helpers) + (KERNELS_DIR / filename).read_text()
 
 
 def round_operands_source() -> str:
@@ -66,12 +66,15 @@ _file_entries: dict = {}     # (file, entry, device) -> the loaded function
 _sms: dict = {}              # device -> its SMs
 
 
-def file_entry(cupy, filename: str, name: str):
-    """kernels/<filename>'s entry `name` (kernel_file_source) on the current device, loaded once a process and
-    device."""
+def file_entry(cupy, filename: str, name: str, helpers: tuple = ("tile_gemm.cuh",), smem: int = 0):
+    """kernels/<filename>'s entry `name` (kernel_file_source with `helpers`) on the current device, loaded once a
+    process and device; smem: the dynamic shared memory it is opted into (above the default 48 KB)."""
     key = (filename, name, cupy.cuda.Device().id)
     if key not in _file_entries:
-        _file_entries[key] = load_module(kernel_file_source(filename)).get_function(name)
+        function = load_module(kernel_file_source(filename, helpers), kernel=name).get_function(name)
+        if smem:
+            function.max_dynamic_shared_size_bytes = smem
+        _file_entries[key] = function
     return _file_entries[key]
 
 

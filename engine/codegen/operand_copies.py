@@ -110,11 +110,12 @@ def render_copies_module(program: Program, precision: str, copies: dict[str, dic
     read them (a step product left in planes, summed as the kernels read it: engine/schedules/split_products.py).
     x3_parts: float32x3's parts as operand_copies was given them."""
     fp32, waits, places = lookup("float32"), waits or {}, places or {}
+    tiled = any(f in TILE_COPIES.values() for params in copies.values() for _, _, f in params.values())
     parts = [module_header(program, "", generator_version, fp32),
              f"// Operand copies in {lookup(precision).name}: engine/codegen/operand_copies.py.\n",
              helper_source(CELL_HELPERS), helper_source("tile_gemm.cuh"), TF32_COPY,
              (SPLIT_COPY_FP16_SOURCE if x3_parts == "fp16" else SPLIT_COPY_SOURCE) if lookup(precision).split
-             else TILE_COPY_SOURCE,
+             else TILE_COPY_SOURCE if tiled else "",
              WAIT_MACRO if waits else ""]
     parts += [render_kernel(k, program, fp32, copies.get(k.name), waits.get(k.name), places.get(k.name))
               for k in program.kernels]

@@ -292,8 +292,9 @@ class FusedModeProgram:
         import cupy  # deferred: CuPy is optional (no GPU in CI)
         # the step products on the engine's wgmma kernels ("wgmma", sm_90) or on cuBLAS ("cublaslt"); "auto": float32x3
         # in fp16 parts on the engine's (after a fallback to TF32 parts, cublasLt), the reduced modes on cuBLAS
+        self.wgmma = wgmma_capable(cupy)   # the GPU runs the engine's wgmma step products (sm_90)
         self.step_product = check_step_product(step_product, self.precision, x3_parts, x3_splitk, self.k_slices,
-                                               wgmma_capable(cupy))
+                                               self.wgmma)
         self.cupy, self.network, self.params = cupy, network, params
         self.options = dict(passes=passes, layout=layout, chunk_steps=chunk_steps)
         self.replay = replay
@@ -372,8 +373,7 @@ class FusedModeProgram:
 
     def product(self) -> str:
         """The step products as they run now: "wgmma" or "cublaslt" (wgmma_products.resolve_product)."""
-        return resolve_product(self.step_product, self.precision, self.x3_parts, self.x3_splitk,
-                               wgmma_capable(self.cupy))
+        return resolve_product(self.step_product, self.precision, self.x3_parts, self.x3_splitk, self.wgmma)
 
     def _fall_back(self, option: str, value, why: str) -> None:
         """float32x3: `option` set to `value` for good (info[option + "_fallback"] says why) and the program built

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codegen.cuda import KERNELS_DIR, file_entry, helper_source, round_blocks
-from ..codegen.nvrtc import load_module
+from ..codegen.cuda import file_entry, kernel_file_source, round_blocks
 from ..rounding import split_fp16
 from .base import chunked
 from .project import operand_dtype, round_into
-from .split_products import FOLD_THREADS, LO_SCALE, split_into
+from .split_products import FOLD_THREADS, LO_SCALE, stack_split
 
 TILE = 64                    # rows of a tile, and its columns of a 16-bit type (8 KB)
 TILE_BYTES = 8192
@@ -93,32 +92,25 @@ def tiled(xp, parts, rows: int, cols: int):
 def tile_weight(xp, weight):
     """(N, K) float32 -> flat fp16: [W_hi; W_lo] in fp16 parts (split_products.stack_split), each padded to whole
     tiles and tiled (the caller checks the range first)."""
-    N, K = weight.shape
-    if xp is np:
-        hi, lo = split_fp16(np.asarray(weight, np.float32))
-        parts = np.stack([hi, lo]).astype(np.float16)
-    else:
-        parts = split_into(xp, xp.ascontiguousarray(weight, dtype=xp.float32),
-                           xp.empty((2, N, K), dtype=xp.float16), "fp16")
-    return tiled(xp, parts, N, K)
+    return tiled(xp, stack_split(xp, weight, "fp16"), *weight.shape)
 
 
-def poisoned(xp, n: int, R: int, K: int, dtype):
-    """n tiled matrices (R, K) of `dtype`: zeros, NaN bit patterns where values go (a NaN in K's padding would reach
-    every output through the weight's zeros, so the padding stays zero)."""
+def tiled_buffer(xp, n: int, R: int, K: int, dtype, poison: bool):
+    """n tiled matrices (R, K) of `dtype`, (n, Rp, Kp) (their padded shape; the elements in tile order): zeros, and
+    with poison NaN bit patterns where values go (a NaN in K's padding would reach every output through the weight's
+    zeros, so the padding stays zero)."""
+    columns = tile_columns(np.dtype(dtype).itemsize)
+    shape = (n, padded(R), -(-K // columns) * columns)
+    if not poison:
+        return xp.zeros(shape, dtype=dtype)
     bits = xp.uint16 if np.dtype(dtype).itemsize == 2 else xp.uint32
-    marks = xp.zeros((n, R, K), dtype=bits)
-    marks[...] = 0xFFFF if bits is xp.uint16 else 0x7FC00000
-    return tiled(xp, marks, R, K).view(dtype)
+    marks = xp.full((n, R, K), 0xFFFF if bits is xp.uint16 else 0x7FC00000, dtype=bits)
+    return tiled(xp, marks, R, K).view(dtype).reshape(shape)
 
 
 def tiled_operand(xp, R: int, K: int, poison: bool):
-    """A step operand's copy in tiles: (2, Rp, Kp) fp16 (the shape of its padded parts; the elements in tile order).
-    Zeros past R and K; poison: the rest NaN bit patterns (0xFFFF)."""
-    rp, kp = padded(R), padded(K)
-    if poison:
-        return poisoned(xp, 2, R, K, xp.float16).reshape(2, rp, kp)
-    return xp.zeros((2, rp, kp), dtype=xp.float16)
+    """A step operand's copy in tiles: (2, Rp, Kp) fp16 parts (tiled_buffer)."""
+    return tiled_buffer(xp, 2, R, K, xp.float16, poison)
 
 
 def tile_split_into(xp, source, copy, flag):
@@ -150,24 +142,18 @@ def smem_bytes(slots: int, tiles: int = 4) -> int:
     return slots * tiles * TILE_BYTES + 8 * slots + 1024
 
 
+RING_HELPERS = ("tile_gemm.cuh", "mma_gemm.cuh", "wgmma.cuh", "tile_ring.cuh")    # what the ring kernels include
+
+
 def kernel_source(filename: str = "x3_wgmma.cu") -> str:
     """kernels/<filename> with the helpers it needs inlined before it (NVRTC gets no include path)."""
-    helpers = "".join(helper_source(name) for name in ("tile_gemm.cuh", "mma_gemm.cuh", "wgmma.cuh", "tile_ring.cuh"))
-    return helpers + (KERNELS_DIR / filename).read_text()
+    return kernel_file_source(filename, RING_HELPERS)
 
 
 def ring_kernel(cupy, filename: str, name: str, smem: int):
-    """Entry `name` of kernels/<filename> (kernel_source) on the current device, its shared memory opted in; loaded
-    once a process and device."""
-    key = (name, cupy.cuda.Device().id)
-    if key not in _functions:
-        function = load_module(kernel_source(filename), kernel=filename).get_function(name)
-        function.max_dynamic_shared_size_bytes = smem
-        _functions[key] = function
-    return _functions[key]
-
-
-_functions: dict = {}        # (entry, device) -> the loaded kernel
+    """Entry `name` of kernels/<filename> (kernel_source) on the current device, its shared memory opted in
+    (codegen.cuda.file_entry: loaded once a process and device)."""
+    return file_entry(cupy, filename, name, RING_HELPERS, smem)
 
 
 def promoted_product(cupy, operand, weight, out, R: int, K: int, N: int, promote: int = PROMOTE) -> None:
@@ -205,14 +191,8 @@ def tile_mode_weight(xp, weight, precision: str):
 
 
 def tiled_mode_operand(xp, R: int, K: int, precision: str, poison: bool):
-    """A step operand's copy in a reduced mode, in tiles: (Rp, Kp) of the mode's operand type (its padded shape; the
-    elements in tile order), zeros past R and K; poison: the rest NaN bit patterns."""
-    dtype = operand_dtype(xp, precision)
-    columns = tile_columns(np.dtype(dtype).itemsize)
-    rp, kp = padded(R), -(-K // columns) * columns
-    if poison:
-        return poisoned(xp, 1, R, K, dtype).reshape(rp, kp)
-    return xp.zeros((rp, kp), dtype=dtype)
+    """A step operand's copy in a reduced mode, in tiles: (Rp, Kp) of the mode's operand type (tiled_buffer)."""
+    return tiled_buffer(xp, 1, R, K, operand_dtype(xp, precision), poison)[0]
 
 
 def round_tiles_into(xp, source, copy, precision: str):

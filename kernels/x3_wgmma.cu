@@ -121,8 +121,8 @@ X3_ENTRY(x3_wgmma_4, 128, x3_wgmma_body<4>(parts, weight, out, R, N, Rp, Np, Kp,
 // on each chunk's MMA before its next (the MMA is most of the kernel's time there): two warpgroups a block split the
 // chunks between them, even and odd, each with its own ring, accumulators and promotion, so one's MMA run while the
 // other waits; at the end the odd one's sums go through shared memory and the even one adds them (sum_even +
-// sum_odd, a fixed order: runs are bit-identical). Not yet what the engine launches (benchmarks/probe_x3_promote.py
-// --pair). A second accumulator set in one warpgroup with wgmma.wait_group 1 was tried first: ptxas serializes every
+// sum_odd, a fixed order: runs are bit-identical). The engine launches it where the grid fits the SMs once
+// (wgmma_products.x3_kernel; benchmarks/probe_x3_promote.py --pair: 10.1 us against 12.7 at `large`). A second accumulator set in one warpgroup with wgmma.wait_group 1 was tried first: ptxas serializes every
 // wgmma when ordinary instructions read one accumulator while another's group is in flight (C7514).
 template <int STAGES>
 __device__ __forceinline__ void x3_pair_body(const unsigned short* __restrict__ parts,

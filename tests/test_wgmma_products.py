@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ from engine.schedules.wgmma_products import (
     tile_weight,
     tiled,
     tiled_operand,
+    x3_kernel,
 )
 
 SHARED_MEMORY_SM90 = 227 * 1024           # the opt-in dynamic shared memory of a block on an H100 / H200
@@ -146,6 +148,23 @@ def test_the_rings_fit_a_hopper_block():
     assert smem_bytes(4) <= SHARED_MEMORY_SM90 and 3 * smem_bytes(2) <= 228 * 1024       # three blocks an SM at 2
     assert smem_bytes(8, 2) <= SHARED_MEMORY_SM90 and 3 * smem_bytes(4, 2) <= 228 * 1024  # the modes' 16 KB slots
     assert 2 * smem_bytes(3) <= SHARED_MEMORY_SM90           # x3_wgmma_pair_3: a ring of 3 for each warpgroup
+
+
+def gpu_of(sms: int):
+    """A stand-in for cupy whose current device has `sms` SMs (all x3_kernel reads)."""
+    device = SimpleNamespace(attributes={"MultiProcessorCount": sms})
+    return SimpleNamespace(cuda=SimpleNamespace(Device=lambda: device))
+
+
+def test_two_warpgroups_take_grids_that_fit_the_sms_once_when_every_chunk_is_promoted():
+    h200 = gpu_of(132)
+    assert x3_kernel(h200, 128, PROMOTE) == ("x3_wgmma_pair_2", 256, 2 * smem_bytes(2))     # `large`
+    assert x3_kernel(h200, 132, 64) == ("x3_wgmma_pair_2", 256, 2 * smem_bytes(2))
+    assert x3_kernel(h200, 133, 64) == ("x3_wgmma_2", 128, smem_bytes(2))                 # past one wave
+    assert x3_kernel(h200, 160, 64) == ("x3_wgmma_2", 128, smem_bytes(2))                 # blogA's LSTM
+    assert x3_kernel(h200, 128, 128) == ("x3_wgmma_4", 128, smem_bytes(4))                # the pair promotes each chunk
+    assert x3_kernel(gpu_of(114), 128, 64) == ("x3_wgmma_2", 128, smem_bytes(2))          # an H100 PCIe's 114 SMs
+    assert 2 * smem_bytes(2) <= SHARED_MEMORY_SM90
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")

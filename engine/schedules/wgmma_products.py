@@ -15,9 +15,10 @@ tiled at upload, a step operand by the kernels that write it (engine/codegen/ope
 padded with zeros. The cuBLAS path (split_products.py) keeps float32x3's truncating accumulation short by a strided
 batch of K chunks, each a plane of P (R x N floats) written and read again by the fold. Measured on an H200
 (2026-11-28, benchmarks/probe_x3_promote.py, the product alone in a chain of 50): `large` LSTM (R = 128, K = 1024,
-N = 4096) 12.4 us against cuBLAS's batch and fold's 18.5, at a smaller error (2.1e-7 against 3.5e-7, norm-relative
-to float64); blogA LSTM (R = 64, K = 2560, N = 10240) 35.5 us against 53.7. The same kernel with per-thread cp.async
-copies of row-major operands took 33 us at `large`: the tiles' bulk copies are what make it fast.
+N = 4096) 12.4 us (10.1 with two warpgroups a block, x3_kernel) against cuBLAS's batch and fold's 18.5, at a smaller
+error (2.1e-7 against 3.5e-7, norm-relative to float64); blogA LSTM (R = 64, K = 2560, N = 10240) 35.5 us against
+53.7. The same kernel with per-thread cp.async copies of row-major operands took 33 us at `large`: the tiles' bulk
+copies are what make it fast.
 
 Where they run: sm_90 (wgmma). float32x3 in fp16 parts takes its kernel by default (step_product "auto"); the
 reduced modes take theirs where asked (step_product="wgmma"; fused_modes.FusedModeProgram).
@@ -125,10 +126,27 @@ def tile_split_into(xp, source, copy, flag):
 
 
 def stages(cupy, blocks: int) -> int:
-    """float32x3's ring slots: 2 where the grid has more blocks than the GPU has SMs (65 KB a block, so three fit an
-    SM and the grid is one wave), else 4. On an H200 (2026-11-28): blogA LSTM (160 blocks) 35.5 us with 2 slots
-    against 52.8 with 4; its GRU (120) 26.6 with 4 against 30.5; `large` (128) 12.4-12.6 with either."""
+    """float32x3's ring slots for the one-warpgroup kernel: 2 where the grid has more blocks than the GPU has SMs
+    (65 KB a block, so three fit an SM and the grid is one wave), else 4. On an H200 (2026-11-28): blogA LSTM (160
+    blocks) 35.5 us with 2 slots against 52.8 with 4; its GRU (120) 26.6 with 4 against 30.5; `large` (128) 12.4-12.6
+    with either."""
     return 2 if blocks > cupy.cuda.Device().attributes["MultiProcessorCount"] else 4
+
+
+PAIR_SLOTS = 2               # the two-warpgroup kernel's ring slots, each warpgroup's (3: within 1 %, 2026-11-28)
+
+
+def x3_kernel(cupy, blocks: int, promote: int) -> tuple[str, int, int]:
+    """float32x3's kernel for a grid of `blocks` and `promote` columns an accumulator: (entry, threads, shared bytes).
+    Where the grid fits the SMs once and every chunk is promoted, two warpgroups a block split the chunks
+    (x3_wgmma_pair_2, one block an SM: the MMA of one runs while the other waits); else one warpgroup with `stages`
+    slots. On an H200 (2026-11-28, probe_x3_promote.py --pair): `large` LSTM (128 blocks) 10.1 us against 12.7, its
+    GRU (96) 9.7 against 12.2, blogA GRU (120) 23.8 against 27.0, at a smaller error; blogA LSTM (160 blocks, more
+    than the SMs) 42.2 against 36.0, so it keeps one warpgroup."""
+    if promote == TILE and blocks <= cupy.cuda.Device().attributes["MultiProcessorCount"]:
+        return f"x3_wgmma_pair_{PAIR_SLOTS}", 2 * THREADS, 2 * smem_bytes(PAIR_SLOTS)
+    slots = stages(cupy, blocks)
+    return f"x3_wgmma_{slots}", THREADS, smem_bytes(slots)
 
 
 def mode_stages(cupy, blocks: int) -> int:
@@ -161,11 +179,11 @@ def promoted_product(cupy, operand, weight, out, R: int, K: int, N: int, promote
     weight (tile_weight), on the current stream. promote: columns of one promoted accumulator (a multiple of 64)."""
     rp, np_, kp = padded(R), padded(N), padded(K)
     grid = (np_ // TILE, rp // TILE)
-    slots = stages(cupy, grid[0] * grid[1])
-    function = ring_kernel(cupy, "x3_wgmma.cu", f"x3_wgmma_{slots}", smem_bytes(slots))
-    function(grid, (THREADS,), (operand, weight, out, np.int32(R), np.int32(N), np.int32(rp), np.int32(np_),
+    name, threads, smem = x3_kernel(cupy, grid[0] * grid[1], promote)
+    function = ring_kernel(cupy, "x3_wgmma.cu", name, smem)
+    function(grid, (threads,), (operand, weight, out, np.int32(R), np.int32(N), np.int32(rp), np.int32(np_),
                                 np.int32(kp), np.int32(max(1, promote // TILE)), np.float32(1 / LO_SCALE["fp16"])),
-             shared_mem=smem_bytes(slots))
+             shared_mem=smem)
 
 
 def promoted_numpy(h, w, promote: int = PROMOTE):

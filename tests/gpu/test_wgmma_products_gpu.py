@@ -26,12 +26,21 @@ def hopper(cupy):
     return cupy
 
 
-@pytest.mark.parametrize("slots", [2, 4])
+KERNELS = {"one warpgroup, 2 slots": lambda cupy, blocks, promote: ("x3_wgmma_2", 128, wgmma_products.smem_bytes(2)),
+           "one warpgroup, 4 slots": lambda cupy, blocks, promote: ("x3_wgmma_4", 128, wgmma_products.smem_bytes(4)),
+           "as the engine picks": wgmma_products.x3_kernel}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("R, K, N, promote", [(64, 64, 64, 128), (19, 129, 516, 128), (130, 1024, 200, 256),
-                                              (16, 2560, 192, 512), (128, 1000, 4096, 64)])
-def test_the_product_is_the_promoted_sum_of_the_parts(hopper, monkeypatch, slots, R, K, N, promote):
+                                              (16, 2560, 192, 512), (128, 1000, 4096, 64), (64, 64, 64, 64),
+                                              (19, 129, 516, 64), (130, 1000, 200, 64), (16, 2560, 192, 64)])
+def test_the_product_is_the_promoted_sum_of_the_parts(hopper, monkeypatch, kernel, R, K, N, promote):
+    """In each kernel: one warpgroup at either ring depth, and the engine's pick (two warpgroups a block where the grid
+    fits the SMs once and promote is 64: every case here with promote 64 but (128, 1000, 4096), 128 blocks on 132 SMs
+    and more on smaller GPUs, whichever it gets)."""
     cupy = hopper
-    monkeypatch.setattr(wgmma_products, "stages", lambda cupy, blocks: slots)
+    monkeypatch.setattr(wgmma_products, "x3_kernel", KERNELS[kernel])
     rng = np.random.default_rng(R + K + N)
     h = rng.uniform(-1, 1, (R, K)).astype(np.float32)
     w = (rng.standard_normal((N, K)) / K ** 0.5).astype(np.float32)

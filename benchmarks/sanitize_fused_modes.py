@@ -11,7 +11,9 @@ the mode.
 
 float32x3 takes the K chunk of its accumulators second (48: H = 129 in chunks of 44, 44 and 41, a strided batch and
 a rest; engine/schedules/split_products.py); on sm_90 its step products in fp16 parts run on the wgmma kernel
-(engine/schedules/wgmma_products.py: every dimension padded to its tiles here), and the line printed says which product ran.
+(engine/schedules/wgmma_products.py: every dimension padded to its tiles here; a grid this small takes the kernel
+with two warpgroups a block), and the line printed says which product ran; tf32 holds its step operands as shifted
+fp16 (engine/schedules/tf32_fp16.py), as the line says.
 """
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ def main() -> int:
     for poison in (True, False, False):                  # direct (poisoned), direct, then captured and replayed
         got = program.run(x.astype(np.float32), initial, poison=poison, lengths=lengths)
         error = float(np.abs(cupy.asnumpy(got.outputs) - want.outputs).max() / np.abs(want.outputs).max())
-        product = f", step_product {got.info['step_product']}"
+        product = f", step_product {got.info['step_product']}" + (
+            f", tf32_storage {got.info['tf32_storage']}" if mode == "tf32" else "")
         print(f"fused {mode} ({got.info['replayed']}{product}): max relative error {error:.2e} against the emulation")
         worst = max(worst, error)
     return 0 if worst < 1e-2 else 1

@@ -114,6 +114,15 @@ __device__ __forceinline__ bool rnn_split_fp16(const float v, unsigned short& hi
     return fabsf(v) > 65504.0f;
 }
 
+// tf32's step operand held as fp16 (engine/schedules/tf32_fp16.py): h = fp16(tf32(v) * 2^10), exact for |v| from 2^-24
+// to ~64 (a TF32 value has fp16's 11 significant bits). Returns whether v is past that (|tf32(v) * 2^10| > 65504).
+__device__ __forceinline__ bool rnn_tf32_fp16(const float v, unsigned short& h)
+{
+    const float s = __uint_as_float(rnn_tf32_bits(v)) * 1024.0f;
+    h = rnn_bits16<RNN_FP16>(s);
+    return fabsf(s) > 65504.0f;
+}
+
 // Where element (b, k) of a matrix of ld columns of BYTES-byte elements sits in the wgmma products' tiles
 // (kernels/x3_wgmma.cu, kernels/mode_wgmma.cu, engine/schedules/wgmma_products.py): blocks of 64 rows, each as tiles of 64
 // rows x 128 bytes (ld rounded up to whole tiles), in a tile row r's 16-byte group c at group c ^ (r % 8)

@@ -131,6 +131,8 @@ class EngineBackend(Implementation):
             self.detail["step_product"] = product()
             if getattr(self.program, "precision", None) == "float32x3":
                 self.detail["x3_parts"] = self.program.x3_parts        # after any fallback: the parts that ran
+            if getattr(self.program, "precision", None) == "tf32":
+                self.detail["tf32_storage"] = self.program.tf32_storage    # after any fallback: what ran
         self.program = self._run = self.inputs = None
 
 

@@ -49,14 +49,23 @@ SPLIT_COPY_SOURCE = (f"__device__ __forceinline__ void {SPLIT_COPY}(float* __res
 # 16-byte group swizzled by row (kernels/tile_gemm.cuh rnn_tile_at<2>); the lo part after the hi part's padded rows.
 # The parts themselves: tile_gemm.cuh rnn_split_fp16.
 SPLIT_COPY_FP16_SOURCE = (
-    'extern "C" { __device__ unsigned int rnn_x3_range = 0u; }\n'
+    'extern "C" { __device__ unsigned int rnn_fp16_range = 0u; }\n'
     f"__device__ __forceinline__ void {SPLIT_COPY_FP16}(unsigned short* __restrict__ copy, const long i, const long lo, "
-    "const float v)\n{\n    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) rnn_x3_range = 1u;\n"
+    "const float v)\n{\n    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) rnn_fp16_range = 1u;\n"
     "    copy[i] = h;\n    copy[lo + i] = l;\n}\n"
     f"__device__ __forceinline__ void {SPLIT_COPY_TILES}(unsigned short* __restrict__ copy, const long i, const long ld, "
     "const long B, const float v)\n{\n    const long b = i / ld, at = rnn_tile_at<2>(b, i - b * ld, ld);\n"
-    "    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) rnn_x3_range = 1u;\n    copy[at] = h;\n"
+    "    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) rnn_fp16_range = 1u;\n    copy[at] = h;\n"
     "    copy[(B + 63) / 64 * 64 * ((ld + 63) / 64 * 64) + at] = l;\n}\n")
+
+
+# tf32 held as fp16 (tf32_storage="fp16", engine/schedules/tf32_fp16.py): fp16(tf32(v) * 2^10); a value past the copy's
+# range sets the module's flag, as float32x3's fp16 parts do (the two never share a module).
+TF32_FP16_COPY = "rnn_copy_tf32_fp16"
+TF32_FP16_COPY_SOURCE = (
+    'extern "C" { __device__ unsigned int rnn_fp16_range = 0u; }\n'
+    f"__device__ __forceinline__ unsigned short {TF32_FP16_COPY}(const float v)\n{{\n    unsigned short h;\n"
+    "    if (rnn_tf32_fp16(v, h)) rnn_fp16_range = 1u;\n    return h;\n}\n")
 
 
 # A reduced mode's copy in the wgmma products' tiles (step_product="wgmma"): element (b, k) of the (B, ld) operand at
@@ -76,14 +85,15 @@ def copy_name(name: str) -> str:
 
 
 def operand_copies(program: Program, precision: str, exact=frozenset(), x3_parts: str = "tf32",
-                   tiles: bool = False) -> dict[str, dict]:
+                   tiles: bool = False, tf32_storage: str = "tf32") -> dict[str, dict]:
     """{kernel name: {param: (copy param, C type, rounding function)}} for every kernel store into the operand buffer
     of a step GEMM that is not in `exact` (a reduction's fixed matrix: its operand stays fp32); float32x3's parts held
-    as `x3_parts` ("tf32" or "fp16"); in the wgmma products' tiles where `tiles` (float32x3's fp16 parts, or a reduced
-    mode's operand)."""
+    as `x3_parts` ("tf32" or "fp16"); tf32's operand as `tf32_storage` ("tf32", or "fp16" shifted: tf32_fp16.py); in
+    the wgmma products' tiles where `tiles` (float32x3's fp16 parts, or a reduced mode's operand)."""
     name = lookup(precision).name
     fp16 = SPLIT_COPY_TILES if tiles else SPLIT_COPY_FP16
-    c_type, function = ("unsigned short", fp16) if name == "float32x3" and x3_parts == "fp16" else COPY_TYPES[name]
+    c_type, function = ("unsigned short", fp16) if name == "float32x3" and x3_parts == "fp16" else \
+        ("unsigned short", TF32_FP16_COPY) if name == "tf32" and tf32_storage == "fp16" else COPY_TYPES[name]
     if tiles and name in TILE_COPIES:
         function = TILE_COPIES[name]
     operands = {g.in_buffer for g in program.gemms if not g.hoisted and g.name not in exact}
@@ -103,19 +113,20 @@ def copied_buffers(program: Program, copies: dict[str, dict]) -> set[str]:
 
 
 def render_copies_module(program: Program, precision: str, copies: dict[str, dict], generator_version: int,
-                         waits: dict | None = None, places: dict | None = None, x3_parts: str = "tf32") -> str:
+                         waits: dict | None = None, places: dict | None = None, x3_parts: str = "tf32",
+                         tf32_storage: str = "tf32") -> str:
     """The fused module of `program` (float32 math) with the copies' stores and tile_gemm.cuh's roundings. waits
     ({kernel: params}, engine/codegen/programmatic.py): those kernels wait for the GEMM before them, to be launched as
     its programmatic dependents. places ({kernel: {param: f(access) -> [C expression]}}): how those params' loads
     read them (a step product left in planes, summed as the kernels read it: engine/schedules/split_products.py).
-    x3_parts: float32x3's parts as operand_copies was given them."""
+    x3_parts, tf32_storage: as operand_copies was given them."""
     fp32, waits, places = lookup("float32"), waits or {}, places or {}
     tiled = any(f in TILE_COPIES.values() for params in copies.values() for _, _, f in params.values())
     parts = [module_header(program, "", generator_version, fp32),
              f"// Operand copies in {lookup(precision).name}: engine/codegen/operand_copies.py.\n",
              helper_source(CELL_HELPERS), helper_source("tile_gemm.cuh"), TF32_COPY,
              (SPLIT_COPY_FP16_SOURCE if x3_parts == "fp16" else SPLIT_COPY_SOURCE) if lookup(precision).split
-             else TILE_COPY_SOURCE if tiled else "",
+             else TILE_COPY_SOURCE if tiled else TF32_FP16_COPY_SOURCE if tf32_storage == "fp16" else "",
              WAIT_MACRO if waits else ""]
     parts += [render_kernel(k, program, fp32, copies.get(k.name), waits.get(k.name), places.get(k.name))
               for k in program.kernels]

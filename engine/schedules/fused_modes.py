@@ -44,6 +44,12 @@ on the engine's own wgmma kernel instead (step_product="auto" or "wgmma"; engine
 launch, each K chunk's accumulator promoted into an fp32 sum in registers, nothing left to fold; the copies and the
 weights are then in its tiles. step_product="wgmma" runs a reduced mode's step products on the engine's own kernel
 of the same design (kernels/mode_wgmma.cu).
+
+tf32's step GEMMs hold their weights and operands' copies as fp16 shifted by powers of two (tf32_storage="fp16", what
+"auto" picks with the products on cuBLAS; engine/schedules/tf32_fp16.py): the same 11-bit values from half the
+bytes, on fp16 tensor cores, the shift undone by alpha. A weight it cannot hold (a row ~2^18 smaller than the
+largest) or a step operand past the copy's range (~64) runs the program again with tf32_storage="tf32", for good
+(info["tf32_storage_fallback"] says why). The projections stay TF32: their inputs are the user's data, of any range.
 """
 from __future__ import annotations
 
@@ -66,7 +72,7 @@ from ..network import Network
 from ..params import Params
 from ..plan import pack_weights
 from .base import launch_replay, whole_run_replay
-from .mode_device import ModeDevice, X3RangeError, X3SplitKError
+from .mode_device import ModeDevice, Tf32StorageError, X3RangeError, X3SplitKError
 from .split_products import (
     FP16_LIMIT,
     FP16_SMALL,
@@ -83,6 +89,7 @@ from .split_products import (
     read_places,
     split_bytes,
 )
+from .tf32_fp16 import OPERAND_LIMIT, TF32_STORAGES, check_weight
 from .wgmma_products import STEP_PRODUCTS, resolve_product, wgmma_capable
 
 MODES = ("tf32", "float16", "bfloat16", "float32x3")
@@ -136,11 +143,12 @@ class ModeExecutor(Executor):
         self.copied = copied_buffers(self.program, copies)
         # float32x3: the GEMMs whose parts are the device's x3_parts (fp16 where asked): the projections (their input
         # split by split_into, which flags values past fp16's range) and the step GEMMs whose operand the kernels copy
-        # (all of them on the NumPy device, which has no copies); a step GEMM with no copy has TF32 parts. tiled: the
-        # copied step GEMMs, whose weights are in the wgmma product's tiles where the device has them
-        parts = device.x3_parts
-        self.parts = {g.name: parts if parts and not self.fixed[g.name]
-                      and (g.hoisted or g.in_buffer in self.copied or not device.copies_operands) else "tf32"
+        # (all of them on the NumPy device, which has no copies); a step GEMM with no copy has TF32 parts. tf32 held as
+        # fp16 (device.half): "fp16" for those step GEMMs, the projections TF32. tiled: the copied step GEMMs, whose
+        # weights are in the wgmma product's tiles where the device has them
+        parts = device.x3_parts or ("fp16" if device.half else None)
+        self.parts = {g.name: parts if parts and not self.fixed[g.name] and (g.hoisted and not device.half or (
+                      not g.hoisted and (g.in_buffer in self.copied or not device.copies_operands))) else "tf32"
                       for g in self.program.gemms}
         self.tiled = {g.name for g in self.program.gemms if not g.hoisted and g.in_buffer in self.copied}
         # per kernel, the (buffer, version) of each copy argument, in render_kernel's order after its own params
@@ -196,6 +204,11 @@ class ModeExecutor(Executor):
         for layer in range(plan.network.num_layers):
             packed = pack_weights(self.program, plan.network, params, layer)
             for name, p in packed.items():
+                why = check_weight(p.weight) if device.half and self.parts[name] == "fp16" else None
+                if why:
+                    raise Tf32StorageError(f"layer {layer}'s weight of GEMM '{name}' {why}")
+                if device.half:
+                    continue
                 if self.parts[name] == "fp16" and not in_fp16_range(p.weight):
                     raise X3RangeError(f"layer {layer}'s weight of GEMM '{name}' has values past fp16's range "
                                        f"(|w| > {FP16_LIMIT:g})")
@@ -232,6 +245,26 @@ def check_step_product(product, precision: str, parts: str, splitk, k_slices: in
     return product
 
 
+def check_tf32_storage(storage) -> str:
+    """tf32_storage checked: one of TF32_STORAGES."""
+    if not isinstance(storage, str) or storage not in TF32_STORAGES:
+        raise BackendError(f"argument 'tf32_storage' must be one of {', '.join(TF32_STORAGES)}, got {shown(storage)}; "
+                           "hint: \"fp16\" holds tf32's step operands and weights as fp16 shifted by powers of two (the "
+                           "same values, half the bytes), \"tf32\" as TF32 values in fp32, \"auto\" picks")
+    return storage
+
+
+def resolve_tf32_storage(storage, product: str, precision: str) -> str:
+    """tf32_storage as it runs: "fp16" or "tf32" ("auto": fp16 unless the step products run on the engine's wgmma
+    kernel, which reads TF32 values; "tf32" in the other modes, which it does not concern)."""
+    if precision != "tf32":
+        return "tf32"
+    if storage == "fp16" and product == "wgmma":
+        raise BackendError("tf32_storage='fp16' runs the step products on cuBLAS, not step_product='wgmma'; hint: "
+                           "tf32_storage='tf32' (or 'auto') with the wgmma kernel")
+    return "tf32" if storage == "auto" and product == "wgmma" else "fp16" if storage == "auto" else storage
+
+
 def check_x3_chunk(chunk):
     """x3_chunk checked: "auto" (by each product's K), None (all of K) or a positive int."""
     if chunk is None or (isinstance(chunk, str) and chunk == "auto"):
@@ -253,7 +286,7 @@ class FusedModeProgram:
                  layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
                  projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
                  k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT, x3_splitk: bool | str = X3_SPLITK,
-                 step_product: str = "auto"):
+                 step_product: str = "auto", tf32_storage: str = "auto"):
         self.precision = check_fused_mode(precision)
         if self.precision not in MODES:
             raise BackendError(f"FusedModeProgram runs the modes {', '.join(MODES)}, not {self.precision!r}; hint: "
@@ -279,7 +312,7 @@ class FusedModeProgram:
                                "hint: 'tf32' holds float32x3's parts as fp32 values, 'fp16' as fp16 ones (half the "
                                "bytes; values past 65504 fall back to 'tf32')")
         self.x3_parts = x3_parts
-        self.fallbacks: dict = {}          # float32x3: {"x3_parts" or "x3_splitk": why it fell back}
+        self.fallbacks: dict = {}          # {"x3_parts", "x3_splitk" or "tf32_storage": why it fell back}
         # float32x3: the W_hi product's K chunks as cublasLt's split-K (True), a strided batch of planes (False), or
         # by K ("auto": split_products.uses_splitk); where cublasLt refuses it the program runs again with the batch
         if x3_splitk not in (True, False, "auto") or type(x3_splitk) not in (bool, str):
@@ -287,6 +320,7 @@ class FusedModeProgram:
                                f"\"auto\" splits K in cublasLt where K is at least {X3_SPLITK_MIN_K} (fp16 parts), "
                                "False (the default) multiplies the K chunks as a strided batch")
         self.x3_splitk = x3_splitk
+        check_tf32_storage(tf32_storage)
         check_float32_gpu_program("backend 'fused'", network, params, dtype)
         network, params = dense(network, params)      # heads as block-diagonal weights, reductions as matmuls
         import cupy  # deferred: CuPy is optional (no GPU in CI)
@@ -295,6 +329,9 @@ class FusedModeProgram:
         self.wgmma = wgmma_capable(cupy)   # the GPU runs the engine's wgmma step products (sm_90)
         self.step_product = check_step_product(step_product, self.precision, x3_parts, x3_splitk, self.k_slices,
                                                self.wgmma)
+        # tf32: its step GEMMs' weights and operands held as shifted fp16 ("fp16": tf32_fp16.py) or TF32 values in
+        # fp32 ("tf32"); "auto": fp16 where the step products run on cuBLAS (the engine's wgmma kernel reads TF32)
+        self.tf32_storage = resolve_tf32_storage(tf32_storage, self.step_product, self.precision)
         self.cupy, self.network, self.params = cupy, network, params
         self.options = dict(passes=passes, layout=layout, chunk_steps=chunk_steps)
         self.replay = replay
@@ -319,7 +356,7 @@ class FusedModeProgram:
             fixed = fixed_gemms(program, program.cell)
             tiles = self.product() == "wgmma"
             copies = operand_copies(program, self.precision, {name for name, strict in fixed.items() if strict},
-                                    self.x3_parts, tiles)
+                                    self.x3_parts, tiles, self.tf32_storage)
             waits = programmatic_waits(program) if self.programmatic else {}
             left = {} if tiles else left_products(plan, self.precision, copied_buffers(program, copies), fixed,
                                                   self.k_slices, self.x3_chunk, self.x3_fold, self.x3_parts,
@@ -334,7 +371,7 @@ class FusedModeProgram:
                            "or fewer K chunks or slices (x3_chunk, k_slices)")
             readers = {g.out_buffer: left[g.name].reader() for g in program.gemms if g.name in left}
             source = render_copies_module(program, self.precision, copies, GENERATOR_VERSION, waits,
-                                          read_places(program, readers), self.x3_parts)
+                                          read_places(program, readers), self.x3_parts, self.tf32_storage)
             ahead = self.projection_ahead if type(self.projection_ahead) is int else \
                 ahead_steps(T, B) if self.projection_ahead and network.num_layers == 1 else None
             device = ModeDevice(cupy, load_module(source, cell=network.cell.name), network.num_layers,
@@ -342,7 +379,7 @@ class FusedModeProgram:
                                 streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1,
                                 programmatic=self.programmatic, dependents=waits, ahead=ahead is not None,
                                 shared_sms=self.projection_sms, x3_chunk=self.x3_chunk, x3_parts=self.x3_parts,
-                                x3_splitk=self.x3_splitk, tiles=tiles)
+                                x3_splitk=self.x3_splitk, tiles=tiles, tf32_storage=self.tf32_storage)
             executor = ModeExecutor(plan, device, copies, fixed, ahead, left)
             executor.load(self.params)
             executor.bytes = needed
@@ -353,12 +390,13 @@ class FusedModeProgram:
     def run(self, x, initial_states: dict | None = None, *, poison: bool = False, lengths=None) -> RunResult:
         """x: (T, B, I), NumPy or CuPy; CuPy comes back for CuPy, NumPy otherwise. poison=True fills every work
         buffer with NaN first and runs directly (tests). lengths: (B,) each sequence's steps. float32x3 in fp16
-        parts: a weight or step operand past fp16's range runs the program again in TF32 parts, for good."""
+        parts: a weight or step operand past fp16's range runs the program again in TF32 parts, for good; tf32 held as
+        fp16 likewise, with tf32_storage="tf32"."""
         try:
             result = self._run(x, initial_states, poison, lengths)
-            past = (self.x3_parts == "fp16" and not self.cupy.cuda.get_current_stream().is_capturing()
+            past = (self._half() and not self.cupy.cuda.get_current_stream().is_capturing()
                     and self._executor.device.out_of_range())
-        except X3RangeError as e:
+        except (X3RangeError, Tf32StorageError) as e:
             past = e.reason
         except X3SplitKError as e:
             if self.x3_splitk is False:
@@ -367,16 +405,26 @@ class FusedModeProgram:
             return self.run(x, initial_states, poison=poison, lengths=lengths)
         if not past:
             return result
-        self._fall_back("x3_parts", "tf32", past if isinstance(past, str) else
-                        "an operand (a step's, or a projection's input) went past fp16's range (|v| > 65504)")
+        if self.precision == "tf32":
+            self._fall_back("tf32_storage", "tf32", past if isinstance(past, str) else
+                            f"a step operand went past its fp16 copy's range (|v| > {OPERAND_LIMIT:.4g})")
+        else:
+            self._fall_back("x3_parts", "tf32", past if isinstance(past, str) else
+                            "an operand (a step's, or a projection's input) went past fp16's range (|v| > 65504)")
         return self.run(x, initial_states, poison=poison, lengths=lengths)
+
+    def _half(self) -> bool:
+        """Whether the program holds values in fp16 that the range flag checks: float32x3's fp16 parts, tf32's fp16
+        storage."""
+        return (self.x3_parts == "fp16" if self.precision == "float32x3" else
+                self.precision == "tf32" and self.tf32_storage == "fp16")
 
     def product(self) -> str:
         """The step products as they run now: "wgmma" or "cublaslt" (wgmma_products.resolve_product)."""
         return resolve_product(self.step_product, self.precision, self.x3_parts, self.x3_splitk, self.wgmma)
 
     def _fall_back(self, option: str, value, why: str) -> None:
-        """float32x3: `option` set to `value` for good (info[option + "_fallback"] says why) and the program built
+        """float32x3 or tf32: `option` set to `value` for good (info[option + "_fallback"] says why) and the program built
         again at the next run, once the GPU has finished what the dropped one issued (a run cut short by a refused
         product leaves work on its layer streams, in buffers the new one may be given)."""
         self.cupy.cuda.Device().synchronize()
@@ -429,9 +477,9 @@ class FusedModeProgram:
         return {"launches_per_step": plan.launches_per_step, "chunk_steps": plan.chunk_steps,
                 "program": plan.program.key, "bytes": executor.bytes, "lengths": plan.program.lengths,
                 "precision": self.precision, "replayed": self.replayed, "step_product": self.product(),
-                **({"x3_parts": self.x3_parts, "x3_splitk": self.x3_splitk,
-                    **{f"{option}_fallback": why for option, why in self.fallbacks.items()}}
-                   if self.precision == "float32x3" else {})}
+                **({"x3_parts": self.x3_parts, "x3_splitk": self.x3_splitk} if self.precision == "float32x3" else
+                   {"tf32_storage": self.tf32_storage} if self.precision == "tf32" else {}),
+                **{f"{option}_fallback": why for option, why in self.fallbacks.items()}}
 
 
 def prepare(network: Network, params: Params, dtype=np.float32, *, precision: str = "bfloat16", passes=None,
@@ -439,13 +487,14 @@ def prepare(network: Network, params: Params, dtype=np.float32, *, precision: st
             layer_streams: bool = True, programmatic: bool = True, projection_ahead: bool | int = True,
             projection_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_fold: str = "kernel",
             k_slices: int = 1, x3_parts: str = X3_PARTS_DEFAULT, x3_splitk: bool | str = X3_SPLITK,
-            step_product: str = "auto") -> FusedModeProgram:
+            step_product: str = "auto", tf32_storage: str = "auto") -> FusedModeProgram:
     """Plan, compile and upload once; the result's run(x) is what the benchmark times."""
     return FusedModeProgram(network, params, dtype, precision=precision, passes=passes, layout=layout,
                             chunk_steps=chunk_steps, replay=replay, layer_streams=layer_streams,
                             programmatic=programmatic, projection_ahead=projection_ahead,
                             projection_sms=projection_sms, x3_chunk=x3_chunk, x3_fold=x3_fold, k_slices=k_slices,
-                            x3_parts=x3_parts, x3_splitk=x3_splitk, step_product=step_product)
+                            x3_parts=x3_parts, x3_splitk=x3_splitk, step_product=step_product,
+                            tf32_storage=tf32_storage)
 
 
 def run(network: Network, params: Params, x, initial_states: dict | None = None, dtype=np.float32, *,

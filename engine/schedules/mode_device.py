@@ -11,7 +11,9 @@ float32x3's parts (split_products.py): "tf32", each part a TF32 value held in fp
 bytes; a value past fp16's range (|v| > 65504) sets the range flag of the module (kernels write it) and the program
 runs again in TF32 parts (fused_modes.FusedModeProgram). tiles (sm_90; float32x3 in fp16 parts, or a reduced mode):
 the step products on the engine's own wgmma kernels (wgmma_products.py), the weights and the operands' copies in
-their tiles.
+their tiles. tf32_storage="fp16": tf32's step GEMMs hold their weights and operands' copies as fp16 shifted by powers
+of two (engine/schedules/tf32_fp16.py), multiplied on fp16 tensor cores, the shift undone by alpha; an operand past
+the copy's range sets the same flag.
 """
 from __future__ import annotations
 
@@ -46,6 +48,9 @@ from .split_products import (
     stacked_product_numpy,
     uses_splitk,
 )
+from .tf32_fp16 import product_numpy as tf32_fp16_numpy
+from .tf32_fp16 import round_into as tf32_fp16_into
+from .tf32_fp16 import scaled_weight
 from .wgmma_products import (
     mode_product,
     promote_columns,
@@ -62,18 +67,20 @@ X3_PRODUCTS = LT_OPERANDS["tf32"]       # float32x3's TF32 parts: fp32 storage, 
 X3_FP16_PRODUCTS = (CUDA_R_16F, CUBLAS_COMPUTE_32F)   # its fp16 parts: fp16 storage, fp32 accumulation
 
 
-RANGE_FLAG = "rnn_x3_range"         # the copies module's flag: a step operand past fp16's range (operand_copies.py)
+RANGE_FLAG = "rnn_fp16_range"       # the copies module's flag: an operand past its fp16 copy's range (operand_copies)
 
 
 @dataclass(frozen=True)
 class ModeWeight:
     """A packed GEMM weight as the mode multiplies it: `stored` (N, K), in the mode's storage unless `exact` (a
     reduction's fixed matrix: strict fp32); float32x3: (2N, K), its parts stacked, held as `parts` ("tf32" or "fp16"),
-    or where `tiles` is its (N, K), flat in the wgmma product's tiles (wgmma_products.tile_weight)."""
+    or where `tiles` is its (N, K), flat in the wgmma product's tiles (wgmma_products.tile_weight); tf32 held as fp16
+    (parts "fp16"): (N, K) fp16, shifted, and `scale` what the product's sums are multiplied by (tf32_fp16.py)."""
     stored: object
     exact: bool
     parts: str | None = None
     tiles: tuple | None = None
+    scale: float | None = None
 
 
 class X3Fallback(BackendError):
@@ -92,6 +99,12 @@ class X3SplitKError(X3Fallback):
     hint = "x3_splitk=False multiplies the K chunks as a strided batch"
 
 
+class Tf32StorageError(X3Fallback):
+    """tf32's fp16 storage cannot hold a weight or a step operand (tf32_fp16.py): the program runs again with
+    tf32_storage="tf32"."""
+    hint = "tf32_storage='tf32' holds it"
+
+
 class X3RangeError(X3Fallback):
     """float32x3's fp16 parts cannot hold a value (|v| > 65504, or a weight too small): the program runs again in
     TF32 parts."""
@@ -107,20 +120,21 @@ class ModeDevice(CupyDevice):
     def __init__(self, cupy, module, num_layers: int, precision: str, projection: bool = False,
                  streams: bool = False, programmatic=None, dependents=frozenset(), ahead: bool = False,
                  shared_sms: int = 0, x3_chunk: int | str | None = X3_CHUNK, x3_parts: str = "tf32",
-                 x3_splitk: bool | str = False, tiles: bool = False):
+                 x3_splitk: bool | str = False, tiles: bool = False, tf32_storage: str = "tf32"):
         super().__init__(cupy, module, num_layers, streams=streams, projection=projection)
         self.precision = precision
         self.split = precision == "float32x3"
         self.x3_chunk = x3_chunk           # float32x3: K of one accumulator (split_products.chunking)
         self.x3_parts = x3_parts if self.split else None    # float32x3: how the step products' parts are held
         self.x3_splitk = x3_splitk         # float32x3: the W_hi product's K chunks as cublasLt's split-K (uses_splitk)
+        self.half = precision == "tf32" and tf32_storage == "fp16"      # tf32 held as shifted fp16 (tf32_fp16.py)
         # the step products on the wgmma kernels (wgmma_products.py), operands and weights in tiles: float32x3 in fp16
         # parts, or a reduced mode
-        self.tiles = tiles and (self.x3_parts == "fp16" if self.split else True)
+        self.tiles = tiles and (self.x3_parts == "fp16" if self.split else not self.half)
         # fp16 parts: the module's flag (a uint32 the copies set where an operand is past fp16's range), reset at each
         # run's start and read at its end (fused_modes.FusedModeProgram)
         self.range_flag = (cupy.ndarray((1,), cupy.uint32, memptr=module.get_global(RANGE_FLAG))
-                           if self.x3_parts == "fp16" else None)
+                           if self.x3_parts == "fp16" or self.half else None)
         self.partials: dict = {}           # float32x3: (stream, chunks, rows, cols) -> the chunks' products P
         # kernels launched as programmatic dependents of the step GEMM before them (engine/codegen/programmatic.py)
         self.programmatic, self.dependents = programmatic, frozenset(dependents) if programmatic else frozenset()
@@ -185,7 +199,10 @@ class ModeDevice(CupyDevice):
     def mode_weight(self, weight, exact: bool, parts: str = "tf32", tiles: bool = False) -> ModeWeight:
         """The weight as the GEMMs read it: rounded to the mode (float32x3: its two parts stacked, (2N, K), in `parts`,
         the device's x3_parts but for a step GEMM whose operand no kernel copies; tiles: a step GEMM's weight in the
-        wgmma product's tiles, where the device has them)."""
+        wgmma product's tiles, where the device has them; tf32 with parts "fp16": shifted fp16, tf32_fp16.py)."""
+        if self.half and parts == "fp16" and not exact:
+            stored, scale = scaled_weight(weight)
+            return ModeWeight(self.xp.asarray(stored), exact, parts, scale=scale)
         stored = self.asarray(weight)
         if tiles and self.tiles and not exact and (parts == "fp16" or not self.split):
             layout = tile_weight(self.xp, stored) if self.split else tile_mode_weight(self.xp, stored, self.precision)
@@ -206,7 +223,8 @@ class ModeDevice(CupyDevice):
             R, K = array.shape[0], array.size // array.shape[0]
             return tiled_operand(cupy, R, K, poison) if self.split else \
                 tiled_mode_operand(cupy, R, K, self.precision, poison)
-        dtype = part_dtype(cupy, self.x3_parts) if self.split else operand_dtype(cupy, self.precision)
+        dtype = part_dtype(cupy, self.x3_parts) if self.split else cupy.float16 if self.half else \
+            operand_dtype(cupy, self.precision)
         copy = cupy.empty(((2,) if self.split else ()) + tuple(array.shape), dtype)
         copy.view(cupy.uint16 if copy.itemsize == 2 else cupy.uint32).fill(
             (0xFFFF if copy.itemsize == 2 else 0x7FC00000) if poison else 0)
@@ -230,6 +248,8 @@ class ModeDevice(CupyDevice):
                 round_tiles_into(self.xp, rows, copy, self.precision)
         elif self.split:
             split_into(self.xp, self.xp.ascontiguousarray(source), copy, self.x3_parts, self.range_flag)
+        elif self.half:
+            tf32_fp16_into(self.xp, source, copy, self.range_flag)
         else:
             round_into(self.xp, source, copy, self.precision)
 
@@ -245,7 +265,8 @@ class ModeDevice(CupyDevice):
                                "operand no kernel copies; hint: this is a bug in engine/schedules/fused_modes.py "
                                "(ModeExecutor tiles the copied step GEMMs' weights only); step_product='cublaslt' "
                                "avoids it")
-        dtype = part_dtype(cupy, weight.parts) if self.split else operand_dtype(cupy, self.precision)
+        dtype = part_dtype(cupy, weight.parts) if self.split else cupy.float16 if weight.scale else \
+            operand_dtype(cupy, self.precision)
         key = (cupy.cuda.get_current_stream().ptr, *x.shape, dtype)
         buffer = self.rounded.get(key)
         if buffer is None:
@@ -253,6 +274,9 @@ class ModeDevice(CupyDevice):
             buffer = self.rounded[key] = cupy.empty(shape, dtype)
         if self.split:            # fp16 parts: an x past fp16's range sets the range flag, as a step operand's copy does
             self._split_products(split_into(cupy, x, buffer, weight.parts, self.range_flag), weight, out, bias)
+        elif weight.scale:        # tf32 as shifted fp16: the same, past the copy's range
+            tf32_fp16_into(cupy, x, buffer, self.range_flag)
+            self._multiply(buffer, weight, out, bias, self.precision)
         else:
             self._multiply(round_into(cupy, x, buffer, self.precision), weight, out, bias, self.precision)
 
@@ -274,7 +298,8 @@ class ModeDevice(CupyDevice):
             self._stacked_product(operand, weight, out, launch_fold=left is None)
         elif left is not None:                 # one strided batch of K slices, from the starts of A, W and out
             (call,) = slice_calls(*operand.shape, weight.stored.shape[0], left.count)
-            self._lt(call.shape, operand.data.ptr, weight.stored.data.ptr, out, products=LT_OPERANDS[self.precision])
+            products, alpha = self._products(weight, self.precision)
+            self._lt(call.shape, operand.data.ptr, weight.stored.data.ptr, out, products=products, alpha=alpha)
         else:
             self._multiply(operand, weight, out, None, self.precision)
 
@@ -352,8 +377,17 @@ class ModeDevice(CupyDevice):
     def _multiply(self, operand, weight: ModeWeight, out, bias, mode: str) -> None:
         """out = operand @ W^T (+ bias), both whole, in `mode` (float32 for a reduction's fixed matrix)."""
         M, K = operand.shape
+        products, alpha = self._products(weight, mode)
         self._lt(Product.dense(M, weight.stored.shape[0], K), operand.data.ptr, weight.stored.data.ptr, out,
-                 bias=0 if bias is None else bias.data.ptr, products=LT_OPERANDS[mode])
+                 bias=0 if bias is None else bias.data.ptr, products=products, alpha=alpha)
+
+    @staticmethod
+    def _products(weight: ModeWeight, mode: str) -> tuple[tuple, float]:
+        """The data and compute types of a product by `weight` in `mode`, and its alpha: tf32 held as shifted fp16
+        multiplies fp16 values and scales the sums back (exact: a power of two)."""
+        if weight.scale and mode == "tf32":
+            return X3_FP16_PRODUCTS, weight.scale
+        return LT_OPERANDS[mode], 1.0
 
     def synchronize(self) -> None:
         """Outside a capture, wait for the GPU. In one, join the forked layer streams into the capturing stream (the
@@ -383,15 +417,21 @@ class NumpyModeDevice(NumpyDevice):
 
     copies_operands = False                # no kernels: every step GEMM rounds (or splits) its operand itself
 
-    def __init__(self, dtype, precision: str, x3_chunk: int | str | None = X3_CHUNK, x3_parts: str = "tf32"):
+    def __init__(self, dtype, precision: str, x3_chunk: int | str | None = X3_CHUNK, x3_parts: str = "tf32",
+                 tf32_storage: str = "tf32"):
         super().__init__(dtype)
         self.precision = precision
         self.x3_chunk = x3_chunk
         self.x3_parts = x3_parts if precision == "float32x3" else None
+        self.half = precision == "tf32" and tf32_storage == "fp16"
 
     def mode_weight(self, weight, exact: bool, parts: str = "tf32", tiles: bool = False) -> ModeWeight:
         """float32x3: the parts stacked (2N, K) in `parts` (their values, in the device's dtype), as ModeDevice stores
-        them (tiles: the wgmma product's layout is the GPU's alone; the values are the same)."""
+        them (tiles: the wgmma product's layout is the GPU's alone; the values are the same); tf32 with parts "fp16":
+        the shifted fp16 values and their scale (tf32_fp16.py)."""
+        if self.half and parts == "fp16" and not exact:
+            stored, scale = scaled_weight(weight)
+            return ModeWeight(stored, exact, parts, scale=scale)
         stored = self.asarray(weight)
         if self.precision == "float32x3" and not exact:
             return ModeWeight(stack_split(np, stored, parts).astype(stored.dtype), exact, parts)
@@ -422,6 +462,8 @@ class NumpyModeDevice(NumpyDevice):
             parts = split_into(np, np.ascontiguousarray(x, dtype=np.float32),
                                np.empty((2, rows, K), part_dtype(np, weight.parts)), weight.parts)
             out[...] = stacked_product_numpy(parts, w, chunking(K, self.x3_chunk), LO_SCALE[weight.parts])
+        elif weight.scale:                             # tf32 held as shifted fp16: the same values, shifted back
+            out[...] = tf32_fp16_numpy(x, w, weight.scale)
         else:
             out[...] = mode_matmul(w, x, self.precision, lambda a, b: b @ a.T)
         if bias is not None:

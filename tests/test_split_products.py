@@ -238,7 +238,8 @@ def test_modules_that_sum_the_products_as_they_read_them_compile(tmp_path):
         assert "_gemm_out[b * " in source and " * (long)B * " in source, name          # the loads sum what is left
         assert ("rnn_copy_split" in source) == (precision == "float32x3")
         # fp16 parts: the copies write halves and flag values past fp16's range, the loads take 2^11 off
-        assert ("rnn_copy_split_fp16(" in source and "rnn_fp16_range = 1u" in source
+        assert ("rnn_copy_split_fp16(" in source and "*range = 1u" in source
+                and "unsigned int* __restrict__ rnn_fp16_range," in source
                 and "0.00048828125f" in source) == (parts == "fp16"), name
         sources[f"{name}_{precision}_{parts}"] = source
     compile_sources(sources, tmp_path)

@@ -5,6 +5,7 @@ last bit on ordinary values; the kernels' copies and the initial states' roundin
 cuBLAS's products to it (tests/gpu/test_fused_modes_gpu.py)."""
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -146,7 +147,10 @@ def test_the_kernels_write_the_shifted_copy():
     assert {c for params in copies.values() for _, c, _ in params.values()} == {"unsigned short"}
     source = render_copies_module(program, "tf32", copies, 1, tf32_storage="fp16")
     assert "r_h_mul_gemm_in_mode[b * H + j] = rnn_copy_tf32_fp16(" in source
-    assert "if (rnn_tf32_fp16(v, h)) rnn_fp16_range = 1u;" in source
+    assert "if (rnn_tf32_fp16(v, h)) *range = 1u;" in source
+    # the flag is the program's own, a parameter of every kernel that writes a copy (after its copies)
+    kernels = [k for k in source.split('extern "C" __global__ void ')[1:] if "rnn_copy_tf32_fp16(" in k]
+    assert kernels and all(re.search(r"_mode,[^\n]*\n\s+unsigned int\* __restrict__ rnn_fp16_range,", k) for k in kernels)
     plain = render_copies_module(program, "tf32", operand_copies(program, "tf32"), 1)
     assert "rnn_copy_tf32_fp16" not in plain and "rnn_copy_tf32(" in plain
 

@@ -28,6 +28,11 @@ THREADS_PER_BLOCK = 256
 SPLIT_COPY = "rnn_copy_split"
 SPLIT_COPY_FP16 = "rnn_copy_split_fp16"     # float32x3's parts held as fp16 (engine/codegen/operand_copies.py)
 SPLIT_COPY_TILES = "rnn_copy_split_fp16_tiles"   # the same in 64 x 64 tiles (engine/schedules/wgmma_products.py)
+TF32_FP16_COPY = "rnn_copy_tf32_fp16"       # tf32 held as shifted fp16 (engine/schedules/tf32_fp16.py)
+# The copies above that flag a value past fp16's range: a kernel that makes one takes the program's flag, a uint32
+# (engine/schedules/mode_device.py range_flag), as the parameter RANGE_PARAM after its copies.
+RANGE_FLAGGED = (SPLIT_COPY_FP16, SPLIT_COPY_TILES, TF32_FP16_COPY)
+RANGE_PARAM = "rnn_fp16_range"
 # a reduced mode's copy in the wgmma products' tiles (engine/codegen/operand_copies.py)
 TILE_COPIES = {"tf32": "rnn_copy_tiles_tf32", "float16": "rnn_copy_tiles_fp16", "bfloat16": "rnn_copy_tiles_bf16"}
 # A kernel launched as a programmatic dependent of the GEMM before it (engine/codegen/programmatic.py) waits here for
@@ -221,11 +226,17 @@ def kernel_body(kernel: Kernel, precision: Precision, indent: str = "        ", 
     return [indent + line for line in lines]
 
 
+def flags_range(copies) -> bool:
+    """Whether a kernel with these copies ({param: (copy, C type, function)}) takes the range flag (RANGE_FLAGGED)."""
+    return any(function in RANGE_FLAGGED for _, _, function in (copies or {}).values())
+
+
 def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies=None, wait_for=None,
                   places=None) -> str:
     """One fused kernel's source. copies ({param: (copy param, C type, C function)}, engine/codegen/operand_copies.py):
     every store to `param` also writes function(value) to the copy param, an extra pointer argument after the
-    kernel's own (a GEMM operand kept in a precision mode's format beside its fp32 values). wait_for: the params
+    kernel's own (a GEMM operand kept in a precision mode's format beside its fp32 values); a copy that can pass its
+    format's range takes the program's flag after them (RANGE_PARAM). wait_for: the params
     read after RNN_WAIT_PRIMARY() (kernel_body), for a kernel launched as a programmatic dependent (the module must
     define WAIT_MACRO). places ({param: f(access) -> [C expression]}, kernel_body's): how a param's loads read it
     (a step product's planes summed as they are read, engine/schedules/split_products.py)."""
@@ -248,6 +259,8 @@ def render_kernel(kernel: Kernel, program: Program, precision: Precision, copies
         args.append((f"    {qualifier}{storage}* __restrict__ {p.name},", p.doc))
     for param, (copy, c_type, _) in copies.items():
         args.append((f"    {c_type}* __restrict__ {copy},", f"{param} in the GEMM's operand format"))
+    if flags_range(copies):
+        args.append((f"    unsigned int* __restrict__ {RANGE_PARAM},", "set to 1 where a copy is past its format's range"))
     if program.lengths:
         args.append(("    const int* __restrict__ lengths,", "(B,) the steps of each sequence (lengths=)"))
     if program.cell.uses_projection:

@@ -19,9 +19,11 @@ from __future__ import annotations
 from ..plan import Program
 from .cuda import (
     CELL_HELPERS,
+    RANGE_PARAM,
     SPLIT_COPY,
     SPLIT_COPY_FP16,
     SPLIT_COPY_TILES,
+    TF32_FP16_COPY,
     TILE_COPIES,
     WAIT_MACRO,
     helper_source,
@@ -42,30 +44,31 @@ SPLIT_COPY_SOURCE = (f"__device__ __forceinline__ void {SPLIT_COPY}(float* __res
                      "const float v)\n{\n    const float hi = __uint_as_float(rnn_tf32_bits(v));\n    copy[i] = hi;\n"
                      "    copy[lo + i] = __uint_as_float(rnn_tf32_bits(v - hi));\n}\n")
 # float32x3 in fp16 parts (x3_parts="fp16"): hi = fp16(tf32(v)), lo = fp16(tf32(v - hi) * 2^11) from hi as stored (the
-# same 11-bit parts, engine/rounding.py split_fp16); a value past fp16's range sets the module's flag, which the
-# program reads after the run (engine/schedules/mode_device.py RANGE_FLAG). Held as rows [hi; lo], or for the
-# engine's own wgmma product (engine/schedules/wgmma_products.py) in 64 x 64 tiles: element (b, k) of a part of (B, ld)
+# same 11-bit parts, engine/rounding.py split_fp16); a value past fp16's range sets the program's flag (the kernel's
+# parameter RANGE_PARAM, engine/codegen/cuda.py; the kernels call the name, a macro passes the flag), which the
+# program reads after the run (engine/schedules/mode_device.py). Held as rows [hi; lo], or for the engine's own wgmma
+# product (engine/schedules/wgmma_products.py) in 64 x 64 tiles: element (b, k) of a part of (B, ld)
 # in the tile of row block b / 64 and column block k / 64 (each part's rows and columns padded to whole tiles), its
 # 16-byte group swizzled by row (kernels/tile_gemm.cuh rnn_tile_at<2>); the lo part after the hi part's padded rows.
 # The parts themselves: tile_gemm.cuh rnn_split_fp16.
 SPLIT_COPY_FP16_SOURCE = (
-    'extern "C" { __device__ unsigned int rnn_fp16_range = 0u; }\n'
-    f"__device__ __forceinline__ void {SPLIT_COPY_FP16}(unsigned short* __restrict__ copy, const long i, const long lo, "
-    "const float v)\n{\n    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) rnn_fp16_range = 1u;\n"
-    "    copy[i] = h;\n    copy[lo + i] = l;\n}\n"
-    f"__device__ __forceinline__ void {SPLIT_COPY_TILES}(unsigned short* __restrict__ copy, const long i, const long ld, "
-    "const long B, const float v)\n{\n    const long b = i / ld, at = rnn_tile_at<2>(b, i - b * ld, ld);\n"
-    "    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) rnn_fp16_range = 1u;\n    copy[at] = h;\n"
-    "    copy[(B + 63) / 64 * 64 * ((ld + 63) / 64 * 64) + at] = l;\n}\n")
-
+    f"__device__ __forceinline__ void {SPLIT_COPY_FP16}_at(unsigned short* __restrict__ copy, const long i, "
+    "const long lo, const float v, unsigned int* __restrict__ range)\n{\n    unsigned short h, l;\n"
+    "    if (rnn_split_fp16(v, h, l)) *range = 1u;\n    copy[i] = h;\n    copy[lo + i] = l;\n}\n"
+    f"__device__ __forceinline__ void {SPLIT_COPY_TILES}_at(unsigned short* __restrict__ copy, const long i, "
+    "const long ld, const long B, const float v, unsigned int* __restrict__ range)\n{\n"
+    "    const long b = i / ld, at = rnn_tile_at<2>(b, i - b * ld, ld);\n"
+    "    unsigned short h, l;\n    if (rnn_split_fp16(v, h, l)) *range = 1u;\n    copy[at] = h;\n"
+    "    copy[(B + 63) / 64 * 64 * ((ld + 63) / 64 * 64) + at] = l;\n}\n"
+    f"#define {SPLIT_COPY_FP16}(...) {SPLIT_COPY_FP16}_at(__VA_ARGS__, {RANGE_PARAM})\n"
+    f"#define {SPLIT_COPY_TILES}(...) {SPLIT_COPY_TILES}_at(__VA_ARGS__, {RANGE_PARAM})\n")
 
 # tf32 held as fp16 (tf32_storage="fp16", engine/schedules/tf32_fp16.py): fp16(tf32(v) * 2^10); a value past the copy's
-# range sets the module's flag, as float32x3's fp16 parts do (the two never share a module).
-TF32_FP16_COPY = "rnn_copy_tf32_fp16"
+# range sets the program's flag, as float32x3's fp16 parts do.
 TF32_FP16_COPY_SOURCE = (
-    'extern "C" { __device__ unsigned int rnn_fp16_range = 0u; }\n'
-    f"__device__ __forceinline__ unsigned short {TF32_FP16_COPY}(const float v)\n{{\n    unsigned short h;\n"
-    "    if (rnn_tf32_fp16(v, h)) rnn_fp16_range = 1u;\n    return h;\n}\n")
+    f"__device__ __forceinline__ unsigned short {TF32_FP16_COPY}_at(const float v, unsigned int* __restrict__ range)"
+    "\n{\n    unsigned short h;\n    if (rnn_tf32_fp16(v, h)) *range = 1u;\n    return h;\n}\n"
+    f"#define {TF32_FP16_COPY}(v) {TF32_FP16_COPY}_at((v), {RANGE_PARAM})\n")
 
 
 # A reduced mode's copy in the wgmma products' tiles (step_product="wgmma"): element (b, k) of the (B, ld) operand at

@@ -62,6 +62,7 @@ from ..backends.common import RunResult, check_float32_gpu_program, check_gpu_ru
 from ..backends.fused import Executor, fitting_plan
 from ..backends.lengths import check_lengths
 from ..codegen import GENERATOR_VERSION
+from ..codegen.cuda import flags_range
 from ..codegen.nvrtc import load_module
 from ..codegen.operand_copies import copied_buffers, operand_copies, render_copies_module
 from ..codegen.programmatic import ProgrammaticLaunch, programmatic_waits
@@ -155,6 +156,7 @@ class ModeExecutor(Executor):
         params = {(k.name, p.name): p for k in self.program.kernels for p in k.params}
         self.copy_sources = {kernel: [(params[(kernel, name)].source, params[(kernel, name)].version) for name in named]
                              for kernel, named in copies.items()}
+        self.flagged = {kernel for kernel, named in copies.items() if flags_range(named)}    # take the range flag
 
     def _allocate(self, poison: bool) -> list[dict]:
         layers = super()._allocate(poison)
@@ -192,10 +194,13 @@ class ModeExecutor(Executor):
                     weight, self.layers[layer][item.out_buffer], self.left.get(item.name))
 
     def _kernel_args(self, layer: int, item, t: int) -> list:
-        """The kernel's own arguments, then its copies' (render_kernel puts them after the kernel's params)."""
+        """The kernel's own arguments, then its copies', then the range flag where its copies set it (render_kernel
+        puts them after the kernel's params in that order)."""
         args = super()._kernel_args(layer, item, t)
         for source, version in self.copy_sources.get(item.name, ()):
             args.append(self._version(self.copy_arrays[layer][source], version, t))
+        if item.name in self.flagged:
+            args.append(self.device.range_flag)
         return args
 
     def _upload_params(self, params: Params):
@@ -374,8 +379,9 @@ class FusedModeProgram:
                                           read_places(program, readers), self.x3_parts, self.tf32_storage)
             ahead = self.projection_ahead if type(self.projection_ahead) is int else \
                 ahead_steps(T, B) if self.projection_ahead and network.num_layers == 1 else None
-            device = ModeDevice(cupy, load_module(source, cell=network.cell.name), network.num_layers,
-                                self.precision, projection=network.cell.uses_projection,
+            module = load_module(source, cell=network.cell.name)
+            device = ModeDevice(cupy, module, network.num_layers, self.precision,
+                                projection=network.cell.uses_projection,
                                 streams=self.layer_streams and network.num_layers > 1 and plan.num_chunks > 1,
                                 programmatic=self.programmatic, dependents=waits, ahead=ahead is not None,
                                 shared_sms=self.projection_sms, x3_chunk=self.x3_chunk, x3_parts=self.x3_parts,

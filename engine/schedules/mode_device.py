@@ -8,7 +8,7 @@ stand-in for the CPU tests (its GEMMs as engine.rounding emulates the mode).
 
 float32x3's parts (split_products.py): "tf32", each part a TF32 value held in fp32, multiplied on TF32 tensor cores;
 "fp16", the same 11-bit parts held as fp16 (the lo part times 2^11), multiplied on fp16 tensor cores from half the
-bytes; a value past fp16's range (|v| > 65504) sets the range flag of the module (kernels write it) and the program
+bytes; a value past fp16's range (|v| > 65504) sets the program's range flag (kernels write it) and the program
 runs again in TF32 parts (fused_modes.FusedModeProgram). tiles (sm_90; float32x3 in fp16 parts, or a reduced mode):
 the step products on the engine's own wgmma kernels (wgmma_products.py), the weights and the operands' copies in
 their tiles. tf32_storage="fp16": tf32's step GEMMs hold their weights and operands' copies as fp16 shifted by powers
@@ -65,9 +65,6 @@ from .wgmma_products import (
 
 X3_PRODUCTS = LT_OPERANDS["tf32"]       # float32x3's TF32 parts: fp32 storage, TF32 tensor-core products
 X3_FP16_PRODUCTS = (CUDA_R_16F, CUBLAS_COMPUTE_32F)   # its fp16 parts: fp16 storage, fp32 accumulation
-
-
-RANGE_FLAG = "rnn_fp16_range"       # the copies module's flag: an operand past its fp16 copy's range (operand_copies)
 
 
 @dataclass(frozen=True)
@@ -131,10 +128,10 @@ class ModeDevice(CupyDevice):
         # the step products on the wgmma kernels (wgmma_products.py), operands and weights in tiles: float32x3 in fp16
         # parts, or a reduced mode
         self.tiles = tiles and (self.x3_parts == "fp16" if self.split else not self.half)
-        # fp16 parts: the module's flag (a uint32 the copies set where an operand is past fp16's range), reset at each
-        # run's start and read at its end (fused_modes.FusedModeProgram)
-        self.range_flag = (cupy.ndarray((1,), cupy.uint32, memptr=module.get_global(RANGE_FLAG))
-                           if self.x3_parts == "fp16" or self.half else None)
+        # fp16 copies: the program's own flag, a uint32 the copies set where an operand is past their range (the
+        # kernels take it as a parameter: codegen.cuda RANGE_PARAM), reset at each run's start and read at its end
+        # (fused_modes.FusedModeProgram); two programs never share one
+        self.range_flag = cupy.zeros(1, dtype=cupy.uint32) if self.x3_parts == "fp16" or self.half else None
         self.partials: dict = {}           # float32x3: (stream, chunks, rows, cols) -> the chunks' products P
         # kernels launched as programmatic dependents of the step GEMM before them (engine/codegen/programmatic.py)
         self.programmatic, self.dependents = programmatic, frozenset(dependents) if programmatic else frozenset()

@@ -84,3 +84,22 @@ def test_a_weight_it_cannot_hold_runs_in_tf32_storage(cupy):
     assert result.info["tf32_storage"] == "tf32", result.info
     assert "has a row" in result.info["tf32_storage_fallback"], result.info
     check_mode(result, network, small, x, states, "tf32", "fused gru tf32, a weight held in TF32", UNEXPLAINED)
+
+
+def test_each_program_has_its_own_range_flag(cupy):
+    """Two programs of the same cell and sizes share their kernels' module, and each has a range flag of its own
+    (a buffer the kernels take as a parameter), so one's operand past the range, or its reset of the flag at a run's
+    start, is not the other's when both run at once."""
+    network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=4, sizes=SIZES)
+    past = {name: value.copy() for name, value in states.items()}
+    past["h"][0, 1, 2] = 90.0
+    first = fused_modes.prepare(network, params, precision="tf32", step_product="cublaslt")
+    second = fused_modes.prepare(network, params, precision="tf32", step_product="cublaslt")
+    flags = [p.executor(x.shape[0], x.shape[1]).device.range_flag for p in (first, second)]
+    assert flags[0].data.ptr != flags[1].data.ptr
+    assert first.run(x, past).info["tf32_storage"] == "tf32"
+    kept = second.run(x, states)
+    assert kept.info["tf32_storage"] == "fp16" and "tf32_storage_fallback" not in kept.info, kept.info
+    float32x3 = [fused_modes.prepare(network, params, precision="float32x3") for _ in range(2)]
+    flags = [p.executor(x.shape[0], x.shape[1]).device.range_flag for p in float32x3]
+    assert flags[0].data.ptr != flags[1].data.ptr

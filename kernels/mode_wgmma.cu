@@ -11,27 +11,7 @@
 // the chunk's own are done (wgmma.wait_group 1), so the tensor cores always have the next chunk queued. Operands
 // laid out as the float32x3 product's (x3_wgmma.cu): blocks of 64 rows, each as Kp / (128 / bytes) tiles, zeros
 // past R, N and K.
-template <int MODE> struct ModeMma;
-template <> struct ModeMma<RNN_TF32> {
-    static __device__ __forceinline__ void mma(float (&d)[32], unsigned long long a, unsigned long long b, int scale)
-    {
-        RnnWgmma<64, true>::mma(d, a, b, scale);
-    }
-};
-template <> struct ModeMma<RNN_BF16> {
-    static __device__ __forceinline__ void mma(float (&d)[32], unsigned long long a, unsigned long long b, int scale)
-    {
-        RnnWgmma<64, false>::mma(d, a, b, scale);
-    }
-};
-template <> struct ModeMma<RNN_FP16> {
-    static __device__ __forceinline__ void mma(float (&d)[32], unsigned long long a, unsigned long long b, int scale)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" RNN_WGMMA_OUT32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                     : RNN_WGMMA_D32 : "l"(a), "l"(b), "r"(scale));
-    }
-};
+// ModeMma<MODE>: one m64n64 wgmma of the mode (wgmma.cuh).
 
 // out (R, N), row-major: rows mb * 64 .., features nb * 64 ..; Rp, Np the rows rounded up to 64; chunks: tiles
 // along K.

@@ -1,0 +1,112 @@
+"""A 16-bit mode's step product that reads h once a cluster and keeps part of its weight in L2 (kernels/mode_stream.cu;
+issue #34, bf16 / fp16 at blogA; NOTES 2026-11-28 11:10), against cublasLt (the fused backend's product) and the
+engine's wgmma kernel for the modes (kernels/mode_wgmma.cu).
+
+For the step products of `large` and blogA (LSTM and GRU), in bf16 and fp16: each variant's error against the float64
+product of the same rounded operands (it must be within 1.5x cublasLt's, or one accumulator's drift), then its time
+in a chain of 50 captured into a CUDA graph (median of 11 launches). The streamed kernel runs in clusters of 1, 2 and 4
+blocks (h multicast to the cluster), with no L2 policy and with the weight's first `primary` bytes evict_last (36 MB,
+and the whole weight where it is smaller), and in its variant with a producer warp. sm_90 only.
+
+    python3 benchmarks/probe_mode_stream.py --out /tmp/probe [--precision bfloat16]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from probe_x3_promote import CHAIN, SHAPES  # noqa: E402
+from step_chain import product_chain  # noqa: E402
+
+from engine.schedules import wgmma_products  # noqa: E402
+from engine.schedules.cublaslt import LtProjection, Product  # noqa: E402
+from engine.schedules.project import LT_OPERANDS, operand_dtype, round_into  # noqa: E402
+
+STAGES = 4                      # mode_stream.cu's slots (16 KB each)
+MB = 1 << 20
+
+
+def stream_product(cupy, operand, weight, out, R: int, K: int, N: int, precision: str, cluster: int,
+                   primary: int, producer: bool = False) -> None:
+    """out (R, N) = the tiled operand times the tiled weight^T on kernels/mode_stream.cu: clusters of `cluster`
+    blocks, the weight's first `primary` bytes evict_last (0: plain copies); producer: the variant with a producer
+    warp (mode_stream_ws_*)."""
+    rp, np_ = wgmma_products.padded(R), wgmma_products.padded(N)
+    grid = (np_ // 64, rp // 64)
+    if grid[0] % cluster:
+        raise SystemExit(f"{grid[0]} weight-row blocks do not make clusters of {cluster}")
+    smem = wgmma_products.smem_bytes(STAGES, 2) + 8 * STAGES * (2 if producer else 1)
+    name = f"mode_stream_{'ws_' if producer else ''}{precision}_{cluster}"
+    function = wgmma_products.ring_kernel(cupy, "mode_stream.cu", name, smem)
+    chunks = wgmma_products.padded(K) // 64
+    function(grid, (160 if producer else 128,), (operand, weight, out, np.int32(R), np.int32(N), np.int32(chunks),
+                                                 np.uint32(primary), np.uint32(weight.nbytes)), shared_mem=smem)
+
+
+def main() -> None:
+    import cupy  # deferred: CuPy is optional (no GPU in CI)
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--precision", action="append", default=None, help="bfloat16, float16 (default: both)")
+    args = ap.parse_args()
+    if not wgmma_products.wgmma_capable(cupy):
+        raise SystemExit("kernels/mode_stream.cu runs on sm_90 (H100, H200) only")
+    lt, stream, rows = LtProjection.on_current_device(cupy), cupy.cuda.Stream(non_blocking=True), []
+    for precision in args.precision or ["bfloat16", "float16"]:
+        for cell, config, R, K, N in SHAPES:
+            rng = np.random.default_rng(0)
+            h = cupy.asarray(rng.uniform(-1, 1, (R, K)).astype(np.float32))
+            w = cupy.asarray((rng.standard_normal((N, K)) / K ** 0.5).astype(np.float32))
+            dtype = operand_dtype(cupy, precision)
+            hr = round_into(cupy, h, cupy.empty((R, K), dtype=dtype), precision)
+            wr = round_into(cupy, w, cupy.empty((N, K), dtype=dtype), precision)
+            value = ((lambda a: a.astype(cupy.float64)) if precision == "float16" else
+                     (lambda a: (a.astype(cupy.uint32) << 16).view(cupy.float32).astype(cupy.float64)))
+            exact = value(hr) @ value(wr).T
+            tiles = wgmma_products.tiled_mode_operand(cupy, R, K, precision, poison=False)
+            wgmma_products.round_tiles_into(cupy, h, tiles, precision)
+            weight = wgmma_products.tile_mode_weight(cupy, w, precision)
+            out = cupy.empty((R, N), dtype=cupy.float32)
+            cupy.cuda.Device().synchronize()
+
+            def measure(label, issue, **extra):
+                error, us = product_chain(cupy, stream, out, exact, issue, CHAIN)
+                rows.append({"precision": precision, "cell": cell, "config": config, "variant": label,
+                             "error": error, "us": us, **extra})
+                print(f"{precision:8s} {cell:4s} {config:6s} {label:36s} {us:8.2f} us  error {error:.2e}", flush=True)
+                return error
+
+            def cublas():
+                data, compute = LT_OPERANDS[precision]
+                if not lt.product(Product.dense(R, N, K), hr.data.ptr, wr.data.ptr, out.data.ptr, data, compute):
+                    raise SystemExit(f"cublasLt offered no algorithm for the {precision} product")
+            bound = max(1.5 * measure("cublasLt", cublas), 4e-9 * K)
+            measure("wgmma kernel (mode_wgmma.cu)",
+                    lambda: wgmma_products.mode_product(cupy, tiles, weight, out, R, K, N, precision))
+            for producer in (False, True):
+                primaries = sorted({0, min(weight.nbytes, 36 * MB)} | (set() if producer else {weight.nbytes}))
+                for cluster in (1, 2, 4):
+                    for primary in primaries:
+                        label = (f"stream{', producer warp' if producer else ''}, clusters of {cluster}, "
+                                 f"evict_last {primary / MB:.0f} MB")
+                        error = measure(label, lambda c=cluster, p=primary, w=producer: stream_product(
+                            cupy, tiles, weight, out, R, K, N, precision, c, p, w), cluster=cluster, primary=primary,
+                            producer=producer)
+                        if not error <= bound:
+                            raise SystemExit(f"{label}: error {error:.3g} past {bound:.3g}: wrong")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "probe_mode_stream.json").write_text(json.dumps(
+            {"device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -22,12 +22,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from probe_x3_promote import CHAIN, SHAPES  # noqa: E402
+from probe_x3_promote import CHAIN, SHAPES, mode_operands  # noqa: E402
 from step_chain import product_chain  # noqa: E402
 
 from engine.schedules import wgmma_products  # noqa: E402
 from engine.schedules.cublaslt import LtProjection, Product  # noqa: E402
-from engine.schedules.project import LT_OPERANDS, operand_dtype, round_into  # noqa: E402
+from engine.schedules.project import LT_OPERANDS  # noqa: E402
 
 STAGES = 4                      # mode_stream.cu's slots (16 KB each)
 MB = 1 << 20
@@ -62,20 +62,8 @@ def main() -> None:
     lt, stream, rows = LtProjection.on_current_device(cupy), cupy.cuda.Stream(non_blocking=True), []
     for precision in args.precision or ["bfloat16", "float16"]:
         for cell, config, R, K, N in SHAPES:
-            rng = np.random.default_rng(0)
-            h = cupy.asarray(rng.uniform(-1, 1, (R, K)).astype(np.float32))
-            w = cupy.asarray((rng.standard_normal((N, K)) / K ** 0.5).astype(np.float32))
-            dtype = operand_dtype(cupy, precision)
-            hr = round_into(cupy, h, cupy.empty((R, K), dtype=dtype), precision)
-            wr = round_into(cupy, w, cupy.empty((N, K), dtype=dtype), precision)
-            value = ((lambda a: a.astype(cupy.float64)) if precision == "float16" else
-                     (lambda a: (a.astype(cupy.uint32) << 16).view(cupy.float32).astype(cupy.float64)))
-            exact = value(hr) @ value(wr).T
-            tiles = wgmma_products.tiled_mode_operand(cupy, R, K, precision, poison=False)
-            wgmma_products.round_tiles_into(cupy, h, tiles, precision)
-            weight = wgmma_products.tile_mode_weight(cupy, w, precision)
+            hr, wr, exact, tiles, weight = mode_operands(cupy, precision, R, K, N)
             out = cupy.empty((R, N), dtype=cupy.float32)
-            cupy.cuda.Device().synchronize()
 
             def measure(label, issue, **extra):
                 error, us = product_chain(cupy, stream, out, exact, issue, CHAIN)

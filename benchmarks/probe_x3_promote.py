@@ -54,6 +54,25 @@ SHAPES = [("lstm", "large", 128, 1024, 4096), ("gru", "large", 128, 1024, 3072),
 CHAIN = 50
 
 
+def mode_operands(cupy, precision: str, R: int, K: int, N: int):
+    """A reduced mode's step product's operands, random (h uniform in [-1, 1], W normal / sqrt(K)): h and W rounded
+    row-major (cublasLt's), the float64 product of those values, and both in the wgmma products' tiles."""
+    rng = np.random.default_rng(0)
+    h = cupy.asarray(rng.uniform(-1, 1, (R, K)).astype(np.float32))
+    w = cupy.asarray((rng.standard_normal((N, K)) / K ** 0.5).astype(np.float32))
+    dtype = operand_dtype(cupy, precision)
+    hr = round_into(cupy, h, cupy.empty((R, K), dtype=dtype), precision)
+    wr = round_into(cupy, w, cupy.empty((N, K), dtype=dtype), precision)
+    values = {"tf32": lambda a: a.astype(cupy.float64), "float16": lambda a: a.astype(cupy.float64),
+              "bfloat16": lambda a: (a.astype(cupy.uint32) << 16).view(cupy.float32).astype(cupy.float64)}
+    exact = values[precision](hr) @ values[precision](wr).T
+    tiles = wgmma_products.tiled_mode_operand(cupy, R, K, precision, poison=False)
+    wgmma_products.round_tiles_into(cupy, h, tiles, precision)
+    weight = wgmma_products.tile_mode_weight(cupy, w, precision)
+    cupy.cuda.Device().synchronize()
+    return hr, wr, exact, tiles, weight
+
+
 def modes(cupy, lt, stream, precisions) -> list[dict]:
     """Each reduced mode's step product at SHAPES: cublasLt (one product of the rounded operands, as
     ModeDevice._multiply issues it) and the wgmma kernel at 4 and 8 slots; error against the float64 product of the
@@ -62,20 +81,8 @@ def modes(cupy, lt, stream, precisions) -> list[dict]:
     chosen = wgmma_products.mode_stages
     for precision in precisions:
         for cell, config, R, K, N in SHAPES:
-            rng = np.random.default_rng(0)
-            h = cupy.asarray(rng.uniform(-1, 1, (R, K)).astype(np.float32))
-            w = cupy.asarray((rng.standard_normal((N, K)) / K ** 0.5).astype(np.float32))
-            dtype = operand_dtype(cupy, precision)
-            hr = round_into(cupy, h, cupy.empty((R, K), dtype=dtype), precision)
-            wr = round_into(cupy, w, cupy.empty((N, K), dtype=dtype), precision)
-            values = {"tf32": lambda a: a.astype(cupy.float64), "float16": lambda a: a.astype(cupy.float64),
-                      "bfloat16": lambda a: (a.astype(cupy.uint32) << 16).view(cupy.float32).astype(cupy.float64)}
-            exact = values[precision](hr) @ values[precision](wr).T
-            tiles = wgmma_products.tiled_mode_operand(cupy, R, K, precision, poison=False)
-            wgmma_products.round_tiles_into(cupy, h, tiles, precision)
-            weight = wgmma_products.tile_mode_weight(cupy, w, precision)
+            hr, wr, exact, tiles, weight = mode_operands(cupy, precision, R, K, N)
             out = cupy.empty((R, N), dtype=cupy.float32)
-            cupy.cuda.Device().synchronize()
 
             def measure(label, issue, **extra):
                 error, us = product_chain(cupy, stream, out, exact, issue, CHAIN)

@@ -1,6 +1,6 @@
 // A reduced mode's step product (tf32, fp16, bf16) on Hopper's warpgroup MMA, its operands in tiles staged by bulk
 // copies (engine/schedules/wgmma_products.py mode_product; issue #34's tensor-core step kernels). Needs tile_gemm.cuh,
-// mma_gemm.cuh, wgmma.cuh and tile_ring.cuh before it.
+// mma_gemm.cuh, wgmma.cuh, mode_mma.cuh and tile_ring.cuh before it.
 //
 //     out (R, N) = h W^T, h (R, K) and W (N, K) in the mode's format, fp32 sums
 //
@@ -11,7 +11,7 @@
 // the chunk's own are done (wgmma.wait_group 1), so the tensor cores always have the next chunk queued. Operands
 // laid out as the float32x3 product's (x3_wgmma.cu): blocks of 64 rows, each as Kp / (128 / bytes) tiles, zeros
 // past R, N and K.
-// ModeMma<MODE>: one m64n64 wgmma of the mode (wgmma.cuh).
+// ModeMma<MODE>: one m64n64 wgmma of the mode (mode_mma.cuh).
 
 // out (R, N), row-major: rows mb * 64 .., features nb * 64 ..; Rp, Np the rows rounded up to 64; chunks: tiles
 // along K.

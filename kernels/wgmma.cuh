@@ -128,28 +128,4 @@ RNN_WGMMA_RS2(64, "64k16", "%32, %33, %34, %35", 36, 37, RNN_WGMMA_OUT32, RNN_WG
 #undef RNN_WGMMA_RS2
 #undef RNN_WGMMA_RS
 
-// One m64n64 wgmma of a reduced mode, both operands from shared memory (descriptors a, b), into d; scale 0 starts the
-// sum (kernels/mode_wgmma.cu, kernels/mode_stream.cu).
-template <int MODE> struct ModeMma;
-template <> struct ModeMma<RNN_TF32> {
-    static __device__ __forceinline__ void mma(float (&d)[32], unsigned long long a, unsigned long long b, int scale)
-    {
-        RnnWgmma<64, true>::mma(d, a, b, scale);
-    }
-};
-template <> struct ModeMma<RNN_BF16> {
-    static __device__ __forceinline__ void mma(float (&d)[32], unsigned long long a, unsigned long long b, int scale)
-    {
-        RnnWgmma<64, false>::mma(d, a, b, scale);
-    }
-};
-template <> struct ModeMma<RNN_FP16> {
-    static __device__ __forceinline__ void mma(float (&d)[32], unsigned long long a, unsigned long long b, int scale)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" RNN_WGMMA_OUT32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                     : RNN_WGMMA_D32 : "l"(a), "l"(b), "r"(scale));
-    }
-};
-
 #endif  // RNN_WGMMA_CUH

@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 from nvcc_check import compile_sources
+from test_fused_modes import case, relative
 
 import engine
 from engine.backends import reference
@@ -24,23 +25,6 @@ from engine.rounding import round_operand
 from engine.schedules import fused_modes, tf32_fp16
 from engine.schedules.fused_modes import ModeExecutor, fixed_gemms, resolve_tf32_storage
 from engine.schedules.mode_device import NumpyModeDevice, Tf32StorageError
-
-SIZES = {"input_size": 7, "hidden_size": 12, "batch": 3, "steps": 5}
-
-
-def case(name: str, layers: int = 2, seed: int = 1):
-    cell = engine.preset(name).cell
-    hidden = SIZES["hidden_size"] if "heads" not in name else 16
-    network = engine.Network(cell, SIZES["input_size"], hidden, layers)
-    params = engine.init_params(network, seed=seed)
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((SIZES["steps"], SIZES["batch"], SIZES["input_size"]))
-    states = {n: rng.uniform(-0.8, 0.8, (layers, SIZES["batch"], hidden)) for n in cell.state_names}
-    return network, params, x, states
-
-
-def relative(got, want) -> float:
-    return float(np.linalg.norm(np.asarray(got) - want) / max(np.linalg.norm(want), 1e-30))
 
 
 @pytest.mark.parametrize("top", [1e-3, 0.07, 1.0, 3.0, 2.0 ** 14, 5e4])

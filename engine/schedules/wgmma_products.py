@@ -160,7 +160,7 @@ def smem_bytes(slots: int, tiles: int = 4) -> int:
     return slots * tiles * TILE_BYTES + 8 * slots + 1024
 
 
-RING_HELPERS = ("tile_gemm.cuh", "mma_gemm.cuh", "wgmma.cuh", "tile_ring.cuh")    # what the ring kernels include
+RING_HELPERS = ("tile_gemm.cuh", "mma_gemm.cuh", "wgmma.cuh", "mode_mma.cuh", "tile_ring.cuh")   # ring kernels' includes
 
 
 def kernel_source(filename: str = "x3_wgmma.cu") -> str:

@@ -13,7 +13,6 @@ and the whole weight where it is smaller), and in its variant with a producer wa
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from probe_fused_ahead import write_rows  # noqa: E402
 from probe_x3_promote import CHAIN, SHAPES, mode_operands  # noqa: E402
 from step_chain import product_chain  # noqa: E402
 
@@ -90,10 +90,7 @@ def main() -> None:
                             producer=producer)
                         if not error <= bound:
                             raise SystemExit(f"{label}: error {error:.3g} past {bound:.3g}: wrong")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "probe_mode_stream.json").write_text(json.dumps(
-            {"device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}, indent=1))
+    write_rows(cupy, args.out, "probe_mode_stream.json", rows)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ staged by bulk copies it took 12.6.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from probe_fused_ahead import write_rows  # noqa: E402
 from step_chain import product_chain  # noqa: E402
 
 from engine.codegen.cublas_enums import CUBLAS_COMPUTE_32F, CUDA_R_16F  # noqa: E402
@@ -122,10 +122,7 @@ def main() -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     if args.modes:
         rows = modes(cupy, lt, stream, args.modes.split(","))
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "probe_mode_wgmma.json").write_text(json.dumps(
-                {"device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}, indent=1))
+        write_rows(cupy, args.out, "probe_mode_wgmma.json", rows)
         return
     chosen = wgmma_products.stages
     rows = []
@@ -182,10 +179,7 @@ def main() -> None:
                 if engine_error is not None and rows[-1]["error"] > 1.5 * engine_error + 1e-7:
                     raise SystemExit(f"the two-warpgroup kernel's error {rows[-1]['error']:.3g} is past the engine "
                                      f"kernel's {engine_error:.3g}: wrong")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "probe_x3_promote.json").write_text(json.dumps(
-            {"device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}, indent=1))
+    write_rows(cupy, args.out, "probe_x3_promote.json", rows)
 
 
 if __name__ == "__main__":

@@ -52,10 +52,12 @@ def weight_shift(rounded) -> int:
 def check_weight(w) -> str | None:
     """Why a weight (N, K) cannot be held as shifted fp16, or None where it can: a value not finite, or a nonzero row
     whose largest |w| is under 2^-ROW_SPAN of the weight's (fp16's subnormals would cost it its low bits)."""
-    rounded = round_operand(np.asarray(w, dtype=np.float32), "tf32")
-    if not np.isfinite(rounded).all():
+    single = np.asarray(w, dtype=np.float32)
+    if not np.isfinite(single).all():
         return "has values that are not finite"
-    rows = np.abs(rounded.reshape(rounded.shape[0], -1)).max(axis=1) if rounded.size else rounded
+    # TF32 rounding keeps order and sign, so a row's largest |tf32(w)| is tf32 of its largest |w|: only those round
+    rows = round_operand(np.abs(single.reshape(single.shape[0], -1)).max(axis=1), "tf32") if single.size else \
+        np.zeros(0)
     top = float(rows.max()) if rows.size else 0.0
     low = rows[(rows > 0) & (rows < top * 2.0 ** -ROW_SPAN)]
     if low.size:

@@ -1,5 +1,5 @@
 """A 16-bit mode's step product that reads h fewer times and keeps part of its weight in L2 (kernels/mode_stream.cu,
-kernels/mode_wide.cu; issue #34, bf16 / fp16 at blogA; NOTES 2026-11-28 11:10, 11:25 and 12:25), against cublasLt
+kernels/mode_wide.cu; issue #34, bf16 / fp16 at blogA; NOTES 2026-11-28 11:10, 11:25 and 12:16), against cublasLt
 (the fused backend's product) and the engine's wgmma kernel for the modes (kernels/mode_wgmma.cu).
 
 For the step products of `large` and blogA (LSTM and GRU), in bf16 and fp16: each variant's error against the float64

@@ -1,6 +1,6 @@
 // A whole LSTM layer's steps in a 16-bit mode in one launch, for weights that outgrow the chip (blogA: a 2560 x 10240
 // weight streamed every step; benchmarks/probe_mode_persist.py; issue #34, bf16 / fp16 at blogA; benchmarks/NOTES.md
-// 2026-11-28 12:25). A probe's kernel: the engine does not launch it. Needs tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh,
+// 2026-11-28 12:16). A probe's kernel: the engine does not launch it. Needs tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh,
 // mode_mma.cuh and tile_ring.cuh before it.
 //
 //     gates = xp[t] (T, R, 4H, permuted as the weight, bias included) + h_{t-1} W^T; c, h = LSTM(gates, c)

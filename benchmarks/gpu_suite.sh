@@ -43,7 +43,8 @@
 #      and the reduced modes' products on the same design against cublasLt (probe_x3_promote.py --modes), and the
 #      bf16 product with h multicast to a cluster and an L2 policy on its weight, or a block of 128 or 256 weight rows
 #      (probe_mode_stream.py), and a whole bf16 / fp16 LSTM layer in one launch (probe_mode_persist.py), both probes'
-#      kernels under compute-sanitizer memcheck and racecheck (--sanitize);
+#      kernels under compute-sanitizer memcheck and racecheck (--sanitize), and blogA on the fused backend with its
+#      step products on cublasLt against step_product="wgmma" (mode_wide.cu past the L2: probe_wide_product.py);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") in fp16 parts (the default) and TF32
 #      parts against cuDNN fp32,
@@ -241,6 +242,7 @@ if [[ " $STAGES " == *" x3 "* ]]; then
   X3_TAIL=40 x3_step timeout 90 "$PY" benchmarks/probe_x3_promote.py --out "$OUT/modes" --modes tf32,bfloat16,float16
   X3_TAIL=60 x3_step timeout 120 "$PY" benchmarks/probe_mode_stream.py --out "$OUT" --precision bfloat16
   X3_TAIL=40 x3_step timeout 120 "$PY" benchmarks/probe_mode_persist.py --out "$OUT"
+  X3_TAIL=12 x3_step timeout 150 "$PY" benchmarks/probe_wide_product.py --out "$OUT" --precision bfloat16 --precision float16
   for tool in memcheck racecheck; do
     for probe in probe_mode_persist probe_mode_stream; do
       X3_TAIL=8 x3_step timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/$probe.py --sanitize \

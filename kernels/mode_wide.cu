@@ -1,6 +1,7 @@
 // A 16-bit mode's step product for the skinny products of large layers (blogA: h 64 x 2560 by a 2560 x 10240 weight),
-// whose weight is streamed every step (benchmarks/probe_mode_stream.py wide_product; issue #34, bf16 / fp16 at blogA;
-// benchmarks/NOTES.md 2026-11-28 11:10 and 12:16). Needs tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh, mode_mma.cuh and
+// whose weight is streamed every step (engine/schedules/wgmma_products.py mode_product takes mode_wide_*_2_2_4 for a
+// weight past the L2; benchmarks/probe_mode_stream.py wide_product times every entry; issue #34, bf16 / fp16 at
+// blogA; benchmarks/NOTES.md 2026-11-28 11:10, 12:16 and 12:30). Needs tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh, mode_mma.cuh and
 // tile_ring.cuh before it (the tiles, the barriers and bulk copies, wgmma and its descriptors, ModeMma,
 // rnn_tile_store).
 //

@@ -26,6 +26,7 @@ from engine.schedules.split_products import chunking, split_into, stack_split, s
 from engine.schedules.wgmma_products import (
     PROMOTE,
     STEP_PRODUCTS,
+    goes_wide,
     kernel_source,
     padded,
     promote_columns,
@@ -150,9 +151,10 @@ def test_the_rings_fit_a_hopper_block():
     assert 2 * smem_bytes(3) <= SHARED_MEMORY_SM90           # x3_wgmma_pair_3: a ring of 3 for each warpgroup
 
 
-def gpu_of(sms: int):
-    """A stand-in for cupy whose current device has `sms` SMs (all x3_kernel reads)."""
-    device = SimpleNamespace(attributes={"MultiProcessorCount": sms})
+def gpu_of(sms: int, l2: int = 60 << 20):
+    """A stand-in for cupy whose current device has `sms` SMs and an L2 of `l2` bytes (all x3_kernel and goes_wide
+    read)."""
+    device = SimpleNamespace(attributes={"MultiProcessorCount": sms, "L2CacheSize": l2})
     return SimpleNamespace(cuda=SimpleNamespace(Device=lambda: device))
 
 
@@ -165,6 +167,16 @@ def test_two_warpgroups_take_grids_that_fit_the_sms_once_when_every_chunk_is_pro
     assert x3_kernel(h200, 128, 128) == ("x3_wgmma_4", 128, smem_bytes(4))                # the pair promotes each chunk
     assert x3_kernel(gpu_of(114), 128, 64) == ("x3_wgmma_2", 128, smem_bytes(2))          # an H100 PCIe's 114 SMs
     assert 2 * smem_bytes(2) <= SHARED_MEMORY_SM90
+
+
+def test_a_16_bit_weight_past_the_l2_goes_wide():
+    h200 = gpu_of(132)                                # it reports 60 MiB of L2, of which ~45 MB stays across steps
+    assert goes_wide(h200, "bfloat16", 10240, 2560) and goes_wide(h200, "float16", 10240, 2560)   # blogA's LSTM: 52 MB
+    assert not goes_wide(h200, "bfloat16", 7680, 2560)                   # its GRU, 39 MB: stays in L2 (cublasLt wins)
+    assert not goes_wide(h200, "tf32", 10240, 2560)                      # no wide kernel in tf32
+    assert not goes_wide(h200, "bfloat16", 10240 + 64, 2560)             # 161 tiles: no whole blocks of 2
+    assert not goes_wide(h200, "bfloat16", 4096, 1024)                   # `large`
+    assert goes_wide(gpu_of(132, 40 << 20), "bfloat16", 7680, 2560)      # a smaller L2
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")

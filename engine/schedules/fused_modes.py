@@ -43,7 +43,7 @@ in fp16 parts the first two scaled by 2^-11 through cublasLt's alpha). On sm_90 
 on the engine's own wgmma kernel instead (step_product="auto" or "wgmma"; engine/schedules/wgmma_products.py): one
 launch, each K chunk's accumulator promoted into an fp32 sum in registers, nothing left to fold; the copies and the
 weights are then in its tiles. step_product="wgmma" runs a reduced mode's step products on the engine's own kernel
-of the same design (kernels/mode_wgmma.cu).
+of the same design (kernels/mode_wgmma.cu; a bf16 or fp16 weight past the L2, kernels/mode_wide.cu: 128 rows a block).
 
 tf32's step GEMMs hold their weights and operands' copies as fp16 shifted by powers of two (tf32_storage="fp16", what
 "auto" picks with the products on cuBLAS; engine/schedules/tf32_fp16.py): the same 11-bit values from half the

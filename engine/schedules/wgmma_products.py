@@ -20,8 +20,16 @@ error (2.1e-7 against 3.5e-7, norm-relative to float64); blogA LSTM (R = 64, K =
 53.7. The same kernel with per-thread cp.async copies of row-major operands took 33 us at `large`: the tiles' bulk
 copies are what make it fast.
 
+A bf16 or fp16 weight past what the L2 keeps (goes_wide: blogA's LSTM, 52 MB) goes to kernels/mode_wide.cu instead:
+a block of 128 weight rows against one chunk of h (h crosses L2 once per 128 rows, not per 64), clusters of two
+blocks splitting K (the partial sums added over distributed shared memory), the weight's first 72 % of an L2
+evict_last so that part stays on chip across steps. blogA's LSTM product took 14.4 us there against cublasLt's 17.1
+and mode_wgmma's 19.0 (H200, 2026-11-28, benchmarks/probe_mode_stream.py); where the weight stays in L2 cublasLt is
+faster (blogA's GRU, 39 MB: 8.7 us against 11.0).
+
 Where they run: sm_90 (wgmma). float32x3 in fp16 parts takes its kernel by default (step_product "auto"); the
-reduced modes take theirs where asked (step_product="wgmma"; fused_modes.FusedModeProgram).
+reduced modes take theirs where asked (step_product="wgmma"; fused_modes.FusedModeProgram): whole runs on
+mode_wide.cu against cublasLt are not measured yet (benchmarks/probe_wide_product.py), so "auto" keeps cuBLAS.
 """
 from __future__ import annotations
 
@@ -41,6 +49,12 @@ MODE_BYTES = {"tf32": 4, "float16": 2, "bfloat16": 2}   # a reduced mode's opera
 # the LSTM at `lat`, T = 1000, had 2.03x cuDNN fp32's error (issue #34's bound: 2x), so every chunk is promoted.
 PROMOTE = 64
 STEP_PRODUCTS = ("auto", "wgmma", "cublaslt")
+# kernels/mode_wide.cu for a 16-bit weight past STREAMED of the L2 the GPU reports (an H200 reports 60 MiB, of which
+# buffers up to ~45 MB stayed resident across steps: probe_l2_resident.py): WIDE weight tiles a block, blocks a cluster
+# splitting K, slots; the weight's first KEPT of the L2 evict_last (36 MB measured best: probe_mode_stream.py)
+WIDE_MODES = ("bfloat16", "float16")
+WIDE = (2, 2, 4)
+STREAMED, KEPT = 0.72, 0.57
 THREADS = 128                # one warpgroup a block
 
 
@@ -71,6 +85,14 @@ def resolve_product(product: str, precision: str, parts, splitk, capable: bool) 
     if precision == "float32x3":
         return "wgmma" if parts == "fp16" and splitk is False else "cublaslt"
     return "wgmma" if product == "wgmma" else "cublaslt"
+
+
+def goes_wide(cupy, precision: str, N: int, K: int) -> bool:
+    """Whether a step product of an (N, K) weight runs on mode_wide.cu: bf16 or fp16, the weight's tiles past what the
+    current GPU's L2 keeps across steps (STREAMED of it), whole blocks of WIDE[0] tiles."""
+    tiles = padded(N) // TILE
+    return (precision in WIDE_MODES and tiles % WIDE[0] == 0
+            and tiles * TILE * padded(K) * 2 > STREAMED * cupy.cuda.Device().attributes["L2CacheSize"])
 
 
 def tile_columns(size: int) -> int:
@@ -225,9 +247,19 @@ def round_tiles_into(xp, source, copy, precision: str):
 
 def mode_product(cupy, operand, weight, out, R: int, K: int, N: int, precision: str) -> None:
     """out (R, N) float32, C-contiguous = the tiled operand (tiled_mode_operand) times the tiled weight
-    (tile_mode_weight)^T in a reduced mode, on the current stream."""
+    (tile_mode_weight)^T in a reduced mode, on the current stream: mode_wide.cu for a 16-bit weight past the L2
+    (streamed) whose tiles make whole blocks, else mode_wgmma.cu."""
     columns = tile_columns(MODE_BYTES[precision])
     rp, np_ = padded(R), padded(N)
+    tiles, split, slots = WIDE
+    if goes_wide(cupy, precision, N, K):
+        smem = slots * (tiles + 1) * TILE_BYTES + 16 * slots + 1024
+        function = ring_kernel(cupy, "mode_wide.cu", f"mode_wide_{precision}_{tiles}_{split}_{slots}", smem)
+        kept = min(weight.nbytes, int(KEPT * cupy.cuda.Device().attributes["L2CacheSize"]))
+        function((np_ // TILE // tiles * split, rp // TILE), (THREADS + 32,),
+                 (operand, weight, out, np.int32(R), np.int32(N), np.int32(-(-K // columns)), np.uint32(kept),
+                  np.uint32(weight.nbytes)), shared_mem=smem)
+        return
     grid = (np_ // TILE, rp // TILE)
     slots = mode_stages(cupy, grid[0] * grid[1])
     function = ring_kernel(cupy, "mode_wgmma.cu", f"mode_wgmma_{precision}_{slots}", smem_bytes(slots, 2))

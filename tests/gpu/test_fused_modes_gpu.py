@@ -67,6 +67,27 @@ def test_the_replay_is_the_direct_run(cupy, precision, product):
         np.testing.assert_array_equal(program.run(x2, states).outputs, program.run(x2, states, poison=True).outputs)
 
 
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_the_wide_product_where_a_step_weight_is_streamed(cupy, monkeypatch, precision):
+    """step_product="wgmma" in bf16 / fp16 runs a step product on kernels/mode_wide.cu where its weight is past the L2
+    (wgmma_products.goes_wide; here every weight, STREAMED 0: at blogA's size the LSTM's 52 MB is): the emulation's
+    checks, and the replay is the direct run."""
+    if not wgmma_products.wgmma_capable(cupy):
+        pytest.skip("the wide product runs on sm_90 (H100, H200) only")
+    monkeypatch.setattr(wgmma_products, "STREAMED", 0.0)
+    sizes = {"input_size": 40, "hidden_size": 128, "batch": 70, "steps": 11}   # 70 rows: two blocks of batch rows
+    for name, layers in (("lstm", 2), ("gru_cho", 1), ("ln_lstm", 1)):
+        network, params, x, states = make_case(engine.preset(name).cell, layers, seed=6, sizes=sizes)
+        program = fused_modes.prepare(network, params, precision=precision, step_product="wgmma")
+        direct = program.run(x, states, poison=True)
+        assert direct.info["step_product"] == "wgmma", (name, direct.info["step_product"])
+        check_mode(direct, network, params, x, states, precision, f"fused {name} {precision} wide", UNEXPLAINED)
+        for _ in range(3):                                # direct, captured, replayed
+            again = program.run(x, states)
+        assert again.info["replayed"].startswith("replayed from CUDA graphs"), again.info["replayed"]
+        np.testing.assert_array_equal(again.outputs, direct.outputs)
+
+
 def test_lengths_replay(cupy):
     sizes = {"input_size": 32, "hidden_size": 64, "batch": 6, "steps": 9}
     network, params, x, states = make_case(engine.preset("lstm").cell, 2, seed=4, sizes=sizes)

@@ -3,7 +3,8 @@ the GPU: the product of tiled fp16 parts against what the kernel computes in flo
 against float64, at sizes padded in every dimension, in both ring depths (2 and 4 slots), its output poisoned first;
 the split of an operand into tiles (split_tiles_fp16) is the host's layout bit for bit and flags values past fp16's
 range. The reduced modes' kernel (mode_product, kernels/mode_wgmma.cu) against float64 products of the rounded
-operands, in both its ring depths (4 and 8 slots), and the rounding into tiles (round_tiles_into) bit for bit. Whole
+operands, in both its ring depths (4 and 8 slots), and kernels/mode_wide.cu where a 16-bit weight is past the L2, and
+the rounding into tiles (round_tiles_into) bit for bit. Whole
 runs of every preset on them: tests/gpu/test_precision_fp32x3_gpu.py, tests/gpu/test_fused_modes_gpu.py."""
 from __future__ import annotations
 
@@ -86,8 +87,26 @@ def test_a_modes_product_is_the_rounded_operands_product(hopper, monkeypatch, sl
     own error is the rounding, which both share), no further off than cublasLt's product of them, or than the drift of
     one tensor-core accumulator over K (4e-9 K: 6e-6 at K = 2560 in tf32 on an H200, 2026-11-28, where cublasLt's
     was the same; at a narrow N cublasLt splits K and drifts less), a hundredth of the mode's own rounding error."""
-    cupy = hopper
     monkeypatch.setattr(wgmma_products, "mode_stages", lambda cupy, blocks: slots)
+    assert not wgmma_products.goes_wide(hopper, precision, N, K)
+    check_mode_product(hopper, precision, R, K, N)
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+@pytest.mark.parametrize("R, K, N", [(19, 129, 1000), (130, 1000, 200), (64, 2560, 10240)])
+def test_a_streamed_weight_goes_wide(hopper, monkeypatch, precision, R, K, N):
+    """kernels/mode_wide.cu (128 weight rows a block, clusters of two splitting K, the weight's first part
+    evict_last), the same checks: blogA's LSTM (R = 64, K = 2560, N = 10240: 52 MB, past the L2 as it is), and two
+    smaller weights made "streamed" (STREAMED 0), one with two blocks of batch rows."""
+    if N != 10240:
+        monkeypatch.setattr(wgmma_products, "STREAMED", 0.0)
+    assert wgmma_products.goes_wide(hopper, precision, N, K)
+    check_mode_product(hopper, precision, R, K, N)
+
+
+def check_mode_product(cupy, precision: str, R: int, K: int, N: int) -> None:
+    """mode_product against the float64 product of the rounded operands and cublasLt's error, its output poisoned
+    first, and a rerun bit-identical."""
     rng = np.random.default_rng(R + K + N)
     h = rng.uniform(-1, 1, (R, K)).astype(np.float32)
     w = (rng.standard_normal((N, K)) / K ** 0.5).astype(np.float32)

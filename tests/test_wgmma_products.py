@@ -177,6 +177,7 @@ def test_a_16_bit_weight_past_the_l2_goes_wide():
     assert not goes_wide(h200, "bfloat16", 10240 + 64, 2560)             # 161 tiles: no whole blocks of 2
     assert not goes_wide(h200, "bfloat16", 4096, 1024)                   # `large`
     assert goes_wide(gpu_of(132, 40 << 20), "bfloat16", 7680, 2560)      # a smaller L2
+    assert not goes_wide(h200, "bfloat16", 4 * 32768, 32768)             # 8 GiB: past the policy's 32-bit sizes
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")

@@ -89,10 +89,12 @@ def resolve_product(product: str, precision: str, parts, splitk, capable: bool) 
 
 def goes_wide(cupy, precision: str, N: int, K: int) -> bool:
     """Whether a step product of an (N, K) weight runs on mode_wide.cu: bf16 or fp16, the weight's tiles past what the
-    current GPU's L2 keeps across steps (STREAMED of it), whole blocks of WIDE[0] tiles."""
+    current GPU's L2 keeps across steps (STREAMED of it) and under 4 GiB (the kernel's L2 policy takes 32-bit sizes),
+    whole blocks of WIDE[0] tiles."""
     tiles = padded(N) // TILE
-    return (precision in WIDE_MODES and tiles % WIDE[0] == 0
-            and tiles * TILE * padded(K) * 2 > STREAMED * cupy.cuda.Device().attributes["L2CacheSize"])
+    nbytes = tiles * TILE * padded(K) * 2
+    return (precision in WIDE_MODES and tiles % WIDE[0] == 0 and nbytes < 1 << 32
+            and nbytes > STREAMED * cupy.cuda.Device().attributes["L2CacheSize"])
 
 
 def tile_columns(size: int) -> int:

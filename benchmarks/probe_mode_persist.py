@@ -2,7 +2,8 @@
 bf16 / fp16 at blogA; NOTES 2026-11-28 12:16), against cuDNN in the same mode and the pieces the engine's fused
 backend spends a step on.
 
-For one LSTM layer (blogA: I = H = 2560, B = 64, T = 200; and H = 512, B = 16, T = 64 as a second check): the
+For one LSTM layer (blogA: I = H = 2560, B = 64, T = 200; and H = 640, B = 16, T = 64 as a second check), in each
+of the kernel's entries (32 units a block, also with the hardware's exp and tanh; 20 units a block): the
 kernel's outputs against a float64 run of the same rounded values (weights and each step's h in the mode, the gates'
 input from a random projection, c and the math in float64), poisoned first; then its time (the counter and h's first
 version zeroed before each launch, inside the timing; median of 11 after warm-up, CUDA events), the projection's
@@ -27,21 +28,21 @@ from step_chain import graph_ms  # noqa: E402
 
 from engine.bench.timing import time_runs, torch_timer  # noqa: E402
 from engine.schedules import wgmma_products  # noqa: E402
+from engine.schedules.base import chunked  # noqa: E402
 from engine.schedules.cublaslt import LtProjection, Product  # noqa: E402
 from engine.schedules.project import LT_OPERANDS, operand_dtype, round_into  # noqa: E402
 
-WT = 2
-UB = 16 * WT                    # units a block
-CASES = (("blogA", 2560, 64, 200), ("check", 512, 16, 64))
-KERNELS = {"bfloat16": ("8_1", "8_split", "8_split_fast"), "float16": ("8_split",)}   # mode_persist.cu's entries
+CASES = (("blogA", 2560, 64, 200), ("check", 640, 16, 64))
+# mode_persist.cu's entries: (units a block, slots, the hardware approximations of exp and tanh)
+KERNELS = {"bfloat16": ((32, 8, False), (32, 8, True), (20, 10, False)), "float16": ((32, 8, False), (20, 10, False))}
 
 
-def permutation(H: int) -> np.ndarray:
-    """Row p of the permuted (4H, .) weight is row perm[p] of the gate-major one: block b's tile w's row r is gate
-    r % 4 of unit UB b + 16 w + r // 4 (kernels/mode_persist.cu)."""
+def permutation(H: int, UB: int) -> np.ndarray:
+    """Row p of the permuted (4H, .) weight is row perm[p] of the gate-major one: block b's row r is gate r % 4 of unit
+    UB b + r // 4 (kernels/mode_persist.cu)."""
     p = np.arange(4 * H)
     block, rest = p // (4 * UB), p % (4 * UB)
-    return (rest % 4) * H + block * UB + (rest // 64) * 16 + (rest % 64) // 4
+    return (rest % 4) * H + block * UB + rest // 4
 
 
 def values(cupy, bits, precision: str):
@@ -79,7 +80,7 @@ class Launch:
         with stream:
             self.counter.fill(0)
             self.hbuf[0].fill(0)
-            self.function(self.grid, (128 * WT + 32,), self.args, shared_mem=self.smem)
+            self.function(self.grid, (288,), self.args, shared_mem=self.smem)     # two warpgroups, the producer
 
 
 def phases(cupy, run, stream, T: int) -> dict:
@@ -117,34 +118,41 @@ def cudnn_ms(precision: str, H: int, B: int, T: int) -> float | None:
 
 
 class Case:
-    """One layer's operands: the weight and projection permuted as kernels/mode_persist.cu takes them (the weight's
-    tiles in the order block, chunk, tile), h's two versions, the outputs, the counter, and the float64 run."""
+    """One layer's operands: the rounded weight, the projection's rows, h's two versions, the outputs, the counter,
+    and the float64 run; launch() permutes the weight and projection as a kernel of UB units a block takes them."""
 
     def __init__(self, cupy, precision: str, H: int, B: int, T: int):
         rng = np.random.default_rng(0)
-        self.H, self.B, self.T, self.blocks = H, B, T, H // UB
+        self.H, self.B, self.T = H, B, T
         self.w = cupy.asarray((rng.standard_normal((4 * H, H)) / H ** 0.5).astype(np.float32))
-        xp = cupy.asarray((0.5 * rng.standard_normal((T, B, 4 * H))).astype(np.float32))
-        perm = cupy.asarray(permutation(H))
+        self.xp = cupy.asarray((0.5 * rng.standard_normal((T, B, 4 * H))).astype(np.float32))
         self.dtype = operand_dtype(cupy, precision)
-        wr = values(cupy, round_into(cupy, self.w, cupy.empty((4 * H, H), dtype=self.dtype), precision), precision)
-        tiled = wgmma_products.tile_mode_weight(cupy, self.w[perm], precision)      # tiles: row block, chunk
-        self.weight = cupy.ascontiguousarray(
-            tiled.reshape(self.blocks, WT, H // 64, -1).transpose(0, 2, 1, 3)).reshape(-1)
-        self.xperm = cupy.ascontiguousarray(xp[:, :, perm])
+        self.bits = round_into(cupy, self.w, cupy.empty((4 * H, H), dtype=self.dtype), precision)
         self.hbuf = wgmma_products.tiled_buffer(cupy, 2, B, H, cupy.uint16, poison=False)
         self.out = cupy.full((T, B, H), cupy.nan, dtype=cupy.float32)
         self.counter = cupy.zeros(1, dtype=cupy.uint32)
-        self.expected = reference(cupy, xp, wr, H, precision)
+        self.expected = reference(cupy, self.xp, values(cupy, self.bits, precision), H, precision)
+        self.layouts: dict = {}
 
-    def launch(self, cupy, precision: str, entry: str, primary: int) -> Launch:
-        name, stages = f"mode_persist_{precision}_{WT}_{entry}", int(entry.split("_")[0])
-        epilogue = 32768 if "split" in entry else 6 * 64 * UB        # the sums' exchange, or h staged
-        smem = 1024 + stages * (WT + 1) * wgmma_products.TILE_BYTES + 16 * stages + epilogue
+    def layout(self, cupy, UB: int):
+        """(weight, projection) for UB units a block: rows permuted (permutation), the weight chunked in blocks of
+        4 UB rows (base.chunked, as kernels/mode_persist.cu reads a chunk: one copy)."""
+        if UB not in self.layouts:
+            perm = cupy.asarray(permutation(self.H, UB))
+            self.layouts[UB] = (chunked(cupy, self.bits[perm], 4 * UB, 64),
+                                cupy.ascontiguousarray(self.xp[:, :, perm]))
+        return self.layouts[UB]
+
+    def launch(self, cupy, precision: str, kernel: tuple, primary: int) -> Launch:
+        UB, stages, fast = kernel
+        name = f"mode_persist_{precision}_{UB}_{stages}{'_fast' if fast else ''}"
+        weight, xperm = self.layout(cupy, UB)
+        slot = 4 * UB * 128 + wgmma_products.TILE_BYTES                 # a chunk's weight rows, then h's tile
+        smem = 1024 + stages * slot + 16 * stages + 1024 * UB             # the sums' exchange (it stages h too)
         function = wgmma_products.ring_kernel(cupy, "mode_persist.cu", name, smem)
-        args = (self.xperm, self.weight, self.hbuf, self.out, self.counter, np.int32(self.B), np.int32(self.H),
-                np.int32(self.T), np.uint32(primary), np.uint32(self.weight.nbytes), np.uint64(0), np.int32(0))
-        return Launch(function, (self.blocks,), smem, args, self.counter, self.hbuf)
+        args = (xperm, weight, self.hbuf, self.out, self.counter, np.int32(self.B), np.int32(self.H),
+                np.int32(self.T), np.uint32(primary), np.uint32(weight.nbytes), np.uint64(0), np.int32(0))
+        return Launch(function, (self.H // UB,), smem, args, self.counter, self.hbuf)
 
     def error(self, cupy, run: Launch, stream) -> float:
         """The outputs of one launch (poisoned first) against the float64 run: the max absolute difference."""
@@ -194,7 +202,7 @@ def main() -> None:
     ap.add_argument("--share", type=float, action="append", default=None,
                     help="also each block's weight rows this share evict_last (default 0.7)")
     ap.add_argument("--sanitize", action="store_true",
-                    help="H = 512, B = 16, T = 8, each kernel checked once, nothing timed: for compute-sanitizer")
+                    help="H = 640, B = 16, T = 8, each kernel checked once, nothing timed: for compute-sanitizer")
     ap.add_argument("--floors", action="store_true",
                     help="also each run without the copies of h, of the weight, of both (times only: results wrong)")
     ap.add_argument("--precision", action="append", default=None, help="bfloat16, float16 (default: both)")
@@ -204,16 +212,18 @@ def main() -> None:
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     lt, stream, rows = LtProjection.on_current_device(cupy), cupy.cuda.Stream(non_blocking=True), []
     for precision in args.precision or ["bfloat16", "float16"]:
-        for config, H, B, T in (("sanitize", 512, 16, 8),) if args.sanitize else CASES:
-            if H // UB > sms or (H // 64) % 2:
-                raise SystemExit(f"H = {H}: {H // UB} blocks (the SMs: {sms}) of an even number of chunks, please")
+        for config, H, B, T in (("sanitize", 640, 16, 8),) if args.sanitize else CASES:
             case = Case(cupy, precision, H, B, T)
-            region = case.weight.nbytes // case.blocks                  # each block's rows: its evict_last share
-            for entry in KERNELS[precision]:
+            for kernel in KERNELS[precision]:
+                UB = kernel[0]
+                if H % UB or H // UB > sms or (H // 64) % 2:
+                    raise SystemExit(f"H = {H}: {UB} units a block in at most {sms} blocks, an even number of chunks")
+                region = 4 * UB * 2 * H                                  # each block's rows: its evict_last share
+                entry = f"{UB} units, {kernel[1]} slots{', fast' if kernel[2] else ''}"
                 for primary in sorted({0} | {int(f * region) // 1024 * 1024 for f in args.share or [0.7]}):
-                    run = case.launch(cupy, precision, entry, primary)
+                    run = case.launch(cupy, precision, kernel, primary)
                     error = case.error(cupy, run, stream)
-                    label = f"{precision:8s} {config:6s} {entry:13s} evict_last {primary / 1024:4.0f} KB a block"
+                    label = f"{precision:8s} {config:6s} {entry:22s} evict_last {primary / 1024:4.0f} KB a block"
                     if not error <= 2e-2:
                         raise SystemExit(f"{label}: max error {error:.3g} against float64: wrong")
                     if args.sanitize:

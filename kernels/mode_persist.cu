@@ -5,18 +5,21 @@
 //
 //     gates = xp[t] (T, R, 4H, permuted as the weight, bias included) + h_{t-1} W^T; c, h = LSTM(gates, c)
 //
-// Each block owns UB = 16 WT hidden units for the whole run: WT tiles of 64 weight rows, whose row r of tile w is gate
-// r % 4 of unit UB blk + 16 w + r / 4 (the weight and the projection permuted so; the weight's tiles in the order
-// block, chunk, tile, so that a chunk's WT tiles are one copy). A step:
+// Each block owns UB hidden units for the whole run: ROWS = 4 UB weight rows, whose row r is gate r % 4 of unit
+// UB blk + r / 4 (the weight and the projection permuted so; the weight in base.chunked's layout, blocks of ROWS rows:
+// a chunk of them one copy). A step:
 // - the product of h (in the wgmma products' tiles, two versions: step t reads version t % 2) by the block's rows,
-//   through a ring of STAGES slots that a producer warp fills (warp 4 WT: its first lane). Its weight copies run
-//   ahead into the next step as slots free up; only the copies of h wait for the grid-wide arrival counter.
-// - SPLIT (WT = 2): each of the two warpgroups multiplies every other chunk by all 128 rows (m64n128k16, PersistMma),
-//   and they exchange halves of their partial sums; else warpgroup w multiplies every chunk by tile w (m64n64k16).
+//   through a ring of STAGES slots that a producer warp fills (warp 8: its first lane). Its weight copies run ahead
+//   into the next step as slots free up; only the copies of h wait for the grid-wide arrival counter. Each of the two
+//   warpgroups multiplies every other chunk by all ROWS rows (m64nROWSk16, PersistMma), and they exchange halves of
+//   their partial sums.
 // - the cell's math straight from the accumulators (an even lane holds gates i and f of a unit, its odd neighbour g
 //   and o: one exchange of two values), c in registers, the step's projection loaded as the step starts;
 // - h staged in shared memory and stored whole rows (fp32 into out, the mode's copy into the other version), then
 //   one release-add on the counter. Every block must be resident at once (one a multiprocessor).
+// UB = 32 (80 blocks at blogA) was measured (NOTES 2026-11-28 12:16, as mode_persist_*_2_8_split); UB = 20 (128
+// blocks, m64n80k16: 48 SMs more on the product, a quarter less to read a block: NOTES 2026-11-28 12:40) is written
+// for the next GPU run.
 
 __device__ __forceinline__ unsigned persist_acquire(const unsigned* p)
 {
@@ -60,10 +63,21 @@ __device__ __forceinline__ float persist_tanh(const float x)
     }
 }
 
-// One m64n128k16 wgmma of a 16-bit mode, both operands from shared memory (h's 64 rows as A, the block's 128 weight
-// rows as B: its two tiles, adjacent, are one 128-row K-major operand of the same swizzle). A 64-row B reads h once a
-// 64 weight rows, and with two warpgroups on one SM the operand reads (4 KB a wgmma of 32 clocks of math) reached
-// shared memory's 128 bytes a clock; here 6 KB a 64-clock wgmma stays under it.
+// One m64nNk16 wgmma of a 16-bit mode, both operands from shared memory: h's 64 rows as A, the block's N = 4 UB weight
+// rows as B (one K-major operand of 128-byte swizzled rows, 8-row groups 1024 bytes apart). B's rows are a block's
+// whole share, so h is read from shared memory once a wgmma for all of them: at N = 64 (a tile a warpgroup) the two
+// operands' 4 KB a wgmma of 32 clocks of math met shared memory's 128 bytes a clock; at N = 128, 6 KB a 64-clock
+// wgmma, at N = 80, 4.5 KB a 40-clock one, stay under it.
+#define PERSIST_OUT40 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39"
+#define PERSIST_D40 \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
 #define PERSIST_OUT64 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -78,24 +92,26 @@ __device__ __forceinline__ float persist_tanh(const float x)
     "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
     "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-template <int MODE> struct PersistMma;
-#define PERSIST_MMA(MODE, TYPE)                                                                                     \
-    template <> struct PersistMma<MODE> {                                                                           \
-        static __device__ __forceinline__ void mma(float (&d)[64], unsigned long long a, unsigned long long b,     \
+template <int MODE, int N> struct PersistMma;
+#define PERSIST_MMA(MODE, TYPE, N, OUTS, D, A, B, P)                                                               \
+    template <> struct PersistMma<MODE, N> {                                                                        \
+        static __device__ __forceinline__ void mma(float (&d)[N / 2], unsigned long long a, unsigned long long b,  \
                                                    int scale)                                                       \
         {                                                                                                           \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32."  \
-                         TYPE "." TYPE " {" PERSIST_OUT64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                          \
-                         : PERSIST_D64 : "l"(a), "l"(b), "r"(scale));                                                \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N "k16.f32." \
+                         TYPE "." TYPE " {" OUTS "}, %" #A ", %" #B ", p, 1, 1, 0, 0;\n}\n"                        \
+                         : D : "l"(a), "l"(b), "r"(scale));                                                         \
         }                                                                                                           \
     };
-PERSIST_MMA(RNN_BF16, "bf16")
-PERSIST_MMA(RNN_FP16, "f16")
+PERSIST_MMA(RNN_BF16, "bf16", 80, PERSIST_OUT40, PERSIST_D40, 40, 41, 42)
+PERSIST_MMA(RNN_FP16, "f16", 80, PERSIST_OUT40, PERSIST_D40, 40, 41, 42)
+PERSIST_MMA(RNN_BF16, "bf16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
+PERSIST_MMA(RNN_FP16, "f16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
 #undef PERSIST_MMA
 
-// SPLIT: each warpgroup multiplies every other chunk by all 64 WT rows (PersistMma, WT = 2), and the two exchange
-// halves of their partial sums at the end; else warpgroup w multiplies every chunk by tile w.
-template <int MODE, int WT, int STAGES, bool SPLIT, bool FAST>
+// UB units a block, ROWS = 4 UB weight rows; each of the two warpgroups multiplies every other chunk by all ROWS rows
+// (PersistMma), and they exchange halves of their partial sums at the end: warpgroup w keeps columns w HALF ..
+template <int MODE, int UB, int STAGES, bool FAST>
 __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, const unsigned char* __restrict__ weight,
                                                   unsigned short* __restrict__ hbuf, float* __restrict__ out,
                                                   unsigned* __restrict__ counter, const int R, const int H,
@@ -108,33 +124,32 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
     // (probe_mode_persist.py phases)
     const bool tracing = trace != nullptr && blockIdx.x == 0;
     // skip (the probe's floor arithmetic; results then wrong): after step 0, bit 0 copies no h, bit 1 no weight
-
-    constexpr int UB = 16 * WT, COLS = 64 * WT, MMA = 128 * WT;
-    constexpr unsigned SLOT = (WT + 1) * RNN_TILE_BYTES;
+    constexpr int ROWS = 4 * UB, HALF = ROWS / 2, JJ = HALF / 8, KEEP = HALF / 2, MMA = 256;
+    static_assert(UB % 4 == 0, "a warpgroup's half of the rows in whole 8-column groups, h stored 4 units at a time");
+    constexpr unsigned WBYTES = ROWS * 128, SLOT = WBYTES + RNN_TILE_BYTES;   // a chunk's weight rows, then h's tile
     const int tid = threadIdx.x, blk = blockIdx.x, blocks = gridDim.x, N = 4 * H;
-    const int chunks = (H + 63) / 64;
+    const int chunks = (H + 63) / 64;            // even (the warpgroups take alternate chunks, a slot parity each)
     const long hversion = (long)((R + 63) / 64) * chunks * 64 * 64;      // elements of one version of h's tiles
     const unsigned raw = (unsigned)__cvta_generic_to_shared(persist_raw);
     const unsigned base = raw + ((1024u - (raw & 1023u)) & 1023u);
     const unsigned full = base + STAGES * SLOT, done = full + 8 * STAGES;
-    // a step's outputs staged for whole-row stores: h in fp32 (64, UB), then its copy in the mode (64, UB)
-    // (SPLIT: first the exchange of the partial sums, 2 x 32 x 128 floats, which the staging then reuses)
-    float* const staged = reinterpret_cast<float*>(persist_raw + (base - raw) + STAGES * SLOT + 16 * STAGES);
+    // the exchange of the partial sums (2 x KEEP x 128 floats), which then stages a step's outputs for whole-row
+    // stores: h in fp32 (64, UB), then its copy in the mode (64, UB)
+    float* const xch = reinterpret_cast<float*>(persist_raw + (base - raw) + STAGES * SLOT + 16 * STAGES);
+    float* const staged = xch;
     unsigned short* const staged16 = reinterpret_cast<unsigned short*>(staged + 64 * UB);
-    float* const xch = staged;
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             rnn_bar_init(full + 8 * s, 1);
-            rnn_bar_init(done + 8 * s, SPLIT ? 128 : MMA);
+            rnn_bar_init(done + 8 * s, 128);     // a slot's chunk is one warpgroup's
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     if (tid == MMA) {                            // the producer
-        // The block's rows, chunk by chunk (a chunk's WT tiles adjacent: one copy), the first `primary` bytes of them
-        // evict_last and the rest evict_first: every block keeps the same share in L2, since the step waits for the
-        // slowest (0: plain copies).
-        const unsigned region = WT * chunks * RNN_TILE_BYTES;
+        // The block's rows, chunk by chunk (one copy each), the first `primary` bytes of them evict_last and the rest
+        // evict_first: every block keeps the same share in L2, since the step waits for the slowest (0: plain).
+        const unsigned region = chunks * WBYTES;
         const unsigned char* const w_src = weight + (long)blk * region;
         unsigned long long policy = 0;
         if (primary)
@@ -157,8 +172,8 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                 for (; sent < upto; ++sent) {
                     if (t > 0 && (skip & 1)) continue;
                     const long gs = (long)t * chunks + sent;
-                    rnn_bulk_copy(base + (gs % STAGES) * SLOT + WT * RNN_TILE_BYTES,
-                                  h_src + (long)sent * RNN_TILE_BYTES, RNN_TILE_BYTES, full + 8 * (gs % STAGES));
+                    rnn_bulk_copy(base + (gs % STAGES) * SLOT + WBYTES, h_src + (long)sent * RNN_TILE_BYTES,
+                                  RNN_TILE_BYTES, full + 8 * (gs % STAGES));
                 }
             };
             for (int c = 0; c < chunks; ++c, ++g) {
@@ -168,87 +183,64 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                     rnn_bar_wait(done + 8 * s, ((g - STAGES) / STAGES) & 1);
                 }
                 const bool no_h = t > 0 && (skip & 1), no_w = t > 0 && (skip & 2);
-                rnn_bar_expect(full + 8 * s, (no_h ? 0 : RNN_TILE_BYTES) + (no_w ? 0 : WT * RNN_TILE_BYTES));
+                rnn_bar_expect(full + 8 * s, (no_h ? 0 : RNN_TILE_BYTES) + (no_w ? 0 : WBYTES));
                 if (!no_w) {
-                    const unsigned char* const w = w_src + (long)c * WT * RNN_TILE_BYTES;
-                    if (primary) rnn_bulk_copy(at, w, WT * RNN_TILE_BYTES, full + 8 * s, policy);
-                    else rnn_bulk_copy(at, w, WT * RNN_TILE_BYTES, full + 8 * s);
+                    const unsigned char* const w = w_src + (long)c * WBYTES;
+                    if (primary) rnn_bulk_copy(at, w, WBYTES, full + 8 * s, policy);
+                    else rnn_bulk_copy(at, w, WBYTES, full + 8 * s);
                 }
                 if (ready) ready_up(c + 1);
             }
             ready_up(chunks);
         }
-    } else if (tid < MMA) {                      // warpgroup w: tile w of the block's rows; then its cells
-        float acc[32], c_state[8];
-        float4 x[8];
-        const int w = tid >> 7, q = (tid >> 5) & 3, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    } else if (tid < MMA) {                      // warpgroup w: every other chunk, then its half's cells
+        float part[HALF], acc[KEEP], c_state[JJ];
+        float4 x[JJ];
+        const int w = tid >> 7, me = tid & 127, q = me >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
         const bool odd = tq & 1;
         const int b = 16 * q + gq + (odd ? 8 : 0);       // the batch row of this thread's cells
         #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) c_state[jj] = 0.0f;
-        long g = 0;
+        for (int jj = 0; jj < JJ; ++jj) c_state[jj] = 0.0f;
         for (int t = 0; t < T; ++t) {
             #pragma unroll
-            for (int jj = 0; jj < 8; ++jj) x[jj] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int jj = 0; jj < JJ; ++jj) x[jj] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (b < R) {                         // the step's projection: in flight during the product
-                const float* const row = xp + ((long)t * R + b) * N + (long)blk * COLS + 64 * w + 4 * (tq >> 1);
+                const float* const row = xp + ((long)t * R + b) * N + (long)blk * ROWS + w * HALF + 4 * (tq >> 1);
                 #pragma unroll
-                for (int jj = 0; jj < 8; ++jj) x[jj] = persist_load(row + 8 * jj);
+                for (int jj = 0; jj < JJ; ++jj) x[jj] = persist_load(row + 8 * jj);
             }
-            if constexpr (SPLIT) {
-                static_assert(WT == 2, "PersistMma multiplies 128 weight rows");
-                float part[64];
-                for (int c = w; c < chunks; c += 2) {    // chunks even: chunk c is in a slot of parity w
-                    const long gc = (long)t * chunks + c;
-                    const unsigned at = base + (gc % STAGES) * SLOT;
-                    rnn_bar_wait(full + 8 * (gc % STAGES), (gc / STAGES) & 1);
-                    if (tracing && tid == 0 && c == 0) trace[6 * t + 1] = persist_clock();
-                    rnn_wgmma_fence();
-                    #pragma unroll
-                    for (int kk = 0; kk < 4; ++kk)
-                        PersistMma<MODE>::mma(part, rnn_wgmma_desc(at + WT * RNN_TILE_BYTES + kk * 32),
-                                              rnn_wgmma_desc(at + kk * 32), c > w || kk > 0);
-                    rnn_wgmma_commit();
-                    rnn_wgmma_wait<1>();
-                    if (c > w) rnn_bar_arrive(done + 8 * ((gc - 2) % STAGES));
-                }
-                rnn_wgmma_wait<0>();
-                rnn_bar_arrive(done + 8 * (((long)t * chunks + chunks - 2 + w) % STAGES));
-                g += chunks;
-                const int me = tid & 127;        // the other tile's half of this warpgroup's sums, for the other
+            for (int c = w; c < chunks; c += 2) {    // chunks even: both warpgroups take chunks / 2
+                const long gc = (long)t * chunks + c;
+                const unsigned at = base + (gc % STAGES) * SLOT;
+                rnn_bar_wait(full + 8 * (gc % STAGES), (gc / STAGES) & 1);
+                if (tracing && tid == 0 && c == 0) trace[6 * t + 1] = persist_clock();
+                rnn_wgmma_fence();
                 #pragma unroll
-                for (int i = 0; i < 32; ++i) xch[(w * 32 + i) * 128 + me] = w ? part[i] : part[32 + i];
-                asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
-                #pragma unroll
-                for (int i = 0; i < 32; ++i) acc[i] = (w ? part[32 + i] : part[i]) + xch[((1 - w) * 32 + i) * 128 + me];
-                asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
-            } else {
-                // A chunk's slot is released (every MMA thread arrives on its `done`) once the next chunk's MMA are
-                // issued and its own are done. (Two or four chunks a commit group measured no faster at blogA.)
-                for (int c = 0; c < chunks; ++c, ++g) {
-                    const unsigned at = base + (g % STAGES) * SLOT;
-                    rnn_bar_wait(full + 8 * (g % STAGES), (g / STAGES) & 1);
-                    if (tracing && tid == 0 && c == 0) trace[6 * t + 1] = persist_clock();
-                    rnn_wgmma_fence();
-                    #pragma unroll
-                    for (int kk = 0; kk < 4; ++kk)
-                        ModeMma<MODE>::mma(acc, rnn_wgmma_desc(at + WT * RNN_TILE_BYTES + kk * 32),
-                                           rnn_wgmma_desc(at + w * RNN_TILE_BYTES + kk * 32), c > 0 || kk > 0);
-                    rnn_wgmma_commit();
-                    rnn_wgmma_wait<1>();
-                    if (c > 0) rnn_bar_arrive(done + 8 * ((g - 1) % STAGES));
-                }
-                rnn_wgmma_wait<0>();
-                rnn_bar_arrive(done + 8 * ((g - 1) % STAGES));
+                for (int kk = 0; kk < 4; ++kk)
+                    PersistMma<MODE, ROWS>::mma(part, rnn_wgmma_desc(at + WBYTES + kk * 32), rnn_wgmma_desc(at + kk * 32),
+                                                c > w || kk > 0);
+                rnn_wgmma_commit();
+                rnn_wgmma_wait<1>();
+                if (c > w) rnn_bar_arrive(done + 8 * ((gc - 2) % STAGES));
             }
+            rnn_wgmma_wait<0>();
+            rnn_bar_arrive(done + 8 * (((long)t * chunks + chunks - 2 + w) % STAGES));
+            // Accumulator element 4 j + 2 half + e is column 8 j + 2 tq + e: warpgroup w keeps j in [w JJ, w JJ + JJ),
+            // elements [w KEEP, w KEEP + KEEP), and hands the other half to the other warpgroup.
+            #pragma unroll
+            for (int i = 0; i < KEEP; ++i) xch[(w * KEEP + i) * 128 + me] = w ? part[i] : part[KEEP + i];
+            asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
+            #pragma unroll
+            for (int i = 0; i < KEEP; ++i) acc[i] = (w ? part[KEEP + i] : part[i]) + xch[((1 - w) * KEEP + i) * 128 + me];
+            asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
             if (tracing && tid == 0) trace[6 * t + 2] = persist_clock();
-            // Column 8 jj + 2 tq + e of tile w is gate 2 (tq % 2) + e of unit 2 jj + tq / 2: an even lane holds
+            // Column 8 jj + 2 tq + e of the half is gate 2 (tq % 2) + e of unit 2 jj + tq / 2: an even lane holds
             // gates i, f and its odd neighbour g, o of one unit, for batch rows 16 q + gq and + 8. The even lane
             // takes the first row's cell, the odd the second's, after one exchange of two values.
             unsigned short* const hnext = hbuf + ((t + 1) & 1) * hversion;
-            float hv[8];
+            float hv[JJ];
             #pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {     // no branch here: the eight cells' math interleaves
+            for (int jj = 0; jj < JJ; ++jj) {    // no branch here: the cells' math interleaves
                 const float s0 = odd ? acc[4 * jj] : acc[4 * jj + 2], s1 = odd ? acc[4 * jj + 1] : acc[4 * jj + 3];
                 const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
                 const float gi = odd ? r0 : acc[4 * jj], gf = odd ? r1 : acc[4 * jj + 1];
@@ -260,21 +252,21 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
             }
             if (tracing && tid == 0) trace[6 * t + 3] = persist_clock();
             #pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
-                const int ul = 16 * w + 2 * jj + (tq >> 1);
+            for (int jj = 0; jj < JJ; ++jj) {
+                const int ul = w * (UB / 2) + 2 * jj + (tq >> 1);
                 staged[b * UB + ul] = hv[jj];
                 staged16[b * UB + ul] = rnn_bits16<MODE>(hv[jj]);
             }
             asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
             for (int i = tid; i < R * (UB / 4); i += MMA) {     // the block's h: UB floats of each row
-                const int row = i / (UB / 4), part = i - row * (UB / 4);
-                *reinterpret_cast<float4*>(out + ((long)t * R + row) * H + blk * UB + 4 * part) =
-                    *reinterpret_cast<const float4*>(staged + row * UB + 4 * part);
+                const int row = i / (UB / 4), part4 = i - row * (UB / 4);
+                *reinterpret_cast<float4*>(out + ((long)t * R + row) * H + blk * UB + 4 * part4) =
+                    *reinterpret_cast<const float4*>(staged + row * UB + 4 * part4);
             }
-            for (int i = tid; i < R * (UB / 8); i += MMA) {     // its copy: 16-byte groups of the tiles
-                const int row = i / (UB / 8), part = i - row * (UB / 8);
-                *reinterpret_cast<uint4*>(hnext + rnn_tile_at<2>(row, blk * UB + 8 * part, H)) =
-                    *reinterpret_cast<const uint4*>(staged16 + row * UB + 8 * part);
+            for (int i = tid; i < R * (UB / 4); i += MMA) {     // its copy: 4 units (8 bytes) at a time into the tiles
+                const int row = i / (UB / 4), part4 = i - row * (UB / 4);
+                *reinterpret_cast<uint2*>(hnext + rnn_tile_at<2>(row, blk * UB + 4 * part4, H)) =
+                    *reinterpret_cast<const uint2*>(staged16 + row * UB + 4 * part4);
             }
             if (tracing && tid == 0) trace[6 * t + 4] = persist_clock();
             asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -288,18 +280,19 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
     }
 }
 
-// The entries: mode_persist_<mode>_<WT>_<STAGES>_<1: a tile a warpgroup, split: SPLIT>[_fast: FAST].
-#define MODE_PERSIST(NAME, MODE, WT, STAGES, SPLIT, FAST)                                                          \
-    extern "C" __global__ void __launch_bounds__(128 * WT + 32, 1) NAME(                                           \
+// The entries: mode_persist_<mode>_<UB>_<STAGES>[_fast: FAST]. 288 threads: two MMA warpgroups and the producer warp.
+#define MODE_PERSIST(NAME, MODE, UB, STAGES, FAST)                                                                 \
+    extern "C" __global__ void __launch_bounds__(288, 1) NAME(                                                     \
         const float* __restrict__ xp, const unsigned char* __restrict__ weight, unsigned short* __restrict__ hbuf,  \
         float* __restrict__ out, unsigned* __restrict__ counter, const int R, const int H, const int T,             \
         const unsigned primary, const unsigned weight_bytes, unsigned long long* __restrict__ trace, const int skip) \
     {                                                                                                               \
-        mode_persist_body<MODE, WT, STAGES, SPLIT, FAST>(xp, weight, hbuf, out, counter, R, H, T, primary,          \
-                                                         weight_bytes, trace, skip);                                \
+        mode_persist_body<MODE, UB, STAGES, FAST>(xp, weight, hbuf, out, counter, R, H, T, primary, weight_bytes,   \
+                                                  trace, skip);                                                     \
     }
-MODE_PERSIST(mode_persist_bfloat16_2_8_1, RNN_BF16, 2, 8, false, false)
-MODE_PERSIST(mode_persist_bfloat16_2_8_split, RNN_BF16, 2, 8, true, false)
-MODE_PERSIST(mode_persist_bfloat16_2_8_split_fast, RNN_BF16, 2, 8, true, true)
-MODE_PERSIST(mode_persist_float16_2_8_split, RNN_FP16, 2, 8, true, false)
+MODE_PERSIST(mode_persist_bfloat16_32_8, RNN_BF16, 32, 8, false)
+MODE_PERSIST(mode_persist_bfloat16_32_8_fast, RNN_BF16, 32, 8, true)
+MODE_PERSIST(mode_persist_float16_32_8, RNN_FP16, 32, 8, false)
+MODE_PERSIST(mode_persist_bfloat16_20_10, RNN_BF16, 20, 10, false)
+MODE_PERSIST(mode_persist_float16_20_10, RNN_FP16, 20, 10, false)
 #undef MODE_PERSIST

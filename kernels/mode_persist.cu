@@ -18,7 +18,7 @@
 // - h staged in shared memory and stored whole rows (fp32 into out, the mode's copy into the other version), then
 //   one release-add on the counter. Every block must be resident at once (one a multiprocessor).
 // UB = 32 (80 blocks at blogA) was measured (NOTES 2026-11-28 12:16, as mode_persist_*_2_8_split); UB = 20 (128
-// blocks, m64n80k16: 48 SMs more on the product, a quarter less to read a block: NOTES 2026-11-28 12:40) is written
+// blocks, m64n80k16: 48 SMs more on the product, a quarter less to read a block: NOTES 2026-11-28 12:33) is written
 // for the next GPU run.
 
 __device__ __forceinline__ unsigned persist_acquire(const unsigned* p)

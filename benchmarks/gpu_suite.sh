@@ -40,11 +40,12 @@
 #      (probe_replay_memory.py), and the engine's own streaming product with K over several blocks
 #      (probe_stream_gemm.py), and float32x3's fp16-parts product on the engine's own wgmma kernel with each K chunk's
 #      accumulator promoted in registers against cublasLt's batch of chunks, with the two-warpgroup variant (--pair),
-#      and the reduced modes' products on the same design against cublasLt (probe_x3_promote.py --modes), and the
-#      bf16 product with h multicast to a cluster and an L2 policy on its weight, or a block of 128 or 256 weight rows
-#      (probe_mode_stream.py), and a whole bf16 / fp16 LSTM layer in one launch (probe_mode_persist.py), both probes'
-#      kernels under compute-sanitizer memcheck and racecheck (--sanitize), and blogA on the fused backend with its
-#      step products on cublasLt against step_product="wgmma" (mode_wide.cu past the L2: probe_wide_product.py);
+#      and the reduced modes' products on the same design against cublasLt (probe_x3_promote.py --modes);
+#  11c'. mode16 (only when named): bf16 / fp16 at blogA: the wide product's GPU tests (mode_product, the fused backend on
+#      it), blogA on the fused backend with its step products on cublasLt against step_product="wgmma" (mode_wide.cu
+#      past the L2: probe_wide_product.py), a whole LSTM layer in one launch (probe_mode_persist.py), the step product
+#      with h multicast to a cluster or 128-256 weight rows a block (probe_mode_stream.py), both probes' kernels under
+#      compute-sanitizer memcheck and racecheck (--sanitize);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") in fp16 parts (the default) and TF32
 #      parts against cuDNN fp32,
@@ -240,12 +241,22 @@ if [[ " $STAGES " == *" x3 "* ]]; then
   X3_TAIL=30 x3_step timeout 150 "$PY" benchmarks/probe_stream_gemm.py --out "$OUT"
   X3_TAIL=30 x3_step timeout 90 "$PY" benchmarks/probe_x3_promote.py --out "$OUT" --promote 64,128 --pair
   X3_TAIL=40 x3_step timeout 90 "$PY" benchmarks/probe_x3_promote.py --out "$OUT/modes" --modes tf32,bfloat16,float16
-  X3_TAIL=60 x3_step timeout 120 "$PY" benchmarks/probe_mode_stream.py --out "$OUT" --precision bfloat16
-  X3_TAIL=40 x3_step timeout 120 "$PY" benchmarks/probe_mode_persist.py --out "$OUT"
-  X3_TAIL=12 x3_step timeout 150 "$PY" benchmarks/probe_wide_product.py --out "$OUT" --precision bfloat16 --precision float16
+fi
+mode16_rc=skipped
+# a step of the mode16 stage: its output to mode16.log, the tail shown, a failure kept in mode16_rc
+mode16_step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/mode16.log" | tail -${M16_TAIL:-12}; rc=${PIPESTATUS[0]}
+                [ "$rc" = 0 ] || mode16_rc=$rc; }
+if [[ " $STAGES " == *" mode16 "* ]]; then
+  section "bf16 / fp16 at blogA: the wide product in the engine, the one-launch layer, their kernels under compute-sanitizer"
+  mode16_rc=0; : > "$OUT/mode16.log"
+  mode16_step timeout 150 "$PY" -m pytest tests/gpu/test_wgmma_products_gpu.py "tests/gpu/test_fused_modes_gpu.py" -k \
+    "modes_product or wide" -q -rfEs -p no:cacheprovider
+  M16_TAIL=14 mode16_step timeout 150 "$PY" benchmarks/probe_wide_product.py --out "$OUT" --precision bfloat16 --precision float16
+  M16_TAIL=40 mode16_step timeout 150 "$PY" benchmarks/probe_mode_persist.py --out "$OUT"
+  M16_TAIL=40 mode16_step timeout 120 "$PY" benchmarks/probe_mode_stream.py --out "$OUT" --precision bfloat16
   for tool in memcheck racecheck; do
     for probe in probe_mode_persist probe_mode_stream; do
-      X3_TAIL=8 x3_step timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/$probe.py --sanitize \
+      M16_TAIL=8 mode16_step timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/$probe.py --sanitize \
         --precision bfloat16
     done
   done
@@ -286,5 +297,5 @@ echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
      "precision bench exit code: $precision_rc; nets: $nets_rc; wheels: $wheels_rc; layersync: $layersync_rc;" \
      "phases: $phases_rc; lengths: $lengths_rc; probes: $probes_rc; cluster: $cluster_rc; train: $train_rc;" \
-     "x3: $x3_rc; targets: $targets_rc" \
+     "x3: $x3_rc; mode16: $mode16_rc; targets: $targets_rc" \
      "(124 = timed out); total $(( $(date +%s) - start )) s"

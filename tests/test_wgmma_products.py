@@ -184,8 +184,8 @@ def test_a_16_bit_weight_past_the_l2_goes_wide():
 def test_the_kernel_and_the_copies_in_tiles_compile(tmp_path):
     sources = {"x3_wgmma": kernel_source(), "mode_wgmma": kernel_source("mode_wgmma.cu"),
                "mode_stream": kernel_source("mode_stream.cu"),       # benchmarks/probe_mode_stream.py's
-               "mode_wide": kernel_source("mode_wide.cu"),           # and probe_mode_persist.py's
-               "mode_persist": kernel_source("mode_persist.cu"),
+               "mode_wide": kernel_source("mode_wide.cu"),           # mode_product's past the L2
+               "mode_persist": kernel_source("mode_persist.cu"),     # benchmarks/probe_mode_persist.py's
                "split_products": kernel_file_source("split_products.cu"), "tiles": kernel_file_source("tiles.cu")}
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in sources["x3_wgmma"]
     for name in ("lstm", "gru_cho"):

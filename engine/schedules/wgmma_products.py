@@ -22,8 +22,8 @@ copies are what make it fast.
 
 A bf16 or fp16 weight past what the L2 keeps (goes_wide: blogA's LSTM, 52 MB) goes to kernels/mode_wide.cu instead:
 a block of 128 weight rows against one chunk of h (h crosses L2 once per 128 rows, not per 64), clusters of two
-blocks splitting K (the partial sums added over distributed shared memory), the weight's first 72 % of an L2
-evict_last so that part stays on chip across steps. blogA's LSTM product took 14.4 us there against cublasLt's 17.1
+blocks splitting K (the partial sums added over distributed shared memory), the weight's first 57 % of the L2
+(36 MB of an H200's 60 MiB) evict_last so that part stays on chip across steps. blogA's LSTM product took 14.4 us there against cublasLt's 17.1
 and mode_wgmma's 19.0 (H200, 2026-11-28, benchmarks/probe_mode_stream.py); where the weight stays in L2 cublasLt is
 faster (blogA's GRU, 39 MB: 8.7 us against 11.0).
 

@@ -8,8 +8,8 @@ in a chain of 50 captured into a CUDA graph (median of 11 launches). Each varian
 weight's first `primary` bytes evict_last (36 MB, and the whole weight where it is smaller):
 - mode_wide.cu: blocks of 2 or 4 weight tiles (128 or 256 rows) against one chunk of h, in clusters of 1-4 blocks
   that split K, with 2-8 slots (WIDE);
-- mode_stream.cu: 64 rows a block, alone and with a producer warp; with --clusters also in clusters of 2 and 4 that
-  multicast h (twice as slow: NOTES 11:25).
+- mode_stream.cu: 64 rows a block; with --clusters also in clusters of 2 and 4 that multicast h (twice as slow:
+  NOTES 11:25; a variant with a producer warp, no faster, is gone: NOTES 12:16).
 --sanitize: one small product, chains of 2, for compute-sanitizer. sm_90 only.
 
     python3 benchmarks/probe_mode_stream.py --out /tmp/probe [--precision bfloat16] [--clusters] [--sanitize]
@@ -38,40 +38,23 @@ MB = 1 << 20
 
 
 def stream_product(cupy, operand, weight, out, R: int, K: int, N: int, precision: str, cluster: int,
-                   primary: int, producer: bool = False) -> None:
+                   primary: int) -> None:
     """out (R, N) = the tiled operand times the tiled weight^T on kernels/mode_stream.cu: clusters of `cluster`
-    blocks, the weight's first `primary` bytes evict_last (0: plain copies); producer: the variant with a producer
-    warp (mode_stream_ws_*)."""
+    blocks, the weight's first `primary` bytes evict_last (0: plain copies)."""
     rp, np_ = wgmma_products.padded(R), wgmma_products.padded(N)
     grid = (np_ // 64, rp // 64)
     if grid[0] % cluster:
         raise SystemExit(f"{grid[0]} weight-row blocks do not make clusters of {cluster}")
-    smem = wgmma_products.smem_bytes(STAGES, 2) + 8 * STAGES * (2 if producer else 1)
-    name = f"mode_stream_{'ws_' if producer else ''}{precision}_{cluster}"
+    smem = wgmma_products.smem_bytes(STAGES, 2) + 8 * STAGES
+    name = f"mode_stream_{precision}_{cluster}"
     function = wgmma_products.ring_kernel(cupy, "mode_stream.cu", name, smem)
     chunks = wgmma_products.padded(K) // 64
-    function(grid, (160 if producer else 128,), (operand, weight, out, np.int32(R), np.int32(N), np.int32(chunks),
-                                                 np.uint32(primary), np.uint32(weight.nbytes)), shared_mem=smem)
+    function(grid, (128,), (operand, weight, out, np.int32(R), np.int32(N), np.int32(chunks), np.uint32(primary),
+                            np.uint32(weight.nbytes)), shared_mem=smem)
 
 
 WIDE = ((2, 1, 4), (2, 1, 8), (2, 2, 4), (2, 2, 6), (4, 1, 4), (4, 2, 2), (4, 2, 4), (4, 3, 3), (4, 4, 2),
         (4, 4, 4))                      # kernels/mode_wide.cu's entries: weight tiles a block, blocks a cluster, slots
-
-
-def wide_product(cupy, operand, weight, out, R: int, K: int, N: int, precision: str, wt: int, split: int,
-                 stages: int, primary: int) -> None:
-    """out (R, N) = the tiled operand times the tiled weight^T on kernels/mode_wide.cu: `wt` weight tiles a block,
-    clusters of `split` blocks over K, `stages` slots, the weight's first `primary` bytes evict_last (0: plain)."""
-    rp, np_ = wgmma_products.padded(R), wgmma_products.padded(N)
-    tiles = np_ // 64
-    if tiles % wt:
-        raise SystemExit(f"{tiles} weight tiles do not make blocks of {wt}")
-    grid = (tiles // wt * split, rp // 64)
-    smem = stages * (wt + 1) * wgmma_products.TILE_BYTES + 16 * stages + 1024
-    function = wgmma_products.ring_kernel(cupy, "mode_wide.cu", f"mode_wide_{precision}_{wt}_{split}_{stages}", smem)
-    chunks = wgmma_products.padded(K) // 64
-    function(grid, (160,), (operand, weight, out, np.int32(R), np.int32(N), np.int32(chunks), np.uint32(primary),
-                            np.uint32(weight.nbytes)), shared_mem=smem)
 
 
 def main() -> None:
@@ -110,21 +93,20 @@ def main() -> None:
             for wt, split, stages in WIDE:
                 for primary in primaries:
                     label = f"wide {wt} tiles, split {split}, {stages} slots, evict_last {primary / MB:.0f} MB"
-                    error = measure(label, lambda a=(wt, split, stages, primary): wide_product(
-                        cupy, tiles, weight, out, R, K, N, precision, *a), wide=wt, split=split, stages=stages,
+                    if (wgmma_products.padded(N) // 64) % wt:
+                        raise SystemExit(f"N = {N}: its weight tiles do not make blocks of {wt}")
+                    error = measure(label, lambda a=(wt, split, stages), p=primary: wgmma_products.wide_product(
+                        cupy, tiles, weight, out, R, K, N, precision, a, p), wide=wt, split=split, stages=stages,
                         primary=primary)
                     if not error <= bound:
                         raise SystemExit(f"{label}: error {error:.3g} past {bound:.3g}: wrong")
-            for producer in (False, True):
-                for cluster in (1, 2, 4) if args.clusters else (1,):
-                    for primary in primaries:
-                        label = (f"stream{', producer warp' if producer else ''}, clusters of {cluster}, "
-                                 f"evict_last {primary / MB:.0f} MB")
-                        error = measure(label, lambda c=cluster, p=primary, w=producer: stream_product(
-                            cupy, tiles, weight, out, R, K, N, precision, c, p, w), cluster=cluster, primary=primary,
-                            producer=producer)
-                        if not error <= bound:
-                            raise SystemExit(f"{label}: error {error:.3g} past {bound:.3g}: wrong")
+            for cluster in (1, 2, 4) if args.clusters else (1,):
+                for primary in primaries:
+                    label = f"stream, clusters of {cluster}, evict_last {primary / MB:.0f} MB"
+                    error = measure(label, lambda c=cluster, p=primary: stream_product(
+                        cupy, tiles, weight, out, R, K, N, precision, c, p), cluster=cluster, primary=primary)
+                    if not error <= bound:
+                        raise SystemExit(f"{label}: error {error:.3g} past {bound:.3g}: wrong")
     write_rows(cupy, args.out, "probe_mode_stream.json", rows)
 
 

@@ -1,7 +1,7 @@
 // A whole LSTM layer's steps in a 16-bit mode in one launch, for weights that outgrow the chip (blogA: a 2560 x 10240
 // weight streamed every step; benchmarks/probe_mode_persist.py; issue #34, bf16 / fp16 at blogA; benchmarks/NOTES.md
 // 2026-11-28 12:16). A probe's kernel: the engine does not launch it. Needs tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh,
-// mode_mma.cuh and tile_ring.cuh before it.
+// mode_mma.cuh, tile_ring.cuh and layer_sync.cuh (the counter's acquire load) before it.
 //
 //     gates = xp[t] (T, R, 4H, permuted as the weight, bias included) + h_{t-1} W^T; c, h = LSTM(gates, c)
 //
@@ -20,13 +20,6 @@
 // UB = 32 (80 blocks at blogA) was measured (NOTES 2026-11-28 12:16, as mode_persist_*_2_8_split); UB = 20 (128
 // blocks, m64n80k16: 48 SMs more on the product, a quarter less to read a block: NOTES 2026-11-28 12:33) is written
 // for the next GPU run.
-
-__device__ __forceinline__ unsigned persist_acquire(const unsigned* p)
-{
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 __device__ __forceinline__ unsigned long long persist_clock()
 {
@@ -163,7 +156,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
             auto ready_up = [&](const int upto) {    // h of this step's chunks up to `upto`, once the others wrote it
                 if (!ready) {
                     const long long start = clock64();
-                    while (persist_acquire(counter) < (unsigned)(t * blocks))
+                    while (rnn_load_acquire(counter) < (unsigned)(t * blocks))
                         if (clock64() - start > (1ll << 36)) __trap();   // a block not resident: fail, not hang
                     asm volatile("fence.proxy.async.global;" ::: "memory");
                     ready = true;

@@ -1,8 +1,8 @@
 // A 16-bit mode's step product for the skinny products of large layers (blogA: h 64 x 2560 by a 2560 x 10240 weight),
 // whose weight is streamed every step (benchmarks/probe_mode_stream.py stream_product; issue #34, bf16 / fp16 at
-// blogA; benchmarks/NOTES.md 2026-11-28 11:10). Needs tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh, mode_mma.cuh and
-// tile_ring.cuh before it (the tiles, the barriers and bulk copies, wgmma and its descriptors, ModeMma,
-// rnn_tile_store).
+// blogA; benchmarks/NOTES.md 2026-11-28 11:10). Needs tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh, mode_mma.cuh,
+// tile_ring.cuh and cluster_sync.cuh before it (the tiles, the barriers and bulk copies, wgmma and its descriptors,
+// ModeMma, rnn_tile_store, the cluster barrier).
 //
 //     out (R, N) = h W^T, h (R, K) and W (N, K) fp16 or bf16 in the wgmma products' tiles, fp32 sums
 //
@@ -23,10 +23,10 @@
 // first block); a cluster barrier ends the kernel.
 #define RNN_MCAST_BYTES RNN_TILE_BYTES
 
-// The slots (1024-byte aligned, 2 tiles each: the weight's, then h's) and after them SETS barriers a slot: full (a
-// block's 16 KB a fill), empty (CS releases of a fill, on the first block), and with a producer warp done (the
-// warpgroup's release). Thread 0 initialises them; every block of the cluster's are ready when it returns.
-template <int CS, int STAGES, int SETS>
+// The slots (1024-byte aligned, 2 tiles each: the weight's, then h's) and after them two barriers a slot: full (a
+// block's 16 KB a fill) and empty (CS releases of a fill, on the first block). Thread 0 initialises them; every
+// block of the cluster's are ready when it returns.
+template <int CS, int STAGES>
 __device__ __forceinline__ unsigned stream_slots(unsigned char* smem, unsigned& full)
 {
     const unsigned raw = (unsigned)__cvta_generic_to_shared(smem);
@@ -34,11 +34,11 @@ __device__ __forceinline__ unsigned stream_slots(unsigned char* smem, unsigned& 
     full = base + STAGES * 2 * RNN_TILE_BYTES;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s)
-            for (int set = 0; set < SETS; ++set) rnn_bar_init(full + 8 * (set * STAGES + s), set == 1 ? CS : 1);
+            for (int set = 0; set < 2; ++set) rnn_bar_init(full + 8 * (set * STAGES + s), set == 1 ? CS : 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     if constexpr (CS > 1) {                      // every block's barriers before any block's copies reach them
-        asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+        rnn_cluster_sync();
     } else {
         __syncthreads();
     }
@@ -114,7 +114,7 @@ __device__ __forceinline__ void mode_stream_body(const unsigned char* __restrict
     const int tid = threadIdx.x, nb = blockIdx.x, mb = blockIdx.y;
     unsigned rank = 0, full;
     if constexpr (CS > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-    const unsigned base = stream_slots<CS, STAGES, 2>(stream_raw, full), empty = full + 8 * STAGES;
+    const unsigned base = stream_slots<CS, STAGES>(stream_raw, full), empty = full + 8 * STAGES;
     const unsigned char* const w_src = weight + (long)nb * chunks * RNN_TILE_BYTES;
     const unsigned char* const h_src = operand + (long)mb * chunks * RNN_TILE_BYTES;
     const unsigned long long policy = stream_policy(weight, primary, weight_bytes);
@@ -142,77 +142,23 @@ __device__ __forceinline__ void mode_stream_body(const unsigned char* __restrict
     }
     rnn_wgmma_wait<0>();
     rnn_tile_store(out, R, N, mb, nb, [&](const int i) { return acc[i]; });
-    if constexpr (CS > 1)                        // no block leaves while another may still reach its memory
-        asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+    if constexpr (CS > 1) rnn_cluster_sync();   // no block leaves while another may still reach its memory
 }
 
-// The same product with a producer warp (warp 4 of 160 threads): the copies and the cluster's releases wait there, so
-// the first block's warpgroup never waits on the other blocks before its next MMA (above, its thread 0 does, between
-// two chunks). The consumer warpgroup releases a chunk on its own block's `done` barrier once the MMA of the chunk
-// after it are issued and its own are done; the producer waits for that before refilling the slot, and in a cluster
-// passes the release on to the first block's `empty` barrier, whose producer waits for all CS before the multicast.
-template <int MODE, int CS, int STAGES>
-__device__ __forceinline__ void mode_stream_ws_body(const unsigned char* __restrict__ operand,
-                                                    const unsigned char* __restrict__ weight, float* __restrict__ out,
-                                                    const int R, const int N, const int chunks, const unsigned primary,
-                                                    const unsigned weight_bytes)
-{
-    extern __shared__ unsigned char stream_raw[];
-    const int tid = threadIdx.x, nb = blockIdx.x, mb = blockIdx.y;
-    unsigned rank = 0, full;
-    if constexpr (CS > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-    const unsigned base = stream_slots<CS, STAGES, 3>(stream_raw, full);
-    const unsigned empty = full + 8 * STAGES, done = empty + 8 * STAGES;
-    if (tid == 128) {                            // the producer warp's first lane issues everything
-        const unsigned char* const w_src = weight + (long)nb * chunks * RNN_TILE_BYTES;
-        const unsigned char* const h_src = operand + (long)mb * chunks * RNN_TILE_BYTES;
-        const unsigned long long policy = stream_policy(weight, primary, weight_bytes);
-        for (int c = 0; c < chunks; ++c) {
-            const unsigned s = c % STAGES, parity = ((c - STAGES) / STAGES) & 1;
-            if (c >= STAGES) {
-                rnn_bar_wait(done + 8 * s, parity);              // this block's MMA of chunk c - STAGES are done
-                if constexpr (CS > 1) stream_release(empty + 8 * s);
-            }
-            stream_copies<CS>(base + s * 2 * RNN_TILE_BYTES, full + 8 * s, w_src + (long)c * RNN_TILE_BYTES,
-                              h_src + (long)c * RNN_TILE_BYTES, primary, policy, rank, c >= STAGES, empty + 8 * s,
-                              parity);
-        }
-    } else if (tid < 128) {                      // the consumer warpgroup
-        float acc[32];
-        #pragma unroll
-        for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
-        for (int chunk = 0; chunk < chunks; ++chunk) {
-            rnn_bar_wait(full + 8 * (chunk % STAGES), (chunk / STAGES) & 1);
-            stream_chunk<MODE>(acc, base + (chunk % STAGES) * 2 * RNN_TILE_BYTES, chunk);
-            rnn_wgmma_wait<1>();
-            asm volatile("bar.sync 1, 128;" ::: "memory");     // every warp's MMA of chunk - 1 done
-            if (tid == 0 && chunk > 0) rnn_bar_arrive(done + 8 * ((chunk - 1) % STAGES));
-        }
-        rnn_wgmma_wait<0>();
-        rnn_tile_store(out, R, N, mb, nb, [&](const int i) { return acc[i]; });
-    }
-    if constexpr (CS > 1)
-        asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
-// The entries: NAME, the mode, CS blocks a cluster, STAGES slots, the body (producer warp or not) and its threads.
-#define MODE_STREAM(NAME, MODE, CS, STAGES, BODY, THREADS)                                                           \
-    extern "C" __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(THREADS) NAME(                         \
+// The entries: NAME, the mode, CS blocks a cluster, STAGES slots. (A variant with a producer warp, which waited for
+// the cluster's releases instead of the first block's MMA warpgroup, was no faster: 31-35 us at blogA's LSTM in
+// clusters of 2 or 4, 16.2 alone; benchmarks/NOTES.md 2026-11-28 12:16.)
+#define MODE_STREAM(NAME, MODE, CS, STAGES)                                                                          \
+    extern "C" __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(128) NAME(                             \
         const unsigned char* __restrict__ operand, const unsigned char* __restrict__ weight, float* __restrict__ out, \
         const int R, const int N, const int chunks, const unsigned primary, const unsigned weight_bytes)           \
     {                                                                                                               \
-        BODY<MODE, CS, STAGES>(operand, weight, out, R, N, chunks, primary, weight_bytes);                          \
+        mode_stream_body<MODE, CS, STAGES>(operand, weight, out, R, N, chunks, primary, weight_bytes);              \
     }
-MODE_STREAM(mode_stream_bfloat16_1, RNN_BF16, 1, 4, mode_stream_body, 128)
-MODE_STREAM(mode_stream_bfloat16_2, RNN_BF16, 2, 4, mode_stream_body, 128)
-MODE_STREAM(mode_stream_bfloat16_4, RNN_BF16, 4, 4, mode_stream_body, 128)
-MODE_STREAM(mode_stream_float16_1, RNN_FP16, 1, 4, mode_stream_body, 128)
-MODE_STREAM(mode_stream_float16_2, RNN_FP16, 2, 4, mode_stream_body, 128)
-MODE_STREAM(mode_stream_float16_4, RNN_FP16, 4, 4, mode_stream_body, 128)
-MODE_STREAM(mode_stream_ws_bfloat16_1, RNN_BF16, 1, 4, mode_stream_ws_body, 160)
-MODE_STREAM(mode_stream_ws_bfloat16_2, RNN_BF16, 2, 4, mode_stream_ws_body, 160)
-MODE_STREAM(mode_stream_ws_bfloat16_4, RNN_BF16, 4, 4, mode_stream_ws_body, 160)
-MODE_STREAM(mode_stream_ws_float16_1, RNN_FP16, 1, 4, mode_stream_ws_body, 160)
-MODE_STREAM(mode_stream_ws_float16_2, RNN_FP16, 2, 4, mode_stream_ws_body, 160)
-MODE_STREAM(mode_stream_ws_float16_4, RNN_FP16, 4, 4, mode_stream_ws_body, 160)
+MODE_STREAM(mode_stream_bfloat16_1, RNN_BF16, 1, 4)
+MODE_STREAM(mode_stream_bfloat16_2, RNN_BF16, 2, 4)
+MODE_STREAM(mode_stream_bfloat16_4, RNN_BF16, 4, 4)
+MODE_STREAM(mode_stream_float16_1, RNN_FP16, 1, 4)
+MODE_STREAM(mode_stream_float16_2, RNN_FP16, 2, 4)
+MODE_STREAM(mode_stream_float16_4, RNN_FP16, 4, 4)
 #undef MODE_STREAM

@@ -1,9 +1,9 @@
 // A 16-bit mode's step product for the skinny products of large layers (blogA: h 64 x 2560 by a 2560 x 10240 weight),
 // whose weight is streamed every step (engine/schedules/wgmma_products.py mode_product takes mode_wide_*_2_2_4 for a
-// weight past the L2; benchmarks/probe_mode_stream.py wide_product times every entry; issue #34, bf16 / fp16 at
-// blogA; benchmarks/NOTES.md 2026-11-28 11:10, 12:16 and 12:30). Needs tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh, mode_mma.cuh and
-// tile_ring.cuh before it (the tiles, the barriers and bulk copies, wgmma and its descriptors, ModeMma,
-// rnn_tile_store).
+// weight past the L2; benchmarks/probe_mode_stream.py times every entry through wgmma_products.wide_product; issue
+// #34, bf16 / fp16 at blogA; benchmarks/NOTES.md 2026-11-28 11:10, 12:16 and 12:30). Needs tile_gemm.cuh,
+// mma_gemm.cuh, wgmma.cuh, mode_mma.cuh, tile_ring.cuh and cluster_sync.cuh before it (the tiles, the barriers and bulk copies, wgmma and its
+// descriptors, ModeMma, rnn_tile_store, distributed shared memory and the cluster barrier).
 //
 //     out (R, N) = h W^T, h (R, K) and W (N, K) fp16 or bf16 in the wgmma products' tiles, fp32 sums
 //
@@ -12,26 +12,12 @@
 // so h's traffic is 1 / WT of the weight's, and SPLIT blocks of a cluster share one output tile, each over its own
 // share of K, to keep every SM pulling the weight. At the end each block leaves its partial sums in its own shared
 // memory and block r of the cluster adds the SPLIT partials of the tiles j with j % SPLIT == r over distributed shared
-// memory (ld.shared::cluster) and stores them.
+// memory (rnn_cluster_get) and stores them.
 //
 // Roles: warps 0-3 the MMA warpgroup, warp 4's first lane the copies (a producer warp, 160 threads). The weight's
 // copies carry mode_stream.cu's L2 policy (its first `primary` bytes evict_last, the rest evict_first; 0: plain).
 // Slot s holds the WT weight tiles then h's; full[s] counts a fill's bytes, done[s] the warpgroup's release of it
 // (the MMA of the chunk after it issued and its own done).
-
-__device__ __forceinline__ float wide_remote(const unsigned addr, const unsigned rank)
-{
-    unsigned remote;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void wide_cluster_sync()
-{
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
 
 template <int MODE, int WT, int SPLIT, int STAGES>
 __device__ __forceinline__ void mode_wide_body(const unsigned char* __restrict__ operand,
@@ -100,7 +86,8 @@ __device__ __forceinline__ void mode_wide_body(const unsigned char* __restrict__
         rnn_wgmma_wait<0>();
         if constexpr (SPLIT == 1) {
             #pragma unroll
-            for (int j = 0; j < WT; ++j) rnn_tile_store(out, R, N, mb, tile * WT + j, [&](const int i) { return acc[j][i]; });
+            for (int j = 0; j < WT; ++j)
+                rnn_tile_store(out, R, N, mb, tile * WT + j, [&](const int i) { return acc[j][i]; });
         } else {                                 // the partials into this block's slots (every copy has landed)
             float* const red = reinterpret_cast<float*>(wide_raw + (base - raw));
             #pragma unroll
@@ -110,7 +97,7 @@ __device__ __forceinline__ void mode_wide_body(const unsigned char* __restrict__
         }
     }
     if constexpr (SPLIT > 1) {
-        wide_cluster_sync();                     // every block's partials written
+        rnn_cluster_sync();                     // every block's partials written
         if (tid < 128) {
             #pragma unroll
             for (int j = 0; j < WT; ++j) {
@@ -121,13 +108,13 @@ __device__ __forceinline__ void mode_wide_body(const unsigned char* __restrict__
                     const unsigned at = base + 4u * ((j * 32 + i) * 128 + tid);
                     float s = 0.0f;
                     #pragma unroll
-                    for (int r = 0; r < SPLIT; ++r) s += wide_remote(at, r);
+                    for (int r = 0; r < SPLIT; ++r) s += __uint_as_float(rnn_cluster_get<unsigned>(at, r));
                     sum[i] = s;
                 }
                 rnn_tile_store(out, R, N, mb, tile * WT + j, [&](const int i) { return sum[i]; });
             }
         }
-        wide_cluster_sync();                     // no block leaves while another reads its memory
+        rnn_cluster_sync();                     // no block leaves while another reads its memory
     }
 }
 

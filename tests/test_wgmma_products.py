@@ -154,7 +154,7 @@ def test_the_rings_fit_a_hopper_block():
 def gpu_of(sms: int, l2: int = 60 << 20):
     """A stand-in for cupy whose current device has `sms` SMs and an L2 of `l2` bytes (all x3_kernel and goes_wide
     read)."""
-    device = SimpleNamespace(attributes={"MultiProcessorCount": sms, "L2CacheSize": l2})
+    device = SimpleNamespace(id=("stand-in", sms, l2), attributes={"MultiProcessorCount": sms, "L2CacheSize": l2})
     return SimpleNamespace(cuda=SimpleNamespace(Device=lambda: device))
 
 

@@ -68,7 +68,7 @@ def round_operands_source() -> str:
 ROUND_VALUES = {"tf32": "round_values_tf32", "float16": "round_values_fp16", "bfloat16": "round_values_bf16"}
 ROUND_THREADS = 256          # threads a block of kernels/round_operands.cu's grid-stride entries
 _file_entries: dict = {}     # (file, entry, device) -> the loaded function
-_sms: dict = {}              # device -> its SMs
+_attributes: dict = {}       # (device, attribute) -> its value
 
 
 def file_entry(cupy, filename: str, name: str, helpers: tuple = ("tile_gemm.cuh",), smem: int = 0):
@@ -91,10 +91,17 @@ def round_entry(cupy, name: str):
 def round_blocks(cupy, items: int) -> int:
     """Blocks of ROUND_THREADS for a grid-stride loop over `items`: one an item up to 16 an SM (the SM count read
     once a device, not at every call)."""
-    device = cupy.cuda.Device().id
-    if device not in _sms:
-        _sms[device] = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    return max(1, min(-(-items // ROUND_THREADS), _sms[device] * 16))
+    return max(1, min(-(-items // ROUND_THREADS), device_attribute(cupy, "MultiProcessorCount") * 16))
+
+
+def device_attribute(cupy, name: str) -> int:
+    """An attribute of the current GPU (CuPy's Device().attributes name: "MultiProcessorCount", "L2CacheSize"),
+    read once a device: Device().attributes queries every attribute, too slow for a launch's path."""
+    device = cupy.cuda.Device()
+    key = (device.id, name)
+    if key not in _attributes:
+        _attributes[key] = device.attributes[name]
+    return _attributes[key]
 
 
 def round_values(a, precision: str):

@@ -23,9 +23,9 @@ copies are what make it fast.
 A bf16 or fp16 weight past what the L2 keeps (goes_wide: blogA's LSTM, 52 MB) goes to kernels/mode_wide.cu instead:
 a block of 128 weight rows against one chunk of h (h crosses L2 once per 128 rows, not per 64), clusters of two
 blocks splitting K (the partial sums added over distributed shared memory), the weight's first 57 % of the L2
-(36 MB of an H200's 60 MiB) evict_last so that part stays on chip across steps. blogA's LSTM product took 14.4 us there against cublasLt's 17.1
-and mode_wgmma's 19.0 (H200, 2026-11-28, benchmarks/probe_mode_stream.py); where the weight stays in L2 cublasLt is
-faster (blogA's GRU, 39 MB: 8.7 us against 11.0).
+(36 MB of an H200's 60 MiB) evict_last so that part stays on chip across steps. blogA's LSTM product took 14.4 us
+there against cublasLt's 17.1 and mode_wgmma's 19.0 (H200, 2026-11-28, benchmarks/probe_mode_stream.py); where the
+weight stays in L2 cublasLt is faster (blogA's GRU, 39 MB: 8.7 us against 11.0).
 
 Where they run: sm_90 (wgmma). float32x3 in fp16 parts takes its kernel by default (step_product "auto"); the
 reduced modes take theirs where asked (step_product="wgmma"; fused_modes.FusedModeProgram): whole runs on
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codegen.cuda import file_entry, kernel_file_source, round_blocks
+from ..codegen.cuda import device_attribute, file_entry, kernel_file_source, round_blocks
 from ..rounding import split_fp16
 from .base import chunked
 from .project import operand_dtype, round_into
@@ -94,7 +94,8 @@ def goes_wide(cupy, precision: str, N: int, K: int) -> bool:
     tiles = padded(N) // TILE
     nbytes = tiles * TILE * padded(K) * 2
     return (precision in WIDE_MODES and tiles % WIDE[0] == 0 and nbytes < 1 << 32
-            and nbytes > STREAMED * cupy.cuda.Device().attributes["L2CacheSize"])
+            and nbytes > STREAMED * device_attribute(cupy, "L2CacheSize"))
+
 
 
 def tile_columns(size: int) -> int:
@@ -154,7 +155,7 @@ def stages(cupy, blocks: int) -> int:
     (65 KB a block, so three fit an SM and the grid is one wave), else 4. On an H200 (2026-11-28): blogA LSTM (160
     blocks) 35.5 us with 2 slots against 52.8 with 4; its GRU (120) 26.6 with 4 against 30.5; `large` (128) 12.4-12.6
     with either."""
-    return 2 if blocks > cupy.cuda.Device().attributes["MultiProcessorCount"] else 4
+    return 2 if blocks > device_attribute(cupy, "MultiProcessorCount") else 4
 
 
 PAIR_SLOTS = 2               # the two-warpgroup kernel's ring slots, each warpgroup's (3: within 1 %, 2026-11-28)
@@ -167,7 +168,7 @@ def x3_kernel(cupy, blocks: int, promote: int) -> tuple[str, int, int]:
     slots. On an H200 (2026-11-28, probe_x3_promote.py --pair): `large` LSTM (128 blocks) 10.1 us against 12.7, its
     GRU (96) 9.7 against 12.2, blogA GRU (120) 23.8 against 27.0, at a smaller error; blogA LSTM (160 blocks, more
     than the SMs) 42.2 against 36.0, so it keeps one warpgroup."""
-    if promote == TILE and blocks <= cupy.cuda.Device().attributes["MultiProcessorCount"]:
+    if promote == TILE and blocks <= device_attribute(cupy, "MultiProcessorCount"):
         return f"x3_wgmma_pair_{PAIR_SLOTS}", 2 * THREADS, 2 * smem_bytes(PAIR_SLOTS)
     slots = stages(cupy, blocks)
     return f"x3_wgmma_{slots}", THREADS, smem_bytes(slots)
@@ -175,7 +176,7 @@ def x3_kernel(cupy, blocks: int, promote: int) -> tuple[str, int, int]:
 
 def mode_stages(cupy, blocks: int) -> int:
     """A reduced mode's ring slots (16 KB each): 4 where blocks outnumber SMs (three blocks an SM), else 8."""
-    return 4 if blocks > cupy.cuda.Device().attributes["MultiProcessorCount"] else 8
+    return 4 if blocks > device_attribute(cupy, "MultiProcessorCount") else 8
 
 
 def smem_bytes(slots: int, tiles: int = 4) -> int:
@@ -184,18 +185,23 @@ def smem_bytes(slots: int, tiles: int = 4) -> int:
     return slots * tiles * TILE_BYTES + 8 * slots + 1024
 
 
-RING_HELPERS = ("tile_gemm.cuh", "mma_gemm.cuh", "wgmma.cuh", "mode_mma.cuh", "tile_ring.cuh")   # ring kernels' includes
+# the ring kernels' includes, and what some of them use besides (distributed shared memory and cluster barriers, a
+# grid-wide counter's acquire load)
+RING_HELPERS = ("tile_gemm.cuh", "mma_gemm.cuh", "wgmma.cuh", "mode_mma.cuh", "tile_ring.cuh")
+FILE_HELPERS = {"mode_wide.cu": RING_HELPERS + ("cluster_sync.cuh",),
+                "mode_stream.cu": RING_HELPERS + ("cluster_sync.cuh",),
+                "mode_persist.cu": RING_HELPERS + ("layer_sync.cuh",)}
 
 
 def kernel_source(filename: str = "x3_wgmma.cu") -> str:
     """kernels/<filename> with the helpers it needs inlined before it (NVRTC gets no include path)."""
-    return kernel_file_source(filename, RING_HELPERS)
+    return kernel_file_source(filename, FILE_HELPERS.get(filename, RING_HELPERS))
 
 
 def ring_kernel(cupy, filename: str, name: str, smem: int):
     """Entry `name` of kernels/<filename> (kernel_source) on the current device, its shared memory opted in
     (codegen.cuda.file_entry: loaded once a process and device)."""
-    return file_entry(cupy, filename, name, RING_HELPERS, smem)
+    return file_entry(cupy, filename, name, FILE_HELPERS.get(filename, RING_HELPERS), smem)
 
 
 def promoted_product(cupy, operand, weight, out, R: int, K: int, N: int, promote: int = PROMOTE) -> None:
@@ -250,20 +256,29 @@ def round_tiles_into(xp, source, copy, precision: str):
 def mode_product(cupy, operand, weight, out, R: int, K: int, N: int, precision: str) -> None:
     """out (R, N) float32, C-contiguous = the tiled operand (tiled_mode_operand) times the tiled weight
     (tile_mode_weight)^T in a reduced mode, on the current stream: mode_wide.cu for a 16-bit weight past the L2
-    (streamed) whose tiles make whole blocks, else mode_wgmma.cu."""
+    (goes_wide), else mode_wgmma.cu."""
+    if goes_wide(cupy, precision, N, K):
+        wide_product(cupy, operand, weight, out, R, K, N, precision)
+        return
     columns = tile_columns(MODE_BYTES[precision])
     rp, np_ = padded(R), padded(N)
-    tiles, split, slots = WIDE
-    if goes_wide(cupy, precision, N, K):
-        smem = slots * (tiles + 1) * TILE_BYTES + 16 * slots + 1024
-        function = ring_kernel(cupy, "mode_wide.cu", f"mode_wide_{precision}_{tiles}_{split}_{slots}", smem)
-        kept = min(weight.nbytes, int(KEPT * cupy.cuda.Device().attributes["L2CacheSize"]))
-        function((np_ // TILE // tiles * split, rp // TILE), (THREADS + 32,),
-                 (operand, weight, out, np.int32(R), np.int32(N), np.int32(-(-K // columns)), np.uint32(kept),
-                  np.uint32(weight.nbytes)), shared_mem=smem)
-        return
     grid = (np_ // TILE, rp // TILE)
     slots = mode_stages(cupy, grid[0] * grid[1])
     function = ring_kernel(cupy, "mode_wgmma.cu", f"mode_wgmma_{precision}_{slots}", smem_bytes(slots, 2))
     function(grid, (THREADS,), (operand, weight, out, np.int32(R), np.int32(N), np.int32(rp), np.int32(np_),
                                 np.int32(-(-K // columns))), shared_mem=smem_bytes(slots, 2))
+
+
+def wide_product(cupy, operand, weight, out, R: int, K: int, N: int, precision: str, shape: tuple = WIDE,
+                 kept: int | None = None) -> None:
+    """mode_product's product on kernels/mode_wide.cu (bf16, fp16): shape (weight tiles a block, blocks a cluster
+    splitting K, slots: an entry the file has; the tiles must make whole blocks), the weight's first `kept` bytes
+    evict_last (None: KEPT of the L2; 0: plain copies)."""
+    tiles, split, slots = shape
+    smem = slots * (tiles + 1) * TILE_BYTES + 16 * slots + 1024
+    function = ring_kernel(cupy, "mode_wide.cu", f"mode_wide_{precision}_{tiles}_{split}_{slots}", smem)
+    if kept is None:
+        kept = min(weight.nbytes, int(KEPT * device_attribute(cupy, "L2CacheSize")))
+    function((padded(N) // TILE // tiles * split, padded(R) // TILE), (THREADS + 32,),
+             (operand, weight, out, np.int32(R), np.int32(N), np.int32(padded(K) // TILE), np.uint32(kept),
+              np.uint32(weight.nbytes)), shared_mem=smem)

@@ -1,14 +1,16 @@
 """A 16-bit LSTM layer whose weight outgrows the chip, all its steps in one launch (kernels/mode_persist.cu; issue #34,
-bf16 / fp16 at blogA; NOTES 2026-11-28 12:16), against cuDNN in the same mode and the pieces the engine's fused
-backend spends a step on.
+bf16 / fp16 at blogA; NOTES 2026-11-28 12:16 and 13:30), against cuDNN in the same mode and the pieces the engine's
+fused backend spends a step on.
 
 For one LSTM layer (blogA: I = H = 2560, B = 64, T = 200; and H = 640, B = 16, T = 64 as a second check), in each
-of the kernel's entries (32 units a block, also with the hardware's exp and tanh; 20 units a block): the
-kernel's outputs against a float64 run of the same rounded values (weights and each step's h in the mode, the gates'
-input from a random projection, c and the math in float64), poisoned first; then its time (the counter and h's first
-version zeroed before each launch, inside the timing; median of 11 after warm-up, CUDA events), the projection's
-time on cublasLt (the engine's: x (T B, I) by W_x, fp32 out), and cuDNN's whole layer through torch (TF32 off;
-bf16 / fp16 inputs). sm_90 only.
+of the kernel's entries (32 units a block, also with the hardware's exp and tanh): the kernel's outputs against a
+float64 run of the same rounded values (weights, the layer's input and each step's h in the mode, the gates' input
+the projection x W_x^T on cublasLt, c and the math in float64), poisoned first; then its time (the counter and h's
+first version zeroed before each launch, inside the timing; median of 11 after warm-up, CUDA events). Each entry runs
+with the projection made before the launch, and with it beside the kernel (Overlapped: pieces on a second stream, on
+the SMs the kernel leaves, each raising a count the kernel waits on; that projection's buffer poisoned too). Then the
+projection's time alone on cublasLt (x (T B, I) by W_x, fp32 out, as the engine's fused backend makes it), and
+cuDNN's whole layer through torch (TF32 off; bf16 / fp16 inputs). sm_90 only.
 
     python3 benchmarks/probe_mode_persist.py --out /tmp/probe [--precision bfloat16]
 """
@@ -27,6 +29,7 @@ from probe_fused_ahead import write_rows  # noqa: E402
 from step_chain import graph_ms  # noqa: E402
 
 from engine.bench.timing import time_runs, torch_timer  # noqa: E402
+from engine.codegen.cuda import device_attribute  # noqa: E402
 from engine.schedules import wgmma_products  # noqa: E402
 from engine.schedules.base import chunked  # noqa: E402
 from engine.schedules.cublaslt import LtProjection, Product  # noqa: E402
@@ -34,7 +37,18 @@ from engine.schedules.project import LT_OPERANDS, operand_dtype, round_into  # n
 
 CASES = (("blogA", 2560, 64, 200), ("check", 640, 16, 64))
 # mode_persist.cu's entries: (units a block, slots, the hardware approximations of exp and tanh)
-KERNELS = {"bfloat16": ((32, 8, False), (32, 8, True), (20, 10, False)), "float16": ((32, 8, False), (20, 10, False))}
+KERNELS = {"bfloat16": ((32, 8, False), (32, 8, True)), "float16": ((32, 8, False),)}
+# the projection beside the kernel in pieces: (steps of the first, the most a piece), each piece twice the last
+PIECES = ((10, 10), (4, 16))
+
+
+def pieces(T: int, first: int, most: int) -> list[tuple[int, int]]:
+    """(first step, steps) of each piece: `first` steps, then twice the last, at most `most`."""
+    out, t, size = [], 0, first
+    while t < T:
+        out.append((t, min(size, T - t)))
+        t, size = t + size, min(2 * size, most)
+    return out
 
 
 def permutation(H: int, UB: int) -> np.ndarray:
@@ -83,6 +97,51 @@ class Launch:
             self.function(self.grid, (288,), self.args, shared_mem=self.smem)     # two warpgroups, the producer
 
 
+class Overlapped(Launch):
+    """The kernel with the projection beside it: the kernel on `stream`, the projection's pieces (pieces()) on a
+    second stream (cublasLt told to plan for the SMs the kernel leaves), each followed by mode_persist_piece_done,
+    which raises the count the kernel waits on; the second stream joins `stream` at the end. The whole layer, from x
+    to h, between two events on `stream`. Every kernel of the pieces runs once first: under lazy loading (CUDA's
+    default) a kernel's first launch may wait for the device's running kernels (CUDA C++ Programming Guide, "Lazy
+    Loading": concurrent execution), and the spinning kernel would wait for it in turn. beside=False (for
+    compute-sanitizer, which runs one kernel at a time): the pieces before the kernel, on its stream."""
+
+    def __init__(self, cupy, case, function, grid, smem, args, wx, xin, split: tuple, beside: bool = True):
+        super().__init__(function, grid, smem, args, case.counter, case.hbuf)
+        self.cupy, self.case, self.wx, self.xin, self.beside = cupy, case, wx, xin, beside
+        self.split = pieces(case.T, *split)
+        self.side = cupy.cuda.Stream(non_blocking=True)
+        self.done = wgmma_products.ring_kernel(cupy, "mode_persist.cu", "mode_persist_piece_done", 0)
+        self.sms = max(1, device_attribute(cupy, "MultiProcessorCount") - grid[0])
+        with self.side:
+            self.pieces()
+        self.side.synchronize()
+
+    def pieces(self) -> None:
+        """The projection's pieces on the current stream, each followed by the count's raise."""
+        case = self.case
+        for first, steps in self.split:
+            case.project(self.cupy, self.wx, self.xin, first, steps, sms=self.sms)
+            self.done((1,), (1,), (case.pieces, np.uint32(steps)))
+
+    def launch(self, stream):
+        cupy, case = self.cupy, self.case
+        with stream:
+            case.pieces.fill(0)
+            if not self.beside:
+                self.pieces()
+        if not self.beside:
+            return super().launch(stream)
+        fork, join = cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)
+        fork.record(stream)
+        self.side.wait_event(fork)
+        super().launch(stream)                        # resident first: the pieces take the SMs it leaves
+        with self.side:
+            self.pieces()
+        join.record(self.side)
+        stream.wait_event(join)
+
+
 def phases(cupy, run, stream, T: int) -> dict:
     """One launch with the kernel's trace on: block 0's median time (us) in each part of a step (steps 1 .. T - 2),
     and the median spread of the blocks' arrivals a step."""
@@ -121,42 +180,73 @@ class Case:
     """One layer's operands: the rounded weight, the projection's rows, h's two versions, the outputs, the counter,
     and the float64 run; launch() permutes the weight and projection as a kernel of UB units a block takes them."""
 
-    def __init__(self, cupy, precision: str, H: int, B: int, T: int):
+    def __init__(self, cupy, lt, precision: str, H: int, B: int, T: int):
         rng = np.random.default_rng(0)
-        self.H, self.B, self.T = H, B, T
-        self.w = cupy.asarray((rng.standard_normal((4 * H, H)) / H ** 0.5).astype(np.float32))
-        self.xp = cupy.asarray((0.5 * rng.standard_normal((T, B, 4 * H))).astype(np.float32))
+        self.H, self.B, self.T, self.lt, self.precision = H, B, T, lt, precision
         self.dtype = operand_dtype(cupy, precision)
-        self.bits = round_into(cupy, self.w, cupy.empty((4 * H, H), dtype=self.dtype), precision)
+        draw = lambda shape, scale: round_into(                          # noqa: E731
+            cupy, cupy.asarray((scale * rng.standard_normal(shape)).astype(np.float32)),
+            cupy.empty(shape, dtype=self.dtype), precision)
+        self.bits, self.wx = draw((4 * H, H), H ** -0.5), draw((4 * H, H), H ** -0.5)
+        self.x = draw((T * B, H), 1.0)                                   # the layer's input, rows (t, b)
         self.hbuf = wgmma_products.tiled_buffer(cupy, 2, B, H, cupy.uint16, poison=False)
         self.out = cupy.full((T, B, H), cupy.nan, dtype=cupy.float32)
-        self.counter = cupy.zeros(1, dtype=cupy.uint32)
-        self.expected = reference(cupy, self.xp, values(cupy, self.bits, precision), H, precision)
+        self.counter, self.pieces = cupy.zeros(1, dtype=cupy.uint32), cupy.zeros(1, dtype=cupy.uint32)
         self.layouts: dict = {}
+        self.expected = None
+
+    def project(self, cupy, wx, into, first: int = 0, steps: int | None = None, sms: int = 0) -> None:
+        """into's steps [first, first + steps) = x's rows of them by wx (the projection: fp32 out, cublasLt, as the
+        engine's fused backend makes it), on the current stream."""
+        data, compute = LT_OPERANDS[self.precision]
+        steps = self.T - first if steps is None else steps
+        rows, N = steps * self.B, 4 * self.H
+        a = self.x.data.ptr + first * self.B * self.H * self.x.itemsize
+        c = into.data.ptr + first * self.B * N * into.itemsize
+        if not self.lt.product(Product.dense(rows, N, self.H), a, wx.data.ptr, c, data, compute, sms=sms):
+            raise SystemExit("cublasLt offered no algorithm for the projection")
 
     def layout(self, cupy, UB: int):
-        """(weight, projection) for UB units a block: rows permuted (permutation), the weight chunked in blocks of
-        4 UB rows (base.chunked, as kernels/mode_persist.cu reads a chunk: one copy)."""
+        """(weight, W_x, projection) for UB units a block: rows permuted (permutation), the weight chunked in blocks
+        of 4 UB rows (base.chunked, as kernels/mode_persist.cu reads a chunk: one copy), the projection x W_x^T of the
+        permuted W_x. The float64 run is made once, from the first layout's projection put back in gate order."""
         if UB not in self.layouts:
-            perm = cupy.asarray(permutation(self.H, UB))
-            self.layouts[UB] = (chunked(cupy, self.bits[perm], 4 * UB, 64),
-                                cupy.ascontiguousarray(self.xp[:, :, perm]))
+            perm = permutation(self.H, UB)
+            wx = cupy.ascontiguousarray(self.wx[cupy.asarray(perm)])
+            xp = cupy.empty((self.T, self.B, 4 * self.H), dtype=cupy.float32)
+            self.project(cupy, wx, xp)
+            self.layouts[UB] = (chunked(cupy, self.bits[cupy.asarray(perm)], 4 * UB, 64), wx, xp)
+            if self.expected is None:
+                gate_major = cupy.empty_like(xp)
+                gate_major[:, :, cupy.asarray(perm)] = xp
+                self.expected = reference(cupy, gate_major, values(cupy, self.bits, self.precision), self.H,
+                                          self.precision)
+            cupy.cuda.Device().synchronize()         # made on the current stream, read on the launches'
         return self.layouts[UB]
 
-    def launch(self, cupy, precision: str, kernel: tuple, primary: int) -> Launch:
+    def launch(self, cupy, kernel: tuple, primary: int, split: tuple = (), beside: bool = True) -> Launch:
+        """The kernel's launch; split (first, most): the projection in pieces (Overlapped, pieces())."""
         UB, stages, fast = kernel
-        name = f"mode_persist_{precision}_{UB}_{stages}{'_fast' if fast else ''}"
-        weight, xperm = self.layout(cupy, UB)
+        name = f"mode_persist_{self.precision}_{UB}_{stages}{'_fast' if fast else ''}"
+        weight, wx, xp = self.layout(cupy, UB)
         slot = 4 * UB * 128 + wgmma_products.TILE_BYTES                 # a chunk's weight rows, then h's tile
         smem = 1024 + stages * slot + 16 * stages + 1024 * UB             # the sums' exchange (it stages h too)
         function = wgmma_products.ring_kernel(cupy, "mode_persist.cu", name, smem)
-        args = (xperm, weight, self.hbuf, self.out, self.counter, np.int32(self.B), np.int32(self.H),
-                np.int32(self.T), np.uint32(primary), np.uint32(weight.nbytes), np.uint64(0), np.int32(0))
-        return Launch(function, (self.H // UB,), smem, args, self.counter, self.hbuf)
+        xin = cupy.empty_like(xp) if split else xp
+        args = (xin, weight, self.hbuf, self.out, self.counter, self.pieces if split else np.uint64(0),
+                np.int32(self.B), np.int32(self.H), np.int32(self.T), np.uint32(primary),
+                np.uint32(weight.nbytes), np.uint64(0), np.int32(0))
+        if not split:
+            return Launch(function, (self.H // UB,), smem, args, self.counter, self.hbuf)
+        return Overlapped(cupy, self, function, (self.H // UB,), smem, args, wx, xin, split, beside)
 
     def error(self, cupy, run: Launch, stream) -> float:
-        """The outputs of one launch (poisoned first) against the float64 run: the max absolute difference."""
+        """The outputs of one launch (poisoned first, and an overlapped launch's projection) against the float64
+        run: the max absolute difference."""
         self.out.fill(cupy.nan)
+        if isinstance(run, Overlapped):
+            run.xin.fill(cupy.nan)
+        cupy.cuda.Device().synchronize()             # the fills (current stream) before the launch's streams
         run.launch(stream)
         stream.synchronize()
         return float(cupy.max(cupy.abs(self.out.astype(cupy.float64) - self.expected)))
@@ -174,24 +264,16 @@ def timed(cupy, stream, run: Launch, T: int, floors: bool) -> list[dict]:
     return rows
 
 
-def baselines(cupy, lt, stream, case: Case, precision: str) -> tuple[float, float | None]:
-    """The projection's ms on cublasLt (x (T B, I) by W_x, fp32 out, as the engine's fused backend makes it) and
-    cuDNN's whole layer (None without torch)."""
-    T, B, H = case.T, case.B, case.H
-    data, compute = LT_OPERANDS[precision]
-    rng = np.random.default_rng(1)
-    x = round_into(cupy, cupy.asarray(rng.uniform(-1, 1, (T * B, H)).astype(np.float32)),
-                   cupy.empty((T * B, H), dtype=case.dtype), precision)
-    wx = round_into(cupy, case.w, cupy.empty((4 * H, H), dtype=case.dtype), precision)
-    proj = cupy.empty((T * B, 4 * H), dtype=cupy.float32)
+def baselines(cupy, stream, case: Case) -> tuple[float, float | None]:
+    """The projection's ms alone on cublasLt (x (T B, I) by W_x, fp32 out, as the engine's fused backend makes it)
+    and cuDNN's whole layer (None without torch)."""
+    proj = cupy.empty((case.T, case.B, 4 * case.H), dtype=cupy.float32)
 
     class Projection:
         def launch(self, s):
             with s:
-                if not lt.product(Product.dense(T * B, 4 * H, H), x.data.ptr, wx.data.ptr, proj.data.ptr, data,
-                                  compute):
-                    raise SystemExit("cublasLt offered no algorithm for the projection")
-    return graph_ms(cupy, stream, Projection()), cudnn_ms(precision, H, B, T)
+                case.project(cupy, case.wx, proj)
+    return graph_ms(cupy, stream, Projection()), cudnn_ms(case.precision, case.H, case.B, case.T)
 
 
 def main() -> None:
@@ -213,34 +295,42 @@ def main() -> None:
     lt, stream, rows = LtProjection.on_current_device(cupy), cupy.cuda.Stream(non_blocking=True), []
     for precision in args.precision or ["bfloat16", "float16"]:
         for config, H, B, T in (("sanitize", 640, 16, 8),) if args.sanitize else CASES:
-            case = Case(cupy, precision, H, B, T)
+            case = Case(cupy, lt, precision, H, B, T)
             for kernel in KERNELS[precision]:
                 UB = kernel[0]
                 if H % UB or H // UB > sms or (H // 64) % 2:
                     raise SystemExit(f"H = {H}: {UB} units a block in at most {sms} blocks, an even number of chunks")
                 region = 4 * UB * 2 * H                                  # each block's rows: its evict_last share
                 entry = f"{UB} units, {kernel[1]} slots{', fast' if kernel[2] else ''}"
-                for primary in sorted({0} | {int(f * region) // 1024 * 1024 for f in args.share or [0.7]}):
-                    run = case.launch(cupy, precision, kernel, primary)
+                variants = [(primary, ()) for primary in
+                            sorted({0} | {int(f * region) // 1024 * 1024 for f in args.share or [0.7]})]
+                splits = ((1, 3),) if args.sanitize else PIECES if not kernel[2] and not args.share else ()
+                variants += [(0, split) for split in splits]
+                for primary, split in variants:
+                    run = case.launch(cupy, kernel, primary, split, beside=not args.sanitize)
                     error = case.error(cupy, run, stream)
-                    label = f"{precision:8s} {config:6s} {entry:22s} evict_last {primary / 1024:4.0f} KB a block"
+                    what = (f"projection {'first' if args.sanitize else 'beside'}, pieces {split[0]}..{split[1]} steps"
+                            if split else f"evict_last {primary / 1024:4.0f} KB a block")
+                    label = f"{precision:8s} {config:6s} {entry:22s} {what}"
                     if not error <= 2e-2:
                         raise SystemExit(f"{label}: max error {error:.3g} against float64: wrong")
                     if args.sanitize:
                         print(f"{label}  max error {error:.2e}", flush=True)
                         continue
-                    for row in timed(cupy, stream, run, T, args.floors):
+                    for row in timed(cupy, stream, run, T, args.floors and not split):
                         rows.append({"precision": precision, "config": config, "H": H, "B": B, "T": T,
-                                     "kernel": entry, "primary_kb": primary / 1024, "error": error, **row})
+                                     "kernel": entry, "primary_kb": primary / 1024, "pieces": list(split),
+                                     "error": error,
+                                     **row})
                         head = (f"{label}  {row['ms']:7.3f} ms ({row['us_step']:6.2f} us a step)  max error "
                                 f"{error:.2e}" if row["skip"] is None else
                                 f"    what if {row['skip']} after step 0 (results wrong): {row['us_step']:6.2f} us")
                         print(head + "\n    block 0, median us a step: " + ", ".join(
                             f"{k} {v:.2f}" for k, v in row["phases_us"].items()), flush=True)
             if not args.sanitize:
-                projection, cudnn = baselines(cupy, lt, stream, case, precision)
+                projection, cudnn = baselines(cupy, stream, case)
                 rows.append({"precision": precision, "config": config, "projection_ms": projection, "cudnn_ms": cudnn})
-                print(f"{precision:8s} {config:6s} projection (cublasLt) {projection:.3f} ms, cuDNN layer "
+                print(f"{precision:8s} {config:6s} projection alone (cublasLt) {projection:.3f} ms, cuDNN layer "
                       f"{cudnn if cudnn is None else round(cudnn, 3)} ms (TF32 off)", flush=True)
     write_rows(cupy, args.out, "probe_mode_persist.json", rows)
 

@@ -15,11 +15,14 @@
 //   their partial sums.
 // - the cell's math straight from the accumulators (an even lane holds gates i and f of a unit, its odd neighbour g
 //   and o: one exchange of two values), c in registers, the step's projection loaded as the step starts;
-// - h staged in shared memory and stored whole rows (fp32 into out, the mode's copy into the other version), then
-//   one release-add on the counter. Every block must be resident at once (one a multiprocessor).
+// - h staged in shared memory, its copy in the mode stored whole rows into the other version, then one release-add
+//   on the counter; the fp32 outputs are stored after it, while the block waits for the others. Every block must be
+//   resident at once (one a multiprocessor).
+// - projected_steps (or null: the projection is whole before the launch): a count of the steps whose projection is
+//   written, that kernels on another stream raise piece by piece (the projection beside the kernel, on the SMs it
+//   leaves free); step t's projection is loaded once the count passes t.
 // UB = 32 (80 blocks at blogA) was measured (NOTES 2026-11-28 12:16, as mode_persist_*_2_8_split); UB = 20 (128
-// blocks, m64n80k16: 48 SMs more on the product, a quarter less to read a block: NOTES 2026-11-28 12:33) is written
-// for the next GPU run.
+// blocks, m64n80k16) was no faster (NOTES 2026-11-28 13:40) and its entries are gone.
 
 __device__ __forceinline__ unsigned long long persist_clock()
 {
@@ -60,17 +63,7 @@ __device__ __forceinline__ float persist_tanh(const float x)
 // rows as B (one K-major operand of 128-byte swizzled rows, 8-row groups 1024 bytes apart). B's rows are a block's
 // whole share, so h is read from shared memory once a wgmma for all of them: at N = 64 (a tile a warpgroup) the two
 // operands' 4 KB a wgmma of 32 clocks of math met shared memory's 128 bytes a clock; at N = 128, 6 KB a 64-clock
-// wgmma, at N = 80, 4.5 KB a 40-clock one, stay under it.
-#define PERSIST_OUT40 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39"
-#define PERSIST_D40 \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+// wgmma stays under it.
 #define PERSIST_OUT64 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -96,8 +89,6 @@ template <int MODE, int N> struct PersistMma;
                          : D : "l"(a), "l"(b), "r"(scale));                                                         \
         }                                                                                                           \
     };
-PERSIST_MMA(RNN_BF16, "bf16", 80, PERSIST_OUT40, PERSIST_D40, 40, 41, 42)
-PERSIST_MMA(RNN_FP16, "f16", 80, PERSIST_OUT40, PERSIST_D40, 40, 41, 42)
 PERSIST_MMA(RNN_BF16, "bf16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
 PERSIST_MMA(RNN_FP16, "f16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
 #undef PERSIST_MMA
@@ -107,8 +98,9 @@ PERSIST_MMA(RNN_FP16, "f16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
 template <int MODE, int UB, int STAGES, bool FAST>
 __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, const unsigned char* __restrict__ weight,
                                                   unsigned short* __restrict__ hbuf, float* __restrict__ out,
-                                                  unsigned* __restrict__ counter, const int R, const int H,
-                                                  const int T, const unsigned primary, const unsigned weight_bytes,
+                                                  unsigned* __restrict__ counter, const unsigned* __restrict__ projected_steps,
+                                                  const int R, const int H, const int T, const unsigned primary,
+                                                  const unsigned weight_bytes,
                                                   unsigned long long* __restrict__ trace, const int skip)
 {
     extern __shared__ unsigned char persist_raw[];
@@ -194,7 +186,13 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
         const int b = 16 * q + gq + (odd ? 8 : 0);       // the batch row of this thread's cells
         #pragma unroll
         for (int jj = 0; jj < JJ; ++jj) c_state[jj] = 0.0f;
+        int projected = projected_steps == nullptr ? T : 0;     // steps whose projection is known written
         for (int t = 0; t < T; ++t) {
+            if (t >= projected) {                // the projection runs beside the kernel: wait for step t's piece
+                const long long start = clock64();
+                while ((projected = (int)rnn_load_acquire(projected_steps)) <= t)
+                    if (clock64() - start > (1ll << 36)) __trap();       // no piece coming: fail, not hang
+            }
             #pragma unroll
             for (int jj = 0; jj < JJ; ++jj) x[jj] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (b < R) {                         // the step's projection: in flight during the product
@@ -251,12 +249,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                 staged16[b * UB + ul] = rnn_bits16<MODE>(hv[jj]);
             }
             asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
-            for (int i = tid; i < R * (UB / 4); i += MMA) {     // the block's h: UB floats of each row
-                const int row = i / (UB / 4), part4 = i - row * (UB / 4);
-                *reinterpret_cast<float4*>(out + ((long)t * R + row) * H + blk * UB + 4 * part4) =
-                    *reinterpret_cast<const float4*>(staged + row * UB + 4 * part4);
-            }
-            for (int i = tid; i < R * (UB / 4); i += MMA) {     // its copy: 4 units (8 bytes) at a time into the tiles
+            for (int i = tid; i < R * (UB / 4); i += MMA) {     // h's copy in the mode: 4 units (8 bytes) at a time
                 const int row = i / (UB / 4), part4 = i - row * (UB / 4);
                 *reinterpret_cast<uint2*>(hnext + rnn_tile_at<2>(row, blk * UB + 4 * part4, H)) =
                     *reinterpret_cast<const uint2*>(staged16 + row * UB + 4 * part4);
@@ -269,6 +262,13 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                 if (trace != nullptr) trace[6 * T + (long)t * blocks + blk] = persist_clock();
                 asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
             }
+            // the fp32 outputs after the arrival, beside the wait for the others: UB floats of each row
+            for (int i = tid; i < R * (UB / 4); i += MMA) {
+                const int row = i / (UB / 4), part4 = i - row * (UB / 4);
+                *reinterpret_cast<float4*>(out + ((long)t * R + row) * H + blk * UB + 4 * part4) =
+                    *reinterpret_cast<const float4*>(staged + row * UB + 4 * part4);
+            }
+            asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");     // staged is the next step's exchange
         }
     }
 }
@@ -277,15 +277,22 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
 #define MODE_PERSIST(NAME, MODE, UB, STAGES, FAST)                                                                 \
     extern "C" __global__ void __launch_bounds__(288, 1) NAME(                                                     \
         const float* __restrict__ xp, const unsigned char* __restrict__ weight, unsigned short* __restrict__ hbuf,  \
-        float* __restrict__ out, unsigned* __restrict__ counter, const int R, const int H, const int T,             \
-        const unsigned primary, const unsigned weight_bytes, unsigned long long* __restrict__ trace, const int skip) \
+        float* __restrict__ out, unsigned* __restrict__ counter, const unsigned* __restrict__ projected_steps,      \
+        const int R, const int H, const int T, const unsigned primary, const unsigned weight_bytes,                 \
+        unsigned long long* __restrict__ trace, const int skip)                                                     \
     {                                                                                                               \
-        mode_persist_body<MODE, UB, STAGES, FAST>(xp, weight, hbuf, out, counter, R, H, T, primary, weight_bytes,   \
-                                                  trace, skip);                                                     \
+        mode_persist_body<MODE, UB, STAGES, FAST>(xp, weight, hbuf, out, counter, projected_steps, R, H, T,         \
+                                                  primary, weight_bytes, trace, skip);                              \
     }
 MODE_PERSIST(mode_persist_bfloat16_32_8, RNN_BF16, 32, 8, false)
 MODE_PERSIST(mode_persist_bfloat16_32_8_fast, RNN_BF16, 32, 8, true)
 MODE_PERSIST(mode_persist_float16_32_8, RNN_FP16, 32, 8, false)
-MODE_PERSIST(mode_persist_bfloat16_20_10, RNN_BF16, 20, 10, false)
-MODE_PERSIST(mode_persist_float16_20_10, RNN_FP16, 20, 10, false)
 #undef MODE_PERSIST
+
+// One more piece of the projection written, `steps` steps (a thread, on the projection's stream after the piece's
+// GEMM, which the stream has finished): the count's release-add that the kernel's acquire loads wait on.
+extern "C" __global__ void mode_persist_piece_done(unsigned* __restrict__ projected_steps, const unsigned steps)
+{
+    __threadfence();
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(projected_steps), "r"(steps) : "memory");
+}

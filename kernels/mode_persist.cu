@@ -273,7 +273,10 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
     }
 }
 
-// The entries: mode_persist_<mode>_<UB>_<STAGES>[_fast: FAST]. 288 threads: two MMA warpgroups and the producer warp.
+// The entries: mode_persist_<mode>_<UB>_<STAGES>[_fast: FAST]. 288 threads: two MMA warpgroups and the producer
+// warp, so 168 registers a thread (three warps share one of the SM's four register files). A second accumulator a
+// warpgroup (the odd k steps of a chunk into it: two dependent wgmma chains, not one) left the product as slow and
+// spilled the math's registers: NOTES 2026-11-28 13:45.
 #define MODE_PERSIST(NAME, MODE, UB, STAGES, FAST)                                                                 \
     extern "C" __global__ void __launch_bounds__(288, 1) NAME(                                                     \
         const float* __restrict__ xp, const unsigned char* __restrict__ weight, unsigned short* __restrict__ hbuf,  \

@@ -41,11 +41,12 @@
 #      (probe_stream_gemm.py), and float32x3's fp16-parts product on the engine's own wgmma kernel with each K chunk's
 #      accumulator promoted in registers against cublasLt's batch of chunks, with the two-warpgroup variant (--pair),
 #      and the reduced modes' products on the same design against cublasLt (probe_x3_promote.py --modes);
-#  11c'. mode16 (only when named): bf16 / fp16 at blogA: the wide product's GPU tests (mode_product, the fused backend on
-#      it), blogA on the fused backend with its step products on cublasLt against step_product="wgmma" (mode_wide.cu
-#      past the L2: probe_wide_product.py), a whole LSTM layer in one launch (probe_mode_persist.py), the step product
-#      with h multicast to a cluster or 128-256 weight rows a block (probe_mode_stream.py), both probes' kernels under
-#      compute-sanitizer memcheck and racecheck (--sanitize);
+#  11c'. mode16 (only when named): bf16 / fp16 at blogA: the wide product's GPU tests (mode_product, the fused backend
+#      on it), blogA on the fused backend with its step products on cublasLt against step_product="wgmma" (mode_wide.cu
+#      past the L2: probe_wide_product.py), a whole LSTM layer in one launch, its projection made first and beside it,
+#      with its floors (probe_mode_persist.py --floors), the step product with h multicast to a cluster or 128-256
+#      weight rows a block (probe_mode_stream.py), both probes' kernels under compute-sanitizer memcheck and racecheck
+#      (--sanitize);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") in fp16 parts (the default) and TF32
 #      parts against cuDNN fp32,
@@ -252,7 +253,7 @@ if [[ " $STAGES " == *" mode16 "* ]]; then
   mode16_step timeout 150 "$PY" -m pytest tests/gpu/test_wgmma_products_gpu.py "tests/gpu/test_fused_modes_gpu.py" -k \
     "modes_product or wide" -q -rfEs -p no:cacheprovider
   M16_TAIL=14 mode16_step timeout 150 "$PY" benchmarks/probe_wide_product.py --out "$OUT" --precision bfloat16 --precision float16
-  M16_TAIL=40 mode16_step timeout 150 "$PY" benchmarks/probe_mode_persist.py --out "$OUT"
+  M16_TAIL=40 mode16_step timeout 200 "$PY" benchmarks/probe_mode_persist.py --out "$OUT" --floors
   M16_TAIL=40 mode16_step timeout 120 "$PY" benchmarks/probe_mode_stream.py --out "$OUT" --precision bfloat16
   for tool in memcheck racecheck; do
     for probe in probe_mode_persist probe_mode_stream; do

@@ -38,6 +38,10 @@ from engine.schedules.project import LT_OPERANDS, operand_dtype, round_into  # n
 CASES = (("blogA", 2560, 64, 200), ("check", 640, 16, 64))
 # mode_persist.cu's entries: (units a block, slots, the hardware approximations of exp and tanh)
 KERNELS = {"bfloat16": ((32, 8, False), (32, 8, True)), "float16": ((32, 8, False),)}
+# --floors: the kernel's skip bits (kernels/mode_persist.cu) after step 0, each a run whose results are wrong
+FLOORS = ((1, "no h copies"), (2, "no weight copies"), (3, "neither"), (4, "no wgmma (copies and slot handshakes)"),
+          (7, "handshakes alone (no copies, no wgmma)"),
+          (8, "wgmma, math and stores alone (no copies, handshakes or counter)"))
 # the projection beside the kernel in pieces: (steps of the first, the most a piece), each piece twice the last
 PIECES = ((10, 10), (4, 16))
 
@@ -253,13 +257,16 @@ class Case:
 
 
 def timed(cupy, stream, run: Launch, T: int, floors: bool) -> list[dict]:
-    """The launch's median ms and block 0's phases; with floors, the same without the copies of h, of the weight, of
-    both after step 0 (times only: the results are then wrong)."""
+    """The launch's median ms and block 0's phases; with floors, the same for each of FLOORS (times only: the results
+    are then wrong)."""
     rows = []
-    for skip, what in ((0, None),) + (((1, "no h copies"), (2, "no weight copies"), (3, "neither")) if floors else ()):
+    for skip, what in ((0, None),) + (FLOORS if floors else ()):
         run.args = run.args[:-1] + (np.int32(skip),)
         ms = graph_ms(cupy, stream, run)
-        rows.append({"skip": what, "ms": ms, "us_step": 1e3 * ms / T, "phases_us": phases(cupy, run, stream, T)})
+        parts = phases(cupy, run, stream, T)
+        if skip & 8:                  # nothing waits for the counter: the parts that read it mean nothing
+            parts = {k: v for k, v in parts.items() if "counter" not in k and "arrivals" not in k}
+        rows.append({"skip": what, "ms": ms, "us_step": 1e3 * ms / T, "phases_us": parts})
     run.args = run.args[:-1] + (np.int32(0),)
     return rows
 
@@ -286,7 +293,8 @@ def main() -> None:
     ap.add_argument("--sanitize", action="store_true",
                     help="H = 640, B = 16, T = 8, each kernel checked once, nothing timed: for compute-sanitizer")
     ap.add_argument("--floors", action="store_true",
-                    help="also each run without the copies of h, of the weight, of both (times only: results wrong)")
+                    help="also each run without the copies of h, of the weight, of both, without the wgmmas, with "
+                         "the handshakes alone, with the wgmmas alone (FLOORS; times only: results wrong)")
     ap.add_argument("--precision", action="append", default=None, help="bfloat16, float16 (default: both)")
     args = ap.parse_args()
     if not wgmma_products.wgmma_capable(cupy):

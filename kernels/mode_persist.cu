@@ -108,7 +108,9 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
     // done, the cells' math done, their stores done, the proxy fence done; then every block's arrival a step
     // (probe_mode_persist.py phases)
     const bool tracing = trace != nullptr && blockIdx.x == 0;
-    // skip (the probe's floor arithmetic; results then wrong): after step 0, bit 0 copies no h, bit 1 no weight
+    // skip (the probe's floor arithmetic; results then wrong): after step 0, bit 0 copies no h, bit 1 no weight,
+    // bit 2 issues no wgmma (the copies and the slots' handshakes alone), bit 3 neither copies nor hands slots over
+    // nor waits for the counter (the wgmmas on stale slots, the math and the stores alone)
     constexpr int ROWS = 4 * UB, HALF = ROWS / 2, JJ = HALF / 8, KEEP = HALF / 2, MMA = 256;
     static_assert(UB % 4 == 0, "a warpgroup's half of the rows in whole 8-column groups, h stored 4 units at a time");
     constexpr unsigned WBYTES = ROWS * 128, SLOT = WBYTES + RNN_TILE_BYTES;   // a chunk's weight rows, then h's tile
@@ -142,6 +144,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                          : "=l"(policy) : "l"(w_src), "r"(primary < region ? primary : region), "r"(region));
         long g = 0;
         for (int t = 0; t < T; ++t) {
+            if (t > 0 && (skip & 8)) break;
             const unsigned char* const h_src = reinterpret_cast<const unsigned char*>(hbuf + (t & 1) * hversion);
             bool ready = t == 0;
             int sent = 0;                        // chunks of this step whose h is copied
@@ -200,22 +203,25 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                 #pragma unroll
                 for (int jj = 0; jj < JJ; ++jj) x[jj] = persist_load(row + 8 * jj);
             }
+            const bool bare = t > 0 && (skip & 8), idle = t > 0 && (skip & 4);     // the probe's floors
             for (int c = w; c < chunks; c += 2) {    // chunks even: both warpgroups take chunks / 2
                 const long gc = (long)t * chunks + c;
                 const unsigned at = base + (gc % STAGES) * SLOT;
-                rnn_bar_wait(full + 8 * (gc % STAGES), (gc / STAGES) & 1);
+                if (!bare) rnn_bar_wait(full + 8 * (gc % STAGES), (gc / STAGES) & 1);
                 if (tracing && tid == 0 && c == 0) trace[6 * t + 1] = persist_clock();
-                rnn_wgmma_fence();
-                #pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-                    PersistMma<MODE, ROWS>::mma(part, rnn_wgmma_desc(at + WBYTES + kk * 32), rnn_wgmma_desc(at + kk * 32),
-                                                c > w || kk > 0);
-                rnn_wgmma_commit();
-                rnn_wgmma_wait<1>();
-                if (c > w) rnn_bar_arrive(done + 8 * ((gc - 2) % STAGES));
+                if (!idle) {
+                    rnn_wgmma_fence();
+                    #pragma unroll
+                    for (int kk = 0; kk < 4; ++kk)
+                        PersistMma<MODE, ROWS>::mma(part, rnn_wgmma_desc(at + WBYTES + kk * 32),
+                                                    rnn_wgmma_desc(at + kk * 32), c > w || kk > 0);
+                    rnn_wgmma_commit();
+                    rnn_wgmma_wait<1>();
+                }
+                if (c > w && !bare) rnn_bar_arrive(done + 8 * ((gc - 2) % STAGES));
             }
             rnn_wgmma_wait<0>();
-            rnn_bar_arrive(done + 8 * (((long)t * chunks + chunks - 2 + w) % STAGES));
+            if (!bare) rnn_bar_arrive(done + 8 * (((long)t * chunks + chunks - 2 + w) % STAGES));
             // Accumulator element 4 j + 2 half + e is column 8 j + 2 tq + e: warpgroup w keeps j in [w JJ, w JJ + JJ),
             // elements [w KEEP, w KEEP + KEEP), and hands the other half to the other warpgroup.
             #pragma unroll

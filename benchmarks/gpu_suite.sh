@@ -41,12 +41,11 @@
 #      (probe_stream_gemm.py), and float32x3's fp16-parts product on the engine's own wgmma kernel with each K chunk's
 #      accumulator promoted in registers against cublasLt's batch of chunks, with the two-warpgroup variant (--pair),
 #      and the reduced modes' products on the same design against cublasLt (probe_x3_promote.py --modes);
-#  11c'. mode16 (only when named): bf16 / fp16 at blogA: the wide product's GPU tests (mode_product, the fused backend
-#      on it), blogA on the fused backend with its step products on cublasLt against step_product="wgmma" (mode_wide.cu
-#      past the L2: probe_wide_product.py), a whole LSTM layer in one launch, its projection made first and beside it,
-#      with its floors (probe_mode_persist.py --floors), the step product with h multicast to a cluster or 128-256
-#      weight rows a block (probe_mode_stream.py), both probes' kernels under compute-sanitizer memcheck and racecheck
-#      (--sanitize);
+#  11c'. mode16 (only when named): bf16 / fp16 at blogA: a whole LSTM layer in one launch, its projection made first and
+#      beside it, with its floors (probe_mode_persist.py --floors), Nsight Compute's every section on its bf16 launch
+#      (in mode16.log), the probe's kernels under compute-sanitizer memcheck and racecheck (--sanitize). The wide
+#      product's and mode_stream.cu's runs are recorded in benchmarks/results/mode-persist-20261128-H200/ and
+#      mode-persist-overlap-20261128-H200/ (their tests stay in the GPU suite);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") in fp16 parts (the default) and TF32
 #      parts against cuDNN fp32,
@@ -248,18 +247,16 @@ mode16_rc=skipped
 mode16_step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/mode16.log" | tail -${M16_TAIL:-12}; rc=${PIPESTATUS[0]}
                 [ "$rc" = 0 ] || mode16_rc=$rc; }
 if [[ " $STAGES " == *" mode16 "* ]]; then
-  section "bf16 / fp16 at blogA: the wide product in the engine, the one-launch layer, their kernels under compute-sanitizer"
+  section "bf16 / fp16 at blogA: the one-launch layer, its floors, Nsight Compute on it, compute-sanitizer"
   mode16_rc=0; : > "$OUT/mode16.log"
-  mode16_step timeout 150 "$PY" -m pytest tests/gpu/test_wgmma_products_gpu.py "tests/gpu/test_fused_modes_gpu.py" -k \
-    "modes_product or wide" -q -rfEs -p no:cacheprovider
-  M16_TAIL=14 mode16_step timeout 150 "$PY" benchmarks/probe_wide_product.py --out "$OUT" --precision bfloat16 --precision float16
   M16_TAIL=40 mode16_step timeout 200 "$PY" benchmarks/probe_mode_persist.py --out "$OUT" --floors
-  M16_TAIL=40 mode16_step timeout 120 "$PY" benchmarks/probe_mode_stream.py --out "$OUT" --precision bfloat16
+  # every section of Nsight Compute on blogA's bf16 launch (the 17th: the first with 448 KB a block evict_last;
+  # --share leaves the projection-beside runs out, which ncu's one kernel at a time would stall)
+  M16_TAIL=6 mode16_step timeout 240 ncu -k regex:mode_persist_bfloat16_32_8$ --launch-skip 16 -c 1 --set full \
+    "$PY" benchmarks/probe_mode_persist.py --precision bfloat16 --share 0.7
   for tool in memcheck racecheck; do
-    for probe in probe_mode_persist probe_mode_stream; do
-      M16_TAIL=8 mode16_step timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" benchmarks/$probe.py --sanitize \
-        --precision bfloat16
-    done
+    M16_TAIL=8 mode16_step timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
+      benchmarks/probe_mode_persist.py --sanitize --precision bfloat16
   done
 fi
 targets_rc=skipped

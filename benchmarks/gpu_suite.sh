@@ -41,9 +41,10 @@
 #      (probe_stream_gemm.py), and float32x3's fp16-parts product on the engine's own wgmma kernel with each K chunk's
 #      accumulator promoted in registers against cublasLt's batch of chunks, with the two-warpgroup variant (--pair),
 #      and the reduced modes' products on the same design against cublasLt (probe_x3_promote.py --modes);
-#  11c'. mode16 (only when named): bf16 / fp16 at blogA: a whole LSTM layer in one launch, its projection made first and
-#      beside it, with its floors (probe_mode_persist.py --floors), Nsight Compute's every section on its bf16 launch
-#      (in mode16.log), the probe's kernels under compute-sanitizer memcheck and racecheck (--sanitize). The wide
+#  11c'. mode16 (only when named): bf16 / fp16 at blogA: a whole LSTM or GRU layer in one launch (the LSTM's math on
+#      the accumulators and from staged sums, the GRU's from staged sums), its projection made first and beside it,
+#      with its floors (probe_mode_persist.py --floors), Nsight Compute's every section on its bf16 LSTM launch (in
+#      mode16.log), the probe's kernels under compute-sanitizer memcheck and racecheck (--sanitize). The wide
 #      product's and mode_stream.cu's runs are recorded in benchmarks/results/mode-persist-20261128-H200/ and
 #      mode-persist-overlap-20261128-H200/ (their tests stay in the GPU suite);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
@@ -249,7 +250,7 @@ mode16_step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/mode16.log" | tail -$
 if [[ " $STAGES " == *" mode16 "* ]]; then
   section "bf16 / fp16 at blogA: the one-launch layer, its floors, Nsight Compute on it, compute-sanitizer"
   mode16_rc=0; : > "$OUT/mode16.log"
-  M16_TAIL=40 mode16_step timeout 200 "$PY" benchmarks/probe_mode_persist.py --out "$OUT" --floors
+  M16_TAIL=60 mode16_step timeout 300 "$PY" benchmarks/probe_mode_persist.py --out "$OUT" --floors
   # every section of Nsight Compute on blogA's bf16 launch (the 17th: the first with 448 KB a block evict_last;
   # --share leaves the projection-beside runs out, which ncu's one kernel at a time would stall)
   M16_TAIL=6 mode16_step timeout 240 ncu -k regex:mode_persist_bfloat16_32_8$ --launch-skip 16 -c 1 --set full \

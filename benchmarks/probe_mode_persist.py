@@ -1,16 +1,18 @@
-"""A 16-bit LSTM layer whose weight outgrows the chip, all its steps in one launch (kernels/mode_persist.cu; issue #34,
-bf16 / fp16 at blogA; NOTES 2026-11-28 12:16 and 13:30), against cuDNN in the same mode and the pieces the engine's
-fused backend spends a step on.
+"""A 16-bit LSTM or GRU layer whose weight outgrows the chip, all its steps in one launch (kernels/mode_persist.cu;
+issue #34, bf16 / fp16 at blogA; NOTES 2026-11-28 12:16, 13:30 and 14:30), against cuDNN in the same mode and the
+pieces the engine's fused backend spends a step on.
 
-For one LSTM layer (blogA: I = H = 2560, B = 64, T = 200; and H = 640, B = 16, T = 64 as a second check), in each
-of the kernel's entries (32 units a block, also with the hardware's exp and tanh): the kernel's outputs against a
-float64 run of the same rounded values (weights, the layer's input and each step's h in the mode, the gates' input
-the projection x W_x^T on cublasLt, c and the math in float64), poisoned first; then its time (the counter and h's
-first version zeroed before each launch, inside the timing; median of 11 after warm-up, CUDA events). Each entry runs
-with the projection made before the launch, and with it beside the kernel (Overlapped: pieces on a second stream, on
-the SMs the kernel leaves, each raising a count the kernel waits on; that projection's buffer poisoned too). Then the
-projection's time alone on cublasLt (x (T B, I) by W_x, fp32 out, as the engine's fused backend makes it), and
-cuDNN's whole layer through torch (TF32 off; bf16 / fp16 inputs). sm_90 only.
+For one layer (blogA: I = H = 2560, B = 64, T = 200; and H = 640, B = 16, T = 64 as a second check), in each of the
+kernel's entries (32 units a block; the LSTM's math on the accumulators, also with the hardware's exp and tanh, and
+from the step's sums staged in shared memory; the GRU's from staged sums): the kernel's outputs against a float64
+run of the same rounded values (weights, the layer's input and each step's h in the mode, the gates' input the
+projection x W_x^T on cublasLt, the states and the math in float64; the GRU in PyTorch's form, b_hn inside r's
+product), poisoned first; then its time (the counter and h's first version zeroed before each launch, inside the
+timing; median of 11 after warm-up, CUDA events). Each entry runs with the projection made before the launch, and
+with it beside the kernel (Overlapped: pieces on a second stream, on the SMs the kernel leaves, each raising a count
+the kernel waits on; that projection's buffer poisoned too). Then the projection's time alone on cublasLt (x (T B, I)
+by W_x, fp32 out, as the engine's fused backend makes it), and cuDNN's whole layer through torch (TF32 off; bf16 /
+fp16 inputs). A wrong entry is reported and not timed, and the probe then exits non-zero. sm_90 only.
 
     python3 benchmarks/probe_mode_persist.py --out /tmp/probe [--precision bfloat16]
 """
@@ -36,8 +38,12 @@ from engine.schedules.cublaslt import LtProjection, Product  # noqa: E402
 from engine.schedules.project import LT_OPERANDS, operand_dtype, round_into  # noqa: E402
 
 CASES = (("blogA", 2560, 64, 200), ("check", 640, 16, 64))
-# mode_persist.cu's entries: (units a block, slots, the hardware approximations of exp and tanh)
-KERNELS = {"bfloat16": ((32, 8, False), (32, 8, True)), "float16": ((32, 8, False),)}
+# mode_persist.cu's entries a cell: (units a block, slots, the hardware approximations of exp and tanh, the cells'
+# math from sums staged in shared memory)
+KERNELS = {("bfloat16", "lstm"): ((32, 8, False, False), (32, 8, True, False), (32, 8, False, True)),
+           ("float16", "lstm"): ((32, 8, False, False), (32, 8, False, True)),
+           ("bfloat16", "gru"): ((32, 8, False, True),), ("float16", "gru"): ((32, 8, False, True),)}
+GATES = {"lstm": 4, "gru": 3}
 # --floors: the kernel's skip bits (kernels/mode_persist.cu) after step 0, each a run whose results are wrong
 FLOORS = ((1, "no h copies"), (2, "no weight copies"), (3, "neither"), (4, "no wgmma (copies and slot handshakes)"),
           (7, "handshakes alone (no copies, no wgmma)"),
@@ -55,12 +61,12 @@ def pieces(T: int, first: int, most: int) -> list[tuple[int, int]]:
     return out
 
 
-def permutation(H: int, UB: int) -> np.ndarray:
-    """Row p of the permuted (4H, .) weight is row perm[p] of the gate-major one: block b's row r is gate r % 4 of unit
-    UB b + r // 4 (kernels/mode_persist.cu)."""
-    p = np.arange(4 * H)
-    block, rest = p // (4 * UB), p % (4 * UB)
-    return (rest % 4) * H + block * UB + rest // 4
+def permutation(H: int, UB: int, G: int = 4) -> np.ndarray:
+    """Row p of the permuted (G H, .) weight is row perm[p] of the gate-major one: block b's row r is gate r % G of
+    unit UB b + r // G (kernels/mode_persist.cu)."""
+    p = np.arange(G * H)
+    block, rest = p // (G * UB), p % (G * UB)
+    return (rest % G) * H + block * UB + rest // G
 
 
 def values(cupy, bits, precision: str):
@@ -70,17 +76,23 @@ def values(cupy, bits, precision: str):
     return (bits.astype(cupy.uint32) << 16).view(cupy.float32).astype(cupy.float64)
 
 
-def reference(cupy, xp, wr, H: int, precision: str):
-    """float64 LSTM over the rounded weight (gate-major values wr), h rounded to the mode as it enters each product."""
+def reference(cupy, xp, wr, H: int, precision: str, bias_n=None):
+    """float64 LSTM (bias_n None) or GRU (PyTorch's form, bias_n its b_hn) over the rounded weight (gate-major values
+    wr), h rounded to the mode as it enters each product."""
     T, B, _ = xp.shape
-    c, hr, out = cupy.zeros((B, H)), cupy.zeros((B, H)), cupy.empty((T, B, H))
+    c, h, hr, out = cupy.zeros((B, H)), cupy.zeros((B, H)), cupy.zeros((B, H)), cupy.empty((T, B, H))
     dtype = operand_dtype(cupy, precision)
+    sig = lambda v: 1.0 / (1.0 + cupy.exp(-v))          # noqa: E731
     for t in range(T):
-        g = xp[t].astype(cupy.float64) + hr @ wr.T
-        i, f, z, o = (g[:, k * H:(k + 1) * H] for k in range(4))
-        sig = lambda v: 1.0 / (1.0 + cupy.exp(-v))      # noqa: E731
-        c = sig(f) * c + sig(i) * cupy.tanh(z)
-        h = sig(o) * cupy.tanh(c)
+        x, s = xp[t].astype(cupy.float64), hr @ wr.T
+        if bias_n is None:
+            i, f, z, o = ((x + s)[:, k * H:(k + 1) * H] for k in range(4))
+            c = sig(f) * c + sig(i) * cupy.tanh(z)
+            h = sig(o) * cupy.tanh(c)
+        else:
+            r, z = (sig((x + s)[:, k * H:(k + 1) * H]) for k in range(2))
+            n = cupy.tanh(x[:, 2 * H:] + r * (s[:, 2 * H:] + bias_n.astype(cupy.float64)))
+            h = (1.0 - z) * n + z * h
         out[t] = h
         hr = values(cupy, round_into(cupy, h.astype(cupy.float32), cupy.empty((B, H), dtype=dtype), precision),
                     precision)
@@ -165,15 +177,15 @@ def phases(cupy, run, stream, T: int) -> dict:
     return {k: float(np.median(v)) / 1e3 for k, v in parts.items()}
 
 
-def cudnn_ms(precision: str, H: int, B: int, T: int) -> float | None:
-    """cuDNN's LSTM layer (torch, TF32 off, inputs and weights in the mode): median ms, None without torch."""
+def cudnn_ms(precision: str, H: int, B: int, T: int, cell: str = "lstm") -> float | None:
+    """cuDNN's LSTM or GRU layer (torch, TF32 off, inputs and weights in the mode): median ms, None without torch."""
     try:
         import torch
     except ImportError:
         return None
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[precision]
-    lstm = torch.nn.LSTM(H, H).cuda().to(dtype)
+    lstm = (torch.nn.GRU if cell == "gru" else torch.nn.LSTM)(H, H).cuda().to(dtype)
     x = torch.randn(T, B, H, device="cuda", dtype=dtype)
     lstm.flatten_parameters()
     with torch.no_grad():
@@ -184,14 +196,16 @@ class Case:
     """One layer's operands: the rounded weight, the projection's rows, h's two versions, the outputs, the counter,
     and the float64 run; launch() permutes the weight and projection as a kernel of UB units a block takes them."""
 
-    def __init__(self, cupy, lt, precision: str, H: int, B: int, T: int):
+    def __init__(self, cupy, lt, precision: str, H: int, B: int, T: int, cell: str = "lstm"):
         rng = np.random.default_rng(0)
-        self.H, self.B, self.T, self.lt, self.precision = H, B, T, lt, precision
+        self.H, self.B, self.T, self.lt, self.precision, self.cell = H, B, T, lt, precision, cell
+        self.G = G = GATES[cell]
         self.dtype = operand_dtype(cupy, precision)
         draw = lambda shape, scale: round_into(                          # noqa: E731
             cupy, cupy.asarray((scale * rng.standard_normal(shape)).astype(np.float32)),
             cupy.empty(shape, dtype=self.dtype), precision)
-        self.bits, self.wx = draw((4 * H, H), H ** -0.5), draw((4 * H, H), H ** -0.5)
+        self.bits, self.wx = draw((G * H, H), H ** -0.5), draw((G * H, H), H ** -0.5)
+        self.bias_n = (cupy.asarray((0.1 * rng.standard_normal(H)).astype(np.float32)) if cell == "gru" else None)
         self.x = draw((T * B, H), 1.0)                                   # the layer's input, rows (t, b)
         self.hbuf = wgmma_products.tiled_buffer(cupy, 2, B, H, cupy.uint16, poison=False)
         self.out = cupy.full((T, B, H), cupy.nan, dtype=cupy.float32)
@@ -204,7 +218,7 @@ class Case:
         engine's fused backend makes it), on the current stream."""
         data, compute = LT_OPERANDS[self.precision]
         steps = self.T - first if steps is None else steps
-        rows, N = steps * self.B, 4 * self.H
+        rows, N = steps * self.B, self.G * self.H
         a = self.x.data.ptr + first * self.B * self.H * self.x.itemsize
         c = into.data.ptr + first * self.B * N * into.itemsize
         if not self.lt.product(Product.dense(rows, N, self.H), a, wx.data.ptr, c, data, compute, sms=sms):
@@ -212,32 +226,36 @@ class Case:
 
     def layout(self, cupy, UB: int):
         """(weight, W_x, projection) for UB units a block: rows permuted (permutation), the weight chunked in blocks
-        of 4 UB rows (base.chunked, as kernels/mode_persist.cu reads a chunk: one copy), the projection x W_x^T of the
+        of G UB rows (base.chunked, as kernels/mode_persist.cu reads a chunk: one copy), the projection x W_x^T of the
         permuted W_x. The float64 run is made once, from the first layout's projection put back in gate order."""
         if UB not in self.layouts:
-            perm = permutation(self.H, UB)
+            perm = permutation(self.H, UB, self.G)
             wx = cupy.ascontiguousarray(self.wx[cupy.asarray(perm)])
-            xp = cupy.empty((self.T, self.B, 4 * self.H), dtype=cupy.float32)
+            xp = cupy.empty((self.T, self.B, self.G * self.H), dtype=cupy.float32)
             self.project(cupy, wx, xp)
-            self.layouts[UB] = (chunked(cupy, self.bits[cupy.asarray(perm)], 4 * UB, 64), wx, xp)
+            self.layouts[UB] = (chunked(cupy, self.bits[cupy.asarray(perm)], self.G * UB, 64), wx, xp)
             if self.expected is None:
                 gate_major = cupy.empty_like(xp)
                 gate_major[:, :, cupy.asarray(perm)] = xp
                 self.expected = reference(cupy, gate_major, values(cupy, self.bits, self.precision), self.H,
-                                          self.precision)
+                                          self.precision, self.bias_n)
             cupy.cuda.Device().synchronize()         # made on the current stream, read on the launches'
         return self.layouts[UB]
 
     def launch(self, cupy, kernel: tuple, primary: int, split: tuple = (), beside: bool = True) -> Launch:
         """The kernel's launch; split (first, most): the projection in pieces (Overlapped, pieces())."""
-        UB, stages, fast = kernel
-        name = f"mode_persist_{self.precision}_{UB}_{stages}{'_fast' if fast else ''}"
+        UB, stages, fast, staged = kernel
+        name = (f"mode_persist_{self.precision}{'_gru' if self.cell == 'gru' else ''}_{UB}_{stages}"
+                f"{'_fast' if fast else ''}{'_staged' if staged and self.cell == 'lstm' else ''}")
         weight, wx, xp = self.layout(cupy, UB)
-        slot = 4 * UB * 128 + wgmma_products.TILE_BYTES                 # a chunk's weight rows, then h's tile
-        smem = 1024 + stages * slot + 16 * stages + 1024 * UB             # the sums' exchange (it stages h too)
+        rows = self.G * UB
+        slot = rows * 128 + wgmma_products.TILE_BYTES                   # a chunk's weight rows, then h's tile
+        # the sums' exchange (it stages h too), or the staged sums: 64 rows of rows + 4 floats
+        smem = 1024 + stages * slot + 16 * stages + max(1024 * UB, 64 * (rows + 4) * 4 if staged else 0)
         function = wgmma_products.ring_kernel(cupy, "mode_persist.cu", name, smem)
         xin = cupy.empty_like(xp) if split else xp
         args = (xin, weight, self.hbuf, self.out, self.counter, self.pieces if split else np.uint64(0),
+                np.uint64(0) if self.bias_n is None else self.bias_n,
                 np.int32(self.B), np.int32(self.H), np.int32(self.T), np.uint32(primary),
                 np.uint32(weight.nbytes), np.uint64(0), np.int32(0))
         if not split:
@@ -280,7 +298,54 @@ def baselines(cupy, stream, case: Case) -> tuple[float, float | None]:
         def launch(self, s):
             with s:
                 case.project(cupy, case.wx, proj)
-    return graph_ms(cupy, stream, Projection()), cudnn_ms(case.precision, case.H, case.B, case.T)
+    return graph_ms(cupy, stream, Projection()), cudnn_ms(case.precision, case.H, case.B, case.T, case.cell)
+
+
+def run_case(cupy, stream, case: Case, config: str, args, rows: list) -> bool:
+    """Every entry of the case's mode and cell: checked against float64 (a wrong one is reported, not timed), then
+    timed, made first and with its projection beside it, and each of FLOORS with --floors. False if one was wrong."""
+    right, sms = True, device_attribute(cupy, "MultiProcessorCount")
+    H, B, T, precision = case.H, case.B, case.T, case.precision
+    for kernel in KERNELS[(precision, case.cell)]:
+        UB = kernel[0]
+        if H % UB or H // UB > sms or (H // 64) % 2:
+            raise SystemExit(f"H = {H}: {UB} units a block in at most {sms} blocks, an even number of chunks")
+        region = case.G * UB * 2 * H                                     # each block's rows: its evict_last share
+        entry = f"{case.cell} {UB} units, {kernel[1]} slots{', fast' if kernel[2] else ''}" + \
+            (", staged" if kernel[3] else "")
+        variants = [(primary, ()) for primary in
+                    sorted({0} | {int(f * region) // 1024 * 1024 for f in args.share or [0.7]})]
+        splits = ((1, 3),) if args.sanitize else PIECES if not kernel[2] and not args.share else ()
+        variants += [(0, split) for split in splits]
+        for primary, split in variants:
+            run = case.launch(cupy, kernel, primary, split, beside=not args.sanitize)
+            error = case.error(cupy, run, stream)
+            what = (f"projection {'first' if args.sanitize else 'beside'}, pieces {split[0]}..{split[1]} steps"
+                    if split else f"evict_last {primary / 1024:4.0f} KB a block")
+            label = f"{precision:8s} {config:6s} {entry:32s} {what}"
+            if not error <= 2e-2:
+                print(f"{label}: max error {error:.3g} against float64: WRONG, not timed", flush=True)
+                right = False
+                continue
+            if args.sanitize:
+                print(f"{label}  max error {error:.2e}", flush=True)
+                continue
+            for row in timed(cupy, stream, run, T, args.floors and not split):
+                rows.append({"precision": precision, "config": config, "cell": case.cell, "H": H, "B": B, "T": T,
+                             "kernel": entry, "primary_kb": primary / 1024, "pieces": list(split), "error": error,
+                             **row})
+                head = (f"{label}  {row['ms']:7.3f} ms ({row['us_step']:6.2f} us a step)  max error "
+                        f"{error:.2e}" if row["skip"] is None else
+                        f"    what if {row['skip']} after step 0 (results wrong): {row['us_step']:6.2f} us")
+                print(head + "\n    block 0, median us a step: " + ", ".join(
+                    f"{k} {v:.2f}" for k, v in row["phases_us"].items()), flush=True)
+    if not args.sanitize:
+        projection, cudnn = baselines(cupy, stream, case)
+        rows.append({"precision": precision, "config": config, "cell": case.cell, "projection_ms": projection,
+                     "cudnn_ms": cudnn})
+        print(f"{precision:8s} {config:6s} {case.cell} projection alone (cublasLt) {projection:.3f} ms, cuDNN layer "
+              f"{cudnn if cudnn is None else round(cudnn, 3)} ms (TF32 off)", flush=True)
+    return right
 
 
 def main() -> None:
@@ -296,51 +361,19 @@ def main() -> None:
                     help="also each run without the copies of h, of the weight, of both, without the wgmmas, with "
                          "the handshakes alone, with the wgmmas alone (FLOORS; times only: results wrong)")
     ap.add_argument("--precision", action="append", default=None, help="bfloat16, float16 (default: both)")
+    ap.add_argument("--cell", action="append", default=None, help="lstm, gru (default: both)")
     args = ap.parse_args()
     if not wgmma_products.wgmma_capable(cupy):
         raise SystemExit("kernels/mode_persist.cu runs on sm_90 (H100, H200) only")
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    lt, stream, rows = LtProjection.on_current_device(cupy), cupy.cuda.Stream(non_blocking=True), []
-    for precision in args.precision or ["bfloat16", "float16"]:
-        for config, H, B, T in (("sanitize", 640, 16, 8),) if args.sanitize else CASES:
-            case = Case(cupy, lt, precision, H, B, T)
-            for kernel in KERNELS[precision]:
-                UB = kernel[0]
-                if H % UB or H // UB > sms or (H // 64) % 2:
-                    raise SystemExit(f"H = {H}: {UB} units a block in at most {sms} blocks, an even number of chunks")
-                region = 4 * UB * 2 * H                                  # each block's rows: its evict_last share
-                entry = f"{UB} units, {kernel[1]} slots{', fast' if kernel[2] else ''}"
-                variants = [(primary, ()) for primary in
-                            sorted({0} | {int(f * region) // 1024 * 1024 for f in args.share or [0.7]})]
-                splits = ((1, 3),) if args.sanitize else PIECES if not kernel[2] and not args.share else ()
-                variants += [(0, split) for split in splits]
-                for primary, split in variants:
-                    run = case.launch(cupy, kernel, primary, split, beside=not args.sanitize)
-                    error = case.error(cupy, run, stream)
-                    what = (f"projection {'first' if args.sanitize else 'beside'}, pieces {split[0]}..{split[1]} steps"
-                            if split else f"evict_last {primary / 1024:4.0f} KB a block")
-                    label = f"{precision:8s} {config:6s} {entry:22s} {what}"
-                    if not error <= 2e-2:
-                        raise SystemExit(f"{label}: max error {error:.3g} against float64: wrong")
-                    if args.sanitize:
-                        print(f"{label}  max error {error:.2e}", flush=True)
-                        continue
-                    for row in timed(cupy, stream, run, T, args.floors and not split):
-                        rows.append({"precision": precision, "config": config, "H": H, "B": B, "T": T,
-                                     "kernel": entry, "primary_kb": primary / 1024, "pieces": list(split),
-                                     "error": error,
-                                     **row})
-                        head = (f"{label}  {row['ms']:7.3f} ms ({row['us_step']:6.2f} us a step)  max error "
-                                f"{error:.2e}" if row["skip"] is None else
-                                f"    what if {row['skip']} after step 0 (results wrong): {row['us_step']:6.2f} us")
-                        print(head + "\n    block 0, median us a step: " + ", ".join(
-                            f"{k} {v:.2f}" for k, v in row["phases_us"].items()), flush=True)
-            if not args.sanitize:
-                projection, cudnn = baselines(cupy, stream, case)
-                rows.append({"precision": precision, "config": config, "projection_ms": projection, "cudnn_ms": cudnn})
-                print(f"{precision:8s} {config:6s} projection alone (cublasLt) {projection:.3f} ms, cuDNN layer "
-                      f"{cudnn if cudnn is None else round(cudnn, 3)} ms (TF32 off)", flush=True)
+    lt, stream, rows, right = LtProjection.on_current_device(cupy), cupy.cuda.Stream(non_blocking=True), [], True
+    for cell in args.cell or ["lstm", "gru"]:
+        for precision in args.precision or ["bfloat16", "float16"]:
+            for config, H, B, T in (("sanitize", 640, 16, 8),) if args.sanitize else CASES:
+                case = Case(cupy, lt, precision, H, B, T, cell)
+                right = run_case(cupy, stream, case, config, args, rows) and right
     write_rows(cupy, args.out, "probe_mode_persist.json", rows)
+    if not right:
+        raise SystemExit("an entry's results were wrong (above)")
 
 
 if __name__ == "__main__":

@@ -1,28 +1,31 @@
-// A whole LSTM layer's steps in a 16-bit mode in one launch, for weights that outgrow the chip (blogA: a 2560 x 10240
-// weight streamed every step; benchmarks/probe_mode_persist.py; issue #34, bf16 / fp16 at blogA; benchmarks/NOTES.md
-// 2026-11-28 12:16). A probe's kernel: the engine does not launch it. Needs tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh,
-// mode_mma.cuh, tile_ring.cuh and layer_sync.cuh (the counter's acquire load) before it.
+// A whole LSTM or GRU layer's steps in a 16-bit mode in one launch, for weights that outgrow the chip (blogA: a
+// 2560 x 10240 weight streamed every step; benchmarks/probe_mode_persist.py; issue #34, bf16 / fp16 at blogA;
+// benchmarks/NOTES.md 2026-11-28 12:16, 13:30, 14:30). A probe's kernel: the engine does not launch it. Needs
+// tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh, mode_mma.cuh, tile_ring.cuh and layer_sync.cuh (the counter's acquire load)
+// before it.
 //
-//     gates = xp[t] (T, R, 4H, permuted as the weight, bias included) + h_{t-1} W^T; c, h = LSTM(gates, c)
+//     sums = h_{t-1} W^T (G gates a unit: the LSTM's i, f, g, o; the GRU's r, z, n); with xp[t] (T, R, G H, permuted
+//     as the weight, the input biases included): c, h = LSTM(xp + sums, c) or h = GRU(xp, sums, h)
 //
-// Each block owns UB hidden units for the whole run: ROWS = 4 UB weight rows, whose row r is gate r % 4 of unit
-// UB blk + r / 4 (the weight and the projection permuted so; the weight in base.chunked's layout, blocks of ROWS rows:
+// Each block owns UB hidden units for the whole run: ROWS = G UB weight rows, whose row r is gate r % G of unit
+// UB blk + r / G (the weight and the projection permuted so; the weight in base.chunked's layout, blocks of ROWS rows:
 // a chunk of them one copy). A step:
 // - the product of h (in the wgmma products' tiles, two versions: step t reads version t % 2) by the block's rows,
 //   through a ring of STAGES slots that a producer warp fills (warp 8: its first lane). Its weight copies run ahead
 //   into the next step as slots free up; only the copies of h wait for the grid-wide arrival counter. Each of the two
-//   warpgroups multiplies every other chunk by all ROWS rows (m64nROWSk16, PersistMma), and they exchange halves of
-//   their partial sums.
-// - the cell's math straight from the accumulators (an even lane holds gates i and f of a unit, its odd neighbour g
-//   and o: one exchange of two values), c in registers, the step's projection loaded as the step starts;
-// - h staged in shared memory, its copy in the mode stored whole rows into the other version, then one release-add
-//   on the counter; the fp32 outputs are stored after it, while the block waits for the others. Every block must be
-//   resident at once (one a multiprocessor).
+//   warpgroups multiplies every other chunk by all ROWS rows (m64nROWSk16, PersistMma).
+// - the cells' math, c (or the GRU's h) in registers, the step's projection loaded as the step starts. PERSIST_PAIRS
+//   (the LSTM): the warpgroups exchange halves of their partial sums and the math runs on the accumulators (an even
+//   lane holds gates i and f of a unit, its odd neighbour g and o: one exchange of two values). PERSIST_LSTM and
+//   PERSIST_GRU: the sums staged in shared memory, 8 cells of one unit a thread (a generated cell's form);
+// - h's copy in the mode stored into the other version, then one release-add on the counter; the fp32 outputs are
+//   stored after it, while the block waits for the others. Every block must be resident at once (one a
+//   multiprocessor).
 // - projected_steps (or null: the projection is whole before the launch): a count of the steps whose projection is
 //   written, that kernels on another stream raise piece by piece (the projection beside the kernel, on the SMs it
 //   leaves free); step t's projection is loaded once the count passes t.
 // UB = 32 (80 blocks at blogA) was measured (NOTES 2026-11-28 12:16, as mode_persist_*_2_8_split); UB = 20 (128
-// blocks, m64n80k16) was no faster (NOTES 2026-11-28 13:40) and its entries are gone.
+// blocks, m64n80k16) was no faster (NOTES 2026-11-28 13:30) and its entries are gone.
 
 __device__ __forceinline__ unsigned long long persist_clock()
 {
@@ -36,6 +39,14 @@ __device__ __forceinline__ float4 persist_load(const float* p)
 {
     float4 v;
     asm volatile("ld.global.cs.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
+// The same for one float.
+__device__ __forceinline__ float persist_load1(const float* p)
+{
+    float v;
+    asm volatile("ld.global.cs.f32 %0, [%1];" : "=f"(v) : "l"(p));
     return v;
 }
 
@@ -64,6 +75,17 @@ __device__ __forceinline__ float persist_tanh(const float x)
 // whole share, so h is read from shared memory once a wgmma for all of them: at N = 64 (a tile a warpgroup) the two
 // operands' 4 KB a wgmma of 32 clocks of math met shared memory's 128 bytes a clock; at N = 128, 6 KB a 64-clock
 // wgmma stays under it.
+#define PERSIST_OUT48 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define PERSIST_D48 \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
 #define PERSIST_OUT64 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -89,18 +111,27 @@ template <int MODE, int N> struct PersistMma;
                          : D : "l"(a), "l"(b), "r"(scale));                                                         \
         }                                                                                                           \
     };
+PERSIST_MMA(RNN_BF16, "bf16", 96, PERSIST_OUT48, PERSIST_D48, 48, 49, 50)
+PERSIST_MMA(RNN_FP16, "f16", 96, PERSIST_OUT48, PERSIST_D48, 48, 49, 50)
 PERSIST_MMA(RNN_BF16, "bf16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
 PERSIST_MMA(RNN_FP16, "f16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
 #undef PERSIST_MMA
 
 // UB units a block, ROWS = 4 UB weight rows; each of the two warpgroups multiplies every other chunk by all ROWS rows
 // (PersistMma), and they exchange halves of their partial sums at the end: warpgroup w keeps columns w HALF ..
-template <int MODE, int UB, int STAGES, bool FAST>
+// The cells a kernel computes: the LSTM with its math on the accumulators (PERSIST_PAIRS: an even lane holds gates i
+// and f, its odd neighbour g and o), or from the step's sums staged in shared memory (PERSIST_LSTM, PERSIST_GRU: any
+// gate count, each thread 8 cells of one unit, the form a generated cell would take).
+#define PERSIST_PAIRS 0
+#define PERSIST_LSTM 1
+#define PERSIST_GRU 2
+
+template <int MODE, int UB, int STAGES, bool FAST, int CELL>
 __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, const unsigned char* __restrict__ weight,
                                                   unsigned short* __restrict__ hbuf, float* __restrict__ out,
                                                   unsigned* __restrict__ counter, const unsigned* __restrict__ projected_steps,
-                                                  const int R, const int H, const int T, const unsigned primary,
-                                                  const unsigned weight_bytes,
+                                                  const float* __restrict__ bias_n, const int R, const int H,
+                                                  const int T, const unsigned primary, const unsigned weight_bytes,
                                                   unsigned long long* __restrict__ trace, const int skip)
 {
     extern __shared__ unsigned char persist_raw[];
@@ -111,17 +142,20 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
     // skip (the probe's floor arithmetic; results then wrong): after step 0, bit 0 copies no h, bit 1 no weight,
     // bit 2 issues no wgmma (the copies and the slots' handshakes alone), bit 3 neither copies nor hands slots over
     // nor waits for the counter (the wgmmas on stale slots, the math and the stores alone)
-    constexpr int ROWS = 4 * UB, HALF = ROWS / 2, JJ = HALF / 8, KEEP = HALF / 2, MMA = 256;
+    // G gates a unit, ROWS = G UB weight rows a block (row r: gate r % G of unit UB blk + r / G)
+    constexpr int G = CELL == PERSIST_GRU ? 3 : 4, ROWS = G * UB, HALF = ROWS / 2, JJ = HALF / 8, KEEP = HALF / 2;
+    constexpr int MMA = 256, CELLS = 8, LD = ROWS + 4;     // staged: 8 cells a thread, the sums' row stride
     static_assert(UB % 4 == 0, "a warpgroup's half of the rows in whole 8-column groups, h stored 4 units at a time");
+    static_assert(CELL == PERSIST_PAIRS || UB == 32, "staged cells: a warp's lanes are a block's 32 units");
     constexpr unsigned WBYTES = ROWS * 128, SLOT = WBYTES + RNN_TILE_BYTES;   // a chunk's weight rows, then h's tile
-    const int tid = threadIdx.x, blk = blockIdx.x, blocks = gridDim.x, N = 4 * H;
+    const int tid = threadIdx.x, blk = blockIdx.x, blocks = gridDim.x, N = G * H;
     const int chunks = (H + 63) / 64;            // even (the warpgroups take alternate chunks, a slot parity each)
     const long hversion = (long)((R + 63) / 64) * chunks * 64 * 64;      // elements of one version of h's tiles
     const unsigned raw = (unsigned)__cvta_generic_to_shared(persist_raw);
     const unsigned base = raw + ((1024u - (raw & 1023u)) & 1023u);
     const unsigned full = base + STAGES * SLOT, done = full + 8 * STAGES;
     // the exchange of the partial sums (2 x KEEP x 128 floats), which then stages a step's outputs for whole-row
-    // stores: h in fp32 (64, UB), then its copy in the mode (64, UB)
+    // stores: h in fp32 (64, UB), then its copy in the mode (64, UB); staged cells: the step's sums (64, LD)
     float* const xch = reinterpret_cast<float*>(persist_raw + (base - raw) + STAGES * SLOT + 16 * STAGES);
     float* const staged = xch;
     unsigned short* const staged16 = reinterpret_cast<unsigned short*>(staged + 64 * UB);
@@ -182,13 +216,17 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
             ready_up(chunks);
         }
     } else if (tid < MMA) {                      // warpgroup w: every other chunk, then its half's cells
-        float part[HALF], acc[KEEP], c_state[JJ];
-        float4 x[JJ];
+        constexpr bool PAIRS = CELL == PERSIST_PAIRS;
+        float part[HALF], acc[PAIRS ? KEEP : 1], c_state[PAIRS ? JJ : 1];
+        float4 x[PAIRS ? JJ : 1];
+        float xs[PAIRS ? 1 : CELLS * G], state[PAIRS ? 1 : CELLS];    // staged: row tid / 32 + 8 k, unit lane
         const int w = tid >> 7, me = tid & 127, q = me >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
         const bool odd = tq & 1;
         const int b = 16 * q + gq + (odd ? 8 : 0);       // the batch row of this thread's cells
         #pragma unroll
-        for (int jj = 0; jj < JJ; ++jj) c_state[jj] = 0.0f;
+        for (int jj = 0; jj < JJ; ++jj) c_state[PAIRS ? jj : 0] = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < CELLS; ++k) state[PAIRS ? 0 : k] = 0.0f;
         int projected = projected_steps == nullptr ? T : 0;     // steps whose projection is known written
         for (int t = 0; t < T; ++t) {
             if (t >= projected) {                // the projection runs beside the kernel: wait for step t's piece
@@ -196,12 +234,22 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                 while ((projected = (int)rnn_load_acquire(projected_steps)) <= t)
                     if (clock64() - start > (1ll << 36)) __trap();       // no piece coming: fail, not hang
             }
-            #pragma unroll
-            for (int jj = 0; jj < JJ; ++jj) x[jj] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (b < R) {                         // the step's projection: in flight during the product
-                const float* const row = xp + ((long)t * R + b) * N + (long)blk * ROWS + w * HALF + 4 * (tq >> 1);
+            if constexpr (PAIRS) {
                 #pragma unroll
-                for (int jj = 0; jj < JJ; ++jj) x[jj] = persist_load(row + 8 * jj);
+                for (int jj = 0; jj < JJ; ++jj) x[jj] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (b < R) {                     // the step's projection: in flight during the product
+                    const float* const row = xp + ((long)t * R + b) * N + (long)blk * ROWS + w * HALF + 4 * (tq >> 1);
+                    #pragma unroll
+                    for (int jj = 0; jj < JJ; ++jj) x[jj] = persist_load(row + 8 * jj);
+                }
+            } else {
+                #pragma unroll
+                for (int k = 0; k < CELLS; ++k) {
+                    const int bk = (tid >> 5) + 8 * k;
+                    const float* const row = xp + ((long)t * R + bk) * N + (long)blk * ROWS + lane * G;
+                    #pragma unroll
+                    for (int g = 0; g < G; ++g) xs[k * G + g] = bk < R ? persist_load1(row + g) : 0.0f;
+                }
             }
             const bool bare = t > 0 && (skip & 8), idle = t > 0 && (skip & 4);     // the probe's floors
             for (int c = w; c < chunks; c += 2) {    // chunks even: both warpgroups take chunks / 2
@@ -222,80 +270,140 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
             }
             rnn_wgmma_wait<0>();
             if (!bare) rnn_bar_arrive(done + 8 * (((long)t * chunks + chunks - 2 + w) % STAGES));
-            // Accumulator element 4 j + 2 half + e is column 8 j + 2 tq + e: warpgroup w keeps j in [w JJ, w JJ + JJ),
-            // elements [w KEEP, w KEEP + KEEP), and hands the other half to the other warpgroup.
-            #pragma unroll
-            for (int i = 0; i < KEEP; ++i) xch[(w * KEEP + i) * 128 + me] = w ? part[i] : part[KEEP + i];
-            asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
-            #pragma unroll
-            for (int i = 0; i < KEEP; ++i) acc[i] = (w ? part[KEEP + i] : part[i]) + xch[((1 - w) * KEEP + i) * 128 + me];
-            asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
-            if (tracing && tid == 0) trace[6 * t + 2] = persist_clock();
-            // Column 8 jj + 2 tq + e of the half is gate 2 (tq % 2) + e of unit 2 jj + tq / 2: an even lane holds
-            // gates i, f and its odd neighbour g, o of one unit, for batch rows 16 q + gq and + 8. The even lane
-            // takes the first row's cell, the odd the second's, after one exchange of two values.
             unsigned short* const hnext = hbuf + ((t + 1) & 1) * hversion;
-            float hv[JJ];
-            #pragma unroll
-            for (int jj = 0; jj < JJ; ++jj) {    // no branch here: the cells' math interleaves
-                const float s0 = odd ? acc[4 * jj] : acc[4 * jj + 2], s1 = odd ? acc[4 * jj + 1] : acc[4 * jj + 3];
-                const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-                const float gi = odd ? r0 : acc[4 * jj], gf = odd ? r1 : acc[4 * jj + 1];
-                const float gg = odd ? acc[4 * jj + 2] : r0, go = odd ? acc[4 * jj + 3] : r1;
-                const float ig = persist_sigmoid<FAST>(gi + x[jj].x), fg = persist_sigmoid<FAST>(gf + x[jj].y);
-                const float cg = persist_tanh<FAST>(gg + x[jj].z), og = persist_sigmoid<FAST>(go + x[jj].w);
-                c_state[jj] = fg * c_state[jj] + ig * cg;
-                hv[jj] = og * persist_tanh<FAST>(c_state[jj]);
+            const auto arrive = [&]() {          // h's copy stored: one release-add on the grid's counter
+                if (tracing && tid == 0) trace[6 * t + 4] = persist_clock();
+                asm volatile("fence.proxy.async.global;" ::: "memory");
+                asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
+                if (tid == 0) {
+                    if (tracing) trace[6 * t + 5] = persist_clock();
+                    if (trace != nullptr) trace[6 * T + (long)t * blocks + blk] = persist_clock();
+                    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+                }
+            };
+            if constexpr (!PAIRS) {
+                // Accumulator element 4 j + 2 half + e is row 16 q + gq + 8 half, column 8 j + 2 tq + e: warpgroup 0
+                // stages its partial sums, warpgroup 1 adds its own.
+                #pragma unroll
+                for (int pass = 0; pass < 2; ++pass) {
+                    if (w == pass) {
+                        #pragma unroll
+                        for (int i = 0; i < HALF; i += 2) {
+                            float2* const at = reinterpret_cast<float2*>(
+                                xch + (16 * q + gq + 8 * ((i >> 1) & 1)) * LD + 8 * (i >> 2) + 2 * tq);
+                            const float2 was = pass ? *at : make_float2(0.0f, 0.0f);
+                            *at = make_float2(was.x + part[i], was.y + part[i + 1]);
+                        }
+                    }
+                    asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
+                }
+                if (tracing && tid == 0) trace[6 * t + 2] = persist_clock();
+                float hv[CELLS];
+                #pragma unroll
+                for (int k = 0; k < CELLS; ++k) {    // row tid / 32 + 8 k, unit lane: its G sums side by side
+                    const float* const sum = xch + ((tid >> 5) + 8 * k) * LD + lane * G;
+                    const float* const xk = xs + k * G;
+                    if constexpr (CELL == PERSIST_LSTM) {
+                        const float ig = persist_sigmoid<FAST>(sum[0] + xk[0]);
+                        const float fg = persist_sigmoid<FAST>(sum[1] + xk[1]);
+                        const float cg = persist_tanh<FAST>(sum[2] + xk[2]), og = persist_sigmoid<FAST>(sum[3] + xk[3]);
+                        state[k] = fg * state[k] + ig * cg;
+                        hv[k] = og * persist_tanh<FAST>(state[k]);
+                    } else {                     // GRU (r, z, n; PyTorch's form: b_hn inside r's product)
+                        const float rg = persist_sigmoid<FAST>(sum[0] + xk[0]);
+                        const float zg = persist_sigmoid<FAST>(sum[1] + xk[1]);
+                        const float ng = persist_tanh<FAST>(xk[2] + rg * (sum[2] + bias_n[blk * UB + lane]));
+                        state[k] = (1.0f - zg) * ng + zg * state[k];
+                        hv[k] = state[k];
+                    }
+                }
+                if (tracing && tid == 0) trace[6 * t + 3] = persist_clock();
+                #pragma unroll
+                for (int k = 0; k < CELLS; ++k) {
+                    const int bk = (tid >> 5) + 8 * k;
+                    if (bk < R) hnext[rnn_tile_at<2>(bk, blk * UB + lane, H)] = rnn_bits16<MODE>(hv[k]);
+                }
+                arrive();
+                #pragma unroll
+                for (int k = 0; k < CELLS; ++k) {    // the fp32 outputs after the arrival: a warp stores 32 units
+                    const int bk = (tid >> 5) + 8 * k;
+                    if (bk < R) out[((long)t * R + bk) * H + blk * UB + lane] = hv[k];
+                }
+                // (every read of the sums is before arrive()'s barrier)
+            } else {
+                // Accumulator element 4 j + 2 half + e is column 8 j + 2 tq + e: warpgroup w keeps j in
+                // [w JJ, w JJ + JJ), elements [w KEEP, w KEEP + KEEP), and hands the other half to the other one.
+                #pragma unroll
+                for (int i = 0; i < KEEP; ++i) xch[(w * KEEP + i) * 128 + me] = w ? part[i] : part[KEEP + i];
+                asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
+                #pragma unroll
+                for (int i = 0; i < KEEP; ++i)
+                    acc[i] = (w ? part[KEEP + i] : part[i]) + xch[((1 - w) * KEEP + i) * 128 + me];
+                asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
+                if (tracing && tid == 0) trace[6 * t + 2] = persist_clock();
+                // Column 8 jj + 2 tq + e of the half is gate 2 (tq % 2) + e of unit 2 jj + tq / 2: an even lane holds
+                // gates i, f and its odd neighbour g, o of one unit, for batch rows 16 q + gq and + 8. The even lane
+                // takes the first row's cell, the odd the second's, after one exchange of two values.
+                float hv[JJ];
+                #pragma unroll
+                for (int jj = 0; jj < JJ; ++jj) {    // no branch here: the cells' math interleaves
+                    const float s0 = odd ? acc[4 * jj] : acc[4 * jj + 2], s1 = odd ? acc[4 * jj + 1] : acc[4 * jj + 3];
+                    const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+                    const float gi = odd ? r0 : acc[4 * jj], gf = odd ? r1 : acc[4 * jj + 1];
+                    const float gg = odd ? acc[4 * jj + 2] : r0, go = odd ? acc[4 * jj + 3] : r1;
+                    const float ig = persist_sigmoid<FAST>(gi + x[jj].x), fg = persist_sigmoid<FAST>(gf + x[jj].y);
+                    const float cg = persist_tanh<FAST>(gg + x[jj].z), og = persist_sigmoid<FAST>(go + x[jj].w);
+                    c_state[jj] = fg * c_state[jj] + ig * cg;
+                    hv[jj] = og * persist_tanh<FAST>(c_state[jj]);
+                }
+                if (tracing && tid == 0) trace[6 * t + 3] = persist_clock();
+                #pragma unroll
+                for (int jj = 0; jj < JJ; ++jj) {
+                    const int ul = w * (UB / 2) + 2 * jj + (tq >> 1);
+                    staged[b * UB + ul] = hv[jj];
+                    staged16[b * UB + ul] = rnn_bits16<MODE>(hv[jj]);
+                }
+                asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
+                for (int i = tid; i < R * (UB / 4); i += MMA) {     // h's copy in the mode: 4 units (8 bytes) at a time
+                    const int row = i / (UB / 4), part4 = i - row * (UB / 4);
+                    *reinterpret_cast<uint2*>(hnext + rnn_tile_at<2>(row, blk * UB + 4 * part4, H)) =
+                        *reinterpret_cast<const uint2*>(staged16 + row * UB + 4 * part4);
+                }
+                arrive();
+                // the fp32 outputs after the arrival, beside the wait for the others: UB floats of each row
+                for (int i = tid; i < R * (UB / 4); i += MMA) {
+                    const int row = i / (UB / 4), part4 = i - row * (UB / 4);
+                    *reinterpret_cast<float4*>(out + ((long)t * R + row) * H + blk * UB + 4 * part4) =
+                        *reinterpret_cast<const float4*>(staged + row * UB + 4 * part4);
+                }
+                asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");     // staged is the next step's exchange
             }
-            if (tracing && tid == 0) trace[6 * t + 3] = persist_clock();
-            #pragma unroll
-            for (int jj = 0; jj < JJ; ++jj) {
-                const int ul = w * (UB / 2) + 2 * jj + (tq >> 1);
-                staged[b * UB + ul] = hv[jj];
-                staged16[b * UB + ul] = rnn_bits16<MODE>(hv[jj]);
-            }
-            asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
-            for (int i = tid; i < R * (UB / 4); i += MMA) {     // h's copy in the mode: 4 units (8 bytes) at a time
-                const int row = i / (UB / 4), part4 = i - row * (UB / 4);
-                *reinterpret_cast<uint2*>(hnext + rnn_tile_at<2>(row, blk * UB + 4 * part4, H)) =
-                    *reinterpret_cast<const uint2*>(staged16 + row * UB + 4 * part4);
-            }
-            if (tracing && tid == 0) trace[6 * t + 4] = persist_clock();
-            asm volatile("fence.proxy.async.global;" ::: "memory");
-            asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");
-            if (tid == 0) {
-                if (tracing) trace[6 * t + 5] = persist_clock();
-                if (trace != nullptr) trace[6 * T + (long)t * blocks + blk] = persist_clock();
-                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-            }
-            // the fp32 outputs after the arrival, beside the wait for the others: UB floats of each row
-            for (int i = tid; i < R * (UB / 4); i += MMA) {
-                const int row = i / (UB / 4), part4 = i - row * (UB / 4);
-                *reinterpret_cast<float4*>(out + ((long)t * R + row) * H + blk * UB + 4 * part4) =
-                    *reinterpret_cast<const float4*>(staged + row * UB + 4 * part4);
-            }
-            asm volatile("bar.sync 1, %0;" :: "n"(MMA) : "memory");     // staged is the next step's exchange
         }
     }
 }
 
-// The entries: mode_persist_<mode>_<UB>_<STAGES>[_fast: FAST]. 288 threads: two MMA warpgroups and the producer
-// warp, so 168 registers a thread (three warps share one of the SM's four register files). A second accumulator a
-// warpgroup (the odd k steps of a chunk into it: two dependent wgmma chains, not one) left the product as slow and
-// spilled the math's registers: NOTES 2026-11-28 13:45.
-#define MODE_PERSIST(NAME, MODE, UB, STAGES, FAST)                                                                 \
+// The entries: mode_persist_<mode>[_gru: PERSIST_GRU]_<UB>_<STAGES>[_fast: FAST][_staged: PERSIST_LSTM]; the LSTM's
+// otherwise PERSIST_PAIRS. 288 threads: two MMA warpgroups and the producer warp, so 168 registers a thread (three
+// warps share one of the SM's four register files). A second accumulator a warpgroup (the odd k steps of a chunk
+// into it: two dependent wgmma chains, not one) left the product as slow and spilled the math's registers: NOTES
+// 2026-11-28 13:45. bias_n: the GRU's b_hn (H), null for the LSTM.
+#define MODE_PERSIST(NAME, MODE, UB, STAGES, FAST, CELL)                                                           \
     extern "C" __global__ void __launch_bounds__(288, 1) NAME(                                                     \
         const float* __restrict__ xp, const unsigned char* __restrict__ weight, unsigned short* __restrict__ hbuf,  \
         float* __restrict__ out, unsigned* __restrict__ counter, const unsigned* __restrict__ projected_steps,      \
-        const int R, const int H, const int T, const unsigned primary, const unsigned weight_bytes,                 \
-        unsigned long long* __restrict__ trace, const int skip)                                                     \
+        const float* __restrict__ bias_n, const int R, const int H, const int T, const unsigned primary,           \
+        const unsigned weight_bytes, unsigned long long* __restrict__ trace, const int skip)                        \
     {                                                                                                               \
-        mode_persist_body<MODE, UB, STAGES, FAST>(xp, weight, hbuf, out, counter, projected_steps, R, H, T,         \
-                                                  primary, weight_bytes, trace, skip);                              \
+        mode_persist_body<MODE, UB, STAGES, FAST, CELL>(xp, weight, hbuf, out, counter, projected_steps, bias_n, R, \
+                                                        H, T, primary, weight_bytes, trace, skip);                  \
     }
-MODE_PERSIST(mode_persist_bfloat16_32_8, RNN_BF16, 32, 8, false)
-MODE_PERSIST(mode_persist_bfloat16_32_8_fast, RNN_BF16, 32, 8, true)
-MODE_PERSIST(mode_persist_float16_32_8, RNN_FP16, 32, 8, false)
+MODE_PERSIST(mode_persist_bfloat16_32_8, RNN_BF16, 32, 8, false, PERSIST_PAIRS)
+MODE_PERSIST(mode_persist_bfloat16_32_8_fast, RNN_BF16, 32, 8, true, PERSIST_PAIRS)
+MODE_PERSIST(mode_persist_float16_32_8, RNN_FP16, 32, 8, false, PERSIST_PAIRS)
+MODE_PERSIST(mode_persist_bfloat16_32_8_staged, RNN_BF16, 32, 8, false, PERSIST_LSTM)
+MODE_PERSIST(mode_persist_float16_32_8_staged, RNN_FP16, 32, 8, false, PERSIST_LSTM)
+MODE_PERSIST(mode_persist_bfloat16_gru_32_8, RNN_BF16, 32, 8, false, PERSIST_GRU)
+MODE_PERSIST(mode_persist_float16_gru_32_8, RNN_FP16, 32, 8, false, PERSIST_GRU)
 #undef MODE_PERSIST
 
 // One more piece of the projection written, `steps` steps (a thread, on the projection's stream after the piece's

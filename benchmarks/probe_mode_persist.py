@@ -1,5 +1,5 @@
 """A 16-bit LSTM or GRU layer whose weight outgrows the chip, all its steps in one launch (kernels/mode_persist.cu;
-issue #34, bf16 / fp16 at blogA; NOTES 2026-11-28 12:16, 13:30 and 14:30), against cuDNN in the same mode and the
+issue #34, bf16 / fp16 at blogA; NOTES 2026-11-28 12:16, 13:27 and 13:51), against cuDNN in the same mode and the
 pieces the engine's fused backend spends a step on.
 
 For one layer (blogA: I = H = 2560, B = 64, T = 200; and H = 640, B = 16, T = 64 as a second check), in each of the

@@ -1,6 +1,6 @@
 // A whole LSTM or GRU layer's steps in a 16-bit mode in one launch, for weights that outgrow the chip (blogA: a
 // 2560 x 10240 weight streamed every step; benchmarks/probe_mode_persist.py; issue #34, bf16 / fp16 at blogA;
-// benchmarks/NOTES.md 2026-11-28 12:16, 13:30, 14:30). A probe's kernel: the engine does not launch it. Needs
+// benchmarks/NOTES.md 2026-11-28 12:16, 13:27, 13:51). A probe's kernel: the engine does not launch it. Needs
 // tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh, mode_mma.cuh, tile_ring.cuh and layer_sync.cuh (the counter's acquire load)
 // before it.
 //
@@ -25,7 +25,7 @@
 //   written, that kernels on another stream raise piece by piece (the projection beside the kernel, on the SMs it
 //   leaves free); step t's projection is loaded once the count passes t.
 // UB = 32 (80 blocks at blogA) was measured (NOTES 2026-11-28 12:16, as mode_persist_*_2_8_split); UB = 20 (128
-// blocks, m64n80k16) was no faster (NOTES 2026-11-28 13:30) and its entries are gone.
+// blocks, m64n80k16) was no faster (NOTES 2026-11-28 13:27) and its entries are gone.
 
 __device__ __forceinline__ unsigned long long persist_clock()
 {
@@ -386,7 +386,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
 // otherwise PERSIST_PAIRS. 288 threads: two MMA warpgroups and the producer warp, so 168 registers a thread (three
 // warps share one of the SM's four register files). A second accumulator a warpgroup (the odd k steps of a chunk
 // into it: two dependent wgmma chains, not one) left the product as slow and spilled the math's registers: NOTES
-// 2026-11-28 13:45. bias_n: the GRU's b_hn (H), null for the LSTM.
+// 2026-11-28 13:40. bias_n: the GRU's b_hn (H), null for the LSTM.
 #define MODE_PERSIST(NAME, MODE, UB, STAGES, FAST, CELL)                                                           \
     extern "C" __global__ void __launch_bounds__(288, 1) NAME(                                                     \
         const float* __restrict__ xp, const unsigned char* __restrict__ weight, unsigned short* __restrict__ hbuf,  \

@@ -227,6 +227,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
         for (int jj = 0; jj < JJ; ++jj) c_state[PAIRS ? jj : 0] = 0.0f;
         #pragma unroll
         for (int k = 0; k < CELLS; ++k) state[PAIRS ? 0 : k] = 0.0f;
+        const float bn = CELL == PERSIST_GRU ? bias_n[blk * UB + lane] : 0.0f;    // the GRU's b_hn of this unit
         int projected = projected_steps == nullptr ? T : 0;     // steps whose projection is known written
         for (int t = 0; t < T; ++t) {
             if (t >= projected) {                // the projection runs beside the kernel: wait for step t's piece
@@ -312,7 +313,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                     } else {                     // GRU (r, z, n; PyTorch's form: b_hn inside r's product)
                         const float rg = persist_sigmoid<FAST>(sum[0] + xk[0]);
                         const float zg = persist_sigmoid<FAST>(sum[1] + xk[1]);
-                        const float ng = persist_tanh<FAST>(xk[2] + rg * (sum[2] + bias_n[blk * UB + lane]));
+                        const float ng = persist_tanh<FAST>(xk[2] + rg * (sum[2] + bn));
                         state[k] = (1.0f - zg) * ng + zg * state[k];
                         hv[k] = state[k];
                     }

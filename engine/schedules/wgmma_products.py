@@ -28,8 +28,9 @@ there against cublasLt's 17.1 and mode_wgmma's 19.0 (H200, 2026-11-28, benchmark
 weight stays in L2 cublasLt is faster (blogA's GRU, 39 MB: 8.7 us against 11.0).
 
 Where they run: sm_90 (wgmma). float32x3 in fp16 parts takes its kernel by default (step_product "auto"); the
-reduced modes take theirs where asked (step_product="wgmma"; fused_modes.FusedModeProgram): whole runs on
-mode_wide.cu against cublasLt are not measured yet (benchmarks/probe_wide_product.py), so "auto" keeps cuBLAS.
+reduced modes take theirs where asked (step_product="wgmma"; fused_modes.FusedModeProgram). "auto" keeps cuBLAS for
+them: whole runs at blogA gained nothing on mode_wide.cu (LSTM bf16 6.17 ms against cublasLt's 6.15) and the GRU lost
+13-17 % on mode_wgmma.cu (H200, 2026-11-28, benchmarks/probe_wide_product.py).
 """
 from __future__ import annotations
 
@@ -95,7 +96,6 @@ def goes_wide(cupy, precision: str, N: int, K: int) -> bool:
     nbytes = tiles * TILE * padded(K) * 2
     return (precision in WIDE_MODES and tiles % WIDE[0] == 0 and nbytes < 1 << 32
             and nbytes > STREAMED * device_attribute(cupy, "L2CacheSize"))
-
 
 
 def tile_columns(size: int) -> int:

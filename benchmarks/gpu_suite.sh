@@ -42,11 +42,11 @@
 #      accumulator promoted in registers against cublasLt's batch of chunks, with the two-warpgroup variant (--pair),
 #      and the reduced modes' products on the same design against cublasLt (probe_x3_promote.py --modes);
 #  11c'. mode16 (only when named): bf16 / fp16 at blogA: a whole LSTM or GRU layer in one launch (the LSTM's math on
-#      the accumulators and from staged sums, the GRU's from staged sums), its projection made first and beside it,
-#      with its floors (probe_mode_persist.py --floors), Nsight Compute's every section on its bf16 LSTM launch (in
-#      mode16.log), the probe's kernels under compute-sanitizer memcheck and racecheck (--sanitize). The wide
-#      product's and mode_stream.cu's runs are recorded in benchmarks/results/mode-persist-20261128-H200/ and
-#      mode-persist-overlap-20261128-H200/ (their tests stay in the GPU suite);
+#      the accumulators, the GRU's from staged sums; one producer thread and two, duo), its projection made before
+#      it, beside it and first on its stream (probe_mode_persist.py --first --plain), the duo entries' floors in bf16,
+#      Nsight Compute's every section on the bf16 LSTM duo launch (in mode16.log), the probe's kernels under
+#      compute-sanitizer memcheck and racecheck (--sanitize). Earlier runs: benchmarks/results/mode-persist-*-H200/
+#      (the wide product's and mode_stream.cu's tests stay in the GPU suite);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") in fp16 parts (the default) and TF32
 #      parts against cuDNN fp32,
@@ -250,11 +250,13 @@ mode16_step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/mode16.log" | tail -$
 if [[ " $STAGES " == *" mode16 "* ]]; then
   section "bf16 / fp16 at blogA: the one-launch layer, its floors, Nsight Compute on it, compute-sanitizer"
   mode16_rc=0; : > "$OUT/mode16.log"
-  M16_TAIL=60 mode16_step timeout 300 "$PY" benchmarks/probe_mode_persist.py --out "$OUT" --floors
-  # every section of Nsight Compute on blogA's bf16 launch (the 17th: the first with 448 KB a block evict_last;
-  # --share leaves the projection-beside runs out, which ncu's one kernel at a time would stall)
-  M16_TAIL=6 mode16_step timeout 240 ncu -k regex:mode_persist_bfloat16_32_8$ --launch-skip 16 -c 1 --set full \
-    "$PY" benchmarks/probe_mode_persist.py --precision bfloat16 --share 0.7
+  M16_TAIL=40 mode16_step timeout 200 "$PY" benchmarks/probe_mode_persist.py --out "$OUT" --first --plain
+  M16_TAIL=20 mode16_step timeout 150 "$PY" benchmarks/probe_mode_persist.py --floors --feed duo --plain \
+    --precision bfloat16
+  # every section of Nsight Compute on blogA's bf16 duo launch (the 2nd: the first timed one; --share leaves the
+  # projection-beside runs out, which ncu's one kernel at a time would stall)
+  M16_TAIL=6 mode16_step timeout 240 ncu -k regex:mode_persist_bfloat16_32_8_duo$ --launch-skip 1 -c 1 --set full \
+    "$PY" benchmarks/probe_mode_persist.py --precision bfloat16 --cell lstm --feed duo --plain --share 0.7
   for tool in memcheck racecheck; do
     M16_TAIL=8 mode16_step timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
       benchmarks/probe_mode_persist.py --sanitize --precision bfloat16

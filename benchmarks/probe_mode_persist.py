@@ -1,20 +1,23 @@
 """A 16-bit LSTM or GRU layer whose weight outgrows the chip, all its steps in one launch (kernels/mode_persist.cu;
-issue #34, bf16 / fp16 at blogA; NOTES 2026-11-28 12:16, 13:27 and 13:51), against cuDNN in the same mode and the
-pieces the engine's fused backend spends a step on.
+issue #34, bf16 / fp16 at blogA; NOTES 2026-11-28 12:16, 13:27, 13:51 and 14:51), against cuDNN in the same mode and
+the pieces the engine's fused backend spends a step on.
 
 For one layer (blogA: I = H = 2560, B = 64, T = 200; and H = 640, B = 16, T = 64 as a second check), in each of the
 kernel's entries (32 units a block; the LSTM's math on the accumulators, also with the hardware's exp and tanh, and
-from the step's sums staged in shared memory; the GRU's from staged sums): the kernel's outputs against a float64
+from the step's sums staged in shared memory; the GRU's from staged sums; each fed by one producer thread or by two,
+"duo"): the kernel's outputs against a float64
 run of the same rounded values (weights, the layer's input and each step's h in the mode, the gates' input the
 projection x W_x^T on cublasLt, the states and the math in float64; the GRU in PyTorch's form, b_hn inside r's
 product), poisoned first; then its time (the counter and h's first version zeroed before each launch, inside the
 timing; median of 11 after warm-up, CUDA events). Each entry runs with the projection made before the launch, and
 with it beside the kernel (Overlapped: pieces on a second stream, on the SMs the kernel leaves, each raising a count
-the kernel waits on; that projection's buffer poisoned too). Then the projection's time alone on cublasLt (x (T B, I)
+the kernel waits on; that projection's buffer poisoned too; with --first also the whole projection made first on the
+kernel's stream, timed with it). Then the projection's time alone on cublasLt (x (T B, I)
 by W_x, fp32 out, as the engine's fused backend makes it), and cuDNN's whole layer through torch (TF32 off; bf16 /
 fp16 inputs). A wrong entry is reported and not timed, and the probe then exits non-zero. sm_90 only.
 
-    python3 benchmarks/probe_mode_persist.py --out /tmp/probe [--precision bfloat16]
+    python3 benchmarks/probe_mode_persist.py --out /tmp/probe [--precision bfloat16] [--feed duo] [--plain] [--first]
+    [--floors] [--skip 7] [--sanitize]
 """
 from __future__ import annotations
 
@@ -39,10 +42,12 @@ from engine.schedules.project import LT_OPERANDS, operand_dtype, round_into  # n
 
 CASES = (("blogA", 2560, 64, 200), ("check", 640, 16, 64))
 # mode_persist.cu's entries a cell: (units a block, slots, the hardware approximations of exp and tanh, the cells'
-# math from sums staged in shared memory)
-KERNELS = {("bfloat16", "lstm"): ((32, 8, False, False), (32, 8, True, False), (32, 8, False, True)),
-           ("float16", "lstm"): ((32, 8, False, False), (32, 8, False, True)),
-           ("bfloat16", "gru"): ((32, 8, False, True),), ("float16", "gru"): ((32, 8, False, True),)}
+# math from sums staged in shared memory, feed: "" one producer thread, "duo" two (the weight's and h's), 320 threads)
+KERNELS = {("bfloat16", "lstm"): ((32, 8, False, False, ""), (32, 8, False, False, "duo"), (32, 8, True, False, ""),
+                                  (32, 8, False, True, ""), (32, 8, False, True, "duo")),
+           ("float16", "lstm"): ((32, 8, False, False, ""), (32, 8, False, False, "duo"), (32, 8, False, True, "")),
+           ("bfloat16", "gru"): ((32, 8, False, True, ""), (32, 8, False, True, "duo")),
+           ("float16", "gru"): ((32, 8, False, True, ""), (32, 8, False, True, "duo"))}
 GATES = {"lstm": 4, "gru": 3}
 # --floors: the kernel's skip bits (kernels/mode_persist.cu) after step 0, each a run whose results are wrong
 FLOORS = ((1, "no h copies"), (2, "no weight copies"), (3, "neither"), (4, "no wgmma (copies and slot handshakes)"),
@@ -102,15 +107,16 @@ def reference(cupy, xp, wr, H: int, precision: str, bias_n=None):
 class Launch:
     """One launch of the kernel, its counter and h's first version zeroed first (graph_ms's .launch)."""
 
-    def __init__(self, function, grid, smem, args, counter, hbuf):
+    def __init__(self, function, grid, smem, args, counter, hbuf, threads: int = 288):
         self.function, self.grid, self.smem, self.args = function, grid, smem, args
-        self.counter, self.hbuf = counter, hbuf
+        self.counter, self.hbuf, self.threads = counter, hbuf, threads
 
     def launch(self, stream):
         with stream:
             self.counter.fill(0)
             self.hbuf[0].fill(0)
-            self.function(self.grid, (288,), self.args, shared_mem=self.smem)     # two warpgroups, the producer
+            # two warpgroups, the producer (duo: the weight's and h's)
+            self.function(self.grid, (self.threads,), self.args, shared_mem=self.smem)
 
 
 class Overlapped(Launch):
@@ -122,13 +128,15 @@ class Overlapped(Launch):
     Loading": concurrent execution), and the spinning kernel would wait for it in turn. beside=False (for
     compute-sanitizer, which runs one kernel at a time): the pieces before the kernel, on its stream."""
 
-    def __init__(self, cupy, case, function, grid, smem, args, wx, xin, split: tuple, beside: bool = True):
-        super().__init__(function, grid, smem, args, case.counter, case.hbuf)
+    def __init__(self, cupy, case, function, grid, smem, args, wx, xin, split: tuple, beside: bool = True,
+                 threads: int = 288):
+        super().__init__(function, grid, smem, args, case.counter, case.hbuf, threads)
         self.cupy, self.case, self.wx, self.xin, self.beside = cupy, case, wx, xin, beside
         self.split = pieces(case.T, *split)
         self.side = cupy.cuda.Stream(non_blocking=True)
         self.done = wgmma_products.ring_kernel(cupy, "mode_persist.cu", "mode_persist_piece_done", 0)
-        self.sms = max(1, device_attribute(cupy, "MultiProcessorCount") - grid[0])
+        # the SMs the kernel leaves (made first: all of them, 0)
+        self.sms = max(1, device_attribute(cupy, "MultiProcessorCount") - grid[0]) if beside else 0
         with self.side:
             self.pieces()
         self.side.synchronize()
@@ -244,23 +252,26 @@ class Case:
 
     def launch(self, cupy, kernel: tuple, primary: int, split: tuple = (), beside: bool = True) -> Launch:
         """The kernel's launch; split (first, most): the projection in pieces (Overlapped, pieces())."""
-        UB, stages, fast, staged = kernel
+        UB, stages, fast, staged, feed = kernel
         name = (f"mode_persist_{self.precision}{'_gru' if self.cell == 'gru' else ''}_{UB}_{stages}"
-                f"{'_fast' if fast else ''}{'_staged' if staged and self.cell == 'lstm' else ''}")
+                f"{'_fast' if fast else ''}{'_staged' if staged and self.cell == 'lstm' else ''}"
+                f"{'_' + feed if feed else ''}")
         weight, wx, xp = self.layout(cupy, UB)
         rows = self.G * UB
         slot = rows * 128 + wgmma_products.TILE_BYTES                   # a chunk's weight rows, then h's tile
-        # the sums' exchange (it stages h too), or the staged sums: 64 rows of rows + 4 floats
-        smem = 1024 + stages * slot + 16 * stages + max(1024 * UB, 64 * (rows + 4) * 4 if staged else 0)
+        # the sums' exchange (it stages h too), or the staged sums: 64 rows of rows + 4 floats (the GRU's + 8)
+        lead = rows + (8 if self.G == 3 else 4)
+        smem = 1024 + stages * slot + 16 * stages + max(1024 * UB, 64 * lead * 4 if staged else 0)
         function = wgmma_products.ring_kernel(cupy, "mode_persist.cu", name, smem)
         xin = cupy.empty_like(xp) if split else xp
         args = (xin, weight, self.hbuf, self.out, self.counter, self.pieces if split else np.uint64(0),
                 np.uint64(0) if self.bias_n is None else self.bias_n,
                 np.int32(self.B), np.int32(self.H), np.int32(self.T), np.uint32(primary),
                 np.uint32(weight.nbytes), np.uint64(0), np.int32(0))
+        threads = 320 if feed == "duo" else 288
         if not split:
-            return Launch(function, (self.H // UB,), smem, args, self.counter, self.hbuf)
-        return Overlapped(cupy, self, function, (self.H // UB,), smem, args, wx, xin, split, beside)
+            return Launch(function, (self.H // UB,), smem, args, self.counter, self.hbuf, threads)
+        return Overlapped(cupy, self, function, (self.H // UB,), smem, args, wx, xin, split, beside, threads)
 
     def error(self, cupy, run: Launch, stream) -> float:
         """The outputs of one launch (poisoned first, and an overlapped launch's projection) against the float64
@@ -274,11 +285,14 @@ class Case:
         return float(cupy.max(cupy.abs(self.out.astype(cupy.float64) - self.expected)))
 
 
-def timed(cupy, stream, run: Launch, T: int, floors: bool) -> list[dict]:
+def timed(cupy, stream, run: Launch, T: int, floors: bool, only: int | None = None) -> list[dict]:
     """The launch's median ms and block 0's phases; with floors, the same for each of FLOORS (times only: the results
-    are then wrong)."""
+    are then wrong); only (skip bits): that floor alone, the launches after the check (for Nsight Compute)."""
     rows = []
-    for skip, what in ((0, None),) + (FLOORS if floors else ()):
+    todo = ((0, None),) + (FLOORS if floors else ())
+    if only is not None:
+        todo = tuple(f for f in todo if f[0] == only) or ((only, f"skip bits {only}"),)
+    for skip, what in todo:
         run.args = run.args[:-1] + (np.int32(skip),)
         ms = graph_ms(cupy, stream, run)
         parts = phases(cupy, run, stream, T)
@@ -307,21 +321,29 @@ def run_case(cupy, stream, case: Case, config: str, args, rows: list) -> bool:
     right, sms = True, device_attribute(cupy, "MultiProcessorCount")
     H, B, T, precision = case.H, case.B, case.T, case.precision
     for kernel in KERNELS[(precision, case.cell)]:
+        if args.feed and (kernel[4] or "one") not in args.feed or args.plain and (kernel[2] or kernel[3] and
+                                                                                  case.cell == "lstm"):
+            continue
         UB = kernel[0]
         if H % UB or H // UB > sms or (H // 64) % 2:
             raise SystemExit(f"H = {H}: {UB} units a block in at most {sms} blocks, an even number of chunks")
         region = case.G * UB * 2 * H                                     # each block's rows: its evict_last share
         entry = f"{case.cell} {UB} units, {kernel[1]} slots{', fast' if kernel[2] else ''}" + \
-            (", staged" if kernel[3] else "")
+            (", staged" if kernel[3] else "") + (f", {kernel[4]}" if kernel[4] else "")
         variants = [(primary, ()) for primary in
                     sorted({0} | {int(f * region) // 1024 * 1024 for f in args.share or [0.7]})]
         splits = ((1, 3),) if args.sanitize else PIECES if not kernel[2] and not args.share else ()
-        variants += [(0, split) for split in splits]
-        for primary, split in variants:
-            run = case.launch(cupy, kernel, primary, split, beside=not args.sanitize)
+        variants = [(primary, split, args.sanitize) for primary, split in variants]
+        variants += [(0, split, args.sanitize) for split in splits]
+        if args.first and not args.sanitize:     # the whole projection, then the kernel, on one stream
+            variants += [(primary, (T, T), True) for primary, _, _ in variants if primary]
+        for primary, split, first in variants:
+            run = case.launch(cupy, kernel, primary, split, beside=not first)
             error = case.error(cupy, run, stream)
-            what = (f"projection {'first' if args.sanitize else 'beside'}, pieces {split[0]}..{split[1]} steps"
+            what = (f"projection {'first' if first else 'beside'}, pieces {split[0]}..{split[1]} steps"
                     if split else f"evict_last {primary / 1024:4.0f} KB a block")
+            if split and primary:
+                what += f", evict_last {primary / 1024:.0f} KB"
             label = f"{precision:8s} {config:6s} {entry:32s} {what}"
             if not error <= 2e-2:
                 print(f"{label}: max error {error:.3g} against float64: WRONG, not timed", flush=True)
@@ -330,7 +352,7 @@ def run_case(cupy, stream, case: Case, config: str, args, rows: list) -> bool:
             if args.sanitize:
                 print(f"{label}  max error {error:.2e}", flush=True)
                 continue
-            for row in timed(cupy, stream, run, T, args.floors and not split):
+            for row in timed(cupy, stream, run, T, args.floors and not split, args.skip):
                 rows.append({"precision": precision, "config": config, "cell": case.cell, "H": H, "B": B, "T": T,
                              "kernel": entry, "primary_kb": primary / 1024, "pieces": list(split), "error": error,
                              **row})
@@ -360,6 +382,16 @@ def main() -> None:
     ap.add_argument("--floors", action="store_true",
                     help="also each run without the copies of h, of the weight, of both, without the wgmmas, with "
                          "the handshakes alone, with the wgmmas alone (FLOORS; times only: results wrong)")
+    ap.add_argument("--skip", type=int, default=None,
+                    help="time only the floor of these skip bits (e.g. 7: the handshakes alone), every launch after "
+                         "the check (for Nsight Compute's source view of a floor)")
+    ap.add_argument("--feed", action="append", default=None,
+                    help="only the entries of these feeds: one (one producer), duo (default: both)")
+    ap.add_argument("--first", action="store_true",
+                    help="also the whole layer with the projection made first, on the kernel's stream (with each "
+                         "evict_last share)")
+    ap.add_argument("--plain", action="store_true",
+                    help="leave out the entries with the hardware approximations and the LSTM's staged ones")
     ap.add_argument("--precision", action="append", default=None, help="bfloat16, float16 (default: both)")
     ap.add_argument("--cell", action="append", default=None, help="lstm, gru (default: both)")
     args = ap.parse_args()

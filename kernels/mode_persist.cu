@@ -1,6 +1,6 @@
 // A whole LSTM or GRU layer's steps in a 16-bit mode in one launch, for weights that outgrow the chip (blogA: a
 // 2560 x 10240 weight streamed every step; benchmarks/probe_mode_persist.py; issue #34, bf16 / fp16 at blogA;
-// benchmarks/NOTES.md 2026-11-28 12:16, 13:27, 13:51). A probe's kernel: the engine does not launch it. Needs
+// benchmarks/NOTES.md 2026-11-28 12:16, 13:27, 13:51, 14:51). A probe's kernel: the engine does not launch it. Needs
 // tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh, mode_mma.cuh, tile_ring.cuh and layer_sync.cuh (the counter's acquire load)
 // before it.
 //
@@ -11,9 +11,10 @@
 // UB blk + r / G (the weight and the projection permuted so; the weight in base.chunked's layout, blocks of ROWS rows:
 // a chunk of them one copy). A step:
 // - the product of h (in the wgmma products' tiles, two versions: step t reads version t % 2) by the block's rows,
-//   through a ring of STAGES slots that a producer warp fills (warp 8: its first lane). Its weight copies run ahead
-//   into the next step as slots free up; only the copies of h wait for the grid-wide arrival counter. Each of the two
-//   warpgroups multiplies every other chunk by all ROWS rows (m64nROWSk16, PersistMma).
+//   through a ring of STAGES slots that a producer warp fills (warp 8: its first lane), or with DUO two (warp 9's
+//   first lane copies h, warp 8's the weight: one thread issuing both bounded the step: NOTES 14:51). The weight
+//   copies run ahead into the next step as slots free up; only the copies of h wait for the grid-wide arrival counter.
+//   Each of the two warpgroups multiplies every other chunk by all ROWS rows (m64nROWSk16, PersistMma).
 // - the cells' math, c (or the GRU's h) in registers, the step's projection loaded as the step starts. PERSIST_PAIRS
 //   (the LSTM): the warpgroups exchange halves of their partial sums and the math runs on the accumulators (an even
 //   lane holds gates i and f of a unit, its odd neighbour g and o: one exchange of two values). PERSIST_LSTM and
@@ -126,7 +127,7 @@ PERSIST_MMA(RNN_FP16, "f16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
 #define PERSIST_LSTM 1
 #define PERSIST_GRU 2
 
-template <int MODE, int UB, int STAGES, bool FAST, int CELL>
+template <int MODE, int UB, int STAGES, bool FAST, int CELL, bool DUO>
 __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, const unsigned char* __restrict__ weight,
                                                   unsigned short* __restrict__ hbuf, float* __restrict__ out,
                                                   unsigned* __restrict__ counter, const unsigned* __restrict__ projected_steps,
@@ -144,9 +145,12 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
     // nor waits for the counter (the wgmmas on stale slots, the math and the stores alone)
     // G gates a unit, ROWS = G UB weight rows a block (row r: gate r % G of unit UB blk + r / G)
     constexpr int G = CELL == PERSIST_GRU ? 3 : 4, ROWS = G * UB, HALF = ROWS / 2, JJ = HALF / 8, KEEP = HALF / 2;
-    constexpr int MMA = 256, CELLS = 8, LD = ROWS + 4;     // staged: 8 cells a thread, the sums' row stride
+    constexpr int MMA = 256, CELLS = 8, LD = ROWS + (G == 3 ? 8 : 4);  // staged: 8 cells a thread, the sums' row
+    // stride (the GRU's a row 8 banks on from the last: a half-warp's float2 stores, 4 rows by 4 lanes, fall on 32
+    // distinct banks; the LSTM's 128 + 8 would outgrow shared memory by 128 bytes, so its stores meet two-way)
     static_assert(UB % 4 == 0, "a warpgroup's half of the rows in whole 8-column groups, h stored 4 units at a time");
     static_assert(CELL == PERSIST_PAIRS || UB == 32, "staged cells: a warp's lanes are a block's 32 units");
+    static_assert(STAGES % 2 == 0, "slots: an even number (a warpgroup's chunks keep a slot parity)");
     constexpr unsigned WBYTES = ROWS * 128, SLOT = WBYTES + RNN_TILE_BYTES;   // a chunk's weight rows, then h's tile
     const int tid = threadIdx.x, blk = blockIdx.x, blocks = gridDim.x, N = G * H;
     const int chunks = (H + 63) / 64;            // even (the warpgroups take alternate chunks, a slot parity each)
@@ -161,13 +165,60 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
     unsigned short* const staged16 = reinterpret_cast<unsigned short*>(staged + 64 * UB);
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            rnn_bar_init(full + 8 * s, 1);
-            rnn_bar_init(done + 8 * s, 128);     // a slot's chunk is one warpgroup's
+            rnn_bar_init(full + 8 * s, DUO ? 2 : 1);          // DUO: each producer posts its own bytes
+            rnn_bar_init(done + 8 * s, 4);       // a slot's chunk is one warpgroup's: a lane of each of its warps
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (tid == MMA) {                            // the producer
+    if (DUO && (tid == MMA || tid == MMA + 32)) {
+        // DUO: two producers, one thread each. Warp 8 copies the weight's chunks; warp 9 copies h's, once the grid's
+        // count passes the step. One thread issuing both copies and the slot handshakes ran ~100 dependent
+        // instructions a chunk, about the product's whole time (NOTES 2026-11-28 14:51); each now issues half. Each
+        // posts its own copy's bytes on the slot's barrier before the copy (two arrivals a phase). With the weight producer posting both copies' bytes, a bf16 run hung (the fp16 one
+        // passed): an h copy's bytes landing before they were posted drive the barrier's count of pending bytes below
+        // zero, which this design does not rely on.
+        const bool h_feed = tid == MMA + 32;
+        const unsigned region = chunks * WBYTES;
+        const unsigned char* const w_src = weight + (long)blk * region;
+        unsigned long long policy = 0;
+        if (primary && !h_feed)
+            asm volatile("createpolicy.range.L2::evict_last.L2::evict_first.b64 %0, [%1], %2, %3;"
+                         : "=l"(policy) : "l"(w_src), "r"(primary < region ? primary : region), "r"(region));
+        unsigned s = 0, phase = 0, g = 0;        // the next chunk's slot, its use's parity, chunks so far
+        for (int t = 0; t < T; ++t) {
+            if (t > 0 && (skip & 8)) break;
+            const unsigned char* const h_src = reinterpret_cast<const unsigned char*>(hbuf + (t & 1) * hversion);
+            const bool no_h = t > 0 && (skip & 1), no_w = t > 0 && (skip & 2);
+            if (h_feed && t > 0) {
+                const long long start = clock64();
+                while (rnn_load_acquire(counter) < (unsigned)(t * blocks))
+                    if (clock64() - start > (1ll << 36)) __trap();       // a block not resident: fail, not hang
+                asm volatile("fence.proxy.async.global;" ::: "memory");
+            }
+            if (h_feed && tracing) trace[6 * t] = persist_clock();
+            for (int c = 0; c < chunks; ++c) {
+                const unsigned at = base + s * SLOT, bar = full + 8 * s;
+                if (g >= STAGES) rnn_bar_wait(done + 8 * s, phase ^ 1);
+                if (h_feed) {
+                    rnn_bar_expect(bar, no_h ? 0 : RNN_TILE_BYTES);
+                    if (!no_h) rnn_bulk_copy(at + WBYTES, h_src + (long)c * RNN_TILE_BYTES, RNN_TILE_BYTES, bar);
+                } else {
+                    rnn_bar_expect(bar, no_w ? 0 : WBYTES);
+                    if (!no_w) {
+                        const unsigned char* const w = w_src + (long)c * WBYTES;
+                        if (primary) rnn_bulk_copy(at, w, WBYTES, bar, policy);
+                        else rnn_bulk_copy(at, w, WBYTES, bar);
+                    }
+                }
+                ++g;
+                if (++s == STAGES) {
+                    s = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+    } else if (!DUO && tid == MMA) {             // the producer
         // The block's rows, chunk by chunk (one copy each), the first `primary` bytes of them evict_last and the rest
         // evict_first: every block keeps the same share in L2, since the step waits for the slowest (0: plain).
         const unsigned region = chunks * WBYTES;
@@ -229,6 +280,10 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
         for (int k = 0; k < CELLS; ++k) state[PAIRS ? 0 : k] = 0.0f;
         const float bn = CELL == PERSIST_GRU ? bias_n[blk * UB + lane] : 0.0f;    // the GRU's b_hn of this unit
         int projected = projected_steps == nullptr ? T : 0;     // steps whose projection is known written
+        // DUO: this warpgroup's next slot and its phase (chunks and STAGES even: its chunks keep the slots' parity
+        // w), the slot of its last chunk, the descriptors of slot 0's h tile and weight rows
+        unsigned slot = w, phase = 0, last = w;
+        const unsigned long long h_desc = rnn_wgmma_desc(base + WBYTES), w_desc = rnn_wgmma_desc(base);
         for (int t = 0; t < T; ++t) {
             if (t >= projected) {                // the projection runs beside the kernel: wait for step t's piece
                 const long long start = clock64();
@@ -253,24 +308,53 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                 }
             }
             const bool bare = t > 0 && (skip & 8), idle = t > 0 && (skip & 4);     // the probe's floors
-            for (int c = w; c < chunks; c += 2) {    // chunks even: both warpgroups take chunks / 2
-                const long gc = (long)t * chunks + c;
-                const unsigned at = base + (gc % STAGES) * SLOT;
-                if (!bare) rnn_bar_wait(full + 8 * (gc % STAGES), (gc / STAGES) & 1);
-                if (tracing && tid == 0 && c == 0) trace[6 * t + 1] = persist_clock();
-                if (!idle) {
-                    rnn_wgmma_fence();
-                    #pragma unroll
-                    for (int kk = 0; kk < 4; ++kk)
-                        PersistMma<MODE, ROWS>::mma(part, rnn_wgmma_desc(at + WBYTES + kk * 32),
-                                                    rnn_wgmma_desc(at + kk * 32), c > w || kk > 0);
-                    rnn_wgmma_commit();
-                    rnn_wgmma_wait<1>();
+            if constexpr (DUO) {
+                // The loop below with its slot and phase carried from chunk to chunk and the descriptors' start
+                // fields moved by the slot's offset (a descriptor's low 14 bits are the address / 16, and shared
+                // memory ends below 2^18): a few percent on its own (NOTES 2026-11-28 14:51).
+                for (int c = w; c < chunks; c += 2) {
+                    if (!bare) rnn_bar_wait(full + 8 * slot, phase);
+                    if (tracing && tid == 0 && c == 0) trace[6 * t + 1] = persist_clock();
+                    if (!idle) {
+                        const unsigned long long move = slot * (SLOT >> 4);
+                        rnn_wgmma_fence();
+                        #pragma unroll
+                        for (int kk = 0; kk < 4; ++kk)
+                            PersistMma<MODE, ROWS>::mma(part, h_desc + move + 2 * kk, w_desc + move + 2 * kk,
+                                                        c > w || kk > 0);
+                        rnn_wgmma_commit();
+                        rnn_wgmma_wait<1>();
+                    }
+                    if (c > w && !bare && lane == 0) rnn_bar_arrive(done + 8 * last);
+                    last = slot;
+                    slot += 2;
+                    if (slot >= STAGES) {
+                        slot -= STAGES;
+                        phase ^= 1;
+                    }
                 }
-                if (c > w && !bare) rnn_bar_arrive(done + 8 * ((gc - 2) % STAGES));
+                rnn_wgmma_wait<0>();
+                if (!bare && lane == 0) rnn_bar_arrive(done + 8 * last);
+            } else {
+                for (int c = w; c < chunks; c += 2) {    // chunks even: both warpgroups take chunks / 2
+                    const long gc = (long)t * chunks + c;
+                    const unsigned at = base + (gc % STAGES) * SLOT;
+                    if (!bare) rnn_bar_wait(full + 8 * (gc % STAGES), (gc / STAGES) & 1);
+                    if (tracing && tid == 0 && c == 0) trace[6 * t + 1] = persist_clock();
+                    if (!idle) {
+                        rnn_wgmma_fence();
+                        #pragma unroll
+                        for (int kk = 0; kk < 4; ++kk)
+                            PersistMma<MODE, ROWS>::mma(part, rnn_wgmma_desc(at + WBYTES + kk * 32),
+                                                        rnn_wgmma_desc(at + kk * 32), c > w || kk > 0);
+                        rnn_wgmma_commit();
+                        rnn_wgmma_wait<1>();
+                    }
+                    if (c > w && !bare && lane == 0) rnn_bar_arrive(done + 8 * ((gc - 2) % STAGES));
+                }
+                rnn_wgmma_wait<0>();
+                if (!bare && lane == 0) rnn_bar_arrive(done + 8 * (((long)t * chunks + chunks - 2 + w) % STAGES));
             }
-            rnn_wgmma_wait<0>();
-            if (!bare) rnn_bar_arrive(done + 8 * (((long)t * chunks + chunks - 2 + w) % STAGES));
             unsigned short* const hnext = hbuf + ((t + 1) & 1) * hversion;
             const auto arrive = [&]() {          // h's copy stored: one release-add on the grid's counter
                 if (tracing && tid == 0) trace[6 * t + 4] = persist_clock();
@@ -304,10 +388,11 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                 for (int k = 0; k < CELLS; ++k) {    // row tid / 32 + 8 k, unit lane: its G sums side by side
                     const float* const sum = xch + ((tid >> 5) + 8 * k) * LD + lane * G;
                     const float* const xk = xs + k * G;
-                    if constexpr (CELL == PERSIST_LSTM) {
-                        const float ig = persist_sigmoid<FAST>(sum[0] + xk[0]);
-                        const float fg = persist_sigmoid<FAST>(sum[1] + xk[1]);
-                        const float cg = persist_tanh<FAST>(sum[2] + xk[2]), og = persist_sigmoid<FAST>(sum[3] + xk[3]);
+                    if constexpr (CELL == PERSIST_LSTM) {    // a unit's 4 sums in one 16-byte load
+                        const float4 s4 = *reinterpret_cast<const float4*>(sum);
+                        const float ig = persist_sigmoid<FAST>(s4.x + xk[0]);
+                        const float fg = persist_sigmoid<FAST>(s4.y + xk[1]);
+                        const float cg = persist_tanh<FAST>(s4.z + xk[2]), og = persist_sigmoid<FAST>(s4.w + xk[3]);
                         state[k] = fg * state[k] + ig * cg;
                         hv[k] = og * persist_tanh<FAST>(state[k]);
                     } else {                     // GRU (r, z, n; PyTorch's form: b_hn inside r's product)
@@ -383,28 +468,33 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
     }
 }
 
-// The entries: mode_persist_<mode>[_gru: PERSIST_GRU]_<UB>_<STAGES>[_fast: FAST][_staged: PERSIST_LSTM]; the LSTM's
-// otherwise PERSIST_PAIRS. 288 threads: two MMA warpgroups and the producer warp, so 168 registers a thread (three
-// warps share one of the SM's four register files). A second accumulator a warpgroup (the odd k steps of a chunk
-// into it: two dependent wgmma chains, not one) left the product as slow and spilled the math's registers: NOTES
-// 2026-11-28 13:40. bias_n: the GRU's b_hn (H), null for the LSTM.
-#define MODE_PERSIST(NAME, MODE, UB, STAGES, FAST, CELL)                                                           \
-    extern "C" __global__ void __launch_bounds__(288, 1) NAME(                                                     \
+// The entries: mode_persist_<mode>[_gru: PERSIST_GRU]_<UB>_<STAGES>[_fast: FAST][_staged: PERSIST_LSTM][_duo: DUO];
+// the LSTM's otherwise PERSIST_PAIRS. 288 threads (DUO 320): two MMA warpgroups and the producer warp(s), so 168
+// registers a thread (three warps share one of the SM's four register files). A second accumulator a warpgroup (the odd
+// k steps of a chunk into it: two dependent wgmma chains, not one) left the product as slow and spilled the math's
+// registers: NOTES 2026-11-28 13:40. bias_n: the GRU's b_hn (H), null for the LSTM.
+#define MODE_PERSIST(NAME, MODE, UB, STAGES, FAST, CELL, DUO)                                                      \
+    extern "C" __global__ void __launch_bounds__(DUO ? 320 : 288, 1) NAME(                                         \
         const float* __restrict__ xp, const unsigned char* __restrict__ weight, unsigned short* __restrict__ hbuf,  \
         float* __restrict__ out, unsigned* __restrict__ counter, const unsigned* __restrict__ projected_steps,      \
         const float* __restrict__ bias_n, const int R, const int H, const int T, const unsigned primary,           \
         const unsigned weight_bytes, unsigned long long* __restrict__ trace, const int skip)                        \
     {                                                                                                               \
-        mode_persist_body<MODE, UB, STAGES, FAST, CELL>(xp, weight, hbuf, out, counter, projected_steps, bias_n, R, \
-                                                        H, T, primary, weight_bytes, trace, skip);                  \
+        mode_persist_body<MODE, UB, STAGES, FAST, CELL, DUO>(xp, weight, hbuf, out, counter, projected_steps,     \
+                                                              bias_n, R, H, T, primary, weight_bytes, trace, skip); \
     }
-MODE_PERSIST(mode_persist_bfloat16_32_8, RNN_BF16, 32, 8, false, PERSIST_PAIRS)
-MODE_PERSIST(mode_persist_bfloat16_32_8_fast, RNN_BF16, 32, 8, true, PERSIST_PAIRS)
-MODE_PERSIST(mode_persist_float16_32_8, RNN_FP16, 32, 8, false, PERSIST_PAIRS)
-MODE_PERSIST(mode_persist_bfloat16_32_8_staged, RNN_BF16, 32, 8, false, PERSIST_LSTM)
-MODE_PERSIST(mode_persist_float16_32_8_staged, RNN_FP16, 32, 8, false, PERSIST_LSTM)
-MODE_PERSIST(mode_persist_bfloat16_gru_32_8, RNN_BF16, 32, 8, false, PERSIST_GRU)
-MODE_PERSIST(mode_persist_float16_gru_32_8, RNN_FP16, 32, 8, false, PERSIST_GRU)
+MODE_PERSIST(mode_persist_bfloat16_32_8, RNN_BF16, 32, 8, false, PERSIST_PAIRS, false)
+MODE_PERSIST(mode_persist_bfloat16_32_8_fast, RNN_BF16, 32, 8, true, PERSIST_PAIRS, false)
+MODE_PERSIST(mode_persist_float16_32_8, RNN_FP16, 32, 8, false, PERSIST_PAIRS, false)
+MODE_PERSIST(mode_persist_bfloat16_32_8_staged, RNN_BF16, 32, 8, false, PERSIST_LSTM, false)
+MODE_PERSIST(mode_persist_float16_32_8_staged, RNN_FP16, 32, 8, false, PERSIST_LSTM, false)
+MODE_PERSIST(mode_persist_bfloat16_gru_32_8, RNN_BF16, 32, 8, false, PERSIST_GRU, false)
+MODE_PERSIST(mode_persist_float16_gru_32_8, RNN_FP16, 32, 8, false, PERSIST_GRU, false)
+MODE_PERSIST(mode_persist_bfloat16_32_8_duo, RNN_BF16, 32, 8, false, PERSIST_PAIRS, true)
+MODE_PERSIST(mode_persist_float16_32_8_duo, RNN_FP16, 32, 8, false, PERSIST_PAIRS, true)
+MODE_PERSIST(mode_persist_bfloat16_gru_32_8_duo, RNN_BF16, 32, 8, false, PERSIST_GRU, true)
+MODE_PERSIST(mode_persist_float16_gru_32_8_duo, RNN_FP16, 32, 8, false, PERSIST_GRU, true)
+MODE_PERSIST(mode_persist_bfloat16_32_8_staged_duo, RNN_BF16, 32, 8, false, PERSIST_LSTM, true)
 #undef MODE_PERSIST
 
 // One more piece of the projection written, `steps` steps (a thread, on the projection's stream after the piece's

@@ -42,8 +42,9 @@
 #      accumulator promoted in registers against cublasLt's batch of chunks, with the two-warpgroup variant (--pair),
 #      and the reduced modes' products on the same design against cublasLt (probe_x3_promote.py --modes);
 #  11c'. mode16 (only when named): bf16 / fp16 at blogA: a whole LSTM or GRU layer in one launch (the LSTM's math on
-#      the accumulators, the GRU's from staged sums; one producer thread and two, duo), its projection made before
-#      it, beside it and first on its stream (probe_mode_persist.py --first --plain), the duo entries' floors in bf16,
+#      the accumulators, the GRU's from staged sums; fed by one producer thread, two (duo) or three (trio)), its
+#      projection made before it, beside it and first on its stream (probe_mode_persist.py --first --plain), the
+#      duo and trio entries' floors in bf16,
 #      Nsight Compute's every section on the bf16 LSTM duo launch (in mode16.log), the probe's kernels under
 #      compute-sanitizer memcheck and racecheck (--sanitize). Earlier runs: benchmarks/results/mode-persist-*-H200/
 #      (the wide product's and mode_stream.cu's tests stay in the GPU suite);
@@ -251,7 +252,7 @@ if [[ " $STAGES " == *" mode16 "* ]]; then
   section "bf16 / fp16 at blogA: the one-launch layer, its floors, Nsight Compute on it, compute-sanitizer"
   mode16_rc=0; : > "$OUT/mode16.log"
   M16_TAIL=40 mode16_step timeout 200 "$PY" benchmarks/probe_mode_persist.py --out "$OUT" --first --plain
-  M16_TAIL=20 mode16_step timeout 150 "$PY" benchmarks/probe_mode_persist.py --floors --feed duo --plain \
+  M16_TAIL=20 mode16_step timeout 200 "$PY" benchmarks/probe_mode_persist.py --floors --feed duo --feed trio --plain \
     --precision bfloat16
   # every section of Nsight Compute on blogA's bf16 duo launch (the 2nd: the first timed one; --share leaves the
   # projection-beside runs out, which ncu's one kernel at a time would stall)

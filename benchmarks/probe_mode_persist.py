@@ -5,7 +5,7 @@ the pieces the engine's fused backend spends a step on.
 For one layer (blogA: I = H = 2560, B = 64, T = 200; and H = 640, B = 16, T = 64 as a second check), in each of the
 kernel's entries (32 units a block; the LSTM's math on the accumulators, also with the hardware's exp and tanh, and
 from the step's sums staged in shared memory; the GRU's from staged sums; each fed by one producer thread or by two,
-"duo"): the kernel's outputs against a float64
+"duo", or three, "trio"): the kernel's outputs against a float64
 run of the same rounded values (weights, the layer's input and each step's h in the mode, the gates' input the
 projection x W_x^T on cublasLt, the states and the math in float64; the GRU in PyTorch's form, b_hn inside r's
 product), poisoned first; then its time (the counter and h's first version zeroed before each launch, inside the
@@ -42,12 +42,15 @@ from engine.schedules.project import LT_OPERANDS, operand_dtype, round_into  # n
 
 CASES = (("blogA", 2560, 64, 200), ("check", 640, 16, 64))
 # mode_persist.cu's entries a cell: (units a block, slots, the hardware approximations of exp and tanh, the cells'
-# math from sums staged in shared memory, feed: "" one producer thread, "duo" two (the weight's and h's), 320 threads)
-KERNELS = {("bfloat16", "lstm"): ((32, 8, False, False, ""), (32, 8, False, False, "duo"), (32, 8, True, False, ""),
-                                  (32, 8, False, True, ""), (32, 8, False, True, "duo")),
-           ("float16", "lstm"): ((32, 8, False, False, ""), (32, 8, False, False, "duo"), (32, 8, False, True, "")),
-           ("bfloat16", "gru"): ((32, 8, False, True, ""), (32, 8, False, True, "duo")),
-           ("float16", "gru"): ((32, 8, False, True, ""), (32, 8, False, True, "duo"))}
+# math from sums staged in shared memory, feed: "" one producer thread, "duo" two (the weight's and h's), "trio"
+# three (the weight's even and odd chunks, h's); a warp a producer past the 256 MMA threads)
+KERNELS = {("bfloat16", "lstm"): ((32, 8, False, False, ""), (32, 8, False, False, "duo"), (32, 8, False, False, "trio"),
+                                  (32, 8, True, False, ""), (32, 8, False, True, ""), (32, 8, False, True, "duo")),
+           ("float16", "lstm"): ((32, 8, False, False, ""), (32, 8, False, False, "duo"), (32, 8, False, False, "trio"),
+                                 (32, 8, False, True, "")),
+           ("bfloat16", "gru"): ((32, 8, False, True, ""), (32, 8, False, True, "duo"), (32, 8, False, True, "trio")),
+           ("float16", "gru"): ((32, 8, False, True, ""), (32, 8, False, True, "duo"), (32, 8, False, True, "trio"))}
+FEEDS = {"": 1, "duo": 2, "trio": 3}
 GATES = {"lstm": 4, "gru": 3}
 # --floors: the kernel's skip bits (kernels/mode_persist.cu) after step 0, each a run whose results are wrong
 FLOORS = ((1, "no h copies"), (2, "no weight copies"), (3, "neither"), (4, "no wgmma (copies and slot handshakes)"),
@@ -268,7 +271,7 @@ class Case:
                 np.uint64(0) if self.bias_n is None else self.bias_n,
                 np.int32(self.B), np.int32(self.H), np.int32(self.T), np.uint32(primary),
                 np.uint32(weight.nbytes), np.uint64(0), np.int32(0))
-        threads = 320 if feed == "duo" else 288
+        threads = 256 + 32 * FEEDS[feed]
         if not split:
             return Launch(function, (self.H // UB,), smem, args, self.counter, self.hbuf, threads)
         return Overlapped(cupy, self, function, (self.H // UB,), smem, args, wx, xin, split, beside, threads)
@@ -386,7 +389,7 @@ def main() -> None:
                     help="time only the floor of these skip bits (e.g. 7: the handshakes alone), every launch after "
                          "the check (for Nsight Compute's source view of a floor)")
     ap.add_argument("--feed", action="append", default=None,
-                    help="only the entries of these feeds: one (one producer), duo (default: both)")
+                    help="only the entries of these feeds: one (one producer), duo, trio (default: all)")
     ap.add_argument("--first", action="store_true",
                     help="also the whole layer with the projection made first, on the kernel's stream (with each "
                          "evict_last share)")

@@ -11,7 +11,7 @@
 // UB blk + r / G (the weight and the projection permuted so; the weight in base.chunked's layout, blocks of ROWS rows:
 // a chunk of them one copy). A step:
 // - the product of h (in the wgmma products' tiles, two versions: step t reads version t % 2) by the block's rows,
-//   through a ring of STAGES slots that a producer warp fills (warp 8: its first lane), or with DUO two (warp 9's
+//   through a ring of STAGES slots that a producer warp fills (warp 8: its first lane), or with FEEDS 2 two (warp 9's
 //   first lane copies h, warp 8's the weight: one thread issuing both bounded the step: NOTES 14:51). The weight
 //   copies run ahead into the next step as slots free up; only the copies of h wait for the grid-wide arrival counter.
 //   Each of the two warpgroups multiplies every other chunk by all ROWS rows (m64nROWSk16, PersistMma).
@@ -127,7 +127,7 @@ PERSIST_MMA(RNN_FP16, "f16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
 #define PERSIST_LSTM 1
 #define PERSIST_GRU 2
 
-template <int MODE, int UB, int STAGES, bool FAST, int CELL, bool DUO>
+template <int MODE, int UB, int STAGES, bool FAST, int CELL, int FEEDS>
 __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, const unsigned char* __restrict__ weight,
                                                   unsigned short* __restrict__ hbuf, float* __restrict__ out,
                                                   unsigned* __restrict__ counter, const unsigned* __restrict__ projected_steps,
@@ -165,20 +165,24 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
     unsigned short* const staged16 = reinterpret_cast<unsigned short*>(staged + 64 * UB);
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            rnn_bar_init(full + 8 * s, DUO ? 2 : 1);          // DUO: each producer posts its own bytes
+            rnn_bar_init(full + 8 * s, FEEDS > 1 ? 2 : 1);    // FEEDS > 1: the weight's and h's producers post their
+                                                              // own bytes
             rnn_bar_init(done + 8 * s, 4);       // a slot's chunk is one warpgroup's: a lane of each of its warps
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (DUO && (tid == MMA || tid == MMA + 32)) {
-        // DUO: two producers, one thread each. Warp 8 copies the weight's chunks; warp 9 copies h's, once the grid's
-        // count passes the step. One thread issuing both copies and the slot handshakes ran ~100 dependent
-        // instructions a chunk, about the product's whole time (NOTES 2026-11-28 14:51); each now issues half. Each
-        // posts its own copy's bytes on the slot's barrier before the copy (two arrivals a phase). With the weight producer posting both copies' bytes, a bf16 run hung (the fp16 one
-        // passed): an h copy's bytes landing before they were posted drive the barrier's count of pending bytes below
-        // zero, which this design does not rely on.
+    if (FEEDS > 1 && (tid == MMA || tid == MMA + 32 || (FEEDS == 3 && tid == MMA + 64))) {
+        // FEEDS 2 (duo): two producers, one thread each. Warp 8 copies the weight's chunks; warp 9 copies h's, once
+        // the grid's count passes the step. One thread issuing both copies and the slot handshakes ran ~100
+        // dependent instructions a chunk, about the product's whole time (NOTES 2026-11-28 14:51); each now issues
+        // half. Each posts its own copy's bytes on the slot's barrier before the copy (two arrivals a phase). With
+        // the weight producer posting both copies' bytes, a bf16 run hung (the fp16 one passed): an h copy's bytes
+        // landing before they were posted drive the barrier's count of pending bytes below zero, which this design
+        // does not rely on. FEEDS 3 (trio): warp 10 copies the weight's odd chunks, warp 8 its even ones (written
+        // after the duo's runs; NOTES 2026-11-28 15:04).
         const bool h_feed = tid == MMA + 32;
+        const int odd = FEEDS == 3 && tid == MMA + 64;   // FEEDS 3: this weight producer's chunks, c % 2
         const unsigned region = chunks * WBYTES;
         const unsigned char* const w_src = weight + (long)blk * region;
         unsigned long long policy = 0;
@@ -199,11 +203,12 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
             if (h_feed && tracing) trace[6 * t] = persist_clock();
             for (int c = 0; c < chunks; ++c) {
                 const unsigned at = base + s * SLOT, bar = full + 8 * s;
-                if (g >= STAGES) rnn_bar_wait(done + 8 * s, phase ^ 1);
+                const bool mine = h_feed || FEEDS == 2 || (c & 1) == odd;     // FEEDS 3: half the weight's chunks
+                if (mine && g >= STAGES) rnn_bar_wait(done + 8 * s, phase ^ 1);
                 if (h_feed) {
                     rnn_bar_expect(bar, no_h ? 0 : RNN_TILE_BYTES);
                     if (!no_h) rnn_bulk_copy(at + WBYTES, h_src + (long)c * RNN_TILE_BYTES, RNN_TILE_BYTES, bar);
-                } else {
+                } else if (mine) {
                     rnn_bar_expect(bar, no_w ? 0 : WBYTES);
                     if (!no_w) {
                         const unsigned char* const w = w_src + (long)c * WBYTES;
@@ -218,7 +223,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                 }
             }
         }
-    } else if (!DUO && tid == MMA) {             // the producer
+    } else if (FEEDS == 1 && tid == MMA) {       // the producer
         // The block's rows, chunk by chunk (one copy each), the first `primary` bytes of them evict_last and the rest
         // evict_first: every block keeps the same share in L2, since the step waits for the slowest (0: plain).
         const unsigned region = chunks * WBYTES;
@@ -280,7 +285,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
         for (int k = 0; k < CELLS; ++k) state[PAIRS ? 0 : k] = 0.0f;
         const float bn = CELL == PERSIST_GRU ? bias_n[blk * UB + lane] : 0.0f;    // the GRU's b_hn of this unit
         int projected = projected_steps == nullptr ? T : 0;     // steps whose projection is known written
-        // DUO: this warpgroup's next slot and its phase (chunks and STAGES even: its chunks keep the slots' parity
+        // FEEDS > 1: this warpgroup's next slot and its phase (chunks and STAGES even: its chunks keep the slots' parity
         // w), the slot of its last chunk, the descriptors of slot 0's h tile and weight rows
         unsigned slot = w, phase = 0, last = w;
         const unsigned long long h_desc = rnn_wgmma_desc(base + WBYTES), w_desc = rnn_wgmma_desc(base);
@@ -308,7 +313,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                 }
             }
             const bool bare = t > 0 && (skip & 8), idle = t > 0 && (skip & 4);     // the probe's floors
-            if constexpr (DUO) {
+            if constexpr (FEEDS > 1) {
                 // The loop below with its slot and phase carried from chunk to chunk and the descriptors' start
                 // fields moved by the slot's offset (a descriptor's low 14 bits are the address / 16, and shared
                 // memory ends below 2^18): a few percent on its own (NOTES 2026-11-28 14:51).
@@ -468,33 +473,37 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
     }
 }
 
-// The entries: mode_persist_<mode>[_gru: PERSIST_GRU]_<UB>_<STAGES>[_fast: FAST][_staged: PERSIST_LSTM][_duo: DUO];
-// the LSTM's otherwise PERSIST_PAIRS. 288 threads (DUO 320): two MMA warpgroups and the producer warp(s), so 168
+// The entries: mode_persist_<mode>[_gru: PERSIST_GRU]_<UB>_<STAGES>[_fast: FAST][_staged: PERSIST_LSTM][_duo, _trio:
+// FEEDS 2, 3]; the LSTM's otherwise PERSIST_PAIRS. 256 threads and a warp a producer (288, 320, 352): so 168
 // registers a thread (three warps share one of the SM's four register files). A second accumulator a warpgroup (the odd
 // k steps of a chunk into it: two dependent wgmma chains, not one) left the product as slow and spilled the math's
 // registers: NOTES 2026-11-28 13:40. bias_n: the GRU's b_hn (H), null for the LSTM.
-#define MODE_PERSIST(NAME, MODE, UB, STAGES, FAST, CELL, DUO)                                                      \
-    extern "C" __global__ void __launch_bounds__(DUO ? 320 : 288, 1) NAME(                                         \
+#define MODE_PERSIST(NAME, MODE, UB, STAGES, FAST, CELL, FEEDS)                                                    \
+    extern "C" __global__ void __launch_bounds__(256 + 32 * FEEDS, 1) NAME(                                        \
         const float* __restrict__ xp, const unsigned char* __restrict__ weight, unsigned short* __restrict__ hbuf,  \
         float* __restrict__ out, unsigned* __restrict__ counter, const unsigned* __restrict__ projected_steps,      \
         const float* __restrict__ bias_n, const int R, const int H, const int T, const unsigned primary,           \
         const unsigned weight_bytes, unsigned long long* __restrict__ trace, const int skip)                        \
     {                                                                                                               \
-        mode_persist_body<MODE, UB, STAGES, FAST, CELL, DUO>(xp, weight, hbuf, out, counter, projected_steps,     \
+        mode_persist_body<MODE, UB, STAGES, FAST, CELL, FEEDS>(xp, weight, hbuf, out, counter, projected_steps,     \
                                                               bias_n, R, H, T, primary, weight_bytes, trace, skip); \
     }
-MODE_PERSIST(mode_persist_bfloat16_32_8, RNN_BF16, 32, 8, false, PERSIST_PAIRS, false)
-MODE_PERSIST(mode_persist_bfloat16_32_8_fast, RNN_BF16, 32, 8, true, PERSIST_PAIRS, false)
-MODE_PERSIST(mode_persist_float16_32_8, RNN_FP16, 32, 8, false, PERSIST_PAIRS, false)
-MODE_PERSIST(mode_persist_bfloat16_32_8_staged, RNN_BF16, 32, 8, false, PERSIST_LSTM, false)
-MODE_PERSIST(mode_persist_float16_32_8_staged, RNN_FP16, 32, 8, false, PERSIST_LSTM, false)
-MODE_PERSIST(mode_persist_bfloat16_gru_32_8, RNN_BF16, 32, 8, false, PERSIST_GRU, false)
-MODE_PERSIST(mode_persist_float16_gru_32_8, RNN_FP16, 32, 8, false, PERSIST_GRU, false)
-MODE_PERSIST(mode_persist_bfloat16_32_8_duo, RNN_BF16, 32, 8, false, PERSIST_PAIRS, true)
-MODE_PERSIST(mode_persist_float16_32_8_duo, RNN_FP16, 32, 8, false, PERSIST_PAIRS, true)
-MODE_PERSIST(mode_persist_bfloat16_gru_32_8_duo, RNN_BF16, 32, 8, false, PERSIST_GRU, true)
-MODE_PERSIST(mode_persist_float16_gru_32_8_duo, RNN_FP16, 32, 8, false, PERSIST_GRU, true)
-MODE_PERSIST(mode_persist_bfloat16_32_8_staged_duo, RNN_BF16, 32, 8, false, PERSIST_LSTM, true)
+MODE_PERSIST(mode_persist_bfloat16_32_8, RNN_BF16, 32, 8, false, PERSIST_PAIRS, 1)
+MODE_PERSIST(mode_persist_bfloat16_32_8_fast, RNN_BF16, 32, 8, true, PERSIST_PAIRS, 1)
+MODE_PERSIST(mode_persist_float16_32_8, RNN_FP16, 32, 8, false, PERSIST_PAIRS, 1)
+MODE_PERSIST(mode_persist_bfloat16_32_8_staged, RNN_BF16, 32, 8, false, PERSIST_LSTM, 1)
+MODE_PERSIST(mode_persist_float16_32_8_staged, RNN_FP16, 32, 8, false, PERSIST_LSTM, 1)
+MODE_PERSIST(mode_persist_bfloat16_gru_32_8, RNN_BF16, 32, 8, false, PERSIST_GRU, 1)
+MODE_PERSIST(mode_persist_float16_gru_32_8, RNN_FP16, 32, 8, false, PERSIST_GRU, 1)
+MODE_PERSIST(mode_persist_bfloat16_32_8_duo, RNN_BF16, 32, 8, false, PERSIST_PAIRS, 2)
+MODE_PERSIST(mode_persist_float16_32_8_duo, RNN_FP16, 32, 8, false, PERSIST_PAIRS, 2)
+MODE_PERSIST(mode_persist_bfloat16_gru_32_8_duo, RNN_BF16, 32, 8, false, PERSIST_GRU, 2)
+MODE_PERSIST(mode_persist_float16_gru_32_8_duo, RNN_FP16, 32, 8, false, PERSIST_GRU, 2)
+MODE_PERSIST(mode_persist_bfloat16_32_8_staged_duo, RNN_BF16, 32, 8, false, PERSIST_LSTM, 2)
+MODE_PERSIST(mode_persist_bfloat16_32_8_trio, RNN_BF16, 32, 8, false, PERSIST_PAIRS, 3)
+MODE_PERSIST(mode_persist_float16_32_8_trio, RNN_FP16, 32, 8, false, PERSIST_PAIRS, 3)
+MODE_PERSIST(mode_persist_bfloat16_gru_32_8_trio, RNN_BF16, 32, 8, false, PERSIST_GRU, 3)
+MODE_PERSIST(mode_persist_float16_gru_32_8_trio, RNN_FP16, 32, 8, false, PERSIST_GRU, 3)
 #undef MODE_PERSIST
 
 // One more piece of the projection written, `steps` steps (a thread, on the projection's stream after the piece's

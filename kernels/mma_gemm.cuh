@@ -160,18 +160,19 @@ __device__ __forceinline__ void rnn_stage_chunk(T* __restrict__ dst, int ld, con
     }
 }
 
-// How a block's warps cover one GEMM: tm x tn warp tiles of WM x WN MMA tiles; K split `split` ways when the
-// warp tiles are fewer than the warps, else `passes` rounds of warp tiles.
+// How a block's warps (its MMA warps: all of them, or all but the bulk pipeline's producer warp) cover one GEMM:
+// tm x tn warp tiles of WM x WN MMA tiles; K split `split` ways when the warp tiles are fewer than the warps, else
+// `passes` rounds of warp tiles.
 template <int WM, int WN>
 struct RnnWarpTiles {
     int mt, nt, tn, groups, split, passes;
-    __device__ RnnWarpTiles(int B, int NC)
+    __device__ RnnWarpTiles(int B, int NC) : RnnWarpTiles(B, NC, blockDim.x >> 5) {}
+    __device__ RnnWarpTiles(int B, int NC, int warps)
     {
         mt = (B + 15) / 16;
         nt = (NC + 7) / 8;
         tn = (nt + WN - 1) / WN;
         groups = (mt + WM - 1) / WM * tn;
-        const int warps = blockDim.x >> 5;
         split = groups >= warps ? 1 : warps / groups;
         passes = split > 1 ? 1 : (groups + warps - 1) / warps;
     }
@@ -293,11 +294,11 @@ __device__ __forceinline__ void rnn_store_mma(const Job& J, const RnnWarpTiles<W
     __syncthreads();                                   // red may be written again by the next GEMM
 }
 
-// Chunks of one GEMM in a stage's stream: its K chunks, once per pass over its warp tiles.
+// Chunks of one GEMM in a stage's stream: its K chunks, once per pass over its warp tiles (of `warps` MMA warps).
 template <int WM, int WN, int KC, typename Job>
-__device__ __forceinline__ int rnn_chunk_count_mma(const Job& J, int B)
+__device__ __forceinline__ int rnn_chunk_count_mma(const Job& J, int B, int warps)
 {
-    return RnnWarpTiles<WM, WN>(B, J.NC).passes * ((J.K + KC - 1) / KC);
+    return RnnWarpTiles<WM, WN>(B, J.NC, warps).passes * ((J.K + KC - 1) / KC);
 }
 
 // Stages the chunk under the cursor `at` into `slot`: X rows (in the mode's X format), and W rows when W is not
@@ -316,7 +317,8 @@ __device__ __forceinline__ void rnn_stage_next_mma(const RnnMmaJob<MODE> (&jobs)
         rnn_stage_chunk<WT, VEC == 4, KC>(reinterpret_cast<WT*>(slot + x_floats), rnn_wstride<MODE>(KC), J.W, J.K, J.NC,
                                           k0, kc, kcp);
     if (++at.chunk * KC >= J.K) at.chunk = 0;
-    if (--at.left == 0 && ++at.job < N) at.left = rnn_chunk_count_mma<WM, WN, KC>(rnn_select(jobs, at.job), B);
+    if (--at.left == 0 && ++at.job < N)
+        at.left = rnn_chunk_count_mma<WM, WN, KC>(rnn_select(jobs, at.job), B, blockDim.x >> 5);
 }
 
 // Hopper's bulk copies and transaction barriers (PTX ISA, "cp.async.bulk", "mbarrier"): a thread copies a
@@ -370,14 +372,15 @@ __device__ __forceinline__ unsigned long long rnn_keep_policy(float fraction)
     return policy;
 }
 
-// The bulk pipeline's barriers, once a launch (kernel entry, before the first stage): full[s] counts thread 0's
-// expect_tx arrival and the bytes of slot s, empty[s] one arrival a warp. A barrier is initialised once and every
+// The bulk pipeline's barriers, once a launch (kernel entry, before the first stage): full[s] counts the producer's
+// expect_tx arrival and the bytes of slot s, empty[s] one arrival an MMA warp (PW: the producer warps, not counted).
+// A barrier is initialised once and every
 // fill of a slot waits for the release of the previous fill, across calls too (a fresh empty barrier counts as
 // released: waiting on the parity of its phase "-1" returns at once). Fill u of slot s (counted over the launch)
 // lands in phase u of full[s] and is released in phase u of empty[s]; each call starts its slots at s = 0, so it
 // only needs the parity of the fills each slot has had so far: bit s of the int at byte 124. The first 128
 // bytes of the staging area: full[s] at 8 s, empty[s] at 8 (STAGES + s), the parity bits at byte 124.
-template <int STAGES>
+template <int STAGES, int PW = 0>
 __device__ __forceinline__ void rnn_bulk_init(float* smem)
 {
     static_assert(STAGES <= 7, "the barriers and the parity bits share 128 bytes");
@@ -386,7 +389,7 @@ __device__ __forceinline__ void rnn_bulk_init(float* smem)
         const unsigned bars = (unsigned)__cvta_generic_to_shared(smem);
         for (int s = 0; s < STAGES; ++s) {
             rnn_bar_init(bars + 8 * s, 1);
-            rnn_bar_init(bars + 8 * (STAGES + s), blockDim.x >> 5);
+            rnn_bar_init(bars + 8 * (STAGES + s), (blockDim.x >> 5) - PW);
         }
         reinterpret_cast<int*>(smem)[31] = 0;          // no fills yet
     }
@@ -406,12 +409,13 @@ __device__ __forceinline__ long rnn_chunked(long block, int b, int k, int B, int
     return ((block * (K / KC) + k / KC) * B + b) * (long)KC + (((w >> 3) ^ (b & 7)) << 3) + (w & 7);
 }
 
-// Thread 0 stages the chunk under the cursor into the slot at shared address `at`: X rows B x KC of the
-// chunked 16-bit copy, and W rows ncs x KC of the chunked weight when W is not resident, one bulk copy each; the
-// full barrier `bar` expects their bytes. Moves the cursor.
+// The producer (thread 0, or the producer warp's first lane) stages the chunk under the cursor into the slot at
+// shared address `at`: X rows B x KC of the chunked 16-bit copy, and W rows ncs x KC of the chunked weight when W is
+// not resident, one bulk copy each; the full barrier `bar` expects their bytes. Moves the cursor (`warps`: the MMA
+// warps, whose passes the chunk stream repeats).
 template <int MODE, int WM, int WN, int KC, int N>
 __device__ __forceinline__ void rnn_bulk_stage(const RnnMmaJob<MODE> (&jobs)[N], RnnCursor& cur, unsigned at, int x_bytes,
-                                               int B, int ncs, unsigned bar, unsigned long long keep)
+                                               int B, int ncs, unsigned bar, unsigned long long keep, int warps)
 {
     using WT = typename RnnWeight<MODE>::type;
     using XT = typename RnnX<MODE>::type;
@@ -421,29 +425,33 @@ __device__ __forceinline__ void rnn_bulk_stage(const RnnMmaJob<MODE> (&jobs)[N],
     rnn_bulk_copy(at, J.X + (long)cur.chunk * B * KC, xb, bar);
     if (wb) rnn_bulk_copy(at + x_bytes, J.W + (long)cur.chunk * ncs * KC, wb, bar, keep);
     if (++cur.chunk * KC >= J.K) cur.chunk = 0;
-    if (--cur.left == 0 && ++cur.job < N) cur.left = rnn_chunk_count_mma<WM, WN, KC>(rnn_select(jobs, cur.job), B);
+    if (--cur.left == 0 && ++cur.job < N) cur.left = rnn_chunk_count_mma<WM, WN, KC>(rnn_select(jobs, cur.job), B, warps);
 }
 
 // Every GEMM of one stage on tensor cores: the pipeline of rnn_tile_gemms with warps for threads.
 //
 // BULK (fp16 / bf16 on sm_90, every K a multiple of KC, operands in the chunked layout above): Hopper's pipeline.
-// Thread 0 stages chunk g + STAGES - 1 with one bulk copy of X (and one of W) while every warp multiplies chunk g;
+// A producer stages chunk g + STAGES - 1 with one bulk copy of X (and one of W) while the MMA warps multiply chunk g;
 // a warp waits on the slot's full barrier (its bytes have landed) and releases the slot on its empty barrier (one
-// arrival a warp), which thread 0 waits on before refilling it. No block-wide barrier per chunk: a warp
-// runs ahead of the slowest by up to STAGES - 1 chunks. Otherwise every thread issues 16-byte cp.async copies of
-// rows of a padded stride (or plain loads) and the block meets at a barrier per chunk.
+// arrival an MMA warp), which the producer waits on before refilling it. No block-wide barrier per chunk: a warp
+// runs ahead of the slowest by up to STAGES - 1 chunks. PW = 0: the producer is thread 0, between its own MMAs; PW = 1:
+// the block's last warp only feeds the ring (its first lane issues; the warp keeps to the block's barriers), so the
+// refills wait on nobody's MMAs (the one-launch layer's step shrank by a tenth to a quarter with a feed of its own:
+// benchmarks/NOTES.md 2026-11-28 14:51). Otherwise every thread issues 16-byte cp.async copies of rows of a padded
+// stride (or plain loads) and the block meets at a barrier per chunk.
 //
 // Shared memory (floats, from smem): 32 floats of barriers and parity bits (BULK, rnn_bulk_init); STAGES slots
 // of an X chunk (round_up(B, 16) rows of rnn_xstride(KC) elements, KC when BULK) and, when some weight is streamed,
 // a W chunk (ncs rows of rnn_wstride(KC) elements, KC when BULK, rounded up to 16 bytes); then the split-K partial
 // sums (blockDim * WM * WN * 4 floats).
-template <int MODE, int WM, int WN, int VEC, int STAGES, int KC, bool BULK_ASKED, int N>
+template <int MODE, int WM, int WN, int VEC, int STAGES, int KC, bool BULK_ASKED, int PW = 0, int N = 1>
 __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __restrict__ smem, int ncs, float w_keep = 1.0f)
 {
     using WT = typename RnnWeight<MODE>::type;
     using XT = typename RnnX<MODE>::type;
     constexpr bool BULK = BULK_ASKED && RNN_BULK;
     static_assert(!BULK || (!rnn_tf32_mma(MODE) && KC % 64 == 0), "the bulk pipeline copies 16-bit X in chunks of 64 columns");
+    static_assert(PW == 0 || (PW == 1 && BULK_ASKED), "a producer warp feeds the bulk pipeline only");
     constexpr int ldx = BULK ? KC : rnn_xstride<MODE>(KC), ldws = BULK ? KC : rnn_wstride<MODE>(KC);
     const int x_floats = rnn_round_up(B, 16) * ldx * (int)sizeof(XT) / 4;
     const int slot_floats = x_floats + (int)((ncs * ldws * sizeof(WT) + 15) / 16 * 4);
@@ -451,27 +459,59 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
     int* parity = reinterpret_cast<int*>(smem) + 31;                      // BULK: bit s = fills of slot s so far, mod 2
     float* slots = smem + 32;
     float* red = slots + STAGES * slot_floats;
-    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    // warps: the MMA warps (the producer warp, PW, is the block's last)
+    const int warp = threadIdx.x >> 5, warps = (blockDim.x >> 5) - (BULK ? PW : 0), lane = threadIdx.x & 31;
     const unsigned slots_at = (unsigned)__cvta_generic_to_shared(slots);
     int total = 0;
 #pragma unroll
-    for (int j = 0; j < N; ++j) total += rnn_chunk_count_mma<WM, WN, KC>(jobs[j], B);
-    RnnCursor at{0, 0, rnn_chunk_count_mma<WM, WN, KC>(jobs[0], B)};
-    unsigned long long keep = 0;                       // thread 0's L2 policy for streamed weights (BULK)
+    for (int j = 0; j < N; ++j) total += rnn_chunk_count_mma<WM, WN, KC>(jobs[j], B, warps);
+    RnnCursor at{0, 0, rnn_chunk_count_mma<WM, WN, KC>(jobs[0], B, warps)};
+    unsigned long long keep = 0;                       // the producer's L2 policy for streamed weights (BULK)
 
     __syncthreads();                                   // nobody still reads what the slots held before
     // BULK: chunk g of this call is fill g / STAGES of slot g % STAGES in this call; the phase of that fill in the
     // slot's barriers has parity (bit s of `parity` + g / STAGES) % 2 (rnn_bulk_init).
     const int bits = BULK ? *parity : 0;
     auto phase = [bits](int g) { return (unsigned)(((bits >> (g % STAGES)) + g / STAGES) & 1); };
-    if constexpr (BULK) {
+    if constexpr (BULK && PW == 1) {
+        if (warp == warps) {
+            // The producer warp: every chunk of the call in order, each once its slot's previous fill is released.
+            // Before a GEMM's split-K sums meet (rnn_store_mma's two block barriers) it stages up to STAGES - 1
+            // chunks past that GEMM, whose slots the MMA warps release before they reach the barriers, then takes
+            // its share of the sums; so the barriers never wait on a release that comes after them.
+            if (lane == 0) {
+                keep = rnn_keep_policy(w_keep);
+                asm volatile("fence.proxy.async;\n" ::: "memory");   // X written by every block (generic), bulk reads
+            }
+            int issued = 0, end = 0;
+            float none[WM][WN][4] = {};
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                const RnnMmaJob<MODE>& J = jobs[i];
+                const RnnWarpTiles<WM, WN> tl(B, J.NC, warps);
+                end += tl.passes * ((J.K + KC - 1) / KC);
+                const int upto = tl.split > 1 ? min(total, end + STAGES - 1) : end;
+                if (lane == 0) {
+                    for (; issued < upto; ++issued) {
+                        const int sn = issued % STAGES;
+                        rnn_bar_wait(bars + 8 * (STAGES + sn), phase(issued) ^ 1);
+                        rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + sn * slot_floats * 4, x_floats * 4, B, ncs,
+                                                         bars + 8 * sn, keep, warps);
+                    }
+                }
+                issued = upto;
+                __syncwarp();
+                if (tl.split > 1) rnn_store_mma<WM, WN>(J, tl, none, B, 0, 0, false, red);
+            }
+        }
+    } else if constexpr (BULK) {
         if (threadIdx.x == 0) {
             keep = rnn_keep_policy(w_keep);
             asm volatile("fence.proxy.async;\n" ::: "memory");   // X written by every block (generic), then bulk reads
             for (int g = 0; g < STAGES - 1 && g < total; ++g) {
                 rnn_bar_wait(bars + 8 * (STAGES + g), phase(g) ^ 1);   // the slot's previous fill is released
                 rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + g * slot_floats * 4, x_floats * 4, B, ncs, bars + 8 * g,
-                                                 keep);
+                                                 keep, warps);
             }
         }
     } else {
@@ -484,8 +524,9 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
     int g = 0;
 #pragma unroll
     for (int i = 0; i < N; ++i) {                      // unrolled: jobs[i] and its tiling stay in registers
+        if (BULK && PW == 1 && warp == warps) break;   // the producer warp fed the ring above
         const RnnMmaJob<MODE>& J = jobs[i];
-        const RnnWarpTiles<WM, WN> tl(B, J.NC);
+        const RnnWarpTiles<WM, WN> tl(B, J.NC, warps);
         const int chunks = (J.K + KC - 1) / KC;
         const bool resident = J.Ws != nullptr;
         const int ldxb = ldx * (int)sizeof(XT), ldwb = (resident ? rnn_wstride<MODE>(J.K) : ldws) * (int)sizeof(WT);
@@ -502,11 +543,11 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
             for (int chunk = 0; chunk < chunks; ++chunk, ++g) {
                 const int s = g % STAGES, next = g + STAGES - 1;
                 if constexpr (BULK) {
-                    if (threadIdx.x == 0 && next < total) {   // refill the slot of chunk g - 1 once every warp is done
-                        const int sn = next % STAGES;
+                    if (PW == 0 && threadIdx.x == 0 && next < total) {   // refill the slot of chunk g - 1 once every
+                        const int sn = next % STAGES;                    // warp is done
                         rnn_bar_wait(bars + 8 * (STAGES + sn), phase(next) ^ 1);
                         rnn_bulk_stage<MODE, WM, WN, KC>(jobs, at, slots_at + sn * slot_floats * 4, x_floats * 4, B, ncs,
-                                                         bars + 8 * sn, keep);
+                                                         bars + 8 * sn, keep, warps);
                     }
                     rnn_bar_wait(bars + 8 * s, phase(g));     // chunk g has landed
                 } else {

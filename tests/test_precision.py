@@ -12,7 +12,8 @@ from engine.codegen.precision import precision as lookup
 from engine.compiler import make_plan
 from engine.errors import BackendError, CompileError
 from engine.rounding import round_operand, weight_bits
-from engine.schedules.tiling import H100, TileConfig, make_tiling, weight_floats, weight_stride
+from engine.schedules.staging import weight_floats, weight_stride
+from engine.schedules.tiling import H100, TileConfig, make_tiling
 
 
 def f32(bits: int) -> float:

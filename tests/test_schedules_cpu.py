@@ -38,6 +38,7 @@ from engine.compiler import compile_program, make_plan
 from engine.dense import wavefront_network
 from engine.errors import CompileError
 from engine.schedules import autotune
+from engine.schedules.report import staging_text
 from engine.schedules.tiling import H100, DeviceLimits, TileConfig, eligibility, make_tiling
 
 # Every preset the wavefront schedules take: not LSTMP (values of size P), refused by name in test_projection.py.
@@ -394,7 +395,17 @@ def test_the_bulk_pipeline_needs_16_bits_sm90_and_whole_chunks(precision, sizes,
         tiled = make_tiling(program, network, 19, TileConfig(), limits, persistent=persistent)
         text = render_wavefront(program, network, tiled)
         entries = len(kernel_entries(text))
-        assert text.count("    rnn_bulk_init<STAGES>(smem + SCRATCH);") == (entries if bulk else 0)
+        assert text.count("    rnn_bulk_init<STAGES, PRODUCER_WARPS>(smem + SCRATCH);") == (entries if bulk else 0)
+    # The bulk pipeline's feed warp: one warp past the MMA warps, counted in the block's threads (kernels/mma_gemm.cuh
+    # rnn_mma_gemms, PW); TileConfig(feed_warp=False) leaves thread 0 feeding the ring between its MMAs.
+    fed = make_tiling(program, network, 19, TileConfig(feed_warp=False), limits)
+    assert tiling.producer_warps == int(bulk) and fed.producer_warps == 0
+    assert tiling.config.threads == fed.config.threads + 32 * int(bulk)
+    assert f"constexpr int PRODUCER_WARPS = {int(bulk)};" in source
+    assert (("a warp of its own" in staging_text(tiling)) == bulk and "a warp of its own" not in staging_text(fed)
+            and ("thread 0 moves" in staging_text(fed)) == bulk)
+    given = make_tiling(program, network, 19, TileConfig(threads=64), limits)   # room for one MMA warp only
+    assert given.producer_warps == 0 and given.config.threads == 64
 
 
 def test_the_chunked_layout_is_rnn_chunked_and_keeps_bank_groups_apart():

@@ -10,7 +10,7 @@ from ..c_names import ascii_identifiers, kernel_prefix
 from ..codegen.cuda import CELL_HELPERS, helper_source
 from ..codegen.precision import precision
 from ..codegen.wavefront import MODE_NAMES, TILE_GEMM_HELPER
-from ..schedules.tiling import weight_stride
+from ..schedules.staging import weight_stride
 from .fused_codegen import declare
 from .fused_plan import TrainingPlan
 from .persistent_items import head_on_tensor_cores, head_stride, item_lines

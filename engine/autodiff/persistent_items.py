@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..codegen.precision import precision
 from ..codegen.wavefront import MODE_NAMES, gemv_ksteps
-from ..schedules.tiling import weight_stride
+from ..schedules.staging import weight_stride
 from .fused_codegen import element, gemm_loads, statement_body, statement_expr, store_lines, var
 from .persistent_plan import CG, GEMV_MAX_ROWS, RW, THREADS, Item, PersistentPlan, row_stride
 

@@ -182,7 +182,8 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
         elif tiling.cluster:
             lines.append(f"{indent}    rnn_mma_gemms_local<{MODE_NAMES[prec.mode]}, WM, WN>(jobs, B, smem + SCRATCH + X_LOCAL);")
         elif tiling.mma:
-            lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK>(jobs, B, "
+            lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK, "
+                         "PRODUCER_WARPS>(jobs, B, "
                          "smem + SCRATCH, NC_STREAMED, W_KEEP);")
         else:
             lines.append(f"{indent}    rnn_tile_gemms<RB, RC, {vec}, STAGES, K_CHUNK>(jobs, B, smem + SCRATCH, NC_STREAMED);")
@@ -367,7 +368,9 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                    f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}",
                    f"constexpr bool BULK = {'true' if tiling.bulk else 'false'};      // chunks staged by bulk copies "
                    "of chunked operands (mma_gemm.cuh)",
-                   f"constexpr float W_KEEP = {tiling.l2_keep}f;      // share of streamed weights kept in L2 (BULK)"]
+                   f"constexpr float W_KEEP = {tiling.l2_keep}f;      // share of streamed weights kept in L2 (BULK)",
+                   f"constexpr int PRODUCER_WARPS = {tiling.producer_warps};   // BULK: warps that only feed the ring "
+                   "(the block's last)"]
                   if tiling.mma else
                   [f"constexpr int RB = {tiling.config.rows_per_thread}, RC = {tiling.config.cols_per_thread};"
                    "          // accumulator tile of a thread"]) + [
@@ -439,7 +442,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                    "    const int tu = min(UNITS, H - u0);             // units of this block (the last may have fewer)",
                    "    const LayerArgs& L = layers[layer];"]
     if tiling.bulk:
-        block_setup.append("    rnn_bulk_init<STAGES>(smem + SCRATCH);        // the bulk pipeline's barriers, once a launch")
+        block_setup.append("    rnn_bulk_init<STAGES, PRODUCER_WARPS>(smem + SCRATCH);   // the bulk pipeline's "
+                           "barriers, once a launch")
     if tiling.cluster:
         block_setup = block_setup[:-1] + cluster_source.ARGS
     if tiling.persistent:

@@ -195,7 +195,9 @@ def staging_text(tiling: Tiling) -> str:
     if tiling.bulk:
         keep = "" if tiling.l2_keep >= 1 else (f"; {tiling.l2_keep:.0%} of the streamed weights marked to stay in "
                                                "L2")
-        return (f"the cell code writes a 16-bit copy of every GEMM input, chunk by chunk; thread 0 moves each "
+        feeder = ("a warp of its own (the block's last, which does no MMA)" if tiling.producer_warps else
+                  "thread 0")
+        return (f"the cell code writes a 16-bit copy of every GEMM input, chunk by chunk; {feeder} moves each "
                 f"chunk of {tiling.k_chunk} columns with one bulk copy (cp.async.bulk) into a {tiling.stages}-slot "
                 f"ring, and the warps wait on the slot's mbarrier instead of a block barrier{keep}")
     what = ("16-bit copies of X" if tiling.mma and lookup_precision(tiling.precision).weight_bytes == 2 else

@@ -25,8 +25,17 @@ from ..network import Network
 from ..plan import Program
 from . import cluster as cluster_mode
 from .heads import gemm_heads, head_sync
+from .staging import (
+    BULK_CHUNK,
+    FLOAT_BYTES,
+    mma_scratch,
+    mma_warps,
+    round_up,
+    tile_scratch,
+    weight_floats,
+    x_stride,
+)
 
-FLOAT_BYTES = 4
 GEMV_MAX_ROWS = 4                      # batches up to this use rnn_warp_gemvs (X in registers), larger rnn_tile_gemms
 MAX_THREADS = 1024
 # (K columns per chunk, pipeline depth), chunks of at least 64 columns first (a barrier per chunk), then the
@@ -82,6 +91,7 @@ class TileConfig:
     #                                    "cluster" (cluster.py); None: "layer" for the warp GEMV of small batches with
     #                                    several layers a launch (`lat`: 8-17% faster, H100), else "grid" (`blogB`)
     wgmma: bool | None = None          # sync="cluster": step GEMMs on wgmma, weights in registers (None: where it can)
+    feed_warp: bool = True             # bulk: one more warp feeds the ring (False: thread 0, between its own MMAs)
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
@@ -94,7 +104,8 @@ class TileConfig:
                 + ("" if self.warp_tile is None else f" warp={self.warp_tile[0]}x{self.warp_tile[1]}")
                 + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}")
                 + ("" if self.sync is None else f" sync={self.sync}")
-                + ("" if self.wgmma is None else f" wgmma={'on' if self.wgmma else 'off'}"))
+                + ("" if self.wgmma is None else f" wgmma={'on' if self.wgmma else 'off'}")
+                + ("" if self.feed_warp else " feed=thread0"))
 
 
 @dataclass(frozen=True)
@@ -141,6 +152,7 @@ class Tiling:
     local_y: tuple = ()                # sync="cluster": the step GEMMs' outputs in shared memory (cluster.LocalY)
     wgmma: tuple[int, int, int] = (0, 0, 0)   # sync="cluster": the wgmma path's (tiles, parts, k steps a part), or 0s
     y_shared: tuple = ()               # the step GEMMs' outputs in shared memory (shared_outputs.py): (name, at, ld)
+    producer_warps: int = 0            # bulk: warps past the MMA warps, in config.threads, that only feed the ring
 
     def __post_init__(self):
         if not self.network_layers:
@@ -210,10 +222,6 @@ class Tiling:
                           for g in self.gemms if g.heads > 1))
 
 
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def eligibility(program: Program) -> str | None:
     """Why the wavefront schedules cannot run this program, or None when they can."""
     if program.layout != "interleaved":
@@ -272,64 +280,11 @@ def default_tile(program: Program, network: Network, batch: int, layers: int, un
     return (8, 8) if tiles8 >= 64 else (8, 4) if tiles8 >= 48 else (4, 4)
 
 
-def row_stride(k: int) -> int:
-    """Floats between rows of a shared-memory operand of k columns (rnn_row_stride in kernels/tile_gemm.cuh)."""
-    return round_up(k, 4) + 4
-
-
-def weight_stride(k: int, prec: Precision) -> int:
-    """Elements between rows of a shared-memory weight of k columns (rnn_wstride<MODE> in kernels/tile_gemm.cuh)."""
-    if prec.name == "float32":
-        return row_stride(k)
-    return round_up(k, 8) + 4 if prec.k_step == 8 else round_up(k, 16) + 8      # fp32 TF32 operands: tf32, float32x3
-
-
-def weight_floats(rows: int, k: int, prec: Precision) -> int:
-    """Floats of shared memory for `rows` rows of a weight of k columns (whole 16-byte units)."""
-    return round_up(rows * weight_stride(k, prec) * prec.weight_bytes, 16) // FLOAT_BYTES
-
-
-def x_stride(k_chunk: int, prec: Precision) -> int:
-    """Elements (floats, or 16-bit values for fp16 / bf16) between rows of a staged X chunk: mma_gemm.cuh rnn_xstride."""
-    return round_up(k_chunk, 8) + 4 if prec.k_step == 8 else round_up(k_chunk, 16) + 8
-
-
-def mma_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: int, tile: int, reduce: bool,
-                prec: Precision, bulk: bool = False) -> int:
-    """Floats of staging rnn_mma_gemms needs (kernels/mma_gemm.cuh): 128 bytes of barriers, then per stage an X
-    chunk and a W chunk when some weight is streamed (rows of k_chunk elements in the bulk pipeline, padded rows
-    otherwise); then the split-K partial sums."""
-    x_bytes = 4 if prec.k_step == 8 else prec.weight_bytes
-    if bulk:
-        slot = (bp + nc_streamed) * k_chunk * x_bytes // FLOAT_BYTES
-    else:
-        slot = bp * x_stride(k_chunk, prec) * x_bytes // FLOAT_BYTES + weight_floats(nc_streamed, k_chunk, prec)
-    return 32 + stages * slot + (threads * tile if reduce else 0)
-
-
-BULK_CHUNK = 64          # the bulk pipeline copies chunks of a multiple of 64 columns (kernels/mma_gemm.cuh)
-
-
 def bulk_capable(prec: Precision, limits: DeviceLimits, ks) -> bool:
     """Whether the fp16/bf16 GEMMs can use the bulk pipeline: 16-bit operands, sm_90 or newer (cp.async.bulk,
     mbarrier transactions), and every K a multiple of BULK_CHUNK (whole chunks, one copy each)."""
     arch = int("".join(ch for ch in limits.arch if ch.isdigit()) or 0)
     return prec.tensor_cores and prec.weight_bytes == 2 and arch >= 90 and all(k % BULK_CHUNK == 0 for k in ks)
-
-
-def mma_warps(groups: int) -> int:
-    """Warps of a block whose widest GEMM has `groups` warp tiles: at least 8 (two per scheduler), K split among
-    them when the tiles are fewer, at most 16."""
-    if groups >= 8:
-        return min(16, groups)
-    return min(16, groups * -(-8 // groups))
-
-
-def tile_scratch(bp: int, nc_streamed: int, k_chunk: int, stages: int, threads: int, tile: int, reduce: bool) -> int:
-    """Floats of staging rnn_tile_gemms needs (kernels/tile_gemm.cuh): `stages` slots of an X chunk and, when
-    some weight is streamed, a W chunk; then, when some GEMM splits K, its partial sums, 16 values of a tile at a
-    time (rnn_store_tile)."""
-    return stages * (bp + nc_streamed) * row_stride(k_chunk) + (threads * min(tile, 16) if reduce else 0)
 
 
 def make_tiling(program: Program, network: Network, batch: int, config: TileConfig | None = None,
@@ -469,6 +424,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
     else:
         warp_tile = (0, 0)
         groups = {name: (bp // RB) * (ncp // RC) for name, ncp in ncps.items()}
+    # the bulk pipeline's feed warp (mma_gemm.cuh, PW): one more warp, counted in threads (at least 2 MMA warps left)
+    producer = int(bulk and config.feed_warp and (config.threads is None or config.threads >= 96))
     threads = config.threads
     if threads is None:
         # The warp GEMV: 4 warps where each then owns at most 8 columns of the widest GEMM, else 8. At `lat` (32
@@ -476,16 +433,16 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         # -> 0.54, GRU 0.42 -> 0.40, LSTM 0.45 -> 0.44 (benchmarks/NOTES.md, 2026-11-23 22:07); wider blocks keep 8
         # warps, whose accumulators stay in registers.
         gemv_threads = 128 if max(ncps.values(), default=0) <= 32 else 256
-        threads = (gemv_threads if path == "gemv" else 32 * mma_warps(max(groups.values(), default=1)) if mma
-                   else auto_threads(max(groups.values(), default=1), 256 if RB * RC >= 64 else 512))
+        threads = (gemv_threads if path == "gemv" else 32 * (mma_warps(max(groups.values(), default=1)) + producer)
+                   if mma else auto_threads(max(groups.values(), default=1), 256 if RB * RC >= 64 else 512))
     config = replace(config, threads=threads)
-    workers = threads // 32 if mma else threads          # what the tiles are dealt to: warps or threads
+    workers = threads // 32 - producer if mma else threads   # what the tiles are dealt to: MMA warps or threads
     reduce = path == "tiled" and any(n < workers for n in groups.values())
     tile = warp_tile[0] * warp_tile[1] * 4 if mma else RB * RC
 
     def scratch_for(nc_streamed: int, k_chunk: int, stages: int) -> int:
         if mma:
-            return mma_scratch(bp, nc_streamed, k_chunk, stages, threads, tile, reduce, prec, bulk)
+            return mma_scratch(bp, nc_streamed, k_chunk, stages, threads - 32 * producer, tile, reduce, prec, bulk)
         return tile_scratch(bp, nc_streamed, k_chunk, stages, threads, tile, reduce)
     smem_floats = limits.smem_per_block // FLOAT_BYTES
     # Recurrent GEMMs first: they are read every step by every layer; the input projections next.
@@ -597,4 +554,4 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
                                "hint: sync='grid' or 'layer'")
     return shared_outputs(program, Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits,
         persistent, tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
-        bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs, rs))
+        bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs, rs, producer_warps=producer))

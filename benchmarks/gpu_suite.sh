@@ -48,6 +48,10 @@
 #      Nsight Compute's every section on the bf16 LSTM duo launch (in mode16.log), the probe's kernels under
 #      compute-sanitizer memcheck and racecheck (--sanitize). Earlier runs: benchmarks/results/mode-persist-*-H200/
 #      (the wide product's and mode_stream.cu's tests stay in the GPU suite);
+#  11c''. feedwarp (only when named): the persistent schedule's bulk pipeline with its feed warp (TileConfig.feed_warp,
+#      NOTES 2026-11-28 15:05): its GPU tests (the bulk cases, bit-identical runs), compute-sanitizer on the bf16 runs
+#      of sanitize_persistent.py, and probe_schedules.py's persistent schedule in bf16 at mid, large and blogA (LSTM,
+#      GRU) with the feed warp and with thread 0 feeding (--thread0-feed), cuDNN bf16 in the same calls (feedwarp.log);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") in fp16 parts (the default) and TF32
 #      parts against cuDNN fp32,
@@ -263,6 +267,25 @@ if [[ " $STAGES " == *" mode16 "* ]]; then
       benchmarks/probe_mode_persist.py --sanitize --precision bfloat16
   done
 fi
+feed_rc=skipped
+# a step of the feedwarp stage: its output to feedwarp.log, the tail shown, a failure kept in feed_rc
+feed_step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/feedwarp.log" | tail -${FEED_TAIL:-8}; rc=${PIPESTATUS[0]}
+              [ "$rc" = 0 ] || feed_rc=$rc; }
+if [[ " $STAGES " == *" feedwarp "* ]]; then
+  section "the bulk pipeline's feed warp: GPU tests, compute-sanitizer, the persistent schedule with and without it"
+  feed_rc=0; : > "$OUT/feedwarp.log"
+  FEED_TAIL=6 feed_step env OPENBLAS_NUM_THREADS=1 timeout 240 "$PY" -m pytest tests/gpu/test_precision_gpu.py \
+    -k "bulk_pipeline or bit_identical" -q -rfEs -p no:cacheprovider
+  for tool in memcheck racecheck; do
+    FEED_TAIL=3 feed_step timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
+      benchmarks/sanitize_persistent.py bfloat16
+  done
+  for feed in "" --thread0-feed; do
+    FEED_TAIL=9 feed_step timeout 200 "$PY" benchmarks/probe_schedules.py --precision bfloat16 --preset lstm \
+      --preset gru --config mid --config large --config blogA --schedule persistent --no-fused $feed \
+      --json "$OUT/feedwarp${feed:+_thread0}.json"
+  done
+fi
 targets_rc=skipped
 if [[ " $STAGES " == *" targets "* ]]; then
   section "issue #34's targets: ${TARGET_PARTS:-bf16}"
@@ -299,5 +322,5 @@ echo
 echo "gpu tests exit code: $tests_rc; compute-sanitizer: $sanitize_rc; bench exit code: $bench_rc;" \
      "precision bench exit code: $precision_rc; nets: $nets_rc; wheels: $wheels_rc; layersync: $layersync_rc;" \
      "phases: $phases_rc; lengths: $lengths_rc; probes: $probes_rc; cluster: $cluster_rc; train: $train_rc;" \
-     "x3: $x3_rc; mode16: $mode16_rc; targets: $targets_rc" \
+     "x3: $x3_rc; mode16: $mode16_rc; feedwarp: $feed_rc; targets: $targets_rc" \
      "(124 = timed out); total $(( $(date +%s) - start )) s"

@@ -459,7 +459,8 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
     int* parity = reinterpret_cast<int*>(smem) + 31;                      // BULK: bit s = fills of slot s so far, mod 2
     float* slots = smem + 32;
     float* red = slots + STAGES * slot_floats;
-    // warps: the MMA warps (the producer warp, PW, is the block's last)
+    // warps: the MMA warps (the producer warp, PW, is the block's last; the host asks for PW = 1 only with BULK, for
+    // sm_90, where the source is compiled for the device it runs on)
     const int warp = threadIdx.x >> 5, warps = (blockDim.x >> 5) - (BULK ? PW : 0), lane = threadIdx.x & 31;
     const unsigned slots_at = (unsigned)__cvta_generic_to_shared(slots);
     int total = 0;
@@ -499,8 +500,8 @@ __device__ void rnn_mma_gemms(const RnnMmaJob<MODE> (&jobs)[N], int B, float* __
                                                          bars + 8 * sn, keep, warps);
                     }
                 }
-                issued = upto;
-                __syncwarp();
+                __syncwarp();                          // (lane 0 alone counts `issued`: after a GEMM of split K it
+                                                       // may be past the next GEMM's end already)
                 if (tl.split > 1) rnn_store_mma<WM, WN>(J, tl, none, B, 0, 0, false, red);
             }
         }

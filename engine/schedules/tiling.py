@@ -91,7 +91,7 @@ class TileConfig:
     #                                    "cluster" (cluster.py); None: "layer" for the warp GEMV of small batches with
     #                                    several layers a launch (`lat`: 8-17% faster, H100), else "grid" (`blogB`)
     wgmma: bool | None = None          # sync="cluster": step GEMMs on wgmma, weights in registers (None: where it can)
-    feed_warp: bool = True             # bulk: one more warp feeds the ring (False: thread 0, between its own MMAs)
+    feed_warp: bool = True             # bulk: a warp feeds the ring (False: thread 0, between its MMAs); one of threads
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)

@@ -51,7 +51,8 @@
 #  11c''. feedwarp (only when named): the persistent schedule's bulk pipeline with its feed warp (TileConfig.feed_warp,
 #      NOTES 2026-11-28 15:05): its GPU tests (the bulk cases, bit-identical runs), compute-sanitizer on the bf16 runs
 #      of sanitize_persistent.py, and probe_schedules.py's persistent schedule in bf16 at mid, large and blogA (LSTM,
-#      GRU) with the feed warp and with thread 0 feeding (--thread0-feed), cuDNN bf16 in the same calls (feedwarp.log);
+#      GRU) with thread 0 feeding (the default) and with the feed warp (--feed-warp), cuDNN bf16 in the same calls
+#      (feedwarp.log);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") in fp16 parts (the default) and TF32
 #      parts against cuDNN fp32,
@@ -280,10 +281,10 @@ if [[ " $STAGES " == *" feedwarp "* ]]; then
     FEED_TAIL=3 feed_step timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
       benchmarks/sanitize_persistent.py bfloat16
   done
-  for feed in "" --thread0-feed; do
+  for feed in "" --feed-warp; do
     FEED_TAIL=9 feed_step timeout 200 "$PY" benchmarks/probe_schedules.py --precision bfloat16 --preset lstm \
       --preset gru --config mid --config large --config blogA --schedule persistent --no-fused $feed \
-      --json "$OUT/feedwarp${feed:+_thread0}.json"
+      --json "$OUT/feedwarp${feed:+_warp}.json"
   done
 fi
 targets_rc=skipped

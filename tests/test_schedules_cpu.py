@@ -397,14 +397,15 @@ def test_the_bulk_pipeline_needs_16_bits_sm90_and_whole_chunks(precision, sizes,
         entries = len(kernel_entries(text))
         assert text.count("    rnn_bulk_init<STAGES, PRODUCER_WARPS>(smem + SCRATCH);") == (entries if bulk else 0)
     # The bulk pipeline's feed warp: one warp past the MMA warps, counted in the block's threads (kernels/mma_gemm.cuh
-    # rnn_mma_gemms, PW); TileConfig(feed_warp=False) leaves thread 0 feeding the ring between its MMAs.
-    fed = make_tiling(program, network, 19, TileConfig(feed_warp=False), limits)
-    assert tiling.producer_warps == int(bulk) and fed.producer_warps == 0
-    assert tiling.config.threads == fed.config.threads + 32 * int(bulk)
-    assert f"constexpr int PRODUCER_WARPS = {int(bulk)};" in source
-    assert (("a warp of its own" in staging_text(tiling)) == bulk and "a warp of its own" not in staging_text(fed)
-            and ("thread 0 moves" in staging_text(fed)) == bulk)
-    given = make_tiling(program, network, 19, TileConfig(threads=64), limits)   # room for one MMA warp only
+    # rnn_mma_gemms, PW), asked for with TileConfig(feed_warp=True); by default thread 0 feeds it between its MMAs.
+    fed = make_tiling(program, network, 19, TileConfig(feed_warp=True), limits)
+    assert fed.producer_warps == int(bulk) and tiling.producer_warps == 0
+    assert fed.config.threads == tiling.config.threads + 32 * int(bulk)
+    assert "constexpr int PRODUCER_WARPS = 0;" in source
+    assert f"constexpr int PRODUCER_WARPS = {int(bulk)};" in render_wavefront(program, network, fed)
+    assert (("a warp of its own" in staging_text(fed)) == bulk and "a warp of its own" not in staging_text(tiling)
+            and ("thread 0 moves" in staging_text(tiling)) == bulk)
+    given = make_tiling(program, network, 19, TileConfig(threads=64, feed_warp=True), limits)   # one MMA warp's room
     assert given.producer_warps == 0 and given.config.threads == 64
 
 

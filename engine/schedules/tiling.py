@@ -91,7 +91,7 @@ class TileConfig:
     #                                    "cluster" (cluster.py); None: "layer" for the warp GEMV of small batches with
     #                                    several layers a launch (`lat`: 8-17% faster, H100), else "grid" (`blogB`)
     wgmma: bool | None = None          # sync="cluster": step GEMMs on wgmma, weights in registers (None: where it can)
-    feed_warp: bool = True             # bulk: a warp feeds the ring (False: thread 0, between its MMAs); one of threads
+    feed_warp: bool = False            # bulk: a warp of threads feeds the ring (else thread 0, between its MMAs)
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
@@ -105,7 +105,7 @@ class TileConfig:
                 + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}")
                 + ("" if self.sync is None else f" sync={self.sync}")
                 + ("" if self.wgmma is None else f" wgmma={'on' if self.wgmma else 'off'}")
-                + ("" if self.feed_warp else " feed=thread0"))
+                + (" feed=warp" if self.feed_warp else ""))
 
 
 @dataclass(frozen=True)

@@ -99,9 +99,10 @@ BULK_CASES = [
     ("streamed weights", 2, 19, TileConfig(resident=False)),
     ("one layer", 1, 33, TileConfig()),
     ("layer by layer", 3, 24, TileConfig(layers_per_launch=1)),
-    ("fed by thread 0", 2, 40, TileConfig(feed_warp=False)),      # no feed warp: thread 0 between its MMAs
+    ("feed warp", 2, 40, TileConfig(feed_warp=True)),             # a warp of its own feeds the ring
+    ("feed warp, streamed", 2, 19, TileConfig(resident=False, feed_warp=True)),
     # a feed warp beside three MMA warps, each with several passes over its tiles (32 columns x 48 rows of 1 x 1)
-    ("several passes", 2, 48, TileConfig(units_per_block=8, threads=128, warp_tile=(1, 1))),
+    ("feed warp, several passes", 2, 48, TileConfig(units_per_block=8, threads=128, warp_tile=(1, 1), feed_warp=True)),
 ]
 
 

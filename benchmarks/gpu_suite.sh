@@ -48,11 +48,12 @@
 #      Nsight Compute's every section on the bf16 LSTM duo launch (in mode16.log), the probe's kernels under
 #      compute-sanitizer memcheck and racecheck (--sanitize). Earlier runs: benchmarks/results/mode-persist-*-H200/
 #      (the wide product's and mode_stream.cu's tests stay in the GPU suite);
-#  11c''. feedwarp (only when named): the persistent schedule's bulk pipeline with its feed warp (TileConfig.feed_warp,
-#      NOTES 2026-11-28 15:05): its GPU tests (the bulk cases, bit-identical runs), compute-sanitizer on the bf16 runs
-#      of sanitize_persistent.py, and probe_schedules.py's persistent schedule in bf16 at mid, large and blogA (LSTM,
-#      GRU) with thread 0 feeding (the default) and with the feed warp (--feed-warp), cuDNN bf16 in the same calls
-#      (feedwarp.log);
+#  11c''. feedwarp (only when named, a call of its own: ~9 minutes): the persistent schedule's bulk pipeline with its
+#      feed warp (TileConfig.feed_warp, NOTES 2026-11-28 15:05) and the step GEMMs on wgmma (TileConfig.stream_wgmma):
+#      their GPU tests (the bulk cases, bit-identical runs), compute-sanitizer on the bf16 runs of
+#      sanitize_persistent.py, and probe_schedules.py's persistent schedule in bf16 at mid, large and blogA (LSTM,
+#      GRU) with thread 0 feeding (the default), with the feed warp (--feed-warp) and on wgmma with two feed warps
+#      (--stream-wgmma, also at 32 units a block), cuDNN bf16 in the same calls (feedwarp.log);
 #  11d. x3rows (only when named, a call of its own): the harness's rows over the anchors and each at T = 1000
 #      (configs/x3_error.json), fused float32x3 with the default chunk ("auto") in fp16 parts (the default) and TF32
 #      parts against cuDNN fp32,
@@ -273,7 +274,7 @@ feed_rc=skipped
 feed_step() { "$@" 2>&1 | grep -v "^\s*$" | tee -a "$OUT/feedwarp.log" | tail -${FEED_TAIL:-8}; rc=${PIPESTATUS[0]}
               [ "$rc" = 0 ] || feed_rc=$rc; }
 if [[ " $STAGES " == *" feedwarp "* ]]; then
-  section "the bulk pipeline's feed warp: GPU tests, compute-sanitizer, the persistent schedule with and without it"
+  section "the bulk pipeline's feed warp and the wgmma stream: GPU tests, compute-sanitizer, the persistent schedule"
   feed_rc=0; : > "$OUT/feedwarp.log"
   FEED_TAIL=6 feed_step env OPENBLAS_NUM_THREADS=1 timeout 240 "$PY" -m pytest tests/gpu/test_precision_gpu.py \
     -k "bulk_pipeline or bit_identical" -q -rfEs -p no:cacheprovider
@@ -281,10 +282,10 @@ if [[ " $STAGES " == *" feedwarp "* ]]; then
     FEED_TAIL=3 feed_step timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$PY" \
       benchmarks/sanitize_persistent.py bfloat16
   done
-  for feed in "" --feed-warp; do
-    FEED_TAIL=9 feed_step timeout 200 "$PY" benchmarks/probe_schedules.py --precision bfloat16 --preset lstm \
+  for feed in "" --feed-warp --stream-wgmma "--stream-wgmma --units 32"; do
+    FEED_TAIL=9 feed_step timeout 120 "$PY" benchmarks/probe_schedules.py --precision bfloat16 --preset lstm \
       --preset gru --config mid --config large --config blogA --schedule persistent --no-fused $feed \
-      --json "$OUT/feedwarp${feed:+_warp}.json"
+      --json "$OUT/feedwarp$(echo "$feed" | tr -d ' -').json"
   done
 fi
 targets_rc=skipped

@@ -115,13 +115,15 @@ def main(argv=None) -> int:
     parser.add_argument("--pipeline", default=None, help="tiled GEMMs: KCxSTAGES, e.g. 64x3 (TileConfig.pipeline)")
     parser.add_argument("--feed-warp", action="store_true",
                         help="the bulk pipeline fed by a warp of its own (TileConfig(feed_warp=True))")
+    parser.add_argument("--stream-wgmma", action="store_true",
+                        help="the step GEMMs on wgmma, weights streamed (TileConfig(stream_wgmma=True))")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     pipeline = tuple(int(v) for v in args.pipeline.split("x")) if args.pipeline else None
     rb, rc = (int(v) for v in args.tile.split("x")) if args.tile else (None, None)     # None: the tiling's default
     warp = tuple(int(v) for v in args.warp_tile.split("x")) if args.warp_tile else None
     config = TileConfig(args.units, rb, rc, args.threads, warp_tile=warp, layers_per_launch=args.layers_per_launch,
-                        sync=args.sync, pipeline=pipeline, feed_warp=args.feed_warp)
+                        sync=args.sync, pipeline=pipeline, feed_warp=args.feed_warp, stream_wgmma=args.stream_wgmma)
     rows = []
     for preset in args.preset or ["lstm"]:
         cell = engine.preset(preset).cell
@@ -142,7 +144,8 @@ def main(argv=None) -> int:
             for name in args.schedule or ["persistent", "graph"]:
                 try:
                     cfg_for = config if name == "persistent" else TileConfig(args.units, rb, rc, args.threads, warp_tile=warp,
-                                                                             feed_warp=args.feed_warp)
+                                                                             feed_warp=args.feed_warp,
+                                                                             stream_wgmma=args.stream_wgmma)
                     sched = schedule_class(name)(network, params, config=cfg_for, precision=args.precision)
                     out = sched.run(x, poison=True).outputs
                     err = float(cupy.abs(out - ref).max() / cupy.abs(ref).max())

@@ -9,7 +9,7 @@ both with per-layer arrival counters instead of grid barriers (TileConfig(sync="
 then the tensor-core MMA of kernels/mma_gemm.cuh in bf16 (B=16 and B=40: split K, and three row tiles with
 streamed 16-bit weights) and tf32 (B=16); and the bulk-copy pipeline (sizes in whole chunks of 64 columns: bf16
 with resident weights, fp16 with streamed chunked weights; then fed by a warp of its own, also beside three MMA
-warps with several passes each); last, 8x8 register tiles at B=64 whose K split sums its
+warps with several passes each; and on wgmma with two feed warps, TileConfig(stream_wgmma=True)); last, 8x8 register tiles at B=64 whose K split sums its
 parts through shared memory in four rounds (kernels/tile_gemm.cuh, rnn_store_tile); and the LayerNorm LSTM, whose
 reductions cross the blocks through partial sums (engine/codegen/reductions.py: staged in shared memory at B=16,
 read from L2 under the warp GEMV at B=3, and in bf16); and the sLSTM, whose blocks read only their own head of
@@ -46,6 +46,8 @@ def main() -> int:
             (16, TileConfig(), "bfloat16", whole), (40, TileConfig(resident=False), "float16", whole),
             (16, TileConfig(feed_warp=True), "bfloat16", whole),       # the bulk pipeline fed by a warp of its own
             (48, TileConfig(8, threads=128, warp_tile=(1, 1), feed_warp=True), "bfloat16", whole),   # several passes
+            (16, TileConfig(stream_wgmma=True), "bfloat16", whole),    # the step GEMMs on wgmma, weights streamed
+            (40, TileConfig(stream_wgmma=True), "float16", whole),
             (64, TileConfig(16, 8, 8, threads=256), "float32", whole)]
     runs = [("lstm", *run) for run in runs] + [("ln_lstm", 3, TileConfig(), "float32", small),
                                                 ("ln_lstm", 16, TileConfig(), "float32", small),

@@ -2,7 +2,7 @@
 // 2560 x 10240 weight streamed every step; benchmarks/probe_mode_persist.py; issue #34, bf16 / fp16 at blogA;
 // benchmarks/NOTES.md 2026-11-28 12:16, 13:27, 13:51, 14:51). A probe's kernel: the engine does not launch it. Needs
 // tile_gemm.cuh, mma_gemm.cuh, wgmma.cuh, mode_mma.cuh, tile_ring.cuh and layer_sync.cuh (the counter's acquire load)
-// before it.
+// before it, and wgmma_ss.cuh.
 //
 //     sums = h_{t-1} W^T (G gates a unit: the LSTM's i, f, g, o; the GRU's r, z, n); with xp[t] (T, R, G H, permuted
 //     as the weight, the input biases included): c, h = LSTM(xp + sums, c) or h = GRU(xp, sums, h)
@@ -14,7 +14,7 @@
 //   through a ring of STAGES slots that a producer warp fills (warp 8: its first lane), or with FEEDS 2 two (warp 9's
 //   first lane copies h, warp 8's the weight: one thread issuing both bounded the step: NOTES 14:51). The weight
 //   copies run ahead into the next step as slots free up; only the copies of h wait for the grid-wide arrival counter.
-//   Each of the two warpgroups multiplies every other chunk by all ROWS rows (m64nROWSk16, PersistMma).
+//   Each of the two warpgroups multiplies every other chunk by all ROWS rows (m64nROWSk16, RnnWgmmaSS).
 // - the cells' math, c (or the GRU's h) in registers, the step's projection loaded as the step starts. PERSIST_PAIRS
 //   (the LSTM): the warpgroups exchange halves of their partial sums and the math runs on the accumulators (an even
 //   lane holds gates i and f of a unit, its odd neighbour g and o: one exchange of two values). PERSIST_LSTM and
@@ -71,55 +71,11 @@ __device__ __forceinline__ float persist_tanh(const float x)
     }
 }
 
-// One m64nNk16 wgmma of a 16-bit mode, both operands from shared memory: h's 64 rows as A, the block's N = 4 UB weight
-// rows as B (one K-major operand of 128-byte swizzled rows, 8-row groups 1024 bytes apart). B's rows are a block's
-// whole share, so h is read from shared memory once a wgmma for all of them: at N = 64 (a tile a warpgroup) the two
-// operands' 4 KB a wgmma of 32 clocks of math met shared memory's 128 bytes a clock; at N = 128, 6 KB a 64-clock
-// wgmma stays under it.
-#define PERSIST_OUT48 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-#define PERSIST_D48 \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-#define PERSIST_OUT64 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define PERSIST_D64 \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-template <int MODE, int N> struct PersistMma;
-#define PERSIST_MMA(MODE, TYPE, N, OUTS, D, A, B, P)                                                               \
-    template <> struct PersistMma<MODE, N> {                                                                        \
-        static __device__ __forceinline__ void mma(float (&d)[N / 2], unsigned long long a, unsigned long long b,  \
-                                                   int scale)                                                       \
-        {                                                                                                           \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N "k16.f32." \
-                         TYPE "." TYPE " {" OUTS "}, %" #A ", %" #B ", p, 1, 1, 0, 0;\n}\n"                        \
-                         : D : "l"(a), "l"(b), "r"(scale));                                                         \
-        }                                                                                                           \
-    };
-PERSIST_MMA(RNN_BF16, "bf16", 96, PERSIST_OUT48, PERSIST_D48, 48, 49, 50)
-PERSIST_MMA(RNN_FP16, "f16", 96, PERSIST_OUT48, PERSIST_D48, 48, 49, 50)
-PERSIST_MMA(RNN_BF16, "bf16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
-PERSIST_MMA(RNN_FP16, "f16", 128, PERSIST_OUT64, PERSIST_D64, 64, 65, 66)
-#undef PERSIST_MMA
+// The product: RnnWgmmaSS<MODE, N> (kernels/wgmma_ss.cuh), one m64nNk16 wgmma with h's 64 rows as A and the block's
+// N = G UB weight rows as B, both from shared memory.
 
 // UB units a block, ROWS = 4 UB weight rows; each of the two warpgroups multiplies every other chunk by all ROWS rows
-// (PersistMma), and they exchange halves of their partial sums at the end: warpgroup w keeps columns w HALF ..
+// (RnnWgmmaSS), and they exchange halves of their partial sums at the end: warpgroup w keeps columns w HALF ..
 // The cells a kernel computes: the LSTM with its math on the accumulators (PERSIST_PAIRS: an even lane holds gates i
 // and f, its odd neighbour g and o), or from the step's sums staged in shared memory (PERSIST_LSTM, PERSIST_GRU: any
 // gate count, each thread 8 cells of one unit, the form a generated cell would take).
@@ -325,7 +281,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                         rnn_wgmma_fence();
                         #pragma unroll
                         for (int kk = 0; kk < 4; ++kk)
-                            PersistMma<MODE, ROWS>::mma(part, h_desc + move + 2 * kk, w_desc + move + 2 * kk,
+                            RnnWgmmaSS<MODE, ROWS>::mma(part, h_desc + move + 2 * kk, w_desc + move + 2 * kk,
                                                         c > w || kk > 0);
                         rnn_wgmma_commit();
                         rnn_wgmma_wait<1>();
@@ -350,7 +306,7 @@ __device__ __forceinline__ void mode_persist_body(const float* __restrict__ xp, 
                         rnn_wgmma_fence();
                         #pragma unroll
                         for (int kk = 0; kk < 4; ++kk)
-                            PersistMma<MODE, ROWS>::mma(part, rnn_wgmma_desc(at + WBYTES + kk * 32),
+                            RnnWgmmaSS<MODE, ROWS>::mma(part, rnn_wgmma_desc(at + WBYTES + kk * 32),
                                                         rnn_wgmma_desc(at + kk * 32), c > w || kk > 0);
                         rnn_wgmma_commit();
                         rnn_wgmma_wait<1>();

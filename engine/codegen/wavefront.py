@@ -47,6 +47,7 @@ from .shared_outputs import staging_floats
 
 TILE_GEMM_HELPER = "tile_gemm.cuh"
 MMA_GEMM_HELPER = "mma_gemm.cuh"
+STREAM_HELPERS = ("wgmma.cuh", "wgmma_ss.cuh", "wgmma_stream.cuh")
 LAYER_SYNC_HELPER = "layer_sync.cuh"
 POOL_HELPER = "pool.cuh"
 MODE_NAMES = {0: "RNN_FP32", 1: "RNN_TF32", 2: "RNN_FP16", 3: "RNN_BF16", 4: "RNN_TF32X3"}   # kernels/tile_gemm.cuh
@@ -181,6 +182,9 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
                          "smem + SCRATCH + X_LOCAL);")
         elif tiling.cluster:
             lines.append(f"{indent}    rnn_mma_gemms_local<{MODE_NAMES[prec.mode]}, WM, WN>(jobs, B, smem + SCRATCH + X_LOCAL);")
+        elif tiling.stream_n:
+            lines.append(f"{indent}    rnn_stream_gemms<{MODE_NAMES[prec.mode]}, STREAM_N, STAGES>(jobs, B, smem + SCRATCH, "
+                         "NC_STREAMED, W_KEEP);")
         elif tiling.mma:
             lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK, "
                          "PRODUCER_WARPS>(jobs, B, "
@@ -343,6 +347,8 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
         lines.append(helper_source(LAYER_SYNC_HELPER))
     if tiling.mma:
         lines.append(helper_source(MMA_GEMM_HELPER))
+    if tiling.stream_n:                  # the step GEMMs on wgmma, fed by two warps (engine/schedules/stream.py)
+        lines += [helper_source(name) for name in STREAM_HELPERS]
     if tiling.cluster:
         if pooled:
             raise CompileError(f"cell '{program.cell.name}': TileConfig.sync='cluster' runs without pools between or "
@@ -364,11 +370,13 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
         lines += [f"constexpr int SCRATCH = {tiling.scratch_offset};   // floats of resident weights before the local X"]
         lines += cluster_source.constants(tiling)
     elif tiling.path == "tiled" and tiling.gemms:
-        lines += ([f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
+        keep = f"constexpr float W_KEEP = {tiling.l2_keep}f;      // share of streamed weights kept in L2 (BULK)"
+        lines += ([keep, f"constexpr int STREAM_N = {tiling.stream_n};   // the step GEMMs' wgmma N (wgmma_stream.cuh)"]
+                  if tiling.stream_n else
+                  [f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
                    f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}",
                    f"constexpr bool BULK = {'true' if tiling.bulk else 'false'};      // chunks staged by bulk copies "
-                   "of chunked operands (mma_gemm.cuh)",
-                   f"constexpr float W_KEEP = {tiling.l2_keep}f;      // share of streamed weights kept in L2 (BULK)",
+                   "of chunked operands (mma_gemm.cuh)", keep,
                    f"constexpr int PRODUCER_WARPS = {tiling.producer_warps};   // BULK: warps that only feed the ring "
                    "(the block's last)"]
                   if tiling.mma else
@@ -441,7 +449,9 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
                    "    const int u0 = (blockIdx.x % BLOCKS_PER_LAYER) * UNITS;",
                    "    const int tu = min(UNITS, H - u0);             // units of this block (the last may have fewer)",
                    "    const LayerArgs& L = layers[layer];"]
-    if tiling.bulk:
+    if tiling.stream_n:
+        block_setup.append("    rnn_stream_init<STAGES>(smem + SCRATCH);   // the wgmma routine's barriers, once a launch")
+    elif tiling.bulk:
         block_setup.append("    rnn_bulk_init<STAGES, PRODUCER_WARPS>(smem + SCRATCH);   // the bulk pipeline's "
                            "barriers, once a launch")
     if tiling.cluster:

@@ -192,6 +192,12 @@ def staging_text(tiling: Tiling) -> str:
                         "its GEMM")}[exchange(tiling)]
         return (f"no staging: every block keeps its cluster's 16-bit h in shared memory{how}; the GEMM outputs and the "
                 "input projection's rows (copied a step ahead) stay in shared memory too")
+    if tiling.stream_n:
+        keep = "" if tiling.l2_keep >= 1 else f"; {tiling.l2_keep:.0%} of the streamed weights marked to stay in L2"
+        return (f"the cell code writes a 16-bit copy of every GEMM input, chunk by chunk; two warps of their own move "
+                f"each chunk of 64 columns, one its weight rows and one its input rows, with bulk copies into a "
+                f"{tiling.stages}-slot ring, and two warpgroups multiply alternate chunks with wgmma "
+                f"(m64n{tiling.stream_n}k16), their sums meeting in Y{keep}")
     if tiling.bulk:
         keep = "" if tiling.l2_keep >= 1 else (f"; {tiling.l2_keep:.0%} of the streamed weights marked to stay in "
                                                "L2")

@@ -24,6 +24,7 @@ from ..errors import CompileError
 from ..network import Network
 from ..plan import Program
 from . import cluster as cluster_mode
+from . import stream
 from .heads import gemm_heads, head_sync
 from .staging import (
     BULK_CHUNK,
@@ -92,6 +93,7 @@ class TileConfig:
     #                                    several layers a launch (`lat`: 8-17% faster, H100), else "grid" (`blogB`)
     wgmma: bool | None = None          # sync="cluster": step GEMMs on wgmma, weights in registers (None: where it can)
     feed_warp: bool = False            # bulk: a warp of threads feeds the ring (else thread 0, between its MMAs)
+    stream_wgmma: bool = False         # bulk, weights streamed: the step GEMMs on wgmma, fed by two warps (stream.py)
 
     def label(self) -> str:
         units = "auto" if self.units_per_block is None else str(self.units_per_block)
@@ -105,7 +107,7 @@ class TileConfig:
                 + ("" if self.layers_per_launch is None else f" layers/launch={self.layers_per_launch}")
                 + ("" if self.sync is None else f" sync={self.sync}")
                 + ("" if self.wgmma is None else f" wgmma={'on' if self.wgmma else 'off'}")
-                + (" feed=warp" if self.feed_warp else ""))
+                + (" feed=warp" if self.feed_warp else "") + (" stream=wgmma" if self.stream_wgmma else ""))
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class Tiling:
     wgmma: tuple[int, int, int] = (0, 0, 0)   # sync="cluster": the wgmma path's (tiles, parts, k steps a part), or 0s
     y_shared: tuple = ()               # the step GEMMs' outputs in shared memory (shared_outputs.py): (name, at, ld)
     producer_warps: int = 0            # bulk: warps past the MMA warps, in config.threads, that only feed the ring
+    stream_n: int = 0                  # stream_wgmma: the step GEMMs' wgmma N (kernels/wgmma_stream.cuh), else 0
 
     def __post_init__(self):
         if not self.network_layers:
@@ -311,6 +314,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         raise CompileError(f"TileConfig.threads={config.threads!r} is not a whole number of warps in range; hint: use "
                            f"a multiple of 32 from 64 to {MAX_THREADS}, or None to size it from the tiles")
     cluster_mode.check_wgmma_flag(config.wgmma, config.sync)
+    if config.stream_wgmma:
+        config = stream.prepare(config)
     if config.sync == "cluster" and config.layers_per_launch is None:
         config = replace(config, layers_per_launch=1)         # clusters run one layer a launch (cluster.py)
     if config.layers_per_launch is None and persistent and network.num_layers > 1:
@@ -552,6 +557,8 @@ def make_tiling(program: Program, network: Network, batch: int, config: TileConf
         if why:
             raise CompileError(f"TileConfig.sync='head' cannot synchronise cell '{program.cell.name}' by heads: {why}; "
                                "hint: sync='grid' or 'layer'")
-    return shared_outputs(program, Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem, limits,
-        persistent, tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name, warp_tile,
-        bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs, rs, producer_warps=producer))
+    tiling = shared_outputs(program, Tiling(config, units, bpl, L, B, H, k_chunk, tuple(gemm_tiles), offset, smem,
+        limits, persistent, tuple(notes), path, layer0_in_kernel, stages, nc_streamed, network.num_layers, prec.name,
+        warp_tile, bulk, round(l2_keep, 3), bpl // group_heads if cluster else 0, local, outputs, rs,
+        producer_warps=producer))
+    return stream.finish(tiling) if config.stream_wgmma else tiling

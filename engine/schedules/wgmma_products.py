@@ -190,7 +190,7 @@ def smem_bytes(slots: int, tiles: int = 4) -> int:
 RING_HELPERS = ("tile_gemm.cuh", "mma_gemm.cuh", "wgmma.cuh", "mode_mma.cuh", "tile_ring.cuh")
 FILE_HELPERS = {"mode_wide.cu": RING_HELPERS + ("cluster_sync.cuh",),
                 "mode_stream.cu": RING_HELPERS + ("cluster_sync.cuh",),
-                "mode_persist.cu": RING_HELPERS + ("layer_sync.cuh",)}
+                "mode_persist.cu": RING_HELPERS + ("layer_sync.cuh", "wgmma_ss.cuh")}
 
 
 def kernel_source(filename: str = "x3_wgmma.cu") -> str:

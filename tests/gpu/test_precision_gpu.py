@@ -103,6 +103,8 @@ BULK_CASES = [
     ("feed warp, streamed", 2, 19, TileConfig(resident=False, feed_warp=True)),
     # a feed warp beside three MMA warps, each with several passes over its tiles (32 columns x 48 rows of 1 x 1)
     ("feed warp, several passes", 2, 48, TileConfig(units_per_block=8, threads=128, warp_tile=(1, 1), feed_warp=True)),
+    ("wgmma stream", 2, 40, TileConfig(stream_wgmma=True)),        # kernels/wgmma_stream.cuh, two feed warps
+    ("wgmma stream, one layer", 1, 64, TileConfig(stream_wgmma=True)),
 ]
 
 

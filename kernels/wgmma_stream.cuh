@@ -47,6 +47,10 @@ __device__ void rnn_stream_gemms(const RnnMmaJob<MODE> (&jobs)[NJ], int B, float
 {
     constexpr int KC = 64, XBYTES = 64 * 128, WBYTES = N * 128, SLOT = XBYTES + WBYTES;
     static_assert(SLOT % 1024 == 0, "slots on 1024-byte boundaries (the operands' 128-byte swizzle)");
+    // An even count: the previous fill of a warpgroup's slot is its own chunk, whose phase it has waited on (with an
+    // odd count the other warpgroup's, and the parity test could pass a phase early); at least 4: a warpgroup releases
+    // a chunk after committing its next, so two slots would deadlock.
+    static_assert(STAGES % 2 == 0 && STAGES >= 4, "slots: an even number, at least 4");
     const unsigned bars = (unsigned)__cvta_generic_to_shared(smem), full = bars, empty = bars + 8 * STAGES;
     const unsigned base = (bars + 128 + 1023) & ~1023u;
     int* const count = reinterpret_cast<int*>(smem) + 31;
@@ -61,7 +65,8 @@ __device__ void rnn_stream_gemms(const RnnMmaJob<MODE> (&jobs)[NJ], int B, float
         if (lane == 0) {
             const bool x_feed = warp == 9;
             const unsigned long long keep = x_feed ? 0ull : rnn_keep_policy(w_keep);
-            if (x_feed) asm volatile("fence.proxy.async;\n" ::: "memory");   // X written by generic stores
+            // generic stores before the call (X; the cell code's use of the staging area), then bulk reads and writes
+            asm volatile("fence.proxy.async;\n" ::: "memory");
             int g = 0;
 #pragma unroll
             for (int j = 0; j < NJ; ++j) {

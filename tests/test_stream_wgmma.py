@@ -50,6 +50,8 @@ def test_the_tiling_streams_every_weight_into_a_wgmma_of_the_blocks_columns(pres
     ("feed warp", {}, TileConfig(stream_wgmma=True, feed_warp=True), "feed warps of its own"),
     ("cluster", {}, TileConfig(stream_wgmma=True, sync="cluster"), "sync='cluster'"),
     ("chunks of 128", {}, TileConfig(stream_wgmma=True, pipeline=(128, 2)), "chunks of 64 columns"),
+    ("two slots", {}, TileConfig(stream_wgmma=True, pipeline=(64, 2)), "at least 4"),        # would deadlock
+    ("three slots", {}, TileConfig(stream_wgmma=True, pipeline=(64, 3)), "an even count"),   # parity a phase early
 ])
 def test_it_refuses_what_it_cannot_run_and_says_why(what, kwargs, config, hint):
     batch = kwargs.pop("batch", 40)
@@ -59,11 +61,12 @@ def test_it_refuses_what_it_cannot_run_and_says_why(what, kwargs, config, hint):
     assert hint in str(caught.value), what
 
 
-def test_an_a100_has_no_bulk_copies_for_it():
+@pytest.mark.parametrize("limits", [DeviceLimits(108, 166912, "A100", "sm_80"), DeviceLimits(148, 232448, "B200",
+                                                                                          "sm_100")])
+def test_only_hopper_runs_it(limits):
     network, program = case()
-    a100 = DeviceLimits(108, 166912, "A100", "sm_80")
-    with pytest.raises(CompileError, match="bulk pipeline"):
-        make_tiling(program, network, 40, TileConfig(stream_wgmma=True), a100)
+    with pytest.raises(CompileError, match="wgmma is Hopper's"):
+        make_tiling(program, network, 40, TileConfig(stream_wgmma=True), limits)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (the CUDA is compiled there)")

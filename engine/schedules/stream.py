@@ -16,7 +16,7 @@ from .staging import FLOAT_BYTES
 
 STREAM_THREADS = 320          # kernels/wgmma_stream.cuh RNN_STREAM_THREADS
 STREAM_N = (64, 96, 128)      # the wgmma widths kernels/wgmma_ss.cuh instantiates
-STREAM_PIPELINE = (64, 4)     # a chunk is one wgmma K tile of 64 16-bit columns; 4 slots (the pipelines' deepest)
+STREAM_PIPELINE = (64, 4)     # a chunk is one wgmma K tile of 64 16-bit columns; 4 slots (even, and at least 4)
 
 
 def prepare(config):
@@ -26,11 +26,10 @@ def prepare(config):
                            "registers; hint: one of the two")
     if config.feed_warp:
         raise CompileError("TileConfig.stream_wgmma=True has feed warps of its own; hint: leave feed_warp False")
-    pipeline = STREAM_PIPELINE if config.pipeline is None else tuple(config.pipeline)
-    if pipeline[0] != 64:
-        raise CompileError(f"TileConfig.pipeline={config.pipeline!r}: stream_wgmma copies chunks of 64 columns; "
-                           "hint: (64, 2), (64, 3), (64, 4) or None")
-    return replace(config, resident=False, threads=STREAM_THREADS, pipeline=pipeline)
+    if config.pipeline is not None and tuple(config.pipeline) != STREAM_PIPELINE:
+        raise CompileError(f"TileConfig.pipeline={config.pipeline!r}: stream_wgmma copies chunks of 64 columns into "
+                           "4 slots (an even count of at least 4: kernels/wgmma_stream.cuh); hint: (64, 4) or None")
+    return replace(config, resident=False, threads=STREAM_THREADS, pipeline=STREAM_PIPELINE)
 
 
 def stream_scratch(n: int, stages: int) -> int:
@@ -43,7 +42,9 @@ def finish(tiling):
     """The tiling with `stream_n` (the wgmma's N) and its shared memory for the routine, or a CompileError naming
     what keeps the path from applying."""
     why = None
-    if not tiling.bulk:
+    if tiling.limits.arch != "sm_90":
+        why = f"wgmma is Hopper's (sm_90), and this is {tiling.limits.arch or 'an unknown GPU'}"
+    elif not tiling.bulk:
         why = "it needs the bulk pipeline (fp16 / bf16 on sm_90, every K a multiple of 64)"
     elif tiling.batch > 64:
         why = f"{tiling.batch} batch rows are more than one wgmma tile of 64"
@@ -60,6 +61,5 @@ def finish(tiling):
     smem = (tiling.scratch_offset + stream_scratch(n, tiling.stages)) * FLOAT_BYTES
     if smem > tiling.limits.smem_per_block:
         raise CompileError(f"TileConfig.stream_wgmma=True needs {smem} bytes of shared memory per block, more than "
-                           f"the {tiling.limits.smem_per_block} of {tiling.limits.name}; hint: pipeline=(64, 2) or "
-                           "fewer units_per_block")
+                           f"the {tiling.limits.smem_per_block} of {tiling.limits.name}; hint: fewer units_per_block")
     return replace(tiling, stream_n=n, smem_bytes=smem)

@@ -14,32 +14,32 @@
 // 0's with the bias, then warpgroup 1 adds its own), so runs are bit-identical.
 //
 // Slots are numbered over the launch: chunk u of the launch (its stages' GEMMs in order) is fill u / STAGES of slot
-// u % STAGES; the launch's chunk count so far is the int at byte 124 of the staging area (rnn_stream_init), read after
+// u % STAGES; the launch's chunk count so far is the int at byte 252 of the staging area (rnn_stream_init), read after
 // the call's first barrier and written by thread 0 after its last.
 #ifndef RNN_WGMMA_STREAM_CUH
 #define RNN_WGMMA_STREAM_CUH
 
 constexpr int RNN_STREAM_THREADS = 320;   // two MMA warpgroups, the weight's and X's feed warps
 
-// The barriers (the first 128 bytes of the staging area: full[s] at 8 s, empty[s] at 8 (STAGES + s), the launch's
-// chunk count at byte 124), once a launch before the first stage.
+// The barriers (the first 256 bytes of the staging area, which the cell code leaves alone: full[s] at 8 s, empty[s]
+// at 8 (STAGES + s), the launch's chunk count at byte 252), once a launch before the first stage.
 template <int STAGES>
 __device__ __forceinline__ void rnn_stream_init(float* smem)
 {
-    static_assert(STAGES <= 7, "the barriers and the chunk count share 128 bytes");
+    static_assert(STAGES <= 15, "the barriers and the chunk count share 256 bytes");
     if (threadIdx.x == 0) {
         const unsigned bars = (unsigned)__cvta_generic_to_shared(smem);
         for (int s = 0; s < STAGES; ++s) {
             rnn_bar_init(bars + 8 * s, 2);              // the two feeds' arrivals, with their bytes
             rnn_bar_init(bars + 8 * (STAGES + s), 4);   // a lane of each warp of the warpgroup that read the slot
         }
-        reinterpret_cast<int*>(smem)[31] = 0;
+        reinterpret_cast<int*>(smem)[63] = 0;
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 }
 
-// Shared memory from smem: 128 bytes of barriers, up to 1 KB to the next 1024-byte boundary, then STAGES slots of an
+// Shared memory from smem: 256 bytes of barriers, up to 1 KB to the next 1024-byte boundary, then STAGES slots of an
 // X chunk (64 rows of 128 bytes) and a W chunk (N rows of 128 bytes). N: 64, 96 or 128 (RnnWgmmaSS), at least ncs.
 template <int MODE, int N, int STAGES, int NJ>
 __device__ void rnn_stream_gemms(const RnnMmaJob<MODE> (&jobs)[NJ], int B, float* __restrict__ smem, int ncs,
@@ -52,8 +52,8 @@ __device__ void rnn_stream_gemms(const RnnMmaJob<MODE> (&jobs)[NJ], int B, float
     // a chunk after committing its next, so two slots would deadlock.
     static_assert(STAGES % 2 == 0 && STAGES >= 4, "slots: an even number, at least 4");
     const unsigned bars = (unsigned)__cvta_generic_to_shared(smem), full = bars, empty = bars + 8 * STAGES;
-    const unsigned base = (bars + 128 + 1023) & ~1023u;
-    int* const count = reinterpret_cast<int*>(smem) + 31;
+    const unsigned base = (bars + 256 + 1023) & ~1023u;
+    int* const count = reinterpret_cast<int*>(smem) + 63;
     __builtin_assume(blockDim.x == RNN_STREAM_THREADS);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     int total = 0;

@@ -31,7 +31,8 @@ def test_the_tiling_streams_every_weight_into_a_wgmma_of_the_blocks_columns(pres
     tiling = make_tiling(program, network, batch, TileConfig(units_per_block=units, stream_wgmma=True), H100)
     assert tiling.bulk and tiling.stream_n == n and tiling.config.threads == STREAM_THREADS
     assert not any(g.resident for g in tiling.gemms) and tiling.k_chunk == 64 and tiling.nc_streamed <= n
-    assert tiling.smem_bytes == (tiling.scratch_offset + stream_scratch(n, tiling.stages)) * 4
+    assert tiling.stages == 8 and f"STAGES = {tiling.stages}" in render_wavefront(program, network, tiling)
+    assert tiling.smem_bytes == (tiling.scratch_offset + stream_scratch(n, 8)) * 4 <= H100.smem_per_block
     source = render_wavefront(program, network, tiling)
     assert f"constexpr int STREAM_N = {n};" in source and "rnn_mma_gemms<RNN" not in source
     assert "rnn_stream_gemms<RNN_BF16, STREAM_N, STAGES>(jobs, B, smem + SCRATCH, NC_STREAMED, W_KEEP);" in source
@@ -49,7 +50,7 @@ def test_the_tiling_streams_every_weight_into_a_wgmma_of_the_blocks_columns(pres
      "fewer units_per_block"),
     ("feed warp", {}, TileConfig(stream_wgmma=True, feed_warp=True), "feed warps of its own"),
     ("cluster", {}, TileConfig(stream_wgmma=True, sync="cluster"), "sync='cluster'"),
-    ("chunks of 128", {}, TileConfig(stream_wgmma=True, pipeline=(128, 2)), "chunks of 64 columns"),
+    ("a pipeline", {}, TileConfig(stream_wgmma=True, pipeline=(128, 2)), "chunks of 64 columns"),
     ("two slots", {}, TileConfig(stream_wgmma=True, pipeline=(64, 2)), "at least 4"),        # would deadlock
     ("three slots", {}, TileConfig(stream_wgmma=True, pipeline=(64, 3)), "an even count"),   # parity a phase early
 ])

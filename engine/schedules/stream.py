@@ -16,7 +16,8 @@ from .staging import FLOAT_BYTES
 
 STREAM_THREADS = 320          # kernels/wgmma_stream.cuh RNN_STREAM_THREADS
 STREAM_N = (64, 96, 128)      # the wgmma widths kernels/wgmma_ss.cuh instantiates
-STREAM_PIPELINE = (64, 4)     # a chunk is one wgmma K tile of 64 16-bit columns; 4 slots (even, and at least 4)
+STREAM_PIPELINE = (64, 4)     # a chunk is one wgmma K tile of 64 16-bit columns (the tiling's own pipeline table)
+STREAM_STAGES = (8, 6, 4)     # the routine's slots, the most that fit (an even count of at least 4; at most 15)
 
 
 def prepare(config):
@@ -26,16 +27,17 @@ def prepare(config):
                            "registers; hint: one of the two")
     if config.feed_warp:
         raise CompileError("TileConfig.stream_wgmma=True has feed warps of its own; hint: leave feed_warp False")
-    if config.pipeline is not None and tuple(config.pipeline) != STREAM_PIPELINE:
+    if config.pipeline is not None and tuple(config.pipeline) != STREAM_PIPELINE:    # (64, 4): prepared already
         raise CompileError(f"TileConfig.pipeline={config.pipeline!r}: stream_wgmma copies chunks of 64 columns into "
-                           "4 slots (an even count of at least 4: kernels/wgmma_stream.cuh); hint: (64, 4) or None")
+                           "4, 6 or 8 slots, the most that fit (an even count of at least 4: kernels/wgmma_stream.cuh); "
+                           "hint: None")
     return replace(config, resident=False, threads=STREAM_THREADS, pipeline=STREAM_PIPELINE)
 
 
 def stream_scratch(n: int, stages: int) -> int:
-    """Floats of the routine's staging area: 128 bytes of barriers, up to 1 KB to a 1024-byte boundary, then `stages`
+    """Floats of the routine's staging area: 256 bytes of barriers, up to 1 KB to a 1024-byte boundary, then `stages`
     slots of a 64-row X chunk and an n-row W chunk (128 bytes a row)."""
-    return (128 + 1024 + stages * (64 + n) * 128) // FLOAT_BYTES
+    return (256 + 1024 + stages * (64 + n) * 128) // FLOAT_BYTES
 
 
 def finish(tiling):
@@ -58,8 +60,11 @@ def finish(tiling):
     if why:
         raise CompileError(f"TileConfig.stream_wgmma=True cannot run this tiling: {why}")
     n = next(n for n in STREAM_N if n >= tiling.nc_streamed)
-    smem = (tiling.scratch_offset + stream_scratch(n, tiling.stages)) * FLOAT_BYTES
-    if smem > tiling.limits.smem_per_block:
-        raise CompileError(f"TileConfig.stream_wgmma=True needs {smem} bytes of shared memory per block, more than "
+    room = tiling.limits.smem_per_block // FLOAT_BYTES - tiling.scratch_offset
+    stages = next((st for st in STREAM_STAGES if stream_scratch(n, st) <= room), None)
+    if stages is None:
+        need = (tiling.scratch_offset + stream_scratch(n, STREAM_STAGES[-1])) * FLOAT_BYTES
+        raise CompileError(f"TileConfig.stream_wgmma=True needs {need} bytes of shared memory per block, more than "
                            f"the {tiling.limits.smem_per_block} of {tiling.limits.name}; hint: fewer units_per_block")
-    return replace(tiling, stream_n=n, smem_bytes=smem)
+    smem = (tiling.scratch_offset + stream_scratch(n, stages)) * FLOAT_BYTES
+    return replace(tiling, stream_n=n, stages=stages, smem_bytes=smem)

@@ -16,6 +16,13 @@
 // Slots are numbered over the launch: chunk u of the launch (its stages' GEMMs in order) is fill u / STAGES of slot
 // u % STAGES; the launch's chunk count so far is the int at byte 252 of the staging area (rnn_stream_init), read after
 // the call's first barrier and written by thread 0 after its last.
+//
+// AHEAD (the persistent kernel, where a block's every call runs the same GEMMs: one stage of them a step): as a call
+// ends, the weight's feed stages the next call's first min(STAGES, chunks) weight chunks into the slots this call
+// freed, so those copies land while the cells' math and the step's barrier run (the one-launch layer's weight copies
+// ran ahead so: NOTES 2026-11-28 13:27). The next call's X copies complete those slots. How many it staged is the int
+// at byte 248, which only that thread reads and writes. The launch ends with rnn_stream_drain, which waits for the
+// copies of a call that never came.
 #ifndef RNN_WGMMA_STREAM_CUH
 #define RNN_WGMMA_STREAM_CUH
 
@@ -34,6 +41,7 @@ __device__ __forceinline__ void rnn_stream_init(float* smem)
             rnn_bar_init(bars + 8 * (STAGES + s), 4);   // a lane of each warp of the warpgroup that read the slot
         }
         reinterpret_cast<int*>(smem)[63] = 0;
+        reinterpret_cast<int*>(smem)[62] = 0;          // AHEAD: the next call's weight chunks staged already
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -41,7 +49,7 @@ __device__ __forceinline__ void rnn_stream_init(float* smem)
 
 // Shared memory from smem: 256 bytes of barriers, up to 1 KB to the next 1024-byte boundary, then STAGES slots of an
 // X chunk (64 rows of 128 bytes) and a W chunk (N rows of 128 bytes). N: 64, 96 or 128 (RnnWgmmaSS), at least ncs.
-template <int MODE, int N, int STAGES, int NJ>
+template <int MODE, int N, int STAGES, bool AHEAD = false, int NJ = 1>
 __device__ void rnn_stream_gemms(const RnnMmaJob<MODE> (&jobs)[NJ], int B, float* __restrict__ smem, int ncs,
                                  float w_keep = 1.0f)
 {
@@ -67,12 +75,15 @@ __device__ void rnn_stream_gemms(const RnnMmaJob<MODE> (&jobs)[NJ], int B, float
             const unsigned long long keep = x_feed ? 0ull : rnn_keep_policy(w_keep);
             // generic stores before the call (X; the cell code's use of the staging area), then bulk reads and writes
             asm volatile("fence.proxy.async;\n" ::: "memory");
+            int* const ahead = reinterpret_cast<int*>(smem) + 62;
+            const int staged = AHEAD && !x_feed ? *ahead : 0;          // the weight chunks the last call staged
             int g = 0;
 #pragma unroll
             for (int j = 0; j < NJ; ++j) {
                 const RnnMmaJob<MODE>& J = jobs[j];
                 const int chunks = (J.K + KC - 1) / KC;
                 for (int c = 0; c < chunks; ++c, ++g) {
+                    if (g < staged) continue;
                     const int u = first + g, s = u % STAGES;
                     if (u >= STAGES) rnn_bar_wait(empty + 8 * s, ((u / STAGES) & 1) ^ 1);   // its last fill read
                     const unsigned at = base + s * SLOT, bar = full + 8 * s;
@@ -86,6 +97,23 @@ __device__ void rnn_stream_gemms(const RnnMmaJob<MODE> (&jobs)[NJ], int B, float
                         rnn_bulk_copy(at + XBYTES, J.W + (long)c * ncs * KC, wb, bar, keep);
                     }
                 }
+            }
+            if (AHEAD && !x_feed) {                    // the next call's first weight chunks, into slots now freed
+                const int next = total < STAGES ? total : STAGES;
+                int i = 0;
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+                    const RnnMmaJob<MODE>& J = jobs[j];
+                    const int chunks = (J.K + KC - 1) / KC;
+                    for (int c = 0; c < chunks && i < next; ++c, ++i) {
+                        const int u = first + total + i, s = u % STAGES;   // its last fill: this call's (or before)
+                        if (u >= STAGES) rnn_bar_wait(empty + 8 * s, ((u / STAGES) & 1) ^ 1);
+                        const unsigned bar = full + 8 * s, wb = ncs * KC * 2;
+                        rnn_bar_expect(bar, wb);
+                        rnn_bulk_copy(base + s * SLOT + XBYTES, J.W + (long)c * ncs * KC, wb, bar, keep);
+                    }
+                }
+                *ahead = next;
             }
         }
         __syncwarp();
@@ -137,6 +165,23 @@ __device__ void rnn_stream_gemms(const RnnMmaJob<MODE> (&jobs)[NJ], int B, float
     }
     __syncthreads();                                   // Y is whole; the slots' fills of this call are all read
     if (tid == 0) *count = first + total;
+}
+
+// The launch's end, with AHEAD: the weight copies staged for a call that never came land before the block exits
+// (their slots' full barriers get the X feed's arrival, with no bytes, and are waited on). Every thread calls it.
+template <int STAGES>
+__device__ void rnn_stream_drain(float* smem)
+{
+    __syncthreads();                                   // the last call's count is written
+    if (threadIdx.x == 256) {                          // the weight's feed, which staged them
+        const unsigned full = (unsigned)__cvta_generic_to_shared(smem);
+        const int first = reinterpret_cast<int*>(smem)[63], staged = reinterpret_cast<int*>(smem)[62];
+        for (int i = 0; i < staged; ++i) {
+            const int u = first + i, s = u % STAGES;
+            rnn_bar_arrive(full + 8 * s);
+            rnn_bar_wait(full + 8 * s, (u / STAGES) & 1);
+        }
+    }
 }
 
 #endif

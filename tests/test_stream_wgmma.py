@@ -35,7 +35,8 @@ def test_the_tiling_streams_every_weight_into_a_wgmma_of_the_blocks_columns(pres
     assert tiling.smem_bytes == (tiling.scratch_offset + stream_scratch(n, 8)) * 4 <= H100.smem_per_block
     source = render_wavefront(program, network, tiling)
     assert f"constexpr int STREAM_N = {n};" in source and "rnn_mma_gemms<RNN" not in source
-    assert "rnn_stream_gemms<RNN_BF16, STREAM_N, STAGES>(jobs, B, smem + SCRATCH, NC_STREAMED, W_KEEP);" in source
+    call = "rnn_stream_gemms<RNN_BF16, STREAM_N, STAGES, STREAM_AHEAD>(jobs, B, smem + SCRATCH, NC_STREAMED, W_KEEP);"
+    assert call in source
     assert "    rnn_stream_init<STAGES>(smem + SCRATCH);" in source and "rnn_bulk_init<" not in source
     assert f"m64n{n}k16" in staging_text(tiling)
     default = make_tiling(program, network, batch, TileConfig(units_per_block=units), H100)
@@ -84,3 +85,18 @@ def test_the_stream_sources_compile_for_sm90a(tmp_path):
             sources[f"{label}_{'persistent' if persistent else 'graph'}"] = render_wavefront(program, network, tiling)
     assert all("wgmma.mma_async" in source for source in sources.values())    # NVRTC's rule: sm_90a
     compile_sources(sources, tmp_path)
+
+
+@pytest.mark.parametrize("preset,sizes,persistent,ahead", [
+    ("lstm", (512, 512, 1), True, True),     # one stage of GEMMs a step: the next step's weight chunks staged early
+    ("lstm", (64, 128, 2), True, True),      # two layers a launch, each block's calls alike
+    ("lstm", (512, 512, 1), False, False),   # the graph schedule: a launch a stage, nothing to run ahead into
+    ("ln_lstm", (512, 512, 1), True, False),   # reductions use the staging area between the calls
+])
+def test_the_weight_feed_runs_ahead_only_where_every_call_is_alike(preset, sizes, persistent, ahead):
+    network, program = case(preset, sizes, 16)
+    tiling = make_tiling(program, network, 16, TileConfig(stream_wgmma=True), H100, persistent=persistent)
+    source = render_wavefront(program, network, tiling)
+    assert f"constexpr bool STREAM_AHEAD = {str(ahead).lower()};" in source
+    assert "rnn_stream_gemms<RNN_BF16, STREAM_N, STAGES, STREAM_AHEAD>(jobs" in source
+    assert ("if constexpr (STREAM_AHEAD) rnn_stream_drain<STAGES>(smem + SCRATCH);" in source) == persistent

@@ -44,6 +44,7 @@ from .reductions import (
 )
 from .shared_outputs import places as output_places
 from .shared_outputs import staging_floats
+from .stream_source import stream_ahead, stream_drain
 
 TILE_GEMM_HELPER = "tile_gemm.cuh"
 MMA_GEMM_HELPER = "mma_gemm.cuh"
@@ -183,7 +184,8 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
         elif tiling.cluster:
             lines.append(f"{indent}    rnn_mma_gemms_local<{MODE_NAMES[prec.mode]}, WM, WN>(jobs, B, smem + SCRATCH + X_LOCAL);")
         elif tiling.stream_n:
-            lines.append(f"{indent}    rnn_stream_gemms<{MODE_NAMES[prec.mode]}, STREAM_N, STAGES>(jobs, B, smem + SCRATCH, "
+            lines.append(f"{indent}    rnn_stream_gemms<{MODE_NAMES[prec.mode]}, STREAM_N, STAGES, STREAM_AHEAD>(jobs, B, "
+                         "smem + SCRATCH, "
                          "NC_STREAMED, W_KEEP);")
         elif tiling.mma:
             lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK, "
@@ -371,7 +373,9 @@ def render_wavefront(program: Program, network: Network, tiling, doc: str = "", 
         lines += cluster_source.constants(tiling)
     elif tiling.path == "tiled" and tiling.gemms:
         keep = f"constexpr float W_KEEP = {tiling.l2_keep}f;      // share of streamed weights kept in L2 (BULK)"
-        lines += ([keep, f"constexpr int STREAM_N = {tiling.stream_n};   // the step GEMMs' wgmma N (wgmma_stream.cuh)"]
+        ahead = "true" if stream_ahead(program, tiling, stages(program)) else "false"
+        lines += ([keep, f"constexpr int STREAM_N = {tiling.stream_n};   // the step GEMMs' wgmma N (wgmma_stream.cuh)",
+                   f"constexpr bool STREAM_AHEAD = {ahead};   // the next step's weight chunks staged as a step ends"]
                   if tiling.stream_n else
                   [f"constexpr int WM = {tiling.warp_tile[0]}, WN = {tiling.warp_tile[1]};"
                    f"          // MMA tiles (16 rows x 8 columns) of a warp, {prec.describe()}",
@@ -570,8 +574,7 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
             lines.append(f"        if (tu > 0) {prefix}_stage_{s}(L, layer, t, u0, tu, smem{carry_arg});")
             lines.append("        rnn_arrive(own);")
         lines.append("    }")
-        lines.append("}")
-        return lines
+        return lines + stream_drain(tiling) + ["}"]
     if pooled:
         lines.append("    for (int k = 0; k < T; ++k) {   // T: the launch's wavefront steps (engine/schedules/steps.py)")
         lines += _stepped("        ", "k")
@@ -584,8 +587,7 @@ def _persistent_entry(program: Program, tiling, prefix: str, present, block_setu
         lines.append(f"        if (busy) {prefix}_stage_{s}(L, layer, t, u0, tu, smem{carry_arg});")
         lines.append("        grid.sync();")
     lines.append("    }")
-    lines.append("}")
-    return lines
+    return lines + stream_drain(tiling) + ["}"]
 
 
 def entry_points(program: Program) -> dict[str, object]:

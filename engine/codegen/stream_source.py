@@ -8,8 +8,8 @@ def stream_ahead(program, tiling, present) -> bool:
     """Whether the wgmma stream's weight feed stages the next call's first chunks as a call ends (kernels/
     wgmma_stream.cuh AHEAD): on the persistent kernel, where each block's calls all run the same GEMMs (one stage of
     them a step) and no reduction uses the staging area between them. present: the stages the kernel runs."""
-    if not (tiling.stream_n and tiling.persistent) or program.reductions:
-        return False
+    if not (tiling.stream_n and tiling.persistent) or program.reductions or tiling.cluster or tiling.y_shared:
+        return False                     # (outputs or partial sums in the staging area would meet the early copies)
     with_gemms = [s for s in present if (s == present[0] and tiling.num_layers > 1 and program.hoisted_gemms)
                   or (s and program.step_gemms(s))]
     return len(with_gemms) == 1

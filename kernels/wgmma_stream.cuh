@@ -75,43 +75,37 @@ __device__ void rnn_stream_gemms(const RnnMmaJob<MODE> (&jobs)[NJ], int B, float
             const unsigned long long keep = x_feed ? 0ull : rnn_keep_policy(w_keep);
             // generic stores before the call (X; the cell code's use of the staging area), then bulk reads and writes
             asm volatile("fence.proxy.async;\n" ::: "memory");
+            // chunk c of job J as the launch's chunk u: once the slot's last fill is read, this feed's bytes and copy
+            const auto stage = [&](const int u, const RnnMmaJob<MODE>& J, const int c) {
+                const int s = u % STAGES;
+                if (u >= STAGES) rnn_bar_wait(empty + 8 * s, ((u / STAGES) & 1) ^ 1);
+                const unsigned at = base + s * SLOT, bar = full + 8 * s;
+                if (x_feed) {
+                    const unsigned xb = B * KC * 2;
+                    rnn_bar_expect(bar, xb);
+                    rnn_bulk_copy(at, J.X + (long)c * B * KC, xb, bar);
+                } else {
+                    const unsigned wb = ncs * KC * 2;
+                    rnn_bar_expect(bar, wb);
+                    rnn_bulk_copy(at + XBYTES, J.W + (long)c * ncs * KC, wb, bar, keep);
+                }
+            };
             int* const ahead = reinterpret_cast<int*>(smem) + 62;
             const int staged = AHEAD && !x_feed ? *ahead : 0;          // the weight chunks the last call staged
             int g = 0;
 #pragma unroll
             for (int j = 0; j < NJ; ++j) {
-                const RnnMmaJob<MODE>& J = jobs[j];
-                const int chunks = (J.K + KC - 1) / KC;
-                for (int c = 0; c < chunks; ++c, ++g) {
-                    if (g < staged) continue;
-                    const int u = first + g, s = u % STAGES;
-                    if (u >= STAGES) rnn_bar_wait(empty + 8 * s, ((u / STAGES) & 1) ^ 1);   // its last fill read
-                    const unsigned at = base + s * SLOT, bar = full + 8 * s;
-                    if (x_feed) {
-                        const unsigned xb = B * KC * 2;
-                        rnn_bar_expect(bar, xb);
-                        rnn_bulk_copy(at, J.X + (long)c * B * KC, xb, bar);
-                    } else {
-                        const unsigned wb = ncs * KC * 2;
-                        rnn_bar_expect(bar, wb);
-                        rnn_bulk_copy(at + XBYTES, J.W + (long)c * ncs * KC, wb, bar, keep);
-                    }
-                }
+                const int chunks = (jobs[j].K + KC - 1) / KC;
+                for (int c = 0; c < chunks; ++c, ++g)
+                    if (g >= staged) stage(first + g, jobs[j], c);
             }
             if (AHEAD && !x_feed) {                    // the next call's first weight chunks, into slots now freed
-                const int next = total < STAGES ? total : STAGES;
+                const int next = total < STAGES ? total : STAGES;     // (their last fills: this call's, or before)
                 int i = 0;
 #pragma unroll
                 for (int j = 0; j < NJ; ++j) {
-                    const RnnMmaJob<MODE>& J = jobs[j];
-                    const int chunks = (J.K + KC - 1) / KC;
-                    for (int c = 0; c < chunks && i < next; ++c, ++i) {
-                        const int u = first + total + i, s = u % STAGES;   // its last fill: this call's (or before)
-                        if (u >= STAGES) rnn_bar_wait(empty + 8 * s, ((u / STAGES) & 1) ^ 1);
-                        const unsigned bar = full + 8 * s, wb = ncs * KC * 2;
-                        rnn_bar_expect(bar, wb);
-                        rnn_bulk_copy(base + s * SLOT + XBYTES, J.W + (long)c * ncs * KC, wb, bar, keep);
-                    }
+                    const int chunks = (jobs[j].K + KC - 1) / KC;
+                    for (int c = 0; c < chunks && i < next; ++c, ++i) stage(first + total + i, jobs[j], c);
                 }
                 *ahead = next;
             }

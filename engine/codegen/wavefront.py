@@ -185,12 +185,10 @@ def _gemm_calls(program: Program, gemms: list[Gemm], tiling, indent: str) -> lis
             lines.append(f"{indent}    rnn_mma_gemms_local<{MODE_NAMES[prec.mode]}, WM, WN>(jobs, B, smem + SCRATCH + X_LOCAL);")
         elif tiling.stream_n:
             lines.append(f"{indent}    rnn_stream_gemms<{MODE_NAMES[prec.mode]}, STREAM_N, STAGES, STREAM_AHEAD>(jobs, B, "
-                         "smem + SCRATCH, "
-                         "NC_STREAMED, W_KEEP);")
+                         "smem + SCRATCH, NC_STREAMED, W_KEEP);")
         elif tiling.mma:
             lines.append(f"{indent}    rnn_mma_gemms<{MODE_NAMES[prec.mode]}, WM, WN, {vec}, STAGES, K_CHUNK, BULK, "
-                         "PRODUCER_WARPS>(jobs, B, "
-                         "smem + SCRATCH, NC_STREAMED, W_KEEP);")
+                         "PRODUCER_WARPS>(jobs, B, smem + SCRATCH, NC_STREAMED, W_KEEP);")
         else:
             lines.append(f"{indent}    rnn_tile_gemms<RB, RC, {vec}, STAGES, K_CHUNK>(jobs, B, smem + SCRATCH, NC_STREAMED);")
     return lines + [f"{indent}}}"]
